@@ -1,0 +1,54 @@
+"""crate_transformer — white-box transformers via sparse rate reduction (CRATE; Yu et al., JMLR 2024).
+
+Public API::
+
+    import crate_transformer as ct
+    model = ct.create_model("crate_small", num_classes=10)
+    ct.list_models("crate_*")
+    model.save_pretrained("out/"); model = ct.from_pretrained("out/")
+    model = ct.from_official("checkpoint.pth.tar", "crate_small")
+    ct.coding_rate(Z), ct.subspace_coding_rate(Z, U), ...
+"""
+
+__version__ = "0.1.0"
+
+from .checkpoint import CheckpointError, from_official, from_pretrained  # noqa: E402
+from .model import CRATE, ImageClassifier, ModelConfig, Trace, ViT  # noqa: E402
+from .objectives import (  # noqa: E402
+    coding_rate,
+    coding_rate_grad,
+    l1_per_entry,
+    membership_coding_rate,
+    rate_reduction,
+    sparse_rate_reduction,
+    sparsity,
+    subspace_coding_rate,
+    subspace_coding_rate_grad,
+    subspaces_from_qkv,
+)
+from .registry import create_model, list_models, model_config  # noqa: E402
+
+__all__ = [
+    "__version__",
+    "CRATE",
+    "ViT",
+    "ImageClassifier",
+    "ModelConfig",
+    "Trace",
+    "CheckpointError",
+    "create_model",
+    "list_models",
+    "model_config",
+    "from_pretrained",
+    "from_official",
+    "coding_rate",
+    "coding_rate_grad",
+    "membership_coding_rate",
+    "subspace_coding_rate",
+    "subspace_coding_rate_grad",
+    "rate_reduction",
+    "sparse_rate_reduction",
+    "sparsity",
+    "l1_per_entry",
+    "subspaces_from_qkv",
+]

@@ -1,0 +1,239 @@
+"""Model files: ``save_pretrained`` / ``from_pretrained`` (safetensors + JSON config) and
+``from_official`` (the official repository's ``.pth`` layouts, see shared/notes/anchors.md §1.2).
+
+Every write goes to a temporary file in the target directory and is renamed into place, so a
+killed process never leaves a half-written file under the final name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from . import __version__
+from .model import ImageClassifier, ModelConfig, build_model
+from .registry import model_config
+
+__all__ = [
+    "CheckpointError",
+    "atomic_write",
+    "load_pickle",
+    "save_pretrained",
+    "from_pretrained",
+    "from_official",
+    "official_to_native",
+    "native_to_official",
+    "load_weights",
+]
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, unreadable, or does not fit the model."""
+
+
+# --------------------------------------------------------------------------- file helpers
+def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
+    """Call ``write(tmp_path)`` then rename the temporary file onto ``path`` (same directory)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def load_pickle(path: str | Path) -> object:
+    """``torch.load`` with ``weights_only=True`` (safe for untrusted files) and clear errors."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file not found: {path}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # corrupt zip, truncated file, disallowed pickle global, ...
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"cannot read checkpoint {path}: {first}; is the file complete and a torch .pth?"
+        ) from None
+
+
+# --------------------------------------------------------------------------- native format
+def save_pretrained(model: ImageClassifier, directory: str | Path) -> Path:
+    """Write ``config.json`` (every hyperparameter) and ``model.safetensors`` into ``directory``."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    config = {"crate_transformer_version": __version__, **model.config.to_dict()}
+    atomic_write(directory / CONFIG_NAME, lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2) + "\n"))
+    return directory
+
+
+def read_config(directory: str | Path) -> ModelConfig:
+    path = Path(directory) / CONFIG_NAME
+    if not path.is_file():
+        raise CheckpointError(
+            f"no {CONFIG_NAME} in {directory}; expected a directory written by model.save_pretrained(...)"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}); the file is corrupt") from None
+    data.pop("crate_transformer_version", None)
+    return ModelConfig.from_dict(data)
+
+
+def from_pretrained(directory: str | Path, map_location: str | torch.device = "cpu") -> ImageClassifier:
+    """Load a model written by :meth:`ImageClassifier.save_pretrained`."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"model directory not found: {directory}")
+    config = read_config(directory)
+    weights = directory / WEIGHTS_NAME
+    if not weights.is_file():
+        raise CheckpointError(f"no {WEIGHTS_NAME} in {directory}; the save was incomplete — re-save the model")
+    try:
+        state = load_file(weights, device=str(map_location))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{weights} is corrupt or not a safetensors file ({e}); re-save the model") from None
+    model = build_model(config)
+    load_weights(model, state, source=str(weights))
+    return model.to(map_location)
+
+
+def load_weights(model: torch.nn.Module, state: Mapping[str, Tensor], source: str = "checkpoint") -> None:
+    """Strictly load ``state`` into ``model``; any missing, unexpected or mis-shaped key is one clear error."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    shapes = sorted(
+        f"{k}: checkpoint {list(state[k].shape)} vs model {list(own[k].shape)}"
+        for k in set(own) & set(state)
+        if tuple(state[k].shape) != tuple(own[k].shape)
+    )
+    if missing or unexpected or shapes:
+        parts = []
+        for label, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)):
+            if items:
+                shown = ", ".join(items[:6]) + (f", … (+{len(items) - 6} more)" if len(items) > 6 else "")
+                parts.append(f"{label}: {shown}")
+        raise CheckpointError(f"{source} does not fit the model ({'; '.join(parts)}){_fix_hint(shapes, model)}")
+    model.load_state_dict(state, strict=True)
+
+
+def _fix_hint(shapes: list[str], model: torch.nn.Module) -> str:
+    for s in shapes:
+        if s.startswith("head.1.weight"):
+            n = int(re.search(r"checkpoint \[(\d+)", s).group(1))
+            return f"; pass num_classes={n}"
+        if s.startswith("pos_embed"):
+            n = int(re.search(r"checkpoint \[1, (\d+)", s).group(1)) - 1
+            g = int(round(n**0.5))
+            p = getattr(getattr(model, "config", None), "patch_size", None)
+            if g * g == n and p:
+                return f"; pass image_size={g * p} (or the patch_size the checkpoint was trained with)"
+    return "; pass the model name and overrides the checkpoint was trained with"
+
+
+# --------------------------------------------------------------------------- official format
+_OFFICIAL_TO_NATIVE = [
+    (r"^pos_embedding$", "pos_embed"),
+    (r"^cls_token$", "cls_token"),
+    (r"^to_patch_embedding\.1\.", "patch_embed.0."),
+    (r"^to_patch_embedding\.2\.", "patch_embed.1."),
+    (r"^to_patch_embedding\.3\.", "patch_embed.2."),
+    (r"^transformer\.layers\.(\d+)\.0\.norm\.", r"layers.\1.norm1."),
+    (r"^transformer\.layers\.(\d+)\.0\.fn\.qkv\.", r"layers.\1.attn.qkv."),
+    (r"^transformer\.layers\.(\d+)\.0\.fn\.to_out\.0\.", r"layers.\1.attn.proj."),
+    (r"^transformer\.layers\.(\d+)\.1\.norm\.", r"layers.\1.norm2."),
+    (r"^transformer\.layers\.(\d+)\.1\.fn\.weight$", r"layers.\1.ista.weight"),
+    (r"^mlp_head\.0\.", "head.0."),
+    (r"^mlp_head\.1\.", "head.1."),
+]
+_NATIVE_TO_OFFICIAL = [
+    (r"^pos_embed$", "pos_embedding"),
+    (r"^cls_token$", "cls_token"),
+    (r"^patch_embed\.0\.", "to_patch_embedding.1."),
+    (r"^patch_embed\.1\.", "to_patch_embedding.2."),
+    (r"^patch_embed\.2\.", "to_patch_embedding.3."),
+    (r"^layers\.(\d+)\.norm1\.", r"transformer.layers.\1.0.norm."),
+    (r"^layers\.(\d+)\.attn\.qkv\.", r"transformer.layers.\1.0.fn.qkv."),
+    (r"^layers\.(\d+)\.attn\.proj\.", r"transformer.layers.\1.0.fn.to_out.0."),
+    (r"^layers\.(\d+)\.norm2\.", r"transformer.layers.\1.1.norm."),
+    (r"^layers\.(\d+)\.ista\.weight$", r"transformer.layers.\1.1.fn.weight"),
+    (r"^head\.0\.", "mlp_head.0."),
+    (r"^head\.1\.", "mlp_head.1."),
+]
+
+
+def _rename(state: Mapping[str, Tensor], rules: list[tuple[str, str]]) -> dict[str, Tensor]:
+    out = {}
+    for key, value in state.items():
+        new = key
+        for pattern, repl in rules:
+            new, hits = re.subn(pattern, repl, key)
+            if hits:
+                break
+        out[new] = value
+    return out
+
+
+def _unwrap(obj: object) -> dict[str, Tensor]:
+    if isinstance(obj, Mapping):
+        for container in ("state_dict", "model"):
+            if container in obj and isinstance(obj[container], Mapping):
+                obj = obj[container]
+                break
+    if not isinstance(obj, Mapping) or not all(isinstance(v, Tensor) for v in obj.values()):
+        raise CheckpointError(
+            "not an official CRATE checkpoint: expected a state dict, {'state_dict': ...} or {'model': ...} of tensors"
+        )
+    return {k.removeprefix("module."): v for k, v in obj.items()}
+
+
+def official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Rename an official ``model/crate.py`` state dict (after unwrapping) to this library's key names."""
+    return _rename(state, _OFFICIAL_TO_NATIVE)
+
+
+def native_to_official(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Rename this library's CRATE state dict to the official ``model/crate.py`` key names."""
+    return _rename(state, _NATIVE_TO_OFFICIAL)
+
+
+def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: object) -> ImageClassifier:
+    """Load an official CRATE classifier checkpoint as ``create_model(name, **overrides)``.
+
+    Accepts the ``{'state_dict': ...}`` container written by the official ``main.py`` (keys
+    prefixed ``module.``), ``{'model': ...}``, a bare state dict, or a path to any of them (read with
+    ``weights_only=True``).  η and λ are not stored by the official code; pass them as overrides if
+    the checkpoint was trained with non-default values.
+    """
+    config: ModelConfig = model_config(name, **overrides)
+    if config.arch != "crate":
+        raise ValueError(f"from_official loads CRATE classifiers; {name!r} is a {config.arch} model")
+    raw = load_pickle(path_or_state) if isinstance(path_or_state, (str, Path)) else path_or_state
+    source = str(path_or_state) if isinstance(path_or_state, (str, Path)) else "official state dict"
+    model = build_model(config)
+    load_weights(model, official_to_native(_unwrap(raw)), source=source)
+    return model

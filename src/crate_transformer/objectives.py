@@ -1,0 +1,204 @@
+"""Coding-rate objectives of CRATE (JMLR §2.1, pp.14-20; NeurIPS §2).
+
+Conventions
+-----------
+* Tokens are **rows**: ``Z`` has shape ``(..., n, d)`` (n tokens of dimension d), the PyTorch
+  convention.  The paper writes tokens as columns (``Z ∈ R^{d×n}``); every formula below is the
+  paper's with ``Z_paper = Z.transpose(-1, -2)``.  Leading dimensions are batch dimensions and
+  every function returns one value per batch element.
+* ``eps`` is the quantisation precision **ε** of the paper, *not* ε².  The official measurement
+  code (``vis_utils/coding_rate.py``) passes ``eps=0.01``, which is ε² — the same thing is
+  ``eps=0.1`` here.
+* Subspaces ``U`` have shape ``(K, d, p)``: ``U[k]`` is the d×p basis ``U_k``.  For a trained
+  model, :func:`subspaces_from_qkv` turns an MSSA projection weight (``(K·p, d)``) into this form.
+* Log-determinants are computed on the smaller of the two Gram matrices (n×n or d×d, which have
+  the same determinant by Sylvester's identity) with a Cholesky factorisation of the SPD matrix
+  ``I + c·G``.  Pass ``dtype=torch.float64`` for a float64 computation; the result is returned
+  in that dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "coding_rate",
+    "coding_rate_grad",
+    "membership_coding_rate",
+    "subspace_coding_rate",
+    "subspace_coding_rate_grad",
+    "rate_reduction",
+    "sparse_rate_reduction",
+    "sparsity",
+    "l1_per_entry",
+    "subspaces_from_qkv",
+]
+
+
+def _check_tokens(Z: Tensor) -> None:
+    if not isinstance(Z, Tensor) or Z.dim() < 2:
+        raise ValueError(
+            "Z must be a tensor of shape (..., n, d) with tokens as rows; "
+            f"got {type(Z).__name__} with shape {tuple(getattr(Z, 'shape', ()))}"
+        )
+    if not Z.is_floating_point():
+        raise ValueError(f"Z must be a floating-point tensor, got dtype {Z.dtype}; call Z.float() first")
+
+
+def _check_eps(eps: float) -> None:
+    if not eps > 0:
+        raise ValueError(f"eps (the precision ε, not ε²) must be positive, got {eps}")
+
+
+def _check_subspaces(U: Tensor, d: int) -> None:
+    if U.dim() != 3 or U.shape[1] != d:
+        raise ValueError(
+            f"U must have shape (K, d, p) with d={d}, got {tuple(U.shape)}; "
+            "use subspaces_from_qkv(weight, heads) for a model's (K*p, d) projection"
+        )
+
+
+def _logdet_i_plus(Z: Tensor, c: float | Tensor) -> Tensor:
+    """log det(I + c·ZᵀZ) for row tokens Z of shape (..., n, d), via the smaller Gram matrix."""
+    n, d = Z.shape[-2], Z.shape[-1]
+    G = Z @ Z.transpose(-1, -2) if n <= d else Z.transpose(-1, -2) @ Z
+    m = G.shape[-1]
+    c = torch.as_tensor(c, dtype=Z.dtype, device=Z.device)
+    A = torch.eye(m, dtype=Z.dtype, device=Z.device) + c[..., None, None] * G
+    L, info = torch.linalg.cholesky_ex(A)
+    if bool((info != 0).any()):
+        # Not SPD to working precision (huge c or non-finite input): fall back to slogdet.
+        return torch.linalg.slogdet(A).logabsdet
+    return 2.0 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
+
+
+def _cast(Z: Tensor, dtype: torch.dtype | None) -> Tensor:
+    return Z if dtype is None else Z.to(dtype)
+
+
+def coding_rate(Z: Tensor, eps: float = 0.1, *, dtype: torch.dtype | None = None) -> Tensor:
+    """Lossy coding rate of a token set, eq. (8), JMLR p.16 (NeurIPS eq. (7)).
+
+    ``R(Z) = ½ logdet(I + α ZᵀZ)`` with ``α = d / (n ε²)``.
+    """
+    _check_tokens(Z)
+    _check_eps(eps)
+    Z = _cast(Z, dtype)
+    n, d = Z.shape[-2], Z.shape[-1]
+    return 0.5 * _logdet_i_plus(Z, d / (n * eps**2))
+
+
+def coding_rate_grad(Z: Tensor, eps: float = 0.1, *, dtype: torch.dtype | None = None) -> Tensor:
+    """Closed-form gradient of :func:`coding_rate`, eq. (109), JMLR p.60 (Lemma 10, eq. (125)).
+
+    ``∇R(Z) = α Z (I + α ZᵀZ)⁻¹`` in the paper's column form; for row tokens this is
+    ``α (I_n + α Z Zᵀ)⁻¹ Z = α Z (I_d + α ZᵀZ)⁻¹`` (push-through identity; the smaller system is solved).
+    """
+    _check_tokens(Z)
+    _check_eps(eps)
+    Z = _cast(Z, dtype)
+    n, d = Z.shape[-2], Z.shape[-1]
+    a = d / (n * eps**2)
+    if n <= d:
+        A = torch.eye(n, dtype=Z.dtype, device=Z.device) + a * (Z @ Z.transpose(-1, -2))
+        return a * torch.linalg.solve(A, Z)
+    A = torch.eye(d, dtype=Z.dtype, device=Z.device) + a * (Z.transpose(-1, -2) @ Z)
+    # Z A⁻¹ = (A⁻¹ Zᵀ)ᵀ since A is symmetric.
+    return a * torch.linalg.solve(A, Z.transpose(-1, -2)).transpose(-1, -2)
+
+
+def membership_coding_rate(
+    Z: Tensor, labels: Tensor, num_classes: int | None = None, eps: float = 0.1, *, dtype: torch.dtype | None = None
+) -> Tensor:
+    """Coding rate with known memberships (original MCR²), eq. (9), JMLR p.16.
+
+    ``R^c(Z|Π) = ½ Σ_k logdet(I + γ_k Z Π_k Zᵀ)`` with ``γ_k = d / (n_k ε²)``; ``labels`` has
+    shape ``(..., n)`` with values in ``[0, num_classes)``.  Empty classes contribute 0.
+    """
+    _check_tokens(Z)
+    _check_eps(eps)
+    Z = _cast(Z, dtype)
+    d = Z.shape[-1]
+    if labels.shape != Z.shape[:-1]:
+        raise ValueError(f"labels must have shape {tuple(Z.shape[:-1])} (one per token), got {tuple(labels.shape)}")
+    K = int(labels.max()) + 1 if num_classes is None else num_classes
+    total = torch.zeros(Z.shape[:-2], dtype=Z.dtype, device=Z.device)
+    for k in range(K):
+        mask = (labels == k).to(Z.dtype)
+        n_k = mask.sum(-1)
+        gamma = d / (n_k.clamp(min=1) * eps**2)
+        # Z Π_k Zᵀ is the Gram of the masked tokens; an empty class gives logdet(I) = 0.
+        total = total + 0.5 * _logdet_i_plus(Z * mask[..., None], gamma)
+    return total
+
+
+def subspace_coding_rate(Z: Tensor, U: Tensor, eps: float = 0.1, *, dtype: torch.dtype | None = None) -> Tensor:
+    """Compact coding rate against subspaces, eqs. (12)-(13), JMLR p.17 (NeurIPS eq. (8)).
+
+    ``R^c(Z|U_[K]) = ½ Σ_k logdet(I + β (U_kᵀZ)ᵀ(U_kᵀZ))`` with ``β = p / (n ε²)``.
+    """
+    _check_tokens(Z)
+    _check_eps(eps)
+    _check_subspaces(U, Z.shape[-1])
+    Z, U = _cast(Z, dtype), _cast(U, dtype).to(Z.dtype)
+    n, p = Z.shape[-2], U.shape[-1]
+    proj = Z.unsqueeze(-3) @ U  # (..., K, n, p): row k holds (U_kᵀ Z)ᵀ
+    return 0.5 * _logdet_i_plus(proj, p / (n * eps**2)).sum(-1)
+
+
+def subspace_coding_rate_grad(Z: Tensor, U: Tensor, eps: float = 0.1, *, dtype: torch.dtype | None = None) -> Tensor:
+    """Closed-form gradient of :func:`subspace_coding_rate`, eq. (31), JMLR p.22 (eq. (96), p.57).
+
+    ``∇R^c = β Σ_k U_k (U_kᵀZ)(I + β (U_kᵀZ)ᵀ(U_kᵀZ))⁻¹``; in row form each term is
+    ``β (I_n + β P_k P_kᵀ)⁻¹ P_k U_kᵀ`` with ``P_k = Z U_k``.
+    """
+    _check_tokens(Z)
+    _check_eps(eps)
+    _check_subspaces(U, Z.shape[-1])
+    Z, U = _cast(Z, dtype), _cast(U, dtype).to(Z.dtype)
+    n, p = Z.shape[-2], U.shape[-1]
+    beta = p / (n * eps**2)
+    P = Z.unsqueeze(-3) @ U  # (..., K, n, p)
+    A = torch.eye(n, dtype=Z.dtype, device=Z.device) + beta * (P @ P.transpose(-1, -2))
+    return (beta * torch.linalg.solve(A, P) @ U.transpose(-1, -2)).sum(-3)
+
+
+def rate_reduction(Z: Tensor, U: Tensor, eps: float = 0.1, *, dtype: torch.dtype | None = None) -> Tensor:
+    """Rate reduction against subspaces, eq. (14), JMLR p.17: ``ΔR = R(Z) − R^c(Z|U_[K])``."""
+    return coding_rate(Z, eps, dtype=dtype) - subspace_coding_rate(Z, U, eps, dtype=dtype)
+
+
+def sparse_rate_reduction(
+    Z: Tensor, U: Tensor, lambd: float = 0.1, eps: float = 0.1, norm: str = "l1", *, dtype: torch.dtype | None = None
+) -> Tensor:
+    """Sparse rate reduction, eq. (16) (``norm="l0"``) and its ℓ1 relaxation eq. (17), JMLR p.18.
+
+    ``R(Z) − R^c(Z|U_[K]) − λ‖Z‖``, with ``‖Z‖_1`` the entry-wise ℓ1 norm or ``‖Z‖_0`` the count of
+    non-zeros.  This is the quantity every CRATE layer ascends; larger is better.
+    """
+    if norm not in ("l1", "l0"):
+        raise ValueError(f"norm must be 'l1' or 'l0', got {norm!r}")
+    Zc = _cast(Z, dtype)
+    penalty = Zc.abs().sum((-2, -1)) if norm == "l1" else (Zc != 0).sum((-2, -1)).to(Zc.dtype)
+    return rate_reduction(Zc, U, eps) - lambd * penalty
+
+
+def sparsity(Z: Tensor) -> Tensor:
+    """Fraction of exactly-zero entries per token set (the official sparsity measure, JMLR Fig. 14)."""
+    _check_tokens(Z)
+    return (Z == 0).to(Z.dtype).mean((-2, -1))
+
+
+def l1_per_entry(Z: Tensor) -> Tensor:
+    """Mean absolute value per entry, ``‖Z‖_1 / (n d)``, per token set."""
+    _check_tokens(Z)
+    return Z.abs().mean((-2, -1))
+
+
+def subspaces_from_qkv(weight: Tensor, heads: int) -> Tensor:
+    """Turn an MSSA projection weight ``(K·p, d)`` (rows ``[U_1ᵀ; …; U_Kᵀ]``) into ``U`` of shape ``(K, d, p)``."""
+    if weight.dim() != 2 or weight.shape[0] % heads:
+        raise ValueError(f"weight must be (K*p, d) with K={heads} dividing its rows, got {tuple(weight.shape)}")
+    Kp, d = weight.shape
+    return weight.reshape(heads, Kp // heads, d).transpose(1, 2)

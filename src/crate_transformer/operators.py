@@ -1,0 +1,266 @@
+"""CRATE operators: the compression step (MSSA), the sparsification step (ISTA), the layers built
+from them, and the decoder's inverse step (JMLR §2.3-2.5 and §3.5).
+
+Tokens are rows, ``x`` of shape ``(b, n, d)``.  A module's weight ``W`` acts as ``F.linear(x, W) = x Wᵀ``,
+i.e. as ``W z`` on a column token ``z``, so ``MSSA.qkv.weight`` is ``[U_1ᵀ; …; U_Kᵀ]`` and
+``ISTA.weight`` is the dictionary ``D``.
+
+Each module has a fast path (what ``forward`` runs) and the plain transcription of the paper's
+equations as a free function (:func:`mssa_reference`, :func:`ista_reference`), which the tests
+compare against and the theory lab uses directly.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "ISTA_MODES",
+    "LAYER_FORMS",
+    "MSSA",
+    "ISTA",
+    "EncoderLayer",
+    "DecoderLayer",
+    "ssa_reference",
+    "mssa_reference",
+    "ista_reference",
+]
+
+ISTA_MODES = ("relu", "soft", "mm", "none")
+LAYER_FORMS = ("official", "jmlr")
+
+
+# --------------------------------------------------------------------------- reference forms
+def ssa_reference(Z: Tensor, U_k: Tensor, scale: float = 1.0) -> Tensor:
+    """Subspace self-attention, eq. (35), JMLR p.23, written in the paper's column form.
+
+    ``SSA(Z|U_k) = (U_kᵀZ) softmax((U_kᵀZ)ᵀ(U_kᵀZ))`` with the softmax over each **column**
+    (eqs. (94)-(95)).  ``Z`` is ``(d, n)`` (columns are tokens) and the result is ``(p, n)``.
+    ``scale`` multiplies the scores (the official code uses ``p^{-1/2}``; the paper 1).
+    """
+    A = U_k.T @ Z  # p × n
+    return A @ torch.softmax(scale * (A.T @ A), dim=0)
+
+
+def mssa_reference(Z: Tensor, U: Tensor, beta: float = 1.0, scale: float = 1.0) -> Tensor:
+    """Multi-head subspace self-attention, eq. (36), JMLR p.23: ``β [U_1…U_K] [SSA_1; …; SSA_K]``.
+
+    Column form: ``Z`` is ``(d, n)``, ``U`` is ``(K, d, p)``; returns ``(d, n)``.
+    """
+    return beta * sum(U[k] @ ssa_reference(Z, U[k], scale) for k in range(U.shape[0]))
+
+
+def ista_reference(Z: Tensor, D: Tensor, eta: float = 0.1, lambd: float = 0.1) -> Tensor:
+    """One non-negative ISTA step, eq. (44), JMLR p.25, three matmuls as written.
+
+    ``ISTA(Z|D) = ReLU(Z − η Dᵀ(D Z − Z) − ηλ 1)``; column form, ``Z`` is ``(d, n)``.
+    """
+    return F.relu(Z - eta * D.T @ (D @ Z - Z) - eta * lambd)
+
+
+# --------------------------------------------------------------------------- MSSA
+class MSSA(nn.Module):
+    """Multi-head subspace self-attention, the compression step (eqs. (36)-(37), JMLR pp.23-24; Alg. 2).
+
+    One shared projection ``U`` plays query, key and value (``Q = K = V = U_kᵀ``).  Options:
+
+    * ``scale_scores`` — multiply the scores by ``p^{-1/2}`` (official code, default) or not (eq. (35)).
+    * ``tied_output`` — output ``β [U_1 … U_K]`` of eq. (36) instead of the trainable ``W`` (+ bias)
+      of eq. (37) (Table 12 ablation); ``tied_beta`` is β.
+    * ``causal`` — the causal mask of eqs. (86)-(87): token j attends to tokens i ≤ j.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        dim_head: int,
+        dropout: float = 0.0,
+        *,
+        scale_scores: bool = True,
+        tied_output: bool = False,
+        tied_beta: float = 1.0,
+        causal: bool = False,
+    ) -> None:
+        super().__init__()
+        self.heads, self.dim_head = heads, dim_head
+        self.scale = dim_head**-0.5 if scale_scores else 1.0
+        self.dropout = dropout
+        self.causal = causal
+        self.tied_output, self.tied_beta = tied_output, tied_beta
+        self.qkv = nn.Linear(dim, heads * dim_head, bias=False)
+        self.proj = None if tied_output else nn.Linear(heads * dim_head, dim)
+
+    def subspaces(self) -> Tensor:
+        """The learned bases ``U`` as a ``(K, d, p)`` tensor (the heads' projections ``U_k``)."""
+        d = self.qkv.in_features
+        return self.qkv.weight.reshape(self.heads, self.dim_head, d).transpose(1, 2)
+
+    def _project_out(self, out: Tensor) -> Tensor:
+        b, _, n, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, n, self.heads * self.dim_head)
+        if self.proj is None:
+            return self.tied_beta * (out @ self.qkv.weight)  # β [U_1…U_K] applied to row tokens
+        return self.proj(out)
+
+    def forward(self, x: Tensor, return_attention: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        b, n, _ = x.shape
+        w = self.qkv(x).view(b, n, self.heads, self.dim_head).transpose(1, 2)  # (b, K, n, p)
+        p_drop = self.dropout if self.training else 0.0
+        if not return_attention:
+            out = F.scaled_dot_product_attention(w, w, w, dropout_p=p_drop, is_causal=self.causal, scale=self.scale)
+            return self._project_out(out)
+        scores = (w @ w.transpose(-1, -2)) * self.scale
+        if self.causal:
+            mask = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1)
+            scores = scores.masked_fill(mask, float("-inf"))
+        attn = torch.softmax(scores, dim=-1)
+        out = F.dropout(attn, p_drop, self.training) @ w
+        return self._project_out(out), attn
+
+
+# --------------------------------------------------------------------------- ISTA
+class ISTA(nn.Module):
+    """The sparsification step: one proximal-gradient step on the non-negative LASSO (42).
+
+    ``mode="relu"`` (default, eq. (44), JMLR p.25; Alg. 3): ``ReLU(Z + η Dᵀ(Z − D Z) − ηλ)``.  The
+    fast path precomputes ``A = I + η(D − DᵀD)`` (row form) once per call, so tokens see one matmul
+    instead of three; the result is the same.  Ablations:
+
+    * ``"soft"`` — soft threshold ``S_{ηλ}`` instead of ReLU (Table 13, JMLR p.100);
+    * ``"mm"``   — the majorisation-minimisation step of eq. (123), JMLR p.62, with
+      ``α = d/(n ε²)``: ``ReLU((1 + 4/(9(1+α))) Dᵀz − 4λ/(9α))``;
+    * ``"none"`` — no sparsification (Table 15); the layer skips this block.
+
+    ``D`` is ``d×d``, kaiming-uniform initialised as in the official code; η and λ are
+    configuration (saved with the model), not parameters.
+    """
+
+    def __init__(self, dim: int, eta: float = 0.1, lambd: float = 0.1, mode: str = "relu", eps: float = 0.1) -> None:
+        super().__init__()
+        if mode not in ISTA_MODES:
+            raise ValueError(f"unknown ISTA mode {mode!r}; choose one of {ISTA_MODES}")
+        self.eta, self.lambd, self.mode, self.eps = eta, lambd, mode, eps
+        self.weight = nn.Parameter(torch.empty(dim, dim))
+        nn.init.kaiming_uniform_(self.weight)
+
+    def step_matrix(self) -> Tensor:
+        """``A = I + η (D − DᵀD)`` such that the ISTA pre-activation of row tokens is ``x A − ηλ``."""
+        D = self.weight
+        eye = torch.eye(D.shape[0], dtype=D.dtype, device=D.device)
+        return eye + self.eta * (D - D.T @ D)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.mode == "mm":
+            n, d = x.shape[-2], x.shape[-1]
+            alpha = d / (n * self.eps**2)
+            return F.relu((1 + 4 / (9 * (1 + alpha))) * (x @ self.weight) - 4 * self.lambd / (9 * alpha))
+        pre = torch.addmm(
+            x.new_full((1,), -self.eta * self.lambd), x.reshape(-1, x.shape[-1]), self.step_matrix()
+        ).view_as(x)
+        if self.mode == "soft":
+            return torch.sign(pre + self.eta * self.lambd) * F.relu(
+                (pre + self.eta * self.lambd).abs() - self.eta * self.lambd
+            )
+        return F.relu(pre)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.weight.shape[0]}, eta={self.eta}, lambd={self.lambd}, mode={self.mode!r}"
+
+
+# --------------------------------------------------------------------------- layers
+class EncoderLayer(nn.Module):
+    """One CRATE layer ``f^ℓ`` (eq. (45), JMLR p.25): compression then sparsification.
+
+    ``form="official"`` (official code, NeurIPS Alg. 2)::
+
+        Z_half = Z + MSSA(LN1(Z));   Z_next = ISTA(LN2(Z_half))
+
+    ``form="jmlr"`` (JMLR Alg. 4, p.111) takes the skip from ``LN1(Z)``::
+
+        Z_half = LN1(Z) + MSSA(LN1(Z));   Z_next = ISTA(LN2(Z_half))
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        dim_head: int,
+        *,
+        dropout: float = 0.0,
+        eta: float = 0.1,
+        lambd: float = 0.1,
+        ista_mode: str = "relu",
+        form: str = "official",
+        scale_scores: bool = True,
+        tied_output: bool = False,
+        tied_beta: float = 1.0,
+        causal: bool = False,
+        eps: float = 0.1,
+    ) -> None:
+        super().__init__()
+        if form not in LAYER_FORMS:
+            raise ValueError(f"unknown layer form {form!r}; choose one of {LAYER_FORMS}")
+        self.form = form
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = MSSA(
+            dim,
+            heads,
+            dim_head,
+            dropout,
+            scale_scores=scale_scores,
+            tied_output=tied_output,
+            tied_beta=tied_beta,
+            causal=causal,
+        )
+        self.norm2 = nn.LayerNorm(dim)
+        self.ista = ISTA(dim, eta, lambd, ista_mode, eps)
+
+    def forward(self, x: Tensor, return_attention: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Returns ``(Z_next, Z_half, attention or None)``."""
+        h = self.norm1(x)
+        attn = None
+        if return_attention:
+            m, attn = self.attn(h, return_attention=True)
+        else:
+            m = self.attn(h)
+        half = (x if self.form == "official" else h) + m
+        out = half if self.ista.mode == "none" else self.ista(self.norm2(half))
+        return out, half, attn
+
+
+class DecoderLayer(nn.Module):
+    """One CRATE decoder layer ``g^ℓ`` (structured diffusion, eqs. (62)-(64), JMLR p.34).
+
+    First undo ISTA with a linear synthesis dictionary ``E``, then undo compression::
+
+        official (CRATE-MAE code):  X_ = E·LN1(X);  X_next = X_ − MSSA(LN2(X_))
+        jmlr (Alg. 5, p.112):       X_ = E·LN1(X);  X_next = LN2(X_) − MSSA(LN2(X_))
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        dim_head: int,
+        *,
+        dropout: float = 0.0,
+        form: str = "official",
+        scale_scores: bool = True,
+    ) -> None:
+        super().__init__()
+        if form not in LAYER_FORMS:
+            raise ValueError(f"unknown layer form {form!r}; choose one of {LAYER_FORMS}")
+        self.form = form
+        self.norm1 = nn.LayerNorm(dim)
+        self.weight = nn.Parameter(torch.empty(dim, dim))  # E, the synthesis dictionary
+        nn.init.kaiming_uniform_(self.weight)
+        self.norm2 = nn.LayerNorm(dim)
+        self.attn = MSSA(dim, heads, dim_head, dropout, scale_scores=scale_scores)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x_ = F.linear(self.norm1(x), self.weight)
+        h = self.norm2(x_)
+        return (x_ if self.form == "official" else h) - self.attn(h)
