@@ -31,6 +31,7 @@ __all__ = [
     "official_to_native",
     "native_to_official",
     "load_weights",
+    "load_model",
 ]
 
 CONFIG_NAME = "config.json"
@@ -219,6 +220,35 @@ def official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
 def native_to_official(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Rename this library's CRATE state dict to the official ``model/crate.py`` key names."""
     return _rename(state, _NATIVE_TO_OFFICIAL)
+
+
+def load_model(path: str | Path, name: str | None = None, **overrides: object) -> ImageClassifier:
+    """Load a model from whatever a user points at; the one resolver the CLI commands share.
+
+    * a ``save_pretrained`` directory (has ``config.json``) → :func:`from_pretrained`;
+    * a ``crate train`` run directory (has ``model/config.json``) → its final/latest model;
+    * a training-state file written by ``crate train`` (a dict with ``model_config`` and ``model``);
+    * an official ``.pth`` checkpoint → :func:`from_official` with ``name`` (required) and ``overrides``.
+    """
+    path = Path(path)
+    if path.is_dir():
+        if (path / CONFIG_NAME).is_file():
+            return from_pretrained(path)
+        if (path / "model" / CONFIG_NAME).is_file():
+            return from_pretrained(path / "model")
+        raise CheckpointError(
+            f"{path} is neither a model directory (config.json + model.safetensors) nor a crate train run directory"
+        )
+    raw = load_pickle(path)
+    if isinstance(raw, Mapping) and "model_config" in raw and "model" in raw:
+        model = build_model(ModelConfig.from_dict(dict(raw["model_config"])))
+        load_weights(model, raw["model"], source=str(path))
+        return model
+    if name is None:
+        raise CheckpointError(
+            f"{path} looks like an official CRATE checkpoint; name its architecture, e.g. --model crate_small"
+        )
+    return from_official(raw, name, **overrides)
 
 
 def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: object) -> ImageClassifier:
