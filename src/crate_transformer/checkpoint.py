@@ -138,22 +138,34 @@ def load_weights(model: torch.nn.Module, state: Mapping[str, Tensor], source: st
             if items:
                 shown = ", ".join(items[:6]) + (f", … (+{len(items) - 6} more)" if len(items) > 6 else "")
                 parts.append(f"{label}: {shown}")
-        raise CheckpointError(f"{source} does not fit the model ({'; '.join(parts)}){_fix_hint(shapes, model)}")
+        raise CheckpointError(f"{source} does not fit the model ({'; '.join(parts)}){_fix_hint(state, model)}")
     model.load_state_dict(state, strict=True)
 
 
-def _fix_hint(shapes: list[str], model: torch.nn.Module) -> str:
-    for s in shapes:
-        if s.startswith("head.1.weight"):
-            n = int(re.search(r"checkpoint \[(\d+)", s).group(1))
-            return f"; pass num_classes={n}"
-        if s.startswith("pos_embed"):
-            n = int(re.search(r"checkpoint \[1, (\d+)", s).group(1)) - 1
-            g = int(round(n**0.5))
-            p = getattr(getattr(model, "config", None), "patch_size", None)
-            if g * g == n and p:
-                return f"; pass image_size={g * p} (or the patch_size the checkpoint was trained with)"
-    return "; pass the model name and overrides the checkpoint was trained with"
+def _fix_hint(state: Mapping[str, Tensor], model: torch.nn.Module) -> str:
+    """Read the architecture off the checkpoint's shapes and name the overrides that would fit it."""
+    c = getattr(model, "config", None)
+    if not isinstance(c, ModelConfig):
+        return ""
+    found: dict[str, int] = {}
+    proj = state.get("patch_embed.1.weight" if c.arch == "crate" else "patch_embed.0.weight")
+    p = c.patch_size
+    if proj is not None and proj.dim() == 2:
+        found["dim"] = proj.shape[0]
+        side = (proj.shape[1] / c.in_chans) ** 0.5
+        if side.is_integer():
+            p = found["patch_size"] = int(side)
+    if "pos_embed" in state and state["pos_embed"].dim() == 3:
+        g = (state["pos_embed"].shape[1] - 1) ** 0.5
+        if g.is_integer():
+            found["image_size"] = int(g) * p
+    if "head.1.weight" in state:
+        found["num_classes"] = state["head.1.weight"].shape[0]
+    layer_ids = {int(m.group(1)) for k in state if (m := re.match(r"layers\.(\d+)\.", k))}
+    if layer_ids:
+        found["depth"] = max(layer_ids) + 1
+    fixes = [f"{k}={v}" for k, v in found.items() if getattr(c, k) != v]
+    return f"; pass {', '.join(fixes)}" if fixes else "; pass the model name and overrides it was trained with"
 
 
 # --------------------------------------------------------------------------- official format

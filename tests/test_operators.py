@@ -1,0 +1,169 @@
+"""Fast paths of MSSA / ISTA / layers against plain transcriptions of the paper and the official code."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from official_crate import Attention as OfficialAttention
+from official_crate import FeedForward as OfficialISTA
+
+from crate_transformer.operators import (
+    ISTA,
+    MSSA,
+    DecoderLayer,
+    EncoderLayer,
+    ista_reference,
+    mssa_reference,
+)
+
+
+def explicit_mssa(m: MSSA, x, causal=False):
+    """Explicit softmax-matrix attention, head by head, written out."""
+    b, n, d = x.shape
+    outs = []
+    for k in range(m.heads):
+        Uk_t = m.qkv.weight[k * m.dim_head : (k + 1) * m.dim_head]  # U_kᵀ (p×d)
+        P = x @ Uk_t.T  # b n p
+        S = P @ P.transpose(-1, -2) * m.scale
+        if causal:
+            S = S.masked_fill(torch.triu(torch.ones(n, n, dtype=torch.bool), 1), float("-inf"))
+        outs.append(torch.softmax(S, -1) @ P)
+    return m.proj(torch.cat(outs, -1))
+
+
+def test_mssa_fast_path_equals_official_attention():
+    d, K, p = 48, 4, 12
+    ours = MSSA(d, K, p)
+    off = OfficialAttention(d, K, p)
+    off.qkv.weight.data.copy_(ours.qkv.weight)
+    off.to_out[0].weight.data.copy_(ours.proj.weight)
+    off.to_out[0].bias.data.copy_(ours.proj.bias)
+    x = torch.randn(3, 17, d)
+    torch.testing.assert_close(ours(x), off(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours(x), explicit_mssa(ours, x), rtol=1e-5, atol=1e-5)
+    out, attn = ours(x, return_attention=True)
+    torch.testing.assert_close(out, off(x), rtol=1e-5, atol=1e-5)
+    assert attn.shape == (3, K, 17, 17)
+    torch.testing.assert_close(attn.sum(-1), torch.ones(3, K, 17))
+
+
+def test_row_softmax_code_equals_paper_column_form():
+    """With W = β[U_1..U_K] and no score scale, the module is eq. (36) exactly."""
+    d, K, p, n, beta = 24, 3, 8, 10, 0.7
+    m = MSSA(d, K, p, scale_scores=False, tied_output=True, tied_beta=beta).double()
+    x = torch.randn(n, d, dtype=torch.float64)
+    U = m.subspaces().detach()
+    want = mssa_reference(x.T, U, beta=beta).T  # paper: columns are tokens, column softmax
+    torch.testing.assert_close(m(x[None])[0], want, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(m(x[None], return_attention=True)[0][0], want, rtol=1e-10, atol=1e-10)
+
+
+def test_causal_mask_no_leakage_and_matches_explicit():
+    m = MSSA(32, 4, 8, causal=True)
+    x = torch.randn(2, 9, 32)
+    y = m(x)
+    torch.testing.assert_close(y, explicit_mssa(m, x, causal=True), rtol=1e-5, atol=1e-5)
+    x2 = x.clone()
+    x2[:, 6:] += torch.randn(2, 3, 32)
+    y2 = m(x2)
+    torch.testing.assert_close(y2[:, :6], y[:, :6])
+    assert not torch.allclose(y2[:, 6:], y[:, 6:])
+    torch.testing.assert_close(m(x, return_attention=True)[0], y, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_dropout_only_in_training():
+    m = MSSA(16, 2, 8, dropout=0.5)
+    x = torch.randn(2, 6, 16)
+    m.eval()
+    torch.testing.assert_close(m(x), m(x))
+    m.train()
+    torch.manual_seed(1)
+    a = m(x)
+    torch.manual_seed(2)
+    assert not torch.allclose(a, m(x))
+
+
+def test_ista_fast_path_equals_three_matmul_forms():
+    d = 40
+    ours = ISTA(d, eta=0.1, lambd=0.1)
+    off = OfficialISTA(d, step_size=0.1)
+    off.weight.data.copy_(ours.weight)
+    x = torch.randn(4, 13, d)
+    torch.testing.assert_close(ours(x), off(x), rtol=1e-5, atol=1e-5)
+    # paper column form, eq. (44): ReLU(Z - η Dᵀ(DZ - Z) - ηλ)
+    want = ista_reference(x.reshape(-1, d).T, ours.weight.detach(), 0.1, 0.1).T.reshape(x.shape)
+    torch.testing.assert_close(ours(x), want, rtol=1e-5, atol=1e-5)
+    assert (ours(x) >= 0).all()
+
+
+def test_ista_eta_lambda_are_used():
+    a = ISTA(8, eta=0.3, lambd=0.5)
+    x = torch.randn(2, 5, 8)
+    want = ista_reference(x.reshape(-1, 8).T, a.weight.detach(), 0.3, 0.5).T.reshape(x.shape)
+    torch.testing.assert_close(a(x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_ista_soft_threshold_and_mm_modes():
+    d, eta, lambd = 12, 0.2, 0.4
+    x = torch.randn(3, 7, d, dtype=torch.float64)
+    soft = ISTA(d, eta, lambd, mode="soft").double()
+    D = soft.weight.detach()
+    v = (x.reshape(-1, d).T + eta * D.T @ (x.reshape(-1, d).T - D @ x.reshape(-1, d).T)).T.reshape(x.shape)
+    torch.testing.assert_close(soft(x), F.softshrink(v, eta * lambd))
+    assert (soft(x) < 0).any()  # soft-threshold keeps negative codes
+    mm = ISTA(d, eta, lambd, mode="mm", eps=0.5).double()
+    n = x.shape[1]
+    alpha = d / (n * 0.5**2)
+    D = mm.weight.detach()
+    # eq. (123): ReLU((1 + 4/(9(1+α))) Dᵀ z − 4λ/(9α)), columns z
+    want = F.relu((1 + 4 / (9 * (1 + alpha))) * (D.T @ x.reshape(-1, d).T) - 4 * lambd / (9 * alpha)).T
+    torch.testing.assert_close(mm(x), want.reshape(x.shape))
+
+
+def test_encoder_layer_forms():
+    d = 32
+    torch.manual_seed(3)
+    layer = EncoderLayer(d, 4, 8)
+    x = torch.randn(2, 6, d)
+    out, half, attn = layer(x)
+    assert attn is None
+    torch.testing.assert_close(half, x + layer.attn(layer.norm1(x)))
+    torch.testing.assert_close(out, layer.ista(layer.norm2(half)))
+    layer.form = "jmlr"
+    out_j, half_j, _ = layer(x)
+    h = layer.norm1(x)
+    torch.testing.assert_close(half_j, h + layer.attn(h))
+    torch.testing.assert_close(out_j, layer.ista(layer.norm2(half_j)))
+    none = EncoderLayer(d, 4, 8, ista_mode="none")
+    o, hf, _ = none(x)
+    torch.testing.assert_close(o, hf)
+    with pytest.raises(ValueError, match="layer form"):
+        EncoderLayer(d, 4, 8, form="other")
+    with pytest.raises(ValueError, match="ISTA mode"):
+        ISTA(d, mode="hard")
+
+
+def test_decoder_layer_forms():
+    d = 24
+    dec = DecoderLayer(d, 3, 8)
+    x = torch.randn(2, 5, d)
+    x_ = F.linear(dec.norm1(x), dec.weight)
+    torch.testing.assert_close(dec(x), x_ - dec.attn(dec.norm2(x_)))
+    dec.form = "jmlr"
+    torch.testing.assert_close(dec(x), dec.norm2(x_) - dec.attn(dec.norm2(x_)))
+
+
+def test_backward_through_fast_paths_matches_reference():
+    d = 16
+    layer = EncoderLayer(d, 2, 8).double()
+    x = torch.randn(2, 5, d, dtype=torch.float64, requires_grad=True)
+    layer(x)[0].sum().backward()
+    g_fast = x.grad.clone()
+    x.grad = None
+    # the same layer written with the three-matmul ISTA and explicit attention
+    h = layer.norm1(x)
+    half = x + explicit_mssa(layer.attn, h)
+    z = layer.norm2(half)
+    D = layer.ista.weight
+    out = F.relu(z + 0.1 * (z @ D - z @ D.T @ D) - 0.1 * 0.1)
+    out.sum().backward()
+    torch.testing.assert_close(g_fast, x.grad)
