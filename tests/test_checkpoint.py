@@ -6,7 +6,6 @@ import pickle
 
 import pytest
 import torch
-from official_crate import OfficialCRATE
 
 import crate_transformer as ct
 from crate_transformer.checkpoint import (
@@ -17,6 +16,7 @@ from crate_transformer.checkpoint import (
     native_to_official,
     official_to_native,
 )
+from crate_transformer.reference import OfficialCRATE
 
 TINY = dict(image_size=32, patch_size=8, dim=32, depth=2, heads=4, num_classes=5)
 

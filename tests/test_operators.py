@@ -3,8 +3,6 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from official_crate import Attention as OfficialAttention
-from official_crate import FeedForward as OfficialISTA
 
 from crate_transformer.operators import (
     ISTA,
@@ -14,6 +12,8 @@ from crate_transformer.operators import (
     ista_reference,
     mssa_reference,
 )
+from crate_transformer.reference import Attention as OfficialAttention
+from crate_transformer.reference import FeedForward as OfficialISTA
 
 
 def explicit_mssa(m: MSSA, x, causal=False):

@@ -33,8 +33,11 @@ def run_models(args: argparse.Namespace) -> int:
     from .model import build_model
     from .registry import list_models, model_config
 
+    names = list_models(args.pattern)
+    if not names:
+        raise ValueError(f"no registered model matches {args.pattern!r}; run `crate models` to list them all")
     rows = []
-    for name in list_models(args.pattern):
+    for name in names:
         c = model_config(name)
         params = build_model(c).num_params()
         rows.append((name, c.arch, c.dim, c.depth, c.heads, f"{c.image_size}/{c.patch_size}", f"{params:,}"))

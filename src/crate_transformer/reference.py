@@ -1,7 +1,10 @@
-"""An independent transcription of the official ``model/crate.py`` forward computation
-(Ma-Lab-Berkeley/CRATE @ 674408f, described in shared/notes/anchors.md §1.1), with the official
-module names so its ``state_dict`` has the official keys.  Used only by the tests to check that
-``ct.from_official`` reproduces the official model's logits.
+"""The official formulation, transcribed: the forward computation of the official
+``model/crate.py`` (Ma-Lab-Berkeley/CRATE @ 674408f; JMLR Algs. 2-4, 6) with its module names, so
+its ``state_dict`` has the official keys.  Explicit attention matrix, three-matmul ISTA.
+
+Not the implementation to use — :mod:`crate_transformer.model` is.  This exists so the tests can
+check that ``ct.from_official`` reproduces the official logits and the benchmarks can time the
+official formulation beside ours in the same run.
 """
 
 import torch
@@ -83,15 +86,11 @@ class OfficialCRATE(nn.Module):
         self.pool = pool
         self.mlp_head = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, num_classes))
 
-    def rearrange(self, img):  # 'b c (h p1) (w p2) -> b (h w) (p1 p2 c)', written element by element
+    def rearrange(self, img):  # einops 'b c (h p1) (w p2) -> b (h w) (p1 p2 c)'
         b, c, H, W = img.shape
         p = self.p
-        patches = []
-        for i in range(H // p):
-            for j in range(W // p):
-                block = img[:, :, i * p : (i + 1) * p, j * p : (j + 1) * p]  # b c p1 p2
-                patches.append(block.permute(0, 2, 3, 1).reshape(b, -1))  # (p1 p2 c)
-        return torch.stack(patches, dim=1)
+        x = img.reshape(b, c, H // p, p, W // p, p).permute(0, 2, 4, 3, 5, 1)
+        return x.reshape(b, (H // p) * (W // p), p * p * c)
 
     def forward(self, img):
         x = self.to_patch_embedding(self.rearrange(img))
