@@ -1,0 +1,65 @@
+"""White-box analysis toolkit: look inside a CRATE (or ViT) model (JMLR §4.2-4.3; paper_spec §5).
+
+::
+
+    from crate_transformer import analysis
+    table = analysis.measure(model, images)            # per-layer R^c, sparsity, l1, R, ΔR (Figs. 14-15)
+    table.to_records(); table.to_json("measure.json")
+    analysis.plot_layerwise({"train": t1, "val": t2}, "layerwise.png")
+    maps = analysis.cls_attention(model, x, layer=-1)  # (b, K, h, w) class-token attention (Fig. 18)
+    masks = analysis.segment(model, x)                 # MaskCut (Alg. 1, Fig. 19)
+    analysis.incoherence(model)                        # subspace coherence (Fig. 17)
+    analysis.analyze(model, "out/", {"test": images01}, normalization=(mean, std))  # report.html + report.json
+
+Command line: ``crate analyze CHECKPOINT [--images DIR | --data NAME] --out DIR``.
+"""
+
+from .attention import attention_entropy, cls_attention
+from .images import load_image_folder
+from .measure import METRICS, LayerTable, load_measure_records, measure, measure_batch, measure_hook, official_rc
+from .plots import (
+    plot_attention,
+    plot_layerwise,
+    plot_masks,
+    plot_measure_history,
+    plot_pca,
+    plot_subspace_grams,
+    plot_token_heatmaps,
+    save_mask_png,
+)
+from .report import analyze, configure_analyze, run_analyze
+from .segmentation import cosine_affinity, iou, maskcut, normalized_cut, patch_features, pca_rgb, segment
+from .subspaces import incoherence, subspace_gram
+
+__all__ = [
+    "METRICS",
+    "LayerTable",
+    "measure",
+    "measure_batch",
+    "official_rc",
+    "measure_hook",
+    "load_measure_records",
+    "cls_attention",
+    "attention_entropy",
+    "patch_features",
+    "pca_rgb",
+    "cosine_affinity",
+    "normalized_cut",
+    "maskcut",
+    "segment",
+    "iou",
+    "subspace_gram",
+    "incoherence",
+    "plot_layerwise",
+    "plot_measure_history",
+    "plot_attention",
+    "plot_pca",
+    "plot_masks",
+    "save_mask_png",
+    "plot_subspace_grams",
+    "plot_token_heatmaps",
+    "load_image_folder",
+    "analyze",
+    "configure_analyze",
+    "run_analyze",
+]

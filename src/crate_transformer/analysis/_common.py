@@ -1,0 +1,182 @@
+"""Shared helpers of the analysis toolkit: layer indexing, per-head projections, input batches.
+
+Nothing here re-implements the model: projections are computed by the layer's own modules
+(``layer.norm1``, ``layer.attn.qkv``) and the learned subspaces come from ``MSSA.subspaces()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..data import match_channels
+from ..model import ImageClassifier
+from ..objectives import subspaces_from_qkv
+
+Normalization = tuple[Sequence[float], Sequence[float]]
+
+
+def layer_index(model: ImageClassifier, layer: int) -> int:
+    """Resolve a Python-style layer index (``-1`` = last) or raise a one-line ValueError."""
+    depth = len(model.layers)
+    if isinstance(layer, bool) or not isinstance(layer, int):
+        raise ValueError(f"layer must be an integer index, got {layer!r}")
+    if not -depth <= layer < depth:
+        raise ValueError(
+            f"layer {layer} does not exist: the model has {depth} layers (valid indices {-depth}..{depth - 1}, "
+            "-1 = last)"
+        )
+    return layer % depth
+
+
+def is_crate(model: ImageClassifier) -> bool:
+    return model.config.arch == "crate"
+
+
+def head_projections(layer: nn.Module, h: Tensor) -> Tensor:
+    """The per-head projections of already-normalised tokens ``h`` (b, n, d) → (b, K, n, p).
+
+    CRATE: ``U_kᵀ·LN1(Z)`` (the output of ``attn.qkv``, shared query = key = value).
+    ViT: the **key** facet of ``attn.qkv`` (eq. (438) uses keys for the patch tokens).
+    """
+    b, n, _ = h.shape
+    out = layer.attn.qkv(h)
+    if hasattr(layer.attn, "subspaces"):  # MSSA
+        K, p = layer.attn.heads, layer.attn.dim_head
+        return out.view(b, n, K, p).transpose(1, 2)
+    K = layer.attn.heads
+    return out.view(b, n, 3, K, -1)[:, :, 1].transpose(1, 2)
+
+
+def layer_subspaces(layer: nn.Module) -> Tensor:
+    """The layer's learned bases ``U`` as (K, d, p): MSSA's ``U_k``; for ViT the key projections."""
+    if hasattr(layer.attn, "subspaces"):
+        return layer.attn.subspaces()
+    w = layer.attn.qkv.weight
+    d = w.shape[1]
+    return subspaces_from_qkv(w[d : 2 * d], layer.attn.heads)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def _as_stat(v: object, channels: int, what: str) -> Tensor:
+    t = torch.as_tensor(v, dtype=torch.float32).flatten()
+    if t.numel() == 1:
+        t = t.repeat(channels)
+    if t.numel() != channels:
+        raise ValueError(f"normalisation {what} has {t.numel()} values but the images have {channels} channels")
+    return t
+
+
+def _fit_channels(mean: Sequence[float], std: Sequence[float], channels: int) -> Normalization | None:
+    mean, std = [float(m) for m in mean], [float(v) for v in std]
+    if len(mean) == channels and len(std) == channels:
+        return mean, std
+    if len(mean) == 1 and len(std) == 1:
+        return mean * channels, std * channels
+    if channels == 1:  # RGB statistics for grey input (images converted by luma): average the channels
+        return [sum(mean) / len(mean)], [sum(std) / len(std)]
+    return None
+
+
+def resolve_normalization(model: ImageClassifier, dataset: object | None = None) -> Normalization | None:
+    """Per-channel (mean, std) for [0, 1] images: the model's recorded normalisation, else the dataset's.
+
+    The model's is ``config.extra["normalization"] = {"mean", "std"}`` (written by ``crate train``) or
+    ``config.extra["mean"/"std"]``; statistics with the wrong channel count are adapted (1 → C by
+    repetition, C → 1 by averaging) or skipped.
+    """
+    c = model.config.in_chans
+    extra = getattr(model.config, "extra", None) or {}
+    for src in (extra.get("normalization") or {}, extra):
+        if isinstance(src, dict) and src.get("mean") is not None and src.get("std") is not None:
+            fit = _fit_channels(
+                np.ravel(np.asarray(src["mean"], dtype=np.float64)).tolist(),
+                np.ravel(np.asarray(src["std"], dtype=np.float64)).tolist(),
+                c,
+            )
+            if fit is not None:
+                return fit
+    if dataset is not None and getattr(dataset, "mean", None) is not None and getattr(dataset, "std", None) is not None:
+        return _fit_channels(dataset.mean, dataset.std, c)
+    return None
+
+
+def normalize_images(x: Tensor, normalization: Normalization | None) -> Tensor:
+    """``(x − mean) / std`` per channel; identity when ``normalization`` is None."""
+    if normalization is None:
+        return x
+    c = x.shape[1]
+    mean = _as_stat(normalization[0], c, "mean").to(x.device, x.dtype).view(1, c, 1, 1)
+    std = _as_stat(normalization[1], c, "std").to(x.device, x.dtype).view(1, c, 1, 1)
+    return (x - mean) / std
+
+
+def is_image_dataset(obj: object) -> bool:
+    """Duck-typed ``data.ImageDataset``: a uint8 ``images`` tensor (N, C, H, W)."""
+    imgs = getattr(obj, "images", None)
+    return isinstance(imgs, Tensor) and imgs.dim() == 4 and not isinstance(obj, Tensor)
+
+
+def dataset_images01(dataset: object, indices: Sequence[int] | None = None) -> Tensor:
+    """[0, 1] float images (N, C, H, W) of a dataset, without any augmentation."""
+    if is_image_dataset(dataset):
+        imgs = dataset.images if indices is None else dataset.images[torch.as_tensor(list(indices), dtype=torch.long)]
+        return imgs.float() / 255.0 if imgs.dtype == torch.uint8 else imgs.float()
+    idx = range(len(dataset)) if indices is None else indices
+    items = [dataset[i] for i in idx]
+    return torch.stack([it[0] if isinstance(it, (tuple, list)) else it for it in items]).float()
+
+
+def count_images(images: object) -> int | None:
+    """Number of images in a tensor or dataset; None for a loader / plain iterable."""
+    if isinstance(images, Tensor):
+        return images.shape[0] if images.dim() == 4 else 1
+    if _is_map_dataset(images):
+        return len(images)  # type: ignore[arg-type]
+    return None
+
+
+def _is_map_dataset(obj: object) -> bool:
+    return (
+        not isinstance(obj, (Tensor, torch.utils.data.DataLoader))
+        and hasattr(obj, "__getitem__")
+        and hasattr(obj, "__len__")
+    )
+
+
+def iter_batches(
+    images: Tensor | Iterable, batch_size: int, normalization: Normalization | None, channels: int | None = None
+) -> Iterator[Tensor]:
+    """Yield model-ready float batches from a tensor, an ImageDataset, a map-style dataset or a loader.
+
+    A float tensor or loader is taken as model-ready unless ``normalization`` is given (a uint8 tensor
+    is divided by 255 first); a dataset gives [0, 1] images, which are converted to ``channels``
+    channels (grey ↔ RGB, as training does) and normalised with ``normalization``.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if isinstance(images, Tensor):
+        if images.dim() == 3:
+            images = images.unsqueeze(0)
+        for i in range(0, images.shape[0], batch_size):
+            x = images[i : i + batch_size]
+            yield normalize_images(x.float() / 255.0 if x.dtype == torch.uint8 else x, normalization)
+        return
+    if _is_map_dataset(images):
+        n = len(images)  # type: ignore[arg-type]
+        for i in range(0, n, batch_size):
+            x = dataset_images01(images, range(i, min(n, i + batch_size)))
+            yield normalize_images(x if channels is None else match_channels(x, channels), normalization)
+        return
+    for item in images:
+        x = item[0] if isinstance(item, (tuple, list)) else item
+        if not isinstance(x, Tensor):
+            raise ValueError(f"expected batches of image tensors, got {type(x).__name__}")
+        yield normalize_images(x, normalization)

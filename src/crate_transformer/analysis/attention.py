@@ -1,0 +1,47 @@
+"""Class-token attention maps (JMLR §4.3, p.51 and App. C.10 eq. (437)-(438); Figs. 18, 20, 27).
+
+For head k of layer ℓ the map is the class-token row of the layer's own attention matrix over the
+N patch tokens (eq. (437) for CRATE, ``⟨U_kᵀz_i, U_kᵀz_cls⟩``; eq. (438) for ViT, ``⟨K_kᵀz_i, Q_kᵀz_cls⟩``),
+with the model's ``p^{-1/2}`` score scale and renormalised over the patches after dropping the
+class-token column (DINO-style, paper_spec §5.4).  It is reshaped to the patch grid of the input,
+so any image size divisible by the patch size works (the position embedding is interpolated).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..model import ImageClassifier
+from ._common import layer_index, model_device
+
+__all__ = ["cls_attention", "attention_entropy"]
+
+
+@torch.no_grad()
+def cls_attention(model: ImageClassifier, images: Tensor, layer: int = -1) -> Tensor:
+    """Per-head class-token attention over the patches, ``(b, K, H/P, W/P)``; each map sums to 1.
+
+    ``images`` are model-ready (normalised) float images; ``layer`` is a Python index into
+    ``model.layers`` (``-1`` = last, ``-2`` = penultimate as in Fig. 27).
+    """
+    li = layer_index(model, layer)
+    if isinstance(images, Tensor) and images.dim() == 3:
+        images = images.unsqueeze(0)
+    model.check_images(images)
+    was_training = model.training
+    model.eval()
+    try:
+        trace = model.forward_trace(images.to(model_device(model)), return_attention=True)
+    finally:
+        model.train(was_training)
+    a = trace.attention[li][:, :, 0, 1:].float()  # (b, K, N): class-token row, patch columns
+    a = a / a.sum(-1, keepdim=True).clamp_min(1e-30)
+    p = model.config.patch_size
+    return a.reshape(a.shape[0], a.shape[1], images.shape[-2] // p, images.shape[-1] // p).cpu()
+
+
+def attention_entropy(maps: Tensor) -> Tensor:
+    """Entropy (nats) of each attention map ``(..., h, w)``; low = focused, ``log(N)`` = uniform."""
+    a = maps.flatten(-2).clamp_min(1e-30)
+    return -(a * a.log()).sum(-1)
