@@ -18,15 +18,6 @@ from crate_transformer.data import load_dataset, normalize
 TINY = dict(image_size=8, patch_size=2, in_chans=1, num_classes=10, dim=32, depth=2, heads=4)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # The machine's 2 cores are shared: OpenMP spin-waiting with 2 threads is ~10x slower here.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def digits():
     return load_dataset("digits", "train"), load_dataset("digits", "test")
@@ -186,7 +177,7 @@ def test_grey_dataset_on_an_rgb_model_is_converted_like_training(tmp_path, digit
     )
     rep = json.loads((out / "report.json").read_text())
     assert "converted to 3 channels" in rep["source"]["channels"]
-    assert rep["normalization"] == [list(test.mean) * 3, list(test.std) * 3]
+    np.testing.assert_allclose(rep["normalization"], [list(test.mean) * 3, list(test.std) * 3], rtol=1e-12)
 
 
 def test_normalization_comes_from_the_model_config_then_the_dataset(digits):

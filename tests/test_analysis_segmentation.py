@@ -8,14 +8,6 @@ import crate_transformer as ct
 from crate_transformer import analysis
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def planted(h=16, w=16, D=32, sigma=0.6, seed=0):
     """Patch features on an h×w grid: background + a rectangle + a disc, each around its own prototype.
 

@@ -149,6 +149,9 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path):
     assert os.listdir(tmp_path) == ["f.txt"]
     atomic_write(target, lambda tmp: open(tmp, "w").write("new"))
     assert target.read_text() == "new"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's private 0600
 
 
 def test_load_model_resolves_every_layout(tmp_path):

@@ -24,15 +24,6 @@ def claim(report, text):
     return hits[0]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Small dense problems: one intra-op thread avoids OpenMP spin-waits on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
     out = tmp_path_factory.mktemp("theory")

@@ -345,9 +345,35 @@ def test_vit_with_lion_and_hooks(tmp_path: Path) -> None:
                       image_size=8, optimizer="lion", lr=1e-4, weight_decay=0.5, epochs=1, max_steps=5,
                       progress=False, out=str(tmp_path / "vit"), threads=1)  # fmt: skip
     result = train(cfg, hooks=[hook])
-    assert seen == [1, 2, 3, 4, 5] and not result["interrupted"] and math.isfinite(result["test_acc"])
+    assert seen == [0, 1, 2, 3, 4, 5] and not result["interrupted"] and math.isfinite(result["test_acc"])
     hooked = [r for r in _records(tmp_path / "vit") if r["split"] == "hook"]
-    assert [r["step"] for r in hooked] == [2, 4]
+    assert [r["step"] for r in hooked] == [0, 2, 4]
     state = load_pickle(tmp_path / "vit" / "checkpoints" / "last.pt")
     assert state["model_config"]["arch"] == "vit" and "exp_avg" in next(iter(state["optimizer"]["state"].values()))
     assert crate("train", "--out", tmp_path / "vit", *TINY) == 2  # refuses to overwrite a run
+
+
+def test_measure_every_records_layerwise_numbers_during_training(tmp_path: Path) -> None:
+    """`--measure-every N`: R^c and sparsity per layer at step 0 (random init), every N steps and at the end."""
+    from crate_transformer.analysis import measure
+    from crate_transformer.data import normalize
+    from crate_transformer.train import prepare_batch
+
+    run = tmp_path / "m"
+    arch = ["dim=32", "depth=2", "heads=2", "patch_size=4"]
+    assert crate("train", "--epochs", 2, "--measure-every", 11, "--out", run, *TINY[:-len(ARCH)], *arch) == 0
+    meas = [r for r in _records(run) if r["split"] == "measure"]
+    assert sorted({r["step"] for r in meas}) == [0, 11, 22] and len(meas) == 3 * 2
+    assert all(0.0 <= r["nonzero"] <= 1.0 and math.isfinite(r["rc_in"]) for r in meas)
+    assert (run / "measure.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the last record is the measurement of the final model on the fixed batch (first 64 test images)
+    model = load_model(run).eval()
+    norm = model.config.extra["normalization"]
+    test = load_dataset("digits", "test", image_size=8)
+    x = prepare_batch(test.images[:64], device=torch.device("cpu"), image_size=8, channels=1,
+                      mean=norm["mean"], std=norm["std"])  # fmt: skip
+    torch.testing.assert_close(x, normalize(test.images[:64].float() / 255, norm["mean"], norm["std"]))
+    want = measure(model, x, normalize=None, progress=False).to_records()
+    got = sorted((r for r in meas if r["step"] == 22), key=lambda r: r["layer"])
+    for g, w in zip(got, want):
+        assert g["rc_in"] == pytest.approx(w["rc_in"], rel=1e-5) and g["nonzero"] == pytest.approx(w["nonzero"])

@@ -34,6 +34,9 @@ __all__ = [
     "load_model",
 ]
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 
@@ -51,6 +54,7 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual permissions
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -169,45 +173,38 @@ def _fix_hint(state: Mapping[str, Tensor], model: torch.nn.Module) -> str:
 
 
 # --------------------------------------------------------------------------- official format
-_OFFICIAL_TO_NATIVE = [
-    (r"^pos_embedding$", "pos_embed"),
-    (r"^cls_token$", "cls_token"),
-    (r"^to_patch_embedding\.1\.", "patch_embed.0."),
-    (r"^to_patch_embedding\.2\.", "patch_embed.1."),
-    (r"^to_patch_embedding\.3\.", "patch_embed.2."),
-    (r"^transformer\.layers\.(\d+)\.0\.norm\.", r"layers.\1.norm1."),
-    (r"^transformer\.layers\.(\d+)\.0\.fn\.qkv\.", r"layers.\1.attn.qkv."),
-    (r"^transformer\.layers\.(\d+)\.0\.fn\.to_out\.0\.", r"layers.\1.attn.proj."),
-    (r"^transformer\.layers\.(\d+)\.1\.norm\.", r"layers.\1.norm2."),
-    (r"^transformer\.layers\.(\d+)\.1\.fn\.weight$", r"layers.\1.ista.weight"),
-    (r"^mlp_head\.0\.", "head.0."),
-    (r"^mlp_head\.1\.", "head.1."),
-]
-_NATIVE_TO_OFFICIAL = [
-    (r"^pos_embed$", "pos_embedding"),
-    (r"^cls_token$", "cls_token"),
-    (r"^patch_embed\.0\.", "to_patch_embedding.1."),
-    (r"^patch_embed\.1\.", "to_patch_embedding.2."),
-    (r"^patch_embed\.2\.", "to_patch_embedding.3."),
-    (r"^layers\.(\d+)\.norm1\.", r"transformer.layers.\1.0.norm."),
-    (r"^layers\.(\d+)\.attn\.qkv\.", r"transformer.layers.\1.0.fn.qkv."),
-    (r"^layers\.(\d+)\.attn\.proj\.", r"transformer.layers.\1.0.fn.to_out.0."),
-    (r"^layers\.(\d+)\.norm2\.", r"transformer.layers.\1.1.norm."),
-    (r"^layers\.(\d+)\.ista\.weight$", r"transformer.layers.\1.1.fn.weight"),
-    (r"^head\.0\.", "mlp_head.0."),
-    (r"^head\.1\.", "mlp_head.1."),
+# (official key prefix, native key prefix); "{i}" is a layer index.  One table serves both directions.
+_KEY_MAP = [
+    ("pos_embedding", "pos_embed"),
+    ("cls_token", "cls_token"),
+    ("to_patch_embedding.1.", "patch_embed.0."),  # index 0 of the official Sequential is the Rearrange
+    ("to_patch_embedding.2.", "patch_embed.1."),
+    ("to_patch_embedding.3.", "patch_embed.2."),
+    ("transformer.layers.{i}.0.norm.", "layers.{i}.norm1."),
+    ("transformer.layers.{i}.0.fn.qkv.", "layers.{i}.attn.qkv."),
+    ("transformer.layers.{i}.0.fn.to_out.0.", "layers.{i}.attn.proj."),
+    ("transformer.layers.{i}.1.norm.", "layers.{i}.norm2."),
+    ("transformer.layers.{i}.1.fn.weight", "layers.{i}.ista.weight"),
+    ("mlp_head.0.", "head.0."),
+    ("mlp_head.1.", "head.1."),
 ]
 
 
-def _rename(state: Mapping[str, Tensor], rules: list[tuple[str, str]]) -> dict[str, Tensor]:
+def _rename(state: Mapping[str, Tensor], forward: bool) -> dict[str, Tensor]:
+    """Rename keys official → native (``forward``) or native → official; unknown keys pass unchanged."""
+    rules = []
+    for official, native in _KEY_MAP:
+        src, dst = (official, native) if forward else (native, official)
+        pattern = r"(\d+)".join(map(re.escape, src.split("{i}")))
+        rules.append((re.compile("^" + pattern + ("" if src.endswith(".") else "$")), dst.replace("{i}", r"\1")))
     out = {}
     for key, value in state.items():
-        new = key
         for pattern, repl in rules:
-            new, hits = re.subn(pattern, repl, key)
+            new, hits = pattern.subn(repl, key)
             if hits:
+                key = new
                 break
-        out[new] = value
+        out[key] = value
     return out
 
 
@@ -226,12 +223,12 @@ def _unwrap(obj: object) -> dict[str, Tensor]:
 
 def official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Rename an official ``model/crate.py`` state dict (after unwrapping) to this library's key names."""
-    return _rename(state, _OFFICIAL_TO_NATIVE)
+    return _rename(state, forward=True)
 
 
 def native_to_official(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Rename this library's CRATE state dict to the official ``model/crate.py`` key names."""
-    return _rename(state, _NATIVE_TO_OFFICIAL)
+    return _rename(state, forward=False)
 
 
 def load_model(path: str | Path, name: str | None = None, **overrides: object) -> ImageClassifier:

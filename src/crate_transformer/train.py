@@ -72,6 +72,7 @@ __all__ = [
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
+MEASURE_FILE = "measure.png"
 CHECKPOINT = Path("checkpoints") / "last.pt"
 OPTIMIZERS = ("adamw", "lion")
 AMP_MODES = ("auto", "none", "bf16", "fp16")
@@ -142,6 +143,11 @@ class TrainConfig:
     log_every: int = _opt(10, "write a train record to metrics.jsonl every N steps")
     eval_every: int = _opt(1, "evaluate every N epochs (0 = only at the end)")
     eval_batch_size: int = _opt(500, "batch size for evaluation")
+    measure_every: int = _opt(
+        100,
+        "every N steps (and before the first), record each layer's compression R^c and sparsity on a fixed "
+        "batch (JMLR Fig. 15) in metrics.jsonl and plot them as measure.png (0 = off)",
+    )
     progress: bool = _opt(True, "show a tqdm progress bar")
     # fine-tuning (set by `crate finetune`)
     init_from: str | None = _opt(None, "checkpoint to fine-tune from", commands=())
@@ -157,7 +163,7 @@ class TrainConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        nonneg = ("max_steps", "checkpoint_every", "eval_every", "train_subset", "threads")
+        nonneg = ("max_steps", "checkpoint_every", "eval_every", "train_subset", "threads", "measure_every")
         for name in nonneg:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
@@ -558,7 +564,7 @@ class StepContext:
 
     model: ImageClassifier
     step: int
-    epoch: int
+    epoch: float  # step / steps_per_epoch, as in the train and eval records
     fixed_batch: tuple[Tensor, Tensor]
     run_dir: Path
     is_main: bool
@@ -671,6 +677,17 @@ def _is_image_folder(data: str) -> bool:
         return False
     cifar = (p, p / "cifar-10-batches-py", p / "cifar-100-python")
     return not any((q / "data_batch_1").is_file() or (q / "meta").is_file() for q in cifar)
+
+
+def _plot_run(cfg: TrainConfig, metrics_path: Path, run_dir: Path) -> None:
+    """The run's figures: training curves, and layer-wise measurements across training if recorded."""
+    plot_curves(metrics_path, run_dir / CURVES_FILE)
+    if cfg.measure_every:
+        from .analysis import load_measure_records, plot_measure_history
+
+        records = load_measure_records(metrics_path)
+        if records:
+            plot_measure_history(records, run_dir / MEASURE_FILE, step_key="epoch")
 
 
 def _log(msg: str, dist: _Dist) -> None:
@@ -913,6 +930,20 @@ def _train(cfg: TrainConfig, dist: _Dist, device: torch.device, resume: Any, hoo
     window = torch.zeros(3, dtype=torch.float64, device=device)
     t_window = time.time()
     interrupted = False
+    if cfg.measure_every:
+        from .analysis import measure_hook
+
+        hooks = [*hooks, measure_hook(every=cfg.measure_every)]
+
+    def run_hooks() -> None:
+        ctx = StepContext(raw_model, step, round(step / steps_per_epoch, 4), fixed_batch, run_dir, dist.main)
+        for hook in hooks:
+            records = hook(ctx)
+            if records:
+                log_records(records)
+
+    if hooks and step == 0:  # the untrained model: the "random init" curve of Fig. 15
+        run_hooks()
     model.train()
     with _Interrupt() as stop:
         while step < last_step and not interrupted:
@@ -972,11 +1003,7 @@ def _train(cfg: TrainConfig, dist: _Dist, device: torch.device, resume: Any, hoo
 
                 # Periodic hooks on a fixed batch (e.g. layer-wise measurements) run here.
                 if hooks:
-                    ctx = StepContext(raw_model, step, epoch, fixed_batch, run_dir, dist.main)
-                    for hook in hooks:
-                        records = hook(ctx)
-                        if records:
-                            log_records(records)
+                    run_hooks()
 
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                     save_checkpoint("periodic")
@@ -1014,7 +1041,7 @@ def _train(cfg: TrainConfig, dist: _Dist, device: torch.device, resume: Any, hoo
     if interrupted:
         save_checkpoint("interrupted")
         if dist.main:
-            plot_curves(metrics_path, run_dir / CURVES_FILE)
+            _plot_run(cfg, metrics_path, run_dir)
         _log(
             f"interrupted at step {step}/{total_steps}: checkpoint saved to {ckpt_path}\n"
             f"continue with: crate {'finetune' if cfg.init_from else 'train'} --resume {run_dir}",
@@ -1041,7 +1068,7 @@ def _train(cfg: TrainConfig, dist: _Dist, device: torch.device, resume: Any, hoo
     save_checkpoint("end")
     if dist.main:
         raw_model.save_pretrained(run_dir / "model")
-        plot_curves(metrics_path, run_dir / CURVES_FILE)
+        _plot_run(cfg, metrics_path, run_dir)
         elapsed = time.time() - t_start
         print(
             f"final test accuracy: {100 * final.top1:.2f}% "

@@ -173,7 +173,10 @@ def plot_measure_history(
         for i, k in enumerate(keys):
             x, mu, _ = _series(groups[k], m)
             c = cmap(0.9 * i / max(1, len(keys) - 1))
-            label = f"{step_key} {k}" if not isinstance(records, Mapping) else str(k)
+            if isinstance(records, Mapping):
+                label = str(k)
+            else:
+                label = f"{step_key} {k:.3g}" if isinstance(k, float) else f"{step_key} {k}"
             ax.plot(x, mu, "o-", color=c, ms=3, label=label)
         ax.set_xlabel(r"layer index $\ell$")
         ax.set_ylabel(_label(m))
@@ -306,6 +309,20 @@ def save_mask_png(masks: np.ndarray, size: tuple[int, int], path: str | Path) ->
     return Path(path)
 
 
+def _layer_grid(L: int, w: float, h: float) -> tuple[Figure, np.ndarray, list]:
+    """A figure with one tick-less panel per layer (at most 6 per row); unused panels are hidden."""
+    cols = min(L, 6)
+    rows = (L + cols - 1) // cols
+    fig = Figure(figsize=(w * cols + 0.6, h * rows + 0.4), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        ax.set_xticks([])
+        ax.set_yticks([])
+        if i >= L:
+            ax.axis("off")
+    return fig, axes, list(axes.flat)[:L]
+
+
 def plot_subspace_grams(
     grams: Sequence[np.ndarray],
     path: str | Path | None = None,
@@ -315,18 +332,9 @@ def plot_subspace_grams(
     title: str | None = None,
 ) -> Figure:
     """``|Uᵀ U|`` per layer as heatmaps (Fig. 17; colour scale 0-1); ``block`` draws head boundaries."""
-    L = len(grams)
-    cols = min(L, 6)
-    rows = (L + cols - 1) // cols
-    fig = Figure(figsize=(2.3 * cols + 0.6, 2.4 * rows + 0.4), layout="constrained")
-    axes = fig.subplots(rows, cols, squeeze=False)
+    fig, axes, panels = _layer_grid(len(grams), 2.3, 2.4)
     im = None
-    for i, ax in enumerate(axes.flat):
-        ax.set_xticks([])
-        ax.set_yticks([])
-        if i >= L:
-            ax.axis("off")
-            continue
+    for i, ax in enumerate(panels):
         g = grams[i]
         im = ax.imshow(g, cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
         if block:
@@ -359,17 +367,9 @@ def plot_token_heatmaps(
     g = np.random.default_rng(seed)
     r = np.sort(g.choice(n, min(size, n), replace=False))
     c = np.sort(g.choice(d, min(size, d), replace=False))
-    cols = min(L, 6)
-    rows = (L + cols - 1) // cols
-    fig = Figure(figsize=(2.2 * cols + 0.6, 2.3 * rows + 0.4), layout="constrained")
-    axes = fig.subplots(rows, cols, squeeze=False)
+    fig, axes, panels = _layer_grid(L, 2.2, 2.3)
     im = None
-    for i, ax in enumerate(axes.flat):
-        ax.set_xticks([])
-        ax.set_yticks([])
-        if i >= L:
-            ax.axis("off")
-            continue
+    for i, ax in enumerate(panels):
         z = np.abs(np.asarray(tokens[i], dtype=np.float64))[np.ix_(r, c)]
         im = ax.imshow(z, cmap="magma", vmin=0, vmax=vmax, interpolation="nearest", aspect="auto")
         ax.set_title(f"layer {i + 1}", fontsize=8)
