@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import crate_transformer as ct
 from crate_transformer import analysis
 from crate_transformer.checkpoint import native_to_official
-from crate_transformer.data import load_dataset, normalize
+from crate_transformer.data import load_dataset, load_image_folder, normalize
 
 TINY = dict(image_size=8, patch_size=2, in_chans=1, num_classes=10, dim=32, depth=2, heads=4)
 
@@ -409,7 +409,7 @@ def test_crate_analyze_on_a_folder_of_images(tmp_path, trained):
     rep = json.loads((out / "report.json").read_text())
     assert rep["measure"]["images"]["meta"]["n_samples"] == 2
     assert rep["visual"]["grid"] == [6, 6]  # 12x12 images, patch 2: position embedding interpolated
-    imgs, files = analysis.load_image_folder(folder, 8, 1)
+    imgs, files = load_image_folder(folder, 8, 1)
     assert imgs.shape == (2, 1, 8, 8) and 0 <= imgs.min() and imgs.max() <= 1 and files[0].endswith("a.png")
 
 

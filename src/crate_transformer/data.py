@@ -50,6 +50,7 @@ __all__ = [
     "IMAGE_EXTENSIONS",
     "ImageDataset",
     "load_dataset",
+    "load_image_folder",
     "normalize",
     "match_channels",
     "build_augmentation",
@@ -570,6 +571,31 @@ def _decode_all(
         labels.append(label)
         gray.append(is_gray)
     return arrays, labels, gray, bad
+
+
+def load_image_folder(
+    folder: str | os.PathLike, image_size: int, channels: int, limit: int | None = None
+) -> tuple[Tensor, list[str]]:
+    """Every image under ``folder`` (recursively, sorted by path; no classes, e.g. ``crate analyze --images``).
+
+    Returns ``[0, 1]`` floats ``(N, channels, image_size, image_size)`` — shorter side resized to
+    ``image_size``, centre crop, grey/RGB converted to ``channels`` — and the file paths.  ``limit``
+    keeps the first files.  A missing folder, a folder without images or an unreadable file is a
+    one-line ValueError.
+    """
+    root = Path(folder).expanduser()
+    if not root.exists():
+        raise ValueError(f"image folder not found: {folder}")
+    if not root.is_dir():
+        raise ValueError(f"{folder} is a file, not a folder; pass a folder of images")
+    if not isinstance(image_size, int) or image_size <= 0:
+        raise ValueError(f"image_size must be a positive integer, got {image_size!r}")
+    files = _image_files(root)[:limit]
+    if not files:
+        raise ValueError(f"no images found in {folder} (looked for {', '.join(IMAGE_EXTENSIONS)} files, recursively)")
+    arrays = _decode_all([(f, 0) for f in files], "error")[0]
+    images = torch.stack([_to_chw(a, channels, image_size) for a in arrays])
+    return images.float() / 255.0, [str(f) for f in files]
 
 
 def _to_chw(a: np.ndarray, channels: int, image_size: int | None) -> Tensor:

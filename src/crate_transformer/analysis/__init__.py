@@ -15,7 +15,6 @@ Command line: ``crate analyze CHECKPOINT [--images DIR | --data NAME] --out DIR`
 """
 
 from .attention import attention_entropy, cls_attention
-from .images import load_image_folder
 from .measure import METRICS, LayerTable, load_measure_records, measure, measure_batch, measure_hook, official_rc
 from .plots import (
     plot_attention,
@@ -58,7 +57,6 @@ __all__ = [
     "save_mask_png",
     "plot_subspace_grams",
     "plot_token_heatmaps",
-    "load_image_folder",
     "analyze",
     "configure_analyze",
     "run_analyze",

@@ -450,7 +450,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     layer_index(model, args.attn_layer)
     layer_index(model, args.seg_layer)
     if args.images:
-        from .images import load_image_folder
+        from ..data import load_image_folder
 
         imgs, files = load_image_folder(args.images, size, c.in_chans, limit=args.num_images)  # grey/RGB converted
         splits = {"images": imgs}
