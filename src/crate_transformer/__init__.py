@@ -28,6 +28,18 @@ from .objectives import (  # noqa: E402
 )
 from .registry import create_model, list_models, model_config  # noqa: E402
 
+_SUBMODULES = ("analysis", "theory", "data", "train")
+
+
+def __getattr__(name: str) -> object:
+    """``ct.analysis``, ``ct.theory``, ``ct.data``, ``ct.train`` on first use (they import matplotlib etc.)."""
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "__version__",
     "CRATE",

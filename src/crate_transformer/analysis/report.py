@@ -461,7 +461,8 @@ def run_analyze(args: argparse.Namespace) -> int:
             norm_src = "statistics of the image folder (the model config has none)"
         source = {"data": f"{args.images} ({len(files)} images)", "normalization_source": norm_src}
     else:
-        data = args.data or (c.extra or {}).get("dataset")
+        extra = c.extra or {}
+        data = args.data or extra.get("data") or extra.get("dataset")  # crate train records the resolved path
         if not data:
             raise ValueError("no images to analyse: pass --images DIR or --data NAME (e.g. --data mnist)")
         try:
