@@ -48,27 +48,26 @@ def run_models(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``crate`` parser; only ``command``'s module is imported and configured (fast start-up)."""
     parser = argparse.ArgumentParser(prog="crate", description="CRATE: white-box transformers")
     parser.add_argument("--version", action="version", version=f"crate_transformer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if e.name == module_name:  # feature not built yet
-                continue
-            raise
         p = sub.add_parser(
             name, help=help_text, description=help_text, formatter_class=argparse.ArgumentDefaultsHelpFormatter
         )
-        getattr(module, f"configure_{name}")(p)
-        p.set_defaults(_run=getattr(module, f"run_{name}"))
+        if name == command:
+            module = importlib.import_module(module_name)
+            getattr(module, f"configure_{name}")(p)
+            p.set_defaults(_run=getattr(module, f"run_{name}"))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)  # the top level has no valued options
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()
