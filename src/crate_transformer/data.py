@@ -52,6 +52,7 @@ __all__ = [
     "load_dataset",
     "load_image_folder",
     "normalize",
+    "fit_normalization",
     "match_channels",
     "build_augmentation",
     "default_augmentation",
@@ -171,6 +172,27 @@ def normalize(x: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
     if m.shape[0] != x.shape[-3]:
         raise ValueError(f"normalisation has {m.shape[0]} channel(s) but the images have {x.shape[-3]}")
     return (x - m) / s
+
+
+def fit_normalization(
+    mean: Sequence[float] | float, std: Sequence[float] | float, channels: int
+) -> tuple[list[float], list[float]] | None:
+    """Per-channel statistics for images converted to ``channels`` (as :func:`match_channels` converts them).
+
+    Matching statistics are kept, one value is repeated, RGB statistics for grey images are averaged;
+    anything else cannot be adapted and gives None.
+    """
+    mean, std = (
+        np.ravel(np.asarray(mean, dtype=np.float64)).tolist(),
+        np.ravel(np.asarray(std, dtype=np.float64)).tolist(),
+    )
+    if len(mean) == channels and len(std) == channels:
+        return mean, std
+    if len(mean) == 1 and len(std) == 1:
+        return mean * channels, std * channels
+    if channels == 1:
+        return [sum(mean) / len(mean)], [sum(std) / len(std)]
+    return None
 
 
 def match_channels(x: Tensor, channels: int) -> Tensor:

@@ -41,6 +41,7 @@ from .data import (
     ImageDataset,
     build_augmentation,
     default_augmentation,
+    fit_normalization,
     load_dataset,
     match_channels,
 )
@@ -637,12 +638,7 @@ def _default_run_dir(cfg: TrainConfig) -> Path:
 
 def _data_normalization(dataset: ImageDataset, channels: int) -> tuple[list[float], list[float]]:
     """Training-pool statistics of ``dataset``, converted when the images are converted to ``channels``."""
-    mean, std = list(dataset.mean), list(dataset.std)
-    if len(mean) == channels:
-        return mean, std
-    if channels == 1:
-        return [sum(mean) / len(mean)], [sum(std) / len(std)]
-    return mean * channels, std * channels
+    return fit_normalization(dataset.mean, dataset.std, channels)
 
 
 def _normalization(model: ImageClassifier, dataset: ImageDataset) -> tuple[list[float], list[float]]:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..data import match_channels
+from ..data import fit_normalization, match_channels, normalize
 from ..model import ImageClassifier
 from ..objectives import subspaces_from_qkv
 
@@ -65,26 +65,6 @@ def model_device(model: nn.Module) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
-def _as_stat(v: object, channels: int, what: str) -> Tensor:
-    t = torch.as_tensor(v, dtype=torch.float32).flatten()
-    if t.numel() == 1:
-        t = t.repeat(channels)
-    if t.numel() != channels:
-        raise ValueError(f"normalisation {what} has {t.numel()} values but the images have {channels} channels")
-    return t
-
-
-def _fit_channels(mean: Sequence[float], std: Sequence[float], channels: int) -> Normalization | None:
-    mean, std = [float(m) for m in mean], [float(v) for v in std]
-    if len(mean) == channels and len(std) == channels:
-        return mean, std
-    if len(mean) == 1 and len(std) == 1:
-        return mean * channels, std * channels
-    if channels == 1:  # RGB statistics for grey input (images converted by luma): average the channels
-        return [sum(mean) / len(mean)], [sum(std) / len(std)]
-    return None
-
-
 def resolve_normalization(model: ImageClassifier, dataset: object | None = None) -> Normalization | None:
     """Per-channel (mean, std) for [0, 1] images: the model's recorded normalisation, else the dataset's.
 
@@ -96,15 +76,11 @@ def resolve_normalization(model: ImageClassifier, dataset: object | None = None)
     extra = getattr(model.config, "extra", None) or {}
     for src in (extra.get("normalization") or {}, extra):
         if isinstance(src, dict) and src.get("mean") is not None and src.get("std") is not None:
-            fit = _fit_channels(
-                np.ravel(np.asarray(src["mean"], dtype=np.float64)).tolist(),
-                np.ravel(np.asarray(src["std"], dtype=np.float64)).tolist(),
-                c,
-            )
+            fit = fit_normalization(src["mean"], src["std"], c)
             if fit is not None:
                 return fit
     if dataset is not None and getattr(dataset, "mean", None) is not None and getattr(dataset, "std", None) is not None:
-        return _fit_channels(dataset.mean, dataset.std, c)
+        return fit_normalization(dataset.mean, dataset.std, c)
     return None
 
 
@@ -113,9 +89,10 @@ def normalize_images(x: Tensor, normalization: Normalization | None) -> Tensor:
     if normalization is None:
         return x
     c = x.shape[1]
-    mean = _as_stat(normalization[0], c, "mean").to(x.device, x.dtype).view(1, c, 1, 1)
-    std = _as_stat(normalization[1], c, "std").to(x.device, x.dtype).view(1, c, 1, 1)
-    return (x - mean) / std
+    fit = fit_normalization(*normalization, c) if len(np.ravel(normalization[0])) in (1, c) else None
+    if fit is None:
+        raise ValueError(f"normalisation has {len(np.ravel(normalization[0]))} values but the images have {c} channels")
+    return normalize(x, *fit)
 
 
 def is_image_dataset(obj: object) -> bool:
