@@ -41,6 +41,7 @@ from .data import (
     ImageDataset,
     build_augmentation,
     default_augmentation,
+    epoch_permutation,
     fit_normalization,
     load_dataset,
     match_channels,
@@ -354,12 +355,6 @@ def _set_deterministic(on: bool) -> None:
 
 
 # --------------------------------------------------------------------------- batches
-def epoch_permutation(num_samples: int, seed: int, epoch: int) -> Tensor:
-    """The training order of ``epoch``: a function of (seed, epoch) only, identical on every rank and on resume."""
-    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    return torch.randperm(num_samples, generator=g)
-
-
 def prepare_batch(
     images: Tensor,
     *,

@@ -1,0 +1,105 @@
+"""The contract between data sources and the training engine.
+
+A labelled image source (in memory, a streamed image folder, WebDataset shards, a Hugging Face
+dataset on disk) is an :class:`ImageSource`: it knows its length, classes, channel count and
+training-pool statistics, and yields uint8 batches through :meth:`ImageSource.batches`.
+
+The order of an epoch is a function of ``(seed, epoch)`` only (:func:`epoch_permutation`), identical
+on every process and after a resume, so a run killed at ``(epoch, batch)`` continues with exactly the
+batches it would have seen.  Under DDP every process takes its own contiguous slice of each *global*
+batch, so one global batch is the same set of samples whatever the number of processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["ImageSource", "epoch_permutation", "global_batches", "rank_slice"]
+
+
+def epoch_permutation(num_samples: int, seed: int, epoch: int) -> Tensor:
+    """The training order of ``epoch``: a function of (seed, epoch) only, identical on every rank and on resume."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(num_samples, generator=g)
+
+
+def rank_slice(batch: Tensor, rank: int, world: int) -> Tensor:
+    """This process's contiguous share of one global batch (shares differ by at most one sample)."""
+    return torch.tensor_split(batch, world)[rank] if world > 1 else batch
+
+
+def global_batches(
+    num_samples: int,
+    batch_size: int,
+    *,
+    shuffle: bool,
+    seed: int = 0,
+    epoch: int = 0,
+    start: int = 0,
+    drop_last: bool = True,
+) -> Iterator[Tensor]:
+    """Index tensors of the global batches of one epoch, from global batch ``start`` on.
+
+    Training (``shuffle=True, drop_last=True``) visits ``num_samples // batch_size`` full batches in the
+    order of :func:`epoch_permutation`; evaluation (``shuffle=False, drop_last=False``) visits every
+    sample once, in order.
+    """
+    order = epoch_permutation(num_samples, seed, epoch) if shuffle else torch.arange(num_samples)
+    n_batches = num_samples // batch_size if drop_last else -(-num_samples // batch_size)
+    for b in range(start, n_batches):
+        yield order[b * batch_size : (b + 1) * batch_size]
+
+
+class ImageSource:
+    """A labelled image split that the engine can iterate in global batches.
+
+    Subclasses set ``name`` (display), ``split``, ``classes``, ``mean``/``std`` (per channel, [0, 1]
+    scale, statistics of the *training* pool), ``channels``, ``image_size`` (side of the uint8
+    images yielded, or None when they keep their native size) and implement ``__len__`` and
+    :meth:`batches`.
+    """
+
+    name: str = ""
+    split: str = ""
+    classes: list[str]
+    mean: Sequence[float]
+    std: Sequence[float]
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def channels(self) -> int:
+        raise NotImplementedError
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        """Full global batches of ``batch_size`` in one epoch (the last partial batch is dropped)."""
+        return len(self) // batch_size
+
+    def batches(
+        self,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        epoch: int = 0,
+        start: int = 0,
+        rank: int = 0,
+        world: int = 1,
+        drop_last: bool | None = None,
+    ) -> Iterator[tuple[Tensor, Tensor]]:
+        """Yield this process's ``(uint8 images (b, C, H, W), int64 labels (b,))`` of each global batch.
+
+        ``batch_size`` is the global batch; global batch ``i`` of epoch ``e`` holds the same samples
+        for every ``world`` (see :func:`global_batches`); iteration begins at global batch ``start``.
+        ``drop_last`` defaults to ``shuffle`` (training drops the partial batch, evaluation keeps it).
+        A process whose share of the last partial batch is empty gets no batch for it.
+        """
+        raise NotImplementedError

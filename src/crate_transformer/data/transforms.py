@@ -1,0 +1,141 @@
+"""Tensor transforms on image batches: normalisation, channel conversion, resizing and augmentation.
+
+Augmentations are batched kornia modules that run on the training device, after decoding and before
+:func:`normalize` (JMLR App. C.1: random resized crop + flip for pre-training, RandAugment(2, 14) for
+fine-tuning).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .spec import fit_normalization  # noqa: F401  (re-exported)
+
+BUILTIN_DATASETS = ("mnist", "digits")
+AUGMENTATIONS = ("none", "translate", "crop-flip", "randaugment")
+
+
+# --------------------------------------------------------------------------- tensor helpers
+def normalize(x: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
+    """``(x − mean) / std`` per channel for a float batch ``(b, C, H, W)`` or image ``(C, H, W)``."""
+    shape = (-1, 1, 1)
+    m = torch.as_tensor(mean, dtype=x.dtype, device=x.device).view(shape)
+    s = torch.as_tensor(std, dtype=x.dtype, device=x.device).view(shape)
+    if m.shape[0] != x.shape[-3]:
+        raise ValueError(f"normalisation has {m.shape[0]} channel(s) but the images have {x.shape[-3]}")
+    return (x - m) / s
+
+
+def match_channels(x: Tensor, channels: int) -> Tensor:
+    """Convert a ``(…, C, H, W)`` batch to ``channels`` channels (grey → RGB by repetition, RGB → grey by luma)."""
+    c = x.shape[-3]
+    if c == channels:
+        return x
+    if c == 1:
+        return x.expand(*x.shape[:-3], channels, *x.shape[-2:]).contiguous()
+    if c == 3 and channels == 1:
+        w = torch.tensor([0.299, 0.587, 0.114], device=x.device).view(3, 1, 1)
+        grey = (x.float() * w).sum(dim=-3, keepdim=True)
+        return grey.round().clamp(0, 255).to(torch.uint8) if x.dtype == torch.uint8 else grey.to(x.dtype)
+    raise ValueError(f"cannot convert {c}-channel images to {channels} channels; use 1- or 3-channel data")
+
+
+def _resize_tensor(images: Tensor, size: int) -> Tensor:
+    """Antialiased bilinear resize of a uint8 ``N×C×H×W`` tensor to ``size × size`` (in chunks)."""
+    if images.shape[-2:] == (size, size):
+        return images
+    out = []
+    for chunk in images.split(4096):
+        y = F.interpolate(chunk.float(), size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+        out.append(y.round().clamp(0, 255).to(torch.uint8))
+    return torch.cat(out)
+
+
+# --------------------------------------------------------------------------- augmentation
+class RandomTranslate(nn.Module):
+    """Shift each image of a batch by its own random integer offset in ``[-max_shift, max_shift]²`` (zero fill).
+
+    Equivalent to zero-padding by ``max_shift`` and taking a random crop of the original size; works
+    for any input size and draws from the global torch RNG (so checkpoints can restore it).
+    """
+
+    def __init__(self, max_shift: int) -> None:
+        super().__init__()
+        if max_shift < 0:
+            raise ValueError(f"max_shift must be >= 0 pixels, got {max_shift}")
+        self.max_shift = int(max_shift)
+
+    def forward(self, x: Tensor) -> Tensor:
+        t = self.max_shift
+        if t == 0:
+            return x
+        b, _, h, w = x.shape
+        padded = F.pad(x, (t, t, t, t)).permute(0, 2, 3, 1)  # b × (h+2t) × (w+2t) × C
+        dy = torch.randint(0, 2 * t + 1, (b, 1, 1)).to(x.device)
+        dx = torch.randint(0, 2 * t + 1, (b, 1, 1)).to(x.device)
+        rows = dy + torch.arange(h, device=x.device).view(1, h, 1)
+        cols = dx + torch.arange(w, device=x.device).view(1, 1, w)
+        return padded[torch.arange(b, device=x.device).view(b, 1, 1), rows, cols].permute(0, 3, 1, 2)
+
+
+def default_augmentation(dataset_name: str, finetune: bool = False) -> str:
+    """The recipe's default: ±2-pixel translations for digits, RandomResizedCrop + flip otherwise
+    (JMLR App. C.1), plus RandAugment(2, 14) when fine-tuning (C.1, transfer)."""
+    if dataset_name in BUILTIN_DATASETS:
+        return "translate"
+    return "randaugment" if finetune else "crop-flip"
+
+
+def build_augmentation(
+    kind: str,
+    image_size: int,
+    *,
+    translate: int = 2,
+    crop_scale: tuple[float, float] = (0.08, 1.0),
+    hflip: bool = True,
+    randaugment_n: int = 2,
+    randaugment_m: int = 14,
+) -> nn.Module:
+    """A batched kornia augmentation for float images in [0, 1] (apply *before* :func:`normalize`).
+
+    * ``none`` — identity.
+    * ``translate`` — random integer shifts of up to ``translate`` pixels (:class:`RandomTranslate`; any
+      input size); the digits recipe (no flips: they would change digit identity).
+    * ``crop-flip`` — ``RandomResizedCrop(image_size, scale=crop_scale)`` + horizontal flip, the
+      paper's pre-training augmentation (JMLR App. C.1).
+    * ``randaugment`` — ``crop-flip`` then ``RandAugment(n, m)`` (n=2, m=14 as in the official
+      fine-tuning script).
+    """
+    import kornia.augmentation as K
+
+    if kind not in AUGMENTATIONS:
+        raise ValueError(f"unknown augmentation {kind!r}; choose one of {AUGMENTATIONS}")
+    if kind == "none":
+        return nn.Identity()
+    if kind == "translate":
+        return RandomTranslate(translate) if translate else nn.Identity()
+    ops: list[nn.Module] = [K.RandomResizedCrop((image_size, image_size), scale=crop_scale)]
+    if hflip:
+        ops.append(K.RandomHorizontalFlip())
+    if kind == "randaugment":
+        from kornia.augmentation.auto import RandAugment
+
+        ops.append(_AsRGB(RandAugment(n=randaugment_n, m=randaugment_m)))
+    return nn.Sequential(*ops)
+
+
+class _AsRGB(nn.Module):
+    """Run an RGB-only augmentation (RandAugment's colour ops) on greyscale batches via 3 identical channels."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[1] != 1:
+            return self.inner(x)
+        return self.inner(x.expand(-1, 3, -1, -1).contiguous()).mean(dim=1, keepdim=True)
