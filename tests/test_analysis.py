@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import crate_transformer as ct
 from crate_transformer import analysis
 from crate_transformer.checkpoint import native_to_official
+from crate_transformer.cli import analyze as analyze_cmd
 from crate_transformer.data import load_dataset, load_image_folder, normalize
 
 TINY = dict(image_size=8, patch_size=2, in_chans=1, num_classes=10, dim=32, depth=2, heads=4)
@@ -317,8 +318,8 @@ def test_training_hook_records_metrics_log_and_history_plot(tmp_path, trained, b
 # --------------------------------------------------------------------------- report + CLI
 def run_cli(argv):
     parser = argparse.ArgumentParser()
-    analysis.configure_analyze(parser)
-    return analysis.run_analyze(parser.parse_args(argv))
+    analyze_cmd.configure_analyze(parser)
+    return analyze_cmd.run_analyze(parser.parse_args(argv))
 
 
 FIGS = [

@@ -118,10 +118,11 @@ def test_help_lists_every_option_with_its_default(capsys: pytest.CaptureFixture)
 
 
 def test_default_job_is_crate_mnist_under_1m_params() -> None:
-    args = cli.build_parser().parse_args(["train"])
-    from crate_transformer.train import _config_from_args
+    from crate_transformer.cli.common import given_options
 
-    cfg = _config_from_args(args, TrainConfig())
+    args = cli.build_parser("train").parse_args(["train"])
+    assert given_options(args, TrainConfig) == {}  # no flag given: nothing overrides the defaults
+    cfg = TrainConfig.from_dict(given_options(args, TrainConfig))
     assert cfg == TrainConfig() and (cfg.model, cfg.data) == ("crate_mnist", "mnist")
     assert create_model(cfg.model).num_params() < 1_000_000
 
@@ -171,7 +172,7 @@ def test_run_directory_contract(pretrained: Path) -> None:
     m_dir, m_run, m_state = load_model(run / "model"), load_model(run), load_model(run / "checkpoints" / "last.pt")
     for k, v in m_dir.state_dict().items():
         assert torch.equal(v, m_run.state_dict()[k]) and torch.equal(v, m_state.state_dict()[k])
-    assert m_dir.config.extra["classes"] == [str(i) for i in range(10)]
+    assert m_dir.config.data.classes == [str(i) for i in range(10)]
 
 
 def test_eval_matches_an_independent_computation(pretrained: Path, capsys: pytest.CaptureFixture) -> None:
@@ -183,9 +184,9 @@ def test_eval_matches_an_independent_computation(pretrained: Path, capsys: pytes
     assert (out / "confusion.png").read_bytes()[:4] == b"\x89PNG" and (out / "confusion.png").stat().st_size > 5000
 
     model = from_pretrained(pretrained / "model").eval()
-    norm = model.config.extra["normalization"]
+    norm = model.config.data
     test = load_dataset("digits", "test")
-    x = (test.images.float() / 255 - norm["mean"][0]) / norm["std"][0]
+    x = (test.images.float() / 255 - norm.mean[0]) / norm.std[0]
     with torch.no_grad():
         logits = model(x).numpy()
     y = test.labels.numpy()
@@ -293,7 +294,7 @@ def test_finetune_from_pretrained_dir_new_classes_and_size(pretrained: Path, tmp
     src, ft = from_pretrained(pretrained / "model"), from_pretrained(out / "model")
     assert (ft.config.num_classes, ft.config.image_size, ft.config.in_chans) == (3, 16, 1)  # grey model: data converted
     assert ft.pos_embed.shape == (1, 1 + 4 * 4, 32) and src.pos_embed.shape == (1, 1 + 2 * 2, 32)
-    assert ft.config.extra["classes"] == ["class0", "class1", "class2"]
+    assert ft.config.data.classes == ["class0", "class1", "class2"]
     changed = [k for k, v in src.state_dict().items() if k in ft.state_dict() and k != "pos_embed"
                and v.shape == ft.state_dict()[k].shape and not torch.equal(v, ft.state_dict()[k])]  # fmt: skip
     assert "layers.0.ista.weight" in changed and "patch_embed.1.weight" in changed  # all weights trained
@@ -368,11 +369,11 @@ def test_measure_every_records_layerwise_numbers_during_training(tmp_path: Path)
     assert (run / "measure.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the last record is the measurement of the final model on the fixed batch (first 64 test images)
     model = load_model(run).eval()
-    norm = model.config.extra["normalization"]
+    norm = model.config.data
     test = load_dataset("digits", "test", image_size=8)
     x = prepare_batch(test.images[:64], device=torch.device("cpu"), image_size=8, channels=1,
-                      mean=norm["mean"], std=norm["std"])  # fmt: skip
-    torch.testing.assert_close(x, normalize(test.images[:64].float() / 255, norm["mean"], norm["std"]))
+                      mean=norm.mean, std=norm.std)  # fmt: skip
+    torch.testing.assert_close(x, normalize(test.images[:64].float() / 255, norm.mean, norm.std))
     want = measure(model, x, normalize=None, progress=False).to_records()
     got = sorted((r for r in meas if r["step"] == 22), key=lambda r: r["layer"])
     for g, w in zip(got, want):

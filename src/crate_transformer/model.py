@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .data.spec import DataSpec
 from .operators import ISTA_MODES, LAYER_FORMS, EncoderLayer
 
 __all__ = ["ModelConfig", "Trace", "ImageClassifier", "CRATE", "ViT", "build_model"]
@@ -52,6 +53,7 @@ class ModelConfig:
     # ViT baseline
     mlp_ratio: float = 4.0
     extra: dict = field(default_factory=dict)  # free-form metadata (e.g. dataset normalisation)
+    data: DataSpec | None = None  # TEMP shim until the hardening branch lands
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -100,6 +102,9 @@ class ModelConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown config keys {unknown}; valid keys: {sorted(known)}")
+        d = dict(d)
+        if isinstance(d.get("data"), dict):
+            d["data"] = DataSpec.from_dict(d["data"])
         return cls(**d)
 
 

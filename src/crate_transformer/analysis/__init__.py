@@ -26,7 +26,7 @@ from .plots import (
     plot_token_heatmaps,
     save_mask_png,
 )
-from .report import analyze, configure_analyze, run_analyze
+from .report import analyze
 from .segmentation import cosine_affinity, iou, maskcut, normalized_cut, patch_features, pca_rgb, segment
 from .subspaces import incoherence, subspace_gram
 
@@ -58,6 +58,4 @@ __all__ = [
     "plot_subspace_grams",
     "plot_token_heatmaps",
     "analyze",
-    "configure_analyze",
-    "run_analyze",
 ]

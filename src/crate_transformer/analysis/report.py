@@ -1,4 +1,4 @@
-"""One command, one report: ``crate analyze CHECKPOINT [--images DIR | --data NAME] --out DIR``.
+"""One report of everything: :func:`analyze` (the ``crate analyze`` command is in :mod:`crate_transformer.cli.analyze`).
 
 :func:`analyze` runs every measurement of the toolkit on a model and writes ``report.html`` (all
 figures with captions naming what each measures and the paper figure it corresponds to),
@@ -7,7 +7,6 @@ figures with captions naming what each measures and the paper figure it correspo
 
 from __future__ import annotations
 
-import argparse
 import html
 import json
 import platform
@@ -29,7 +28,6 @@ from ._common import (
     layer_subspaces,
     model_device,
     normalize_images,
-    resolve_normalization,
 )
 from .attention import attention_entropy, cls_attention
 from .measure import METRICS, LayerTable, measure
@@ -45,7 +43,7 @@ from .plots import (
 from .segmentation import maskcut, patch_features, pca_rgb
 from .subspaces import incoherence, subspace_gram
 
-__all__ = ["analyze", "configure_analyze", "run_analyze"]
+__all__ = ["analyze"]
 
 
 def _fmt(v: float) -> str:
@@ -347,154 +345,3 @@ def _html(report: dict, tables: Mapping[str, LayerTable], figures: Sequence[tupl
     )
     parts.append("</body></html>\n")
     return "\n".join(parts)
-
-
-# --------------------------------------------------------------------------- CLI
-def configure_analyze(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "checkpoint",
-        help="a crate train run directory, a save_pretrained directory, a training-state file or an official .pth",
-    )
-    parser.add_argument("--model", default=None, help="registered model name for an official .pth (e.g. crate_small)")
-    parser.add_argument(
-        "--model-args",
-        nargs="+",
-        default=[],
-        metavar="KEY=VALUE",
-        help="architecture overrides for an official .pth, e.g. --model-args num_classes=10 image_size=32",
-    )
-    src = parser.add_mutually_exclusive_group()
-    src.add_argument("--images", default=None, metavar="DIR", help="a folder of images (any format PIL reads)")
-    src.add_argument(
-        "--data",
-        default=None,
-        metavar="NAME|DIR",
-        help="a dataset: mnist, digits, a CIFAR folder or a class-per-subfolder image folder "
-        "(measures its train and test splits); default: the dataset recorded in the model config",
-    )
-    parser.add_argument("--out", default="analysis", help="output folder for report.html, report.json and figures")
-    parser.add_argument("--num-images", type=int, default=256, help="images measured per split (seeded subset)")
-    parser.add_argument("--num-vis", type=int, default=4, help="images shown in the attention/PCA/MaskCut figures")
-    parser.add_argument(
-        "--image-size", type=int, default=None, help="resize images to this square size (default: the model's)"
-    )
-    parser.add_argument("--eps", type=float, default=0.1, help="coding precision eps (the official eps^2 = 0.01)")
-    parser.add_argument("--attn-layer", type=int, default=-1, help="layer of the attention maps (-1 last, -2 penult.)")
-    parser.add_argument("--seg-layer", type=int, default=-1, help="layer of the PCA / MaskCut features")
-    parser.add_argument("--masks", type=int, default=3, help="MaskCut: number of masks per image (S)")
-    parser.add_argument("--tau", type=float, default=0.15, help="MaskCut: affinity threshold on cosine similarity")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0, help="seed of the measured image subset")
-    parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-
-
-def _parse_overrides(items: Sequence[str]) -> dict:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--model-args expects KEY=VALUE pairs (e.g. dim=64 depth=4), got {item!r}")
-        try:
-            out[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.strip()] = value
-    return out
-
-
-def _subset(n: int, k: int, seed: int) -> list[int]:
-    if k >= n:
-        return list(range(n))
-    g = torch.Generator().manual_seed(seed)
-    return sorted(torch.randperm(n, generator=g)[:k].tolist())
-
-
-def _dataset_splits(
-    model: ImageClassifier, data: str, image_size: int, k: int, seed: int
-) -> tuple[dict[str, Tensor], Normalization | None, dict]:
-    from ..data import load_dataset, match_channels
-
-    train = load_dataset(data, "train", image_size=image_size)
-    c = model.config.in_chans
-    try:
-        test = load_dataset(data, "test", image_size=image_size)
-    except ValueError:
-        test = None
-    splits = {}
-    for name, ds in (("train", train), ("test", test)):
-        if ds is not None:
-            imgs = dataset_images01(ds, _subset(len(ds), k, seed))
-            try:
-                splits[name] = match_channels(imgs, c)
-            except ValueError as e:
-                raise ValueError(f"dataset {data!r}: {e} (the model expects {c}-channel images)") from None
-    source = {"data": f"{data} ({', '.join(f'{k}: {v.shape[0]}' for k, v in splits.items())} images)"}
-    if train.channels != c:
-        source["channels"] = f"{train.channels}-channel images converted to {c} channels, as in training"
-    return splits, resolve_normalization(model, train), source
-
-
-def run_analyze(args: argparse.Namespace) -> int:
-    from ..checkpoint import load_model
-
-    for name in ("num_images", "num_vis", "masks", "batch_size"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    overrides = _parse_overrides(args.model_args)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    model = load_model(args.checkpoint, args.model, **overrides).to(device).eval()
-    c = model.config
-    size = args.image_size or c.image_size
-    if size % c.patch_size:
-        raise ValueError(f"--image-size {size} is not a multiple of the model's patch size {c.patch_size}")
-    layer_index(model, args.attn_layer)
-    layer_index(model, args.seg_layer)
-    if args.images:
-        from ..data import load_image_folder
-
-        imgs, files = load_image_folder(args.images, size, c.in_chans, limit=args.num_images)  # grey/RGB converted
-        splits = {"images": imgs}
-        norm = resolve_normalization(model)
-        norm_src = "model config"
-        if norm is None:
-            norm = (imgs.mean((0, 2, 3)).tolist(), imgs.std((0, 2, 3)).clamp_min(1e-3).tolist())
-            norm_src = "statistics of the image folder (the model config has none)"
-        source = {"data": f"{args.images} ({len(files)} images)", "normalization_source": norm_src}
-    else:
-        extra = c.extra or {}
-        data = args.data or extra.get("data") or extra.get("dataset")  # crate train records the resolved path
-        if not data:
-            raise ValueError("no images to analyse: pass --images DIR or --data NAME (e.g. --data mnist)")
-        try:
-            splits, norm, source = _dataset_splits(model, str(data), size, args.num_images, args.seed)
-        except ValueError as e:
-            if args.data:
-                raise
-            raise ValueError(
-                f"{e} (dataset {data!r} is recorded in the model config; pass --data or --images)"
-            ) from None
-        source["normalization_source"] = "model config" if resolve_normalization(model) else "dataset statistics"
-    source["checkpoint"] = str(args.checkpoint)
-    report = analyze(
-        model,
-        args.out,
-        splits,
-        normalization=norm,
-        eps=args.eps,
-        batch_size=args.batch_size,
-        attn_layer=args.attn_layer,
-        seg_layer=args.seg_layer,
-        n_masks=args.masks,
-        tau=args.tau,
-        num_vis=args.num_vis,
-        progress=not args.no_progress,
-        source=source,
-    )
-    out = Path(args.out)
-    first = next(iter(report["measure"].values()))["layers"]
-    print(
-        f"layer-wise R^c (MSSA input) {first[0]['rc_in']:.4g} -> {first[-1]['rc_in']:.4g}, non-zero fraction "
-        f"{first[0]['nonzero']:.3f} -> {first[-1]['nonzero']:.3f} (layer 1 -> {len(first)})"
-    )
-    print(f"wrote {out / 'report.html'} and {out / 'report.json'} ({report['wall_time_s']} s)")
-    return 0

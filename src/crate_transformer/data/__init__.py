@@ -15,8 +15,8 @@ description saved with a model.
 """
 
 from .base import ImageSource, epoch_permutation, global_batches, rank_slice
-from .memory import IMAGE_EXTENSIONS, SPLITS, ImageDataset, load_dataset, load_image_folder
-from .spec import DataSpec, fit_normalization
+from .memory import IMAGE_EXTENSIONS, SPLITS, ImageDataset, load_dataset, load_image_folder, resolve_source
+from .spec import DataSpec, fit_normalization, resolve_normalization
 from .transforms import (
     AUGMENTATIONS,
     BUILTIN_DATASETS,
@@ -39,9 +39,11 @@ __all__ = [
     "global_batches",
     "rank_slice",
     "load_dataset",
+    "resolve_source",
     "load_image_folder",
     "normalize",
     "fit_normalization",
+    "resolve_normalization",
     "match_channels",
     "build_augmentation",
     "default_augmentation",

@@ -46,7 +46,7 @@ from torch import Tensor
 from .base import ImageSource, global_batches, rank_slice
 from .transforms import BUILTIN_DATASETS, _resize_tensor, match_channels
 
-__all__ = ["SPLITS", "IMAGE_EXTENSIONS", "ImageDataset", "load_dataset", "load_image_folder"]
+__all__ = ["SPLITS", "IMAGE_EXTENSIONS", "ImageDataset", "load_dataset", "load_image_folder", "resolve_source"]
 
 SPLITS = ("train", "val", "test")
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
@@ -157,7 +157,7 @@ def load_dataset(
     if image_size is not None and (not isinstance(image_size, int) or isinstance(image_size, bool) or image_size <= 0):
         raise ValueError(f"image_size must be a positive integer or None, got {image_size!r}")
 
-    kind, source = _resolve(name_or_path)
+    kind, source = resolve_source(name_or_path)
     pool = _load_pool(kind, source, image_size, on_bad_image, _folder_signature(source) if kind == "folder" else ())
     train_x, train_y = pool.train_images, pool.train_labels
     if split == "test":
@@ -184,8 +184,8 @@ class _Pool:
     std: tuple[float, ...]
 
 
-def _resolve(name_or_path: str | os.PathLike) -> tuple[str, str]:
-    """Map the user's argument to (kind, source): builtin name, CIFAR folder, or image folder."""
+def resolve_source(name_or_path: str | os.PathLike) -> tuple[str, str]:
+    """Map the user's argument to (kind, source): ``mnist``/``digits``, ``cifar10``/``cifar100`` or ``folder``."""
     text = os.fspath(name_or_path)
     if text.lower() in BUILTIN_DATASETS:
         return text.lower(), text.lower()
@@ -461,14 +461,14 @@ def _decode_all(
 
 
 def load_image_folder(
-    folder: str | os.PathLike, image_size: int, channels: int, limit: int | None = None
+    folder: str | os.PathLike, image_size: int, channels: int, limit: int | None = None, on_bad_image: str = "error"
 ) -> tuple[Tensor, list[str]]:
     """Every image under ``folder`` (recursively, sorted by path; no classes, e.g. ``crate analyze --images``).
 
     Returns ``[0, 1]`` floats ``(N, channels, image_size, image_size)`` — shorter side resized to
     ``image_size``, centre crop, grey/RGB converted to ``channels`` — and the file paths.  ``limit``
-    keeps the first files.  A missing folder, a folder without images or an unreadable file is a
-    one-line ValueError.
+    keeps the first files.  Unreadable files raise (``on_bad_image="error"``) or are skipped with a
+    warning (``"skip"``); a missing folder or one without readable images is a one-line ValueError.
     """
     root = Path(folder).expanduser()
     if not root.exists():
@@ -480,7 +480,12 @@ def load_image_folder(
     files = _image_files(root)[:limit]
     if not files:
         raise ValueError(f"no images found in {folder} (looked for {', '.join(IMAGE_EXTENSIONS)} files, recursively)")
-    arrays = _decode_all([(f, 0) for f in files], "error")[0]
+    arrays, _, _, bad = _decode_all([(f, 0) for f in files], on_bad_image)
+    if bad:
+        warnings.warn(f"skipped {len(bad)} unreadable image(s) in {folder}", stacklevel=2)
+        files = [f for i, f in enumerate(files) if i not in set(bad)]
+    if not files:
+        raise ValueError(f"no readable images in {folder}; check the files")
     images = torch.stack([_to_chw(a, channels, image_size) for a in arrays])
     return images.float() / 255.0, [str(f) for f in files]
 

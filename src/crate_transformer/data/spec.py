@@ -91,3 +91,14 @@ def fit_normalization(
     if channels == 1:
         return [sum(mean) / len(mean)], [sum(std) / len(std)]
     return None
+
+
+def resolve_normalization(model_or_config: Any, dataset: Any = None) -> tuple[list[float], list[float]] | None:
+    """TEMP (hardening branch): the model's recorded normalisation, else the dataset's, adapted to in_chans."""
+    config = getattr(model_or_config, "config", model_or_config)
+    spec = getattr(config, "data", None)
+    if spec is not None and spec.normalization(config.in_chans) is not None:
+        return spec.normalization(config.in_chans)
+    if dataset is not None and getattr(dataset, "mean", None) is not None:
+        return fit_normalization(dataset.mean, dataset.std, config.in_chans)
+    return None

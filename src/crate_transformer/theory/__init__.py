@@ -23,7 +23,7 @@ from .approximation import approximation_errors, rc_change, run_approximation
 from .denoising import denoising_measurements, remark17_eps, run_denoising, theorem16_nominal
 from .diffusion import diffusion_grid, log_time_flow, run_diffusion, structured_denoise, structured_diffuse
 from .ista import ista_solve, run_ista, sklearn_nonneg_lasso
-from .runner import EXPERIMENTS, QUICK, configure_theory, run_all, run_experiment, run_theory
+from .runner import EXPERIMENTS, QUICK, run_all, run_experiment
 from .steps import (
     beta_from_eps,
     compression_step,
@@ -61,8 +61,6 @@ __all__ = [
     "QUICK",
     "run_experiment",
     "run_all",
-    "configure_theory",
-    "run_theory",
     # experiments
     "run_approximation",
     "run_unrolled",

@@ -1,9 +1,7 @@
-"""The experiment registry and the ``crate theory EXPERIMENT --out DIR`` command."""
+"""The experiment registry (the ``crate theory`` command is in :mod:`crate_transformer.cli.theory`)."""
 
 from __future__ import annotations
 
-import argparse
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +13,7 @@ from .ista import run_ista
 from .tweedie import run_tweedie
 from .unrolled import run_unrolled
 
-__all__ = ["EXPERIMENTS", "QUICK", "run_experiment", "run_all", "configure_theory", "run_theory"]
+__all__ = ["EXPERIMENTS", "QUICK", "run_experiment", "run_all"]
 
 EXPERIMENTS: dict[str, Callable[..., dict[str, Any]]] = {
     "approximation": run_approximation,
@@ -66,36 +64,3 @@ def run_all(
     return {
         name: run_experiment(name, out_dir, seed=seed, quick=quick, progress_bar=progress_bar) for name in EXPERIMENTS
     }
-
-
-def configure_theory(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``crate theory``."""
-    parser.add_argument(
-        "experiment",
-        metavar="EXPERIMENT",
-        help=f"one of: all, {', '.join(EXPERIMENTS)}",
-    )
-    parser.add_argument("--out", default="theory-results", metavar="DIR", help="where <name>.png and <name>.json go")
-    parser.add_argument("--seed", type=int, default=0, help="random seed of the synthetic data")
-    parser.add_argument("--quick", action="store_true", help="reduced sizes (a few seconds in all)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-
-
-def run_theory(args: argparse.Namespace) -> int:
-    """Run the requested experiment(s) and print which of the paper's claims hold."""
-    names = list(EXPERIMENTS) if args.experiment == "all" else [args.experiment]
-    for name in names:
-        _check_name(name)
-    start = time.perf_counter()
-    for name in names:
-        rep = run_experiment(name, args.out, seed=args.seed, quick=args.quick, progress_bar=not args.no_progress)
-        held = sum(c["holds"] for c in rep["checks"])
-        print(
-            f"{name}: {held}/{len(rep['checks'])} claims hold ({rep['runtime_s']:.1f} s) -> "
-            f"{rep['files']['figure']}, {rep['files']['json']}"
-        )
-        for c in rep["checks"]:
-            print(f"  [{'holds' if c['holds'] else 'FAILS'}] {c['claim']}")
-    if len(names) > 1:
-        print(f"all experiments: {time.perf_counter() - start:.1f} s")
-    return 0

@@ -1,0 +1,65 @@
+"""The ``crate`` command.
+
+One module per subcommand (``cli/<name>.py`` with ``configure_<name>(parser)`` and ``run_<name>(args)``);
+library modules hold no argparse code.  Expected failures (bad input, missing or corrupt files) are a
+one-line message and exit code 2; set ``CRATE_DEBUG=1`` for the full traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import importlib
+import os
+import sys
+
+from .. import __version__
+
+# name -> (module, help); the module provides configure_<name>(parser) and run_<name>(args) -> int | None
+COMMANDS: dict[str, tuple[str, str]] = {
+    "models": ("models", "list the registered models with their parameter counts"),
+    "train": ("train", "train a model (default: CRATE on the built-in MNIST digits)"),
+    "finetune": ("train", "fine-tune a pretrained or official checkpoint on new data"),
+    "eval": ("train", "evaluate a checkpoint: top-1/top-5, per-class accuracy, confusion matrix"),
+    "analyze": ("analyze", "white-box report: compression, sparsity, attention maps, segmentation"),
+    "theory": ("theory", "reproduce the paper's mathematical claims on synthetic data"),
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``crate`` parser; only ``command``'s module is imported and configured (fast start-up)."""
+    parser = argparse.ArgumentParser(prog="crate", description="CRATE: white-box transformers")
+    parser.add_argument("--version", action="version", version=f"crate_transformer {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        p = sub.add_parser(
+            name, help=help_text, description=help_text, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        )
+        if name == command:
+            module = importlib.import_module(f"{__name__}.{module_name}")
+            getattr(module, f"configure_{name}")(p)
+            p.set_defaults(_run=getattr(module, f"run_{name}"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)  # the top level has no valued options
+    parser = build_parser(command)
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 1
+    try:
+        return int(args._run(args) or 0)
+    except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
+        if os.environ.get("CRATE_DEBUG"):
+            raise
+        print(f"crate {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if os.environ.get("CRATE_DEBUG") or e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        where = f" writing {e.filename}" if e.filename else ""
+        print(f"crate {args.command}: error: {e.strerror}{where}; free space or write elsewhere", file=sys.stderr)
+        return 2

@@ -1,0 +1,152 @@
+"""``crate analyze CHECKPOINT [--images DIR | --data NAME] --out DIR``: the white-box report."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .common import add_model_arguments, check_out_dir, parse_model_args, positive
+
+
+def configure_analyze(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "checkpoint",
+        help="a crate train run directory, a save_pretrained directory, a training-state file or an official .pth",
+    )
+    add_model_arguments(parser)
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--images", default=None, metavar="DIR", help="a folder of images (any format PIL reads)")
+    src.add_argument(
+        "--data",
+        default=None,
+        metavar="NAME|DIR",
+        help="a dataset: mnist, digits, a CIFAR folder or a class-per-subfolder image folder "
+        "(measures its train and test splits); default: the dataset recorded in the model config",
+    )
+    parser.add_argument("--out", default="analysis", help="output folder for report.html, report.json and figures")
+    parser.add_argument("--num-images", type=int, default=256, help="images measured per split (seeded subset)")
+    parser.add_argument("--num-vis", type=int, default=4, help="images shown in the attention/PCA/MaskCut figures")
+    parser.add_argument(
+        "--image-size", type=int, default=None, help="resize images to this square size (default: the model's)"
+    )
+    parser.add_argument(
+        "--on-bad-image",
+        default="skip",
+        choices=("skip", "error"),
+        help="unreadable image files: skip (with a warning count) | error",
+    )
+    parser.add_argument("--eps", type=float, default=0.1, help="coding precision eps (the official eps^2 = 0.01)")
+    parser.add_argument("--attn-layer", type=int, default=-1, help="layer of the attention maps (-1 last, -2 penult.)")
+    parser.add_argument("--seg-layer", type=int, default=-1, help="layer of the PCA / MaskCut features")
+    parser.add_argument("--masks", type=int, default=3, help="MaskCut: number of masks per image (S)")
+    parser.add_argument("--tau", type=float, default=0.15, help="MaskCut: affinity threshold on cosine similarity")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the measured image subset")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+
+
+def _subset(n: int, k: int, seed: int) -> list[int]:
+    import torch
+
+    if k >= n:
+        return list(range(n))
+    g = torch.Generator().manual_seed(seed)
+    return sorted(torch.randperm(n, generator=g)[:k].tolist())
+
+
+def _dataset_splits(model: object, data: str, image_size: int, k: int, seed: int, on_bad_image: str) -> tuple:
+    from ..analysis._common import dataset_images01
+    from ..data import load_dataset, match_channels, resolve_normalization
+
+    train = load_dataset(data, "train", image_size=image_size, on_bad_image=on_bad_image)
+    c = model.config.in_chans
+    try:
+        test = load_dataset(data, "test", image_size=image_size, on_bad_image=on_bad_image)
+    except ValueError:
+        test = None
+    splits = {}
+    for name, ds in (("train", train), ("test", test)):
+        if ds is not None:
+            imgs = dataset_images01(ds, _subset(len(ds), k, seed))
+            try:
+                splits[name] = match_channels(imgs, c)
+            except ValueError as e:
+                raise ValueError(f"dataset {data!r}: {e} (the model expects {c}-channel images)") from None
+    source = {"data": f"{data} ({', '.join(f'{k}: {v.shape[0]}' for k, v in splits.items())} images)"}
+    if train.channels != c:
+        source["channels"] = f"{train.channels}-channel images converted to {c} channels, as in training"
+    return splits, resolve_normalization(model, train), source
+
+
+def run_analyze(args: argparse.Namespace) -> int:
+    from ..analysis import analyze
+    from ..analysis._common import layer_index
+    from ..checkpoint import load_model
+    from ..data import resolve_normalization
+    from ..train.runtime import resolve_device
+
+    for name in ("num_images", "num_vis", "masks", "batch_size"):
+        positive(name, getattr(args, name))
+    positive("image_size", args.image_size, allow_none=True)
+    device = resolve_device(args.device)
+    model = load_model(args.checkpoint, args.model, **parse_model_args(args.model_args)).to(device).eval()
+    c = model.config
+    size = args.image_size or c.image_size
+    if size % c.patch_size:
+        raise ValueError(f"--image-size {size} is not a multiple of the model's patch size {c.patch_size}")
+    layer_index(model, args.attn_layer)
+    layer_index(model, args.seg_layer)
+    if args.images:
+        from ..data import load_image_folder
+
+        imgs, files = load_image_folder(
+            args.images, size, c.in_chans, limit=args.num_images, on_bad_image=args.on_bad_image
+        )  # grey/RGB converted as in training
+        splits = {"images": imgs}
+        norm = resolve_normalization(model)
+        norm_src = "model config"
+        if norm is None:
+            norm = (imgs.mean((0, 2, 3)).tolist(), imgs.std((0, 2, 3)).clamp_min(1e-3).tolist())
+            norm_src = "statistics of the image folder (the model config has none)"
+        source = {"data": f"{args.images} ({len(files)} images)", "normalization_source": norm_src}
+    else:
+        data = args.data or (c.data.source if c.data else None)  # crate train records the resolved path
+        if not data:
+            raise ValueError("no images to analyse: pass --images DIR or --data NAME (e.g. --data mnist)")
+        try:
+            splits, norm, source = _dataset_splits(
+                model, str(data), size, args.num_images, args.seed, args.on_bad_image
+            )
+        except ValueError as e:
+            if args.data:
+                raise
+            raise ValueError(
+                f"{e} (dataset {data!r} is recorded in the model config; pass --data or --images)"
+            ) from None
+        source["normalization_source"] = "model config" if resolve_normalization(model) else "dataset statistics"
+    source["checkpoint"] = str(args.checkpoint)
+    check_out_dir(args.out)  # every check above happens before anything is written
+    report = analyze(
+        model,
+        args.out,
+        splits,
+        normalization=norm,
+        eps=args.eps,
+        batch_size=args.batch_size,
+        attn_layer=args.attn_layer,
+        seg_layer=args.seg_layer,
+        n_masks=args.masks,
+        tau=args.tau,
+        num_vis=args.num_vis,
+        progress=not args.no_progress,
+        source=source,
+    )
+    out = Path(args.out)
+    first = next(iter(report["measure"].values()))["layers"]
+    print(
+        f"layer-wise R^c (MSSA input) {first[0]['rc_in']:.4g} -> {first[-1]['rc_in']:.4g}, non-zero fraction "
+        f"{first[0]['nonzero']:.3f} -> {first[-1]['nonzero']:.3f} (layer 1 -> {len(first)})"
+    )
+    print(f"wrote {out / 'report.html'} and {out / 'report.json'} ({report['wall_time_s']} s)")
+    return 0

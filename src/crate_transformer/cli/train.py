@@ -1,0 +1,149 @@
+"""``crate train``, ``crate finetune`` and ``crate eval``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .common import add_dataclass_arguments, add_model_arguments, check_out_dir, given_options, parse_model_args
+
+
+def configure_train(parser: argparse.ArgumentParser) -> None:
+    from ..train import TrainConfig
+
+    parser.description = (
+        "Train a classifier. With no arguments: CRATE (crate_mnist) on the 4,000 built-in MNIST training digits, "
+        "evaluated on the fixed 1,000 held-out digits. Works unchanged under torchrun --nproc_per_node=N."
+    )
+    parser.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        default=argparse.SUPPRESS,
+        help="continue a run from RUN_DIR/checkpoints/last.pt (its configuration is reused; flags override it)",
+    )
+    add_dataclass_arguments(parser, TrainConfig, "train")
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """``crate train``: 0 on completion, 130 when interrupted (checkpoint saved)."""
+    from ..train import TrainConfig, train
+
+    resume = getattr(args, "resume", None)
+    result = train(None if resume else TrainConfig(), resume=resume, overrides=given_options(args, TrainConfig))
+    return 130 if result["interrupted"] else 0
+
+
+def configure_finetune(parser: argparse.ArgumentParser) -> None:
+    from ..train import FINETUNE_DEFAULTS, TrainConfig
+
+    parser.description = (
+        "Fine-tune all weights from a checkpoint on new data (JMLR Table 1 transfer protocol): a fresh head for the "
+        "new classes, position embeddings interpolated to the new image size, AdamW lr 5e-5, wd 0.01, RandAugment."
+    )
+    parser.add_argument(
+        "--from",
+        dest="init_from",
+        metavar="CHECKPOINT",
+        default=argparse.SUPPRESS,
+        help="a save_pretrained dir, a crate train run dir, a training-state .pt, or an official "
+        ".pth (then also --model NAME and --model-args for its architecture)",
+    )
+    parser.add_argument(
+        "--resume", metavar="RUN_DIR", default=argparse.SUPPRESS, help="continue an interrupted fine-tuning run"
+    )
+    add_dataclass_arguments(
+        parser, TrainConfig, "finetune", {**FINETUNE_DEFAULTS, "data": "(required)", "model": "(from checkpoint)"}
+    )
+
+
+def run_finetune(args: argparse.Namespace) -> int:
+    from ..train import FINETUNE_DEFAULTS, TrainConfig, train
+
+    resume = getattr(args, "resume", None)
+    options = given_options(args, TrainConfig)
+    if resume:
+        result = train(resume=resume, overrides=options)
+    else:
+        if not getattr(args, "init_from", None):
+            raise ValueError("crate finetune needs --from CHECKPOINT (a model dir, run dir or official .pth)")
+        if not options.get("data"):
+            raise ValueError("crate finetune needs --data (a dataset name or folder)")
+        # the checkpoint defines the architecture; --model only names an official checkpoint's
+        base = TrainConfig.from_dict({**FINETUNE_DEFAULTS, "init_from": args.init_from, "model": None})
+        result = train(base, overrides=options)
+    return 130 if result["interrupted"] else 0
+
+
+def configure_eval(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter  # the help texts state their defaults
+    parser.add_argument("checkpoint", help="a run dir, save_pretrained dir, training-state .pt or official .pth")
+    parser.add_argument("--data", default=None, help="dataset name or folder (default: the one it was trained on)")
+    parser.add_argument("--split", default="test", choices=("train", "val", "test"), help="split (default: test)")
+    parser.add_argument("--val-fraction", type=float, default=0.0, help="as in training, for --split val (default: 0)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the val split, as in training (default: 0)")
+    add_model_arguments(parser)
+    parser.add_argument("--batch-size", type=int, default=500, help="evaluation batch size (default: 500)")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: auto)")
+    parser.add_argument(
+        "--on-bad-image",
+        default="skip",
+        choices=("skip", "error"),
+        help="unreadable image files: skip (with a warning count) | error (default: skip)",
+    )
+    parser.add_argument("--out", default=None, help="output folder (default: <checkpoint dir>/eval-<data>-<split>)")
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """``crate eval``: top-1/top-5, per-class accuracy, ``confusion.png`` and ``eval.json``."""
+    from ..checkpoint import atomic_write, load_model
+    from ..data import load_dataset, resolve_normalization, resolve_source
+    from ..train import evaluate, plot_confusion_matrix, resolve_device
+    from .common import positive
+
+    positive("batch_size", args.batch_size)
+    device = resolve_device(args.device)
+    model = load_model(args.checkpoint, name=args.model, **parse_model_args(args.model_args))
+    c = model.config
+    data = args.data or (c.data.source if c.data else None)
+    if not data:
+        raise ValueError("this checkpoint does not record its training data; pass --data (e.g. --data mnist)")
+    src = Path(args.checkpoint)
+    out = Path(args.out) if args.out else (src if src.is_dir() else src.parent) / f"eval-{Path(data).name}-{args.split}"
+    check_out_dir(out)  # before the evaluation, so a bad --out costs nothing
+    ds = load_dataset(
+        data,
+        args.split,
+        image_size=c.image_size if resolve_source(data)[0] == "folder" else None,
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        on_bad_image=args.on_bad_image,
+    )
+    norm = resolve_normalization(model, ds)
+    r = evaluate(
+        model.to(device),
+        ds,
+        mean=norm[0],
+        std=norm[1],
+        image_size=c.image_size,
+        channels=c.in_chans,
+        batch_size=args.batch_size,
+        device=device,
+    )
+    png = plot_confusion_matrix(
+        r.confusion,
+        r.classes,
+        out / "confusion.png",
+        title=f"{Path(data).name} {args.split}: top-1 {100 * r.top1:.2f}%",
+    )
+    report = {"checkpoint": str(src), "data": data, "split": args.split, **r.to_dict()}
+    atomic_write(out / "eval.json", lambda tmp: Path(tmp).write_text(json.dumps(report, indent=1) + "\n"))
+    print(
+        f"{ds.name} {args.split}: {r.num_samples} images, top-1 {100 * r.top1:.2f}%, top-{r.k} {100 * r.top5:.2f}%, "
+        f"loss {r.loss:.4f}"
+    )
+    width = max(len(n) for n in r.classes)
+    for name, acc, row in zip(r.classes, r.per_class, r.confusion):
+        print(f"  {name:<{width}}  {100 * acc:6.2f}%  (n={sum(row)})")
+    print(f"confusion matrix: {png}\nreport: {out / 'eval.json'}")
+    return 0

@@ -1,0 +1,209 @@
+"""The training configuration: one dataclass, defaults < ``--config`` YAML/JSON file < command-line flags.
+
+The paper's ImageNet recipe (JMLR App. C.1): Lion, lr 2.4e-4, weight decay 0.5, batch 2048,
+5 warm-up epochs then cosine, label smoothing 0.1, random crop + flip.  Fine-tuning (C.1,
+Table 1): new head, AdamW lr 5e-5, weight decay 0.01, crop + flip + RandAugment(2, 14).  The
+defaults of ``crate train`` are instead tuned for the built-in MNIST digits on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..data import AUGMENTATIONS
+from ..fields import coerce_fields
+
+__all__ = ["TrainConfig", "FINETUNE_DEFAULTS", "OPTIMIZERS", "AMP_MODES", "DATA_MODES", "load_config"]
+
+OPTIMIZERS = ("adamw", "lion")
+AMP_MODES = ("auto", "none", "bf16", "fp16")
+DATA_MODES = ("auto", "memory", "stream")
+
+
+def _opt(default: Any, help: str, commands: tuple[str, ...] = ("train", "finetune"), **kw: Any) -> Any:
+    """A config field carrying its ``--help`` text (the CLI is generated from the dataclass)."""
+    meta = {"help": help, "commands": commands, **kw}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a training run; saved as ``config.yaml`` in the run directory."""
+
+    # model
+    model: str | None = _opt("crate_mnist", "registered model name (see `crate models`)")
+    model_args: dict = _opt({}, "model overrides as KEY=VALUE, e.g. dim=64 depth=4 patch_size=4", metavar="KEY=VALUE")
+    # data
+    data: str = _opt(
+        "mnist",
+        "'mnist' | 'digits' | a CIFAR folder | a class-per-subfolder image folder | a folder of WebDataset "
+        "shards | a Hugging Face dataset saved with save_to_disk",
+    )
+    data_mode: str = _opt(
+        "auto",
+        "image folders: memory (decode all once) | stream (decode per batch in DataLoader workers) | "
+        "auto (stream above 20,000 images); shards and HF datasets always stream",
+        choices=DATA_MODES,
+    )
+    workers: int = _opt(-1, "DataLoader worker processes for streamed data (-1 = auto: min(4, CPU cores))")
+    image_size: int | None = _opt(None, "train at this image size; batches are resized", shown="the model's")
+    val_fraction: float = _opt(0.0, "hold out this stratified fraction of the training pool as a 'val' split")
+    eval_split: str = _opt(
+        "test", "split evaluated after every --eval-every epochs: test | val", choices=("test", "val")
+    )
+    train_subset: int = _opt(0, "train on a seeded random subset of this many images (0 = all; in-memory data)")
+    on_bad_image: str = _opt(
+        "skip", "unreadable image files: skip (with a warning count) | error", choices=("skip", "error")
+    )
+    # augmentation (kornia, batched on the device)
+    augment: str = _opt(
+        "auto",
+        "augmentation: auto (translate for digits, crop-flip otherwise, + randaugment when fine-tuning) | "
+        + " | ".join(AUGMENTATIONS),
+        choices=("auto", *AUGMENTATIONS),
+    )
+    translate: float = _opt(0.07, "max shift of --augment translate, as a fraction of the side (0.07: 2 px at 28 px)")
+    crop_scale: float = _opt(0.08, "minimum area fraction of RandomResizedCrop (crop-flip, randaugment)")
+    hflip: bool = _opt(True, "random horizontal flips in crop-flip / randaugment")
+    randaugment_n: int = _opt(2, "RandAugment: number of ops per image")
+    randaugment_m: int = _opt(14, "RandAugment: magnitude (0-30)")
+    # optimisation (per-iteration linear warm-up, then cosine decay to --min-lr)
+    optimizer: str = _opt("adamw", "optimizer: adamw | lion (the paper pre-trains with Lion)", choices=OPTIMIZERS)
+    lr: float = _opt(2e-3, "peak learning rate")
+    min_lr: float = _opt(1e-5, "learning rate at the end of the cosine decay")
+    weight_decay: float = _opt(0.05, "decoupled weight decay (matrices only; norms, biases, embeddings excluded)")
+    betas: list = _opt([], "optimizer betas", shown="0.9 0.999 for AdamW, 0.9 0.99 for Lion")
+    batch_size: int = _opt(128, "global batch size per optimizer step (split over processes and --accum-steps)")
+    accum_steps: int = _opt(1, "gradient accumulation: each process runs its share of a batch in this many chunks")
+    epochs: int = _opt(40, "training epochs")
+    warmup_epochs: float = _opt(2.0, "linear warm-up length in epochs (fractions allowed)")
+    label_smoothing: float = _opt(0.1, "label smoothing of the cross-entropy")
+    grad_clip: float = _opt(1.0, "clip the global gradient norm to this value (0 = off)")
+    max_steps: int = _opt(0, "stop after this many optimizer steps (0 = all epochs; the schedule is unchanged)")
+    # system
+    device: str = _opt("auto", "auto | cpu | cuda | cuda:N | mps (under torchrun: cuda:LOCAL_RANK)")
+    amp: str = _opt(
+        "auto", "mixed precision: auto (bf16 or fp16 on GPU, none on CPU) | none | bf16 | fp16", choices=AMP_MODES
+    )
+    compile: bool = _opt(False, "torch.compile the model (first steps are slow while it compiles)")
+    seed: int = _opt(0, "random seed (model init, data order, augmentation)")
+    deterministic: bool = _opt(False, "deterministic algorithms (bitwise reproducible on CPU; slower on GPU)")
+    threads: int = _opt(0, "torch CPU threads per process (0 = torch's default)")
+    # run directory and logging
+    out: str | None = _opt(None, "run directory", shown="runs/<model>-<data>-<date-time>")
+    checkpoint_every: int = _opt(0, "also checkpoint every N steps (always at epoch ends, the end and on Ctrl-C)")
+    log_every: int = _opt(10, "write a train record to metrics.jsonl every N steps")
+    eval_every: int = _opt(1, "evaluate every N epochs (0 = only at the end)")
+    eval_batch_size: int = _opt(500, "batch size for evaluation")
+    measure_every: int = _opt(
+        100,
+        "every N steps (and before the first), record each layer's compression R^c and sparsity on a fixed "
+        "batch (JMLR Fig. 15) in metrics.jsonl and plot them as measure.png (0 = off)",
+    )
+    tensorboard: bool = _opt(False, "also log every record to <run dir>/tensorboard (needs the tensorboard package)")
+    progress: bool = _opt(True, "show a tqdm progress bar")
+    # fine-tuning (set by `crate finetune`)
+    init_from: str | None = _opt(None, "checkpoint to fine-tune from", commands=())
+    keep_head: bool = _opt(False, "keep the pretrained head when the class count matches", commands=("finetune",))
+
+    def __post_init__(self) -> None:
+        coerce_fields(self)
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise a one-line ValueError for any inconsistent setting."""
+        for name in ("batch_size", "epochs", "log_every", "eval_batch_size", "accum_steps"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        for name in ("max_steps", "checkpoint_every", "eval_every", "train_subset", "threads", "measure_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ValueError(f"{f.name} must be a finite number, got {v}; e.g. --{f.name.replace('_', '-')} 0.1")
+        if self.workers < -1:
+            raise ValueError(f"workers must be >= 0 or -1 (auto), got {self.workers}")
+        if self.image_size is not None and self.image_size <= 0:
+            raise ValueError(f"image_size must be a positive integer, got {self.image_size}")
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ValueError(f"need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
+        if self.weight_decay < 0 or self.grad_clip < 0 or self.warmup_epochs < 0:
+            raise ValueError("weight_decay, grad_clip and warmup_epochs must be >= 0")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if not 0.0 <= self.translate < 0.5:
+            raise ValueError(f"translate is a fraction of the image side in [0, 0.5), got {self.translate}")
+        if not 0.0 < self.crop_scale <= 1.0:
+            raise ValueError(f"crop_scale must be in (0, 1], got {self.crop_scale}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        for name, allowed in (
+            ("optimizer", OPTIMIZERS),
+            ("amp", AMP_MODES),
+            ("data_mode", DATA_MODES),
+            ("augment", ("auto", *AUGMENTATIONS)),
+            ("eval_split", ("test", "val")),
+            ("on_bad_image", ("skip", "error")),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {allowed}")
+        if self.betas and (len(self.betas) != 2 or not all(0.0 <= float(b) < 1.0 for b in self.betas)):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
+        if self.eval_split == "val" and self.val_fraction <= 0:
+            raise ValueError("eval_split 'val' needs a validation split; pass --val-fraction 0.1 (for example)")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict, base: TrainConfig | None = None) -> TrainConfig:
+        """``base`` (or the defaults) updated with ``d``; keys may use dashes or underscores."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        d = {str(k).replace("-", "_"): v for k, v in d.items()}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown training option(s) {unknown}; valid options: {sorted(known)}")
+        return dataclasses.replace(base, **d) if base is not None else cls(**d)
+
+
+# Fine-tuning recipe (JMLR App. C.1, transfer protocol of Table 1): new head, AdamW lr 5e-5, wd 0.01,
+# crop + flip + RandAugment(2, 14), plain cross-entropy.
+FINETUNE_DEFAULTS: dict[str, Any] = {
+    "optimizer": "adamw",
+    "lr": 5e-5,
+    "min_lr": 1e-6,
+    "weight_decay": 0.01,
+    "label_smoothing": 0.0,
+    "epochs": 10,
+    "warmup_epochs": 1.0,
+    "batch_size": 64,
+}
+
+
+def read_options_file(path: str | os.PathLike) -> dict:
+    """The mapping of options in a YAML or JSON file (values still as written; TrainConfig coerces them)."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config file not found: {path}; pass a YAML or JSON file of training options")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}  # YAML is a superset of JSON
+    except yaml.YAMLError as e:
+        raise ValueError(f"cannot parse config file {path}: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path} must hold a mapping of option: value, got {type(data).__name__}")
+    return data
+
+
+def load_config(path: str | os.PathLike, base: TrainConfig | None = None) -> TrainConfig:
+    """Read a YAML or JSON file of :class:`TrainConfig` options on top of ``base`` (or the defaults)."""
+    return TrainConfig.from_dict(read_options_file(path), base)

@@ -1,0 +1,305 @@
+"""The training engine: one loop for every task (nanoGPT / DINO ``main_dino.py`` style, top to bottom).
+
+``train(cfg)`` claims a run directory, lets the task build its model and data, then repeats: take the
+next global batch, split this process's share into ``accum_steps`` chunks, backward each, clip,
+step the optimizer and the per-iteration schedule, log, run the hooks, checkpoint.  A checkpoint holds
+everything needed to continue bit-for-bit (weights, optimizer, schedule, scaler, every process's RNG
+states, the data position and the task's own state) and its SHA-256; ``train(resume=run_dir)`` reads it
+once and continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .config import TrainConfig
+from .rundir import CHECKPOINT, CONFIG_FILE, RunDir
+from .runtime import Interrupt, ProcessSettings, Runtime, rng_state, seed_everything, set_rng_state
+from .task import ClassificationTask, Hook, StepContext, Task
+
+__all__ = ["train", "TrainState", "WarmupCosine"]
+
+
+class WarmupCosine:
+    """LR multiplier per iteration: linear warm-up from ~0 to 1, then cosine decay to ``min_ratio``.
+
+    Stepped every iteration (paper: 5-epoch linear warm-up then cosine decay, JMLR App. C.1).  A
+    class rather than a lambda so ``LambdaLR.state_dict()`` stores it.
+    """
+
+    def __init__(self, warmup_steps: int, total_steps: int, min_ratio: float) -> None:
+        self.warmup_steps, self.total_steps, self.min_ratio = int(warmup_steps), int(total_steps), float(min_ratio)
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        span = max(1, self.total_steps - self.warmup_steps)
+        t = min(1.0, (step - self.warmup_steps) / span)
+        return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+
+@dataclass
+class TrainState:
+    """Where the run is: optimizer steps taken, the epoch, and global batches done within it."""
+
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0
+
+
+def train(
+    cfg: TrainConfig | None = None,
+    *,
+    resume: str | os.PathLike | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    task: Task | None = None,
+    hooks: Sequence[Hook] = (),
+) -> dict:
+    """Run (or, with ``resume=RUN_DIR``, continue) a training job; returns a summary of the final metrics.
+
+    ``overrides`` update ``cfg`` (or, when resuming, the saved configuration — e.g. ``{"epochs": 60}``).
+    Writes ``<run_dir>/{config.yaml, metrics.jsonl, curves.png, checkpoints/last.pt, model/}``.
+    """
+    state = None
+    if resume is not None:
+        from .rundir import load_training_state
+
+        state = load_training_state(resume)
+        cfg = TrainConfig.from_dict(dict(state["train_config"]))
+    cfg = TrainConfig.from_dict(dict(overrides or {}), cfg or TrainConfig())
+    task = task or ClassificationTask()
+    rt = Runtime.start(cfg.device, cfg.amp)
+    run = None
+    try:
+        with ProcessSettings(cfg.threads, cfg.deterministic):
+            path = Path(resume) if resume is not None else Path(rt.broadcast(str(cfg.out or _default_dir(cfg))))
+            run = rt.on_main(lambda: RunDir.reopen(path) if resume is not None else RunDir.create(path))
+            result = _run(cfg, task, rt, run or RunDir(path, writer=False), state, hooks)
+        rt.barrier()  # leave together: a rank tearing down gloo early can abort its peers
+        return result
+    finally:
+        if run is not None:
+            run.close()
+        rt.close()
+
+
+def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | None, hooks: Sequence[Hook]) -> dict:
+    t_start = time.time()
+    seed_everything(cfg.seed)  # identical initialisation on every process
+    task.setup(cfg, rt, state)
+    raw = task.model
+    steps_per_epoch = task.train_data.steps_per_epoch(cfg.batch_size)
+    if cfg.batch_size % (rt.world * cfg.accum_steps):
+        raise ValueError(
+            f"batch_size {cfg.batch_size} is not divisible by {rt.world} process(es) x {cfg.accum_steps} "
+            f"accumulation steps; use a multiple of {rt.world * cfg.accum_steps}"
+        )
+    if steps_per_epoch == 0:
+        raise ValueError(
+            f"batch_size {cfg.batch_size} is larger than the {len(task.train_data)} training samples; "
+            "lower --batch-size"
+        )
+    total = steps_per_epoch * cfg.epochs
+    last = min(total, cfg.max_steps) if cfg.max_steps else total
+    optimizer = _optimizer(raw, cfg)
+    schedule = WarmupCosine(round(cfg.warmup_epochs * steps_per_epoch), total, cfg.min_lr / cfg.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.amp_dtype == torch.float16)
+    ts = TrainState()
+    if state is not None:
+        ts = _restore(state, task, optimizer, scheduler, scaler, cfg, len(task.train_data))
+        scheduler.lr_lambdas[0] = schedule  # follows --epochs changes
+    seed_everything(cfg.seed + rt.rank)  # per-process augmentation / dropout streams
+    if state is not None and len(state["rng"]) == rt.world:
+        set_rng_state(state["rng"][rt.rank])
+    model: nn.Module = raw
+    if rt.distributed:
+        model = nn.parallel.DistributedDataParallel(
+            raw, device_ids=[rt.device.index] if rt.device.type == "cuda" else None
+        )
+    if cfg.compile:
+        model = torch.compile(model)
+    hooks = [*hooks, *task.hooks(cfg)]
+    fixed = task.fixed_batch() if hooks else None
+    about = task.describe()
+    derived = {"world_size": rt.world, "local_batch": cfg.batch_size // rt.world, "accum_steps": cfg.accum_steps}
+    derived.update(steps_per_epoch=steps_per_epoch, total_steps=total, **about)
+    run.write_yaml(CONFIG_FILE, {**cfg.to_dict(), "model_config": raw.config.to_dict(), "derived": derived})
+    run.start_log(ts.step if state is not None else None, tensorboard=cfg.tensorboard)
+    epoch_of = lambda step: round(step / steps_per_epoch, 4)  # noqa: E731
+
+    n_train = len(task.train_data)
+
+    def checkpoint(reason: str) -> None:
+        rngs = rt.gather(rng_state())
+        run.save_state({
+            "model_config": raw.config.to_dict(), "model": {k: v.detach().cpu() for k, v in raw.state_dict().items()},
+            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+            "rng": rngs, "step": ts.step, "epoch": ts.epoch, "reason": reason, "train_config": cfg.to_dict(),
+            "data": {**asdict(ts), "seed": cfg.seed, "num_samples": n_train, "global_batch": cfg.batch_size},
+            "task": task.state_dict(),
+        })  # fmt: skip
+
+    def run_hooks() -> None:
+        ctx = StepContext(raw, ts.step, epoch_of(ts.step), fixed, run.path, rt.main)
+        for rec in (r for hook in hooks for r in (hook(ctx) or [])):
+            run.record(**rec)
+
+    procs = f" ({rt.world} processes)" if rt.distributed else ""
+    rt.log(
+        f"{'fine-tuning' if cfg.init_from else 'training'} {cfg.model or Path(str(cfg.init_from)).name} "
+        f"({about.get('summary', '')}, {cfg.epochs} epochs x {steps_per_epoch} steps, batch {cfg.batch_size}"
+        f"{procs}{f', {cfg.accum_steps} accumulation steps' if cfg.accum_steps > 1 else ''}, device {rt.device}"
+        + (f", resuming at step {ts.step}" if state else "")
+        + f"\nrun directory: {run.path}"
+    )
+    bar = rt.progress(cfg.progress, total=total, initial=ts.step)
+    window: dict[str, torch.Tensor] = {}
+    t_window, interrupted = time.time(), False
+    if hooks and ts.step == 0:
+        run_hooks()  # the untrained model: the "random init" curve of Fig. 15
+    model.train()
+    with Interrupt() as stop:
+        while ts.step < last and not interrupted:
+            batches = task.train_data.batches(
+                cfg.batch_size,
+                shuffle=True,
+                seed=cfg.seed,
+                epoch=ts.epoch,
+                start=ts.batch,
+                rank=rt.rank,
+                world=rt.world,
+            )
+            for batch in batches:
+                chunks = task.chunks(task.prepare(batch), cfg.accum_steps)
+                weights = [task.weight(c) for c in chunks]
+                optimizer.zero_grad(set_to_none=True)
+                for i, chunk in enumerate(chunks):
+                    sync = i == len(chunks) - 1 or not rt.distributed
+                    with nullcontext() if sync else model.no_sync(), rt.autocast():
+                        loss, stats = task.loss(model, chunk)
+                    scaler.scale(loss * (weights[i] / sum(weights))).backward()
+                    window = {k: window[k] + v if k in window else v.double() for k, v in stats.items()}
+                if cfg.grad_clip > 0:
+                    scaler.unscale_(optimizer)
+                    nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip)
+                scaler.step(optimizer)
+                scaler.update()
+                scheduler.step()
+                ts.step, ts.batch = ts.step + 1, ts.batch + 1
+                bar.update(1)
+                if ts.step % cfg.log_every == 0 or ts.step == last:
+                    rec = _window_record(window, rt, time.time() - t_window, ts.step)
+                    run.record("train", ts.step, epoch=epoch_of(ts.step), **rec, lr=optimizer.param_groups[0]["lr"],
+                               time=time.time() - t_start)  # fmt: skip
+                    bar.set_postfix_str(_postfix(rec, task.metric, ts.epoch, cfg.epochs))
+                    window, t_window = {}, time.time()
+                if hooks:
+                    run_hooks()
+                if cfg.checkpoint_every and ts.step % cfg.checkpoint_every == 0:
+                    checkpoint("periodic")
+                if rt.any(stop.flag):
+                    interrupted = True
+                    break
+                if ts.step >= last:
+                    break
+            if interrupted or ts.batch < steps_per_epoch:
+                break
+            ts.epoch, ts.batch = ts.epoch + 1, 0
+            if cfg.eval_every and ts.epoch % cfg.eval_every == 0 and ts.step < last:
+                m = task.evaluate(cfg.eval_split)
+                run.record(cfg.eval_split, ts.step, epoch=epoch_of(ts.step), **m, time=time.time() - t_start)
+                bar.write(f"epoch {ts.epoch}: {cfg.eval_split} " + ", ".join(f"{k} {v:.4g}" for k, v in m.items()))
+            checkpoint("epoch")
+    bar.close()
+    if interrupted:
+        checkpoint("interrupted")
+        if rt.main:
+            task.figures(run.path, run.metrics_path)
+        cmd = "finetune" if cfg.init_from else "train"
+        rt.log(f"interrupted at step {ts.step}/{total}: checkpoint saved to {run.path / CHECKPOINT}\n"
+               f"continue with: crate {cmd} --resume {run.path}")  # fmt: skip
+        return {"run_dir": str(run.path), "step": ts.step, "interrupted": True}
+
+    final = task.finish(run.path, rt)
+    run.record("test", ts.step, epoch=epoch_of(ts.step), **final.pop("record"), time=time.time() - t_start, final=True)
+    checkpoint("end")
+    elapsed = time.time() - t_start
+    if rt.main:
+        task.figures(run.path, run.metrics_path)
+        print(
+            f"{final.pop('message')}, {elapsed:.0f} s, step {ts.step}\n"
+            f"run directory: {run.path}  (config.yaml, metrics.jsonl, curves.png, {CHECKPOINT}, model/)\n"
+            f"next: crate analyze {run.path}    |    crate eval {run.path}",
+            flush=True,
+        )
+    final.pop("message", None)
+    return {"run_dir": str(run.path), "step": ts.step, "interrupted": False, **final, "seconds": elapsed}
+
+
+# --------------------------------------------------------------------------- pieces of the loop
+def _default_dir(cfg: TrainConfig) -> Path:
+    data = Path(cfg.data).name or "data"
+    what = cfg.model or ("finetune" if cfg.init_from else "model")
+    return Path("runs") / f"{what}-{data}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW or Lion with decoupled weight decay on matrices only (not norms, biases, tokens, embeddings)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 or name in ("pos_embed", "cls_token") else decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if cfg.optimizer == "lion":
+        from lion_pytorch import Lion
+
+        return Lion(groups, lr=cfg.lr, betas=tuple(cfg.betas) if cfg.betas else (0.9, 0.99))
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas) if cfg.betas else (0.9, 0.999))
+
+
+def _restore(
+    state: dict, task: Task, optimizer: Any, scheduler: Any, scaler: Any, cfg: TrainConfig, n: int
+) -> TrainState:
+    """Load weights, optimizer, schedule, scaler and task state; check the data still matches."""
+    data = state["data"]
+    if data["num_samples"] != n or data["global_batch"] != cfg.batch_size:
+        raise ValueError(
+            f"the training data or batch size changed since the checkpoint ({data['num_samples']} samples, batch "
+            f"{data['global_batch']}; now {n}, {cfg.batch_size}); resume with the same data and --batch-size"
+        )
+    task.model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    if state.get("scaler"):
+        scaler.load_state_dict(state["scaler"])
+    task.load_state_dict(state.get("task") or {})
+    return TrainState(state["step"], data["epoch"], data["batch"])
+
+
+def _window_record(window: dict[str, torch.Tensor], rt: Runtime, seconds: float, step: int) -> dict[str, float]:
+    """Average the summed statistics of the logging window over samples and processes (one host sync)."""
+    keys = sorted(window)
+    total = rt.all_reduce(torch.stack([window[k] for k in keys])).tolist()
+    sums = dict(zip(keys, total))
+    n = max(sums.pop("n"), 1.0)
+    rec = {k: v / n for k, v in sums.items()}
+    if not math.isfinite(rec.get("loss", 0.0)):
+        raise FloatingPointError(f"the loss became {rec['loss']} by step {step}; lower --lr or keep --grad-clip on")
+    rec["samples_per_s"] = n / max(seconds, 1e-9)
+    return rec
+
+
+def _postfix(rec: Mapping[str, float], metric: str, epoch: int, epochs: int) -> str:
+    shown = f" {metric} {100 * rec[metric]:.1f}%" if metric == "acc" and metric in rec else ""
+    return f"ep {epoch + 1}/{epochs} loss {rec['loss']:.3f}{shown} {rec['samples_per_s']:,.0f}/s"

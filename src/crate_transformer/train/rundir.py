@@ -1,0 +1,198 @@
+"""The run directory: one owner at a time, nothing overwritten, nothing half-written, nothing corrupt unnoticed.
+
+``<run>/config.yaml``, ``metrics.jsonl`` (one record per line), ``checkpoints/last.pt`` (the full
+training state, with a SHA-256 of its contents), ``model/`` and the figures.  A run holds an exclusive
+lock on ``<run>/.lock`` while it writes, so a second process on the same directory stops with a clear
+error instead of mixing its records and checkpoints into the first one's.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..checkpoint import atomic_write, load_pickle
+from ..io import tree_sha256
+
+__all__ = ["RunDir", "read_metrics", "load_training_state", "CHECKPOINT", "METRICS_FILE", "CONFIG_FILE"]
+
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINT = Path("checkpoints") / "last.pt"
+LOCK_FILE = ".lock"
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    """The records of a ``metrics.jsonl`` file (a line cut short by a kill is skipped)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
+def load_training_state(path: str | os.PathLike) -> dict:
+    """Read a training state (``last.pt``, or a run directory holding one) and verify its checksum."""
+    path = Path(path)
+    if path.is_dir():
+        if not (path / CHECKPOINT).is_file():
+            raise ValueError(f"nothing to resume in {path}: no {CHECKPOINT}; pass the run directory of a crate run")
+        path = path / CHECKPOINT
+    state = load_pickle(path)
+    if not isinstance(state, dict) or "train_config" not in state or "model" not in state:
+        raise ValueError(f"{path} is not a crate training checkpoint (no train_config/model); pass a run directory")
+    digest = state.pop("sha256", None)
+    if digest is not None and tree_sha256(state) != digest:
+        raise ValueError(
+            f"{path} is corrupt: its contents do not match the checksum written with it; "
+            "restore the file from a backup or start the run again"
+        )
+    return state
+
+
+class RunDir:
+    """A locked run directory.  Use :meth:`create` for a new run and :meth:`reopen` to resume one."""
+
+    def __init__(self, path: str | os.PathLike, writer: bool = True) -> None:
+        self.path = Path(path)
+        self.writer = writer  # False on distributed ranks other than 0: every write is skipped
+        self._lock_fd: int | None = None
+        self._tb: Any = None
+
+    # ---------------------------------------------------------------- opening
+    @classmethod
+    def create(cls, path: str | os.PathLike) -> RunDir:
+        """Claim a new run directory: refuse files, non-empty folders (not this run's) and unwritable places."""
+        path = Path(path)
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"--out {path} is a file; pass a directory path for the run")
+        if path.is_dir() and any(p.name != LOCK_FILE for p in path.iterdir()):
+            if (path / CHECKPOINT).is_file():
+                raise ValueError(
+                    f"run directory {path} already holds a run; continue it with --resume {path} or use another --out"
+                )
+            shown = ", ".join(sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE)[:4])
+            raise ValueError(
+                f"--out {path} is not empty ({shown}, …) and holds no resumable run; "
+                "pass a new or empty directory so nothing in it is overwritten"
+            )
+        run = cls(path)
+        run._lock()
+        return run
+
+    @classmethod
+    def reopen(cls, path: str | os.PathLike) -> RunDir:
+        """Lock an existing run directory to continue it."""
+        run = cls(path)
+        run._lock()
+        return run
+
+    def _lock(self) -> None:
+        import fcntl
+
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except PermissionError:
+            raise ValueError(f"cannot write to {self.path} (permission denied); choose another --out") from None
+        except OSError as e:
+            raise ValueError(f"cannot create run directory {self.path} ({e.strerror}); choose another --out") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                owner = (self.path / LOCK_FILE).read_text().strip() or "another process"
+                raise ValueError(
+                    f"run directory {self.path} is in use by {owner}; wait for it to finish or use another --out"
+                ) from None
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"crate process {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        self._lock_fd = fd
+        self._remove_stale_temporaries()
+
+    def _remove_stale_temporaries(self) -> None:
+        """Temporary files of writes that a kill interrupted (``.<name>.<random>.tmp``, see ``atomic_write``)."""
+        for folder in (self.path, self.path / "checkpoints", self.path / "model"):
+            if folder.is_dir():
+                for tmp in folder.glob(".*.tmp"):
+                    tmp.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._lock_fd is not None:
+            import fcntl
+
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # ---------------------------------------------------------------- records
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / METRICS_FILE
+
+    def start_log(self, resume_step: int | None, tensorboard: bool = False) -> None:
+        """Begin ``metrics.jsonl``: empty for a new run; on resume, drop the records of steps that will be redone."""
+        if not self.writer:
+            return
+        if resume_step is None:
+            self.metrics_path.unlink(missing_ok=True)
+        else:
+            kept = [
+                r for r in read_metrics(self.metrics_path) if r.get("step", 0) <= resume_step and not r.get("final")
+            ]
+            text = "".join(json.dumps(r) + "\n" for r in kept)
+            atomic_write(self.metrics_path, lambda tmp: Path(tmp).write_text(text))
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
+            self._tb = SummaryWriter(str(self.path / "tensorboard"), purge_step=resume_step)
+
+    def record(self, split: str, step: int, **metrics: Any) -> dict:
+        """Append one record ``{"step", "split", **metrics}`` to metrics.jsonl (and TensorBoard)."""
+        rec = {"step": step, "split": split, **metrics}
+        if not self.writer:
+            return rec
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        if self._tb is not None:
+            tag = f"{split}/layer{metrics['layer']}" if "layer" in metrics else split
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("epoch", "layer", "time"):
+                    self._tb.add_scalar(f"{tag}/{k}", v, step)
+        return rec
+
+    # ---------------------------------------------------------------- files
+    def write_yaml(self, name: str, data: Mapping) -> None:
+        import yaml
+
+        if not self.writer:
+            return
+        text = yaml.safe_dump(dict(data), sort_keys=False, default_flow_style=None)
+        atomic_write(self.path / name, lambda tmp: Path(tmp).write_text(text))
+
+    def save_state(self, payload: dict) -> Path:
+        """Write the training state atomically, with the SHA-256 of its contents."""
+        if not self.writer:
+            return self.path / CHECKPOINT
+        payload = {**payload, "sha256": tree_sha256(payload)}
+        return atomic_write(self.path / CHECKPOINT, lambda tmp: torch.save(payload, tmp))
