@@ -38,7 +38,7 @@ def main() -> None:
         r = train(cfg)
         wall = time.perf_counter() - t0
         recs = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
-        rates = [x["images_per_s"] for x in recs if x["split"] == "train"][2:]  # skip warm-up
+        rates = [x["samples_per_s"] for x in recs if x["split"] == "train"][2:]  # skip warm-up
         ips = sorted(rates)[len(rates) // 2] if rates else float("nan")  # median: robust to load spikes
         rows.append({"model": name, "acc": r["test_acc"], "params": r["params"], "ips": ips, "wall": wall})
     a, b = rows

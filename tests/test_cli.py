@@ -22,4 +22,3 @@ def test_errors_are_one_line_with_exit_code_2(capsys):
 def test_console_script_entry_point():
     r = subprocess.run([sys.executable, "-m", "crate_transformer.cli", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "models" in r.stdout
-

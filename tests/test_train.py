@@ -362,7 +362,7 @@ def test_measure_every_records_layerwise_numbers_during_training(tmp_path: Path)
 
     run = tmp_path / "m"
     arch = ["dim=32", "depth=2", "heads=2", "patch_size=4"]
-    assert crate("train", "--epochs", 2, "--measure-every", 11, "--out", run, *TINY[:-len(ARCH)], *arch) == 0
+    assert crate("train", "--epochs", 2, "--measure-every", 11, "--out", run, *TINY[: -len(ARCH)], *arch) == 0
     meas = [r for r in _records(run) if r["split"] == "measure"]
     assert sorted({r["step"] for r in meas}) == [0, 11, 22] and len(meas) == 3 * 2
     assert all(0.0 <= r["nonzero"] <= 1.0 and math.isfinite(r["rc_in"]) for r in meas)

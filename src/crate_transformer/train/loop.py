@@ -134,7 +134,8 @@ def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | N
     about = task.describe()
     derived = {"world_size": rt.world, "local_batch": cfg.batch_size // rt.world, "accum_steps": cfg.accum_steps}
     derived.update(steps_per_epoch=steps_per_epoch, total_steps=total, **about)
-    run.write_yaml(CONFIG_FILE, {**cfg.to_dict(), "model_config": raw.config.to_dict(), "derived": derived})
+    model_cfg = raw.config.to_dict() if hasattr(raw, "config") else {}
+    run.write_yaml(CONFIG_FILE, {**cfg.to_dict(), "model_config": model_cfg, "derived": derived})
     run.start_log(ts.step if state is not None else None, tensorboard=cfg.tensorboard)
     epoch_of = lambda step: round(step / steps_per_epoch, 4)  # noqa: E731
 
@@ -143,7 +144,7 @@ def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | N
     def checkpoint(reason: str) -> None:
         rngs = rt.gather(rng_state())
         run.save_state({
-            "model_config": raw.config.to_dict(), "model": {k: v.detach().cpu() for k, v in raw.state_dict().items()},
+            "model_config": model_cfg, "model": {k: v.detach().cpu() for k, v in raw.state_dict().items()},
             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
             "rng": rngs, "step": ts.step, "epoch": ts.epoch, "reason": reason, "train_config": cfg.to_dict(),
             "data": {**asdict(ts), "seed": cfg.seed, "num_samples": n_train, "global_batch": cfg.batch_size},

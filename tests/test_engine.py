@@ -1,0 +1,254 @@
+"""The training engine: run-directory safety, checksummed state, accumulation, TensorBoard, config coercion,
+and a task that is not classification trained by the same loop."""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from crate_transformer import cli
+from crate_transformer.train import RunDir, Task, TrainConfig, load_training_state, train
+from crate_transformer.train.runtime import resolve_device
+
+ARCH = {"dim": 32, "depth": 1, "heads": 2, "patch_size": 4}
+TINY = ["--data", "digits", "--image-size", "8", "--threads", "1", "--no-progress", "--model-args",
+        *(f"{k}={v}" for k, v in ARCH.items())]  # fmt: skip
+FAST = ["--epochs", "1", "--max-steps", "3", "--measure-every", "0", "--eval-every", "0"]
+
+
+def crate(*argv: object) -> int:
+    return cli.main([str(a) for a in argv])
+
+
+def one_line_error(capsys: pytest.CaptureFixture, *argv: object) -> str:
+    capsys.readouterr()  # drop what earlier commands printed
+    assert crate(*argv) == 2, argv
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def small_cfg(out: Path, **kw: object) -> TrainConfig:
+    base = dict(data="digits", image_size=8, threads=1, progress=False, model_args=dict(ARCH), epochs=1,
+                measure_every=0, eval_every=0, out=str(out))  # fmt: skip
+    return TrainConfig(**{**base, **kw})
+
+
+# --------------------------------------------------------------------------- run directory
+def test_a_run_directory_in_use_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = RunDir.create(tmp_path / "r")  # another process's run, as far as the lock is concerned
+    try:
+        err = one_line_error(capsys, "train", *TINY, *FAST, "--out", tmp_path / "r")
+        assert "is in use by crate process" in err
+        assert not (tmp_path / "r" / "metrics.jsonl").exists()
+    finally:
+        run.close()
+    assert crate("train", *TINY, *FAST, "--out", tmp_path / "r") == 0  # free again once the owner closes
+
+
+def test_a_finished_run_without_checkpoints_or_user_files_are_never_overwritten(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run = tmp_path / "done"
+    assert crate("train", *TINY, *FAST, "--out", run) == 0
+    weights = (run / "model" / "model.safetensors").read_bytes()
+    (run / "checkpoints" / "last.pt").unlink()
+    err = one_line_error(capsys, "train", *TINY, *FAST, "--out", run)
+    assert "is not empty" in err and "new or empty directory" in err
+    assert (run / "model" / "model.safetensors").read_bytes() == weights
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "metrics.jsonl").write_text("my notes\n")
+    assert "is not empty" in one_line_error(capsys, "train", *TINY, *FAST, "--out", mine)
+    assert (mine / "metrics.jsonl").read_text() == "my notes\n"
+
+    (tmp_path / "f").write_text("x")
+    assert "is a file" in one_line_error(capsys, "train", *TINY, *FAST, "--out", tmp_path / "f")
+
+
+def test_unwritable_out_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    real_open = os.open
+
+    def deny(path, *a, **kw):  # root ignores chmod, so refuse the write the way a read-only mount would
+        if str(path).startswith(str(tmp_path / "ro")):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr(os, "open", deny)
+    assert "permission denied" in one_line_error(capsys, "train", *TINY, *FAST, "--out", tmp_path / "ro")
+
+
+def test_corrupt_training_state_is_detected_and_temporaries_are_cleaned(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run = tmp_path / "r"
+    assert crate("train", *TINY, "--epochs", "2", "--max-steps", "3", "--measure-every", "0", "--out", run) == 0
+    ckpt = run / "checkpoints" / "last.pt"
+    good = ckpt.read_bytes()
+    state = torch.load(ckpt, weights_only=True)
+    assert len(state["sha256"]) == 64 and load_training_state(run)["step"] == 3
+
+    # one weight changed behind the checksum's back (what a flipped bit in the tensor data amounts to)
+    key = next(iter(state["model"]))
+    state["model"][key].view(-1)[0] += 1.0
+    torch.save(state, ckpt)
+    err = one_line_error(capsys, "train", "--resume", run)
+    assert "is corrupt" in err and str(ckpt) in err
+
+    # a flipped byte inside the stored weights of the file itself
+    weight = torch.load(io.BytesIO(good), weights_only=True)["model"]["layers.0.attn.qkv.weight"]
+    raw = bytearray(good)
+    at = good.find(weight.numpy().tobytes()[:64])
+    assert at > 0
+    raw[at + 10] ^= 0x40
+    ckpt.write_bytes(bytes(raw))
+    assert "is corrupt" in one_line_error(capsys, "train", "--resume", run)
+
+    # a kill during a write leaves a temporary file; the next start removes it
+    ckpt.write_bytes(good)
+    (run / "checkpoints" / ".last.pt.abc123.tmp").write_bytes(b"")
+    (run / ".metrics.jsonl.xyz.tmp").write_bytes(b"")
+    assert crate("train", "--resume", run, "--no-progress") == 0
+    assert not list(run.rglob(".*.tmp"))
+
+
+# --------------------------------------------------------------------------- options
+def test_bad_options_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert "lr must be a finite number" in one_line_error(capsys, "train", "--lr", "inf")
+    assert "lr must be a number" in one_line_error(capsys, "train", "--lr", "fast")
+    assert "unknown device 'tpu'" in one_line_error(capsys, "train", *TINY, "--device", "tpu")
+    assert "image_size must be a positive integer" in one_line_error(capsys, "train", "--image-size", "0")
+    one = tmp_path / "one" / "only"
+    one.mkdir(parents=True)
+    from PIL import Image
+
+    for i in range(6):
+        Image.new("L", (8, 8), color=i * 40).save(one / f"{i}.png")
+    err = one_line_error(capsys, "train", "--data", tmp_path / "one", "--model-args", "dim=32", "depth=1",
+                         "--out", tmp_path / "o1")  # fmt: skip
+    assert "single class" in err and "at least two" in err
+    with pytest.raises(ValueError, match="resolve_device|unknown device|unsupported device"):
+        resolve_device("tpu")
+
+
+def test_yaml_values_are_coerced_by_field_type(tmp_path: Path) -> None:
+    from crate_transformer.train import load_config
+
+    (tmp_path / "c.yaml").write_text("lr: 1e-3\nbatch_size: '64'\nhflip: 'no'\nimage_size: null\n")
+    cfg = load_config(tmp_path / "c.yaml")
+    assert cfg.lr == 0.001 and isinstance(cfg.lr, float)  # YAML 1.1 reads 1e-3 as a string
+    assert cfg.batch_size == 64 and cfg.hflip is False and cfg.image_size is None
+    (tmp_path / "bad.yaml").write_text("epochs: 2.5\n")
+    with pytest.raises(ValueError, match="epochs must be an integer"):
+        load_config(tmp_path / "bad.yaml")
+
+
+def test_eval_out_that_is_a_file_fails_before_evaluating(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = tmp_path / "r"
+    assert crate("train", *TINY, *FAST, "--out", run) == 0
+    (tmp_path / "f").write_text("x")
+    assert "is a file" in one_line_error(capsys, "eval", run, "--out", tmp_path / "f")
+    assert "--batch-size must be a positive" in one_line_error(capsys, "eval", run, "--batch-size", "0")
+
+
+# --------------------------------------------------------------------------- the loop
+def _weights(run: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(run / "model" / "model.safetensors")
+
+
+def test_gradient_accumulation_matches_the_full_batch(tmp_path: Path) -> None:
+    """4 chunks of 16 give the gradient of one batch of 64: the same weights after 5 steps (float rounding)."""
+    kw = dict(augment="none", batch_size=64, max_steps=5, label_smoothing=0.0, deterministic=True)
+    full = train(small_cfg(tmp_path / "full", **kw))
+    acc = train(small_cfg(tmp_path / "acc", accum_steps=4, **kw))
+    assert full["step"] == acc["step"] == 5
+    a, b = _weights(tmp_path / "full"), _weights(tmp_path / "acc")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
+    other = train(small_cfg(tmp_path / "b32", **{**kw, "batch_size": 32}))  # a different gradient: not close
+    c = _weights(tmp_path / "b32")
+    assert other["step"] == 5 and any(not torch.allclose(a[k], c[k], rtol=1e-4, atol=1e-5) for k in a)
+    with pytest.raises(ValueError, match="not divisible by 1 process"):
+        train(small_cfg(tmp_path / "bad", batch_size=64, accum_steps=3))
+
+
+def test_tensorboard_logs_beside_metrics(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train(small_cfg(tmp_path / "tb", max_steps=4, log_every=2, tensorboard=True))
+    ev = EventAccumulator(str(tmp_path / "tb" / "tensorboard"))
+    ev.Reload()
+    losses = [e.value for e in ev.Scalars("train/loss")]
+    jsonl = [r["loss"] for r in map(json.loads, (tmp_path / "tb" / "metrics.jsonl").read_text().splitlines())
+             if r["split"] == "train"]  # fmt: skip
+    assert losses == pytest.approx(jsonl, rel=1e-6) and len(losses) == 2
+    assert "test/acc" in ev.Tags()["scalars"]
+
+
+class _Regression(Task):
+    """A task that is not classification: least squares on fixed random data, to show the engine is generic."""
+
+    name, metric = "regression", "mse"
+
+    def setup(self, cfg, rt, state):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(256, 8, generator=g)
+        y = x @ torch.randn(8, 1, generator=g)
+
+        class Data:
+            def __len__(self):
+                return 256
+
+            def steps_per_epoch(self, b):
+                return 256 // b
+
+            def batches(self, b, *, shuffle, seed, epoch, start, rank, world):
+                from crate_transformer.data import global_batches, rank_slice
+
+                for idx in global_batches(256, b, shuffle=shuffle, seed=seed, epoch=epoch, start=start):
+                    i = rank_slice(idx, rank, world)
+                    yield x[i], y[i]
+
+        self.train_data, self.rt = Data(), rt
+        self.model = nn.Linear(8, 1)
+        self.x, self.y = x, y
+
+    def prepare(self, batch):
+        return batch
+
+    def loss(self, model, batch):
+        x, y = batch
+        loss = ((model(x) - y) ** 2).mean()
+        n = torch.tensor(float(len(x)))
+        return loss, {"loss": loss.detach() * n, "mse": loss.detach() * n, "n": n}
+
+    def evaluate(self, split):
+        with torch.no_grad():
+            return {"loss": float(((self.model(self.x) - self.y) ** 2).mean())}
+
+    def finish(self, run_dir, rt):
+        m = self.evaluate("test")
+        return {"record": m, "message": f"final mse {m['loss']:.4f}", "mse": m["loss"]}
+
+
+def test_the_engine_trains_any_task(tmp_path: Path) -> None:
+    cfg = TrainConfig(epochs=20, batch_size=32, lr=0.05, min_lr=0.0, weight_decay=0.0, warmup_epochs=0,
+                      grad_clip=0, measure_every=0, progress=False, out=str(tmp_path / "reg"))  # fmt: skip
+    first = train(cfg, task=_Regression(), overrides={"max_steps": 8})
+    assert first["step"] == 8
+    done = train(task=_Regression(), resume=tmp_path / "reg", overrides={"max_steps": 0})
+    assert done["step"] == 20 * 8 and done["mse"] < 0.05
+    records = [json.loads(line) for line in (tmp_path / "reg" / "metrics.jsonl").read_text().splitlines()]
+    train_r = [r for r in records if r["split"] == "train"]
+    assert train_r[-1]["mse"] < train_r[0]["mse"] / 10
+    assert (tmp_path / "reg" / "curves.png").read_bytes()[:4] == b"\x89PNG"
