@@ -259,6 +259,16 @@ def test_translate_is_an_integer_shift_of_at_most_two_pixels() -> None:
         assert hits, f"sample {i} is not an integer shift of its input"
         shifts.add(hits[0])
     assert len(shifts) > 3  # shifts are drawn per sample
+    # kornia's RandomCrop(padding) is the shift: its recorded crop corners are the offsets found above
+    aug = build_augmentation("translate", 24, translate=2, input_size=12)  # acts at the data's size, before resizing
+    torch.manual_seed(1)
+    y = aug(x)
+    corners = aug._params["src"][:, 0].long()
+    for i in range(len(x)):
+        dx, dy = corners[i].tolist()
+        assert torch.equal(y[i], padded[i, :, dy : dy + 12, dx : dx + 12])
+    torch.manual_seed(1)
+    assert torch.equal(aug(x), y)  # drawn from the global torch RNG, which checkpoints restore
 
 
 def test_crop_flip_randaugment_and_defaults() -> None:

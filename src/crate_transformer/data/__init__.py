@@ -20,7 +20,6 @@ from .spec import DataSpec, fit_normalization, resolve_normalization
 from .transforms import (
     AUGMENTATIONS,
     BUILTIN_DATASETS,
-    RandomTranslate,
     build_augmentation,
     default_augmentation,
     match_channels,
@@ -47,5 +46,4 @@ __all__ = [
     "match_channels",
     "build_augmentation",
     "default_augmentation",
-    "RandomTranslate",
 ]

@@ -56,32 +56,6 @@ def _resize_tensor(images: Tensor, size: int) -> Tensor:
 
 
 # --------------------------------------------------------------------------- augmentation
-class RandomTranslate(nn.Module):
-    """Shift each image of a batch by its own random integer offset in ``[-max_shift, max_shift]²`` (zero fill).
-
-    Equivalent to zero-padding by ``max_shift`` and taking a random crop of the original size; works
-    for any input size and draws from the global torch RNG (so checkpoints can restore it).
-    """
-
-    def __init__(self, max_shift: int) -> None:
-        super().__init__()
-        if max_shift < 0:
-            raise ValueError(f"max_shift must be >= 0 pixels, got {max_shift}")
-        self.max_shift = int(max_shift)
-
-    def forward(self, x: Tensor) -> Tensor:
-        t = self.max_shift
-        if t == 0:
-            return x
-        b, _, h, w = x.shape
-        padded = F.pad(x, (t, t, t, t)).permute(0, 2, 3, 1)  # b × (h+2t) × (w+2t) × C
-        dy = torch.randint(0, 2 * t + 1, (b, 1, 1)).to(x.device)
-        dx = torch.randint(0, 2 * t + 1, (b, 1, 1)).to(x.device)
-        rows = dy + torch.arange(h, device=x.device).view(1, h, 1)
-        cols = dx + torch.arange(w, device=x.device).view(1, 1, w)
-        return padded[torch.arange(b, device=x.device).view(b, 1, 1), rows, cols].permute(0, 3, 1, 2)
-
-
 def default_augmentation(dataset_name: str, finetune: bool = False) -> str:
     """The recipe's default: ±2-pixel translations for digits, RandomResizedCrop + flip otherwise
     (JMLR App. C.1), plus RandAugment(2, 14) when fine-tuning (C.1, transfer)."""
@@ -95,6 +69,7 @@ def build_augmentation(
     image_size: int,
     *,
     translate: int = 2,
+    input_size: int | None = None,
     crop_scale: tuple[float, float] = (0.08, 1.0),
     hflip: bool = True,
     randaugment_n: int = 2,
@@ -103,8 +78,9 @@ def build_augmentation(
     """A batched kornia augmentation for float images in [0, 1] (apply *before* :func:`normalize`).
 
     * ``none`` — identity.
-    * ``translate`` — random integer shifts of up to ``translate`` pixels (:class:`RandomTranslate`; any
-      input size); the digits recipe (no flips: they would change digit identity).
+    * ``translate`` — random integer shifts of up to ``translate`` pixels with zero fill: kornia's
+      ``RandomCrop(input_size, padding=translate)`` on ``input_size`` images (default ``image_size``);
+      the digits recipe (no flips: they would change digit identity).
     * ``crop-flip`` — ``RandomResizedCrop(image_size, scale=crop_scale)`` + horizontal flip, the
       paper's pre-training augmentation (JMLR App. C.1).
     * ``randaugment`` — ``crop-flip`` then ``RandAugment(n, m)`` (n=2, m=14 as in the official
@@ -117,7 +93,8 @@ def build_augmentation(
     if kind == "none":
         return nn.Identity()
     if kind == "translate":
-        return RandomTranslate(translate) if translate else nn.Identity()
+        side = input_size or image_size
+        return K.RandomCrop((side, side), padding=translate, fill=0) if translate else nn.Identity()
     ops: list[nn.Module] = [K.RandomResizedCrop((image_size, image_size), scale=crop_scale)]
     if hflip:
         ops.append(K.RandomHorizontalFlip())

@@ -176,10 +176,12 @@ class ClassificationTask(Task):
         if kind == "auto":
             kind = default_augmentation(self.train_data.name, finetune=cfg.init_from is not None)
         self.augment_kind = kind
+        native = getattr(self.train_data, "image_size", None) or image_size  # translations act before resizing
         self.augment = build_augmentation(
             kind,
             image_size,
-            translate=round(cfg.translate * (getattr(self.train_data, "image_size", None) or image_size)),
+            translate=round(cfg.translate * native),
+            input_size=native,
             crop_scale=(cfg.crop_scale, 1.0),
             hflip=cfg.hflip,
             randaugment_n=cfg.randaugment_n,
