@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from .config import TrainConfig
-from .rundir import CHECKPOINT, CONFIG_FILE, RunDir
+from .rundir import CHECKPOINT, CONFIG_FILE, RunDir, load_training_state
 from .runtime import Interrupt, ProcessSettings, Runtime, rng_state, seed_everything, set_rng_state
 from .task import ClassificationTask, Hook, StepContext, Task
 
@@ -72,8 +72,6 @@ def train(
     """
     state = None
     if resume is not None:
-        from .rundir import load_training_state
-
         state = load_training_state(resume)
         cfg = TrainConfig.from_dict(dict(state["train_config"]))
     cfg = TrainConfig.from_dict(dict(overrides or {}), cfg or TrainConfig())
@@ -97,58 +95,31 @@ def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | N
     t_start = time.time()
     seed_everything(cfg.seed)  # identical initialisation on every process
     task.setup(cfg, rt, state)
-    raw = task.model
-    steps_per_epoch = task.train_data.steps_per_epoch(cfg.batch_size)
-    if cfg.batch_size % (rt.world * cfg.accum_steps):
-        raise ValueError(
-            f"batch_size {cfg.batch_size} is not divisible by {rt.world} process(es) x {cfg.accum_steps} "
-            f"accumulation steps; use a multiple of {rt.world * cfg.accum_steps}"
-        )
-    if steps_per_epoch == 0:
-        raise ValueError(
-            f"batch_size {cfg.batch_size} is larger than the {len(task.train_data)} training samples; "
-            "lower --batch-size"
-        )
+    raw, n_train = task.model, len(task.train_data)
+    steps_per_epoch = _steps_per_epoch(cfg, task, rt)
     total = steps_per_epoch * cfg.epochs
     last = min(total, cfg.max_steps) if cfg.max_steps else total
-    optimizer = _optimizer(raw, cfg)
-    schedule = WarmupCosine(round(cfg.warmup_epochs * steps_per_epoch), total, cfg.min_lr / cfg.lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.amp_dtype == torch.float16)
+    opt = _Optimization(raw, cfg, steps_per_epoch, total, rt)
     ts = TrainState()
     if state is not None:
-        ts = _restore(state, task, optimizer, scheduler, scaler, cfg, len(task.train_data))
-        scheduler.lr_lambdas[0] = schedule  # follows --epochs changes
+        ts = _restore(state, task, opt, cfg, n_train)
     seed_everything(cfg.seed + rt.rank)  # per-process augmentation / dropout streams
     if state is not None and len(state["rng"]) == rt.world:
         set_rng_state(state["rng"][rt.rank])
-    model: nn.Module = raw
-    if rt.distributed:
-        model = nn.parallel.DistributedDataParallel(
-            raw, device_ids=[rt.device.index] if rt.device.type == "cuda" else None
-        )
-    if cfg.compile:
-        model = torch.compile(model)
+    model = _wrap(raw, cfg, rt)
     hooks = [*hooks, *task.hooks(cfg)]
     fixed = task.fixed_batch() if hooks else None
-    about = task.describe()
-    derived = {"world_size": rt.world, "local_batch": cfg.batch_size // rt.world, "accum_steps": cfg.accum_steps}
-    derived.update(steps_per_epoch=steps_per_epoch, total_steps=total, **about)
     model_cfg = raw.config.to_dict() if hasattr(raw, "config") else {}
-    run.write_yaml(CONFIG_FILE, {**cfg.to_dict(), "model_config": model_cfg, "derived": derived})
-    run.start_log(ts.step if state is not None else None, tensorboard=cfg.tensorboard)
+    _start_run(cfg, task, rt, run, model_cfg, steps_per_epoch, total, ts, resumed=state is not None)
     epoch_of = lambda step: round(step / steps_per_epoch, 4)  # noqa: E731
-
-    n_train = len(task.train_data)
 
     def checkpoint(reason: str) -> None:
         rngs = rt.gather(rng_state())
         run.save_state({
             "model_config": model_cfg, "model": {k: v.detach().cpu() for k, v in raw.state_dict().items()},
-            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-            "rng": rngs, "step": ts.step, "epoch": ts.epoch, "reason": reason, "train_config": cfg.to_dict(),
+            **opt.state_dict(), "rng": rngs, "step": ts.step, "epoch": ts.epoch, "reason": reason,
             "data": {**asdict(ts), "seed": cfg.seed, "num_samples": n_train, "global_batch": cfg.batch_size},
-            "task": task.state_dict(),
+            "train_config": cfg.to_dict(), "task": task.state_dict(),
         })  # fmt: skip
 
     def run_hooks() -> None:
@@ -156,14 +127,6 @@ def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | N
         for rec in (r for hook in hooks for r in (hook(ctx) or [])):
             run.record(**rec)
 
-    procs = f" ({rt.world} processes)" if rt.distributed else ""
-    rt.log(
-        f"{'fine-tuning' if cfg.init_from else 'training'} {cfg.model or Path(str(cfg.init_from)).name} "
-        f"({about.get('summary', '')}, {cfg.epochs} epochs x {steps_per_epoch} steps, batch {cfg.batch_size}"
-        f"{procs}{f', {cfg.accum_steps} accumulation steps' if cfg.accum_steps > 1 else ''}, device {rt.device}"
-        + (f", resuming at step {ts.step}" if state else "")
-        + f"\nrun directory: {run.path}"
-    )
     bar = rt.progress(cfg.progress, total=total, initial=ts.step)
     window: dict[str, torch.Tensor] = {}
     t_window, interrupted = time.time(), False
@@ -172,47 +135,32 @@ def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | N
     model.train()
     with Interrupt() as stop:
         while ts.step < last and not interrupted:
-            batches = task.train_data.batches(
-                cfg.batch_size,
-                shuffle=True,
-                seed=cfg.seed,
-                epoch=ts.epoch,
-                start=ts.batch,
-                rank=rt.rank,
-                world=rt.world,
-            )
-            for batch in batches:
+            where = dict(seed=cfg.seed, epoch=ts.epoch, start=ts.batch, rank=rt.rank, world=rt.world)
+            for batch in task.train_data.batches(cfg.batch_size, shuffle=True, **where):
+                # this process's share of the global batch, in accum_steps chunks weighted to one batch mean
                 chunks = task.chunks(task.prepare(batch), cfg.accum_steps)
                 weights = [task.weight(c) for c in chunks]
-                optimizer.zero_grad(set_to_none=True)
+                opt.zero_grad()
                 for i, chunk in enumerate(chunks):
-                    sync = i == len(chunks) - 1 or not rt.distributed
+                    sync = i == len(chunks) - 1 or not rt.distributed  # DDP all-reduces on the last chunk only
                     with nullcontext() if sync else model.no_sync(), rt.autocast():
                         loss, stats = task.loss(model, chunk)
-                    scaler.scale(loss * (weights[i] / sum(weights))).backward()
+                    opt.backward(loss * (weights[i] / sum(weights)))
                     window = {k: window[k] + v if k in window else v.double() for k, v in stats.items()}
-                if cfg.grad_clip > 0:
-                    scaler.unscale_(optimizer)
-                    nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip)
-                scaler.step(optimizer)
-                scaler.update()
-                scheduler.step()
+                opt.step()
                 ts.step, ts.batch = ts.step + 1, ts.batch + 1
                 bar.update(1)
                 if ts.step % cfg.log_every == 0 or ts.step == last:
                     rec = _window_record(window, rt, time.time() - t_window, ts.step)
-                    run.record("train", ts.step, epoch=epoch_of(ts.step), **rec, lr=optimizer.param_groups[0]["lr"],
-                               time=time.time() - t_start)  # fmt: skip
+                    run.record("train", ts.step, epoch=epoch_of(ts.step), **rec, lr=opt.lr, time=time.time() - t_start)
                     bar.set_postfix_str(_postfix(rec, task.metric, ts.epoch, cfg.epochs))
                     window, t_window = {}, time.time()
                 if hooks:
                     run_hooks()
                 if cfg.checkpoint_every and ts.step % cfg.checkpoint_every == 0:
                     checkpoint("periodic")
-                if rt.any(stop.flag):
-                    interrupted = True
-                    break
-                if ts.step >= last:
+                interrupted = rt.any(stop.flag)  # every process stops at the same step
+                if interrupted or ts.step >= last:
                     break
             if interrupted or ts.batch < steps_per_epoch:
                 break
@@ -255,23 +203,78 @@ def _default_dir(cfg: TrainConfig) -> Path:
     return Path("runs") / f"{what}-{data}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW or Lion with decoupled weight decay on matrices only (not norms, biases, tokens, embeddings)."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            (no_decay if p.ndim < 2 or name in ("pos_embed", "cls_token") else decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    if cfg.optimizer == "lion":
-        from lion_pytorch import Lion
+def _steps_per_epoch(cfg: TrainConfig, task: Task, rt: Runtime) -> int:
+    if cfg.batch_size % (rt.world * cfg.accum_steps):
+        raise ValueError(
+            f"batch_size {cfg.batch_size} is not divisible by {rt.world} process(es) x {cfg.accum_steps} "
+            f"accumulation steps; use a multiple of {rt.world * cfg.accum_steps}"
+        )
+    steps = task.train_data.steps_per_epoch(cfg.batch_size)
+    if steps == 0:
+        raise ValueError(
+            f"batch_size {cfg.batch_size} is larger than the {len(task.train_data)} training samples; "
+            "lower --batch-size"
+        )
+    return steps
 
-        return Lion(groups, lr=cfg.lr, betas=tuple(cfg.betas) if cfg.betas else (0.9, 0.99))
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas) if cfg.betas else (0.9, 0.999))
+
+class _Optimization:
+    """Optimizer (AdamW or Lion), per-iteration warm-up + cosine schedule, fp16 grad scaler and clipping.
+
+    Weight decay is decoupled and applied to matrices only (not norms, biases, class token, position embedding).
+    """
+
+    def __init__(self, model: nn.Module, cfg: TrainConfig, steps_per_epoch: int, total: int, rt: Runtime) -> None:
+        decay, no_decay = [], []
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                (no_decay if p.ndim < 2 or name in ("pos_embed", "cls_token") else decay).append(p)
+        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if cfg.optimizer == "lion":
+            from lion_pytorch import Lion
+
+            self.optimizer = Lion(groups, lr=cfg.lr, betas=tuple(cfg.betas) if cfg.betas else (0.9, 0.99))
+        else:
+            self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas) if cfg.betas else (0.9, 0.999))
+        self.schedule = WarmupCosine(round(cfg.warmup_epochs * steps_per_epoch), total, cfg.min_lr / cfg.lr)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
+        self.scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.amp_dtype == torch.float16)
+        self.params, self.clip = [p for g in groups for p in g["params"]], cfg.grad_clip
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.scaler.scale(loss).backward()
+
+    def step(self) -> None:
+        if self.clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(self.params, self.clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+
+    def state_dict(self) -> dict:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scheduler.lr_lambdas[0] = self.schedule  # follows --epochs changes made on resume
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
 
 
-def _restore(
-    state: dict, task: Task, optimizer: Any, scheduler: Any, scaler: Any, cfg: TrainConfig, n: int
-) -> TrainState:
+def _restore(state: dict, task: Task, opt: _Optimization, cfg: TrainConfig, n: int) -> TrainState:
     """Load weights, optimizer, schedule, scaler and task state; check the data still matches."""
     data = state["data"]
     if data["num_samples"] != n or data["global_batch"] != cfg.batch_size:
@@ -280,12 +283,44 @@ def _restore(
             f"{data['global_batch']}; now {n}, {cfg.batch_size}); resume with the same data and --batch-size"
         )
     task.model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    if state.get("scaler"):
-        scaler.load_state_dict(state["scaler"])
+    opt.load_state_dict(state)
     task.load_state_dict(state.get("task") or {})
     return TrainState(state["step"], data["epoch"], data["batch"])
+
+
+def _wrap(raw: nn.Module, cfg: TrainConfig, rt: Runtime) -> nn.Module:
+    model = raw
+    if rt.distributed:
+        model = nn.parallel.DistributedDataParallel(
+            raw, device_ids=[rt.device.index] if rt.device.type == "cuda" else None
+        )
+    return torch.compile(model) if cfg.compile else model
+
+
+def _start_run(
+    cfg: TrainConfig,
+    task: Task,
+    rt: Runtime,
+    run: RunDir,
+    model_cfg: dict,
+    steps: int,
+    total: int,
+    ts: TrainState,
+    resumed: bool,
+) -> None:
+    """Write config.yaml (with the derived sizes), start metrics.jsonl, and print what is about to run."""
+    about = task.describe()
+    derived = {"world_size": rt.world, "local_batch": cfg.batch_size // rt.world, "accum_steps": cfg.accum_steps}
+    derived.update(steps_per_epoch=steps, total_steps=total, **about)
+    run.write_yaml(CONFIG_FILE, {**cfg.to_dict(), "model_config": model_cfg, "derived": derived})
+    run.start_log(ts.step if resumed else None, tensorboard=cfg.tensorboard)
+    procs = f" ({rt.world} processes)" if rt.distributed else ""
+    accum = f", {cfg.accum_steps} accumulation steps" if cfg.accum_steps > 1 else ""
+    rt.log(
+        f"{'fine-tuning' if cfg.init_from else 'training'} {cfg.model or Path(str(cfg.init_from)).name} "
+        f"({about.get('summary', '')}, {cfg.epochs} epochs x {steps} steps, batch {cfg.batch_size}{procs}{accum}, "
+        f"device {rt.device}" + (f", resuming at step {ts.step}" if resumed else "") + f"\nrun directory: {run.path}"
+    )  # fmt: skip
 
 
 def _window_record(window: dict[str, torch.Tensor], rt: Runtime, seconds: float, step: int) -> dict[str, float]:
