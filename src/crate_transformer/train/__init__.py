@@ -9,18 +9,19 @@
 * :mod:`.config` — :class:`TrainConfig` (saved as ``config.yaml``), the fine-tuning recipe.
 * :mod:`.runtime` — device, distributed group, RNG state, mixed precision, interrupts.
 * :mod:`.rundir` — the locked run directory: metrics log, checksummed training state.
-* :mod:`.task` — the :class:`Task` interface and :class:`ClassificationTask`.
+* :mod:`.task` — the :class:`Task` interface; :mod:`.classification` — :class:`ClassificationTask`.
 * :mod:`.loop` — :func:`train`, the loop.
 * :mod:`.evaluation` — accuracy, confusion matrix, curves.
 """
 
 from ..data import epoch_permutation
+from .classification import ClassificationTask
 from .config import FINETUNE_DEFAULTS, TrainConfig, load_config
 from .evaluation import EvalResult, evaluate, plot_confusion_matrix, plot_curves, prepare_batch
 from .loop import TrainState, WarmupCosine, train
 from .rundir import RunDir, load_training_state, read_metrics
 from .runtime import Runtime, resolve_device
-from .task import ClassificationTask, Hook, StepContext, Task
+from .task import Hook, StepContext, Task
 
 __all__ = [
     "TrainConfig",

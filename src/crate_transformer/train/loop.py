@@ -22,10 +22,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from .classification import ClassificationTask
 from .config import TrainConfig
 from .rundir import CHECKPOINT, CONFIG_FILE, RunDir, load_training_state
 from .runtime import Interrupt, ProcessSettings, Runtime, rng_state, seed_everything, set_rng_state
-from .task import ClassificationTask, Hook, StepContext, Task
+from .task import Hook, StepContext, Task
 
 __all__ = ["train", "TrainState", "WarmupCosine"]
 

@@ -1,0 +1,194 @@
+"""Supervised image classification (JMLR §4.1.1): the task behind ``crate train`` and ``crate finetune``."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..checkpoint import load_model
+from ..data import (
+    BUILTIN_DATASETS,
+    DataSpec,
+    ImageDataset,
+    ImageSource,
+    build_augmentation,
+    default_augmentation,
+    fit_normalization,
+    load_dataset,
+    resolve_source,
+)
+from ..model import ModelConfig, build_model
+from ..registry import model_config
+from .config import TrainConfig
+from .evaluation import evaluate, prepare_batch
+from .runtime import Runtime
+from .task import Task
+
+__all__ = ["ClassificationTask"]
+
+
+class ClassificationTask(Task):
+    """Supervised image classification with cross-entropy (and label smoothing); pre-training or fine-tuning."""
+
+    name = "classification"
+
+    def setup(self, cfg: TrainConfig, rt: Runtime, state: dict | None) -> None:
+        self.cfg, self.rt = cfg, rt
+        if state is not None:  # resuming: the checkpoint holds the exact architecture (weights loaded by the engine)
+            model = build_model(ModelConfig.from_dict(dict(state["model_config"])))
+            image_size = model.config.image_size
+        elif cfg.init_from is not None:  # fine-tuning: the checkpoint fixes the architecture
+            model = load_model(cfg.init_from, name=cfg.model, **cfg.model_args)
+            image_size = cfg.image_size or model.config.image_size
+        else:
+            if cfg.model is None:
+                raise ValueError("no model given; pass --model NAME (see `crate models`)")
+            image_size = cfg.image_size or model_config(cfg.model, **cfg.model_args).image_size
+        self.image_size = image_size
+        self.train_data, self.eval_data, self.test_data = self._load_data(image_size)
+        classes = self.train_data.classes
+        if len(classes) < 2:
+            raise ValueError(
+                f"{self.train_data.name} has a single class ({classes[0]!r}); a classifier needs at least two "
+                "(one folder per class)"
+            )
+        if state is None and cfg.init_from is not None:
+            if not (cfg.keep_head and model.config.num_classes == len(classes)):
+                model.reset_head(len(classes))  # the transfer protocol: a fresh head for the new classes
+            if model.config.image_size != image_size:
+                model.resize_pos_embed(image_size)  # bicubic interpolation of the learned position grid
+        elif state is None:
+            overrides = {"in_chans": self.train_data.channels, **cfg.model_args}
+            overrides.update(num_classes=len(classes), image_size=image_size)
+            model = build_model(model_config(cfg.model, **overrides))
+        channels = model.config.in_chans
+        norm = fit_normalization(self.train_data.mean, self.train_data.std, channels)
+        if norm is None:
+            raise ValueError(f"cannot use {self.train_data.channels}-channel data with a {channels}-channel model")
+        self.mean, self.std = norm
+        data = cfg.data if cfg.data.lower() in BUILTIN_DATASETS else str(Path(cfg.data).expanduser().resolve())
+        model.config.data = DataSpec(
+            source=data, kind=getattr(self.train_data, "kind", ""), name=self.train_data.name,
+            classes=classes, mean=self.mean, std=self.std,
+        )  # fmt: skip
+        self.model = model.to(rt.device)
+        kind = cfg.augment
+        if kind == "auto":
+            kind = default_augmentation(self.train_data.name, finetune=cfg.init_from is not None)
+        self.augment_kind = kind
+        native = getattr(self.train_data, "image_size", None) or image_size  # translations act before resizing
+        self.augment = build_augmentation(
+            kind,
+            image_size,
+            translate=round(cfg.translate * native),
+            input_size=native,
+            crop_scale=(cfg.crop_scale, 1.0),
+            hflip=cfg.hflip,
+            randaugment_n=cfg.randaugment_n,
+            randaugment_m=cfg.randaugment_m,
+        ).to(rt.device)
+
+    def _load_data(self, image_size: int) -> tuple[ImageSource, ImageSource, ImageSource]:
+        """(train, per-epoch eval, test) splits; image folders are resized to ``image_size`` when read."""
+        cfg = self.cfg
+        kw = dict(val_fraction=cfg.val_fraction, seed=cfg.seed, on_bad_image=cfg.on_bad_image)
+        kw["image_size"] = image_size if resolve_source(cfg.data)[0] == "folder" else None  # others: per batch
+        train_set = load_dataset(cfg.data, "train", **kw)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a skipped-images warning was already shown for the train split
+            test_set = load_dataset(cfg.data, "test", **kw)
+            eval_set = test_set if cfg.eval_split == "test" else load_dataset(cfg.data, cfg.eval_split, **kw)
+        if cfg.train_subset and cfg.train_subset < len(train_set):
+            g = torch.Generator().manual_seed(cfg.seed)
+            keep = torch.randperm(len(train_set), generator=g)[: cfg.train_subset].sort().values
+            t = train_set
+            train_set = ImageDataset(t.images[keep], t.labels[keep], t.classes, t.mean, t.std, t.name, "train")
+        return train_set, eval_set, test_set
+
+    def _inputs(self, images: Tensor, augment: nn.Module | None = None) -> Tensor:
+        c = self.model.config
+        return prepare_batch(
+            images, device=self.rt.device, image_size=self.image_size, channels=c.in_chans,
+            mean=self.mean, std=self.std, augment=augment,
+        )  # fmt: skip
+
+    def prepare(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        images, labels = batch
+        return self._inputs(images, self.augment), labels.to(self.rt.device, non_blocking=True)
+
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        x, y = batch
+        logits = model(x).float()
+        loss = F.cross_entropy(logits, y, label_smoothing=self.cfg.label_smoothing)
+        with torch.no_grad():
+            n = torch.tensor(float(len(y)), device=y.device)
+            stats = {"loss": loss.detach() * n, "acc": (logits.argmax(-1) == y).sum().float(), "n": n}
+        return loss, stats
+
+    def evaluate(self, split: str, *, dataset: ImageSource | None = None) -> dict[str, float]:
+        ds = dataset or (self.test_data if split == "test" else self.eval_data)
+        r = evaluate(
+            self.model, ds, mean=self.mean, std=self.std, image_size=self.image_size,
+            channels=self.model.config.in_chans, batch_size=self.cfg.eval_batch_size, runtime=self.rt,
+        )  # fmt: skip
+        self.last_result = r
+        return {"loss": r.loss, "acc": r.top1, "top5": r.top5}
+
+    def hooks(self, cfg: TrainConfig) -> list:
+        if not cfg.measure_every:
+            return []
+        from ..analysis import measure_hook
+
+        return [measure_hook(every=cfg.measure_every)]
+
+    def fixed_batch(self) -> tuple[Tensor, Tensor]:
+        images, labels = next(iter(self.eval_data.batches(64, shuffle=False)))
+        return self._inputs(images), labels.to(self.rt.device)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "augment": self.augment_kind,
+            "image_size": self.image_size,
+            "train_images": len(self.train_data),
+            "eval_split": self.cfg.eval_split,
+            "eval_images": len(self.eval_data),
+            "parameters": self.model.num_params(),
+            "summary": (
+                f"{self.model.num_params():,} params, {self.model.config.arch}) on {self.train_data.name}: "
+                f"{len(self.train_data)} train / {len(self.eval_data)} {self.cfg.eval_split} images, "
+                f"{self.image_size}px, augment={self.augment_kind}"
+            ),
+        }
+
+    def finish(self, run_dir: Path, rt: Runtime) -> dict[str, Any]:
+        t0 = time.time()
+        metrics = self.evaluate("test")
+        r = self.last_result
+        if rt.main:
+            self.model.save_pretrained(run_dir / "model")
+        return {
+            "test_acc": r.top1,
+            "test_top5": r.top5,
+            "params": self.model.num_params(),
+            "record": metrics,
+            "message": (
+                f"final test accuracy: {100 * r.top1:.2f}% ({round(r.top1 * r.num_samples)}/{r.num_samples}), "
+                f"top-{r.k} {100 * r.top5:.2f}%, {self.model.num_params():,} params"
+            ),
+            "eval_seconds": time.time() - t0,
+        }
+
+    def figures(self, run_dir: Path, metrics_path: Path) -> None:
+        super().figures(run_dir, metrics_path)
+        if self.cfg.measure_every:
+            from ..analysis import load_measure_records, plot_measure_history
+
+            records = load_measure_records(metrics_path)
+            if records:
+                plot_measure_history(records, run_dir / "measure.png", step_key="epoch")
