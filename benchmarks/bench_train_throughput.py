@@ -80,7 +80,7 @@ def _compute_only(cfg: TrainConfig, steps: int) -> float:
 def _data_only(cfg: TrainConfig, kind: str, steps: int) -> float:
     ds = load_dataset(cfg.data, "train")
     size = create_model(cfg.model, **cfg.model_args).config.image_size
-    aug = build_augmentation(kind, size, translate=round(cfg.translate * ds.image_size))
+    aug = build_augmentation(kind, size, translate=round(cfg.translate * ds.image_size), input_size=ds.image_size)
     g = torch.Generator().manual_seed(0)
     t = time.perf_counter()
     for _ in range(steps):
