@@ -348,3 +348,30 @@ def test_cifar_without_meta_file_numbers_the_training_classes(tmp_path: Path) ->
     _rewrite(d100 / "test", fine_labels=[20] + [0] * 19)  # 20 fine class names in meta
     with pytest.raises(ValueError, match=r"cifar-100-python/test has label 20, outside 0..19 \(the 20 class names"):
         load_dataset(d100, "train")
+
+
+# --------------------------------------------------------------------------- DataSpec
+def test_data_spec_reads_the_new_and_the_legacy_layouts() -> None:
+    from crate_transformer.data import DataSpec
+
+    s = DataSpec(source="/x/cifar", kind="cifar10", name="cifar", classes=["a", 2], mean=0.5, std=["0.25"])
+    assert s.classes == ["a", "2"] and s.mean == [0.5] and s.std == [0.25]
+    assert DataSpec.from_dict(s.to_dict()) == s and DataSpec.from_dict(s) is s
+    assert DataSpec.from_dict(None) is None and DataSpec.from_dict({}) is None
+    legacy = {"normalization": {"mean": [0.1], "std": [0.2]}, "classes": ["a"], "dataset": "digits", "data": "digits"}
+    got = DataSpec.from_dict(legacy)
+    assert got == DataSpec(source="digits", name="digits", classes=["a"], mean=[0.1], std=[0.2])
+    assert got.to_legacy() == legacy
+    assert DataSpec.from_dict({"mean": [0.3], "std": [0.4], "other": 1}, legacy=True) == DataSpec(mean=[0.3], std=[0.4])
+    assert DataSpec.from_dict({"something": "else"}, legacy=True) is None
+    assert s.normalization(3) == ([0.5] * 3, [0.25] * 3) and DataSpec().normalization(3) is None
+    for bad, msg in (
+        ({"mean": [0.1, 0.2], "std": [0.3]}, "2 means but 1 stds"),
+        ({"mean": [0.1], "std": [0.0]}, "std > 0"),
+        ({"mean": ["x"], "std": [1.0]}, "DataSpec.mean must be a list of numbers"),
+        ({"classes": "abc"}, "DataSpec.classes must be a list of class names"),
+        ({"source": 3}, "DataSpec.source must be a string"),
+        ({"mean": [1.0], "std": [1.0], "colour": "red"}, r"unknown data description keys \['colour'\]"),
+    ):
+        with pytest.raises(ValueError, match=msg):
+            DataSpec.from_dict(bad)
