@@ -14,7 +14,8 @@ import crate_transformer as ct
 from crate_transformer import analysis
 from crate_transformer.checkpoint import native_to_official
 from crate_transformer.cli import analyze as analyze_cmd
-from crate_transformer.data import load_dataset, load_image_folder, normalize
+from crate_transformer.data import DataSpec, load_dataset, load_image_folder, normalize
+from crate_transformer.data.spec import resolve_normalization
 
 TINY = dict(image_size=8, patch_size=2, in_chans=1, num_classes=10, dim=32, depth=2, heads=4)
 
@@ -31,7 +32,7 @@ def trained(digits):
     train, _ = digits
     model = ct.create_model("crate_tiny", **TINY)
     # what `crate train` records with the model
-    model.config.extra.update(normalization={"mean": list(train.mean), "std": list(train.std)}, dataset="digits")
+    model.config.data = DataSpec(source="digits", name="digits", mean=list(train.mean), std=list(train.std))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(0)
     x_all = normalize(train.images.float() / 255, train.mean, train.std)
@@ -184,12 +185,17 @@ def test_grey_dataset_on_an_rgb_model_is_converted_like_training(tmp_path, digit
 def test_normalization_comes_from_the_model_config_then_the_dataset(digits):
     train, _ = digits
     m = ct.create_model("crate_tiny", **TINY)
-    assert analysis.report.resolve_normalization(m) is None
-    assert analysis.report.resolve_normalization(m, train) == (list(train.mean), list(train.std))
-    m.config.extra["mean"], m.config.extra["std"] = [0.5], [0.25]
-    assert analysis.report.resolve_normalization(m, train) == ([0.5], [0.25])
-    m.config.extra["normalization"] = {"mean": [0.1], "std": [0.2]}  # crate train's format wins
-    assert analysis.report.resolve_normalization(m, train) == ([0.1], [0.2])
+    assert resolve_normalization(m) is None
+    assert resolve_normalization(m, train) == (list(train.mean), list(train.std))
+    m.config.data = DataSpec(mean=[0.5], std=[0.25])  # the model's record wins over the dataset's statistics
+    assert resolve_normalization(m, train) == ([0.5], [0.25])
+    assert resolve_normalization(m.config, train) == ([0.5], [0.25])  # a config works as well as a model
+    m.config.data = DataSpec(name="rgb-trained", mean=[0.1, 0.2, 0.6], std=[0.2, 0.4, 0.3])  # RGB stats, 1 channel
+    np.testing.assert_allclose(resolve_normalization(m, train), [[0.3], [0.3]], rtol=1e-12)  # averaged over RGB
+    rgb = ct.create_model("crate_tiny", **{**TINY, "in_chans": 3})
+    assert resolve_normalization(rgb, train) == (list(train.mean) * 3, list(train.std) * 3)  # grey stats repeated
+    m.config.data = DataSpec(name="no statistics", classes=["a"])
+    assert resolve_normalization(m, train) == (list(train.mean), list(train.std))
 
 
 def test_training_loop_call_restores_mode_and_returns_json_records(trained, batch):
@@ -233,6 +239,17 @@ def test_measure_errors_are_one_line_value_errors(trained):
         analysis.cls_attention(trained, torch.randn(1, 1, 8, 8), layer=2)
     with pytest.raises(ValueError, match="layer -3 does not exist"):
         analysis.patch_features(trained, torch.randn(1, 1, 8, 8), layer=-3)
+    # NaN/Inf in user tensors is refused at the analysis entry points (the forward pass no longer checks it)
+    bad = torch.randn(3, 1, 8, 8)
+    bad[2, 0, 1, 1] = float("nan")
+    for call in (
+        lambda: analysis.measure(trained, bad, batch_size=2, progress=False),  # in the second batch
+        lambda: analysis.measure(trained, iter([bad[:1], bad * float("inf")]), progress=False),  # a loader
+        lambda: analysis.cls_attention(trained, bad),
+        lambda: analysis.patch_features(trained, bad[2]),
+    ):
+        with pytest.raises(ValueError, match="NaN or Inf"):
+            call()
 
 
 # --------------------------------------------------------------------------- attention, subspaces
@@ -364,8 +381,8 @@ def test_crate_analyze_on_run_dir_pretrained_dir_and_official_checkpoint(tmp_pat
     rep = reports["pretrained"]
     assert set(rep["measure"]) == {"train", "test"}
     assert [r["layer"] for r in rep["measure"]["test"]["layers"]] == [1, 2]
-    norm = trained.config.extra["normalization"]
-    assert rep["normalization"] == [norm["mean"], norm["std"]]
+    norm = trained.config.data
+    assert rep["normalization"] == [norm.mean, norm.std]
     assert reports["official"]["source"]["normalization_source"] == "dataset statistics"  # official: no config
     assert len(rep["subspaces"]) == 2 and len(rep["attention"]["entropy_per_head"]) == 4
     # the same weights give the same numbers whichever way they were loaded
@@ -376,7 +393,7 @@ def test_crate_analyze_on_run_dir_pretrained_dir_and_official_checkpoint(tmp_pat
             np.testing.assert_allclose(b, a, rtol=1e-9)
     # the report's numbers are the API's numbers on the same (seeded) subset of images
     test = load_dataset("digits", "test")
-    idx = analysis.report._subset(len(test), 24, 0)
+    idx = analyze_cmd._subset(len(test), 24, 0)
     direct = analysis.measure(trained, torch.utils.data.Subset(test, idx), progress=False).to_records()
     assert rep["measure"]["test"]["meta"]["n_samples"] == 24
     np.testing.assert_allclose([r["rc_in"] for r in rep["measure"]["test"]["layers"]], [r["rc_in"] for r in direct])

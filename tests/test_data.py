@@ -292,3 +292,95 @@ def test_crop_flip_randaugment_and_defaults() -> None:
     assert default_augmentation("mnist") == "translate"
     assert default_augmentation("cifar-10-batches-py") == "crop-flip"
     assert default_augmentation("cifar-10-batches-py", finetune=True) == "randaugment"
+
+
+def _rewrite(path: Path, **changes: object) -> None:
+    d = pickle.loads(path.read_bytes())
+    for k, v in changes.items():
+        if v is None:
+            d.pop(k.encode(), None)
+        else:
+            d[k.encode()] = v
+    path.write_bytes(pickle.dumps(d))
+
+
+@pytest.mark.parametrize(
+    "case,msg",
+    [
+        ("label_too_big", r"data_batch_3 has label 10, outside 0..9 \(the 10 class names in .*batches.meta\)"),
+        ("negative_label", r"test_batch has label -1, outside 0..9"),
+        ("test_label_unseen_in_train", r"test_batch has label 10, outside 0..9 \(the 10 classes of the training files"),
+        ("no_labels", r"data_batch_2 has no 'labels' entry .*re-extract the archive"),
+        ("no_data", r"data_batch_1 has no 'data' entry"),
+        ("bad_size", r"data_batch_4: 'data' has 30000 values, not whole 32x32x3 uint8 images"),
+        ("float_pixels", r"data_batch_4: 'data' has dtype float64"),
+        ("count_mismatch", r"data_batch_5 has 10 images but 9 labels in 'labels'"),
+        ("meta_without_names", r"meta file .*batches.meta has no 'label_names' list"),
+        ("not_a_dict", r"test_batch holds a list, not a dict of arrays"),
+    ],
+)
+def test_cifar_files_are_validated_at_load_naming_the_file(tmp_path: Path, case: str, msg: str) -> None:
+    d = _write_cifar(tmp_path)
+    rng = np.random.default_rng(1)
+    if case == "label_too_big":
+        _rewrite(d / "data_batch_3", labels=[0] * 9 + [10])
+    elif case == "negative_label":
+        _rewrite(d / "test_batch", labels=[-1] + [0] * 9)
+    elif case == "test_label_unseen_in_train":
+        (d / "batches.meta").unlink()
+        _rewrite(d / "test_batch", labels=[10] * 10)
+    elif case == "no_labels":
+        _rewrite(d / "data_batch_2", labels=None)
+    elif case == "no_data":
+        _rewrite(d / "data_batch_1", data=None)
+    elif case == "bad_size":
+        _rewrite(d / "data_batch_4", data=rng.integers(0, 256, (10, 3000), dtype=np.uint8))
+    elif case == "float_pixels":
+        _rewrite(d / "data_batch_4", data=rng.random((10, 3072)))
+    elif case == "count_mismatch":
+        _rewrite(d / "data_batch_5", labels=list(range(9)))
+    elif case == "meta_without_names":
+        (d / "batches.meta").write_bytes(pickle.dumps({b"num_cases_per_batch": 10}))
+    elif case == "not_a_dict":
+        (d / "test_batch").write_bytes(pickle.dumps([1, 2, 3]))
+    for split in ("train", "test"):  # whichever split is asked for: the whole folder is checked at load
+        with pytest.raises(ValueError, match=msg) as e:
+            load_dataset(d, split)
+        assert "\n" not in str(e.value)
+
+
+def test_cifar_without_meta_file_numbers_the_training_classes(tmp_path: Path) -> None:
+    d = _write_cifar(tmp_path)
+    (d / "batches.meta").unlink()
+    test = load_dataset(d, "test")
+    assert test.classes == [str(i) for i in range(10)] and int(test.labels.max()) == 9
+    d100 = _write_cifar(tmp_path / "h", hundred=True)
+    _rewrite(d100 / "test", fine_labels=[20] + [0] * 19)  # 20 fine class names in meta
+    with pytest.raises(ValueError, match=r"cifar-100-python/test has label 20, outside 0..19 \(the 20 class names"):
+        load_dataset(d100, "train")
+
+
+# --------------------------------------------------------------------------- DataSpec
+def test_data_spec_reads_the_new_and_the_legacy_layouts() -> None:
+    from crate_transformer.data import DataSpec
+
+    s = DataSpec(source="/x/cifar", kind="cifar10", name="cifar", classes=["a", 2], mean=0.5, std=["0.25"])
+    assert s.classes == ["a", "2"] and s.mean == [0.5] and s.std == [0.25]
+    assert DataSpec.from_dict(s.to_dict()) == s and DataSpec.from_dict(s) is s
+    assert DataSpec.from_dict(None) is None and DataSpec.from_dict({}) is None
+    legacy = {"normalization": {"mean": [0.1], "std": [0.2]}, "classes": ["a"], "dataset": "digits", "data": "digits"}
+    got = DataSpec.from_dict(legacy)
+    assert got == DataSpec(source="digits", name="digits", classes=["a"], mean=[0.1], std=[0.2])
+    assert DataSpec.from_dict({"mean": [0.3], "std": [0.4], "other": 1}, legacy=True) == DataSpec(mean=[0.3], std=[0.4])
+    assert DataSpec.from_dict({"something": "else"}, legacy=True) is None
+    assert s.normalization(3) == ([0.5] * 3, [0.25] * 3) and DataSpec().normalization(3) is None
+    for bad, msg in (
+        ({"mean": [0.1, 0.2], "std": [0.3]}, "2 means but 1 stds"),
+        ({"mean": [0.1], "std": [0.0]}, "std > 0"),
+        ({"mean": ["x"], "std": [1.0]}, "DataSpec.mean must be a list of numbers"),
+        ({"classes": "abc"}, "DataSpec.classes must be a list of class names"),
+        ({"source": 3}, "DataSpec.source must be a string"),
+        ({"mean": [1.0], "std": [1.0], "colour": "red"}, r"unknown data description keys \['colour'\]"),
+    ):
+        with pytest.raises(ValueError, match=msg):
+            DataSpec.from_dict(bad)

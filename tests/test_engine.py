@@ -252,3 +252,15 @@ def test_the_engine_trains_any_task(tmp_path: Path) -> None:
     train_r = [r for r in records if r["split"] == "train"]
     assert train_r[-1]["mse"] < train_r[0]["mse"] / 10
     assert (tmp_path / "reg" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_disk_full_while_checkpointing_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    def full(obj, f, *a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    capsys.readouterr()
+    assert crate("train", *TINY, *FAST, "--out", tmp_path / "r") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the run's start banner
+    assert err.startswith("crate train: error: no space left on device while writing") and "last.pt" in err
+    assert not list((tmp_path / "r").rglob("*.tmp"))

@@ -140,13 +140,24 @@ def test_bad_image_input_errors():
         (torch.randint(0, 255, (1, 3, 32, 32), dtype=torch.uint8), "floating-point.*x.float\\(\\) / 255"),
         (torch.randn(3, 32, 32), "add a batch dimension"),
         (torch.randn(1, 3, 30, 32), "30x32 is not divisible by the patch size 8"),
-        (torch.full((1, 3, 32, 32), float("nan")), "NaN"),
     ]
     for x, msg in cases:
         with pytest.raises(ValueError, match=msg):
             m(x)
+        with pytest.raises(ValueError, match=msg):
+            m.check_images(x)  # the same checks at an API boundary
     with pytest.raises(ValueError, match="torch.Tensor"):
         m([[1.0]])
+    # NaN/Inf is checked at API boundaries (check_images / check_finite), not in every forward (a device sync)
+    for bad in (float("nan"), float("inf")):
+        x = torch.randn(1, 3, 32, 32)
+        x[0, 1, 3, 4] = bad
+        with pytest.raises(ValueError, match="NaN or Inf"):
+            m.check_images(x)
+        with pytest.raises(ValueError, match="NaN or Inf"):
+            m.check_finite(x)
+        m.check_images(x, finite=False)  # metadata only
+    m.check_images(torch.randn(1, 3, 32, 32))
 
 
 def test_vit_baseline():
@@ -180,3 +191,172 @@ def test_ablation_variants_run_and_differ():
     torch.manual_seed(0)
     tied = ct.create_model("crate_tiny", **TINY, tied_output=True)
     assert tied.layers[0].attn.proj is None  # no W: output is β[U_1..U_K]
+
+
+# --------------------------------------------------------------------------- CRATE / ViT build what they say
+def test_crate_and_vit_classes_fix_their_architecture():
+    from crate_transformer.model import _ViTBlock, build_model
+    from crate_transformer.operators import EncoderLayer
+
+    cfg = ct.ModelConfig(**{**TINY, "dim": 48, "heads": 3})  # arch defaults to "crate"
+    vit = ct.ViT(cfg)
+    assert isinstance(vit, ct.ViT) and isinstance(vit, ct.ImageClassifier) and vit.config.arch == "vit"
+    assert all(isinstance(layer, _ViTBlock) for layer in vit.layers) and cfg.arch == "crate"  # caller's config kept
+    crate = ct.CRATE(ct.ModelConfig(**{**TINY, "dim": 48, "heads": 3, "arch": "vit"}))
+    assert crate.config.arch == "crate" and all(isinstance(layer, EncoderLayer) for layer in crate.layers)
+    # the same modules, keys and sizes as the registry / build_model give for that architecture
+    torch.manual_seed(0)
+    reg_vit = ct.create_model("vit_tiny", **{**TINY, "dim": 48, "heads": 3})
+    assert vit.state_dict().keys() == reg_vit.state_dict().keys() and vit.num_params() == reg_vit.num_params()
+    reg_crate = ct.create_model("crate_tiny", **{**TINY, "dim": 48, "heads": 3})
+    assert crate.state_dict().keys() == reg_crate.state_dict().keys() and crate.num_params() == reg_crate.num_params()
+    assert type(build_model(vit.config)) is ct.ViT and type(build_model(crate.config)) is ct.CRATE
+    assert ct.ViT().config.arch == "vit" and ct.CRATE().config == ct.ModelConfig()
+    with torch.device("meta"):  # paper sizes through the classes, not the registry
+        assert ct.ViT(ct.model_config("vit_tiny")).num_params() == 5_717_416
+        assert ct.CRATE(ct.model_config("crate_tiny", arch="vit")).num_params() == 6_090_856
+    with pytest.raises(ValueError, match="expected a ModelConfig"):
+        ct.CRATE({"dim": 32})
+
+
+def test_model_py_does_no_file_io_and_has_no_import_cycle():
+    """model.py imports io.py (save_pretrained); io/config_utils/data.spec import nothing that imports model.py."""
+    import ast
+    from pathlib import Path
+
+    src = Path(ct.__file__).parent
+
+    def relative_imports(path):
+        tree = ast.parse(path.read_text())
+        return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level and n.module}
+
+    assert relative_imports(src / "model.py") <= {"config_utils", "data.spec", "io", "operators"}
+    for leaf in ("io.py", "config_utils.py", "data/spec.py"):
+        assert not relative_imports(src / leaf) & {"model", "checkpoint", "registry", "train"}, leaf
+    text = (src / "model.py").read_text()
+    io_calls = ("open(", "Path(", "import json", "json.", "safetensors", "torch.save", "torch.load", "write_", "read_")
+    assert not [s for s in io_calls if s in text]
+    assert "save_pretrained" in dir(ct.ImageClassifier)
+
+
+# --------------------------------------------------------------------------- input dtypes and checks
+def test_other_float_dtypes_are_cast_to_the_parameter_dtype():
+    m = ct.create_model("crate_tiny", **TINY).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ref = m(x)
+        torch.testing.assert_close(m(x.double()), ref, rtol=0, atol=0)  # exactly the float32 computation
+        for low in (torch.float16, torch.bfloat16):
+            xl = x.to(low)
+            out = m(xl)
+            assert out.dtype == torch.float32
+            torch.testing.assert_close(out, m(xl.float()), rtol=0, atol=0)  # = float32 on the rounded input
+            torch.testing.assert_close(out, ref, rtol=0.05, atol=0.05)  # and close to the full-precision input
+        m64 = ct.create_model("crate_tiny", **TINY).double().eval()
+        m64.load_state_dict({k: v.double() for k, v in m.state_dict().items()})
+        assert m64(x).dtype == torch.float64
+        torch.testing.assert_close(m64(x).float(), ref, rtol=1e-4, atol=1e-4)
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # under autocast the input is left to autocast
+            torch.testing.assert_close(m(x).float(), ref, rtol=0.1, atol=0.1)
+
+
+def test_forward_checks_metadata_only():
+    m = ct.create_model("crate_tiny", **TINY).eval()
+    x = torch.randn(1, 3, 32, 32)
+    x[0, 0, 0, 0] = float("nan")
+    with torch.no_grad():
+        assert torch.isnan(m(x)).all()  # no NaN check (no device sync) inside forward
+    with pytest.raises(ValueError, match="images are on meta but the model is on cpu"):
+        m.check_images(torch.empty(1, 3, 32, 32, device="meta"), finite=False)
+
+
+# --------------------------------------------------------------------------- ModelConfig types and ranges
+def test_model_config_coerces_strings_by_field_type():
+    c = ct.ModelConfig(lambd="5e-2", eta="0.2", dim="64", heads=4.0, dim_head="none", scale_scores="false")
+    assert (c.lambd, c.eta, c.dim, c.heads, c.dim_head, c.scale_scores) == (0.05, 0.2, 64, 4, None, False)
+    assert type(c.lambd) is float and type(c.dim) is int and type(c.heads) is int
+    assert type(ct.ModelConfig(eta=1).eta) is float
+    m = ct.create_model("crate_tiny", **TINY, lambd="5e-2")  # what YAML 1.1 gives for --model-args lambd=5e-2
+    assert m.layers[0].ista.lambd == 0.05 and m(torch.randn(1, 3, 32, 32)).shape == (1, 5)
+
+
+@pytest.mark.parametrize(
+    "bad,msg",
+    [
+        ({"lambd": "abc"}, r"ModelConfig.lambd must be a number, got 'abc' \(str\); e.g. lambd=0.1"),
+        ({"dim": True}, r"ModelConfig.dim must be an integer, got True \(bool\); e.g. dim=384"),
+        ({"dim": 2.5}, r"ModelConfig.dim must be an integer, got 2.5"),
+        ({"depth": "1.5"}, r"ModelConfig.depth must be an integer"),
+        ({"eta": True}, r"ModelConfig.eta must be a number, got True"),
+        ({"tied_output": "maybe"}, r"ModelConfig.tied_output must be a boolean"),
+        ({"eta": float("nan")}, r"eta must be a finite number > 0, got nan; e.g. eta=0.1"),
+        ({"eta": "nan"}, r"eta must be a finite number > 0, got nan"),
+        ({"eta": 0}, r"eta must be a finite number > 0"),
+        ({"lambd": -0.1}, r"lambd must be a finite number >= 0"),
+        ({"eps": 0.0}, r"eps must be a finite number > 0"),
+        ({"tied_beta": float("inf")}, r"tied_beta must be a finite number, got inf"),
+        ({"mlp_ratio": 0}, r"mlp_ratio must be a finite number > 0"),
+        ({"dropout": 1.0}, r"dropout must be a finite number in \[0, 1\)"),
+        ({"emb_dropout": -0.1}, r"emb_dropout must be a finite number in \[0, 1\)"),
+        ({"dim_head": 0}, r"dim_head must be a positive integer or None"),
+        ({"data": {"mean": [0.5, 0.5], "std": [1, 1]}}, r"2 values, which cannot be adapted to in_chans=3"),
+    ],
+)
+def test_model_config_rejects_bad_values_in_one_line(bad, msg):
+    with pytest.raises(ValueError, match=msg) as e:
+        ct.ModelConfig(**bad)
+    assert "\n" not in str(e.value)
+
+
+def test_coerce_fields_is_generic_over_dataclasses():
+    import dataclasses
+
+    from crate_transformer.config_utils import coerce_fields, coerce_value
+
+    @dataclasses.dataclass
+    class Cfg:  # string annotations, as under `from __future__ import annotations`
+        lr: "float" = 1e-3
+        epochs: "int" = 10
+        amp: "bool" = False
+        name: "str" = "run"
+        limit: "int | None" = None
+        tag: "str | None" = None
+        mean: "list[float]" = dataclasses.field(default_factory=list)
+        args: "dict[str, float]" = dataclasses.field(default_factory=dict)
+        sizes: "tuple[int, ...]" = ()
+
+    got = coerce_fields(
+        Cfg,
+        {
+            "lr": "1e-3",
+            "epochs": "1e2",
+            "amp": "Yes",
+            "name": 7,
+            "limit": "null",
+            "tag": "none",
+            "mean": "0.5, 2.5e-1",
+            "args": {"a": "3"},
+            "sizes": "[32, 64]",
+        },
+    )
+    assert got == {
+        "lr": 0.001,
+        "epochs": 100,
+        "amp": True,
+        "name": "7",
+        "limit": None,
+        "tag": "none",  # a str field keeps the string
+        "mean": [0.5, 0.25],
+        "args": {"a": 3.0},
+        "sizes": (32, 64),
+    }
+    assert coerce_fields(Cfg, {"limit": "5", "mean": (1, 2)}) == {"limit": 5, "mean": [1.0, 2.0]}
+    with pytest.raises(ValueError, match=r"unknown Cfg keys \['lrr'\]; valid keys"):
+        coerce_fields(Cfg, {"lrr": 1})
+    assert coerce_fields(Cfg, {"lrr": "x"}, allow_unknown=True) == {"lrr": "x"}
+    with pytest.raises(ValueError, match=r"Cfg.limit must be an integer or None, got 'x'"):
+        coerce_fields(Cfg, {"limit": "x"})
+    with pytest.raises(ValueError, match=r"Cfg.amp must be a boolean .*; e.g. amp=False"):
+        coerce_fields(Cfg, {"amp": 2})
+    with pytest.raises(ValueError, match="expected an integer, got 1.5"):
+        coerce_value(1.5, int)

@@ -10,7 +10,13 @@ Public API::
     ct.coding_rate(Z), ct.subspace_coding_rate(Z, U), ...
 """
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
+
+try:
+    __version__ = _version("crate-transformer")
+except _PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
 
 from .checkpoint import CheckpointError, from_official, from_pretrained  # noqa: E402
 from .model import CRATE, ImageClassifier, ModelConfig, Trace, ViT  # noqa: E402

@@ -1,31 +1,41 @@
-"""Model files: ``save_pretrained`` / ``from_pretrained`` (safetensors + JSON config) and
-``from_official`` (the official repository's ``.pth`` layouts, see shared/notes/anchors.md §1.2).
+"""Model files: ``from_pretrained`` (safetensors + JSON config, written by ``model.save_pretrained``),
+``from_official`` (the official repository's ``.pth`` layouts, see shared/notes/anchors.md §1.2) and
+``load_model``, the one resolver the commands share.
 
-Every write goes to a temporary file in the target directory and is renamed into place, so a
-killed process never leaves a half-written file under the final name.
+The file primitives (atomic writes, safe unpickling, checksummed safetensors) live in
+:mod:`crate_transformer.io`; ``atomic_write``, ``load_pickle``, ``save_pretrained`` and
+``CheckpointError`` are re-exported here for compatibility.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from . import __version__
+from .config_utils import coerce_fields
+from .io import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    CheckpointError,
+    atomic_write,
+    load_pickle,
+    load_safetensors,
+    save_pretrained,
+)
 from .model import ImageClassifier, ModelConfig, build_model
-from .registry import model_config
+from .registry import model_config, registered_fields
 
 __all__ = [
     "CheckpointError",
     "atomic_write",
     "load_pickle",
     "save_pretrained",
+    "read_config",
     "from_pretrained",
     "from_official",
     "official_to_native",
@@ -34,65 +44,28 @@ __all__ = [
     "load_model",
 ]
 
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint is missing, unreadable, or does not fit the model."""
-
-
-# --------------------------------------------------------------------------- file helpers
-def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
-    """Call ``write(tmp_path)`` then rename the temporary file onto ``path`` (same directory)."""
+# --------------------------------------------------------------------------- native format
+def _model_dir(path: str | Path) -> Path:
+    """The ``save_pretrained`` folder of ``path``: the folder itself, or the folder of its
+    ``model.safetensors`` / ``config.json`` when one of those files is given."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    if path.is_file():
+        if path.name in (WEIGHTS_NAME, CONFIG_NAME):
+            return path.parent
+        raise CheckpointError(
+            f"{path} is a file; pass the folder written by model.save_pretrained (with {CONFIG_NAME} and "
+            f"{WEIGHTS_NAME}), or load an official .pth with from_official / load_model"
+        )
+    if not path.is_dir():
+        raise CheckpointError(f"model directory not found: {path}")
     return path
 
 
-def load_pickle(path: str | Path) -> object:
-    """``torch.load`` with ``weights_only=True`` (safe for untrusted files) and clear errors."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint file not found: {path}")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # corrupt zip, truncated file, disallowed pickle global, ...
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(
-            f"cannot read checkpoint {path}: {first}; is the file complete and a torch .pth?"
-        ) from None
-
-
-# --------------------------------------------------------------------------- native format
-def save_pretrained(model: ImageClassifier, directory: str | Path) -> Path:
-    """Write ``config.json`` (every hyperparameter) and ``model.safetensors`` into ``directory``."""
-    from safetensors.torch import save_file
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
-    config = {"crate_transformer_version": __version__, **model.config.to_dict()}
-    atomic_write(directory / CONFIG_NAME, lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2) + "\n"))
-    return directory
-
-
 def read_config(directory: str | Path) -> ModelConfig:
-    path = Path(directory) / CONFIG_NAME
+    """The :class:`ModelConfig` of a ``save_pretrained`` folder (older ``"extra"`` layouts are converted)."""
+    directory = _model_dir(directory)
+    path = directory / CONFIG_NAME
     if not path.is_file():
         raise CheckpointError(
             f"no {CONFIG_NAME} in {directory}; expected a directory written by model.save_pretrained(...)"
@@ -101,26 +74,30 @@ def read_config(directory: str | Path) -> ModelConfig:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}); the file is corrupt") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"cannot read {path} ({e}); the file is corrupt or unreadable") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} does not hold a JSON object of model settings; the file is corrupt")
     data.pop("crate_transformer_version", None)
-    return ModelConfig.from_dict(data)
+    try:
+        return ModelConfig.from_dict(data)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: {e}") from None
 
 
 def from_pretrained(directory: str | Path, map_location: str | torch.device = "cpu") -> ImageClassifier:
-    """Load a model written by :meth:`ImageClassifier.save_pretrained`."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    """Load a model written by :meth:`ImageClassifier.save_pretrained`.
 
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise CheckpointError(f"model directory not found: {directory}")
+    ``directory`` is that folder, or its ``model.safetensors`` or ``config.json``.  The weights'
+    SHA-256 (stored in the safetensors header since 0.2) is verified: flipped bytes raise
+    :class:`CheckpointError` ("... is corrupt: checksum mismatch"); older files without a checksum load.
+    """
+    directory = _model_dir(directory)
     config = read_config(directory)
     weights = directory / WEIGHTS_NAME
     if not weights.is_file():
         raise CheckpointError(f"no {WEIGHTS_NAME} in {directory}; the save was incomplete — re-save the model")
-    try:
-        state = load_file(weights, device=str(map_location))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{weights} is corrupt or not a safetensors file ({e}); re-save the model") from None
+    state, _ = load_safetensors(weights)
     model = build_model(config)
     load_weights(model, state, source=str(weights))
     return model.to(map_location)
@@ -234,23 +211,36 @@ def native_to_official(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
 def load_model(path: str | Path, name: str | None = None, **overrides: object) -> ImageClassifier:
     """Load a model from whatever a user points at; the one resolver the CLI commands share.
 
-    * a ``save_pretrained`` directory (has ``config.json``) → :func:`from_pretrained`;
+    * a ``save_pretrained`` directory (has ``config.json``), or its ``model.safetensors`` / ``config.json``
+      → :func:`from_pretrained`;
     * a ``crate train`` run directory (has ``model/config.json``) → its final/latest model;
     * a training-state file written by ``crate train`` (a dict with ``model_config`` and ``model``);
     * an official ``.pth`` checkpoint → :func:`from_official` with ``name`` (required) and ``overrides``.
+
+    For the first three the architecture comes from the checkpoint's own config: ``name`` and
+    ``overrides`` may be given only when they agree with it (e.g. a command line that always passes
+    ``--model``); any difference raises :class:`CheckpointError` instead of being ignored.
     """
     path = Path(path)
-    if path.is_dir():
-        if (path / CONFIG_NAME).is_file():
-            return from_pretrained(path)
-        if (path / "model" / CONFIG_NAME).is_file():
-            return from_pretrained(path / "model")
-        raise CheckpointError(
-            f"{path} is neither a model directory (config.json + model.safetensors) nor a crate train run directory"
-        )
+    if path.is_dir() or (path.is_file() and path.name in (CONFIG_NAME, WEIGHTS_NAME)):
+        if path.is_file() or (path / CONFIG_NAME).is_file():
+            model = from_pretrained(path)
+        elif (path / "model" / CONFIG_NAME).is_file():
+            model = from_pretrained(path / "model")
+        else:
+            raise CheckpointError(
+                f"{path} is neither a model directory (config.json + model.safetensors) nor a crate train run directory"
+            )
+        _check_overrides(model.config, path, name, overrides)
+        return model
     raw = load_pickle(path)
     if isinstance(raw, Mapping) and "model_config" in raw and "model" in raw:
-        model = build_model(ModelConfig.from_dict(dict(raw["model_config"])))
+        try:
+            config = ModelConfig.from_dict(dict(raw["model_config"]))
+        except ValueError as e:
+            raise CheckpointError(f"{path}: {e}") from None
+        _check_overrides(config, path, name, overrides)
+        model = build_model(config)
         load_weights(model, raw["model"], source=str(path))
         return model
     if name is None:
@@ -258,6 +248,32 @@ def load_model(path: str | Path, name: str | None = None, **overrides: object) -
             f"{path} looks like an official CRATE checkpoint; name its architecture, e.g. --model crate_small"
         )
     return from_official(raw, name, **overrides)
+
+
+def _check_overrides(config: ModelConfig, path: Path, name: str | None, overrides: Mapping[str, object]) -> None:
+    """Refuse a model name / overrides that disagree with a checkpoint's stored config (equal values pass)."""
+    if name is None and not overrides:
+        return
+    wanted = dict(registered_fields(name)) if name is not None else {}
+    try:
+        wanted.update(coerce_fields(ModelConfig, overrides))
+    except ValueError as e:
+        raise CheckpointError(f"{e}") from None
+    stored = config.to_dict()
+    diffs = []
+    for key, value in wanted.items():
+        have = stored[key]
+        if key == "data" and value is not None:
+            value = value.to_dict() if hasattr(value, "to_dict") else value
+        if have != value:
+            diffs.append(f"{key}={value!r} (checkpoint: {have!r})")
+    if diffs:
+        given = f"model name {name!r} and overrides" if name is not None else "overrides"
+        raise CheckpointError(
+            f"{path} stores its architecture in its config, which differs from the given {given}: "
+            f"{', '.join(diffs)}; drop them — the architecture comes from the checkpoint's config, and a model name "
+            "and overrides apply only to official .pth files"
+        )
 
 
 def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: object) -> ImageClassifier:

@@ -9,14 +9,18 @@ position-embedding interpolation for other image sizes and a one-pass trace of e
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from pathlib import Path
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .data.spec import DataSpec
+from .config_utils import coerce_fields
+from .data.spec import DataSpec, fit_normalization
+from .io import PretrainedMixin
 from .operators import ISTA_MODES, LAYER_FORMS, EncoderLayer
 
 __all__ = ["ModelConfig", "Trace", "ImageClassifier", "CRATE", "ViT", "build_model"]
@@ -27,7 +31,14 @@ POOLS = ("cls", "mean")
 
 @dataclass
 class ModelConfig:
-    """Every hyperparameter of an image classifier; round-trips through ``config.json``."""
+    """Every hyperparameter of an image classifier; round-trips through ``config.json``.
+
+    Values are coerced to the declared types (``"5e-2"`` → 0.05 for a float field, ``"64"`` → 64 for
+    an int field, see :func:`~crate_transformer.config_utils.coerce_fields`) and validated, so a bad
+    value fails here with a one-line ``ValueError`` naming the field, not at the first forward pass.
+    ``data`` records what the model was trained on (:class:`~crate_transformer.data.DataSpec`:
+    normalisation, class names, data source); ``crate train`` fills it in.
+    """
 
     arch: str = "crate"
     image_size: int = 224
@@ -52,10 +63,13 @@ class ModelConfig:
     eps: float = 0.1  # ε of the MM step (ista_mode="mm")
     # ViT baseline
     mlp_ratio: float = 4.0
-    extra: dict = field(default_factory=dict)  # free-form metadata (e.g. dataset normalisation)
-    data: DataSpec | None = None  # TEMP shim until the hardening branch lands
+    # what the model was trained on (normalisation, classes, source); None when unknown
+    data: DataSpec | None = None
 
     def __post_init__(self) -> None:
+        current = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name, value in coerce_fields(type(self), current).items():
+            object.__setattr__(self, name, value)
         if self.arch not in ARCHS:
             raise ValueError(f"unknown arch {self.arch!r}; choose one of {ARCHS}")
         if self.pool not in POOLS:
@@ -66,8 +80,22 @@ class ModelConfig:
             raise ValueError(f"unknown layer_form {self.layer_form!r}; choose one of {LAYER_FORMS}")
         for name in ("image_size", "patch_size", "in_chans", "num_classes", "dim", "depth", "heads"):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            if v <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.dim_head is not None and self.dim_head <= 0:
+            raise ValueError(f"dim_head must be a positive integer or None (= dim // heads), got {self.dim_head!r}")
+        for name, ok, rule, example in (
+            ("eta", lambda v: v > 0, " > 0", "0.1"),
+            ("lambd", lambda v: v >= 0, " >= 0", "0.1"),
+            ("eps", lambda v: v > 0, " > 0", "0.1"),
+            ("tied_beta", lambda v: True, "", "1.0"),
+            ("mlp_ratio", lambda v: v > 0, " > 0", "4.0"),
+            ("dropout", lambda v: 0 <= v < 1, " in [0, 1)", "0.1"),
+            ("emb_dropout", lambda v: 0 <= v < 1, " in [0, 1)", "0.1"),
+        ):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and ok(v)):
+                raise ValueError(f"{name} must be a finite number{rule}, got {v!r}; e.g. {name}={example}")
         if self.dim_head is None and self.dim % self.heads:
             raise ValueError(
                 f"dim={self.dim} is not divisible by heads={self.heads}; "
@@ -77,13 +105,21 @@ class ModelConfig:
             raise ValueError(
                 f"dim={self.dim} is not divisible by heads={self.heads}; the ViT baseline needs dim % heads == 0"
             )
+        if self.arch == "vit" and int(self.dim * self.mlp_ratio) < 1:
+            raise ValueError(f"mlp_ratio={self.mlp_ratio} gives an empty MLP for dim={self.dim}; e.g. mlp_ratio=4.0")
         if self.image_size % self.patch_size:
             raise ValueError(
                 f"image_size={self.image_size} is not divisible by patch_size={self.patch_size}; "
                 f"use an image size that is a multiple of {self.patch_size}"
             )
-        if not 0.0 <= self.dropout < 1.0 or not 0.0 <= self.emb_dropout < 1.0:
-            raise ValueError("dropout and emb_dropout must be in [0, 1)")
+        if self.data is not None:
+            if not isinstance(self.data, DataSpec):
+                raise ValueError(f"data must be a DataSpec, a mapping of its fields or None, got {self.data!r}")
+            if self.data.mean and fit_normalization(self.data.mean, self.data.std, self.in_chans) is None:
+                raise ValueError(
+                    f"data normalisation has {len(self.data.mean)} values, which cannot be adapted to "
+                    f"in_chans={self.in_chans}; record 1 or {self.in_chans} per-channel values"
+                )
 
     @property
     def head_dim(self) -> int:
@@ -94,17 +130,27 @@ class ModelConfig:
         return self.image_size // self.patch_size
 
     def to_dict(self) -> dict:
+        """Every field as plain JSON values; ``data`` as a dict (or None)."""
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> ModelConfig:
+    def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
+        """Read :meth:`to_dict` output (``config.json``, a training state's ``model_config``).
+
+        Also reads configs written before ``data`` existed: their free-form ``"extra"`` dict
+        (``{"normalization": {"mean", "std"}, "classes", "dataset", "data"}``) becomes ``data``.
+        """
+        d = dict(d)
+        if "extra" in d:
+            extra = d.pop("extra")
+            if d.get("data") is not None and extra:
+                raise ValueError("config has both 'data' and the legacy 'extra'; keep only 'data'")
+            if d.get("data") is None:
+                d["data"] = DataSpec.from_dict(extra, legacy=True)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown config keys {unknown}; valid keys: {sorted(known)}")
-        d = dict(d)
-        if isinstance(d.get("data"), dict):
-            d["data"] = DataSpec.from_dict(d["data"])
         return cls(**d)
 
 
@@ -169,52 +215,78 @@ class _ViTBlock(nn.Module):
 
 
 # --------------------------------------------------------------------------- classifier
-class ImageClassifier(nn.Module):
+def _crate_encoder(c: ModelConfig) -> tuple[nn.Module, nn.ModuleList, float]:
+    """CRATE: official patch order (p1 p2 c) flatten → LN → Linear → LN (Alg. 6), then CRATE layers."""
+    patch_dim = c.in_chans * c.patch_size**2
+    patch_embed = nn.Sequential(nn.LayerNorm(patch_dim), nn.Linear(patch_dim, c.dim), nn.LayerNorm(c.dim))
+    layers = nn.ModuleList(
+        EncoderLayer(
+            c.dim,
+            c.heads,
+            c.head_dim,
+            dropout=c.dropout,
+            eta=c.eta,
+            lambd=c.lambd,
+            ista_mode=c.ista_mode,
+            form=c.layer_form,
+            scale_scores=c.scale_scores,
+            tied_output=c.tied_output,
+            tied_beta=c.tied_beta,
+            eps=c.eps,
+        )
+        for _ in range(c.depth)
+    )
+    return patch_embed, layers, 1.0  # official: torch.randn
+
+
+def _vit_encoder(c: ModelConfig) -> tuple[nn.Module, nn.ModuleList, float]:
+    """ViT: Linear patch embedding, then pre-norm MHSA + GELU-MLP blocks (timm layout)."""
+    patch_embed = nn.Sequential(nn.Linear(c.in_chans * c.patch_size**2, c.dim))
+    layers = nn.ModuleList(_ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout) for _ in range(c.depth))
+    return patch_embed, layers, 0.02  # timm ViT
+
+
+_ENCODERS = {"crate": _crate_encoder, "vit": _vit_encoder}
+
+
+class ImageClassifier(PretrainedMixin, nn.Module):
     """Patch embedding → class token + position embedding → L layers → pool → LayerNorm + Linear.
 
     ``forward(x)`` takes float images ``(b, c, h, w)`` (any size divisible by the patch size; the
     position embedding is interpolated) and returns logits.  ``forward_features`` returns the
     encoder's tokens, ``forward_head`` maps tokens to logits, ``forward_trace`` returns every
     layer's tokens in one pass.
+
+    The architecture is the class's: :class:`CRATE` and :class:`ViT` build their own and record it
+    in ``config.arch`` whatever the given config says; ``ImageClassifier(config)`` itself (like
+    :func:`build_model`) builds ``config.arch``.
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    arch: str | None = None  # fixed by the subclasses
+
+    def __init__(self, config: ModelConfig | None = None) -> None:
         super().__init__()
+        if config is None:
+            config = ModelConfig(arch=self.arch or "crate")
+        elif not isinstance(config, ModelConfig):
+            raise ValueError(f"expected a ModelConfig, got {type(config).__name__}; e.g. ModelConfig(dim=384)")
+        if self.arch is not None and config.arch != self.arch:
+            config = dataclasses.replace(config, arch=self.arch)
         self.config = c = config
-        patch_dim = c.in_chans * c.patch_size**2
-        if c.arch == "crate":
-            # Official order (p1 p2 c) flatten → LN → Linear → LN (Alg. 6).
-            self.patch_embed = nn.Sequential(nn.LayerNorm(patch_dim), nn.Linear(patch_dim, c.dim), nn.LayerNorm(c.dim))
-            self.layers = nn.ModuleList(
-                EncoderLayer(
-                    c.dim,
-                    c.heads,
-                    c.head_dim,
-                    dropout=c.dropout,
-                    eta=c.eta,
-                    lambd=c.lambd,
-                    ista_mode=c.ista_mode,
-                    form=c.layer_form,
-                    scale_scores=c.scale_scores,
-                    tied_output=c.tied_output,
-                    tied_beta=c.tied_beta,
-                    eps=c.eps,
-                )
-                for _ in range(c.depth)
-            )
-            init_std = 1.0  # official: torch.randn
-        else:
-            self.patch_embed = nn.Sequential(nn.Linear(patch_dim, c.dim))
-            self.layers = nn.ModuleList(_ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout) for _ in range(c.depth))
-            init_std = 0.02  # timm ViT
+        self.patch_embed, self.layers, init_std = _ENCODERS[c.arch](c)
         self.cls_token = nn.Parameter(torch.randn(1, 1, c.dim) * init_std)
         self.pos_embed = nn.Parameter(torch.randn(1, c.grid**2 + 1, c.dim) * init_std)
         self.emb_drop = nn.Dropout(c.emb_dropout)
         self.head = nn.Sequential(nn.LayerNorm(c.dim), nn.Linear(c.dim, c.num_classes))
 
     # ---------------------------------------------------------------- input checks
-    def check_images(self, x: Tensor) -> None:
-        """Raise a ValueError naming the problem (and the fix) for input the model cannot take."""
+    def check_images(self, x: Tensor, finite: bool = True) -> None:
+        """Raise a one-line ValueError naming the problem (and the fix) for input the model cannot take.
+
+        Checks type, rank, dtype, channels, patch divisibility and device (metadata only, no device
+        sync; ``forward`` runs these) and, with ``finite`` (the default; for API boundaries such as
+        the analysis entry points), that no value is NaN or Inf — a device→host sync.
+        """
         c, p = self.config, self.config.patch_size
         if not isinstance(x, Tensor):
             raise ValueError(f"expected a torch.Tensor of images, got {type(x).__name__}")
@@ -238,7 +310,16 @@ class ImageClassifier(nn.Module):
                 f"image size {h}x{w} is not divisible by the patch size {p}; resize or crop to a multiple of {p} "
                 f"(e.g. {max(p, h // p * p)}x{max(p, w // p * p)})"
             )
-        if not torch.isfinite(x).all():
+        device = self.cls_token.device
+        if x.device != device and device.type != "meta":
+            raise ValueError(f"images are on {x.device} but the model is on {device}; move them with x.to({device})")
+        if finite:
+            self.check_finite(x)
+
+    @staticmethod
+    def check_finite(x: Tensor) -> None:
+        """Raise a one-line ValueError if ``x`` holds NaN or Inf (one device→host sync)."""
+        if not bool(torch.isfinite(x).all()):
             raise ValueError("input images contain NaN or Inf values; clean the data before the forward pass")
 
     # ---------------------------------------------------------------- embedding
@@ -260,9 +341,17 @@ class ImageClassifier(nn.Module):
         return torch.cat([cls_pos, grid_pos.permute(0, 2, 3, 1).reshape(1, h * w, -1)], dim=1)
 
     def embed(self, x: Tensor) -> Tensor:
-        """``f_pre`` of eq. (65): ``[z_cls, W_pre X] + E_pos`` → ``(b, N+1, d)``."""
-        self.check_images(x)
+        """``f_pre`` of eq. (65): ``[z_cls, W_pre X] + E_pos`` → ``(b, N+1, d)``.
+
+        Input of another floating dtype (float64, float16, bfloat16) is cast to the parameters' dtype;
+        under autocast it is left to autocast.  Only metadata is checked here (no NaN check: that
+        would be a device sync per forward pass; see :meth:`check_images`).
+        """
+        self.check_images(x, finite=False)
         p = self.config.patch_size
+        dtype = self.cls_token.dtype
+        if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
+            x = x.to(dtype)
         tokens = self.patch_embed(self.patchify(x))
         tokens = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), tokens], dim=1)
         return self.emb_drop(tokens + self.interpolate_pos_embed(x.shape[-2] // p, x.shape[-1] // p))
@@ -317,20 +406,30 @@ class ImageClassifier(nn.Module):
         self.pos_embed = nn.Parameter(new)
         self.config = dataclasses.replace(self.config, image_size=image_size)
 
-    def save_pretrained(self, directory: str | Path) -> Path:
-        """Write ``model.safetensors`` + ``config.json`` to ``directory`` (atomically); see :func:`from_pretrained`."""
-        from .checkpoint import save_pretrained
-
-        return save_pretrained(self, directory)
-
 
 class CRATE(ImageClassifier):
-    """The CRATE classifier; ``CRATE(ModelConfig(arch="crate", ...))``."""
+    """The CRATE classifier: ``CRATE(ModelConfig(dim=384, ...))`` (or ``CRATE()`` for the defaults).
+
+    Always builds CRATE: a config with another ``arch`` is copied with ``arch="crate"`` (the class
+    name decides), so ``model.config.arch`` is always ``"crate"``.
+    """
+
+    arch = "crate"
 
 
 class ViT(ImageClassifier):
-    """The ViT baseline (separate Q, K, V; GELU MLP); ``ViT(ModelConfig(arch="vit", ...))``."""
+    """The ViT baseline (separate Q, K, V; GELU MLP): ``ViT(ModelConfig(dim=192, heads=3, ...))``.
+
+    Always builds a ViT: a config with another ``arch`` (e.g. the default ``"crate"``) is copied with
+    ``arch="vit"``, so ``ViT(ModelConfig())`` is a ViT and ``model.config.arch == "vit"``.
+    """
+
+    arch = "vit"
+
+
+_CLASSES = {"crate": CRATE, "vit": ViT}
 
 
 def build_model(config: ModelConfig) -> ImageClassifier:
-    return (CRATE if config.arch == "crate" else ViT)(config)
+    """The classifier ``config.arch`` names (:class:`CRATE` or :class:`ViT`)."""
+    return _CLASSES[config.arch](config)

@@ -13,7 +13,7 @@ import fnmatch
 
 from .model import ImageClassifier, ModelConfig, build_model
 
-__all__ = ["register_model", "list_models", "model_config", "create_model"]
+__all__ = ["register_model", "list_models", "registered_fields", "model_config", "create_model"]
 
 _REGISTRY: dict[str, dict] = {}
 
@@ -21,7 +21,7 @@ _REGISTRY: dict[str, dict] = {}
 def register_model(name: str, **fields: object) -> None:
     """Register ``name`` as the ModelConfig with ``fields`` (validated now, so typos fail at import)."""
     ModelConfig(**fields)
-    _REGISTRY[name] = dict(fields)
+    _REGISTRY[name] = dict(fields)  # as given; ModelConfig coerces them again on every use
 
 
 # JMLR Table 8: image 224, patch 16, p = d/K.  Parameter counts: 6.09M / 13.12M / 22.80M / 77.64M.
@@ -59,17 +59,24 @@ def list_models(pattern: str = "*") -> list[str]:
     return sorted(n for n in _REGISTRY if fnmatch.fnmatch(n, pattern))
 
 
-def model_config(name: str, **overrides: object) -> ModelConfig:
-    """The :class:`ModelConfig` of a registered model with ``overrides`` applied."""
+def registered_fields(name: str) -> dict:
+    """The ModelConfig fields a registered model name sets (a copy; the others are ModelConfig defaults)."""
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, _REGISTRY, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ValueError(f"unknown model {name!r}{hint} Available: {', '.join(list_models())}")
+    return dict(_REGISTRY[name])
+
+
+def model_config(name: str, **overrides: object) -> ModelConfig:
+    """The :class:`ModelConfig` of a registered model with ``overrides`` applied (values are coerced
+    and validated by ModelConfig, e.g. ``lambd="5e-2"`` → 0.05)."""
+    fields = registered_fields(name)
     valid = {f.name for f in dataclasses.fields(ModelConfig)}
     bad = sorted(set(overrides) - valid)
     if bad:
         raise ValueError(f"unknown override(s) {bad} for {name!r}; valid fields: {sorted(valid)}")
-    return ModelConfig(**{**_REGISTRY[name], **overrides})
+    return ModelConfig(**{**fields, **overrides})
 
 
 def create_model(name: str, **overrides: object) -> ImageClassifier:

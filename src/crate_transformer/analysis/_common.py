@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from ..data import fit_normalization, match_channels, normalize
+from ..data.spec import resolve_normalization  # noqa: F401  (the one resolver; re-exported for the analysis modules)
 from ..model import ImageClassifier
 from ..objectives import subspaces_from_qkv
 
@@ -63,25 +64,6 @@ def layer_subspaces(layer: nn.Module) -> Tensor:
 def model_device(model: nn.Module) -> torch.device:
     p = next(model.parameters(), None)
     return p.device if p is not None else torch.device("cpu")
-
-
-def resolve_normalization(model: ImageClassifier, dataset: object | None = None) -> Normalization | None:
-    """Per-channel (mean, std) for [0, 1] images: the model's recorded normalisation, else the dataset's.
-
-    The model's is ``config.extra["normalization"] = {"mean", "std"}`` (written by ``crate train``) or
-    ``config.extra["mean"/"std"]``; statistics with the wrong channel count are adapted (1 → C by
-    repetition, C → 1 by averaging) or skipped.
-    """
-    c = model.config.in_chans
-    extra = getattr(model.config, "extra", None) or {}
-    for src in (extra.get("normalization") or {}, extra):
-        if isinstance(src, dict) and src.get("mean") is not None and src.get("std") is not None:
-            fit = fit_normalization(src["mean"], src["std"], c)
-            if fit is not None:
-                return fit
-    if dataset is not None and getattr(dataset, "mean", None) is not None and getattr(dataset, "std", None) is not None:
-        return fit_normalization(dataset.mean, dataset.std, c)
-    return None
 
 
 def normalize_images(x: Tensor, normalization: Normalization | None) -> Tensor:

@@ -26,13 +26,13 @@ def cls_attention(model: ImageClassifier, images: Tensor, layer: int = -1) -> Te
     ``model.layers`` (``-1`` = last, ``-2`` = penultimate as in Fig. 27).
     """
     li = layer_index(model, layer)
-    if isinstance(images, Tensor) and images.dim() == 3:
-        images = images.unsqueeze(0)
-    model.check_images(images)
+    if isinstance(images, Tensor):
+        images = (images.unsqueeze(0) if images.dim() == 3 else images).to(model_device(model))
+    model.check_images(images)  # shape, channels and NaN/Inf, with a one-line error
     was_training = model.training
     model.eval()
     try:
-        trace = model.forward_trace(images.to(model_device(model)), return_attention=True)
+        trace = model.forward_trace(images, return_attention=True)
     finally:
         model.train(was_training)
     a = trace.attention[li][:, :, 0, 1:].float()  # (b, K, N): class-token row, patch columns

@@ -242,9 +242,10 @@ def measure(
     (or any map-style dataset of ``(image in [0, 1], label)``; grey/RGB converted to the model's
     channels as in training), or a loader / iterable of model-ready batches.
 
-    ``normalize``: ``"auto"`` normalises dataset images with ``model.config.extra["mean"/"std"]``,
-    falling back to the dataset's statistics, and leaves tensors / loaders untouched; pass
-    ``(mean, std)`` to force a normalisation or ``None`` for none.
+    ``normalize``: ``"auto"`` normalises dataset images with the normalisation recorded in
+    ``model.config.data`` (see :func:`crate_transformer.data.spec.resolve_normalization`), falling back
+    to the dataset's statistics, and leaves tensors / loaders untouched; pass ``(mean, std)`` to force
+    a normalisation or ``None`` for none.  Every batch is checked (shape, channels, NaN/Inf) before use.
 
     ``eps`` is ε (the official ``eps=0.01`` is ε², i.e. ``eps=0.1`` here).  ``include_cls`` keeps the
     class token in the token set (official: yes).  The model is run in eval mode under
@@ -271,6 +272,7 @@ def measure(
         bar = tqdm(total=total, desc=desc, unit="img", disable=not progress, leave=False)
         for x in iter_batches(images, batch_size, normalization, model.config.in_chans):
             x = x.to(device)
+            model.check_images(x)  # an API boundary: user tensors are checked for NaN/Inf here, not in forward
             chunks.append(measure_batch(model, x, eps=eps, include_cls=include_cls, thresholds=thresholds))
             bar.update(x.shape[0])
         bar.close()

@@ -45,13 +45,13 @@ def patch_features(model: ImageClassifier, images: Tensor, layer: int = -1) -> T
     ``images`` are model-ready (normalised) float images of any size divisible by the patch size.
     """
     li = layer_index(model, layer)
-    if images.dim() == 3:
-        images = images.unsqueeze(0)
-    model.check_images(images)
+    if isinstance(images, Tensor):
+        images = (images.unsqueeze(0) if images.dim() == 3 else images).to(model_device(model))
+    model.check_images(images)  # shape, channels and NaN/Inf, with a one-line error
     was_training = model.training
     model.eval()
     try:
-        z = model.forward_trace(images.to(model_device(model))).tokens[li]  # Z^ℓ, the input of layer ℓ
+        z = model.forward_trace(images).tokens[li]  # Z^ℓ, the input of layer ℓ
         blk = model.layers[li]
         P = head_projections(blk, blk.norm1(z))  # (b, K, n, p)
     finally:

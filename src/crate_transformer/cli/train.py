@@ -96,8 +96,9 @@ def configure_eval(parser: argparse.ArgumentParser) -> None:
 
 def run_eval(args: argparse.Namespace) -> int:
     """``crate eval``: top-1/top-5, per-class accuracy, ``confusion.png`` and ``eval.json``."""
-    from ..checkpoint import atomic_write, load_model
+    from ..checkpoint import load_model
     from ..data import load_dataset, resolve_normalization, resolve_source
+    from ..io import atomic_write
     from ..train import evaluate, plot_confusion_matrix, resolve_device
     from .common import positive
 

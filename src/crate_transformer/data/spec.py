@@ -1,7 +1,12 @@
 """What a model was trained on, saved with it: :class:`DataSpec` (``config.json`` → ``"data"``).
 
 The one place every command (``crate eval``, ``crate analyze``, ``crate finetune``) reads a model's
-input normalisation, class names and the data source to evaluate it on.
+input normalisation, class names and the data source to evaluate it on::
+
+    model.config.data = DataSpec(source="mnist", kind="mnist", name="mnist", classes=[...], mean=[0.13], std=[0.31])
+    mean, std = resolve_normalization(model, dataset)   # the model's record, else the dataset's statistics
+
+This module imports nothing from the model (``model.py`` imports :class:`DataSpec`).
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DataSpec", "fit_normalization"]
+__all__ = ["DataSpec", "fit_normalization", "resolve_normalization"]
+
+_LEGACY_KEYS = ("normalization", "mean", "std", "classes", "dataset", "data")
 
 
 @dataclass
@@ -33,9 +40,16 @@ class DataSpec:
     std: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        for name in ("source", "kind", "name"):
+            v = getattr(self, name)
+            if v is None:
+                setattr(self, name, "")
+            elif not isinstance(v, str):
+                raise ValueError(f"DataSpec.{name} must be a string, got {v!r}")
+        if isinstance(self.classes, (str, bytes)) or not isinstance(self.classes, Sequence):
+            raise ValueError(f"DataSpec.classes must be a list of class names, got {self.classes!r}")
         self.classes = [str(c) for c in self.classes]
-        self.mean = [float(v) for v in self.mean]
-        self.std = [float(v) for v in self.std]
+        self.mean, self.std = _floats("mean", self.mean), _floats("std", self.std)
         if len(self.mean) != len(self.std):
             raise ValueError(f"data normalisation has {len(self.mean)} means but {len(self.std)} stds")
         if any(not np.isfinite(v) for v in self.mean + self.std) or any(s <= 0 for s in self.std):
@@ -45,19 +59,32 @@ class DataSpec:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None) -> DataSpec | None:
-        """Read a ``"data"`` entry; also the free-form ``"extra"`` dict of configs written before 0.2."""
+    def from_dict(cls, d: Mapping[str, Any] | None, *, legacy: bool | None = None) -> DataSpec | None:
+        """Read a ``"data"`` entry (None or empty → None); also the free-form ``"extra"`` dict of configs
+        written before 0.2 (``{"normalization": {"mean", "std"}, "classes", "dataset", "data"}``).
+
+        ``legacy=None`` recognises the old layout by its ``normalization``/``dataset`` keys; ``legacy=True``
+        reads ``d`` as an old ``extra`` dict, whose entries other than those (and top-level ``mean``/``std``)
+        were free-form and never read by the library, so they are dropped.  A legacy dict with none of
+        those entries gives None.
+        """
+        if isinstance(d, DataSpec):
+            return d
         if not d:
             return None
+        if not isinstance(d, Mapping):
+            raise ValueError(f"a data description must be a mapping of DataSpec fields, got {type(d).__name__}")
         d = dict(d)
-        if "normalization" in d or "dataset" in d:  # the legacy ``extra`` layout
+        if legacy or (legacy is None and ("normalization" in d or "dataset" in d)):
+            if not any(k in d for k in _LEGACY_KEYS):
+                return None
             norm = d.get("normalization") or {}
             d = {
-                "source": d.get("data", d.get("dataset", "")),
-                "name": d.get("dataset", ""),
-                "classes": d.get("classes", []),
-                "mean": norm.get("mean", d.get("mean", [])),
-                "std": norm.get("std", d.get("std", [])),
+                "source": d.get("data") or d.get("dataset") or "",
+                "name": d.get("dataset") or "",
+                "classes": d.get("classes") or [],
+                "mean": norm.get("mean", d.get("mean")) or [],
+                "std": norm.get("std", d.get("std")) or [],
             }
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
@@ -70,6 +97,14 @@ class DataSpec:
         if not self.mean:
             return None
         return fit_normalization(self.mean, self.std, channels)
+
+
+def _floats(name: str, values: Any) -> list[float]:
+    """A list of floats from a number, a sequence of numbers or numeric strings; else a one-line error."""
+    try:
+        return [float(v) for v in np.ravel(np.asarray(values, dtype=object)).tolist()]
+    except (TypeError, ValueError):
+        raise ValueError(f"DataSpec.{name} must be a list of numbers (one per channel), got {values!r}") from None
 
 
 def fit_normalization(
@@ -93,12 +128,25 @@ def fit_normalization(
     return None
 
 
-def resolve_normalization(model_or_config: Any, dataset: Any = None) -> tuple[list[float], list[float]] | None:
-    """TEMP (hardening branch): the model's recorded normalisation, else the dataset's, adapted to in_chans."""
-    config = getattr(model_or_config, "config", model_or_config)
-    spec = getattr(config, "data", None)
-    if spec is not None and spec.normalization(config.in_chans) is not None:
-        return spec.normalization(config.in_chans)
-    if dataset is not None and getattr(dataset, "mean", None) is not None:
-        return fit_normalization(dataset.mean, dataset.std, config.in_chans)
+def resolve_normalization(config_or_model: Any, dataset: Any = None) -> tuple[list[float], list[float]] | None:
+    """The per-channel ``(mean, std)`` on the [0, 1] scale to feed images to a model; the one resolver.
+
+    ``config_or_model`` is a ``ModelConfig`` or anything with a ``.config`` (a model).  In order:
+    the normalisation recorded in ``config.data`` (a :class:`DataSpec`), adapted to ``config.in_chans``
+    by :func:`fit_normalization`; else ``dataset``'s ``mean``/``std`` (its training-pool statistics)
+    adapted likewise; else None (no normalisation known).  Statistics that cannot be adapted to the
+    channel count are skipped.
+    """
+    config = getattr(config_or_model, "config", config_or_model)
+    channels = getattr(config, "in_chans", None)
+    if not isinstance(channels, int):
+        raise ValueError(f"resolve_normalization needs a model or a ModelConfig, got {type(config_or_model).__name__}")
+    spec = DataSpec.from_dict(getattr(config, "data", None))
+    if spec is not None:
+        fit = spec.normalization(channels)
+        if fit is not None:
+            return fit
+    mean, std = getattr(dataset, "mean", None), getattr(dataset, "std", None)
+    if mean is not None and std is not None:
+        return fit_normalization(mean, std, channels)
     return None

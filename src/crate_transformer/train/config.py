@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..config_utils import coerce_fields
 from ..data import AUGMENTATIONS
-from ..fields import coerce_fields
 
 __all__ = ["TrainConfig", "FINETUNE_DEFAULTS", "OPTIMIZERS", "AMP_MODES", "DATA_MODES", "load_config"]
 
@@ -114,7 +114,9 @@ class TrainConfig:
     keep_head: bool = _opt(False, "keep the pretrained head when the class count matches", commands=("finetune",))
 
     def __post_init__(self) -> None:
-        coerce_fields(self)
+        current = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name, value in coerce_fields(type(self), current).items():
+            setattr(self, name, value)
         self.validate()
 
     def validate(self) -> None:

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checkpoint import atomic_write
 from ..data import ImageSource, match_channels, normalize
+from ..io import atomic_write
 from .rundir import read_metrics
 from .runtime import Runtime
 

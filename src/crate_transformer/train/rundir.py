@@ -16,10 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from ..checkpoint import atomic_write, load_pickle
-from ..io import tree_sha256
+from ..io import atomic_write, load_pickle, save_torch, tree_sha256
 
 __all__ = ["RunDir", "read_metrics", "load_training_state", "CHECKPOINT", "METRICS_FILE", "CONFIG_FILE"]
 
@@ -195,4 +192,4 @@ class RunDir:
         if not self.writer:
             return self.path / CHECKPOINT
         payload = {**payload, "sha256": tree_sha256(payload)}
-        return atomic_write(self.path / CHECKPOINT, lambda tmp: torch.save(payload, tmp))
+        return save_torch(payload, self.path / CHECKPOINT)

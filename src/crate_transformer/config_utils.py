@@ -1,0 +1,225 @@
+"""Coerce loosely typed values (YAML, ``KEY=VALUE`` command-line pairs, JSON) to a dataclass's field types.
+
+YAML 1.1 reads ``5e-2`` and ``1e-3`` as strings, and ``--model-args dim=64`` may arrive as ``"64"``;
+:func:`coerce_fields` turns such values into what the dataclass declares, or raises one ``ValueError``
+naming the field, the value and a valid example.  It works for any dataclass (``ModelConfig``,
+``TrainConfig``, ...) and imports nothing from the rest of the package::
+
+    coerce_fields(ModelConfig, {"lambd": "5e-2", "dim": "64", "dim_head": "none"})
+    # -> {"lambd": 0.05, "dim": 64, "dim_head": None}
+
+Rules, by declared type (annotations may be strings, as under ``from __future__ import annotations``):
+
+* ``int`` — ints, integral floats (``64.0``) and numeric strings with an integral value (``"64"``,
+  ``"1e3"``); not bools, not ``2.5``, not ``"abc"``.
+* ``float`` — ints, floats and numeric strings (``"5e-2"``, ``"nan"`` — finiteness is the
+  dataclass's own check); not bools.
+* ``bool`` — bools, ``0``/``1`` and the strings ``true/false/yes/no/on/off/1/0`` (any case).
+* ``str`` — strings; ints and floats are converted with ``str``; bools are refused.
+* ``X | None`` — ``None``, or the strings ``none``/``null`` when ``X`` is not ``str``, else ``X``'s rule.
+* ``list[X]`` / ``tuple[X, ...]`` — lists and tuples (element-wise), a YAML/JSON list string
+  (``"[1, 2]"``) or a comma-separated string (``"0.5,0.5"``).
+* ``dict[K, V]`` — mappings (values coerced by ``V``).
+* a dataclass type — an instance, or a mapping read with its ``from_dict`` (else ``Cls(**mapping)``).
+* anything else (``Any``, unions of several types, ...) — passed through unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["coerce_fields", "coerce_value", "field_types"]
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+_NONE = {"none", "null", "~"}
+
+
+@functools.lru_cache(maxsize=64)
+def field_types(cls: type) -> dict[str, Any]:
+    """The resolved type of every field of dataclass ``cls`` (string annotations evaluated)."""
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise ValueError(f"field_types needs a dataclass type, got {cls!r}")
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(cls)}
+
+
+def coerce_fields(cls: type, mapping: Mapping[str, Any], *, allow_unknown: bool = False) -> dict[str, Any]:
+    """A copy of ``mapping`` with every value coerced to the type of ``cls``'s field of that name.
+
+    Unknown keys raise a ``ValueError`` listing the valid ones (or are passed through unchanged with
+    ``allow_unknown=True``).  A value that cannot be coerced raises a one-line ``ValueError`` such as
+    ``ModelConfig.dim must be an integer, got 'abc' (str); e.g. dim=384``.
+    """
+    types_ = field_types(cls)
+    unknown = sorted(set(mapping) - set(types_))
+    if unknown and not allow_unknown:
+        raise ValueError(f"unknown {cls.__name__} keys {unknown}; valid keys: {sorted(types_)}")
+    defaults = _defaults(cls)
+    out = {}
+    for key, value in mapping.items():
+        if key not in types_:
+            out[key] = value
+            continue
+        try:
+            out[key] = _coerce(value, types_[key])
+        except _CoerceError as e:
+            example = f"; e.g. {key}={defaults[key]!r}" if defaults.get(key) is not None else ""
+            raise ValueError(
+                f"{cls.__name__}.{key} must be {e.expected}, got {value!r} ({type(value).__name__}){example}"
+            ) from None
+    return out
+
+
+def coerce_value(value: Any, annotation: Any) -> Any:
+    """``value`` coerced to ``annotation`` by the rules in the module docstring (ValueError if impossible)."""
+    try:
+        return _coerce(value, annotation)
+    except _CoerceError as e:
+        raise ValueError(f"expected {e.expected}, got {value!r} ({type(value).__name__})") from None
+
+
+# --------------------------------------------------------------------------- internals
+class _CoerceError(Exception):
+    def __init__(self, expected: str) -> None:
+        super().__init__(expected)
+        self.expected = expected
+
+
+def _defaults(cls: type) -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+    return out
+
+
+def _coerce(value: Any, tp: Any) -> Any:
+    if tp is Any or tp is object:
+        return value
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        non_none = [a for a in args if a is not type(None)]
+        if len(non_none) == len(args) - 1:  # Optional[X] / X | None
+            if value is None:
+                return None
+            if len(non_none) == 1:
+                inner = non_none[0]
+                if isinstance(value, str) and value.strip().lower() in _NONE and inner is not str:
+                    return None
+                try:
+                    return _coerce(value, inner)
+                except _CoerceError as e:
+                    raise _CoerceError(f"{e.expected} or None") from None
+        return value  # a union of several types: not ours to decide
+    if tp is bool:
+        return _to_bool(value)
+    if tp is int:
+        return _to_int(value)
+    if tp is float:
+        return _to_float(value)
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise _CoerceError("a string")
+    if tp in (list, tuple) or origin in (list, tuple):
+        return _to_sequence(value, tp, origin or tp)
+    if tp is dict or origin is dict:
+        if not isinstance(value, Mapping):
+            raise _CoerceError("a mapping (dict)")
+        args = typing.get_args(tp)
+        if len(args) == 2:
+            return {k: _coerce(v, args[1]) for k, v in value.items()}
+        return dict(value)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if isinstance(value, Mapping):
+            reader = getattr(tp, "from_dict", None)
+            return reader(value) if callable(reader) else tp(**value)
+        raise _CoerceError(f"a {tp.__name__} or a mapping of its fields")
+    return value
+
+
+def _number(value: Any, what: str) -> float | int:
+    if isinstance(value, bool):
+        raise _CoerceError(what)
+    if isinstance(value, (int, float)):
+        return value
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 0) == 0:  # numpy / torch scalar
+        return _number(value.item(), what)
+    if isinstance(value, str):
+        text = value.strip().replace("_", "")
+        try:
+            return int(text)
+        except ValueError:
+            pass
+        try:
+            return float(text)
+        except ValueError:
+            raise _CoerceError(what) from None
+    raise _CoerceError(what)
+
+
+def _to_int(value: Any) -> int:
+    v = _number(value, "an integer")
+    if isinstance(v, float):
+        if not math.isfinite(v) or not v.is_integer():
+            raise _CoerceError("an integer")
+        return int(v)
+    return int(v)
+
+
+def _to_float(value: Any) -> float:
+    return float(_number(value, "a number"))
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+    raise _CoerceError("a boolean (true/false)")
+
+
+def _to_sequence(value: Any, tp: Any, kind: type) -> list | tuple:
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            import yaml
+
+            try:
+                value = yaml.safe_load(text)
+            except yaml.YAMLError:
+                raise _CoerceError("a list") from None
+        else:
+            value = [part.strip() for part in text.split(",")] if text else []
+    if not isinstance(value, (list, tuple)):
+        raise _CoerceError("a list")
+    args = typing.get_args(tp)
+    if kind is tuple and len(args) == 2 and args[1] is Ellipsis:
+        items = [_coerce(v, args[0]) for v in value]
+    elif kind is tuple and args:
+        if len(args) != len(value):
+            raise _CoerceError(f"a tuple of {len(args)} values")
+        items = [_coerce(v, a) for v, a in zip(value, args)]
+    elif args:
+        items = [_coerce(v, args[0]) for v in value]
+    else:
+        items = list(value)
+    return tuple(items) if kind is tuple else items
