@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from ..data import fit_normalization, match_channels, normalize
 from ..data.spec import resolve_normalization  # noqa: F401  (the one resolver; re-exported for the analysis modules)
-from ..model import ImageClassifier
+from ..model import ImageClassifier, Trace
 from ..objectives import subspaces_from_qkv
 
 Normalization = tuple[Sequence[float], Sequence[float]]
@@ -59,6 +59,23 @@ def layer_subspaces(layer: nn.Module) -> Tensor:
     w = layer.attn.qkv.weight
     d = w.shape[1]
     return subspaces_from_qkv(w[d : 2 * d], layer.attn.heads)
+
+
+@torch.no_grad()
+def eval_trace(model: ImageClassifier, images: Tensor, return_attention: bool = False) -> tuple[Tensor, Trace]:
+    """Check a batch (or one image), trace it in eval mode and restore the model's mode.
+
+    Returns the batch as traced (batched, on the model's device) and its :class:`~crate_transformer.model.Trace`.
+    """
+    if isinstance(images, Tensor):
+        images = (images.unsqueeze(0) if images.dim() == 3 else images).to(model_device(model))
+    model.check_images(images)  # shape, channels and NaN/Inf, with a one-line error
+    was_training = model.training
+    model.eval()
+    try:
+        return images, model.forward_trace(images, return_attention=return_attention)
+    finally:
+        model.train(was_training)
 
 
 def model_device(model: nn.Module) -> torch.device:

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ..model import ImageClassifier
-from ._common import layer_index, model_device
+from ._common import eval_trace, layer_index
 
 __all__ = ["cls_attention", "attention_entropy"]
 
@@ -26,15 +26,7 @@ def cls_attention(model: ImageClassifier, images: Tensor, layer: int = -1) -> Te
     ``model.layers`` (``-1`` = last, ``-2`` = penultimate as in Fig. 27).
     """
     li = layer_index(model, layer)
-    if isinstance(images, Tensor):
-        images = (images.unsqueeze(0) if images.dim() == 3 else images).to(model_device(model))
-    model.check_images(images)  # shape, channels and NaN/Inf, with a one-line error
-    was_training = model.training
-    model.eval()
-    try:
-        trace = model.forward_trace(images, return_attention=True)
-    finally:
-        model.train(was_training)
+    images, trace = eval_trace(model, images, return_attention=True)
     a = trace.attention[li][:, :, 0, 1:].float()  # (b, K, N): class-token row, patch columns
     a = a / a.sum(-1, keepdim=True).clamp_min(1e-30)
     p = model.config.patch_size

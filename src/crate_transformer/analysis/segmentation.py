@@ -25,7 +25,7 @@ from scipy import ndimage
 from torch import Tensor
 
 from ..model import ImageClassifier
-from ._common import head_projections, layer_index, model_device
+from ._common import eval_trace, head_projections, layer_index
 
 __all__ = [
     "patch_features",
@@ -45,17 +45,10 @@ def patch_features(model: ImageClassifier, images: Tensor, layer: int = -1) -> T
     ``images`` are model-ready (normalised) float images of any size divisible by the patch size.
     """
     li = layer_index(model, layer)
-    if isinstance(images, Tensor):
-        images = (images.unsqueeze(0) if images.dim() == 3 else images).to(model_device(model))
-    model.check_images(images)  # shape, channels and NaN/Inf, with a one-line error
-    was_training = model.training
-    model.eval()
-    try:
-        z = model.forward_trace(images).tokens[li]  # Z^ℓ, the input of layer ℓ
-        blk = model.layers[li]
-        P = head_projections(blk, blk.norm1(z))  # (b, K, n, p)
-    finally:
-        model.train(was_training)
+    z = eval_trace(model, images)[1].tokens[li]  # Z^ℓ, the input of layer ℓ
+    blk = model.layers[li]
+    with torch.no_grad():
+        P = head_projections(blk, blk.norm1(z))  # (b, K, n, p); eval or train mode: LN and qkv only
     return P[:, :, 1:].transpose(1, 2).flatten(2).float().cpu()
 
 
