@@ -1,0 +1,374 @@
+"""CRATE-DINO: self-distillation with no labels (Caron et al., "Emerging Properties in Self-Supervised
+Vision Transformers", ICCV 2021) on a CRATE backbone, as in JMLR §4.1.3 (pp. 41–43, eq. (74)–(80)),
+Table 4 and App. C.3.
+
+The JMLR text gives the objective — the cross-entropy between the teacher's distribution on global
+views and the student's on every other view, eq. (76)–(77) — the student update (78), the EMA teacher
+(79), and the recipe (AdamW, base lr 0.001, weight decay 0.005, 100 epochs); everything else "follows
+the official DINO" (see shared/notes/paper_spec.md §4.3).  This module implements those DINO pieces,
+each configurable:
+
+* :class:`DINOHead` — 3-layer GELU MLP (hidden 2048, bottleneck 256), ℓ2-normalisation, and a
+  weight-normalised last layer (65,536 outputs, its norm fixed to 1) — ``dino_head.py`` of DINO;
+* :class:`DINOLoss` — teacher centering (centre EMA 0.9), sharpening with the teacher temperature
+  (linear warm-up), student temperature 0.1, all pairs of distinct views;
+* :func:`ema_update` with the cosine momentum schedule 0.996 → 1 (:func:`cosine_schedule`);
+* :class:`MultiCropAugmentation` — 2 global + N local views (kornia): random resized crops, flips,
+  colour jitter, grey-scale, Gaussian blur and solarisation with DINO's per-view probabilities;
+* :class:`DINOModel` — backbone + head over a list of views (DINO's ``MultiCropWrapper``).
+
+:data:`PRESETS` ``"paper"`` is DINO's ``main_dino.py`` defaults (which C.3 says it matches);
+``"digits"`` is a small recipe for the built-in 28×28 digits on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "DINOConfig",
+    "PRESETS",
+    "DINOHead",
+    "DINOModel",
+    "DINOLoss",
+    "MultiCropAugmentation",
+    "ema_update",
+    "cosine_schedule",
+    "teacher_temperature",
+    "POOLS",
+]
+
+POOLS = ("cls", "mean")
+
+
+def _opt(default: Any, help: str, **kw: Any) -> Any:
+    """A DINO option with its ``--help`` text (the ``crate pretrain dino`` flags are generated from it)."""
+    meta = {"help": help, **kw}
+    if isinstance(default, (list, tuple)):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class DINOConfig:
+    """DINO's hyper-parameters (names as in DINO's ``main_dino.py``); defaults = the ``digits`` preset.
+
+    Use :meth:`preset` to start from ``"paper"`` (DINO's defaults, JMLR App. C.3) or ``"digits"``.
+    """
+
+    preset: str = _opt("digits", "start from this preset: digits (28 px, 2 CPU cores) | paper (DINO's defaults)")
+    # head (DINO's dino_head.py)
+    out_dim: int = _opt(1024, "prototypes K: outputs of the weight-normalised last layer (DINO: 65536)")
+    hidden_dim: int = _opt(256, "hidden width of the head's 3-layer MLP (DINO: 2048)")
+    bottleneck_dim: int = _opt(64, "bottleneck before l2-normalisation (DINO: 256)")
+    head_layers: int = _opt(3, "MLP layers of the head (DINO: 3)")
+    use_bn_in_head: bool = _opt(False, "BatchNorm in the head's MLP (DINO: off for ViTs)")
+    norm_last_layer: bool = _opt(True, "fix the weight norm of the last layer to 1 (DINO: on)")
+    pool: str = _opt("mean", "backbone feature fed to the head and the k-NN: cls token | mean of tokens", choices=POOLS)
+    # temperatures and centre
+    student_temp: float = _opt(0.1, "student temperature tau_s")
+    teacher_temp: float = _opt(0.04, "teacher temperature tau_t after the warm-up")
+    warmup_teacher_temp: float = _opt(0.04, "teacher temperature at the start of the warm-up")
+    warmup_teacher_temp_epochs: float = _opt(0.0, "linear warm-up of the teacher temperature, in epochs")
+    center_momentum: float = _opt(0.9, "EMA momentum of the teacher centre")
+    # teacher EMA and the student's first epoch
+    momentum_teacher: float = _opt(0.996, "teacher EMA momentum at the start; cosine schedule to 1")
+    freeze_last_layer: float = _opt(1.0, "epochs during which the head's last layer gets no gradient")
+    # multi-crop (sizes as fractions of the input side when <= 1, else pixels)
+    global_crop_size: int = _opt(0, "side of the 2 global views in pixels (0 = the model's image size)")
+    local_crop_size: int = _opt(0, "side of the local views in pixels (0 = 96/224 of the global side)")
+    local_crops_number: int = _opt(0, "number of local views (DINO: 8)")
+    global_crops_scale: list = _opt([0.6, 1.0], "area fraction range of the global crops (DINO: 0.4 1.0)", nargs=2)
+    local_crops_scale: list = _opt([0.05, 0.4], "area fraction range of the local crops (DINO: 0.05 0.4)", nargs=2)
+    hflip: float = _opt(0.0, "probability of a horizontal flip (DINO: 0.5; digits: 0, a flip changes the digit)")
+    color_jitter: float = _opt(0.8, "probability of colour jitter (brightness, contrast 0.4, saturation 0.2, hue 0.1)")
+    grayscale: float = _opt(0.2, "probability of grey-scale conversion (RGB data only)")
+    blur: list = _opt([1.0, 0.1, 0.5], "Gaussian-blur probability: global view 1, global view 2, local views", nargs=3)
+    solarize: float = _opt(0.2, "probability of solarisation of the second global view")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise a one-line ValueError for an inconsistent setting."""
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown DINO preset {self.preset!r}; choose one of {sorted(PRESETS)}")
+        for name in ("out_dim", "hidden_dim", "bottleneck_dim", "head_layers"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        for name in ("student_temp", "teacher_temp", "warmup_teacher_temp"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("center_momentum", "momentum_teacher"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
+        if self.pool not in POOLS:
+            raise ValueError(f"unknown pool {self.pool!r}; choose one of {POOLS}")
+        if min(self.local_crops_number, self.global_crop_size, self.local_crop_size) < 0:
+            raise ValueError("local_crops_number, global_crop_size and local_crop_size must be >= 0")
+        if self.warmup_teacher_temp_epochs < 0 or self.freeze_last_layer < 0:
+            raise ValueError("warmup_teacher_temp_epochs and freeze_last_layer must be >= 0")
+        for name in ("global_crops_scale", "local_crops_scale"):
+            lo, hi = (float(v) for v in getattr(self, name))
+            if not 0.0 < lo <= hi <= 1.0:
+                raise ValueError(f"{name} must be two area fractions 0 < lo <= hi <= 1, got {getattr(self, name)}")
+        if len(self.blur) != 3:
+            raise ValueError(f"blur takes 3 probabilities (global 1, global 2, local), got {self.blur}")
+        for p in (self.hflip, self.color_jitter, self.grayscale, self.solarize, *self.blur):
+            if not 0.0 <= float(p) <= 1.0:
+                raise ValueError(f"augmentation probabilities must be in [0, 1], got {p}")
+
+    @classmethod
+    def from_preset(cls, name: str = "digits", **overrides: Any) -> DINOConfig:
+        """The preset ``name`` with ``overrides`` (fields of this class) applied."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown DINO preset {name!r}; choose one of {sorted(PRESETS)}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        bad = sorted(set(overrides) - known)
+        if bad:
+            raise ValueError(f"unknown DINO option(s) {bad}; valid options: {sorted(known)}")
+        return cls(**{**PRESETS[name], **overrides, "preset": name})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# DINO main_dino.py defaults (ViT-S/16 column of its README except the teacher-temperature warm-up, which
+# main_dino.py leaves at 0.04 → 0.04); JMLR App. C.3 states CRATE-DINO matches them.  TrainConfig side of the
+# recipe (C.3): --optimizer adamw --lr 0.001 --weight-decay 0.005 --epochs 100 --warmup-epochs 10 --grad-clip 3.
+PAPER: dict[str, Any] = dict(
+    out_dim=65536, hidden_dim=2048, bottleneck_dim=256, head_layers=3, use_bn_in_head=False, norm_last_layer=True,
+    pool="cls", student_temp=0.1, teacher_temp=0.04, warmup_teacher_temp=0.04, warmup_teacher_temp_epochs=0.0,
+    center_momentum=0.9, momentum_teacher=0.996, freeze_last_layer=1.0, global_crop_size=0, local_crop_size=0,
+    local_crops_number=8, global_crops_scale=[0.4, 1.0], local_crops_scale=[0.05, 0.4], hflip=0.5,
+    color_jitter=0.8, grayscale=0.2, blur=[1.0, 0.1, 0.5], solarize=0.2,
+)  # fmt: skip
+# The built-in 28x28 digits on 2 CPU cores: a small head, mean-pooled features, no local crops (a 12-px
+# crop of a digit rarely shows which digit it is), no flips, milder global crops.
+DIGITS: dict[str, Any] = {
+    **PAPER,
+    **dict(out_dim=1024, hidden_dim=256, bottleneck_dim=64, pool="mean", local_crops_number=0,
+           global_crops_scale=[0.6, 1.0], hflip=0.0, blur=[0.5, 0.1, 0.5]),
+}  # fmt: skip
+PRESETS: dict[str, dict[str, Any]] = {"digits": DIGITS, "paper": PAPER}
+
+
+# --------------------------------------------------------------------------- schedules
+def cosine_schedule(start: float, end: float, step: int, total: int) -> float:
+    """Cosine interpolation from ``start`` (step 0) to ``end`` (step ``total``), as DINO's ``cosine_scheduler``.
+
+    DINO's teacher momentum: ``m(t) = 1 − (1 − m₀)(cos(πt/T) + 1)/2`` = ``cosine_schedule(m₀, 1, t, T)``.
+    """
+    t = min(max(step, 0), total) / max(total, 1)
+    return end + (start - end) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+
+def teacher_temperature(cfg: DINOConfig, epoch: float) -> float:
+    """τ_t at (fractional) ``epoch``: linear from ``warmup_teacher_temp`` to ``teacher_temp`` over the warm-up.
+
+    DINO steps it once per epoch (``np.linspace`` over whole epochs); here it is per step, the same line.
+    """
+    w = cfg.warmup_teacher_temp_epochs
+    if epoch >= w:
+        return cfg.teacher_temp
+    return cfg.warmup_teacher_temp + (cfg.teacher_temp - cfg.warmup_teacher_temp) * epoch / w
+
+
+@torch.no_grad()
+def ema_update(teacher: nn.Module, student: nn.Module, momentum: float) -> None:
+    """θ_t ← m θ_t + (1 − m) θ_s for every parameter, in order (JMLR eq. (79)).
+
+    Parameters only, as in DINO: buffers (BatchNorm statistics of a ``use_bn_in_head`` head) are the
+    teacher's own, updated by its forward passes in train mode.
+    """
+    t_params, s_params = list(teacher.parameters()), list(student.parameters())
+    if len(t_params) != len(s_params):
+        raise ValueError("teacher and student have different parameters; build the teacher as a copy of the student")
+    torch._foreach_mul_(t_params, momentum)
+    torch._foreach_add_(t_params, [p.detach() for p in s_params], alpha=1.0 - momentum)
+
+
+# --------------------------------------------------------------------------- head and model
+class DINOHead(nn.Module):
+    """DINO's projection head: MLP (GELU, optional BatchNorm) → bottleneck → ℓ2-normalise → weight-normalised
+    linear layer to ``out_dim`` prototypes (norm fixed to 1 when ``norm_last_layer``).
+
+    JMLR eq. (75) writes the head as a 3-layer ReLU MLP of width d; C.3 defers to DINO, whose head this is.
+    """
+
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int,
+        *,
+        hidden_dim: int = 2048,
+        bottleneck_dim: int = 256,
+        nlayers: int = 3,
+        use_bn: bool = False,
+        norm_last_layer: bool = True,
+    ) -> None:
+        super().__init__()
+        nlayers = max(nlayers, 1)
+        layers: list[nn.Module] = []
+        dims = [in_dim] + [hidden_dim] * (nlayers - 1) + [bottleneck_dim]
+        for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+            layers.append(nn.Linear(a, b))
+            if i < nlayers - 1:
+                layers += [nn.BatchNorm1d(b)] if use_bn else []
+                layers.append(nn.GELU())
+        self.mlp = nn.Sequential(*layers)
+        for m in self.mlp.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias)
+        last = nn.Linear(bottleneck_dim, out_dim, bias=False)
+        self.last_layer = nn.utils.parametrizations.weight_norm(last)
+        g = self.last_layer.parametrizations.weight.original0
+        with torch.no_grad():
+            g.fill_(1.0)
+        g.requires_grad_(not norm_last_layer)
+
+    def last_layer_parameters(self) -> list[nn.Parameter]:
+        """The trainable parameters of the last layer (frozen during the first ``freeze_last_layer`` epochs)."""
+        return [p for p in self.last_layer.parameters() if p.requires_grad]
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = F.normalize(self.mlp(x), dim=-1, p=2)
+        return self.last_layer(x)
+
+
+class DINOModel(nn.Module):
+    """Backbone (an :class:`~crate_transformer.model.ImageClassifier`; its classifier head is frozen and unused)
+    and :class:`DINOHead` applied to a list of views, views of one size batched together (DINO's
+    ``MultiCropWrapper``).  ``config`` is the backbone's, so the engine records the backbone's architecture."""
+
+    def __init__(self, backbone: nn.Module, head: DINOHead, pool: str = "cls") -> None:
+        super().__init__()
+        if pool not in POOLS:
+            raise ValueError(f"unknown pool {pool!r}; choose one of {POOLS}")
+        self.backbone, self.head, self.pool = backbone, head, pool
+        self.backbone.head.requires_grad_(False)  # the classifier head is not part of DINO (kept for saving)
+
+    @property
+    def config(self) -> Any:
+        return self.backbone.config
+
+    def features(self, x: Tensor) -> Tensor:
+        """The backbone feature of each image: class token (JMLR eq. (80)) or mean of all tokens."""
+        z = self.backbone.forward_features(x)
+        return z.mean(dim=1) if self.pool == "mean" else z[:, 0]
+
+    def forward(self, views: Tensor | Sequence[Tensor]) -> Tensor:
+        """Head outputs of every view, concatenated in the order given: ``(len(views) · b, out_dim)``."""
+        if isinstance(views, Tensor):
+            views = [views]
+        out, i = [], 0
+        while i < len(views):  # consecutive views of one resolution go through the backbone together
+            j = i
+            while j < len(views) and views[j].shape[-2:] == views[i].shape[-2:]:
+                j += 1
+            out.append(self.features(torch.cat(list(views[i:j]))))
+            i = j
+        return self.head(torch.cat(out))
+
+
+# --------------------------------------------------------------------------- loss
+class DINOLoss(nn.Module):
+    """Cross-entropy between the centred, sharpened teacher distribution on the global views and the
+    student distribution on every other view (JMLR eq. (76)–(77); DINO's ``DINOLoss``).
+
+    ``loss(student_out, teacher_out, teacher_temp, n_global=2)`` with ``student_out`` ``(V·b, K)`` (global views first)
+    and ``teacher_out`` ``(G·b, K)``; the centre ``c`` then moves to ``m c + (1 − m) mean(teacher_out)``
+    (averaged over processes under torch.distributed).
+    """
+
+    center: Tensor
+
+    def __init__(self, out_dim: int, *, student_temp: float = 0.1, center_momentum: float = 0.9) -> None:
+        super().__init__()
+        self.student_temp, self.center_momentum = student_temp, center_momentum
+        self.register_buffer("center", torch.zeros(1, out_dim))
+
+    def forward(
+        self, student_out: Tensor, teacher_out: Tensor, teacher_temp: float, *, n_global: int = 2, update: bool = True
+    ) -> Tensor:
+        b = teacher_out.shape[0] // n_global
+        student = (student_out.float() / self.student_temp).chunk(student_out.shape[0] // b)
+        teacher = F.softmax((teacher_out.float() - self.center) / teacher_temp, dim=-1).detach().chunk(n_global)
+        total, pairs = student_out.new_zeros((), dtype=torch.float32), 0
+        for iq, q in enumerate(teacher):
+            for v, s in enumerate(student):
+                if v == iq:
+                    continue  # the teacher and student never see the same view
+                total = total + torch.sum(-q * F.log_softmax(s, dim=-1), dim=-1).mean()
+                pairs += 1
+        if update:
+            self.update_center(teacher_out)
+        return total / max(pairs, 1)
+
+    @torch.no_grad()
+    def update_center(self, teacher_out: Tensor) -> None:
+        """``c ← m c + (1 − m) · mean over the batch (and processes) of the teacher outputs``."""
+        batch_center = teacher_out.float().sum(dim=0, keepdim=True)
+        count = torch.tensor(float(len(teacher_out)), device=teacher_out.device)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(batch_center)
+            torch.distributed.all_reduce(count)
+        self.center.mul_(self.center_momentum).add_(batch_center / count, alpha=1.0 - self.center_momentum)
+
+
+# --------------------------------------------------------------------------- multi-crop
+class MultiCropAugmentation(nn.Module):
+    """DINO's ``DataAugmentationDINO`` as batched kornia ops on float images in [0, 1]: two global views
+    (RandomResizedCrop ``global_crops_scale``; view 1 always blurred, view 2 blurred with p 0.1 and
+    solarised with p 0.2) and ``local_crops_number`` local views (``local_crops_scale``, blur p 0.5), each
+    with a flip, colour jitter (p 0.8) and grey-scale (p 0.2).  Colour ops run on 3 channels for
+    grey-scale images (and are averaged back); grey-scale conversion is skipped for them.
+
+    The default local side is 96/224 of the global side rounded to a ``multiple`` (the patch size).
+    ``views`` holds one module per view, ``sizes`` their sides; ``forward(x)`` returns the list of views.
+    """
+
+    def __init__(self, cfg: DINOConfig, global_size: int, channels: int, multiple: int = 1) -> None:
+        super().__init__()
+        import kornia.augmentation as K
+
+        from .data.transforms import _AsRGB
+
+        g = cfg.global_crop_size or global_size
+        loc = cfg.local_crop_size or max(multiple, round(g * 96 / 224 / multiple) * multiple)
+
+        def view(size: int, scale: Sequence[float], blur: float, solarize: float) -> nn.Module:
+            ops: list[nn.Module] = [K.RandomResizedCrop((size, size), scale=tuple(float(s) for s in scale))]
+            if cfg.hflip > 0:
+                ops.append(K.RandomHorizontalFlip(p=cfg.hflip))
+            colour: list[nn.Module] = []
+            if cfg.color_jitter > 0:
+                colour.append(K.ColorJitter(0.4, 0.4, 0.2, 0.1, p=cfg.color_jitter))
+            if cfg.grayscale > 0 and channels == 3:
+                colour.append(K.RandomGrayscale(p=cfg.grayscale))
+            if colour:
+                ops.append(_AsRGB(nn.Sequential(*colour)) if channels == 1 else nn.Sequential(*colour))
+            if blur > 0:
+                k = max(3, (size // 10) | 1)  # odd kernel, ~10% of the side as in BYOL/DINO
+                ops.append(K.RandomGaussianBlur((k, k), (0.1, 2.0), p=blur))
+            if solarize > 0:
+                ops.append(K.RandomSolarize(thresholds=0.0, additions=0.0, p=solarize))
+            return nn.Sequential(*ops)
+
+        b1, b2, bl = (float(p) for p in cfg.blur)
+        mods = [view(g, cfg.global_crops_scale, b1, 0.0), view(g, cfg.global_crops_scale, b2, cfg.solarize)]
+        mods += [view(loc, cfg.local_crops_scale, bl, 0.0) for _ in range(cfg.local_crops_number)]
+        self.views = nn.ModuleList(mods)
+        self.sizes = [g, g] + [loc] * cfg.local_crops_number
+
+    def forward(self, x: Tensor) -> list[Tensor]:
+        return [v(x) for v in self.views]
