@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -139,3 +141,108 @@ def test_teacher_copy_gets_no_gradient_and_the_student_classifier_head_is_frozen
     assert all(p.grad is None for p in student.backbone.head.parameters())
     assert student.backbone.layers[0].attn.qkv.weight.grad is not None
     assert math.isfinite(loss.item())
+
+
+# --------------------------------------------------------------------------- the task on the engine
+ARCH = ["image_size=8", "patch_size=2", "dim=32", "depth=2", "heads=2"]
+HEAD = ["--out-dim", "64", "--hidden-dim", "32", "--bottleneck-dim", "16"]
+TINY = ["--data", "digits", "--threads", "1", "--no-progress", "--batch-size", "64", "--eval-every", "0",
+        "--warmup-epochs", "1", "--model-args", *ARCH, *HEAD]  # fmt: skip
+
+
+def crate(*argv: object) -> int:
+    from crate_transformer import cli
+
+    return cli.main([str(a) for a in argv])
+
+
+def _records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def dino_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`crate pretrain dino` on the 8x8 digits: 4 epochs x 22 steps, 2 global + 2 local (4 px) views."""
+    run = tmp_path_factory.mktemp("dino") / "run"
+    assert crate("pretrain", "dino", *TINY, "--epochs", 4, "--local-crops-number", 2, "--out", run) == 0
+    return run
+
+
+def test_pretraining_learns_without_collapse(dino_run: Path) -> None:
+    records = _records(dino_run)
+    train = [r for r in records if r["split"] == "train"]
+    final = next(r for r in records if r.get("final"))
+    # no collapse: l2-normalised teacher features keep a per-dimension std far above 0 (a collapsed teacher
+    # gives one point, std 0; isotropic features in 32-d would give 1/sqrt(32) = 0.18)
+    assert final["feature_std"] > 0.03 and train[-1]["feature_std"] > 0.03
+    assert train[-1]["teacher_entropy"] < math.log(64) / 2  # nor the uniform one (entropy log K = 4.16)
+    # the loss decreases: the last epoch's mean is below the first epoch's mean (measured 5.5 -> 3.9)
+    per_epoch = [[r["loss"] for r in train if e < r["epoch"] <= e + 1] for e in (0, 3)]
+    assert np.mean(per_epoch[1]) < np.mean(per_epoch[0]) - 0.5, per_epoch
+    # k-NN on the teacher's features: far above chance (10 classes: 10%)
+    assert final["knn_20"] > 0.10 + 0.50 and final["probe"] > 0.60
+    assert set(final) >= {"knn_10", "knn_20", "knn_100", "knn_200"}
+    sched = [r for r in records if r["split"] == "schedule"]
+    steps = np.array([r["step"] for r in sched]) - 1  # the momentum of the update after step s (0-based s)
+    expected = 1 - (1 - 0.996) * (np.cos(np.pi * steps / 88) + 1) / 2  # DINO's schedule over 4 x 22 steps
+    np.testing.assert_allclose([r["momentum"] for r in sched], expected, rtol=0, atol=1e-12)
+    assert [r["teacher_temp"] for r in sched] == [0.04] * len(sched)  # the digits preset: no warm-up
+    assert (dino_run / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_run_saves_the_teacher_backbone_as_a_classifier(dino_run: Path, capsys: pytest.CaptureFixture) -> None:
+    from crate_transformer.checkpoint import load_model
+    from crate_transformer.train import load_training_state
+
+    state = load_training_state(dino_run)
+    teacher = state["task"]["export_model"]
+    for source in (dino_run, dino_run / "model", dino_run / "checkpoints" / "last.pt"):
+        model = load_model(source)
+        assert model.config.pool == "mean" and model.config.data.name == "digits"
+        assert all(torch.equal(model.state_dict()[k], v) for k, v in teacher.items())
+    student = {k.removeprefix("backbone."): v for k, v in state["model"].items() if k.startswith("backbone.")}
+    assert any(not torch.equal(student[k], teacher[k]) for k in teacher)  # the EMA, not the student
+    # the wrong command refuses the run, naming the right one
+    capsys.readouterr()
+    assert crate("train", "--resume", dino_run) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"crate pretrain dino --resume {dino_run}" in err
+    # frozen-feature evaluation of the saved model through `crate eval` gives the run's own numbers
+    assert crate("eval", dino_run, "--knn", "--linear-probe", "--out", dino_run.parent / "eval") == 0
+    report = json.loads((dino_run.parent / "eval" / "eval.json").read_text())
+    final = next(r for r in _records(dino_run) if r.get("final"))
+    assert report["pool"] == "mean" and report["knn"]["20"] == pytest.approx(final["knn_20"])
+    assert report["linear_probe"]["acc"] == pytest.approx(final["probe"])
+
+
+def test_crate_analyze_on_a_dino_run(dino_run: Path) -> None:
+    out = dino_run.parent / "analysis"
+    argv = ["analyze", dino_run, "--num-images", 24, "--num-vis", 2, "--no-progress", "--masks", 2, "--out", out]
+    assert crate(*argv) == 0
+    for fig in ("attention.png", "pca.png", "maskcut.png"):
+        assert (out / "figures" / fig).stat().st_size > 2000, fig
+
+
+def test_resume_continues_exactly(tmp_path: Path) -> None:
+    """2 epochs in one go == 1 epoch, stop, resume: student, teacher, both heads and the centre bit for bit."""
+    common = [*TINY, "--epochs", 2, "--train-subset", 640, "--deterministic", "--local-crops-number", 1]
+    assert crate("pretrain", "dino", *common, "--out", tmp_path / "full") == 0
+    assert crate("pretrain", "dino", *common, "--max-steps", 10, "--out", tmp_path / "part") == 0
+    from crate_transformer.train import load_training_state
+
+    # the first epoch leaves the head's last layer where it started (DINO's freeze_last_layer = 1): its
+    # effective weight v/|v| (weight decay only rescales v) is the teacher's, the EMA of its own start
+    w = "head.last_layer.parametrizations.weight.original1"
+    first = load_training_state(tmp_path / "part")
+    unit = lambda v: F.normalize(v, dim=1)  # noqa: E731
+    assert first["step"] == 10
+    torch.testing.assert_close(unit(first["model"][w]), unit(first["task"]["teacher_head"][w[5:]]), rtol=0, atol=1e-6)
+    assert crate("pretrain", "dino", "--resume", tmp_path / "part", "--max-steps", 0) == 0
+
+    a, b = load_training_state(tmp_path / "full"), load_training_state(tmp_path / "part")
+    assert a["step"] == b["step"] == 20
+    assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items())
+    assert (unit(a["model"][w]) - unit(first["model"][w])).abs().max() > 1e-3  # it moved in the second epoch
+    for key in ("export_model", "teacher_head"):
+        assert all(torch.equal(v, b["task"][key][k]) for k, v in a["task"][key].items()), key
+    assert torch.equal(a["task"]["center"], b["task"]["center"]) and a["task"]["step"] == 20

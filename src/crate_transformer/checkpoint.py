@@ -214,7 +214,9 @@ def load_model(path: str | Path, name: str | None = None, **overrides: object) -
     * a ``save_pretrained`` directory (has ``config.json``), or its ``model.safetensors`` / ``config.json``
       → :func:`from_pretrained`;
     * a ``crate train`` run directory (has ``model/config.json``) → its final/latest model;
-    * a training-state file written by ``crate train`` (a dict with ``model_config`` and ``model``);
+    * a training-state file written by ``crate train`` (a dict with ``model_config`` and ``model``; a task
+      that trains a wrapper of that model stores its weights as ``task["export_model"]``, e.g. the DINO
+      teacher backbone of ``crate pretrain dino``);
     * an official ``.pth`` checkpoint → :func:`from_official` with ``name`` (required) and ``overrides``.
 
     For the first three the architecture comes from the checkpoint's own config: ``name`` and
@@ -241,7 +243,11 @@ def load_model(path: str | Path, name: str | None = None, **overrides: object) -
             raise CheckpointError(f"{path}: {e}") from None
         _check_overrides(config, path, name, overrides)
         model = build_model(config)
-        load_weights(model, raw["model"], source=str(path))
+        task = raw.get("task")
+        weights = raw["model"]
+        if isinstance(task, Mapping) and isinstance(task.get("export_model"), Mapping):
+            weights = task["export_model"]  # the task trains a wrapper of this model (DINO: the teacher backbone)
+        load_weights(model, weights, source=str(path))
         return model
     if name is None:
         raise CheckpointError(

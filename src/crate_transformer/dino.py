@@ -46,12 +46,12 @@ __all__ = [
     "POOLS",
 ]
 
-POOLS = ("cls", "mean")
+POOLS = ("cls", "mean")  # as in probe.POOLS
 
 
 def _opt(default: Any, help: str, **kw: Any) -> Any:
     """A DINO option with its ``--help`` text (the ``crate pretrain dino`` flags are generated from it)."""
-    meta = {"help": help, **kw}
+    meta = {"help": help, "commands": ("pretrain",), **kw}
     if isinstance(default, (list, tuple)):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -70,9 +70,9 @@ class DINOConfig:
     hidden_dim: int = _opt(256, "hidden width of the head's 3-layer MLP (DINO: 2048)")
     bottleneck_dim: int = _opt(64, "bottleneck before l2-normalisation (DINO: 256)")
     head_layers: int = _opt(3, "MLP layers of the head (DINO: 3)")
-    use_bn_in_head: bool = _opt(False, "BatchNorm in the head's MLP (DINO: off for ViTs)")
+    use_bn_in_head: bool = _opt(True, "BatchNorm in the head's MLP (DINO: off for ViTs; digits: on)")
     norm_last_layer: bool = _opt(True, "fix the weight norm of the last layer to 1 (DINO: on)")
-    pool: str = _opt("mean", "backbone feature fed to the head and the k-NN: cls token | mean of tokens", choices=POOLS)
+    pool: str = _opt("mean", "backbone feature for the head and k-NN: cls token | mean of patch tokens", choices=POOLS)
     # temperatures and centre
     student_temp: float = _opt(0.1, "student temperature tau_s")
     teacher_temp: float = _opt(0.04, "teacher temperature tau_t after the warm-up")
@@ -86,12 +86,12 @@ class DINOConfig:
     global_crop_size: int = _opt(0, "side of the 2 global views in pixels (0 = the model's image size)")
     local_crop_size: int = _opt(0, "side of the local views in pixels (0 = 96/224 of the global side)")
     local_crops_number: int = _opt(0, "number of local views (DINO: 8)")
-    global_crops_scale: list = _opt([0.6, 1.0], "area fraction range of the global crops (DINO: 0.4 1.0)", nargs=2)
-    local_crops_scale: list = _opt([0.05, 0.4], "area fraction range of the local crops (DINO: 0.05 0.4)", nargs=2)
-    hflip: float = _opt(0.0, "probability of a horizontal flip (DINO: 0.5; digits: 0, a flip changes the digit)")
+    global_crops_scale: list = _opt([0.6, 1.0], "area fraction range of the global crops (DINO: 0.4 1.0)")
+    local_crops_scale: list = _opt([0.05, 0.4], "area fraction range of the local crops (DINO: 0.05 0.4)")
+    flip: float = _opt(0.0, "probability of a horizontal flip (DINO: 0.5; digits: 0, a flip changes the digit)")
     color_jitter: float = _opt(0.8, "probability of colour jitter (brightness, contrast 0.4, saturation 0.2, hue 0.1)")
     grayscale: float = _opt(0.2, "probability of grey-scale conversion (RGB data only)")
-    blur: list = _opt([1.0, 0.1, 0.5], "Gaussian-blur probability: global view 1, global view 2, local views", nargs=3)
+    blur: list = _opt([0.5, 0.1, 0.5], "Gaussian-blur probability: global views 1, 2 and local views (DINO: 1 0.1 0.5)")
     solarize: float = _opt(0.2, "probability of solarisation of the second global view")
 
     def __post_init__(self) -> None:
@@ -122,7 +122,7 @@ class DINOConfig:
                 raise ValueError(f"{name} must be two area fractions 0 < lo <= hi <= 1, got {getattr(self, name)}")
         if len(self.blur) != 3:
             raise ValueError(f"blur takes 3 probabilities (global 1, global 2, local), got {self.blur}")
-        for p in (self.hflip, self.color_jitter, self.grayscale, self.solarize, *self.blur):
+        for p in (self.flip, self.color_jitter, self.grayscale, self.solarize, *self.blur):
             if not 0.0 <= float(p) <= 1.0:
                 raise ValueError(f"augmentation probabilities must be in [0, 1], got {p}")
 
@@ -148,15 +148,16 @@ PAPER: dict[str, Any] = dict(
     out_dim=65536, hidden_dim=2048, bottleneck_dim=256, head_layers=3, use_bn_in_head=False, norm_last_layer=True,
     pool="cls", student_temp=0.1, teacher_temp=0.04, warmup_teacher_temp=0.04, warmup_teacher_temp_epochs=0.0,
     center_momentum=0.9, momentum_teacher=0.996, freeze_last_layer=1.0, global_crop_size=0, local_crop_size=0,
-    local_crops_number=8, global_crops_scale=[0.4, 1.0], local_crops_scale=[0.05, 0.4], hflip=0.5,
+    local_crops_number=8, global_crops_scale=[0.4, 1.0], local_crops_scale=[0.05, 0.4], flip=0.5,
     color_jitter=0.8, grayscale=0.2, blur=[1.0, 0.1, 0.5], solarize=0.2,
 )  # fmt: skip
-# The built-in 28x28 digits on 2 CPU cores: a small head, mean-pooled features, no local crops (a 12-px
-# crop of a digit rarely shows which digit it is), no flips, milder global crops.
+# The built-in 28x28 digits on 2 CPU cores: a small head with BatchNorm (without it the small CRATE's teacher
+# drifted to the uniform collapse on the digits: entropy -> log K; with it the teacher stays sharp), mean-pooled
+# features, no local crops (a 14-px crop of a digit rarely shows which digit it is), no flips, milder crops.
 DIGITS: dict[str, Any] = {
     **PAPER,
-    **dict(out_dim=1024, hidden_dim=256, bottleneck_dim=64, pool="mean", local_crops_number=0,
-           global_crops_scale=[0.6, 1.0], hflip=0.0, blur=[0.5, 0.1, 0.5]),
+    **dict(out_dim=1024, hidden_dim=256, bottleneck_dim=64, use_bn_in_head=True, pool="mean", local_crops_number=0,
+           global_crops_scale=[0.6, 1.0], flip=0.0, blur=[0.5, 0.1, 0.5]),
 }  # fmt: skip
 PRESETS: dict[str, dict[str, Any]] = {"digits": DIGITS, "paper": PAPER}
 
@@ -262,9 +263,11 @@ class DINOModel(nn.Module):
         return self.backbone.config
 
     def features(self, x: Tensor) -> Tensor:
-        """The backbone feature of each image: class token (JMLR eq. (80)) or mean of all tokens."""
-        z = self.backbone.forward_features(x)
-        return z.mean(dim=1) if self.pool == "mean" else z[:, 0]
+        """The backbone feature of each image: class token (JMLR eq. (80)) or mean of the patch tokens
+        (:func:`~crate_transformer.probe.pool_tokens`, the feature ``crate eval --knn --pool`` reads)."""
+        from .probe import pool_tokens
+
+        return pool_tokens(self.backbone.forward_features(x), self.pool)
 
     def forward(self, views: Tensor | Sequence[Tensor]) -> Tensor:
         """Head outputs of every view, concatenated in the order given: ``(len(views) · b, out_dim)``."""
@@ -348,8 +351,8 @@ class MultiCropAugmentation(nn.Module):
 
         def view(size: int, scale: Sequence[float], blur: float, solarize: float) -> nn.Module:
             ops: list[nn.Module] = [K.RandomResizedCrop((size, size), scale=tuple(float(s) for s in scale))]
-            if cfg.hflip > 0:
-                ops.append(K.RandomHorizontalFlip(p=cfg.hflip))
+            if cfg.flip > 0:
+                ops.append(K.RandomHorizontalFlip(p=cfg.flip))
             colour: list[nn.Module] = []
             if cfg.color_jitter > 0:
                 colour.append(K.ColorJitter(0.4, 0.4, 0.2, 0.1, p=cfg.color_jitter))

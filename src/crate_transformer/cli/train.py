@@ -100,7 +100,10 @@ def configure_eval(parser: argparse.ArgumentParser) -> None:
         "--knn", action="store_true", help="weighted k-NN (k = 10, 20, 100, 200; T = 0.07) on train-split features"
     )
     frozen.add_argument("--linear-probe", action="store_true", help="logistic regression on train-split features")
-    frozen.add_argument("--pool", default="cls", choices=("cls", "mean"), help="feature: class token | mean of patches")
+    frozen.add_argument(
+        "--pool", default=None, choices=("cls", "mean"),
+        help="feature: class token | mean of patches (default: the model's pool, e.g. mean for a digits DINO run)",
+    )  # fmt: skip
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -171,6 +174,7 @@ def _frozen_eval(args: argparse.Namespace, model, train_ds, test_ds, norm, out: 
     from ..probe import KNN_KS, extract_features, knn_sweep, linear_probe
     from ..train.evaluation import plot_knn
 
+    args.pool = args.pool or getattr(model.config, "pool", "cls")
     kw = dict(pool=args.pool, batch_size=args.batch_size, mean=norm[0], std=norm[1])
     train_x, train_y = extract_features(model, train_ds, **kw)
     test_x, test_y = extract_features(model, test_ds, **kw)
