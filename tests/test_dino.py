@@ -122,6 +122,7 @@ def test_presets_and_options() -> None:
     assert (paper.student_temp, paper.teacher_temp, paper.momentum_teacher, paper.center_momentum) == (
         0.1, 0.04, 0.996, 0.9,
     )  # fmt: skip
+    assert DINOConfig() == DINOConfig.from_preset("digits")  # the flags' shown defaults are the digits preset
     assert DINOConfig.from_preset("digits", out_dim=99).out_dim == 99
     with pytest.raises(ValueError, match="unknown DINO preset"):
         DINOConfig.from_preset("imagenet")
@@ -184,7 +185,7 @@ def test_pretraining_learns_without_collapse(dino_run: Path) -> None:
     assert set(final) >= {"knn_10", "knn_20", "knn_100", "knn_200"}
     sched = [r for r in records if r["split"] == "schedule"]
     steps = np.array([r["step"] for r in sched]) - 1  # the momentum of the update after step s (0-based s)
-    expected = 1 - (1 - 0.996) * (np.cos(np.pi * steps / 88) + 1) / 2  # DINO's schedule over 4 x 22 steps
+    expected = 1 - (1 - 0.99) * (np.cos(np.pi * steps / 88) + 1) / 2  # DINO's schedule over 4 x 22 steps
     np.testing.assert_allclose([r["momentum"] for r in sched], expected, rtol=0, atol=1e-12)
     assert [r["teacher_temp"] for r in sched] == [0.04] * len(sched)  # the digits preset: no warm-up
     assert (dino_run / "curves.png").read_bytes()[:4] == b"\x89PNG"

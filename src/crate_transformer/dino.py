@@ -80,7 +80,7 @@ class DINOConfig:
     warmup_teacher_temp_epochs: float = _opt(0.0, "linear warm-up of the teacher temperature, in epochs")
     center_momentum: float = _opt(0.9, "EMA momentum of the teacher centre")
     # teacher EMA and the student's first epoch
-    momentum_teacher: float = _opt(0.996, "teacher EMA momentum at the start; cosine schedule to 1")
+    momentum_teacher: float = _opt(0.99, "teacher EMA momentum at the start; cosine schedule to 1 (DINO: 0.996)")
     freeze_last_layer: float = _opt(1.0, "epochs during which the head's last layer gets no gradient")
     # multi-crop (sizes as fractions of the input side when <= 1, else pixels)
     global_crop_size: int = _opt(0, "side of the 2 global views in pixels (0 = the model's image size)")
@@ -153,11 +153,13 @@ PAPER: dict[str, Any] = dict(
 )  # fmt: skip
 # The built-in 28x28 digits on 2 CPU cores: a small head with BatchNorm (without it the small CRATE's teacher
 # drifted to the uniform collapse on the digits: entropy -> log K; with it the teacher stays sharp), mean-pooled
-# features, no local crops (a 14-px crop of a digit rarely shows which digit it is), no flips, milder crops.
+# features, no local crops (a 14-px crop of a digit rarely shows which digit it is), no flips, milder crops,
+# and teacher momentum 0.99: the run has ~310 steps (DINO ~125,000), over which a 0.996 teacher lags the
+# student too long (k-NN after 5 epochs: 84.3% with 0.996, 86.7% with 0.99).
 DIGITS: dict[str, Any] = {
     **PAPER,
     **dict(out_dim=1024, hidden_dim=256, bottleneck_dim=64, use_bn_in_head=True, pool="mean", local_crops_number=0,
-           global_crops_scale=[0.6, 1.0], flip=0.0, blur=[0.5, 0.1, 0.5]),
+           global_crops_scale=[0.6, 1.0], flip=0.0, blur=[0.5, 0.1, 0.5], momentum_teacher=0.99),
 }  # fmt: skip
 PRESETS: dict[str, dict[str, Any]] = {"digits": DIGITS, "paper": PAPER}
 

@@ -61,7 +61,7 @@ class DINOTask(ClassificationTask):
     Options = DINOConfig
     # `crate pretrain dino` defaults: the digits recipe on 2 CPU cores (the paper's recipe: see PAPER in dino.py)
     defaults: dict[str, Any] = dict(
-        model="crate_mnist", lr=1e-3, min_lr=1e-5, weight_decay=0.04, epochs=30, warmup_epochs=3.0,
+        model="crate_mnist", lr=1e-3, min_lr=1e-5, weight_decay=0.04, epochs=10, warmup_epochs=3.0,
         batch_size=128, grad_clip=3.0, measure_every=0, eval_every=5, label_smoothing=0.0,
     )  # fmt: skip
 
