@@ -247,3 +247,13 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     for key in ("export_model", "teacher_head"):
         assert all(torch.equal(v, b["task"][key][k]) for k, v in a["task"][key].items()), key
     assert torch.equal(a["task"]["center"], b["task"]["center"]) and a["task"]["step"] == 20
+
+
+def test_the_vit_baseline_is_a_backbone_too() -> None:
+    vit = create_model("vit_mnist", image_size=8, patch_size=2, dim=16, depth=1, heads=2)
+    student = DINOModel(vit, DINOHead(16, 32, hidden_dim=24, bottleneck_dim=8), pool="cls")
+    views = [torch.randn(3, 1, 8, 8), torch.randn(3, 1, 8, 8), torch.randn(3, 1, 4, 4)]
+    out = student(views)
+    assert out.shape == (9, 32)
+    z = vit.forward_features(views[2])[:, 0]  # the class token of the local view, through the head
+    torch.testing.assert_close(out[6:], student.head(z))
