@@ -49,6 +49,9 @@ from .transforms import BUILTIN_DATASETS, _resize_tensor, match_channels
 __all__ = [
     "SPLITS",
     "IMAGE_EXTENSIONS",
+    "check_load_args",
+    "holdout_every_fifth",
+    "split_members",
     "FolderListing",
     "ImageDataset",
     "decode_image",
@@ -157,16 +160,7 @@ def load_dataset(
     as ``split="val"``.  Unreadable image files are skipped with one warning (``on_bad_image="skip"``)
     or raise (``"error"``).  All problems raise a one-line ``ValueError`` naming the fix.
     """
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; choose one of {SPLITS}")
-    if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    if split == "val" and val_fraction == 0.0:
-        raise ValueError("split='val' needs a validation split; pass val_fraction > 0 (e.g. --val-fraction 0.1)")
-    if on_bad_image not in ("skip", "error"):
-        raise ValueError(f"on_bad_image must be 'skip' or 'error', got {on_bad_image!r}")
-    if image_size is not None and (not isinstance(image_size, int) or isinstance(image_size, bool) or image_size <= 0):
-        raise ValueError(f"image_size must be a positive integer or None, got {image_size!r}")
+    check_load_args(split, val_fraction, on_bad_image, image_size)
 
     kind, source = resolve_source(name_or_path)
     if kind in ("shards", "hf"):
@@ -180,8 +174,7 @@ def load_dataset(
     if split == "test":
         images, labels = pool.test_images.clone(), pool.test_labels.clone()
     else:
-        val_mask = _stratified_mask(train_y, val_fraction, seed)
-        keep = val_mask if split == "val" else ~val_mask
+        keep = split_members(train_y, split, val_fraction, seed)
         images, labels = train_x[keep], train_y[keep]
     if images.shape[0] == 0:
         raise ValueError(f"the {split} split of {pool.name} is empty; use a larger val_fraction or add images")
@@ -189,6 +182,36 @@ def load_dataset(
 
 
 # --------------------------------------------------------------------------- sources
+def check_load_args(split: str, val_fraction: float, on_bad_image: str, image_size: int | None) -> None:
+    """The arguments every loader shares (split, val_fraction, on_bad_image, image_size), checked once."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose one of {SPLITS}")
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    if split == "val" and val_fraction == 0.0:
+        raise ValueError("split='val' needs a validation split; pass val_fraction > 0 (e.g. --val-fraction 0.1)")
+    if on_bad_image not in ("skip", "error"):
+        raise ValueError(f"on_bad_image must be 'skip' or 'error', got {on_bad_image!r}")
+    if image_size is not None and (not isinstance(image_size, int) or isinstance(image_size, bool) or image_size <= 0):
+        raise ValueError(f"image_size must be a positive integer or None, got {image_size!r}")
+
+
+def split_members(pool_labels: Tensor, split: str, val_fraction: float, seed: int) -> Tensor:
+    """Indices into the training pool that form ``split`` ("train" or "val"): the stratified, seeded val rule."""
+    val_mask = _stratified_mask(pool_labels, val_fraction, seed)
+    return (val_mask if split == "val" else ~val_mask).nonzero().flatten()
+
+
+def holdout_every_fifth(labels: Sequence[int]) -> list[bool]:
+    """Test-split flags for a source without its own test split: every fifth sample of each class, in order."""
+    seen: dict[int, int] = {}
+    flags = []
+    for y in labels:
+        i = seen[y] = seen.get(y, -1) + 1
+        flags.append(i % _TEST_EVERY == _TEST_EVERY - 1)
+    return flags
+
+
 @dataclass
 class _Pool:
     name: str
@@ -492,13 +515,11 @@ def list_image_folder(root: str | os.PathLike) -> FolderListing:
     classes = [p.name for p in _class_dirs(root)]
     if not classes:
         raise ValueError(f"{root} has no class subfolders; expected {root}/<class>/<image>.png (one folder per class)")
-    files = _collect(root, classes, require_all=True)
-    train_files, test_files = [], []
-    for c in range(len(classes)):
-        mine = [f for f in files if f[1] == c]
-        for i, item in enumerate(mine):
-            (test_files if i % _TEST_EVERY == _TEST_EVERY - 1 else train_files).append(item)
-    return FolderListing(root, classes, train_files, test_files)
+    files = sorted(_collect(root, classes, require_all=True), key=lambda f: f[1])  # stable: class, then file order
+    test = holdout_every_fifth([c for _, c in files])
+    return FolderListing(
+        root, classes, [f for f, t in zip(files, test) if not t], [f for f, t in zip(files, test) if t]
+    )
 
 
 def _folder_arrays(
