@@ -32,6 +32,7 @@ greyscale, else 3.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -50,7 +51,15 @@ from .memory import (
     to_chw,
 )
 
-__all__ = ["STATS_SAMPLE", "MapStreamSource", "StreamingImageFolder", "resolve_workers", "collate_readable"]
+__all__ = [
+    "STATS_SAMPLE",
+    "MapStreamSource",
+    "StreamingImageFolder",
+    "resolve_workers",
+    "collate_readable",
+    "read_policy",
+    "checked",
+]
 
 STATS_SAMPLE = 512  # files decoded to estimate mean/std and the channel count
 
@@ -62,28 +71,56 @@ def resolve_workers(num_workers: int) -> int:
     return min(4, os.cpu_count() or 1) if num_workers == -1 else num_workers
 
 
-def collate_readable(items: Sequence[tuple[Tensor | None, int, str]], replace: bool) -> tuple[Tensor, Tensor]:
+def collate_readable(
+    items: Sequence[tuple[Tensor | None, int, str]], policy: str
+) -> tuple[Tensor, Tensor] | tuple[None, str]:
     """Stack ``(uint8 image or None, label, name)`` items into a batch; None marks an unreadable image.
 
-    ``replace=True`` (training) fills each None with the nearest readable image of the batch (and its label),
-    so the batch keeps its size; ``replace=False`` (evaluation) drops it.  Warns once per unreadable image.
+    ``policy``: ``"replace"`` (training) fills each None with the nearest readable image of the batch (and
+    its label), so the batch keeps its size; ``"drop"`` (evaluation) leaves it out; ``"error"`` returns
+    ``(None, message)`` — the main process raises it, since an exception raised inside a DataLoader worker
+    reaches the user wrapped in a multi-line traceback.  ``name`` is then the one-line message.
     """
+    bad = [what for x, _, what in items if x is None]
+    if bad and policy == "error":
+        return None, bad[0]
+    for what in bad:
+        warnings.warn(f"skipped unreadable image {what} (pass --on-bad-image error to fail instead)", stacklevel=2)
     good = [i for i, (x, _, _) in enumerate(items) if x is not None]
-    for x, _, what in items:
-        if x is None:
-            warnings.warn(f"skipped unreadable image {what} (pass --on-bad-image error to fail instead)", stacklevel=2)
     if not good:
-        if not replace:
+        if policy == "drop":
             return torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.int64)
         raise ValueError(
-            f"none of the {len(items)} images of a batch is readable (e.g. {items[0][2]}); check the data files"
+            f"none of the {len(items)} images of a batch is readable (e.g. {bad[0]}); check the data files"
         )
-    if replace:
+    if policy == "replace":
         picks = [i if items[i][0] is not None else min(good, key=lambda g: (abs(g - i), g)) for i in range(len(items))]
     else:
         picks = good
     images = torch.stack([items[i][0] for i in picks])
     return images, torch.tensor([items[i][1] for i in picks], dtype=torch.int64)
+
+
+def read_policy(on_bad_image: str, shuffle: bool) -> str:
+    """The :func:`collate_readable` policy for ``on_bad_image`` in a training (shuffled) or evaluation pass."""
+    return "error" if on_bad_image == "error" else ("replace" if shuffle else "drop")
+
+
+def checked(batches: Iterator) -> Iterator[tuple[Tensor, Tensor]]:
+    """Raise the one-line error a worker reported (see :func:`collate_readable`); skip empty batches."""
+    for images, labels in batches:
+        if images is None:
+            raise ValueError(labels)
+        if len(labels):
+            yield images, labels
+
+
+def decode_or_message(data: object, what: str, on_bad_image: str) -> tuple[object | None, str]:
+    """:func:`.memory.decode_image` that returns ``(None, one-line message)`` instead of raising under "error"."""
+    try:
+        return decode_image(data, what, on_bad_image), what
+    except ValueError as e:
+        return None, str(e)
 
 
 class _BatchPlan:
@@ -162,7 +199,7 @@ class MapStreamSource(ImageSource):
     def read(self, i: int) -> tuple[Tensor | None, int, str]:
         """Decode sample ``i`` to uint8 ``C×H×W`` at ``image_size`` (None if unreadable under "skip")."""
         data, what = self.raw(i)
-        decoded = decode_image(data, what, self.on_bad_image)
+        decoded, what = decode_or_message(data, what, self.on_bad_image)
         image = None if decoded is None else to_chw(decoded[0], self._channels, self.image_size)
         return image, int(self.labels[i]), what
 
@@ -170,7 +207,7 @@ class MapStreamSource(ImageSource):
         """``(float image in [0, 1], label)`` as :class:`ImageDataset` gives it (an unreadable image raises)."""
         image, label, what = self.read(i)
         if image is None:
-            raise ValueError(f"cannot read image {what}; fix or delete it")
+            raise ValueError(what if self.on_bad_image == "error" else f"cannot read image {what}; fix or delete it")
         return image.float() / 255.0, label
 
     def _loader(self, shuffle: bool) -> tuple[torch.utils.data.DataLoader, _BatchPlan]:
@@ -183,7 +220,7 @@ class MapStreamSource(ImageSource):
                 _Reader(self),
                 batch_sampler=plan,
                 num_workers=workers,
-                collate_fn=_replace_collate if shuffle else _drop_collate,
+                collate_fn=functools.partial(collate_readable, policy=read_policy(self.on_bad_image, shuffle)),
                 pin_memory=torch.cuda.is_available(),
                 persistent_workers=workers > 0 and shuffle,
                 prefetch_factor=4 if workers else None,
@@ -208,9 +245,7 @@ class MapStreamSource(ImageSource):
         loader, plan = self._loader(shuffle)
         plan.kw = dict(batch_size=batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start=start, drop_last=drop)
         plan.rank, plan.world = rank, world
-        for images, labels in loader:
-            if len(labels):
-                yield images, labels
+        yield from checked(loader)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_loaders": {}}  # workers get the listing, not the loaders
@@ -220,14 +255,6 @@ class MapStreamSource(ImageSource):
             f"{type(self).__name__}({self.name!r}, split={self.split!r}, n={len(self)}, {self.channels}×"
             f"{self.image_size}×{self.image_size}, {self.num_classes} classes, workers={self.num_workers})"
         )
-
-
-def _replace_collate(items: Sequence[tuple[Tensor | None, int, str]]) -> tuple[Tensor, Tensor]:
-    return collate_readable(items, replace=True)
-
-
-def _drop_collate(items: Sequence[tuple[Tensor | None, int, str]]) -> tuple[Tensor, Tensor]:
-    return collate_readable(items, replace=False)
 
 
 class StreamingImageFolder(MapStreamSource):
