@@ -52,6 +52,8 @@ def open_source(
     if mode not in DATA_MODES:
         raise ValueError(f"unknown data mode {mode!r}; choose one of {DATA_MODES} (--data-mode)")
     check_load_args(split, val_fraction, on_bad_image, image_size)
+    if not isinstance(num_workers, int) or num_workers < -1:
+        raise ValueError(f"num_workers must be >= 0 or -1 (auto), got {num_workers!r} (--workers)")
     kind, source = resolve_source(name_or_path)
     common = dict(val_fraction=val_fraction, seed=seed, on_bad_image=on_bad_image)
     streamed = dict(image_size=image_size, num_workers=num_workers, stats=stats, **common)
