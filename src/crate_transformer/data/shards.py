@@ -311,6 +311,9 @@ class WebDatasetShards(ImageSource):
         """Stream this process's local batches (see the module docstring for the order)."""
         order = epoch_permutation(len(self.shards), seed, epoch).tolist() if shuffle else range(len(self.shards))
         mine = [self.shards[j] for j in order][rank::world]
+        training = shuffle if drop_last is None else drop_last
+        if not mine and not training:
+            return  # evaluation: the other processes hold every shard, and the counts are summed over processes
         if not mine:
             raise ValueError(
                 f"{len(self.shards)} shard(s) of the {self.split} split cannot be split over {world} processes; "
@@ -318,7 +321,7 @@ class WebDatasetShards(ImageSource):
             )
         local = len(rank_slice(torch.arange(batch_size), rank, world))
         streams = max(1, min(resolve_workers(self.num_workers), len(mine)))
-        total = self.steps_per_epoch(batch_size) if (shuffle if drop_last is None else drop_last) else None
+        total = self.steps_per_epoch(batch_size) if training else None
         plan = _ShardStreams(
             self, mine, streams, local, total, start, shuffle, (seed, epoch, rank), self.shuffle_buffer
         )
@@ -326,6 +329,7 @@ class WebDatasetShards(ImageSource):
         loader = torch.utils.data.DataLoader(
             plan, batch_size=None, num_workers=workers, pin_memory=torch.cuda.is_available(),
             prefetch_factor=4 if workers else None,
+            generator=torch.Generator(),  # its own: iterating must not draw from the training RNG
         )  # fmt: skip
         yield from checked(loader)
 
@@ -364,15 +368,20 @@ class _ShardStreams(torch.utils.data.IterableDataset):
         self.source, self.shards, self.streams, self.local = source, shards, streams, local
         self.total, self.start, self.shuffle, self.key, self.buffer = total, start, shuffle, key, buffer
 
-    def _raw(self, shards: list[str]) -> Iterator[tuple[dict, str]]:
-        """Samples of the split from ``shards`` in turn; forever when training (a short stream starts again)."""
+    def _pass(self, shards: list[str]) -> Iterator[tuple[dict, str]]:
+        """One pass over the split's samples in ``shards``, in turn."""
+        for s in shards:
+            keep = set(self.source.keep[s])
+            for pos, sample in enumerate(_samples(Path(s))):
+                if pos in keep:
+                    sample["__pos__"] = pos
+                    yield sample, s
+
+    def _raw(self, shards: list[str], rng: random.Random) -> Iterator[tuple[dict, str]]:
+        """Passes over ``shards``, each through its own shuffle buffer (so a pass never repeats a sample);
+        forever when training (a stream that runs out before its share of batches starts again)."""
         while True:
-            for s in shards:
-                keep = set(self.source.keep[s])
-                for pos, sample in enumerate(_samples(Path(s))):
-                    if pos in keep:
-                        sample["__pos__"] = pos
-                        yield sample, s
+            yield from self._shuffled(self._pass(shards), rng) if self.shuffle else self._pass(shards)
             if self.total is None:
                 return
 
@@ -408,9 +417,7 @@ class _ShardStreams(torch.utils.data.IterableDataset):
 
     def _stream(self, s: int) -> Iterator[tuple[Tensor, Tensor]]:
         seed, epoch, rank = self.key
-        raw = self._raw(self.shards[s :: self.streams])
-        if self.shuffle:
-            raw = self._shuffled(raw, random.Random(f"{seed}-{epoch}-{rank}-{s}"))
+        raw = self._raw(self.shards[s :: self.streams], random.Random(f"{seed}-{epoch}-{rank}-{s}"))
         skip = max(0, -(-(self.start - s) // self.streams))  # this stream's batches before start
         for _ in range(skip * self.local):  # read, not decoded
             if next(raw, None) is None:

@@ -224,6 +224,7 @@ class MapStreamSource(ImageSource):
                 pin_memory=torch.cuda.is_available(),
                 persistent_workers=workers > 0 and shuffle,
                 prefetch_factor=4 if workers else None,
+                generator=torch.Generator(),  # its own: iterating must not draw from the training RNG
             )
             self._loaders[shuffle] = (loader, plan)
         return self._loaders[shuffle]
