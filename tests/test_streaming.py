@@ -281,6 +281,12 @@ def test_crate_train_stream_equals_memory_resumes_accumulates_and_logs_to_tensor
     if tensorboard:
         events = list((tmp_path / "accum" / "tensorboard").rglob("events.out.tfevents*"))
         assert events and events[0].stat().st_size > 0
+    # crate eval on the streamed test split reproduces the run's own final evaluation
+    argv = ["eval", tmp_path / "stream", "--data-mode", "stream", "--workers", "0", "--out", tmp_path / "ev"]
+    assert cli.main([str(a) for a in argv]) == 0
+    final = [json.loads(line) for line in (tmp_path / "stream" / "metrics.jsonl").read_text().splitlines()][-1]
+    report = json.loads((tmp_path / "ev" / "eval.json").read_text())
+    assert report["num_samples"] == 12 and report["top1"] == pytest.approx(final["acc"])
     records = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in records if r.get("split") == "train"]
     assert steps[-1] == 8 and steps == sorted(set(steps))

@@ -77,5 +77,5 @@ def open_source(
 
             if image_size is None:
                 raise ValueError(f"streaming {name_or_path} needs image_size (--image-size) to resize its images")
-            return StreamingImageFolder.open(source, split, **streamed)
+            return StreamingImageFolder.open(source, split, listing=listing, **streamed)
     return load_dataset(source, split, image_size=image_size if kind == "folder" else None, **common)

@@ -43,6 +43,7 @@ from torch import Tensor
 
 from .base import ImageSource, global_batches, rank_slice
 from .memory import (
+    FolderListing,
     _channel_stats,
     check_load_args,
     decode_image,
@@ -298,12 +299,16 @@ class StreamingImageFolder(MapStreamSource):
         on_bad_image: str = "skip",
         num_workers: int = -1,
         stats: tuple[Sequence[float], Sequence[float]] | None = None,
+        listing: FolderListing | None = None,
     ) -> StreamingImageFolder:
-        """List ``root`` as :func:`.memory.load_dataset` does and stream ``split`` (train | val | test)."""
+        """List ``root`` as :func:`.memory.load_dataset` does and stream ``split`` (train | val | test).
+
+        ``listing``: a :func:`.memory.list_image_folder` result already made for ``root`` (saves a second scan).
+        """
         if image_size is None:
             raise ValueError("a streamed image folder needs image_size (--image-size): its images are resized on read")
         check_load_args(split, val_fraction, on_bad_image, image_size)
-        listing = list_image_folder(Path(root).expanduser().resolve())
+        listing = listing or list_image_folder(Path(root).expanduser().resolve())
         if split == "test":
             files = listing.test
         else:
