@@ -65,7 +65,13 @@ def _split_images(ds: object, k: int, seed: int, size: int) -> object:
     if isinstance(ds, ImageDataset):  # random access: the seeded subset of the whole split
         x = ds.images[torch.as_tensor(_subset(len(ds), k, seed), dtype=torch.long)]
     else:  # streamed: the first k samples of a seeded epoch (shards have no random access)
-        x = next(iter(ds.batches(min(k, len(ds)), shuffle=True, seed=seed, drop_last=False)))[0]
+        parts, n = [], 0
+        for images, _ in ds.batches(min(k, len(ds)), shuffle=True, seed=seed, drop_last=False):
+            parts.append(images[: k - n])
+            n += parts[-1].shape[0]
+            if n >= k:
+                break
+        x = torch.cat(parts)
     return _resize_tensor(x, size).float() / 255.0
 
 
