@@ -199,6 +199,29 @@ def test_flat_shards_hold_out_every_fifth_and_val_like_memory(tmp_path: Path, fo
         assert sorted(_digest(x)) == sorted(_digest(mem.images))
 
 
+def test_shard_index_is_kept_in_memory_when_the_folder_is_not_writable(
+    tmp_path: Path, folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import crate_transformer.io
+    from crate_transformer.data import shards as shards_module
+
+    files = [(f.read_bytes(), "1") for f in sorted((folder / "c1").iterdir())[:6]]
+    files += [(f.read_bytes(), "0") for f in sorted((folder / "c0").iterdir())[:6]]
+    _write_shards(tmp_path / "ro", [files])
+
+    def refuse(path: object, write: object) -> None:
+        raise crate_transformer.io.WriteError(f"cannot write {path}: read-only")
+
+    read = []
+    label_text = shards_module._label_text
+    monkeypatch.setattr(crate_transformer.io, "atomic_write", refuse)
+    monkeypatch.setattr(shards_module, "_label_text", lambda sample: read.append(1) or label_text(sample))
+    first = open_source(tmp_path / "ro", "train", image_size=SIZE, num_workers=0)
+    assert len(read) == 12 and not (tmp_path / "ro" / ".crate-index.json").exists()
+    assert len(open_source(tmp_path / "ro", "test", image_size=SIZE, num_workers=0)) + len(first) == 12
+    assert len(read) == 12  # counted once per process
+
+
 # --------------------------------------------------------------------------- Hugging Face datasets
 def test_hf_dataset_from_save_to_disk_matches_memory_batches(tmp_path: Path, folder: Path) -> None:
     datasets = pytest.importorskip("datasets", reason="the optional 'hf' extra (datasets) is not installed")

@@ -74,6 +74,7 @@ INDEX_FILE = ".crate-index.json"
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
 LABEL_KEYS = ("cls", "cls.txt", "label", "label.txt")
 _JSON_LABEL_KEYS = ("label", "cls", "class", "target")
+_MEMORY_INDEX: dict[tuple[str, int, int], dict] = {}  # (shard, size, mtime) → index entry, when no file can be written
 
 
 def _expand(pattern: str) -> list[Path]:
@@ -145,7 +146,7 @@ def _index(shards: Sequence[Path]) -> dict[str, list[str]]:
         changed = False
         for f in files:
             st = f.stat()
-            entry = cache.get(f.name)
+            entry = cache.get(f.name) or _MEMORY_INDEX.get((str(f), st.st_size, st.st_mtime_ns))
             if not entry or entry.get("size") != st.st_size or entry.get("mtime_ns") != st.st_mtime_ns:
                 labels = []
                 for sample in _samples(f):
@@ -162,6 +163,7 @@ def _index(shards: Sequence[Path]) -> dict[str, list[str]]:
                         )
                     labels.append(label)
                 entry = cache[f.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "labels": labels}
+                _MEMORY_INDEX[(str(f), st.st_size, st.st_mtime_ns)] = entry  # read-only folders: count once per process
                 changed = True
             out[str(f)] = entry["labels"]
         if changed:
