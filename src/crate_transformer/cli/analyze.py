@@ -20,8 +20,8 @@ def configure_analyze(parser: argparse.ArgumentParser) -> None:
         "--data",
         default=None,
         metavar="NAME|DIR",
-        help="a dataset: mnist, digits, a CIFAR folder or a class-per-subfolder image folder "
-        "(measures its train and test splits); default: the dataset recorded in the model config",
+        help="a dataset: mnist, digits, a CIFAR folder, a class-per-subfolder image folder, WebDataset shards or "
+        "a saved Hugging Face dataset (measures its train and test splits); default: the model config's dataset",
     )
     parser.add_argument("--out", default="analysis", help="output folder for report.html, report.json and figures")
     parser.add_argument("--num-images", type=int, default=256, help="images measured per split (seeded subset)")
@@ -55,20 +55,40 @@ def _subset(n: int, k: int, seed: int) -> list[int]:
     return sorted(torch.randperm(n, generator=g)[:k].tolist())
 
 
-def _dataset_splits(model: object, data: str, image_size: int, k: int, seed: int, on_bad_image: str) -> tuple:
-    from ..analysis._common import dataset_images01
-    from ..data import load_dataset, match_channels, resolve_normalization
+def _split_images(ds: object, k: int, seed: int, size: int) -> object:
+    """uint8 → [0, 1] images of a seeded subset of ``k`` samples of a split, resized to ``size``."""
+    import torch
 
-    train = load_dataset(data, "train", image_size=image_size, on_bad_image=on_bad_image)
+    from ..data import ImageDataset
+    from ..data.transforms import _resize_tensor
+
+    if isinstance(ds, ImageDataset):  # random access: the seeded subset of the whole split
+        x = ds.images[torch.as_tensor(_subset(len(ds), k, seed), dtype=torch.long)]
+    else:  # streamed: the first k samples of a seeded epoch (shards have no random access)
+        parts, n = [], 0
+        for images, _ in ds.batches(min(k, len(ds)), shuffle=True, seed=seed, drop_last=False):
+            parts.append(images[: k - n])
+            n += parts[-1].shape[0]
+            if n >= k:
+                break
+        x = torch.cat(parts)
+    return _resize_tensor(x, size).float() / 255.0
+
+
+def _dataset_splits(model: object, data: str, image_size: int, k: int, seed: int, on_bad_image: str) -> tuple:
+    from ..data import match_channels, open_source, resolve_normalization
+
+    kw = dict(image_size=image_size, on_bad_image=on_bad_image, stats=resolve_normalization(model))
+    train = open_source(data, "train", **kw)
     c = model.config.in_chans
     try:
-        test = load_dataset(data, "test", image_size=image_size, on_bad_image=on_bad_image)
+        test = open_source(data, "test", **kw)
     except ValueError:
         test = None
     splits = {}
     for name, ds in (("train", train), ("test", test)):
         if ds is not None:
-            imgs = dataset_images01(ds, _subset(len(ds), k, seed))
+            imgs = _split_images(ds, k, seed, image_size)
             try:
                 splits[name] = match_channels(imgs, c)
             except ValueError as e:

@@ -16,13 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from ..config_utils import coerce_fields
-from ..data import AUGMENTATIONS
+from ..data import AUGMENTATIONS, DATA_MODES
 
 __all__ = ["TrainConfig", "FINETUNE_DEFAULTS", "OPTIMIZERS", "AMP_MODES", "DATA_MODES", "load_config"]
 
 OPTIMIZERS = ("adamw", "lion")
 AMP_MODES = ("auto", "none", "bf16", "fp16")
-DATA_MODES = ("auto", "memory", "stream")
 
 
 ALL = ("train", "finetune", "pretrain")
