@@ -145,9 +145,9 @@ def run_eval(args: argparse.Namespace) -> int:
     )
     norm = resolve_normalization(model, ds)
     if args.knn or args.linear_probe:
-        train_ds = load_dataset(
-            data, "train", image_size=ds.image_size if hasattr(ds, "image_size") else None,
-            val_fraction=args.val_fraction, seed=args.seed, on_bad_image=args.on_bad_image,
+        train_ds = ds if args.split == "train" else open_source(
+            data, "train", image_size=c.image_size, val_fraction=args.val_fraction, seed=args.seed,
+            on_bad_image=args.on_bad_image, mode=args.data_mode, num_workers=args.workers, stats=norm,
         )  # fmt: skip
         return _frozen_eval(args, model.to(device), train_ds, ds, norm, out, str(src), data)
     r = evaluate(
