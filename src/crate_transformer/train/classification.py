@@ -24,7 +24,7 @@ from ..data import (
     resolve_source,
 )
 from ..model import ModelConfig, build_model
-from ..registry import model_config
+from ..registry import is_language_model, model_config
 from .config import TrainConfig
 from .evaluation import evaluate, prepare_batch
 from .runtime import Runtime
@@ -52,6 +52,8 @@ class ClassificationTask(Task):
         else:
             if cfg.model is None:
                 raise ValueError("no model given; pass --model NAME (see `crate models`)")
+            if is_language_model(cfg.model):
+                raise ValueError(f"{cfg.model} is a language model; train it with crate train-lm --model {cfg.model}")
             image_size = cfg.image_size or model_config(cfg.model, **cfg.model_args).image_size
         self.image_size = image_size
         self.train_data, self.eval_data, self.test_data = self._load_data(image_size)
