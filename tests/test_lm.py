@@ -296,6 +296,23 @@ def test_loss_falls_on_the_built_in_corpus_and_the_run_generates(tmp_path: Path,
         assert crate("generate", run, "--prompt", "def ", "--max-new-tokens", 40, "--seed", seed) == 0
         outs.append(capsys.readouterr().out)
     assert outs[0] == outs[1] != outs[2] and outs[0].startswith("def ")
+    # crate analyze on a language model: per-layer measurements of held-out token representations + attention PNGs
+    assert crate("analyze", run, "--out", tmp_path / "an", "--num-blocks", 3, "--attn-tokens", 12, "--eps", 0.5) == 0
+    report = json.loads((tmp_path / "an" / "report.json").read_text())
+    layers = report["measure"]["held-out text"]["layers"]
+    assert len(layers) == 2 and {"attention_layer1.png", "attention_layer2.png"} <= set(report["figures"])
+    assert all((tmp_path / "an" / f).stat().st_size > 1000 for f in report["figures"])
+    tokens = load_tokens("python-docs", model.tokenizer)
+    cut = int(len(tokens) * 0.9)
+    blocks = torch.from_numpy(tokens[cut : cut + 3 * 32 + 1].astype("int64"))[:96].view(3, 32)
+    with torch.no_grad():
+        trace = model.eval().forward_trace(blocks)  # computed here independently of the analysis code
+        P = model.layers[0].attn.qkv(model.layers[0].norm1(trace.tokens[0])).view(3, 32, 2, 24).transpose(1, 2)
+    assert layers[1]["sparsity"] == pytest.approx(float((trace.tokens[2] == 0).double().mean()), abs=1e-9)
+    from crate_transformer.objectives import coding_rate
+
+    P = torch.nn.functional.normalize(P.double(), dim=-1)  # official R^c: per-head unit-normalised projections
+    assert layers[0]["rc_in"] == pytest.approx(float(coding_rate(P, 0.5).sum(-1).mean()), rel=1e-6)
     # resuming continues the same run (same tokenizer, same data), and the wrong command is refused
     assert crate("train-lm", "--resume", run, "--max-steps", 45) == 0
     assert load_training_state(run)["step"] == 45
