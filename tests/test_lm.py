@@ -360,3 +360,86 @@ def test_masked_lm_trains_with_a_trained_bpe_tokenizer(tmp_path: Path) -> None:
     assert not model.config.causal and model.config.pos_embed == "sinusoidal" and model.tokenizer.kind == "bpe"
     assert model.config.vocab_size == model.tokenizer.vocab_size == 320
     assert (run / "model" / "tokenizer.json").is_file() and not (run / "sample.txt").exists()
+
+
+# --------------------------------------------------------------------------- fine-tuning on labelled text (Table 5)
+def test_text_metrics_match_independent_computations() -> None:
+    from scipy.stats import spearmanr
+
+    from crate_transformer.train.text_classification import text_metrics
+
+    pred, target = torch.tensor([1, 0, 1, 1, 0, 1]), torch.tensor([1, 0, 0, 1, 1, 1])
+    m = text_metrics(pred, target, regression=False)
+    precision, recall = 3 / 4, 3 / 4  # predicted positives 4 (3 right), true positives 4 (3 found)
+    assert m["acc"] == pytest.approx(4 / 6) and m["f1"] == pytest.approx(2 * precision * recall / (precision + recall))
+    p, t = torch.tensor([0.1, 0.4, 0.2, 0.9]), torch.tensor([1.0, 3.0, 2.5, 4.0])
+    assert text_metrics(p, t, regression=True)["spearman"] == pytest.approx(spearmanr(p, t).statistic)
+
+
+def test_finetune_text_classifies_and_regresses_from_a_pretrained_lm(tmp_path: Path, capsys) -> None:
+    import random
+
+    rng = random.Random(0)
+    pretrained = build_lm(LMConfig(dim=32, depth=1, heads=2, block_size=48))
+    pretrained.tokenizer = Tokenizer.byte_level()
+    pretrained.save_pretrained(tmp_path / "lm")
+    with open(tmp_path / "train.tsv", "w") as f:  # SST-2 layout: sentence <tab> label
+        f.write("sentence\tlabel\n")
+        for _ in range(160):
+            y = rng.randint(0, 1)
+            f.write(f"the {rng.choice(['film', 'meal', 'book'])} was {'good' if y else 'bad'}\t{y}\n")
+    common = ["--threads", 1, "--no-progress", "--eval-every", 0, "--lr", 3e-3, "--batch-size", 16]
+    assert (
+        crate(
+            "finetune-text",
+            "--from",
+            tmp_path / "lm",
+            "--data",
+            tmp_path / "train.tsv",
+            *common,
+            "--epochs",
+            4,
+            "--out",
+            tmp_path / "sst",
+        )
+        == 0
+    )
+    final = json.loads((tmp_path / "sst" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert final["acc"] > 0.9 and "f1" in final
+    model = load_model(tmp_path / "sst")
+    assert model.config.num_labels == 2 and model.tokenizer is not None
+    with open(tmp_path / "sts.csv", "w") as f:  # STS-B layout: a pair and a score
+        f.write("sentence1,sentence2,score\n")
+        for _ in range(120):
+            s = rng.random() * 5
+            f.write(f"a cat,{'a cat' if s > 2.5 else 'a dog'},{s:.2f}\n")
+    assert (
+        crate(
+            "finetune-text",
+            "--from",
+            tmp_path / "lm",
+            "--data",
+            tmp_path / "sts.csv",
+            *common,
+            "--max-steps",
+            6,
+            "--out",
+            tmp_path / "sts",
+        )
+        == 0
+    )
+    final = json.loads((tmp_path / "sts" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert "spearman" in final and load_model(tmp_path / "sts").config.num_labels == 1
+    (tmp_path / "one.csv").write_text("text,label\nhello,1\nworld,1\n")
+    err = one_line_error(
+        capsys,
+        "finetune-text",
+        "--from",
+        tmp_path / "lm",
+        "--data",
+        tmp_path / "one.csv",
+        *common,
+        "--out",
+        tmp_path / "bad",
+    )
+    assert "single label" in err

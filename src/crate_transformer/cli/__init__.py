@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pretrain": ("pretrain", "self-supervised pre-training: crate pretrain {mae,dino} (masked autoencoding, DINO)"),
     "eval": ("train", "evaluate a checkpoint: top-1/top-5, per-class accuracy, confusion matrix"),
     "train-lm": ("lm", "train a language model: CRATE-GPT (--objective clm) or CRATE-BERT (mlm) on text"),
+    "finetune-text": ("lm", "fine-tune a language model on a labelled CSV/TSV (GLUE-style: accuracy, F1, Spearman)"),
     "generate": ("lm", "generate text from a causal language model (temperature, top-k, top-p, KV cache)"),
     "analyze": ("analyze", "white-box report: compression, sparsity, attention maps, segmentation"),
     "theory": ("theory", "reproduce the paper's mathematical claims on synthetic data"),

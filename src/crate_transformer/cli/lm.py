@@ -22,6 +22,26 @@ def run_train_lm(args: argparse.Namespace) -> int:
     return run_task(args, "lm")
 
 
+def configure_finetune_text(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Fine-tune a language model on a CSV/TSV of texts (or text pairs) and labels (or scores), GLUE-style "
+        "(JMLR Table 5): a fresh head on the pooled tokens; reports accuracy, F1 (two classes) or Spearman (scores)."
+    )
+    parser.add_argument(
+        "--from",
+        dest="init_from",
+        metavar="CHECKPOINT",
+        default=argparse.SUPPRESS,
+        help="a crate train-lm run dir or a save_pretrained language-model dir (with its tokenizer.json)",
+    )
+    add_task_arguments(parser, "text-classification", "finetune-text")
+
+
+def run_finetune_text(args: argparse.Namespace) -> int:
+    """``crate finetune-text``: 0 on completion, 130 when interrupted (checkpoint saved)."""
+    return run_task(args, "text-classification")
+
+
 def configure_generate(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("checkpoint", help="a crate train-lm run dir or a save_pretrained language-model dir")

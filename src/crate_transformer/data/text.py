@@ -22,7 +22,7 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +40,8 @@ __all__ = [
     "load_tokens",
     "TokenBlocks",
     "split_tokens",
+    "LabelledTexts",
+    "read_labelled_table",
 ]
 
 BUILTIN_CORPORA = ("python-docs",)
@@ -203,6 +205,114 @@ class TokenBlocks:
         drop_last: bool | None = None,
     ) -> Iterator[Tensor]:
         """This process's windows of each global batch (see :func:`~crate_transformer.data.base.global_batches`)."""
+        drop_last = shuffle if drop_last is None else drop_last
+        for idx in global_batches(
+            len(self), batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start=start, drop_last=drop_last
+        ):
+            mine = rank_slice(idx, rank, world)
+            if len(mine):
+                yield self.get(mine)
+
+
+# --------------------------------------------------------------------------- labelled texts (GLUE-style tables)
+def read_labelled_table(
+    path: str | Path, text_columns: Sequence[str] = (), label_column: str = ""
+) -> tuple[list[tuple[str, ...]], list[str], tuple[str, ...], str]:
+    """Rows of a CSV / TSV file with a header: ``(texts, labels, text_columns, label_column)``.
+
+    GLUE layouts are recognised: the label column is ``label`` / ``score`` / ``gold_label`` (or the last
+    column), the texts are ``sentence`` / ``text`` or a pair such as ``sentence1, sentence2`` / ``question,
+    sentence`` / ``question1, question2`` / ``premise, hypothesis`` (or the first one or two other columns).
+    """
+    import csv
+
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ValueError(f"table not found: {path}; pass a CSV or TSV file with a header row")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path} is not UTF-8 text (invalid byte at position {e.start}); convert it to UTF-8"
+        ) from None
+    delimiter = "\t" if path.suffix.lower() == ".tsv" or (lines and "\t" in lines[0]) else ","
+    reader = csv.DictReader(
+        lines, delimiter=delimiter, quoting=csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    )
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    if len(header) < 2:
+        raise ValueError(f"{path} needs a header row with a text column and a label column, got {header}")
+    lower = {h.lower(): h for h in header}
+    label = label_column or next((lower[k] for k in ("label", "score", "gold_label") if k in lower), header[-1])
+    if label not in header:
+        raise ValueError(f"{path} has no column {label!r}; columns: {header}")
+    if not text_columns:
+        pairs = (
+            ("sentence1", "sentence2"),
+            ("question", "sentence"),
+            ("question1", "question2"),
+            ("premise", "hypothesis"),
+            ("sentence",),
+            ("text",),
+        )
+        found = next((p for p in pairs if all(k in lower for k in p)), None)
+        skip = {"idx", "id", "index", label.lower()}
+        text_columns = [lower[k] for k in found] if found else [h for h in header if h.lower() not in skip][:1]
+    missing = [c for c in text_columns if c not in header]
+    if missing or not text_columns:
+        raise ValueError(f"{path} has no text column(s) {missing or text_columns}; columns: {header}")
+    texts, labels = [], []
+    for i, row in enumerate(reader, start=2):
+        row = {(k or "").strip(): v for k, v in row.items()}
+        value = (row.get(label) or "").strip()
+        if not value:
+            raise ValueError(f"{path} line {i}: empty {label!r}; every row needs a label or score")
+        texts.append(tuple((row.get(c) or "") for c in text_columns))
+        labels.append(value)
+    if not texts:
+        raise ValueError(f"{path} has a header but no rows")
+    return texts, labels, tuple(text_columns), label
+
+
+class LabelledTexts:
+    """Encoded texts with labels (class indices, int64) or scores (float32), padded per batch.
+
+    ``batches`` yields ``(ids (b, L) right-padded with pad_id, lengths (b,), targets (b,))``, in global batches
+    under the same contract as :class:`TokenBlocks`.
+    """
+
+    def __init__(self, ids: list[list[int]], targets: Tensor, pad_id: int, name: str, split: str) -> None:
+        self.ids, self.targets, self.pad_id, self.name, self.split = ids, targets, pad_id, name, split
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        return len(self) // batch_size
+
+    def subset(self, indices: Sequence[int], split: str) -> LabelledTexts:
+        return LabelledTexts([self.ids[i] for i in indices], self.targets[list(indices)], self.pad_id, self.name, split)
+
+    def get(self, indices: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        rows = [self.ids[i] for i in indices.tolist()]
+        lengths = torch.tensor([len(r) for r in rows])
+        ids = torch.full((len(rows), int(lengths.max())), self.pad_id, dtype=torch.long)
+        for j, r in enumerate(rows):
+            ids[j, : len(r)] = torch.tensor(r)
+        return ids, lengths, self.targets[indices]
+
+    def batches(
+        self,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        epoch: int = 0,
+        start: int = 0,
+        rank: int = 0,
+        world: int = 1,
+        drop_last: bool | None = None,
+    ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
         drop_last = shuffle if drop_last is None else drop_last
         for idx in global_batches(
             len(self), batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start=start, drop_last=drop_last

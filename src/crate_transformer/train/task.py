@@ -29,6 +29,7 @@ __all__ = ["Task", "StepContext", "Hook", "TASKS", "register_task", "make_task",
 TASKS: dict[str, str] = {
     "classification": "crate_transformer.train.classification:ClassificationTask",
     "lm": "crate_transformer.train.lm:LMTask",
+    "text-classification": "crate_transformer.train.text_classification:TextClassificationTask",
 }
 
 
