@@ -1,7 +1,7 @@
 """Generation with a key-value cache: CRATE-GPT (one cached tensor per layer, since Q = K = V = U_kᵀz) against
 a standard GPT of the same width, depth and heads (cached K and V), each also without a cache.
 
-    python benchmarks/bench_generate.py             # d=384, 6 layers, 6 heads, V=50,304, 64-token prompt + 448 new
+    python benchmarks/bench_generate.py             # d=256, 4 layers, 4 heads, V=8,192, 32-token prompt + 224 new
     python benchmarks/bench_generate.py --quick     # smaller and shorter, a smoke check
 
 All four are measured in the same run, interleaved over ``--rounds`` rounds (best round kept), on one thread,
@@ -38,14 +38,14 @@ def cache_size(model: torch.nn.Module, prompt: torch.Tensor, new: int) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dim", type=int, default=384)
-    ap.add_argument("--depth", type=int, default=6)
-    ap.add_argument("--heads", type=int, default=6)
-    ap.add_argument("--vocab", type=int, default=50304)
-    ap.add_argument("--prompt", type=int, default=64, help="prompt tokens")
-    ap.add_argument("--new", type=int, default=448, help="generated tokens")
+    ap.add_argument("--dim", type=int, default=256)
+    ap.add_argument("--depth", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--prompt", type=int, default=32, help="prompt tokens")
+    ap.add_argument("--new", type=int, default=224, help="generated tokens")
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="d=128, 2 layers, 32 + 96 tokens, 1 round")
     args = ap.parse_args()

@@ -363,6 +363,16 @@ def test_masked_lm_trains_with_a_trained_bpe_tokenizer(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- fine-tuning on labelled text (Table 5)
+@pytest.mark.parametrize("causal", [True, False])
+def test_padding_never_changes_the_classification(causal: bool) -> None:
+    model = build_lm(LMConfig(causal=causal, num_labels=3, **TINY)).eval()
+    x = torch.randint(0, 256, (1, 9))
+    padded = torch.cat([x, torch.full((1, 5), 257)], 1)
+    alone = model.classify(x)
+    together = model.classify(torch.cat([padded, torch.randint(0, 256, (1, 14))]), torch.tensor([9, 14]))
+    assert torch.allclose(alone[0], together[0], atol=1e-5)
+
+
 def test_text_metrics_match_independent_computations() -> None:
     from scipy.stats import spearmanr
 

@@ -233,11 +233,14 @@ class LanguageModel(PretrainedMixin, nn.Module):
         return self.drop(self.wte(idx) + e_pos)
 
     # ---------------------------------------------------------------- forward
-    def forward_features(self, idx: Tensor, cache: list[dict[str, Tensor]] | None = None) -> Tensor:
+    def forward_features(
+        self, idx: Tensor, cache: list[dict[str, Tensor]] | None = None, key_mask: Tensor | None = None
+    ) -> Tensor:
+        """The last layer's tokens (b, n, d); ``key_mask`` (b, n) False at padding, which no token attends to."""
         start = _cached_length(cache)
         z = self.embed(idx, start)
         for i, layer in enumerate(self.layers):
-            z = layer(z, cache=None if cache is None else cache[i])[0]
+            z = layer(z, cache=None if cache is None else cache[i], key_mask=key_mask)[0]
         return self.norm(z)
 
     def head(self, z: Tensor) -> Tensor:
@@ -267,17 +270,19 @@ class LanguageModel(PretrainedMixin, nn.Module):
         """Sequence-classification logits ``(b, num_labels)`` (Table 5 fine-tuning).
 
         Sequences are right-padded; ``lengths`` are their true lengths.  A causal model pools its last real
-        token (which has seen the whole text and no padding); a bidirectional one the mean of its real tokens.
+        token (which has seen the whole text and no padding); a bidirectional one, whose attention is masked
+        at the padding, the mean of its real tokens.  Padding therefore never changes the logits.
         """
         if self.classifier is None:
             raise ValueError("this model has no classification head; create it with num_labels > 0")
-        z = self.forward_features(idx)
-        b, n, _ = z.shape
-        lengths = torch.full((b,), n, device=z.device) if lengths is None else lengths.to(z.device)
+        b, n = idx.shape
+        lengths = torch.full((b,), n, device=idx.device) if lengths is None else lengths.to(idx.device)
+        real = torch.arange(n, device=idx.device)[None] < lengths[:, None]
+        z = self.forward_features(idx, key_mask=None if self.config.causal or bool(real.all()) else real)
         if self.config.causal:
             pooled = z[torch.arange(b, device=z.device), lengths - 1]
         else:
-            keep = (torch.arange(n, device=z.device)[None] < lengths[:, None]).to(z.dtype)
+            keep = real.to(z.dtype)
             pooled = (z * keep[..., None]).sum(1) / keep.sum(1, keepdim=True)
         return self.classifier(pooled)
 

@@ -186,7 +186,11 @@ class _MHSA(nn.Module):
         self.proj = nn.Linear(dim, dim)
 
     def forward(
-        self, x: Tensor, return_attention: bool = False, cache: dict[str, Tensor] | None = None
+        self,
+        x: Tensor,
+        return_attention: bool = False,
+        cache: dict[str, Tensor] | None = None,
+        key_mask: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         b, n, d = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
@@ -201,7 +205,7 @@ class _MHSA(nn.Module):
             out = F.dropout(attn, p_drop, self.training) @ v
         else:
             k, v = cache_append(cache, "k", k), cache_append(cache, "v", v)
-            out = attend(q, k, v, causal=self.causal, scale=q.shape[-1] ** -0.5, dropout_p=p_drop)
+            out = attend(q, k, v, causal=self.causal, scale=q.shape[-1] ** -0.5, dropout_p=p_drop, key_mask=key_mask)
         out = self.proj(out.transpose(1, 2).reshape(b, n, d))
         return (out, attn) if return_attention else out
 
@@ -218,13 +222,17 @@ class _ViTBlock(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, dim))
 
     def forward(
-        self, x: Tensor, return_attention: bool = False, cache: dict[str, Tensor] | None = None
+        self,
+        x: Tensor,
+        return_attention: bool = False,
+        cache: dict[str, Tensor] | None = None,
+        key_mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         attn = None
         if return_attention:
             m, attn = self.attn(self.norm1(x), return_attention=True)
         else:
-            m = self.attn(self.norm1(x), cache=cache)
+            m = self.attn(self.norm1(x), cache=cache, key_mask=key_mask)
         half = x + m
         return half + self.mlp(self.norm2(half)), half, attn
 
