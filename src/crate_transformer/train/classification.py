@@ -23,7 +23,7 @@ from ..data import (
     load_dataset,
     resolve_source,
 )
-from ..model import ModelConfig, build_model
+from ..model import ImageClassifier, ModelConfig, build_model
 from ..registry import is_language_model, model_config
 from .config import TrainConfig
 from .evaluation import evaluate, prepare_batch
@@ -48,6 +48,8 @@ class ClassificationTask(Task):
             image_size = model.config.image_size
         elif cfg.init_from is not None:  # fine-tuning: the checkpoint fixes the architecture
             model = load_model(cfg.init_from, name=cfg.model, **cfg.model_args)
+            if not isinstance(model, ImageClassifier):
+                raise ValueError(f"{cfg.init_from} is a language model; fine-tune it with crate finetune-text")
             image_size = cfg.image_size or model.config.image_size
         else:
             if cfg.model is None:
