@@ -77,6 +77,14 @@ def test_gpt2_baselines_have_gpt2_parameter_counts() -> None:
     assert round(small.num_params() / 1e6) == 64  # Table 10 "Small"
 
 
+def test_crate_without_ista_trains_only_what_it_uses() -> None:
+    m = build_lm(LMConfig(ista_mode="none", **TINY))
+    L, d = 2, 32
+    assert m.num_params(trainable_only=True) == m.num_params() - L * (d * d + 2 * d)  # ISTA D and LN2 unused
+    m(torch.randint(0, 262, (2, 8))).sum().backward()
+    assert all((p.grad is not None) == p.requires_grad for p in m.parameters())
+
+
 def test_registry_lists_and_builds_language_models() -> None:
     names = ct.list_models("*gpt*")
     assert {"crate_gpt_small", "crate_gpt_mini", "gpt_mini", "gpt2_base"} <= set(names)
@@ -282,7 +290,7 @@ def test_loss_falls_on_the_built_in_corpus_and_the_run_generates(tmp_path: Path,
     train = [r for r in records if r["split"] == "train"]
     final = records[-1]
     assert train[0]["loss"] > 4.0 and final["loss"] < 3.3  # from ~ln 262 = 5.57 to a real byte model
-    assert final["ppl"] == pytest.approx(math.exp(final["loss"]))
+    assert final["ppl"] == pytest.approx(math.exp(final["loss"])) and final["tokens"] == 64 * 32  # --eval-blocks 64
     state = load_training_state(run)
     assert state["train_config"]["task"] == "lm" and state["train_config"]["model"] == "crate_gpt_mini"
     # the saved model dispatches on its config.json arch and carries its tokenizer

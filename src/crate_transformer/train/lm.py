@@ -113,7 +113,8 @@ class LMTask(Task):
         cut = split_tokens(len(tokens), cfg.val_fraction, block)
         name = Path(source).name if source != "python-docs" else "python-docs"
         self.train_data = TokenBlocks(tokens, block, 0, cut, name, "train")
-        self.eval_data = TokenBlocks(tokens, block, cut, len(tokens), name, "held-out")
+        end = min(len(tokens), cut + o.eval_blocks * block + 1) if o.eval_blocks else len(tokens)
+        self.eval_data = TokenBlocks(tokens, block, cut, end, name, "held-out")
         self.special = torch.tensor(self.tokenizer.special_ids, device=rt.device)
 
     # ---------------------------------------------------------------- batches and loss
@@ -156,14 +157,8 @@ class LMTask(Task):
         model.eval()
         g = torch.Generator(device=rt.device).manual_seed(1234)  # the same masks at every evaluation (mlm)
         total = torch.zeros(3, dtype=torch.float64, device=rt.device)
-        limit = self.options.eval_blocks or len(self.eval_data)
-        seen = 0
         try:
             for blocks in self.eval_data.batches(self.cfg.eval_batch_size, shuffle=False, rank=rt.rank, world=rt.world):
-                blocks = blocks[: max(0, limit - seen)]
-                seen += len(blocks) * rt.world
-                if not len(blocks):
-                    break
                 with rt.autocast():
                     _, s = self.loss(model, self._split(blocks, g))
                 total += torch.stack([s["loss"], s["acc"], s["n"]]).double()
