@@ -85,7 +85,10 @@ def test_crate_without_ista_trains_only_what_it_uses() -> None:
     assert all((p.grad is not None) == p.requires_grad for p in m.parameters())
 
 
-def test_registry_lists_and_builds_language_models() -> None:
+def test_registry_lists_and_builds_language_models(capsys: pytest.CaptureFixture) -> None:
+    assert crate("models", "crate_bert_*") == 0
+    out = capsys.readouterr().out
+    assert "59,883,264" in out and "BERT ctx 512, vocab 50,265" in out and "crate_gpt" not in out
     names = ct.list_models("*gpt*")
     assert {"crate_gpt_small", "crate_gpt_mini", "gpt_mini", "gpt2_base"} <= set(names)
     m = ct.create_model("crate_gpt_mini", depth=1)
