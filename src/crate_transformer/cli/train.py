@@ -124,6 +124,8 @@ def run_eval(args: argparse.Namespace) -> int:
     positive("batch_size", args.batch_size)
     device = resolve_device(args.device)
     model = load_model(args.checkpoint, name=args.model, **parse_model_args(args.model_args))
+    if not hasattr(model, "check_images"):
+        raise ValueError(f"{args.checkpoint} is a language model; see its held-out perplexity in metrics.jsonl")
     c = model.config
     data = args.data or (c.data.source if c.data else None)
     if not data:

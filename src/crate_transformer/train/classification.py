@@ -22,8 +22,8 @@ from ..data import (
     fit_normalization,
     open_source,
 )
-from ..model import ModelConfig, build_model
-from ..registry import model_config
+from ..model import ImageClassifier, ModelConfig, build_model
+from ..registry import is_language_model, model_config
 from .config import TrainConfig
 from .evaluation import evaluate, prepare_batch
 from .runtime import Runtime
@@ -47,10 +47,14 @@ class ClassificationTask(Task):
             image_size = model.config.image_size
         elif cfg.init_from is not None:  # fine-tuning: the checkpoint fixes the architecture
             model = load_model(cfg.init_from, name=cfg.model, **cfg.model_args)
+            if not isinstance(model, ImageClassifier):
+                raise ValueError(f"{cfg.init_from} is a language model; fine-tune it with crate finetune-text")
             image_size = cfg.image_size or model.config.image_size
         else:
             if cfg.model is None:
                 raise ValueError("no model given; pass --model NAME (see `crate models`)")
+            if is_language_model(cfg.model):
+                raise ValueError(f"{cfg.model} is a language model; train it with crate train-lm --model {cfg.model}")
             image_size = cfg.image_size or model_config(cfg.model, **cfg.model_args).image_size
         self.image_size = image_size
         self.train_data, self.eval_data, self.test_data = self._load_data(image_size)
