@@ -7,6 +7,7 @@ Public API::
     ct.list_models("crate_*")
     model.save_pretrained("out/"); model = ct.from_pretrained("out/")
     model = ct.from_official("checkpoint.pth.tar", "crate_small")
+    lm = ct.create_model("crate_gpt_mini"); lm.generate(ids, 100)   # CRATE-GPT / CRATE-BERT (JMLR §4.1.4)
     ct.coding_rate(Z), ct.subspace_coding_rate(Z, U), ...
 """
 
@@ -19,6 +20,7 @@ except _PackageNotFoundError:  # running from a source tree that was never insta
     __version__ = "0+unknown"
 
 from .checkpoint import CheckpointError, from_official, from_pretrained  # noqa: E402
+from .lm import GPT, CRATELanguageModel, LanguageModel, LMConfig  # noqa: E402
 from .model import CRATE, ImageClassifier, ModelConfig, Trace, ViT  # noqa: E402
 from .objectives import (  # noqa: E402
     coding_rate,
@@ -33,6 +35,7 @@ from .objectives import (  # noqa: E402
     subspaces_from_qkv,
 )
 from .registry import create_model, list_models, model_config  # noqa: E402
+from .tokenizer import Tokenizer  # noqa: E402
 
 _SUBMODULES = ("analysis", "theory", "data", "train", "probe", "dino")
 
@@ -53,6 +56,11 @@ __all__ = [
     "ImageClassifier",
     "ModelConfig",
     "Trace",
+    "LanguageModel",
+    "CRATELanguageModel",
+    "GPT",
+    "LMConfig",
+    "Tokenizer",
     "CheckpointError",
     "create_model",
     "list_models",

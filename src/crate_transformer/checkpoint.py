@@ -27,8 +27,9 @@ from .io import (
     load_safetensors,
     save_pretrained,
 )
+from .lm import LM_ARCHS, LanguageModel, LMConfig
 from .model import ImageClassifier, ModelConfig, build_model
-from .registry import model_config, registered_fields
+from .registry import build, model_config, registered_fields
 
 __all__ = [
     "CheckpointError",
@@ -36,6 +37,7 @@ __all__ = [
     "load_pickle",
     "save_pretrained",
     "read_config",
+    "config_from_dict",
     "from_pretrained",
     "from_official",
     "official_to_native",
@@ -62,8 +64,15 @@ def _model_dir(path: str | Path) -> Path:
     return path
 
 
-def read_config(directory: str | Path) -> ModelConfig:
-    """The :class:`ModelConfig` of a ``save_pretrained`` folder (older ``"extra"`` layouts are converted)."""
+def config_from_dict(data: Mapping) -> ModelConfig | LMConfig:
+    """The config a ``config.json`` / training state's ``model_config`` describes, by its ``arch``:
+    a language model (``crate_lm``, ``gpt``) or an image classifier."""
+    cls = LMConfig if data.get("arch") in LM_ARCHS else ModelConfig
+    return cls.from_dict(data)
+
+
+def read_config(directory: str | Path) -> ModelConfig | LMConfig:
+    """The config of a ``save_pretrained`` folder (older ``"extra"`` layouts are converted)."""
     directory = _model_dir(directory)
     path = directory / CONFIG_NAME
     if not path.is_file():
@@ -80,12 +89,12 @@ def read_config(directory: str | Path) -> ModelConfig:
         raise CheckpointError(f"{path} does not hold a JSON object of model settings; the file is corrupt")
     data.pop("crate_transformer_version", None)
     try:
-        return ModelConfig.from_dict(data)
+        return config_from_dict(data)
     except ValueError as e:
         raise CheckpointError(f"{path}: {e}") from None
 
 
-def from_pretrained(directory: str | Path, map_location: str | torch.device = "cpu") -> ImageClassifier:
+def from_pretrained(directory: str | Path, map_location: str | torch.device = "cpu") -> ImageClassifier | LanguageModel:
     """Load a model written by :meth:`ImageClassifier.save_pretrained`.
 
     ``directory`` is that folder, or its ``model.safetensors`` or ``config.json``.  The weights'
@@ -98,8 +107,12 @@ def from_pretrained(directory: str | Path, map_location: str | torch.device = "c
     if not weights.is_file():
         raise CheckpointError(f"no {WEIGHTS_NAME} in {directory}; the save was incomplete — re-save the model")
     state, _ = load_safetensors(weights)
-    model = build_model(config)
+    model = build(config)
     load_weights(model, state, source=str(weights))
+    if isinstance(model, LanguageModel) and (directory / "tokenizer.json").is_file():
+        from .tokenizer import Tokenizer
+
+        model.tokenizer = Tokenizer.from_file(directory / "tokenizer.json")
     return model.to(map_location)
 
 
@@ -208,7 +221,7 @@ def native_to_official(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return _rename(state, forward=False)
 
 
-def load_model(path: str | Path, name: str | None = None, **overrides: object) -> ImageClassifier:
+def load_model(path: str | Path, name: str | None = None, **overrides: object) -> ImageClassifier | LanguageModel:
     """Load a model from whatever a user points at; the one resolver the CLI commands share.
 
     * a ``save_pretrained`` directory (has ``config.json``), or its ``model.safetensors`` / ``config.json``
@@ -238,11 +251,11 @@ def load_model(path: str | Path, name: str | None = None, **overrides: object) -
     raw = load_pickle(path)
     if isinstance(raw, Mapping) and "model_config" in raw and "model" in raw:
         try:
-            config = ModelConfig.from_dict(dict(raw["model_config"]))
+            config = config_from_dict(dict(raw["model_config"]))
         except ValueError as e:
             raise CheckpointError(f"{path}: {e}") from None
         _check_overrides(config, path, name, overrides)
-        model = build_model(config)
+        model = build(config)
         task = raw.get("task")
         weights = raw["model"]
         if isinstance(task, Mapping) and isinstance(task.get("export_model"), Mapping):
@@ -256,13 +269,15 @@ def load_model(path: str | Path, name: str | None = None, **overrides: object) -
     return from_official(raw, name, **overrides)
 
 
-def _check_overrides(config: ModelConfig, path: Path, name: str | None, overrides: Mapping[str, object]) -> None:
+def _check_overrides(
+    config: ModelConfig | LMConfig, path: Path, name: str | None, overrides: Mapping[str, object]
+) -> None:
     """Refuse a model name / overrides that disagree with a checkpoint's stored config (equal values pass)."""
     if name is None and not overrides:
         return
     wanted = dict(registered_fields(name)) if name is not None else {}
     try:
-        wanted.update(coerce_fields(ModelConfig, overrides))
+        wanted.update(coerce_fields(type(config), overrides))
     except ValueError as e:
         raise CheckpointError(f"{e}") from None
     stored = config.to_dict()
@@ -290,8 +305,8 @@ def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: o
     ``weights_only=True``).  η and λ are not stored by the official code; pass them as overrides if
     the checkpoint was trained with non-default values.
     """
-    config: ModelConfig = model_config(name, **overrides)
-    if config.arch != "crate":
+    config = model_config(name, **overrides)
+    if not isinstance(config, ModelConfig) or config.arch != "crate":
         raise ValueError(f"from_official loads CRATE classifiers; {name!r} is a {config.arch} model")
     raw = load_pickle(path_or_state) if isinstance(path_or_state, (str, Path)) else path_or_state
     source = str(path_or_state) if isinstance(path_or_state, (str, Path)) else "official state dict"

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from .config_utils import coerce_fields
 from .data.spec import DataSpec, fit_normalization
 from .io import PretrainedMixin
-from .operators import ISTA_MODES, LAYER_FORMS, EncoderLayer
+from .operators import ISTA_MODES, LAYER_FORMS, EncoderLayer, attend, cache_append
 
 __all__ = ["ModelConfig", "Trace", "ImageClassifier", "CRATE", "ViT", "build_model"]
 
@@ -174,42 +174,65 @@ class Trace:
 
 # --------------------------------------------------------------------------- ViT baseline blocks
 class _MHSA(nn.Module):
-    """Standard multi-head self-attention with separate Q, K, V (the ViT baseline)."""
+    """Standard multi-head self-attention with separate Q, K, V (the ViT and GPT-2 baselines).
 
-    def __init__(self, dim: int, heads: int, dropout: float) -> None:
+    ``causal`` masks future tokens (GPT); ``cache`` (a dict) holds the earlier tokens' ``"k"`` and ``"v"``.
+    """
+
+    def __init__(self, dim: int, heads: int, dropout: float, causal: bool = False) -> None:
         super().__init__()
-        self.heads, self.dropout = heads, dropout
+        self.heads, self.dropout, self.causal = heads, dropout, causal
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: Tensor, return_attention: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    def forward(
+        self,
+        x: Tensor,
+        return_attention: bool = False,
+        cache: dict[str, Tensor] | None = None,
+        key_mask: Tensor | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
         b, n, d = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         p_drop = self.dropout if self.training else 0.0
+        if cache is not None and (return_attention or not self.causal):
+            raise ValueError("a key-value cache needs a causal attention without return_attention")
         if return_attention:
-            attn = torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, dim=-1)
+            scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+            if self.causal:
+                scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
+            attn = torch.softmax(scores, dim=-1)
             out = F.dropout(attn, p_drop, self.training) @ v
         else:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p_drop)
+            k, v = cache_append(cache, "k", k), cache_append(cache, "v", v)
+            out = attend(q, k, v, causal=self.causal, scale=q.shape[-1] ** -0.5, dropout_p=p_drop, key_mask=key_mask)
         out = self.proj(out.transpose(1, 2).reshape(b, n, d))
         return (out, attn) if return_attention else out
 
 
 class _ViTBlock(nn.Module):
-    def __init__(self, dim: int, heads: int, mlp_ratio: float, dropout: float) -> None:
+    """Pre-norm transformer block ``x + MHSA(LN(x))`` then ``+ MLP(LN(·))`` (ViT; GPT-2 with ``causal``)."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: float, dropout: float, causal: bool = False) -> None:
         super().__init__()
         hidden = int(dim * mlp_ratio)
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = _MHSA(dim, heads, dropout)
+        self.attn = _MHSA(dim, heads, dropout, causal)
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, dim))
 
-    def forward(self, x: Tensor, return_attention: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+    def forward(
+        self,
+        x: Tensor,
+        return_attention: bool = False,
+        cache: dict[str, Tensor] | None = None,
+        key_mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         attn = None
         if return_attention:
             m, attn = self.attn(self.norm1(x), return_attention=True)
         else:
-            m = self.attn(self.norm1(x))
+            m = self.attn(self.norm1(x), cache=cache, key_mask=key_mask)
         half = x + m
         return half + self.mlp(self.norm2(half)), half, attn
 

@@ -26,6 +26,8 @@ __all__ = [
     "ssa_reference",
     "mssa_reference",
     "ista_reference",
+    "attend",
+    "cache_append",
 ]
 
 ISTA_MODES = ("relu", "soft", "mm", "none")
@@ -58,6 +60,48 @@ def ista_reference(Z: Tensor, D: Tensor, eta: float = 0.1, lambd: float = 0.1) -
     ``ISTA(Z|D) = ReLU(Z − η Dᵀ(D Z − Z) − ηλ 1)``; column form, ``Z`` is ``(d, n)``.
     """
     return F.relu(Z - eta * D.T @ (D @ Z - Z) - eta * lambd)
+
+
+# --------------------------------------------------------------------------- attention with a cache
+def cache_append(cache: dict[str, Tensor] | None, key: str, new: Tensor) -> Tensor:
+    """``new`` (b, K, n, p) appended along the token axis to ``cache[key]`` (stored back), or ``new`` itself.
+
+    A layer's key-value cache is a plain dict: CRATE's MSSA keeps one tensor ``"w"`` (``U_kᵀ z`` serves as
+    query, key and value, eq. (35)), a standard attention ``"k"`` and ``"v"``.
+    """
+    if cache is None:
+        return new
+    old = cache.get(key)
+    cache[key] = new if old is None else torch.cat([old, new], dim=-2)
+    return cache[key]
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    scale: float,
+    dropout_p: float = 0.0,
+    key_mask: Tensor | None = None,
+) -> Tensor:
+    """``softmax(scale·q kᵀ + CausalMask) v`` (row form of eqs. (86)-(87), JMLR p.45).
+
+    The ``m`` queries are the **last** ``m`` of the ``s`` key positions (a key-value cache holds the
+    first ``s − m``), so query ``i`` sees keys ``j ≤ s − m + i``.  PyTorch's ``is_causal`` aligns the
+    mask top-left, which is only right for ``m = s``; the offset case gets an explicit mask.
+    ``key_mask`` (b, s), True for real tokens, hides padding from every query.
+    """
+    m, s = q.shape[-2], k.shape[-2]
+    if key_mask is None and (not causal or m == s or m == 1):  # one new query sees every cached key
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal and m == s, scale=scale)
+    mask = torch.ones(m, s, dtype=torch.bool, device=q.device)
+    if causal:
+        mask = mask.tril(s - m)
+    if key_mask is not None:
+        mask = mask & key_mask[:, None, None, :].to(torch.bool)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 
 
 # --------------------------------------------------------------------------- MSSA
@@ -105,12 +149,25 @@ class MSSA(nn.Module):
             return self.tied_beta * (out @ self.qkv.weight)  # β [U_1…U_K] applied to row tokens
         return self.proj(out)
 
-    def forward(self, x: Tensor, return_attention: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    def forward(
+        self,
+        x: Tensor,
+        return_attention: bool = False,
+        cache: dict[str, Tensor] | None = None,
+        key_mask: Tensor | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """``x`` (b, n, d) → (b, n, d).  ``cache``: this layer's key-value cache for causal decoding —
+        ``x`` holds the newest tokens and ``cache["w"]`` the projections ``U_kᵀ z`` of the earlier ones,
+        the **single** tensor that plays query, key and value (a standard attention caches K and V).
+        ``key_mask`` (b, n): True for real tokens, False for padding, which no token attends to."""
         b, n, _ = x.shape
         w = self.qkv(x).view(b, n, self.heads, self.dim_head).transpose(1, 2)  # (b, K, n, p)
         p_drop = self.dropout if self.training else 0.0
+        if cache is not None and (return_attention or not self.causal):
+            raise ValueError("a key-value cache needs a causal MSSA without return_attention")
         if not return_attention:
-            out = F.scaled_dot_product_attention(w, w, w, dropout_p=p_drop, is_causal=self.causal, scale=self.scale)
+            kv = cache_append(cache, "w", w)
+            out = attend(w, kv, kv, causal=self.causal, scale=self.scale, dropout_p=p_drop, key_mask=key_mask)
             return self._project_out(out)
         scores = (w @ w.transpose(-1, -2)) * self.scale
         if self.causal:
@@ -218,14 +275,20 @@ class EncoderLayer(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.ista = ISTA(dim, eta, lambd, ista_mode, eps)
 
-    def forward(self, x: Tensor, return_attention: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Returns ``(Z_next, Z_half, attention or None)``."""
+    def forward(
+        self,
+        x: Tensor,
+        return_attention: bool = False,
+        cache: dict[str, Tensor] | None = None,
+        key_mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Returns ``(Z_next, Z_half, attention or None)``; ``cache`` and ``key_mask`` as in :meth:`MSSA.forward`."""
         h = self.norm1(x)
         attn = None
         if return_attention:
             m, attn = self.attn(h, return_attention=True)
         else:
-            m = self.attn(h)
+            m = self.attn(h, cache=cache, key_mask=key_mask)
         half = (x if self.form == "official" else h) + m
         out = half if self.ista.mode == "none" else self.ista(self.norm2(half))
         return out, half, attn

@@ -22,6 +22,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "finetune": ("train", "fine-tune a pretrained or official checkpoint on new data"),
     "pretrain": ("pretrain", "self-supervised pre-training: crate pretrain {mae,dino} (masked autoencoding, DINO)"),
     "eval": ("train", "evaluate a checkpoint: top-1/top-5, per-class accuracy, confusion matrix"),
+    "train-lm": ("lm", "train a language model: CRATE-GPT (--objective clm) or CRATE-BERT (mlm) on text"),
+    "finetune-text": ("lm", "fine-tune a language model on a labelled CSV/TSV (GLUE-style: accuracy, F1, Spearman)"),
+    "generate": ("lm", "generate text from a causal language model (temperature, top-k, top-p, KV cache)"),
     "analyze": ("analyze", "white-box report: compression, sparsity, attention maps, segmentation"),
     "theory": ("theory", "reproduce the paper's mathematical claims on synthetic data"),
 }
@@ -38,8 +41,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         )
         if name == command:
             module = importlib.import_module(f"{__name__}.{module_name}")
-            getattr(module, f"configure_{name}")(p)
-            p.set_defaults(_run=getattr(module, f"run_{name}"))
+            func = name.replace("-", "_")  # crate train-lm → configure_train_lm / run_train_lm
+            getattr(module, f"configure_{func}")(p)
+            p.set_defaults(_run=getattr(module, f"run_{func}"))
     return parser
 
 

@@ -20,8 +20,9 @@ def configure_analyze(parser: argparse.ArgumentParser) -> None:
         "--data",
         default=None,
         metavar="NAME|DIR",
-        help="a dataset: mnist, digits, a CIFAR folder or a class-per-subfolder image folder "
-        "(measures its train and test splits); default: the dataset recorded in the model config",
+        help="a dataset: mnist, digits, a CIFAR folder, a class-per-subfolder image folder, WebDataset shards or "
+        "a saved Hugging Face dataset (measures its train and test splits); default: the model config's dataset. "
+        "Language models: a text corpus (python-docs, a file or folder) whose held-out tail is measured",
     )
     parser.add_argument("--out", default="analysis", help="output folder for report.html, report.json and figures")
     parser.add_argument("--num-images", type=int, default=256, help="images measured per split (seeded subset)")
@@ -44,6 +45,60 @@ def configure_analyze(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the measured image subset")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    text = parser.add_argument_group("language models")
+    text.add_argument("--num-blocks", type=int, default=64, help="held-out token blocks measured")
+    text.add_argument("--attn-tokens", type=int, default=48, help="tokens shown in the attention maps")
+
+
+def _analyze_language_model(model: object, args: argparse.Namespace) -> int:
+    """Per-layer compression and sparsity of held-out token representations, and attention maps over tokens."""
+    import torch
+
+    from ..analysis.language import analyze_text
+    from ..data.text import TokenBlocks, load_tokens, split_tokens
+
+    positive("num_blocks", args.num_blocks)
+    positive("attn_tokens", args.attn_tokens)
+    if model.tokenizer is None:
+        raise ValueError(
+            f"{args.checkpoint} has no tokenizer.json beside its weights; save the model with its tokenizer"
+        )
+    data, val_fraction = args.data, 0.1
+    run_config = Path(args.checkpoint) / "config.yaml"
+    if run_config.is_file():  # a crate train-lm run: its corpus and held-out split
+        import yaml
+
+        saved = yaml.safe_load(run_config.read_text()) or {}
+        data, val_fraction = data or saved.get("data"), saved.get("val_fraction") or val_fraction
+    data = data or "python-docs"
+    block = model.config.block_size
+    tokens = load_tokens(data, model.tokenizer)
+    cut = split_tokens(len(tokens), val_fraction, block)
+    held_out = TokenBlocks(tokens, block, cut, len(tokens), str(data), "held-out")
+    n = min(args.num_blocks, len(held_out))
+    blocks = held_out.get(torch.arange(n))[:, :-1]
+    check_out_dir(args.out)
+    source = {
+        "data": f"{data}: the held-out last {val_fraction:.0%} of the tokens, {n} blocks of {block}",
+        "checkpoint": str(args.checkpoint),
+    }
+    report = analyze_text(
+        model,
+        args.out,
+        blocks,
+        eps=args.eps,
+        batch_size=args.batch_size,
+        attn_layers=(0, args.attn_layer),
+        attn_tokens=min(args.attn_tokens, block),
+        source=source,
+    )
+    first = report["measure"]["held-out text"]["layers"]
+    print(
+        f"layer-wise R^c (MSSA input) {first[0]['rc_in']:.4g} -> {first[-1]['rc_in']:.4g}, non-zero fraction "
+        f"{first[0]['nonzero']:.3f} -> {first[-1]['nonzero']:.3f} (layer 1 -> {len(first)}) on {n} held-out blocks"
+    )
+    print(f"wrote {Path(args.out) / 'report.json'}, layerwise.png and attention maps ({report['wall_time_s']} s)")
+    return 0
 
 
 def _subset(n: int, k: int, seed: int) -> list[int]:
@@ -55,20 +110,40 @@ def _subset(n: int, k: int, seed: int) -> list[int]:
     return sorted(torch.randperm(n, generator=g)[:k].tolist())
 
 
-def _dataset_splits(model: object, data: str, image_size: int, k: int, seed: int, on_bad_image: str) -> tuple:
-    from ..analysis._common import dataset_images01
-    from ..data import load_dataset, match_channels, resolve_normalization
+def _split_images(ds: object, k: int, seed: int, size: int) -> object:
+    """uint8 → [0, 1] images of a seeded subset of ``k`` samples of a split, resized to ``size``."""
+    import torch
 
-    train = load_dataset(data, "train", image_size=image_size, on_bad_image=on_bad_image)
+    from ..data import ImageDataset
+    from ..data.transforms import _resize_tensor
+
+    if isinstance(ds, ImageDataset):  # random access: the seeded subset of the whole split
+        x = ds.images[torch.as_tensor(_subset(len(ds), k, seed), dtype=torch.long)]
+    else:  # streamed: the first k samples of a seeded epoch (shards have no random access)
+        parts, n = [], 0
+        for images, _ in ds.batches(min(k, len(ds)), shuffle=True, seed=seed, drop_last=False):
+            parts.append(images[: k - n])
+            n += parts[-1].shape[0]
+            if n >= k:
+                break
+        x = torch.cat(parts)
+    return _resize_tensor(x, size).float() / 255.0
+
+
+def _dataset_splits(model: object, data: str, image_size: int, k: int, seed: int, on_bad_image: str) -> tuple:
+    from ..data import match_channels, open_source, resolve_normalization
+
+    kw = dict(image_size=image_size, on_bad_image=on_bad_image, stats=resolve_normalization(model))
+    train = open_source(data, "train", **kw)
     c = model.config.in_chans
     try:
-        test = load_dataset(data, "test", image_size=image_size, on_bad_image=on_bad_image)
+        test = open_source(data, "test", **kw)
     except ValueError:
         test = None
     splits = {}
     for name, ds in (("train", train), ("test", test)):
         if ds is not None:
-            imgs = dataset_images01(ds, _subset(len(ds), k, seed))
+            imgs = _split_images(ds, k, seed, image_size)
             try:
                 splits[name] = match_channels(imgs, c)
             except ValueError as e:
@@ -91,6 +166,10 @@ def run_analyze(args: argparse.Namespace) -> int:
     positive("image_size", args.image_size, allow_none=True)
     device = resolve_device(args.device)
     model = load_model(args.checkpoint, args.model, **parse_model_args(args.model_args)).to(device).eval()
+    from ..lm import LanguageModel
+
+    if isinstance(model, LanguageModel):
+        return _analyze_language_model(model, args)
     c = model.config
     size = args.image_size or c.image_size
     if size % c.patch_size:

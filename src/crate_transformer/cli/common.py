@@ -12,13 +12,15 @@ __all__ = ["parse_model_args", "add_model_arguments", "add_dataclass_arguments",
 
 
 def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
-    """``["dim=64", "eta=5e-2"]`` → ``{"dim": 64, "eta": 0.05}``, keys checked against ModelConfig.
+    """``["dim=64", "eta=5e-2"]`` → ``{"dim": 64, "eta": 0.05}``, keys checked against ModelConfig and LMConfig
+    (the model's own config class rejects the other's keys when the model is built).
 
     Values are read as YAML scalars (``true``, ``null``, numbers); :class:`ModelConfig` then coerces them
     by field type, so ``5e-2`` (a string to YAML 1.1) is a float and ``eta=abc`` is a one-line error.
     """
     import yaml
 
+    from ..lm import LMConfig
     from ..model import ModelConfig
 
     out = {}
@@ -30,7 +32,7 @@ def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
             out[key.strip().replace("-", "_")] = yaml.safe_load(value)
         except yaml.YAMLError:
             out[key.strip().replace("-", "_")] = value
-    valid = {f.name for f in dataclasses.fields(ModelConfig)} - {"data", "extra"}
+    valid = {f.name for f in (*dataclasses.fields(ModelConfig), *dataclasses.fields(LMConfig))} - {"data", "extra"}
     bad = sorted(set(out) - valid)
     if bad:
         raise ValueError(f"unknown model argument(s) {bad}; valid: {sorted(valid)}")
@@ -91,7 +93,8 @@ def add_dataclass_arguments(
         if command not in meta.get("commands", ()):
             continue
         default = defaults.get(f.name, f.default if f.default is not dataclasses.MISSING else f.default_factory())
-        shown = meta.get("shown", " ".join(map(str, default)) if isinstance(default, list) else default)
+        plain = " ".join(map(str, default)) if isinstance(default, list) else default
+        shown = plain if f.name in defaults else meta.get("shown", plain)  # a command's own default wins
         kw: dict[str, Any] = {
             "dest": f.name,
             "default": argparse.SUPPRESS,

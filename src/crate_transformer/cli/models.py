@@ -10,8 +10,10 @@ def configure_models(parser: argparse.ArgumentParser) -> None:
 
 
 def run_models(args: argparse.Namespace) -> int:
-    from ..model import build_model
-    from ..registry import list_models, model_config
+    import torch
+
+    from ..lm import LMConfig
+    from ..registry import build, list_models, model_config
 
     names = list_models(args.pattern)
     if not names:
@@ -19,9 +21,14 @@ def run_models(args: argparse.Namespace) -> int:
     rows = []
     for name in names:
         c = model_config(name)
-        params = build_model(c).num_params()
-        rows.append((name, c.arch, c.dim, c.depth, c.heads, f"{c.image_size}/{c.patch_size}", f"{params:,}"))
-    header = ("name", "arch", "dim", "depth", "heads", "img/patch", "params")
+        with torch.device("meta"):  # counts only: no memory, no initialisation
+            params = build(c).num_params()
+        if isinstance(c, LMConfig):
+            kind = ("GPT " if c.causal else "BERT ") + f"ctx {c.block_size}, vocab {c.vocab_size:,}"
+            rows.append((name, c.arch, c.dim, c.depth, c.heads, kind, f"{params:,}"))
+        else:
+            rows.append((name, c.arch, c.dim, c.depth, c.heads, f"image {c.image_size}/{c.patch_size}", f"{params:,}"))
+    header = ("name", "arch", "dim", "depth", "heads", "input", "params")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
         print("  ".join(str(v).ljust(w) for v, w in zip(r, widths)))

@@ -22,13 +22,13 @@ def _task_class(name: str) -> type:
 
 
 def pretraining_tasks() -> list[str]:
+    """The registered tasks run by ``crate pretrain`` (others have their own command, e.g. train-lm)."""
     from ..train.task import TASKS
 
-    return [name for name in TASKS if name != "classification"]
+    return [name for name in TASKS if name != "classification" and _task_class(name).command.startswith("pretrain")]
 
 
 def configure_pretrain(parser: argparse.ArgumentParser) -> None:
-    from ..train import TrainConfig
 
     parser.description = "Self-supervised pre-training on the training engine: crate pretrain TASK --help"
     sub = parser.add_subparsers(dest="task_name", metavar="TASK")
@@ -36,25 +36,38 @@ def configure_pretrain(parser: argparse.ArgumentParser) -> None:
         cls = _task_class(name)
         doc = (cls.__doc__ or name).strip().splitlines()[0]
         p = sub.add_parser(name, help=doc, description=doc)
-        p.add_argument(
-            "--resume", metavar="RUN_DIR", default=argparse.SUPPRESS, help=f"continue an interrupted {name} run"
-        )
-        add_dataclass_arguments(p, TrainConfig, "pretrain", cls.defaults)
-        if cls.Options is not None:
-            names = {f.name for f in dataclasses.fields(cls.Options)}
-            clash = names & {f.name for f in dataclasses.fields(TrainConfig)}
-            assert not clash, f"{name} options shadow training options {sorted(clash)}"
-            group = p.add_argument_group(f"{name} options")
-            add_dataclass_arguments(group, cls.Options, "pretrain", config_flag=False)
+        add_task_arguments(p, name, "pretrain")
+
+
+def add_task_arguments(parser: argparse.ArgumentParser, name: str, command: str) -> None:
+    """``--resume``, the engine's flags for ``command`` (with the task's defaults) and the task's options."""
+    from ..train import TrainConfig
+
+    cls = _task_class(name)
+    parser.add_argument(
+        "--resume", metavar="RUN_DIR", default=argparse.SUPPRESS, help=f"continue an interrupted {name} run"
+    )
+    add_dataclass_arguments(parser, TrainConfig, command, cls.defaults)
+    if cls.Options is not None:
+        names = {f.name for f in dataclasses.fields(cls.Options)}
+        clash = names & {f.name for f in dataclasses.fields(TrainConfig)}
+        assert not clash, f"{name} options shadow training options {sorted(clash)}"
+        group = parser.add_argument_group(f"{name} options")
+        add_dataclass_arguments(group, cls.Options, command, config_flag=False)
 
 
 def run_pretrain(args: argparse.Namespace) -> int:
     """``crate pretrain TASK``: 0 on completion, 130 when interrupted (checkpoint saved)."""
-    from ..train import TrainConfig, train
-
     name = getattr(args, "task_name", None)
     if not name:
         raise ValueError(f"name the pre-training task: crate pretrain {{{','.join(pretraining_tasks())}}} ...")
+    return run_task(args, name)
+
+
+def run_task(args: argparse.Namespace, name: str) -> int:
+    """Train (or ``--resume``) the task ``name`` with the parsed flags: 0 on completion, 130 when interrupted."""
+    from ..train import TrainConfig, train
+
     cls = _task_class(name)
     options = given_options(args, TrainConfig)  # --config file (all keys) + engine flags
     fields = {f.name for f in dataclasses.fields(cls.Options)} if cls.Options is not None else set()

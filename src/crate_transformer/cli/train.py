@@ -92,6 +92,16 @@ def configure_eval(parser: argparse.ArgumentParser) -> None:
         choices=("skip", "error"),
         help="unreadable image files: skip (with a warning count) | error (default: skip)",
     )
+    parser.add_argument(
+        "--data-mode",
+        default="auto",
+        choices=("auto", "memory", "stream"),
+        help="image folders: memory | stream (decode per batch in DataLoader workers) | auto (stream above 20,000 "
+        "images); shards and HF datasets always stream (default: auto)",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=-1, help="DataLoader workers for streamed data (default: -1 = min(4, cores))"
+    )
     parser.add_argument("--out", default=None, help="output folder (default: <checkpoint dir>/eval-<data>-<split>)")
     frozen = parser.add_argument_group(
         "frozen-feature evaluation (any encoder: classifier, MAE, DINO); replaces the classifier's top-1"
@@ -109,7 +119,7 @@ def configure_eval(parser: argparse.ArgumentParser) -> None:
 def run_eval(args: argparse.Namespace) -> int:
     """``crate eval``: top-1/top-5, per-class accuracy, ``confusion.png`` and ``eval.json``."""
     from ..checkpoint import load_model
-    from ..data import load_dataset, resolve_normalization, resolve_source
+    from ..data import open_source, resolve_normalization
     from ..io import atomic_write
     from ..train import evaluate, plot_confusion_matrix, resolve_device
     from .common import positive
@@ -117,6 +127,8 @@ def run_eval(args: argparse.Namespace) -> int:
     positive("batch_size", args.batch_size)
     device = resolve_device(args.device)
     model = load_model(args.checkpoint, name=args.model, **parse_model_args(args.model_args))
+    if not hasattr(model, "check_images"):
+        raise ValueError(f"{args.checkpoint} is a language model; see its held-out perplexity in metrics.jsonl")
     c = model.config
     data = args.data or (c.data.source if c.data else None)
     if not data:
@@ -124,19 +136,23 @@ def run_eval(args: argparse.Namespace) -> int:
     src = Path(args.checkpoint)
     out = Path(args.out) if args.out else (src if src.is_dir() else src.parent) / f"eval-{Path(data).name}-{args.split}"
     check_out_dir(out)  # before the evaluation, so a bad --out costs nothing
-    ds = load_dataset(
+    known = resolve_normalization(model)  # the model's own statistics: a streamed source need not estimate them
+    ds = open_source(
         data,
         args.split,
-        image_size=c.image_size if resolve_source(data)[0] == "folder" else None,
+        image_size=c.image_size,
         val_fraction=args.val_fraction,
         seed=args.seed,
         on_bad_image=args.on_bad_image,
+        mode=args.data_mode,
+        num_workers=args.workers,
+        stats=known,
     )
     norm = resolve_normalization(model, ds)
     if args.knn or args.linear_probe:
-        train_ds = load_dataset(
-            data, "train", image_size=ds.image_size if hasattr(ds, "image_size") else None,
-            val_fraction=args.val_fraction, seed=args.seed, on_bad_image=args.on_bad_image,
+        train_ds = ds if args.split == "train" else open_source(
+            data, "train", image_size=c.image_size, val_fraction=args.val_fraction, seed=args.seed,
+            on_bad_image=args.on_bad_image, mode=args.data_mode, num_workers=args.workers, stats=norm,
         )  # fmt: skip
         return _frozen_eval(args, model.to(device), train_ds, ds, norm, out, str(src), data)
     r = evaluate(

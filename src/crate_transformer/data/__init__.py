@@ -10,13 +10,26 @@ description saved with a model.
 
 * :mod:`.base` — :class:`ImageSource` (the engine's contract) and the epoch order.
 * :mod:`.memory` — the built-in digits, CIFAR folders and image folders held in memory.
+* :mod:`.streaming` — image folders decoded per batch in DataLoader workers (data that does not fit).
+* :mod:`.shards` — WebDataset ``.tar`` shards; :mod:`.hf` — Hugging Face datasets saved to disk.
+* :mod:`.sources` — :func:`open_source`, the one resolver of ``--data`` every command uses.
 * :mod:`.transforms` — normalisation, channel conversion and kornia augmentation.
 * :mod:`.spec` — :class:`DataSpec`, what a model records about its training data.
 """
 
 from .base import ImageSource, epoch_permutation, global_batches, rank_slice
-from .memory import IMAGE_EXTENSIONS, SPLITS, ImageDataset, load_dataset, load_image_folder, resolve_source
+from .memory import (
+    IMAGE_EXTENSIONS,
+    SPLITS,
+    ImageDataset,
+    list_image_folder,
+    load_dataset,
+    load_image_folder,
+    resolve_source,
+)
+from .sources import DATA_MODES, STREAM_ABOVE, open_source
 from .spec import DataSpec, fit_normalization, resolve_normalization
+from .streaming import StreamingImageFolder
 from .transforms import (
     AUGMENTATIONS,
     BUILTIN_DATASETS,
@@ -38,6 +51,13 @@ __all__ = [
     "global_batches",
     "rank_slice",
     "load_dataset",
+    "open_source",
+    "list_image_folder",
+    "StreamingImageFolder",
+    "WebDatasetShards",
+    "HFImageDataset",
+    "DATA_MODES",
+    "STREAM_ABOVE",
     "resolve_source",
     "load_image_folder",
     "normalize",
@@ -47,3 +67,16 @@ __all__ = [
     "build_augmentation",
     "default_augmentation",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # the shard and HF readers import webdataset / datasets: load them only when asked for
+    if name == "WebDatasetShards":
+        from .shards import WebDatasetShards
+
+        return WebDatasetShards
+    if name == "HFImageDataset":
+        from .hf import HFImageDataset
+
+        return HFImageDataset
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -46,7 +46,21 @@ from torch import Tensor
 from .base import ImageSource, global_batches, rank_slice
 from .transforms import BUILTIN_DATASETS, _resize_tensor, match_channels
 
-__all__ = ["SPLITS", "IMAGE_EXTENSIONS", "ImageDataset", "load_dataset", "load_image_folder", "resolve_source"]
+__all__ = [
+    "SPLITS",
+    "IMAGE_EXTENSIONS",
+    "check_load_args",
+    "holdout_every_fifth",
+    "split_members",
+    "FolderListing",
+    "ImageDataset",
+    "decode_image",
+    "list_image_folder",
+    "load_dataset",
+    "load_image_folder",
+    "resolve_source",
+    "to_chw",
+]
 
 SPLITS = ("train", "val", "test")
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
@@ -146,6 +160,30 @@ def load_dataset(
     as ``split="val"``.  Unreadable image files are skipped with one warning (``on_bad_image="skip"``)
     or raise (``"error"``).  All problems raise a one-line ``ValueError`` naming the fix.
     """
+    check_load_args(split, val_fraction, on_bad_image, image_size)
+
+    kind, source = resolve_source(name_or_path)
+    if kind in ("shards", "hf"):
+        what = "WebDataset shards" if kind == "shards" else "a Hugging Face dataset"
+        raise ValueError(
+            f"{name_or_path} is {what}, which is streamed, not loaded into memory; "
+            "open it with crate_transformer.data.open_source (or --data-mode auto|stream)"
+        )
+    pool = _load_pool(kind, source, image_size, on_bad_image, _folder_signature(source) if kind == "folder" else ())
+    train_x, train_y = pool.train_images, pool.train_labels
+    if split == "test":
+        images, labels = pool.test_images.clone(), pool.test_labels.clone()
+    else:
+        keep = split_members(train_y, split, val_fraction, seed)
+        images, labels = train_x[keep], train_y[keep]
+    if images.shape[0] == 0:
+        raise ValueError(f"the {split} split of {pool.name} is empty; use a larger val_fraction or add images")
+    return ImageDataset(images, labels, pool.classes, pool.mean, pool.std, name=pool.name, split=split)
+
+
+# --------------------------------------------------------------------------- sources
+def check_load_args(split: str, val_fraction: float, on_bad_image: str, image_size: int | None) -> None:
+    """The arguments every loader shares (split, val_fraction, on_bad_image, image_size), checked once."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose one of {SPLITS}")
     if not 0.0 <= val_fraction < 1.0:
@@ -157,21 +195,23 @@ def load_dataset(
     if image_size is not None and (not isinstance(image_size, int) or isinstance(image_size, bool) or image_size <= 0):
         raise ValueError(f"image_size must be a positive integer or None, got {image_size!r}")
 
-    kind, source = resolve_source(name_or_path)
-    pool = _load_pool(kind, source, image_size, on_bad_image, _folder_signature(source) if kind == "folder" else ())
-    train_x, train_y = pool.train_images, pool.train_labels
-    if split == "test":
-        images, labels = pool.test_images.clone(), pool.test_labels.clone()
-    else:
-        val_mask = _stratified_mask(train_y, val_fraction, seed)
-        keep = val_mask if split == "val" else ~val_mask
-        images, labels = train_x[keep], train_y[keep]
-    if images.shape[0] == 0:
-        raise ValueError(f"the {split} split of {pool.name} is empty; use a larger val_fraction or add images")
-    return ImageDataset(images, labels, pool.classes, pool.mean, pool.std, name=pool.name, split=split)
+
+def split_members(pool_labels: Tensor, split: str, val_fraction: float, seed: int) -> Tensor:
+    """Indices into the training pool that form ``split`` ("train" or "val"): the stratified, seeded val rule."""
+    val_mask = _stratified_mask(pool_labels, val_fraction, seed)
+    return (val_mask if split == "val" else ~val_mask).nonzero().flatten()
 
 
-# --------------------------------------------------------------------------- sources
+def holdout_every_fifth(labels: Sequence[int]) -> list[bool]:
+    """Test-split flags for a source without its own test split: every fifth sample of each class, in order."""
+    seen: dict[int, int] = {}
+    flags = []
+    for y in labels:
+        i = seen[y] = seen.get(y, -1) + 1
+        flags.append(i % _TEST_EVERY == _TEST_EVERY - 1)
+    return flags
+
+
 @dataclass
 class _Pool:
     name: str
@@ -184,11 +224,23 @@ class _Pool:
     std: tuple[float, ...]
 
 
+SHARD_PATTERN_CHARS = "*?[{"  # a --data argument holding these (and ".tar") is a glob or brace list of shards
+HF_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")  # files written by datasets' save_to_disk
+
+
 def resolve_source(name_or_path: str | os.PathLike) -> tuple[str, str]:
-    """Map the user's argument to (kind, source): ``mnist``/``digits``, ``cifar10``/``cifar100`` or ``folder``."""
+    """Map the user's argument to (kind, source); the one place a source kind is recognised.
+
+    Kinds: ``mnist``/``digits``, ``cifar10``/``cifar100``, ``hf`` (a Hugging Face dataset saved with
+    ``save_to_disk``), ``shards`` (a folder holding WebDataset ``.tar`` shards, directly or in
+    ``train/``/``test/``/``val/`` subfolders, or a glob / brace pattern of ``.tar`` files) or
+    ``folder`` (a class-per-subfolder image folder).
+    """
     text = os.fspath(name_or_path)
     if text.lower() in BUILTIN_DATASETS:
         return text.lower(), text.lower()
+    if ".tar" in text and any(ch in text for ch in SHARD_PATTERN_CHARS) and not Path(text).exists():
+        return "shards", text
     path = Path(text).expanduser()
     if not path.exists():
         raise ValueError(
@@ -202,6 +254,11 @@ def resolve_source(name_or_path: str | os.PathLike) -> tuple[str, str]:
             return "cifar10", str(candidate.resolve())
         if (candidate / "train").is_file() and (candidate / "test").is_file() and (candidate / "meta").is_file():
             return "cifar100", str(candidate.resolve())
+    if any((path / m).is_file() for m in HF_MARKERS):
+        return "hf", str(path.resolve())
+    for candidate in (path, *(path / s for s in SPLITS)):
+        if candidate.is_dir() and any(candidate.glob("*.tar")):
+            return "shards", str(path.resolve())
     return "folder", str(path.resolve())
 
 
@@ -417,9 +474,29 @@ def _image_files(folder: Path) -> list[Path]:
     return sorted(p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS)
 
 
-def _folder_arrays(
-    root: Path, image_size: int | None, on_bad_image: str
-) -> tuple[list[str], Tensor, Tensor, Tensor, Tensor]:
+@dataclass
+class FolderListing:
+    """The files of a class-per-subfolder image folder, split into a training pool and a test split.
+
+    ``train``/``test`` are ``(path, class index)`` lists in sorted order; ``root`` is the folder the
+    file names are relative to (in error messages).  The one listing rule shared by the in-memory
+    loader and :class:`~crate_transformer.data.streaming.StreamingImageFolder`.
+    """
+
+    root: Path
+    classes: list[str]
+    train: list[tuple[Path, int]]
+    test: list[tuple[Path, int]]
+
+
+def list_image_folder(root: str | os.PathLike) -> FolderListing:
+    """Discover classes and files: ``root/<class>/…``, or ``root/train/<class>/…`` + ``root/test/`` (or ``val/``).
+
+    A folder without a test split of its own holds out every fifth image of each class (sorted file
+    order).  No class subfolders, an empty class folder or test classes missing from training are a
+    one-line ValueError naming the fix.
+    """
+    root = Path(root)
     split_dirs = {n: root / n for n in ("train", "test", "val") if (root / n).is_dir()}
     if "train" in split_dirs and ("test" in split_dirs or "val" in split_dirs):
         train_root = split_dirs["train"]
@@ -430,23 +507,26 @@ def _folder_arrays(
         extra = sorted({p.name for p in _class_dirs(test_root)} - set(classes))
         if extra:
             raise ValueError(f"{test_root} has classes not in {train_root}: {extra}; the two splits must share classes")
-        train_files = _collect(train_root, classes, require_all=True)
-        test_files = _collect(test_root, classes, require_all=False)
-    else:
-        if "train" in split_dirs:  # root/train/<class>/ without a test split: hold out every fifth image
-            root = split_dirs["train"]
-        classes = [p.name for p in _class_dirs(root)]
-        if not classes:
-            raise ValueError(
-                f"{root} has no class subfolders; expected {root}/<class>/<image>.png (one folder per class)"
-            )
-        files = _collect(root, classes, require_all=True)
-        train_files, test_files = [], []
-        for c in range(len(classes)):
-            mine = [f for f in files if f[1] == c]
-            for i, item in enumerate(mine):
-                (test_files if i % _TEST_EVERY == _TEST_EVERY - 1 else train_files).append(item)
+        return FolderListing(
+            root, classes, _collect(train_root, classes, require_all=True), _collect(test_root, classes, False)
+        )
+    if "train" in split_dirs:  # root/train/<class>/ without a test split: hold out every fifth image
+        root = split_dirs["train"]
+    classes = [p.name for p in _class_dirs(root)]
+    if not classes:
+        raise ValueError(f"{root} has no class subfolders; expected {root}/<class>/<image>.png (one folder per class)")
+    files = sorted(_collect(root, classes, require_all=True), key=lambda f: f[1])  # stable: class, then file order
+    test = holdout_every_fifth([c for _, c in files])
+    return FolderListing(
+        root, classes, [f for f, t in zip(files, test) if not t], [f for f, t in zip(files, test) if t]
+    )
 
+
+def _folder_arrays(
+    root: Path, image_size: int | None, on_bad_image: str
+) -> tuple[list[str], Tensor, Tensor, Tensor, Tensor]:
+    listing = list_image_folder(root)
+    root, classes, train_files, test_files = listing.root, listing.classes, listing.train, listing.test
     arrays, labels, gray, bad = _decode_all(train_files + test_files, on_bad_image)
     n_train = len(train_files) - sum(1 for i in bad if i < len(train_files))
     bad = [(train_files + test_files)[i][0] for i in bad]
@@ -465,7 +545,7 @@ def _folder_arrays(
         raise ValueError(f"class folder(s) {empty} in {root} have no readable images; add images or remove the folder")
 
     channels = 1 if all(gray) else 3
-    tensors = [_to_chw(a, channels, image_size) for a in arrays]
+    tensors = [to_chw(a, channels, image_size) for a in arrays]
     sizes = {tuple(t.shape[1:]) for t in tensors}
     if len(sizes) > 1:
         a, b = sorted(sizes)[:2]
@@ -494,30 +574,49 @@ def _collect(root: Path, classes: list[str], require_all: bool) -> list[tuple[Pa
     return files
 
 
+def decode_image(
+    data: str | os.PathLike | bytes | object, what: object, on_bad_image: str
+) -> tuple[np.ndarray, bool] | None:
+    """Decode one image (a path, encoded bytes or a PIL image) → (HW or HWC uint8 array, is greyscale).
+
+    An unreadable image returns None under ``on_bad_image="skip"`` and raises a one-line ValueError
+    naming ``what`` (its file or sample) under ``"error"``.  Shared by every loader, in memory or streamed.
+    """
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        if isinstance(data, Image.Image):
+            im = data
+        else:
+            im = Image.open(io.BytesIO(data) if isinstance(data, bytes) else data)
+        with im:
+            im.load()
+            is_gray = im.mode in ("1", "L", "I", "I;16", "F", "LA")
+            return np.array(im.convert("L" if is_gray else "RGB"), dtype=np.uint8), is_gray
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+        if on_bad_image == "error":
+            raise ValueError(
+                f"cannot read image {what} ({type(e).__name__}); fix or delete it, or pass "
+                "on_bad_image='skip' (--on-bad-image skip) to skip unreadable images"
+            ) from None
+        return None
+
+
 def _decode_all(
     files: list[tuple[Path, int]], on_bad_image: str
 ) -> tuple[list[np.ndarray], list[int], list[bool], list[int]]:
     """Decode every file; returns arrays, labels, is-greyscale flags and the indices of unreadable files."""
-    from PIL import Image, UnidentifiedImageError
-
     arrays, labels, gray, bad = [], [], [], []
     for i, (path, label) in enumerate(files):
-        try:
-            with Image.open(path) as im:
-                im.load()
-                is_gray = im.mode in ("1", "L", "I", "I;16", "F", "LA")
-                im = im.convert("L" if is_gray else "RGB")
-                arrays.append(np.array(im, dtype=np.uint8))
-        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-            if on_bad_image == "error":
-                raise ValueError(
-                    f"cannot read image {path} ({type(e).__name__}); fix or delete it, or pass "
-                    "on_bad_image='skip' (--on-bad-image skip) to skip unreadable images"
-                ) from None
+        decoded = decode_image(path, path, on_bad_image)
+        if decoded is None:
             bad.append(i)
             continue
+        arrays.append(decoded[0])
         labels.append(label)
-        gray.append(is_gray)
+        gray.append(decoded[1])
     return arrays, labels, gray, bad
 
 
@@ -547,11 +646,11 @@ def load_image_folder(
         files = [f for i, f in enumerate(files) if i not in set(bad)]
     if not files:
         raise ValueError(f"no readable images in {folder}; check the files")
-    images = torch.stack([_to_chw(a, channels, image_size) for a in arrays])
+    images = torch.stack([to_chw(a, channels, image_size) for a in arrays])
     return images.float() / 255.0, [str(f) for f in files]
 
 
-def _to_chw(a: np.ndarray, channels: int, image_size: int | None) -> Tensor:
+def to_chw(a: np.ndarray, channels: int, image_size: int | None) -> Tensor:
     """HW or HWC uint8 array → C×H×W tensor; with ``image_size``: shorter side to that size, centre crop."""
     t = torch.from_numpy(np.ascontiguousarray(a))
     t = t.unsqueeze(0) if t.dim() == 2 else t.permute(2, 0, 1)

@@ -20,11 +20,10 @@ from ..data import (
     build_augmentation,
     default_augmentation,
     fit_normalization,
-    load_dataset,
-    resolve_source,
+    open_source,
 )
-from ..model import ModelConfig, build_model
-from ..registry import model_config
+from ..model import ImageClassifier, ModelConfig, build_model
+from ..registry import is_language_model, model_config
 from .config import TrainConfig
 from .evaluation import evaluate, prepare_batch
 from .runtime import Runtime
@@ -48,10 +47,14 @@ class ClassificationTask(Task):
             image_size = model.config.image_size
         elif cfg.init_from is not None:  # fine-tuning: the checkpoint fixes the architecture
             model = load_model(cfg.init_from, name=cfg.model, **cfg.model_args)
+            if not isinstance(model, ImageClassifier):
+                raise ValueError(f"{cfg.init_from} is a language model; fine-tune it with crate finetune-text")
             image_size = cfg.image_size or model.config.image_size
         else:
             if cfg.model is None:
                 raise ValueError("no model given; pass --model NAME (see `crate models`)")
+            if is_language_model(cfg.model):
+                raise ValueError(f"{cfg.model} is a language model; train it with crate train-lm --model {cfg.model}")
             image_size = cfg.image_size or model_config(cfg.model, **cfg.model_args).image_size
         self.image_size = image_size
         self.train_data, self.eval_data, self.test_data = self._load_data(image_size)
@@ -98,15 +101,27 @@ class ClassificationTask(Task):
         ).to(rt.device)
 
     def _load_data(self, image_size: int) -> tuple[ImageSource, ImageSource, ImageSource]:
-        """(train, per-epoch eval, test) splits; image folders are resized to ``image_size`` when read."""
+        """(train, per-epoch eval, test) splits from :func:`open_source` (``--data-mode``, ``--workers``).
+
+        Files (image folders, shards, HF datasets) are decoded at ``image_size``; built-in and CIFAR
+        tensors keep their size and are resized per batch.
+        """
         cfg = self.cfg
-        kw = dict(val_fraction=cfg.val_fraction, seed=cfg.seed, on_bad_image=cfg.on_bad_image)
-        kw["image_size"] = image_size if resolve_source(cfg.data)[0] == "folder" else None  # others: per batch
-        train_set = load_dataset(cfg.data, "train", **kw)
+        kw = dict(
+            image_size=image_size, val_fraction=cfg.val_fraction, seed=cfg.seed, on_bad_image=cfg.on_bad_image,
+            mode=cfg.data_mode, num_workers=cfg.workers,
+        )  # fmt: skip
+        train_set = open_source(cfg.data, "train", **kw)
+        if cfg.train_subset and not isinstance(train_set, ImageDataset):
+            raise ValueError(
+                f"--train-subset works on in-memory data only and {cfg.data} is streamed; "
+                "pass --data-mode memory (image folders) or drop --train-subset"
+            )
+        kw["stats"] = (train_set.mean, train_set.std)  # streamed splits: the training pool's, not a new estimate
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a skipped-images warning was already shown for the train split
-            test_set = load_dataset(cfg.data, "test", **kw)
-            eval_set = test_set if cfg.eval_split == "test" else load_dataset(cfg.data, cfg.eval_split, **kw)
+            test_set = open_source(cfg.data, "test", **kw)
+            eval_set = test_set if cfg.eval_split == "test" else open_source(cfg.data, cfg.eval_split, **kw)
         if cfg.train_subset and cfg.train_subset < len(train_set):
             g = torch.Generator().manual_seed(cfg.seed)
             keep = torch.randperm(len(train_set), generator=g)[: cfg.train_subset].sort().values

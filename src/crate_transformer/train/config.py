@@ -16,16 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from ..config_utils import coerce_fields
-from ..data import AUGMENTATIONS
+from ..data import AUGMENTATIONS, DATA_MODES
 
 __all__ = ["TrainConfig", "FINETUNE_DEFAULTS", "OPTIMIZERS", "AMP_MODES", "DATA_MODES", "load_config"]
 
 OPTIMIZERS = ("adamw", "lion")
 AMP_MODES = ("auto", "none", "bf16", "fp16")
-DATA_MODES = ("auto", "memory", "stream")
 
 
-ALL = ("train", "finetune", "pretrain")
+IMAGES = ("train", "finetune", "pretrain")  # options of the image tasks
+ALL = (*IMAGES, "train-lm", "finetune-text")
 SUPERVISED = ("train", "finetune")  # options of classification only
 
 
@@ -51,26 +51,39 @@ class TrainConfig:
     data: str = _opt(
         "mnist",
         "'mnist' | 'digits' | a CIFAR folder | a class-per-subfolder image folder | a folder of WebDataset "
-        "shards | a Hugging Face dataset saved with save_to_disk",
+        "shards | a Hugging Face dataset saved with save_to_disk; train-lm: 'python-docs' (built in) | a UTF-8 "
+        "text file or folder; finetune-text: a CSV/TSV file",
     )
     data_mode: str = _opt(
         "auto",
         "image folders: memory (decode all once) | stream (decode per batch in DataLoader workers) | "
         "auto (stream above 20,000 images); shards and HF datasets always stream",
         choices=DATA_MODES,
+        commands=IMAGES,
     )
-    workers: int = _opt(-1, "DataLoader worker processes for streamed data (-1 = auto: min(4, CPU cores))")
-    image_size: int | None = _opt(None, "train at this image size; batches are resized", shown="the model's")
-    val_fraction: float = _opt(0.0, "hold out this stratified fraction of the training pool as a 'val' split")
+    workers: int = _opt(
+        -1, "DataLoader worker processes for streamed data (-1 = auto: min(4, CPU cores))", commands=IMAGES
+    )
+    image_size: int | None = _opt(
+        None, "train at this image size; batches are resized", shown="the model's", commands=IMAGES
+    )
+    val_fraction: float = _opt(
+        0.0, "hold out this fraction of the training pool as a 'val' split (stratified; train-lm: the corpus' tail)"
+    )
     eval_split: str = _opt(
         "test",
         "split evaluated after every --eval-every epochs: test | val",
         choices=("test", "val"),
         commands=SUPERVISED,
     )
-    train_subset: int = _opt(0, "train on a seeded random subset of this many images (0 = all; in-memory data)")
+    train_subset: int = _opt(
+        0, "train on a seeded random subset of this many images (0 = all; in-memory data)", commands=IMAGES
+    )
     on_bad_image: str = _opt(
-        "skip", "unreadable image files: skip (with a warning count) | error", choices=("skip", "error")
+        "skip",
+        "unreadable image files: skip (with a warning count) | error",
+        choices=("skip", "error"),
+        commands=IMAGES,
     )
     # augmentation (kornia, batched on the device)
     augment: str = _opt(

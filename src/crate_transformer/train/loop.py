@@ -212,7 +212,7 @@ def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | N
 # --------------------------------------------------------------------------- pieces of the loop
 def _default_dir(cfg: TrainConfig) -> Path:
     data = Path(cfg.data).name or "data"
-    what = cfg.model or ("finetune" if cfg.init_from else "model")
+    what = cfg.model or ("finetune" if cfg.init_from else "model" if cfg.task == "classification" else cfg.task)
     return Path("runs") / f"{what}-{data}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 

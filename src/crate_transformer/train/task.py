@@ -28,6 +28,8 @@ __all__ = ["Task", "StepContext", "Hook", "TASKS", "register_task", "make_task",
 # name → "module:Class"; ``TrainConfig.task`` names one, so a resumed run rebuilds its own task.
 TASKS: dict[str, str] = {
     "classification": "crate_transformer.train.classification:ClassificationTask",
+    "lm": "crate_transformer.train.lm:LMTask",
+    "text-classification": "crate_transformer.train.text_classification:TextClassificationTask",
     "dino": "crate_transformer.train.dino:DINOTask",
 }
 

@@ -1,0 +1,134 @@
+"""A Hugging Face ``datasets`` dataset saved with ``save_to_disk``, decoded per batch in DataLoader workers.
+
+::
+
+    ds.save_to_disk("/data/beans")          # a Dataset or a DatasetDict, once, anywhere
+    train = HFImageDataset("/data/beans", "train", image_size=224)
+
+Read offline with ``datasets.load_from_disk`` (memory-mapped Arrow files: nothing is downloaded and
+only the rows of a batch are read).  Columns are found automatically: the image column is the one with
+the ``Image`` feature (else one named ``image``/``img``/``pixel_values`` holding encoded bytes); the
+label column the one with a ``ClassLabel`` feature (its names are the classes), else one named
+``label``/``labels``/``target``/``cls`` of integers (classes ``0..max``).
+
+Splits: a ``DatasetDict``'s ``train`` and ``test`` (or ``validation``/``val``) splits; a single dataset
+holds out every fifth row of each class as the test split, as image folders do, and ``val_fraction``
+carves the same stratified val split out of the rest.  Batching, resume, DDP sharding, statistics and
+unreadable images work as for :class:`~crate_transformer.data.streaming.StreamingImageFolder` (it
+shares their code).  Needs the optional extra: ``pip install crate-transformer[hf]``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from .memory import check_load_args, holdout_every_fifth, split_members
+from .streaming import MapStreamSource
+
+__all__ = ["HFImageDataset", "IMAGE_COLUMNS", "LABEL_COLUMNS"]
+
+IMAGE_COLUMNS = ("image", "img", "pixel_values")
+LABEL_COLUMNS = ("label", "labels", "target", "cls", "fine_label")
+
+
+def _datasets():  # noqa: ANN202
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError(
+            "reading a Hugging Face dataset needs the datasets package; pip install crate-transformer[hf]"
+        ) from None
+    return datasets
+
+
+def _columns(ds: object, where: str) -> tuple[str, str, list[str] | None]:
+    """(image column, label column, ClassLabel names or None) of a ``datasets.Dataset``."""
+    datasets = _datasets()
+    feats = ds.features
+    image = next((c for c, f in feats.items() if isinstance(f, datasets.Image)), None)
+    image = image or next((c for c in IMAGE_COLUMNS if c in feats), None)
+    if image is None:
+        raise ValueError(f"{where} has no image column (columns: {list(feats)}); cast one to datasets.Image()")
+    label = next((c for c, f in feats.items() if isinstance(f, datasets.ClassLabel)), None)
+    names = list(feats[label].names) if label else None
+    label = label or next((c for c in LABEL_COLUMNS if c in feats), None)
+    if label is None:
+        raise ValueError(
+            f"{where} has no label column (columns: {list(feats)}); add a ClassLabel or integer 'label' column"
+        )
+    return image, label, names
+
+
+class HFImageDataset(MapStreamSource):
+    """One split of a ``save_to_disk`` dataset as an :class:`ImageSource` (see the module docstring)."""
+
+    kind = "hf"
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        split: str = "train",
+        *,
+        image_size: int,
+        val_fraction: float = 0.0,
+        seed: int = 0,
+        on_bad_image: str = "skip",
+        num_workers: int = -1,
+        stats: tuple[Sequence[float], Sequence[float]] | None = None,
+    ) -> None:
+        if image_size is None:
+            raise ValueError("a Hugging Face dataset needs image_size (--image-size): its images are resized on read")
+        check_load_args(split, val_fraction, on_bad_image, image_size)
+        datasets = _datasets()
+        root = str(Path(path).expanduser().resolve())
+        loaded = datasets.load_from_disk(root)
+        if isinstance(loaded, datasets.DatasetDict):
+            test_key = next((k for k in ("test", "validation", "val") if k in loaded), None)
+            if "train" not in loaded or test_key is None:
+                raise ValueError(
+                    f"{root} has splits {list(loaded)}; a DatasetDict needs 'train' and 'test' (or 'validation')"
+                )
+            pool_ds, test_ds = loaded["train"], loaded[test_key]
+        else:
+            pool_ds, test_ds = loaded, None
+        image_col, label_col, names = _columns(pool_ds, root)
+        parts = {"train": pool_ds} if test_ds is None else {"train": pool_ds, "test": test_ds}
+        part_y = {k: [int(y) for y in d[label_col]] for k, d in parts.items()}
+        pool_rows = [("train", i) for i in range(len(part_y["train"]))]
+        test_rows = [("test", i) for i in range(len(part_y.get("test", [])))]
+        if test_ds is None:  # no test split of its own: every fifth row of each class, as for image folders
+            flags = holdout_every_fifth(part_y["train"])
+            test_rows = [r for r, t in zip(pool_rows, flags) if t]
+            pool_rows = [r for r, t in zip(pool_rows, flags) if not t]
+        all_y = [y for ys in part_y.values() for y in ys]
+        self.classes = names or [str(i) for i in range(max(all_y, default=-1) + 1)]
+        if any(not 0 <= y < len(self.classes) for y in all_y):
+            raise ValueError(f"{root} has labels outside 0..{len(self.classes) - 1}; fix the '{label_col}' column")
+        if split == "test":
+            self.rows = test_rows
+        else:
+            pool_y = torch.tensor([part_y[k][i] for k, i in pool_rows], dtype=torch.int64)
+            self.rows = [pool_rows[j] for j in split_members(pool_y, split, val_fraction, seed).tolist()]
+        if not self.rows:
+            raise ValueError(f"the {split} split of {root} is empty; use a larger val_fraction or add rows")
+        # raw bytes: a corrupt image then fails in our decoder (under on_bad_image), not inside datasets
+        self._parts = {k: d.cast_column(image_col, datasets.Image(decode=False)) for k, d in parts.items()}
+        self._image_col = image_col
+        self.labels = torch.tensor([part_y[k][i] for k, i in self.rows], dtype=torch.int64)
+        self.name, self.split = root, split
+        self.image_size, self.on_bad_image, self.num_workers = image_size, on_bad_image, num_workers
+        self._finish(lambda j: self._encoded(*pool_rows[j]), len(pool_rows), seed, stats)
+
+    def _encoded(self, part: str, i: int) -> bytes | str:
+        cell = self._parts[part][i][self._image_col]
+        if isinstance(cell, dict):  # {"bytes": …, "path": …}
+            return cell.get("bytes") or cell.get("path")
+        return cell
+
+    def raw(self, i: int) -> tuple[object, str]:
+        part, j = self.rows[i]
+        return self._encoded(part, j), f"row {j} of the {part} split of {self.name}"

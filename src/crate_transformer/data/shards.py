@@ -1,0 +1,442 @@
+"""WebDataset shards: ``.tar`` files of ``<key>.jpg`` + ``<key>.cls`` samples, read sequentially.
+
+::
+
+    train = WebDatasetShards("/data/in1k-shards", "train", image_size=224, num_workers=4)
+    for images, labels in train.batches(256, seed=0, epoch=3, rank=1, world=8):
+        ...
+
+Layout: a folder of shards (``root/*.tar``), or ``root/train/*.tar`` + ``root/test/*.tar`` (or
+``val/``), or a glob / brace pattern (``/data/in1k-{000000..001023}.tar``).  Each sample needs an image
+(``jpg``/``jpeg``/``png``/``webp``) and a label: ``cls`` / ``cls.txt`` / ``label`` (an integer or a class
+name) or ``json`` with a ``label``/``cls`` entry.  Class names come from ``classes.txt`` (one per line)
+or ``classes.json`` (a list) beside the shards (or beside their split folders); without one, integer
+labels name the classes ``0..max`` and text labels are sorted.
+
+Splits: the shards of ``test/`` (or ``val/``) when present; otherwise every fifth sample of each class
+(in shard order) is the test split, as for image folders, and ``val_fraction`` carves the same
+stratified, seeded val split out of the rest.  This needs every label up front: the first open reads
+each shard once and writes an index (sample count and labels per shard, keyed by size and mtime) to
+``.crate-index.json`` beside the shards (kept in memory when the folder is not writable).
+
+Order of an epoch (``shuffle=True``): the shards are permuted by :func:`.base.epoch_permutation`
+(seed, epoch); process ``rank`` of ``world`` takes every ``world``-th shard; its shards are dealt to
+``V = min(workers, its shards)`` streams (one per DataLoader worker); stream ``s`` reads its shards in
+turn, through a shuffle buffer (``shuffle_buffer`` samples, seeded by seed, epoch, rank and ``s``), and
+forms local batches of ``batch_size / world``; local batch ``b`` is batch ``b // V`` of stream ``b % V``.
+Every process yields exactly ``len(self) // batch_size`` batches per epoch (DDP steps together); a
+stream that runs out before its share of them starts its shards again.
+
+What is exact and what is approximate:
+
+* **Resume** at ``(epoch, batch)`` is exact — the same remaining batches — for the same number of
+  processes and workers: each stream skips the samples of its batches before ``start`` without
+  decoding them (the tar bytes are read again, the images are not decoded).
+* An epoch visits each sample **once when the shards hold equal numbers of samples** (divisible by
+  the local batch times the streams); with uneven shards a stream repeats some of its samples or
+  leaves some for the next epoch.  Shuffling is local (buffer + shard order), not a global
+  permutation, so a shard run and an in-memory run of the same data see different batches.
+* Evaluation (``shuffle=False``) reads every sample of the split exactly once.
+
+Unreadable images: as for streamed folders (:mod:`.streaming`): ``"error"`` raises naming the shard
+and key; ``"skip"`` replaces the image by another of its training batch, or drops it when evaluating.
+Statistics: estimated from the first :data:`.streaming.STATS_SAMPLE` training samples of the
+seeded shard order (or given as ``stats=``).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import random
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .base import ImageSource, epoch_permutation, rank_slice
+from .memory import (
+    SPLITS,
+    _channel_stats,
+    check_load_args,
+    decode_image,
+    holdout_every_fifth,
+    split_members,
+    to_chw,
+)
+from .streaming import STATS_SAMPLE, checked, collate_readable, decode_or_message, read_policy, resolve_workers
+
+__all__ = ["WebDatasetShards", "INDEX_FILE", "IMAGE_KEYS", "LABEL_KEYS"]
+
+INDEX_FILE = ".crate-index.json"
+IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
+LABEL_KEYS = ("cls", "cls.txt", "label", "label.txt")
+_JSON_LABEL_KEYS = ("label", "cls", "class", "target")
+_MEMORY_INDEX: dict[tuple[str, int, int], dict] = {}  # (shard, size, mtime) → index entry, when no file can be written
+
+
+def _expand(pattern: str) -> list[Path]:
+    """Shard files of a glob / brace pattern (``a-{000..009}.tar``), sorted."""
+    from braceexpand import braceexpand
+
+    return sorted({Path(p) for part in braceexpand(pattern) for p in glob.glob(os.path.expanduser(part))})
+
+
+def _find_shards(source: str) -> tuple[list[Path], list[Path], Path]:
+    """(training-pool shards, test shards or [], folder holding classes.txt)."""
+    path = Path(source).expanduser()
+    if not path.is_dir():
+        shards = _expand(source)
+        if not shards:
+            raise ValueError(f"no .tar shards match {source}; check the pattern (e.g. /data/shards-{{000..009}}.tar)")
+        return shards, [], shards[0].parent
+    split_dirs = {s: path / s for s in SPLITS if (path / s).is_dir() and any((path / s).glob("*.tar"))}
+    if "train" in split_dirs:
+        test_dir = split_dirs.get("test", split_dirs.get("val"))
+        return sorted(split_dirs["train"].glob("*.tar")), sorted(test_dir.glob("*.tar")) if test_dir else [], path
+    shards = sorted(path.glob("*.tar"))
+    if not shards:
+        raise ValueError(f"no .tar shards in {path}; expected {path}/*.tar or {path}/train/*.tar")
+    return shards, [], path
+
+
+def _samples(path: Path) -> Iterator[dict]:
+    """The samples of one shard, in tar order (``{"__key__": …, "jpg": bytes, "cls": bytes, …}``)."""
+    from webdataset import tariterators
+
+    with open(path, "rb") as stream:
+        files = tariterators.tar_file_expander([{"url": str(path), "stream": stream}])
+        yield from tariterators.group_by_keys(files)
+
+
+def _label_text(sample: dict) -> str | None:
+    for key in LABEL_KEYS:
+        if key in sample:
+            return bytes(sample[key]).decode("utf-8").strip()
+    if "json" in sample:
+        try:
+            meta = json.loads(sample["json"])
+        except ValueError:
+            return None
+        if isinstance(meta, dict):
+            for key in _JSON_LABEL_KEYS:
+                if key in meta:
+                    return str(meta[key]).strip()
+    return None
+
+
+def _image_bytes(sample: dict) -> bytes | None:
+    return next((sample[k] for k in IMAGE_KEYS if k in sample), None)
+
+
+def _index(shards: Sequence[Path]) -> dict[str, list[str]]:
+    """Label text of every sample per shard, from ``.crate-index.json`` when current, else by reading the shards."""
+    out: dict[str, list[str]] = {}
+    by_dir: dict[Path, list[Path]] = {}
+    for s in shards:
+        by_dir.setdefault(s.parent, []).append(s)
+    for folder, files in by_dir.items():
+        cache_path = folder / INDEX_FILE
+        try:
+            cache = json.loads(cache_path.read_text())
+        except (OSError, ValueError):
+            cache = {}
+        changed = False
+        for f in files:
+            st = f.stat()
+            entry = cache.get(f.name) or _MEMORY_INDEX.get((str(f), st.st_size, st.st_mtime_ns))
+            if not entry or entry.get("size") != st.st_size or entry.get("mtime_ns") != st.st_mtime_ns:
+                labels = []
+                for sample in _samples(f):
+                    if _image_bytes(sample) is None:
+                        raise ValueError(
+                            f"sample {sample['__key__']!r} of shard {f} has no image ({'/'.join(IMAGE_KEYS)}); "
+                            "write each image under one of these extensions"
+                        )
+                    label = _label_text(sample)
+                    if label is None:
+                        raise ValueError(
+                            f"sample {sample['__key__']!r} of shard {f} has no label ({'/'.join(LABEL_KEYS)} or "
+                            "json with 'label'); write a .cls file with the class index for every sample"
+                        )
+                    labels.append(label)
+                entry = cache[f.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "labels": labels}
+                _MEMORY_INDEX[(str(f), st.st_size, st.st_mtime_ns)] = entry  # read-only folders: count once per process
+                changed = True
+            out[str(f)] = entry["labels"]
+        if changed:
+            try:  # a cache, so a read-only folder just means counting again next time
+                from ..io import atomic_write
+
+                atomic_write(cache_path, lambda tmp, c=cache: Path(tmp).write_text(json.dumps(c)))
+            except Exception:  # noqa: BLE001 - WriteError or anything else: the index stays in memory
+                pass
+    return out
+
+
+def _class_names(folder: Path, texts: Sequence[str]) -> list[str]:
+    """Class names: ``classes.txt`` / ``classes.json`` beside the shards, else from the labels themselves."""
+    for f in (folder / "classes.txt", folder / "classes.json"):
+        if f.is_file():
+            if f.suffix == ".json":
+                names = json.loads(f.read_text())
+                names = sorted(names, key=names.get) if isinstance(names, dict) else names
+            else:
+                names = [line.strip() for line in f.read_text().splitlines() if line.strip()]
+            if not names:
+                raise ValueError(f"{f} lists no class names; write one class name per line")
+            return [str(n) for n in names]
+    if all(t.lstrip("-").isdigit() for t in texts):
+        return [str(i) for i in range(max(int(t) for t in texts) + 1)]
+    return sorted(set(texts))
+
+
+def _label_ids(texts: Sequence[str], classes: list[str], where: str) -> list[int]:
+    ids = {c: i for i, c in enumerate(classes)}
+    out = []
+    for t in texts:
+        y = ids.get(t)
+        if y is None and t.lstrip("-").isdigit():
+            y = int(t)
+        if y is None or not 0 <= y < len(classes):
+            raise ValueError(
+                f"label {t!r} in {where} is not one of the {len(classes)} classes; fix the label or classes.txt"
+            )
+        out.append(y)
+    return out
+
+
+class WebDatasetShards(ImageSource):
+    """A split of WebDataset shards, streamed by ``DataLoader`` workers (see the module docstring)."""
+
+    kind = "shards"
+
+    def __init__(
+        self,
+        source: str | os.PathLike,
+        split: str = "train",
+        *,
+        image_size: int,
+        val_fraction: float = 0.0,
+        seed: int = 0,
+        on_bad_image: str = "skip",
+        num_workers: int = -1,
+        shuffle_buffer: int = 1000,
+        stats: tuple[Sequence[float], Sequence[float]] | None = None,
+    ) -> None:
+        if image_size is None:
+            raise ValueError("WebDataset shards need image_size (--image-size): their images are resized on read")
+        check_load_args(split, val_fraction, on_bad_image, image_size)
+        pool_shards, test_shards, folder = _find_shards(os.fspath(source))
+        texts = _index(pool_shards + test_shards)
+        all_texts = [t for s in pool_shards + test_shards for t in texts[str(s)]]
+        if not all_texts:
+            raise ValueError(f"the shards of {source} hold no samples; write samples into them")
+        self.classes = _class_names(folder, all_texts)
+        labels = {s: _label_ids(texts[s], self.classes, f"shard {s}") for s in texts}
+        # membership: which samples of which shard belong to this split (by position in the shard)
+        pool = [(s, i) for s in map(str, pool_shards) for i in range(len(labels[s]))]
+        pool_y = [labels[s][i] for s, i in pool]
+        if test_shards:
+            test = [(s, i) for s in map(str, test_shards) for i in range(len(labels[s]))]
+        else:
+            flags = holdout_every_fifth(pool_y)
+            test = [p for p, t in zip(pool, flags) if t]
+            pool, pool_y = [p for p, t in zip(pool, flags) if not t], [y for y, t in zip(pool_y, flags) if not t]
+        if split == "test":
+            members = test
+        else:
+            keep = split_members(torch.tensor(pool_y, dtype=torch.int64), split, val_fraction, seed).tolist()
+            members = [pool[j] for j in keep]
+        if not members:
+            raise ValueError(f"the {split} split of {source} is empty; use a larger val_fraction or add shards")
+        self.keep: dict[str, list[int]] = {}
+        for s, i in members:
+            self.keep.setdefault(s, []).append(i)
+        self.shards = [s for s in map(str, pool_shards + test_shards) if s in self.keep]
+        self.labels = {s: labels[s] for s in self.shards}
+        self.name, self.split = os.fspath(source), split
+        self.image_size, self.on_bad_image = image_size, on_bad_image
+        self.num_workers, self.shuffle_buffer = num_workers, shuffle_buffer
+        self._n = len(members)
+        self._stats(pool, seed, stats)
+
+    def _stats(self, pool: list[tuple[str, int]], seed: int, stats: tuple | None) -> None:
+        """Channels and mean/std from the first training-pool samples in a seeded shard order."""
+        shards = sorted({s for s, _ in pool})
+        wanted = {}
+        for s, i in pool:
+            wanted.setdefault(s, set()).add(i)
+        need = 16 if stats else STATS_SAMPLE
+        decoded = []
+        for j in epoch_permutation(len(shards), seed, 0).tolist():
+            for pos, sample in enumerate(_samples(Path(shards[j]))):
+                if pos in wanted[shards[j]]:
+                    d = decode_image(_image_bytes(sample), f"{shards[j]}:{sample['__key__']}", "skip")
+                    if d is not None:
+                        decoded.append(d)
+                if len(decoded) >= need:
+                    break
+            if len(decoded) >= need:
+                break
+        if not decoded:
+            raise ValueError(f"no readable training image in {self.name}; check the shards")
+        self._channels = 1 if all(g for _, g in decoded) else 3
+        if stats:
+            self.mean, self.std = tuple(stats[0]), tuple(stats[1])
+        else:
+            self.mean, self.std = _channel_stats(
+                torch.stack([to_chw(a, self._channels, self.image_size) for a, _ in decoded])
+            )
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def channels(self) -> int:
+        return self._channels
+
+    def batches(
+        self,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        epoch: int = 0,
+        start: int = 0,
+        rank: int = 0,
+        world: int = 1,
+        drop_last: bool | None = None,
+    ) -> Iterator[tuple[Tensor, Tensor]]:
+        """Stream this process's local batches (see the module docstring for the order)."""
+        order = epoch_permutation(len(self.shards), seed, epoch).tolist() if shuffle else range(len(self.shards))
+        mine = [self.shards[j] for j in order][rank::world]
+        training = shuffle if drop_last is None else drop_last
+        if not mine and not training:
+            return  # evaluation: the other processes hold every shard, and the counts are summed over processes
+        if not mine:
+            raise ValueError(
+                f"{len(self.shards)} shard(s) of the {self.split} split cannot be split over {world} processes; "
+                f"write at least {world} shards"
+            )
+        local = len(rank_slice(torch.arange(batch_size), rank, world))
+        streams = max(1, min(resolve_workers(self.num_workers), len(mine)))
+        total = self.steps_per_epoch(batch_size) if training else None
+        plan = _ShardStreams(
+            self, mine, streams, local, total, start, shuffle, (seed, epoch, rank), self.shuffle_buffer
+        )
+        workers = streams if resolve_workers(self.num_workers) > 0 else 0
+        loader = torch.utils.data.DataLoader(
+            plan, batch_size=None, num_workers=workers, pin_memory=torch.cuda.is_available(),
+            prefetch_factor=4 if workers else None,
+            generator=torch.Generator(),  # its own: iterating must not draw from the training RNG
+        )  # fmt: skip
+        yield from checked(loader)
+
+    def decode(self, sample: dict, shard: str) -> tuple[Tensor | None, int, str]:
+        """One raw sample → ``(uint8 C×H×W or None, label, name)`` (label looked up by ``__pos__``)."""
+        d, what = decode_or_message(_image_bytes(sample), f"{shard}:{sample['__key__']}", self.on_bad_image)
+        image = None if d is None else to_chw(d[0], self._channels, self.image_size)
+        return image, self.labels[shard][sample["__pos__"]], what
+
+    def __repr__(self) -> str:
+        return (
+            f"WebDatasetShards({self.name!r}, split={self.split!r}, n={len(self)}, {len(self.shards)} shards, "
+            f"{self.num_classes} classes, workers={self.num_workers})"
+        )
+
+
+class _ShardStreams(torch.utils.data.IterableDataset):
+    """The ``V`` streams of one process for one epoch; DataLoader worker ``w`` runs stream ``(start + w) % V``.
+
+    Local batch ``b`` is batch ``b // V`` of stream ``b % V``; the DataLoader visits its workers in turn,
+    so starting worker ``w`` on stream ``(start + w) % V`` yields batches ``start, start + 1, …`` in order.
+    """
+
+    def __init__(
+        self,
+        source: WebDatasetShards,
+        shards: list[str],
+        streams: int,
+        local: int,
+        total: int | None,
+        start: int,
+        shuffle: bool,
+        key: tuple[int, int, int],
+        buffer: int,
+    ) -> None:
+        self.source, self.shards, self.streams, self.local = source, shards, streams, local
+        self.total, self.start, self.shuffle, self.key, self.buffer = total, start, shuffle, key, buffer
+
+    def _pass(self, shards: list[str]) -> Iterator[tuple[dict, str]]:
+        """One pass over the split's samples in ``shards``, in turn."""
+        for s in shards:
+            keep = set(self.source.keep[s])
+            for pos, sample in enumerate(_samples(Path(s))):
+                if pos in keep:
+                    sample["__pos__"] = pos
+                    yield sample, s
+
+    def _raw(self, shards: list[str], rng: random.Random) -> Iterator[tuple[dict, str]]:
+        """Passes over ``shards``, each through its own shuffle buffer (so a pass never repeats a sample);
+        forever when training (a stream that runs out before its share of batches starts again)."""
+        while True:
+            yield from self._shuffled(self._pass(shards), rng) if self.shuffle else self._pass(shards)
+            if self.total is None:
+                return
+
+    def _shuffled(self, it: Iterator, rng: random.Random) -> Iterator:
+        buf: list = []
+        for item in it:
+            if len(buf) < self.buffer:
+                buf.append(item)
+                continue
+            j = rng.randrange(len(buf))
+            yield buf[j]
+            buf[j] = item
+        rng.shuffle(buf)
+        yield from buf
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        info = torch.utils.data.get_worker_info()
+        if info is None:  # no workers: the main process interleaves the streams itself
+            its = [self._stream(s) for s in range(self.streams)]
+            b = self.start
+            while its:
+                s = b % self.streams
+                batch = next(its[s], None) if its[s] is not None else None
+                if batch is None:
+                    its[s] = None
+                    if all(i is None for i in its):
+                        return
+                else:
+                    yield batch
+                b += 1
+            return
+        yield from self._stream((self.start + info.id) % self.streams)
+
+    def _stream(self, s: int) -> Iterator[tuple[Tensor, Tensor]]:
+        seed, epoch, rank = self.key
+        raw = self._raw(self.shards[s :: self.streams], random.Random(f"{seed}-{epoch}-{rank}-{s}"))
+        skip = max(0, -(-(self.start - s) // self.streams))  # this stream's batches before start
+        for _ in range(skip * self.local):  # read, not decoded
+            if next(raw, None) is None:
+                return
+        k = skip
+        while self.total is None or k * self.streams + s < self.total:
+            items = [self.source.decode(sample, shard) for sample, shard in _take(raw, self.local)]
+            if not items:
+                return
+            yield collate_readable(items, read_policy(self.source.on_bad_image, self.shuffle))
+            k += 1
+
+
+def _take(it: Iterator, n: int) -> list:
+    out = []
+    for item in it:
+        out.append(item)
+        if len(out) == n:
+            break
+    return out

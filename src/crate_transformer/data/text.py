@@ -1,0 +1,322 @@
+"""Text corpora for the language models: the built-in corpus, any text file or folder, tokenized once into
+a memory-mapped token file and streamed in blocks.
+
+* ``"python-docs"`` — Python's reference documentation as shipped with every CPython (``pydoc_data.topics``,
+  ~465k characters); no download.
+* a UTF-8 text file, or a folder of them (``*.txt``, ``*.md``, ``*.rst``, ``*.py``, ... recursively, sorted).
+
+:func:`load_tokens` reads the corpus in ~1 MB pieces, tokenizes them and appends the ids to a ``uint16`` /
+``uint32`` file in the token cache (``$CRATE_CACHE_DIR`` or ``~/.cache/crate_transformer/tokens``), keyed
+by the corpus files (path, size, modification time) and the tokenizer; later runs map it with
+``numpy.memmap``, so the corpus is never held in memory.  Documents are separated by the end-of-text token.
+
+:class:`TokenBlocks` is a split of that file as non-overlapping windows of ``block_size + 1`` tokens
+(inputs and their next-token targets) under the same contract as the image sources
+(:class:`~crate_transformer.data.ImageSource`): ``__len__``, ``steps_per_epoch`` and ``batches`` in global
+batches of a ``(seed, epoch)`` order, each process taking its slice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..io import atomic_write
+from .base import global_batches, rank_slice
+
+__all__ = [
+    "BUILTIN_CORPORA",
+    "TEXT_SUFFIXES",
+    "corpus_files",
+    "iter_documents",
+    "load_tokens",
+    "TokenBlocks",
+    "split_tokens",
+    "LabelledTexts",
+    "read_labelled_table",
+]
+
+BUILTIN_CORPORA = ("python-docs",)
+TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst", ".py", ".tex", ".html", ".htm", ".json", ".csv", ".tsv", ".xml")
+_CHUNK = 1 << 20  # characters per tokenizer call
+
+
+def corpus_files(source: str) -> list[Path]:
+    """The text files of ``source`` (a file, or a folder searched recursively); [] for a built-in corpus."""
+    if source in BUILTIN_CORPORA:
+        return []
+    path = Path(source).expanduser()
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+        if not files:
+            raise ValueError(
+                f"{path} holds no text files ({', '.join(TEXT_SUFFIXES[:5])}, ...); add some or pass a file"
+            )
+        return files
+    raise ValueError(f"text corpus not found: {source}; pass 'python-docs' (built in), a text file or a folder")
+
+
+def _read_file(path: Path) -> Iterator[str]:
+    """``path`` in pieces of about ``_CHUNK`` characters, cut after a newline when possible."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            carry = ""
+            while True:
+                piece = f.read(_CHUNK)
+                if not piece:
+                    break
+                piece, cut = carry + piece, (carry + piece).rfind("\n")
+                carry, piece = (piece[cut + 1 :], piece[: cut + 1]) if cut >= 0 else ("", piece)
+                yield piece
+            if carry:
+                yield carry
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path} is not UTF-8 text (invalid byte at position {e.start}); convert it, e.g. "
+            f"iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8{path.suffix}"
+        ) from None
+
+
+def iter_documents(source: str) -> Iterator[Iterator[str]]:
+    """The documents of ``source`` (one per file, or per topic of the built-in corpus), each as text pieces."""
+    if source == "python-docs":
+        from pydoc_data.topics import topics
+
+        for key in sorted(topics):
+            yield iter([topics[key]])
+        return
+    for path in corpus_files(source):
+        yield _read_file(path)
+
+
+def _fingerprint(source: str, tokenizer_json: str) -> str:
+    h = hashlib.sha256(tokenizer_json.encode())
+    if source in BUILTIN_CORPORA:
+        h.update(f"{source}|{sys.version}".encode())
+    for p in corpus_files(source):
+        st = p.stat()
+        h.update(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:24]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("CRATE_CACHE_DIR") or Path.home() / ".cache" / "crate_transformer" / "tokens")
+
+
+def load_tokens(source: str, tokenizer: object) -> np.ndarray:
+    """The corpus as a read-only memory-mapped array of token ids (built on first use, see the module doc)."""
+    key = _fingerprint(source, tokenizer.to_str())
+    path = cache_dir() / f"{key}.bin"
+    meta_path = path.with_suffix(".json")
+    if not (path.is_file() and meta_path.is_file()):
+        _build(source, tokenizer, path, meta_path)
+    meta = json.loads(meta_path.read_text())
+    return np.memmap(path, dtype=meta["dtype"], mode="r", shape=(meta["tokens"],))
+
+
+def _build(source: str, tokenizer: object, path: Path, meta_path: Path) -> None:
+    dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
+    count = 0
+
+    def write(tmp: str) -> None:
+        nonlocal count
+        with open(tmp, "wb") as f:
+            for doc in iter_documents(source):
+                wrote = False
+                for piece in doc:
+                    ids = tokenizer.encode(piece)
+                    if ids:
+                        np.asarray(ids, dtype=dtype).tofile(f)
+                        count, wrote = count + len(ids), True
+                if wrote:
+                    np.asarray([tokenizer.eos_id], dtype=dtype).tofile(f)
+                    count += 1
+
+    atomic_write(path, write)
+    if count < 2:
+        path.unlink(missing_ok=True)
+        raise ValueError(f"{source} holds no text; pass a corpus with some UTF-8 text in it")
+    atomic_write(
+        meta_path,
+        lambda tmp: Path(tmp).write_text(
+            json.dumps({"dtype": np.dtype(dtype).name, "tokens": count, "source": str(source)})
+        ),
+    )
+
+
+def split_tokens(n_tokens: int, val_fraction: float, block_size: int) -> int:
+    """The first held-out token: the last ``val_fraction`` of the stream is held out (at least one block)."""
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"a language model needs a held-out split; pass --val-fraction in (0, 1), got {val_fraction}")
+    cut = int(n_tokens * (1 - val_fraction))
+    if cut < block_size + 1 or n_tokens - cut < block_size + 1:
+        raise ValueError(
+            f"the corpus has {n_tokens:,} tokens, too few for a {block_size}-token context with "
+            f"{val_fraction:.0%} held out; use more text or a smaller context (--model-args block_size=32)"
+        )
+    return cut
+
+
+class TokenBlocks:
+    """Non-overlapping windows of ``block_size + 1`` tokens of ``tokens[lo:hi]``, yielded as int64 batches."""
+
+    def __init__(self, tokens: np.ndarray, block_size: int, lo: int, hi: int, name: str, split: str) -> None:
+        self.tokens, self.block_size, self.lo, self.hi = tokens, block_size, lo, hi
+        self.name, self.split = name, split
+
+    def __len__(self) -> int:
+        return max(0, (self.hi - self.lo - 1) // self.block_size)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.hi - self.lo
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        return len(self) // batch_size
+
+    def get(self, indices: Tensor) -> Tensor:
+        """The windows ``indices`` as an int64 tensor ``(len(indices), block_size + 1)``."""
+        B = self.block_size
+        rows = [
+            np.asarray(self.tokens[self.lo + i * B : self.lo + i * B + B + 1], dtype=np.int64) for i in indices.tolist()
+        ]
+        return torch.from_numpy(np.stack(rows))
+
+    def batches(
+        self,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        epoch: int = 0,
+        start: int = 0,
+        rank: int = 0,
+        world: int = 1,
+        drop_last: bool | None = None,
+    ) -> Iterator[Tensor]:
+        """This process's windows of each global batch (see :func:`~crate_transformer.data.base.global_batches`)."""
+        drop_last = shuffle if drop_last is None else drop_last
+        for idx in global_batches(
+            len(self), batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start=start, drop_last=drop_last
+        ):
+            mine = rank_slice(idx, rank, world)
+            if len(mine):
+                yield self.get(mine)
+
+
+# --------------------------------------------------------------------------- labelled texts (GLUE-style tables)
+def read_labelled_table(
+    path: str | Path, text_columns: Sequence[str] = (), label_column: str = ""
+) -> tuple[list[tuple[str, ...]], list[str], tuple[str, ...], str]:
+    """Rows of a CSV / TSV file with a header: ``(texts, labels, text_columns, label_column)``.
+
+    GLUE layouts are recognised: the label column is ``label`` / ``score`` / ``gold_label`` (or the last
+    column), the texts are ``sentence`` / ``text`` or a pair such as ``sentence1, sentence2`` / ``question,
+    sentence`` / ``question1, question2`` / ``premise, hypothesis`` (or the first one or two other columns).
+    """
+    import csv
+
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ValueError(f"table not found: {path}; pass a CSV or TSV file with a header row")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path} is not UTF-8 text (invalid byte at position {e.start}); convert it to UTF-8"
+        ) from None
+    delimiter = "\t" if path.suffix.lower() == ".tsv" or (lines and "\t" in lines[0]) else ","
+    reader = csv.DictReader(
+        lines, delimiter=delimiter, quoting=csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    )
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    if len(header) < 2:
+        raise ValueError(f"{path} needs a header row with a text column and a label column, got {header}")
+    lower = {h.lower(): h for h in header}
+    label = label_column or next((lower[k] for k in ("label", "score", "gold_label") if k in lower), header[-1])
+    if label not in header:
+        raise ValueError(f"{path} has no column {label!r}; columns: {header}")
+    if not text_columns:
+        pairs = (
+            ("sentence1", "sentence2"),
+            ("question", "sentence"),
+            ("question1", "question2"),
+            ("premise", "hypothesis"),
+            ("sentence",),
+            ("text",),
+        )
+        found = next((p for p in pairs if all(k in lower for k in p)), None)
+        skip = {"idx", "id", "index", label.lower()}
+        text_columns = [lower[k] for k in found] if found else [h for h in header if h.lower() not in skip][:1]
+    missing = [c for c in text_columns if c not in header]
+    if missing or not text_columns:
+        raise ValueError(f"{path} has no text column(s) {missing or text_columns}; columns: {header}")
+    texts, labels = [], []
+    for i, row in enumerate(reader, start=2):
+        row = {(k or "").strip(): v for k, v in row.items()}
+        value = (row.get(label) or "").strip()
+        if not value:
+            raise ValueError(f"{path} line {i}: empty {label!r}; every row needs a label or score")
+        texts.append(tuple((row.get(c) or "") for c in text_columns))
+        labels.append(value)
+    if not texts:
+        raise ValueError(f"{path} has a header but no rows")
+    return texts, labels, tuple(text_columns), label
+
+
+class LabelledTexts:
+    """Encoded texts with labels (class indices, int64) or scores (float32), padded per batch.
+
+    ``batches`` yields ``(ids (b, L) right-padded with pad_id, lengths (b,), targets (b,))``, in global batches
+    under the same contract as :class:`TokenBlocks`.
+    """
+
+    def __init__(self, ids: list[list[int]], targets: Tensor, pad_id: int, name: str, split: str) -> None:
+        self.ids, self.targets, self.pad_id, self.name, self.split = ids, targets, pad_id, name, split
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        return len(self) // batch_size
+
+    def subset(self, indices: Sequence[int], split: str) -> LabelledTexts:
+        return LabelledTexts([self.ids[i] for i in indices], self.targets[list(indices)], self.pad_id, self.name, split)
+
+    def get(self, indices: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        rows = [self.ids[i] for i in indices.tolist()]
+        lengths = torch.tensor([len(r) for r in rows])
+        ids = torch.full((len(rows), int(lengths.max())), self.pad_id, dtype=torch.long)
+        for j, r in enumerate(rows):
+            ids[j, : len(r)] = torch.tensor(r)
+        return ids, lengths, self.targets[indices]
+
+    def batches(
+        self,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        epoch: int = 0,
+        start: int = 0,
+        rank: int = 0,
+        world: int = 1,
+        drop_last: bool | None = None,
+    ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+        drop_last = shuffle if drop_last is None else drop_last
+        for idx in global_batches(
+            len(self), batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start=start, drop_last=drop_last
+        ):
+            mine = rank_slice(idx, rank, world)
+            if len(mine):
+                yield self.get(mine)

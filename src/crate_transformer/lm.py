@@ -1,0 +1,459 @@
+"""Language models: CRATE-BERT (masked LM) and CRATE-GPT (causal LM), JMLR §4.1.4 pp.43-47, and a
+GPT-2 baseline, in nanoGPT's layout (Karpathy 2022, which the paper's GPT code follows).
+
+* ``f_pre(X) = f_embed(X) + E_pos`` (eqs. (83), (88)): a token embedding plus the sinusoidal position
+  embedding of Vaswani et al. (BERT, eq. (83)) or a learned one (GPT-2 / the official CRATE-GPT code).
+* CRATE layers (eq. (45)) whose MSSA is bidirectional (BERT) or causal (GPT, eqs. (86)-(87)).
+* ``f_head(Z) = W_head Z`` (eq. (84)) with ``W_head`` tied to the token embedding (what Table 10's
+  parameter counts imply); no final LayerNorm, as in the official CRATE-GPT code.
+* Losses: masked tokens (eq. (85), :func:`mask_tokens`: 15 %, 80/10/10) and next token (eq. (89)).
+* :meth:`LanguageModel.generate` samples with temperature / top-k / top-p and a key-value cache; CRATE's
+  shared ``Q = K = V = U_kᵀZ`` projection caches one tensor per layer where GPT caches two.
+
+Parameter counts (Table 10, paper_spec §2.10): a CRATE layer has ``3d² + 5d`` parameters, so a CRATE
+LM has ``L(3d² + 5d) + V d`` plus ``n_ctx d`` for a learned position table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config_utils import coerce_fields
+from .io import PretrainedMixin
+from .model import Trace, _ViTBlock
+from .operators import ISTA_MODES, LAYER_FORMS, EncoderLayer
+
+__all__ = [
+    "LM_ARCHS",
+    "LMConfig",
+    "LanguageModel",
+    "CRATELanguageModel",
+    "GPT",
+    "build_lm",
+    "mask_tokens",
+    "sample_next",
+    "cache_nbytes",
+    "sinusoidal_positions",
+]
+
+LM_ARCHS = ("crate_lm", "gpt")
+POS_EMBEDS = ("learned", "sinusoidal")
+
+
+@dataclass
+class LMConfig:
+    """Every hyperparameter of a language model; round-trips through ``config.json`` (``arch`` names the class).
+
+    ``causal=True`` is a GPT (next-token, eq. (89)), ``False`` a BERT (masked tokens, eq. (85)).  Values are
+    coerced to the declared types and validated with one-line errors, as :class:`~crate_transformer.ModelConfig`.
+    """
+
+    arch: str = "crate_lm"  # crate_lm (CRATE layers) | gpt (pre-norm MHSA + GELU MLP, GPT-2)
+    causal: bool = True
+    vocab_size: int = 262  # the byte-level tokenizer's
+    block_size: int = 128  # context length n
+    dim: int = 128
+    depth: int = 4
+    heads: int = 4
+    dim_head: int | None = None  # None → dim // heads
+    pos_embed: str = "learned"  # learned (GPT-2, official CRATE-GPT) | sinusoidal (eq. (83), CRATE-BERT)
+    dropout: float = 0.0
+    final_norm: bool = False  # LayerNorm before the head (GPT-2: yes; official CRATE-GPT: no)
+    num_labels: int = 0  # > 0: a sequence-classification head (GLUE fine-tuning, Table 5); 1 = regression
+    # CRATE operators (ignored by arch="gpt")
+    eta: float = 0.1
+    lambd: float = 0.1
+    ista_mode: str = "relu"  # relu | soft | mm | none (Table 16: CRATE-GPT without ISTA)
+    layer_form: str = "official"
+    scale_scores: bool = True
+    # GPT baseline
+    mlp_ratio: float = 4.0
+    # the tokenizer kind the model was trained with (its tokenizer.json is saved beside the weights)
+    tokenizer: str = ""
+
+    def __post_init__(self) -> None:
+        current = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name, value in coerce_fields(type(self), current).items():
+            object.__setattr__(self, name, value)
+        for name, allowed in (
+            ("arch", LM_ARCHS),
+            ("pos_embed", POS_EMBEDS),
+            ("ista_mode", ISTA_MODES),
+            ("layer_form", LAYER_FORMS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {allowed}")
+        for name in ("vocab_size", "block_size", "dim", "depth", "heads"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.num_labels < 0:
+            raise ValueError(f"num_labels must be >= 0 (0 = no classification head), got {self.num_labels}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.eta <= 0 or self.lambd < 0 or self.mlp_ratio <= 0:
+            raise ValueError("need eta > 0, lambd >= 0 and mlp_ratio > 0")
+        if self.dim_head is None and self.dim % self.heads:
+            raise ValueError(f"dim {self.dim} is not divisible by heads {self.heads}; set dim_head or change heads")
+        if self.arch == "gpt" and self.dim % self.heads:
+            raise ValueError(f"a GPT needs dim divisible by heads, got dim={self.dim}, heads={self.heads}")
+        if self.pos_embed == "sinusoidal" and self.dim % 2:
+            raise ValueError(f"the sinusoidal position embedding needs an even dim, got {self.dim}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim_head if self.dim_head is not None else self.dim // self.heads
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LMConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown language-model config keys {unknown}; valid keys: {sorted(known)}")
+        return cls(**dict(d))
+
+
+def sinusoidal_positions(n: int, d: int) -> Tensor:
+    """``E_pos`` of eq. (83) (Vaswani et al. 2017): ``sin(t / 10000^{2i/d})`` and ``cos(·)`` interleaved, (n, d)."""
+    t = torch.arange(n, dtype=torch.float64)[:, None]
+    freq = torch.exp(-math.log(10000.0) * torch.arange(0, d, 2, dtype=torch.float64) / d)
+    pe = torch.zeros(n, d, dtype=torch.float64)
+    pe[:, 0::2], pe[:, 1::2] = torch.sin(t * freq), torch.cos(t * freq)
+    return pe.float()
+
+
+def cache_nbytes(cache: list[dict[str, Tensor]]) -> int:
+    """Bytes held by a key-value cache (every layer's tensors)."""
+    return sum(t.numel() * t.element_size() for layer in cache for t in layer.values())
+
+
+class LanguageModel(PretrainedMixin, nn.Module):
+    """Token + position embedding → L layers → (LayerNorm) → tied head; see the module docstring.
+
+    ``forward(idx)`` maps token ids ``(b, n)`` to logits ``(b, n, V)``; ``forward_features`` returns the
+    last layer's tokens, ``forward_trace`` every layer's (for ``crate analyze``), ``classify`` the
+    sequence-classification logits.  :class:`CRATELanguageModel` and :class:`GPT` fix ``config.arch``.
+    """
+
+    arch: str | None = None
+
+    def __init__(self, config: LMConfig | None = None) -> None:
+        super().__init__()
+        if config is None:
+            config = LMConfig(arch=self.arch or "crate_lm")
+        elif not isinstance(config, LMConfig):
+            raise ValueError(f"expected an LMConfig, got {type(config).__name__}; e.g. LMConfig(dim=128)")
+        if self.arch is not None and config.arch != self.arch:
+            config = dataclasses.replace(config, arch=self.arch)
+        self.config = c = config
+        self.tokenizer = None  # attached by from_pretrained / training; saved with save_pretrained
+        self.wte = nn.Embedding(c.vocab_size, c.dim)
+        if c.pos_embed == "learned":
+            self.wpe = nn.Embedding(c.block_size, c.dim)
+        else:
+            self.wpe = None
+            self.register_buffer("pos_table", sinusoidal_positions(c.block_size, c.dim), persistent=False)
+        self.drop = nn.Dropout(c.dropout)
+        if c.arch == "crate_lm":
+            self.layers = nn.ModuleList(
+                EncoderLayer(
+                    c.dim,
+                    c.heads,
+                    c.head_dim,
+                    dropout=c.dropout,
+                    eta=c.eta,
+                    lambd=c.lambd,
+                    ista_mode=c.ista_mode,
+                    form=c.layer_form,
+                    scale_scores=c.scale_scores,
+                    causal=c.causal,
+                )
+                for _ in range(c.depth)
+            )
+        else:
+            self.layers = nn.ModuleList(
+                _ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout, c.causal) for _ in range(c.depth)
+            )
+        if c.arch == "crate_lm" and c.ista_mode == "none":  # Table 16: the ISTA block (and its LayerNorm) is skipped
+            for layer in self.layers:  # frozen, so neither the optimizer nor DDP waits for their gradients
+                layer.ista.requires_grad_(False)
+                layer.norm2.requires_grad_(False)
+        self.norm = nn.LayerNorm(c.dim) if c.final_norm else nn.Identity()
+        self.classifier = nn.Linear(c.dim, c.num_labels) if c.num_labels else None
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """nanoGPT / official CRATE-GPT: Linear and Embedding weights N(0, 0.02), biases 0, the residual
+        output projections N(0, 0.02/√(2L)); ISTA dictionaries keep their kaiming-uniform init."""
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+        for layer in self.layers:
+            for out in (getattr(layer.attn, "proj", None), getattr(layer, "mlp", [None] * 4)[3]):
+                if out is not None:
+                    nn.init.normal_(out.weight, std=0.02 / math.sqrt(2 * self.config.depth))
+
+    # ---------------------------------------------------------------- embedding
+    def check_tokens(self, idx: Tensor, start: int = 0) -> None:
+        """One-line ValueError for ids the model cannot take (type, rank, range, longer than the context)."""
+        c = self.config
+        if not isinstance(idx, Tensor) or idx.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"expected a LongTensor of token ids, got {getattr(idx, 'dtype', type(idx).__name__)}")
+        if idx.dim() != 2:
+            hint = "; add a batch dimension with idx.unsqueeze(0)" if idx.dim() == 1 else ""
+            raise ValueError(f"expected token ids of shape (batch, length), got shape {tuple(idx.shape)}{hint}")
+        n = idx.shape[1]
+        if n == 0:
+            raise ValueError("empty token sequence; pass at least one token")
+        if start + n > c.block_size:
+            raise ValueError(
+                f"sequence of {start + n} tokens is longer than the model's context of {c.block_size} "
+                f"(block_size); pass at most {c.block_size} tokens, e.g. idx[:, -{c.block_size}:]"
+            )
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= c.vocab_size:
+            raise ValueError(
+                f"token id {hi if hi >= c.vocab_size else lo} is outside the vocabulary [0, {c.vocab_size}); "
+                "encode the text with the model's own tokenizer"
+            )
+
+    def embed(self, idx: Tensor, start: int = 0) -> Tensor:
+        """``f_pre`` of eqs. (83)/(88): ``f_embed(X) + E_pos`` for positions ``start .. start + n − 1``."""
+        self.check_tokens(idx, start)
+        pos = torch.arange(start, start + idx.shape[1], device=idx.device)
+        e_pos = self.wpe(pos) if self.wpe is not None else self.pos_table[pos]
+        return self.drop(self.wte(idx) + e_pos)
+
+    # ---------------------------------------------------------------- forward
+    def forward_features(
+        self, idx: Tensor, cache: list[dict[str, Tensor]] | None = None, key_mask: Tensor | None = None
+    ) -> Tensor:
+        """The last layer's tokens (b, n, d); ``key_mask`` (b, n) False at padding, which no token attends to."""
+        start = _cached_length(cache)
+        z = self.embed(idx, start)
+        for i, layer in enumerate(self.layers):
+            z = layer(z, cache=None if cache is None else cache[i], key_mask=key_mask)[0]
+        return self.norm(z)
+
+    def head(self, z: Tensor) -> Tensor:
+        """``f_head(Z) = W_head Z`` (eq. (84)) with ``W_head`` = the token embedding (tied)."""
+        return F.linear(z, self.wte.weight)
+
+    def forward(self, idx: Tensor, cache: list[dict[str, Tensor]] | None = None) -> Tensor:
+        """Logits ``(b, n, V)``.  With ``cache`` (from :meth:`new_cache`, causal models), ``idx`` holds only
+        the tokens after those already cached, which are appended to it."""
+        if cache is not None and not self.config.causal:
+            raise ValueError("a key-value cache needs a causal (GPT) model; this one is bidirectional (BERT)")
+        return self.head(self.forward_features(idx, cache))
+
+    def forward_trace(self, idx: Tensor, return_attention: bool = False) -> Trace:
+        """Every layer's tokens (``tokens[0]`` = ``f_pre(X)``), MSSA outputs and attention maps in one pass."""
+        z = self.embed(idx)
+        tokens, half, attention = [z], [], [] if return_attention else None
+        for layer in self.layers:
+            z, zh, attn = layer(z, return_attention=return_attention)
+            tokens.append(z)
+            half.append(zh)
+            if attention is not None:
+                attention.append(attn)
+        return Trace(tokens, half, attention)
+
+    def classify(self, idx: Tensor, lengths: Tensor | None = None) -> Tensor:
+        """Sequence-classification logits ``(b, num_labels)`` (Table 5 fine-tuning).
+
+        Sequences are right-padded; ``lengths`` are their true lengths.  A causal model pools its last real
+        token (which has seen the whole text and no padding); a bidirectional one, whose attention is masked
+        at the padding, the mean of its real tokens.  Padding therefore never changes the logits.
+        """
+        if self.classifier is None:
+            raise ValueError("this model has no classification head; create it with num_labels > 0")
+        b, n = idx.shape
+        lengths = torch.full((b,), n, device=idx.device) if lengths is None else lengths.to(idx.device)
+        real = torch.arange(n, device=idx.device)[None] < lengths[:, None]
+        z = self.forward_features(idx, key_mask=None if self.config.causal or bool(real.all()) else real)
+        if self.config.causal:
+            pooled = z[torch.arange(b, device=z.device), lengths - 1]
+        else:
+            keep = real.to(z.dtype)
+            pooled = (z * keep[..., None]).sum(1) / keep.sum(1, keepdim=True)
+        return self.classifier(pooled)
+
+    # ---------------------------------------------------------------- generation
+    def new_cache(self) -> list[dict[str, Tensor]]:
+        """An empty key-value cache (one dict per layer) for :meth:`forward`."""
+        return [{} for _ in self.layers]
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+        eos_id: int | None = None,
+        return_logits: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Append ``max_new_tokens`` sampled tokens to ``idx`` (b, n) (causal models only).
+
+        ``temperature`` 0 is greedy.  With ``use_cache`` each step runs the newest token only, against the
+        cached earlier ones; once the context is full, the window slides and the cache is rebuilt from the
+        last ``block_size`` tokens, exactly what the uncached path computes.  ``return_logits`` also returns
+        every step's ``(b, steps, V)`` logits (the cached and uncached paths agree to float rounding).
+        """
+        c = self.config
+        if not c.causal:
+            raise ValueError("generation needs a causal (GPT) model; this one is a masked LM (objective mlm)")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        self.check_tokens(idx[:, -c.block_size :])
+        was_training = self.training
+        self.eval()
+        cache, steps = None, []
+        try:
+            for _ in range(max_new_tokens):
+                window = idx[:, -c.block_size :]
+                if not use_cache:
+                    logits = self(window)[:, -1]
+                elif cache is None or _cached_length(cache) >= c.block_size:
+                    cache = self.new_cache()
+                    logits = self(window, cache)[:, -1]
+                else:
+                    logits = self(idx[:, -1:], cache)[:, -1]
+                steps.append(logits)
+                nxt = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+                idx = torch.cat([idx, nxt], dim=1)
+                if eos_id is not None and bool((nxt == eos_id).all()):
+                    break
+        finally:
+            self.train(was_training)
+        if return_logits:
+            return idx, torch.stack(steps, 1) if steps else idx.new_zeros(idx.shape[0], 0, c.vocab_size).float()
+        return idx
+
+    # ---------------------------------------------------------------- utilities
+    def num_params(self, trainable_only: bool = False, exclude_positions: bool = False) -> int:
+        """Parameters (the tied head counted once); ``exclude_positions`` leaves out a learned position
+        table, as GPT-2 / nanoGPT report and Table 10's CRATE-GPT count does."""
+        n = sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+        return n - (self.wpe.weight.numel() if exclude_positions and self.wpe is not None else 0)
+
+    def reset_classifier(self, num_labels: int) -> None:
+        """A fresh sequence-classification head for ``num_labels`` labels (1 = regression)."""
+        self.config = dataclasses.replace(self.config, num_labels=num_labels)
+        ref = self.wte.weight
+        self.classifier = nn.Linear(self.config.dim, num_labels).to(ref.device, ref.dtype)
+        nn.init.normal_(self.classifier.weight, std=0.02)
+        nn.init.zeros_(self.classifier.bias)
+
+    def save_pretrained(self, directory: Any) -> Any:
+        """``model.safetensors`` + ``config.json`` (+ ``tokenizer.json`` when a tokenizer is attached)."""
+        path = super().save_pretrained(directory)
+        if self.tokenizer is not None:
+            self.tokenizer.save(path)
+        return path
+
+
+class CRATELanguageModel(LanguageModel):
+    """CRATE-GPT (``causal=True``) / CRATE-BERT (``causal=False``): ``CRATELanguageModel(LMConfig(...))``."""
+
+    arch = "crate_lm"
+
+
+class GPT(LanguageModel):
+    """The GPT-2 baseline (separate Q, K, V; GELU MLP; final LayerNorm when ``final_norm``)."""
+
+    arch = "gpt"
+
+
+_CLASSES = {"crate_lm": CRATELanguageModel, "gpt": GPT}
+
+
+def build_lm(config: LMConfig) -> LanguageModel:
+    """The language model ``config.arch`` names."""
+    return _CLASSES[config.arch](config)
+
+
+def _cached_length(cache: list[dict[str, Tensor]] | None) -> int:
+    if not cache or not cache[0]:
+        return 0
+    return next(iter(cache[0].values())).shape[-2]
+
+
+# --------------------------------------------------------------------------- objectives and sampling
+def mask_tokens(
+    idx: Tensor,
+    *,
+    mask_id: int,
+    vocab_size: int,
+    special_ids: Tensor | list[int] = (),
+    prob: float = 0.15,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """BERT masking for eq. (85): choose each non-special token with probability ``prob`` (the set Ω);
+    of those, 80 % become ``[MASK]``, 10 % a random token, 10 % stay.  Returns ``(inputs, labels)`` with
+    ``labels = -100`` outside Ω (ignored by the cross-entropy)."""
+    if not 0 < prob < 1:
+        raise ValueError(f"the masking probability must be in (0, 1), got {prob}")
+    dev = idx.device
+
+    def uniform() -> Tensor:
+        return torch.rand(idx.shape, generator=generator, device=dev)
+
+    chosen = uniform() < prob
+    if len(special_ids):
+        chosen &= ~torch.isin(idx, torch.as_tensor(special_ids, device=dev))
+    labels = torch.where(chosen, idx, torch.full_like(idx, -100))
+    u = uniform()
+    inputs = torch.where(chosen & (u < 0.8), torch.full_like(idx, mask_id), idx)
+    rand = torch.randint(vocab_size, idx.shape, generator=generator, device=dev)
+    inputs = torch.where(chosen & (u >= 0.8) & (u < 0.9), rand, inputs)
+    return inputs, labels
+
+
+def sample_next(
+    logits: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """One token per row of ``logits`` (b, V) → (b, 1): greedy at temperature 0, else sample from
+    ``softmax(logits / T)`` restricted to the ``top_k`` most likely tokens and to the smallest set whose
+    probability reaches ``top_p`` (nucleus sampling)."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and top_k <= 0:
+        raise ValueError(f"top_k must be a positive integer, got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    logits = logits.float()
+    if temperature == 0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        drop = probs.cumsum(-1) - probs >= top_p  # tokens after the nucleus is complete
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)

@@ -1,0 +1,220 @@
+"""Language modelling (JMLR §4.1.4): the task behind ``crate train-lm``.
+
+``--objective clm`` trains a causal model on next-token prediction (eq. (89), CRATE-GPT); ``mlm`` a
+bidirectional one on masked tokens (eq. (85), CRATE-BERT: 15 % of tokens, 80/10/10).  Evaluation is the
+mean cross-entropy per predicted token on the held-out tail of the corpus, and its perplexity ``exp(loss)``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..data.text import TokenBlocks, corpus_files, iter_documents, load_tokens, split_tokens
+from ..lm import LanguageModel, LMConfig, build_lm, mask_tokens
+from ..registry import is_language_model, model_config
+from ..tokenizer import TOKENIZER_KINDS, Tokenizer
+from .config import TrainConfig
+from .runtime import Runtime
+from .task import Task, task_option
+
+__all__ = ["LMTask", "LMOptions", "build_tokenizer"]
+
+_CMD = ("train-lm",)
+OBJECTIVES = ("clm", "mlm")
+DEFAULT_MODELS = {"clm": "crate_gpt_mini", "mlm": "crate_bert_mini"}
+
+
+@dataclass
+class LMOptions:
+    objective: str = task_option(
+        "clm",
+        "clm: next token (CRATE-GPT, eq. (89)) | mlm: masked tokens (CRATE-BERT, eq. (85))",
+        choices=OBJECTIVES,
+        commands=_CMD,
+    )
+    tokenizer: str = task_option(
+        "byte", "byte (no training) | bpe | wordpiece (trained on --data) | a tokenizer.json file", commands=_CMD
+    )
+    vocab_size: int = task_option(4096, "vocabulary size of a bpe / wordpiece tokenizer", commands=_CMD)
+    mask_prob: float = task_option(
+        0.15, "mlm: fraction of tokens predicted (of them 0.8 become [MASK], 0.1 random, 0.1 stay)", commands=_CMD
+    )
+    eval_blocks: int = task_option(0, "evaluate on at most this many held-out blocks (0 = all)", commands=_CMD)
+    sample_tokens: int = task_option(
+        200, "clm: tokens of the sample written to sample.txt at the end (0 = none)", commands=_CMD
+    )
+
+
+def build_tokenizer(spec: str, source: str, vocab_size: int) -> Tokenizer:
+    """``byte``, a ``bpe`` / ``wordpiece`` vocabulary trained on ``source`` (streamed), or a tokenizer.json file."""
+    if spec in TOKENIZER_KINDS:
+        return Tokenizer.train(spec, (piece for doc in iter_documents(source) for piece in doc), vocab_size)
+    return Tokenizer.from_file(spec)
+
+
+class LMTask(Task):
+    """Language modelling (CRATE-GPT / CRATE-BERT): next-token or masked-token cross-entropy on a text corpus."""
+
+    name = "lm"
+    command = "train-lm"
+    metric = "acc"  # token accuracy (of the predicted tokens)
+    Options = LMOptions
+    defaults = {
+        "model": None,
+        "data": "python-docs",
+        "val_fraction": 0.1,
+        "epochs": 4,
+        "batch_size": 32,
+        "lr": 3e-3,
+        "min_lr": 1e-4,
+        "weight_decay": 0.1,
+        "betas": [0.9, 0.95],
+        "warmup_epochs": 0.25,
+        "eval_batch_size": 64,
+    }
+
+    def setup(self, cfg: TrainConfig, rt: Runtime, state: dict | None) -> None:
+        self.cfg, self.rt = cfg, rt
+        self.options = o = self.parse_options(cfg)
+        source = cfg.data
+        if source != "python-docs":
+            corpus_files(source)  # a missing corpus is an error before any tokenizer training
+            source = str(Path(source).expanduser().resolve())
+        if state is not None:
+            self.tokenizer = Tokenizer.from_str(state["task"]["tokenizer"])
+            model = build_lm(LMConfig.from_dict(dict(state["model_config"])))
+        else:
+            name = cfg.model = cfg.model or DEFAULT_MODELS[o.objective]  # recorded in config.yaml
+            if not is_language_model(name):
+                raise ValueError(f"{name} is an image model; pick a language model (crate models '*gpt*' / '*bert*')")
+            self.tokenizer = build_tokenizer(o.tokenizer, source, o.vocab_size)
+            overrides = {**cfg.model_args, "vocab_size": self.tokenizer.vocab_size, "tokenizer": self.tokenizer.kind}
+            config = model_config(name, **overrides)
+            if config.causal != (o.objective == "clm"):
+                kind = "causal (GPT)" if config.causal else "bidirectional (BERT)"
+                other = "clm" if config.causal else "mlm"
+                raise ValueError(
+                    f"{name} is a {kind} model; use --objective {other} or a {o.objective} model "
+                    f"(e.g. --model {DEFAULT_MODELS[o.objective]})"
+                )
+            model = build_lm(config)
+        model.tokenizer = self.tokenizer
+        self.model = model.to(rt.device)
+        block = model.config.block_size
+        tokens = load_tokens(source, self.tokenizer)
+        cut = split_tokens(len(tokens), cfg.val_fraction, block)
+        name = Path(source).name if source != "python-docs" else "python-docs"
+        self.train_data = TokenBlocks(tokens, block, 0, cut, name, "train")
+        end = min(len(tokens), cut + o.eval_blocks * block + 1) if o.eval_blocks else len(tokens)
+        self.eval_data = TokenBlocks(tokens, block, cut, end, name, "held-out")
+        self.special = torch.tensor(self.tokenizer.special_ids, device=rt.device)
+
+    # ---------------------------------------------------------------- batches and loss
+    def _split(self, blocks: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """``(inputs, targets)`` of windows of ``block_size + 1`` tokens: shifted for clm (eq. (89)), masked for mlm."""
+        blocks = blocks.to(self.rt.device, non_blocking=True)
+        if self.options.objective == "clm":
+            return blocks[:, :-1], blocks[:, 1:]
+        t = self.tokenizer
+        return mask_tokens(
+            blocks[:, :-1],
+            mask_id=t.mask_id,
+            vocab_size=t.vocab_size,
+            special_ids=self.special,
+            prob=self.options.mask_prob,
+            generator=generator,
+        )
+
+    def prepare(self, batch: Tensor) -> tuple[Tensor, Tensor]:
+        return self._split(batch)
+
+    def weight(self, batch: tuple[Tensor, Tensor]) -> int:
+        return int((batch[1] != -100).sum())
+
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        x, y = batch
+        logits = model(x).float()
+        loss_sum = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum")
+        with torch.no_grad():
+            keep = y != -100
+            n = keep.sum().float()
+            stats = {"loss": loss_sum.detach(), "acc": ((logits.argmax(-1) == y) & keep).sum().float(), "n": n}
+        return loss_sum / n.clamp_min(1), stats
+
+    @torch.no_grad()
+    def evaluate(self, split: str) -> dict[str, float]:
+        """Held-out loss per predicted token, perplexity and token accuracy (every process its slice, summed)."""
+        model, rt = self.model, self.rt
+        was = model.training
+        model.eval()
+        g = torch.Generator(device=rt.device).manual_seed(1234)  # the same masks at every evaluation (mlm)
+        total = torch.zeros(3, dtype=torch.float64, device=rt.device)
+        try:
+            for blocks in self.eval_data.batches(self.cfg.eval_batch_size, shuffle=False, rank=rt.rank, world=rt.world):
+                with rt.autocast():
+                    _, s = self.loss(model, self._split(blocks, g))
+                total += torch.stack([s["loss"], s["acc"], s["n"]]).double()
+        finally:
+            model.train(was)
+        loss_sum, correct, n = rt.all_reduce(total).tolist()
+        loss = loss_sum / max(n, 1.0)
+        return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "acc": correct / max(n, 1.0), "tokens": n}
+
+    # ---------------------------------------------------------------- bookkeeping
+    def describe(self) -> dict[str, Any]:
+        c, o = self.model.config, self.options
+        n = self.model.num_params()
+        return {
+            "objective": o.objective,
+            "tokenizer": self.tokenizer.kind,
+            "vocab_size": self.tokenizer.vocab_size,
+            "train_tokens": self.train_data.num_tokens,
+            "heldout_tokens": self.eval_data.num_tokens,
+            "context": c.block_size,
+            "parameters": n,
+            "summary": (
+                f"{n:,} params, {c.arch} {o.objective}) on {self.train_data.name}: "
+                f"{self.train_data.num_tokens:,} train / "
+                f"{self.eval_data.num_tokens:,} held-out tokens, {self.tokenizer.kind} tokenizer (V={c.vocab_size}), "
+                f"context {c.block_size}"
+            ),
+        }
+
+    def state_dict(self) -> dict:
+        return {"tokenizer": self.tokenizer.to_str()}
+
+    def finish(self, run_dir: Path, rt: Runtime) -> dict[str, Any]:
+        t0 = time.time()
+        m = self.evaluate("test")
+        model: LanguageModel = self.model
+        sample = ""
+        if rt.main:
+            model.save_pretrained(run_dir / "model")
+            if self.options.objective == "clm" and self.options.sample_tokens:
+                g = torch.Generator(device=rt.device).manual_seed(self.cfg.seed)
+                start = torch.tensor([[self.tokenizer.eos_id]], device=rt.device)
+                out = model.generate(start, self.options.sample_tokens, temperature=0.8, top_k=50, generator=g)
+                sample = self.tokenizer.decode(out[0, 1:].tolist(), skip_special_tokens=True)
+                (run_dir / "sample.txt").write_text(sample + "\n", encoding="utf-8")
+        return {
+            "heldout_loss": m["loss"],
+            "heldout_ppl": m["ppl"],
+            "heldout_acc": m["acc"],
+            "params": model.num_params(),
+            "record": m,
+            "eval_seconds": time.time() - t0,
+            "message": (
+                f"held-out loss {m['loss']:.4f} per token, perplexity {m['ppl']:.3f}, token accuracy "
+                f"{100 * m['acc']:.1f}% ({m['tokens']:,.0f} tokens), {model.num_params():,} params"
+            ),
+            "next": (f"crate generate {run_dir} --prompt 'def '    |    " if self.options.objective == "clm" else "")
+            + f"crate analyze {run_dir}",
+        }

@@ -1,0 +1,224 @@
+"""Fine-tuning a language model on labelled texts (GLUE-style, JMLR Table 5): the task behind ``crate finetune-text``.
+
+A CSV / TSV with a text (or a text pair) and a label (classification: cross-entropy) or a score (regression,
+STS-B: mean squared error on one output).  The pretrained model keeps its weights and gets a fresh head on the
+pooled representation (:meth:`~crate_transformer.lm.LanguageModel.classify`).  Metrics as in Table 5:
+accuracy, F1 of the positive class (two classes, MRPC / QQP) and Spearman's rank correlation (scores).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..checkpoint import load_model
+from ..data.text import LabelledTexts, read_labelled_table
+from ..lm import LanguageModel, LMConfig, build_lm
+from ..tokenizer import Tokenizer
+from .config import TrainConfig
+from .runtime import Runtime
+from .task import Task, task_option
+
+__all__ = ["TextClassificationTask", "TextOptions", "text_metrics"]
+
+_CMD = ("finetune-text",)
+
+
+@dataclass
+class TextOptions:
+    eval_data: str = task_option(
+        "", "a second table evaluated instead of a --val-fraction split (GLUE dev.tsv)", commands=_CMD
+    )
+    text_columns: list = task_option(
+        [], "the text column(s) (default: GLUE names, else the first column)", commands=_CMD
+    )
+    label_column: str = task_option(
+        "", "the label / score column (default: label, score or the last column)", commands=_CMD
+    )
+    regression: str = task_option(
+        "auto", "auto (non-integer labels are scores) | yes | no", commands=_CMD, choices=("auto", "yes", "no")
+    )
+
+
+def text_metrics(pred: Tensor, target: Tensor, regression: bool) -> dict[str, float]:
+    """Table 5's metrics: accuracy (+ F1 of class 1 for two classes), or Spearman (and Pearson) for scores."""
+    if regression:
+        from scipy.stats import pearsonr, spearmanr
+
+        p, t = pred.double().numpy(), target.double().numpy()
+        ok = len(p) > 1 and p.std() > 0 and t.std() > 0
+        return {
+            "spearman": float(spearmanr(p, t).statistic) if ok else 0.0,
+            "pearson": float(pearsonr(p, t).statistic) if ok else 0.0,
+        }
+    out = {"acc": float((pred == target).double().mean())}
+    if int(max(pred.max(), target.max())) <= 1:
+        tp = int(((pred == 1) & (target == 1)).sum())
+        fp, fn = int(((pred == 1) & (target == 0)).sum()), int(((pred == 0) & (target == 1)).sum())
+        out["f1"] = 2 * tp / max(2 * tp + fp + fn, 1)
+    return out
+
+
+class TextClassificationTask(Task):
+    """Sequence classification / regression on a CSV or TSV (GLUE-style), fine-tuning a language model."""
+
+    name = "text-classification"
+    command = "finetune-text"
+    metric = "acc"
+    Options = TextOptions
+    defaults = {
+        "model": None,
+        "data": "",
+        "val_fraction": 0.1,
+        "epochs": 3,
+        "batch_size": 32,
+        "lr": 5e-4,
+        "min_lr": 1e-6,
+        "weight_decay": 0.01,
+        "warmup_epochs": 0.1,
+        "eval_batch_size": 128,
+    }
+
+    def setup(self, cfg: TrainConfig, rt: Runtime, state: dict | None) -> None:
+        self.cfg, self.rt = cfg, rt
+        self.options = o = self.parse_options(cfg)
+        if not cfg.data:
+            raise ValueError("crate finetune-text needs --data TABLE (a CSV or TSV with a text and a label column)")
+        texts, raw, cols, label = read_labelled_table(cfg.data, o.text_columns, o.label_column)
+        self.columns = (cols, label)
+        if state is not None:
+            model = build_lm(LMConfig.from_dict(dict(state["model_config"])))
+            tok = Tokenizer.from_str(state["task"]["tokenizer"])
+            self.regression, self.classes = state["task"]["regression"], state["task"]["classes"]
+        else:
+            if not cfg.init_from:
+                raise ValueError("crate finetune-text needs --from CHECKPOINT (a crate train-lm run or model dir)")
+            model = load_model(cfg.init_from)
+            if not isinstance(model, LanguageModel) or model.tokenizer is None:
+                raise ValueError(
+                    f"{cfg.init_from} is not a language model with a tokenizer; pretrain with crate train-lm"
+                )
+            tok = model.tokenizer
+            self.regression = o.regression == "yes" or (o.regression == "auto" and not all(_is_int(v) for v in raw))
+            self.classes = [] if self.regression else sorted(set(raw), key=lambda v: (not _is_int(v), _key(v)))
+            model.reset_classifier(1 if self.regression else len(self.classes))
+        if not self.regression and len(self.classes) < 2:
+            raise ValueError(f"{cfg.data} has a single label {self.classes}; classification needs at least two")
+        self.tokenizer = model.tokenizer = tok
+        self.model = model.to(rt.device)
+        data = self._encode(texts, raw, Path(cfg.data).name, "train")
+        if o.eval_data:
+            t2, r2, _, _ = read_labelled_table(o.eval_data, cols, label)
+            self.train_data, self.eval_data = data, self._encode(t2, r2, Path(o.eval_data).name, "eval")
+        else:
+            if not 0 < cfg.val_fraction < 1:
+                raise ValueError("pass --eval-data TABLE or a --val-fraction in (0, 1) for the evaluation split")
+            g = torch.Generator().manual_seed(cfg.seed)
+            order = torch.randperm(len(data), generator=g).tolist()
+            n_val = max(1, round(cfg.val_fraction * len(data)))
+            self.train_data, self.eval_data = data.subset(order[n_val:], "train"), data.subset(order[:n_val], "val")
+
+    def _encode(self, texts: list[tuple[str, ...]], raw: list[str], name: str, split: str) -> LabelledTexts:
+        """``[CLS] a [SEP] (b [SEP])`` truncated to the context; labels → class indices or float scores."""
+        tok, n = self.tokenizer, self.model.config.block_size
+        self.truncated = 0
+        ids = []
+        for parts in texts:
+            seq = [tok.cls_id]
+            for enc in tok.encode_batch(list(parts)):
+                seq += enc + [tok.sep_id]
+            self.truncated += len(seq) > n
+            ids.append(seq[:n])
+        if self.regression:
+            targets = torch.tensor([float(v) for v in raw], dtype=torch.float32)
+        else:
+            unknown = sorted(set(raw) - set(self.classes))
+            if unknown:
+                raise ValueError(f"{name}: labels {unknown[:5]} were not in the training labels {self.classes[:10]}")
+            index = {c: i for i, c in enumerate(self.classes)}
+            targets = torch.tensor([index[v] for v in raw])
+        return LabelledTexts(ids, targets, tok.pad_id, name, split)
+
+    def prepare(self, batch: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        return tuple(t.to(self.rt.device, non_blocking=True) for t in batch)
+
+    def _forward(self, model: nn.Module, batch: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+        ids, lengths, _ = batch
+        classify = model.module.classify if hasattr(model, "module") else model.classify
+        return classify(ids[:, : int(lengths.max())], lengths).float()
+
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        out, y = self._forward(model, batch), batch[2]
+        loss = F.mse_loss(out[:, 0], y) if self.regression else F.cross_entropy(out, y)
+        with torch.no_grad():
+            n = torch.tensor(float(len(y)), device=y.device)
+            stats = {"loss": loss.detach() * n, "n": n}
+            if not self.regression:
+                stats["acc"] = (out.argmax(-1) == y).sum().float()
+        return loss, stats
+
+    @torch.no_grad()
+    def evaluate(self, split: str) -> dict[str, float]:
+        model, rt = self.model, self.rt
+        was = model.training
+        model.eval()
+        preds, targets, loss_sum = [], [], 0.0
+        try:
+            for batch in self.eval_data.batches(self.cfg.eval_batch_size, shuffle=False, rank=rt.rank, world=rt.world):
+                batch = self.prepare(batch)
+                _, s = self.loss(model, batch)
+                out = self._forward(model, batch)
+                preds.append((out[:, 0] if self.regression else out.argmax(-1)).cpu())
+                targets.append(batch[2].cpu())
+                loss_sum += float(s["loss"])
+        finally:
+            model.train(was)
+        parts = rt.gather((torch.cat(preds), torch.cat(targets), loss_sum))  # F1 and Spearman need every prediction
+        pred, target = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        return {"loss": sum(p[2] for p in parts) / len(target), **text_metrics(pred, target, self.regression)}
+
+    def describe(self) -> dict[str, Any]:
+        kind = "regression" if self.regression else f"{len(self.classes)} classes"
+        return {
+            "labels": kind,
+            "text_columns": list(self.columns[0]),
+            "label_column": self.columns[1],
+            "train_rows": len(self.train_data),
+            "eval_rows": len(self.eval_data),
+            "summary": f"{self.model.num_params():,} params, {self.model.config.arch}) on {self.train_data.name}: "
+            f"{len(self.train_data)} train / {len(self.eval_data)} eval rows, {kind}",
+        }
+
+    def state_dict(self) -> dict:
+        return {"tokenizer": self.tokenizer.to_str(), "regression": self.regression, "classes": self.classes}
+
+    def finish(self, run_dir: Path, rt: Runtime) -> dict[str, Any]:
+        t0 = time.time()
+        m = self.evaluate("test")
+        if rt.main:
+            self.model.save_pretrained(run_dir / "model")
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in m.items() if k != "loss")
+        return {
+            **m,
+            "record": m,
+            "eval_seconds": time.time() - t0,
+            "message": f"{self.eval_data.split} {shown} ({len(self.eval_data)} rows)",
+        }
+
+
+def _is_int(v: str) -> bool:
+    try:
+        int(v)
+        return True
+    except ValueError:
+        return False
+
+
+def _key(v: str) -> Any:
+    return int(v) if _is_int(v) else v
