@@ -182,7 +182,8 @@ def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | N
             if cfg.eval_every and ts.epoch % cfg.eval_every == 0 and ts.step < last:
                 m = task.evaluate(cfg.eval_split)
                 run.record(cfg.eval_split, ts.step, epoch=epoch_of(ts.step), **m, time=time.time() - t_start)
-                bar.write(f"epoch {ts.epoch}: {cfg.eval_split} " + ", ".join(f"{k} {v:.4g}" for k, v in m.items()))
+                if rt.main:  # tqdm.write prints even from the disabled bars of the other ranks
+                    bar.write(f"epoch {ts.epoch}: {cfg.eval_split} " + ", ".join(f"{k} {v:.4g}" for k, v in m.items()))
             checkpoint("epoch")
     bar.close()
     if interrupted:
