@@ -1,6 +1,7 @@
 """Model files: ``from_pretrained`` (safetensors + JSON config, written by ``model.save_pretrained``),
-``from_official`` (the official repository's ``.pth`` layouts, see shared/notes/anchors.md §1.2) and
-``load_model``, the one resolver the commands share.
+``from_official`` (the official repository's ``.pth`` layouts: the classifier ``model/crate.py`` and
+CRATE-MAE ``model/crate_ae``, see shared/notes/anchors.md §1.2 and §1.5) and ``load_model``, the one
+resolver the commands share.  ``config.json`` with ``arch == "crate_mae"`` loads a :class:`CRATEMAE`.
 
 The file primitives (atomic writes, safe unpickling, checksummed safetensors) live in
 :mod:`crate_transformer.io`; ``atomic_write``, ``load_pickle``, ``save_pretrained`` and
@@ -27,8 +28,9 @@ from .io import (
     load_safetensors,
     save_pretrained,
 )
-from .model import ImageClassifier, ModelConfig, build_model
-from .registry import model_config, registered_fields
+from .mae import CRATEMAE, MAE_ARCH, MAEConfig, mae_to_classifier
+from .model import ImageClassifier, ModelConfig
+from .registry import build, config_class, model_config, registered_fields
 
 __all__ = [
     "CheckpointError",
@@ -40,6 +42,8 @@ __all__ = [
     "from_official",
     "official_to_native",
     "native_to_official",
+    "mae_official_to_native",
+    "mae_native_to_official",
     "load_weights",
     "load_model",
 ]
@@ -62,8 +66,14 @@ def _model_dir(path: str | Path) -> Path:
     return path
 
 
-def read_config(directory: str | Path) -> ModelConfig:
-    """The :class:`ModelConfig` of a ``save_pretrained`` folder (older ``"extra"`` layouts are converted)."""
+def config_from_dict(data: Mapping) -> ModelConfig | MAEConfig:
+    """A stored config (``config.json``, a training state's ``model_config``) as the dataclass its ``arch`` names."""
+    return config_class(data.get("arch")).from_dict(dict(data))
+
+
+def read_config(directory: str | Path) -> ModelConfig | MAEConfig:
+    """The config of a ``save_pretrained`` folder (:class:`ModelConfig`, or :class:`MAEConfig` for
+    ``arch == "crate_mae"``; older ``"extra"`` layouts are converted)."""
     directory = _model_dir(directory)
     path = directory / CONFIG_NAME
     if not path.is_file():
@@ -80,12 +90,12 @@ def read_config(directory: str | Path) -> ModelConfig:
         raise CheckpointError(f"{path} does not hold a JSON object of model settings; the file is corrupt")
     data.pop("crate_transformer_version", None)
     try:
-        return ModelConfig.from_dict(data)
+        return config_from_dict(data)
     except ValueError as e:
         raise CheckpointError(f"{path}: {e}") from None
 
 
-def from_pretrained(directory: str | Path, map_location: str | torch.device = "cpu") -> ImageClassifier:
+def from_pretrained(directory: str | Path, map_location: str | torch.device = "cpu") -> ImageClassifier | CRATEMAE:
     """Load a model written by :meth:`ImageClassifier.save_pretrained`.
 
     ``directory`` is that folder, or its ``model.safetensors`` or ``config.json``.  The weights'
@@ -98,7 +108,7 @@ def from_pretrained(directory: str | Path, map_location: str | torch.device = "c
     if not weights.is_file():
         raise CheckpointError(f"no {WEIGHTS_NAME} in {directory}; the save was incomplete — re-save the model")
     state, _ = load_safetensors(weights)
-    model = build_model(config)
+    model = build(config)
     load_weights(model, state, source=str(weights))
     return model.to(map_location)
 
@@ -151,7 +161,7 @@ def _fix_hint(state: Mapping[str, Tensor], model: torch.nn.Module) -> str:
 
 # --------------------------------------------------------------------------- official format
 # (official key prefix, native key prefix); "{i}" is a layer index.  One table serves both directions.
-_KEY_MAP = [
+CLASSIFIER_KEY_MAP = [
     ("pos_embedding", "pos_embed"),
     ("cls_token", "cls_token"),
     ("to_patch_embedding.1.", "patch_embed.0."),  # index 0 of the official Sequential is the Rearrange
@@ -165,12 +175,34 @@ _KEY_MAP = [
     ("mlp_head.0.", "head.0."),
     ("mlp_head.1.", "head.1."),
 ]
+# CRATE-MAE (model/crate_ae, anchors.md §1.5).  The official pos_embed (unused by its forward) and
+# decoder_embed (never used) have no native counterpart; decoder_pos_embed is the table the forward adds.
+MAE_KEY_MAP = [
+    ("cls_token", "cls_token"),
+    ("mask_token", "mask_token"),
+    ("decoder_pos_embed", "pos_embed"),
+    ("patch_embed.proj.", "patch_embed."),  # conv weight (d, c, p, p) ↔ linear (d, p·p·c): see below
+    ("blocks.{i}.layers.0.0.norm.", "layers.{i}.norm1."),
+    ("blocks.{i}.layers.0.0.fn.qkv.", "layers.{i}.attn.qkv."),
+    ("blocks.{i}.layers.0.0.fn.to_out.0.", "layers.{i}.attn.proj."),
+    ("blocks.{i}.layers.0.1.norm.", "layers.{i}.norm2."),
+    ("blocks.{i}.layers.0.1.fn.weight", "layers.{i}.ista.weight"),
+    ("norm.", "norm."),
+    ("decoder_blocks.{i}.layers.0.0.norm.", "decoder_layers.{i}.norm1."),
+    ("decoder_blocks.{i}.layers.0.0.fn.weight", "decoder_layers.{i}.weight"),
+    ("decoder_blocks.{i}.layers.0.1.norm.", "decoder_layers.{i}.norm2."),
+    ("decoder_blocks.{i}.layers.0.1.fn.qkv.", "decoder_layers.{i}.attn.qkv."),
+    ("decoder_blocks.{i}.layers.0.1.fn.to_out.0.", "decoder_layers.{i}.attn.proj."),
+    ("decoder_norm.", "decoder_norm."),
+    ("decoder_pred.", "decoder_pred."),
+]
+_MAE_UNUSED = ("pos_embed", "decoder_embed.weight", "decoder_embed.bias")
 
 
-def _rename(state: Mapping[str, Tensor], forward: bool) -> dict[str, Tensor]:
-    """Rename keys official → native (``forward``) or native → official; unknown keys pass unchanged."""
+def _rename(state: Mapping[str, Tensor], key_map: list[tuple[str, str]], forward: bool) -> dict[str, Tensor]:
+    """Rename keys by ``key_map`` official → native (``forward``) or native → official; unknown keys pass unchanged."""
     rules = []
-    for official, native in _KEY_MAP:
+    for official, native in key_map:
         src, dst = (official, native) if forward else (native, official)
         pattern = r"(\d+)".join(map(re.escape, src.split("{i}")))
         rules.append((re.compile("^" + pattern + ("" if src.endswith(".") else "$")), dst.replace("{i}", r"\1")))
@@ -200,15 +232,46 @@ def _unwrap(obj: object) -> dict[str, Tensor]:
 
 def official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Rename an official ``model/crate.py`` state dict (after unwrapping) to this library's key names."""
-    return _rename(state, forward=True)
+    return _rename(state, CLASSIFIER_KEY_MAP, forward=True)
 
 
 def native_to_official(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Rename this library's CRATE state dict to the official ``model/crate.py`` key names."""
-    return _rename(state, forward=False)
+    return _rename(state, CLASSIFIER_KEY_MAP, forward=False)
 
 
-def load_model(path: str | Path, name: str | None = None, **overrides: object) -> ImageClassifier:
+def mae_official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """An official CRATE-MAE state dict (after unwrapping) → :class:`CRATEMAE` keys and shapes.
+
+    Keys follow :data:`MAE_KEY_MAP`; the unused ``pos_embed`` and ``decoder_embed`` are dropped; the
+    patch conv ``(d, c, p, p)`` becomes the linear map of (p1, p2, c)-ordered patches ``(d, p·p·c)``.
+    """
+    state = {k: v for k, v in state.items() if k not in _MAE_UNUSED}
+    out = _rename(state, MAE_KEY_MAP, forward=True)
+    w = out.get("patch_embed.weight")
+    if w is not None and w.dim() == 4:
+        out["patch_embed.weight"] = w.permute(0, 2, 3, 1).reshape(w.shape[0], -1)
+    return out
+
+
+def mae_native_to_official(state: Mapping[str, Tensor], in_chans: int) -> dict[str, Tensor]:
+    """A :class:`CRATEMAE` state dict → the official ``MaskedAutoencoderViT`` keys, loadable strictly.
+
+    Writes both (identical) position tables and the never-used ``decoder_embed`` as zeros.
+    """
+    out = _rename(state, MAE_KEY_MAP, forward=False)
+    w = out["patch_embed.proj.weight"]
+    p = int(round((w.shape[1] / in_chans) ** 0.5))
+    out["patch_embed.proj.weight"] = w.reshape(w.shape[0], p, p, in_chans).permute(0, 3, 1, 2).contiguous()
+    out["pos_embed"] = out["decoder_pos_embed"].clone()
+    d = w.shape[0]
+    out["decoder_embed.weight"], out["decoder_embed.bias"] = w.new_zeros(d, d), w.new_zeros(d)
+    return out
+
+
+def load_model(
+    path: str | Path, name: str | None = None, *, as_classifier: bool = False, **overrides: object
+) -> ImageClassifier | CRATEMAE:
     """Load a model from whatever a user points at; the one resolver the CLI commands share.
 
     * a ``save_pretrained`` directory (has ``config.json``), or its ``model.safetensors`` / ``config.json``
@@ -220,8 +283,26 @@ def load_model(path: str | Path, name: str | None = None, **overrides: object) -
     For the first three the architecture comes from the checkpoint's own config: ``name`` and
     ``overrides`` may be given only when they agree with it (e.g. a command line that always passes
     ``--model``); any difference raises :class:`CheckpointError` instead of being ignored.
+
+    A CRATE-MAE (``arch == "crate_mae"``, an MAE run directory or training state, or an official
+    ``.pth`` with a ``crate_mae_*`` name) loads as :class:`CRATEMAE`; with ``as_classifier`` it is
+    converted by :func:`~crate_transformer.mae.mae_to_classifier` (what ``crate finetune`` uses), and
+    ``name`` / ``overrides`` are then not checked against it (the classifier is new).
     """
     path = Path(path)
+    model = _load_any(path, name, overrides, check=not as_classifier)
+    if as_classifier and isinstance(model, CRATEMAE):
+        return mae_to_classifier(model)
+    if as_classifier:
+        _check_overrides(model.config, path, name, overrides)
+    return model
+
+
+def _load_any(path: Path, name: str | None, overrides: Mapping[str, object], check: bool) -> ImageClassifier | CRATEMAE:
+    """:func:`load_model` without the classifier conversion; ``check``: compare name/overrides with a stored config."""
+    if path.is_dir() and not (path / CONFIG_NAME).is_file() and not (path / "model" / CONFIG_NAME).is_file():
+        if (path / "checkpoints" / "last.pt").is_file():  # a run that has not finished: its latest training state
+            path = path / "checkpoints" / "last.pt"
     if path.is_dir() or (path.is_file() and path.name in (CONFIG_NAME, WEIGHTS_NAME)):
         if path.is_file() or (path / CONFIG_NAME).is_file():
             model = from_pretrained(path)
@@ -231,16 +312,18 @@ def load_model(path: str | Path, name: str | None = None, **overrides: object) -
             raise CheckpointError(
                 f"{path} is neither a model directory (config.json + model.safetensors) nor a crate train run directory"
             )
-        _check_overrides(model.config, path, name, overrides)
+        if check:
+            _check_overrides(model.config, path, name, overrides)
         return model
     raw = load_pickle(path)
     if isinstance(raw, Mapping) and "model_config" in raw and "model" in raw:
         try:
-            config = ModelConfig.from_dict(dict(raw["model_config"]))
+            config = config_from_dict(dict(raw["model_config"]))
         except ValueError as e:
             raise CheckpointError(f"{path}: {e}") from None
-        _check_overrides(config, path, name, overrides)
-        model = build_model(config)
+        if check:
+            _check_overrides(config, path, name, overrides)
+        model = build(config)
         load_weights(model, raw["model"], source=str(path))
         return model
     if name is None:
@@ -250,19 +333,21 @@ def load_model(path: str | Path, name: str | None = None, **overrides: object) -
     return from_official(raw, name, **overrides)
 
 
-def _check_overrides(config: ModelConfig, path: Path, name: str | None, overrides: Mapping[str, object]) -> None:
+def _check_overrides(
+    config: ModelConfig | MAEConfig, path: Path, name: str | None, overrides: Mapping[str, object]
+) -> None:
     """Refuse a model name / overrides that disagree with a checkpoint's stored config (equal values pass)."""
     if name is None and not overrides:
         return
     wanted = dict(registered_fields(name)) if name is not None else {}
     try:
-        wanted.update(coerce_fields(ModelConfig, overrides))
+        wanted.update(coerce_fields(type(config), overrides))
     except ValueError as e:
         raise CheckpointError(f"{e}") from None
     stored = config.to_dict()
     diffs = []
     for key, value in wanted.items():
-        have = stored[key]
+        have = stored.get(key)
         if key == "data" and value is not None:
             value = value.to_dict() if hasattr(value, "to_dict") else value
         if have != value:
@@ -276,19 +361,27 @@ def _check_overrides(config: ModelConfig, path: Path, name: str | None, override
         )
 
 
-def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: object) -> ImageClassifier:
-    """Load an official CRATE classifier checkpoint as ``create_model(name, **overrides)``.
+def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: object) -> ImageClassifier | CRATEMAE:
+    """Load an official CRATE classifier or CRATE-MAE checkpoint as ``create_model(name, **overrides)``.
+
+    ``name`` decides the format: ``crate_*`` classifiers (``model/crate.py``) or ``crate_mae_*``
+    (``model/crate_ae``, e.g. the released CRATE-MAE-B as ``from_official(path, "crate_mae_base")``).
 
     Accepts the ``{'state_dict': ...}`` container written by the official ``main.py`` (keys
     prefixed ``module.``), ``{'model': ...}``, a bare state dict, or a path to any of them (read with
     ``weights_only=True``).  η and λ are not stored by the official code; pass them as overrides if
     the checkpoint was trained with non-default values.
     """
-    config: ModelConfig = model_config(name, **overrides)
-    if config.arch != "crate":
-        raise ValueError(f"from_official loads CRATE classifiers; {name!r} is a {config.arch} model")
+    config = model_config(name, **overrides)
+    if config.arch not in ("crate", MAE_ARCH):
+        raise ValueError(f"from_official loads CRATE classifiers and CRATE-MAEs; {name!r} is a {config.arch} model")
     raw = load_pickle(path_or_state) if isinstance(path_or_state, (str, Path)) else path_or_state
     source = str(path_or_state) if isinstance(path_or_state, (str, Path)) else "official state dict"
-    model = build_model(config)
-    load_weights(model, official_to_native(_unwrap(raw)), source=source)
+    state = _unwrap(raw)
+    is_mae = any(k.startswith(("decoder_blocks.", "mask_token")) for k in state)
+    if is_mae != (config.arch == MAE_ARCH):
+        kind, fix = ("a CRATE-MAE", "crate_mae_base") if is_mae else ("a CRATE classifier", "crate_small")
+        raise CheckpointError(f"{source} is {kind} checkpoint but {name!r} is not; pass a matching name, e.g. {fix}")
+    model = build(config)
+    load_weights(model, mae_official_to_native(state) if is_mae else official_to_native(state), source=source)
     return model
