@@ -3,6 +3,7 @@ and a task that is not classification trained by the same loop."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import io
 import json
@@ -16,6 +17,7 @@ from torch import nn
 from crate_transformer import cli
 from crate_transformer.train import RunDir, Task, TrainConfig, load_training_state, train
 from crate_transformer.train.runtime import resolve_device
+from crate_transformer.train.task import TASKS, task_option
 
 ARCH = {"dim": 32, "depth": 1, "heads": 2, "patch_size": 4}
 TINY = ["--data", "digits", "--image-size", "8", "--threads", "1", "--no-progress", "--model-args",
@@ -195,15 +197,22 @@ def test_tensorboard_logs_beside_metrics(tmp_path: Path) -> None:
     assert "test/acc" in ev.Tags()["scalars"]
 
 
+@dataclasses.dataclass
+class _RegressionOptions:
+    scale: float = task_option(1.0, "scale of the regression targets")
+
+
 class _Regression(Task):
     """A task that is not classification: least squares on fixed random data, to show the engine is generic."""
 
-    name, metric = "regression", "mse"
+    name, metric, command, Options = "regression", "mse", "pretrain regression", _RegressionOptions
+    defaults = {"batch_size": 32, "lr": 0.1, "min_lr": 0.0, "warmup_epochs": 0, "weight_decay": 0.0, "grad_clip": 0}
 
     def setup(self, cfg, rt, state):
+        self.options = self.parse_options(cfg)
         g = torch.Generator().manual_seed(0)
         x = torch.randn(256, 8, generator=g)
-        y = x @ torch.randn(8, 1, generator=g)
+        y = x @ torch.randn(8, 1, generator=g) * self.options.scale
 
         class Data:
             def __len__(self):
@@ -252,6 +261,31 @@ def test_the_engine_trains_any_task(tmp_path: Path) -> None:
     train_r = [r for r in records if r["split"] == "train"]
     assert train_r[-1]["mse"] < train_r[0]["mse"] / 10
     assert (tmp_path / "reg" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_registered_task_is_a_pretrain_command_with_its_own_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch
+) -> None:
+    monkeypatch.setitem(TASKS, "regression", f"{__name__}:_Regression")
+    run = tmp_path / "reg"
+    common = ["--threads", "1", "--no-progress", "--eval-every", "0"]
+    assert crate("pretrain", "regression", *common, "--epochs", 20, "--max-steps", 5, "--scale", 2, "--out", run) == 0
+    saved = load_training_state(run)["train_config"]
+    assert saved["task"] == "regression" and saved["task_args"] == {"scale": 2.0} and saved["batch_size"] == 32
+    # the wrong command refuses the run and names the right one; options of the task are checked
+    err = one_line_error(capsys, "train", "--resume", run)
+    assert f"crate pretrain regression --resume {run}" in err
+    err = one_line_error(capsys, "pretrain", "regression", *common, "--scale", "abc", "--out", tmp_path / "bad")
+    assert "scale" in err and "abc" in err
+    # resuming keeps the task options: the same targets, so the loss keeps falling to the optimum
+    assert crate("pretrain", "regression", "--resume", run, "--max-steps", "0") == 0
+    state = load_training_state(run)
+    assert state["step"] == 20 * 8 and state["train_config"]["task_args"] == {"scale": 2.0}
+    w = state["model"]["weight"]
+    g = torch.Generator().manual_seed(0)
+    torch.randn(256, 8, generator=g)
+    truth = torch.randn(8, 1, generator=g).T * 2
+    assert torch.allclose(w, truth, atol=0.1), (w, truth)
 
 
 def test_disk_full_while_checkpointing_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:

@@ -34,7 +34,7 @@ from .objectives import (  # noqa: E402
 )
 from .registry import create_model, list_models, model_config  # noqa: E402
 
-_SUBMODULES = ("analysis", "theory", "data", "train")
+_SUBMODULES = ("analysis", "theory", "data", "train", "probe")
 
 
 def __getattr__(name: str) -> object:

@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("models", "list the registered models with their parameter counts"),
     "train": ("train", "train a model (default: CRATE on the built-in MNIST digits)"),
     "finetune": ("train", "fine-tune a pretrained or official checkpoint on new data"),
+    "pretrain": ("pretrain", "self-supervised pre-training: crate pretrain {mae,dino} (masked autoencoding, DINO)"),
     "eval": ("train", "evaluate a checkpoint: top-1/top-5, per-class accuracy, confusion matrix"),
     "analyze": ("analyze", "white-box report: compression, sparsity, attention maps, segmentation"),
     "theory": ("theory", "reproduce the paper's mathematical claims on synthetic data"),

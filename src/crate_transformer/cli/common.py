@@ -74,17 +74,18 @@ def check_out_dir(path: str | Path) -> Path:
 
 
 def add_dataclass_arguments(
-    parser: argparse.ArgumentParser, cls: type, command: str, defaults: dict | None = None
+    parser: argparse.ArgumentParser, cls: type, command: str, defaults: dict | None = None, config_flag: bool = True
 ) -> None:
     """One ``--flag`` per field of ``cls`` whose metadata lists ``command``; unset flags stay absent.
 
     The field metadata carries ``help`` (and optionally ``choices``, ``metavar``, ``shown``); values are
-    parsed as strings and coerced by the dataclass itself.
+    parsed as strings and coerced by the dataclass itself.  ``config_flag`` adds ``--config FILE``.
     """
     defaults = defaults or {}
-    parser.add_argument(
-        "--config", metavar="FILE", default=argparse.SUPPRESS, help="YAML or JSON file of options (flags override it)"
-    )
+    if config_flag:
+        parser.add_argument(
+            "--config", metavar="FILE", default=argparse.SUPPRESS, help="YAML or JSON file of options (flags override)"
+        )
     for f in dataclasses.fields(cls):
         meta = f.metadata
         if command not in meta.get("commands", ()):

@@ -30,7 +30,8 @@ def run_train(args: argparse.Namespace) -> int:
     from ..train import TrainConfig, train
 
     resume = getattr(args, "resume", None)
-    result = train(None if resume else TrainConfig(), resume=resume, overrides=given_options(args, TrainConfig))
+    options = given_options(args, TrainConfig)
+    result = train(None if resume else TrainConfig(), resume=resume, overrides=options, expect_task="classification")
     return 130 if result["interrupted"] else 0
 
 
@@ -63,7 +64,7 @@ def run_finetune(args: argparse.Namespace) -> int:
     resume = getattr(args, "resume", None)
     options = given_options(args, TrainConfig)
     if resume:
-        result = train(resume=resume, overrides=options)
+        result = train(resume=resume, overrides=options, expect_task="classification")
     else:
         if not getattr(args, "init_from", None):
             raise ValueError("crate finetune needs --from CHECKPOINT (a model dir, run dir or official .pth)")
@@ -71,7 +72,7 @@ def run_finetune(args: argparse.Namespace) -> int:
             raise ValueError("crate finetune needs --data (a dataset name or folder)")
         # the checkpoint defines the architecture; --model only names an official checkpoint's
         base = TrainConfig.from_dict({**FINETUNE_DEFAULTS, "init_from": args.init_from, "model": None})
-        result = train(base, overrides=options)
+        result = train(base, overrides=options, expect_task="classification")
     return 130 if result["interrupted"] else 0
 
 
@@ -92,6 +93,14 @@ def configure_eval(parser: argparse.ArgumentParser) -> None:
         help="unreadable image files: skip (with a warning count) | error (default: skip)",
     )
     parser.add_argument("--out", default=None, help="output folder (default: <checkpoint dir>/eval-<data>-<split>)")
+    frozen = parser.add_argument_group(
+        "frozen-feature evaluation (any encoder: classifier, MAE, DINO); replaces the classifier's top-1"
+    )
+    frozen.add_argument(
+        "--knn", action="store_true", help="weighted k-NN (k = 10, 20, 100, 200; T = 0.07) on train-split features"
+    )
+    frozen.add_argument("--linear-probe", action="store_true", help="logistic regression on train-split features")
+    frozen.add_argument("--pool", default="cls", choices=("cls", "mean"), help="feature: class token | mean of patches")
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -121,6 +130,12 @@ def run_eval(args: argparse.Namespace) -> int:
         on_bad_image=args.on_bad_image,
     )
     norm = resolve_normalization(model, ds)
+    if args.knn or args.linear_probe:
+        train_ds = load_dataset(
+            data, "train", image_size=ds.image_size if hasattr(ds, "image_size") else None,
+            val_fraction=args.val_fraction, seed=args.seed, on_bad_image=args.on_bad_image,
+        )  # fmt: skip
+        return _frozen_eval(args, model.to(device), train_ds, ds, norm, out, str(src), data)
     r = evaluate(
         model.to(device),
         ds,
@@ -147,4 +162,32 @@ def run_eval(args: argparse.Namespace) -> int:
     for name, acc, row in zip(r.classes, r.per_class, r.confusion):
         print(f"  {name:<{width}}  {100 * acc:6.2f}%  (n={sum(row)})")
     print(f"confusion matrix: {png}\nreport: {out / 'eval.json'}")
+    return 0
+
+
+def _frozen_eval(args: argparse.Namespace, model, train_ds, test_ds, norm, out: Path, src: str, data: str) -> int:
+    """``crate eval --knn / --linear-probe``: frozen features of the train split classify the evaluated split."""
+    from ..io import atomic_write
+    from ..probe import KNN_KS, extract_features, knn_sweep, linear_probe
+    from ..train.evaluation import plot_knn
+
+    kw = dict(pool=args.pool, batch_size=args.batch_size, mean=norm[0], std=norm[1])
+    train_x, train_y = extract_features(model, train_ds, **kw)
+    test_x, test_y = extract_features(model, test_ds, **kw)
+    report: dict = {"checkpoint": src, "data": data, "split": args.split, "pool": args.pool}
+    report.update(num_train=len(train_y), num_test=len(test_y), dim=train_x.shape[1])
+    lines = [f"{test_ds.name} {args.split}: {len(test_y)} images, {args.pool} features ({train_x.shape[1]}-d) "
+             f"of {len(train_y)} train images"]  # fmt: skip
+    if args.knn:
+        accs = knn_sweep(train_x, train_y, test_x, test_y, ks=KNN_KS, num_classes=len(train_ds.classes))
+        report["knn"] = {str(k): a for k, a in accs.items()}
+        report["knn_temperature"] = 0.07
+        lines.append("k-NN (T=0.07): " + ", ".join(f"k={k} {100 * a:.2f}%" for k, a in accs.items()))
+        plot_knn(accs, out / "knn.png", title=f"{Path(data).name} {args.split}: weighted k-NN on {args.pool} features")
+    if args.linear_probe:
+        probe = linear_probe(train_x, train_y, test_x, test_y)
+        report["linear_probe"] = probe.to_dict()
+        lines.append(f"linear probe: {100 * probe.acc:.2f}% (train {100 * probe.train_acc:.2f}%)")
+    atomic_write(out / "eval.json", lambda tmp: Path(tmp).write_text(json.dumps(report, indent=1) + "\n"))
+    print("\n".join(lines) + f"\nreport: {out / 'eval.json'}")
     return 0

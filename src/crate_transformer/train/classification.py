@@ -38,6 +38,9 @@ class ClassificationTask(Task):
 
     name = "classification"
 
+    def resume_command(self, cfg: TrainConfig) -> str:
+        return "finetune" if cfg.init_from else "train"
+
     def setup(self, cfg: TrainConfig, rt: Runtime, state: dict | None) -> None:
         self.cfg, self.rt = cfg, rt
         if state is not None:  # resuming: the checkpoint holds the exact architecture (weights loaded by the engine)
@@ -182,6 +185,7 @@ class ClassificationTask(Task):
                 f"top-{r.k} {100 * r.top5:.2f}%, {self.model.num_params():,} params"
             ),
             "eval_seconds": time.time() - t0,
+            "next": f"crate analyze {run_dir}    |    crate eval {run_dir}",
         }
 
     def figures(self, run_dir: Path, metrics_path: Path) -> None:

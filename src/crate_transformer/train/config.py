@@ -25,7 +25,11 @@ AMP_MODES = ("auto", "none", "bf16", "fp16")
 DATA_MODES = ("auto", "memory", "stream")
 
 
-def _opt(default: Any, help: str, commands: tuple[str, ...] = ("train", "finetune"), **kw: Any) -> Any:
+ALL = ("train", "finetune", "pretrain")
+SUPERVISED = ("train", "finetune")  # options of classification only
+
+
+def _opt(default: Any, help: str, commands: tuple[str, ...] = ALL, **kw: Any) -> Any:
     """A config field carrying its ``--help`` text (the CLI is generated from the dataclass)."""
     meta = {"help": help, "commands": commands, **kw}
     if isinstance(default, (dict, list)):
@@ -37,6 +41,9 @@ def _opt(default: Any, help: str, commands: tuple[str, ...] = ("train", "finetun
 class TrainConfig:
     """Everything that defines a training run; saved as ``config.yaml`` in the run directory."""
 
+    # task (set by the command: train / finetune → classification, pretrain NAME → NAME)
+    task: str = _opt("classification", "training objective", commands=())
+    task_args: dict = _opt({}, "the task's own options (crate pretrain NAME --help lists them)", commands=())
     # model
     model: str | None = _opt("crate_mnist", "registered model name (see `crate models`)")
     model_args: dict = _opt({}, "model overrides as KEY=VALUE, e.g. dim=64 depth=4 patch_size=4", metavar="KEY=VALUE")
@@ -56,7 +63,10 @@ class TrainConfig:
     image_size: int | None = _opt(None, "train at this image size; batches are resized", shown="the model's")
     val_fraction: float = _opt(0.0, "hold out this stratified fraction of the training pool as a 'val' split")
     eval_split: str = _opt(
-        "test", "split evaluated after every --eval-every epochs: test | val", choices=("test", "val")
+        "test",
+        "split evaluated after every --eval-every epochs: test | val",
+        choices=("test", "val"),
+        commands=SUPERVISED,
     )
     train_subset: int = _opt(0, "train on a seeded random subset of this many images (0 = all; in-memory data)")
     on_bad_image: str = _opt(
@@ -68,12 +78,17 @@ class TrainConfig:
         "augmentation: auto (translate for digits, crop-flip otherwise, + randaugment when fine-tuning) | "
         + " | ".join(AUGMENTATIONS),
         choices=("auto", *AUGMENTATIONS),
+        commands=SUPERVISED,
     )
-    translate: float = _opt(0.07, "max shift of --augment translate, as a fraction of the side (0.07: 2 px at 28 px)")
-    crop_scale: float = _opt(0.08, "minimum area fraction of RandomResizedCrop (crop-flip, randaugment)")
-    hflip: bool = _opt(True, "random horizontal flips in crop-flip / randaugment")
-    randaugment_n: int = _opt(2, "RandAugment: number of ops per image")
-    randaugment_m: int = _opt(14, "RandAugment: magnitude (0-30)")
+    translate: float = _opt(
+        0.07, "max shift of --augment translate, as a fraction of the side (0.07: 2 px at 28 px)", commands=SUPERVISED
+    )
+    crop_scale: float = _opt(
+        0.08, "minimum area fraction of RandomResizedCrop (crop-flip, randaugment)", commands=SUPERVISED
+    )
+    hflip: bool = _opt(True, "random horizontal flips in crop-flip / randaugment", commands=SUPERVISED)
+    randaugment_n: int = _opt(2, "RandAugment: number of ops per image", commands=SUPERVISED)
+    randaugment_m: int = _opt(14, "RandAugment: magnitude (0-30)", commands=SUPERVISED)
     # optimisation (per-iteration linear warm-up, then cosine decay to --min-lr)
     optimizer: str = _opt("adamw", "optimizer: adamw | lion (the paper pre-trains with Lion)", choices=OPTIMIZERS)
     lr: float = _opt(2e-3, "peak learning rate")
@@ -84,7 +99,7 @@ class TrainConfig:
     accum_steps: int = _opt(1, "gradient accumulation: each process runs its share of a batch in this many chunks")
     epochs: int = _opt(40, "training epochs")
     warmup_epochs: float = _opt(2.0, "linear warm-up length in epochs (fractions allowed)")
-    label_smoothing: float = _opt(0.1, "label smoothing of the cross-entropy")
+    label_smoothing: float = _opt(0.1, "label smoothing of the cross-entropy", commands=SUPERVISED)
     grad_clip: float = _opt(1.0, "clip the global gradient norm to this value (0 = off)")
     max_steps: int = _opt(0, "stop after this many optimizer steps (0 = all epochs; the schedule is unchanged)")
     # system
@@ -106,6 +121,7 @@ class TrainConfig:
         100,
         "every N steps (and before the first), record each layer's compression R^c and sparsity on a fixed "
         "batch (JMLR Fig. 15) in metrics.jsonl and plot them as measure.png (0 = off)",
+        commands=SUPERVISED,
     )
     tensorboard: bool = _opt(False, "also log every record to <run dir>/tensorboard (needs the tensorboard package)")
     progress: bool = _opt(True, "show a tqdm progress bar")

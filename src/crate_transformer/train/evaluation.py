@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +18,7 @@ from ..io import atomic_write
 from .rundir import read_metrics
 from .runtime import Runtime
 
-__all__ = ["EvalResult", "evaluate", "prepare_batch", "plot_curves", "plot_confusion_matrix"]
+__all__ = ["EvalResult", "evaluate", "prepare_batch", "plot_curves", "plot_confusion_matrix", "plot_knn"]
 
 
 def prepare_batch(
@@ -185,5 +185,20 @@ def plot_confusion_matrix(
     if n <= 30 and max(map(len, classes)) > 2:
         ax.tick_params(axis="x", labelrotation=90)
     ax.set(xlabel="predicted", ylabel="true", title=title or "confusion matrix")
+    fig.tight_layout()
+    return _save(fig, out_png)
+
+
+def plot_knn(accuracy: Mapping[int, float], out_png: str | os.PathLike, title: str = "") -> Path:
+    """Save weighted k-NN top-1 accuracy against k (log axis) as a PNG."""
+    plt = _pyplot()
+    ks = sorted(accuracy)
+    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+    ax.plot(ks, [100 * accuracy[k] for k in ks], "o-")
+    for k in ks:
+        ax.annotate(f"{100 * accuracy[k]:.1f}", (k, 100 * accuracy[k]), textcoords="offset points", xytext=(0, 5),
+                    ha="center", fontsize=8)  # fmt: skip
+    ax.set(xscale="log", xlabel="k", ylabel="top-1 accuracy (%)", title=title or "weighted k-NN")
+    ax.set_xticks(ks, [str(k) for k in ks])
     fig.tight_layout()
     return _save(fig, out_png)

@@ -22,11 +22,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .classification import ClassificationTask
 from .config import TrainConfig
 from .rundir import CHECKPOINT, CONFIG_FILE, RunDir, load_training_state
 from .runtime import Interrupt, ProcessSettings, Runtime, rng_state, seed_everything, set_rng_state
-from .task import Hook, StepContext, Task
+from .task import Hook, StepContext, Task, make_task
 
 __all__ = ["train", "TrainState", "WarmupCosine"]
 
@@ -65,18 +64,32 @@ def train(
     overrides: Mapping[str, Any] | None = None,
     task: Task | None = None,
     hooks: Sequence[Hook] = (),
+    expect_task: str | None = None,
 ) -> dict:
     """Run (or, with ``resume=RUN_DIR``, continue) a training job; returns a summary of the final metrics.
 
     ``overrides`` update ``cfg`` (or, when resuming, the saved configuration — e.g. ``{"epochs": 60}``).
+    The task is ``task`` or the one ``cfg.task`` names (a resumed run rebuilds its own); ``expect_task``
+    refuses a run of another task (a command resuming the wrong kind of run).
     Writes ``<run_dir>/{config.yaml, metrics.jsonl, curves.png, checkpoints/last.pt, model/}``.
     """
     state = None
     if resume is not None:
         state = load_training_state(resume)
         cfg = TrainConfig.from_dict(dict(state["train_config"]))
-    cfg = TrainConfig.from_dict(dict(overrides or {}), cfg or TrainConfig())
-    task = task or ClassificationTask()
+    overrides = dict(overrides or {})
+    if cfg is not None and "task_args" in overrides:  # a resumed run keeps the task options not given again
+        overrides["task_args"] = {**cfg.task_args, **overrides["task_args"]}
+    cfg = TrainConfig.from_dict(overrides, cfg or TrainConfig())
+    if task is not None:
+        cfg = TrainConfig.from_dict({"task": task.name}, cfg)
+    task = task or make_task(cfg.task)
+    if expect_task is not None and cfg.task != expect_task:
+        where = f" --resume {resume}" if resume is not None else ""
+        raise ValueError(
+            f"{resume or 'this configuration'} is a {cfg.task} run, not {expect_task}; "
+            f"use: crate {task.resume_command(cfg)}{where}"
+        )
     rt = Runtime.start(cfg.device, cfg.amp)
     run = None
     try:
@@ -176,9 +189,8 @@ def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | N
         checkpoint("interrupted")
         if rt.main:
             task.figures(run.path, run.metrics_path)
-        cmd = "finetune" if cfg.init_from else "train"
         rt.log(f"interrupted at step {ts.step}/{total}: checkpoint saved to {run.path / CHECKPOINT}\n"
-               f"continue with: crate {cmd} --resume {run.path}")  # fmt: skip
+               f"continue with: crate {task.resume_command(cfg)} --resume {run.path}")  # fmt: skip
         return {"run_dir": str(run.path), "step": ts.step, "interrupted": True}
 
     final = task.finish(run.path, rt)
@@ -189,11 +201,11 @@ def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | N
         task.figures(run.path, run.metrics_path)
         print(
             f"{final.pop('message')}, {elapsed:.0f} s, step {ts.step}\n"
-            f"run directory: {run.path}  (config.yaml, metrics.jsonl, curves.png, {CHECKPOINT}, model/)\n"
-            f"next: crate analyze {run.path}    |    crate eval {run.path}",
+            f"run directory: {run.path}  (config.yaml, metrics.jsonl, curves.png, {CHECKPOINT}, model/)"
+            + (f"\nnext: {final['next']}" if final.get("next") else ""),
             flush=True,
         )
-    final.pop("message", None)
+    final.pop("message", None), final.pop("next", None)
     return {"run_dir": str(run.path), "step": ts.step, "interrupted": False, **final, "seconds": elapsed}
 
 
@@ -317,9 +329,11 @@ def _start_run(
     run.start_log(ts.step if resumed else None, tensorboard=cfg.tensorboard)
     procs = f" ({rt.world} processes)" if rt.distributed else ""
     accum = f", {cfg.accum_steps} accumulation steps" if cfg.accum_steps > 1 else ""
+    verb = ("fine-tuning" if cfg.init_from else "training") if task.name == "classification" else task.name
+    what = cfg.model or Path(str(cfg.init_from or "model")).name
+    summary = f"{about['summary']}, " if about.get("summary") else ""
     rt.log(
-        f"{'fine-tuning' if cfg.init_from else 'training'} {cfg.model or Path(str(cfg.init_from)).name} "
-        f"({about.get('summary', '')}, {cfg.epochs} epochs x {steps} steps, batch {cfg.batch_size}{procs}{accum}, "
+        f"{verb} {what} ({summary}{cfg.epochs} epochs x {steps} steps, batch {cfg.batch_size}{procs}{accum}, "
         f"device {rt.device}" + (f", resuming at step {ts.step}" if resumed else "") + f"\nrun directory: {run.path}"
     )  # fmt: skip
 

@@ -9,10 +9,12 @@ the same engine, one module each.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -21,7 +23,33 @@ from .config import TrainConfig
 from .evaluation import plot_curves
 from .runtime import Runtime
 
-__all__ = ["Task", "StepContext", "Hook"]
+__all__ = ["Task", "StepContext", "Hook", "TASKS", "register_task", "make_task", "task_option"]
+
+# name → "module:Class"; ``TrainConfig.task`` names one, so a resumed run rebuilds its own task.
+TASKS: dict[str, str] = {
+    "classification": "crate_transformer.train.classification:ClassificationTask",
+}
+
+
+def register_task(name: str, target: str) -> None:
+    """Make ``TrainConfig(task=name)`` (and ``crate pretrain name``) build the Task at ``"module:Class"``."""
+    TASKS[name] = target
+
+
+def make_task(name: str) -> Task:
+    """A fresh instance of the task registered as ``name``."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; registered tasks: {sorted(TASKS)}")
+    module, _, cls = TASKS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)()
+
+
+def task_option(default: Any, help: str, **kw: Any) -> Any:
+    """A field of a task's ``Options`` dataclass: a ``crate pretrain NAME --flag`` with this help text."""
+    meta = {"help": help, "commands": ("pretrain",), **kw}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass
@@ -53,8 +81,36 @@ class Task:
 
     name = "task"
     metric = "acc"  # the per-sample statistic shown in the progress bar and curves, besides the loss
+    command: ClassVar[str] = "train"  # the `crate` command that runs (and resumes) this task
+    defaults: ClassVar[dict[str, Any]] = {}  # TrainConfig values of that command that differ from train's
+    Options: ClassVar[type | None] = None  # the task's own options (a dataclass of task_option fields)
     model: nn.Module
     train_data: Any
+
+    def parse_options(self, cfg: TrainConfig) -> Any:
+        """``cfg.task_args`` as an ``Options`` instance (None for a task without options)."""
+        args = self.check_options(cfg.task_args)
+        return None if self.Options is None else self.Options(**args)
+
+    @classmethod
+    def check_options(cls, task_args: dict[str, Any]) -> dict[str, Any]:
+        """``task_args`` with keys checked against ``Options`` and values coerced to the field types."""
+        if cls.Options is None:
+            if task_args:
+                raise ValueError(f"the {cls.name} task takes no options, got {sorted(task_args)}")
+            return {}
+        from ..config_utils import coerce_fields
+
+        known = {f.name for f in dataclasses.fields(cls.Options)}
+        args = {str(k).replace("-", "_"): v for k, v in task_args.items()}
+        unknown = sorted(set(args) - known)
+        if unknown:
+            raise ValueError(f"unknown {cls.name} option(s) {unknown}; valid: {sorted(known)}")
+        return coerce_fields(cls.Options, args)
+
+    def resume_command(self, cfg: TrainConfig) -> str:
+        """The command that continues an interrupted run of this task (printed with ``--resume RUN``)."""
+        return self.command
 
     def setup(self, cfg: TrainConfig, rt: Runtime, state: dict | None) -> None:
         """Load the data and build the model (``state``: the training state being resumed, or None)."""

@@ -1,0 +1,69 @@
+"""``crate pretrain TASK``: self-supervised pre-training (``mae``, ``dino``, ...) on the one training engine.
+
+Every task registered in :data:`crate_transformer.train.task.TASKS` other than classification is a
+sub-command.  Its flags are the engine's (``TrainConfig`` fields marked for ``pretrain``, with the
+task's own defaults) plus the task's ``Options``; the latter are saved as ``task_args`` in config.yaml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+
+from .common import add_dataclass_arguments, given_options
+
+
+def _task_class(name: str) -> type:
+    from ..train.task import TASKS
+
+    module, _, cls = TASKS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def pretraining_tasks() -> list[str]:
+    from ..train.task import TASKS
+
+    return [name for name in TASKS if name != "classification"]
+
+
+def configure_pretrain(parser: argparse.ArgumentParser) -> None:
+    from ..train import TrainConfig
+
+    parser.description = "Self-supervised pre-training on the training engine: crate pretrain TASK --help"
+    sub = parser.add_subparsers(dest="task_name", metavar="TASK")
+    for name in pretraining_tasks():
+        cls = _task_class(name)
+        doc = (cls.__doc__ or name).strip().splitlines()[0]
+        p = sub.add_parser(name, help=doc, description=doc)
+        p.add_argument(
+            "--resume", metavar="RUN_DIR", default=argparse.SUPPRESS, help=f"continue an interrupted {name} run"
+        )
+        add_dataclass_arguments(p, TrainConfig, "pretrain", cls.defaults)
+        if cls.Options is not None:
+            names = {f.name for f in dataclasses.fields(cls.Options)}
+            clash = names & {f.name for f in dataclasses.fields(TrainConfig)}
+            assert not clash, f"{name} options shadow training options {sorted(clash)}"
+            group = p.add_argument_group(f"{name} options")
+            add_dataclass_arguments(group, cls.Options, "pretrain", config_flag=False)
+
+
+def run_pretrain(args: argparse.Namespace) -> int:
+    """``crate pretrain TASK``: 0 on completion, 130 when interrupted (checkpoint saved)."""
+    from ..train import TrainConfig, train
+
+    name = getattr(args, "task_name", None)
+    if not name:
+        raise ValueError(f"name the pre-training task: crate pretrain {{{','.join(pretraining_tasks())}}} ...")
+    cls = _task_class(name)
+    options = given_options(args, TrainConfig)  # --config file (all keys) + engine flags
+    fields = {f.name for f in dataclasses.fields(cls.Options)} if cls.Options is not None else set()
+    task_args = dict(options.pop("task_args", None) or {})
+    task_args.update({k: options.pop(k) for k in list(options) if k in fields})  # task keys of the --config file
+    task_args.update({k: v for k, v in vars(args).items() if k in fields})  # task flags
+    if task_args:
+        options["task_args"] = cls.check_options(task_args)
+    resume = getattr(args, "resume", None)
+    base = None if resume else TrainConfig.from_dict({**cls.defaults, "task": name})
+    result = train(base, resume=resume, overrides=options, expect_task=name)
+    return 130 if result["interrupted"] else 0

@@ -1,0 +1,207 @@
+"""Frozen-feature evaluation of any encoder: weighted k-NN and a linear probe.
+
+The protocols of the self-supervised evaluations (JMLR §4.1.2-4.1.3, Tables 3-4): features of a
+frozen encoder on the training split and the held-out split, then
+
+* a weighted k-NN classifier on l2-normalised features, each of the k nearest training samples voting
+  for its class with weight ``exp(cos / T)``, T = 0.07 (Wu et al. 2018; DINO's ``eval_knn.py``);
+* a linear probe: multinomial logistic regression (scikit-learn) on standardised features.
+
+Any model with ``forward_features(x) -> (b, 1 + N, d)`` tokens works: classifiers, the MAE encoder,
+a DINO teacher backbone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["POOLS", "pool_tokens", "extract_features", "knn_classify", "knn_sweep", "linear_probe", "ProbeResult"]
+
+POOLS = ("cls", "mean")
+KNN_KS = (10, 20, 100, 200)
+
+
+def pool_tokens(z: Tensor, pool: str) -> Tensor:
+    """``(b, 1 + N, d)`` tokens → ``(b, d)``: the class token (``"cls"``) or the mean of the patch tokens."""
+    if pool == "cls":
+        return z[:, 0]
+    if pool == "mean":
+        return z[:, 1:].mean(dim=1)
+    raise ValueError(f"unknown pooling {pool!r}; choose one of {POOLS}")
+
+
+@torch.no_grad()
+def extract_features(
+    model: nn.Module,
+    source: object,
+    *,
+    pool: str = "cls",
+    batch_size: int = 256,
+    device: str | torch.device | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    image_size: int | None = None,
+    channels: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Pooled encoder features ``(n, d)`` (float32, CPU) and labels ``(n,)`` of every image of ``source``.
+
+    ``source`` is an :class:`~crate_transformer.data.ImageSource` (uint8 batches); images are prepared as
+    in evaluation (to [0, 1], channels matched, resized to ``image_size``, normalised by ``mean``/``std``,
+    which default to the model's recorded data normalisation, else the source's statistics).
+    """
+    from .data import resolve_normalization
+    from .train.evaluation import prepare_batch
+
+    if pool not in POOLS:
+        raise ValueError(f"unknown pooling {pool!r}; choose one of {POOLS}")
+    config = model.config
+    if mean is None or std is None:
+        norm = resolve_normalization(model, source)
+        if norm is None:
+            raise ValueError("no normalisation known for this model or data; pass mean= and std=")
+        mean, std = norm
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    was_training = model.training
+    model.eval().to(device)
+    feats, labels = [], []
+    try:
+        for images, y in source.batches(batch_size, shuffle=False):
+            x = prepare_batch(
+                images, device=device, image_size=image_size or config.image_size,
+                channels=channels or config.in_chans, mean=mean, std=std,
+            )  # fmt: skip
+            feats.append(pool_tokens(model.forward_features(x), pool).float().cpu())
+            labels.append(y.cpu())
+    finally:
+        model.train(was_training)
+    if not feats:
+        raise ValueError(f"{getattr(source, 'name', 'the data')} has no images to extract features from")
+    return torch.cat(feats), torch.cat(labels).long()
+
+
+@torch.no_grad()
+def knn_sweep(
+    train_x: Tensor,
+    train_y: Tensor,
+    test_x: Tensor,
+    test_y: Tensor,
+    *,
+    ks: Sequence[int] = KNN_KS,
+    temperature: float = 0.07,
+    num_classes: int | None = None,
+    chunk: int = 1024,
+) -> dict[int, float]:
+    """Weighted k-NN top-1 accuracy for each k of ``ks`` (one similarity search for all of them).
+
+    Cosine similarities ``s`` of l2-normalised features; the k nearest training samples vote for their
+    class with weight ``exp(s / temperature)``; ties go to the lower class index.  k larger than the
+    training set is clipped to it.
+    """
+    _check_features(train_x, train_y, test_x, test_y)
+    if not ks or min(ks) < 1:
+        raise ValueError(f"k must be positive integers, got {list(ks)}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    num_classes = num_classes or int(max(train_y.max(), test_y.max())) + 1
+    train_n, test_n = F.normalize(train_x.float(), dim=1), F.normalize(test_x.float(), dim=1)
+    kmax = min(max(ks), len(train_n))
+    correct = {k: 0 for k in ks}
+    for start in range(0, len(test_n), chunk):
+        sim, idx = (test_n[start : start + chunk] @ train_n.T).topk(kmax, dim=1)  # sorted, nearest first
+        votes = F.one_hot(train_y[idx], num_classes).float() * (sim / temperature).exp().unsqueeze(-1)
+        truth = test_y[start : start + chunk]
+        for k in ks:
+            pred = votes[:, : min(k, kmax)].sum(dim=1).argmax(dim=1)
+            correct[k] += int((pred == truth).sum())
+    return {k: correct[k] / len(test_n) for k in ks}
+
+
+def knn_classify(
+    train_x: Tensor,
+    train_y: Tensor,
+    test_x: Tensor,
+    test_y: Tensor,
+    *,
+    k: int = 20,
+    temperature: float = 0.07,
+    num_classes: int | None = None,
+) -> float:
+    """Weighted k-NN top-1 accuracy for one ``k`` (see :func:`knn_sweep`)."""
+    return knn_sweep(train_x, train_y, test_x, test_y, ks=(k,), temperature=temperature, num_classes=num_classes)[k]
+
+
+@dataclass
+class ProbeResult:
+    """A fitted linear probe: accuracies and the classifier in the original feature space."""
+
+    acc: float
+    train_acc: float
+    C: float
+    num_train: int
+    num_test: int
+    weight: Tensor  # (classes, d): logits = features @ weight.T + bias
+    bias: Tensor
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("weight"), d.pop("bias")
+        return d
+
+
+def linear_probe(
+    train_x: Tensor,
+    train_y: Tensor,
+    test_x: Tensor,
+    test_y: Tensor,
+    *,
+    C: float = 1.0,
+    max_iter: int = 2000,
+) -> ProbeResult:
+    """Multinomial logistic regression (L2, inverse strength ``C``) on standardised features.
+
+    The returned ``weight``/``bias`` act on the raw features (the standardisation folded in), so the
+    probe can initialise a linear head.
+    """
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    _check_features(train_x, train_y, test_x, test_y)
+    if C <= 0:
+        raise ValueError(f"C must be positive, got {C}")
+    xtr, xte = train_x.double().numpy(), test_x.double().numpy()
+    ytr, yte = train_y.numpy(), test_y.numpy()
+    if len(np.unique(ytr)) < 2:
+        raise ValueError("a linear probe needs training features of at least two classes")
+    scaler = StandardScaler().fit(xtr)
+    clf = LogisticRegression(C=C, max_iter=max_iter).fit(scaler.transform(xtr), ytr)
+    w = clf.coef_ / scaler.scale_  # fold the standardisation into the weights
+    b = clf.intercept_ - w @ scaler.mean_
+    if w.shape[0] == 1:  # sklearn's binary form: one row for class 1
+        w, b = np.concatenate([-w, w]) / 2, np.concatenate([-b, b]) / 2
+    return ProbeResult(
+        acc=float(clf.score(scaler.transform(xte), yte)),
+        train_acc=float(clf.score(scaler.transform(xtr), ytr)),
+        C=C,
+        num_train=len(ytr),
+        num_test=len(yte),
+        weight=torch.from_numpy(w).float(),
+        bias=torch.from_numpy(b).float(),
+    )
+
+
+def _check_features(train_x: Tensor, train_y: Tensor, test_x: Tensor, test_y: Tensor) -> None:
+    for name, x, y in (("train", train_x, train_y), ("test", test_x, test_y)):
+        if x.ndim != 2 or y.ndim != 1 or len(x) != len(y) or len(x) == 0:
+            raise ValueError(
+                f"{name} features must be (n, d) with n >= 1 labels (n,), got {tuple(x.shape)} and {tuple(y.shape)}"
+            )
+        if not torch.isfinite(x).all():
+            raise ValueError(f"{name} features contain NaN or inf; check the encoder's weights and inputs")
+    if train_x.shape[1] != test_x.shape[1]:
+        raise ValueError(f"train and test features differ in width: {train_x.shape[1]} vs {test_x.shape[1]}")
