@@ -30,7 +30,7 @@ from .evaluation import evaluate, prepare_batch
 from .runtime import Runtime
 from .task import Task
 
-__all__ = ["ClassificationTask"]
+__all__ = ["ClassificationTask", "load_splits"]
 
 
 class ClassificationTask(Task):
@@ -47,7 +47,7 @@ class ClassificationTask(Task):
             model = build_model(ModelConfig.from_dict(dict(state["model_config"])))
             image_size = model.config.image_size
         elif cfg.init_from is not None:  # fine-tuning: the checkpoint fixes the architecture
-            model = load_model(cfg.init_from, name=cfg.model, **cfg.model_args)
+            model = load_model(cfg.init_from, name=cfg.model, as_classifier=True, **cfg.model_args)
             image_size = cfg.image_size or model.config.image_size
         else:
             if cfg.model is None:
@@ -98,21 +98,7 @@ class ClassificationTask(Task):
         ).to(rt.device)
 
     def _load_data(self, image_size: int) -> tuple[ImageSource, ImageSource, ImageSource]:
-        """(train, per-epoch eval, test) splits; image folders are resized to ``image_size`` when read."""
-        cfg = self.cfg
-        kw = dict(val_fraction=cfg.val_fraction, seed=cfg.seed, on_bad_image=cfg.on_bad_image)
-        kw["image_size"] = image_size if resolve_source(cfg.data)[0] == "folder" else None  # others: per batch
-        train_set = load_dataset(cfg.data, "train", **kw)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a skipped-images warning was already shown for the train split
-            test_set = load_dataset(cfg.data, "test", **kw)
-            eval_set = test_set if cfg.eval_split == "test" else load_dataset(cfg.data, cfg.eval_split, **kw)
-        if cfg.train_subset and cfg.train_subset < len(train_set):
-            g = torch.Generator().manual_seed(cfg.seed)
-            keep = torch.randperm(len(train_set), generator=g)[: cfg.train_subset].sort().values
-            t = train_set
-            train_set = ImageDataset(t.images[keep], t.labels[keep], t.classes, t.mean, t.std, t.name, "train")
-        return train_set, eval_set, test_set
+        return load_splits(self.cfg, image_size)
 
     def _inputs(self, images: Tensor, augment: nn.Module | None = None) -> Tensor:
         c = self.model.config
@@ -196,3 +182,23 @@ class ClassificationTask(Task):
             records = load_measure_records(metrics_path)
             if records:
                 plot_measure_history(records, run_dir / "measure.png", step_key="epoch")
+
+
+def load_splits(cfg: TrainConfig, image_size: int) -> tuple[ImageSource, ImageSource, ImageSource]:
+    """(train, per-epoch eval, test) splits of ``cfg.data``; image folders are resized to ``image_size`` when read.
+
+    Shared by every image task (classification, masked autoencoding, ...).
+    """
+    kw = dict(val_fraction=cfg.val_fraction, seed=cfg.seed, on_bad_image=cfg.on_bad_image)
+    kw["image_size"] = image_size if resolve_source(cfg.data)[0] == "folder" else None  # others: per batch
+    train_set = load_dataset(cfg.data, "train", **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a skipped-images warning was already shown for the train split
+        test_set = load_dataset(cfg.data, "test", **kw)
+        eval_set = test_set if cfg.eval_split == "test" else load_dataset(cfg.data, cfg.eval_split, **kw)
+    if cfg.train_subset and cfg.train_subset < len(train_set):
+        g = torch.Generator().manual_seed(cfg.seed)
+        keep = torch.randperm(len(train_set), generator=g)[: cfg.train_subset].sort().values
+        t = train_set
+        train_set = ImageDataset(t.images[keep], t.labels[keep], t.classes, t.mean, t.std, t.name, "train")
+    return train_set, eval_set, test_set

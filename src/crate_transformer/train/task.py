@@ -28,6 +28,7 @@ __all__ = ["Task", "StepContext", "Hook", "TASKS", "register_task", "make_task",
 # name → "module:Class"; ``TrainConfig.task`` names one, so a resumed run rebuilds its own task.
 TASKS: dict[str, str] = {
     "classification": "crate_transformer.train.classification:ClassificationTask",
+    "mae": "crate_transformer.train.mae:MAETask",
 }
 
 
