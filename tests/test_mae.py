@@ -217,3 +217,67 @@ def test_bad_checkpoints_are_one_line_errors(tmp_path):
     (bad / "config.json").write_text(json.dumps({**cfg, "mask_ratio": 1.2}))
     with pytest.raises(CheckpointError, match="config.json: mask_ratio must be in"):
         ct.from_pretrained(bad)
+
+
+# --------------------------------------------------------------------------- crate pretrain mae / finetune from MAE
+DIGITS = ["--data", "digits", "--threads", "1", "--no-progress", "--model-args", "image_size=8", "patch_size=2",
+          "dim=32", "depth=2", "heads=2"]  # fmt: skip
+
+
+def crate(*argv):
+    from crate_transformer import cli
+
+    return cli.main([str(a) for a in argv])
+
+
+def test_pretrain_mae_loss_falls_on_digits_then_resume_finetune_and_probe(tmp_path, capsys):
+    from crate_transformer.data import load_dataset
+    from crate_transformer.train.mae import masked_eval
+    from crate_transformer.train.rundir import load_training_state
+
+    run = tmp_path / "mae"
+    args = [*DIGITS, "--epochs", 4, "--batch-size", 64, "--lr", "3e-3", "--figure-images", 4, "--out", run]
+    assert crate("pretrain", "mae", *args, "--max-steps", 40, "--no-probe") == 0  # interrupted by max-steps
+    assert crate("pretrain", "mae", "--resume", run, "--max-steps", 0) == 0  # continues to the end
+    state = load_training_state(run)
+    assert state["train_config"]["task"] == "mae" and state["step"] == 4 * (1437 // 64)
+    model = ct.from_pretrained(run / "model")
+    assert isinstance(model, CRATEMAE) and model.config.data.name == "digits" and model.config.in_chans == 1
+    test = load_dataset("digits", "test")
+    kw = dict(mean=model.config.data.mean, std=model.config.data.std, image_size=8, seed=0)
+    trained = masked_eval(model, test, **kw)["loss"]
+    torch.manual_seed(0)
+    untrained = masked_eval(ct.create_model("crate_mae_mnist", **{**model.config.to_dict(), "data": None}), test, **kw)
+    assert trained < 0.8 * untrained["loss"], (trained, untrained)
+    assert (run / "reconstruction.png").read_bytes()[:4] == b"\x89PNG" and (run / "curves.png").is_file()
+    out = capsys.readouterr().out
+    assert "held-out masked-patch loss" in out and f"crate finetune --from {run}" in out
+    # fine-tune a classifier from the MAE encoder (Table 3 protocol)
+    ft = tmp_path / "ft"
+    assert crate("finetune", "--from", run, "--data", "digits", "--threads", 1, "--no-progress", "--epochs", 1,
+                 "--eval-every", 0, "--measure-every", 0, "--out", ft) == 0  # fmt: skip
+    clf = ct.from_pretrained(ft / "model")
+    assert isinstance(clf, ct.CRATE) and clf.config.patch_norm is False and clf.config.num_classes == 10
+    # the linear probe of the engine's eval command reads the MAE encoder
+    assert crate("eval", run, "--data", "digits", "--linear-probe", "--pool", "mean", "--out", tmp_path / "ev") == 0
+    assert json.loads((tmp_path / "ev" / "eval.json").read_text())["linear_probe"]["acc"] > 0.5
+    # the wrong command on an MAE run names the right one
+    assert crate("train", "--resume", run) == 2
+    assert "crate pretrain mae --resume" in capsys.readouterr().err
+
+
+def test_pretrain_mae_refuses_a_classifier_model(tmp_path, capsys):
+    assert crate("pretrain", "mae", *DIGITS[:5], "--model", "crate_mnist", "--out", tmp_path / "x") == 2
+    assert "not a CRATE-MAE" in capsys.readouterr().err
+
+
+def test_analyze_reports_decoder_inversion(tmp_path):
+    from crate_transformer.analysis import analyze, decoder_inversion
+
+    m = perturbed(small_mae()).eval()
+    rows = decoder_inversion(m, torch.randn(4, 3, 32, 32))
+    assert [r["decoder_layer"] for r in rows] == [1, 0] and all(-1 <= r["cos_local"] <= 1 for r in rows)
+    report = analyze(m, tmp_path / "a", {"test": torch.rand(4, 3, 32, 32)}, normalization=([0.5] * 3, [0.25] * 3),
+                     num_vis=1, progress=False)  # fmt: skip
+    assert len(report["decoder_inversion"]["layers"]) == 2
+    assert (tmp_path / "a" / "figures" / "decoder_inversion.png").is_file()
