@@ -77,7 +77,7 @@ register_model("crate_mae_small", arch=MAE_ARCH, dim=576, depth=12, heads=12)
 register_model("crate_mae_base", arch=MAE_ARCH, dim=768, depth=12, heads=12)
 register_model("crate_mae_large", arch=MAE_ARCH, dim=1024, depth=24, heads=16)
 # The `crate pretrain mae` default for the built-in 28x28 digits.
-register_model("crate_mae_mnist", arch=MAE_ARCH, image_size=28, patch_size=7, in_chans=1, dim=128, depth=4, heads=4)
+register_model("crate_mae_mnist", arch=MAE_ARCH, image_size=28, patch_size=4, in_chans=1, dim=64, depth=4, heads=4)
 
 
 def list_models(pattern: str = "*") -> list[str]:

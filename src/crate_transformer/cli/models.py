@@ -10,8 +10,9 @@ def configure_models(parser: argparse.ArgumentParser) -> None:
 
 
 def run_models(args: argparse.Namespace) -> int:
-    from ..model import build_model
-    from ..registry import list_models, model_config
+    import torch
+
+    from ..registry import build, list_models, model_config
 
     names = list_models(args.pattern)
     if not names:
@@ -19,8 +20,12 @@ def run_models(args: argparse.Namespace) -> int:
     rows = []
     for name in names:
         c = model_config(name)
-        params = build_model(c).num_params()
-        rows.append((name, c.arch, c.dim, c.depth, c.heads, f"{c.image_size}/{c.patch_size}", f"{params:,}"))
+        with torch.device("meta"):  # counts only: no memory, no init
+            model = build(c)
+        params = f"{model.num_params():,}"
+        if c.arch == "crate_mae":  # Table 9 counts the official layout (unused decoder_embed, both sin-cos tables)
+            params += f" ({model.num_params(layout='official'):,} official)"
+        rows.append((name, c.arch, c.dim, c.depth, c.heads, f"{c.image_size}/{c.patch_size}", params))
     header = ("name", "arch", "dim", "depth", "heads", "img/patch", "params")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
