@@ -73,11 +73,11 @@ def best_rate(fn, batch: int, rounds: int, repeats: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    rounds, repeats = (2, 1) if args.quick else (args.rounds, 3)
+    rounds, repeats = (2, 1) if args.quick else (args.rounds, 2)
     print(f"torch {torch.__version__}, {args.threads} thread(s), best of {rounds} rounds x {repeats} steps\n")
     rows = []
     for label, (name, overrides, batch) in CONFIGS.items():

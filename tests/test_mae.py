@@ -261,6 +261,8 @@ def test_pretrain_mae_loss_falls_on_digits_then_resume_finetune_and_probe(tmp_pa
     # the linear probe of the engine's eval command reads the MAE encoder
     assert crate("eval", run, "--data", "digits", "--linear-probe", "--pool", "mean", "--out", tmp_path / "ev") == 0
     assert json.loads((tmp_path / "ev" / "eval.json").read_text())["linear_probe"]["acc"] > 0.5
+    assert crate("eval", run, "--data", "digits") == 2  # no head: a one-line error naming the fix
+    assert "--linear-probe" in capsys.readouterr().err
     # the wrong command on an MAE run names the right one
     assert crate("train", "--resume", run) == 2
     assert "crate pretrain mae --resume" in capsys.readouterr().err

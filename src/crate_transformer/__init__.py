@@ -7,6 +7,7 @@ Public API::
     ct.list_models("crate_*")
     model.save_pretrained("out/"); model = ct.from_pretrained("out/")
     model = ct.from_official("checkpoint.pth.tar", "crate_small")
+    mae = ct.create_model("crate_mae_small"); loss, pred, mask = mae(images)   # CRATE-MAE
     ct.coding_rate(Z), ct.subspace_coding_rate(Z, U), ...
 """
 
@@ -19,6 +20,7 @@ except _PackageNotFoundError:  # running from a source tree that was never insta
     __version__ = "0+unknown"
 
 from .checkpoint import CheckpointError, from_official, from_pretrained  # noqa: E402
+from .mae import CRATEMAE, MAEConfig  # noqa: E402
 from .model import CRATE, ImageClassifier, ModelConfig, Trace, ViT  # noqa: E402
 from .objectives import (  # noqa: E402
     coding_rate,
@@ -52,6 +54,8 @@ __all__ = [
     "ViT",
     "ImageClassifier",
     "ModelConfig",
+    "CRATEMAE",
+    "MAEConfig",
     "Trace",
     "CheckpointError",
     "create_model",
