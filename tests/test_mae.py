@@ -278,7 +278,8 @@ def test_analyze_reports_decoder_inversion(tmp_path):
 
     m = perturbed(small_mae()).eval()
     rows = decoder_inversion(m, torch.randn(4, 3, 32, 32))
-    assert [r["decoder_layer"] for r in rows] == [1, 0] and all(-1 <= r["cos_local"] <= 1 for r in rows)
+    assert [(r["layer"], r["decoder_layer"]) for r in rows] == [(1, 2), (2, 1)]
+    assert all(-1 <= r["cos_local"] <= 1 and r["r2_identity"] <= 1 for r in rows)
     report = analyze(m, tmp_path / "a", {"test": torch.rand(4, 3, 32, 32)}, normalization=([0.5] * 3, [0.25] * 3),
                      num_vis=1, progress=False)  # fmt: skip
     assert len(report["decoder_inversion"]["layers"]) == 2

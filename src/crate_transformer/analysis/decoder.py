@@ -58,7 +58,7 @@ def _linear_r2(a: Tensor, b: Tensor) -> float:
 
 @torch.no_grad()
 def decoder_inversion(model: nn.Module, images: Tensor) -> list[dict]:
-    """One row per encoder layer ℓ = 0..L-1 (0-based): ``layer``, ``decoder_layer`` (= L-1-ℓ), ``cos_chain``,
+    """One row per encoder layer, numbered 1..L as in the report: ``layer`` ℓ+1, ``decoder_layer`` L-ℓ, ``cos_chain``,
     ``cos_local``, ``cos_identity``, ``r2_chain``, ``r2_identity`` (module docstring); ``images``: normalised input."""
     if not is_autoencoder(model):
         raise ValueError("decoder_inversion needs a CRATE-MAE (a model with decoder layers); e.g. crate_mae_mnist")
@@ -74,7 +74,7 @@ def decoder_inversion(model: nn.Module, images: Tensor) -> list[dict]:
             j = L - 1 - layer
             local = model.decoder_layers[j](Z[layer + 1])
             rows.append({
-                "layer": layer, "decoder_layer": j, "cos_chain": _cos(D[L - layer], Z[layer]),
+                "layer": layer + 1, "decoder_layer": j + 1, "cos_chain": _cos(D[L - layer], Z[layer]),
                 "cos_local": _cos(local, Z[layer]), "cos_identity": _cos(Z[layer + 1], Z[layer]),
                 "r2_chain": _linear_r2(D[L - layer], Z[layer]), "r2_identity": _linear_r2(Z[layer + 1], Z[layer]),
             })  # fmt: skip

@@ -421,7 +421,7 @@ def plot_decoder_inversion(
         ("cos_identity", "baseline  cos(Z^{ℓ+1}, Z^ℓ)", "x--"),
     ):
         ax.plot(layers, [r[key] for r in rows], style, label=label, ms=4)
-    ax.set(xlabel="encoder layer ℓ (inverted by decoder layer L−1−ℓ)", ylabel="mean token cosine similarity")
+    ax.set(xlabel="encoder layer (1..L; inverted by decoder layer L+1−layer)", ylabel="mean token cosine similarity")
     ax.set_xticks(layers)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
