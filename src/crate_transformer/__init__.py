@@ -8,6 +8,7 @@ Public API::
     model.save_pretrained("out/"); model = ct.from_pretrained("out/")
     model = ct.from_official("checkpoint.pth.tar", "crate_small")
     lm = ct.create_model("crate_gpt_mini"); lm.generate(ids, 100)   # CRATE-GPT / CRATE-BERT (JMLR §4.1.4)
+    mae = ct.create_model("crate_mae_small"); loss, pred, mask = mae(images)   # CRATE-MAE
     ct.coding_rate(Z), ct.subspace_coding_rate(Z, U), ...
 """
 
@@ -21,6 +22,7 @@ except _PackageNotFoundError:  # running from a source tree that was never insta
 
 from .checkpoint import CheckpointError, from_official, from_pretrained  # noqa: E402
 from .lm import GPT, CRATELanguageModel, LanguageModel, LMConfig  # noqa: E402
+from .mae import CRATEMAE, MAEConfig  # noqa: E402
 from .model import CRATE, ImageClassifier, ModelConfig, Trace, ViT  # noqa: E402
 from .objectives import (  # noqa: E402
     coding_rate,
@@ -55,6 +57,8 @@ __all__ = [
     "ViT",
     "ImageClassifier",
     "ModelConfig",
+    "CRATEMAE",
+    "MAEConfig",
     "Trace",
     "LanguageModel",
     "CRATELanguageModel",

@@ -1,6 +1,7 @@
 """Model files: ``from_pretrained`` (safetensors + JSON config, written by ``model.save_pretrained``),
-``from_official`` (the official repository's ``.pth`` layouts, see shared/notes/anchors.md §1.2) and
-``load_model``, the one resolver the commands share.
+``from_official`` (the official repository's ``.pth`` layouts: the classifier ``model/crate.py`` and
+CRATE-MAE ``model/crate_ae``, see shared/notes/anchors.md §1.2 and §1.5) and ``load_model``, the one
+resolver the commands share.  ``config.json`` with ``arch == "crate_mae"`` loads a :class:`CRATEMAE`.
 
 The file primitives (atomic writes, safe unpickling, checksummed safetensors) live in
 :mod:`crate_transformer.io`; ``atomic_write``, ``load_pickle``, ``save_pretrained`` and
@@ -27,9 +28,10 @@ from .io import (
     load_safetensors,
     save_pretrained,
 )
-from .lm import LM_ARCHS, LanguageModel, LMConfig
-from .model import ImageClassifier, ModelConfig, build_model
-from .registry import build, model_config, registered_fields
+from .lm import LanguageModel, LMConfig
+from .mae import CRATEMAE, MAE_ARCH, MAEConfig, mae_to_classifier
+from .model import ImageClassifier, ModelConfig
+from .registry import build, config_class, model_config, registered_fields
 
 __all__ = [
     "CheckpointError",
@@ -42,6 +44,8 @@ __all__ = [
     "from_official",
     "official_to_native",
     "native_to_official",
+    "mae_official_to_native",
+    "mae_native_to_official",
     "load_weights",
     "load_model",
 ]
@@ -64,15 +68,14 @@ def _model_dir(path: str | Path) -> Path:
     return path
 
 
-def config_from_dict(data: Mapping) -> ModelConfig | LMConfig:
-    """The config a ``config.json`` / training state's ``model_config`` describes, by its ``arch``:
-    a language model (``crate_lm``, ``gpt``) or an image classifier."""
-    cls = LMConfig if data.get("arch") in LM_ARCHS else ModelConfig
-    return cls.from_dict(data)
+def config_from_dict(data: Mapping) -> ModelConfig | MAEConfig | LMConfig:
+    """A stored config (``config.json``, a training state's ``model_config``) as the dataclass its ``arch`` names."""
+    return config_class(data.get("arch")).from_dict(dict(data))
 
 
-def read_config(directory: str | Path) -> ModelConfig | LMConfig:
-    """The config of a ``save_pretrained`` folder (older ``"extra"`` layouts are converted)."""
+def read_config(directory: str | Path) -> ModelConfig | MAEConfig | LMConfig:
+    """The config of a ``save_pretrained`` folder (:class:`ModelConfig`, :class:`MAEConfig` or :class:`LMConfig`
+    by its ``arch``; older ``"extra"`` layouts are converted)."""
     directory = _model_dir(directory)
     path = directory / CONFIG_NAME
     if not path.is_file():
@@ -94,7 +97,9 @@ def read_config(directory: str | Path) -> ModelConfig | LMConfig:
         raise CheckpointError(f"{path}: {e}") from None
 
 
-def from_pretrained(directory: str | Path, map_location: str | torch.device = "cpu") -> ImageClassifier | LanguageModel:
+def from_pretrained(
+    directory: str | Path, map_location: str | torch.device = "cpu"
+) -> ImageClassifier | CRATEMAE | LanguageModel:
     """Load a model written by :meth:`ImageClassifier.save_pretrained`.
 
     ``directory`` is that folder, or its ``model.safetensors`` or ``config.json``.  The weights'
@@ -164,7 +169,7 @@ def _fix_hint(state: Mapping[str, Tensor], model: torch.nn.Module) -> str:
 
 # --------------------------------------------------------------------------- official format
 # (official key prefix, native key prefix); "{i}" is a layer index.  One table serves both directions.
-_KEY_MAP = [
+CLASSIFIER_KEY_MAP = [
     ("pos_embedding", "pos_embed"),
     ("cls_token", "cls_token"),
     ("to_patch_embedding.1.", "patch_embed.0."),  # index 0 of the official Sequential is the Rearrange
@@ -178,12 +183,34 @@ _KEY_MAP = [
     ("mlp_head.0.", "head.0."),
     ("mlp_head.1.", "head.1."),
 ]
+# CRATE-MAE (model/crate_ae, anchors.md §1.5).  The official pos_embed (unused by its forward) and
+# decoder_embed (never used) have no native counterpart; decoder_pos_embed is the table the forward adds.
+MAE_KEY_MAP = [
+    ("cls_token", "cls_token"),
+    ("mask_token", "mask_token"),
+    ("decoder_pos_embed", "pos_embed"),
+    ("patch_embed.proj.", "patch_embed."),  # conv weight (d, c, p, p) ↔ linear (d, p·p·c): see below
+    ("blocks.{i}.layers.0.0.norm.", "layers.{i}.norm1."),
+    ("blocks.{i}.layers.0.0.fn.qkv.", "layers.{i}.attn.qkv."),
+    ("blocks.{i}.layers.0.0.fn.to_out.0.", "layers.{i}.attn.proj."),
+    ("blocks.{i}.layers.0.1.norm.", "layers.{i}.norm2."),
+    ("blocks.{i}.layers.0.1.fn.weight", "layers.{i}.ista.weight"),
+    ("norm.", "norm."),
+    ("decoder_blocks.{i}.layers.0.0.norm.", "decoder_layers.{i}.norm1."),
+    ("decoder_blocks.{i}.layers.0.0.fn.weight", "decoder_layers.{i}.weight"),
+    ("decoder_blocks.{i}.layers.0.1.norm.", "decoder_layers.{i}.norm2."),
+    ("decoder_blocks.{i}.layers.0.1.fn.qkv.", "decoder_layers.{i}.attn.qkv."),
+    ("decoder_blocks.{i}.layers.0.1.fn.to_out.0.", "decoder_layers.{i}.attn.proj."),
+    ("decoder_norm.", "decoder_norm."),
+    ("decoder_pred.", "decoder_pred."),
+]
+_MAE_UNUSED = ("pos_embed", "decoder_embed.weight", "decoder_embed.bias")
 
 
-def _rename(state: Mapping[str, Tensor], forward: bool) -> dict[str, Tensor]:
-    """Rename keys official → native (``forward``) or native → official; unknown keys pass unchanged."""
+def _rename(state: Mapping[str, Tensor], key_map: list[tuple[str, str]], forward: bool) -> dict[str, Tensor]:
+    """Rename keys by ``key_map`` official → native (``forward``) or native → official; unknown keys pass unchanged."""
     rules = []
-    for official, native in _KEY_MAP:
+    for official, native in key_map:
         src, dst = (official, native) if forward else (native, official)
         pattern = r"(\d+)".join(map(re.escape, src.split("{i}")))
         rules.append((re.compile("^" + pattern + ("" if src.endswith(".") else "$")), dst.replace("{i}", r"\1")))
@@ -213,15 +240,46 @@ def _unwrap(obj: object) -> dict[str, Tensor]:
 
 def official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Rename an official ``model/crate.py`` state dict (after unwrapping) to this library's key names."""
-    return _rename(state, forward=True)
+    return _rename(state, CLASSIFIER_KEY_MAP, forward=True)
 
 
 def native_to_official(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Rename this library's CRATE state dict to the official ``model/crate.py`` key names."""
-    return _rename(state, forward=False)
+    return _rename(state, CLASSIFIER_KEY_MAP, forward=False)
 
 
-def load_model(path: str | Path, name: str | None = None, **overrides: object) -> ImageClassifier | LanguageModel:
+def mae_official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """An official CRATE-MAE state dict (after unwrapping) → :class:`CRATEMAE` keys and shapes.
+
+    Keys follow :data:`MAE_KEY_MAP`; the unused ``pos_embed`` and ``decoder_embed`` are dropped; the
+    patch conv ``(d, c, p, p)`` becomes the linear map of (p1, p2, c)-ordered patches ``(d, p·p·c)``.
+    """
+    state = {k: v for k, v in state.items() if k not in _MAE_UNUSED}
+    out = _rename(state, MAE_KEY_MAP, forward=True)
+    w = out.get("patch_embed.weight")
+    if w is not None and w.dim() == 4:
+        out["patch_embed.weight"] = w.permute(0, 2, 3, 1).reshape(w.shape[0], -1)
+    return out
+
+
+def mae_native_to_official(state: Mapping[str, Tensor], in_chans: int) -> dict[str, Tensor]:
+    """A :class:`CRATEMAE` state dict → the official ``MaskedAutoencoderViT`` keys, loadable strictly.
+
+    Writes both (identical) position tables and the never-used ``decoder_embed`` as zeros.
+    """
+    out = _rename(state, MAE_KEY_MAP, forward=False)
+    w = out["patch_embed.proj.weight"]
+    p = int(round((w.shape[1] / in_chans) ** 0.5))
+    out["patch_embed.proj.weight"] = w.reshape(w.shape[0], p, p, in_chans).permute(0, 3, 1, 2).contiguous()
+    out["pos_embed"] = out["decoder_pos_embed"].clone()
+    d = w.shape[0]
+    out["decoder_embed.weight"], out["decoder_embed.bias"] = w.new_zeros(d, d), w.new_zeros(d)
+    return out
+
+
+def load_model(
+    path: str | Path, name: str | None = None, *, as_classifier: bool = False, **overrides: object
+) -> ImageClassifier | CRATEMAE | LanguageModel:
     """Load a model from whatever a user points at; the one resolver the CLI commands share.
 
     * a ``save_pretrained`` directory (has ``config.json``), or its ``model.safetensors`` / ``config.json``
@@ -235,8 +293,26 @@ def load_model(path: str | Path, name: str | None = None, **overrides: object) -
     For the first three the architecture comes from the checkpoint's own config: ``name`` and
     ``overrides`` may be given only when they agree with it (e.g. a command line that always passes
     ``--model``); any difference raises :class:`CheckpointError` instead of being ignored.
+
+    A CRATE-MAE (``arch == "crate_mae"``, an MAE run directory or training state, or an official
+    ``.pth`` with a ``crate_mae_*`` name) loads as :class:`CRATEMAE`; with ``as_classifier`` it is
+    converted by :func:`~crate_transformer.mae.mae_to_classifier` (what ``crate finetune`` uses), and
+    ``name`` / ``overrides`` are then not checked against it (the classifier is new).
     """
     path = Path(path)
+    model = _load_any(path, name, overrides, check=not as_classifier)
+    if as_classifier and isinstance(model, CRATEMAE):
+        return mae_to_classifier(model)
+    if as_classifier:
+        _check_overrides(model.config, path, name, overrides)
+    return model
+
+
+def _load_any(path: Path, name: str | None, overrides: Mapping[str, object], check: bool) -> ImageClassifier | CRATEMAE:
+    """:func:`load_model` without the classifier conversion; ``check``: compare name/overrides with a stored config."""
+    if path.is_dir() and not (path / CONFIG_NAME).is_file() and not (path / "model" / CONFIG_NAME).is_file():
+        if (path / "checkpoints" / "last.pt").is_file():  # a run that has not finished: its latest training state
+            path = path / "checkpoints" / "last.pt"
     if path.is_dir() or (path.is_file() and path.name in (CONFIG_NAME, WEIGHTS_NAME)):
         if path.is_file() or (path / CONFIG_NAME).is_file():
             model = from_pretrained(path)
@@ -246,7 +322,8 @@ def load_model(path: str | Path, name: str | None = None, **overrides: object) -
             raise CheckpointError(
                 f"{path} is neither a model directory (config.json + model.safetensors) nor a crate train run directory"
             )
-        _check_overrides(model.config, path, name, overrides)
+        if check:
+            _check_overrides(model.config, path, name, overrides)
         return model
     raw = load_pickle(path)
     if isinstance(raw, Mapping) and "model_config" in raw and "model" in raw:
@@ -254,7 +331,8 @@ def load_model(path: str | Path, name: str | None = None, **overrides: object) -
             config = config_from_dict(dict(raw["model_config"]))
         except ValueError as e:
             raise CheckpointError(f"{path}: {e}") from None
-        _check_overrides(config, path, name, overrides)
+        if check:
+            _check_overrides(config, path, name, overrides)
         model = build(config)
         task = raw.get("task")
         weights = raw["model"]
@@ -270,7 +348,7 @@ def load_model(path: str | Path, name: str | None = None, **overrides: object) -
 
 
 def _check_overrides(
-    config: ModelConfig | LMConfig, path: Path, name: str | None, overrides: Mapping[str, object]
+    config: ModelConfig | MAEConfig | LMConfig, path: Path, name: str | None, overrides: Mapping[str, object]
 ) -> None:
     """Refuse a model name / overrides that disagree with a checkpoint's stored config (equal values pass)."""
     if name is None and not overrides:
@@ -283,7 +361,7 @@ def _check_overrides(
     stored = config.to_dict()
     diffs = []
     for key, value in wanted.items():
-        have = stored[key]
+        have = stored.get(key)
         if key == "data" and value is not None:
             value = value.to_dict() if hasattr(value, "to_dict") else value
         if have != value:
@@ -297,8 +375,11 @@ def _check_overrides(
         )
 
 
-def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: object) -> ImageClassifier:
-    """Load an official CRATE classifier checkpoint as ``create_model(name, **overrides)``.
+def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: object) -> ImageClassifier | CRATEMAE:
+    """Load an official CRATE classifier or CRATE-MAE checkpoint as ``create_model(name, **overrides)``.
+
+    ``name`` decides the format: ``crate_*`` classifiers (``model/crate.py``) or ``crate_mae_*``
+    (``model/crate_ae``, e.g. the released CRATE-MAE-B as ``from_official(path, "crate_mae_base")``).
 
     Accepts the ``{'state_dict': ...}`` container written by the official ``main.py`` (keys
     prefixed ``module.``), ``{'model': ...}``, a bare state dict, or a path to any of them (read with
@@ -306,10 +387,15 @@ def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: o
     the checkpoint was trained with non-default values.
     """
     config = model_config(name, **overrides)
-    if not isinstance(config, ModelConfig) or config.arch != "crate":
-        raise ValueError(f"from_official loads CRATE classifiers; {name!r} is a {config.arch} model")
+    if config.arch not in ("crate", MAE_ARCH):
+        raise ValueError(f"from_official loads CRATE classifiers and CRATE-MAEs; {name!r} is a {config.arch} model")
     raw = load_pickle(path_or_state) if isinstance(path_or_state, (str, Path)) else path_or_state
     source = str(path_or_state) if isinstance(path_or_state, (str, Path)) else "official state dict"
-    model = build_model(config)
-    load_weights(model, official_to_native(_unwrap(raw)), source=source)
+    state = _unwrap(raw)
+    is_mae = any(k.startswith(("decoder_blocks.", "mask_token")) for k in state)
+    if is_mae != (config.arch == MAE_ARCH):
+        kind, fix = ("a CRATE-MAE", "crate_mae_base") if is_mae else ("a CRATE classifier", "crate_small")
+        raise CheckpointError(f"{source} is {kind} checkpoint but {name!r} is not; pass a matching name, e.g. {fix}")
+    model = build(config)
+    load_weights(model, mae_official_to_native(state) if is_mae else official_to_native(state), source=source)
     return model

@@ -23,7 +23,17 @@ from .data.spec import DataSpec, fit_normalization
 from .io import PretrainedMixin
 from .operators import ISTA_MODES, LAYER_FORMS, EncoderLayer, attend, cache_append
 
-__all__ = ["ModelConfig", "Trace", "ImageClassifier", "CRATE", "ViT", "build_model"]
+__all__ = [
+    "ModelConfig",
+    "Trace",
+    "ImageInput",
+    "ImageClassifier",
+    "CRATE",
+    "ViT",
+    "build_model",
+    "patchify",
+    "unpatchify",
+]
 
 ARCHS = ("crate", "vit")
 POOLS = ("cls", "mean")
@@ -61,6 +71,9 @@ class ModelConfig:
     tied_output: bool = False  # MSSA output β[U_1..U_K] (eq. (36)) instead of trainable W
     tied_beta: float = 1.0
     eps: float = 0.1  # ε of the MM step (ista_mode="mm")
+    # LayerNorms around the patch projection (official classifier, Alg. 6); False: a plain linear
+    # projection, the conv PatchEmbed of CRATE-MAE (a model fine-tuned from a CRATE-MAE encoder)
+    patch_norm: bool = True
     # ViT baseline
     mlp_ratio: float = 4.0
     # what the model was trained on (normalisation, classes, source); None when unknown
@@ -241,7 +254,10 @@ class _ViTBlock(nn.Module):
 def _crate_encoder(c: ModelConfig) -> tuple[nn.Module, nn.ModuleList, float]:
     """CRATE: official patch order (p1 p2 c) flatten → LN → Linear → LN (Alg. 6), then CRATE layers."""
     patch_dim = c.in_chans * c.patch_size**2
-    patch_embed = nn.Sequential(nn.LayerNorm(patch_dim), nn.Linear(patch_dim, c.dim), nn.LayerNorm(c.dim))
+    if c.patch_norm:
+        patch_embed = nn.Sequential(nn.LayerNorm(patch_dim), nn.Linear(patch_dim, c.dim), nn.LayerNorm(c.dim))
+    else:  # CRATE-MAE's PatchEmbed (a conv ≡ a linear map of the flattened patch); same key patch_embed.1
+        patch_embed = nn.Sequential(nn.Identity(), nn.Linear(patch_dim, c.dim), nn.Identity())
     layers = nn.ModuleList(
         EncoderLayer(
             c.dim,
@@ -272,35 +288,27 @@ def _vit_encoder(c: ModelConfig) -> tuple[nn.Module, nn.ModuleList, float]:
 _ENCODERS = {"crate": _crate_encoder, "vit": _vit_encoder}
 
 
-class ImageClassifier(PretrainedMixin, nn.Module):
-    """Patch embedding → class token + position embedding → L layers → pool → LayerNorm + Linear.
+# --------------------------------------------------------------------------- patches and input checks
+def patchify(x: Tensor, p: int) -> Tensor:
+    """``(b, c, H, W)`` → ``(b, N, p·p·c)``, per-patch flatten in the official (p1, p2, c) order.
 
-    ``forward(x)`` takes float images ``(b, c, h, w)`` (any size divisible by the patch size; the
-    position embedding is interpolated) and returns logits.  ``forward_features`` returns the
-    encoder's tokens, ``forward_head`` maps tokens to logits, ``forward_trace`` returns every
-    layer's tokens in one pass.
-
-    The architecture is the class's: :class:`CRATE` and :class:`ViT` build their own and record it
-    in ``config.arch`` whatever the given config says; ``ImageClassifier(config)`` itself (like
-    :func:`build_model`) builds ``config.arch``.
+    The same order as CRATE's ``Rearrange('b c (h p1) (w p2) -> b (h w) (p1 p2 c)')`` and as MAE's
+    ``patchify`` (``nchpwq->nhwpqc``), so one function serves the classifier and the MAE loss target.
     """
+    b, ch, H, W = x.shape
+    x = x.reshape(b, ch, H // p, p, W // p, p).permute(0, 2, 4, 3, 5, 1)
+    return x.reshape(b, (H // p) * (W // p), p * p * ch)
 
-    arch: str | None = None  # fixed by the subclasses
 
-    def __init__(self, config: ModelConfig | None = None) -> None:
-        super().__init__()
-        if config is None:
-            config = ModelConfig(arch=self.arch or "crate")
-        elif not isinstance(config, ModelConfig):
-            raise ValueError(f"expected a ModelConfig, got {type(config).__name__}; e.g. ModelConfig(dim=384)")
-        if self.arch is not None and config.arch != self.arch:
-            config = dataclasses.replace(config, arch=self.arch)
-        self.config = c = config
-        self.patch_embed, self.layers, init_std = _ENCODERS[c.arch](c)
-        self.cls_token = nn.Parameter(torch.randn(1, 1, c.dim) * init_std)
-        self.pos_embed = nn.Parameter(torch.randn(1, c.grid**2 + 1, c.dim) * init_std)
-        self.emb_drop = nn.Dropout(c.emb_dropout)
-        self.head = nn.Sequential(nn.LayerNorm(c.dim), nn.Linear(c.dim, c.num_classes))
+def unpatchify(x: Tensor, p: int, h: int, w: int) -> Tensor:
+    """Inverse of :func:`patchify`: ``(b, h·w, p·p·c)`` → ``(b, c, h·p, w·p)`` for an ``h × w`` patch grid."""
+    b, n, pd = x.shape
+    c = pd // (p * p)
+    return x.reshape(b, h, w, p, p, c).permute(0, 5, 1, 3, 2, 4).reshape(b, c, h * p, w * p)
+
+
+class ImageInput:
+    """Input checks and patchify shared by the image models (a module with ``config.patch_size``/``in_chans``)."""
 
     # ---------------------------------------------------------------- input checks
     def check_images(self, x: Tensor, finite: bool = True) -> None:
@@ -333,7 +341,7 @@ class ImageClassifier(PretrainedMixin, nn.Module):
                 f"image size {h}x{w} is not divisible by the patch size {p}; resize or crop to a multiple of {p} "
                 f"(e.g. {max(p, h // p * p)}x{max(p, w // p * p)})"
             )
-        device = self.cls_token.device
+        device = next(self.parameters()).device
         if x.device != device and device.type != "meta":
             raise ValueError(f"images are on {x.device} but the model is on {device}; move them with x.to({device})")
         if finite:
@@ -345,13 +353,40 @@ class ImageClassifier(PretrainedMixin, nn.Module):
         if not bool(torch.isfinite(x).all()):
             raise ValueError("input images contain NaN or Inf values; clean the data before the forward pass")
 
-    # ---------------------------------------------------------------- embedding
     def patchify(self, x: Tensor) -> Tensor:
-        """``(b, c, H, W)`` → ``(b, N, p·p·c)``, per-patch flatten in the official (p1, p2, c) order."""
-        b, ch, H, W = x.shape
-        p = self.config.patch_size
-        x = x.reshape(b, ch, H // p, p, W // p, p).permute(0, 2, 4, 3, 5, 1)
-        return x.reshape(b, (H // p) * (W // p), p * p * ch)
+        """``(b, c, H, W)`` → ``(b, N, p·p·c)`` (:func:`patchify` with the model's patch size)."""
+        return patchify(x, self.config.patch_size)
+
+
+class ImageClassifier(PretrainedMixin, ImageInput, nn.Module):
+    """Patch embedding → class token + position embedding → L layers → pool → LayerNorm + Linear.
+
+    ``forward(x)`` takes float images ``(b, c, h, w)`` (any size divisible by the patch size; the
+    position embedding is interpolated) and returns logits.  ``forward_features`` returns the
+    encoder's tokens, ``forward_head`` maps tokens to logits, ``forward_trace`` returns every
+    layer's tokens in one pass.
+
+    The architecture is the class's: :class:`CRATE` and :class:`ViT` build their own and record it
+    in ``config.arch`` whatever the given config says; ``ImageClassifier(config)`` itself (like
+    :func:`build_model`) builds ``config.arch``.
+    """
+
+    arch: str | None = None  # fixed by the subclasses
+
+    def __init__(self, config: ModelConfig | None = None) -> None:
+        super().__init__()
+        if config is None:
+            config = ModelConfig(arch=self.arch or "crate")
+        elif not isinstance(config, ModelConfig):
+            raise ValueError(f"expected a ModelConfig, got {type(config).__name__}; e.g. ModelConfig(dim=384)")
+        if self.arch is not None and config.arch != self.arch:
+            config = dataclasses.replace(config, arch=self.arch)
+        self.config = c = config
+        self.patch_embed, self.layers, init_std = _ENCODERS[c.arch](c)
+        self.cls_token = nn.Parameter(torch.randn(1, 1, c.dim) * init_std)
+        self.pos_embed = nn.Parameter(torch.randn(1, c.grid**2 + 1, c.dim) * init_std)
+        self.emb_drop = nn.Dropout(c.emb_dropout)
+        self.head = nn.Sequential(nn.LayerNorm(c.dim), nn.Linear(c.dim, c.num_classes))
 
     def interpolate_pos_embed(self, h: int, w: int) -> Tensor:
         """Position embedding for an ``h × w`` patch grid (bicubic interpolation of the learned grid)."""

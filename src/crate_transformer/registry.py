@@ -1,9 +1,12 @@
 """Model registry: ``create_model(name, **overrides)`` and ``list_models()`` (timm-style).
 
-A registered model is a name and the config fields that define it — :class:`~crate_transformer.model.ModelConfig`
-for image classifiers, :class:`~crate_transformer.lm.LMConfig` for language models; overrides replace
-any field.  CRATE sizes are JMLR Table 8 (p.96); ViT sizes are the standard ViT-T/S/B/L (timm layout,
-the paper's baselines); CRATE-BERT / CRATE-GPT sizes are Table 10 (p.98).
+A registered model is a name and the config fields that define it; overrides replace any field.
+The ``arch`` field picks the config class (:func:`config_class`): :class:`~crate_transformer.model.ModelConfig`
+for the image classifiers (``crate``, ``vit``), :class:`~crate_transformer.mae.MAEConfig` for ``crate_mae``,
+:class:`~crate_transformer.lm.LMConfig` for language models (``crate_lm``, ``gpt``).  CRATE sizes are
+JMLR Table 8 (p.96); ViT sizes are the standard ViT-T/S/B/L (timm layout, the paper's baselines);
+CRATE-MAE sizes are the official ``mae_crate_*`` factories (Table 9, p.96); CRATE-BERT / CRATE-GPT
+sizes are Table 10 (p.98).
 """
 
 from __future__ import annotations
@@ -14,35 +17,38 @@ import fnmatch
 
 from torch import nn
 
-from .lm import LanguageModel, LMConfig, build_lm
+from .lm import LM_ARCHS, LanguageModel, LMConfig, build_lm
+from .mae import CRATEMAE, MAE_ARCH, MAEConfig
 from .model import ImageClassifier, ModelConfig, build_model
 
 __all__ = [
     "register_model",
-    "register_lm",
     "list_models",
     "registered_fields",
+    "config_class",
     "model_config",
+    "build",
     "create_model",
     "is_language_model",
 ]
 
 _REGISTRY: dict[str, dict] = {}
-_CONFIG_CLASS: dict[str, type] = {}  # name → ModelConfig | LMConfig
+
+
+def config_class(arch: object) -> type[ModelConfig] | type[MAEConfig] | type[LMConfig]:
+    """The config dataclass of an architecture name: MAEConfig (``crate_mae``), LMConfig (``crate_lm``,
+    ``gpt``), else ModelConfig."""
+    if arch in LM_ARCHS:
+        return LMConfig
+    return MAEConfig if arch == MAE_ARCH else ModelConfig
 
 
 def register_model(name: str, **fields: object) -> None:
-    """Register ``name`` as the ModelConfig with ``fields`` (validated now, so typos fail at import)."""
-    ModelConfig(**fields)
-    _REGISTRY[name] = dict(fields)  # as given; the config class coerces them again on every use
-    _CONFIG_CLASS[name] = ModelConfig
+    """Register ``name`` as the config with ``fields`` (validated now, so typos fail at import)."""
+    config_class(fields.get("arch"))(**fields)
+    _REGISTRY[name] = dict(fields)  # as given; the config coerces them again on every use
 
 
-def register_lm(name: str, **fields: object) -> None:
-    """Register ``name`` as the language model :class:`~crate_transformer.lm.LMConfig` with ``fields``."""
-    LMConfig(**fields)
-    _REGISTRY[name] = dict(fields)
-    _CONFIG_CLASS[name] = LMConfig
 
 
 # JMLR Table 8: image 224, patch 16, p = d/K.  Parameter counts: 6.09M / 13.12M / 22.80M / 77.64M.
@@ -74,6 +80,16 @@ register_model(
     mlp_ratio=4.0,
 )
 
+# CRATE-MAE (official mae_crate_* factories; encoder and decoder share L, d, K; patch 16, λ = 0.5).
+# Official-layout parameter counts (Table 9): S 25,405,824 (25.4M), B 44,638,464 (44.6M).  The official
+# mae_crate_large has depth 24; Table 9's "Large, L = 12, 78.5M" is crate_mae_large with depth=12.
+register_model("crate_mae_tiny", arch=MAE_ARCH, dim=384, depth=12, heads=6)
+register_model("crate_mae_small", arch=MAE_ARCH, dim=576, depth=12, heads=12)
+register_model("crate_mae_base", arch=MAE_ARCH, dim=768, depth=12, heads=12)
+register_model("crate_mae_large", arch=MAE_ARCH, dim=1024, depth=24, heads=16)
+# The `crate pretrain mae` default for the built-in 28x28 digits.
+register_model("crate_mae_mnist", arch=MAE_ARCH, image_size=28, patch_size=4, in_chans=1, dim=64, depth=4, heads=4)
+
 
 # Language models, JMLR Table 10 (p.98): CRATE-BERT with the RoBERTa vocabulary (V = 50,265) and the sinusoidal
 # E_pos of eq. (83); CRATE-GPT as the official nanoGPT-based code (V = 50,304, learned wpe, context 1,024).
@@ -82,21 +98,21 @@ register_model(
 # CRATE at that width and depth.  gpt2_* are the GPT-2 baselines (124M / 774M with wpe; 64M "Small").
 _BERT = dict(arch="crate_lm", causal=False, pos_embed="sinusoidal", vocab_size=50265, block_size=512)
 _GPT = dict(vocab_size=50304, block_size=1024)
-register_lm("crate_bert_medium", **_BERT, dim=512, depth=8, heads=8)
-register_lm("crate_bert_base", **_BERT, dim=768, depth=12, heads=12)
-register_lm("crate_bert_large", **_BERT, dim=1024, depth=24, heads=16)
-register_lm("crate_gpt_small", arch="crate_lm", **_GPT, dim=512, depth=12, heads=8)
-register_lm("crate_gpt_base", arch="crate_lm", **_GPT, dim=768, depth=12, heads=12)
-register_lm("crate_gpt_large", arch="crate_lm", **_GPT, dim=1280, depth=36, heads=20)
-register_lm("gpt2_small", arch="gpt", final_norm=True, **_GPT, dim=512, depth=12, heads=8)
-register_lm("gpt2_base", arch="gpt", final_norm=True, **{**_GPT, "vocab_size": 50257}, dim=768, depth=12, heads=12)
-register_lm("gpt2_large", arch="gpt", final_norm=True, **{**_GPT, "vocab_size": 50257}, dim=1280, depth=36, heads=20)
+register_model("crate_bert_medium", **_BERT, dim=512, depth=8, heads=8)
+register_model("crate_bert_base", **_BERT, dim=768, depth=12, heads=12)
+register_model("crate_bert_large", **_BERT, dim=1024, depth=24, heads=16)
+register_model("crate_gpt_small", arch="crate_lm", **_GPT, dim=512, depth=12, heads=8)
+register_model("crate_gpt_base", arch="crate_lm", **_GPT, dim=768, depth=12, heads=12)
+register_model("crate_gpt_large", arch="crate_lm", **_GPT, dim=1280, depth=36, heads=20)
+register_model("gpt2_small", arch="gpt", final_norm=True, **_GPT, dim=512, depth=12, heads=8)
+register_model("gpt2_base", arch="gpt", final_norm=True, **{**_GPT, "vocab_size": 50257}, dim=768, depth=12, heads=12)
+register_model("gpt2_large", arch="gpt", final_norm=True, **{**_GPT, "vocab_size": 50257}, dim=1280, depth=36, heads=20)
 # Laptop presets (the `crate train-lm` default: byte-level tokenizer, context 128, d = 128, 4 layers, 4 heads),
 # and the GPT of the same width, depth and heads with a 4x GELU MLP (the README's comparison).
 _MINI = dict(vocab_size=262, block_size=128, dim=128, depth=4, heads=4)
-register_lm("crate_gpt_mini", arch="crate_lm", **_MINI)
-register_lm("crate_bert_mini", arch="crate_lm", causal=False, pos_embed="sinusoidal", **_MINI)
-register_lm("gpt_mini", arch="gpt", final_norm=True, **_MINI)
+register_model("crate_gpt_mini", arch="crate_lm", **_MINI)
+register_model("crate_bert_mini", arch="crate_lm", causal=False, pos_embed="sinusoidal", **_MINI)
+register_model("gpt_mini", arch="gpt", final_norm=True, **_MINI)
 
 
 def list_models(pattern: str = "*") -> list[str]:
@@ -106,8 +122,7 @@ def list_models(pattern: str = "*") -> list[str]:
 
 def is_language_model(name: str) -> bool:
     """Whether the registered ``name`` is a language model (an :class:`~crate_transformer.lm.LMConfig`)."""
-    registered_fields(name)
-    return _CONFIG_CLASS[name] is LMConfig
+    return config_class(registered_fields(name).get("arch")) is LMConfig
 
 
 def registered_fields(name: str) -> dict:
@@ -119,11 +134,11 @@ def registered_fields(name: str) -> dict:
     return dict(_REGISTRY[name])
 
 
-def model_config(name: str, **overrides: object) -> ModelConfig | LMConfig:
-    """The config (:class:`ModelConfig` or :class:`~crate_transformer.lm.LMConfig`) of a registered model
-    with ``overrides`` applied (values are coerced and validated, e.g. ``lambd="5e-2"`` → 0.05)."""
+def model_config(name: str, **overrides: object) -> ModelConfig | MAEConfig | LMConfig:
+    """The config (:class:`ModelConfig`, :class:`MAEConfig` or :class:`LMConfig`, by ``arch``) of a registered
+    model with ``overrides`` applied (values are coerced and validated, e.g. ``lambd="5e-2"`` → 0.05)."""
     fields = registered_fields(name)
-    cls = _CONFIG_CLASS[name]
+    cls = config_class(fields.get("arch"))
     valid = {f.name for f in dataclasses.fields(cls)}
     bad = sorted(set(overrides) - valid)
     if bad:
@@ -131,12 +146,14 @@ def model_config(name: str, **overrides: object) -> ModelConfig | LMConfig:
     return cls(**{**fields, **overrides})
 
 
-def build(config: ModelConfig | LMConfig) -> nn.Module:
-    """The model a config describes (image classifier or language model)."""
-    return build_lm(config) if isinstance(config, LMConfig) else build_model(config)
+def build(config: ModelConfig | MAEConfig | LMConfig) -> nn.Module:
+    """The model a config describes: image classifier, :class:`CRATEMAE` or language model."""
+    if isinstance(config, LMConfig):
+        return build_lm(config)
+    return CRATEMAE(config) if isinstance(config, MAEConfig) else build_model(config)
 
 
-def create_model(name: str, **overrides: object) -> ImageClassifier | LanguageModel:
-    """Build a registered model, e.g. ``create_model("crate_small", num_classes=10, image_size=32, patch_size=4)``
-    or ``create_model("crate_gpt_mini", depth=2)``."""
+def create_model(name: str, **overrides: object) -> ImageClassifier | CRATEMAE | LanguageModel:
+    """Build a registered model, e.g. ``create_model("crate_small", num_classes=10, image_size=32, patch_size=4)``,
+    ``create_model("crate_mae_small")`` or ``create_model("crate_gpt_mini", depth=2)``."""
     return build(model_config(name, **overrides))

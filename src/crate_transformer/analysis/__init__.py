@@ -10,18 +10,22 @@
     masks = analysis.segment(model, x)                 # MaskCut (Alg. 1, Fig. 19)
     analysis.incoherence(model)                        # subspace coherence (Fig. 17)
     analysis.analyze(model, "out/", {"test": images01}, normalization=(mean, std))  # report.html + report.json
+    analysis.decoder_inversion(mae, x)                 # CRATE-MAE: decoder layer L-1-l vs encoder layer l (§3.5)
 
 Command line: ``crate analyze CHECKPOINT [--images DIR | --data NAME] --out DIR``.
 """
 
 from .attention import attention_entropy, cls_attention
+from .decoder import decoder_inversion, is_autoencoder
 from .measure import METRICS, LayerTable, load_measure_records, measure, measure_batch, measure_hook, official_rc
 from .plots import (
     plot_attention,
+    plot_decoder_inversion,
     plot_layerwise,
     plot_masks,
     plot_measure_history,
     plot_pca,
+    plot_reconstructions,
     plot_subspace_grams,
     plot_token_heatmaps,
     save_mask_png,
@@ -58,4 +62,8 @@ __all__ = [
     "plot_subspace_grams",
     "plot_token_heatmaps",
     "analyze",
+    "decoder_inversion",
+    "is_autoencoder",
+    "plot_decoder_inversion",
+    "plot_reconstructions",
 ]

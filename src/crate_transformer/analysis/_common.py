@@ -34,7 +34,8 @@ def layer_index(model: ImageClassifier, layer: int) -> int:
 
 
 def is_crate(model: ImageClassifier) -> bool:
-    return model.config.arch == "crate"
+    """CRATE layers in the encoder: a CRATE classifier or a CRATE-MAE (whose encoder is analysed like one)."""
+    return model.config.arch in ("crate", "crate_mae")
 
 
 def head_projections(layer: nn.Module, h: Tensor) -> Tensor:

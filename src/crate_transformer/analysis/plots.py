@@ -11,6 +11,8 @@ Every function returns the :class:`matplotlib.figure.Figure` and writes a PNG wh
   :func:`save_mask_png` — one label PNG per image.
 * :func:`plot_subspace_grams` — ``|Uᵀ U|`` per layer (Fig. 17); :func:`plot_token_heatmaps` — random
   sub-matrices of the ISTA outputs per layer (Fig. 16, paper_spec §5.2).
+* :func:`plot_reconstructions` — CRATE-MAE original / masked / reconstruction rows (Fig. 11);
+  :func:`plot_decoder_inversion` — how far each decoder layer inverts its encoder counterpart.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ __all__ = [
     "save_mask_png",
     "plot_subspace_grams",
     "plot_token_heatmaps",
+    "plot_reconstructions",
+    "plot_decoder_inversion",
 ]
 
 METRIC_LABELS: dict[str, str] = {
@@ -376,4 +380,50 @@ def plot_token_heatmaps(
     if im is not None:
         fig.colorbar(im, ax=axes, shrink=0.8, label=r"$|Z^{\ell+1}|$")
     fig.suptitle(title or f"ISTA outputs, random {len(r)}x{len(c)} tokens x features (cf. JMLR Fig. 16)", fontsize=10)
+    return _save(fig, path)
+
+
+def plot_reconstructions(
+    images: Tensor, masked: Tensor, recon: Tensor, path: str | Path | None = None, *, title: str | None = None,
+    losses: Sequence[float] | None = None,
+) -> Figure:  # fmt: skip
+    """CRATE-MAE reconstructions in the style of JMLR Fig. 11 (p.39): one column per image, rows
+    original / masked input (masked patches grey) / reconstruction.  Images are ``(b, C, H, W)`` in [0, 1]."""
+    b = images.shape[0]
+    fig = Figure(figsize=(1.25 * b + 0.6, 4.2), layout="constrained")
+    axes = fig.subplots(3, b, squeeze=False)
+    for i in range(b):
+        for row, img in enumerate((images[i], masked[i], recon[i])):
+            arr, cmap = _hwc(img.clamp(0, 1))
+            axes[row, i].imshow(arr, cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
+            axes[row, i].set_xticks([])
+            axes[row, i].set_yticks([])
+        if losses is not None:
+            axes[2, i].set_xlabel(f"{losses[i]:.3f}", fontsize=7)
+    for row, label in enumerate(("original", "masked", "reconstruction")):
+        axes[row, 0].set_ylabel(label, fontsize=8)
+    fig.suptitle(title or "CRATE-MAE reconstructions (cf. JMLR Fig. 11)", fontsize=9)
+    return _save(fig, path)
+
+
+def plot_decoder_inversion(
+    rows: Sequence[Mapping], path: str | Path | None = None, *, title: str | None = None
+) -> Figure:
+    """Per encoder layer ℓ: cosine similarity of the decoder's reconstruction of ``Z^ℓ`` to ``Z^ℓ``
+    (chained through the decoder, and one decoder layer applied to the encoder's ``Z^{ℓ+1}``), against
+    the do-nothing baseline ``cos(Z^{ℓ+1}, Z^ℓ)`` (see :func:`.decoder.decoder_inversion`)."""
+    fig = Figure(figsize=(5.2, 3.4), layout="constrained")
+    ax = fig.subplots()
+    layers = [r["layer"] for r in rows]
+    for key, label, style in (
+        ("cos_chain", "decoder chain  cos(Ẑ^ℓ, Z^ℓ)", "o-"),
+        ("cos_local", "one decoder layer  cos(g(Z^{ℓ+1}), Z^ℓ)", "s-"),
+        ("cos_identity", "baseline  cos(Z^{ℓ+1}, Z^ℓ)", "x--"),
+    ):
+        ax.plot(layers, [r[key] for r in rows], style, label=label, ms=4)
+    ax.set(xlabel="encoder layer (1..L; inverted by decoder layer L+1−layer)", ylabel="mean token cosine similarity")
+    ax.set_xticks(layers)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(title or "decoder as the structured inverse of the encoder (JMLR §3.5)", fontsize=9)
     return _save(fig, path)

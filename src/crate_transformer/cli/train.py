@@ -130,6 +130,11 @@ def run_eval(args: argparse.Namespace) -> int:
     if not hasattr(model, "check_images"):
         raise ValueError(f"{args.checkpoint} is a language model; see its held-out perplexity in metrics.jsonl")
     c = model.config
+    if c.arch == "crate_mae" and not (args.knn or args.linear_probe):
+        raise ValueError(
+            f"{args.checkpoint} is a CRATE-MAE (no classifier head); evaluate its encoder with --linear-probe or "
+            f"--knn, or fine-tune it first: crate finetune --from {args.checkpoint} --data DATA"
+        )
     data = args.data or (c.data.source if c.data else None)
     if not data:
         raise ValueError("this checkpoint does not record its training data; pass --data (e.g. --data mnist)")

@@ -29,7 +29,7 @@ from .evaluation import evaluate, prepare_batch
 from .runtime import Runtime
 from .task import Task
 
-__all__ = ["ClassificationTask"]
+__all__ = ["ClassificationTask", "load_splits"]
 
 
 class ClassificationTask(Task):
@@ -46,7 +46,7 @@ class ClassificationTask(Task):
             model = build_model(ModelConfig.from_dict(dict(state["model_config"])))
             image_size = model.config.image_size
         elif cfg.init_from is not None:  # fine-tuning: the checkpoint fixes the architecture
-            model = load_model(cfg.init_from, name=cfg.model, **cfg.model_args)
+            model = load_model(cfg.init_from, name=cfg.model, as_classifier=True, **cfg.model_args)
             if not isinstance(model, ImageClassifier):
                 raise ValueError(f"{cfg.init_from} is a language model; fine-tune it with crate finetune-text")
             image_size = cfg.image_size or model.config.image_size
@@ -101,33 +101,7 @@ class ClassificationTask(Task):
         ).to(rt.device)
 
     def _load_data(self, image_size: int) -> tuple[ImageSource, ImageSource, ImageSource]:
-        """(train, per-epoch eval, test) splits from :func:`open_source` (``--data-mode``, ``--workers``).
-
-        Files (image folders, shards, HF datasets) are decoded at ``image_size``; built-in and CIFAR
-        tensors keep their size and are resized per batch.
-        """
-        cfg = self.cfg
-        kw = dict(
-            image_size=image_size, val_fraction=cfg.val_fraction, seed=cfg.seed, on_bad_image=cfg.on_bad_image,
-            mode=cfg.data_mode, num_workers=cfg.workers,
-        )  # fmt: skip
-        train_set = open_source(cfg.data, "train", **kw)
-        if cfg.train_subset and not isinstance(train_set, ImageDataset):
-            raise ValueError(
-                f"--train-subset works on in-memory data only and {cfg.data} is streamed; "
-                "pass --data-mode memory (image folders) or drop --train-subset"
-            )
-        kw["stats"] = (train_set.mean, train_set.std)  # streamed splits: the training pool's, not a new estimate
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a skipped-images warning was already shown for the train split
-            test_set = open_source(cfg.data, "test", **kw)
-            eval_set = test_set if cfg.eval_split == "test" else open_source(cfg.data, cfg.eval_split, **kw)
-        if cfg.train_subset and cfg.train_subset < len(train_set):
-            g = torch.Generator().manual_seed(cfg.seed)
-            keep = torch.randperm(len(train_set), generator=g)[: cfg.train_subset].sort().values
-            t = train_set
-            train_set = ImageDataset(t.images[keep], t.labels[keep], t.classes, t.mean, t.std, t.name, "train")
-        return train_set, eval_set, test_set
+        return load_splits(self.cfg, image_size)
 
     def _inputs(self, images: Tensor, augment: nn.Module | None = None) -> Tensor:
         c = self.model.config
@@ -211,3 +185,33 @@ class ClassificationTask(Task):
             records = load_measure_records(metrics_path)
             if records:
                 plot_measure_history(records, run_dir / "measure.png", step_key="epoch")
+
+
+def load_splits(cfg: TrainConfig, image_size: int) -> tuple[ImageSource, ImageSource, ImageSource]:
+    """(train, per-epoch eval, test) splits of ``cfg.data`` from :func:`open_source` (``--data-mode``, ``--workers``).
+
+    Shared by every image task (classification, masked autoencoding, DINO).  Files (image folders,
+    shards, HF datasets) are decoded at ``image_size``; built-in and CIFAR tensors keep their size and
+    are resized per batch.
+    """
+    kw = dict(
+        image_size=image_size, val_fraction=cfg.val_fraction, seed=cfg.seed, on_bad_image=cfg.on_bad_image,
+        mode=cfg.data_mode, num_workers=cfg.workers,
+    )  # fmt: skip
+    train_set = open_source(cfg.data, "train", **kw)
+    if cfg.train_subset and not isinstance(train_set, ImageDataset):
+        raise ValueError(
+            f"--train-subset works on in-memory data only and {cfg.data} is streamed; "
+            "pass --data-mode memory (image folders) or drop --train-subset"
+        )
+    kw["stats"] = (train_set.mean, train_set.std)  # streamed splits: the training pool's, not a new estimate
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a skipped-images warning was already shown for the train split
+        test_set = open_source(cfg.data, "test", **kw)
+        eval_set = test_set if cfg.eval_split == "test" else open_source(cfg.data, cfg.eval_split, **kw)
+    if cfg.train_subset and cfg.train_subset < len(train_set):
+        g = torch.Generator().manual_seed(cfg.seed)
+        keep = torch.randperm(len(train_set), generator=g)[: cfg.train_subset].sort().values
+        t = train_set
+        train_set = ImageDataset(t.images[keep], t.labels[keep], t.classes, t.mean, t.std, t.name, "train")
+    return train_set, eval_set, test_set

@@ -31,6 +31,7 @@ TASKS: dict[str, str] = {
     "lm": "crate_transformer.train.lm:LMTask",
     "text-classification": "crate_transformer.train.text_classification:TextClassificationTask",
     "dino": "crate_transformer.train.dino:DINOTask",
+    "mae": "crate_transformer.train.mae:MAETask",
 }
 
 

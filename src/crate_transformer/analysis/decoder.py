@@ -1,0 +1,83 @@
+"""Is the CRATE-MAE decoder the structured inverse of its encoder?  (JMLR §3.5, eqs. (62)-(64), p.34; Remark 7)
+
+Decoder layer ``g^{L-1-ℓ}`` is derived to undo encoder layer ``f^ℓ``: first ISTA with the linear
+``E``, then compression with the subtracted MSSA.  On unmasked images we trace the encoder
+(``Z^0 = f_pre(X)``, ``Z^{ℓ+1} = f^ℓ(Z^ℓ)``) and the decoder from the encoder's output
+(``D^0 = LN(Z^L)``, ``D^{j+1} = g^j(D^j)``) and report, per encoder layer ℓ, the mean token cosine
+similarity (scale-free, since every layer starts with a LayerNorm) of
+
+* ``cos_chain``    — ``D^{L-ℓ}`` (the decoder's reconstruction of ``Z^ℓ``, chained from the top) vs ``Z^ℓ``;
+* ``cos_local``    — ``g^{L-1-ℓ}(Z^{ℓ+1})`` (one decoder layer on the true ``Z^{ℓ+1}``) vs ``Z^ℓ``;
+* ``cos_identity`` — ``Z^{ℓ+1}`` vs ``Z^ℓ``: the do-nothing baseline a layer-wise inverse must beat.
+
+``cos_local > cos_identity`` says decoder layer ``L-1-ℓ`` maps the encoder's output of layer ℓ back
+toward its input; ``cos_chain`` says how much of that survives composition.  Nothing ties the
+decoder's coordinates to the encoder's (no weight tying, Remark 7), so an inverse may hold only up to
+a linear change of basis: ``r2_chain`` (and the baseline ``r2_identity``) is the held-out R² of the
+ridge least-squares affine map from ``D^{L-ℓ}`` (resp. ``Z^{ℓ+1}``) to ``Z^ℓ``, fitted on the tokens of half
+the images and scored on the other half.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ._common import eval_trace
+
+__all__ = ["decoder_inversion", "is_autoencoder"]
+
+
+def is_autoencoder(model: nn.Module) -> bool:
+    """True for a model with a CRATE decoder (``decoder_layers``), i.e. :class:`~crate_transformer.mae.CRATEMAE`."""
+    return hasattr(model, "decoder_layers") and hasattr(model, "decoder_trace")
+
+
+def _cos(a: Tensor, b: Tensor) -> float:
+    return float(F.cosine_similarity(a.float(), b.float(), dim=-1).mean())
+
+
+def _linear_r2(a: Tensor, b: Tensor) -> float:
+    """Held-out R² of the (lightly ridge-regularised) least-squares affine map ``a → b``; the tokens of the
+    first half of the images fit it, those of the second half score it."""
+    half = max(1, a.shape[0] // 2)
+    if a.shape[0] < 2:
+        return float("nan")
+    flat = lambda t: t.reshape(-1, t.shape[-1]).double()  # noqa: E731
+    a_fit, b_fit, a_test, b_test = flat(a[:half]), flat(b[:half]), flat(a[half:]), flat(b[half:])
+    ones = lambda t: torch.cat([t, torch.ones(len(t), 1, dtype=t.dtype, device=t.device)], 1)  # noqa: E731
+    X = ones(a_fit).cpu()
+    gram = X.T @ X
+    ridge = 1e-3 * gram.diagonal().mean() * torch.eye(gram.shape[0], dtype=gram.dtype)
+    w = torch.linalg.solve(gram + ridge, X.T @ b_fit.cpu())
+    resid = b_test.cpu() - ones(a_test).cpu() @ w
+    total = b_test.cpu() - b_fit.cpu().mean(0)
+    return float(1 - resid.pow(2).sum() / total.pow(2).sum())
+
+
+@torch.no_grad()
+def decoder_inversion(model: nn.Module, images: Tensor) -> list[dict]:
+    """One row per encoder layer, numbered 1..L as in the report: ``layer`` ℓ+1, ``decoder_layer`` L-ℓ, ``cos_chain``,
+    ``cos_local``, ``cos_identity``, ``r2_chain``, ``r2_identity`` (module docstring); ``images``: normalised input."""
+    if not is_autoencoder(model):
+        raise ValueError("decoder_inversion needs a CRATE-MAE (a model with decoder layers); e.g. crate_mae_mnist")
+    _, trace = eval_trace(model, images)
+    Z = trace.tokens  # Z[ℓ] = input of encoder layer ℓ, Z[L] = encoder output
+    L = len(model.layers)
+    was = model.training
+    model.eval()
+    try:
+        D = model.decoder_trace(Z[L])  # D[j] = input of decoder layer j
+        rows = []
+        for layer in range(L):
+            j = L - 1 - layer
+            local = model.decoder_layers[j](Z[layer + 1])
+            rows.append({
+                "layer": layer + 1, "decoder_layer": j + 1, "cos_chain": _cos(D[L - layer], Z[layer]),
+                "cos_local": _cos(local, Z[layer]), "cos_identity": _cos(Z[layer + 1], Z[layer]),
+                "r2_chain": _linear_r2(D[L - layer], Z[layer]), "r2_identity": _linear_r2(Z[layer + 1], Z[layer]),
+            })  # fmt: skip
+    finally:
+        model.train(was)
+    return rows

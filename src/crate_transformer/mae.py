@@ -1,0 +1,432 @@
+"""CRATE-MAE: the white-box masked autoencoder (JMLR §3.6 and §4.2, eqs. (69)-(71), pp.38-40; Table 9, p.96).
+
+The encoder is CRATE layers (eq. (45), p.25), the decoder is CRATE *decoder* layers (structured
+diffusion, eqs. (62)-(64), p.34; :class:`~crate_transformer.operators.DecoderLayer`) with the same
+``L, d, K``.  The computation matches the official ``model/crate_ae/crate_ae.py`` (anchors.md §1.5):
+
+1. patches → linear projection (the official ``PatchEmbed`` conv, here a Linear on the patches in
+   the (p1, p2, c) order of :func:`~crate_transformer.model.patchify`);
+2. per-sample random masking (``mask_ratio`` = 0.75 by default: argsort of uniform noise, the
+   first ``int(N·(1 − r))`` positions kept) — masked patch tokens are **replaced by a learned mask
+   token before the encoder**, so the encoder sees all ``N + 1`` tokens (official; unlike He et al.);
+3. class token prepended, fixed 2-D sin-cos position embedding added;
+4. ``L`` CRATE encoder layers (λ = 0.5, η = 0.1 as in ``crate_encoder.py``) → LayerNorm (eps 1e-6);
+5. ``L`` decoder layers → LayerNorm (eps 1e-6) → Linear to pixels (``W_post`` of eq. (70)); class token dropped;
+6. loss: per-patch mean squared error averaged over the **masked patches only** (eq. (71) restricted
+   to Ω), against the raw patches or, with ``norm_pix_loss``, per-patch standardised ones.
+
+``visible_only=True`` is an efficiency option that is **not the paper's**: the encoder sees only the
+class token and the visible patches (as in He et al.'s MAE), and the mask tokens (+ position) are
+inserted after the encoder, before the decoder.
+
+What the official module has and this one does not: ``decoder_embed`` (a ``Linear(d, d)`` defined but
+never used in the official forward) and a second, identical copy of the position table
+(``pos_embed``; the official forward adds ``decoder_pos_embed``).  They are counted in the official
+parameter totals (Table 9): :meth:`CRATEMAE.num_params` with ``layout="official"`` adds them back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from .config_utils import coerce_fields
+from .data.spec import DataSpec, fit_normalization
+from .io import PretrainedMixin
+from .model import ImageClassifier, ImageInput, ModelConfig, Trace, build_model, patchify, unpatchify
+from .operators import LAYER_FORMS, DecoderLayer, EncoderLayer
+
+__all__ = [
+    "MAE_ARCH",
+    "MAEConfig",
+    "MAEOutput",
+    "CRATEMAE",
+    "sincos_pos_embed",
+    "random_masking",
+    "mae_to_classifier",
+]
+
+MAE_ARCH = "crate_mae"
+
+
+@dataclass
+class MAEConfig:
+    """Every hyperparameter of a CRATE-MAE; round-trips through ``config.json`` (``arch == "crate_mae"``).
+
+    Values are coerced to the declared types (:func:`~crate_transformer.config_utils.coerce_fields`)
+    and validated with one-line errors, as :class:`~crate_transformer.model.ModelConfig`.
+    """
+
+    arch: str = MAE_ARCH
+    image_size: int = 224
+    patch_size: int = 16
+    in_chans: int = 3
+    dim: int = 768
+    depth: int = 12  # L of the encoder and of the decoder (symmetric, Table 9)
+    heads: int = 12  # K of the encoder and of the decoder
+    dim_head: int | None = None  # None → dim // heads
+    mask_ratio: float = 0.75  # Fig. 11; |Ω| = N − int(N (1 − r))
+    norm_pix_loss: bool = False  # official default: raw pixels
+    eta: float = 0.1  # encoder ISTA step η
+    lambd: float = 0.5  # encoder ISTA λ (official crate_encoder.py; the classifier uses 0.1)
+    layer_form: str = "official"  # encoder layer: official | jmlr (Alg. 4)
+    decoder_form: str = "official"  # decoder layer: official (x_ − MSSA(LN(x_))) | jmlr (Alg. 5)
+    visible_only: bool = False  # encoder sees only visible tokens (He et al.; NOT the paper's)
+    norm_eps: float = 1e-6  # final encoder / decoder LayerNorms
+    data: DataSpec | None = None
+
+    def __post_init__(self) -> None:
+        current = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name, value in coerce_fields(type(self), current).items():
+            object.__setattr__(self, name, value)
+        if self.arch != MAE_ARCH:
+            raise ValueError(f"MAEConfig.arch must be {MAE_ARCH!r}, got {self.arch!r}; use ModelConfig for classifiers")
+        for name in ("image_size", "patch_size", "in_chans", "dim", "depth", "heads"):
+            v = getattr(self, name)
+            if v <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.dim_head is not None and self.dim_head <= 0:
+            raise ValueError(f"dim_head must be a positive integer or None (= dim // heads), got {self.dim_head!r}")
+        if self.dim_head is None and self.dim % self.heads:
+            raise ValueError(f"dim={self.dim} is not divisible by heads={self.heads}; choose heads dividing dim")
+        if self.dim % 4:
+            raise ValueError(f"dim={self.dim} must be a multiple of 4 for the 2-D sin-cos position embedding")
+        for name in ("layer_form", "decoder_form"):
+            if getattr(self, name) not in LAYER_FORMS:
+                raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {LAYER_FORMS}")
+        for name, ok, rule in (("eta", lambda v: v > 0, "> 0"), ("lambd", lambda v: v >= 0, ">= 0"),
+                               ("norm_eps", lambda v: v > 0, "> 0")):  # fmt: skip
+            v = getattr(self, name)
+            if not (math.isfinite(v) and ok(v)):
+                raise ValueError(f"{name} must be a finite number {rule}, got {v!r}")
+        if self.image_size % self.patch_size:
+            raise ValueError(
+                f"image_size={self.image_size} is not divisible by patch_size={self.patch_size}; "
+                f"use an image size that is a multiple of {self.patch_size}"
+            )
+        check_mask_ratio(self.mask_ratio, self.grid**2)
+        if self.data is not None and not isinstance(self.data, DataSpec):
+            raise ValueError(f"data must be a DataSpec, a mapping of its fields or None, got {self.data!r}")
+        if self.data is not None and self.data.mean:
+            if fit_normalization(self.data.mean, self.data.std, self.in_chans) is None:
+                raise ValueError(f"data normalisation has {len(self.data.mean)} values for in_chans={self.in_chans}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim_head if self.dim_head is not None else self.dim // self.heads
+
+    @property
+    def grid(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid**2
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> MAEConfig:
+        d = dict(d)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown config keys {unknown}; valid keys: {sorted(known)}")
+        return cls(**d)
+
+
+def check_mask_ratio(ratio: float, num_patches: int) -> int:
+    """Validate a mask ratio for ``num_patches`` patches; returns the number of kept (visible) patches."""
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio):
+        raise ValueError(f"mask_ratio must be a number in (0, 1), got {ratio!r}; e.g. mask_ratio=0.75")
+    if not 0.0 < ratio < 1.0:
+        raise ValueError(f"mask_ratio must be in (0, 1), got {ratio!r}; e.g. mask_ratio=0.75 (the paper's)")
+    keep = int(num_patches * (1 - ratio))
+    if keep < 1 or keep >= num_patches:
+        raise ValueError(
+            f"mask_ratio={ratio} keeps {keep} of {num_patches} patches; it must keep at least one and mask at "
+            f"least one (choose a ratio in ({1 / num_patches:.3g}, {1 - 1 / num_patches:.3g}))"
+        )
+    return keep
+
+
+class MAEOutput(NamedTuple):
+    """``(loss, pred, mask)`` as the official forward returns: the masked-patch loss, the predicted
+    patches ``(b, N, p·p·c)`` and the mask ``(b, N)`` (1 = masked, 0 = visible)."""
+
+    loss: Tensor
+    pred: Tensor
+    mask: Tensor
+
+
+# --------------------------------------------------------------------------- embedding and masking
+def sincos_pos_embed(dim: int, h: int, w: int, cls_token: bool = True) -> Tensor:
+    """The fixed 2-D sin-cos position table of MAE / CRATE-MAE, ``(h·w [+1], dim)``.
+
+    Token ``(i, j)`` (row-major) gets ``[sin(jω), cos(jω), sin(iω), cos(iω)]`` with
+    ``ω_k = 10000^{-k/(dim/4)}``, ``k < dim/4``: the first half encodes the column, the second the
+    row (as the official ``get_2d_sincos_pos_embed``); the class token's row is zero.
+    """
+    if dim % 4:
+        raise ValueError(f"dim={dim} must be a multiple of 4 for the 2-D sin-cos position embedding")
+    omega = 1.0 / 10000 ** (torch.arange(dim // 4, dtype=torch.float64) / (dim / 4))
+    rows, cols = torch.meshgrid(
+        torch.arange(h, dtype=torch.float64), torch.arange(w, dtype=torch.float64), indexing="ij"
+    )
+
+    def one_d(pos: Tensor) -> Tensor:
+        out = pos.reshape(-1, 1) * omega
+        return torch.cat([out.sin(), out.cos()], dim=1)
+
+    emb = torch.cat([one_d(cols), one_d(rows)], dim=1)
+    if cls_token:
+        emb = torch.cat([torch.zeros(1, dim, dtype=emb.dtype), emb], dim=0)
+    return emb.float()
+
+
+def random_masking(
+    batch: int, num_patches: int, ratio: float, *, noise: Tensor | None = None, device: torch.device | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-sample random masking by argsort of uniform noise (He et al.; official ``random_masking``).
+
+    Returns ``(ids_keep (b, n_keep), mask (b, N) with 1 = masked, ids_restore (b, N))``.  ``noise``
+    ``(b, N)`` fixes the draw (small noise = kept), e.g. to compare two implementations.
+    """
+    keep = check_mask_ratio(ratio, num_patches)
+    if noise is None:
+        noise = torch.rand(batch, num_patches, device=device)
+    elif noise.shape != (batch, num_patches):
+        raise ValueError(f"noise must have shape {(batch, num_patches)}, got {tuple(noise.shape)}")
+    ids_shuffle = torch.argsort(noise, dim=1)
+    ids_restore = torch.argsort(ids_shuffle, dim=1)
+    mask = (ids_restore >= keep).to(noise.dtype if noise.is_floating_point() else torch.float32)
+    return ids_shuffle[:, :keep], mask, ids_restore
+
+
+# --------------------------------------------------------------------------- the model
+class CRATEMAE(PretrainedMixin, ImageInput, nn.Module):
+    """CRATE-MAE (JMLR §3.6, pp.38-40): ``CRATEMAE(MAEConfig(...))`` or ``ct.create_model("crate_mae_small")``.
+
+    * ``forward(x, mask_ratio=None, noise=None)`` → :class:`MAEOutput` ``(loss, pred, mask)``;
+    * ``forward_features(x)`` → encoder tokens ``Z^{L+1}`` ``(b, 1+N, d)`` of the **unmasked** image
+      (before the final LayerNorm, like :meth:`ImageClassifier.forward_features`), for probes and analysis;
+    * ``forward_trace(x)`` → every encoder layer's tokens (:class:`~crate_transformer.model.Trace`);
+    * ``decoder_trace(z)`` → every decoder layer's tokens from encoder output ``z``;
+    * ``reconstruct(x)`` → (reconstructed images, mask as an image) for figures.
+    """
+
+    def __init__(self, config: MAEConfig | None = None) -> None:
+        super().__init__()
+        config = config if config is not None else MAEConfig()
+        if not isinstance(config, MAEConfig):
+            raise ValueError(f"expected an MAEConfig, got {type(config).__name__}; e.g. MAEConfig(dim=384)")
+        self.config = c = config
+        patch_dim = c.in_chans * c.patch_size**2
+        self.patch_embed = nn.Linear(patch_dim, c.dim)  # W_pre of eq. (69)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim))
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, c.dim))  # x_mask of eq. (71), in token space
+        self.register_buffer("pos_embed", sincos_pos_embed(c.dim, c.grid, c.grid).unsqueeze(0))  # fixed E_pos
+        self.layers = nn.ModuleList(
+            EncoderLayer(c.dim, c.heads, c.head_dim, eta=c.eta, lambd=c.lambd, form=c.layer_form)
+            for _ in range(c.depth)
+        )
+        self.norm = nn.LayerNorm(c.dim, eps=c.norm_eps)
+        self.decoder_layers = nn.ModuleList(
+            DecoderLayer(c.dim, c.heads, c.head_dim, form=c.decoder_form) for _ in range(c.depth)
+        )
+        self.decoder_norm = nn.LayerNorm(c.dim, eps=c.norm_eps)
+        self.decoder_pred = nn.Linear(c.dim, patch_dim)  # W_post of eq. (70)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """Official ``initialize_weights``: xavier-uniform Linear weights (incl. the patch projection),
+        zero biases, LayerNorm (1, 0), class and mask tokens N(0, 0.02²); ISTA ``D`` and decoder ``E``
+        keep their kaiming-uniform init."""
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        nn.init.normal_(self.cls_token, std=0.02)
+        nn.init.normal_(self.mask_token, std=0.02)
+
+    # ---------------------------------------------------------------- embedding
+    def position_embedding(self, h: int, w: int) -> Tensor:
+        """The ``(1, 1 + h·w, d)`` position table for an ``h × w`` patch grid (sin-cos is defined for any grid)."""
+        if (h, w) == (self.config.grid, self.config.grid):
+            return self.pos_embed
+        return sincos_pos_embed(self.config.dim, h, w).unsqueeze(0).to(self.pos_embed)
+
+    def _patch_tokens(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        self.check_images(x, finite=False)
+        if x.dtype != self.cls_token.dtype and not torch.is_autocast_enabled(x.device.type):
+            x = x.to(self.cls_token.dtype)
+        p = self.config.patch_size
+        return self.patch_embed(patchify(x, p)), self.position_embedding(x.shape[-2] // p, x.shape[-1] // p)
+
+    def embed(self, x: Tensor) -> Tensor:
+        """``f_pre`` of the unmasked image (eq. (69) + class token): ``[z_cls, W_pre X] + E_pos`` → ``(b, N+1, d)``."""
+        tokens, pos = self._patch_tokens(x)
+        return torch.cat([self.cls_token.expand(x.shape[0], -1, -1), tokens], dim=1) + pos
+
+    # ---------------------------------------------------------------- encoder / decoder
+    def encode(self, z: Tensor) -> Tensor:
+        for layer in self.layers:
+            z = layer(z)[0]
+        return z
+
+    def forward_encoder(
+        self, x: Tensor, mask_ratio: float | None = None, noise: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Mask, encode, and return ``(decoder input (b, 1+N, d), mask (b, N))``.
+
+        Official form: ``Mask_Ω`` then ``LN(f(·))`` over all ``N + 1`` tokens.  ``visible_only``: the
+        encoder sees the class token and the visible tokens; mask tokens + positions fill in after it.
+        """
+        tokens, pos = self._patch_tokens(x)
+        b, n, d = tokens.shape
+        ratio = self.config.mask_ratio if mask_ratio is None else mask_ratio
+        ids_keep, mask, _ = random_masking(b, n, ratio, noise=noise, device=x.device)
+        cls = self.cls_token.expand(b, -1, -1) + pos[:, :1]
+        masked = mask.bool().unsqueeze(-1)
+        if not self.config.visible_only:
+            z = torch.cat([cls, torch.where(masked, self.mask_token.to(tokens.dtype), tokens) + pos[:, 1:]], dim=1)
+            return self.norm(self.encode(z)), mask
+        index = ids_keep.unsqueeze(-1).expand(-1, -1, d)
+        visible = torch.gather(tokens + pos[:, 1:], 1, index)
+        z = self.norm(self.encode(torch.cat([cls, visible], dim=1)))
+        full = (self.mask_token + pos[:, 1:]).expand(b, -1, -1).to(z.dtype).scatter(1, index, z[:, 1:])
+        return torch.cat([z[:, :1], full], dim=1), mask
+
+    def forward_decoder(self, z: Tensor) -> Tensor:
+        """``g_post ∘ g^{L-1} ∘ … ∘ g^0`` (§3.7): decoder layers → LayerNorm → Linear; class token dropped."""
+        for layer in self.decoder_layers:
+            z = layer(z)
+        return self.decoder_pred(self.decoder_norm(z))[:, 1:]
+
+    def target(self, x: Tensor) -> Tensor:
+        """The regression target: the patches of ``x`` (per-patch standardised with ``norm_pix_loss``)."""
+        t = patchify(x, self.config.patch_size)
+        if self.config.norm_pix_loss:
+            t = (t - t.mean(dim=-1, keepdim=True)) / (t.var(dim=-1, keepdim=True) + 1e-6) ** 0.5
+        return t
+
+    def forward_loss(self, x: Tensor, pred: Tensor, mask: Tensor) -> Tensor:
+        """Eq. (71) on the masked patches Ω only: mean over Ω of each patch's mean squared error."""
+        per_patch = (pred.float() - self.target(x).float()).pow(2).mean(dim=-1)
+        return (per_patch * mask).sum() / mask.sum()
+
+    def forward(self, x: Tensor, mask_ratio: float | None = None, noise: Tensor | None = None) -> MAEOutput:
+        z, mask = self.forward_encoder(x, mask_ratio, noise)
+        pred = self.forward_decoder(z)
+        return MAEOutput(self.forward_loss(x, pred, mask), pred, mask)
+
+    # ---------------------------------------------------------------- encoder as a feature extractor
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Encoder tokens ``Z^{L+1}`` of the unmasked image, ``(b, 1+N, d)`` (before the final LayerNorm)."""
+        return self.encode(self.embed(x))
+
+    def forward_trace(self, x: Tensor, return_attention: bool = False) -> Trace:
+        """Every encoder layer's tokens on the unmasked image (same indexing as the classifier's trace)."""
+        z = self.embed(x)
+        tokens, half, attention = [z], [], [] if return_attention else None
+        for layer in self.layers:
+            z, zh, attn = layer(z, return_attention=return_attention)
+            tokens.append(z)
+            half.append(zh)
+            if attention is not None:
+                attention.append(attn)
+        return Trace(tokens, half, attention)
+
+    def decoder_trace(self, z: Tensor) -> list[Tensor]:
+        """``[LN(z), g^0(LN(z)), …]``: the decoder input (normalised encoder output ``z``), then each layer's."""
+        out = [self.norm(z)]
+        for layer in self.decoder_layers:
+            out.append(layer(out[-1]))
+        return out
+
+    @torch.no_grad()
+    def reconstruct(
+        self, x: Tensor, mask_ratio: float | None = None, noise: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """``(reconstruction, mask image, per-image masked-patch loss)`` for figures (Fig. 11, p.39).
+
+        The reconstruction shows the visible patches of ``x`` and the predictions at the masked ones
+        (with ``norm_pix_loss`` the predictions are de-standardised with the true patch statistics,
+        as in He et al.'s visualisation).  The mask image is 1 where a patch was masked.
+        """
+        pred, mask = self.forward(x, mask_ratio, noise)[1:]
+        p = self.config.patch_size
+        h, w = x.shape[-2] // p, x.shape[-1] // p
+        target = patchify(x, p)
+        loss = ((pred - self.target(x)).pow(2).mean(-1) * mask).sum(1) / mask.sum(1)
+        if self.config.norm_pix_loss:
+            pred = pred * (target.var(-1, keepdim=True) + 1e-6) ** 0.5 + target.mean(-1, keepdim=True)
+        m = mask.unsqueeze(-1)
+        recon = unpatchify(target * (1 - m) + pred.to(target.dtype) * m, p, h, w)
+        mask_img = unpatchify(m.expand_as(target).to(x.dtype), p, h, w)
+        return recon, mask_img, loss
+
+    # ---------------------------------------------------------------- utilities
+    def num_params(self, trainable_only: bool = False, layout: str = "native") -> int:
+        """Parameter count.  ``layout="official"`` adds what the official module also holds and Table 9
+        counts: the unused ``decoder_embed`` Linear(d, d) and both fixed sin-cos tables (``pos_embed``,
+        ``decoder_pos_embed``); e.g. 25,405,824 for ``crate_mae_small``, 44,638,464 for ``crate_mae_base``."""
+        n = sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+        if layout == "official":
+            d = self.config.dim
+            n += (d * d + d) + (0 if trainable_only else 2 * self.pos_embed.numel())
+        elif layout != "native":
+            raise ValueError(f"unknown layout {layout!r}; choose 'native' or 'official'")
+        return n
+
+
+# --------------------------------------------------------------------------- MAE → classifier (Table 3 protocol)
+def mae_to_classifier(model: CRATEMAE, num_classes: int | None = None, pool: str = "mean") -> ImageClassifier:
+    """A CRATE classifier initialised from a CRATE-MAE encoder (fine-tuning, JMLR §4.2 and Table 3, p.41).
+
+    What maps to what (the rest of the MAE — mask token, decoder, ``decoder_pred`` — is dropped):
+
+    ============================== =========================================================
+    CRATE-MAE                      classifier (:class:`~crate_transformer.model.CRATE`)
+    ============================== =========================================================
+    ``patch_embed`` (Linear)       ``patch_embed.1`` (``patch_norm=False``: no LayerNorms)
+    ``cls_token``                  ``cls_token``
+    ``pos_embed`` (fixed sin-cos)  ``pos_embed`` (copied; **learned** from then on)
+    ``layers.{i}.*``               ``layers.{i}.*`` (same operators, η and λ = 0.5 kept)
+    ``norm`` (LN, eps 1e-6)        ``head.0`` (LN, eps 1e-5)
+    —                              ``head.1`` fresh Linear(d, ``num_classes``)
+    ============================== =========================================================
+
+    ``pool="mean"`` is the paper's global average pooling (eqs. (72)-(73), p.40; the official mean
+    includes the class token); ``"cls"`` uses the class token.
+    """
+    c = model.config
+    if num_classes is None:
+        num_classes = len(c.data.classes) if c.data is not None and c.data.classes else 1000
+    cfg = ModelConfig(
+        arch="crate", image_size=c.image_size, patch_size=c.patch_size, in_chans=c.in_chans,
+        num_classes=num_classes, dim=c.dim, depth=c.depth, heads=c.heads, dim_head=c.dim_head, pool=pool,
+        eta=c.eta, lambd=c.lambd, layer_form=c.layer_form, patch_norm=False, data=c.data,
+    )  # fmt: skip
+    clf = build_model(cfg).to(model.pos_embed.device)
+    src = model.state_dict()
+    state = clf.state_dict()
+    state.update({k: v for k, v in src.items() if k.startswith("layers.")})
+    state.update({
+        "cls_token": src["cls_token"], "pos_embed": src["pos_embed"],
+        "patch_embed.1.weight": src["patch_embed.weight"], "patch_embed.1.bias": src["patch_embed.bias"],
+        "head.0.weight": src["norm.weight"], "head.0.bias": src["norm.bias"],
+    })  # fmt: skip
+    clf.load_state_dict(state, strict=True)
+    return clf

@@ -1,0 +1,283 @@
+"""Masked autoencoding with CRATE-MAE (JMLR §3.6 and §4.2, pp.37-41): the task behind ``crate pretrain mae``.
+
+The engine (:mod:`.loop`) owns the optimisation, checkpoints, resume, DDP, logging and the progress
+bar; this task builds a :class:`~crate_transformer.mae.CRATEMAE` and the data, turns a batch into the
+masked-patch loss (eq. (71) on Ω), and at the end writes
+
+* ``model/`` — the CRATE-MAE (``config.json`` with ``arch: crate_mae``);
+* ``reconstruction.png`` — original / masked / reconstruction of held-out images (Fig. 11 style);
+* ``probe.json`` — a linear probe (scikit-learn logistic regression, :func:`~crate_transformer.probe.linear_probe`)
+  on pooled encoder features of the unmasked images, for the trained encoder and for a randomly
+  initialised encoder of the same architecture (the baseline).
+
+The held-out loss is measured with a fixed mask per image (seeded), so epochs are comparable.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..checkpoint import config_from_dict, load_model
+from ..data import BUILTIN_DATASETS, DataSpec, ImageSource, build_augmentation, fit_normalization
+from ..data.base import rank_slice
+from ..io import atomic_write
+from ..mae import CRATEMAE, MAEConfig
+from ..registry import model_config
+from .classification import load_splits
+from .config import TrainConfig
+from .evaluation import prepare_batch
+from .runtime import Runtime
+from .task import Task, task_option
+
+__all__ = ["MAETask", "MAEOptions", "masked_eval"]
+
+
+@dataclass
+class MAEOptions:
+    """Options of ``crate pretrain mae`` (besides the engine's)."""
+
+    mask_ratio: float | None = task_option(None, "fraction of patches masked (default: the model's, 0.75)")
+    augmentation: str = task_option(
+        "auto", "augmentation of the pre-training images: auto (translate for digits, crop-flip otherwise, as in "
+        "MAE) | none | translate | crop-flip", choices=("auto", "none", "translate", "crop-flip"),
+    )  # fmt: skip
+    probe: bool = task_option(True, "at the end, linear-probe the encoder and a random-init encoder (probe.json)")
+    probe_pool: str = task_option(
+        "mean", "probe features: mean of patch tokens (eq. (72)) | cls", choices=("mean", "cls")
+    )
+    probe_c: float = task_option(1.0, "inverse L2 strength C of the logistic-regression probe")
+    figure_images: int = task_option(8, "held-out images in reconstruction.png")
+
+
+@torch.no_grad()
+def masked_eval(
+    model: CRATEMAE,
+    dataset: ImageSource,
+    *,
+    mean: list[float],
+    std: list[float],
+    image_size: int,
+    batch_size: int = 500,
+    seed: int = 0,
+    runtime: Runtime | None = None,
+) -> dict[str, float]:
+    """Held-out masked-patch loss (and visible-patch loss) with a fixed, seeded mask per image.
+
+    Under torch.distributed each process evaluates its share of every batch and the sums are reduced.
+    """
+    rt = runtime or Runtime(device=next(model.parameters()).device)
+    c = model.config
+    n_patches = (image_size // c.patch_size) ** 2
+    noise = torch.rand(len(dataset), n_patches, generator=torch.Generator().manual_seed(seed))
+    was = model.training
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=rt.device)  # masked loss, visible loss, images
+    for b, (images, _) in enumerate(dataset.batches(batch_size, shuffle=False, rank=rt.rank, world=rt.world)):
+        idx = rank_slice(torch.arange(b * batch_size, min((b + 1) * batch_size, len(dataset))), rt.rank, rt.world)
+        x = prepare_batch(images, device=rt.device, image_size=image_size, channels=c.in_chans, mean=mean, std=std)
+        with rt.autocast():
+            pred, mask = model(x, noise=noise[idx].to(rt.device))[1:]
+        masked, visible = _per_image_losses(model, x, pred, mask)
+        sums += torch.stack([masked.sum(), visible.sum(), torch.tensor(float(len(x)), device=rt.device)]).double()
+    rt.all_reduce(sums)
+    model.train(was)
+    n = max(float(sums[2]), 1.0)
+    return {"loss": float(sums[0]) / n, "visible_loss": float(sums[1]) / n}
+
+
+def _per_image_losses(model: CRATEMAE, x: Tensor, pred: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Per image: mean squared error over its masked patches, and over its visible patches."""
+    per_patch = (pred.float() - model.target(x).float()).pow(2).mean(-1)
+    masked = (per_patch * mask).sum(1) / mask.sum(1)
+    visible = (per_patch * (1 - mask)).sum(1) / (1 - mask).sum(1)
+    return masked, visible
+
+
+def _unwrap(model: nn.Module) -> CRATEMAE:
+    return getattr(model, "module", model)
+
+
+class MAETask(Task):
+    """Masked autoencoding: pre-train a CRATE-MAE (JMLR §4.2); reconstruction figure and linear probe at the end."""
+
+    name = "mae"
+    metric = "visible_loss"
+    command = "pretrain mae"
+    # The digits default (≤ 5 min on 2 CPU cores).  AdamW (0.9, 0.95) as MAE.
+    defaults = {"model": "crate_mae_mnist", "lr": 2e-3, "min_lr": 1e-5, "weight_decay": 0.05, "epochs": 20,
+                "warmup_epochs": 2.0, "batch_size": 128, "betas": [0.9, 0.95]}  # fmt: skip
+    Options = MAEOptions
+
+    def setup(self, cfg: TrainConfig, rt: Runtime, state: dict | None) -> None:
+        self.cfg, self.rt = cfg, rt
+        self.options: MAEOptions = self.parse_options(cfg)
+        if state is not None:  # resuming: the checkpoint holds the exact architecture (weights loaded by the engine)
+            config = config_from_dict(dict(state["model_config"]))
+            image_size = config.image_size
+        elif cfg.init_from is not None:  # continue pre-training a CRATE-MAE checkpoint
+            init = load_model(cfg.init_from)
+            if not isinstance(init, CRATEMAE):
+                raise ValueError(f"{cfg.init_from} is not a CRATE-MAE; crate pretrain mae continues only CRATE-MAEs")
+            config, image_size = init.config, cfg.image_size or init.config.image_size
+        else:
+            if cfg.model is None:
+                raise ValueError("no model given; pass --model crate_mae_mnist (see `crate models`)")
+            config = model_config(cfg.model, **cfg.model_args)
+            image_size = cfg.image_size or config.image_size
+        if not isinstance(config, MAEConfig):
+            raise ValueError(
+                f"{cfg.model!r} is not a CRATE-MAE; pass --model crate_mae_mnist (or crate_mae_small, ...)"
+            )
+        self.image_size = image_size
+        self.train_data, self.eval_data, self.test_data = load_splits(cfg, image_size)
+        if state is None:
+            fields = config.to_dict()
+            if cfg.init_from is None:
+                fields["in_chans"] = self.train_data.channels if "in_chans" not in cfg.model_args else config.in_chans
+            fields.update(image_size=image_size)
+            if self.options.mask_ratio is not None:
+                fields["mask_ratio"] = self.options.mask_ratio
+            config = MAEConfig.from_dict(fields)
+        model = CRATEMAE(config)
+        if state is None and cfg.init_from is not None:
+            model.load_state_dict(init.state_dict())
+        norm = fit_normalization(self.train_data.mean, self.train_data.std, config.in_chans)
+        if norm is None:
+            raise ValueError(
+                f"cannot use {self.train_data.channels}-channel data with a {config.in_chans}-channel model"
+            )
+        self.mean, self.std = norm
+        data = cfg.data if cfg.data.lower() in BUILTIN_DATASETS else str(Path(cfg.data).expanduser().resolve())
+        model.config.data = DataSpec(
+            source=data, kind=getattr(self.train_data, "kind", ""), name=self.train_data.name,
+            classes=self.train_data.classes, mean=self.mean, std=self.std,
+        )  # fmt: skip
+        self.model = model.to(rt.device)
+        kind = self.options.augmentation
+        if kind == "auto":
+            kind = "translate" if self.train_data.name in BUILTIN_DATASETS else "crop-flip"
+        self.augment_kind = kind
+        native = getattr(self.train_data, "image_size", None) or image_size
+        self.augment = build_augmentation(
+            kind, image_size, translate=round(cfg.translate * native), input_size=native,
+            crop_scale=(max(cfg.crop_scale, 0.2), 1.0), hflip=cfg.hflip,
+        ).to(rt.device)  # fmt: skip
+
+    def _inputs(self, images: Tensor, augment: nn.Module | None = None) -> Tensor:
+        return prepare_batch(
+            images, device=self.rt.device, image_size=self.image_size, channels=self.model.config.in_chans,
+            mean=self.mean, std=self.std, augment=augment,
+        )  # fmt: skip
+
+    def prepare(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor]:
+        return (self._inputs(batch[0], self.augment),)
+
+    def loss(self, model: nn.Module, batch: tuple[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        (x,) = batch
+        out = model(x)
+        with torch.no_grad():
+            masked, visible = _per_image_losses(_unwrap(model), x, out.pred.detach(), out.mask)
+            n = torch.tensor(float(len(x)), device=x.device)
+            stats = {"loss": out.loss.detach().float() * n, "visible_loss": visible.sum(), "n": n}
+        return out.loss, stats
+
+    def evaluate(self, split: str) -> dict[str, float]:
+        ds = self.test_data if split == "test" else self.eval_data
+        return masked_eval(
+            self.model, ds, mean=self.mean, std=self.std, image_size=self.image_size,
+            batch_size=self.cfg.eval_batch_size, seed=self.cfg.seed, runtime=self.rt,
+        )  # fmt: skip
+
+    def describe(self) -> dict[str, Any]:
+        c, m = self.model.config, self.model
+        n = c.grid**2
+        return {
+            "augment": self.augment_kind,
+            "image_size": self.image_size,
+            "mask_ratio": c.mask_ratio,
+            "train_images": len(self.train_data),
+            "eval_images": len(self.eval_data),
+            "parameters": m.num_params(),
+            "summary": (
+                f"CRATE-MAE, {m.num_params():,} params, L={c.depth} d={c.dim} K={c.heads}, {n} patches, "
+                f"{100 * c.mask_ratio:.0f}% masked{' (visible-only encoder)' if c.visible_only else ''}) on "
+                f"{self.train_data.name}: {len(self.train_data)} train / {len(self.eval_data)} held-out images, "
+                f"{self.image_size}px, augment={self.augment_kind}"
+            ),
+        }
+
+    def finish(self, run_dir: Path, rt: Runtime) -> dict[str, Any]:
+        t0 = time.time()
+        metrics = self.evaluate("test")
+        out: dict[str, Any] = {"test_loss": metrics["loss"], "test_visible_loss": metrics["visible_loss"],
+                               "params": self.model.num_params(), "record": metrics}  # fmt: skip
+        msg = f"held-out masked-patch loss {metrics['loss']:.4f} (visible patches {metrics['visible_loss']:.4f})"
+        if rt.main:
+            self.model.save_pretrained(run_dir / "model")
+            self.reconstruction_figure(run_dir / "reconstruction.png")
+            if self.options.probe:
+                probe = self.probe()
+                atomic_write(run_dir / "probe.json", lambda tmp: Path(tmp).write_text(json.dumps(probe, indent=1)))
+                out["probe_acc"], out["probe_random_acc"] = probe["encoder"]["acc"], probe["random_init"]["acc"]
+                msg += (f"; linear probe {100 * out['probe_acc']:.2f}% (random-init encoder "
+                        f"{100 * out['probe_random_acc']:.2f}%)")  # fmt: skip
+        rt.barrier()
+        out.update(
+            message=msg + f", {self.model.num_params():,} params",
+            eval_seconds=time.time() - t0,
+            next=f"crate finetune --from {run_dir} --data {self.cfg.data}    |    crate analyze {run_dir}",
+        )
+        return out
+
+    # ---------------------------------------------------------------- artefacts
+    @torch.no_grad()
+    def reconstruction_figure(self, path: Path) -> Path:
+        """Original / masked / reconstruction of the first held-out images (fixed mask), as a PNG."""
+        from ..analysis.plots import plot_reconstructions
+
+        k = max(1, self.options.figure_images)
+        data = self.test_data
+        if isinstance(getattr(data, "images", None), Tensor):  # in memory: spread over the split (all classes)
+            images = data.images[torch.linspace(0, len(data) - 1, k).round().long()]
+        else:
+            images = next(iter(data.batches(k, shuffle=False)))[0]
+        x = self._inputs(images)
+        n = (self.image_size // self.model.config.patch_size) ** 2
+        noise = torch.rand(len(x), n, generator=torch.Generator().manual_seed(self.cfg.seed)).to(x.device)
+        was = self.model.training
+        self.model.eval()
+        recon, mask_img, losses = self.model.reconstruct(x, noise=noise)
+        self.model.train(was)
+        mean = torch.tensor(self.mean, device=x.device).view(1, -1, 1, 1)
+        std = torch.tensor(self.std, device=x.device).view(1, -1, 1, 1)
+        orig, recon = x * std + mean, recon * std + mean
+        masked = orig * (1 - mask_img) + 0.5 * mask_img
+        c = self.model.config
+        title = (f"CRATE-MAE on held-out {self.test_data.name} ({100 * c.mask_ratio:.0f}% of {n} patches masked; "
+                 "masked-patch MSE under each)")  # fmt: skip
+        plot_reconstructions(orig.cpu(), masked.cpu(), recon.cpu(), path, title=title, losses=losses.tolist())
+        return path
+
+    def probe(self) -> dict[str, Any]:
+        """Linear probe on pooled features of the trained encoder and of a random-init one (same architecture)."""
+        from ..probe import extract_features, linear_probe
+
+        kw = dict(pool=self.options.probe_pool, mean=self.mean, std=self.std, image_size=self.image_size,
+                  batch_size=self.cfg.eval_batch_size)  # fmt: skip
+        result: dict[str, Any] = {"pool": self.options.probe_pool, "C": self.options.probe_c,
+                                  "train": self.train_data.name, "test_images": len(self.test_data)}  # fmt: skip
+        with torch.random.fork_rng():
+            torch.manual_seed(self.cfg.seed + 1)
+            random_init = CRATEMAE(self.model.config).to(self.rt.device)
+        for key, model in (("encoder", self.model), ("random_init", random_init)):
+            tr = extract_features(model, self.train_data, **kw)
+            te = extract_features(model, self.test_data, **kw)
+            result[key] = linear_probe(*tr, *te, C=self.options.probe_c).to_dict()
+        return result

@@ -1,0 +1,286 @@
+"""CRATE-MAE: masking invariants, the masked-patch loss, parameter counts, official parity and round trips,
+clear errors, and the pretraining task on the built-in digits."""
+
+import json
+
+import pytest
+import torch
+
+import crate_transformer as ct
+from crate_transformer.checkpoint import CheckpointError, load_model, mae_native_to_official
+from crate_transformer.mae import CRATEMAE, MAEConfig, mae_to_classifier, random_masking, sincos_pos_embed
+from crate_transformer.operators import DecoderLayer
+from crate_transformer.reference_mae import OfficialCRATEMAE, sincos_2d
+
+SMALL = dict(image_size=32, patch_size=8, in_chans=3, dim=64, depth=2, heads=4)
+
+
+def small_mae(**kw):
+    return ct.create_model("crate_mae_tiny", **{**SMALL, **kw})
+
+
+def official_small(**kw):
+    return OfficialCRATEMAE(img_size=32, patch_size=8, in_chans=3, embed_dim=64, depth=2, num_heads=4, **kw)
+
+
+def perturbed(module):
+    """Random values everywhere (biases, LayerNorms, tokens) so that a wrong key map cannot pass."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "pos_embed" not in name:
+                p.add_(0.2 * torch.randn_like(p))
+    return module
+
+
+# --------------------------------------------------------------------------- masking
+@pytest.mark.parametrize("ratio,n", [(0.75, 16), (0.5, 49), (0.9, 196), (0.3, 10)])
+def test_random_masking_fraction_and_consistency(ratio, n):
+    ids_keep, mask, ids_restore = random_masking(5, n, ratio)
+    keep = int(n * (1 - ratio))
+    assert mask.shape == (5, n) and ids_keep.shape == (5, keep)
+    assert torch.all(mask.sum(1) == n - keep)  # exactly |Ω| masked per sample
+    for b in range(5):  # kept ids are exactly the unmasked positions, and ids_restore inverts the shuffle
+        assert set(ids_keep[b].tolist()) == set((mask[b] == 0).nonzero().flatten().tolist())
+        assert sorted(ids_restore[b].tolist()) == list(range(n))
+    assert not torch.equal(mask[0], mask[1]) or not torch.equal(mask[1], mask[2])  # per-sample draws
+
+
+def test_masked_pixels_do_not_reach_the_encoder_and_loss_uses_only_masked_patches():
+    m = perturbed(small_mae()).eval()
+    x = torch.randn(2, 3, 32, 32)
+    noise = torch.rand(2, 16)
+    _, mask = m.forward_encoder(x, noise=noise)
+    masked_pixels = mask[:, :, None].bool().expand(-1, -1, 8 * 8 * 3)
+    # 1. changing the masked pixels changes neither the encoder output nor the prediction (no leakage)
+    x2 = ct.model.unpatchify(torch.where(masked_pixels, torch.randn(2, 16, 192), ct.model.patchify(x, 8)), 8, 4, 4)
+    assert not torch.equal(x, x2)
+    z1, z2 = m.forward_encoder(x, noise=noise)[0], m.forward_encoder(x2, noise=noise)[0]
+    torch.testing.assert_close(z1, z2, rtol=0, atol=0)
+    # 2. the loss is the mean over masked patches only: changing a visible patch's target leaves it unchanged
+    out = m(x, noise=noise)
+    pred = out.pred.detach()
+    per_patch = (pred - ct.model.patchify(x, 8)).pow(2).mean(-1)
+    torch.testing.assert_close(out.loss, per_patch[mask.bool()].mean())
+    grad = torch.zeros_like(pred, requires_grad=True)
+    m.forward_loss(x, pred + grad, mask).backward()
+    assert torch.all(grad.grad.abs().sum(-1)[mask == 0] == 0) and torch.all(grad.grad.abs().sum(-1)[mask == 1] > 0)
+
+
+def test_visible_only_encoder_sees_only_visible_tokens():
+    m = perturbed(small_mae(visible_only=True)).eval()
+    x = torch.randn(2, 3, 32, 32)
+    noise = torch.rand(2, 16)
+    seen = []
+    h = m.layers[0].register_forward_hook(lambda mod, inp, out: seen.append(inp[0].shape[1]))
+    out = m(x, noise=noise)
+    h.remove()
+    assert seen == [1 + 4] and out.pred.shape == (2, 16, 192) and torch.isfinite(out.loss)
+
+
+def test_norm_pix_loss_target():
+    m = small_mae(norm_pix_loss=True)
+    t = m.target(torch.rand(2, 3, 32, 32))
+    torch.testing.assert_close(t.mean(-1), torch.zeros(2, 16), atol=1e-5, rtol=0)
+    torch.testing.assert_close(t.std(-1), torch.ones(2, 16), atol=1e-3, rtol=0)
+
+
+# --------------------------------------------------------------------------- parameter counts (Table 9, spec §2.10)
+def mae_count(d, L, patch=16, grid=14, chans=3):
+    layer = 3 * d * d + 5 * d  # LN + U + W(+b) + LN + D (encoder) or LN + E + LN + U + W(+b) (decoder)
+    pd = chans * patch * patch
+    return (
+        2 * L * layer + (pd * d + d) + 2 * (grid * grid + 1) * d + 2 * d + (d * d + d) + 4 * d + (d * pd + pd)
+    )  # layers, patch conv, 2 sin-cos tables, cls+mask, decoder_embed, 2 LNs, decoder_pred
+
+
+@pytest.mark.parametrize("name,d,L,expected", [("crate_mae_small", 576, 12, 25_405_824),
+                                                ("crate_mae_base", 768, 12, 44_638_464)])  # fmt: skip
+def test_parameter_counts_match_table_9(name, d, L, expected):
+    assert mae_count(d, L) == expected
+    with torch.device("meta"):
+        m = ct.create_model(name)
+        ref = OfficialCRATEMAE(embed_dim=d, depth=L, num_heads=12) if d == 576 else None
+    assert m.num_params(layout="official") == expected
+    assert m.num_params() == expected - (d * d + d) - 2 * 197 * d  # native: no unused decoder_embed, tables are buffers
+    if ref is not None:
+        assert sum(p.numel() for p in ref.parameters()) == expected
+    assert round(expected / 1e6, 1) == {576: 25.4, 768: 44.6}[d]
+
+
+def test_large_at_table_9_depth_and_registry():
+    with torch.device("meta"):
+        assert ct.create_model("crate_mae_large", depth=12).num_params(layout="official") == mae_count(1024, 12)
+    assert {"crate_mae_tiny", "crate_mae_small", "crate_mae_base", "crate_mae_large", "crate_mae_mnist"} <= set(
+        ct.list_models("crate_mae_*")
+    )
+    assert isinstance(ct.model_config("crate_mae_small"), MAEConfig)
+
+
+# --------------------------------------------------------------------------- operators
+def test_decoder_layer_forms():
+    layer = perturbed(DecoderLayer(16, 2, 8)).eval()
+    x = torch.randn(2, 5, 16)
+    x_ = torch.nn.functional.linear(layer.norm1(x), layer.weight)  # eq. (63): E·LN(X)
+    torch.testing.assert_close(layer(x), x_ - layer.attn(layer.norm2(x_)))  # official crate_decoder
+    layer.form = "jmlr"
+    torch.testing.assert_close(layer(x), layer.norm2(x_) - layer.attn(layer.norm2(x_)))  # Alg. 5
+
+
+def test_sincos_matches_the_official_table():
+    torch.testing.assert_close(
+        sincos_pos_embed(64, 4, 4), torch.from_numpy(sincos_2d(64, 4)).float(), atol=1e-6, rtol=0
+    )
+
+
+# --------------------------------------------------------------------------- official parity and round trips
+@pytest.mark.parametrize("norm_pix", [False, True])
+def test_from_official_reproduces_official_loss_and_predictions(tmp_path, norm_pix):
+    off = perturbed(official_small(norm_pix_loss=norm_pix)).eval()
+    path = tmp_path / "checkpoint-799.pth"
+    torch.save({"model": off.state_dict(), "epoch": 799}, path)  # FAIR-MAE container
+    m = ct.from_official(path, "crate_mae_tiny", **SMALL, norm_pix_loss=norm_pix).eval()
+    assert isinstance(m, CRATEMAE)
+    x, noise = torch.randn(3, 3, 32, 32), torch.rand(3, 16)
+    loss_o, pred_o, mask_o = off(x, 0.75, noise)
+    loss, pred, mask = m(x, noise=noise)
+    torch.testing.assert_close(pred, pred_o, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(loss, loss_o, rtol=1e-5, atol=1e-5)
+    assert torch.equal(mask, mask_o)
+
+
+def test_official_round_trip_and_save_pretrained(tmp_path):
+    m = perturbed(small_mae()).eval()
+    off = official_small()
+    off.load_state_dict(mae_native_to_official(m.state_dict(), 3), strict=True)
+    back = ct.from_official(off.state_dict(), "crate_mae_tiny", **SMALL)
+    for k, v in m.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+    m.save_pretrained(tmp_path / "m")
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["arch"] == "crate_mae"
+    r = ct.from_pretrained(tmp_path / "m")
+    assert isinstance(r, CRATEMAE) and r.config == m.config
+    x, noise = torch.randn(2, 3, 32, 32), torch.rand(2, 16)
+    torch.testing.assert_close(r(x, noise=noise).pred, m(x, noise=noise).pred, rtol=0, atol=0)
+    assert isinstance(load_model(tmp_path / "m"), CRATEMAE)
+    clf = load_model(tmp_path / "m", as_classifier=True)
+    assert isinstance(clf, ct.CRATE) and clf.config.patch_norm is False
+
+
+def test_classifier_from_mae_encoder_reproduces_encoder_features():
+    m = perturbed(small_mae()).eval()
+    clf = mae_to_classifier(m, num_classes=7).eval()
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(clf.forward_features(x), m.forward_features(x), rtol=0, atol=0)
+    assert clf.pos_embed.requires_grad and clf(x).shape == (2, 7)
+    torch.testing.assert_close(clf.pos_embed, m.pos_embed)
+
+
+# --------------------------------------------------------------------------- errors
+@pytest.mark.parametrize("ratio", [0.0, 1.0, -0.1, 1.5, 0.999, float("nan")])
+def test_bad_mask_ratio_is_one_line_error(ratio):
+    with pytest.raises(ValueError, match="mask_ratio") as e:
+        small_mae(mask_ratio=ratio)
+    assert "\n" not in str(e.value)
+    m = small_mae()
+    with pytest.raises(ValueError, match="mask_ratio"):
+        m(torch.randn(1, 3, 32, 32), mask_ratio=ratio)
+
+
+def test_bad_image_sizes_and_configs():
+    m = small_mae()
+    with pytest.raises(ValueError, match="not divisible by the patch size 8"):
+        m(torch.randn(1, 3, 30, 30))
+    with pytest.raises(ValueError, match="3-channel"):
+        m(torch.randn(1, 1, 32, 32))
+    with pytest.raises(ValueError, match="image_size=30 is not divisible"):
+        small_mae(image_size=30)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        small_mae(dim=66, heads=3)
+    assert m(torch.randn(1, 3, 48, 48)).pred.shape == (1, 36, 192)  # sin-cos is defined on any grid
+
+
+def test_bad_checkpoints_are_one_line_errors(tmp_path):
+    clf_state = ct.create_model("crate_tiny", image_size=32, patch_size=8, dim=64, depth=2, heads=4).state_dict()
+    with pytest.raises(CheckpointError, match="not a CRATE-MAE|is a CRATE classifier checkpoint"):
+        ct.from_official(clf_state, "crate_mae_tiny", **SMALL)
+    with pytest.raises(CheckpointError, match="is a CRATE-MAE checkpoint"):
+        ct.from_official(official_small().state_dict(), "crate_tiny")
+    sd = official_small().state_dict()
+    del sd["decoder_blocks.1.layers.0.0.fn.weight"]
+    with pytest.raises(CheckpointError, match="missing keys: decoder_layers.1.weight"):
+        ct.from_official(sd, "crate_mae_tiny", **SMALL)
+    with pytest.raises(CheckpointError, match="shape mismatches"):
+        ct.from_official(official_small().state_dict(), "crate_mae_tiny", **{**SMALL, "patch_size": 4})
+    bad = tmp_path / "cfg"
+    small_mae().save_pretrained(bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, "mask_ratio": 1.2}))
+    with pytest.raises(CheckpointError, match="config.json: mask_ratio must be in"):
+        ct.from_pretrained(bad)
+
+
+# --------------------------------------------------------------------------- crate pretrain mae / finetune from MAE
+DIGITS = ["--data", "digits", "--threads", "1", "--no-progress", "--model-args", "image_size=8", "patch_size=2",
+          "dim=32", "depth=2", "heads=2"]  # fmt: skip
+
+
+def crate(*argv):
+    from crate_transformer import cli
+
+    return cli.main([str(a) for a in argv])
+
+
+def test_pretrain_mae_loss_falls_on_digits_then_resume_finetune_and_probe(tmp_path, capsys):
+    from crate_transformer.data import load_dataset
+    from crate_transformer.train.mae import masked_eval
+    from crate_transformer.train.rundir import load_training_state
+
+    run = tmp_path / "mae"
+    args = [*DIGITS, "--epochs", 4, "--batch-size", 64, "--lr", "3e-3", "--figure-images", 4, "--out", run]
+    assert crate("pretrain", "mae", *args, "--max-steps", 40, "--no-probe") == 0  # interrupted by max-steps
+    assert crate("pretrain", "mae", "--resume", run, "--max-steps", 0) == 0  # continues to the end
+    state = load_training_state(run)
+    assert state["train_config"]["task"] == "mae" and state["step"] == 4 * (1437 // 64)
+    model = ct.from_pretrained(run / "model")
+    assert isinstance(model, CRATEMAE) and model.config.data.name == "digits" and model.config.in_chans == 1
+    test = load_dataset("digits", "test")
+    kw = dict(mean=model.config.data.mean, std=model.config.data.std, image_size=8, seed=0)
+    trained = masked_eval(model, test, **kw)["loss"]
+    torch.manual_seed(0)
+    untrained = masked_eval(ct.create_model("crate_mae_mnist", **{**model.config.to_dict(), "data": None}), test, **kw)
+    assert trained < 0.8 * untrained["loss"], (trained, untrained)
+    assert (run / "reconstruction.png").read_bytes()[:4] == b"\x89PNG" and (run / "curves.png").is_file()
+    out = capsys.readouterr().out
+    assert "held-out masked-patch loss" in out and f"crate finetune --from {run}" in out
+    # fine-tune a classifier from the MAE encoder (Table 3 protocol)
+    ft = tmp_path / "ft"
+    assert crate("finetune", "--from", run, "--data", "digits", "--threads", 1, "--no-progress", "--epochs", 1,
+                 "--eval-every", 0, "--measure-every", 0, "--out", ft) == 0  # fmt: skip
+    clf = ct.from_pretrained(ft / "model")
+    assert isinstance(clf, ct.CRATE) and clf.config.patch_norm is False and clf.config.num_classes == 10
+    # the linear probe of the engine's eval command reads the MAE encoder
+    assert crate("eval", run, "--data", "digits", "--linear-probe", "--pool", "mean", "--out", tmp_path / "ev") == 0
+    assert json.loads((tmp_path / "ev" / "eval.json").read_text())["linear_probe"]["acc"] > 0.5
+    assert crate("eval", run, "--data", "digits") == 2  # no head: a one-line error naming the fix
+    assert "--linear-probe" in capsys.readouterr().err
+    # the wrong command on an MAE run names the right one
+    assert crate("train", "--resume", run) == 2
+    assert "crate pretrain mae --resume" in capsys.readouterr().err
+
+
+def test_pretrain_mae_refuses_a_classifier_model(tmp_path, capsys):
+    assert crate("pretrain", "mae", *DIGITS[:5], "--model", "crate_mnist", "--out", tmp_path / "x") == 2
+    assert "not a CRATE-MAE" in capsys.readouterr().err
+
+
+def test_analyze_reports_decoder_inversion(tmp_path):
+    from crate_transformer.analysis import analyze, decoder_inversion
+
+    m = perturbed(small_mae()).eval()
+    rows = decoder_inversion(m, torch.randn(4, 3, 32, 32))
+    assert [(r["layer"], r["decoder_layer"]) for r in rows] == [(1, 2), (2, 1)]
+    assert all(-1 <= r["cos_local"] <= 1 and r["r2_identity"] <= 1 for r in rows)
+    report = analyze(m, tmp_path / "a", {"test": torch.rand(4, 3, 32, 32)}, normalization=([0.5] * 3, [0.25] * 3),
+                     num_vis=1, progress=False)  # fmt: skip
+    assert len(report["decoder_inversion"]["layers"]) == 2
+    assert (tmp_path / "a" / "figures" / "decoder_inversion.png").is_file()
