@@ -22,3 +22,18 @@ def test_errors_are_one_line_with_exit_code_2(capsys):
 def test_console_script_entry_point():
     r = subprocess.run([sys.executable, "-m", "crate_transformer.cli", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "models" in r.stdout
+
+
+def test_model_args_accept_every_config_family_and_the_model_rejects_foreign_ones() -> None:
+    import pytest
+
+    from crate_transformer.cli.common import parse_model_args
+    from crate_transformer.registry import model_config
+
+    args = parse_model_args(["visible_only=true", "mask_ratio=0.6", "dim=32"])  # MAEConfig fields
+    assert args == {"visible_only": True, "mask_ratio": 0.6, "dim": 32}
+    assert model_config("crate_mae_mnist", **args).visible_only is True
+    with pytest.raises(ValueError, match="visible_only"):
+        model_config("crate_mnist", visible_only=True)  # a classifier has no such field
+    with pytest.raises(ValueError, match="unknown model argument"):
+        parse_model_args(["no_such_field=1"])

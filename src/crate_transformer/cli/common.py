@@ -21,6 +21,7 @@ def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
     import yaml
 
     from ..lm import LMConfig
+    from ..mae import MAEConfig
     from ..model import ModelConfig
 
     out = {}
@@ -32,7 +33,8 @@ def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
             out[key.strip().replace("-", "_")] = yaml.safe_load(value)
         except yaml.YAMLError:
             out[key.strip().replace("-", "_")] = value
-    valid = {f.name for f in (*dataclasses.fields(ModelConfig), *dataclasses.fields(LMConfig))} - {"data", "extra"}
+    # any config's field here; the model's own config class rejects the ones it does not have
+    valid = {f.name for cls in (ModelConfig, MAEConfig, LMConfig) for f in dataclasses.fields(cls)} - {"data", "extra"}
     bad = sorted(set(out) - valid)
     if bad:
         raise ValueError(f"unknown model argument(s) {bad}; valid: {sorted(valid)}")
