@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from .config_utils import coerce_fields
 from .data.spec import DataSpec, fit_normalization
 from .io import PretrainedMixin
-from .operators import ISTA_MODES, LAYER_FORMS, EncoderLayer
+from .operators import ATTENTIONS, ISTA_MODES, LAYER_FORMS, MLPS, EncoderLayer
 
 __all__ = ["ModelConfig", "Trace", "ImageClassifier", "CRATE", "ViT", "build_model"]
 
@@ -61,7 +61,11 @@ class ModelConfig:
     tied_output: bool = False  # MSSA output β[U_1..U_K] (eq. (36)) instead of trainable W
     tied_beta: float = 1.0
     eps: float = 0.1  # ε of the MM step (ista_mode="mm")
-    # ViT baseline
+    # CRATE hybrids / variants (JMLR Table 17; CRATE-α, Yang et al. 2024); the defaults are CRATE
+    attention: str = "mssa"  # mssa | mhsa (standard attention, separate Q, K, V: CRATE-MHSA)
+    mlp: str = "ista"  # ista | mlp (GELU MLP + residual: CRATE-MLP) | odl (CRATE-α overcomplete ISTA + residual)
+    odl_ratio: int = 4  # CRATE-α dictionary size m = odl_ratio · dim (mlp="odl")
+    # ViT baseline (and the MLP of mlp="mlp")
     mlp_ratio: float = 4.0
     # what the model was trained on (normalisation, classes, source); None when unknown
     data: DataSpec | None = None
@@ -78,6 +82,19 @@ class ModelConfig:
             raise ValueError(f"unknown ista_mode {self.ista_mode!r}; choose one of {ISTA_MODES}")
         if self.layer_form not in LAYER_FORMS:
             raise ValueError(f"unknown layer_form {self.layer_form!r}; choose one of {LAYER_FORMS}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"unknown attention {self.attention!r}; choose one of {ATTENTIONS}")
+        if self.mlp not in MLPS:
+            raise ValueError(f"unknown mlp {self.mlp!r}; choose one of {MLPS}")
+        if self.odl_ratio <= 0:
+            raise ValueError(f"odl_ratio must be a positive integer, got {self.odl_ratio!r}; e.g. odl_ratio=4")
+        if self.arch == "crate" and self.mlp != "ista" and self.ista_mode != "relu":
+            raise ValueError(
+                f"ista_mode={self.ista_mode!r} applies to the ISTA block only, but mlp={self.mlp!r}; "
+                "use mlp=ista or drop ista_mode"
+            )
+        if self.arch == "crate" and self.attention == "mhsa" and self.tied_output:
+            raise ValueError("tied_output applies to MSSA only, but attention='mhsa'; use attention=mssa")
         for name in ("image_size", "patch_size", "in_chans", "num_classes", "dim", "depth", "heads"):
             v = getattr(self, name)
             if v <= 0:
@@ -105,7 +122,7 @@ class ModelConfig:
             raise ValueError(
                 f"dim={self.dim} is not divisible by heads={self.heads}; the ViT baseline needs dim % heads == 0"
             )
-        if self.arch == "vit" and int(self.dim * self.mlp_ratio) < 1:
+        if (self.arch == "vit" or self.mlp == "mlp") and int(self.dim * self.mlp_ratio) < 1:
             raise ValueError(f"mlp_ratio={self.mlp_ratio} gives an empty MLP for dim={self.dim}; e.g. mlp_ratio=4.0")
         if self.image_size % self.patch_size:
             raise ValueError(
@@ -172,46 +189,13 @@ class Trace:
     attention: list[Tensor] | None = None
 
 
-# --------------------------------------------------------------------------- ViT baseline blocks
-class _MHSA(nn.Module):
-    """Standard multi-head self-attention with separate Q, K, V (the ViT baseline)."""
+# --------------------------------------------------------------------------- ViT baseline block
+class _ViTBlock(EncoderLayer):
+    """The ViT block: pre-norm :class:`~crate_transformer.operators.MHSA` + GELU MLP, both residual (timm
+    layout).  The same layer as CRATE's with ``attention="mhsa", mlp="mlp"`` (Table 17's ViT row)."""
 
-    def __init__(self, dim: int, heads: int, dropout: float) -> None:
-        super().__init__()
-        self.heads, self.dropout = heads, dropout
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-
-    def forward(self, x: Tensor, return_attention: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        b, n, d = x.shape
-        q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        p_drop = self.dropout if self.training else 0.0
-        if return_attention:
-            attn = torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, dim=-1)
-            out = F.dropout(attn, p_drop, self.training) @ v
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p_drop)
-        out = self.proj(out.transpose(1, 2).reshape(b, n, d))
-        return (out, attn) if return_attention else out
-
-
-class _ViTBlock(nn.Module):
     def __init__(self, dim: int, heads: int, mlp_ratio: float, dropout: float) -> None:
-        super().__init__()
-        hidden = int(dim * mlp_ratio)
-        self.norm1 = nn.LayerNorm(dim)
-        self.attn = _MHSA(dim, heads, dropout)
-        self.norm2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, dim))
-
-    def forward(self, x: Tensor, return_attention: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
-        attn = None
-        if return_attention:
-            m, attn = self.attn(self.norm1(x), return_attention=True)
-        else:
-            m = self.attn(self.norm1(x))
-        half = x + m
-        return half + self.mlp(self.norm2(half)), half, attn
+        super().__init__(dim, heads, dim // heads, dropout=dropout, attention="mhsa", mlp="mlp", mlp_ratio=mlp_ratio)
 
 
 # --------------------------------------------------------------------------- classifier
@@ -233,6 +217,10 @@ def _crate_encoder(c: ModelConfig) -> tuple[nn.Module, nn.ModuleList, float]:
             tied_output=c.tied_output,
             tied_beta=c.tied_beta,
             eps=c.eps,
+            attention=c.attention,
+            mlp=c.mlp,
+            mlp_ratio=c.mlp_ratio,
+            odl_ratio=c.odl_ratio,
         )
         for _ in range(c.depth)
     )

@@ -20,8 +20,9 @@ def run_models(args: argparse.Namespace) -> int:
     for name in names:
         c = model_config(name)
         params = build_model(c).num_params()
-        rows.append((name, c.arch, c.dim, c.depth, c.heads, f"{c.image_size}/{c.patch_size}", f"{params:,}"))
-    header = ("name", "arch", "dim", "depth", "heads", "img/patch", "params")
+        blocks = f"{c.attention}+{c.mlp}" if c.arch == "crate" else "mhsa+mlp"
+        rows.append((name, c.arch, blocks, c.dim, c.depth, c.heads, f"{c.image_size}/{c.patch_size}", f"{params:,}"))
+    header = ("name", "arch", "blocks", "dim", "depth", "heads", "img/patch", "params")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
         print("  ".join(str(v).ljust(w) for v, w in zip(r, widths)))
