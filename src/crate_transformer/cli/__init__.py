@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pretrain": ("pretrain", "self-supervised pre-training: crate pretrain {mae,dino} (masked autoencoding, DINO)"),
     "eval": ("train", "evaluate a checkpoint: top-1/top-5, per-class accuracy, confusion matrix"),
     "analyze": ("analyze", "white-box report: compression, sparsity, attention maps, segmentation"),
+    "ablate": ("ablate", "the paper's ablation tables (11, 12, 13, 15, 17) at laptop scale, several seeds each"),
     "theory": ("theory", "reproduce the paper's mathematical claims on synthetic data"),
 }
 
