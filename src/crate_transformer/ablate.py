@@ -12,8 +12,8 @@ parameters, images/s, the paper's number) and ``layerwise-<table>.png`` (each ro
 compression and sparsity, :func:`crate_transformer.analysis.measure`, side by side).
 
 The laptop recipe (:data:`RECIPE`) is ``crate train``'s default (``crate_mnist`` on the built-in 4,000
-MNIST training digits, held-out accuracy on the fixed 1,000 test digits) shortened to 2 epochs (62 steps of
-batch 128) with a half-epoch warm-up and one evaluation at the end, so a table of four rows × three seeds
+MNIST training digits, held-out accuracy on the fixed 1,000 test digits) shortened to 2 epochs of batch 64
+(124 steps) with a half-epoch warm-up and one evaluation at the end, so a table of four rows × three seeds
 takes minutes on an idle CPU.
 """
 
@@ -38,6 +38,7 @@ RECIPE: dict[str, Any] = {
     "model": "crate_mnist",
     "data": "mnist",
     "epochs": 2,
+    "batch_size": 64,
     "warmup_epochs": 0.5,
     "eval_every": 0,
     "measure_every": 0,
