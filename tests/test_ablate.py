@@ -63,6 +63,8 @@ def test_rows_shared_between_tables_are_planned_once_and_table_11_scales_the_rec
     assert by_row["weight decay ×0.1 (paper 0.05)"]["weight_decay"] == pytest.approx(0.005)
     assert by_row["η = 0.5"]["model_args"] == {"eta": 0.5}
     assert resolve_tables(["all"]) == list(TABLES.values())
+    one, two = (plan(resolve_tables(["13"]), 1, tmp_path, {**RECIPE, "threads": t}) for t in (1, 2))
+    assert [r.key for r in one] == [r.key for r in two]  # threads do not change what is trained
 
 
 @pytest.mark.parametrize(

@@ -193,9 +193,16 @@ def _resolve(row: Row, base: Mapping[str, Any]) -> dict[str, Any]:
     return opts
 
 
+# options that do not change what is trained: a sweep re-run with other values reuses the finished runs
+_NOT_IDENTITY = frozenset(
+    {"threads", "progress", "log_every", "eval_batch_size", "tensorboard", "workers", "seed", "out"}
+)
+
+
 def _key(opts: Mapping[str, Any]) -> str:
-    """A short hash of a run's options without its seed: equal options, same runs."""
-    return hashlib.sha1(json.dumps(opts, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    """A short hash of what a run trains (its options without seed, run dir, threads, logging): equal key, same run."""
+    what = {k: v for k, v in opts.items() if k not in _NOT_IDENTITY}
+    return hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
 def plan(tables: Sequence[Table], seeds: int, out: str | Path, base: Mapping[str, Any]) -> list[Run]:
@@ -227,8 +234,16 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 def read_results(out: str | Path) -> dict[tuple[str, int], dict]:
-    """The finished runs of a sweep: ``{(key, seed): summary}`` from ``results.jsonl`` (last line wins)."""
-    return {(r["key"], int(r["seed"])): r for r in _read_jsonl(Path(out) / RESULTS_FILE) if "key" in r and "seed" in r}
+    """The finished runs of a sweep: ``{(key, seed): summary}`` from ``results.jsonl`` (last line wins).
+
+    The key is recomputed from the options stored with each run, so results stay found when the key's
+    definition changes (e.g. an option declared not to change what is trained).
+    """
+    results = {}
+    for r in _read_jsonl(Path(out) / RESULTS_FILE):
+        if "seed" in r and ("options" in r or "key" in r):
+            results[_key(r["options"]) if "options" in r else r["key"], int(r["seed"])] = r
+    return results
 
 
 def _images_per_s(run_dir: Path) -> float:
@@ -398,8 +413,8 @@ def write_report(
         f"Recipe: {recipe}; seeds 0..{seeds - 1}. Accuracy: held-out test split, mean ± sample std (ddof 1) over "
         "seeds. images/s: median training throughput. Paper: ImageNet-1K top-1 of the same row (JMLR).",
         "",
-        f"Wall time of the sweeps that trained these runs: {wall / 60:.1f} min (training time of the stored runs: "
-        f"{total / 60:.1f} min).",
+        (f"Wall time of the sweeps that trained these runs: {wall / 60:.1f} min; " if wall else "")
+        + f"training time of the stored runs (sum over runs): {total / 60:.1f} min.",
         "",
     ]
     for table in tables:
