@@ -369,12 +369,12 @@ def _layerwise(run_dir: Path, images: int) -> list[dict] | None:
     from .analysis import measure
     from .analysis._common import dataset_images01, normalize_images
     from .checkpoint import load_model
-    from .data import load_dataset, match_channels, resolve_normalization
+    from .data import load_dataset, match_channels, resolve_normalization, resolve_source
 
     model = load_model(run_dir)
     c = model.config
     data = c.data.source if c.data and c.data.source else "mnist"
-    ds = load_dataset(data, "test")
+    ds = load_dataset(data, "test", image_size=c.image_size if resolve_source(data)[0] == "folder" else None)
     x = dataset_images01(ds, range(min(images, len(ds))))
     x = normalize_images(match_channels(x, c.in_chans), resolve_normalization(model, ds))
     if x.shape[-1] != c.image_size:
