@@ -389,6 +389,11 @@ def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: o
     config = model_config(name, **overrides)
     if config.arch not in ("crate", MAE_ARCH):
         raise ValueError(f"from_official loads CRATE classifiers and CRATE-MAEs; {name!r} is a {config.arch} model")
+    if config.arch == "crate" and (config.attention, config.mlp) != ("mssa", "ista"):
+        raise ValueError(
+            f"official CRATE checkpoints have MSSA + ISTA layers, not attention={config.attention!r}, "
+            f"mlp={config.mlp!r}; drop those --model-args"
+        )
     raw = load_pickle(path_or_state) if isinstance(path_or_state, (str, Path)) else path_or_state
     source = str(path_or_state) if isinstance(path_or_state, (str, Path)) else "official state dict"
     state = _unwrap(raw)

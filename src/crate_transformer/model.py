@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from .config_utils import coerce_fields
 from .data.spec import DataSpec, fit_normalization
 from .io import PretrainedMixin
-from .operators import ISTA_MODES, LAYER_FORMS, EncoderLayer, attend, cache_append
+from .operators import ATTENTIONS, ISTA_MODES, LAYER_FORMS, MLPS, EncoderLayer
 
 __all__ = [
     "ModelConfig",
@@ -74,7 +74,11 @@ class ModelConfig:
     # LayerNorms around the patch projection (official classifier, Alg. 6); False: a plain linear
     # projection, the conv PatchEmbed of CRATE-MAE (a model fine-tuned from a CRATE-MAE encoder)
     patch_norm: bool = True
-    # ViT baseline
+    # CRATE hybrids / variants (JMLR Table 17; CRATE-α, Yang et al. 2024); the defaults are CRATE
+    attention: str = "mssa"  # mssa | mhsa (standard attention, separate Q, K, V: CRATE-MHSA)
+    mlp: str = "ista"  # ista | mlp (GELU MLP + residual: CRATE-MLP) | odl (CRATE-α overcomplete ISTA + residual)
+    odl_ratio: int = 4  # CRATE-α dictionary size m = odl_ratio · dim (mlp="odl")
+    # ViT baseline (and the MLP of mlp="mlp")
     mlp_ratio: float = 4.0
     # what the model was trained on (normalisation, classes, source); None when unknown
     data: DataSpec | None = None
@@ -91,6 +95,19 @@ class ModelConfig:
             raise ValueError(f"unknown ista_mode {self.ista_mode!r}; choose one of {ISTA_MODES}")
         if self.layer_form not in LAYER_FORMS:
             raise ValueError(f"unknown layer_form {self.layer_form!r}; choose one of {LAYER_FORMS}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"unknown attention {self.attention!r}; choose one of {ATTENTIONS}")
+        if self.mlp not in MLPS:
+            raise ValueError(f"unknown mlp {self.mlp!r}; choose one of {MLPS}")
+        if self.odl_ratio <= 0:
+            raise ValueError(f"odl_ratio must be a positive integer, got {self.odl_ratio!r}; e.g. odl_ratio=4")
+        if self.arch == "crate" and self.mlp != "ista" and self.ista_mode != "relu":
+            raise ValueError(
+                f"ista_mode={self.ista_mode!r} applies to the ISTA block only, but mlp={self.mlp!r}; "
+                "use mlp=ista or drop ista_mode"
+            )
+        if self.arch == "crate" and self.attention == "mhsa" and self.tied_output:
+            raise ValueError("tied_output applies to MSSA only, but attention='mhsa'; use attention=mssa")
         for name in ("image_size", "patch_size", "in_chans", "num_classes", "dim", "depth", "heads"):
             v = getattr(self, name)
             if v <= 0:
@@ -118,7 +135,7 @@ class ModelConfig:
             raise ValueError(
                 f"dim={self.dim} is not divisible by heads={self.heads}; the ViT baseline needs dim % heads == 0"
             )
-        if self.arch == "vit" and int(self.dim * self.mlp_ratio) < 1:
+        if (self.arch == "vit" or self.mlp == "mlp") and int(self.dim * self.mlp_ratio) < 1:
             raise ValueError(f"mlp_ratio={self.mlp_ratio} gives an empty MLP for dim={self.dim}; e.g. mlp_ratio=4.0")
         if self.image_size % self.patch_size:
             raise ValueError(
@@ -185,69 +202,16 @@ class Trace:
     attention: list[Tensor] | None = None
 
 
-# --------------------------------------------------------------------------- ViT baseline blocks
-class _MHSA(nn.Module):
-    """Standard multi-head self-attention with separate Q, K, V (the ViT and GPT-2 baselines).
-
-    ``causal`` masks future tokens (GPT); ``cache`` (a dict) holds the earlier tokens' ``"k"`` and ``"v"``.
-    """
-
-    def __init__(self, dim: int, heads: int, dropout: float, causal: bool = False) -> None:
-        super().__init__()
-        self.heads, self.dropout, self.causal = heads, dropout, causal
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-
-    def forward(
-        self,
-        x: Tensor,
-        return_attention: bool = False,
-        cache: dict[str, Tensor] | None = None,
-        key_mask: Tensor | None = None,
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        b, n, d = x.shape
-        q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        p_drop = self.dropout if self.training else 0.0
-        if cache is not None and (return_attention or not self.causal):
-            raise ValueError("a key-value cache needs a causal attention without return_attention")
-        if return_attention:
-            scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
-            if self.causal:
-                scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
-            attn = torch.softmax(scores, dim=-1)
-            out = F.dropout(attn, p_drop, self.training) @ v
-        else:
-            k, v = cache_append(cache, "k", k), cache_append(cache, "v", v)
-            out = attend(q, k, v, causal=self.causal, scale=q.shape[-1] ** -0.5, dropout_p=p_drop, key_mask=key_mask)
-        out = self.proj(out.transpose(1, 2).reshape(b, n, d))
-        return (out, attn) if return_attention else out
-
-
-class _ViTBlock(nn.Module):
-    """Pre-norm transformer block ``x + MHSA(LN(x))`` then ``+ MLP(LN(·))`` (ViT; GPT-2 with ``causal``)."""
+# --------------------------------------------------------------------------- ViT baseline block
+class _ViTBlock(EncoderLayer):
+    """The ViT block: pre-norm :class:`~crate_transformer.operators.MHSA` + GELU MLP, both residual (timm
+    layout).  The same layer as CRATE's with ``attention="mhsa", mlp="mlp"`` (Table 17's ViT row); with
+    ``causal`` the GPT-2 block."""
 
     def __init__(self, dim: int, heads: int, mlp_ratio: float, dropout: float, causal: bool = False) -> None:
-        super().__init__()
-        hidden = int(dim * mlp_ratio)
-        self.norm1 = nn.LayerNorm(dim)
-        self.attn = _MHSA(dim, heads, dropout, causal)
-        self.norm2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, dim))
-
-    def forward(
-        self,
-        x: Tensor,
-        return_attention: bool = False,
-        cache: dict[str, Tensor] | None = None,
-        key_mask: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        attn = None
-        if return_attention:
-            m, attn = self.attn(self.norm1(x), return_attention=True)
-        else:
-            m = self.attn(self.norm1(x), cache=cache, key_mask=key_mask)
-        half = x + m
-        return half + self.mlp(self.norm2(half)), half, attn
+        super().__init__(
+            dim, heads, dim // heads, dropout=dropout, attention="mhsa", mlp="mlp", mlp_ratio=mlp_ratio, causal=causal
+        )
 
 
 # --------------------------------------------------------------------------- classifier
@@ -272,6 +236,10 @@ def _crate_encoder(c: ModelConfig) -> tuple[nn.Module, nn.ModuleList, float]:
             tied_output=c.tied_output,
             tied_beta=c.tied_beta,
             eps=c.eps,
+            attention=c.attention,
+            mlp=c.mlp,
+            mlp_ratio=c.mlp_ratio,
+            odl_ratio=c.odl_ratio,
         )
         for _ in range(c.depth)
     )

@@ -21,6 +21,9 @@ __all__ = [
     "LAYER_FORMS",
     "MSSA",
     "ISTA",
+    "MHSA",
+    "MLP",
+    "OvercompleteISTA",
     "EncoderLayer",
     "DecoderLayer",
     "ssa_reference",
@@ -28,10 +31,15 @@ __all__ = [
     "ista_reference",
     "attend",
     "cache_append",
+    "odl_reference",
+    "ATTENTIONS",
+    "MLPS",
 ]
 
 ISTA_MODES = ("relu", "soft", "mm", "none")
 LAYER_FORMS = ("official", "jmlr")
+ATTENTIONS = ("mssa", "mhsa")  # the layer's first block: CRATE's MSSA | standard attention (Table 17)
+MLPS = ("ista", "mlp", "odl")  # the second block: CRATE's ISTA | GELU MLP (Table 17) | CRATE-α's ODL
 
 
 # --------------------------------------------------------------------------- reference forms
@@ -102,6 +110,19 @@ def attend(
     if key_mask is not None:
         mask = mask & key_mask[:, None, None, :].to(torch.bool)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+def odl_reference(Z: Tensor, D: Tensor, D1: Tensor, eta: float = 0.1, lambd: float = 0.1) -> Tensor:
+    """CRATE-α's overcomplete sparse-coding block (Yang et al. 2024, arXiv 2405.20299, §3), column form.
+
+    ``D`` (encoder dictionary) and ``D1`` (decoder dictionary) are ``d × m`` with ``m = ratio·d``.  Two
+    non-negative ISTA steps from ``A = 0`` on ``min_{A≥0} λ‖A‖_1 + ½‖Z − D A‖²``, then decode with ``D1``::
+
+        A1 = ReLU(η Dᵀ Z − ηλ);   A2 = ReLU(A1 − η Dᵀ(D A1 − Z) − ηλ);   return D1 A2
+
+    ``Z`` is ``(d, n)``; the result is ``(d, n)`` (the residual ``Z +`` is the layer's, not this block's).
+    """
+    A1 = F.relu(eta * D.T @ Z - eta * lambd)
+    A2 = F.relu(A1 - eta * D.T @ (D @ A1 - Z) - eta * lambd)
+    return D1 @ A2
 
 
 # --------------------------------------------------------------------------- MSSA
@@ -114,6 +135,7 @@ class MSSA(nn.Module):
     * ``tied_output`` — output ``β [U_1 … U_K]`` of eq. (36) instead of the trainable ``W`` (+ bias)
       of eq. (37) (Table 12 ablation); ``tied_beta`` is β.
     * ``causal`` — the causal mask of eqs. (86)-(87): token j attends to tokens i ≤ j.
+    * ``proj_bias`` — the bias of ``W`` (CRATE-α's ``to_out`` has none).
     """
 
     def __init__(
@@ -127,6 +149,7 @@ class MSSA(nn.Module):
         tied_output: bool = False,
         tied_beta: float = 1.0,
         causal: bool = False,
+        proj_bias: bool = True,
     ) -> None:
         super().__init__()
         self.heads, self.dim_head = heads, dim_head
@@ -135,7 +158,7 @@ class MSSA(nn.Module):
         self.causal = causal
         self.tied_output, self.tied_beta = tied_output, tied_beta
         self.qkv = nn.Linear(dim, heads * dim_head, bias=False)
-        self.proj = None if tied_output else nn.Linear(heads * dim_head, dim)
+        self.proj = None if tied_output else nn.Linear(heads * dim_head, dim, bias=proj_bias)
 
     def subspaces(self) -> Tensor:
         """The learned bases ``U`` as a ``(K, d, p)`` tensor (the heads' projections ``U_k``)."""
@@ -227,6 +250,93 @@ class ISTA(nn.Module):
         return f"dim={self.weight.shape[0]}, eta={self.eta}, lambd={self.lambd}, mode={self.mode!r}"
 
 
+# --------------------------------------------------------------------------- hybrids' blocks (Table 17, CRATE-α)
+class MHSA(nn.Module):
+    """Standard multi-head self-attention with separate Q, K, V (ViT; CRATE-MHSA of JMLR Table 17, p.101).
+
+    ``qkv`` maps ``d → 3·K·p`` (with bias, timm layout), scores are scaled by ``p^{-1/2}``, ``proj`` maps
+    ``K·p → d``.  Unlike :class:`MSSA`, query, key and value are three different projections, so a
+    causal decoder's key-value cache (``causal=True``, the GPT-2 baseline) holds two tensors, ``"k"``
+    and ``"v"``, per layer.
+    """
+
+    def __init__(
+        self, dim: int, heads: int, dropout: float = 0.0, dim_head: int | None = None, causal: bool = False
+    ) -> None:
+        super().__init__()
+        self.heads, self.dropout, self.causal = heads, dropout, causal
+        self.dim_head = dim_head if dim_head is not None else dim // heads
+        inner = heads * self.dim_head
+        self.qkv = nn.Linear(dim, 3 * inner)
+        self.proj = nn.Linear(inner, dim)
+
+    def forward(
+        self,
+        x: Tensor,
+        return_attention: bool = False,
+        cache: dict[str, Tensor] | None = None,
+        key_mask: Tensor | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.dim_head).permute(2, 0, 3, 1, 4)
+        p_drop = self.dropout if self.training else 0.0
+        scale = self.dim_head**-0.5
+        if cache is not None and (return_attention or not self.causal):
+            raise ValueError("a key-value cache needs a causal attention without return_attention")
+        if return_attention:
+            scores = q @ k.transpose(-1, -2) * scale
+            if self.causal:
+                scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
+            attn = torch.softmax(scores, dim=-1)
+            out = F.dropout(attn, p_drop, self.training) @ v
+        else:
+            k, v = cache_append(cache, "k", k), cache_append(cache, "v", v)
+            out = attend(q, k, v, causal=self.causal, scale=scale, dropout_p=p_drop, key_mask=key_mask)
+        out = self.proj(out.transpose(1, 2).reshape(b, n, self.heads * self.dim_head))
+        return (out, attn) if return_attention else out
+
+
+class MLP(nn.Sequential):
+    """The transformer MLP ``Linear(d, h) → GELU → Dropout → Linear(h, d)``, ``h = int(d·mlp_ratio)``
+    (ViT; CRATE-MLP of JMLR Table 17).  A ``Sequential``, so its keys are ``0.*`` and ``3.*`` (timm-like)."""
+
+    def __init__(self, dim: int, mlp_ratio: float = 4.0, dropout: float = 0.0) -> None:
+        hidden = int(dim * mlp_ratio)
+        super().__init__(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, dim))
+
+
+class OvercompleteISTA(nn.Module):
+    """CRATE-α's sparse-coding block (Yang et al. 2024, "Scaling White-Box Transformers for Vision", §3).
+
+    Three changes to CRATE's ISTA, which is how CRATE was scaled to ImageNet-21K / CLIP sizes:
+    an **overcomplete** dictionary ``D ∈ R^{d×m}``, ``m = ratio·d`` (default 4); two ISTA steps started
+    from zero instead of one step started from the input; a **decoupled** decoder dictionary ``D1``
+    mapping the sparse code back to ``R^d``.  The layer adds the input back (a residual, see
+    :class:`EncoderLayer`).  Row form of :func:`odl_reference`; parameters ``D``, ``D1`` as in the
+    official ``torch_inference/model/crate_alpha.py`` (kaiming-uniform).
+    """
+
+    def __init__(self, dim: int, ratio: int = 4, eta: float = 0.1, lambd: float = 0.1) -> None:
+        super().__init__()
+        self.eta, self.lambd = eta, lambd
+        self.D = nn.Parameter(torch.empty(dim, ratio * dim))
+        self.D1 = nn.Parameter(torch.empty(dim, ratio * dim))
+        nn.init.kaiming_uniform_(self.D)
+        nn.init.kaiming_uniform_(self.D1)
+
+    def code(self, x: Tensor) -> Tensor:
+        """The sparse code ``A2`` of row tokens ``x`` (…, d) → (…, m)."""
+        a1 = F.relu(self.eta * (x @ self.D) - self.eta * self.lambd)
+        return F.relu(a1 - self.eta * ((a1 @ self.D.T - x) @ self.D) - self.eta * self.lambd)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.code(x) @ self.D1.T
+
+    def extra_repr(self) -> str:
+        d, m = self.D.shape
+        return f"dim={d}, atoms={m}, eta={self.eta}, lambd={self.lambd}"
+
+
 # --------------------------------------------------------------------------- layers
 class EncoderLayer(nn.Module):
     """One CRATE layer ``f^ℓ`` (eq. (45), JMLR p.25): compression then sparsification.
@@ -238,6 +348,15 @@ class EncoderLayer(nn.Module):
     ``form="jmlr"`` (JMLR Alg. 4, p.111) takes the skip from ``LN1(Z)``::
 
         Z_half = LN1(Z) + MSSA(LN1(Z));   Z_next = ISTA(LN2(Z_half))
+
+    The blocks can be swapped for the ablations (defaults: CRATE, unchanged keys ``norm1, attn, norm2, ista``):
+
+    * ``attention="mhsa"`` — :class:`MHSA` (separate Q, K, V) instead of MSSA: CRATE-MHSA (Table 17);
+    * ``mlp="mlp"`` — a GELU :class:`MLP` with a residual, ``Z_next = Z_half + MLP(LN2(Z_half))``, stored
+      as ``mlp``: CRATE-MLP (Table 17); with ``attention="mhsa"`` too this is the ViT block;
+    * ``mlp="odl"`` — CRATE-α (Yang et al. 2024): :class:`OvercompleteISTA` with a residual,
+      ``Z_next = Z_half + ODL(LN2(Z_half))``, stored as ``mlp``; LayerNorm eps 1e-6 and no bias on ``W``
+      as in the official CRATE-α code.
     """
 
     def __init__(
@@ -256,24 +375,42 @@ class EncoderLayer(nn.Module):
         tied_beta: float = 1.0,
         causal: bool = False,
         eps: float = 0.1,
+        attention: str = "mssa",
+        mlp: str = "ista",
+        mlp_ratio: float = 4.0,
+        odl_ratio: int = 4,
     ) -> None:
         super().__init__()
         if form not in LAYER_FORMS:
             raise ValueError(f"unknown layer form {form!r}; choose one of {LAYER_FORMS}")
-        self.form = form
-        self.norm1 = nn.LayerNorm(dim)
-        self.attn = MSSA(
-            dim,
-            heads,
-            dim_head,
-            dropout,
-            scale_scores=scale_scores,
-            tied_output=tied_output,
-            tied_beta=tied_beta,
-            causal=causal,
-        )
-        self.norm2 = nn.LayerNorm(dim)
-        self.ista = ISTA(dim, eta, lambd, ista_mode, eps)
+        if attention not in ATTENTIONS:
+            raise ValueError(f"unknown attention {attention!r}; choose one of {ATTENTIONS}")
+        if mlp not in MLPS:
+            raise ValueError(f"unknown mlp {mlp!r}; choose one of {MLPS}")
+        self.form, self.kind = form, mlp
+        ln_eps = 1e-6 if mlp == "odl" else 1e-5  # CRATE-α's PreNorm uses eps 1e-6
+        self.norm1 = nn.LayerNorm(dim, eps=ln_eps)
+        if attention == "mhsa":
+            self.attn: nn.Module = MHSA(dim, heads, dropout, dim_head, causal=causal)
+        else:
+            self.attn = MSSA(
+                dim,
+                heads,
+                dim_head,
+                dropout,
+                scale_scores=scale_scores,
+                tied_output=tied_output,
+                tied_beta=tied_beta,
+                causal=causal,
+                proj_bias=mlp != "odl",
+            )
+        self.norm2 = nn.LayerNorm(dim, eps=ln_eps)
+        if mlp == "ista":
+            self.ista = ISTA(dim, eta, lambd, ista_mode, eps)
+        elif mlp == "mlp":
+            self.mlp: nn.Module = MLP(dim, mlp_ratio, dropout)
+        else:
+            self.mlp = OvercompleteISTA(dim, odl_ratio, eta, lambd)
 
     def forward(
         self,
@@ -290,6 +427,8 @@ class EncoderLayer(nn.Module):
         else:
             m = self.attn(h, cache=cache, key_mask=key_mask)
         half = (x if self.form == "official" else h) + m
+        if self.kind != "ista":
+            return half + self.mlp(self.norm2(half)), half, attn
         out = half if self.ista.mode == "none" else self.ista(self.norm2(half))
         return out, half, attn
 

@@ -114,6 +114,13 @@ register_model("crate_gpt_mini", arch="crate_lm", **_MINI)
 register_model("crate_bert_mini", arch="crate_lm", causal=False, pos_embed="sinusoidal", **_MINI)
 register_model("gpt_mini", arch="gpt", final_norm=True, **_MINI)
 
+# The CRATE variants of the ablations at the same size as crate_mnist: JMLR Table 17's hybrids and
+# CRATE-α's sparse-coding block (Yang et al. 2024).  `crate ablate 17` trains them side by side.
+_MNIST = dict(arch="crate", image_size=28, patch_size=7, in_chans=1, num_classes=10, dim=128, depth=6, heads=4)
+register_model("crate_mlp_mnist", **_MNIST, mlp="mlp")  # MSSA + GELU MLP
+register_model("crate_mhsa_mnist", **_MNIST, attention="mhsa")  # standard attention + ISTA
+register_model("crate_alpha_mnist", **_MNIST, mlp="odl")  # MSSA + overcomplete ISTA (4d atoms) + residual
+
 
 def list_models(pattern: str = "*") -> list[str]:
     """Names of registered models matching a shell-style ``pattern`` (e.g. ``"crate_*"``), sorted."""

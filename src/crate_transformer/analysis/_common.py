@@ -34,8 +34,17 @@ def layer_index(model: ImageClassifier, layer: int) -> int:
 
 
 def is_crate(model: ImageClassifier) -> bool:
-    """CRATE layers in the encoder: a CRATE classifier or a CRATE-MAE (whose encoder is analysed like one)."""
+    """CRATE layers in the encoder: a CRATE classifier, its hybrids (CRATE-MLP, CRATE-MHSA, CRATE-α; JMLR
+    Table 17) or a CRATE-MAE (whose encoder is analysed like one)."""
     return model.config.arch in ("crate", "crate_mae")
+
+
+def has_ista(model: ImageClassifier) -> bool:
+    """True when every layer ends with CRATE's ISTA block, whose output sparsity the paper measures
+    (Figs. 14-15).  CRATE-MLP and CRATE-α end with a residual block: their outputs have no exact zeros
+    (CRATE-α's sparse code is internal, see :meth:`~crate_transformer.operators.OvercompleteISTA.code`)."""
+    c = model.config
+    return c.arch == "crate" and c.mlp == "ista" and c.ista_mode != "none"
 
 
 def head_projections(layer: nn.Module, h: Tensor) -> Tensor:
@@ -54,12 +63,13 @@ def head_projections(layer: nn.Module, h: Tensor) -> Tensor:
 
 
 def layer_subspaces(layer: nn.Module) -> Tensor:
-    """The layer's learned bases ``U`` as (K, d, p): MSSA's ``U_k``; for ViT the key projections."""
+    """The layer's learned bases ``U`` as (K, d, p): MSSA's ``U_k``; for standard attention (ViT,
+    CRATE-MHSA) the key projections."""
     if hasattr(layer.attn, "subspaces"):
         return layer.attn.subspaces()
     w = layer.attn.qkv.weight
-    d = w.shape[1]
-    return subspaces_from_qkv(w[d : 2 * d], layer.attn.heads)
+    inner = w.shape[0] // 3
+    return subspaces_from_qkv(w[inner : 2 * inner], layer.attn.heads)
 
 
 @torch.no_grad()

@@ -20,7 +20,12 @@ For every layer ℓ = 1..L and every sample, :func:`measure` computes
   informative for ViT, whose outputs have no exact zeros).
 
 For the ViT baseline (Fig. 26) the "subspaces" are the key projections of each head, the "MSSA
-output" is the attention-block output and the "ISTA output" the MLP-block output.
+output" is the attention-block output and the "ISTA output" the MLP-block output.  The CRATE hybrids
+(JMLR Table 17) are measured the same way, block by block: CRATE-MHSA's ``rc_*`` use its key
+projections (it has no shared ``U_k``) and its sparsity is the ISTA output's; CRATE-MLP's ``rc_*`` use
+the MSSA subspaces and its "sparsity" is that of the residual MLP-block output (no exact zeros
+expected); CRATE-α's likewise is the residual ODL-block output, not its internal sparse code.
+``meta["ista_output"]`` says whether the measured output is an ISTA output.
 
 Every value is computed per sample in float64 (reusing :mod:`crate_transformer.objectives`) and
 averaged over samples with an exactly-rounded sum, so the result is deterministic and does not
@@ -47,6 +52,7 @@ from ..objectives import coding_rate, l1_per_entry, rate_reduction, sparsity
 from ._common import (
     Normalization,
     count_images,
+    has_ista,
     head_projections,
     is_image_dataset,
     iter_batches,
@@ -288,6 +294,9 @@ def measure(
         "n_samples": int(values["rc_in"].shape[0]),
         "n_layers": int(values["rc_in"].shape[1]),
         "arch": model.config.arch,
+        "attention": model.config.attention if model.config.arch == "crate" else "mhsa",
+        "mlp": model.config.mlp if model.config.arch == "crate" else "mlp",
+        "ista_output": has_ista(model),
         "normalization": None
         if normalization is None
         else [list(map(float, torch.as_tensor(s).flatten())) for s in normalization],

@@ -26,12 +26,13 @@ def run_models(args: argparse.Namespace) -> int:
         params = f"{model.num_params():,}"
         if isinstance(c, LMConfig):
             kind = ("GPT " if c.causal else "BERT ") + f"ctx {c.block_size}, vocab {c.vocab_size:,}"
-            rows.append((name, c.arch, c.dim, c.depth, c.heads, kind, params))
+            rows.append((name, c.arch, "", c.dim, c.depth, c.heads, kind, params))
             continue
         if c.arch == "crate_mae":  # Table 9 counts the official layout (unused decoder_embed, both sin-cos tables)
             params += f" ({model.num_params(layout='official'):,} official)"
-        rows.append((name, c.arch, c.dim, c.depth, c.heads, f"image {c.image_size}/{c.patch_size}", params))
-    header = ("name", "arch", "dim", "depth", "heads", "input", "params")
+        blocks = {"crate": f"{getattr(c, 'attention', '')}+{getattr(c, 'mlp', '')}", "vit": "mhsa+mlp"}.get(c.arch, "")
+        rows.append((name, c.arch, blocks, c.dim, c.depth, c.heads, f"image {c.image_size}/{c.patch_size}", params))
+    header = ("name", "arch", "blocks", "dim", "depth", "heads", "input", "params")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
         print("  ".join(str(v).ljust(w) for v, w in zip(r, widths)))

@@ -1,0 +1,99 @@
+"""``crate ablate TABLE ...``: the paper's ablation tables at laptop scale (:mod:`crate_transformer.ablate`)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from .common import parse_model_args, positive
+
+
+def configure_ablate(parser: argparse.ArgumentParser) -> None:
+    from ..ablate import RECIPE, TABLES
+
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter  # the help texts state their defaults
+    parser.description = (
+        "Train every row of the paper's ablation tables (JMLR Tables 11, 12, 13, 15, 17) for several seeds with "
+        "the `crate train` engine, then write OUT/ablate.md (held-out accuracy mean ± std, parameters, images/s, "
+        "the paper's ImageNet number) and OUT/layerwise-<table>.png. Finished runs (OUT/results.jsonl) are not "
+        "trained again; a killed run continues from its checkpoint.\n\ntables: "
+        + "; ".join(f"{k}: {t.title.split(': ', 1)[1]}" for k, t in TABLES.items())
+    )
+    parser.add_argument("tables", nargs="+", metavar="TABLE", help=f"{' | '.join(TABLES)} | all")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per row, 0..N-1 (default: 3)")
+    parser.add_argument("--epochs", type=int, default=None, help=f"epochs per run (default: {RECIPE['epochs']})")
+    parser.add_argument("--data", default=None, help=f"dataset name or folder (default: {RECIPE['data']})")
+    parser.add_argument("--model", default=None, help=f"base registered model (default: {RECIPE['model']})")
+    parser.add_argument(
+        "--model-args", nargs="+", default=[], metavar="KEY=VALUE", help="base model overrides, e.g. dim=64 depth=4"
+    )
+    parser.add_argument(
+        "--train-args",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other `crate train` option for every run, e.g. batch_size=64 max_steps=100 device=cuda",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads per run (default: torch's)")
+    parser.add_argument("--out", default="runs/ablate", help="sweep folder (default: runs/ablate)")
+    parser.add_argument(
+        "--measure-images", type=int, default=256, help="held-out images for the layer-wise figure (default: 256)"
+    )
+    parser.add_argument("--report-only", action="store_true", help="only rewrite the report from stored results")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
+
+def _train_args(items: list[str]) -> dict:
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--train-args expects KEY=VALUE pairs (e.g. batch_size=64), got {item!r}")
+        out[key.strip().replace("-", "_")] = yaml.safe_load(value)
+    return out
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command line that reproduces this sweep (recorded in the report)."""
+    parts = ["crate", "ablate", *args.tables, "--seeds", str(args.seeds)]
+    for name in ("epochs", "data", "model", "threads"):
+        if getattr(args, name) is not None:
+            parts += [f"--{name}", str(getattr(args, name))]
+    for name in ("model_args", "train_args"):
+        if getattr(args, name):
+            parts += [f"--{name.replace('_', '-')}", *getattr(args, name)]
+    parts += ["--out", args.out]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def run_ablate(args: argparse.Namespace) -> int:
+    from ..ablate import run_ablation
+
+    positive("seeds", args.seeds)
+    positive("epochs", args.epochs, allow_none=True)
+    positive("measure_images", args.measure_images)
+    overrides = _train_args(args.train_args)
+    for name in ("epochs", "data", "model", "threads"):
+        if getattr(args, name) is not None:
+            overrides[name] = getattr(args, name)
+    if args.model_args:
+        overrides["model_args"] = parse_model_args(args.model_args)
+    try:
+        written = run_ablation(
+            args.tables,
+            out=args.out,
+            seeds=args.seeds,
+            overrides=overrides,
+            report_only=args.report_only,
+            measure_images=args.measure_images,
+            progress=args.progress,
+            command=_command(args),
+        )
+    except KeyboardInterrupt as e:
+        print(f"crate ablate: {e or 'interrupted'}; run the same command again to resume", file=sys.stderr)
+        return 130
+    print("\n".join(f"{k}: {v}" for k, v in written.items()))
+    return 0
