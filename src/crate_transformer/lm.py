@@ -261,14 +261,7 @@ class LanguageModel(PretrainedMixin, nn.Module):
     def forward_trace(self, idx: Tensor, return_attention: bool = False) -> Trace:
         """Every layer's tokens (``tokens[0]`` = ``f_pre(X)``), MSSA outputs and attention maps in one pass."""
         z = self.embed(idx)
-        tokens, half, attention = [z], [], [] if return_attention else None
-        for layer in self.layers:
-            z, zh, attn = layer(z, return_attention=return_attention)
-            tokens.append(z)
-            half.append(zh)
-            if attention is not None:
-                attention.append(attn)
-        return Trace(tokens, half, attention)
+        return Trace.of(self.layers, z, return_attention)
 
     def classify(self, idx: Tensor, lengths: Tensor | None = None) -> Tensor:
         """Sequence-classification logits ``(b, num_labels)`` (Table 5 fine-tuning).

@@ -339,14 +339,7 @@ class CRATEMAE(PretrainedMixin, ImageInput, nn.Module):
     def forward_trace(self, x: Tensor, return_attention: bool = False) -> Trace:
         """Every encoder layer's tokens on the unmasked image (same indexing as the classifier's trace)."""
         z = self.embed(x)
-        tokens, half, attention = [z], [], [] if return_attention else None
-        for layer in self.layers:
-            z, zh, attn = layer(z, return_attention=return_attention)
-            tokens.append(z)
-            half.append(zh)
-            if attention is not None:
-                attention.append(attn)
-        return Trace(tokens, half, attention)
+        return Trace.of(self.layers, z, return_attention)
 
     def decoder_trace(self, z: Tensor) -> list[Tensor]:
         """``[LN(z), g^0(LN(z)), …]``: the decoder input (normalised encoder output ``z``), then each layer's."""

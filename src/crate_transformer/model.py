@@ -201,6 +201,18 @@ class Trace:
     half: list[Tensor]
     attention: list[Tensor] | None = None
 
+    @classmethod
+    def of(cls, layers: nn.ModuleList, z: Tensor, return_attention: bool = False) -> Trace:
+        """Run ``z`` (the embedded tokens) through ``layers`` and keep every layer's output."""
+        tokens, half, attention = [z], [], [] if return_attention else None
+        for layer in layers:
+            z, zh, attn = layer(z, return_attention=return_attention)
+            tokens.append(z)
+            half.append(zh)
+            if attention is not None:
+                attention.append(attn)
+        return cls(tokens, half, attention)
+
 
 # --------------------------------------------------------------------------- ViT baseline block
 class _ViTBlock(EncoderLayer):
@@ -391,14 +403,7 @@ class ImageClassifier(PretrainedMixin, ImageInput, nn.Module):
 
     def forward_trace(self, x: Tensor, return_attention: bool = False) -> Trace:
         z = self.embed(x)
-        tokens, half, attention = [z], [], [] if return_attention else None
-        for layer in self.layers:
-            z, zh, attn = layer(z, return_attention=return_attention)
-            tokens.append(z)
-            half.append(zh)
-            if attention is not None:
-                attention.append(attn)
-        return Trace(tokens, half, attention)
+        return Trace.of(self.layers, z, return_attention)
 
     def pool(self, z: Tensor) -> Tensor:
         # Official mean pooling includes the class token.
