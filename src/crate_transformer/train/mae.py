@@ -45,8 +45,8 @@ class MAEOptions:
 
     mask_ratio: float | None = task_option(None, "fraction of patches masked (default: the model's, 0.75)")
     augmentation: str = task_option(
-        "auto", "augmentation of the pre-training images: auto (translate for digits, crop-flip otherwise, as in "
-        "MAE) | none | translate | crop-flip", choices=("auto", "none", "translate", "crop-flip"),
+        "auto", "augmentation of the pre-training images: auto (none for the built-in digits, crop-flip otherwise, "
+        "as in MAE) | none | translate | crop-flip", choices=("auto", "none", "translate", "crop-flip"),
     )  # fmt: skip
     probe: bool = task_option(True, "at the end, linear-probe the encoder and a random-init encoder (probe.json)")
     probe_pool: str = task_option(
@@ -110,9 +110,10 @@ class MAETask(Task):
     name = "mae"
     metric = "visible_loss"
     command = "pretrain mae"
-    # The digits default (≤ 5 min on 2 CPU cores).  AdamW (0.9, 0.95) as MAE.
-    defaults = {"model": "crate_mae_mnist", "lr": 2e-3, "min_lr": 1e-5, "weight_decay": 0.05, "epochs": 20,
-                "warmup_epochs": 2.0, "batch_size": 128, "betas": [0.9, 0.95]}  # fmt: skip
+    # The digits default (≤ 5 min on 2 CPU cores).  AdamW (0.9, 0.95) as MAE.  Small batches: at a fixed
+    # budget the model is under-trained, and 5,000 steps of 32 beat 1,860 of 128 (held-out loss 0.516 vs 0.542).
+    defaults = {"model": "crate_mae_mnist", "lr": 1e-3, "min_lr": 1e-5, "weight_decay": 0.05, "epochs": 40,
+                "warmup_epochs": 2.0, "batch_size": 32, "betas": [0.9, 0.95]}  # fmt: skip
     Options = MAEOptions
 
     def setup(self, cfg: TrainConfig, rt: Runtime, state: dict | None) -> None:
@@ -162,7 +163,7 @@ class MAETask(Task):
         self.model = model.to(rt.device)
         kind = self.options.augmentation
         if kind == "auto":
-            kind = "translate" if self.train_data.name in BUILTIN_DATASETS else "crop-flip"
+            kind = "none" if self.train_data.name in BUILTIN_DATASETS else "crop-flip"  # short runs: no augmentation
         self.augment_kind = kind
         native = getattr(self.train_data, "image_size", None) or image_size
         self.augment = build_augmentation(
