@@ -184,10 +184,6 @@ class LanguageModel(PretrainedMixin, nn.Module):
             self.layers = nn.ModuleList(
                 _ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout, c.causal) for _ in range(c.depth)
             )
-        if c.arch == "crate_lm" and c.ista_mode == "none":  # Table 16: the ISTA block (and its LayerNorm) is skipped
-            for layer in self.layers:  # frozen, so neither the optimizer nor DDP waits for their gradients
-                layer.ista.requires_grad_(False)
-                layer.norm2.requires_grad_(False)
         self.norm = nn.LayerNorm(c.dim) if c.final_norm else nn.Identity()
         self.classifier = nn.Linear(c.dim, c.num_labels) if c.num_labels else None
         self._init_weights()

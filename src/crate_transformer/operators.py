@@ -407,6 +407,9 @@ class EncoderLayer(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=ln_eps)
         if mlp == "ista":
             self.ista = ISTA(dim, eta, lambd, ista_mode, eps)
+            if ista_mode == "none":  # Table 15/16: the block (and its LayerNorm) is skipped; frozen, so neither
+                self.ista.requires_grad_(False)  # the optimizer nor DDP waits for gradients that never come
+                self.norm2.requires_grad_(False)
         elif mlp == "mlp":
             self.mlp: nn.Module = MLP(dim, mlp_ratio, dropout)
         else:
