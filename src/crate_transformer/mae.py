@@ -37,9 +37,18 @@ import torch
 from torch import Tensor, nn
 
 from .config_utils import coerce_fields
-from .data.spec import DataSpec, fit_normalization
+from .data.spec import DataSpec
 from .io import PretrainedMixin
-from .model import ImageClassifier, ImageInput, ModelConfig, Trace, build_model, patchify, unpatchify
+from .model import (
+    ImageClassifier,
+    ImageEncoderGeometry,
+    ImageInput,
+    ModelConfig,
+    Trace,
+    build_model,
+    patchify,
+    unpatchify,
+)
 from .operators import LAYER_FORMS, DecoderLayer, EncoderLayer
 
 __all__ = [
@@ -56,7 +65,7 @@ MAE_ARCH = "crate_mae"
 
 
 @dataclass
-class MAEConfig:
+class MAEConfig(ImageEncoderGeometry):
     """Every hyperparameter of a CRATE-MAE; round-trips through ``config.json`` (``arch == "crate_mae"``).
 
     Values are coerced to the declared types (:func:`~crate_transformer.config_utils.coerce_fields`)
@@ -87,14 +96,7 @@ class MAEConfig:
             object.__setattr__(self, name, value)
         if self.arch != MAE_ARCH:
             raise ValueError(f"MAEConfig.arch must be {MAE_ARCH!r}, got {self.arch!r}; use ModelConfig for classifiers")
-        for name in ("image_size", "patch_size", "in_chans", "dim", "depth", "heads"):
-            v = getattr(self, name)
-            if v <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if self.dim_head is not None and self.dim_head <= 0:
-            raise ValueError(f"dim_head must be a positive integer or None (= dim // heads), got {self.dim_head!r}")
-        if self.dim_head is None and self.dim % self.heads:
-            raise ValueError(f"dim={self.dim} is not divisible by heads={self.heads}; choose heads dividing dim")
+        self.check_geometry()
         if self.dim % 4:
             raise ValueError(f"dim={self.dim} must be a multiple of 4 for the 2-D sin-cos position embedding")
         for name in ("layer_form", "decoder_form"):
@@ -105,25 +107,8 @@ class MAEConfig:
             v = getattr(self, name)
             if not (math.isfinite(v) and ok(v)):
                 raise ValueError(f"{name} must be a finite number {rule}, got {v!r}")
-        if self.image_size % self.patch_size:
-            raise ValueError(
-                f"image_size={self.image_size} is not divisible by patch_size={self.patch_size}; "
-                f"use an image size that is a multiple of {self.patch_size}"
-            )
         check_mask_ratio(self.mask_ratio, self.grid**2)
-        if self.data is not None and not isinstance(self.data, DataSpec):
-            raise ValueError(f"data must be a DataSpec, a mapping of its fields or None, got {self.data!r}")
-        if self.data is not None and self.data.mean:
-            if fit_normalization(self.data.mean, self.data.std, self.in_chans) is None:
-                raise ValueError(f"data normalisation has {len(self.data.mean)} values for in_chans={self.in_chans}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim_head if self.dim_head is not None else self.dim // self.heads
-
-    @property
-    def grid(self) -> int:
-        return self.image_size // self.patch_size
+        self.check_data()
 
     @property
     def num_patches(self) -> int:

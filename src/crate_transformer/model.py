@@ -25,6 +25,7 @@ from .operators import ATTENTIONS, ISTA_MODES, LAYER_FORMS, MLPS, EncoderLayer
 
 __all__ = [
     "ModelConfig",
+    "ImageEncoderGeometry",
     "Trace",
     "ImageInput",
     "ImageClassifier",
@@ -39,8 +40,61 @@ ARCHS = ("crate", "vit")
 POOLS = ("cls", "mean")
 
 
+class ImageEncoderGeometry:
+    """What every image-encoder config shares (:class:`ModelConfig`, CRATE-MAE's ``MAEConfig``): the head
+    width, the patch grid, and the checks of those sizes and of the recorded data description."""
+
+    image_size: int
+    patch_size: int
+    in_chans: int
+    dim: int
+    depth: int
+    heads: int
+    dim_head: int | None
+    data: DataSpec | None
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim_head if self.dim_head is not None else self.dim // self.heads
+
+    @property
+    def grid(self) -> int:
+        return self.image_size // self.patch_size
+
+    def check_geometry(self, positive: tuple[str, ...] = ()) -> None:
+        """One-line ValueErrors for bad sizes (``positive`` names further positive-integer fields)."""
+        for name in ("image_size", "patch_size", "in_chans", *positive, "dim", "depth", "heads"):
+            v = getattr(self, name)
+            if v <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.dim_head is not None and self.dim_head <= 0:
+            raise ValueError(f"dim_head must be a positive integer or None (= dim // heads), got {self.dim_head!r}")
+        if self.dim_head is None and self.dim % self.heads:
+            raise ValueError(
+                f"dim={self.dim} is not divisible by heads={self.heads}; "
+                f"choose heads dividing dim (e.g. {_divisors_hint(self.dim)}) or set dim_head explicitly"
+            )
+        if self.image_size % self.patch_size:
+            raise ValueError(
+                f"image_size={self.image_size} is not divisible by patch_size={self.patch_size}; "
+                f"use an image size that is a multiple of {self.patch_size}"
+            )
+
+    def check_data(self) -> None:
+        """``data`` is None or a :class:`DataSpec` whose normalisation fits ``in_chans``."""
+        if self.data is None:
+            return
+        if not isinstance(self.data, DataSpec):
+            raise ValueError(f"data must be a DataSpec, a mapping of its fields or None, got {self.data!r}")
+        if self.data.mean and fit_normalization(self.data.mean, self.data.std, self.in_chans) is None:
+            raise ValueError(
+                f"data normalisation has {len(self.data.mean)} values, which cannot be adapted to "
+                f"in_chans={self.in_chans}; record 1 or {self.in_chans} per-channel values"
+            )
+
+
 @dataclass
-class ModelConfig:
+class ModelConfig(ImageEncoderGeometry):
     """Every hyperparameter of an image classifier; round-trips through ``config.json``.
 
     Values are coerced to the declared types (``"5e-2"`` → 0.05 for a float field, ``"64"`` → 64 for
@@ -108,12 +162,7 @@ class ModelConfig:
             )
         if self.arch == "crate" and self.attention == "mhsa" and self.tied_output:
             raise ValueError("tied_output applies to MSSA only, but attention='mhsa'; use attention=mssa")
-        for name in ("image_size", "patch_size", "in_chans", "num_classes", "dim", "depth", "heads"):
-            v = getattr(self, name)
-            if v <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if self.dim_head is not None and self.dim_head <= 0:
-            raise ValueError(f"dim_head must be a positive integer or None (= dim // heads), got {self.dim_head!r}")
+        self.check_geometry(positive=("num_classes",))
         for name, ok, rule, example in (
             ("eta", lambda v: v > 0, " > 0", "0.1"),
             ("lambd", lambda v: v >= 0, " >= 0", "0.1"),
@@ -126,38 +175,13 @@ class ModelConfig:
             v = getattr(self, name)
             if not (math.isfinite(v) and ok(v)):
                 raise ValueError(f"{name} must be a finite number{rule}, got {v!r}; e.g. {name}={example}")
-        if self.dim_head is None and self.dim % self.heads:
-            raise ValueError(
-                f"dim={self.dim} is not divisible by heads={self.heads}; "
-                f"choose heads dividing dim (e.g. {_divisors_hint(self.dim)}) or set dim_head explicitly"
-            )
         if self.arch == "vit" and self.dim % self.heads:
             raise ValueError(
                 f"dim={self.dim} is not divisible by heads={self.heads}; the ViT baseline needs dim % heads == 0"
             )
         if (self.arch == "vit" or self.mlp == "mlp") and int(self.dim * self.mlp_ratio) < 1:
             raise ValueError(f"mlp_ratio={self.mlp_ratio} gives an empty MLP for dim={self.dim}; e.g. mlp_ratio=4.0")
-        if self.image_size % self.patch_size:
-            raise ValueError(
-                f"image_size={self.image_size} is not divisible by patch_size={self.patch_size}; "
-                f"use an image size that is a multiple of {self.patch_size}"
-            )
-        if self.data is not None:
-            if not isinstance(self.data, DataSpec):
-                raise ValueError(f"data must be a DataSpec, a mapping of its fields or None, got {self.data!r}")
-            if self.data.mean and fit_normalization(self.data.mean, self.data.std, self.in_chans) is None:
-                raise ValueError(
-                    f"data normalisation has {len(self.data.mean)} values, which cannot be adapted to "
-                    f"in_chans={self.in_chans}; record 1 or {self.in_chans} per-channel values"
-                )
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim_head if self.dim_head is not None else self.dim // self.heads
-
-    @property
-    def grid(self) -> int:
-        return self.image_size // self.patch_size
+        self.check_data()
 
     def to_dict(self) -> dict:
         """Every field as plain JSON values; ``data`` as a dict (or None)."""
