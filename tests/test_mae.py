@@ -251,7 +251,9 @@ def test_pretrain_mae_loss_falls_on_digits_then_resume_finetune_and_probe(tmp_pa
     assert trained < 0.8 * untrained["loss"], (trained, untrained)
     assert (run / "reconstruction.png").read_bytes()[:4] == b"\x89PNG" and (run / "curves.png").is_file()
     out = capsys.readouterr().out
-    assert "held-out masked-patch loss" in out and f"crate finetune --from {run}" in out
+    assert "held-out masked-patch loss" in out and f"crate finetune --from {run}" in out and "recognises" in out
+    rec = json.loads((run / "recognition.json").read_text())
+    assert rec["images"] == len(test) and rec["original"] > rec["mean_fill"] and 0 <= rec["reconstruction"] <= 1
     # fine-tune a classifier from the MAE encoder (Table 3 protocol)
     ft = tmp_path / "ft"
     assert crate("finetune", "--from", run, "--data", "digits", "--threads", 1, "--no-progress", "--epochs", 1,
@@ -284,3 +286,37 @@ def test_analyze_reports_decoder_inversion(tmp_path):
                      num_vis=1, progress=False)  # fmt: skip
     assert len(report["decoder_inversion"]["layers"]) == 2
     assert (tmp_path / "a" / "figures" / "decoder_inversion.png").is_file()
+
+
+def test_reconstruction_recognition_against_pixels_written_directly(monkeypatch):
+    from crate_transformer.analysis import reconstruction_recognition
+    from crate_transformer.probe import knn_classify
+
+    torch.manual_seed(0)
+    m = perturbed(small_mae(in_chans=1, image_size=16, patch_size=4)).eval()  # 16 patches, 12 masked
+    mean, std = [0.5], [0.25]
+
+    def digits(n):  # two classes: the bright half is the left or the right one
+        y = torch.arange(n) % 2
+        x = 0.3 * torch.randn(n, 1, 16, 16)
+        x[y == 0, :, :, :8] += 1.5
+        x[y == 1, :, :, 8:] += 1.5
+        return x, y
+
+    (trx, tr_y), (tex, te_y) = digits(40), digits(10)
+    pix = lambda x: (x * std[0] + mean[0]).flatten(1)  # noqa: E731
+    knn = lambda x: knn_classify(pix(trx), tr_y, pix(x), te_y, k=5)  # noqa: E731
+    r = reconstruction_recognition(m, trx, tr_y, tex, te_y, mean=mean, std=std, seed=3, k=5, batch_size=3)
+    assert r["original"] == knn(tex) and r["images"] == 10
+    # the do-nothing reconstruction, written directly: masked 4x4 patches take the mean training image
+    noise = torch.rand(10, 16, generator=torch.Generator().manual_seed(3))
+    masked = torch.zeros(10, 16)
+    masked.scatter_(1, noise.argsort(1)[:, 4:], 1.0)  # the 12 patches of largest noise are masked
+    mask_img = masked.view(10, 1, 4, 4).repeat_interleave(4, -2).repeat_interleave(4, -1)
+    assert r["mean_fill"] == knn(tex * (1 - mask_img) + trx.mean(0) * mask_img)
+    with torch.no_grad():
+        assert r["reconstruction"] == knn(m.reconstruct(tex, noise=noise)[0])
+    # a perfect autoencoder is recognised exactly as often as the originals
+    monkeypatch.setattr(m, "reconstruct", lambda x, noise: (x, torch.zeros_like(x), torch.zeros(len(x))))
+    perfect = reconstruction_recognition(m, trx, tr_y, tex, te_y, mean=mean, std=std, k=5)
+    assert perfect["reconstruction"] == perfect["original"] > 0.9 and perfect["mean_fill"] == perfect["original"]

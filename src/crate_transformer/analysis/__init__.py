@@ -16,7 +16,7 @@ Command line: ``crate analyze CHECKPOINT [--images DIR | --data NAME] --out DIR`
 """
 
 from .attention import attention_entropy, cls_attention
-from .decoder import decoder_inversion, is_autoencoder
+from .decoder import decoder_inversion, is_autoencoder, reconstruction_recognition
 from .measure import METRICS, LayerTable, load_measure_records, measure, measure_batch, measure_hook, official_rc
 from .plots import (
     plot_attention,
@@ -64,6 +64,7 @@ __all__ = [
     "analyze",
     "decoder_inversion",
     "is_autoencoder",
+    "reconstruction_recognition",
     "plot_decoder_inversion",
     "plot_reconstructions",
 ]

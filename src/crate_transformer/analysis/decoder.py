@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from ._common import eval_trace
 
-__all__ = ["decoder_inversion", "is_autoencoder"]
+__all__ = ["decoder_inversion", "is_autoencoder", "reconstruction_recognition"]
 
 
 def is_autoencoder(model: nn.Module) -> bool:
@@ -81,3 +81,54 @@ def decoder_inversion(model: nn.Module, images: Tensor) -> list[dict]:
     finally:
         model.train(was)
     return rows
+
+
+@torch.no_grad()
+def reconstruction_recognition(
+    model: nn.Module,
+    train_x: Tensor,
+    train_y: Tensor,
+    test_x: Tensor,
+    test_y: Tensor,
+    *,
+    mean: list[float],
+    std: list[float],
+    seed: int = 0,
+    k: int = 20,
+    batch_size: int = 500,
+) -> dict[str, float]:
+    """How recognisable are the reconstructions?  A number for the reconstruction figure (Fig. 11, p.39).
+
+    A weighted k-NN classifier on raw pixels (:func:`~crate_transformer.probe.knn_classify`, fitted on
+    the training images ``train_x``) labels three versions of each held-out image, all with the same
+    seeded mask: ``original``; ``mean_fill``, the do-nothing reconstruction (masked patches replaced by
+    the mean training image there); and ``reconstruction``, the visible patches with the model's
+    predictions at the masked ones (:meth:`~crate_transformer.mae.CRATEMAE.reconstruct`).  Inputs are
+    normalised images ``(b, c, h, w)``; the classifier sees pixel values (``x · std + mean``).
+    """
+    from ..probe import knn_classify
+
+    if not is_autoencoder(model):
+        raise ValueError("reconstruction_recognition needs a CRATE-MAE; e.g. crate_mae_mnist")
+    dev = next(model.parameters()).device
+    shape = (1, -1, 1, 1)
+    pixels = lambda x: (x.float().cpu() * torch.tensor(std).view(shape) + torch.tensor(mean).view(shape)).flatten(1)  # noqa: E731
+    p = model.config.patch_size
+    n = (test_x.shape[-2] // p) * (test_x.shape[-1] // p)
+    noise = torch.rand(len(test_x), n, generator=torch.Generator().manual_seed(seed))
+    mean_image = train_x.float().mean(0, keepdim=True)
+    was = model.training
+    model.eval()
+    recon, mean_fill = [], []
+    try:
+        for s in range(0, len(test_x), batch_size):
+            x = test_x[s : s + batch_size].to(dev)
+            r, mask_img, _ = model.reconstruct(x, noise=noise[s : s + batch_size].to(dev))
+            recon.append(pixels(r))
+            mean_fill.append(pixels(x * (1 - mask_img) + mean_image.to(dev) * mask_img))
+    finally:
+        model.train(was)
+    ref, labels = pixels(train_x), train_y.long().cpu()
+    acc = lambda x: knn_classify(ref, labels, x, test_y.long().cpu(), k=k)  # noqa: E731
+    return {"original": acc(pixels(test_x)), "mean_fill": acc(torch.cat(mean_fill)),
+            "reconstruction": acc(torch.cat(recon)), "k": k, "images": len(test_x)}  # fmt: skip
