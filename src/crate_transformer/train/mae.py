@@ -298,9 +298,13 @@ class MAETask(Task):
         return torch.cat(xs), torch.cat(ys)
 
     def recognition(self, train_images: int = 10_000, test_images: int = 2_000) -> dict[str, Any]:
-        """Raw-pixel k-NN accuracy on held-out originals, mean-filled masked images and reconstructions."""
+        """Raw-pixel k-NN accuracy on held-out originals, mean-filled masked images and reconstructions.
+
+        At most ``train_images`` / ``test_images`` images, and at most ~128 MB of pixels per split (large images)."""
         from ..analysis import reconstruction_recognition
 
+        per_image = self.model.config.in_chans * self.image_size**2
+        train_images, test_images = (max(1, min(n, 2**25 // per_image)) for n in (train_images, test_images))
         train_x, train_y = self._labelled(self.train_data, train_images)
         test_x, test_y = self._labelled(self.test_data, test_images)
         result = reconstruction_recognition(self.model, train_x, train_y, test_x, test_y, mean=self.mean,
