@@ -226,13 +226,26 @@ def test_token_file_is_memory_mapped_and_blocks_follow_the_source_contract(tmp_p
     expected = tok.encode("hello world\n" * 30) + [tok.eos_id] + tok.encode("second document\n" * 20) + [tok.eos_id]
     assert tokens.tolist() == expected
     blocks = TokenBlocks(tokens, 8, 0, len(tokens), "corpus", "train")
-    assert len(blocks) == (len(tokens) - 1) // 8 and blocks.steps_per_epoch(4) == len(blocks) // 4
+    assert len(blocks) == (len(tokens) - 1) // 8  # evaluation: every window of the unshifted grid
+    assert blocks.steps_per_epoch(4) == ((len(tokens) - 8) // 8) // 4  # training: the windows that fit any shift
     one = torch.cat(list(blocks.batches(4, shuffle=True, seed=1, epoch=2)))
     two = [torch.cat(list(blocks.batches(4, shuffle=True, seed=1, epoch=2, rank=r, world=2))) for r in (0, 1)]
     assert one.shape[1] == 9 and len(one) == 4 * blocks.steps_per_epoch(4)
     assert sorted(map(tuple, one.tolist())) == sorted(map(tuple, torch.cat(two).tolist()))  # ranks split each batch
     first = blocks.get(torch.tensor([1]))[0].tolist()
     assert first == expected[8:17]  # window i starts at token 8i and holds 9 tokens (inputs + next-token targets)
+    # each training epoch reads windows of one grid, shifted by its seeded offset (none in epoch 0), in the
+    # epoch's seeded order
+    from crate_transformer.data.base import epoch_permutation
+
+    offsets = []
+    for epoch in range(6):
+        rows = torch.cat(list(blocks.batches(4, shuffle=True, seed=1, epoch=epoch))).tolist()
+        o = blocks.offset(1, epoch)
+        order = epoch_permutation(blocks.train_windows, 1, epoch)[: 4 * blocks.steps_per_epoch(4)].tolist()
+        assert rows == [expected[o + 8 * i : o + 8 * i + 9] for i in order]
+        offsets.append(o)
+    assert offsets[0] == 0 and len(set(offsets)) > 2 and all(0 <= o < 8 for o in offsets)
 
 
 def test_empty_and_non_utf8_text_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -11,7 +11,8 @@ by the corpus files (path, size, modification time) and the tokenizer; later run
 ``numpy.memmap``, so the corpus is never held in memory.  Documents are separated by the end-of-text token.
 
 :class:`TokenBlocks` is a split of that file as non-overlapping windows of ``block_size + 1`` tokens
-(inputs and their next-token targets) under the same contract as the image sources
+(inputs and their next-token targets; in training the window grid moves by a seeded offset each epoch)
+under the same contract as the image sources
 (:class:`~crate_transformer.data.ImageSource`): ``__len__``, ``steps_per_epoch`` and ``batches`` in global
 batches of a ``(seed, epoch)`` order, each process taking its slice.
 """
@@ -168,7 +169,13 @@ def split_tokens(n_tokens: int, val_fraction: float, block_size: int) -> int:
 
 
 class TokenBlocks:
-    """Non-overlapping windows of ``block_size + 1`` tokens of ``tokens[lo:hi]``, yielded as int64 batches."""
+    """Non-overlapping windows of ``block_size + 1`` tokens of ``tokens[lo:hi]``, yielded as int64 batches.
+
+    Evaluation (``shuffle=False``) reads the ``len(self)`` windows starting at token ``lo + i·block_size``.
+    Training (``shuffle=True``) moves the window grid by a seeded offset in ``[0, block_size)`` each epoch
+    (0 in epoch 0), so tokens near a window's start — with little context — are not the same ones every
+    epoch; it reads the :attr:`train_windows` windows that fit at any offset.
+    """
 
     def __init__(self, tokens: np.ndarray, block_size: int, lo: int, hi: int, name: str, split: str) -> None:
         self.tokens, self.block_size, self.lo, self.hi = tokens, block_size, lo, hi
@@ -178,18 +185,28 @@ class TokenBlocks:
         return max(0, (self.hi - self.lo - 1) // self.block_size)
 
     @property
+    def train_windows(self) -> int:
+        """Windows per training epoch: those that fit whatever the epoch's offset."""
+        return max(0, (self.hi - self.lo - self.block_size) // self.block_size)
+
+    @property
     def num_tokens(self) -> int:
         return self.hi - self.lo
 
     def steps_per_epoch(self, batch_size: int) -> int:
-        return len(self) // batch_size
+        return self.train_windows // batch_size
 
-    def get(self, indices: Tensor) -> Tensor:
-        """The windows ``indices`` as an int64 tensor ``(len(indices), block_size + 1)``."""
-        B = self.block_size
-        rows = [
-            np.asarray(self.tokens[self.lo + i * B : self.lo + i * B + B + 1], dtype=np.int64) for i in indices.tolist()
-        ]
+    def offset(self, seed: int, epoch: int) -> int:
+        """The training window grid's shift in epoch ``epoch`` (seeded; 0 in epoch 0)."""
+        if epoch == 0:
+            return 0
+        g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        return int(torch.randint(self.block_size, (1,), generator=g))
+
+    def get(self, indices: Tensor, offset: int = 0) -> Tensor:
+        """Windows ``indices`` of the grid shifted by ``offset`` tokens, int64 ``(len(indices), block_size + 1)``."""
+        B, lo = self.block_size, self.lo + offset
+        rows = [np.asarray(self.tokens[lo + i * B : lo + i * B + B + 1], dtype=np.int64) for i in indices.tolist()]
         return torch.from_numpy(np.stack(rows))
 
     def batches(
@@ -206,12 +223,12 @@ class TokenBlocks:
     ) -> Iterator[Tensor]:
         """This process's windows of each global batch (see :func:`~crate_transformer.data.base.global_batches`)."""
         drop_last = shuffle if drop_last is None else drop_last
-        for idx in global_batches(
-            len(self), batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start=start, drop_last=drop_last
-        ):
+        n, offset = (self.train_windows, self.offset(seed, epoch)) if shuffle else (len(self), 0)
+        order = global_batches(n, batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start=start, drop_last=drop_last)
+        for idx in order:
             mine = rank_slice(idx, rank, world)
             if len(mine):
-                yield self.get(mine)
+                yield self.get(mine, offset)
 
 
 # --------------------------------------------------------------------------- labelled texts (GLUE-style tables)
