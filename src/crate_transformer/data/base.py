@@ -17,13 +17,17 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["ImageSource", "epoch_permutation", "global_batches", "rank_slice"]
+__all__ = ["ImageSource", "epoch_generator", "epoch_permutation", "global_batches", "local_batches", "rank_slice"]
+
+
+def epoch_generator(seed: int, epoch: int) -> torch.Generator:
+    """A generator seeded by (seed, epoch) only: every draw from it is the same on every rank and on resume."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + epoch)
 
 
 def epoch_permutation(num_samples: int, seed: int, epoch: int) -> Tensor:
     """The training order of ``epoch``: a function of (seed, epoch) only, identical on every rank and on resume."""
-    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    return torch.randperm(num_samples, generator=g)
+    return torch.randperm(num_samples, generator=epoch_generator(seed, epoch))
 
 
 def rank_slice(batch: Tensor, rank: int, world: int) -> Tensor:
@@ -51,6 +55,28 @@ def global_batches(
     n_batches = num_samples // batch_size if drop_last else -(-num_samples // batch_size)
     for b in range(start, n_batches):
         yield order[b * batch_size : (b + 1) * batch_size]
+
+
+def local_batches(
+    num_samples: int,
+    batch_size: int,
+    *,
+    shuffle: bool,
+    seed: int = 0,
+    epoch: int = 0,
+    start: int = 0,
+    rank: int = 0,
+    world: int = 1,
+    drop_last: bool | None = None,
+) -> Iterator[Tensor]:
+    """This process's indices of each global batch (:func:`global_batches`, then :func:`rank_slice`);
+    ``drop_last`` defaults to ``shuffle``, and a process with an empty share of a batch skips it."""
+    drop_last = shuffle if drop_last is None else drop_last
+    for idx in global_batches(num_samples, batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start=start,
+                              drop_last=drop_last):  # fmt: skip
+        mine = rank_slice(idx, rank, world)
+        if len(mine):
+            yield mine
 
 
 class ImageSource:

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .base import ImageSource, global_batches, rank_slice
+from .base import ImageSource, local_batches
 from .transforms import BUILTIN_DATASETS, _resize_tensor, match_channels
 
 __all__ = [
@@ -127,13 +127,9 @@ class ImageDataset(ImageSource, torch.utils.data.Dataset):
         drop_last: bool | None = None,
     ) -> Iterator[tuple[Tensor, Tensor]]:
         """Index the in-memory tensors per batch (see :meth:`ImageSource.batches`)."""
-        drop = shuffle if drop_last is None else drop_last
-        for idx in global_batches(
-            len(self), batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start=start, drop_last=drop
-        ):
-            mine = rank_slice(idx, rank, world)
-            if len(mine):
-                yield self.images[mine], self.labels[mine]
+        for mine in local_batches(len(self), batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start=start,
+                                  rank=rank, world=world, drop_last=drop_last):  # fmt: skip
+            yield self.images[mine], self.labels[mine]
 
     def __repr__(self) -> str:
         c, h, w = self.images.shape[1:]

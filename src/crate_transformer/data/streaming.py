@@ -8,7 +8,7 @@
 
 A streamed folder is listed exactly as the in-memory loader lists it (:func:`.memory.list_image_folder`:
 classes, the every-fifth test rule, the stratified val split) and batched by the same rule
-(:func:`.base.global_batches` + :func:`.base.rank_slice`), and each file is decoded and resized by the
+(:func:`.base.local_batches`), and each file is decoded and resized by the
 same code (:func:`.memory.decode_image`, :func:`.memory.to_chw`).  So for the same seed a streamed run
 sees the same uint8 batches as an in-memory one (when every file is readable), and a run resumed at
 ``(epoch, batch)`` starts decoding at that batch: the skipped batches are never read.
@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .base import ImageSource, global_batches, rank_slice
+from .base import ImageSource, local_batches
 from .memory import (
     FolderListing,
     _channel_stats,
@@ -135,10 +135,8 @@ class _BatchPlan:
         self.rank, self.world = 0, 1
 
     def __iter__(self) -> Iterator[list[int]]:
-        for idx in global_batches(self.num_samples, **self.kw):
-            mine = rank_slice(idx, self.rank, self.world)
-            if len(mine):
-                yield mine.tolist()
+        for mine in local_batches(self.num_samples, **self.kw, rank=self.rank, world=self.world):
+            yield mine.tolist()
 
 
 class _Reader(torch.utils.data.Dataset):
@@ -243,9 +241,8 @@ class MapStreamSource(ImageSource):
         drop_last: bool | None = None,
     ) -> Iterator[tuple[Tensor, Tensor]]:
         """Decode this process's share of each global batch in workers (see :meth:`ImageSource.batches`)."""
-        drop = shuffle if drop_last is None else drop_last
         loader, plan = self._loader(shuffle)
-        plan.kw = dict(batch_size=batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start=start, drop_last=drop)
+        plan.kw = dict(batch_size=batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start=start, drop_last=drop_last)
         plan.rank, plan.world = rank, world
         yield from checked(loader)
 

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ..io import atomic_write
-from .base import global_batches, rank_slice
+from .base import epoch_generator, local_batches
 
 __all__ = [
     "BUILTIN_CORPORA",
@@ -200,8 +200,7 @@ class TokenBlocks:
         """The training window grid's shift in epoch ``epoch`` (seeded; 0 in epoch 0)."""
         if epoch == 0:
             return 0
-        g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-        return int(torch.randint(self.block_size, (1,), generator=g))
+        return int(torch.randint(self.block_size, (1,), generator=epoch_generator(seed, epoch)))
 
     def get(self, indices: Tensor, offset: int = 0) -> Tensor:
         """Windows ``indices`` of the grid shifted by ``offset`` tokens, int64 ``(len(indices), block_size + 1)``."""
@@ -221,14 +220,11 @@ class TokenBlocks:
         world: int = 1,
         drop_last: bool | None = None,
     ) -> Iterator[Tensor]:
-        """This process's windows of each global batch (see :func:`~crate_transformer.data.base.global_batches`)."""
-        drop_last = shuffle if drop_last is None else drop_last
+        """This process's windows of each global batch (see :func:`~crate_transformer.data.base.local_batches`)."""
         n, offset = (self.train_windows, self.offset(seed, epoch)) if shuffle else (len(self), 0)
-        order = global_batches(n, batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start=start, drop_last=drop_last)
-        for idx in order:
-            mine = rank_slice(idx, rank, world)
-            if len(mine):
-                yield self.get(mine, offset)
+        for mine in local_batches(n, batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start=start, rank=rank,
+                                  world=world, drop_last=drop_last):  # fmt: skip
+            yield self.get(mine, offset)
 
 
 # --------------------------------------------------------------------------- labelled texts (GLUE-style tables)
@@ -330,10 +326,6 @@ class LabelledTexts:
         world: int = 1,
         drop_last: bool | None = None,
     ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
-        drop_last = shuffle if drop_last is None else drop_last
-        for idx in global_batches(
-            len(self), batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start=start, drop_last=drop_last
-        ):
-            mine = rank_slice(idx, rank, world)
-            if len(mine):
-                yield self.get(mine)
+        for mine in local_batches(len(self), batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start=start,
+                                  rank=rank, world=world, drop_last=drop_last):  # fmt: skip
+            yield self.get(mine)
