@@ -120,13 +120,7 @@ def _split_images(ds: object, k: int, seed: int, size: int) -> object:
     if isinstance(ds, ImageDataset):  # random access: the seeded subset of the whole split
         x = ds.images[torch.as_tensor(_subset(len(ds), k, seed), dtype=torch.long)]
     else:  # streamed: the first k samples of a seeded epoch (shards have no random access)
-        parts, n = [], 0
-        for images, _ in ds.batches(min(k, len(ds)), shuffle=True, seed=seed, drop_last=False):
-            parts.append(images[: k - n])
-            n += parts[-1].shape[0]
-            if n >= k:
-                break
-        x = torch.cat(parts)
+        x = ds.first(k, shuffle=True, seed=seed)[0]
     return _resize_tensor(x, size).float() / 255.0
 
 

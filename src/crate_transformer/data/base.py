@@ -129,3 +129,15 @@ class ImageSource:
         A process whose share of the last partial batch is empty gets no batch for it.
         """
         raise NotImplementedError
+
+    def first(self, k: int, *, shuffle: bool = False, seed: int = 0) -> tuple[Tensor, Tensor]:
+        """The first ``k`` samples (all if fewer) in order, or of the seeded epoch-0 order with ``shuffle``:
+        ``(uint8 images, labels)``.  Works for every source, including those without random access."""
+        images, labels, n = [], [], 0
+        for x, y in self.batches(max(1, min(k, len(self))), shuffle=shuffle, seed=seed, drop_last=False):
+            images.append(x[: k - n])
+            labels.append(y[: k - n])
+            n += len(labels[-1])
+            if n >= k:
+                break
+        return torch.cat(images), torch.cat(labels)

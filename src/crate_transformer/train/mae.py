@@ -287,16 +287,6 @@ class MAETask(Task):
         plot_reconstructions(orig.cpu(), masked.cpu(), recon.cpu(), path, title=title, losses=losses.tolist())
         return path
 
-    def _labelled(self, data: ImageSource, limit: int) -> tuple[Tensor, Tensor]:
-        xs, ys, n = [], [], 0
-        for images, labels in data.batches(min(limit, self.cfg.eval_batch_size), shuffle=False):
-            xs.append(self._inputs(images[: limit - n]))
-            ys.append(labels[: limit - n])
-            n += len(ys[-1])
-            if n >= limit:
-                break
-        return torch.cat(xs), torch.cat(ys)
-
     def recognition(self, train_images: int = 10_000, test_images: int = 2_000) -> dict[str, Any]:
         """Raw-pixel k-NN accuracy on held-out originals, mean-filled masked images and reconstructions.
 
@@ -305,10 +295,10 @@ class MAETask(Task):
 
         per_image = self.model.config.in_chans * self.image_size**2
         train_images, test_images = (max(1, min(n, 2**25 // per_image)) for n in (train_images, test_images))
-        train_x, train_y = self._labelled(self.train_data, train_images)
-        test_x, test_y = self._labelled(self.test_data, test_images)
-        result = reconstruction_recognition(self.model, train_x, train_y, test_x, test_y, mean=self.mean,
-                                            std=self.std, seed=self.cfg.seed)  # fmt: skip
+        (train_x, train_y), (test_x, test_y) = (data.first(k) for data, k in
+                                                ((self.train_data, train_images), (self.test_data, test_images)))
+        result = reconstruction_recognition(self.model, self._inputs(train_x), train_y, self._inputs(test_x), test_y,
+                                            mean=self.mean, std=self.std, seed=self.cfg.seed)  # fmt: skip
         return {**result, "mask_ratio": self.model.config.mask_ratio, "train_images": len(train_x)}
 
     def probe(self) -> dict[str, Any]:
