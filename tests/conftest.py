@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -21,3 +23,18 @@ def _one_thread():
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def torchrun():
+    """``torchrun(*argv)`` starts ``crate ARGV`` as two gloo processes (one thread each) under
+    ``torch.distributed.run`` and returns the ``Popen`` (text stdout / stderr pipes)."""
+
+    def start(*argv: object) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               "-m", "crate_transformer.cli", *argv]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        pipe = subprocess.PIPE
+        return subprocess.Popen([str(a) for a in cmd], env=env, text=True, stdout=pipe, stderr=pipe)
+
+    return start

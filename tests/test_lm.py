@@ -479,18 +479,11 @@ def test_finetune_text_classifies_and_regresses_from_a_pretrained_lm(tmp_path: P
     assert "single label" in err
 
 
-def test_train_lm_under_torchrun_matches_one_process(tmp_path: Path) -> None:
-    import os
-    import subprocess
-    import sys
-
+def test_train_lm_under_torchrun_matches_one_process(tmp_path: Path, torchrun) -> None:
     args = ["--threads", 1, "--no-progress", "--model-args", "dim=32", "depth=2", "heads=2", "block_size=16",
             "--batch-size", 16, "--epochs", 1, "--eval-every", 0, "--lr", 3e-3, "--warmup-epochs", 0.01,
             "--eval-blocks", 32, "--sample-tokens", 0, "--max-steps", 8, "--log-every", 1]  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "crate_transformer.cli", "train-lm", *args, "--out", tmp_path / "ddp"]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(list(map(str, cmd)), env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = torchrun("train-lm", *args, "--out", tmp_path / "ddp")
     assert crate("train-lm", *args, "--out", tmp_path / "single") == 0  # runs while torchrun starts up
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]

@@ -322,24 +322,18 @@ def test_reconstruction_recognition_against_pixels_written_directly(monkeypatch)
     assert perfect["reconstruction"] == perfect["original"] > 0.9 and perfect["mean_fill"] == perfect["original"]
 
 
-def test_pretrain_mae_under_torchrun_reduces_the_held_out_loss_over_processes(tmp_path):
-    import os
-    import subprocess
-    import sys
-
+def test_pretrain_mae_under_torchrun_reduces_the_held_out_loss_over_processes(tmp_path, torchrun):
     import yaml
 
     from crate_transformer.data import load_dataset
     from crate_transformer.train.mae import masked_eval
 
     run = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
-           "crate_transformer.cli", "pretrain", "mae", *DIGITS, "--epochs", 2, "--batch-size", 64, "--no-probe",
-           "--eval-batch-size", 100, "--out", run]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(list(map(str, cmd)), env=env, text=True, capture_output=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("held-out masked-patch loss") == 1  # rank 0 only
+    proc = torchrun("pretrain", "mae", *DIGITS, "--epochs", 2, "--batch-size", 64, "--no-probe",
+                    "--eval-batch-size", 100, "--out", run)  # fmt: skip
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert out.count("held-out masked-patch loss") == 1  # rank 0 only
     assert yaml.safe_load((run / "config.yaml").read_text())["derived"]["world_size"] == 2
     # each process evaluated its share of every batch; the reduced loss equals one process evaluating them all
     final = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines() if '"final"' in r][-1]

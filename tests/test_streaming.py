@@ -9,8 +9,6 @@ import hashlib
 import importlib.util
 import io
 import json
-import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -315,16 +313,14 @@ def test_crate_train_stream_equals_memory_resumes_accumulates_and_logs_to_tensor
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="gloo torchrun test runs on Linux CI")
-def test_torchrun_two_processes_on_shards(shards: Path, tmp_path: Path) -> None:
+def test_torchrun_two_processes_on_shards(shards: Path, tmp_path: Path, torchrun) -> None:
     args = ["train", "--data", shards, "--model", "crate_mnist", "--image-size", SIZE, "--epochs", "1",
             "--batch-size", "8", "--workers", "0", "--threads", "1", "--no-progress", "--augment", "none",
             "--log-every", "1", "--out", tmp_path / "ddp", "--model-args", *ARCH]  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "crate_transformer.cli", *args]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(list(map(str, cmd)), env=env, text=True, capture_output=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("final test accuracy") == 1
+    proc = torchrun(*args)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert out.count("final test accuracy") == 1
     records = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
     train_steps = [r["step"] for r in records if r.get("split") == "train"]
     assert train_steps == list(range(1, 7))  # 48 samples / global batch 8, both ranks in step

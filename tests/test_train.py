@@ -251,11 +251,9 @@ def test_ctrl_c_saves_a_checkpoint(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- distributed
-def test_torchrun_two_processes_match_one_process(tmp_path: Path) -> None:
+def test_torchrun_two_processes_match_one_process(tmp_path: Path, torchrun) -> None:
     args = [*TINY, "--augment", "none", "--epochs", "1", "--max-steps", "12", "--log-every", "1", "--batch-size", "64"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "crate_transformer.cli", "train", *args, "--out", tmp_path / "ddp"]  # fmt: skip
-    proc = subprocess.Popen(list(map(str, cmd)), env=_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = torchrun("train", *args, "--out", tmp_path / "ddp")
     assert crate("train", *args, "--out", tmp_path / "single") == 0  # runs while torchrun starts up
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
