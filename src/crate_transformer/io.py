@@ -12,7 +12,8 @@ imports it for :class:`PretrainedMixin`, ``checkpoint.py`` for the readers), so 
 * :func:`save_safetensors` / :func:`load_safetensors` — tensors plus ``{"format": "pt", "sha256": ...}``
   metadata; the reader verifies the checksum when present (older files without one still load).
 * :func:`tree_sha256` — SHA-256 of nested dicts / lists / tuples of tensors, arrays and plain values.
-* :func:`write_json`, :func:`save_pretrained` and :class:`PretrainedMixin` (``model.save_pretrained(dir)``).
+* :func:`write_json`, :func:`save_pretrained` and :class:`PretrainedMixin` (``model.save_pretrained(dir)``,
+  ``model.push_to_hub(repo_id)``, which imports :mod:`crate_transformer.pretrained` when called).
 """
 
 from __future__ import annotations
@@ -340,9 +341,17 @@ def save_pretrained(model: Any, directory: str | Path) -> Path:
 
 
 class PretrainedMixin:
-    """Gives a module with a ``config`` (having ``to_dict()``) the ``save_pretrained`` method."""
+    """Gives a module with a ``config`` (having ``to_dict()``) the ``save_pretrained`` and ``push_to_hub`` methods."""
 
     def save_pretrained(self, directory: str | Path) -> Path:
         """Write ``model.safetensors`` + ``config.json`` to ``directory`` (atomically, weights checksummed);
         load with :func:`crate_transformer.from_pretrained`."""
         return save_pretrained(self, directory)
+
+    def push_to_hub(self, repo_id: str, **kwargs: Any) -> str:
+        """Upload this model (``save_pretrained`` files + a generated model card) to the Hugging Face Hub
+        repository ``repo_id``; see :func:`crate_transformer.pretrained.push_to_hub` for ``metrics``,
+        ``dataset``, ``license``, ``private``, ``token``, ``revision``.  Returns the commit URL."""
+        from .pretrained import push_to_hub
+
+        return push_to_hub(self, repo_id, **kwargs)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
+from pathlib import Path
 
 from torch import nn
 
@@ -47,8 +48,6 @@ def register_model(name: str, **fields: object) -> None:
     """Register ``name`` as the config with ``fields`` (validated now, so typos fail at import)."""
     config_class(fields.get("arch"))(**fields)
     _REGISTRY[name] = dict(fields)  # as given; the config coerces them again on every use
-
-
 
 
 # JMLR Table 8: image 224, patch 16, p = d/K.  Parameter counts: 6.09M / 13.12M / 22.80M / 77.64M.
@@ -164,7 +163,18 @@ def build(config: ModelConfig | MAEConfig | LMConfig) -> nn.Module:
     return CRATEMAE(config) if isinstance(config, MAEConfig) else build_model(config)
 
 
-def create_model(name: str, **overrides: object) -> ImageClassifier | CRATEMAE | LanguageModel:
+def create_model(
+    name: str, pretrained: bool = False, pretrained_file: str | Path | None = None, **overrides: object
+) -> ImageClassifier | CRATEMAE | LanguageModel:
     """Build a registered model, e.g. ``create_model("crate_small", num_classes=10, image_size=32, patch_size=4)``,
-    ``create_model("crate_mae_small")`` or ``create_model("crate_gpt_mini", depth=2)``."""
+    ``create_model("crate_mae_small")`` or ``create_model("crate_gpt_mini", depth=2)``.
+
+    ``pretrained=True`` loads the authors' released weights (``crate models --pretrained`` lists them),
+    downloaded through the Hugging Face cache; ``pretrained_file=PATH`` loads a file already on disk
+    (a Google Drive release, or any checkpoint in the authors' format for ``name``).
+    """
+    if pretrained or pretrained_file is not None:
+        from .pretrained import load_pretrained
+
+        return load_pretrained(name, pretrained_file=pretrained_file, **overrides)
     return build(model_config(name, **overrides))

@@ -295,8 +295,9 @@ class MAETask(Task):
 
         per_image = self.model.config.in_chans * self.image_size**2
         train_images, test_images = (max(1, min(n, 2**25 // per_image)) for n in (train_images, test_images))
-        (train_x, train_y), (test_x, test_y) = (data.first(k) for data, k in
-                                                ((self.train_data, train_images), (self.test_data, test_images)))
+        (train_x, train_y), (test_x, test_y) = (
+            data.first(k) for data, k in ((self.train_data, train_images), (self.test_data, test_images))
+        )
         result = reconstruction_recognition(self.model, self._inputs(train_x), train_y, self._inputs(test_x), test_y,
                                             mean=self.mean, std=self.std, seed=self.cfg.seed)  # fmt: skip
         return {**result, "mask_ratio": self.model.config.mask_ratio, "train_images": len(train_x)}
