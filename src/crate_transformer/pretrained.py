@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from .checkpoint import from_official
-from .io import CONFIG_NAME, WEIGHTS_NAME, CheckpointError
+from .io import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, atomic_write
 
 __all__ = [
     "HUB_PREFIX",
@@ -173,6 +173,11 @@ ZOO: dict[str, PretrainedSource] = {
         ),
     )
 }
+
+
+def loader_formats() -> frozenset[str]:
+    """The checkpoint formats :func:`~crate_transformer.checkpoint.from_official` reads."""
+    return frozenset({"crate", "crate_mae"})
 
 
 def list_pretrained(pattern: str = "*") -> list[str]:
@@ -371,7 +376,8 @@ def write_hub_folder(
 ) -> Path:
     """Write what :func:`push_to_hub` uploads: ``model.save_pretrained(folder)`` plus the model card ``README.md``."""
     folder = Path(model.save_pretrained(folder))
-    (folder / "README.md").write_text(model_card(model, repo_id, metrics, dataset, license), encoding="utf-8")
+    card = model_card(model, repo_id, metrics, dataset, license).encode("utf-8")
+    atomic_write(folder / "README.md", lambda tmp: Path(tmp).write_bytes(card))
     return folder
 
 
@@ -385,18 +391,24 @@ def push_to_hub(
     private: bool | None = None,
     token: str | None = None,
     revision: str | None = None,
-    commit_message: str = "Upload crate_transformer model",
+    message: str = "Upload crate_transformer model",
 ) -> str:
     """Upload ``model`` in this package's format (config.json, model.safetensors, README.md model card) to
     the Hub repository ``repo_id`` (created if missing); returns the commit URL.  Load it back with
     ``ct.from_pretrained("hf-hub:" + repo_id)``."""
     parse_hub_spec(HUB_PREFIX + repo_id)
     from huggingface_hub import HfApi
+    from huggingface_hub.errors import OfflineModeIsEnabled
 
     api = HfApi(token=token)
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_hub_folder(model, tmp, repo_id, metrics=metrics, dataset=dataset, license=license)
-        api.create_repo(repo_id, private=private, exist_ok=True)
-        return str(
-            api.upload_folder(repo_id=repo_id, folder_path=folder, revision=revision, commit_message=commit_message)
-        )
+        try:
+            api.create_repo(repo_id, private=private, exist_ok=True)
+            commit = api.upload_folder(repo_id=repo_id, folder_path=folder, revision=revision, commit_message=message)
+        except OfflineModeIsEnabled:
+            raise ValueError(
+                f"cannot push {repo_id}: HF_HUB_OFFLINE=1 disables the Hub; unset it, or write the files with "
+                "crate_transformer.pretrained.write_hub_folder(model, folder, repo_id) and upload them later"
+            ) from None
+    return str(commit)
