@@ -290,7 +290,7 @@ def test_cli_lists_the_zoo_with_its_cache_status(hub_cache, tmp_path):
         "crate_alpha_base16": "cached",
         "crate_alpha_large14": "download",
         "crate_bert_base": "download",
-        "crate_gpt_base": "download",
+        "crate_gpt_12l_pile": "download",
         "crate_mae_base": "manual",
         "crate_small": "manual",
     }

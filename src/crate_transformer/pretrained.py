@@ -161,7 +161,7 @@ ZOO: dict[str, PretrainedSource] = {
             reference="configuration_crate.py of the CRATE-BERT transformers port (jackbai/crate-base)",
         ),
         PretrainedSource(
-            name="crate_gpt_base",
+            name="crate_gpt_12l_pile",
             title="CRATE-GPT 12 layers, overcomplete ISTA, the Pile (600k steps)",
             loader="crate_gpt",
             filename="ckpt-crate-12l-overparam-600000.pt",
