@@ -296,3 +296,9 @@ def test_cli_lists_the_zoo_with_its_cache_status(hub_cache, tmp_path):
     }
     assert "torch/crate_alpha_B16.pth" in out and "ImageNet mean/std" in out
     assert f"download {pretrained.ZOO['crate_small'].url} and load it with create_model('crate_small'" in out
+
+
+def test_importing_the_package_does_not_import_huggingface_hub():
+    code = "import sys, crate_transformer; print('huggingface_hub' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
