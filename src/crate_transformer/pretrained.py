@@ -19,6 +19,7 @@ does not need it).
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import json
 import tempfile
 from collections.abc import Mapping
@@ -182,8 +183,6 @@ def loader_formats() -> frozenset[str]:
 
 def list_pretrained(pattern: str = "*") -> list[str]:
     """Zoo names matching ``pattern`` (shell style), sorted."""
-    import fnmatch
-
     return sorted(n for n in ZOO if fnmatch.fnmatch(n, pattern))
 
 
@@ -211,8 +210,8 @@ def download(name: str, cache_dir: str | Path | None = None) -> Path:
     """
     src = pretrained_source(name)
     if not src.on_hub:
-        raise CheckpointError(f"{name}: the weights are on Google Drive, which is not downloaded automatically; "
-                              + _manual_fix(src))  # fmt: skip
+        why = "the weights are on Google Drive, which is not downloaded automatically"
+        raise CheckpointError(f"{name}: {why}; {_manual_fix(src)}")
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
