@@ -22,11 +22,12 @@ import pytest
 import torch
 from huggingface_hub import ModelCard
 from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
+from official.crate import OfficialCRATE
 
 import crate_transformer as ct
 from crate_transformer import pretrained
 from crate_transformer.checkpoint import CheckpointError, load_model
-from crate_transformer.reference import OfficialCRATE
+from crate_transformer.registry import arch_info
 
 TINY = dict(image_size=32, patch_size=8, dim=32, depth=2, heads=4, num_classes=5)
 COMMIT_1 = "1" * 40
@@ -102,6 +103,12 @@ def test_create_model_pretrained_downloads_through_the_offline_hub_cache(hub_cac
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(model(x), off(x), rtol=1e-5, atol=1e-5)
+    cfg = model.pretrained_cfg
+    assert (
+        cfg["repo_id"] == "test-org/crate-small"
+        and cfg["file"] == str(path)
+        and cfg["mean"] == pretrained.IMAGENET_MEAN
+    )
 
 
 def test_pinned_revision_is_read_from_its_snapshot(hub_cache, tmp_path, monkeypatch):
@@ -170,6 +177,7 @@ def test_hf_hub_native_round_trip_with_revisions(hub_cache, tmp_path):
     r1 = ct.from_pretrained("hf-hub:me/crate-tiny").eval()
     assert r1.config == m1.config
     torch.testing.assert_close(r1(x), m1(x), rtol=0, atol=0)
+    assert r1.pretrained_cfg["source"] == "hf-hub:me/crate-tiny" and m1.pretrained_cfg is None
     for revision in ("v2", COMMIT_2):
         torch.testing.assert_close(ct.from_pretrained("hf-hub:me/crate-tiny", revision=revision).eval()(x), m2(x))
     assert not torch.allclose(m1(x), m2(x))
@@ -263,7 +271,8 @@ def test_every_zoo_entry_is_consistent():
     registered = set(ct.list_models())
     for name, s in pretrained.ZOO.items():
         assert s.name == name and name in registered, name
-        assert s.loader in pretrained.loader_formats(), (name, s.loader)
+        fmt = arch_info(ct.model_config(name).arch).official
+        assert fmt is not None and s.loader == fmt.name and s.loader in pretrained.loader_formats(), (name, s.loader)
         assert s.licence and s.input and s.classes and s.reference and s.title
         assert (s.mean is None) == (s.std is None)
         if s.on_hub:
@@ -285,7 +294,9 @@ def test_cli_lists_the_zoo_with_its_cache_status(hub_cache, tmp_path):
         [sys.executable, "-m", "crate_transformer.cli", "models", "--pretrained"],
         env=env, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
-    rows = {line.split()[0]: line.split()[2] for line in out.splitlines()[1:] if line.split()[0] in pretrained.ZOO}
+    header, *lines = out.splitlines()
+    at = header.index("status")  # columns are padded to a common width
+    rows = {line.split()[0]: line[at:].split()[0] for line in lines if line.split()[0] in pretrained.ZOO}
     assert rows == {
         "crate_alpha_base16": "cached",
         "crate_alpha_large14": "download",

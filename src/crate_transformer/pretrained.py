@@ -18,6 +18,7 @@ does not need it).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import fnmatch
 import json
@@ -30,6 +31,7 @@ import torch
 
 from .checkpoint import from_official
 from .io import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, atomic_write
+from .registry import official_formats
 
 __all__ = [
     "HUB_PREFIX",
@@ -65,7 +67,7 @@ class PretrainedSource:
 
     name: str  # the registry name create_model builds
     title: str  # the authors' name for the model
-    loader: str  # the from_official format that reads the file
+    loader: str  # the name of the OfficialFormat (registered with the model's arch) that reads the file
     filename: str
     repo_id: str = ""
     url: str = ""
@@ -101,7 +103,7 @@ ZOO: dict[str, PretrainedSource] = {
         PretrainedSource(
             name="crate_small",
             title="CRATE-S/16, ImageNet-1K supervised",
-            loader="crate",
+            loader="CRATE classifier",
             filename="",  # a Drive share page: the user saves the file under any name
             url="https://drive.google.com/file/d/1hYgDJl4EKHYfKprwhEjmWmWHuxnK6_h8/view?usp=share_link",
             input=_IMAGENET_224,
@@ -114,7 +116,7 @@ ZOO: dict[str, PretrainedSource] = {
         PretrainedSource(
             name="crate_mae_base",
             title="CRATE-MAE-B/16, ImageNet-1K masked autoencoding",
-            loader="crate_mae",
+            loader="CRATE-MAE",
             filename="",
             url="https://drive.google.com/file/d/11i5BMwymqOsunq44WD3omN5mS6ZREQPO/view?usp=sharing",
             input="image 224",
@@ -127,7 +129,7 @@ ZOO: dict[str, PretrainedSource] = {
         PretrainedSource(
             name="crate_alpha_base16",
             title="CRATE-α-B/16, ImageNet-21K pre-trained, ImageNet-1K fine-tuned (81.2% top-1)",
-            loader="crate_alpha",
+            loader="CRATE-α",
             filename="torch/crate_alpha_B16.pth",
             repo_id="UCSC-VLAA/CRATE-alpha",
             input=_IMAGENET_224,
@@ -140,7 +142,7 @@ ZOO: dict[str, PretrainedSource] = {
         PretrainedSource(
             name="crate_alpha_large14",
             title="CRATE-α-L/14, ImageNet-21K pre-trained, ImageNet-1K fine-tuned (83.9% top-1)",
-            loader="crate_alpha",
+            loader="CRATE-α",
             filename="torch/crate_alpha_L14.pth",
             repo_id="UCSC-VLAA/CRATE-alpha",
             input=_IMAGENET_224,
@@ -153,7 +155,7 @@ ZOO: dict[str, PretrainedSource] = {
         PretrainedSource(
             name="crate_bert_base",
             title="CRATE-BERT-Base (transformers-format port)",
-            loader="crate_bert",
+            loader="CRATE-BERT",
             filename="pytorch_model.bin",
             repo_id="jackbai/crate-base",
             input="RoBERTa BPE tokens, context 512",
@@ -164,7 +166,7 @@ ZOO: dict[str, PretrainedSource] = {
         PretrainedSource(
             name="crate_gpt_12l_pile",
             title="CRATE-GPT 12 layers, overcomplete ISTA, the Pile (600k steps)",
-            loader="crate_gpt",
+            loader="CRATE-GPT",
             filename="ckpt-crate-12l-overparam-600000.pt",
             repo_id="JackBAI/CRATE-GPT-12L-Pile-600000steps",
             input="GPT-2 BPE tokens, context 1024",
@@ -177,8 +179,9 @@ ZOO: dict[str, PretrainedSource] = {
 
 
 def loader_formats() -> frozenset[str]:
-    """The checkpoint formats :func:`~crate_transformer.checkpoint.from_official` reads."""
-    return frozenset({"crate", "crate_mae"})
+    """The names of the checkpoint formats :func:`~crate_transformer.checkpoint.from_official` reads (the
+    :class:`~crate_transformer.official.OfficialFormat` of each registered architecture that has one)."""
+    return frozenset(a.official.name for a in official_formats())
 
 
 def list_pretrained(pattern: str = "*") -> list[str]:
@@ -250,7 +253,10 @@ def load_pretrained(
         path = Path(pretrained_file).expanduser()
         if not path.is_file():
             raise CheckpointError(f"pretrained_file not found: {path}; pass the path of the downloaded file")
-    return from_official(path, name, **overrides)
+    model = from_official(path, name, **overrides)
+    entry = dataclasses.asdict(ZOO[name]) if name in ZOO and pretrained_file is None else {"name": name}
+    model.pretrained_cfg = {**entry, "file": str(path)}
+    return model
 
 
 # --------------------------------------------------------------------------- this package's format on the Hub
