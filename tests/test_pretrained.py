@@ -124,6 +124,25 @@ def test_pinned_revision_is_read_from_its_snapshot(hub_cache, tmp_path, monkeypa
     assert pretrained.download("crate_small").read_bytes() == old.read_bytes() != new.read_bytes()
 
 
+def test_companion_files_are_fetched_beside_the_weights(hub_cache, tmp_path, monkeypatch):
+    """An entry's ``also`` files (the CRATE-BERT port's config.json) land in the same snapshot folder as the
+    weights, where the loader looks for them; the entry counts as cached only when all of them are."""
+    _, f = official_tiny_file(tmp_path / "w.bin")
+    (tmp_path / "config.json").write_text('{"hidden_size": 32}')
+    entry = dataclasses.replace(
+        pretrained.ZOO["crate_small"], repo_id="test-org/port", filename="w.bin", also=("config.json",)
+    )
+    monkeypatch.setitem(pretrained.ZOO, "crate_small", entry)
+    put_in_hub_cache(hub_cache, "test-org/port", {"w.bin": f})
+    assert pretrained.cached_file("crate_small") is None
+    with pytest.raises(CheckpointError, match=r"w\.bin \+ config\.json of test-org/port is not in the Hugging Face"):
+        pretrained.download("crate_small")
+    put_in_hub_cache(hub_cache, "test-org/port", {"config.json": tmp_path / "config.json"})
+    path = pretrained.download("crate_small")
+    assert json.loads((path.parent / "config.json").read_text()) == {"hidden_size": 32}
+    assert pretrained.cached_file("crate_small") == path
+
+
 def test_missing_file_offline_is_one_line_with_the_url_and_the_fix(hub_cache):
     with pytest.raises(CheckpointError) as e:
         ct.create_model("crate_alpha_base16", pretrained=True)

@@ -72,6 +72,7 @@ class PretrainedSource:
     repo_id: str = ""
     url: str = ""
     revision: str | None = None  # None: the repository's main branch
+    also: tuple[str, ...] = ()  # files of the same repository the loader reads beside ``filename``
     input: str = ""
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
@@ -158,6 +159,7 @@ ZOO: dict[str, PretrainedSource] = {
             loader="CRATE-BERT",
             filename="pytorch_model.bin",
             repo_id="jackbai/crate-base",
+            also=("config.json",),  # the port's sizes, read by the loader beside the weights
             input="RoBERTa BPE tokens, context 512",
             classes="masked tokens (vocabulary 50,265)",
             licence="not stated",
@@ -166,7 +168,7 @@ ZOO: dict[str, PretrainedSource] = {
         PretrainedSource(
             name="crate_gpt_12l_pile",
             title="CRATE-GPT 12 layers, overcomplete ISTA, the Pile (600k steps)",
-            loader="CRATE-GPT",
+            loader="CRATE-GPT (crate-lm)",
             filename="ckpt-crate-12l-overparam-600000.pt",
             repo_id="JackBAI/CRATE-GPT-12L-Pile-600000steps",
             input="GPT-2 BPE tokens, context 1024",
@@ -219,10 +221,13 @@ def download(name: str, cache_dir: str | Path | None = None) -> Path:
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     try:
+        for extra in src.also:
+            hf_hub_download(src.repo_id, extra, revision=src.revision, cache_dir=cache_dir)
         path = hf_hub_download(src.repo_id, src.filename, revision=src.revision, cache_dir=cache_dir)
     except LocalEntryNotFoundError:
         raise CheckpointError(
-            f"{name}: {src.filename} of {src.repo_id} is not in the Hugging Face cache and the Hub cannot be "
+            f"{name}: {' + '.join((src.filename, *src.also))} of {src.repo_id} is not in the Hugging Face cache and "
+            "the Hub cannot be "
             f"reached (offline: HF_HUB_OFFLINE=1 or no network); {_manual_fix(src)}"
         ) from None
     except (HfHubHTTPError, OSError) as e:
@@ -238,8 +243,11 @@ def cached_file(name: str, cache_dir: str | Path | None = None) -> Path | None:
         return None
     from huggingface_hub import try_to_load_from_cache
 
-    found = try_to_load_from_cache(src.repo_id, src.filename, cache_dir=cache_dir, revision=src.revision)
-    return Path(found) if isinstance(found, str) else None
+    found = [
+        try_to_load_from_cache(src.repo_id, f, cache_dir=cache_dir, revision=src.revision)
+        for f in (src.filename, *src.also)
+    ]
+    return Path(found[0]) if all(isinstance(f, str) for f in found) else None
 
 
 def load_pretrained(
