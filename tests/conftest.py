@@ -38,3 +38,19 @@ def torchrun():
         return subprocess.Popen([str(a) for a in cmd], env=env, text=True, stdout=pipe, stderr=pipe)
 
     return start
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """An empty Hugging Face Hub cache in ``tmp_path``, offline (fill it with ``hubcache.put_in_hub_cache``):
+    ``HF_HUB_CACHE`` points there (for subprocesses) and huggingface_hub's resolved setting is repointed
+    (it reads the variable once, at import)."""
+    import huggingface_hub.constants
+
+    cache = tmp_path / "hf-cache"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    return cache

@@ -8,7 +8,6 @@ Nothing is mocked; the one call that needs the network (``upload_folder``) is no
 """
 
 import dataclasses
-import hashlib
 import json
 import os
 import re
@@ -20,6 +19,7 @@ import huggingface_hub
 import huggingface_hub.constants
 import pytest
 import torch
+from hubcache import COMMIT_1, COMMIT_2, put_in_hub_cache
 from huggingface_hub import ModelCard
 from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
 from official.crate import OfficialCRATE
@@ -30,39 +30,6 @@ from crate_transformer.checkpoint import CheckpointError, load_model
 from crate_transformer.registry import arch_info
 
 TINY = dict(image_size=32, patch_size=8, dim=32, depth=2, heads=4, num_classes=5)
-COMMIT_1 = "1" * 40
-COMMIT_2 = "2" * 40
-
-
-def put_in_hub_cache(cache: Path, repo_id: str, files: dict[str, Path], commit: str = COMMIT_1, ref: str = "main"):
-    """Store ``files`` (path in repo → local file) as ``hf_hub_download`` leaves them: the bytes in
-    ``blobs/<sha256>`` (an LFS file's etag is its SHA-256), ``snapshots/<commit>/<path>`` a relative symlink
-    to the blob, and ``refs/<ref>`` holding the commit hash."""
-    storage = cache / f"models--{repo_id.replace('/', '--')}"
-    for rel, src in files.items():
-        data = Path(src).read_bytes()
-        blob = storage / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(data)
-        pointer = storage / "snapshots" / commit / rel
-        pointer.parent.mkdir(parents=True, exist_ok=True)
-        pointer.symlink_to(os.path.relpath(blob, pointer.parent))
-    (storage / "refs").mkdir(exist_ok=True)
-    (storage / "refs" / ref).write_text(commit)
-    return storage
-
-
-@pytest.fixture
-def hub_cache(tmp_path, monkeypatch):
-    """An empty Hugging Face cache in ``tmp_path``, offline: ``HF_HUB_CACHE`` points there (for subprocesses)
-    and huggingface_hub's resolved setting is repointed (it reads the variable once, at import)."""
-    cache = tmp_path / "hf-cache"
-    cache.mkdir()
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    return cache
 
 
 def official_tiny_file(path: Path) -> tuple[OfficialCRATE, Path]:
