@@ -10,6 +10,7 @@ The file primitives (atomic writes, safe unpickling, checksummed safetensors) li
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -18,7 +19,16 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .alpha import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    CRATEAlpha,
+    alpha_official_to_native,
+    is_alpha_config,
+    looks_like_alpha,
+)
 from .config_utils import coerce_fields
+from .data.spec import DataSpec
 from .io import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -26,11 +36,12 @@ from .io import (
     atomic_write,
     load_pickle,
     load_safetensors,
+    rename_keys,
     save_pretrained,
 )
 from .lm import LanguageModel, LMConfig
 from .mae import CRATEMAE, MAE_ARCH, MAEConfig, mae_to_classifier
-from .model import ImageClassifier, ModelConfig
+from .model import ImageClassifier, ModelConfig, patch_conv_to_linear, patch_linear_to_conv
 from .registry import build, config_class, model_config, registered_fields
 
 __all__ = [
@@ -207,24 +218,6 @@ MAE_KEY_MAP = [
 _MAE_UNUSED = ("pos_embed", "decoder_embed.weight", "decoder_embed.bias")
 
 
-def _rename(state: Mapping[str, Tensor], key_map: list[tuple[str, str]], forward: bool) -> dict[str, Tensor]:
-    """Rename keys by ``key_map`` official → native (``forward``) or native → official; unknown keys pass unchanged."""
-    rules = []
-    for official, native in key_map:
-        src, dst = (official, native) if forward else (native, official)
-        pattern = r"(\d+)".join(map(re.escape, src.split("{i}")))
-        rules.append((re.compile("^" + pattern + ("" if src.endswith(".") else "$")), dst.replace("{i}", r"\1")))
-    out = {}
-    for key, value in state.items():
-        for pattern, repl in rules:
-            new, hits = pattern.subn(repl, key)
-            if hits:
-                key = new
-                break
-        out[key] = value
-    return out
-
-
 def _unwrap(obj: object) -> dict[str, Tensor]:
     if isinstance(obj, Mapping):
         for container in ("state_dict", "model"):
@@ -240,12 +233,12 @@ def _unwrap(obj: object) -> dict[str, Tensor]:
 
 def official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Rename an official ``model/crate.py`` state dict (after unwrapping) to this library's key names."""
-    return _rename(state, CLASSIFIER_KEY_MAP, forward=True)
+    return rename_keys(state, CLASSIFIER_KEY_MAP, forward=True)
 
 
 def native_to_official(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Rename this library's CRATE state dict to the official ``model/crate.py`` key names."""
-    return _rename(state, CLASSIFIER_KEY_MAP, forward=False)
+    return rename_keys(state, CLASSIFIER_KEY_MAP, forward=False)
 
 
 def mae_official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -255,10 +248,10 @@ def mae_official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     patch conv ``(d, c, p, p)`` becomes the linear map of (p1, p2, c)-ordered patches ``(d, p·p·c)``.
     """
     state = {k: v for k, v in state.items() if k not in _MAE_UNUSED}
-    out = _rename(state, MAE_KEY_MAP, forward=True)
+    out = rename_keys(state, MAE_KEY_MAP, forward=True)
     w = out.get("patch_embed.weight")
     if w is not None and w.dim() == 4:
-        out["patch_embed.weight"] = w.permute(0, 2, 3, 1).reshape(w.shape[0], -1)
+        out["patch_embed.weight"] = patch_conv_to_linear(w)
     return out
 
 
@@ -267,10 +260,9 @@ def mae_native_to_official(state: Mapping[str, Tensor], in_chans: int) -> dict[s
 
     Writes both (identical) position tables and the never-used ``decoder_embed`` as zeros.
     """
-    out = _rename(state, MAE_KEY_MAP, forward=False)
+    out = rename_keys(state, MAE_KEY_MAP, forward=False)
     w = out["patch_embed.proj.weight"]
-    p = int(round((w.shape[1] / in_chans) ** 0.5))
-    out["patch_embed.proj.weight"] = w.reshape(w.shape[0], p, p, in_chans).permute(0, 3, 1, 2).contiguous()
+    out["patch_embed.proj.weight"] = patch_linear_to_conv(w, in_chans)
     out["pos_embed"] = out["decoder_pos_embed"].clone()
     d = w.shape[0]
     out["decoder_embed.weight"], out["decoder_embed.bias"] = w.new_zeros(d, d), w.new_zeros(d)
@@ -378,8 +370,10 @@ def _check_overrides(
 def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: object) -> ImageClassifier | CRATEMAE:
     """Load an official CRATE classifier or CRATE-MAE checkpoint as ``create_model(name, **overrides)``.
 
-    ``name`` decides the format: ``crate_*`` classifiers (``model/crate.py``) or ``crate_mae_*``
-    (``model/crate_ae``, e.g. the released CRATE-MAE-B as ``from_official(path, "crate_mae_base")``).
+    ``name`` decides the format: ``crate_*`` classifiers (``model/crate.py``), ``crate_mae_*``
+    (``model/crate_ae``, e.g. the released CRATE-MAE-B as ``from_official(path, "crate_mae_base")``) or
+    ``crate_alpha_*`` (CRATE-α, ``torch_inference/model/crate_alpha.py`` of UCSC-VLAA/CRATE-alpha, e.g.
+    ``from_official("crate_alpha_B16.pth", "crate_alpha_base16")``; see :mod:`crate_transformer.alpha`).
 
     Accepts the ``{'state_dict': ...}`` container written by the official ``main.py`` (keys
     prefixed ``module.``), ``{'model': ...}``, a bare state dict, or a path to any of them (read with
@@ -387,6 +381,8 @@ def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: o
     the checkpoint was trained with non-default values.
     """
     config = model_config(name, **overrides)
+    if config.arch == "crate" and config.mlp == "odl":
+        return _from_official_alpha(path_or_state, name, config)
     if config.arch not in ("crate", MAE_ARCH):
         raise ValueError(f"from_official loads CRATE classifiers and CRATE-MAEs; {name!r} is a {config.arch} model")
     if config.arch == "crate" and (config.attention, config.mlp) != ("mssa", "ista"):
@@ -397,10 +393,39 @@ def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: o
     raw = load_pickle(path_or_state) if isinstance(path_or_state, (str, Path)) else path_or_state
     source = str(path_or_state) if isinstance(path_or_state, (str, Path)) else "official state dict"
     state = _unwrap(raw)
+    if looks_like_alpha(state):
+        raise CheckpointError(
+            f"{source} is a CRATE-α checkpoint but {name!r} is not; pass crate_alpha_base16 or crate_alpha_large14"
+        )
     is_mae = any(k.startswith(("decoder_blocks.", "mask_token")) for k in state)
     if is_mae != (config.arch == MAE_ARCH):
         kind, fix = ("a CRATE-MAE", "crate_mae_base") if is_mae else ("a CRATE classifier", "crate_small")
         raise CheckpointError(f"{source} is {kind} checkpoint but {name!r} is not; pass a matching name, e.g. {fix}")
     model = build(config)
     load_weights(model, mae_official_to_native(state) if is_mae else official_to_native(state), source=source)
+    return model
+
+
+# --------------------------------------------------------------------------- CRATE-α (alpha.py)
+def _from_official_alpha(path_or_state: str | Path | Mapping, name: str, config: ModelConfig) -> CRATEAlpha:
+    """:func:`from_official` for the authors' CRATE-α files (``torch_inference/model/crate_alpha.py``)."""
+    if not is_alpha_config(config):
+        raise ValueError(
+            f"{name!r} is a CRATE with CRATE-α's sparse-coding block but not CRATE-α (the official checkpoints "
+            "have a bare patch conv and no other changes); use crate_alpha_base16 or crate_alpha_large14"
+        )
+    raw = load_pickle(path_or_state) if isinstance(path_or_state, (str, Path)) else path_or_state
+    source = str(path_or_state) if isinstance(path_or_state, (str, Path)) else "official state dict"
+    state = _unwrap(raw)
+    if not looks_like_alpha(state):
+        is_mae = any(k.startswith(("decoder_blocks.", "mask_token")) for k in state)
+        kind, fix = ("a CRATE-MAE", "crate_mae_base") if is_mae else ("not a CRATE-α", "crate_base")
+        raise CheckpointError(
+            f"{source} is {kind} checkpoint (no conv1 / ODL dictionaries D, D1) but {name!r} is CRATE-α; "
+            f"load it with its own architecture's name, e.g. {fix}"
+        )
+    if config.data is None:  # the released files' input normalisation, so crate eval / analyze feed them right
+        config = dataclasses.replace(config, data=DataSpec(mean=IMAGENET_MEAN, std=IMAGENET_STD))
+    model = CRATEAlpha(config)
+    load_weights(model, alpha_official_to_native(state), source=source)
     return model

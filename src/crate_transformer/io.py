@@ -13,6 +13,7 @@ imports it for :class:`PretrainedMixin`, ``checkpoint.py`` for the readers), so 
   metadata; the reader verifies the checksum when present (older files without one still load).
 * :func:`tree_sha256` — SHA-256 of nested dicts / lists / tuples of tensors, arrays and plain values.
 * :func:`write_json`, :func:`save_pretrained` and :class:`PretrainedMixin` (``model.save_pretrained(dir)``).
+* :func:`rename_keys` — rename a foreign state dict's keys by a key map (the official formats' converters).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ __all__ = [
     "load_safetensors",
     "save_pretrained",
     "PretrainedMixin",
+    "rename_keys",
 ]
 
 CONFIG_NAME = "config.json"
@@ -321,6 +323,30 @@ def load_safetensors(path: str | Path, verify: bool = True) -> tuple[dict[str, T
     if verify and expected and tree_sha256(tensors) != expected:
         raise CheckpointError(f"{path} is corrupt: checksum mismatch; re-save or re-download it")
     return tensors, dict(metadata)
+
+
+# --------------------------------------------------------------------------- foreign state dicts
+def rename_keys(state: Mapping[str, Tensor], key_map: list[tuple[str, str]], forward: bool) -> dict[str, Tensor]:
+    """Rename keys by ``key_map``, a list of ``(official, native)`` pairs: official → native (``forward``) or back.
+
+    A pair ending in ``.`` renames that prefix, any other pair the whole key; ``{i}`` stands for a layer
+    index.  The first matching pair wins; keys that match none pass unchanged (the strict load that
+    follows names them).
+    """
+    rules = []
+    for official, native in key_map:
+        src, dst = (official, native) if forward else (native, official)
+        pattern = r"(\d+)".join(map(re.escape, src.split("{i}")))
+        rules.append((re.compile("^" + pattern + ("" if src.endswith(".") else "$")), dst.replace("{i}", r"\1")))
+    out = {}
+    for key, value in state.items():
+        for pattern, repl in rules:
+            new, hits = pattern.subn(repl, key)
+            if hits:
+                key = new
+                break
+        out[key] = value
+    return out
 
 
 # --------------------------------------------------------------------------- save_pretrained

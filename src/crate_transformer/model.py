@@ -34,6 +34,8 @@ __all__ = [
     "build_model",
     "patchify",
     "unpatchify",
+    "patch_conv_to_linear",
+    "patch_linear_to_conv",
 ]
 
 ARCHS = ("crate", "vit")
@@ -309,6 +311,18 @@ def unpatchify(x: Tensor, p: int, h: int, w: int) -> Tensor:
     b, n, pd = x.shape
     c = pd // (p * p)
     return x.reshape(b, h, w, p, p, c).permute(0, 5, 1, 3, 2, 4).reshape(b, c, h * p, w * p)
+
+
+def patch_conv_to_linear(w: Tensor) -> Tensor:
+    """A patch convolution's weight ``(d, c, p, p)`` (kernel = stride = p) as the equal linear map of
+    :func:`patchify`'s (p1, p2, c)-ordered patches, ``(d, p·p·c)``; the bias is the same in both."""
+    return w.permute(0, 2, 3, 1).reshape(w.shape[0], -1)
+
+
+def patch_linear_to_conv(w: Tensor, in_chans: int) -> Tensor:
+    """Inverse of :func:`patch_conv_to_linear`: ``(d, p·p·c)`` → ``(d, c, p, p)``."""
+    p = int(round((w.shape[1] / in_chans) ** 0.5))
+    return w.reshape(w.shape[0], p, p, in_chans).permute(0, 3, 1, 2).contiguous()
 
 
 class ImageInput:

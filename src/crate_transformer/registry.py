@@ -17,6 +17,7 @@ import fnmatch
 
 from torch import nn
 
+from .alpha import ALPHA_CHOICES, CRATEAlpha, is_alpha_config
 from .lm import LM_ARCHS, LanguageModel, LMConfig, build_lm
 from .mae import CRATEMAE, MAE_ARCH, MAEConfig
 from .model import ImageClassifier, ModelConfig, build_model
@@ -125,6 +126,13 @@ register_model("crate_mlp_mnist", **_MNIST, mlp="mlp")  # MSSA + GELU MLP
 register_model("crate_mhsa_mnist", **_MNIST, attention="mhsa")  # standard attention + ISTA
 register_model("crate_alpha_mnist", **_MNIST, mlp="odl")  # MSSA + overcomplete ISTA (4d atoms) + residual
 
+# CRATE-α (Yang et al. 2024), the sizes of the released PyTorch checkpoints (UCSC-VLAA/CRATE-alpha on the HF Hub,
+# torch/crate_alpha_B16.pth and torch/crate_alpha_L14.pth; factories CRATE_base / CRATE_large of
+# torch_inference/model/crate_alpha.py), both fine-tuned and evaluated at 224.  Parameters with the 1000-class
+# head: 72,328,936 and 253,652,968.  ImageNet-21K pre-training files (torch/in21k_Pretrain): num_classes=19167.
+register_model("crate_alpha_base16", **ALPHA_CHOICES, image_size=224, patch_size=16, dim=768, depth=12, heads=12)
+register_model("crate_alpha_large14", **ALPHA_CHOICES, image_size=224, patch_size=14, dim=1024, depth=24, heads=16)
+
 
 def list_models(pattern: str = "*") -> list[str]:
     """Names of registered models matching a shell-style ``pattern`` (e.g. ``"crate_*"``), sorted."""
@@ -158,9 +166,12 @@ def model_config(name: str, **overrides: object) -> ModelConfig | MAEConfig | LM
 
 
 def build(config: ModelConfig | MAEConfig | LMConfig) -> nn.Module:
-    """The model a config describes: image classifier, :class:`CRATEMAE` or language model."""
+    """The model a config describes: image classifier (:class:`CRATEAlpha` for a CRATE-α config), :class:`CRATEMAE`
+    or language model."""
     if isinstance(config, LMConfig):
         return build_lm(config)
+    if is_alpha_config(config):
+        return CRATEAlpha(config)
     return CRATEMAE(config) if isinstance(config, MAEConfig) else build_model(config)
 
 

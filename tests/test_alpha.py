@@ -1,0 +1,157 @@
+"""CRATE-α (crate_transformer.alpha): the authors' released PyTorch checkpoints load and reproduce the authors'
+model (tests/official/crate_alpha_official.py, transcribed from UCSC-VLAA/CRATE-alpha @ edbd624)."""
+
+import pytest
+import torch
+from official.crate_alpha_official import CRATE as OfficialCRATEAlpha
+from official.crate_alpha_official import CRATE_base, CRATE_large
+
+import crate_transformer as ct
+from crate_transformer.alpha import (
+    CRATEAlpha,
+    alpha_config,
+    alpha_native_to_official,
+    alpha_official_to_native,
+    looks_like_alpha,
+)
+from crate_transformer.checkpoint import CheckpointError, native_to_official
+from crate_transformer.reference import OfficialCRATE
+
+TINY = dict(image_size=32, patch_size=8, num_classes=10, dim=32, depth=2, heads=4)
+
+
+def official_tiny(seed: int = 0) -> OfficialCRATEAlpha:
+    """The authors' module at a tiny size with every parameter random (LayerNorms and biases too, so a key
+    mapped to the wrong place cannot go unnoticed)."""
+    torch.manual_seed(seed)
+    off = OfficialCRATEAlpha(**TINY, dim_head=TINY["dim"] // TINY["heads"]).eval()
+    with torch.no_grad():
+        for name, p in off.named_parameters():
+            if "norm" in name or name.startswith("mlp_head.0"):
+                p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.2 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.normal_(0, 0.1)
+    return off
+
+
+def test_from_official_reproduces_the_authors_logits_fp32_and_fp64(tmp_path):
+    off = official_tiny()
+    path = tmp_path / "crate_alpha_tiny.pth"
+    torch.save(off.state_dict(), path)  # what the release is: a plain state dict, loaded strictly by eval_in1k_cls.py
+    m = ct.from_official(path, "crate_alpha_base16", **TINY).eval()
+    assert isinstance(m, CRATEAlpha) and m.config.mlp == "odl" and not m.config.patch_norm
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        ours, theirs = m(x), off(x)
+        assert (ours - theirs).abs().max().item() <= 1e-5
+        assert theirs.std().item() > 0.1  # not a degenerate comparison of near-constant logits
+        ours64, theirs64 = m.double()(x.double()), off.double()(x.double())
+    assert (ours64 - theirs64).abs().max().item() <= 1e-10
+
+
+def test_layer_norm_eps_and_biases_follow_the_authors_module():
+    off, m = official_tiny(), CRATEAlpha(alpha_config(ct.ModelConfig(**TINY)))
+    ours = {k: v.eps for k, v in m.named_modules() if isinstance(v, torch.nn.LayerNorm)}
+    theirs = {k: v.eps for k, v in off.named_modules() if isinstance(v, torch.nn.LayerNorm)}
+    assert sorted(ours.values()) == sorted(theirs.values()) == [1e-6] * 4 + [1e-5]  # PreNorms 1e-6, head 1e-5
+    assert m.layers[0].attn.proj.bias is None and m.patch_embed[1].bias is not None
+
+
+@pytest.mark.parametrize("container", ["bare", "module_prefix"])
+def test_native_official_round_trip_loads_strictly_in_the_authors_module(container):
+    torch.manual_seed(1)
+    m = ct.create_model("crate_alpha_base16", **TINY).eval()
+    sd = alpha_native_to_official(m.state_dict(), in_chans=3)
+    off = OfficialCRATEAlpha(**TINY, dim_head=8).eval()
+    off.load_state_dict(sd, strict=True)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(off(x), m(x), rtol=0, atol=1e-5)
+    if container == "module_prefix":  # a DDP-wrapped save
+        sd = {"module." + k: v for k, v in sd.items()}
+    back = ct.from_official(sd, "crate_alpha_base16", **TINY)
+    for k, v in m.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+    assert alpha_official_to_native(alpha_native_to_official(m.state_dict())).keys() == m.state_dict().keys()
+
+
+@pytest.mark.parametrize(
+    "name, factory, expected",
+    [("crate_alpha_base16", CRATE_base, 72_328_936), ("crate_alpha_large14", CRATE_large, 253_650_920)],
+)
+def test_parameter_counts_of_the_released_sizes(name, factory, expected):
+    with torch.device("meta"):
+        ours, theirs = ct.create_model(name), factory()
+    assert ours.num_params() == sum(p.numel() for p in theirs.parameters()) == expected
+    shapes = {k: tuple(v.shape) for k, v in alpha_official_to_native(theirs.state_dict()).items()}
+    assert shapes == {k: tuple(v.shape) for k, v in ours.state_dict().items()}
+
+
+def test_released_sizes_are_the_authors_factories():
+    c = ct.model_config("crate_alpha_large14")
+    assert (c.image_size, c.patch_size, c.dim, c.depth, c.heads, c.head_dim) == (224, 14, 1024, 24, 16, 64)
+    c = ct.model_config("crate_alpha_base16")
+    assert (c.image_size, c.patch_size, c.dim, c.depth, c.heads, c.head_dim) == (224, 16, 768, 12, 12, 64)
+
+
+def test_initialisation_matches_the_authors_scales():
+    """Same distributions as the authors' module: kaiming-uniform D, D1 (bound √(6/4d)), PyTorch's default conv /
+    Linear init (the conv's fan-in c·p·p equals the Linear's), randn class token and position table."""
+    torch.manual_seed(0)
+    sizes = dict(image_size=64, patch_size=8, num_classes=10, dim=64, depth=1, heads=4)
+    m, off = ct.create_model("crate_alpha_base16", **sizes), OfficialCRATEAlpha(**sizes, dim_head=16)
+    theirs = alpha_official_to_native(off.state_dict())
+    for k, v in m.state_dict().items():
+        t = theirs[k]
+        if v.numel() >= 1000:
+            assert abs(v.std().item() / t.std().item() - 1) < 0.1, k
+            assert abs(v.abs().max().item() / t.abs().max().item() - 1) < 0.3, k
+        elif "norm" in k or k.startswith("head.0"):
+            assert torch.equal(v, t), k
+
+
+def test_wrong_checkpoint_formats_are_one_line_errors_naming_the_fix():
+    crate = OfficialCRATE(**TINY).state_dict()  # the CRATE classifier (model/crate.py), not CRATE-α
+    with pytest.raises(CheckpointError, match=r"not a CRATE-α checkpoint .* e\.g\. crate_base$") as e:
+        ct.from_official(crate, "crate_alpha_base16", **TINY)
+    assert "\n" not in str(e.value)
+    alpha = official_tiny().state_dict()
+    with pytest.raises(CheckpointError, match="is a CRATE-α checkpoint but 'crate_tiny' is not; pass crate_alpha_base16"):
+        ct.from_official(alpha, "crate_tiny", **TINY)
+    with pytest.raises(CheckpointError, match="shape mismatches: .*pass .*num_classes=10"):
+        ct.from_official(alpha, "crate_alpha_base16", **{**TINY, "num_classes": 1000})
+    with pytest.raises(ValueError, match="not CRATE-α .*use crate_alpha_base16"):
+        ct.from_official(alpha, "crate_alpha_mnist")  # CRATE + ODL ablation with the patch LayerNorms
+    assert looks_like_alpha(alpha) and not looks_like_alpha(crate)
+    assert not looks_like_alpha(ct.create_model("crate_mae_mnist", depth=1).state_dict())
+    assert not looks_like_alpha(native_to_official(ct.create_model("crate_tiny", **TINY).state_dict()))
+
+
+def test_alpha_config_fixes_the_family_and_refuses_other_variants():
+    c = alpha_config(ct.ModelConfig(**TINY))
+    assert (c.arch, c.mlp, c.patch_norm, c.attention) == ("crate", "odl", False, "mssa")
+    with pytest.raises(ValueError, match="CRATE-α has attention='mssa'.*drop attention"):
+        alpha_config(ct.ModelConfig(**TINY, attention="mhsa"))
+    with pytest.raises(ValueError, match="expected a ModelConfig"):
+        CRATEAlpha({"dim": 32})
+    assert CRATEAlpha().num_params() == 72_328_936  # the default is CRATE-α-B/16
+
+
+def test_loaded_model_records_normalisation_and_survives_save_pretrained(tmp_path):
+    off = official_tiny()
+    m = ct.from_official(off.state_dict(), "crate_alpha_base16", **TINY).eval()
+    assert m.config.data.mean == [0.485, 0.456, 0.406] and m.config.data.std == [0.229, 0.224, 0.225]
+    m.save_pretrained(tmp_path / "alpha")
+    r = ct.from_pretrained(tmp_path / "alpha").eval()
+    assert isinstance(r, CRATEAlpha) and r.config == m.config
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(r(x), off(x), rtol=0, atol=1e-5)
+
+
+def test_crate_alpha_mnist_ablation_still_builds_and_trains_a_step():
+    m = ct.create_model("crate_alpha_mnist", depth=1)
+    assert type(m) is ct.CRATE and m.config.patch_norm and m.layers[0].kind == "odl"
+    loss = torch.nn.functional.cross_entropy(m(torch.randn(4, 1, 28, 28)), torch.tensor([0, 1, 2, 3]))
+    loss.backward()
+    assert all(p.grad is not None for p in m.parameters())
