@@ -116,7 +116,7 @@ def test_wrong_checkpoint_formats_are_one_line_errors_naming_the_fix():
         ct.from_official(crate, "crate_alpha_base16", **TINY)
     assert "\n" not in str(e.value)
     alpha = official_tiny().state_dict()
-    with pytest.raises(CheckpointError, match="is a CRATE-α checkpoint but 'crate_tiny' is not; pass crate_alpha_base16"):
+    with pytest.raises(CheckpointError, match="CRATE-α checkpoint but 'crate_tiny' is not; pass crate_alpha_base16"):
         ct.from_official(alpha, "crate_tiny", **TINY)
     with pytest.raises(CheckpointError, match="shape mismatches: .*pass .*num_classes=10"):
         ct.from_official(alpha, "crate_alpha_base16", **{**TINY, "num_classes": 1000})
