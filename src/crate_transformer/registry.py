@@ -129,7 +129,7 @@ register_model("crate_alpha_mnist", **_MNIST, mlp="odl")  # MSSA + overcomplete 
 # CRATE-α (Yang et al. 2024), the sizes of the released PyTorch checkpoints (UCSC-VLAA/CRATE-alpha on the HF Hub,
 # torch/crate_alpha_B16.pth and torch/crate_alpha_L14.pth; factories CRATE_base / CRATE_large of
 # torch_inference/model/crate_alpha.py), both fine-tuned and evaluated at 224.  Parameters with the 1000-class
-# head: 72,328,936 and 253,652,968.  ImageNet-21K pre-training files (torch/in21k_Pretrain): num_classes=19167.
+# head: 72,328,936 and 253,650,920.  ImageNet-21K pre-training files (torch/in21k_Pretrain): num_classes=19167.
 register_model("crate_alpha_base16", **ALPHA_CHOICES, image_size=224, patch_size=16, dim=768, depth=12, heads=12)
 register_model("crate_alpha_large14", **ALPHA_CHOICES, image_size=224, patch_size=14, dim=1024, depth=24, heads=16)
 
