@@ -14,7 +14,7 @@ from crate_transformer.alpha import (
     alpha_official_to_native,
     looks_like_alpha,
 )
-from crate_transformer.checkpoint import CheckpointError, native_to_official
+from crate_transformer.checkpoint import CheckpointError, load_model, native_to_official
 from crate_transformer.reference import OfficialCRATE
 
 TINY = dict(image_size=32, patch_size=8, num_classes=10, dim=32, depth=2, heads=4)
@@ -136,6 +136,17 @@ def test_wrong_checkpoint_formats_are_one_line_errors_naming_the_fix():
     assert looks_like_alpha(alpha) and not looks_like_alpha(crate)
     assert not looks_like_alpha(ct.create_model("crate_mae_mnist", depth=1).state_dict())
     assert not looks_like_alpha(native_to_official(ct.create_model("crate_tiny", **TINY).state_dict()))
+
+
+def test_load_model_resolves_an_official_alpha_file_and_suggests_the_name(tmp_path):
+    """What the commands (crate analyze / eval / finetune CHECKPOINT --model NAME) go through."""
+    path = tmp_path / "crate_alpha_B16.pth"
+    torch.save(official_tiny().state_dict(), path)
+    assert isinstance(load_model(path, "crate_alpha_base16", **TINY), CRATEAlpha)
+    with pytest.raises(
+        CheckpointError, match="official CRATE checkpoint; name its architecture, e.g. --model crate_alpha_base16$"
+    ):
+        load_model(path)
 
 
 def test_alpha_config_fixes_the_family_and_refuses_other_variants():

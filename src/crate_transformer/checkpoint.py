@@ -334,9 +334,17 @@ def _load_any(path: Path, name: str | None, overrides: Mapping[str, object], che
         return model
     if name is None:
         raise CheckpointError(
-            f"{path} looks like an official CRATE checkpoint; name its architecture, e.g. --model crate_small"
+            f"{path} looks like an official CRATE checkpoint; name its architecture, e.g. --model {_example(raw)}"
         )
     return from_official(raw, name, **overrides)
+
+
+def _example(raw: object) -> str:
+    """A model name to suggest for an official file loaded without one."""
+    try:
+        return "crate_alpha_base16" if looks_like_alpha(_unwrap(raw)) else "crate_small"
+    except CheckpointError:
+        return "crate_small"
 
 
 def _check_overrides(
