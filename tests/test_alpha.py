@@ -131,6 +131,9 @@ def test_wrong_checkpoint_formats_are_one_line_errors_naming_the_fix():
         ct.from_official(alpha, "crate_tiny", **TINY)
     with pytest.raises(CheckpointError, match="shape mismatches: .*pass .*num_classes=10"):
         ct.from_official(alpha, "crate_alpha_base16", **{**TINY, "num_classes": 1000})
+    p4 = OfficialCRATEAlpha(**{**TINY, "patch_size": 4, "num_classes": 7}, dim_head=8).state_dict()  # e.g. B/32 vs B/16
+    with pytest.raises(CheckpointError, match="pass patch_size=4, num_classes=7$"):
+        ct.from_official(p4, "crate_alpha_base16", **TINY)
     with pytest.raises(ValueError, match="not CRATE-α .*use crate_alpha_base16"):
         ct.from_official(alpha, "crate_alpha_mnist")  # CRATE + ODL ablation with the patch LayerNorms
     assert looks_like_alpha(alpha) and not looks_like_alpha(crate)
