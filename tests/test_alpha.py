@@ -1,21 +1,25 @@
 """CRATE-α (crate_transformer.alpha): the authors' released PyTorch checkpoints load and reproduce the authors'
 model (tests/official/crate_alpha_official.py, transcribed from UCSC-VLAA/CRATE-alpha @ edbd624)."""
 
+import json
+
 import pytest
 import torch
+from official.crate import OfficialCRATE
 from official.crate_alpha_official import CRATE as OfficialCRATEAlpha
 from official.crate_alpha_official import CRATE_base, CRATE_large
 
 import crate_transformer as ct
 from crate_transformer.alpha import (
+    AlphaConfig,
     CRATEAlpha,
     alpha_config,
     alpha_native_to_official,
     alpha_official_to_native,
     looks_like_alpha,
 )
-from crate_transformer.checkpoint import CheckpointError, load_model, native_to_official
-from crate_transformer.reference import OfficialCRATE
+from crate_transformer.checkpoint import CheckpointError, load_model
+from crate_transformer.official import native_to_official
 
 TINY = dict(image_size=32, patch_size=8, num_classes=10, dim=32, depth=2, heads=4)
 
@@ -39,7 +43,7 @@ def test_from_official_reproduces_the_authors_logits_fp32_and_fp64(tmp_path):
     path = tmp_path / "crate_alpha_tiny.pth"
     torch.save(off.state_dict(), path)  # what the release is: a plain state dict, loaded strictly by eval_in1k_cls.py
     m = ct.from_official(path, "crate_alpha_base16", **TINY).eval()
-    assert isinstance(m, CRATEAlpha) and m.config.mlp == "odl" and not m.config.patch_norm
+    assert isinstance(m, CRATEAlpha) and m.config.arch == "crate_alpha" and m.config.mlp == "odl"
     x = torch.randn(3, 3, 32, 32)
     with torch.no_grad():
         ours, theirs = m(x), off(x)
@@ -65,7 +69,7 @@ def test_layer_norm_eps_and_biases_follow_the_authors_module():
     ours = {k: v.eps for k, v in m.named_modules() if isinstance(v, torch.nn.LayerNorm)}
     theirs = {k: v.eps for k, v in off.named_modules() if isinstance(v, torch.nn.LayerNorm)}
     assert sorted(ours.values()) == sorted(theirs.values()) == [1e-6] * 4 + [1e-5]  # PreNorms 1e-6, head 1e-5
-    assert m.layers[0].attn.proj.bias is None and m.patch_embed[1].bias is not None
+    assert m.layers[0].attn.proj.bias is None and m.patch_embed[0].bias is not None
 
 
 @pytest.mark.parametrize("container", ["bare", "module_prefix"])
@@ -123,19 +127,22 @@ def test_initialisation_matches_the_authors_scales():
 
 def test_wrong_checkpoint_formats_are_one_line_errors_naming_the_fix():
     crate = OfficialCRATE(**TINY).state_dict()  # the CRATE classifier (model/crate.py), not CRATE-α
-    with pytest.raises(CheckpointError, match=r"not a CRATE-α checkpoint .* e\.g\. crate_base$") as e:
+    with pytest.raises(
+        CheckpointError, match=r"not a CRATE-α checkpoint .*it is a CRATE classifier.*crate_small$"
+    ) as e:
         ct.from_official(crate, "crate_alpha_base16", **TINY)
     assert "\n" not in str(e.value)
     alpha = official_tiny().state_dict()
-    with pytest.raises(CheckpointError, match="CRATE-α checkpoint but 'crate_tiny' is not; pass crate_alpha_base16"):
+    with pytest.raises(CheckpointError, match="not a CRATE classifier checkpoint .*e.g. crate_alpha_base16$") as e:
         ct.from_official(alpha, "crate_tiny", **TINY)
+    assert "\n" not in str(e.value)
     with pytest.raises(CheckpointError, match="shape mismatches: .*pass .*num_classes=10"):
         ct.from_official(alpha, "crate_alpha_base16", **{**TINY, "num_classes": 1000})
     p4 = OfficialCRATEAlpha(**{**TINY, "patch_size": 4, "num_classes": 7}, dim_head=8).state_dict()  # e.g. B/32 vs B/16
     with pytest.raises(CheckpointError, match="pass patch_size=4, num_classes=7$"):
         ct.from_official(p4, "crate_alpha_base16", **TINY)
-    with pytest.raises(ValueError, match="not CRATE-α .*use crate_alpha_base16"):
-        ct.from_official(alpha, "crate_alpha_mnist")  # CRATE + ODL ablation with the patch LayerNorms
+    with pytest.raises(ValueError, match="official CRATE checkpoints have MSSA \\+ ISTA layers"):
+        ct.from_official(alpha, "crate_alpha_mnist")  # the CRATE + ODL ablation (arch crate, patch LayerNorms)
     assert looks_like_alpha(alpha) and not looks_like_alpha(crate)
     assert not looks_like_alpha(ct.create_model("crate_mae_mnist", depth=1).state_dict())
     assert not looks_like_alpha(native_to_official(ct.create_model("crate_tiny", **TINY).state_dict()))
@@ -154,25 +161,40 @@ def test_load_model_resolves_an_official_alpha_file_and_suggests_the_name(tmp_pa
 
 def test_alpha_config_fixes_the_family_and_refuses_other_variants():
     c = alpha_config(ct.ModelConfig(**TINY))
-    assert (c.arch, c.mlp, c.patch_norm, c.attention) == ("crate", "odl", False, "mssa")
-    with pytest.raises(ValueError, match="CRATE-α has attention='mssa'.*drop attention"):
+    assert isinstance(c, AlphaConfig) and (c.arch, c.mlp, c.patch_norm, c.attention) == (
+        "crate_alpha",
+        "odl",
+        False,
+        "mssa",
+    )
+    assert (c.dim, c.depth, c.num_classes) == (32, 2, 10)
+    with pytest.raises(ValueError, match="CRATE-α has attention='mssa', got attention='mhsa'; drop attention"):
         alpha_config(ct.ModelConfig(**TINY, attention="mhsa"))
-    with pytest.raises(ValueError, match="expected a ModelConfig"):
+    with pytest.raises(ValueError, match="CRATE-α has patch_norm=False, got patch_norm=True"):
+        ct.create_model("crate_alpha_base16", patch_norm=True)
+    with pytest.raises(ValueError, match="unknown arch 'vit'"):
+        AlphaConfig(arch="vit")
+    with pytest.raises(ValueError, match="expected an AlphaConfig"):
         CRATEAlpha({"dim": 32})
     with torch.device("meta"):
         assert CRATEAlpha().num_params() == 72_328_936  # the default is CRATE-α-B/16
 
 
-def test_loaded_model_records_normalisation_and_survives_save_pretrained(tmp_path):
+def test_the_model_contract_and_save_pretrained_round_trip(tmp_path):
     off = official_tiny()
     m = ct.from_official(off.state_dict(), "crate_alpha_base16", **TINY).eval()
-    assert m.config.data.mean == [0.485, 0.456, 0.406] and m.config.data.std == [0.229, 0.224, 0.225]
-    m.save_pretrained(tmp_path / "alpha")
-    r = ct.from_pretrained(tmp_path / "alpha").eval()
-    assert isinstance(r, CRATEAlpha) and r.config == m.config
     x = torch.randn(2, 3, 32, 32)
+    z = m.forward_features(x)
+    assert z.shape == (2, 17, 32) and len(m.forward_trace(x).tokens) == 3
+    assert {"pos_embed", "cls_token"} <= m.no_weight_decay() and "layers.0.mlp.D" not in m.no_weight_decay()
+    m.save_pretrained(tmp_path / "alpha")
+    stored = json.loads((tmp_path / "alpha" / "config.json").read_text())
+    assert stored["arch"] == "crate_alpha" and stored["config_version"] == AlphaConfig.VERSION
+    r = CRATEAlpha.from_pretrained(tmp_path / "alpha").eval()
+    assert r.config == m.config and isinstance(ct.from_pretrained(tmp_path / "alpha"), CRATEAlpha)
     with torch.no_grad():
         torch.testing.assert_close(r(x), off(x), rtol=0, atol=1e-5)
+        assert r(torch.randn(1, 3, 48, 48)).shape == (1, 10)  # other image sizes: the position table is interpolated
 
 
 def test_crate_alpha_mnist_ablation_still_builds_and_trains_a_step():
@@ -181,3 +203,18 @@ def test_crate_alpha_mnist_ablation_still_builds_and_trains_a_step():
     loss = torch.nn.functional.cross_entropy(m(torch.randn(4, 1, 28, 28)), torch.tensor([0, 1, 2, 3]))
     loss.backward()
     assert all(p.grad is not None for p in m.parameters())
+
+
+def test_crate_train_and_resume_build_the_family(tmp_path):
+    """The training engine builds a registered family by its arch (a fresh run and a resumed one)."""
+    from crate_transformer.io import load_pickle
+    from crate_transformer.train import TrainConfig, train
+
+    args = dict(model="crate_alpha_base16", model_args=dict(dim=32, depth=1, heads=4, patch_size=4), data="digits")
+    cfg = TrainConfig(**args, image_size=8, epochs=1, max_steps=3, progress=False, out=str(tmp_path / "a"), threads=1)
+    assert train(cfg)["test_acc"] >= 0
+    state = load_pickle(tmp_path / "a" / "checkpoints" / "last.pt")
+    assert state["model_config"]["arch"] == "crate_alpha" and "layers.0.mlp.D1" in state["model"]
+    assert isinstance(ct.from_pretrained(tmp_path / "a" / "model"), CRATEAlpha)
+    resumed = train(None, resume=tmp_path / "a", overrides={"max_steps": 5})
+    assert resumed["step"] == 5 and not resumed["interrupted"]

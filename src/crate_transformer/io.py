@@ -1,8 +1,8 @@
 """File helpers: atomic writes with one-line errors, safe unpickling, safetensors with a checksum, a
 deterministic hash of nested tensor payloads, and the ``save_pretrained`` method of the models.
 
-This module imports nothing from the model, the registry or the checkpoint loaders (``model.py``
-imports it for :class:`PretrainedMixin`, ``checkpoint.py`` for the readers), so there is no cycle.
+This module imports nothing from the model, the registry or the checkpoint loaders (``base.py``
+imports it for ``save_pretrained``, ``checkpoint.py`` for the readers), so there is no cycle.
 
 * :func:`atomic_write` — write to a temporary file in the target folder, then rename it into place;
   a full disk or an unwritable folder is a one-line :class:`WriteError` and leaves no temporary file.
@@ -12,8 +12,7 @@ imports it for :class:`PretrainedMixin`, ``checkpoint.py`` for the readers), so 
 * :func:`save_safetensors` / :func:`load_safetensors` — tensors plus ``{"format": "pt", "sha256": ...}``
   metadata; the reader verifies the checksum when present (older files without one still load).
 * :func:`tree_sha256` — SHA-256 of nested dicts / lists / tuples of tensors, arrays and plain values.
-* :func:`write_json`, :func:`save_pretrained` and :class:`PretrainedMixin` (``model.save_pretrained(dir)``).
-* :func:`rename_keys` — rename a foreign state dict's keys by a key map (the official formats' converters).
+* :func:`write_json` and :func:`save_pretrained` (what ``model.save_pretrained(dir)`` calls).
 """
 
 from __future__ import annotations
@@ -46,8 +45,6 @@ __all__ = [
     "save_safetensors",
     "load_safetensors",
     "save_pretrained",
-    "PretrainedMixin",
-    "rename_keys",
 ]
 
 CONFIG_NAME = "config.json"
@@ -325,30 +322,6 @@ def load_safetensors(path: str | Path, verify: bool = True) -> tuple[dict[str, T
     return tensors, dict(metadata)
 
 
-# --------------------------------------------------------------------------- foreign state dicts
-def rename_keys(state: Mapping[str, Tensor], key_map: list[tuple[str, str]], forward: bool) -> dict[str, Tensor]:
-    """Rename keys by ``key_map``, a list of ``(official, native)`` pairs: official → native (``forward``) or back.
-
-    A pair ending in ``.`` renames that prefix, any other pair the whole key; ``{i}`` stands for a layer
-    index.  The first matching pair wins; keys that match none pass unchanged (the strict load that
-    follows names them).
-    """
-    rules = []
-    for official, native in key_map:
-        src, dst = (official, native) if forward else (native, official)
-        pattern = r"(\d+)".join(map(re.escape, src.split("{i}")))
-        rules.append((re.compile("^" + pattern + ("" if src.endswith(".") else "$")), dst.replace("{i}", r"\1")))
-    out = {}
-    for key, value in state.items():
-        for pattern, repl in rules:
-            new, hits = pattern.subn(repl, key)
-            if hits:
-                key = new
-                break
-        out[key] = value
-    return out
-
-
 # --------------------------------------------------------------------------- save_pretrained
 def _package_version() -> str:
     from . import __version__
@@ -361,14 +334,6 @@ def save_pretrained(model: Any, directory: str | Path) -> Path:
     plus the package version) into ``directory``, each atomically; read back with ``from_pretrained``."""
     directory = Path(directory)
     save_safetensors(model.state_dict(), directory / WEIGHTS_NAME)
-    write_json(directory / CONFIG_NAME, {"crate_transformer_version": _package_version(), **model.config.to_dict()})
+    meta = {"crate_transformer_version": _package_version(), "config_version": model.config.VERSION}
+    write_json(directory / CONFIG_NAME, {**meta, **model.config.to_dict()})
     return directory
-
-
-class PretrainedMixin:
-    """Gives a module with a ``config`` (having ``to_dict()``) the ``save_pretrained`` method."""
-
-    def save_pretrained(self, directory: str | Path) -> Path:
-        """Write ``model.safetensors`` + ``config.json`` to ``directory`` (atomically, weights checksummed);
-        load with :func:`crate_transformer.from_pretrained`."""
-        return save_pretrained(self, directory)

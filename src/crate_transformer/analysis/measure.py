@@ -249,7 +249,7 @@ def measure(
     channels as in training), or a loader / iterable of model-ready batches.
 
     ``normalize``: ``"auto"`` normalises dataset images with the normalisation recorded in
-    ``model.config.data`` (see :func:`crate_transformer.data.spec.resolve_normalization`), falling back
+    ``model.config.data`` (see :func:`crate_transformer.spec.resolve_normalization`), falling back
     to the dataset's statistics, and leaves tensors / loaders untouched; pass ``(mean, std)`` to force
     a normalisation or ``None`` for none.  Every batch is checked (shape, channels, NaN/Inf) before use.
 
@@ -294,8 +294,8 @@ def measure(
         "n_samples": int(values["rc_in"].shape[0]),
         "n_layers": int(values["rc_in"].shape[1]),
         "arch": model.config.arch,
-        "attention": model.config.attention if model.config.arch == "crate" else "mhsa",
-        "mlp": model.config.mlp if model.config.arch == "crate" else "mlp",
+        "attention": "mhsa" if model.config.arch == "vit" else getattr(model.config, "attention", "mssa"),
+        "mlp": "mlp" if model.config.arch == "vit" else getattr(model.config, "mlp", "ista"),
         "ista_output": has_ista(model),
         "normalization": None
         if normalization is None
