@@ -218,3 +218,16 @@ def test_crate_train_and_resume_build_the_family(tmp_path):
     assert isinstance(ct.from_pretrained(tmp_path / "a" / "model"), CRATEAlpha)
     resumed = train(None, resume=tmp_path / "a", overrides={"max_steps": 5})
     assert resumed["step"] == 5 and not resumed["interrupted"]
+
+
+def test_the_family_module_imports_only_torch_and_the_core():
+    import ast
+    from pathlib import Path
+
+    import crate_transformer.alpha as alpha
+
+    tree = ast.parse(Path(alpha.__file__).read_text())
+    imported = {(n.module or "") if isinstance(n, ast.ImportFrom) else a.name for n in ast.walk(tree)
+                if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}  # fmt: skip
+    core = {"model", "operators", "official", "io", "base", "config", "spec"}
+    assert imported - {"__future__", "dataclasses", "collections.abc", "typing", "torch"} <= core, imported
