@@ -346,7 +346,9 @@ def test_resume_runs_the_checks_a_new_run_makes(tmp_path: Path, capsys: pytest.C
     run = tmp_path / "gpt"
     args = ["--data", corpus, *LM_ARGS]
     assert crate("train-lm", *args, "--max-steps", 1, "--out", run) == 0
-    new = one_line_error(capsys, "train-lm", *args, "--objective", "mlm", "--out", tmp_path / "new")
+    new = one_line_error(
+        capsys, "train-lm", *args, "--model", "crate_gpt_mini", "--objective", "mlm", "--out", tmp_path / "new"
+    )
     assert "crate_gpt_mini is a causal (GPT) model; use --objective clm" in new
     step = load_training_state(run)["step"]
     for extra, msg in [

@@ -35,7 +35,7 @@ from ..mae import CRATEMAE, MAEConfig
 from ..registry import model_config
 from .classification import load_splits
 from .config import TrainConfig
-from .evaluation import prepare_batch
+from .evaluation import prepare_batch, require_evaluated
 from .runtime import Runtime
 from .task import Task, task_option
 
@@ -60,6 +60,12 @@ class MAEOptions:
     recognition: bool = task_option(
         True, "at the end, classify the held-out reconstructions with a raw-pixel k-NN (recognition.json)"
     )
+
+    def __post_init__(self) -> None:
+        if self.probe_c <= 0:
+            raise ValueError(f"probe_c must be > 0 (the inverse L2 strength of the probe), got {self.probe_c}")
+        if self.figure_images < 0:
+            raise ValueError(f"figure_images must be >= 0, got {self.figure_images}")
 
 
 @torch.no_grad()
@@ -94,7 +100,8 @@ def masked_eval(
         sums += torch.stack([masked.sum(), visible.sum(), torch.tensor(float(len(x)), device=rt.device)]).double()
     rt.all_reduce(sums)
     model.train(was)
-    n = max(float(sums[2]), 1.0)
+    n = float(sums[2])
+    require_evaluated(n, "images", dataset)
     return {"loss": float(sums[0]) / n, "visible_loss": float(sums[1]) / n}
 
 
@@ -295,8 +302,9 @@ class MAETask(Task):
 
         per_image = self.model.config.in_chans * self.image_size**2
         train_images, test_images = (max(1, min(n, 2**25 // per_image)) for n in (train_images, test_images))
-        (train_x, train_y), (test_x, test_y) = (data.first(k) for data, k in
-                                                ((self.train_data, train_images), (self.test_data, test_images)))
+        (train_x, train_y), (test_x, test_y) = (
+            data.first(k) for data, k in ((self.train_data, train_images), (self.test_data, test_images))
+        )
         result = reconstruction_recognition(self.model, self._inputs(train_x), train_y, self._inputs(test_x), test_y,
                                             mean=self.mean, std=self.std, seed=self.cfg.seed)  # fmt: skip
         return {**result, "mask_ratio": self.model.config.mask_ratio, "train_images": len(train_x)}
