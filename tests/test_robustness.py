@@ -223,7 +223,9 @@ LM_ARGS = ["--threads", 1, "--no-progress", "--batch-size", 4, "--eval-every", 0
            "--model-args", "dim=16", "depth=1", "heads=2", "block_size=16"]  # fmt: skip
 
 
-def test_train_lm_options_are_validated(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_task_options_are_validated_before_anything_is_written(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from crate_transformer.train import train
+
     for flag, value, msg in [
         ("--eval-blocks", -1, "eval_blocks must be >= 0 (0 = every held-out block), got -1"),
         ("--sample-tokens", -5, "sample_tokens must be >= 0"),
@@ -232,7 +234,13 @@ def test_train_lm_options_are_validated(tmp_path: Path, capsys: pytest.CaptureFi
     ]:
         err = one_line_error(capsys, "train-lm", *LM_ARGS, flag, value, "--max-steps", 1, "--out", tmp_path / "r")
         assert msg in err, err
-        assert not (tmp_path / "r" / "metrics.jsonl").exists()
+        assert not (tmp_path / "r").exists()
+    err = one_line_error(capsys, "pretrain", "mae", "--probe-c", 0, "--out", tmp_path / "m")
+    assert "probe_c must be > 0" in err and not (tmp_path / "m").exists()
+    # what argparse's choices check for flags, a config file (or a resumed run's stored options) meets here
+    with pytest.raises(ValueError, match="unknown objective 'xyz'; choose one of clm, mlm"):
+        train(TrainConfig(task="lm", task_args={"objective": "xyz"}, out=str(tmp_path / "y")))
+    assert not (tmp_path / "y").exists()
 
 
 def _lm_task(split: str):  # noqa: ANN202
