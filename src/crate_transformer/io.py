@@ -1,8 +1,8 @@
 """File helpers: atomic writes with one-line errors, safe unpickling, safetensors with a checksum, a
 deterministic hash of nested tensor payloads, and the ``save_pretrained`` method of the models.
 
-This module imports nothing from the model, the registry or the checkpoint loaders (``model.py``
-imports it for :class:`PretrainedMixin`, ``checkpoint.py`` for the readers), so there is no cycle.
+This module imports nothing from the model, the registry or the checkpoint loaders (``base.py``
+imports it for ``save_pretrained``, ``checkpoint.py`` for the readers), so there is no cycle.
 
 * :func:`atomic_write` — write to a temporary file in the target folder, then rename it into place;
   a full disk or an unwritable folder is a one-line :class:`WriteError` and leaves no temporary file.
@@ -15,8 +15,8 @@ imports it for :class:`PretrainedMixin`, ``checkpoint.py`` for the readers), so 
 * :func:`save_safetensors` / :func:`load_safetensors` — tensors plus ``{"format": "pt", "sha256": ...}``
   metadata; the reader verifies the checksum when present (older files without one still load).
 * :func:`tree_sha256` — SHA-256 of nested dicts / lists / tuples of tensors, arrays and plain values.
-* :func:`write_json`, :func:`save_pretrained` and :class:`PretrainedMixin` (``model.save_pretrained(dir)``):
-  the weights' header also stores :func:`json_sha256` of ``config.json`` and ``tokenizer.json``, which
+* :func:`write_json` and :func:`save_pretrained` (what ``model.save_pretrained(dir)`` calls): the weights'
+  header also stores :func:`json_sha256` of ``config.json`` and ``tokenizer.json``, which
   :func:`read_model_json` verifies, so every file that defines the computation is covered by a checksum.
 """
 
@@ -56,7 +56,6 @@ __all__ = [
     "read_safetensors_metadata",
     "read_model_json",
     "save_pretrained",
-    "PretrainedMixin",
 ]
 
 CONFIG_NAME = "config.json"
@@ -454,8 +453,8 @@ def save_pretrained(model: Any, directory: str | Path) -> Path:
     save is removed when the model has no tokenizer (it would describe another model).
     """
     directory = Path(directory)
-    files = {CONFIG_NAME: json.dumps({"crate_transformer_version": _package_version(), **model.config.to_dict()},
-                                     indent=2) + "\n"}  # fmt: skip
+    meta = {"crate_transformer_version": _package_version(), "config_version": model.config.VERSION}
+    files = {CONFIG_NAME: json.dumps({**meta, **model.config.to_dict()}, indent=2) + "\n"}
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is not None:
         files[TOKENIZER_NAME] = tokenizer.to_str()
@@ -466,12 +465,3 @@ def save_pretrained(model: Any, directory: str | Path) -> Path:
         atomic_write(directory / name, _write_bytes(text.encode("utf-8")))
     save_safetensors(model.state_dict(), directory / WEIGHTS_NAME, metadata=digests)
     return directory
-
-
-class PretrainedMixin:
-    """Gives a module with a ``config`` (having ``to_dict()``) the ``save_pretrained`` method."""
-
-    def save_pretrained(self, directory: str | Path) -> Path:
-        """Write ``model.safetensors`` + ``config.json`` (+ ``tokenizer.json``) to ``directory`` (atomically, every
-        file checksummed); load with :func:`crate_transformer.from_pretrained`."""
-        return save_pretrained(self, directory)
