@@ -56,7 +56,6 @@ def test_a_run_directory_in_use_is_refused(tmp_path: Path, capsys: pytest.Captur
     assert crate("train", *TINY, *FAST, "--out", tmp_path / "r") == 0  # free again once the owner closes
 
 
-
 class FakeMsvcrt:
     """``msvcrt.locking`` as Windows behaves: a byte range locked by one handle is refused to every other handle
     (of this process too), unlocking needs the handle that locked it, and the range starts at the file position."""
@@ -115,6 +114,7 @@ def test_the_run_directory_lock_is_flock_on_posix(tmp_path: Path) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by close()
     finally:
         os.close(fd)
+
 
 def test_a_finished_run_without_checkpoints_or_user_files_are_never_overwritten(
     tmp_path: Path, capsys: pytest.CaptureFixture
