@@ -1,6 +1,6 @@
 """Model files: ``from_pretrained`` (safetensors + JSON config, written by ``model.save_pretrained``),
 ``from_official`` (the official repository's ``.pth`` layouts: the classifier ``model/crate.py`` and
-CRATE-MAE ``model/crate_ae``, see shared/notes/anchors.md §1.2 and §1.5) and ``load_model``, the one
+CRATE-MAE ``model/crate_ae/`` of Ma-Lab-Berkeley/CRATE) and ``load_model``, the one
 resolver the commands share.  ``config.json`` with ``arch == "crate_mae"`` loads a :class:`CRATEMAE`.
 
 The file primitives (atomic writes, safe unpickling, checksummed safetensors) live in
@@ -183,7 +183,7 @@ CLASSIFIER_KEY_MAP = [
     ("mlp_head.0.", "head.0."),
     ("mlp_head.1.", "head.1."),
 ]
-# CRATE-MAE (model/crate_ae, anchors.md §1.5).  The official pos_embed (unused by its forward) and
+# CRATE-MAE (Ma-Lab-Berkeley/CRATE model/crate_ae/).  The official pos_embed (unused by its forward) and
 # decoder_embed (never used) have no native counterpart; decoder_pos_embed is the table the forward adds.
 MAE_KEY_MAP = [
     ("cls_token", "cls_token"),

@@ -1,6 +1,6 @@
 """The official CRATE-MAE formulation, transcribed: the forward computation of the official
-``model/crate_ae/{crate_ae,crate_encoder,crate_decoder,pos_embed}.py`` (Ma-Lab-Berkeley/CRATE, PR #21;
-anchors.md §1.5) with its module names, so its ``state_dict`` has the official keys.  Conv patch
+``model/crate_ae/{crate_ae,crate_encoder,crate_decoder,pos_embed}.py`` (Ma-Lab-Berkeley/CRATE, PR #21)
+with its module names, so its ``state_dict`` has the official keys.  Conv patch
 embedding, gather/scatter masking, explicit attention matrices, three-matmul ISTA.
 
 Not the implementation to use — :mod:`crate_transformer.mae` is.  This exists so the tests can check
