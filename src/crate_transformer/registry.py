@@ -112,7 +112,7 @@ register_model("gpt2_small", arch="gpt", final_norm=True, **_GPT, dim=512, depth
 register_model("gpt2_base", arch="gpt", final_norm=True, **{**_GPT, "vocab_size": 50257}, dim=768, depth=12, heads=12)
 register_model("gpt2_large", arch="gpt", final_norm=True, **{**_GPT, "vocab_size": 50257}, dim=1280, depth=36, heads=20)
 # Laptop presets (the `crate train-lm` default: byte-level tokenizer, context 128, d = 128, 4 layers, 4 heads),
-# and the GPT of the same width, depth and heads with a 4x GELU MLP (the README's comparison).
+# and the GPT of the same width, depth and heads with a 4x GELU MLP (the comparison in docs/language-models.md).
 _MINI = dict(vocab_size=262, block_size=128, dim=128, depth=4, heads=4)
 register_model("crate_gpt_mini", arch="crate_lm", **_MINI)
 register_model("crate_bert_mini", arch="crate_lm", causal=False, pos_embed="sinusoidal", **_MINI)
