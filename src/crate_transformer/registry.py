@@ -9,7 +9,7 @@ and its ``register_model`` entries here.
 
 CRATE sizes are JMLR Table 8 (p.96); ViT sizes are the standard ViT-T/S/B/L (timm layout, the paper's
 baselines); CRATE-MAE sizes are the official ``mae_crate_*`` factories (Table 9, p.96); CRATE-BERT /
-CRATE-GPT sizes are Table 10 (p.98).
+CRATE-GPT sizes are Table 10 (p.97).
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ register_model(
 )
 
 
-# Language models, JMLR Table 10 (p.98): CRATE-BERT with the RoBERTa vocabulary (V = 50,265) and the sinusoidal
+# Language models, JMLR Table 10 (p.97): CRATE-BERT with the RoBERTa vocabulary (V = 50,265) and the sinusoidal
 # E_pos of eq. (83); CRATE-GPT as the official nanoGPT-based code (V = 50,304, learned wpe, context 1,024).
 # Parameters (tied head, position table excluded): BERT 32.0M / 59.9M / 127.1M, GPT 59.9M / 241.6M (paper:
 # 33M / 61M / 129M and 60M / 242M).  Table 10's "Small" GPT-2 (64M) has no CRATE entry; crate_gpt_small is
