@@ -10,7 +10,7 @@ GPT-2 baseline, in nanoGPT's layout (Karpathy 2022, which the paper's GPT code f
 * :meth:`LanguageModel.generate` samples with temperature / top-k / top-p and a key-value cache; CRATE's
   shared ``Q = K = V = U_kᵀZ`` projection caches one tensor per layer where GPT caches two.
 
-Parameter counts (Table 10, paper_spec §2.10): a CRATE layer has ``3d² + 5d`` parameters, so a CRATE
+Parameter counts (Table 10, p.97): a CRATE layer has ``3d² + 5d`` parameters, so a CRATE
 LM has ``L(3d² + 5d) + V d`` plus ``n_ctx d`` for a learned position table.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -338,13 +337,6 @@ class LanguageModel(Model):
         self.classifier = nn.Linear(self.config.dim, num_classes).to(ref.device, ref.dtype)
         nn.init.normal_(self.classifier.weight, std=0.02)
         nn.init.zeros_(self.classifier.bias)
-
-    def save_pretrained(self, directory: Any) -> Any:
-        """``model.safetensors`` + ``config.json`` (+ ``tokenizer.json`` when a tokenizer is attached)."""
-        path = super().save_pretrained(directory)
-        if self.tokenizer is not None:
-            self.tokenizer.save(path)
-        return path
 
 
 class CRATELanguageModel(LanguageModel):
