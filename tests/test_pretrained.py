@@ -225,7 +225,7 @@ def test_hub_folder_and_model_card(tmp_path):
     assert {r.dataset_name for r in card.data.eval_results} == {"cifar10"}
     text = card.text
     assert 'ct.from_pretrained("hf-hub:me/crate-tiny-c10")' in text
-    assert "| top1 | 0.875 |" in text and "@article{yu2024white" in text and "eprint={2311.13110}" in text
+    assert "| top1 | 0.875 |" in text and "@article{yu2024white" in text and "number  = {300}" in text
     stored = json.loads(re.search(r"```json\n(.*?)\n```", text, re.S).group(1))
     assert stored == json.loads(json.dumps(model.config.to_dict(), default=str))
     n = sum(p.numel() for p in model.parameters())
