@@ -23,6 +23,7 @@ from hubcache import COMMIT_1, COMMIT_2, put_in_hub_cache
 from huggingface_hub import ModelCard
 from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
 from official.crate import OfficialCRATE
+from official.crate_alpha_official import CRATE as OfficialCRATEAlpha
 
 import crate_transformer as ct
 from crate_transformer import pretrained
@@ -76,6 +77,21 @@ def test_create_model_pretrained_downloads_through_the_offline_hub_cache(hub_cac
         and cfg["file"] == str(path)
         and cfg["mean"] == pretrained.IMAGENET_MEAN
     )
+
+
+def test_crate_alpha_release_entry_loads_from_the_hub_cache(hub_cache, tmp_path):
+    """The zoo's crate_alpha_base16 entry as it stands (UCSC-VLAA/CRATE-alpha, torch/crate_alpha_B16.pth) with a
+    tiny file in the authors' format in the cache: the logits are those of the authors' module."""
+    torch.manual_seed(0)
+    off = OfficialCRATEAlpha(**TINY, dim_head=8).eval()
+    torch.save(off.state_dict(), tmp_path / "b16.pth")  # the release is a bare state dict
+    src = pretrained.ZOO["crate_alpha_base16"]
+    put_in_hub_cache(hub_cache, src.repo_id, {src.filename: tmp_path / "b16.pth"})
+    model = ct.create_model("crate_alpha_base16", pretrained=True, **TINY).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert (model(x) - off(x)).abs().max() <= 1e-5 and off(x).std() > 0.1
+    assert model.pretrained_cfg["loader"] == "CRATE-α" and model.pretrained_cfg["repo_id"] == "UCSC-VLAA/CRATE-alpha"
 
 
 def test_pinned_revision_is_read_from_its_snapshot(hub_cache, tmp_path, monkeypatch):
@@ -253,12 +269,26 @@ def test_push_to_hub_offline_is_one_line(hub_cache):
 
 
 # --------------------------------------------------------------------------- the table
+# Zoo entries whose reader is not in this checkout yet (the CRATE-BERT port's and crate-lm's formats come with
+# their families).  When one lands, the test below fails until its name is removed here.
+NOT_YET_WIRED = {"crate_bert_base", "crate_gpt_12l_pile"}
+
+
+def _registered_format(name: str) -> str | None:
+    """The name of the checkpoint format registered for ``name``'s architecture (None: not registered / none)."""
+    if name not in ct.list_models():
+        return None
+    fmt = arch_info(ct.model_config(name).arch).official
+    return None if fmt is None else fmt.name
+
+
 def test_every_zoo_entry_is_consistent():
-    registered = set(ct.list_models())
+    formats = {name: _registered_format(name) for name in pretrained.ZOO}
+    assert {n for n, f in formats.items() if f is None} == NOT_YET_WIRED
     for name, s in pretrained.ZOO.items():
-        assert s.name == name and name in registered, name
-        fmt = arch_info(ct.model_config(name).arch).official
-        assert fmt is not None and s.loader == fmt.name and s.loader in pretrained.loader_formats(), (name, s.loader)
+        assert s.name == name
+        if name not in NOT_YET_WIRED:  # the table names the format that from_official will use for this name
+            assert s.loader == formats[name] and s.loader in pretrained.loader_formats(), (name, s.loader)
         assert s.licence and s.input and s.classes and s.reference and s.title
         assert (s.mean is None) == (s.std is None)
         if s.on_hub:
