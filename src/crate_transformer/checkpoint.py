@@ -26,9 +26,10 @@ from .io import (
     atomic_write,
     load_pickle,
     load_safetensors,
+    rename_keys,
     save_pretrained,
 )
-from .lm import LanguageModel, LMConfig
+from .lm import LanguageModel, LMConfig, official_lm_checkpoint
 from .mae import CRATEMAE, MAE_ARCH, MAEConfig, mae_to_classifier
 from .model import ImageClassifier, ModelConfig
 from .registry import build, config_class, model_config, registered_fields
@@ -207,24 +208,6 @@ MAE_KEY_MAP = [
 _MAE_UNUSED = ("pos_embed", "decoder_embed.weight", "decoder_embed.bias")
 
 
-def _rename(state: Mapping[str, Tensor], key_map: list[tuple[str, str]], forward: bool) -> dict[str, Tensor]:
-    """Rename keys by ``key_map`` official → native (``forward``) or native → official; unknown keys pass unchanged."""
-    rules = []
-    for official, native in key_map:
-        src, dst = (official, native) if forward else (native, official)
-        pattern = r"(\d+)".join(map(re.escape, src.split("{i}")))
-        rules.append((re.compile("^" + pattern + ("" if src.endswith(".") else "$")), dst.replace("{i}", r"\1")))
-    out = {}
-    for key, value in state.items():
-        for pattern, repl in rules:
-            new, hits = pattern.subn(repl, key)
-            if hits:
-                key = new
-                break
-        out[key] = value
-    return out
-
-
 def _unwrap(obj: object) -> dict[str, Tensor]:
     if isinstance(obj, Mapping):
         for container in ("state_dict", "model"):
@@ -240,12 +223,12 @@ def _unwrap(obj: object) -> dict[str, Tensor]:
 
 def official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Rename an official ``model/crate.py`` state dict (after unwrapping) to this library's key names."""
-    return _rename(state, CLASSIFIER_KEY_MAP, forward=True)
+    return rename_keys(state, CLASSIFIER_KEY_MAP, forward=True)
 
 
 def native_to_official(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Rename this library's CRATE state dict to the official ``model/crate.py`` key names."""
-    return _rename(state, CLASSIFIER_KEY_MAP, forward=False)
+    return rename_keys(state, CLASSIFIER_KEY_MAP, forward=False)
 
 
 def mae_official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -255,7 +238,7 @@ def mae_official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     patch conv ``(d, c, p, p)`` becomes the linear map of (p1, p2, c)-ordered patches ``(d, p·p·c)``.
     """
     state = {k: v for k, v in state.items() if k not in _MAE_UNUSED}
-    out = _rename(state, MAE_KEY_MAP, forward=True)
+    out = rename_keys(state, MAE_KEY_MAP, forward=True)
     w = out.get("patch_embed.weight")
     if w is not None and w.dim() == 4:
         out["patch_embed.weight"] = w.permute(0, 2, 3, 1).reshape(w.shape[0], -1)
@@ -267,7 +250,7 @@ def mae_native_to_official(state: Mapping[str, Tensor], in_chans: int) -> dict[s
 
     Writes both (identical) position tables and the never-used ``decoder_embed`` as zeros.
     """
-    out = _rename(state, MAE_KEY_MAP, forward=False)
+    out = rename_keys(state, MAE_KEY_MAP, forward=False)
     w = out["patch_embed.proj.weight"]
     p = int(round((w.shape[1] / in_chans) ** 0.5))
     out["patch_embed.proj.weight"] = w.reshape(w.shape[0], p, p, in_chans).permute(0, 3, 1, 2).contiguous()
@@ -340,6 +323,11 @@ def _load_any(path: Path, name: str | None, overrides: Mapping[str, object], che
             weights = task["export_model"]  # the task trains a wrapper of this model (DINO: the teacher backbone)
         load_weights(model, weights, source=str(path))
         return model
+    if name is None and isinstance(raw, Mapping) and "model_args" in raw:
+        raise CheckpointError(
+            f"{path} looks like a nanoGPT / crate-lm checkpoint; name its architecture, e.g. --model "
+            "crate_gpt_12l_pile (CRATE) or gpt2_base (GPT-2)"
+        )
     if name is None:
         raise CheckpointError(
             f"{path} looks like an official CRATE checkpoint; name its architecture, e.g. --model crate_small"
@@ -375,18 +363,27 @@ def _check_overrides(
         )
 
 
-def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: object) -> ImageClassifier | CRATEMAE:
+def from_official(
+    path_or_state: str | Path | Mapping, name: str, **overrides: object
+) -> ImageClassifier | CRATEMAE | LanguageModel:
     """Load an official CRATE classifier or CRATE-MAE checkpoint as ``create_model(name, **overrides)``.
 
     ``name`` decides the format: ``crate_*`` classifiers (``model/crate.py``) or ``crate_mae_*``
-    (``model/crate_ae``, e.g. the released CRATE-MAE-B as ``from_official(path, "crate_mae_base")``).
+    (``model/crate_ae``, e.g. the released CRATE-MAE-B as ``from_official(path, "crate_mae_base")``);
+    a language model (``crate_gpt_*``, ``gpt2_*``) reads crate-lm, nanoGPT and Hugging Face GPT-2 files
+    (:func:`~crate_transformer.lm.official_lm_checkpoint`), e.g. the released CRATE-GPT as
+    ``from_official("ckpt-crate-12l-overparam-600000.pt", "crate_gpt_12l_pile")``.
 
     Accepts the ``{'state_dict': ...}`` container written by the official ``main.py`` (keys
     prefixed ``module.``), ``{'model': ...}``, a bare state dict, or a path to any of them (read with
-    ``weights_only=True``).  η and λ are not stored by the official code; pass them as overrides if
-    the checkpoint was trained with non-default values.
+    ``weights_only=True``; a ``.safetensors`` file is read as such).  η and λ are not stored by the
+    official code; pass them as overrides if the checkpoint was trained with non-default values.
     """
     config = model_config(name, **overrides)
+    source = str(path_or_state) if isinstance(path_or_state, (str, Path)) else "official state dict"
+    raw = _read_official(path_or_state) if isinstance(path_or_state, (str, Path)) else path_or_state
+    if isinstance(config, LMConfig):
+        return _lm_from_official(raw, name, overrides, source)
     if config.arch not in ("crate", MAE_ARCH):
         raise ValueError(f"from_official loads CRATE classifiers and CRATE-MAEs; {name!r} is a {config.arch} model")
     if config.arch == "crate" and (config.attention, config.mlp) != ("mssa", "ista"):
@@ -394,13 +391,57 @@ def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: o
             f"official CRATE checkpoints have MSSA + ISTA layers, not attention={config.attention!r}, "
             f"mlp={config.mlp!r}; drop those --model-args"
         )
-    raw = load_pickle(path_or_state) if isinstance(path_or_state, (str, Path)) else path_or_state
-    source = str(path_or_state) if isinstance(path_or_state, (str, Path)) else "official state dict"
     state = _unwrap(raw)
+    if any(k.endswith("wte.weight") for k in state):
+        raise CheckpointError(
+            f"{source} is a language-model checkpoint but {name!r} is an image model; pass e.g. crate_gpt_12l_pile"
+        )
     is_mae = any(k.startswith(("decoder_blocks.", "mask_token")) for k in state)
     if is_mae != (config.arch == MAE_ARCH):
         kind, fix = ("a CRATE-MAE", "crate_mae_base") if is_mae else ("a CRATE classifier", "crate_small")
         raise CheckpointError(f"{source} is {kind} checkpoint but {name!r} is not; pass a matching name, e.g. {fix}")
     model = build(config)
     load_weights(model, mae_official_to_native(state) if is_mae else official_to_native(state), source=source)
+    return model
+
+
+def _read_official(path: str | Path) -> object:
+    """A checkpoint file: ``.safetensors`` (Hugging Face's format) or what ``torch.load(weights_only=True)`` reads."""
+    return load_safetensors(path)[0] if Path(path).suffix == ".safetensors" else load_pickle(path)
+
+
+# --------------------------------------------------------------------------- language models of other code bases
+def _lm_from_official(raw: object, name: str, overrides: Mapping[str, object], source: str) -> LanguageModel:
+    """A crate-lm / nanoGPT / Hugging Face GPT-2 checkpoint as the language model ``name``.
+
+    The checkpoint fixes what it stores (sizes, heads when it has nanoGPT's ``model_args``, the ISTA variant,
+    the final LayerNorm); ``name`` and ``overrides`` give the rest.  An override that contradicts the checkpoint,
+    or a width that differs from ``name``'s when the head count is not stored, is a one-line error.
+    """
+    try:
+        arch, found, state = official_lm_checkpoint(raw)
+    except CheckpointError as e:
+        raise CheckpointError(f"{source}: {e}") from None
+    wanted = model_config(name, **overrides)
+    if wanted.arch != arch:
+        kind, fix = ("a CRATE (crate-lm)", "crate_gpt_12l_pile") if arch == "crate_lm" else ("a GPT-2", "gpt2_base")
+        raise CheckpointError(f"{source} is {kind} checkpoint but {name!r} is not; pass a matching name, e.g. {fix}")
+    conflicts = [
+        f"{k}={getattr(wanted, k)!r} (checkpoint: {v!r})"
+        for k, v in found.items()
+        if k in overrides and k != "gelu" and getattr(wanted, k) != v
+    ]
+    if conflicts:
+        raise CheckpointError(f"{source} disagrees with the given overrides: {', '.join(conflicts)}; drop them")
+    if "heads" not in found and "heads" not in overrides and found["dim"] != wanted.dim:
+        raise CheckpointError(
+            f"{source} has dim={found['dim']} but {name!r} has dim={wanted.dim}, and the file does not store its "
+            f"head count; pass the matching model name, or heads=H with the head count it was trained with"
+        )
+    try:
+        config = model_config(name, **{**found, **overrides})
+    except ValueError as e:
+        raise CheckpointError(f"{source}: {e}") from None
+    model = build(config)
+    load_weights(model, state, source=source)
     return model

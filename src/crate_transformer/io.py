@@ -11,6 +11,7 @@ imports it for :class:`PretrainedMixin`, ``checkpoint.py`` for the readers), so 
 * :func:`save_torch` — ``torch.save`` through :func:`atomic_write` (so a full disk is reported as such).
 * :func:`save_safetensors` / :func:`load_safetensors` — tensors plus ``{"format": "pt", "sha256": ...}``
   metadata; the reader verifies the checksum when present (older files without one still load).
+* :func:`rename_keys` — rename state-dict keys by a table of prefixes (the official layouts' converters).
 * :func:`tree_sha256` — SHA-256 of nested dicts / lists / tuples of tensors, arrays and plain values.
 * :func:`write_json`, :func:`save_pretrained` and :class:`PretrainedMixin` (``model.save_pretrained(dir)``).
 """
@@ -44,6 +45,7 @@ __all__ = [
     "tree_sha256",
     "save_safetensors",
     "load_safetensors",
+    "rename_keys",
     "save_pretrained",
     "PretrainedMixin",
 ]
@@ -346,3 +348,23 @@ class PretrainedMixin:
         """Write ``model.safetensors`` + ``config.json`` to ``directory`` (atomically, weights checksummed);
         load with :func:`crate_transformer.from_pretrained`."""
         return save_pretrained(self, directory)
+
+
+def rename_keys(state: Mapping[str, Tensor], key_map: list[tuple[str, str]], forward: bool) -> dict[str, Tensor]:
+    """Rename keys by ``key_map``, a list of (official prefix, native prefix) pairs where ``"{i}"`` is a layer
+    index: official → native (``forward``) or native → official.  The first matching rule applies; a prefix
+    ending in ``.`` matches a key that starts with it, any other the whole key; unknown keys pass unchanged."""
+    rules = []
+    for official, native in key_map:
+        src, dst = (official, native) if forward else (native, official)
+        pattern = r"(\d+)".join(map(re.escape, src.split("{i}")))
+        rules.append((re.compile("^" + pattern + ("" if src.endswith(".") else "$")), dst.replace("{i}", r"\1")))
+    out = {}
+    for key, value in state.items():
+        for pattern, repl in rules:
+            new, hits = pattern.subn(repl, key)
+            if hits:
+                key = new
+                break
+        out[key] = value
+    return out

@@ -5,13 +5,18 @@ GPT-2 baseline, in nanoGPT's layout (Karpathy 2022, which the paper's GPT code f
   embedding of Vaswani et al. (BERT, eq. (83)) or a learned one (GPT-2 / the official CRATE-GPT code).
 * CRATE layers (eq. (45)) whose MSSA is bidirectional (BERT) or causal (GPT, eqs. (86)-(87)).
 * ``f_head(Z) = W_head Z`` (eq. (84)) with ``W_head`` tied to the token embedding (what Table 10's
-  parameter counts imply); no final LayerNorm, as in the official CRATE-GPT code.
+  parameter counts imply); no final LayerNorm, as in the official CRATE-GPT code (``final_norm`` adds one).
+* ``mlp="ista_overcomplete"``: the sparsification step of the released crate-lm CRATE-GPT (Bai & Ma 2025),
+  a tied 4d-atom dictionary and two ISTA steps from zero, no residual (:class:`~.operators.OvercompleteISTA`).
+* :func:`official_lm_checkpoint` reads the authors' crate-lm checkpoints, nanoGPT ``ckpt.pt`` files and
+  Hugging Face GPT-2 state dicts (``ct.from_official(path, "crate_gpt_12l_pile")`` / ``"gpt2_base"``).
 * Losses: masked tokens (eq. (85), :func:`mask_tokens`: 15 %, 80/10/10) and next token (eq. (89)).
 * :meth:`LanguageModel.generate` samples with temperature / top-k / top-p and a key-value cache; CRATE's
   shared ``Q = K = V = U_kᵀZ`` projection caches one tensor per layer where GPT caches two.
 
 Parameter counts (Table 10, paper_spec §2.10): a CRATE layer has ``3d² + 5d`` parameters, so a CRATE
-LM has ``L(3d² + 5d) + V d`` plus ``n_ctx d`` for a learned position table.
+LM has ``L(3d² + 5d) + V d`` plus ``n_ctx d`` for a learned position table; with the overcomplete ISTA
+(``m = 4d`` atoms) a layer has ``(2 + 4)d² + 5d`` parameters.
 """
 
 from __future__ import annotations
@@ -27,9 +32,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config_utils import coerce_fields
-from .io import PretrainedMixin
+from .io import CheckpointError, PretrainedMixin, rename_keys
 from .model import Trace, _ViTBlock
-from .operators import ISTA_MODES, LAYER_FORMS, EncoderLayer
+from .operators import GELUS, ISTA_MODES, LAYER_FORMS, MLP, MLPS, EncoderLayer
 
 __all__ = [
     "LM_ARCHS",
@@ -42,6 +47,7 @@ __all__ = [
     "sample_next",
     "cache_nbytes",
     "sinusoidal_positions",
+    "official_lm_checkpoint",
 ]
 
 LM_ARCHS = ("crate_lm", "gpt")
@@ -74,8 +80,12 @@ class LMConfig:
     ista_mode: str = "relu"  # relu | soft | mm | none (Table 16: CRATE-GPT without ISTA)
     layer_form: str = "official"
     scale_scores: bool = True
-    # GPT baseline
+    # ista | ista_overcomplete (the crate-lm release) | odl (CRATE-α) | mlp (CRATE-MLP); see EncoderLayer
+    mlp: str = "ista"
+    odl_ratio: int = 4  # atoms per dimension of an overcomplete dictionary (m = odl_ratio · dim)
+    # GPT baseline (and mlp="mlp")
     mlp_ratio: float = 4.0
+    gelu: str = "exact"  # exact (nanoGPT) | tanh (OpenAI GPT-2, Hugging Face's gelu_new)
     # the tokenizer kind the model was trained with (its tokenizer.json is saved beside the weights)
     tokenizer: str = ""
 
@@ -88,12 +98,18 @@ class LMConfig:
             ("pos_embed", POS_EMBEDS),
             ("ista_mode", ISTA_MODES),
             ("layer_form", LAYER_FORMS),
+            ("mlp", MLPS),
+            ("gelu", GELUS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {allowed}")
         for name in ("vocab_size", "block_size", "dim", "depth", "heads"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.odl_ratio <= 0:
+            raise ValueError(f"odl_ratio must be a positive integer, got {self.odl_ratio!r}; e.g. odl_ratio=4")
+        if self.arch == "crate_lm" and self.mlp != "ista" and self.ista_mode != "relu":
+            raise ValueError(f"ista_mode={self.ista_mode!r} needs mlp='ista', got mlp={self.mlp!r}; drop one of them")
         if self.num_labels < 0:
             raise ValueError(f"num_labels must be >= 0 (0 = no classification head), got {self.num_labels}")
         if not 0 <= self.dropout < 1:
@@ -177,12 +193,16 @@ class LanguageModel(PretrainedMixin, nn.Module):
                     form=c.layer_form,
                     scale_scores=c.scale_scores,
                     causal=c.causal,
+                    mlp=c.mlp,
+                    mlp_ratio=c.mlp_ratio,
+                    odl_ratio=c.odl_ratio,
+                    gelu=c.gelu,
                 )
                 for _ in range(c.depth)
             )
         else:
             self.layers = nn.ModuleList(
-                _ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout, c.causal) for _ in range(c.depth)
+                _ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout, c.causal, c.gelu) for _ in range(c.depth)
             )
         self.norm = nn.LayerNorm(c.dim) if c.final_norm else nn.Identity()
         self.classifier = nn.Linear(c.dim, c.num_labels) if c.num_labels else None
@@ -190,14 +210,16 @@ class LanguageModel(PretrainedMixin, nn.Module):
 
     def _init_weights(self) -> None:
         """nanoGPT / official CRATE-GPT: Linear and Embedding weights N(0, 0.02), biases 0, the residual
-        output projections N(0, 0.02/√(2L)); ISTA dictionaries keep their kaiming-uniform init."""
+        output projections N(0, 0.02/√(2L)); ISTA dictionaries (plain or overcomplete) keep their
+        kaiming-uniform init."""
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=0.02)
                 if getattr(m, "bias", None) is not None:
                     nn.init.zeros_(m.bias)
         for layer in self.layers:
-            for out in (getattr(layer.attn, "proj", None), getattr(layer, "mlp", [None] * 4)[3]):
+            mlp = getattr(layer, "mlp", None)
+            for out in (getattr(layer.attn, "proj", None), mlp[3] if isinstance(mlp, MLP) else None):
                 if out is not None:
                     nn.init.normal_(out.weight, std=0.02 / math.sqrt(2 * self.config.depth))
 
@@ -446,3 +468,129 @@ def sample_next(
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, 1, generator=generator)
+
+
+# --------------------------------------------------------------------------- the authors' and GPT-2 checkpoints
+# Keys after the "_orig_mod." (torch.compile), "module." (DDP) and "transformer." prefixes are stripped; "{i}" is
+# a layer index.  nanoGPT (karpathy/nanoGPT model.py) and Hugging Face's GPT2LMHeadModel share the names.
+_EMBED_KEYS = [("wte.weight", "wte.weight"), ("wpe.weight", "wpe.weight"), ("ln_f.", "norm.")]
+GPT2_KEY_MAP = _EMBED_KEYS + [
+    ("h.{i}.ln_1.", "layers.{i}.norm1."),
+    ("h.{i}.attn.c_attn.", "layers.{i}.attn.qkv."),
+    ("h.{i}.attn.c_proj.", "layers.{i}.attn.proj."),
+    ("h.{i}.ln_2.", "layers.{i}.norm2."),
+    ("h.{i}.mlp.c_fc.", "layers.{i}.mlp.0."),
+    ("h.{i}.mlp.c_proj.", "layers.{i}.mlp.3."),
+]
+# crate-lm/crate-lm crate.py and crate_overcomplete.py (the released CRATE-GPT): ista.weight is D (d × d) in
+# crate.py and Dᵀ (m × d) in crate_overcomplete.py, whose weight codes and decodes.
+CRATE_LM_KEY_MAP = _EMBED_KEYS + [
+    ("h.{i}.prenorm_1.", "layers.{i}.norm1."),
+    ("h.{i}.attn.c_attn.", "layers.{i}.attn.qkv."),
+    ("h.{i}.attn.c_proj.", "layers.{i}.attn.proj."),
+    ("h.{i}.prenorm_2.", "layers.{i}.norm2."),
+    ("h.{i}.ista.weight", "layers.{i}.ista.weight"),
+]
+_HF_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+_NANOGPT_ARGS = {"n_layer": "depth", "n_embd": "dim", "block_size": "block_size", "vocab_size": "vocab_size"}
+_PREFIXES = ("_orig_mod.", "module.", "transformer.")
+
+
+def official_lm_checkpoint(raw: object) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
+    """Read a language-model checkpoint of another code base → ``(arch, fields, state)``.
+
+    Accepts a nanoGPT / crate-lm ``ckpt.pt`` (``{'model', 'model_args', 'optimizer', ...}``, keys possibly
+    prefixed ``_orig_mod.`` by ``torch.compile``), a bare state dict of either, and a Hugging Face GPT-2
+    state dict (``GPT2LMHeadModel`` / ``GPT2Model``: Conv1D weights stored ``(in, out)``, transposed here).
+    ``arch`` is ``"crate_lm"`` or ``"gpt"``; ``fields`` the :class:`LMConfig` values the checkpoint fixes
+    (sizes from its tensors, ``heads`` from ``model_args``, the ISTA variant, the final LayerNorm; ``gelu="tanh"``
+    for the Hugging Face layout, a default the caller may override); ``state`` the native state dict.
+    The tied ``lm_head.weight`` and the causal-mask buffers are dropped.  Raises :class:`CheckpointError`.
+    """
+    state, model_args = _unwrap_lm(raw)
+    fields = _lm_sizes(state, model_args)
+    if any(k.endswith(".ista.weight") for k in state):
+        return "crate_lm", fields, _crate_lm_state(state, fields)
+    if any(k.endswith(".mlp.c_fc.weight") for k in state):
+        return "gpt", fields, _gpt2_state(state, fields)
+    raise CheckpointError(
+        "not a crate-lm, nanoGPT or GPT-2 checkpoint: no transformer.h.{i}.ista.weight or .mlp.c_fc.weight keys"
+    )
+
+
+def _unwrap_lm(raw: object) -> tuple[dict[str, Tensor], Mapping]:
+    """The state dict (prefixes stripped, buffers and the tied head dropped) and ``model_args`` (or ``{}``)."""
+    model_args: Mapping = {}
+    if isinstance(raw, Mapping) and isinstance(raw.get("model"), Mapping):
+        model_args = raw.get("model_args") if isinstance(raw.get("model_args"), Mapping) else {}
+        raw = raw["model"]
+    elif isinstance(raw, Mapping) and isinstance(raw.get("state_dict"), Mapping):
+        raw = raw["state_dict"]
+    if not isinstance(raw, Mapping) or not raw or not all(isinstance(v, Tensor) for v in raw.values()):
+        raise CheckpointError(
+            "not a language-model checkpoint: expected a state dict of tensors or nanoGPT's {'model': ..., "
+            "'model_args': ...}"
+        )
+    state = {}
+    for key, value in raw.items():
+        while key.startswith(_PREFIXES):
+            key = key.split(".", 1)[1]
+        if not key.endswith((".attn.bias", ".attn.masked_bias")):  # causal-mask buffers, not parameters
+            state[key] = value
+    head = state.pop("lm_head.weight", None)
+    if head is not None and "wte.weight" in state and not torch.equal(head, state["wte.weight"]):
+        raise CheckpointError("the checkpoint's lm_head.weight differs from wte.weight; only tied heads load")
+    return state, model_args
+
+
+def _lm_sizes(state: Mapping[str, Tensor], model_args: Mapping) -> dict[str, Any]:
+    """Sizes read off the tensors (and ``heads`` off ``model_args``), checked against ``model_args``."""
+    if "wte.weight" not in state or "wpe.weight" not in state:
+        raise CheckpointError("not a GPT-style language model: no wte.weight / wpe.weight (token and position tables)")
+    layers = {int(k.split(".")[1]) for k in state if k.startswith("h.") and k.split(".")[1].isdigit()}
+    if not layers:
+        raise CheckpointError("the checkpoint has no layers (no transformer.h.{i}.* keys)")
+    (vocab, dim), block = state["wte.weight"].shape, state["wpe.weight"].shape[0]
+    fields: dict[str, Any] = {"vocab_size": vocab, "dim": dim, "block_size": block, "depth": max(layers) + 1}
+    for arg, name in _NANOGPT_ARGS.items():
+        if model_args.get(arg) is not None and int(model_args[arg]) != fields[name]:
+            raise CheckpointError(
+                f"the checkpoint's model_args say {arg}={model_args[arg]} but its tensors have {name}={fields[name]}; "
+                "the file is inconsistent"
+            )
+    if model_args.get("n_head") is not None:
+        fields["heads"] = int(model_args["n_head"])
+    return fields
+
+
+def _crate_lm_state(state: dict[str, Tensor], fields: dict[str, Any]) -> dict[str, Tensor]:
+    """crate-lm keys → native; the ISTA variant and the final LayerNorm from the tensors present."""
+    d, atoms = fields["dim"], state["h.0.ista.weight"].shape[0]
+    if atoms % d:
+        raise CheckpointError(f"ISTA dictionary with {atoms} atoms for dim {d}: expected a multiple of {d}")
+    fields.update(mlp="ista" if atoms == d else "ista_overcomplete", final_norm="ln_f.weight" in state)
+    if atoms != d:
+        fields["odl_ratio"] = atoms // d
+    out = rename_keys(state, CRATE_LM_KEY_MAP, forward=True)
+    if atoms != d:  # crate_overcomplete.py stores Dᵀ (m × d); OvercompleteISTA keeps D (d × m)
+        for i in range(fields["depth"]):
+            if f"layers.{i}.ista.weight" in out:
+                out[f"layers.{i}.mlp.D"] = out.pop(f"layers.{i}.ista.weight").T.contiguous()
+    return out
+
+
+def _gpt2_state(state: dict[str, Tensor], fields: dict[str, Any]) -> dict[str, Tensor]:
+    """nanoGPT / Hugging Face GPT-2 keys → native.  Conv1D weights ``(in, out)`` are transposed; nanoGPT's
+    ``bias=False`` models get zero biases (the same function: a missing bias adds nothing)."""
+    d = fields["dim"]
+    hf = tuple(state.get("h.0.attn.c_attn.weight", torch.empty(0)).shape) == (d, 3 * d)
+    if hf:
+        state = {k: v.T.contiguous() if k.endswith(_HF_CONV1D) else v for k, v in state.items()}
+        fields["gelu"] = "tanh"  # OpenAI's GPT-2 (Hugging Face's default activation gelu_new)
+    fields["final_norm"] = True
+    out = rename_keys(state, GPT2_KEY_MAP, forward=True)
+    for key in [k for k in out if k.endswith(".weight") and k.startswith(("layers.", "norm."))]:
+        bias = key.removesuffix("weight") + "bias"
+        if bias not in out:
+            out[bias] = out[key].new_zeros(out[key].shape[0])
+    return out
