@@ -49,8 +49,6 @@ def register_model(name: str, **fields: object) -> None:
     _REGISTRY[name] = dict(fields)  # as given; the config coerces them again on every use
 
 
-
-
 # JMLR Table 8: image 224, patch 16, p = d/K.  Parameter counts: 6.09M / 13.12M / 22.80M / 77.64M.
 register_model("crate_tiny", arch="crate", dim=384, depth=12, heads=6)
 register_model("crate_small", arch="crate", dim=576, depth=12, heads=12)
