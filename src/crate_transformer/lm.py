@@ -581,7 +581,8 @@ def _crate_lm_state(state: dict[str, Tensor], fields: dict[str, Any]) -> dict[st
 
 def _gpt2_state(state: dict[str, Tensor], fields: dict[str, Any]) -> dict[str, Tensor]:
     """nanoGPT / Hugging Face GPT-2 keys → native.  Conv1D weights ``(in, out)`` are transposed; nanoGPT's
-    ``bias=False`` models get zero biases (the same function: a missing bias adds nothing)."""
+    ``bias=False`` models (no bias at all) get zero biases, the same function: a missing bias adds nothing.
+    A checkpoint with only some biases is left as it is (the strict load names the missing ones)."""
     d = fields["dim"]
     hf = tuple(state.get("h.0.attn.c_attn.weight", torch.empty(0)).shape) == (d, 3 * d)
     if hf:
@@ -589,6 +590,8 @@ def _gpt2_state(state: dict[str, Tensor], fields: dict[str, Any]) -> dict[str, T
         fields["gelu"] = "tanh"  # OpenAI's GPT-2 (Hugging Face's default activation gelu_new)
     fields["final_norm"] = True
     out = rename_keys(state, GPT2_KEY_MAP, forward=True)
+    if any(k.endswith(".bias") for k in state):
+        return out
     for key in [k for k in out if k.endswith(".weight") and k.startswith(("layers.", "norm."))]:
         bias = key.removesuffix("weight") + "bias"
         if bias not in out:
