@@ -219,6 +219,9 @@ def test_wrong_name_or_format_is_one_line_error(tmp_path):
     with pytest.raises(CheckpointError) as e:  # the checkpoint's model_args say 4 heads
         ct.from_official(crate_path, "crate_gpt_12l_pile", heads=8)
     assert "heads=8 (checkpoint: 4)" in _one_line(e)
+    with pytest.raises(ValueError) as e:  # a bidirectional CRATE-BERT cannot compute a causal checkpoint
+        ct.from_official(crate_path, "crate_bert_base")
+    assert "causal=False" in _one_line(e)
     with pytest.raises(ValueError) as e:
         ct.from_official(crate_path, "crate_gpt_nonexistent")
     assert "unknown model" in _one_line(e)

@@ -29,7 +29,7 @@ from .io import (
     rename_keys,
     save_pretrained,
 )
-from .lm import LanguageModel, LMConfig, official_lm_checkpoint
+from .lm import LanguageModel, LMConfig, check_official_lm, official_lm_checkpoint
 from .mae import CRATEMAE, MAE_ARCH, MAEConfig, mae_to_classifier
 from .model import ImageClassifier, ModelConfig
 from .registry import build, config_class, model_config, registered_fields
@@ -426,6 +426,7 @@ def _lm_from_official(raw: object, name: str, overrides: Mapping[str, object], s
     if wanted.arch != arch:
         kind, fix = ("a CRATE (crate-lm)", "crate_gpt_12l_pile") if arch == "crate_lm" else ("a GPT-2", "gpt2_base")
         raise CheckpointError(f"{source} is {kind} checkpoint but {name!r} is not; pass a matching name, e.g. {fix}")
+    check_official_lm(wanted)
     conflicts = [
         f"{k}={getattr(wanted, k)!r} (checkpoint: {v!r})"
         for k, v in found.items()

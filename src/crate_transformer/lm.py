@@ -48,6 +48,7 @@ __all__ = [
     "cache_nbytes",
     "sinusoidal_positions",
     "official_lm_checkpoint",
+    "check_official_lm",
 ]
 
 LM_ARCHS = ("crate_lm", "gpt")
@@ -516,6 +517,21 @@ def official_lm_checkpoint(raw: object) -> tuple[str, dict[str, Any], dict[str, 
     raise CheckpointError(
         "not a crate-lm, nanoGPT or GPT-2 checkpoint: no transformer.h.{i}.ista.weight or .mlp.c_fc.weight keys"
     )
+
+
+def check_official_lm(config: LMConfig) -> None:
+    """One-line ``ValueError`` for a config these checkpoints cannot fill: they are causal GPTs with a learned
+    position table, and crate-lm's layers are the official form with a ReLU ISTA and ``p^{-1/2}``-scaled scores."""
+    bad = {"causal": True, "pos_embed": "learned", "num_labels": 0}
+    if config.arch == "crate_lm":
+        bad.update(layer_form="official", ista_mode="relu", scale_scores=True)
+    wrong = [f"{k}={getattr(config, k)!r}" for k, v in bad.items() if getattr(config, k) != v]
+    if wrong:
+        example = "crate_gpt_12l_pile" if config.arch == "crate_lm" else "gpt2_base"
+        raise ValueError(
+            f"crate-lm / nanoGPT / GPT-2 checkpoints are causal GPTs with learned positions, not {', '.join(wrong)}; "
+            f"pass a GPT name such as {example} and drop those overrides"
+        )
 
 
 def _unwrap_lm(raw: object) -> tuple[dict[str, Tensor], Mapping]:
