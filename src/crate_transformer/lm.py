@@ -8,8 +8,8 @@ GPT-2 baseline, in nanoGPT's layout (Karpathy 2022, which the paper's GPT code f
   parameter counts imply); no final LayerNorm, as in the official CRATE-GPT code (``final_norm`` adds one).
 * ``mlp="ista_overcomplete"``: the sparsification step of the released crate-lm CRATE-GPT (Bai & Ma 2025),
   a tied 4d-atom dictionary and two ISTA steps from zero, no residual (:class:`~.operators.OvercompleteISTA`).
-* :func:`official_lm_checkpoint` reads the authors' crate-lm checkpoints, nanoGPT ``ckpt.pt`` files and
-  Hugging Face GPT-2 state dicts (``ct.from_official(path, "crate_gpt_12l_pile")`` / ``"gpt2_base"``).
+* :data:`CRATE_LM_FORMAT` and :data:`GPT2_FORMAT` read the authors' crate-lm checkpoints, nanoGPT ``ckpt.pt``
+  files and Hugging Face GPT-2 state dicts (``ct.from_official(path, "crate_gpt_12l_pile")`` / ``"gpt2_base"``).
 * Losses: masked tokens (eq. (85), :func:`mask_tokens`: 15 %, 80/10/10) and next token (eq. (89)).
 * :meth:`LanguageModel.generate` samples with temperature / top-k / top-p and a key-value cache; CRATE's
   shared ``Q = K = V = U_kᵀZ`` projection caches one tensor per layer where GPT caches two.
@@ -31,9 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config_utils import coerce_fields
-from .io import CheckpointError, PretrainedMixin, rename_keys
-from .model import Trace, _ViTBlock
+from .base import Model, Trace
+from .config import Config
+from .model import ViTBlock
+from .official import OfficialFormat, rename, unwrap
 from .operators import GELUS, ISTA_MODES, LAYER_FORMS, MLP, MLPS, EncoderLayer
 
 __all__ = [
@@ -47,8 +48,12 @@ __all__ = [
     "sample_next",
     "cache_nbytes",
     "sinusoidal_positions",
-    "official_lm_checkpoint",
     "check_official_lm",
+    "lm_checkpoint_fields",
+    "crate_lm_to_native",
+    "gpt2_to_native",
+    "CRATE_LM_FORMAT",
+    "GPT2_FORMAT",
 ]
 
 LM_ARCHS = ("crate_lm", "gpt")
@@ -56,7 +61,7 @@ POS_EMBEDS = ("learned", "sinusoidal")
 
 
 @dataclass
-class LMConfig:
+class LMConfig(Config):
     """Every hyperparameter of a language model; round-trips through ``config.json`` (``arch`` names the class).
 
     ``causal=True`` is a GPT (next-token, eq. (89)), ``False`` a BERT (masked tokens, eq. (85)).  Values are
@@ -90,33 +95,24 @@ class LMConfig:
     # the tokenizer kind the model was trained with (its tokenizer.json is saved beside the weights)
     tokenizer: str = ""
 
-    def __post_init__(self) -> None:
-        current = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for name, value in coerce_fields(type(self), current).items():
-            object.__setattr__(self, name, value)
-        for name, allowed in (
-            ("arch", LM_ARCHS),
-            ("pos_embed", POS_EMBEDS),
-            ("ista_mode", ISTA_MODES),
-            ("layer_form", LAYER_FORMS),
-            ("mlp", MLPS),
-            ("gelu", GELUS),
-        ):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {allowed}")
-        for name in ("vocab_size", "block_size", "dim", "depth", "heads"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        if self.odl_ratio <= 0:
-            raise ValueError(f"odl_ratio must be a positive integer, got {self.odl_ratio!r}; e.g. odl_ratio=4")
+    RULES = {
+        "eta": (lambda v: v > 0, " > 0"),
+        "lambd": (lambda v: v >= 0, " >= 0"),
+        "mlp_ratio": (lambda v: v > 0, " > 0"),
+        "dropout": (lambda v: 0 <= v < 1, " in [0, 1)"),
+    }
+
+    def validate(self) -> None:
+        for name, allowed in (("arch", LM_ARCHS), ("pos_embed", POS_EMBEDS), ("ista_mode", ISTA_MODES),
+                              ("layer_form", LAYER_FORMS), ("mlp", MLPS), ("gelu", GELUS)):  # fmt: skip
+            self.check_choice(name, allowed)
+        self.check_positive("vocab_size", "block_size", "dim", "depth", "heads", "odl_ratio")
         if self.arch == "crate_lm" and self.mlp != "ista" and self.ista_mode != "relu":
             raise ValueError(f"ista_mode={self.ista_mode!r} needs mlp='ista', got mlp={self.mlp!r}; drop one of them")
         if self.num_labels < 0:
             raise ValueError(f"num_labels must be >= 0 (0 = no classification head), got {self.num_labels}")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.eta <= 0 or self.lambd < 0 or self.mlp_ratio <= 0:
-            raise ValueError("need eta > 0, lambd >= 0 and mlp_ratio > 0")
+        if self.dim_head is not None and self.dim_head <= 0:
+            raise ValueError(f"dim_head must be a positive integer or None (= dim // heads), got {self.dim_head!r}")
         if self.dim_head is None and self.dim % self.heads:
             raise ValueError(f"dim {self.dim} is not divisible by heads {self.heads}; set dim_head or change heads")
         if self.arch == "gpt" and self.dim % self.heads:
@@ -127,17 +123,6 @@ class LMConfig:
     @property
     def head_dim(self) -> int:
         return self.dim_head if self.dim_head is not None else self.dim // self.heads
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> LMConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown language-model config keys {unknown}; valid keys: {sorted(known)}")
-        return cls(**dict(d))
 
 
 def sinusoidal_positions(n: int, d: int) -> Tensor:
@@ -154,25 +139,26 @@ def cache_nbytes(cache: list[dict[str, Tensor]]) -> int:
     return sum(t.numel() * t.element_size() for layer in cache for t in layer.values())
 
 
-class LanguageModel(PretrainedMixin, nn.Module):
+class LanguageModel(Model):
     """Token + position embedding → L layers → (LayerNorm) → tied head; see the module docstring.
 
-    ``forward(idx)`` maps token ids ``(b, n)`` to logits ``(b, n, V)``; ``forward_features`` returns the
-    last layer's tokens, ``forward_trace`` every layer's (for ``crate analyze``), ``classify`` the
-    sequence-classification logits.  :class:`CRATELanguageModel` and :class:`GPT` fix ``config.arch``.
+    ``forward(idx)`` maps token ids ``(b, n)`` to logits ``(b, n, V)``.  The :class:`~crate_transformer.base.Model`
+    contract: ``forward_features`` returns the last layer's tokens after the final LayerNorm (when the model
+    has one), ``forward_head`` maps them to token logits, ``forward_trace`` returns every layer's (for
+    ``crate analyze``); ``classify`` gives the sequence-classification logits.  :class:`CRATELanguageModel`
+    and :class:`GPT` fix ``config.arch``.
     """
 
+    config_class = LMConfig
     arch: str | None = None
 
     def __init__(self, config: LMConfig | None = None) -> None:
-        super().__init__()
         if config is None:
             config = LMConfig(arch=self.arch or "crate_lm")
-        elif not isinstance(config, LMConfig):
-            raise ValueError(f"expected an LMConfig, got {type(config).__name__}; e.g. LMConfig(dim=128)")
-        if self.arch is not None and config.arch != self.arch:
+        if isinstance(config, LMConfig) and self.arch is not None and config.arch != self.arch:
             config = dataclasses.replace(config, arch=self.arch)
-        self.config = c = config
+        super().__init__(config)
+        c = self.config
         self.tokenizer = None  # attached by from_pretrained / training; saved with save_pretrained
         self.wte = nn.Embedding(c.vocab_size, c.dim)
         if c.pos_embed == "learned":
@@ -203,7 +189,7 @@ class LanguageModel(PretrainedMixin, nn.Module):
             )
         else:
             self.layers = nn.ModuleList(
-                _ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout, c.causal, c.gelu) for _ in range(c.depth)
+                ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout, c.causal, c.gelu) for _ in range(c.depth)
             )
         self.norm = nn.LayerNorm(c.dim) if c.final_norm else nn.Identity()
         self.classifier = nn.Linear(c.dim, c.num_labels) if c.num_labels else None
@@ -260,22 +246,23 @@ class LanguageModel(PretrainedMixin, nn.Module):
         self, idx: Tensor, cache: list[dict[str, Tensor]] | None = None, key_mask: Tensor | None = None
     ) -> Tensor:
         """The last layer's tokens (b, n, d); ``key_mask`` (b, n) False at padding, which no token attends to."""
-        start = _cached_length(cache)
-        z = self.embed(idx, start)
-        for i, layer in enumerate(self.layers):
-            z = layer(z, cache=None if cache is None else cache[i], key_mask=key_mask)[0]
+        z = self.embed(idx, _cached_length(cache))
+        if cache is None:
+            return self.norm(self.run_layers(z, key_mask=key_mask))
+        for layer, layer_cache in zip(self.layers, cache):
+            z = layer(z, cache=layer_cache, key_mask=key_mask)[0]
         return self.norm(z)
 
-    def head(self, z: Tensor) -> Tensor:
+    def forward_head(self, z: Tensor, pre_logits: bool = False) -> Tensor:
         """``f_head(Z) = W_head Z`` (eq. (84)) with ``W_head`` = the token embedding (tied)."""
-        return F.linear(z, self.wte.weight)
+        return z if pre_logits else F.linear(z, self.wte.weight)
 
     def forward(self, idx: Tensor, cache: list[dict[str, Tensor]] | None = None) -> Tensor:
         """Logits ``(b, n, V)``.  With ``cache`` (from :meth:`new_cache`, causal models), ``idx`` holds only
         the tokens after those already cached, which are appended to it."""
         if cache is not None and not self.config.causal:
             raise ValueError("a key-value cache needs a causal (GPT) model; this one is bidirectional (BERT)")
-        return self.head(self.forward_features(idx, cache))
+        return self.forward_head(self.forward_features(idx, cache))
 
     def forward_trace(self, idx: Tensor, return_attention: bool = False) -> Trace:
         """Every layer's tokens (``tokens[0]`` = ``f_pre(X)``), MSSA outputs and attention maps in one pass."""
@@ -362,14 +349,18 @@ class LanguageModel(PretrainedMixin, nn.Module):
     def num_params(self, trainable_only: bool = False, exclude_positions: bool = False) -> int:
         """Parameters (the tied head counted once); ``exclude_positions`` leaves out a learned position
         table, as GPT-2 / nanoGPT report and Table 10's CRATE-GPT count does."""
-        n = sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+        n = super().num_params(trainable_only)
         return n - (self.wpe.weight.numel() if exclude_positions and self.wpe is not None else 0)
 
-    def reset_classifier(self, num_labels: int) -> None:
-        """A fresh sequence-classification head for ``num_labels`` labels (1 = regression)."""
-        self.config = dataclasses.replace(self.config, num_labels=num_labels)
+    def get_classifier(self) -> nn.Module | None:
+        """The sequence-classification head (None when the model has none)."""
+        return self.classifier
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """A fresh sequence-classification head for ``num_classes`` labels (1 = regression)."""
+        self.config = dataclasses.replace(self.config, num_labels=num_classes)
         ref = self.wte.weight
-        self.classifier = nn.Linear(self.config.dim, num_labels).to(ref.device, ref.dtype)
+        self.classifier = nn.Linear(self.config.dim, num_classes).to(ref.device, ref.dtype)
         nn.init.normal_(self.classifier.weight, std=0.02)
         nn.init.zeros_(self.classifier.bias)
 
@@ -497,35 +488,13 @@ _NANOGPT_ARGS = {"n_layer": "depth", "n_embd": "dim", "block_size": "block_size"
 _PREFIXES = ("_orig_mod.", "module.", "transformer.")
 
 
-def official_lm_checkpoint(raw: object) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
-    """Read a language-model checkpoint of another code base → ``(arch, fields, state)``.
-
-    Accepts a nanoGPT / crate-lm ``ckpt.pt`` (``{'model', 'model_args', 'optimizer', ...}``, keys possibly
-    prefixed ``_orig_mod.`` by ``torch.compile``), a bare state dict of either, and a Hugging Face GPT-2
-    state dict (``GPT2LMHeadModel`` / ``GPT2Model``: Conv1D weights stored ``(in, out)``, transposed here).
-    ``arch`` is ``"crate_lm"`` or ``"gpt"``; ``fields`` the :class:`LMConfig` values the checkpoint fixes
-    (sizes from its tensors, ``heads`` from ``model_args``, the ISTA variant, the final LayerNorm; ``gelu="tanh"``
-    for the Hugging Face layout, a default the caller may override); ``state`` the native state dict.
-    The tied ``lm_head.weight`` and the causal-mask buffers are dropped.  Raises :class:`CheckpointError`.
-    """
-    state, model_args = _unwrap_lm(raw)
-    fields = _lm_sizes(state, model_args)
-    if any(k.endswith(".ista.weight") for k in state):
-        return "crate_lm", fields, _crate_lm_state(state, fields)
-    if any(k.endswith(".mlp.c_fc.weight") for k in state):
-        return "gpt", fields, _gpt2_state(state, fields)
-    raise CheckpointError(
-        "not a crate-lm, nanoGPT or GPT-2 checkpoint: no transformer.h.{i}.ista.weight or .mlp.c_fc.weight keys"
-    )
-
-
 def check_official_lm(config: LMConfig) -> None:
     """One-line ``ValueError`` for a config these checkpoints cannot fill: they are causal GPTs with a learned
     position table, and crate-lm's layers are the official form with a ReLU ISTA and ``p^{-1/2}``-scaled scores."""
-    bad = {"causal": True, "pos_embed": "learned", "num_labels": 0}
+    want = {"causal": True, "pos_embed": "learned", "num_labels": 0}
     if config.arch == "crate_lm":
-        bad.update(layer_form="official", ista_mode="relu", scale_scores=True)
-    wrong = [f"{k}={getattr(config, k)!r}" for k, v in bad.items() if getattr(config, k) != v]
+        want.update(layer_form="official", ista_mode="relu", scale_scores=True)
+    wrong = [f"{k}={getattr(config, k)!r}" for k, v in want.items() if getattr(config, k) != v]
     if wrong:
         example = "crate_gpt_12l_pile" if config.arch == "crate_lm" else "gpt2_base"
         raise ValueError(
@@ -534,82 +503,109 @@ def check_official_lm(config: LMConfig) -> None:
         )
 
 
-def _unwrap_lm(raw: object) -> tuple[dict[str, Tensor], Mapping]:
-    """The state dict (prefixes stripped, buffers and the tied head dropped) and ``model_args`` (or ``{}``)."""
-    model_args: Mapping = {}
-    if isinstance(raw, Mapping) and isinstance(raw.get("model"), Mapping):
-        model_args = raw.get("model_args") if isinstance(raw.get("model_args"), Mapping) else {}
-        raw = raw["model"]
-    elif isinstance(raw, Mapping) and isinstance(raw.get("state_dict"), Mapping):
-        raw = raw["state_dict"]
-    if not isinstance(raw, Mapping) or not raw or not all(isinstance(v, Tensor) for v in raw.values()):
-        raise CheckpointError(
-            "not a language-model checkpoint: expected a state dict of tensors or nanoGPT's {'model': ..., "
-            "'model_args': ...}"
-        )
-    state = {}
-    for key, value in raw.items():
+def _lm_state(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Prefixes stripped, the causal-mask buffers and the tied head dropped (a head that is not tied is refused)."""
+    out = {}
+    for key, value in state.items():
         while key.startswith(_PREFIXES):
             key = key.split(".", 1)[1]
         if not key.endswith((".attn.bias", ".attn.masked_bias")):  # causal-mask buffers, not parameters
-            state[key] = value
-    head = state.pop("lm_head.weight", None)
-    if head is not None and "wte.weight" in state and not torch.equal(head, state["wte.weight"]):
-        raise CheckpointError("the checkpoint's lm_head.weight differs from wte.weight; only tied heads load")
-    return state, model_args
+            out[key] = value
+    head = out.pop("lm_head.weight", None)
+    if head is not None and "wte.weight" in out and not torch.equal(head, out["wte.weight"]):
+        raise ValueError("the checkpoint's lm_head.weight differs from wte.weight; only tied heads load")
+    return out
 
 
-def _lm_sizes(state: Mapping[str, Tensor], model_args: Mapping) -> dict[str, Any]:
-    """Sizes read off the tensors (and ``heads`` off ``model_args``), checked against ``model_args``."""
+def lm_checkpoint_fields(raw: object) -> dict[str, Any]:
+    """The :class:`LMConfig` values a crate-lm / nanoGPT / GPT-2 file fixes (``OfficialFormat.fields``).
+
+    Vocabulary, context and depth from the tensors; the head count, and with it the width, from nanoGPT's
+    ``model_args`` (a Hugging Face state dict stores no head count, so the width then comes from the model
+    name); crate-lm's ISTA variant (a ``d × d`` dictionary: ``crate.py``; ``m × d``: ``crate_overcomplete.py``)
+    and final LayerNorm from the keys present; ``gelu="tanh"`` for the Hugging Face layout (overridable).
+    """
+    model_args = raw.get("model_args") if isinstance(raw, Mapping) else None
+    model_args = model_args if isinstance(model_args, Mapping) else {}
+    state = _lm_state(unwrap(raw))
     if "wte.weight" not in state or "wpe.weight" not in state:
-        raise CheckpointError("not a GPT-style language model: no wte.weight / wpe.weight (token and position tables)")
+        raise ValueError("not a GPT-style language model: no wte.weight / wpe.weight (token and position tables)")
     layers = {int(k.split(".")[1]) for k in state if k.startswith("h.") and k.split(".")[1].isdigit()}
-    if not layers:
-        raise CheckpointError("the checkpoint has no layers (no transformer.h.{i}.* keys)")
     (vocab, dim), block = state["wte.weight"].shape, state["wpe.weight"].shape[0]
-    fields: dict[str, Any] = {"vocab_size": vocab, "dim": dim, "block_size": block, "depth": max(layers) + 1}
+    found: dict[str, Any] = {"vocab_size": vocab, "dim": dim, "block_size": block, "depth": max(layers, default=-1) + 1}
     for arg, name in _NANOGPT_ARGS.items():
-        if model_args.get(arg) is not None and int(model_args[arg]) != fields[name]:
-            raise CheckpointError(
-                f"the checkpoint's model_args say {arg}={model_args[arg]} but its tensors have {name}={fields[name]}; "
+        if model_args.get(arg) is not None and int(model_args[arg]) != found[name]:
+            raise ValueError(
+                f"the checkpoint's model_args say {arg}={model_args[arg]} but its tensors have {name}={found[name]}; "
                 "the file is inconsistent"
             )
     if model_args.get("n_head") is not None:
-        fields["heads"] = int(model_args["n_head"])
-    return fields
+        found["heads"] = int(model_args["n_head"])
+    else:
+        del found["dim"]  # without the head count the name's width and heads apply (a mismatch is a shape error)
+    ista = state.get("h.0.ista.weight")
+    if ista is not None:
+        atoms = ista.shape[0]
+        found.update(mlp="ista" if atoms == dim else "ista_overcomplete", final_norm="ln_f.weight" in state)
+        if atoms != dim:
+            found["odl_ratio"] = max(atoms // dim, 1)
+    else:
+        found["final_norm"] = True
+        if _is_hf_layout(state, dim):
+            found["gelu"] = "tanh"  # OpenAI's GPT-2 (Hugging Face's default activation gelu_new)
+    return found
 
 
-def _crate_lm_state(state: dict[str, Tensor], fields: dict[str, Any]) -> dict[str, Tensor]:
-    """crate-lm keys → native; the ISTA variant and the final LayerNorm from the tensors present."""
-    d, atoms = fields["dim"], state["h.0.ista.weight"].shape[0]
-    if atoms % d:
-        raise CheckpointError(f"ISTA dictionary with {atoms} atoms for dim {d}: expected a multiple of {d}")
-    fields.update(mlp="ista" if atoms == d else "ista_overcomplete", final_norm="ln_f.weight" in state)
-    if atoms != d:
-        fields["odl_ratio"] = atoms // d
-    out = rename_keys(state, CRATE_LM_KEY_MAP, forward=True)
-    if atoms != d:  # crate_overcomplete.py stores Dᵀ (m × d); OvercompleteISTA keeps D (d × m)
-        for i in range(fields["depth"]):
+def _has_token_table(state: Mapping[str, Tensor]) -> bool:
+    return any(k.endswith("wte.weight") for k in state)
+
+
+def _is_hf_layout(state: Mapping[str, Tensor], dim: int) -> bool:
+    """Hugging Face's Conv1D stores ``c_attn.weight`` as ``(in, out) = (d, 3d)``; nanoGPT's Linear ``(3d, d)``."""
+    return tuple(state.get("h.0.attn.c_attn.weight", torch.empty(0)).shape) == (dim, 3 * dim)
+
+
+def crate_lm_to_native(state: Mapping[str, Tensor], config: LMConfig) -> dict[str, Tensor]:
+    """crate-lm keys → native; ``crate_overcomplete.py`` stores ``Dᵀ`` (m × d), :class:`OvercompleteISTA` ``D``."""
+    out = rename(_lm_state(state), CRATE_LM_KEY_MAP, forward=True)
+    if config.mlp == "ista_overcomplete":
+        for i in range(config.depth):
             if f"layers.{i}.ista.weight" in out:
                 out[f"layers.{i}.mlp.D"] = out.pop(f"layers.{i}.ista.weight").T.contiguous()
     return out
 
 
-def _gpt2_state(state: dict[str, Tensor], fields: dict[str, Any]) -> dict[str, Tensor]:
+def gpt2_to_native(state: Mapping[str, Tensor], config: LMConfig) -> dict[str, Tensor]:
     """nanoGPT / Hugging Face GPT-2 keys → native.  Conv1D weights ``(in, out)`` are transposed; nanoGPT's
     ``bias=False`` models (no bias at all) get zero biases, the same function: a missing bias adds nothing.
     A checkpoint with only some biases is left as it is (the strict load names the missing ones)."""
-    d = fields["dim"]
-    hf = tuple(state.get("h.0.attn.c_attn.weight", torch.empty(0)).shape) == (d, 3 * d)
-    if hf:
+    state = _lm_state(state)
+    if "wte.weight" in state and _is_hf_layout(state, state["wte.weight"].shape[-1]):
         state = {k: v.T.contiguous() if k.endswith(_HF_CONV1D) else v for k, v in state.items()}
-        fields["gelu"] = "tanh"  # OpenAI's GPT-2 (Hugging Face's default activation gelu_new)
-    fields["final_norm"] = True
-    out = rename_keys(state, GPT2_KEY_MAP, forward=True)
+    out = rename(state, GPT2_KEY_MAP, forward=True)
     if any(k.endswith(".bias") for k in state):
         return out
     for key in [k for k in out if k.endswith(".weight") and k.startswith(("layers.", "norm."))]:
-        bias = key.removesuffix("weight") + "bias"
-        if bias not in out:
-            out[bias] = out[key].new_zeros(out[key].shape[0])
+        out[key.removesuffix("weight") + "bias"] = out[key].new_zeros(out[key].shape[0])
     return out
+
+
+CRATE_LM_FORMAT = OfficialFormat(
+    name="CRATE-GPT (crate-lm)",
+    origin="crate-lm/crate-lm crate_overcomplete.py / crate.py, nanoGPT-style ckpt.pt",
+    to_native=crate_lm_to_native,
+    detect=lambda state: any(k.endswith(".ista.weight") for k in state) and _has_token_table(state),
+    example="crate_gpt_12l_pile",
+    check=check_official_lm,
+    fields=lm_checkpoint_fields,
+)
+GPT2_FORMAT = OfficialFormat(
+    name="GPT-2",
+    origin="karpathy/nanoGPT ckpt.pt, or Hugging Face GPT2LMHeadModel / GPT2Model weights",
+    to_native=gpt2_to_native,
+    detect=lambda state: any(k.endswith(".mlp.c_fc.weight") for k in state),
+    example="gpt2_base",
+    check=check_official_lm,
+    fields=lm_checkpoint_fields,
+    overridable=("gelu",),
+)
