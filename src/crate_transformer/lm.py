@@ -364,13 +364,6 @@ class LanguageModel(Model):
         nn.init.normal_(self.classifier.weight, std=0.02)
         nn.init.zeros_(self.classifier.bias)
 
-    def save_pretrained(self, directory: Any) -> Any:
-        """``model.safetensors`` + ``config.json`` (+ ``tokenizer.json`` when a tokenizer is attached)."""
-        path = super().save_pretrained(directory)
-        if self.tokenizer is not None:
-            self.tokenizer.save(path)
-        return path
-
 
 class CRATELanguageModel(LanguageModel):
     """CRATE-GPT (``causal=True``) / CRATE-BERT (``causal=False``): ``CRATELanguageModel(LMConfig(...))``."""
