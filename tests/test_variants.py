@@ -181,7 +181,7 @@ def test_measure_on_the_hybrids():
     "overrides, message",
     [
         ({"attention": "linear"}, "unknown attention 'linear'; choose one of ('mssa', 'mhsa')"),
-        ({"mlp": "moe"}, "unknown mlp 'moe'; choose one of ('ista', 'mlp', 'odl')"),
+        ({"mlp": "moe"}, "unknown mlp 'moe'; choose one of ('ista', 'mlp', 'odl', 'ista_overcomplete')"),
         ({"mlp": "mlp", "ista_mode": "soft"}, "ista_mode='soft' applies to the ISTA block only"),
         ({"attention": "mhsa", "tied_output": True}, "tied_output applies to MSSA only"),
         ({"odl_ratio": 0}, "odl_ratio must be a positive integer"),

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from .base import Model
+from .config import Config
 from .config_utils import coerce_fields
 from .io import (
     CONFIG_NAME,
@@ -34,7 +35,7 @@ from .io import (
 from .lm import LanguageModel, LMConfig
 from .mae import CRATEMAE, MAEConfig, mae_to_classifier
 from .model import ImageClassifier, ModelConfig
-from .official import unwrap
+from .official import OfficialFormat, unwrap
 from .registry import arch_info, build, config_class, model_config, official_formats, registered_fields
 
 __all__ = [
@@ -170,6 +171,8 @@ def load_weights(model: torch.nn.Module, state: Mapping[str, Tensor], source: st
 def _fix_hint(state: Mapping[str, Tensor], model: torch.nn.Module) -> str:
     """Read the architecture off the checkpoint's shapes and name the overrides that would fit it."""
     c = getattr(model, "config", None)
+    if isinstance(c, LMConfig) and "wte.weight" in state and state["wte.weight"].shape[-1] != c.dim:
+        return f"; pass dim={state['wte.weight'].shape[-1]} and heads=H, the head count it was trained with"
     if not isinstance(c, ModelConfig):
         return ""
     found: dict[str, int] = {}
@@ -256,6 +259,11 @@ def _load_any(path: Path, name: str | None, overrides: Mapping[str, object], che
             weights = task["export_model"]  # the task trains a wrapper of this model (DINO: the teacher backbone)
         load_weights(model, weights, source=str(path))
         return model
+    if name is None and isinstance(raw, Mapping) and "model_args" in raw:
+        raise CheckpointError(
+            f"{path} looks like a nanoGPT / crate-lm checkpoint; name its architecture, e.g. --model "
+            "crate_gpt_12l_pile (CRATE) or gpt2_base (GPT-2)"
+        )
     if name is None:
         raise CheckpointError(
             f"{path} looks like an official CRATE checkpoint; name its architecture, e.g. --model {_example(raw)}"
@@ -307,8 +315,11 @@ def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: o
     (``crate_*`` classifiers of the official ``model/crate.py``, ``crate_mae_*`` of ``model/crate_ae``, and
     whatever other families register).  Accepts the training containers (``{'state_dict': ...}`` written by
     the official ``main.py`` with keys prefixed ``module.``, ``{'model': ...}`` as the MAE codebase saves it),
-    a bare state dict, or a path to any of them (read with ``weights_only=True``).  Hyperparameters the
-    authors' files do not store (η, λ) come from the registered config and ``overrides``.
+    a bare state dict, or a path to any of them (read with ``weights_only=True``; a ``.safetensors`` file
+    as such).  Hyperparameters the authors' files do not store (η, λ) come from the registered config and
+    ``overrides``; a format whose files describe themselves (``OfficialFormat.fields``: the language models,
+    e.g. the released CRATE-GPT as ``from_official("ckpt-crate-12l-overparam-600000.pt", "crate_gpt_12l_pile")``)
+    replaces the registered sizes by the file's, and an override that contradicts the file is an error.
     """
     config = model_config(name, **overrides)
     fmt = arch_info(config.arch).official
@@ -316,7 +327,7 @@ def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: o
         raise ValueError(f"{name!r} ({config.arch}) has no official checkpoint format; load it with from_pretrained")
     if fmt.check is not None:
         fmt.check(config)
-    raw = load_state(path_or_state) if isinstance(path_or_state, (str, Path)) else path_or_state
+    raw = _read_official(path_or_state) if isinstance(path_or_state, (str, Path)) else path_or_state
     source = str(path_or_state) if isinstance(path_or_state, (str, Path)) else "official state dict"
     try:
         state = unwrap(raw)
@@ -324,9 +335,40 @@ def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: o
         raise CheckpointError(f"{source}: {e}") from None
     if not fmt.detect(state):
         raise CheckpointError(f"{source} is not a {fmt.name} checkpoint ({fmt.origin}){_format_hint(state)}")
+    if fmt.fields is not None:
+        config = _file_config(fmt, raw, name, overrides, source)
     model = build(config)
     load_weights(model, fmt.to_native(state, config), source=source)
     return model
+
+
+def _read_official(path: str | Path) -> object:
+    """A checkpoint file: ``.safetensors`` (Hugging Face's format) or what ``torch.load(weights_only=True)`` reads."""
+    return load_safetensors(path)[0] if Path(path).suffix == ".safetensors" else load_state(path)
+
+
+def _file_config(fmt: OfficialFormat, raw: object, name: str, overrides: Mapping[str, object], source: str) -> Config:
+    """``name``'s config with the values the file stores (``fmt.fields``) in place, then ``overrides``, which
+    must agree with the file except for ``fmt.overridable`` keys."""
+    try:
+        found = fmt.fields(raw)
+    except ValueError as e:
+        raise CheckpointError(f"{source}: {e}") from None
+    given = model_config(name, **overrides)
+    conflicts = [
+        f"{k}={getattr(given, k)!r} (checkpoint: {v!r})"
+        for k, v in found.items()
+        if k in overrides and k not in fmt.overridable and getattr(given, k) != v
+    ]
+    if conflicts:
+        raise CheckpointError(f"{source} disagrees with the given overrides: {', '.join(conflicts)}; drop them")
+    try:
+        config = model_config(name, **{**found, **overrides})
+        if fmt.check is not None:
+            fmt.check(config)
+    except ValueError as e:
+        raise CheckpointError(f"{source}: {e}") from None
+    return config
 
 
 def _format_hint(state: Mapping[str, Tensor]) -> str:

@@ -188,11 +188,21 @@ def _divisors_hint(n: int) -> str:
 class ViTBlock(EncoderLayer):
     """The ViT block: pre-norm :class:`~crate_transformer.operators.MHSA` + GELU MLP, both residual (timm
     layout).  The same layer as CRATE's with ``attention="mhsa", mlp="mlp"`` (Table 17's ViT row); with
-    ``causal`` the GPT-2 block."""
+    ``causal`` the GPT-2 block (``gelu="tanh"``: OpenAI GPT-2's GELU)."""
 
-    def __init__(self, dim: int, heads: int, mlp_ratio: float, dropout: float, causal: bool = False) -> None:
+    def __init__(
+        self, dim: int, heads: int, mlp_ratio: float, dropout: float, causal: bool = False, gelu: str = "exact"
+    ) -> None:
         super().__init__(
-            dim, heads, dim // heads, dropout=dropout, attention="mhsa", mlp="mlp", mlp_ratio=mlp_ratio, causal=causal
+            dim,
+            heads,
+            dim // heads,
+            dropout=dropout,
+            attention="mhsa",
+            mlp="mlp",
+            mlp_ratio=mlp_ratio,
+            causal=causal,
+            gelu=gelu,
         )
 
 

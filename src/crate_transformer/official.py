@@ -43,6 +43,11 @@ class OfficialFormat:
     ``to_native(state, config)`` maps an unwrapped state dict to this package's keys; ``detect(state)``
     says whether a state dict is of this format; ``check(config)`` refuses configs the format cannot
     fill (one-line ``ValueError``); ``example`` is a registered model name for error messages.
+
+    ``fields(raw)``, for formats whose files describe themselves (sizes in the tensors, nanoGPT's
+    ``model_args``), reads config values off the loaded file (the container as saved); they replace the
+    registered model's values, and an override that contradicts one is an error, except for the keys in
+    ``overridable`` (values the format implies but a user may know better).
     """
 
     name: str
@@ -51,6 +56,8 @@ class OfficialFormat:
     detect: Callable[[Mapping[str, Tensor]], bool]
     example: str
     check: Callable[[Any], None] | None = None
+    fields: Callable[[object], dict[str, Any]] | None = None
+    overridable: tuple[str, ...] = ()
 
 
 def conv_to_linear(w: Tensor) -> Tensor:

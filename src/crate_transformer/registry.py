@@ -23,7 +23,7 @@ from pathlib import Path
 from .alpha import ALPHA_ARCH, ALPHA_FORMAT, AlphaConfig, CRATEAlpha
 from .base import Model
 from .config import Config
-from .lm import LanguageModel, LMConfig, build_lm
+from .lm import CRATE_LM_FORMAT, GPT2_FORMAT, LanguageModel, LMConfig, build_lm
 from .mae import CRATEMAE, MAE_ARCH, MAEConfig
 from .model import ImageClassifier, ModelConfig, build_model
 from .official import CLASSIFIER_FORMAT, MAE_FORMAT, OfficialFormat
@@ -99,8 +99,8 @@ def register_model(name: str, **fields: object) -> None:
 register_arch("crate", ModelConfig, build_model, official=CLASSIFIER_FORMAT)
 register_arch("vit", ModelConfig, build_model)
 register_arch(MAE_ARCH, MAEConfig, CRATEMAE, official=MAE_FORMAT)
-register_arch("crate_lm", LMConfig, build_lm, language=True)
-register_arch("gpt", LMConfig, build_lm, language=True)
+register_arch("crate_lm", LMConfig, build_lm, language=True, official=CRATE_LM_FORMAT)
+register_arch("gpt", LMConfig, build_lm, language=True, official=GPT2_FORMAT)
 register_arch(ALPHA_ARCH, AlphaConfig, CRATEAlpha, official=ALPHA_FORMAT)
 
 
@@ -164,6 +164,16 @@ register_model("crate_gpt_large", arch="crate_lm", **_GPT, dim=1280, depth=36, h
 register_model("gpt2_small", arch="gpt", final_norm=True, **_GPT, dim=512, depth=12, heads=8)
 register_model("gpt2_base", arch="gpt", final_norm=True, **{**_GPT, "vocab_size": 50257}, dim=768, depth=12, heads=12)
 register_model("gpt2_large", arch="gpt", final_norm=True, **{**_GPT, "vocab_size": 50257}, dim=1280, depth=36, heads=20)
+# OpenAI's GPT-2 medium and XL (gpt2_base and gpt2_large above are GPT-2 small and large): 354.8M / 1,557.6M.
+_GPT2 = dict(arch="gpt", final_norm=True, vocab_size=50257, block_size=1024)
+register_model("gpt2_medium", **_GPT2, dim=1024, depth=24, heads=16)
+register_model("gpt2_xl", **_GPT2, dim=1600, depth=48, heads=25)
+# The released crate-lm CRATE-GPT (Bai & Ma 2025; Hugging Face JackBAI/CRATE-GPT-12L-Pile-600000steps, file
+# ckpt-crate-12l-overparam-600000.pt, trained on the Pile with crate-lm's crate_overcomplete.py): MSSA + the tied
+# overcomplete ISTA (4d atoms, no residual) and a final LayerNorm; 81,934,848 parameters (81,148,416 without wpe).
+register_model(
+    "crate_gpt_12l_pile", arch="crate_lm", **_GPT, dim=768, depth=12, heads=12, mlp="ista_overcomplete", final_norm=True
+)
 # Laptop presets (the `crate train-lm` default: byte-level tokenizer, context 128, d = 128, 4 layers, 4 heads),
 # and the GPT of the same width, depth and heads with a 4x GELU MLP (the README's comparison).
 _MINI = dict(vocab_size=262, block_size=128, dim=128, depth=4, heads=4)
