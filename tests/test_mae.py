@@ -77,6 +77,35 @@ def test_visible_only_encoder_sees_only_visible_tokens():
     assert seen == [1 + 4] and out.pred.shape == (2, 16, 192) and torch.isfinite(out.loss)
 
 
+@pytest.mark.parametrize("norm_pix", [False, True])
+def test_visible_only_is_he_et_al_mae_forward(norm_pix):
+    """visible_only against MAE's forward_encoder / forward_decoder (facebookresearch/mae, transcribed in
+    tests/official/mae_he.py) run on the same official CRATE-MAE's modules: positions added before masking,
+    encoder on the visible tokens, mask tokens appended and unshuffled, then the decoder's position table
+    added to every token.  MAE's decoder_embed is the identity: CRATE-MAE's decoder works at width d."""
+    from official.mae_he import MAEForward
+
+    off = perturbed(official_small(norm_pix_loss=norm_pix)).eval()
+    with torch.no_grad():
+        off.decoder_embed.weight.copy_(torch.eye(64))
+        off.decoder_embed.bias.zero_()
+    he = MAEForward(off)
+    m = ct.from_official(off.state_dict(), "crate_mae_tiny", **SMALL, norm_pix_loss=norm_pix, visible_only=True)
+    x, noise = torch.randn(3, 3, 32, 32), torch.rand(3, 16)
+    with torch.no_grad():
+        loss_he, pred_he, mask_he = he(x, 0.75, noise)
+        out = m.eval()(x, noise=noise)
+        torch.testing.assert_close(out.pred, pred_he, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.loss, loss_he, rtol=1e-5, atol=1e-5)
+        assert torch.equal(out.mask, mask_he)
+        # the decoder input itself: every token (visible ones too) carries the position table once more
+        latent, _, ids_restore = he.forward_encoder(x, 0.75, noise)
+        mask_tokens = off.mask_token.repeat(3, 16 + 1 - latent.shape[1], 1)
+        x_ = torch.gather(torch.cat([latent[:, 1:], mask_tokens], 1), 1, ids_restore.unsqueeze(-1).repeat(1, 1, 64))
+        dec_in = torch.cat([latent[:, :1], x_], 1) + off.decoder_pos_embed
+        torch.testing.assert_close(m.forward_encoder(x, noise=noise)[0], dec_in, rtol=1e-5, atol=1e-5)
+
+
 def test_norm_pix_loss_target():
     m = small_mae(norm_pix_loss=True)
     t = m.target(torch.rand(2, 3, 32, 32))
