@@ -2,7 +2,7 @@
 
 The encoder is CRATE layers (eq. (45), p.25), the decoder is CRATE *decoder* layers (structured
 diffusion, eqs. (62)-(64), p.34; :class:`~crate_transformer.operators.DecoderLayer`) with the same
-``L, d, K``.  The computation matches the official ``model/crate_ae/crate_ae.py`` (anchors.md §1.5):
+``L, d, K``.  The computation matches the official ``model/crate_ae/crate_ae.py`` (Ma-Lab-Berkeley/CRATE):
 
 1. patches → linear projection (the official ``PatchEmbed`` conv, here a Linear on the patches in
    the (p1, p2, c) order of :func:`~crate_transformer.model.patchify`);
