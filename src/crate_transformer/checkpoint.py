@@ -1,7 +1,6 @@
 """Model files: ``from_pretrained`` (safetensors + JSON config, written by ``model.save_pretrained``),
-``from_official`` (the official repository's ``.pth`` layouts: the classifier ``model/crate.py`` and
-CRATE-MAE ``model/crate_ae``, see shared/notes/anchors.md §1.2 and §1.5) and ``load_model``, the one
-resolver the commands share.  ``config.json`` with ``arch == "crate_mae"`` loads a :class:`CRATEMAE`.
+``from_official`` (the authors' ``.pth`` layouts, one :class:`~crate_transformer.official.OfficialFormat`
+per registered architecture) and ``load_model``, the one resolver the commands share.
 
 The file primitives (atomic writes, safe unpickling, checksummed safetensors) live in
 :mod:`crate_transformer.io`; ``atomic_write``, ``load_pickle``, ``save_pretrained`` and
@@ -18,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .base import Model
 from .config_utils import coerce_fields
 from .io import (
     CONFIG_NAME,
@@ -29,9 +29,10 @@ from .io import (
     save_pretrained,
 )
 from .lm import LanguageModel, LMConfig
-from .mae import CRATEMAE, MAE_ARCH, MAEConfig, mae_to_classifier
+from .mae import CRATEMAE, MAEConfig, mae_to_classifier
 from .model import ImageClassifier, ModelConfig
-from .registry import build, config_class, model_config, registered_fields
+from .official import unwrap
+from .registry import arch_info, build, config_class, model_config, official_formats, registered_fields
 
 __all__ = [
     "CheckpointError",
@@ -42,10 +43,6 @@ __all__ = [
     "config_from_dict",
     "from_pretrained",
     "from_official",
-    "official_to_native",
-    "native_to_official",
-    "mae_official_to_native",
-    "mae_native_to_official",
     "load_weights",
     "load_model",
 ]
@@ -167,116 +164,6 @@ def _fix_hint(state: Mapping[str, Tensor], model: torch.nn.Module) -> str:
     return f"; pass {', '.join(fixes)}" if fixes else "; pass the model name and overrides it was trained with"
 
 
-# --------------------------------------------------------------------------- official format
-# (official key prefix, native key prefix); "{i}" is a layer index.  One table serves both directions.
-CLASSIFIER_KEY_MAP = [
-    ("pos_embedding", "pos_embed"),
-    ("cls_token", "cls_token"),
-    ("to_patch_embedding.1.", "patch_embed.0."),  # index 0 of the official Sequential is the Rearrange
-    ("to_patch_embedding.2.", "patch_embed.1."),
-    ("to_patch_embedding.3.", "patch_embed.2."),
-    ("transformer.layers.{i}.0.norm.", "layers.{i}.norm1."),
-    ("transformer.layers.{i}.0.fn.qkv.", "layers.{i}.attn.qkv."),
-    ("transformer.layers.{i}.0.fn.to_out.0.", "layers.{i}.attn.proj."),
-    ("transformer.layers.{i}.1.norm.", "layers.{i}.norm2."),
-    ("transformer.layers.{i}.1.fn.weight", "layers.{i}.ista.weight"),
-    ("mlp_head.0.", "head.0."),
-    ("mlp_head.1.", "head.1."),
-]
-# CRATE-MAE (model/crate_ae, anchors.md §1.5).  The official pos_embed (unused by its forward) and
-# decoder_embed (never used) have no native counterpart; decoder_pos_embed is the table the forward adds.
-MAE_KEY_MAP = [
-    ("cls_token", "cls_token"),
-    ("mask_token", "mask_token"),
-    ("decoder_pos_embed", "pos_embed"),
-    ("patch_embed.proj.", "patch_embed."),  # conv weight (d, c, p, p) ↔ linear (d, p·p·c): see below
-    ("blocks.{i}.layers.0.0.norm.", "layers.{i}.norm1."),
-    ("blocks.{i}.layers.0.0.fn.qkv.", "layers.{i}.attn.qkv."),
-    ("blocks.{i}.layers.0.0.fn.to_out.0.", "layers.{i}.attn.proj."),
-    ("blocks.{i}.layers.0.1.norm.", "layers.{i}.norm2."),
-    ("blocks.{i}.layers.0.1.fn.weight", "layers.{i}.ista.weight"),
-    ("norm.", "norm."),
-    ("decoder_blocks.{i}.layers.0.0.norm.", "decoder_layers.{i}.norm1."),
-    ("decoder_blocks.{i}.layers.0.0.fn.weight", "decoder_layers.{i}.weight"),
-    ("decoder_blocks.{i}.layers.0.1.norm.", "decoder_layers.{i}.norm2."),
-    ("decoder_blocks.{i}.layers.0.1.fn.qkv.", "decoder_layers.{i}.attn.qkv."),
-    ("decoder_blocks.{i}.layers.0.1.fn.to_out.0.", "decoder_layers.{i}.attn.proj."),
-    ("decoder_norm.", "decoder_norm."),
-    ("decoder_pred.", "decoder_pred."),
-]
-_MAE_UNUSED = ("pos_embed", "decoder_embed.weight", "decoder_embed.bias")
-
-
-def _rename(state: Mapping[str, Tensor], key_map: list[tuple[str, str]], forward: bool) -> dict[str, Tensor]:
-    """Rename keys by ``key_map`` official → native (``forward``) or native → official; unknown keys pass unchanged."""
-    rules = []
-    for official, native in key_map:
-        src, dst = (official, native) if forward else (native, official)
-        pattern = r"(\d+)".join(map(re.escape, src.split("{i}")))
-        rules.append((re.compile("^" + pattern + ("" if src.endswith(".") else "$")), dst.replace("{i}", r"\1")))
-    out = {}
-    for key, value in state.items():
-        for pattern, repl in rules:
-            new, hits = pattern.subn(repl, key)
-            if hits:
-                key = new
-                break
-        out[key] = value
-    return out
-
-
-def _unwrap(obj: object) -> dict[str, Tensor]:
-    if isinstance(obj, Mapping):
-        for container in ("state_dict", "model"):
-            if container in obj and isinstance(obj[container], Mapping):
-                obj = obj[container]
-                break
-    if not isinstance(obj, Mapping) or not all(isinstance(v, Tensor) for v in obj.values()):
-        raise CheckpointError(
-            "not an official CRATE checkpoint: expected a state dict, {'state_dict': ...} or {'model': ...} of tensors"
-        )
-    return {k.removeprefix("module."): v for k, v in obj.items()}
-
-
-def official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Rename an official ``model/crate.py`` state dict (after unwrapping) to this library's key names."""
-    return _rename(state, CLASSIFIER_KEY_MAP, forward=True)
-
-
-def native_to_official(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Rename this library's CRATE state dict to the official ``model/crate.py`` key names."""
-    return _rename(state, CLASSIFIER_KEY_MAP, forward=False)
-
-
-def mae_official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """An official CRATE-MAE state dict (after unwrapping) → :class:`CRATEMAE` keys and shapes.
-
-    Keys follow :data:`MAE_KEY_MAP`; the unused ``pos_embed`` and ``decoder_embed`` are dropped; the
-    patch conv ``(d, c, p, p)`` becomes the linear map of (p1, p2, c)-ordered patches ``(d, p·p·c)``.
-    """
-    state = {k: v for k, v in state.items() if k not in _MAE_UNUSED}
-    out = _rename(state, MAE_KEY_MAP, forward=True)
-    w = out.get("patch_embed.weight")
-    if w is not None and w.dim() == 4:
-        out["patch_embed.weight"] = w.permute(0, 2, 3, 1).reshape(w.shape[0], -1)
-    return out
-
-
-def mae_native_to_official(state: Mapping[str, Tensor], in_chans: int) -> dict[str, Tensor]:
-    """A :class:`CRATEMAE` state dict → the official ``MaskedAutoencoderViT`` keys, loadable strictly.
-
-    Writes both (identical) position tables and the never-used ``decoder_embed`` as zeros.
-    """
-    out = _rename(state, MAE_KEY_MAP, forward=False)
-    w = out["patch_embed.proj.weight"]
-    p = int(round((w.shape[1] / in_chans) ** 0.5))
-    out["patch_embed.proj.weight"] = w.reshape(w.shape[0], p, p, in_chans).permute(0, 3, 1, 2).contiguous()
-    out["pos_embed"] = out["decoder_pos_embed"].clone()
-    d = w.shape[0]
-    out["decoder_embed.weight"], out["decoder_embed.bias"] = w.new_zeros(d, d), w.new_zeros(d)
-    return out
-
-
 def load_model(
     path: str | Path, name: str | None = None, *, as_classifier: bool = False, **overrides: object
 ) -> ImageClassifier | CRATEMAE | LanguageModel:
@@ -375,32 +262,38 @@ def _check_overrides(
         )
 
 
-def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: object) -> ImageClassifier | CRATEMAE:
-    """Load an official CRATE classifier or CRATE-MAE checkpoint as ``create_model(name, **overrides)``.
+def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: object) -> Model:
+    """Load the authors' checkpoint of a registered model as ``create_model(name, **overrides)``.
 
-    ``name`` decides the format: ``crate_*`` classifiers (``model/crate.py``) or ``crate_mae_*``
-    (``model/crate_ae``, e.g. the released CRATE-MAE-B as ``from_official(path, "crate_mae_base")``).
-
-    Accepts the ``{'state_dict': ...}`` container written by the official ``main.py`` (keys
-    prefixed ``module.``), ``{'model': ...}``, a bare state dict, or a path to any of them (read with
-    ``weights_only=True``).  η and λ are not stored by the official code; pass them as overrides if
-    the checkpoint was trained with non-default values.
+    ``name`` decides the format: the architecture's :class:`~crate_transformer.official.OfficialFormat`
+    (``crate_*`` classifiers of the official ``model/crate.py``, ``crate_mae_*`` of ``model/crate_ae``, and
+    whatever other families register).  Accepts the training containers (``{'state_dict': ...}`` written by
+    the official ``main.py`` with keys prefixed ``module.``, ``{'model': ...}`` as the MAE codebase saves it),
+    a bare state dict, or a path to any of them (read with ``weights_only=True``).  Hyperparameters the
+    authors' files do not store (η, λ) come from the registered config and ``overrides``.
     """
     config = model_config(name, **overrides)
-    if config.arch not in ("crate", MAE_ARCH):
-        raise ValueError(f"from_official loads CRATE classifiers and CRATE-MAEs; {name!r} is a {config.arch} model")
-    if config.arch == "crate" and (config.attention, config.mlp) != ("mssa", "ista"):
-        raise ValueError(
-            f"official CRATE checkpoints have MSSA + ISTA layers, not attention={config.attention!r}, "
-            f"mlp={config.mlp!r}; drop those --model-args"
-        )
+    fmt = arch_info(config.arch).official
+    if fmt is None:
+        raise ValueError(f"{name!r} ({config.arch}) has no official checkpoint format; load it with from_pretrained")
+    if fmt.check is not None:
+        fmt.check(config)
     raw = load_pickle(path_or_state) if isinstance(path_or_state, (str, Path)) else path_or_state
     source = str(path_or_state) if isinstance(path_or_state, (str, Path)) else "official state dict"
-    state = _unwrap(raw)
-    is_mae = any(k.startswith(("decoder_blocks.", "mask_token")) for k in state)
-    if is_mae != (config.arch == MAE_ARCH):
-        kind, fix = ("a CRATE-MAE", "crate_mae_base") if is_mae else ("a CRATE classifier", "crate_small")
-        raise CheckpointError(f"{source} is {kind} checkpoint but {name!r} is not; pass a matching name, e.g. {fix}")
+    try:
+        state = unwrap(raw)
+    except ValueError as e:
+        raise CheckpointError(f"{source}: {e}") from None
+    if not fmt.detect(state):
+        raise CheckpointError(f"{source} is not a {fmt.name} checkpoint ({fmt.origin}){_format_hint(state)}")
     model = build(config)
-    load_weights(model, mae_official_to_native(state) if is_mae else official_to_native(state), source=source)
+    load_weights(model, fmt.to_native(state, config), source=source)
     return model
+
+
+def _format_hint(state: Mapping[str, Tensor]) -> str:
+    """Name the registered format(s) whose detector recognises ``state`` (or say that none does)."""
+    others = [a.official for a in official_formats() if a.official.detect(state)]
+    if not others:
+        return "; it matches no format this package reads"
+    return "".join(f"; it is a {f.name} checkpoint: pass a matching name, e.g. {f.example}" for f in others[:1])
