@@ -28,7 +28,7 @@ def _layer_params(variant: str, d: int, h: int = 0, m: int = 0) -> int:
     ista = d * d  # D
     mlp = (d * h + h) + (h * d + d)
     return {
-        "crate": ln + mssa + ln + ista,  # 3d² + 5d (paper_spec §2.10)
+        "crate": ln + mssa + ln + ista,  # 3d² + 5d (JMLR Table 10 sizes)
         "tied": ln + d * d + ln + ista,  # no W
         "mlp": ln + mssa + ln + mlp,
         "mhsa": ln + mhsa + ln + ista,

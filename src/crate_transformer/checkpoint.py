@@ -242,9 +242,18 @@ def _load_any(path: Path, name: str | None, overrides: Mapping[str, object], che
         return model
     if name is None:
         raise CheckpointError(
-            f"{path} looks like an official CRATE checkpoint; name its architecture, e.g. --model crate_small"
+            f"{path} looks like an official CRATE checkpoint; name its architecture, e.g. --model {_example(raw)}"
         )
     return from_official(raw, name, **overrides)
+
+
+def _example(raw: object) -> str:
+    """The example model name of the registered official format that recognises ``raw`` (else crate_small)."""
+    try:
+        state = unwrap(raw)
+    except ValueError:
+        return "crate_small"
+    return next((a.official.example for a in official_formats() if a.official.detect(state)), "crate_small")
 
 
 def _check_overrides(

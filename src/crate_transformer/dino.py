@@ -5,7 +5,7 @@ Table 4 and App. C.3.
 The JMLR text gives the objective — the cross-entropy between the teacher's distribution on global
 views and the student's on every other view, eq. (76)–(77) — the student update (78), the EMA teacher
 (79), and the recipe (AdamW, base lr 0.001, weight decay 0.005, 100 epochs); everything else "follows
-the official DINO" (App. C.3; facebookresearch/dino).  This module implements those DINO pieces,
+the official DINO" (App. C.3, p.97; facebookresearch/dino, ``main_dino.py``).  This module implements those DINO pieces,
 each configurable:
 
 * :class:`DINOHead` — 3-layer GELU MLP (hidden 2048, bottleneck 256), ℓ2-normalisation, and a

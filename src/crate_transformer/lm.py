@@ -10,7 +10,7 @@ GPT-2 baseline, in nanoGPT's layout (Karpathy 2022, which the paper's GPT code f
 * :meth:`LanguageModel.generate` samples with temperature / top-k / top-p and a key-value cache; CRATE's
   shared ``Q = K = V = U_kᵀZ`` projection caches one tensor per layer where GPT caches two.
 
-Parameter counts (Table 10, paper_spec §2.10): a CRATE layer has ``3d² + 5d`` parameters, so a CRATE
+Parameter counts (Table 10, p.97): a CRATE layer has ``3d² + 5d`` parameters, so a CRATE
 LM has ``L(3d² + 5d) + V d`` plus ``n_ctx d`` for a learned position table.
 """
 

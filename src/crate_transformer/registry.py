@@ -9,7 +9,7 @@ and its ``register_model`` entries here.
 
 CRATE sizes are JMLR Table 8 (p.96); ViT sizes are the standard ViT-T/S/B/L (timm layout, the paper's
 baselines); CRATE-MAE sizes are the official ``mae_crate_*`` factories (Table 9, p.96); CRATE-BERT /
-CRATE-GPT sizes are Table 10 (p.98).
+CRATE-GPT sizes are Table 10 (p.97).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import fnmatch
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
+from .alpha import ALPHA_ARCH, ALPHA_FORMAT, AlphaConfig, CRATEAlpha
 from .base import Model
 from .config import Config
 from .lm import LanguageModel, LMConfig, build_lm
@@ -99,6 +100,7 @@ register_arch("vit", ModelConfig, build_model)
 register_arch(MAE_ARCH, MAEConfig, CRATEMAE, official=MAE_FORMAT)
 register_arch("crate_lm", LMConfig, build_lm, language=True)
 register_arch("gpt", LMConfig, build_lm, language=True)
+register_arch(ALPHA_ARCH, AlphaConfig, CRATEAlpha, official=ALPHA_FORMAT)
 
 
 # JMLR Table 8: image 224, patch 16, p = d/K.  Parameter counts: 6.09M / 13.12M / 22.80M / 77.64M.
@@ -145,7 +147,7 @@ register_model(
 )
 
 
-# Language models, JMLR Table 10 (p.98): CRATE-BERT with the RoBERTa vocabulary (V = 50,265) and the sinusoidal
+# Language models, JMLR Table 10 (p.97): CRATE-BERT with the RoBERTa vocabulary (V = 50,265) and the sinusoidal
 # E_pos of eq. (83); CRATE-GPT as the official nanoGPT-based code (V = 50,304, learned wpe, context 1,024).
 # Parameters (tied head, position table excluded): BERT 32.0M / 59.9M / 127.1M, GPT 59.9M / 241.6M (paper:
 # 33M / 61M / 129M and 60M / 242M).  Table 10's "Small" GPT-2 (64M) has no CRATE entry; crate_gpt_small is
@@ -174,6 +176,13 @@ _MNIST = dict(arch="crate", image_size=28, patch_size=7, in_chans=1, num_classes
 register_model("crate_mlp_mnist", **_MNIST, mlp="mlp")  # MSSA + GELU MLP
 register_model("crate_mhsa_mnist", **_MNIST, attention="mhsa")  # standard attention + ISTA
 register_model("crate_alpha_mnist", **_MNIST, mlp="odl")  # MSSA + overcomplete ISTA (4d atoms) + residual
+
+# CRATE-α (Yang et al. 2024, alpha.py): the sizes of the released PyTorch checkpoints (UCSC-VLAA/CRATE-alpha on
+# the HF Hub, torch/crate_alpha_B16.pth and torch/crate_alpha_L14.pth; the factories CRATE_base / CRATE_large of
+# torch_inference/model/crate_alpha.py), both fine-tuned and evaluated at 224.  Parameters with the 1000-class
+# head: 72,328,936 and 253,650,920.  The ImageNet-21K pre-training files (torch/in21k_Pretrain): num_classes=19167.
+register_model("crate_alpha_base16", arch=ALPHA_ARCH, image_size=224, patch_size=16, dim=768, depth=12, heads=12)
+register_model("crate_alpha_large14", arch=ALPHA_ARCH, image_size=224, patch_size=14, dim=1024, depth=24, heads=16)
 
 
 def list_models(pattern: str = "*") -> list[str]:
