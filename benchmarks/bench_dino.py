@@ -24,13 +24,13 @@ from pathlib import Path
 
 import torch
 
-from crate_transformer.checkpoint import load_model
 from crate_transformer.data import load_dataset, normalize
 from crate_transformer.model import build_model
 from crate_transformer.probe import KNN_KS, extract_features, knn_sweep, linear_probe
 from crate_transformer.train import TrainConfig, load_training_state, train
 from crate_transformer.train.dino import DINOTask
 from crate_transformer.train.evaluation import _pyplot, _save
+from crate_transformer.train.load import load_model
 
 
 def _pixels(ds: object, mean: list[float], std: list[float]) -> tuple[torch.Tensor, torch.Tensor]:

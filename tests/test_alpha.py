@@ -18,8 +18,9 @@ from crate_transformer.alpha import (
     alpha_official_to_native,
     looks_like_alpha,
 )
-from crate_transformer.checkpoint import CheckpointError, load_model
+from crate_transformer.checkpoint import CheckpointError
 from crate_transformer.official import native_to_official
+from crate_transformer.train.load import load_model
 
 TINY = dict(image_size=32, patch_size=8, num_classes=10, dim=32, depth=2, heads=4)
 

@@ -15,10 +15,10 @@ import crate_transformer as ct
 from crate_transformer.checkpoint import (
     CheckpointError,
     atomic_write,
-    load_model,
     load_pickle,
 )
 from crate_transformer.official import native_to_official, official_to_native
+from crate_transformer.train.load import load_model
 
 TINY = dict(image_size=32, patch_size=8, dim=32, depth=2, heads=4, num_classes=5)
 

@@ -288,8 +288,8 @@ def test_pretraining_learns_without_collapse(dino_run: Path) -> None:
 
 
 def test_the_run_saves_the_teacher_backbone_as_a_classifier(dino_run: Path, capsys: pytest.CaptureFixture) -> None:
-    from crate_transformer.checkpoint import load_model
     from crate_transformer.train import load_training_state
+    from crate_transformer.train.load import load_model
 
     state = load_training_state(dino_run)
     teacher = state["task"]["export_model"]

@@ -12,12 +12,12 @@ import torch
 
 import crate_transformer as ct
 from crate_transformer import cli
-from crate_transformer.checkpoint import load_model
 from crate_transformer.data.text import TokenBlocks, load_tokens
 from crate_transformer.lm import GPT, CRATELanguageModel, LMConfig, build_lm, mask_tokens, sample_next
 from crate_transformer.operators import attend
 from crate_transformer.tokenizer import Tokenizer
 from crate_transformer.train import load_training_state
+from crate_transformer.train.load import load_model
 
 TINY = dict(vocab_size=262, block_size=16, dim=32, depth=2, heads=2)
 

@@ -30,8 +30,9 @@ from test_lm_release import _nanogpt_ckpt, _randomize, _tokens
 
 import crate_transformer as ct
 from crate_transformer import pretrained
-from crate_transformer.checkpoint import CheckpointError, load_model
+from crate_transformer.checkpoint import CheckpointError
 from crate_transformer.registry import arch_info
+from crate_transformer.train.load import load_model
 
 TINY = dict(image_size=32, patch_size=8, dim=32, depth=2, heads=4, num_classes=5)
 

@@ -21,11 +21,12 @@ from PIL import Image
 
 import crate_transformer as ct
 from crate_transformer import cli
-from crate_transformer.checkpoint import CheckpointError, load_model
+from crate_transformer.checkpoint import CheckpointError
 from crate_transformer.data import ImageDataset, load_dataset, open_source
 from crate_transformer.lm import LMConfig, build_lm
 from crate_transformer.tokenizer import Tokenizer
 from crate_transformer.train import RunDir, TrainConfig, load_training_state
+from crate_transformer.train.load import load_model
 
 TINY = dict(image_size=8, patch_size=4, dim=16, depth=1, heads=2, num_classes=10, in_chans=1)
 LM_TINY = dict(vocab_size=262, block_size=16, dim=16, depth=1, heads=2)

@@ -20,11 +20,12 @@ import torch
 from PIL import Image
 
 from crate_transformer import cli
-from crate_transformer.checkpoint import from_pretrained, load_model, load_pickle
+from crate_transformer.checkpoint import from_pretrained, load_pickle
 from crate_transformer.data import load_dataset
 from crate_transformer.official import native_to_official
 from crate_transformer.registry import create_model
 from crate_transformer.train import TrainConfig, WarmupCosine, load_config, train
+from crate_transformer.train.load import load_model
 
 ARCH = ["dim=32", "depth=1", "heads=2", "patch_size=4"]
 TINY = ["--data", "digits", "--image-size", "8", "--threads", "1", "--no-progress", "--model-args", *ARCH]  # args last

@@ -223,7 +223,7 @@ def test_model_args_reach_each_variant_through_crate_train_options(args, expecte
 
 
 def test_a_variant_trains_end_to_end_from_the_cli(tmp_path):
-    from crate_transformer.checkpoint import load_model
+    from crate_transformer.train.load import load_model
 
     out = tmp_path / "run"
     argv = ["train", "--model-args", "dim=32", "depth=1", "heads=4", "mlp=odl", "odl_ratio=2", "--train-subset",

@@ -18,7 +18,6 @@ from torch import Tensor
 
 from .base import Model
 from .config import Config
-from .config_utils import coerce_fields
 from .io import (
     CONFIG_NAME,
     FILE_DIGESTS,
@@ -33,10 +32,10 @@ from .io import (
     save_pretrained,
 )
 from .lm import LanguageModel, LMConfig
-from .mae import CRATEMAE, MAEConfig, mae_to_classifier
+from .mae import CRATEMAE, MAEConfig
 from .model import ImageClassifier, ModelConfig
 from .official import OfficialFormat, unwrap
-from .registry import arch_info, build, config_class, model_config, official_formats, registered_fields
+from .registry import arch_info, build, config_class, model_config, official_formats
 
 __all__ = [
     "CheckpointError",
@@ -48,7 +47,7 @@ __all__ = [
     "from_pretrained",
     "from_official",
     "load_weights",
-    "load_model",
+    "resolve_hub",
 ]
 
 
@@ -69,7 +68,7 @@ def _model_dir(path: str | Path) -> Path:
     return path
 
 
-def _resolve_hub(path: str | Path, revision: str | None = None) -> str | Path:
+def resolve_hub(path: str | Path, revision: str | None = None) -> str | Path:
     """``"hf-hub:ORG/NAME"`` → its local snapshot folder; any other path unchanged (``revision`` is Hub-only)."""
     if isinstance(path, str) and path.startswith("hf-hub:"):
         from .pretrained import hub_snapshot
@@ -117,7 +116,7 @@ def from_pretrained(
     :class:`CheckpointError` ("... is corrupt"); older files without a checksum load.
     """
     hub = isinstance(directory, str) and directory.startswith("hf-hub:")
-    spec, directory = directory, _model_dir(_resolve_hub(directory, revision))
+    spec, directory = directory, _model_dir(resolve_hub(directory, revision))
     config = read_config(directory)
     weights = directory / WEIGHTS_NAME
     if not weights.is_file():
@@ -194,118 +193,6 @@ def _fix_hint(state: Mapping[str, Tensor], model: torch.nn.Module) -> str:
         found["depth"] = max(layer_ids) + 1
     fixes = [f"{k}={v}" for k, v in found.items() if getattr(c, k) != v]
     return f"; pass {', '.join(fixes)}" if fixes else "; pass the model name and overrides it was trained with"
-
-
-def load_model(
-    path: str | Path, name: str | None = None, *, as_classifier: bool = False, **overrides: object
-) -> ImageClassifier | CRATEMAE | LanguageModel:
-    """Load a model from whatever a user points at; the one resolver the CLI commands share.
-
-    * a ``save_pretrained`` directory (has ``config.json``), or its ``model.safetensors`` / ``config.json``,
-      or ``hf-hub:ORG/NAME`` (a pushed one) → :func:`from_pretrained`;
-    * a ``crate train`` run directory (has ``model/config.json``) → its final/latest model;
-    * a training-state file written by ``crate train`` (a dict with ``model_config`` and ``model``; a task
-      that trains a wrapper of that model stores its weights as ``task["export_model"]``, e.g. the DINO
-      teacher backbone of ``crate pretrain dino``);
-    * an official ``.pth`` checkpoint → :func:`from_official` with ``name`` (required) and ``overrides``.
-
-    For the first three the architecture comes from the checkpoint's own config: ``name`` and
-    ``overrides`` may be given only when they agree with it (e.g. a command line that always passes
-    ``--model``); any difference raises :class:`CheckpointError` instead of being ignored.
-
-    A CRATE-MAE (``arch == "crate_mae"``, an MAE run directory or training state, or an official
-    ``.pth`` with a ``crate_mae_*`` name) loads as :class:`CRATEMAE`; with ``as_classifier`` it is
-    converted by :func:`~crate_transformer.mae.mae_to_classifier` (what ``crate finetune`` uses), and
-    ``name`` / ``overrides`` are then not checked against it (the classifier is new).
-    """
-    path = Path(_resolve_hub(str(path)))
-    model = _load_any(path, name, overrides, check=not as_classifier)
-    if as_classifier and isinstance(model, CRATEMAE):
-        return mae_to_classifier(model)
-    if as_classifier:
-        _check_overrides(model.config, path, name, overrides)
-    return model
-
-
-def _load_any(path: Path, name: str | None, overrides: Mapping[str, object], check: bool) -> ImageClassifier | CRATEMAE:
-    """:func:`load_model` without the classifier conversion; ``check``: compare name/overrides with a stored config."""
-    if path.is_dir() and not (path / CONFIG_NAME).is_file() and not (path / "model" / CONFIG_NAME).is_file():
-        if (path / "checkpoints" / "last.pt").is_file():  # a run that has not finished: its latest training state
-            path = path / "checkpoints" / "last.pt"
-    if path.is_dir() or (path.is_file() and path.name in (CONFIG_NAME, WEIGHTS_NAME)):
-        if path.is_file() or (path / CONFIG_NAME).is_file():
-            model = from_pretrained(path)
-        elif (path / "model" / CONFIG_NAME).is_file():
-            model = from_pretrained(path / "model")
-        else:
-            raise CheckpointError(
-                f"{path} is neither a model directory (config.json + model.safetensors) nor a crate train run directory"
-            )
-        if check:
-            _check_overrides(model.config, path, name, overrides)
-        return model
-    raw = load_state(path)  # a training state's checksum is verified here, as on resume
-    if isinstance(raw, Mapping) and "model_config" in raw and "model" in raw:
-        try:
-            config = config_from_dict(dict(raw["model_config"]))
-        except ValueError as e:
-            raise CheckpointError(f"{path}: {e}") from None
-        if check:
-            _check_overrides(config, path, name, overrides)
-        model = build(config)
-        task = raw.get("task")
-        weights = raw["model"]
-        if isinstance(task, Mapping) and isinstance(task.get("export_model"), Mapping):
-            weights = task["export_model"]  # the task trains a wrapper of this model (DINO: the teacher backbone)
-        load_weights(model, weights, source=str(path))
-        return model
-    if name is None and isinstance(raw, Mapping) and "model_args" in raw:
-        raise CheckpointError(
-            f"{path} looks like a nanoGPT / crate-lm checkpoint; name its architecture, e.g. --model "
-            "crate_gpt_12l_pile (CRATE) or gpt2_base (GPT-2)"
-        )
-    if name is None:
-        raise CheckpointError(
-            f"{path} looks like an official CRATE checkpoint; name its architecture, e.g. --model {_example(raw)}"
-        )
-    return from_official(raw, name, **overrides)
-
-
-def _example(raw: object) -> str:
-    """The example model name of the registered official format that recognises ``raw`` (else crate_small)."""
-    try:
-        state = unwrap(raw)
-    except ValueError:
-        return "crate_small"
-    return next((a.official.example for a in official_formats() if a.official.detect(state)), "crate_small")
-
-
-def _check_overrides(
-    config: ModelConfig | MAEConfig | LMConfig, path: Path, name: str | None, overrides: Mapping[str, object]
-) -> None:
-    """Refuse a model name / overrides that disagree with a checkpoint's stored config (equal values pass)."""
-    if name is None and not overrides:
-        return
-    wanted = dict(registered_fields(name)) if name is not None else {}
-    try:
-        wanted.update(coerce_fields(type(config), overrides))
-    except ValueError as e:
-        raise CheckpointError(f"{e}") from None
-    stored = config.to_dict()
-    diffs = []
-    for key, value in wanted.items():
-        have = stored.get(key)
-        if key == "data" and value is not None:
-            value = value.to_dict() if hasattr(value, "to_dict") else value
-        if have != value:
-            diffs.append(f"{key}={value!r} (checkpoint: {have!r})")
-    if diffs:
-        given = f"model name {name!r} and overrides" if name is not None else "overrides"
-        raise CheckpointError(
-            f"{path} stores its architecture in its config, which differs from the given {given}: "
-            f"{', '.join(diffs)}; drop them — the architecture comes from the checkpoint's config, and a model name "
-            "and overrides apply only to official .pth files"
-        )
 
 
 def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: object) -> Model:

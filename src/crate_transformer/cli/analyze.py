@@ -152,8 +152,8 @@ def _dataset_splits(model: object, data: str, image_size: int, k: int, seed: int
 def run_analyze(args: argparse.Namespace) -> int:
     from ..analysis import analyze
     from ..analysis._common import layer_index
-    from ..checkpoint import load_model
     from ..data import resolve_normalization
+    from ..train.load import load_model
     from ..train.runtime import resolve_device
 
     for name in ("num_images", "num_vis", "masks", "batch_size"):

@@ -63,9 +63,9 @@ def run_generate(args: argparse.Namespace) -> int:
     """``crate generate``: print ``--num-samples`` continuations of ``--prompt``."""
     import torch
 
-    from ..checkpoint import load_model
     from ..lm import LanguageModel
     from ..train import resolve_device
+    from ..train.load import load_model
     from .common import positive
 
     positive("max_new_tokens", args.max_new_tokens)

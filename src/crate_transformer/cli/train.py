@@ -122,10 +122,10 @@ def configure_eval(parser: argparse.ArgumentParser) -> None:
 
 def run_eval(args: argparse.Namespace) -> int:
     """``crate eval``: top-1/top-5, per-class accuracy, ``confusion.png`` and ``eval.json``."""
-    from ..checkpoint import load_model
     from ..data import open_source, resolve_normalization
     from ..io import atomic_write
     from ..train import evaluate, plot_confusion_matrix, resolve_device
+    from ..train.load import load_model
     from .common import positive
 
     positive("batch_size", args.batch_size)

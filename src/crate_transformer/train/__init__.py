@@ -18,6 +18,7 @@ from ..data import epoch_permutation
 from .classification import ClassificationTask
 from .config import FINETUNE_DEFAULTS, TrainConfig, load_config
 from .evaluation import EvalResult, evaluate, plot_confusion_matrix, plot_curves, prepare_batch
+from .load import load_model
 from .loop import TrainState, WarmupCosine, train
 from .rundir import RunDir, load_training_state, read_metrics
 from .runtime import Runtime, resolve_device
@@ -42,6 +43,7 @@ __all__ = [
     "RunDir",
     "read_metrics",
     "load_training_state",
+    "load_model",
     "Runtime",
     "resolve_device",
     "epoch_permutation",

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checkpoint import config_from_dict, load_model
+from ..checkpoint import config_from_dict
 from ..data import (
     BUILTIN_DATASETS,
     DataSpec,
@@ -26,6 +26,7 @@ from ..model import ImageClassifier
 from ..registry import build, is_language_model, model_config
 from .config import TrainConfig
 from .evaluation import evaluate, prepare_batch
+from .load import load_model
 from .runtime import Runtime
 from .task import Task
 

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from ..base import POOLS
-from ..checkpoint import config_from_dict, load_model
+from ..checkpoint import config_from_dict
 from ..data import BUILTIN_DATASETS, DataSpec, ImageSource, build_augmentation, fit_normalization
 from ..data.base import rank_slice
 from ..io import atomic_write
@@ -37,6 +37,7 @@ from ..registry import model_config
 from .classification import load_splits
 from .config import TrainConfig
 from .evaluation import prepare_batch, require_evaluated
+from .load import load_model
 from .runtime import Runtime
 from .task import Task, task_option
 

@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checkpoint import load_model
 from ..data.text import LabelledTexts, read_labelled_table
 from ..lm import LanguageModel, LMConfig, build_lm
 from ..tokenizer import Tokenizer
 from .config import TrainConfig
 from .evaluation import require_evaluated
+from .load import load_model
 from .runtime import Runtime
 from .task import Task, task_option
 
