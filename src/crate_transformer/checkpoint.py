@@ -26,6 +26,7 @@ from .io import (
     atomic_write,
     load_pickle,
     load_safetensors,
+    rename_keys,
     save_pretrained,
 )
 from .lm import LanguageModel, LMConfig
@@ -207,24 +208,6 @@ MAE_KEY_MAP = [
 _MAE_UNUSED = ("pos_embed", "decoder_embed.weight", "decoder_embed.bias")
 
 
-def _rename(state: Mapping[str, Tensor], key_map: list[tuple[str, str]], forward: bool) -> dict[str, Tensor]:
-    """Rename keys by ``key_map`` official → native (``forward``) or native → official; unknown keys pass unchanged."""
-    rules = []
-    for official, native in key_map:
-        src, dst = (official, native) if forward else (native, official)
-        pattern = r"(\d+)".join(map(re.escape, src.split("{i}")))
-        rules.append((re.compile("^" + pattern + ("" if src.endswith(".") else "$")), dst.replace("{i}", r"\1")))
-    out = {}
-    for key, value in state.items():
-        for pattern, repl in rules:
-            new, hits = pattern.subn(repl, key)
-            if hits:
-                key = new
-                break
-        out[key] = value
-    return out
-
-
 def _unwrap(obj: object) -> dict[str, Tensor]:
     if isinstance(obj, Mapping):
         for container in ("state_dict", "model"):
@@ -240,12 +223,12 @@ def _unwrap(obj: object) -> dict[str, Tensor]:
 
 def official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Rename an official ``model/crate.py`` state dict (after unwrapping) to this library's key names."""
-    return _rename(state, CLASSIFIER_KEY_MAP, forward=True)
+    return rename_keys(state, CLASSIFIER_KEY_MAP, forward=True)
 
 
 def native_to_official(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Rename this library's CRATE state dict to the official ``model/crate.py`` key names."""
-    return _rename(state, CLASSIFIER_KEY_MAP, forward=False)
+    return rename_keys(state, CLASSIFIER_KEY_MAP, forward=False)
 
 
 def mae_official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -255,7 +238,7 @@ def mae_official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     patch conv ``(d, c, p, p)`` becomes the linear map of (p1, p2, c)-ordered patches ``(d, p·p·c)``.
     """
     state = {k: v for k, v in state.items() if k not in _MAE_UNUSED}
-    out = _rename(state, MAE_KEY_MAP, forward=True)
+    out = rename_keys(state, MAE_KEY_MAP, forward=True)
     w = out.get("patch_embed.weight")
     if w is not None and w.dim() == 4:
         out["patch_embed.weight"] = w.permute(0, 2, 3, 1).reshape(w.shape[0], -1)
@@ -267,7 +250,7 @@ def mae_native_to_official(state: Mapping[str, Tensor], in_chans: int) -> dict[s
 
     Writes both (identical) position tables and the never-used ``decoder_embed`` as zeros.
     """
-    out = _rename(state, MAE_KEY_MAP, forward=False)
+    out = rename_keys(state, MAE_KEY_MAP, forward=False)
     w = out["patch_embed.proj.weight"]
     p = int(round((w.shape[1] / in_chans) ** 0.5))
     out["patch_embed.proj.weight"] = w.reshape(w.shape[0], p, p, in_chans).permute(0, 3, 1, 2).contiguous()

@@ -13,6 +13,7 @@ imports it for :class:`PretrainedMixin`, ``checkpoint.py`` for the readers), so 
   metadata; the reader verifies the checksum when present (older files without one still load).
 * :func:`tree_sha256` — SHA-256 of nested dicts / lists / tuples of tensors, arrays and plain values.
 * :func:`write_json`, :func:`save_pretrained` and :class:`PretrainedMixin` (``model.save_pretrained(dir)``).
+* :func:`rename_keys` — rename state-dict keys by a table of (official, native) prefixes, either way.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ __all__ = [
     "load_safetensors",
     "save_pretrained",
     "PretrainedMixin",
+    "rename_keys",
 ]
 
 CONFIG_NAME = "config.json"
@@ -346,3 +348,26 @@ class PretrainedMixin:
         """Write ``model.safetensors`` + ``config.json`` to ``directory`` (atomically, weights checksummed);
         load with :func:`crate_transformer.from_pretrained`."""
         return save_pretrained(self, directory)
+
+
+# --------------------------------------------------------------------------- key maps
+def rename_keys(state: Mapping[str, Tensor], key_map: list[tuple[str, str]], forward: bool) -> dict[str, Tensor]:
+    """Rename keys by ``key_map`` official → native (``forward``) or native → official; unknown keys pass unchanged.
+
+    ``key_map`` holds ``(official, native)`` pairs; ``"{i}"`` stands for a layer index, an entry ending in ``.``
+    is a prefix and any other entry a whole key.  One table serves both directions.
+    """
+    rules = []
+    for official, native in key_map:
+        src, dst = (official, native) if forward else (native, official)
+        pattern = r"(\d+)".join(map(re.escape, src.split("{i}")))
+        rules.append((re.compile("^" + pattern + ("" if src.endswith(".") else "$")), dst.replace("{i}", r"\1")))
+    out = {}
+    for key, value in state.items():
+        for pattern, repl in rules:
+            new, hits = pattern.subn(repl, key)
+            if hits:
+                key = new
+                break
+        out[key] = value
+    return out

@@ -10,8 +10,10 @@ GPT-2 baseline, in nanoGPT's layout (Karpathy 2022, which the paper's GPT code f
 * :meth:`LanguageModel.generate` samples with temperature / top-k / top-p and a key-value cache; CRATE's
   shared ``Q = K = V = U_kᵀZ`` projection caches one tensor per layer where GPT caches two.
 
-Parameter counts (Table 10, paper_spec §2.10): a CRATE layer has ``3d² + 5d`` parameters, so a CRATE
-LM has ``L(3d² + 5d) + V d`` plus ``n_ctx d`` for a learned position table.
+Parameter counts: a CRATE layer has ``3d² + 5d`` parameters, so a CRATE LM in this form has
+``L(3d² + 5d) + V d`` plus ``n_ctx d`` for a learned position table.  The CRATE-BERT the authors released
+(Table 10's 33M / 61M / 129M) puts RoBERTa's embedding and heads around the CRATE layers: ``arch="crate_bert"``,
+:class:`~crate_transformer.bert.CRATEBert`.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ __all__ = [
     "sinusoidal_positions",
 ]
 
-LM_ARCHS = ("crate_lm", "gpt")
+LM_ARCHS = ("crate_lm", "gpt", "crate_bert")
 POS_EMBEDS = ("learned", "sinusoidal")
 
 
@@ -56,7 +58,7 @@ class LMConfig:
     coerced to the declared types and validated with one-line errors, as :class:`~crate_transformer.ModelConfig`.
     """
 
-    arch: str = "crate_lm"  # crate_lm (CRATE layers) | gpt (pre-norm MHSA + GELU MLP, GPT-2)
+    arch: str = "crate_lm"  # crate_lm (CRATE layers) | gpt (pre-norm MHSA + GELU MLP, GPT-2) | crate_bert (released)
     causal: bool = True
     vocab_size: int = 262  # the byte-level tokenizer's
     block_size: int = 128  # context length n
@@ -74,6 +76,11 @@ class LMConfig:
     ista_mode: str = "relu"  # relu | soft | mm | none (Table 16: CRATE-GPT without ISTA)
     layer_form: str = "official"
     scale_scores: bool = True
+    proj_bias: bool = True  # a bias on MSSA's output W (eq. (37)); the released CRATE-BERT has none
+    # crate_bert only: RoBERTa's embedding and heads (the authors' Hugging Face port)
+    type_vocab_size: int = 2  # token-type (segment) embeddings
+    pad_token_id: int = 1  # padding: its position row; real tokens take positions pad_token_id + 1, + 2, ...
+    layer_norm_eps: float = 1e-12  # the embedding's and the LM head's LayerNorm (the CRATE layers' keep 1e-5)
     # GPT baseline
     mlp_ratio: float = 4.0
     # the tokenizer kind the model was trained with (its tokenizer.json is saved beside the weights)
@@ -106,6 +113,22 @@ class LMConfig:
             raise ValueError(f"a GPT needs dim divisible by heads, got dim={self.dim}, heads={self.heads}")
         if self.pos_embed == "sinusoidal" and self.dim % 2:
             raise ValueError(f"the sinusoidal position embedding needs an even dim, got {self.dim}")
+        if self.arch == "crate_bert":
+            self._check_bert()
+
+    def _check_bert(self) -> None:
+        if self.causal:
+            raise ValueError("crate_bert is bidirectional (a masked LM); pass causal=False")
+        if self.pos_embed != "learned":
+            raise ValueError(
+                "crate_bert has learned positions; the sinusoidal E_pos of eq. (83) is arch='crate_lm' "
+                "(e.g. the crate_bert_eq83_* models)"
+            )
+        if not 0 <= self.pad_token_id < self.vocab_size or self.type_vocab_size <= 0 or self.layer_norm_eps <= 0:
+            raise ValueError(
+                f"crate_bert needs 0 <= pad_token_id < vocab_size, type_vocab_size >= 1 and layer_norm_eps > 0; "
+                f"got {self.pad_token_id}, {self.type_vocab_size}, {self.layer_norm_eps}"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -157,14 +180,8 @@ class LanguageModel(PretrainedMixin, nn.Module):
             config = dataclasses.replace(config, arch=self.arch)
         self.config = c = config
         self.tokenizer = None  # attached by from_pretrained / training; saved with save_pretrained
-        self.wte = nn.Embedding(c.vocab_size, c.dim)
-        if c.pos_embed == "learned":
-            self.wpe = nn.Embedding(c.block_size, c.dim)
-        else:
-            self.wpe = None
-            self.register_buffer("pos_table", sinusoidal_positions(c.block_size, c.dim), persistent=False)
-        self.drop = nn.Dropout(c.dropout)
-        if c.arch == "crate_lm":
+        self._build_embedding(c)
+        if c.arch != "gpt":
             self.layers = nn.ModuleList(
                 EncoderLayer(
                     c.dim,
@@ -177,6 +194,7 @@ class LanguageModel(PretrainedMixin, nn.Module):
                     form=c.layer_form,
                     scale_scores=c.scale_scores,
                     causal=c.causal,
+                    proj_bias=c.proj_bias,
                 )
                 for _ in range(c.depth)
             )
@@ -185,8 +203,22 @@ class LanguageModel(PretrainedMixin, nn.Module):
                 _ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout, c.causal) for _ in range(c.depth)
             )
         self.norm = nn.LayerNorm(c.dim) if c.final_norm else nn.Identity()
-        self.classifier = nn.Linear(c.dim, c.num_labels) if c.num_labels else None
+        self._build_heads(c)
         self._init_weights()
+
+    def _build_embedding(self, c: LMConfig) -> None:
+        """``f_pre`` of eqs. (83)/(88): the token embedding ``wte``, a learned ``wpe`` or the sinusoidal table."""
+        self.wte = nn.Embedding(c.vocab_size, c.dim)
+        if c.pos_embed == "learned":
+            self.wpe = nn.Embedding(c.block_size, c.dim)
+        else:
+            self.wpe = None
+            self.register_buffer("pos_table", sinusoidal_positions(c.block_size, c.dim), persistent=False)
+        self.drop = nn.Dropout(c.dropout)
+
+    def _build_heads(self, c: LMConfig) -> None:
+        """The tied head of eq. (84) has no parameters of its own; a classification head when ``num_labels``."""
+        self.classifier = nn.Linear(c.dim, c.num_labels) if c.num_labels else None
 
     def _init_weights(self) -> None:
         """nanoGPT / official CRATE-GPT: Linear and Embedding weights N(0, 0.02), biases 0, the residual
@@ -375,6 +407,10 @@ _CLASSES = {"crate_lm": CRATELanguageModel, "gpt": GPT}
 
 def build_lm(config: LMConfig) -> LanguageModel:
     """The language model ``config.arch`` names."""
+    if config.arch == "crate_bert":
+        from .bert import CRATEBert  # bert.py builds on this module, so it cannot be imported at the top
+
+        return CRATEBert(config)
     return _CLASSES[config.arch](config)
 
 

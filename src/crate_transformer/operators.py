@@ -357,6 +357,9 @@ class EncoderLayer(nn.Module):
     * ``mlp="odl"`` — CRATE-α (Yang et al. 2024): :class:`OvercompleteISTA` with a residual,
       ``Z_next = Z_half + ODL(LN2(Z_half))``, stored as ``mlp``; LayerNorm eps 1e-6 and no bias on ``W``
       as in the official CRATE-α code.
+
+    ``proj_bias`` sets whether MSSA's output ``W`` (eq. (37)) has a bias; by default it has one except with
+    ``mlp="odl"``.  The released CRATE-BERT has none.
     """
 
     def __init__(
@@ -379,6 +382,7 @@ class EncoderLayer(nn.Module):
         mlp: str = "ista",
         mlp_ratio: float = 4.0,
         odl_ratio: int = 4,
+        proj_bias: bool | None = None,
     ) -> None:
         super().__init__()
         if form not in LAYER_FORMS:
@@ -402,7 +406,7 @@ class EncoderLayer(nn.Module):
                 tied_output=tied_output,
                 tied_beta=tied_beta,
                 causal=causal,
-                proj_bias=mlp != "odl",
+                proj_bias=mlp != "odl" if proj_bias is None else proj_bias,
             )
         self.norm2 = nn.LayerNorm(dim, eps=ln_eps)
         if mlp == "ista":
