@@ -146,7 +146,9 @@ class CRATEBert(LanguageModel):
         if cache is not None:
             raise ValueError("a key-value cache needs a causal (GPT) model; CRATE-BERT is bidirectional")
         if key_mask is not None and tuple(key_mask.shape) != tuple(idx.shape):
-            raise ValueError(f"key_mask must have the shape of the tokens {tuple(idx.shape)}, got {tuple(key_mask.shape)}")
+            raise ValueError(
+                f"key_mask must have the shape of the tokens {tuple(idx.shape)}, got {tuple(key_mask.shape)}"
+            )
         z = self.embed(idx, token_type_ids=token_type_ids)
         for layer in self.layers:
             z = layer(z, key_mask=key_mask)[0]
@@ -164,12 +166,10 @@ class CRATEBert(LanguageModel):
         key_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
     ) -> Tensor:
-        """Masked-LM logits ``(b, n, V)`` (the port's ``CrateForMaskedLM(input_ids, attention_mask, token_type_ids)``)."""
+        """Masked-LM logits ``(b, n, V)``, the port's ``CrateForMaskedLM(ids, attention_mask, token_type_ids)``."""
         return self.head(self.forward_features(idx, cache, key_mask, token_type_ids))
 
-    def classify(
-        self, idx: Tensor, lengths: Tensor | None = None, token_type_ids: Tensor | None = None
-    ) -> Tensor:
+    def classify(self, idx: Tensor, lengths: Tensor | None = None, token_type_ids: Tensor | None = None) -> Tensor:
         """Sequence-classification logits ``(b, num_labels)`` from the first token (``<s>`` / ``[CLS]``).
 
         Sequences are right-padded to ``lengths``; the padding is masked out of the attention, so it never
@@ -240,7 +240,8 @@ def bert_official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """The port's ``CrateForMaskedLM`` / ``CrateForSequenceClassification`` / ``CrateModel`` state dict →
     :class:`CRATEBert` keys (:data:`BERT_KEY_MAP`); tied copies and unused buffers / pooler are dropped."""
     if not any(k.startswith("crate.") for k in state):  # a bare CrateModel's keys lack the "crate." prefix
-        state = {(f"crate.{k}" if k.startswith(("embeddings.", "encoder.", "pooler.")) else k): v for k, v in state.items()}
+        bare = ("embeddings.", "encoder.", "pooler.")
+        state = {(f"crate.{k}" if k.startswith(bare) else k): v for k, v in state.items()}
     out = {k: v for k, v in state.items() if not k.startswith(_UNUSED)}
     _tied_copy(out, "lm_head.decoder.weight", "crate.embeddings.word_embeddings.weight")
     _tied_copy(out, "lm_head.decoder.bias", "lm_head.bias")

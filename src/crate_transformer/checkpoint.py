@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from .bert import CRATEBert, bert_config_overrides, bert_official_to_native, is_bert_state
 from .config_utils import coerce_fields
 from .io import (
     CONFIG_NAME,
@@ -358,20 +360,27 @@ def _check_overrides(
         )
 
 
-def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: object) -> ImageClassifier | CRATEMAE:
-    """Load an official CRATE classifier or CRATE-MAE checkpoint as ``create_model(name, **overrides)``.
+def from_official(
+    path_or_state: str | Path | Mapping, name: str, **overrides: object
+) -> ImageClassifier | CRATEMAE | CRATEBert:
+    """Load an official CRATE classifier, CRATE-MAE or CRATE-BERT checkpoint as ``create_model(name, **overrides)``.
 
-    ``name`` decides the format: ``crate_*`` classifiers (``model/crate.py``) or ``crate_mae_*``
-    (``model/crate_ae``, e.g. the released CRATE-MAE-B as ``from_official(path, "crate_mae_base")``).
+    ``name`` decides the format: ``crate_*`` classifiers (``model/crate.py``), ``crate_mae_*``
+    (``model/crate_ae``, e.g. the released CRATE-MAE-B as ``from_official(path, "crate_mae_base")``) or
+    ``crate_bert_*`` (the authors' Hugging Face port, see :func:`_bert_from_official`).
 
     Accepts the ``{'state_dict': ...}`` container written by the official ``main.py`` (keys
     prefixed ``module.``), ``{'model': ...}``, a bare state dict, or a path to any of them (read with
     ``weights_only=True``).  η and λ are not stored by the official code; pass them as overrides if
     the checkpoint was trained with non-default values.
     """
+    if overrides.get("arch", registered_fields(name).get("arch")) == "crate_bert":
+        return _bert_from_official(path_or_state, name, overrides)
     config = model_config(name, **overrides)
     if config.arch not in ("crate", MAE_ARCH):
-        raise ValueError(f"from_official loads CRATE classifiers and CRATE-MAEs; {name!r} is a {config.arch} model")
+        raise ValueError(
+            f"from_official loads CRATE classifiers, CRATE-MAEs and CRATE-BERTs; {name!r} is a {config.arch} model"
+        )
     if config.arch == "crate" and (config.attention, config.mlp) != ("mssa", "ista"):
         raise ValueError(
             f"official CRATE checkpoints have MSSA + ISTA layers, not attention={config.attention!r}, "
@@ -380,10 +389,73 @@ def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: o
     raw = load_pickle(path_or_state) if isinstance(path_or_state, (str, Path)) else path_or_state
     source = str(path_or_state) if isinstance(path_or_state, (str, Path)) else "official state dict"
     state = _unwrap(raw)
+    if is_bert_state(state):
+        raise CheckpointError(f"{source} is a CRATE-BERT checkpoint but {name!r} is not; pass e.g. crate_bert_base")
     is_mae = any(k.startswith(("decoder_blocks.", "mask_token")) for k in state)
     if is_mae != (config.arch == MAE_ARCH):
         kind, fix = ("a CRATE-MAE", "crate_mae_base") if is_mae else ("a CRATE classifier", "crate_small")
         raise CheckpointError(f"{source} is {kind} checkpoint but {name!r} is not; pass a matching name, e.g. {fix}")
     model = build(config)
     load_weights(model, mae_official_to_native(state) if is_mae else official_to_native(state), source=source)
+    return model
+
+
+# --------------------------------------------------------------------------- the released CRATE-BERT
+def _bert_files(path: Path) -> tuple[Path, dict]:
+    """The weights file of a port checkpoint (``path`` itself, or a folder's ``model.safetensors`` /
+    ``pytorch_model.bin``) and the LMConfig fields of the ``config.json`` beside it, if it is the port's."""
+    weights = path
+    if path.is_dir():
+        found = [path / f for f in ("model.safetensors", "pytorch_model.bin") if (path / f).is_file()]
+        if not found:
+            raise CheckpointError(
+                f"{path} holds neither model.safetensors nor pytorch_model.bin; pass the folder of the authors' "
+                "CRATE-BERT checkpoint or its weights file"
+            )
+        weights = found[0]
+    hf_config = weights.parent / CONFIG_NAME
+    if not hf_config.is_file():
+        return weights, {}
+    try:
+        data = json.loads(hf_config.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"cannot read {hf_config} ({e}); the file is corrupt or unreadable") from None
+    is_port = isinstance(data, dict) and data.get("model_type") == "crate"
+    return weights, bert_config_overrides(data, str(hf_config)) if is_port else {}
+
+
+def _bert_from_official(path_or_state: str | Path | Mapping, name: str, overrides: Mapping[str, object]) -> CRATEBert:
+    """The authors' Hugging Face CRATE-BERT (``CrateForMaskedLM``, ``CrateForSequenceClassification`` or
+    ``CrateModel`` weights) as ``create_model(name, **overrides)``.
+
+    ``path_or_state``: a state dict, a ``pytorch_model.bin`` / ``.pth`` (read with ``weights_only=True``), a
+    ``model.safetensors``, or the folder holding one.  The port's ``config.json`` beside the weights sets the sizes
+    (width, depth, heads, vocabulary, positions, LayerNorm eps, padding id); ``overrides`` win over it.  A
+    sequence-classification head sets ``num_labels``; a checkpoint without the masked-LM head (a classifier or a bare
+    ``CrateModel``) keeps a freshly initialised one, with a warning.
+    """
+    if isinstance(path_or_state, Mapping):
+        raw, found, source = path_or_state, {}, "official state dict"
+    else:
+        weights, found = _bert_files(Path(path_or_state))
+        source = str(weights)
+        raw = load_safetensors(weights)[0] if weights.suffix == ".safetensors" else load_pickle(weights)
+    state = _unwrap(raw)
+    if not is_bert_state(state):
+        raise CheckpointError(
+            f"{source} is not a CRATE-BERT checkpoint (no crate.embeddings.* / crate.encoder.* keys); pass the "
+            "authors' CrateForMaskedLM weights, or load other checkpoints with their own model name"
+        )
+    state = bert_official_to_native(state)
+    if "classifier.out_proj.weight" in state:
+        found["num_labels"] = state["classifier.out_proj.weight"].shape[0]
+    model = build(model_config(name, **{**found, **overrides}))
+    if not any(k.startswith("lm_head.") for k in state):
+        warnings.warn(
+            f"{source} has no masked-LM head (a CrateForSequenceClassification or CrateModel checkpoint); the "
+            "LM head is freshly initialised: classify() is the trained model, its token logits are not",
+            stacklevel=3,
+        )
+        state.update({k: v for k, v in model.state_dict().items() if k.startswith("lm_head.")})
+    load_weights(model, state, source=source)
     return model

@@ -100,6 +100,9 @@ class LMTask(Task):
             self.tokenizer = build_tokenizer(o.tokenizer, source, o.vocab_size)
             overrides = {**cfg.model_args, "vocab_size": self.tokenizer.vocab_size, "tokenizer": self.tokenizer.kind}
             config = model_config(name, **overrides)
+            if config.arch == "crate_bert" and "pad_token_id" not in cfg.model_args:
+                # the released CRATE-BERT's positions skip padding, which they recognise by its id
+                config = model_config(name, **overrides, pad_token_id=self.tokenizer.pad_id)
             if config.causal != (o.objective == "clm"):
                 kind = "causal (GPT)" if config.causal else "bidirectional (BERT)"
                 other = "clm" if config.causal else "mlm"
