@@ -102,7 +102,8 @@ def test_masked_lm_logits_match_the_port(tmp_path: Path, fmt: str, dtype: torch.
     torch.manual_seed(0)
     port = _randomise(CrateForMaskedLM(CrateConfig(**TINY)), seed=1)
     folder = _save_as_port(port, tmp_path / "crate-tiny", fmt)
-    ours = ct.from_official(folder, "crate_bert_base").eval()  # the sizes come from the port's config.json
+    ours = ct.from_official(folder, "crate_bert_base")  # the sizes come from the port's config.json
+    assert not ours.training and ours.config.dropout == 0.1  # eval mode: no dropout until .train()
     c = ours.config
     assert (c.dim, c.depth, c.heads, c.block_size, c.layer_norm_eps) == (32, 2, 4, 18, 1e-12)
     ids, mask, types = _batch()

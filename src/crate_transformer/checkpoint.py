@@ -432,7 +432,7 @@ def _bert_from_official(path_or_state: str | Path | Mapping, name: str, override
     ``model.safetensors``, or the folder holding one.  The port's ``config.json`` beside the weights sets the sizes
     (width, depth, heads, vocabulary, positions, LayerNorm eps, padding id); ``overrides`` win over it.  A
     sequence-classification head sets ``num_labels``; a checkpoint without the masked-LM head (a classifier or a bare
-    ``CrateModel``) keeps a freshly initialised one, with a warning.
+    ``CrateModel``) keeps a freshly initialised one, with a warning.  The model is returned in eval mode.
     """
     if isinstance(path_or_state, Mapping):
         raw, found, source = path_or_state, {}, "official state dict"
@@ -458,4 +458,4 @@ def _bert_from_official(path_or_state: str | Path | Mapping, name: str, override
         )
         state.update({k: v for k, v in model.state_dict().items() if k.startswith("lm_head.")})
     load_weights(model, state, source=source)
-    return model
+    return model.eval()  # as transformers' from_pretrained: the release trains with dropout 0.1
