@@ -1,5 +1,5 @@
 """CRATE-MAE pretraining speed: this implementation vs the official formulation
-(``crate_transformer.reference_mae``: conv patch embedding, gather/scatter masking, explicit attention
+(``tests/official/crate_ae.py``: conv patch embedding, gather/scatter masking, explicit attention
 matrices, three-matmul ISTA), measured in the same run on the same weights and the same masks.
 
     python benchmarks/bench_mae.py            # MAE-S at 224/16 (batch 8) and the default digits model (batch 32)
@@ -15,13 +15,17 @@ paper's) is timed as a third column for reference; it is a different computation
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 import crate_transformer as ct
-from crate_transformer.checkpoint import mae_native_to_official
-from crate_transformer.reference_mae import EncoderISTA, OfficialCRATEMAE
+from crate_transformer.official import mae_native_to_official
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the transcribed official code
+from official.crate_ae import EncoderISTA, OfficialCRATEMAE
 
 CONFIGS = {
     "MAE-S 224/16": ("crate_mae_small", {}, 8),

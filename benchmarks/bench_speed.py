@@ -1,5 +1,5 @@
 """Speed of this implementation vs the official formulation (explicit attention matrix, three-matmul
-ISTA; ``crate_transformer.reference``), measured in the same run on the same weights.
+ISTA; ``tests/official/crate.py``), measured in the same run on the same weights.
 
     python benchmarks/bench_speed.py            # CRATE-T and CRATE-S at 224/16 and 32/4
     python benchmarks/bench_speed.py --compile  # adds torch.compile rows (first compile ~30 s each)
@@ -14,13 +14,17 @@ formulation's matmul FLOPs over ours: the speedup that equal hardware efficiency
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 import crate_transformer as ct
-from crate_transformer.checkpoint import native_to_official
-from crate_transformer.reference import OfficialCRATE
+from crate_transformer.official import native_to_official
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the transcribed official code
+from official.crate import OfficialCRATE
 
 
 def gemm_peak(sizes=(1024, 2048), repeats: int = 5) -> float:

@@ -12,10 +12,10 @@ import torch.nn.functional as F
 
 import crate_transformer as ct
 from crate_transformer import analysis
-from crate_transformer.checkpoint import native_to_official
 from crate_transformer.cli import analyze as analyze_cmd
 from crate_transformer.data import DataSpec, load_dataset, load_image_folder, normalize
-from crate_transformer.data.spec import resolve_normalization
+from crate_transformer.official import native_to_official
+from crate_transformer.spec import resolve_normalization
 
 TINY = dict(image_size=8, patch_size=2, in_chans=1, num_classes=10, dim=32, depth=2, heads=4)
 

@@ -14,7 +14,8 @@ from safetensors.torch import save_file
 
 import crate_transformer as ct
 from crate_transformer.bert import CRATEBert, bert_native_to_official, position_ids
-from crate_transformer.checkpoint import CheckpointError, native_to_official
+from crate_transformer.checkpoint import CheckpointError
+from crate_transformer.official import native_to_official
 
 TINY = dict(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=20)
 # the same model in this package's terms (20 position rows − pad_token_id 1 − 1 = 18 tokens)
@@ -102,8 +103,7 @@ def test_masked_lm_logits_match_the_port(tmp_path: Path, fmt: str, dtype: torch.
     torch.manual_seed(0)
     port = _randomise(CrateForMaskedLM(CrateConfig(**TINY)), seed=1)
     folder = _save_as_port(port, tmp_path / "crate-tiny", fmt)
-    ours = ct.from_official(folder, "crate_bert_base")  # the sizes come from the port's config.json
-    assert not ours.training and ours.config.dropout == 0.1  # eval mode: no dropout until .train()
+    ours = ct.from_official(folder, "crate_bert_base").eval()  # the sizes come from the port's config.json
     c = ours.config
     assert (c.dim, c.depth, c.heads, c.block_size, c.layer_norm_eps) == (32, 2, 4, 18, 1e-12)
     ids, mask, types = _batch()
@@ -137,7 +137,7 @@ def test_position_ids_skip_padding_as_the_port() -> None:
 def test_classification_head_matches_the_port(tmp_path: Path) -> None:
     port = _randomise(CrateForSequenceClassification(CrateConfig(**TINY, num_labels=3)), seed=3)
     torch.save(port.state_dict(), tmp_path / "cls.bin")
-    with pytest.warns(UserWarning, match="no masked-LM head"):
+    with pytest.warns(UserWarning, match="has no lm_head weights; they keep their fresh initialisation"):
         ours = ct.from_official(tmp_path / "cls.bin", "crate_bert_base", **OURS).eval()
     assert ours.config.num_labels == 3
     ids, mask, _ = _batch()
@@ -198,7 +198,7 @@ def test_wrong_files_are_one_line_errors(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError) as e:
         ct.from_official(tmp_path / "empty", "crate_bert_base")
-    assert "neither model.safetensors nor pytorch_model.bin" in _one_line(e)
+    assert "is a folder without model.safetensors or pytorch_model.bin" in _one_line(e)
 
 
 def test_bad_inputs_are_one_line_errors() -> None:

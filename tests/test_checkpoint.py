@@ -8,6 +8,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from official.crate import OfficialCRATE
 
 import crate_transformer as ct
 from crate_transformer.checkpoint import (
@@ -15,10 +16,8 @@ from crate_transformer.checkpoint import (
     atomic_write,
     load_model,
     load_pickle,
-    native_to_official,
-    official_to_native,
 )
-from crate_transformer.reference import OfficialCRATE
+from crate_transformer.official import native_to_official, official_to_native
 
 TINY = dict(image_size=32, patch_size=8, dim=32, depth=2, heads=4, num_classes=5)
 

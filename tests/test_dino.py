@@ -29,7 +29,7 @@ TINY_ARCH = dict(image_size=8, patch_size=2, in_chans=1, num_classes=10, dim=32,
 
 def _student(out_dim: int = 16, **head: object) -> DINOModel:
     backbone = create_model("crate_mnist", **TINY_ARCH)
-    return DINOModel(backbone, DINOHead(32, out_dim, hidden_dim=24, bottleneck_dim=8, **head), pool="mean")
+    return DINOModel(backbone, DINOHead(32, out_dim, hidden_dim=24, bottleneck_dim=8, **head), pool="avg")
 
 
 # --------------------------------------------------------------------------- pieces
@@ -199,7 +199,7 @@ def test_the_run_saves_the_teacher_backbone_as_a_classifier(dino_run: Path, caps
     teacher = state["task"]["export_model"]
     for source in (dino_run, dino_run / "model", dino_run / "checkpoints" / "last.pt"):
         model = load_model(source)
-        assert model.config.pool == "mean" and model.config.data.name == "digits"
+        assert model.config.pool == "avg" and model.config.data.name == "digits"
         assert all(torch.equal(model.state_dict()[k], v) for k, v in teacher.items())
     student = {k.removeprefix("backbone."): v for k, v in state["model"].items() if k.startswith("backbone.")}
     assert any(not torch.equal(student[k], teacher[k]) for k in teacher)  # the EMA, not the student
@@ -212,7 +212,7 @@ def test_the_run_saves_the_teacher_backbone_as_a_classifier(dino_run: Path, caps
     assert crate("eval", dino_run, "--knn", "--linear-probe", "--out", dino_run.parent / "eval") == 0
     report = json.loads((dino_run.parent / "eval" / "eval.json").read_text())
     final = next(r for r in _records(dino_run) if r.get("final"))
-    assert report["pool"] == "mean" and report["knn"]["20"] == pytest.approx(final["knn_20"])
+    assert report["pool"] == "avg" and report["knn"]["20"] == pytest.approx(final["knn_20"])
     assert report["linear_probe"]["acc"] == pytest.approx(final["probe"])
 
 

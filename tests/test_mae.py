@@ -5,12 +5,13 @@ import json
 
 import pytest
 import torch
+from official.crate_ae import OfficialCRATEMAE, sincos_2d
 
 import crate_transformer as ct
-from crate_transformer.checkpoint import CheckpointError, load_model, mae_native_to_official
+from crate_transformer.checkpoint import CheckpointError, load_model
 from crate_transformer.mae import CRATEMAE, MAEConfig, mae_to_classifier, random_masking, sincos_pos_embed
+from crate_transformer.official import mae_native_to_official
 from crate_transformer.operators import DecoderLayer
-from crate_transformer.reference_mae import OfficialCRATEMAE, sincos_2d
 
 SMALL = dict(image_size=32, patch_size=8, in_chans=3, dim=64, depth=2, heads=4)
 
@@ -170,7 +171,8 @@ def test_classifier_from_mae_encoder_reproduces_encoder_features():
     m = perturbed(small_mae()).eval()
     clf = mae_to_classifier(m, num_classes=7).eval()
     x = torch.randn(2, 3, 32, 32)
-    torch.testing.assert_close(clf.forward_features(x), m.forward_features(x), rtol=0, atol=0)
+    # the encoder's last layer; its final LayerNorm became the head's (applied after pooling)
+    torch.testing.assert_close(clf.forward_features(x), m.forward_trace(x).tokens[-1], rtol=0, atol=0)
     assert clf.pos_embed.requires_grad and clf(x).shape == (2, 7)
     torch.testing.assert_close(clf.pos_embed, m.pos_embed)
 
@@ -261,7 +263,7 @@ def test_pretrain_mae_loss_falls_on_digits_then_resume_finetune_and_probe(tmp_pa
     clf = ct.from_pretrained(ft / "model")
     assert isinstance(clf, ct.CRATE) and clf.config.patch_norm is False and clf.config.num_classes == 10
     # the linear probe of the engine's eval command reads the MAE encoder
-    assert crate("eval", run, "--data", "digits", "--linear-probe", "--pool", "mean", "--out", tmp_path / "ev") == 0
+    assert crate("eval", run, "--data", "digits", "--linear-probe", "--pool", "avg", "--out", tmp_path / "ev") == 0
     assert json.loads((tmp_path / "ev" / "eval.json").read_text())["linear_probe"]["acc"] > 0.5
     assert crate("eval", run, "--data", "digits") == 2  # no head: a one-line error naming the fix
     assert "--linear-probe" in capsys.readouterr().err

@@ -3,6 +3,8 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from official.crate import Attention as OfficialAttention
+from official.crate import FeedForward as OfficialISTA
 
 from crate_transformer.operators import (
     ISTA,
@@ -12,8 +14,6 @@ from crate_transformer.operators import (
     ista_reference,
     mssa_reference,
 )
-from crate_transformer.reference import Attention as OfficialAttention
-from crate_transformer.reference import FeedForward as OfficialISTA
 
 
 def explicit_mssa(m: MSSA, x, causal=False):

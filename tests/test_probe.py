@@ -87,14 +87,14 @@ def test_features_are_the_pooled_encoder_tokens() -> None:
     model = create_model("crate_mnist", dim=32, depth=1, heads=2, patch_size=4, image_size=8, in_chans=1).eval()
     ds = load_dataset("digits", "test")
     mean, std = ds.mean, ds.std
-    for pool in ("cls", "mean"):
+    for pool in ("cls", "mean", "avg"):
         feats, labels = extract_features(model, ds, pool=pool, batch_size=100, mean=mean, std=std)
         assert feats.shape == (len(ds), 32) and torch.equal(labels, ds.labels.long())
         images, _ = next(iter(ds.batches(7, shuffle=False)))
         x = prepare_batch(images, device=torch.device("cpu"), image_size=8, channels=1, mean=mean, std=std)
         with torch.no_grad():
             z = model.forward_features(x)
-        direct = z[:, 0] if pool == "cls" else z[:, 1:].mean(1)
+        direct = {"cls": z[:, 0], "mean": z.mean(1), "avg": z[:, 1:].mean(1)}[pool]
         torch.testing.assert_close(feats[:7], direct)
 
 
@@ -103,11 +103,11 @@ def test_crate_eval_knn_and_linear_probe(tmp_path: Path) -> None:
     model = create_model("crate_mnist", dim=32, depth=1, heads=2, patch_size=4, image_size=8, in_chans=1)
     model.save_pretrained(tmp_path / "m")
     out = tmp_path / "ev"
-    argv = ["eval", tmp_path / "m", "--data", "digits", "--knn", "--linear-probe", "--pool", "mean", "--out", out]
+    argv = ["eval", tmp_path / "m", "--data", "digits", "--knn", "--linear-probe", "--pool", "avg", "--out", out]
     assert cli.main([str(a) for a in argv]) == 0
     report = json.loads((out / "eval.json").read_text())
     assert set(report["knn"]) == {"10", "20", "100", "200"}
-    assert report["pool"] == "mean" and report["dim"] == 32
+    assert report["pool"] == "avg" and report["dim"] == 32
     # a random encoder's features of the 8x8 digits still separate the classes far above chance (10%)
     assert report["knn"]["20"] > 0.5 and report["linear_probe"]["acc"] > 0.5
     assert (out / "knn.png").read_bytes()[:4] == b"\x89PNG"

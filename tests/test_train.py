@@ -20,8 +20,9 @@ import torch
 from PIL import Image
 
 from crate_transformer import cli
-from crate_transformer.checkpoint import from_pretrained, load_model, load_pickle, native_to_official
+from crate_transformer.checkpoint import from_pretrained, load_model, load_pickle
 from crate_transformer.data import load_dataset
+from crate_transformer.official import native_to_official
 from crate_transformer.registry import create_model
 from crate_transformer.train import TrainConfig, WarmupCosine, load_config, train
 

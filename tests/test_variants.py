@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import crate_transformer as ct
 from crate_transformer.cli import main
-from crate_transformer.model import _ViTBlock
+from crate_transformer.model import ViTBlock
 from crate_transformer.operators import ISTA, MHSA, MLP, MSSA, EncoderLayer, OvercompleteISTA, odl_reference
 
 SMALL = dict(image_size=28, patch_size=7, in_chans=1, num_classes=10, dim=32, depth=2, heads=4)
@@ -81,7 +81,7 @@ def test_defaults_keep_the_crate_and_vit_key_layouts():
         "layers.0.mlp.0.bias", "layers.0.mlp.0.weight", "layers.0.mlp.3.bias", "layers.0.mlp.3.weight",
         "layers.0.norm1.bias", "layers.0.norm1.weight", "layers.0.norm2.bias", "layers.0.norm2.weight",
     ]  # fmt: skip
-    assert all(isinstance(layer, _ViTBlock) for layer in vit.layers)
+    assert all(isinstance(layer, ViTBlock) for layer in vit.layers)
 
 
 # --------------------------------------------------------------------------- the hybrids are what they say

@@ -20,10 +20,12 @@ try:
 except _PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0+unknown"
 
+from .base import Model, Trace  # noqa: E402
 from .checkpoint import CheckpointError, from_official, from_pretrained  # noqa: E402
+from .config import Config  # noqa: E402
 from .lm import GPT, CRATELanguageModel, LanguageModel, LMConfig  # noqa: E402
 from .mae import CRATEMAE, MAEConfig  # noqa: E402
-from .model import CRATE, ImageClassifier, ModelConfig, Trace, ViT  # noqa: E402
+from .model import CRATE, ImageClassifier, ModelConfig, ViT  # noqa: E402
 from .objectives import (  # noqa: E402
     coding_rate,
     coding_rate_grad,
@@ -53,6 +55,8 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "__version__",
+    "Model",
+    "Config",
     "CRATE",
     "ViT",
     "ImageClassifier",

@@ -28,8 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .io import CheckpointError, rename_keys
+from .io import CheckpointError
 from .lm import LanguageModel, LMConfig
+from .official import OfficialFormat, rename
 
 __all__ = [
     "CRATEBert",
@@ -39,8 +40,9 @@ __all__ = [
     "BERT_KEY_MAP",
     "bert_official_to_native",
     "bert_native_to_official",
-    "bert_config_overrides",
+    "bert_config_from",
     "is_bert_state",
+    "BERT_FORMAT",
 ]
 
 
@@ -150,12 +152,13 @@ class CRATEBert(LanguageModel):
                 f"key_mask must have the shape of the tokens {tuple(idx.shape)}, got {tuple(key_mask.shape)}"
             )
         z = self.embed(idx, token_type_ids=token_type_ids)
-        for layer in self.layers:
-            z = layer(z, key_mask=key_mask)[0]
-        return self.norm(z)
+        return self.norm(self.run_layers(z, key_mask=key_mask))
 
-    def head(self, z: Tensor) -> Tensor:
-        """The masked-LM logits (b, n, V) of the last layer's tokens (:class:`MaskedLMHead`)."""
+    def forward_head(self, z: Tensor, pre_logits: bool = False) -> Tensor:
+        """The masked-LM logits (b, n, V) of the last layer's tokens (:class:`MaskedLMHead`); ``pre_logits``: the
+        head's normalised features, before the tied decoder."""
+        if pre_logits:
+            return self.lm_head.norm(F.gelu(self.lm_head.dense(z)))
         return self.lm_head(z, self.wte.weight)
 
     def forward(
@@ -167,7 +170,7 @@ class CRATEBert(LanguageModel):
         token_type_ids: Tensor | None = None,
     ) -> Tensor:
         """Masked-LM logits ``(b, n, V)``, the port's ``CrateForMaskedLM(ids, attention_mask, token_type_ids)``."""
-        return self.head(self.forward_features(idx, cache, key_mask, token_type_ids))
+        return self.forward_head(self.forward_features(idx, cache, key_mask, token_type_ids))
 
     def classify(self, idx: Tensor, lengths: Tensor | None = None, token_type_ids: Tensor | None = None) -> Tensor:
         """Sequence-classification logits ``(b, num_labels)`` from the first token (``<s>`` / ``[CLS]``).
@@ -183,11 +186,12 @@ class CRATEBert(LanguageModel):
         z = self.forward_features(idx, key_mask=None if bool(real.all()) else real, token_type_ids=token_type_ids)
         return self.classifier(z)
 
-    def reset_classifier(self, num_labels: int) -> None:
-        """A fresh first-token classification head for ``num_labels`` labels (1 = regression)."""
-        self.config = dataclasses.replace(self.config, num_labels=num_labels)
+    def reset_classifier(self, num_classes: int) -> None:
+        """A fresh first-token classification head for ``num_classes`` labels (1 = regression)."""
+        self.config = dataclasses.replace(self.config, num_labels=num_classes)
         ref = self.wte.weight
-        self.classifier = ClassificationHead(self.config.dim, num_labels, self.config.dropout).to(ref.device, ref.dtype)
+        head = ClassificationHead(self.config.dim, num_classes, self.config.dropout)
+        self.classifier = head.to(ref.device, ref.dtype)
         for lin in (self.classifier.dense, self.classifier.out_proj):
             nn.init.normal_(lin.weight, std=0.02)
             nn.init.zeros_(lin.bias)
@@ -245,13 +249,13 @@ def bert_official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     out = {k: v for k, v in state.items() if not k.startswith(_UNUSED)}
     _tied_copy(out, "lm_head.decoder.weight", "crate.embeddings.word_embeddings.weight")
     _tied_copy(out, "lm_head.decoder.bias", "lm_head.bias")
-    return rename_keys(out, BERT_KEY_MAP, forward=True)
+    return rename(out, BERT_KEY_MAP, forward=True)
 
 
 def bert_native_to_official(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """A :class:`CRATEBert` state dict → the port's ``CrateForMaskedLM`` keys (with ``classifier.*`` when present),
     tied copies included, so that the port's ``load_state_dict`` accepts it strictly."""
-    out = rename_keys(state, BERT_KEY_MAP, forward=False)
+    out = rename(state, BERT_KEY_MAP, forward=False)
     if "lm_head.bias" in out:
         out["lm_head.decoder.weight"] = out["crate.embeddings.word_embeddings.weight"]
         out["lm_head.decoder.bias"] = out["lm_head.bias"]
@@ -271,17 +275,37 @@ _CONFIG_FIELDS = {
 }
 
 
-def bert_config_overrides(hf: Mapping[str, Any], source: str = "config.json") -> dict[str, Any]:
-    """The :class:`~crate_transformer.lm.LMConfig` fields a port's ``config.json`` (``model_type: "crate"``) sets.
+def bert_config_from(state: Mapping[str, Tensor], hf: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The :class:`~crate_transformer.lm.LMConfig` fields a port checkpoint determines: its ``config.json``
+    (``model_type: "crate"``; width, depth, heads, vocabulary, positions, token types, LayerNorm eps, padding id,
+    dropout) and, from the weights, ``num_labels`` of a classification head.
 
     ``max_position_embeddings`` rows hold ``max_position_embeddings − pad_token_id − 1`` tokens (``block_size``).
+    A ``config.json`` of another model type is ignored (its sizes are not this format's).
     """
-    if hf.get("model_type") != "crate":
-        raise CheckpointError(
-            f"{source} is not a CRATE-BERT config (model_type {hf.get('model_type')!r}, expected 'crate'); "
-            "pass the folder of the authors' Hugging Face CRATE checkpoint"
-        )
-    out = {ours: hf[theirs] for theirs, ours in _CONFIG_FIELDS.items() if hf.get(theirs) is not None}
-    if "max_position_embeddings" in hf:
-        out["block_size"] = int(hf["max_position_embeddings"]) - int(hf.get("pad_token_id", 1)) - 1
+    out: dict[str, Any] = {}
+    if hf is not None and hf.get("model_type") == "crate":
+        out = {ours: hf[theirs] for theirs, ours in _CONFIG_FIELDS.items() if hf.get(theirs) is not None}
+        if "max_position_embeddings" in hf:
+            out["block_size"] = int(hf["max_position_embeddings"]) - int(hf.get("pad_token_id", 1)) - 1
+    head = state.get("classifier.out_proj.weight")
+    if head is not None:
+        out["num_labels"] = head.shape[0]
     return out
+
+
+def _check_config(config: LMConfig) -> None:
+    if config.proj_bias:
+        raise ValueError("the released CRATE-BERT has no bias on MSSA's output W; drop proj_bias=True")
+
+
+BERT_FORMAT = OfficialFormat(
+    name="CRATE-BERT",
+    origin="the authors' Hugging Face port, src/transformers/models/crate/modeling_crate.py",
+    to_native=lambda state, config: bert_official_to_native(state),
+    detect=is_bert_state,
+    example="crate_bert_base",
+    check=_check_config,
+    config_from=bert_config_from,
+    optional=("lm_head.",),
+)

@@ -1,7 +1,6 @@
 """Model files: ``from_pretrained`` (safetensors + JSON config, written by ``model.save_pretrained``),
-``from_official`` (the official repository's ``.pth`` layouts: the classifier ``model/crate.py`` and
-CRATE-MAE ``model/crate_ae``, see shared/notes/anchors.md §1.2 and §1.5) and ``load_model``, the one
-resolver the commands share.  ``config.json`` with ``arch == "crate_mae"`` loads a :class:`CRATEMAE`.
+``from_official`` (the authors' ``.pth`` layouts, one :class:`~crate_transformer.official.OfficialFormat`
+per registered architecture) and ``load_model``, the one resolver the commands share.
 
 The file primitives (atomic writes, safe unpickling, checksummed safetensors) live in
 :mod:`crate_transformer.io`; ``atomic_write``, ``load_pickle``, ``save_pretrained`` and
@@ -19,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .bert import CRATEBert, bert_config_overrides, bert_official_to_native, is_bert_state
+from .base import Model
 from .config_utils import coerce_fields
 from .io import (
     CONFIG_NAME,
@@ -28,13 +27,13 @@ from .io import (
     atomic_write,
     load_pickle,
     load_safetensors,
-    rename_keys,
     save_pretrained,
 )
 from .lm import LanguageModel, LMConfig
-from .mae import CRATEMAE, MAE_ARCH, MAEConfig, mae_to_classifier
+from .mae import CRATEMAE, MAEConfig, mae_to_classifier
 from .model import ImageClassifier, ModelConfig
-from .registry import build, config_class, model_config, registered_fields
+from .official import unwrap
+from .registry import arch_info, build, config_class, model_config, official_formats, registered_fields
 
 __all__ = [
     "CheckpointError",
@@ -45,10 +44,6 @@ __all__ = [
     "config_from_dict",
     "from_pretrained",
     "from_official",
-    "official_to_native",
-    "native_to_official",
-    "mae_official_to_native",
-    "mae_native_to_official",
     "load_weights",
     "load_model",
 ]
@@ -170,98 +165,6 @@ def _fix_hint(state: Mapping[str, Tensor], model: torch.nn.Module) -> str:
     return f"; pass {', '.join(fixes)}" if fixes else "; pass the model name and overrides it was trained with"
 
 
-# --------------------------------------------------------------------------- official format
-# (official key prefix, native key prefix); "{i}" is a layer index.  One table serves both directions.
-CLASSIFIER_KEY_MAP = [
-    ("pos_embedding", "pos_embed"),
-    ("cls_token", "cls_token"),
-    ("to_patch_embedding.1.", "patch_embed.0."),  # index 0 of the official Sequential is the Rearrange
-    ("to_patch_embedding.2.", "patch_embed.1."),
-    ("to_patch_embedding.3.", "patch_embed.2."),
-    ("transformer.layers.{i}.0.norm.", "layers.{i}.norm1."),
-    ("transformer.layers.{i}.0.fn.qkv.", "layers.{i}.attn.qkv."),
-    ("transformer.layers.{i}.0.fn.to_out.0.", "layers.{i}.attn.proj."),
-    ("transformer.layers.{i}.1.norm.", "layers.{i}.norm2."),
-    ("transformer.layers.{i}.1.fn.weight", "layers.{i}.ista.weight"),
-    ("mlp_head.0.", "head.0."),
-    ("mlp_head.1.", "head.1."),
-]
-# CRATE-MAE (model/crate_ae, anchors.md §1.5).  The official pos_embed (unused by its forward) and
-# decoder_embed (never used) have no native counterpart; decoder_pos_embed is the table the forward adds.
-MAE_KEY_MAP = [
-    ("cls_token", "cls_token"),
-    ("mask_token", "mask_token"),
-    ("decoder_pos_embed", "pos_embed"),
-    ("patch_embed.proj.", "patch_embed."),  # conv weight (d, c, p, p) ↔ linear (d, p·p·c): see below
-    ("blocks.{i}.layers.0.0.norm.", "layers.{i}.norm1."),
-    ("blocks.{i}.layers.0.0.fn.qkv.", "layers.{i}.attn.qkv."),
-    ("blocks.{i}.layers.0.0.fn.to_out.0.", "layers.{i}.attn.proj."),
-    ("blocks.{i}.layers.0.1.norm.", "layers.{i}.norm2."),
-    ("blocks.{i}.layers.0.1.fn.weight", "layers.{i}.ista.weight"),
-    ("norm.", "norm."),
-    ("decoder_blocks.{i}.layers.0.0.norm.", "decoder_layers.{i}.norm1."),
-    ("decoder_blocks.{i}.layers.0.0.fn.weight", "decoder_layers.{i}.weight"),
-    ("decoder_blocks.{i}.layers.0.1.norm.", "decoder_layers.{i}.norm2."),
-    ("decoder_blocks.{i}.layers.0.1.fn.qkv.", "decoder_layers.{i}.attn.qkv."),
-    ("decoder_blocks.{i}.layers.0.1.fn.to_out.0.", "decoder_layers.{i}.attn.proj."),
-    ("decoder_norm.", "decoder_norm."),
-    ("decoder_pred.", "decoder_pred."),
-]
-_MAE_UNUSED = ("pos_embed", "decoder_embed.weight", "decoder_embed.bias")
-
-
-def _unwrap(obj: object) -> dict[str, Tensor]:
-    if isinstance(obj, Mapping):
-        for container in ("state_dict", "model"):
-            if container in obj and isinstance(obj[container], Mapping):
-                obj = obj[container]
-                break
-    if not isinstance(obj, Mapping) or not all(isinstance(v, Tensor) for v in obj.values()):
-        raise CheckpointError(
-            "not an official CRATE checkpoint: expected a state dict, {'state_dict': ...} or {'model': ...} of tensors"
-        )
-    return {k.removeprefix("module."): v for k, v in obj.items()}
-
-
-def official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Rename an official ``model/crate.py`` state dict (after unwrapping) to this library's key names."""
-    return rename_keys(state, CLASSIFIER_KEY_MAP, forward=True)
-
-
-def native_to_official(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Rename this library's CRATE state dict to the official ``model/crate.py`` key names."""
-    return rename_keys(state, CLASSIFIER_KEY_MAP, forward=False)
-
-
-def mae_official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """An official CRATE-MAE state dict (after unwrapping) → :class:`CRATEMAE` keys and shapes.
-
-    Keys follow :data:`MAE_KEY_MAP`; the unused ``pos_embed`` and ``decoder_embed`` are dropped; the
-    patch conv ``(d, c, p, p)`` becomes the linear map of (p1, p2, c)-ordered patches ``(d, p·p·c)``.
-    """
-    state = {k: v for k, v in state.items() if k not in _MAE_UNUSED}
-    out = rename_keys(state, MAE_KEY_MAP, forward=True)
-    w = out.get("patch_embed.weight")
-    if w is not None and w.dim() == 4:
-        out["patch_embed.weight"] = w.permute(0, 2, 3, 1).reshape(w.shape[0], -1)
-    return out
-
-
-def mae_native_to_official(state: Mapping[str, Tensor], in_chans: int) -> dict[str, Tensor]:
-    """A :class:`CRATEMAE` state dict → the official ``MaskedAutoencoderViT`` keys, loadable strictly.
-
-    Writes both (identical) position tables and the never-used ``decoder_embed`` as zeros.
-    """
-    out = rename_keys(state, MAE_KEY_MAP, forward=False)
-    w = out["patch_embed.proj.weight"]
-    p = int(round((w.shape[1] / in_chans) ** 0.5))
-    out["patch_embed.proj.weight"] = w.reshape(w.shape[0], p, p, in_chans).permute(0, 3, 1, 2).contiguous()
-    out["pos_embed"] = out["decoder_pos_embed"].clone()
-    d = w.shape[0]
-    out["decoder_embed.weight"], out["decoder_embed.bias"] = w.new_zeros(d, d), w.new_zeros(d)
-    return out
-
-
 def load_model(
     path: str | Path, name: str | None = None, *, as_classifier: bool = False, **overrides: object
 ) -> ImageClassifier | CRATEMAE | LanguageModel:
@@ -360,102 +263,78 @@ def _check_overrides(
         )
 
 
-def from_official(
-    path_or_state: str | Path | Mapping, name: str, **overrides: object
-) -> ImageClassifier | CRATEMAE | CRATEBert:
-    """Load an official CRATE classifier, CRATE-MAE or CRATE-BERT checkpoint as ``create_model(name, **overrides)``.
+def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: object) -> Model:
+    """Load the authors' checkpoint of a registered model as ``create_model(name, **overrides)``.
 
-    ``name`` decides the format: ``crate_*`` classifiers (``model/crate.py``), ``crate_mae_*``
-    (``model/crate_ae``, e.g. the released CRATE-MAE-B as ``from_official(path, "crate_mae_base")``) or
-    ``crate_bert_*`` (the authors' Hugging Face port, see :func:`_bert_from_official`).
-
-    Accepts the ``{'state_dict': ...}`` container written by the official ``main.py`` (keys
-    prefixed ``module.``), ``{'model': ...}``, a bare state dict, or a path to any of them (read with
-    ``weights_only=True``).  η and λ are not stored by the official code; pass them as overrides if
-    the checkpoint was trained with non-default values.
+    ``name`` decides the format: the architecture's :class:`~crate_transformer.official.OfficialFormat`
+    (``crate_*`` classifiers of the official ``model/crate.py``, ``crate_mae_*`` of ``model/crate_ae``,
+    ``crate_bert_*`` of the authors' Hugging Face port, and whatever other families register).  Accepts the
+    training containers (``{'state_dict': ...}`` written by the official ``main.py`` with keys prefixed
+    ``module.``, ``{'model': ...}`` as the MAE codebase saves it), a bare state dict, a path to any of them
+    (read with ``weights_only=True``), a ``.safetensors`` file, or a folder holding ``model.safetensors`` or
+    ``pytorch_model.bin``.  Hyperparameters the authors' files do not store (η, λ) come from the registered
+    config and ``overrides``; a format that reads sizes from the checkpoint (``config_from``) fills them first.
     """
-    if overrides.get("arch", registered_fields(name).get("arch")) == "crate_bert":
-        return _bert_from_official(path_or_state, name, overrides)
     config = model_config(name, **overrides)
-    if config.arch not in ("crate", MAE_ARCH):
-        raise ValueError(
-            f"from_official loads CRATE classifiers, CRATE-MAEs and CRATE-BERTs; {name!r} is a {config.arch} model"
-        )
-    if config.arch == "crate" and (config.attention, config.mlp) != ("mssa", "ista"):
-        raise ValueError(
-            f"official CRATE checkpoints have MSSA + ISTA layers, not attention={config.attention!r}, "
-            f"mlp={config.mlp!r}; drop those --model-args"
-        )
-    raw = load_pickle(path_or_state) if isinstance(path_or_state, (str, Path)) else path_or_state
-    source = str(path_or_state) if isinstance(path_or_state, (str, Path)) else "official state dict"
-    state = _unwrap(raw)
-    if is_bert_state(state):
-        raise CheckpointError(f"{source} is a CRATE-BERT checkpoint but {name!r} is not; pass e.g. crate_bert_base")
-    is_mae = any(k.startswith(("decoder_blocks.", "mask_token")) for k in state)
-    if is_mae != (config.arch == MAE_ARCH):
-        kind, fix = ("a CRATE-MAE", "crate_mae_base") if is_mae else ("a CRATE classifier", "crate_small")
-        raise CheckpointError(f"{source} is {kind} checkpoint but {name!r} is not; pass a matching name, e.g. {fix}")
+    fmt = arch_info(config.arch).official
+    if fmt is None:
+        raise ValueError(f"{name!r} ({config.arch}) has no official checkpoint format; load it with from_pretrained")
+    if fmt.check is not None:
+        fmt.check(config)
+    raw, sidecar, source = _read_official(path_or_state)
+    try:
+        state = unwrap(raw)
+    except ValueError as e:
+        raise CheckpointError(f"{source}: {e}") from None
+    if not fmt.detect(state):
+        raise CheckpointError(f"{source} is not a {fmt.name} checkpoint ({fmt.origin}){_format_hint(state)}")
+    if fmt.config_from is not None:
+        config = model_config(name, **{**fmt.config_from(state, sidecar), **overrides})
+        if fmt.check is not None:
+            fmt.check(config)
     model = build(config)
-    load_weights(model, mae_official_to_native(state) if is_mae else official_to_native(state), source=source)
+    native = fmt.to_native(state, config)
+    missing = sorted({p for p in fmt.optional if not any(k.startswith(p) for k in native)})
+    if missing:
+        warnings.warn(
+            f"{source} has no {', '.join(p.rstrip('.') for p in missing)} weights; they keep their fresh "
+            "initialisation",
+            stacklevel=2,
+        )
+        native.update({k: v for k, v in model.state_dict().items() if k.startswith(tuple(missing))})
+    load_weights(model, native, source=source)
     return model
 
 
-# --------------------------------------------------------------------------- the released CRATE-BERT
-def _bert_files(path: Path) -> tuple[Path, dict]:
-    """The weights file of a port checkpoint (``path`` itself, or a folder's ``model.safetensors`` /
-    ``pytorch_model.bin``) and the LMConfig fields of the ``config.json`` beside it, if it is the port's."""
-    weights = path
+_OFFICIAL_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # what a folder may hold (Hugging Face's names)
+
+
+def _read_official(path_or_state: str | Path | Mapping) -> tuple[object, dict | None, str]:
+    """``(checkpoint object, the JSON object saved beside it or None, a name for messages)``."""
+    if not isinstance(path_or_state, (str, Path)):
+        return path_or_state, None, "official state dict"
+    path = Path(path_or_state)
     if path.is_dir():
-        found = [path / f for f in ("model.safetensors", "pytorch_model.bin") if (path / f).is_file()]
+        found = [path / f for f in _OFFICIAL_WEIGHTS if (path / f).is_file()]
         if not found:
             raise CheckpointError(
-                f"{path} holds neither model.safetensors nor pytorch_model.bin; pass the folder of the authors' "
-                "CRATE-BERT checkpoint or its weights file"
+                f"{path} is a folder without {' or '.join(_OFFICIAL_WEIGHTS)}; pass the checkpoint file itself"
             )
-        weights = found[0]
-    hf_config = weights.parent / CONFIG_NAME
-    if not hf_config.is_file():
-        return weights, {}
+        path = found[0]
+    raw = load_safetensors(path)[0] if path.suffix == ".safetensors" else load_pickle(path)
+    sidecar = path.parent / CONFIG_NAME
+    if not sidecar.is_file():
+        return raw, None, str(path)
     try:
-        data = json.loads(hf_config.read_text())
+        data = json.loads(sidecar.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"cannot read {hf_config} ({e}); the file is corrupt or unreadable") from None
-    is_port = isinstance(data, dict) and data.get("model_type") == "crate"
-    return weights, bert_config_overrides(data, str(hf_config)) if is_port else {}
+        raise CheckpointError(f"cannot read {sidecar} ({e}); the file is corrupt or unreadable") from None
+    return raw, data if isinstance(data, dict) else None, str(path)
 
 
-def _bert_from_official(path_or_state: str | Path | Mapping, name: str, overrides: Mapping[str, object]) -> CRATEBert:
-    """The authors' Hugging Face CRATE-BERT (``CrateForMaskedLM``, ``CrateForSequenceClassification`` or
-    ``CrateModel`` weights) as ``create_model(name, **overrides)``.
-
-    ``path_or_state``: a state dict, a ``pytorch_model.bin`` / ``.pth`` (read with ``weights_only=True``), a
-    ``model.safetensors``, or the folder holding one.  The port's ``config.json`` beside the weights sets the sizes
-    (width, depth, heads, vocabulary, positions, LayerNorm eps, padding id); ``overrides`` win over it.  A
-    sequence-classification head sets ``num_labels``; a checkpoint without the masked-LM head (a classifier or a bare
-    ``CrateModel``) keeps a freshly initialised one, with a warning.  The model is returned in eval mode.
-    """
-    if isinstance(path_or_state, Mapping):
-        raw, found, source = path_or_state, {}, "official state dict"
-    else:
-        weights, found = _bert_files(Path(path_or_state))
-        source = str(weights)
-        raw = load_safetensors(weights)[0] if weights.suffix == ".safetensors" else load_pickle(weights)
-    state = _unwrap(raw)
-    if not is_bert_state(state):
-        raise CheckpointError(
-            f"{source} is not a CRATE-BERT checkpoint (no crate.embeddings.* / crate.encoder.* keys); pass the "
-            "authors' CrateForMaskedLM weights, or load other checkpoints with their own model name"
-        )
-    state = bert_official_to_native(state)
-    if "classifier.out_proj.weight" in state:
-        found["num_labels"] = state["classifier.out_proj.weight"].shape[0]
-    model = build(model_config(name, **{**found, **overrides}))
-    if not any(k.startswith("lm_head.") for k in state):
-        warnings.warn(
-            f"{source} has no masked-LM head (a CrateForSequenceClassification or CrateModel checkpoint); the "
-            "LM head is freshly initialised: classify() is the trained model, its token logits are not",
-            stacklevel=3,
-        )
-        state.update({k: v for k, v in model.state_dict().items() if k.startswith("lm_head.")})
-    load_weights(model, state, source=source)
-    return model.eval()  # as transformers' from_pretrained: the release trains with dropout 0.1
+def _format_hint(state: Mapping[str, Tensor]) -> str:
+    """Name the registered format(s) whose detector recognises ``state`` (or say that none does)."""
+    others = [a.official for a in official_formats() if a.official.detect(state)]
+    if not others:
+        return "; it matches no format this package reads"
+    return "".join(f"; it is a {f.name} checkpoint: pass a matching name, e.g. {f.example}" for f in others[:1])

@@ -33,6 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .base import POOLS, pool_tokens
+from .config import Config
+
 __all__ = [
     "DINOConfig",
     "PRESETS",
@@ -43,10 +46,7 @@ __all__ = [
     "ema_update",
     "cosine_schedule",
     "teacher_temperature",
-    "POOLS",
 ]
-
-POOLS = ("cls", "mean")  # as in probe.POOLS
 
 
 def _opt(default: Any, help: str, **kw: Any) -> Any:
@@ -58,7 +58,7 @@ def _opt(default: Any, help: str, **kw: Any) -> Any:
 
 
 @dataclass
-class DINOConfig:
+class DINOConfig(Config):
     """DINO's hyper-parameters (names as in DINO's ``main_dino.py``); defaults = the ``digits`` preset.
 
     Use :meth:`preset` to start from ``"paper"`` (DINO's defaults, JMLR App. C.3) or ``"digits"``.
@@ -72,7 +72,11 @@ class DINOConfig:
     head_layers: int = _opt(3, "MLP layers of the head (DINO: 3)")
     use_bn_in_head: bool = _opt(True, "BatchNorm in the head's MLP (DINO: off for ViTs; digits: on)")
     norm_last_layer: bool = _opt(True, "fix the weight norm of the last layer to 1 (DINO: on)")
-    pool: str = _opt("mean", "backbone feature for the head and k-NN: cls token | mean of patch tokens", choices=POOLS)
+    pool: str = _opt(
+        "avg",
+        "backbone feature for the head and k-NN: cls token | avg of the patch tokens | mean of all tokens",
+        choices=POOLS,
+    )
     # temperatures and centre
     student_temp: float = _opt(0.1, "student temperature tau_s")
     teacher_temp: float = _opt(0.04, "teacher temperature tau_t after the warm-up")
@@ -94,11 +98,9 @@ class DINOConfig:
     blur: list = _opt([0.5, 0.1, 0.5], "Gaussian-blur probability: global views 1, 2 and local views (DINO: 1 0.1 0.5)")
     solarize: float = _opt(0.2, "probability of solarisation of the second global view")
 
-    def __post_init__(self) -> None:
-        self.validate()
-
     def validate(self) -> None:
-        """Raise a one-line ValueError for an inconsistent setting."""
+        """Raise a one-line ValueError for an inconsistent setting (after :class:`Config`'s coercion and
+        finiteness check)."""
         if self.preset not in PRESETS:
             raise ValueError(f"unknown DINO preset {self.preset!r}; choose one of {sorted(PRESETS)}")
         for name in ("out_dim", "hidden_dim", "bottleneck_dim", "head_layers"):
@@ -137,9 +139,6 @@ class DINOConfig:
             raise ValueError(f"unknown DINO option(s) {bad}; valid options: {sorted(known)}")
         return cls(**{**PRESETS[name], **overrides, "preset": name})
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
 
 # DINO main_dino.py defaults (ViT-S/16 column of its README except the teacher-temperature warm-up, which
 # main_dino.py leaves at 0.04 → 0.04); JMLR App. C.3 states CRATE-DINO matches them.  TrainConfig side of the
@@ -158,7 +157,7 @@ PAPER: dict[str, Any] = dict(
 # student too long (k-NN after 5 epochs: 84.3% with 0.996 in a 12-epoch run, 86.7% with 0.99 in a 10-epoch one).
 DIGITS: dict[str, Any] = {
     **PAPER,
-    **dict(out_dim=1024, hidden_dim=256, bottleneck_dim=64, use_bn_in_head=True, pool="mean", local_crops_number=0,
+    **dict(out_dim=1024, hidden_dim=256, bottleneck_dim=64, use_bn_in_head=True, pool="avg", local_crops_number=0,
            global_crops_scale=[0.6, 1.0], flip=0.0, blur=[0.5, 0.1, 0.5], momentum_teacher=0.99),
 }  # fmt: skip
 PRESETS: dict[str, dict[str, Any]] = {"digits": DIGITS, "paper": PAPER}
@@ -265,11 +264,14 @@ class DINOModel(nn.Module):
         return self.backbone.config
 
     def features(self, x: Tensor) -> Tensor:
-        """The backbone feature of each image: class token (JMLR eq. (80)) or mean of the patch tokens
-        (:func:`~crate_transformer.probe.pool_tokens`, the feature ``crate eval --knn --pool`` reads)."""
-        from .probe import pool_tokens
-
+        """The backbone feature of each image: class token (JMLR eq. (80)) or a mean of tokens
+        (:func:`~crate_transformer.base.pool_tokens`, the feature ``crate eval --knn --pool`` reads)."""
         return pool_tokens(self.backbone.forward_features(x), self.pool)
+
+    def no_weight_decay(self) -> set[str]:
+        """The backbone's (position table, class token, vectors) and the head's vectors, with their prefixes."""
+        skip = {f"backbone.{n}" for n in self.backbone.no_weight_decay()}
+        return skip | {f"head.{n}" for n, p in self.head.named_parameters() if p.ndim < 2}
 
     def forward(self, views: Tensor | Sequence[Tensor]) -> Tensor:
         """Head outputs of every view, concatenated in the order given: ``(len(views) · b, out_dim)``."""

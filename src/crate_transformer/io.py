@@ -1,8 +1,8 @@
 """File helpers: atomic writes with one-line errors, safe unpickling, safetensors with a checksum, a
 deterministic hash of nested tensor payloads, and the ``save_pretrained`` method of the models.
 
-This module imports nothing from the model, the registry or the checkpoint loaders (``model.py``
-imports it for :class:`PretrainedMixin`, ``checkpoint.py`` for the readers), so there is no cycle.
+This module imports nothing from the model, the registry or the checkpoint loaders (``base.py``
+imports it for ``save_pretrained``, ``checkpoint.py`` for the readers), so there is no cycle.
 
 * :func:`atomic_write` — write to a temporary file in the target folder, then rename it into place;
   a full disk or an unwritable folder is a one-line :class:`WriteError` and leaves no temporary file.
@@ -12,8 +12,7 @@ imports it for :class:`PretrainedMixin`, ``checkpoint.py`` for the readers), so 
 * :func:`save_safetensors` / :func:`load_safetensors` — tensors plus ``{"format": "pt", "sha256": ...}``
   metadata; the reader verifies the checksum when present (older files without one still load).
 * :func:`tree_sha256` — SHA-256 of nested dicts / lists / tuples of tensors, arrays and plain values.
-* :func:`write_json`, :func:`save_pretrained` and :class:`PretrainedMixin` (``model.save_pretrained(dir)``).
-* :func:`rename_keys` — rename state-dict keys by a table of (official, native) prefixes, either way.
+* :func:`write_json` and :func:`save_pretrained` (what ``model.save_pretrained(dir)`` calls).
 """
 
 from __future__ import annotations
@@ -46,8 +45,6 @@ __all__ = [
     "save_safetensors",
     "load_safetensors",
     "save_pretrained",
-    "PretrainedMixin",
-    "rename_keys",
 ]
 
 CONFIG_NAME = "config.json"
@@ -337,37 +334,6 @@ def save_pretrained(model: Any, directory: str | Path) -> Path:
     plus the package version) into ``directory``, each atomically; read back with ``from_pretrained``."""
     directory = Path(directory)
     save_safetensors(model.state_dict(), directory / WEIGHTS_NAME)
-    write_json(directory / CONFIG_NAME, {"crate_transformer_version": _package_version(), **model.config.to_dict()})
+    meta = {"crate_transformer_version": _package_version(), "config_version": model.config.VERSION}
+    write_json(directory / CONFIG_NAME, {**meta, **model.config.to_dict()})
     return directory
-
-
-class PretrainedMixin:
-    """Gives a module with a ``config`` (having ``to_dict()``) the ``save_pretrained`` method."""
-
-    def save_pretrained(self, directory: str | Path) -> Path:
-        """Write ``model.safetensors`` + ``config.json`` to ``directory`` (atomically, weights checksummed);
-        load with :func:`crate_transformer.from_pretrained`."""
-        return save_pretrained(self, directory)
-
-
-# --------------------------------------------------------------------------- key maps
-def rename_keys(state: Mapping[str, Tensor], key_map: list[tuple[str, str]], forward: bool) -> dict[str, Tensor]:
-    """Rename keys by ``key_map`` official → native (``forward``) or native → official; unknown keys pass unchanged.
-
-    ``key_map`` holds ``(official, native)`` pairs; ``"{i}"`` stands for a layer index, an entry ending in ``.``
-    is a prefix and any other entry a whole key.  One table serves both directions.
-    """
-    rules = []
-    for official, native in key_map:
-        src, dst = (official, native) if forward else (native, official)
-        pattern = r"(\d+)".join(map(re.escape, src.split("{i}")))
-        rules.append((re.compile("^" + pattern + ("" if src.endswith(".") else "$")), dst.replace("{i}", r"\1")))
-    out = {}
-    for key, value in state.items():
-        for pattern, repl in rules:
-            new, hits = pattern.subn(repl, key)
-            if hits:
-                key = new
-                break
-        out[key] = value
-    return out

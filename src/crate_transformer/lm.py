@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config_utils import coerce_fields
-from .io import PretrainedMixin
-from .model import Trace, _ViTBlock
+from .base import Model, Trace
+from .config import Config
+from .model import ViTBlock
 from .operators import ISTA_MODES, LAYER_FORMS, EncoderLayer
 
 __all__ = [
@@ -51,7 +50,7 @@ POS_EMBEDS = ("learned", "sinusoidal")
 
 
 @dataclass
-class LMConfig:
+class LMConfig(Config):
     """Every hyperparameter of a language model; round-trips through ``config.json`` (``arch`` names the class).
 
     ``causal=True`` is a GPT (next-token, eq. (89)), ``False`` a BERT (masked tokens, eq. (85)).  Values are
@@ -86,27 +85,23 @@ class LMConfig:
     # the tokenizer kind the model was trained with (its tokenizer.json is saved beside the weights)
     tokenizer: str = ""
 
-    def __post_init__(self) -> None:
-        current = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for name, value in coerce_fields(type(self), current).items():
-            object.__setattr__(self, name, value)
-        for name, allowed in (
-            ("arch", LM_ARCHS),
-            ("pos_embed", POS_EMBEDS),
-            ("ista_mode", ISTA_MODES),
-            ("layer_form", LAYER_FORMS),
-        ):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {allowed}")
-        for name in ("vocab_size", "block_size", "dim", "depth", "heads"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+    RULES = {
+        "eta": (lambda v: v > 0, " > 0"),
+        "lambd": (lambda v: v >= 0, " >= 0"),
+        "mlp_ratio": (lambda v: v > 0, " > 0"),
+        "dropout": (lambda v: 0 <= v < 1, " in [0, 1)"),
+        "layer_norm_eps": (lambda v: v > 0, " > 0"),
+    }
+
+    def validate(self) -> None:
+        for name, allowed in (("arch", LM_ARCHS), ("pos_embed", POS_EMBEDS), ("ista_mode", ISTA_MODES),
+                              ("layer_form", LAYER_FORMS)):  # fmt: skip
+            self.check_choice(name, allowed)
+        self.check_positive("vocab_size", "block_size", "dim", "depth", "heads", "type_vocab_size")
         if self.num_labels < 0:
             raise ValueError(f"num_labels must be >= 0 (0 = no classification head), got {self.num_labels}")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.eta <= 0 or self.lambd < 0 or self.mlp_ratio <= 0:
-            raise ValueError("need eta > 0, lambd >= 0 and mlp_ratio > 0")
+        if self.dim_head is not None and self.dim_head <= 0:
+            raise ValueError(f"dim_head must be a positive integer or None (= dim // heads), got {self.dim_head!r}")
         if self.dim_head is None and self.dim % self.heads:
             raise ValueError(f"dim {self.dim} is not divisible by heads {self.heads}; set dim_head or change heads")
         if self.arch == "gpt" and self.dim % self.heads:
@@ -124,26 +119,15 @@ class LMConfig:
                 "crate_bert has learned positions; the sinusoidal E_pos of eq. (83) is arch='crate_lm' "
                 "(e.g. the crate_bert_eq83_* models)"
             )
-        if not 0 <= self.pad_token_id < self.vocab_size or self.type_vocab_size <= 0 or self.layer_norm_eps <= 0:
+        if not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(
-                f"crate_bert needs 0 <= pad_token_id < vocab_size, type_vocab_size >= 1 and layer_norm_eps > 0; "
-                f"got {self.pad_token_id}, {self.type_vocab_size}, {self.layer_norm_eps}"
+                f"pad_token_id must be a token id in [0, vocab_size={self.vocab_size}), got {self.pad_token_id}; "
+                "use the tokenizer's padding id"
             )
 
     @property
     def head_dim(self) -> int:
         return self.dim_head if self.dim_head is not None else self.dim // self.heads
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> LMConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown language-model config keys {unknown}; valid keys: {sorted(known)}")
-        return cls(**dict(d))
 
 
 def sinusoidal_positions(n: int, d: int) -> Tensor:
@@ -160,25 +144,26 @@ def cache_nbytes(cache: list[dict[str, Tensor]]) -> int:
     return sum(t.numel() * t.element_size() for layer in cache for t in layer.values())
 
 
-class LanguageModel(PretrainedMixin, nn.Module):
+class LanguageModel(Model):
     """Token + position embedding → L layers → (LayerNorm) → tied head; see the module docstring.
 
-    ``forward(idx)`` maps token ids ``(b, n)`` to logits ``(b, n, V)``; ``forward_features`` returns the
-    last layer's tokens, ``forward_trace`` every layer's (for ``crate analyze``), ``classify`` the
-    sequence-classification logits.  :class:`CRATELanguageModel` and :class:`GPT` fix ``config.arch``.
+    ``forward(idx)`` maps token ids ``(b, n)`` to logits ``(b, n, V)``.  The :class:`~crate_transformer.base.Model`
+    contract: ``forward_features`` returns the last layer's tokens after the final LayerNorm (when the model
+    has one), ``forward_head`` maps them to token logits, ``forward_trace`` returns every layer's (for
+    ``crate analyze``); ``classify`` gives the sequence-classification logits.  :class:`CRATELanguageModel`
+    and :class:`GPT` fix ``config.arch``.
     """
 
+    config_class = LMConfig
     arch: str | None = None
 
     def __init__(self, config: LMConfig | None = None) -> None:
-        super().__init__()
         if config is None:
             config = LMConfig(arch=self.arch or "crate_lm")
-        elif not isinstance(config, LMConfig):
-            raise ValueError(f"expected an LMConfig, got {type(config).__name__}; e.g. LMConfig(dim=128)")
-        if self.arch is not None and config.arch != self.arch:
+        if isinstance(config, LMConfig) and self.arch is not None and config.arch != self.arch:
             config = dataclasses.replace(config, arch=self.arch)
-        self.config = c = config
+        super().__init__(config)
+        c = self.config
         self.tokenizer = None  # attached by from_pretrained / training; saved with save_pretrained
         self._build_embedding(c)
         if c.arch != "gpt":
@@ -200,7 +185,7 @@ class LanguageModel(PretrainedMixin, nn.Module):
             )
         else:
             self.layers = nn.ModuleList(
-                _ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout, c.causal) for _ in range(c.depth)
+                ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout, c.causal) for _ in range(c.depth)
             )
         self.norm = nn.LayerNorm(c.dim) if c.final_norm else nn.Identity()
         self._build_heads(c)
@@ -269,22 +254,23 @@ class LanguageModel(PretrainedMixin, nn.Module):
         self, idx: Tensor, cache: list[dict[str, Tensor]] | None = None, key_mask: Tensor | None = None
     ) -> Tensor:
         """The last layer's tokens (b, n, d); ``key_mask`` (b, n) False at padding, which no token attends to."""
-        start = _cached_length(cache)
-        z = self.embed(idx, start)
-        for i, layer in enumerate(self.layers):
-            z = layer(z, cache=None if cache is None else cache[i], key_mask=key_mask)[0]
+        z = self.embed(idx, _cached_length(cache))
+        if cache is None:
+            return self.norm(self.run_layers(z, key_mask=key_mask))
+        for layer, layer_cache in zip(self.layers, cache):
+            z = layer(z, cache=layer_cache, key_mask=key_mask)[0]
         return self.norm(z)
 
-    def head(self, z: Tensor) -> Tensor:
+    def forward_head(self, z: Tensor, pre_logits: bool = False) -> Tensor:
         """``f_head(Z) = W_head Z`` (eq. (84)) with ``W_head`` = the token embedding (tied)."""
-        return F.linear(z, self.wte.weight)
+        return z if pre_logits else F.linear(z, self.wte.weight)
 
     def forward(self, idx: Tensor, cache: list[dict[str, Tensor]] | None = None) -> Tensor:
         """Logits ``(b, n, V)``.  With ``cache`` (from :meth:`new_cache`, causal models), ``idx`` holds only
         the tokens after those already cached, which are appended to it."""
         if cache is not None and not self.config.causal:
             raise ValueError("a key-value cache needs a causal (GPT) model; this one is bidirectional (BERT)")
-        return self.head(self.forward_features(idx, cache))
+        return self.forward_head(self.forward_features(idx, cache))
 
     def forward_trace(self, idx: Tensor, return_attention: bool = False) -> Trace:
         """Every layer's tokens (``tokens[0]`` = ``f_pre(X)``), MSSA outputs and attention maps in one pass."""
@@ -371,14 +357,18 @@ class LanguageModel(PretrainedMixin, nn.Module):
     def num_params(self, trainable_only: bool = False, exclude_positions: bool = False) -> int:
         """Parameters (the tied head counted once); ``exclude_positions`` leaves out a learned position
         table, as GPT-2 / nanoGPT report and Table 10's CRATE-GPT count does."""
-        n = sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+        n = super().num_params(trainable_only)
         return n - (self.wpe.weight.numel() if exclude_positions and self.wpe is not None else 0)
 
-    def reset_classifier(self, num_labels: int) -> None:
-        """A fresh sequence-classification head for ``num_labels`` labels (1 = regression)."""
-        self.config = dataclasses.replace(self.config, num_labels=num_labels)
+    def get_classifier(self) -> nn.Module | None:
+        """The sequence-classification head (None when the model has none)."""
+        return self.classifier
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """A fresh sequence-classification head for ``num_classes`` labels (1 = regression)."""
+        self.config = dataclasses.replace(self.config, num_labels=num_classes)
         ref = self.wte.weight
-        self.classifier = nn.Linear(self.config.dim, num_labels).to(ref.device, ref.dtype)
+        self.classifier = nn.Linear(self.config.dim, num_classes).to(ref.device, ref.dtype)
         nn.init.normal_(self.classifier.weight, std=0.02)
         nn.init.zeros_(self.classifier.bias)
 

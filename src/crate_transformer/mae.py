@@ -27,29 +27,26 @@ parameter totals (Table 9): :meth:`CRATEMAE.num_params` with ``layout="official"
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from .config_utils import coerce_fields
-from .data.spec import DataSpec
-from .io import PretrainedMixin
+from .base import Model, Trace
+from .config import Config
 from .model import (
     ImageClassifier,
     ImageEncoderGeometry,
     ImageInput,
     ModelConfig,
-    Trace,
     build_model,
     patchify,
     unpatchify,
 )
 from .operators import LAYER_FORMS, DecoderLayer, EncoderLayer
+from .spec import DataSpec
 
 __all__ = [
     "MAE_ARCH",
@@ -65,7 +62,7 @@ MAE_ARCH = "crate_mae"
 
 
 @dataclass
-class MAEConfig(ImageEncoderGeometry):
+class MAEConfig(ImageEncoderGeometry, Config):
     """Every hyperparameter of a CRATE-MAE; round-trips through ``config.json`` (``arch == "crate_mae"``).
 
     Values are coerced to the declared types (:func:`~crate_transformer.config_utils.coerce_fields`)
@@ -90,41 +87,26 @@ class MAEConfig(ImageEncoderGeometry):
     norm_eps: float = 1e-6  # final encoder / decoder LayerNorms
     data: DataSpec | None = None
 
-    def __post_init__(self) -> None:
-        current = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for name, value in coerce_fields(type(self), current).items():
-            object.__setattr__(self, name, value)
+    RULES = {
+        "eta": (lambda v: v > 0, " > 0"),
+        "lambd": (lambda v: v >= 0, " >= 0"),
+        "norm_eps": (lambda v: v > 0, " > 0"),
+    }
+
+    def validate(self) -> None:
         if self.arch != MAE_ARCH:
             raise ValueError(f"MAEConfig.arch must be {MAE_ARCH!r}, got {self.arch!r}; use ModelConfig for classifiers")
         self.check_geometry()
         if self.dim % 4:
             raise ValueError(f"dim={self.dim} must be a multiple of 4 for the 2-D sin-cos position embedding")
-        for name in ("layer_form", "decoder_form"):
-            if getattr(self, name) not in LAYER_FORMS:
-                raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {LAYER_FORMS}")
-        for name, ok, rule in (("eta", lambda v: v > 0, "> 0"), ("lambd", lambda v: v >= 0, ">= 0"),
-                               ("norm_eps", lambda v: v > 0, "> 0")):  # fmt: skip
-            v = getattr(self, name)
-            if not (math.isfinite(v) and ok(v)):
-                raise ValueError(f"{name} must be a finite number {rule}, got {v!r}")
+        self.check_choice("layer_form", LAYER_FORMS)
+        self.check_choice("decoder_form", LAYER_FORMS)
         check_mask_ratio(self.mask_ratio, self.grid**2)
         self.check_data()
 
     @property
     def num_patches(self) -> int:
         return self.grid**2
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> MAEConfig:
-        d = dict(d)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown config keys {unknown}; valid keys: {sorted(known)}")
-        return cls(**d)
 
 
 def check_mask_ratio(ratio: float, num_patches: int) -> int:
@@ -196,23 +178,24 @@ def random_masking(
 
 
 # --------------------------------------------------------------------------- the model
-class CRATEMAE(PretrainedMixin, ImageInput, nn.Module):
+class CRATEMAE(ImageInput, Model):
     """CRATE-MAE (JMLR §3.6, pp.38-40): ``CRATEMAE(MAEConfig(...))`` or ``ct.create_model("crate_mae_small")``.
 
     * ``forward(x, mask_ratio=None, noise=None)`` → :class:`MAEOutput` ``(loss, pred, mask)``;
-    * ``forward_features(x)`` → encoder tokens ``Z^{L+1}`` ``(b, 1+N, d)`` of the **unmasked** image
-      (before the final LayerNorm, like :meth:`ImageClassifier.forward_features`), for probes and analysis;
-    * ``forward_trace(x)`` → every encoder layer's tokens (:class:`~crate_transformer.model.Trace`);
+    * ``forward_features(x)`` → the encoder's output ``LN(Z^{L+1})`` ``(b, 1+N, d)`` of the **unmasked**
+      image (after the encoder's final LayerNorm, the :class:`~crate_transformer.base.Model` contract), for
+      probes and analysis; ``forward_head(z)`` → the decoder's predicted patches ``(b, N, p·p·c)``;
+    * ``forward_trace(x)`` → every encoder layer's tokens (:class:`~crate_transformer.base.Trace`);
     * ``decoder_trace(z)`` → every decoder layer's tokens from encoder output ``z``;
     * ``reconstruct(x)`` → (reconstructed images, mask as an image) for figures.
     """
 
+    config_class = MAEConfig
+    no_decay_names = ("cls_token", "mask_token")
+
     def __init__(self, config: MAEConfig | None = None) -> None:
-        super().__init__()
-        config = config if config is not None else MAEConfig()
-        if not isinstance(config, MAEConfig):
-            raise ValueError(f"expected an MAEConfig, got {type(config).__name__}; e.g. MAEConfig(dim=384)")
-        self.config = c = config
+        super().__init__(config)
+        c = self.config
         patch_dim = c.in_chans * c.patch_size**2
         self.patch_embed = nn.Linear(patch_dim, c.dim)  # W_pre of eq. (69)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim))
@@ -266,9 +249,8 @@ class CRATEMAE(PretrainedMixin, ImageInput, nn.Module):
 
     # ---------------------------------------------------------------- encoder / decoder
     def encode(self, z: Tensor) -> Tensor:
-        for layer in self.layers:
-            z = layer(z)[0]
-        return z
+        """The encoder layers (no final LayerNorm)."""
+        return self.run_layers(z)
 
     def forward_encoder(
         self, x: Tensor, mask_ratio: float | None = None, noise: Tensor | None = None
@@ -295,9 +277,7 @@ class CRATEMAE(PretrainedMixin, ImageInput, nn.Module):
 
     def forward_decoder(self, z: Tensor) -> Tensor:
         """``g_post ∘ g^{L-1} ∘ … ∘ g^0`` (§3.7): decoder layers → LayerNorm → Linear; class token dropped."""
-        for layer in self.decoder_layers:
-            z = layer(z)
-        return self.decoder_pred(self.decoder_norm(z))[:, 1:]
+        return self.forward_head(self.run_layers(z, self.decoder_layers))
 
     def target(self, x: Tensor) -> Tensor:
         """The regression target: the patches of ``x`` (per-patch standardised with ``norm_pix_loss``)."""
@@ -318,8 +298,14 @@ class CRATEMAE(PretrainedMixin, ImageInput, nn.Module):
 
     # ---------------------------------------------------------------- encoder as a feature extractor
     def forward_features(self, x: Tensor) -> Tensor:
-        """Encoder tokens ``Z^{L+1}`` of the unmasked image, ``(b, 1+N, d)`` (before the final LayerNorm)."""
-        return self.encode(self.embed(x))
+        """The encoder's output ``LN(Z^{L+1})`` on the unmasked image, ``(b, 1+N, d)``."""
+        return self.norm(self.encode(self.embed(x)))
+
+    def forward_head(self, z: Tensor, pre_logits: bool = False) -> Tensor:
+        """The decoder's last LayerNorm and ``W_post`` (eq. (70)) on the decoded tokens: pixels of every patch
+        ``(b, N, p·p·c)`` (class token dropped); ``pre_logits`` stops before ``W_post``."""
+        z = self.decoder_norm(z)
+        return z[:, 1:] if pre_logits else self.decoder_pred(z)[:, 1:]
 
     def forward_trace(self, x: Tensor, return_attention: bool = False) -> Trace:
         """Every encoder layer's tokens on the unmasked image (same indexing as the classifier's trace)."""
@@ -360,7 +346,7 @@ class CRATEMAE(PretrainedMixin, ImageInput, nn.Module):
         """Parameter count.  ``layout="official"`` adds what the official module also holds and Table 9
         counts: the unused ``decoder_embed`` Linear(d, d) and both fixed sin-cos tables (``pos_embed``,
         ``decoder_pos_embed``); e.g. 25,405,824 for ``crate_mae_small``, 44,638,464 for ``crate_mae_base``."""
-        n = sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+        n = super().num_params(trainable_only)
         if layout == "official":
             d = self.config.dim
             n += (d * d + d) + (0 if trainable_only else 2 * self.pos_embed.numel())

@@ -9,26 +9,25 @@ position-embedding interpolation for other image sizes and a one-pass trace of e
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config_utils import coerce_fields
-from .data.spec import DataSpec, fit_normalization
-from .io import PretrainedMixin
+from .base import POOLS, Model, Trace, pool_tokens
+from .config import Config
 from .operators import ATTENTIONS, ISTA_MODES, LAYER_FORMS, MLPS, EncoderLayer
+from .spec import DataSpec, fit_normalization
 
 __all__ = [
     "ModelConfig",
     "ImageEncoderGeometry",
     "Trace",
+    "POOLS",
     "ImageInput",
     "ImageClassifier",
+    "ViTBlock",
     "CRATE",
     "ViT",
     "build_model",
@@ -37,7 +36,6 @@ __all__ = [
 ]
 
 ARCHS = ("crate", "vit")
-POOLS = ("cls", "mean")
 
 
 class ImageEncoderGeometry:
@@ -94,7 +92,7 @@ class ImageEncoderGeometry:
 
 
 @dataclass
-class ModelConfig(ImageEncoderGeometry):
+class ModelConfig(ImageEncoderGeometry, Config):
     """Every hyperparameter of an image classifier; round-trips through ``config.json``.
 
     Values are coerced to the declared types (``"5e-2"`` → 0.05 for a float field, ``"64"`` → 64 for
@@ -113,7 +111,7 @@ class ModelConfig(ImageEncoderGeometry):
     depth: int = 12
     heads: int = 6
     dim_head: int | None = None  # None → dim // heads (what every paper config uses)
-    pool: str = "cls"
+    pool: str = "cls"  # cls | mean (every token: official) | avg (patch tokens), see base.POOLS
     dropout: float = 0.0
     emb_dropout: float = 0.0
     # CRATE operators (ignored by arch="vit")
@@ -137,24 +135,20 @@ class ModelConfig(ImageEncoderGeometry):
     # what the model was trained on (normalisation, classes, source); None when unknown
     data: DataSpec | None = None
 
-    def __post_init__(self) -> None:
-        current = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for name, value in coerce_fields(type(self), current).items():
-            object.__setattr__(self, name, value)
-        if self.arch not in ARCHS:
-            raise ValueError(f"unknown arch {self.arch!r}; choose one of {ARCHS}")
-        if self.pool not in POOLS:
-            raise ValueError(f"unknown pool {self.pool!r}; choose one of {POOLS}")
-        if self.ista_mode not in ISTA_MODES:
-            raise ValueError(f"unknown ista_mode {self.ista_mode!r}; choose one of {ISTA_MODES}")
-        if self.layer_form not in LAYER_FORMS:
-            raise ValueError(f"unknown layer_form {self.layer_form!r}; choose one of {LAYER_FORMS}")
-        if self.attention not in ATTENTIONS:
-            raise ValueError(f"unknown attention {self.attention!r}; choose one of {ATTENTIONS}")
-        if self.mlp not in MLPS:
-            raise ValueError(f"unknown mlp {self.mlp!r}; choose one of {MLPS}")
-        if self.odl_ratio <= 0:
-            raise ValueError(f"odl_ratio must be a positive integer, got {self.odl_ratio!r}; e.g. odl_ratio=4")
+    RULES = {
+        "eta": (lambda v: v > 0, " > 0"),
+        "lambd": (lambda v: v >= 0, " >= 0"),
+        "eps": (lambda v: v > 0, " > 0"),
+        "mlp_ratio": (lambda v: v > 0, " > 0"),
+        "dropout": (lambda v: 0 <= v < 1, " in [0, 1)"),
+        "emb_dropout": (lambda v: 0 <= v < 1, " in [0, 1)"),
+    }
+
+    def validate(self) -> None:
+        for name, allowed in (("arch", ARCHS), ("pool", POOLS), ("ista_mode", ISTA_MODES),
+                              ("layer_form", LAYER_FORMS), ("attention", ATTENTIONS), ("mlp", MLPS)):  # fmt: skip
+            self.check_choice(name, allowed)
+        self.check_positive("odl_ratio")
         if self.arch == "crate" and self.mlp != "ista" and self.ista_mode != "relu":
             raise ValueError(
                 f"ista_mode={self.ista_mode!r} applies to the ISTA block only, but mlp={self.mlp!r}; "
@@ -163,18 +157,6 @@ class ModelConfig(ImageEncoderGeometry):
         if self.arch == "crate" and self.attention == "mhsa" and self.tied_output:
             raise ValueError("tied_output applies to MSSA only, but attention='mhsa'; use attention=mssa")
         self.check_geometry(positive=("num_classes",))
-        for name, ok, rule, example in (
-            ("eta", lambda v: v > 0, " > 0", "0.1"),
-            ("lambd", lambda v: v >= 0, " >= 0", "0.1"),
-            ("eps", lambda v: v > 0, " > 0", "0.1"),
-            ("tied_beta", lambda v: True, "", "1.0"),
-            ("mlp_ratio", lambda v: v > 0, " > 0", "4.0"),
-            ("dropout", lambda v: 0 <= v < 1, " in [0, 1)", "0.1"),
-            ("emb_dropout", lambda v: 0 <= v < 1, " in [0, 1)", "0.1"),
-        ):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and ok(v)):
-                raise ValueError(f"{name} must be a finite number{rule}, got {v!r}; e.g. {name}={example}")
         if self.arch == "vit" and self.dim % self.heads:
             raise ValueError(
                 f"dim={self.dim} is not divisible by heads={self.heads}; the ViT baseline needs dim % heads == 0"
@@ -183,63 +165,25 @@ class ModelConfig(ImageEncoderGeometry):
             raise ValueError(f"mlp_ratio={self.mlp_ratio} gives an empty MLP for dim={self.dim}; e.g. mlp_ratio=4.0")
         self.check_data()
 
-    def to_dict(self) -> dict:
-        """Every field as plain JSON values; ``data`` as a dict (or None)."""
-        return dataclasses.asdict(self)
-
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
-        """Read :meth:`to_dict` output (``config.json``, a training state's ``model_config``).
-
-        Also reads configs written before ``data`` existed: their free-form ``"extra"`` dict
-        (``{"normalization": {"mean", "std"}, "classes", "dataset", "data"}``) becomes ``data``.
-        """
-        d = dict(d)
+    def upgrade(cls, d: dict) -> dict:
+        """Configs written before ``data`` existed: their free-form ``"extra"`` dict
+        (``{"normalization": {"mean", "std"}, "classes", "dataset", "data"}``) becomes ``data``."""
         if "extra" in d:
             extra = d.pop("extra")
             if d.get("data") is not None and extra:
                 raise ValueError("config has both 'data' and the legacy 'extra'; keep only 'data'")
             if d.get("data") is None:
                 d["data"] = DataSpec.from_dict(extra, legacy=True)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown config keys {unknown}; valid keys: {sorted(known)}")
-        return cls(**d)
+        return d
 
 
 def _divisors_hint(n: int) -> str:
     return ", ".join(str(k) for k in range(1, n + 1) if n % k == 0 and k <= 32)
 
 
-@dataclass
-class Trace:
-    """Every layer's tokens from one forward pass (JMLR indexing, eq. (20)).
-
-    ``tokens[ℓ]`` is ``Z^{ℓ+1}`` for ℓ = 0..L: ``tokens[0]`` is the embedding ``f_pre(X)`` and
-    ``tokens[-1]`` the encoder output.  ``half[ℓ]`` is ``Z^{ℓ+1/2}`` (after MSSA, before ISTA) of layer
-    ℓ.  ``attention[ℓ]`` is that layer's ``(b, K, n, n)`` attention (row-softmax), when requested.
-    """
-
-    tokens: list[Tensor]
-    half: list[Tensor]
-    attention: list[Tensor] | None = None
-
-    @classmethod
-    def of(cls, layers: nn.ModuleList, z: Tensor, return_attention: bool = False) -> Trace:
-        """Run ``z`` (the embedded tokens) through ``layers`` and keep every layer's output."""
-        tokens, half, attention = [z], [], [] if return_attention else None
-        for layer in layers:
-            z, zh, attn = layer(z, return_attention=return_attention)
-            tokens.append(z)
-            half.append(zh)
-            if attention is not None:
-                attention.append(attn)
-        return cls(tokens, half, attention)
-
-
 # --------------------------------------------------------------------------- ViT baseline block
-class _ViTBlock(EncoderLayer):
+class ViTBlock(EncoderLayer):
     """The ViT block: pre-norm :class:`~crate_transformer.operators.MHSA` + GELU MLP, both residual (timm
     layout).  The same layer as CRATE's with ``attention="mhsa", mlp="mlp"`` (Table 17's ViT row); with
     ``causal`` the GPT-2 block."""
@@ -285,7 +229,7 @@ def _crate_encoder(c: ModelConfig) -> tuple[nn.Module, nn.ModuleList, float]:
 def _vit_encoder(c: ModelConfig) -> tuple[nn.Module, nn.ModuleList, float]:
     """ViT: Linear patch embedding, then pre-norm MHSA + GELU-MLP blocks (timm layout)."""
     patch_embed = nn.Sequential(nn.Linear(c.in_chans * c.patch_size**2, c.dim))
-    layers = nn.ModuleList(_ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout) for _ in range(c.depth))
+    layers = nn.ModuleList(ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout) for _ in range(c.depth))
     return patch_embed, layers, 0.02  # timm ViT
 
 
@@ -362,30 +306,31 @@ class ImageInput:
         return patchify(x, self.config.patch_size)
 
 
-class ImageClassifier(PretrainedMixin, ImageInput, nn.Module):
+class ImageClassifier(ImageInput, Model):
     """Patch embedding → class token + position embedding → L layers → pool → LayerNorm + Linear.
 
     ``forward(x)`` takes float images ``(b, c, h, w)`` (any size divisible by the patch size; the
-    position embedding is interpolated) and returns logits.  ``forward_features`` returns the
-    encoder's tokens, ``forward_head`` maps tokens to logits, ``forward_trace`` returns every
-    layer's tokens in one pass.
+    position embedding is interpolated) and returns logits.  The :class:`~crate_transformer.base.Model`
+    contract: ``forward_features`` returns the last layer's tokens (the official head normalises after
+    pooling, so its LayerNorm is part of the head), ``forward_head`` pools and maps them to logits,
+    ``forward_trace`` returns every layer's tokens in one pass.
 
     The architecture is the class's: :class:`CRATE` and :class:`ViT` build their own and record it
     in ``config.arch`` whatever the given config says; ``ImageClassifier(config)`` itself (like
     :func:`build_model`) builds ``config.arch``.
     """
 
+    config_class = ModelConfig
+    no_decay_names = ("pos_embed", "cls_token")
     arch: str | None = None  # fixed by the subclasses
 
     def __init__(self, config: ModelConfig | None = None) -> None:
-        super().__init__()
         if config is None:
             config = ModelConfig(arch=self.arch or "crate")
-        elif not isinstance(config, ModelConfig):
-            raise ValueError(f"expected a ModelConfig, got {type(config).__name__}; e.g. ModelConfig(dim=384)")
-        if self.arch is not None and config.arch != self.arch:
+        if isinstance(config, ModelConfig) and self.arch is not None and config.arch != self.arch:
             config = dataclasses.replace(config, arch=self.arch)
-        self.config = c = config
+        super().__init__(config)
+        c = self.config
         self.patch_embed, self.layers, init_std = _ENCODERS[c.arch](c)
         self.cls_token = nn.Parameter(torch.randn(1, 1, c.dim) * init_std)
         self.pos_embed = nn.Parameter(torch.randn(1, c.grid**2 + 1, c.dim) * init_std)
@@ -420,32 +365,29 @@ class ImageClassifier(PretrainedMixin, ImageInput, nn.Module):
 
     # ---------------------------------------------------------------- forward
     def forward_features(self, x: Tensor) -> Tensor:
-        z = self.embed(x)
-        for layer in self.layers:
-            z = layer(z)[0]
-        return z
+        return self.run_layers(self.embed(x))
 
     def forward_trace(self, x: Tensor, return_attention: bool = False) -> Trace:
-        z = self.embed(x)
-        return Trace.of(self.layers, z, return_attention)
+        return Trace.of(self.layers, self.embed(x), return_attention)
 
     def pool(self, z: Tensor) -> Tensor:
-        # Official mean pooling includes the class token.
-        return z.mean(dim=1) if self.config.pool == "mean" else z[:, 0]
+        return pool_tokens(z, self.config.pool)
 
-    def forward_head(self, z: Tensor) -> Tensor:
-        return self.head(self.pool(z))
+    def forward_head(self, z: Tensor, pre_logits: bool = False) -> Tensor:
+        """Pool, then the head: LayerNorm (``pre_logits`` stops here) and the Linear to classes."""
+        z = self.head[0](self.pool(z))
+        return z if pre_logits else self.head[1](z)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(x))
 
     # ---------------------------------------------------------------- utilities
-    def num_params(self, trainable_only: bool = False) -> int:
-        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+    def get_classifier(self) -> nn.Module:
+        return self.head[1]
 
-    def reset_head(self, num_classes: int) -> None:
-        """Replace the classifier head with a freshly initialised one for ``num_classes`` classes."""
-        self.config = dataclasses.replace(self.config, num_classes=num_classes)
+    def reset_classifier(self, num_classes: int, pool: str | None = None) -> None:
+        """A freshly initialised head (LayerNorm + Linear) for ``num_classes`` classes; ``pool`` changes the pooling."""
+        self.config = dataclasses.replace(self.config, num_classes=num_classes, pool=pool or self.config.pool)
         ref = self.head[1].weight
         self.head = nn.Sequential(nn.LayerNorm(self.config.dim), nn.Linear(self.config.dim, num_classes)).to(
             ref.device, ref.dtype

@@ -110,6 +110,8 @@ def attend(
     if key_mask is not None:
         mask = mask & key_mask[:, None, None, :].to(torch.bool)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+
+
 def odl_reference(Z: Tensor, D: Tensor, D1: Tensor, eta: float = 0.1, lambd: float = 0.1) -> Tensor:
     """CRATE-α's overcomplete sparse-coding block (Yang et al. 2024, arXiv 2405.20299, §3), column form.
 

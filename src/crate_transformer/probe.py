@@ -21,19 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .base import POOLS, pool_tokens
+
 __all__ = ["POOLS", "pool_tokens", "extract_features", "knn_classify", "knn_sweep", "linear_probe", "ProbeResult"]
 
-POOLS = ("cls", "mean")
 KNN_KS = (10, 20, 100, 200)
-
-
-def pool_tokens(z: Tensor, pool: str) -> Tensor:
-    """``(b, 1 + N, d)`` tokens → ``(b, d)``: the class token (``"cls"``) or the mean of the patch tokens."""
-    if pool == "cls":
-        return z[:, 0]
-    if pool == "mean":
-        return z[:, 1:].mean(dim=1)
-    raise ValueError(f"unknown pooling {pool!r}; choose one of {POOLS}")
 
 
 @torch.no_grad()

@@ -1,27 +1,37 @@
 """Model registry: ``create_model(name, **overrides)`` and ``list_models()`` (timm-style).
 
-A registered model is a name and the config fields that define it; overrides replace any field.
-The ``arch`` field picks the config class (:func:`config_class`): :class:`~crate_transformer.model.ModelConfig`
-for the image classifiers (``crate``, ``vit``), :class:`~crate_transformer.mae.MAEConfig` for ``crate_mae``,
-:class:`~crate_transformer.lm.LMConfig` for language models (``crate_lm``, ``gpt``, ``crate_bert``).  CRATE sizes are
-JMLR Table 8 (p.96); ViT sizes are the standard ViT-T/S/B/L (timm layout, the paper's baselines);
-CRATE-MAE sizes are the official ``mae_crate_*`` factories (Table 9, p.96); CRATE-BERT / CRATE-GPT
-sizes are Table 10 (p.98).
+Two tables.  **Architectures** (:func:`register_arch`): an ``arch`` name → its config class, its builder,
+and the authors' checkpoint format (:class:`~crate_transformer.official.OfficialFormat`).  **Models**
+(:func:`register_model`): a name → the config fields that define it; overrides replace any field.  A new
+model family is one module (its :class:`~crate_transformer.config.Config` and
+:class:`~crate_transformer.base.Model` subclasses, and its checkpoint format) plus a ``register_arch`` call
+and its ``register_model`` entries here.
+
+CRATE sizes are JMLR Table 8 (p.96); ViT sizes are the standard ViT-T/S/B/L (timm layout, the paper's
+baselines); CRATE-MAE sizes are the official ``mae_crate_*`` factories (Table 9, p.96); CRATE-BERT /
+CRATE-GPT sizes are Table 10 (p.98).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import fnmatch
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 
-from torch import nn
-
-from .lm import LM_ARCHS, LanguageModel, LMConfig, build_lm
+from .base import Model
+from .bert import BERT_FORMAT
+from .config import Config
+from .lm import LanguageModel, LMConfig, build_lm
 from .mae import CRATEMAE, MAE_ARCH, MAEConfig
 from .model import ImageClassifier, ModelConfig, build_model
+from .official import CLASSIFIER_FORMAT, MAE_FORMAT, OfficialFormat
 
 __all__ = [
+    "Arch",
+    "register_arch",
+    "arch_info",
+    "official_formats",
     "register_model",
     "list_models",
     "registered_fields",
@@ -32,15 +42,51 @@ __all__ = [
     "is_language_model",
 ]
 
+
+@dataclass(frozen=True)
+class Arch:
+    """An architecture: its config class, the function that builds a model from a config, whether it is a
+    language model (token ids in), and the authors' checkpoint format, if any (``ct.from_official``)."""
+
+    config_class: type[Config]
+    build: Callable[[Config], Model]
+    language: bool = False
+    official: OfficialFormat | None = None
+
+
+_ARCHS: dict[str, Arch] = {}
 _REGISTRY: dict[str, dict] = {}
 
 
-def config_class(arch: object) -> type[ModelConfig] | type[MAEConfig] | type[LMConfig]:
-    """The config dataclass of an architecture name: MAEConfig (``crate_mae``), LMConfig (``crate_lm``,
-    ``gpt``), else ModelConfig."""
-    if arch in LM_ARCHS:
-        return LMConfig
-    return MAEConfig if arch == MAE_ARCH else ModelConfig
+def register_arch(
+    arch: str,
+    config_class: type[Config],
+    build: Callable[[Config], Model],
+    *,
+    language: bool = False,
+    official: OfficialFormat | None = None,
+) -> None:
+    """Make ``arch`` (a config's ``arch`` value) buildable; a new model family is a module plus this call
+    and its :func:`register_model` entries."""
+    _ARCHS[arch] = Arch(config_class, build, language, official)
+
+
+def arch_info(arch: object) -> Arch:
+    """The :class:`Arch` of an architecture name (one-line error naming the known ones)."""
+    if arch not in _ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; choose one of {tuple(_ARCHS)}")
+    return _ARCHS[arch]
+
+
+def official_formats() -> list[Arch]:
+    """The registered architectures that have an authors' checkpoint format."""
+    return [a for a in _ARCHS.values() if a.official is not None]
+
+
+def config_class(arch: object) -> type[Config]:
+    """The config dataclass of an architecture name (the classifier's :class:`ModelConfig` when ``arch`` is
+    None or unknown, whose own check then names the valid ones)."""
+    return _ARCHS[arch].config_class if arch in _ARCHS else ModelConfig
 
 
 def register_model(name: str, **fields: object) -> None:
@@ -49,6 +95,12 @@ def register_model(name: str, **fields: object) -> None:
     _REGISTRY[name] = dict(fields)  # as given; the config coerces them again on every use
 
 
+register_arch("crate", ModelConfig, build_model, official=CLASSIFIER_FORMAT)
+register_arch("vit", ModelConfig, build_model)
+register_arch(MAE_ARCH, MAEConfig, CRATEMAE, official=MAE_FORMAT)
+register_arch("crate_lm", LMConfig, build_lm, language=True)
+register_arch("gpt", LMConfig, build_lm, language=True)
+register_arch("crate_bert", LMConfig, build_lm, language=True, official=BERT_FORMAT)
 
 
 # JMLR Table 8: image 224, patch 16, p = d/K.  Parameter counts: 6.09M / 13.12M / 22.80M / 77.64M.
@@ -141,8 +193,9 @@ def list_models(pattern: str = "*") -> list[str]:
 
 
 def is_language_model(name: str) -> bool:
-    """Whether the registered ``name`` is a language model (an :class:`~crate_transformer.lm.LMConfig`)."""
-    return config_class(registered_fields(name).get("arch")) is LMConfig
+    """Whether the registered ``name`` is a language model (takes token ids)."""
+    arch = registered_fields(name).get("arch")
+    return arch in _ARCHS and _ARCHS[arch].language
 
 
 def registered_fields(name: str) -> dict:
@@ -154,26 +207,24 @@ def registered_fields(name: str) -> dict:
     return dict(_REGISTRY[name])
 
 
-def model_config(name: str, **overrides: object) -> ModelConfig | MAEConfig | LMConfig:
-    """The config (:class:`ModelConfig`, :class:`MAEConfig` or :class:`LMConfig`, by ``arch``) of a registered
-    model with ``overrides`` applied (values are coerced and validated, e.g. ``lambd="5e-2"`` → 0.05)."""
-    fields = registered_fields(name)
-    cls = config_class(fields.get("arch"))
-    valid = {f.name for f in dataclasses.fields(cls)}
+def model_config(name: str, **overrides: object) -> Config:
+    """The config (the class its ``arch`` registered) of a registered model with ``overrides`` applied
+    (values are coerced and validated, e.g. ``lambd="5e-2"`` → 0.05)."""
+    registered = registered_fields(name)
+    cls = config_class(registered.get("arch"))
+    valid = {f.name for f in fields(cls)}
     bad = sorted(set(overrides) - valid)
     if bad:
         raise ValueError(f"unknown override(s) {bad} for {name!r}; valid fields: {sorted(valid)}")
-    return cls(**{**fields, **overrides})
+    return cls(**{**registered, **overrides})
 
 
-def build(config: ModelConfig | MAEConfig | LMConfig) -> nn.Module:
-    """The model a config describes: image classifier, :class:`CRATEMAE` or language model."""
-    if isinstance(config, LMConfig):
-        return build_lm(config)
-    return CRATEMAE(config) if isinstance(config, MAEConfig) else build_model(config)
+def build(config: Config) -> Model:
+    """The model a config describes (by its ``arch``)."""
+    return arch_info(getattr(config, "arch", None)).build(config)
 
 
-def create_model(name: str, **overrides: object) -> ImageClassifier | CRATEMAE | LanguageModel:
+def create_model(name: str, **overrides: object) -> ImageClassifier | CRATEMAE | LanguageModel | Model:
     """Build a registered model, e.g. ``create_model("crate_small", num_classes=10, image_size=32, patch_size=4)``,
     ``create_model("crate_mae_small")`` or ``create_model("crate_gpt_mini", depth=2)``."""
     return build(model_config(name, **overrides))

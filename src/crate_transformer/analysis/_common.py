@@ -13,9 +13,9 @@ import torch
 from torch import Tensor, nn
 
 from ..data import fit_normalization, match_channels, normalize
-from ..data.spec import resolve_normalization  # noqa: F401  (the one resolver; re-exported for the analysis modules)
 from ..model import ImageClassifier, Trace
 from ..objectives import subspaces_from_qkv
+from ..spec import resolve_normalization  # noqa: F401  (the one resolver; re-exported for the analysis modules)
 
 Normalization = tuple[Sequence[float], Sequence[float]]
 

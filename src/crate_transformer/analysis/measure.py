@@ -249,7 +249,7 @@ def measure(
     channels as in training), or a loader / iterable of model-ready batches.
 
     ``normalize``: ``"auto"`` normalises dataset images with the normalisation recorded in
-    ``model.config.data`` (see :func:`crate_transformer.data.spec.resolve_normalization`), falling back
+    ``model.config.data`` (see :func:`crate_transformer.spec.resolve_normalization`), falling back
     to the dataset's statistics, and leaves tensors / loaders untouched; pass ``(mean, std)`` to force
     a normalisation or ``None`` for none.  Every batch is checked (shape, channels, NaN/Inf) before use.
 

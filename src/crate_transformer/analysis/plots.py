@@ -48,7 +48,7 @@ METRIC_LABELS: dict[str, str] = {
     "rc_half": r"$R^c(Z^{\ell+1/2}\,|\,U^{\ell}_{[K]})$",
     "rc_out": r"$R^c(Z^{\ell+1}\,|\,U^{\ell}_{[K]})$",
     "sparsity": r"fraction of zeros of $Z^{\ell+1}$",
-    "nonzero": r"sparsity $\|Z^{\ell+1}\|_0/(d\cdot n)$",
+    "nonzero": r"fraction of non-zeros $\|Z^{\ell+1}\|_0/(d\cdot n)$",
     "l1": r"$\|Z^{\ell+1}\|_1/(d\cdot n)$",
     "rate": r"$R(Z^{\ell+1})$",
     "rate_reduction": r"$\Delta R(Z^{\ell+1}\,|\,U^{\ell}_{[K]})$",

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from ..base import POOLS
 from .common import add_dataclass_arguments, add_model_arguments, check_out_dir, given_options, parse_model_args
 
 
@@ -111,8 +112,9 @@ def configure_eval(parser: argparse.ArgumentParser) -> None:
     )
     frozen.add_argument("--linear-probe", action="store_true", help="logistic regression on train-split features")
     frozen.add_argument(
-        "--pool", default=None, choices=("cls", "mean"),
-        help="feature: class token | mean of patches (default: the model's pool, e.g. mean for a digits DINO run)",
+        "--pool", default=None, choices=POOLS,
+        help="feature: class token | avg of the patch tokens | mean of all tokens (default: the model's pool, "
+        "e.g. avg for a digits DINO run)",
     )  # fmt: skip
 
 

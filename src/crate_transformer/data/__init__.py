@@ -17,6 +17,7 @@ description saved with a model.
 * :mod:`.spec` — :class:`DataSpec`, what a model records about its training data.
 """
 
+from ..spec import DataSpec, fit_normalization, resolve_normalization
 from .base import ImageSource, epoch_permutation, global_batches, rank_slice
 from .memory import (
     IMAGE_EXTENSIONS,
@@ -28,7 +29,6 @@ from .memory import (
     resolve_source,
 )
 from .sources import DATA_MODES, STREAM_ABOVE, open_source
-from .spec import DataSpec, fit_normalization, resolve_normalization
 from .streaming import StreamingImageFolder
 from .transforms import (
     AUGMENTATIONS,

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .spec import fit_normalization  # noqa: F401  (re-exported)
+from ..spec import fit_normalization  # noqa: F401  (re-exported)
 
 BUILTIN_DATASETS = ("mnist", "digits")
 AUGMENTATIONS = ("none", "translate", "crop-flip", "randaugment")

@@ -66,7 +66,7 @@ class ClassificationTask(Task):
             )
         if state is None and cfg.init_from is not None:
             if not (cfg.keep_head and model.config.num_classes == len(classes)):
-                model.reset_head(len(classes))  # the transfer protocol: a fresh head for the new classes
+                model.reset_classifier(len(classes))  # the transfer protocol: a fresh head for the new classes
             if model.config.image_size != image_size:
                 model.resize_pos_embed(image_size)  # bicubic interpolation of the learned position grid
         elif state is None:

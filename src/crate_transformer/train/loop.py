@@ -235,15 +235,16 @@ def _steps_per_epoch(cfg: TrainConfig, task: Task, rt: Runtime) -> int:
 class _Optimization:
     """Optimizer (AdamW or Lion), per-iteration warm-up + cosine schedule, fp16 grad scaler and clipping.
 
-    Weight decay is decoupled and applied to matrices only (not norms, biases, class and mask tokens, position
-    embedding).
+    Weight decay is decoupled and skips what the model's ``no_weight_decay()`` names (norms, biases, class and
+    mask tokens, position tables; a model without the method: every vector).
     """
 
     def __init__(self, model: nn.Module, cfg: TrainConfig, steps_per_epoch: int, total: int, rt: Runtime) -> None:
+        skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
         decay, no_decay = [], []
         for name, p in model.named_parameters():
             if p.requires_grad:
-                (no_decay if p.ndim < 2 or name in ("pos_embed", "cls_token", "mask_token") else decay).append(p)
+                (no_decay if p.ndim < 2 or name in skip else decay).append(p)
         groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         if cfg.optimizer == "lion":
             from lion_pytorch import Lion

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..base import POOLS
 from ..checkpoint import config_from_dict, load_model
 from ..data import BUILTIN_DATASETS, DataSpec, ImageSource, build_augmentation, fit_normalization
 from ..data.base import rank_slice
@@ -53,7 +54,7 @@ class MAEOptions:
     )  # fmt: skip
     probe: bool = task_option(True, "at the end, linear-probe the encoder and a random-init encoder (probe.json)")
     probe_pool: str = task_option(
-        "mean", "probe features: mean of patch tokens (eq. (72)) | cls", choices=("mean", "cls")
+        "avg", "probe features: avg of the patch tokens (eq. (72)) | cls | mean of all tokens", choices=POOLS
     )
     probe_c: float = task_option(1.0, "inverse L2 strength C of the logistic-regression probe")
     figure_images: int = task_option(8, "held-out images in reconstruction.png")
@@ -295,8 +296,9 @@ class MAETask(Task):
 
         per_image = self.model.config.in_chans * self.image_size**2
         train_images, test_images = (max(1, min(n, 2**25 // per_image)) for n in (train_images, test_images))
-        (train_x, train_y), (test_x, test_y) = (data.first(k) for data, k in
-                                                ((self.train_data, train_images), (self.test_data, test_images)))
+        (train_x, train_y), (test_x, test_y) = (
+            data.first(k) for data, k in ((self.train_data, train_images), (self.test_data, test_images))
+        )
         result = reconstruction_recognition(self.model, self._inputs(train_x), train_y, self._inputs(test_x), test_y,
                                             mean=self.mean, std=self.std, seed=self.cfg.seed)  # fmt: skip
         return {**result, "mask_ratio": self.model.config.mask_ratio, "train_images": len(train_x)}

@@ -1,9 +1,9 @@
 """The official CRATE-MAE formulation, transcribed: the forward computation of the official
 ``model/crate_ae/{crate_ae,crate_encoder,crate_decoder,pos_embed}.py`` (Ma-Lab-Berkeley/CRATE, PR #21;
-anchors.md §1.5) with its module names, so its ``state_dict`` has the official keys.  Conv patch
+commit 674408f) with its module names, so its ``state_dict`` has the official keys.  Conv patch
 embedding, gather/scatter masking, explicit attention matrices, three-matmul ISTA.
 
-Not the implementation to use — :mod:`crate_transformer.mae` is.  This exists so the tests can check
+Not the implementation to use — ``crate_transformer.mae`` is.  This exists so the tests can check
 that ``ct.from_official(..., "crate_mae_*")`` reproduces the official loss and predictions, and so the
 benchmark can time the official formulation beside ours in the same run.
 """
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .reference import Attention, PreNorm
+from .crate import Attention, PreNorm
 
 
 def _sincos_1d(dim, pos):

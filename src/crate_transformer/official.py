@@ -1,0 +1,205 @@
+"""The authors' checkpoint formats: how a ``.pth`` of the official code becomes this package's weights.
+
+An :class:`OfficialFormat` is what ``ct.from_official(path, name)`` needs to read one family's released
+files: a converter to this package's keys and shapes, a detector (so a file of another family is refused
+with the right model name), and the checks of the config it can fill.  Each model family registers its
+format with its architecture (``registry.register_arch(..., official=FORMAT)``); the classifier and
+CRATE-MAE formats of the official repository (Ma-Lab-Berkeley/CRATE ``model/crate.py`` and
+``model/crate_ae``) live here, with the shared pieces (:func:`rename` by a key map, :func:`unwrap` of the
+training containers, :func:`conv_to_linear` for patch embeddings).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+__all__ = [
+    "OfficialFormat",
+    "rename",
+    "unwrap",
+    "conv_to_linear",
+    "linear_to_conv",
+    "CLASSIFIER_KEY_MAP",
+    "MAE_KEY_MAP",
+    "official_to_native",
+    "native_to_official",
+    "mae_official_to_native",
+    "mae_native_to_official",
+    "CLASSIFIER_FORMAT",
+    "MAE_FORMAT",
+]
+
+
+@dataclass(frozen=True)
+class OfficialFormat:
+    """One family's released checkpoint format (see the module docstring): ``name`` as users know it,
+    ``origin`` the authors' code that writes it (repository and path).
+
+    ``to_native(state, config)`` maps an unwrapped state dict to this package's keys; ``detect(state)``
+    says whether a state dict is of this format; ``check(config)`` refuses configs the format cannot
+    fill (one-line ``ValueError``); ``example`` is a registered model name for error messages.
+
+    Formats whose files carry their own sizes also give ``config_from(state, sidecar)``: the config fields
+    the checkpoint determines (``sidecar`` is the JSON object saved beside the weights file, e.g. a
+    Hugging Face ``config.json``, or None), which the caller's overrides replace.  ``optional`` lists native
+    key prefixes a checkpoint may lack (e.g. a fine-tuned classifier's file without the LM head): those
+    weights keep their initialisation, with a warning.
+    """
+
+    name: str
+    origin: str
+    to_native: Callable[[Mapping[str, Tensor], Any], dict[str, Tensor]]
+    detect: Callable[[Mapping[str, Tensor]], bool]
+    example: str
+    check: Callable[[Any], None] | None = None
+    config_from: Callable[[Mapping[str, Tensor], Mapping[str, Any] | None], dict[str, Any]] | None = None
+    optional: tuple[str, ...] = ()
+
+
+def conv_to_linear(w: Tensor) -> Tensor:
+    """A patch-embedding conv weight ``(d, c, p, p)`` → the Linear on (p1, p2, c)-ordered patches ``(d, p·p·c)``."""
+    return w.permute(0, 2, 3, 1).reshape(w.shape[0], -1)
+
+
+def linear_to_conv(w: Tensor, in_chans: int) -> Tensor:
+    """Inverse of :func:`conv_to_linear`."""
+    p = int(round((w.shape[1] / in_chans) ** 0.5))
+    return w.reshape(w.shape[0], p, p, in_chans).permute(0, 3, 1, 2).contiguous()
+
+
+# (official key prefix, native key prefix); "{i}" is a layer index.  One table serves both directions.
+CLASSIFIER_KEY_MAP = [
+    ("pos_embedding", "pos_embed"),
+    ("cls_token", "cls_token"),
+    ("to_patch_embedding.1.", "patch_embed.0."),  # index 0 of the official Sequential is the Rearrange
+    ("to_patch_embedding.2.", "patch_embed.1."),
+    ("to_patch_embedding.3.", "patch_embed.2."),
+    ("transformer.layers.{i}.0.norm.", "layers.{i}.norm1."),
+    ("transformer.layers.{i}.0.fn.qkv.", "layers.{i}.attn.qkv."),
+    ("transformer.layers.{i}.0.fn.to_out.0.", "layers.{i}.attn.proj."),
+    ("transformer.layers.{i}.1.norm.", "layers.{i}.norm2."),
+    ("transformer.layers.{i}.1.fn.weight", "layers.{i}.ista.weight"),
+    ("mlp_head.0.", "head.0."),
+    ("mlp_head.1.", "head.1."),
+]
+# CRATE-MAE (Ma-Lab-Berkeley/CRATE model/crate_ae).  The official pos_embed (unused by its forward) and
+# decoder_embed (never used) have no native counterpart; decoder_pos_embed is the table the forward adds.
+MAE_KEY_MAP = [
+    ("cls_token", "cls_token"),
+    ("mask_token", "mask_token"),
+    ("decoder_pos_embed", "pos_embed"),
+    ("patch_embed.proj.", "patch_embed."),  # conv weight (d, c, p, p) ↔ linear (d, p·p·c): see below
+    ("blocks.{i}.layers.0.0.norm.", "layers.{i}.norm1."),
+    ("blocks.{i}.layers.0.0.fn.qkv.", "layers.{i}.attn.qkv."),
+    ("blocks.{i}.layers.0.0.fn.to_out.0.", "layers.{i}.attn.proj."),
+    ("blocks.{i}.layers.0.1.norm.", "layers.{i}.norm2."),
+    ("blocks.{i}.layers.0.1.fn.weight", "layers.{i}.ista.weight"),
+    ("norm.", "norm."),
+    ("decoder_blocks.{i}.layers.0.0.norm.", "decoder_layers.{i}.norm1."),
+    ("decoder_blocks.{i}.layers.0.0.fn.weight", "decoder_layers.{i}.weight"),
+    ("decoder_blocks.{i}.layers.0.1.norm.", "decoder_layers.{i}.norm2."),
+    ("decoder_blocks.{i}.layers.0.1.fn.qkv.", "decoder_layers.{i}.attn.qkv."),
+    ("decoder_blocks.{i}.layers.0.1.fn.to_out.0.", "decoder_layers.{i}.attn.proj."),
+    ("decoder_norm.", "decoder_norm."),
+    ("decoder_pred.", "decoder_pred."),
+]
+_MAE_UNUSED = ("pos_embed", "decoder_embed.weight", "decoder_embed.bias")
+
+
+def rename(state: Mapping[str, Tensor], key_map: list[tuple[str, str]], forward: bool) -> dict[str, Tensor]:
+    """Rename keys by ``key_map`` official → native (``forward``) or native → official; unknown keys pass unchanged."""
+    rules = []
+    for official, native in key_map:
+        src, dst = (official, native) if forward else (native, official)
+        pattern = r"(\d+)".join(map(re.escape, src.split("{i}")))
+        rules.append((re.compile("^" + pattern + ("" if src.endswith(".") else "$")), dst.replace("{i}", r"\1")))
+    out = {}
+    for key, value in state.items():
+        for pattern, repl in rules:
+            new, hits = pattern.subn(repl, key)
+            if hits:
+                key = new
+                break
+        out[key] = value
+    return out
+
+
+def unwrap(obj: object) -> dict[str, Tensor]:
+    if isinstance(obj, Mapping):
+        for container in ("state_dict", "model"):
+            if container in obj and isinstance(obj[container], Mapping):
+                obj = obj[container]
+                break
+    if not isinstance(obj, Mapping) or not all(isinstance(v, Tensor) for v in obj.values()):
+        raise ValueError(
+            "not an official CRATE checkpoint: expected a state dict, {'state_dict': ...} or {'model': ...} of tensors"
+        )
+    return {k.removeprefix("module."): v for k, v in obj.items()}
+
+
+def official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Rename an official ``model/crate.py`` state dict (after unwrapping) to this library's key names."""
+    return rename(state, CLASSIFIER_KEY_MAP, forward=True)
+
+
+def native_to_official(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Rename this library's CRATE state dict to the official ``model/crate.py`` key names."""
+    return rename(state, CLASSIFIER_KEY_MAP, forward=False)
+
+
+def mae_official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """An official CRATE-MAE state dict (after unwrapping) → :class:`CRATEMAE` keys and shapes.
+
+    Keys follow :data:`MAE_KEY_MAP`; the unused ``pos_embed`` and ``decoder_embed`` are dropped; the
+    patch conv ``(d, c, p, p)`` becomes the linear map of (p1, p2, c)-ordered patches ``(d, p·p·c)``.
+    """
+    state = {k: v for k, v in state.items() if k not in _MAE_UNUSED}
+    out = rename(state, MAE_KEY_MAP, forward=True)
+    w = out.get("patch_embed.weight")
+    if w is not None and w.dim() == 4:
+        out["patch_embed.weight"] = conv_to_linear(w)
+    return out
+
+
+def mae_native_to_official(state: Mapping[str, Tensor], in_chans: int) -> dict[str, Tensor]:
+    """A :class:`CRATEMAE` state dict → the official ``MaskedAutoencoderViT`` keys, loadable strictly.
+
+    Writes both (identical) position tables and the never-used ``decoder_embed`` as zeros.
+    """
+    out = rename(state, MAE_KEY_MAP, forward=False)
+    w = out["patch_embed.proj.weight"]
+    out["patch_embed.proj.weight"] = linear_to_conv(w, in_chans)
+    out["pos_embed"] = out["decoder_pos_embed"].clone()
+    d = w.shape[0]
+    out["decoder_embed.weight"], out["decoder_embed.bias"] = w.new_zeros(d, d), w.new_zeros(d)
+    return out
+
+
+def _check_classifier(config: Any) -> None:
+    if config.arch != "crate" or (config.attention, config.mlp) != ("mssa", "ista"):
+        raise ValueError(
+            f"official CRATE checkpoints have MSSA + ISTA layers, not arch={config.arch!r}, "
+            f"attention={config.attention!r}, mlp={config.mlp!r}; drop those --model-args"
+        )
+
+
+CLASSIFIER_FORMAT = OfficialFormat(
+    name="CRATE classifier",
+    origin="Ma-Lab-Berkeley/CRATE model/crate.py",
+    to_native=lambda state, config: official_to_native(state),
+    detect=lambda state: any(k.startswith("to_patch_embedding.") for k in state),
+    example="crate_small",
+    check=_check_classifier,
+)
+MAE_FORMAT = OfficialFormat(
+    name="CRATE-MAE",
+    origin="Ma-Lab-Berkeley/CRATE model/crate_ae",
+    to_native=lambda state, config: mae_official_to_native(state),
+    detect=lambda state: any(k.startswith(("decoder_blocks.", "mask_token")) for k in state),
+    example="crate_mae_base",
+)
