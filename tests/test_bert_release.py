@@ -159,6 +159,10 @@ def test_loaded_model_round_trips_through_save_pretrained(tmp_path: Path) -> Non
     ids, mask, _ = _batch()
     assert isinstance(again, CRATEBert) and again.config == ours.config
     assert torch.equal(again.eval()(ids, key_mask=mask), ours.eval()(ids, key_mask=mask))
+    # forward_head(pre_logits=True) stops before the tied decoder, the head's last linear map
+    z = ours.forward_features(ids, key_mask=mask)
+    logits = ours.forward_head(z, pre_logits=True) @ ours.wte.weight.T + ours.lm_head.bias
+    torch.testing.assert_close(logits, ours.forward_head(z), rtol=1e-6, atol=1e-5)
 
 
 # --------------------------------------------------------------------------- errors
