@@ -38,3 +38,20 @@ def torchrun():
         return subprocess.Popen([str(a) for a in cmd], env=env, text=True, stdout=pipe, stderr=pipe)
 
     return start
+
+
+@pytest.fixture
+def without_file_checksums():
+    """``without_file_checksums(folder)`` rewrites a ``save_pretrained`` folder's weights with the metadata saves
+    had before ``config.json`` / ``tokenizer.json`` were checksummed, so those files may be edited as an old
+    version wrote them (the weights' own checksum stays)."""
+    from safetensors.torch import save_file
+
+    from crate_transformer.io import load_safetensors
+
+    def rewrite(folder):
+        tensors, meta = load_safetensors(folder / "model.safetensors")
+        save_file(tensors, folder / "model.safetensors", metadata={"format": "pt", "sha256": meta["sha256"]})
+        return folder
+
+    return rewrite

@@ -174,7 +174,7 @@ def test_load_model_resolves_every_layout(tmp_path):
 
 
 # --------------------------------------------------------------------------- data description in config.json
-def test_data_spec_round_trips_and_legacy_extra_configs_still_load(tmp_path):
+def test_data_spec_round_trips_and_legacy_extra_configs_still_load(tmp_path, without_file_checksums):
     from crate_transformer.data import DataSpec
 
     spec = DataSpec(source="digits", kind="digits", name="digits", classes=list("abcde"), mean=[0.2] * 3, std=[0.3] * 3)
@@ -185,7 +185,9 @@ def test_data_spec_round_trips_and_legacy_extra_configs_still_load(tmp_path):
     assert cfg["data"] == spec.to_dict() and "extra" not in cfg
     assert ct.from_pretrained(d).config == m.config
     assert ct.ModelConfig.from_dict(m.config.to_dict()) == m.config
-    # a config.json written before `data` existed: the free-form `extra` dict becomes a DataSpec
+    # a config.json written before `data` existed (and before config.json was checksummed): the free-form
+    # `extra` dict becomes a DataSpec
+    without_file_checksums(d)
     legacy = {k: v for k, v in cfg.items() if k != "data"}
     legacy["extra"] = {
         "normalization": {"mean": [0.5], "std": [0.25]},
@@ -216,8 +218,8 @@ def test_extra_is_no_longer_a_field():
         ct.create_model("crate_tiny", **TINY, extra={})
 
 
-def test_config_json_with_bad_values_is_one_line_error_naming_the_file(tmp_path):
-    d = ct.create_model("crate_tiny", **TINY).save_pretrained(tmp_path / "m")
+def test_config_json_with_bad_values_is_one_line_error_naming_the_file(tmp_path, without_file_checksums):
+    d = without_file_checksums(ct.create_model("crate_tiny", **TINY).save_pretrained(tmp_path / "m"))  # editable
     cfg = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps({**cfg, "lambd": "5e-2", "dim": "32"}))  # strings are coerced
     assert ct.from_pretrained(d).config.lambd == 0.05
@@ -389,8 +391,8 @@ def test_save_pretrained_on_a_full_disk_or_read_only_folder(tmp_path, monkeypatc
 
     monkeypatch.setattr(cio, "_write_bytes", no_space)
     m = ct.create_model("crate_tiny", **TINY)
-    with pytest.raises(ValueError, match=r"no space left on device while writing .*model.safetensors; free space"):
-        m.save_pretrained(tmp_path / "m")
+    with pytest.raises(ValueError, match=r"no space left on device while writing .*config.json; free space"):
+        m.save_pretrained(tmp_path / "m")  # config.json is written first, the weights (with its checksum) last
     assert os.listdir(tmp_path / "m") == []
     monkeypatch.undo()
 
@@ -398,7 +400,7 @@ def test_save_pretrained_on_a_full_disk_or_read_only_folder(tmp_path, monkeypatc
         raise PermissionError(errno.EACCES, "Permission denied")
 
     monkeypatch.setattr(cio.tempfile, "mkstemp", read_only)
-    with pytest.raises(ValueError, match=r"cannot write model.safetensors to folder .*ro \(permission denied\)"):
+    with pytest.raises(ValueError, match=r"cannot write config.json to folder .*ro \(permission denied\)"):
         m.save_pretrained(tmp_path / "ro")
 
 

@@ -6,7 +6,10 @@ the paper's ImageNet-1K top-1 for that row.  :func:`run_ablation` trains every r
 tables for several seeds with the one training engine (:func:`crate_transformer.train.train`), each
 run a normal run directory, and appends one summary line per finished run to ``results.jsonl``.  A
 run already in ``results.jsonl`` is never trained again; a run killed midway continues from its last
-checkpoint (the engine's resume).  Rows that define the same run (e.g. the default row every table
+checkpoint (the engine's resume), and one killed before its first checkpoint starts again — its folder is
+emptied only while holding its lock, so the folder of a run still alive elsewhere is never deleted.  A
+sweep holds the lock of its ``--out`` folder while it runs, so a second sweep on the same folder stops
+with a one-line error.  Rows that define the same run (e.g. the default row every table
 starts with) are trained once.  At the end it writes ``ablate.md`` (mean ± std of held-out accuracy,
 parameters, images/s, the paper's number) and ``layerwise-<table>.png`` (each row's layer-wise
 compression and sparsity, :func:`crate_transformer.analysis.measure`, side by side).
@@ -24,7 +27,6 @@ import hashlib
 import json
 import math
 import re
-import shutil
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -258,15 +260,20 @@ def _images_per_s(run_dir: Path) -> float:
 def _train_one(run: Run, log_path: Path) -> dict:
     """Train (or continue) one run with the engine; stdout/stderr go to ``log_path``."""
     from .train import TrainConfig, train
-    from .train.rundir import CHECKPOINT
+    from .train.rundir import CHECKPOINT, RunDir
 
+    if (run.run_dir / CHECKPOINT).is_file():
+        return _logged(log_path, lambda: train(resume=run.run_dir, expect_task="classification"))
+    if run.run_dir.exists():  # killed before its first checkpoint: nothing to keep, unless it is still running
+        RunDir.reset(run.run_dir)
+    return _logged(log_path, lambda: train(TrainConfig.from_dict(dict(run.options)), expect_task="classification"))
+
+
+def _logged(log_path: Path, fn: Callable[[], dict]) -> dict:
+    """``fn()`` with its stdout and stderr appended to ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        if (run.run_dir / CHECKPOINT).is_file():
-            return train(resume=run.run_dir, expect_task="classification")
-        if run.run_dir.exists():  # killed before its first checkpoint: nothing to keep
-            shutil.rmtree(run.run_dir)
-        return train(TrainConfig.from_dict(dict(run.options)), expect_task="classification")
+        return fn()
 
 
 def run_ablation(
@@ -288,13 +295,31 @@ def run_ablation(
     the stored results (rows without results are marked as missing).  ``trainer`` replaces the call
     of the engine (tests).  Returns the paths written (``report``, ``figure:<table>``).
     """
-    from tqdm.auto import tqdm
+    from .train.rundir import FolderLock
 
     resolved = resolve_tables(tables)
     out = Path(out)
     base = {**RECIPE, **dict(overrides or {})}
     runs = plan(resolved, seeds, out, base)
-    out.mkdir(parents=True, exist_ok=True)
+    with FolderLock(out, "sweep folder"):  # one sweep per folder: a second would retrain and delete live runs
+        return _sweep(resolved, runs, out, seeds, base, report_only, measure_images, progress, command, trainer)
+
+
+def _sweep(
+    resolved: list[Table],
+    runs: list[Run],
+    out: Path,
+    seeds: int,
+    base: dict[str, Any],
+    report_only: bool,
+    measure_images: int,
+    progress: bool,
+    command: str | None,
+    trainer: Callable[[Run, Path], dict] | None,
+) -> dict[str, Path]:
+    """The body of :func:`run_ablation`, run while holding the sweep folder's lock."""
+    from tqdm.auto import tqdm
+
     done = read_results(out)
     todo = [r for r in runs if (r.key, r.seed) not in done]
     t0 = time.time()

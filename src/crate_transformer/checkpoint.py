@@ -9,7 +9,6 @@ The file primitives (atomic writes, safe unpickling, checksummed safetensors) li
 
 from __future__ import annotations
 
-import json
 import re
 import warnings
 from collections.abc import Mapping
@@ -22,11 +21,15 @@ from .base import Model
 from .config_utils import coerce_fields
 from .io import (
     CONFIG_NAME,
+    FILE_DIGESTS,
+    TOKENIZER_NAME,
     WEIGHTS_NAME,
     CheckpointError,
     atomic_write,
     load_pickle,
     load_safetensors,
+    load_state,
+    read_model_json,
     save_pretrained,
 )
 from .lm import LanguageModel, LMConfig
@@ -80,12 +83,7 @@ def read_config(directory: str | Path) -> ModelConfig | MAEConfig | LMConfig:
         raise CheckpointError(
             f"no {CONFIG_NAME} in {directory}; expected a directory written by model.save_pretrained(...)"
         )
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}); the file is corrupt") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"cannot read {path} ({e}); the file is corrupt or unreadable") from None
+    _, data = read_model_json(directory, CONFIG_NAME)  # verified against the checksum beside the weights
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} does not hold a JSON object of model settings; the file is corrupt")
     data.pop("crate_transformer_version", None)
@@ -101,22 +99,37 @@ def from_pretrained(
     """Load a model written by :meth:`ImageClassifier.save_pretrained`.
 
     ``directory`` is that folder, or its ``model.safetensors`` or ``config.json``.  The weights'
-    SHA-256 (stored in the safetensors header since 0.2) is verified: flipped bytes raise
-    :class:`CheckpointError` ("... is corrupt: checksum mismatch"); older files without a checksum load.
+    SHA-256 (stored in the safetensors header since 0.2) and the checksums of ``config.json`` and
+    ``tokenizer.json`` stored beside it are verified: a flipped byte in any of them raises
+    :class:`CheckpointError` ("... is corrupt"); older files without a checksum load.
     """
     directory = _model_dir(directory)
     config = read_config(directory)
     weights = directory / WEIGHTS_NAME
     if not weights.is_file():
         raise CheckpointError(f"no {WEIGHTS_NAME} in {directory}; the save was incomplete — re-save the model")
-    state, _ = load_safetensors(weights)
+    state, meta = load_safetensors(weights)
     model = build(config)
     load_weights(model, state, source=str(weights))
-    if isinstance(model, LanguageModel) and (directory / "tokenizer.json").is_file():
-        from .tokenizer import Tokenizer
-
-        model.tokenizer = Tokenizer.from_file(directory / "tokenizer.json")
+    if isinstance(model, LanguageModel):
+        model.tokenizer = _read_tokenizer(directory, meta)
     return model.to(map_location)
+
+
+def _read_tokenizer(directory: Path, meta: Mapping[str, str]) -> object | None:
+    """The model's verified ``tokenizer.json`` (None when it was saved without one)."""
+    from .tokenizer import Tokenizer
+
+    path = directory / TOKENIZER_NAME
+    if not path.is_file():
+        if FILE_DIGESTS[TOKENIZER_NAME] in meta:
+            raise CheckpointError(f"no {TOKENIZER_NAME} in {directory}, but the model was saved with one; re-save it")
+        return None
+    text, _ = read_model_json(directory, TOKENIZER_NAME)
+    try:
+        return Tokenizer.from_str(text, source=str(path))
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def load_weights(model: torch.nn.Module, state: Mapping[str, Tensor], source: str = "checkpoint") -> None:
@@ -213,7 +226,7 @@ def _load_any(path: Path, name: str | None, overrides: Mapping[str, object], che
         if check:
             _check_overrides(model.config, path, name, overrides)
         return model
-    raw = load_pickle(path)
+    raw = load_state(path)  # a training state's checksum is verified here, as on resume
     if isinstance(raw, Mapping) and "model_config" in raw and "model" in raw:
         try:
             config = config_from_dict(dict(raw["model_config"]))
@@ -321,14 +334,10 @@ def _read_official(path_or_state: str | Path | Mapping) -> tuple[object, dict | 
                 f"{path} is a folder without {' or '.join(_OFFICIAL_WEIGHTS)}; pass the checkpoint file itself"
             )
         path = found[0]
-    raw = load_safetensors(path)[0] if path.suffix == ".safetensors" else load_pickle(path)
-    sidecar = path.parent / CONFIG_NAME
-    if not sidecar.is_file():
+    raw = load_safetensors(path)[0] if path.suffix == ".safetensors" else load_state(path)
+    if not (path.parent / CONFIG_NAME).is_file():
         return raw, None, str(path)
-    try:
-        data = json.loads(sidecar.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"cannot read {sidecar} ({e}); the file is corrupt or unreadable") from None
+    _, data = read_model_json(path.parent, CONFIG_NAME)
     return raw, data if isinstance(data, dict) else None, str(path)
 
 

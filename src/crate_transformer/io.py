@@ -9,10 +9,15 @@ imports it for ``save_pretrained``, ``checkpoint.py`` for the readers), so there
 * :func:`load_pickle` — ``torch.load(weights_only=True)``; anything it refuses is a one-line
   :class:`CheckpointError` saying what the file is not and what to pass instead.
 * :func:`save_torch` — ``torch.save`` through :func:`atomic_write` (so a full disk is reported as such).
+* :func:`save_state` / :func:`load_state` — a training state (``checkpoints/last.pt``) with the SHA-256 of its
+  contents; :func:`load_state` is the one reader of such files (resume, ``load_model``, every command), so a
+  flipped bit is caught wherever the file is read.
 * :func:`save_safetensors` / :func:`load_safetensors` — tensors plus ``{"format": "pt", "sha256": ...}``
   metadata; the reader verifies the checksum when present (older files without one still load).
 * :func:`tree_sha256` — SHA-256 of nested dicts / lists / tuples of tensors, arrays and plain values.
-* :func:`write_json` and :func:`save_pretrained` (what ``model.save_pretrained(dir)`` calls).
+* :func:`write_json` and :func:`save_pretrained` (what ``model.save_pretrained(dir)`` calls): the weights'
+  header also stores :func:`json_sha256` of ``config.json`` and ``tokenizer.json``, which
+  :func:`read_model_json` verifies, so every file that defines the computation is covered by a checksum.
 """
 
 from __future__ import annotations
@@ -35,20 +40,29 @@ from torch import Tensor
 __all__ = [
     "CONFIG_NAME",
     "WEIGHTS_NAME",
+    "TOKENIZER_NAME",
     "CheckpointError",
     "WriteError",
     "atomic_write",
     "write_json",
     "save_torch",
     "load_pickle",
+    "save_state",
+    "load_state",
     "tree_sha256",
+    "json_sha256",
     "save_safetensors",
     "load_safetensors",
+    "read_safetensors_metadata",
+    "read_model_json",
     "save_pretrained",
 ]
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+TOKENIZER_NAME = "tokenizer.json"
+# the weights' metadata key holding json_sha256 of each JSON file of a saved model
+FILE_DIGESTS = {CONFIG_NAME: "config_sha256", TOKENIZER_NAME: "tokenizer_sha256"}
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -202,6 +216,39 @@ def _describe_unreadable(path: Path, e: Exception) -> str:
     return "not a torch checkpoint (neither a torch.save zip archive nor a pickle); pass a file written by torch.save"
 
 
+# --------------------------------------------------------------------------- training states
+STATE_DIGEST = "sha256"  # the key of a training state holding tree_sha256 of everything else in it
+
+
+def save_state(payload: Mapping[str, Any], path: str | Path) -> Path:
+    """``torch.save`` a training state atomically with :func:`tree_sha256` of its contents under ``"sha256"``."""
+    payload = dict(payload)
+    payload.pop(STATE_DIGEST, None)
+    return save_torch({**payload, STATE_DIGEST: tree_sha256(payload)}, path)
+
+
+def load_state(path: str | Path) -> object:
+    """:func:`load_pickle`, then verify the checksum a training state carries (and drop it from the result).
+
+    The one reader of ``.pt`` / ``.pth`` files: a dict with a ``"sha256"`` entry (what :func:`save_state`
+    writes) must match its contents, or a one-line :class:`CheckpointError` names the file; anything else
+    (official checkpoints, states written before checksums) is returned as read.
+    """
+    obj = load_pickle(path)
+    if isinstance(obj, dict) and isinstance(obj.get(STATE_DIGEST), str):
+        digest = obj.pop(STATE_DIGEST)
+        try:
+            actual = tree_sha256(obj)
+        except ValueError:  # holds something a training state never does
+            actual = None
+        if actual != digest:
+            raise CheckpointError(
+                f"{path} is corrupt: its contents do not match the checksum written with it; "
+                "restore the file from a backup or start the run again"
+            )
+    return obj
+
+
 # --------------------------------------------------------------------------- hashing
 def tree_sha256(obj: Any) -> str:
     """Hex SHA-256 of a nested structure of tensors, numpy arrays and plain values.
@@ -262,6 +309,16 @@ def _feed(h: Any, obj: Any) -> None:
         )
 
 
+def json_sha256(data: Any) -> str:
+    """Hex SHA-256 of parsed JSON content in canonical form (sorted keys, no whitespace, ASCII escapes).
+
+    The checksum of a JSON file's *content*: re-indenting or reordering it keeps the checksum, any change
+    of a key or value (one flipped bit) changes it.
+    """
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
 def _feed_tensor(h: Any, t: Tensor) -> None:
     if t.layout != torch.strided:
         raise ValueError(f"tree_sha256 hashes dense tensors only, got layout {t.layout}; call .to_dense() first")
@@ -287,6 +344,37 @@ def save_safetensors(
     return atomic_write(path, _write_bytes(save(tensors, metadata=meta)))
 
 
+def _safetensors_header(data: bytes, size: int, path: Path) -> dict:
+    """The JSON header of a safetensors file from its first bytes (``data``; the file has ``size`` bytes)."""
+    corrupt = f"{path} is corrupt or not a safetensors file"
+    if size < 8 or len(data) < 8:
+        raise CheckpointError(f"{corrupt} ({size} bytes); re-save or re-download it")
+    n = int.from_bytes(data[:8], "little")
+    try:
+        if n > size - 8 or n > len(data) - 8:
+            raise ValueError("header longer than the file")
+        header = json.loads(data[8 : 8 + n])
+        if not isinstance(header, dict):
+            raise ValueError("header is not a JSON object")
+    except ValueError as e:
+        raise CheckpointError(f"{corrupt} ({str(e).splitlines()[0]}); re-save or re-download it") from None
+    return header
+
+
+def read_safetensors_metadata(path: str | Path) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors file, reading only its header (a one-line error if malformed)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else 0
+            size = os.fstat(f.fileno()).st_size
+            data = head + f.read(min(n, max(size - 8, 0)))
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path} ({e.strerror}); check the path and its permissions") from None
+    return dict(_safetensors_header(data, size, path).get("__metadata__") or {})
+
+
 def load_safetensors(path: str | Path, verify: bool = True) -> tuple[dict[str, Tensor], dict[str, str]]:
     """Read a ``.safetensors`` file on the CPU → ``(tensors, metadata)``.
 
@@ -301,25 +389,50 @@ def load_safetensors(path: str | Path, verify: bool = True) -> tuple[dict[str, T
         data = path.read_bytes()
     except OSError as e:
         raise CheckpointError(f"cannot read {path} ({e.strerror}); check the path and its permissions") from None
-    corrupt = f"{path} is corrupt or not a safetensors file"
-    if len(data) < 8:
-        raise CheckpointError(f"{corrupt} ({len(data)} bytes); re-save or re-download it")
-    n = int.from_bytes(data[:8], "little")
+    metadata = _safetensors_header(data, len(data), path).get("__metadata__") or {}
     try:
-        if n > len(data) - 8:
-            raise ValueError("header longer than the file")
-        header = json.loads(data[8 : 8 + n])
-        if not isinstance(header, dict):
-            raise ValueError("header is not a JSON object")
-        metadata = header.get("__metadata__") or {}
         tensors = load(data)
-    except Exception as e:  # JSON error, SafetensorError, ...
+    except Exception as e:  # SafetensorError, ...
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise CheckpointError(f"{corrupt} ({first}); re-save or re-download it") from None
+        raise CheckpointError(
+            f"{path} is corrupt or not a safetensors file ({first}); re-save or re-download it"
+        ) from None
     expected = metadata.get("sha256")
     if verify and expected and tree_sha256(tensors) != expected:
         raise CheckpointError(f"{path} is corrupt: checksum mismatch; re-save or re-download it")
     return tensors, dict(metadata)
+
+
+def read_model_json(directory: str | Path, name: str) -> tuple[str, Any]:
+    """The text and parsed content of ``directory/name`` (``config.json`` or ``tokenizer.json`` of a saved
+    model), verified against the :func:`json_sha256` stored in the header of ``directory/model.safetensors``.
+
+    Invalid JSON, a checksum mismatch, and a ``tokenizer.json`` beside weights whose header covers the config
+    but not a tokenizer are one-line :class:`CheckpointError`; folders saved before these checksums were
+    stored (no ``config_sha256``) are read unverified, as before.
+    """
+    path = Path(directory) / name
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}); the file is corrupt") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"cannot read {path} ({e}); the file is corrupt or unreadable") from None
+    weights = Path(directory) / WEIGHTS_NAME
+    meta = read_safetensors_metadata(weights) if weights.is_file() else {}
+    expected = meta.get(FILE_DIGESTS[name])
+    if expected is None and FILE_DIGESTS[CONFIG_NAME] in meta:
+        raise CheckpointError(
+            f"{path} is not covered by the checksums in {weights} (the model was saved without it); attach it "
+            "to the model (model.tokenizer = Tokenizer.from_file(...)) and save the model again"
+        )
+    if expected is not None and json_sha256(data) != expected:
+        raise CheckpointError(
+            f"{path} is corrupt: its content does not match the checksum stored in {weights.name}; re-save or "
+            "re-download the model folder (after editing it by hand, load the model, change it and save it again)"
+        )
+    return text, data
 
 
 # --------------------------------------------------------------------------- save_pretrained
@@ -330,10 +443,25 @@ def _package_version() -> str:
 
 
 def save_pretrained(model: Any, directory: str | Path) -> Path:
-    """Write ``model.safetensors`` (with a checksum) and ``config.json`` (``model.config.to_dict()``
-    plus the package version) into ``directory``, each atomically; read back with ``from_pretrained``."""
+    """Write ``config.json`` (``model.config.to_dict()`` plus the package version), ``tokenizer.json`` (when the
+    model has a ``tokenizer``) and ``model.safetensors`` into ``directory``, each atomically; read back with
+    ``from_pretrained``.
+
+    The weights are written last, with the checksum of the tensors and :func:`json_sha256` of each JSON file
+    in their header: an interrupted save leaves no weights (an incomplete folder, refused on load), and a
+    changed byte in any of the files is caught when the folder is loaded.  A ``tokenizer.json`` of an earlier
+    save is removed when the model has no tokenizer (it would describe another model).
+    """
     directory = Path(directory)
-    save_safetensors(model.state_dict(), directory / WEIGHTS_NAME)
     meta = {"crate_transformer_version": _package_version(), "config_version": model.config.VERSION}
-    write_json(directory / CONFIG_NAME, {**meta, **model.config.to_dict()})
+    files = {CONFIG_NAME: json.dumps({**meta, **model.config.to_dict()}, indent=2) + "\n"}
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is not None:
+        files[TOKENIZER_NAME] = tokenizer.to_str()
+    else:
+        (directory / TOKENIZER_NAME).unlink(missing_ok=True)
+    digests = {FILE_DIGESTS[name]: json_sha256(json.loads(text)) for name, text in files.items()}
+    for name, text in files.items():
+        atomic_write(directory / name, _write_bytes(text.encode("utf-8")))
+    save_safetensors(model.state_dict(), directory / WEIGHTS_NAME, metadata=digests)
     return directory

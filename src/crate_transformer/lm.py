@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -371,13 +370,6 @@ class LanguageModel(Model):
         self.classifier = nn.Linear(self.config.dim, num_classes).to(ref.device, ref.dtype)
         nn.init.normal_(self.classifier.weight, std=0.02)
         nn.init.zeros_(self.classifier.bias)
-
-    def save_pretrained(self, directory: Any) -> Any:
-        """``model.safetensors`` + ``config.json`` (+ ``tokenizer.json`` when a tokenizer is attached)."""
-        path = super().save_pretrained(directory)
-        if self.tokenizer is not None:
-            self.tokenizer.save(path)
-        return path
 
 
 class CRATELanguageModel(LanguageModel):

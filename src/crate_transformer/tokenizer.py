@@ -15,11 +15,10 @@ import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from .io import atomic_write
+from .io import TOKENIZER_NAME, atomic_write
 
 __all__ = ["Tokenizer", "TOKENIZER_KINDS", "TOKENIZER_NAME", "SPECIAL_TOKENS"]
 
-TOKENIZER_NAME = "tokenizer.json"
 TOKENIZER_KINDS = ("byte", "bpe", "wordpiece")
 # end of text (document separator, GPT-2's), padding, the masked-LM mask, classification and separator, unknown
 SPECIAL_TOKENS = ("<|endoftext|>", "[PAD]", "[MASK]", "[CLS]", "[SEP]", "[UNK]")

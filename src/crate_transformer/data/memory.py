@@ -577,10 +577,13 @@ def decode_image(
 
     An unreadable image returns None under ``on_bad_image="skip"`` and raises a one-line ValueError
     naming ``what`` (its file or sample) under ``"error"``.  Shared by every loader, in memory or streamed.
+    Unreadable means any exception of the decoder: PIL reports bad files with many types (OSError,
+    ValueError, SyntaxError, ``DecompressionBombError`` for an image claiming more than twice
+    ``Image.MAX_IMAGE_PIXELS`` pixels, struct and index errors from malformed headers, ...).
     """
     import io
 
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     try:
         if isinstance(data, Image.Image):
@@ -591,11 +594,12 @@ def decode_image(
             im.load()
             is_gray = im.mode in ("1", "L", "I", "I;16", "F", "LA")
             return np.array(im.convert("L" if is_gray else "RGB"), dtype=np.uint8), is_gray
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+    except Exception as e:  # noqa: BLE001 - whatever a decoder raises, the file is unreadable (see above)
         if on_bad_image == "error":
+            reason = (str(e).strip().splitlines() or [""])[0][:160]
             raise ValueError(
-                f"cannot read image {what} ({type(e).__name__}); fix or delete it, or pass "
-                "on_bad_image='skip' (--on-bad-image skip) to skip unreadable images"
+                f"cannot read image {what} ({type(e).__name__}{': ' + reason if reason else ''}); fix or delete it, "
+                "or pass on_bad_image='skip' (--on-bad-image skip) to skip unreadable images"
             ) from None
         return None
 

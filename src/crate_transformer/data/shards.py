@@ -40,6 +40,10 @@ What is exact and what is approximate:
 
 Unreadable images: as for streamed folders (:mod:`.streaming`): ``"error"`` raises naming the shard
 and key; ``"skip"`` replaces the image by another of its training batch, or drops it when evaluating.
+Damaged shards: a tar that ends inside a member (a cut-short copy or download), lacks its end-of-archive
+blocks or has a corrupt header is found when the shard is indexed (a walk over its 512-byte headers).
+``"error"`` raises naming the shard; ``"skip"`` warns naming it and reads the samples before the damage,
+dropping the last of them, which may have lost some of its files.  Every open of the split reports it.
 Statistics: estimated from the first :data:`.streaming.STATS_SAMPLE` training samples of the
 seeded shard order (or given as ``stats=``).
 """
@@ -50,6 +54,8 @@ import glob
 import json
 import os
 import random
+import tarfile
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -102,13 +108,80 @@ def _find_shards(source: str) -> tuple[list[Path], list[Path], Path]:
     return shards, [], path
 
 
+def _stop_at_damage(exn: Exception) -> bool:
+    """webdataset's error handler: a damaged tar ends the shard (:func:`_tar_damage` reports it); others raise."""
+    if isinstance(exn, tarfile.TarError):
+        return False
+    raise exn
+
+
 def _samples(path: Path) -> Iterator[dict]:
-    """The samples of one shard, in tar order (``{"__key__": …, "jpg": bytes, "cls": bytes, …}``)."""
+    """The samples of one shard, in tar order (``{"__key__": …, "jpg": bytes, "cls": bytes, …}``), up to
+    any damage (the index, written with :func:`_tar_damage`, says which of them are complete)."""
     from webdataset import tariterators
 
     with open(path, "rb") as stream:
-        files = tariterators.tar_file_expander([{"url": str(path), "stream": stream}])
+        files = tariterators.tar_file_expander([{"url": str(path), "stream": stream}], handler=_stop_at_damage)
         yield from tariterators.group_by_keys(files)
+
+
+_BLOCK = 512
+_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd")  # gzip, bzip2, xz, zstd
+
+
+def _tar_damage(path: Path) -> tuple[str | None, str | None]:
+    """How a tar file is damaged (``"it ends inside member 'x.jpg'"``, ...; None when it is whole), and the
+    name of the member whose data is cut (None when the damage is elsewhere, e.g. inside a header).
+
+    Walks the 512-byte headers (checksum, size) without reading the members, so a shard cut short on a
+    header boundary — which tar readers take for a normal end — is found as well.  Compressed tars are not
+    walked (their decompressor reports a cut-short stream itself).
+    """
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        if size == 0:
+            return "the file is empty", None
+        if any(f.read(6).startswith(magic) for magic in _COMPRESSED):
+            return None, None
+        offset = 0
+        while True:
+            f.seek(offset)
+            header = f.read(_BLOCK)
+            if not header:
+                return f"it ends after {offset:,} bytes without the end-of-archive blocks (it was cut short)", None
+            if len(header) < _BLOCK:
+                return f"it ends inside a header at byte {offset:,} (it was cut short)", None
+            if header.count(0) == _BLOCK:
+                return None, None  # the end-of-archive marker: everything before it is whole
+            if not _header_checksum_ok(header):
+                return f"the header at byte {offset:,} is corrupt", None
+            end = offset + _BLOCK + -(-_member_size(header) // _BLOCK) * _BLOCK
+            if end > size:
+                meta = header[156:157] in (b"x", b"g", b"L", b"K")  # pax / GNU long-name data: a header's part
+                name = header[:100].split(b"\0", 1)[0].decode("utf-8", "replace")
+                return f"it ends inside {'a header' if meta else f'member {name!r}'} (it was cut short)", (
+                    None if meta else name
+                )
+            offset = end
+
+
+def _header_checksum_ok(header: bytes) -> bool:
+    """POSIX: the sum of the header's bytes with the checksum field read as spaces (unsigned, or signed as
+    some old writers computed it)."""
+    try:
+        stored = int(header[148:156].split(b"\0", 1)[0].strip(), 8)
+    except ValueError:
+        return False
+    rest = header[:148] + b" " * 8 + header[156:]
+    return stored in (sum(rest), sum(b - 256 if b > 127 else b for b in rest))
+
+
+def _member_size(header: bytes) -> int:
+    """The size field of a tar header: octal text, or base-256 (GNU) for members of 8 GiB and more."""
+    field = header[124:136]
+    if field[0] & 0x80:
+        return int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
+    return int(field.split(b"\0", 1)[0].strip() or b"0", 8)
 
 
 def _label_text(sample: dict) -> str | None:
@@ -131,9 +204,10 @@ def _image_bytes(sample: dict) -> bytes | None:
     return next((sample[k] for k in IMAGE_KEYS if k in sample), None)
 
 
-def _index(shards: Sequence[Path]) -> dict[str, list[str]]:
-    """Label text of every sample per shard, from ``.crate-index.json`` when current, else by reading the shards."""
-    out: dict[str, list[str]] = {}
+def _index(shards: Sequence[Path]) -> dict[str, dict]:
+    """Per shard ``{"labels": label text of every complete sample, "damage": None or how the tar is damaged}``,
+    from ``.crate-index.json`` when current, else by reading the shards."""
+    out: dict[str, dict] = {}
     by_dir: dict[Path, list[Path]] = {}
     for s in shards:
         by_dir.setdefault(s.parent, []).append(s)
@@ -147,25 +221,12 @@ def _index(shards: Sequence[Path]) -> dict[str, list[str]]:
         for f in files:
             st = f.stat()
             entry = cache.get(f.name) or _MEMORY_INDEX.get((str(f), st.st_size, st.st_mtime_ns))
-            if not entry or entry.get("size") != st.st_size or entry.get("mtime_ns") != st.st_mtime_ns:
-                labels = []
-                for sample in _samples(f):
-                    if _image_bytes(sample) is None:
-                        raise ValueError(
-                            f"sample {sample['__key__']!r} of shard {f} has no image ({'/'.join(IMAGE_KEYS)}); "
-                            "write each image under one of these extensions"
-                        )
-                    label = _label_text(sample)
-                    if label is None:
-                        raise ValueError(
-                            f"sample {sample['__key__']!r} of shard {f} has no label ({'/'.join(LABEL_KEYS)} or "
-                            "json with 'label'); write a .cls file with the class index for every sample"
-                        )
-                    labels.append(label)
-                entry = cache[f.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "labels": labels}
+            current = entry and entry.get("size") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns
+            if not current or "damage" not in entry:  # entries of older versions were never checked for damage
+                entry = cache[f.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, **_read_labels(f)}
                 _MEMORY_INDEX[(str(f), st.st_size, st.st_mtime_ns)] = entry  # read-only folders: count once per process
                 changed = True
-            out[str(f)] = entry["labels"]
+            out[str(f)] = entry
         if changed:
             try:  # a cache, so a read-only folder just means counting again next time
                 from ..io import atomic_write
@@ -174,6 +235,44 @@ def _index(shards: Sequence[Path]) -> dict[str, list[str]]:
             except Exception:  # noqa: BLE001 - WriteError or anything else: the index stays in memory
                 pass
     return out
+
+
+def _read_labels(f: Path) -> dict:
+    """Read one shard: the label text of each complete sample and how the tar is damaged (None if whole)."""
+    from webdataset.tariterators import base_plus_ext
+
+    damage, cut = _tar_damage(f)
+    rows = [(sample["__key__"], _image_bytes(sample) is not None, _label_text(sample)) for sample in _samples(f)]
+    if damage and rows and (cut is None or base_plus_ext(cut)[0] == rows[-1][0]):
+        rows.pop()  # the sample at the damage lost some of its files (or may have: a cut header hides whose it was)
+    for key, has_image, label in rows:
+        if not has_image:
+            raise ValueError(
+                f"sample {key!r} of shard {f} has no image ({'/'.join(IMAGE_KEYS)}); "
+                "write each image under one of these extensions"
+            )
+        if label is None:
+            raise ValueError(
+                f"sample {key!r} of shard {f} has no label ({'/'.join(LABEL_KEYS)} or "
+                "json with 'label'); write a .cls file with the class index for every sample"
+            )
+    return {"labels": [label for _, _, label in rows], "damage": damage}
+
+
+def _report_damage(index: dict[str, dict], on_bad_image: str) -> None:
+    """A damaged shard: one-line error under ``on_bad_image="error"``, else a warning naming it."""
+    for shard, entry in index.items():
+        if entry["damage"]:
+            n = len(entry["labels"])
+            what = f"shard {shard} is truncated or corrupt: {entry['damage']}"
+            if on_bad_image == "error":
+                raise ValueError(
+                    f"{what}; re-create or re-download it, or pass --on-bad-image skip to use its {n} complete samples"
+                )
+            warnings.warn(
+                f"{what}; only its first {n} complete samples are read (pass --on-bad-image error to fail instead)",
+                stacklevel=3,
+            )
 
 
 def _class_names(folder: Path, texts: Sequence[str]) -> list[str]:
@@ -230,7 +329,9 @@ class WebDatasetShards(ImageSource):
             raise ValueError("WebDataset shards need image_size (--image-size): their images are resized on read")
         check_load_args(split, val_fraction, on_bad_image, image_size)
         pool_shards, test_shards, folder = _find_shards(os.fspath(source))
-        texts = _index(pool_shards + test_shards)
+        index = _index(pool_shards + test_shards)
+        _report_damage(index, on_bad_image)  # every shard of the source, whichever split is opened
+        texts = {s: entry["labels"] for s, entry in index.items()}
         all_texts = [t for s in pool_shards + test_shards for t in texts[str(s)]]
         if not all_texts:
             raise ValueError(f"the shards of {source} hold no samples; write samples into them")

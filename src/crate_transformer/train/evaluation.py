@@ -18,7 +18,30 @@ from ..io import atomic_write
 from .rundir import read_metrics
 from .runtime import Runtime
 
-__all__ = ["EvalResult", "evaluate", "prepare_batch", "plot_curves", "plot_confusion_matrix", "plot_knn"]
+__all__ = [
+    "EvalResult",
+    "evaluate",
+    "require_evaluated",
+    "prepare_batch",
+    "plot_curves",
+    "plot_confusion_matrix",
+    "plot_knn",
+]
+
+
+def require_evaluated(n: float, unit: str, data: object) -> None:
+    """Refuse an evaluation that saw nothing (``n`` = 0 samples, summed over processes).
+
+    Every evaluator of every task calls it: an evaluation over nothing has no score, and reporting one
+    (a loss of 0, perplexity 1, accuracy 0/0) would read as a result.
+    """
+    if n <= 0:
+        split, name = getattr(data, "split", ""), getattr(data, "name", "")
+        where = f"the {split} split of {name}" if split and name else (name or "the evaluation data")
+        raise ValueError(
+            f"nothing to evaluate: {where} gave no {unit} (it is empty, or every one of them was unreadable and "
+            "skipped); an evaluation over nothing has no score — check the data and the split options"
+        )
 
 
 def prepare_batch(
@@ -101,11 +124,12 @@ def evaluate(
     model.train(was_training)
     confusion, (loss_sum, top_k) = confusion.cpu(), sums.tolist()
     n = int(confusion.sum().item())
+    require_evaluated(n, "images", dataset)
     per_class = (confusion.diagonal() / confusion.sum(1).clamp_min(1)).tolist()
     return EvalResult(
-        top1=float(confusion.diagonal().sum().item()) / max(n, 1),
-        top5=float(top_k) / max(n, 1),
-        loss=loss_sum / max(n, 1),
+        top1=float(confusion.diagonal().sum().item()) / n,
+        top5=float(top_k) / n,
+        loss=loss_sum / n,
         num_samples=n,
         per_class=[float(v) for v in per_class],
         confusion=confusion.long().tolist(),

@@ -22,6 +22,7 @@ from ..lm import LanguageModel, LMConfig, build_lm, mask_tokens
 from ..registry import is_language_model, model_config
 from ..tokenizer import TOKENIZER_KINDS, Tokenizer
 from .config import TrainConfig
+from .evaluation import require_evaluated
 from .runtime import Runtime
 from .task import Task, task_option
 
@@ -52,12 +53,33 @@ class LMOptions:
         200, "clm: tokens of the sample written to sample.txt at the end (0 = none)", commands=_CMD
     )
 
+    def __post_init__(self) -> None:
+        if self.eval_blocks < 0:
+            raise ValueError(f"eval_blocks must be >= 0 (0 = every held-out block), got {self.eval_blocks}")
+        if self.sample_tokens < 0:
+            raise ValueError(f"sample_tokens must be >= 0 (0 = no sample), got {self.sample_tokens}")
+        if not 0.0 < self.mask_prob < 1.0:
+            raise ValueError(f"mask_prob must be in (0, 1), got {self.mask_prob}")
+        if self.vocab_size <= 0:
+            raise ValueError(f"vocab_size must be a positive integer, got {self.vocab_size}")
+
 
 def build_tokenizer(spec: str, source: str, vocab_size: int) -> Tokenizer:
     """``byte``, a ``bpe`` / ``wordpiece`` vocabulary trained on ``source`` (streamed), or a tokenizer.json file."""
     if spec in TOKENIZER_KINDS:
         return Tokenizer.train(spec, (piece for doc in iter_documents(source) for piece in doc), vocab_size)
     return Tokenizer.from_file(spec)
+
+
+def _check_objective(config: LMConfig, name: str, objective: str) -> None:
+    """The objective must fit the model: next tokens need a causal model, masked tokens a bidirectional one."""
+    if config.causal != (objective == "clm"):
+        kind = "causal (GPT)" if config.causal else "bidirectional (BERT)"
+        other = "clm" if config.causal else "mlm"
+        raise ValueError(
+            f"{name} is a {kind} model; use --objective {other} or a {objective} model "
+            f"(e.g. --model {DEFAULT_MODELS[objective]})"
+        )
 
 
 class LMTask(Task):
@@ -92,25 +114,26 @@ class LMTask(Task):
             source = str(Path(source).expanduser().resolve())
         if state is not None:
             self.tokenizer = Tokenizer.from_str(state["task"]["tokenizer"])
-            model = build_lm(LMConfig.from_dict(dict(state["model_config"])))
+            config = LMConfig.from_dict(dict(state["model_config"]))
+            if o.tokenizer in TOKENIZER_KINDS and o.tokenizer != self.tokenizer.kind:
+                raise ValueError(
+                    f"this run was trained with the {self.tokenizer.kind} tokenizer, not {o.tokenizer}; drop "
+                    f"--tokenizer {o.tokenizer} to continue it, or start a new run"
+                )
         else:
-            name = cfg.model = cfg.model or DEFAULT_MODELS[o.objective]  # recorded in config.yaml
-            if not is_language_model(name):
-                raise ValueError(f"{name} is an image model; pick a language model (crate models '*gpt*' / '*bert*')")
+            cfg.model = cfg.model or DEFAULT_MODELS[o.objective]  # recorded in config.yaml
+            if not is_language_model(cfg.model):
+                raise ValueError(
+                    f"{cfg.model} is an image model; pick a language model (crate models '*gpt*' / '*bert*')"
+                )
             self.tokenizer = build_tokenizer(o.tokenizer, source, o.vocab_size)
             overrides = {**cfg.model_args, "vocab_size": self.tokenizer.vocab_size, "tokenizer": self.tokenizer.kind}
-            config = model_config(name, **overrides)
+            config = model_config(cfg.model, **overrides)
             if config.arch == "crate_bert" and "pad_token_id" not in cfg.model_args:
                 # the released CRATE-BERT's positions skip padding, which they recognise by its id
-                config = model_config(name, **overrides, pad_token_id=self.tokenizer.pad_id)
-            if config.causal != (o.objective == "clm"):
-                kind = "causal (GPT)" if config.causal else "bidirectional (BERT)"
-                other = "clm" if config.causal else "mlm"
-                raise ValueError(
-                    f"{name} is a {kind} model; use --objective {other} or a {o.objective} model "
-                    f"(e.g. --model {DEFAULT_MODELS[o.objective]})"
-                )
-            model = build_lm(config)
+                config = model_config(cfg.model, **overrides, pad_token_id=self.tokenizer.pad_id)
+        _check_objective(config, cfg.model or config.arch, o.objective)  # a resumed run as a new one
+        model = build_lm(config)
         model.tokenizer = self.tokenizer
         self.model = model.to(rt.device)
         block = model.config.block_size
@@ -170,8 +193,9 @@ class LMTask(Task):
         finally:
             model.train(was)
         loss_sum, correct, n = rt.all_reduce(total).tolist()
-        loss = loss_sum / max(n, 1.0)
-        return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "acc": correct / max(n, 1.0), "tokens": n}
+        require_evaluated(n, "tokens to predict", self.eval_data)
+        loss = loss_sum / n
+        return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "acc": correct / n, "tokens": n}
 
     # ---------------------------------------------------------------- bookkeeping
     def describe(self) -> dict[str, Any]:

@@ -70,20 +70,25 @@ def train(
 
     ``overrides`` update ``cfg`` (or, when resuming, the saved configuration — e.g. ``{"epochs": 60}``).
     The task is ``task`` or the one ``cfg.task`` names (a resumed run rebuilds its own); ``expect_task``
-    refuses a run of another task (a command resuming the wrong kind of run).
+    refuses a run of another task (a command resuming the wrong kind of run).  A resumed run passes the
+    checks of a new one: its options are validated again, the task checks them against the checkpoint's
+    model, and a ``model`` / ``model_args`` that differs from the checkpoint's architecture is refused.
     Writes ``<run_dir>/{config.yaml, metrics.jsonl, curves.png, checkpoints/last.pt, model/}``.
     """
     state = None
+    overrides = dict(overrides or {})
     if resume is not None:
         state = load_training_state(resume)
         cfg = TrainConfig.from_dict(dict(state["train_config"]))
-    overrides = dict(overrides or {})
-    if cfg is not None and "task_args" in overrides:  # a resumed run keeps the task options not given again
-        overrides["task_args"] = {**cfg.task_args, **overrides["task_args"]}
+        _check_architecture(state, overrides, resume)
+    for key in ("task_args", "model_args"):  # a resumed run keeps the options not given again
+        if cfg is not None and key in overrides:
+            overrides[key] = {**getattr(cfg, key), **overrides[key]}
     cfg = TrainConfig.from_dict(overrides, cfg or TrainConfig())
     if task is not None:
         cfg = TrainConfig.from_dict({"task": task.name}, cfg)
     task = task or make_task(cfg.task)
+    task.parse_options(cfg)  # the task's options are checked before anything is written
     if expect_task is not None and cfg.task != expect_task:
         where = f" --resume {resume}" if resume is not None else ""
         raise ValueError(
@@ -211,6 +216,25 @@ def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | N
 
 
 # --------------------------------------------------------------------------- pieces of the loop
+def _check_architecture(state: Mapping[str, Any], overrides: Mapping[str, Any], resume: str | os.PathLike) -> None:
+    """A resumed run's model is its checkpoint's: a ``model`` or ``model_args`` that differs is an error, not
+    silently ignored (equal values, e.g. from the same config file, pass)."""
+    from ..config_utils import coerce_fields
+    from ..registry import config_class
+
+    saved, stored = state["train_config"], dict(state["model_config"])
+    diffs = []
+    if overrides.get("model") is not None and overrides["model"] != saved.get("model"):
+        diffs.append(f"model={overrides['model']!r} (run: {saved.get('model')!r})")
+    given = coerce_fields(config_class(stored.get("arch")), dict(overrides.get("model_args") or {}))
+    diffs += [f"{k}={v!r} (run: {stored.get(k)!r})" for k, v in given.items() if stored.get(k) != v]
+    if diffs:
+        raise ValueError(
+            f"{resume} keeps the architecture of its checkpoint, which differs from {', '.join(diffs)}; drop "
+            "these options to continue it, or start a new run with them (another --out)"
+        )
+
+
 def _default_dir(cfg: TrainConfig) -> Path:
     data = Path(cfg.data).name or "data"
     what = cfg.model or ("finetune" if cfg.init_from else "model" if cfg.task == "classification" else cfg.task)

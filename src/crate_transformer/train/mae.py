@@ -36,7 +36,7 @@ from ..mae import CRATEMAE, MAEConfig
 from ..registry import model_config
 from .classification import load_splits
 from .config import TrainConfig
-from .evaluation import prepare_batch
+from .evaluation import prepare_batch, require_evaluated
 from .runtime import Runtime
 from .task import Task, task_option
 
@@ -61,6 +61,12 @@ class MAEOptions:
     recognition: bool = task_option(
         True, "at the end, classify the held-out reconstructions with a raw-pixel k-NN (recognition.json)"
     )
+
+    def __post_init__(self) -> None:
+        if self.probe_c <= 0:
+            raise ValueError(f"probe_c must be > 0 (the inverse L2 strength of the probe), got {self.probe_c}")
+        if self.figure_images < 0:
+            raise ValueError(f"figure_images must be >= 0, got {self.figure_images}")
 
 
 @torch.no_grad()
@@ -95,7 +101,8 @@ def masked_eval(
         sums += torch.stack([masked.sum(), visible.sum(), torch.tensor(float(len(x)), device=rt.device)]).double()
     rt.all_reduce(sums)
     model.train(was)
-    n = max(float(sums[2]), 1.0)
+    n = float(sums[2])
+    require_evaluated(n, "images", dataset)
     return {"loss": float(sums[0]) / n, "visible_loss": float(sums[1]) / n}
 
 

@@ -3,7 +3,9 @@
 ``<run>/config.yaml``, ``metrics.jsonl`` (one record per line), ``checkpoints/last.pt`` (the full
 training state, with a SHA-256 of its contents), ``model/`` and the figures.  A run holds an exclusive
 lock on ``<run>/.lock`` while it writes, so a second process on the same directory stops with a clear
-error instead of mixing its records and checkpoints into the first one's.
+error instead of mixing its records and checkpoints into the first one's; a folder is deleted only by
+a process holding its lock (:meth:`RunDir.reset`), so a live run's folder is never removed.
+:class:`FolderLock` is that lock, also held by a whole ``crate ablate`` sweep on its ``--out``.
 """
 
 from __future__ import annotations
@@ -11,14 +13,23 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..io import atomic_write, load_pickle, save_torch, tree_sha256
+from ..io import atomic_write, load_state, save_state
 
-__all__ = ["RunDir", "read_metrics", "load_training_state", "CHECKPOINT", "METRICS_FILE", "CONFIG_FILE"]
+__all__ = [
+    "RunDir",
+    "FolderLock",
+    "read_metrics",
+    "load_training_state",
+    "CHECKPOINT",
+    "METRICS_FILE",
+    "CONFIG_FILE",
+]
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -42,22 +53,65 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
 
 
 def load_training_state(path: str | os.PathLike) -> dict:
-    """Read a training state (``last.pt``, or a run directory holding one) and verify its checksum."""
+    """Read a training state (``last.pt``, or a run directory holding one), its checksum verified by
+    :func:`crate_transformer.io.load_state` (the reader ``load_model`` and every command use too)."""
     path = Path(path)
     if path.is_dir():
         if not (path / CHECKPOINT).is_file():
             raise ValueError(f"nothing to resume in {path}: no {CHECKPOINT}; pass the run directory of a crate run")
         path = path / CHECKPOINT
-    state = load_pickle(path)
+    state = load_state(path)
     if not isinstance(state, dict) or "train_config" not in state or "model" not in state:
         raise ValueError(f"{path} is not a crate training checkpoint (no train_config/model); pass a run directory")
-    digest = state.pop("sha256", None)
-    if digest is not None and tree_sha256(state) != digest:
-        raise ValueError(
-            f"{path} is corrupt: its contents do not match the checksum written with it; "
-            "restore the file from a backup or start the run again"
-        )
     return state
+
+
+class FolderLock:
+    """An exclusive ``flock`` on ``<path>/.lock`` (the folder is created): one owner at a time.
+
+    A second owner, in this process or another, gets a one-line ValueError naming the holder's process
+    (written into the lock file).  The OS drops the lock when its process dies, so a killed run never
+    leaves its folder locked.
+    """
+
+    def __init__(self, path: str | os.PathLike, what: str = "run directory") -> None:
+        import fcntl
+
+        self.path = Path(path)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except PermissionError:
+            raise ValueError(f"cannot write to {self.path} (permission denied); choose another --out") from None
+        except OSError as e:
+            raise ValueError(f"cannot create {what} {self.path} ({e.strerror}); choose another --out") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                owner = (self.path / LOCK_FILE).read_text().strip() or "another process"
+                raise ValueError(
+                    f"{what} {self.path} is in use by {owner}; wait for it to finish or use another --out"
+                ) from None
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"crate process {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        self._fd: int | None = fd
+
+    def close(self) -> None:
+        if self._fd is not None:
+            import fcntl
+
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> FolderLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class RunDir:
@@ -66,7 +120,7 @@ class RunDir:
     def __init__(self, path: str | os.PathLike, writer: bool = True) -> None:
         self.path = Path(path)
         self.writer = writer  # False on distributed ranks other than 0: every write is skipped
-        self._lock_fd: int | None = None
+        self._folder_lock: FolderLock | None = None
         self._tb: Any = None
 
     # ---------------------------------------------------------------- opening
@@ -98,29 +152,28 @@ class RunDir:
         return run
 
     def _lock(self) -> None:
-        import fcntl
-
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        except PermissionError:
-            raise ValueError(f"cannot write to {self.path} (permission denied); choose another --out") from None
-        except OSError as e:
-            raise ValueError(f"cannot create run directory {self.path} ({e.strerror}); choose another --out") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            os.close(fd)
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                owner = (self.path / LOCK_FILE).read_text().strip() or "another process"
-                raise ValueError(
-                    f"run directory {self.path} is in use by {owner}; wait for it to finish or use another --out"
-                ) from None
-            raise
-        os.ftruncate(fd, 0)
-        os.write(fd, f"crate process {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
-        self._lock_fd = fd
+        self._folder_lock = FolderLock(self.path)
         self._remove_stale_temporaries()
+
+    @classmethod
+    def reset(cls, path: str | os.PathLike) -> None:
+        """Empty a run directory that holds no checkpoint (a run killed before its first one) to start it again.
+
+        Done while holding the directory's lock, so the folder of a run that is alive (in this process or
+        another) is never deleted: that is a one-line "in use" error instead.  A directory with a checkpoint
+        is refused too (continue it with ``--resume``).
+        """
+        path = Path(path)
+        with FolderLock(path):
+            if (path / CHECKPOINT).is_file():
+                raise ValueError(f"run directory {path} holds a checkpoint; continue it with --resume {path}")
+            for entry in path.iterdir():
+                if entry.name == LOCK_FILE:
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
 
     def _remove_stale_temporaries(self) -> None:
         """Temporary files of writes that a kill interrupted (``.<name>.<random>.tmp``, see ``atomic_write``)."""
@@ -133,12 +186,9 @@ class RunDir:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
-        if self._lock_fd is not None:
-            import fcntl
-
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        if self._folder_lock is not None:
+            self._folder_lock.close()
+            self._folder_lock = None
 
     # ---------------------------------------------------------------- records
     @property
@@ -191,5 +241,4 @@ class RunDir:
         """Write the training state atomically, with the SHA-256 of its contents."""
         if not self.writer:
             return self.path / CHECKPOINT
-        payload = {**payload, "sha256": tree_sha256(payload)}
-        return save_torch(payload, self.path / CHECKPOINT)
+        return save_state(payload, self.path / CHECKPOINT)

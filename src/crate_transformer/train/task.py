@@ -110,7 +110,12 @@ class Task:
         unknown = sorted(set(args) - known)
         if unknown:
             raise ValueError(f"unknown {cls.name} option(s) {unknown}; valid: {sorted(known)}")
-        return coerce_fields(cls.Options, args)
+        args = coerce_fields(cls.Options, args)
+        for f in dataclasses.fields(cls.Options):  # a config file or a resumed run's options meet no argparse
+            choices = f.metadata.get("choices")
+            if choices and f.name in args and args[f.name] not in choices:
+                raise ValueError(f"unknown {f.name} {args[f.name]!r}; choose one of {', '.join(map(str, choices))}")
+        return args
 
     def resume_command(self, cfg: TrainConfig) -> str:
         """The command that continues an interrupted run of this task (printed with ``--resume RUN``)."""

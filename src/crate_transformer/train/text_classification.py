@@ -22,6 +22,7 @@ from ..data.text import LabelledTexts, read_labelled_table
 from ..lm import LanguageModel, LMConfig, build_lm
 from ..tokenizer import Tokenizer
 from .config import TrainConfig
+from .evaluation import require_evaluated
 from .runtime import Runtime
 from .task import Task, task_option
 
@@ -179,8 +180,10 @@ class TextClassificationTask(Task):
                 loss_sum += float(s["loss"])
         finally:
             model.train(was)
-        parts = rt.gather((torch.cat(preds), torch.cat(targets), loss_sum))  # F1 and Spearman need every prediction
+        mine = (torch.cat(preds), torch.cat(targets)) if preds else (torch.empty(0), torch.empty(0))
+        parts = rt.gather((*mine, loss_sum))  # F1 and Spearman need every prediction
         pred, target = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        require_evaluated(len(target), "rows", self.eval_data)
         return {"loss": sum(p[2] for p in parts) / len(target), **text_metrics(pred, target, self.regression)}
 
     def describe(self) -> dict[str, Any]:
