@@ -8,7 +8,7 @@ measures on the fixed 1,000 held-out MNIST digits, with features of the 4,000 tr
 * raw pixels (the normalised 784-d images);
 
 each by weighted k-NN (k = 10, 20, 100, 200; T = 0.07) and a linear probe (``crate_transformer.probe``).
-Prints the table the README quotes and writes ``dino_knn.png`` (k-NN accuracy against k).  Not a test.
+Prints the table docs/dino.md quotes and writes ``dino_knn.png`` (k-NN accuracy against k).  Not a test.
 
     python benchmarks/bench_dino.py --threads 1                    # pre-train (default run), then measure
     python benchmarks/bench_dino.py --run runs/dino-mnist --figure docs/figures/dino_knn.png

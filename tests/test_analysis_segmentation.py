@@ -38,7 +38,7 @@ def test_maskcut_recovers_planted_objects_not_the_background(sigma, seed, tau):
 
 
 def test_alg1_as_printed_keeps_the_region_and_finds_nothing_new():
-    """paper_spec §7.6: with M ← M ⊙ mask the second cut splits the first object again (the slip)."""
+    """JMLR Alg. 1 as printed: with M ← M ⊙ mask the second cut splits the first object again (the slip)."""
     feats, rect, disc = planted(sigma=0.3)
     masks = analysis.maskcut(feats, (16, 16), n_masks=2)
     first = masks[0].ravel()

@@ -63,6 +63,12 @@ def _save_as_port(model: torch.nn.Module, folder: Path, fmt: str) -> Path:
     return folder
 
 
+def _one_line(exc: pytest.ExceptionInfo) -> str:
+    msg = str(exc.value)
+    assert "\n" not in msg, msg
+    return msg
+
+
 # --------------------------------------------------------------------------- sizes (Table 10)
 def _released_params(L: int, d: int, V: int = 50265, P: int = 512, T: int = 2) -> int:
     """CRATE layers ``L(3d² + 4d)`` (two LayerNorms, U, W without bias, D), embeddings ``(V + P + T) d`` + LayerNorm
@@ -119,6 +125,27 @@ def test_masked_lm_logits_match_the_port(tmp_path: Path, fmt: str, dtype: torch.
     assert (ours(ids, key_mask=mask) - want)[0].abs().max() > 1e-3
 
 
+def test_sizes_come_from_the_file_and_overrides_must_agree(tmp_path: Path) -> None:
+    port = _randomise(CrateForMaskedLM(CrateConfig(**TINY)), seed=5)
+    folder = _save_as_port(port, tmp_path / "hf", "bin")
+    with pytest.raises(CheckpointError) as e:  # config.json says 4 heads
+        ct.from_official(folder, "crate_bert_base", heads=8)
+    assert "heads=8 (checkpoint: 4)" in _one_line(e)
+    assert ct.from_official(folder, "crate_bert_base", dropout=0.0).config.dropout == 0.0  # dropout may differ
+    # a bare weights file: vocabulary, depth and token types from the tensors; width and heads from the caller
+    bare = ct.from_official(folder / "pytorch_model.bin", "crate_bert_base", dim=32, heads=4, block_size=18)
+    assert (bare.config.vocab_size, bare.config.depth, bare.config.type_vocab_size) == (50, 2, 2)
+    ids, mask, _ = _batch()
+    assert torch.equal(
+        bare.eval()(ids, key_mask=mask), ct.from_official(folder, "crate_bert_base").eval()(ids, key_mask=mask)
+    )
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 3}))
+    with pytest.raises(CheckpointError) as e:
+        ct.from_official(folder, "crate_bert_base")
+    assert "depth: 3 in config.json, 2 in the tensors" in _one_line(e)
+
+
 def test_weights_converted_back_load_into_the_port(tmp_path: Path) -> None:
     ours = _randomise(ct.create_model("crate_bert_base", **OURS), seed=2)
     port = CrateForMaskedLM(CrateConfig(**TINY)).eval()
@@ -166,12 +193,6 @@ def test_loaded_model_round_trips_through_save_pretrained(tmp_path: Path) -> Non
 
 
 # --------------------------------------------------------------------------- errors
-def _one_line(exc: pytest.ExceptionInfo) -> str:
-    msg = str(exc.value)
-    assert "\n" not in msg, msg
-    return msg
-
-
 def test_wrong_files_are_one_line_errors(tmp_path: Path) -> None:
     (tmp_path / "notes.bin").write_text("not a checkpoint")
     with pytest.raises(CheckpointError) as e:

@@ -1,5 +1,6 @@
 """save_pretrained / from_pretrained / from_official / load_model and their failure modes."""
 
+import argparse
 import errno
 import json
 import os
@@ -112,6 +113,59 @@ def test_untrusted_pickle_is_refused(tmp_path):
         pickle.dump({"state_dict": Evil()}, f)
     with pytest.raises(CheckpointError, match="cannot read checkpoint"):
         load_pickle(path)
+
+
+class TrainingArgs:  # a training script's own arguments class: not argparse.Namespace, so never allowed
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+class CreatesFile:
+    """Unpickling this runs ``os.system("touch PATH")`` or ``open(PATH, "w")``: either creates PATH."""
+
+    def __init__(self, path, how):
+        self.path, self.how = str(path), how
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",)) if self.how == "system" else (open, (self.path, "w"))
+
+
+@pytest.mark.parametrize(
+    "case,refused",
+    [
+        ("namespace_holding_os_system", "posix.system"),
+        ("namespace_holding_open", r"\w*\.open"),
+        ("custom_args_class", r"\w*\.TrainingArgs"),
+        ("args_that_open_a_file", r"\w*\.open"),
+    ],
+)
+def test_only_argparse_namespace_joins_the_safe_list(tmp_path, case, refused):
+    """MAE-codebase checkpoints store an argparse.Namespace, which load_pickle allows; anything else — another
+    class, or a Namespace holding a callable — is refused with the one-line error and its payload never runs."""
+    marker = tmp_path / "payload_ran"
+    args = {
+        "namespace_holding_os_system": argparse.Namespace(lr=1e-3, hook=CreatesFile(marker, "system")),
+        "namespace_holding_open": argparse.Namespace(lr=1e-3, hook=CreatesFile(marker, "open")),
+        "custom_args_class": TrainingArgs(lr=1e-3, epochs=800),
+        "args_that_open_a_file": CreatesFile(marker, "open"),
+    }[case]
+    path = tmp_path / "checkpoint-799.pth"
+    torch.save({"model": official_tiny().state_dict(), "epoch": 799, "args": args}, path)
+    for load in (
+        load_pickle,
+        lambda p: ct.from_official(p, "crate_tiny", **TINY),
+        lambda p: load_model(p, "crate_tiny"),
+    ):
+        with pytest.raises(
+            CheckpointError, match=f"cannot read checkpoint .*needs the global {refused}, .*refused"
+        ) as e:
+            load(path)
+        assert "\n" not in str(e.value) and "weights_only=False" not in str(e.value)
+    assert not marker.exists()
+    # the same container with the Namespace of plain values loads
+    torch.save({"model": official_tiny().state_dict(), "epoch": 799, "args": argparse.Namespace(lr=1e-3)}, path)
+    assert vars(load_pickle(path)["args"]) == {"lr": 1e-3}
+    assert isinstance(ct.from_official(path, "crate_tiny", **TINY), ct.CRATE)
 
 
 def test_missing_and_corrupt_files(tmp_path):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from official import dino as official
 
 from crate_transformer.dino import (
     DINOConfig,
@@ -43,17 +44,103 @@ def test_ema_update_matches_the_formula() -> None:
     assert all(torch.equal(t, s) for t, s in zip(teacher.parameters(), student.parameters()))
 
 
-def test_cosine_schedules_and_teacher_temperature() -> None:
-    # DINO's cosine_scheduler: base + 0.5 (start - base)(1 + cos(pi t / T))
-    total = 100
-    m = [cosine_schedule(0.996, 1.0, t, total) for t in range(total + 1)]
-    ref = 1.0 + 0.5 * (0.996 - 1.0) * (1 + np.cos(np.pi * np.arange(total + 1) / total))
-    np.testing.assert_allclose(m, ref, rtol=0, atol=1e-12)
+def test_cosine_schedules_match_dinos_cosine_scheduler() -> None:
+    # DINO's momentum and weight-decay schedules: utils.cosine_scheduler (transcribed), one value per iteration
+    epochs, niter = 5, 20
+    for start, end in ((0.996, 1.0), (0.04, 0.4), (0.005, 0.4)):
+        ref = official.cosine_scheduler(start, end, epochs, niter)
+        ours = [cosine_schedule(start, end, it, epochs * niter) for it in range(epochs * niter)]
+        np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-15)
+    m = [cosine_schedule(0.996, 1.0, t, 100) for t in range(101)]
     assert m[0] == pytest.approx(0.996) and m[-1] == pytest.approx(1.0) and all(np.diff(m) >= 0)
-    cfg = DINOConfig(warmup_teacher_temp=0.04, teacher_temp=0.07, warmup_teacher_temp_epochs=30)
-    assert teacher_temperature(cfg, 0) == pytest.approx(0.04)
-    assert teacher_temperature(cfg, 15) == pytest.approx(0.055)
-    assert teacher_temperature(cfg, 30) == teacher_temperature(cfg, 99) == pytest.approx(0.07)
+
+
+@pytest.mark.parametrize("warmup,nepochs", [(0, 4), (1, 4), (2, 5), (30, 100), (5, 5)])
+def test_teacher_temperature_is_dinos_per_epoch_table(warmup: int, nepochs: int) -> None:
+    """DINOLoss.teacher_temp_schedule (transcribed), indexed by the whole epoch: linear over epochs 0..W-1."""
+    cfg = DINOConfig(warmup_teacher_temp=0.04, teacher_temp=0.07, warmup_teacher_temp_epochs=warmup)
+    ref = official.teacher_temp_schedule(0.04, 0.07, warmup, nepochs)
+    ours = [teacher_temperature(cfg, e) for e in range(nepochs)]
+    np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-15)
+    if warmup >= 2:  # the warm-up value in epoch 0, the final value already in epoch W-1
+        assert ours[0] == 0.04 and ours[warmup - 1] == 0.07
+    with pytest.raises(ValueError, match="whole epoch index"):
+        teacher_temperature(cfg, 0.5)  # constant within an epoch: a fractional epoch is a caller's mistake
+    with pytest.raises(ValueError, match="warmup_teacher_temp_epochs must be an integer"):
+        DINOConfig(warmup_teacher_temp_epochs=2.5)
+    with pytest.raises(ValueError, match="whole number of epochs"):
+        DINOConfig(warmup_teacher_temp_epochs=-1)
+    assert DINOConfig(warmup_teacher_temp_epochs=3.0).warmup_teacher_temp_epochs == 3
+
+
+def test_the_task_holds_the_temperature_for_a_whole_epoch() -> None:
+    from crate_transformer.train.dino import DINOTask
+
+    task = DINOTask()
+    task.options = DINOConfig(warmup_teacher_temp=0.04, teacher_temp=0.07, warmup_teacher_temp_epochs=3)
+    task.steps_per_epoch = 7
+    ref = official.teacher_temp_schedule(0.04, 0.07, 3, 5)
+    temps = [task.teacher_temp(step) for step in range(5 * 7)]
+    np.testing.assert_allclose(temps, np.repeat(ref, 7), rtol=0, atol=1e-15)
+
+
+def _dino_settings_task(head: DINOHead, cfg, steps_per_epoch: int, **options: object):
+    """A DINOTask with just what ``before_optimizer_step`` reads (its student's head, options and sizes)."""
+    from types import SimpleNamespace
+
+    from crate_transformer.train.dino import DINOTask
+
+    task = DINOTask()
+    task.options, task.cfg = DINOConfig(**options), cfg
+    task.steps_per_epoch, task.total_steps = steps_per_epoch, steps_per_epoch * cfg.epochs
+    task.student = SimpleNamespace(head=head)
+    return task
+
+
+def test_frozen_last_layer_and_weight_decay_schedule_match_dinos_loop() -> None:
+    """The engine's optimizer + DINOTask.before_optimizer_step against DINO's train_one_epoch (transcribed):
+    AdamW over get_params_groups, lr and wd per iteration from cosine_scheduler, cancel_gradients_last_layer.
+    During epoch 0 the last layer has no gradient, so AdamW creates no state for it (step count 0, no weight
+    decay); from epoch 1 its step count runs from 1 — as in DINO.  A zeroed gradient would count those steps."""
+    from crate_transformer.train import TrainConfig
+    from crate_transformer.train.loop import _Optimization
+    from crate_transformer.train.runtime import Runtime
+
+    spe, epochs = 3, 3
+    total = spe * epochs
+    lr, min_lr, wd, wd_end = 5e-3, 1e-4, 0.04, 0.4
+    head = DINOHead(16, 32, hidden_dim=24, bottleneck_dim=8)
+    ref_head = copy.deepcopy(head)
+    cfg = TrainConfig(lr=lr, min_lr=min_lr, weight_decay=wd, warmup_epochs=0, grad_clip=0, epochs=epochs)
+    opt = _Optimization(head, cfg, spe, total, Runtime())
+    task = _dino_settings_task(head, cfg, spe, freeze_last_layer=1, weight_decay_end=wd_end)
+    ref_opt = torch.optim.AdamW(official.get_params_groups(ref_head))
+    lr_s = official.cosine_scheduler(lr, min_lr, epochs, spe)
+    wd_s = official.cosine_scheduler(wd, wd_end, epochs, spe)
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(8, 16, generator=g), torch.randn(8, 32, generator=g)) for _ in range(total)]
+    loss_fn = DINOLoss(32)
+    last, ref_last = (h.last_layer.parametrizations.weight.original1 for h in (head, ref_head))
+    start = last.detach().clone()
+    for it, (x, t) in enumerate(data):
+        opt.zero_grad()
+        opt.backward(loss_fn(head(x), t, 0.04, update=False))
+        task.before_optimizer_step(opt.optimizer, it)
+        opt.step()
+        official.student_step(
+            ref_head, lambda x=x, t=t: loss_fn(ref_head(x), t, 0.04, update=False), ref_opt, lr_s, wd_s, it,
+            epoch=it // spe, clip_grad=0, freeze_last_layer=1,
+        )  # fmt: skip
+        assert opt.optimizer.param_groups[0]["weight_decay"] == pytest.approx(wd_s[it], rel=1e-12)
+        assert opt.optimizer.param_groups[1]["weight_decay"] == 0.0
+        steps = {float(s["step"]) for p, s in opt.optimizer.state.items() if p is not last}
+        assert steps == {it + 1.0}
+        expected = None if it < spe else float(it + 1 - spe)  # epoch 0: no state at all
+        for o, p in ((opt.optimizer, last), (ref_opt, ref_last)):
+            assert (float(o.state[p]["step"]) if p in o.state else None) == expected, it
+        for (name, p), q in zip(head.named_parameters(), ref_head.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=f"step {it}, {name}")
+        assert torch.equal(last, start) == (it < spe)  # untouched in epoch 0 (not even decayed), trained after
 
 
 def test_loss_is_the_cross_entropy_over_distinct_views_and_the_centre_is_an_ema_of_the_batch_mean() -> None:
@@ -130,6 +217,15 @@ def test_presets_and_options() -> None:
         DINOConfig.from_preset("digits", teacher_tmp=0.1)
     with pytest.raises(ValueError, match="area fractions"):
         DINOConfig(global_crops_scale=[0.5, 1.5])
+    # DINO's cosine weight decay is on in both presets (main_dino.py: 0.04 -> 0.4); `none` keeps it constant
+    from crate_transformer.train.dino import DINOTask
+
+    assert paper.weight_decay_end == DINOConfig().weight_decay_end == 0.4
+    assert DINOTask.check_options({"weight-decay-end": "none", "freeze-last-layer": "2"}) == {
+        "weight_decay_end": None, "freeze_last_layer": 2,
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="weight_decay_end must be"):
+        DINOConfig(weight_decay_end=-0.1)
 
 
 def test_teacher_copy_gets_no_gradient_and_the_student_classifier_head_is_frozen() -> None:
@@ -224,20 +320,32 @@ def test_crate_analyze_on_a_dino_run(dino_run: Path) -> None:
         assert (out / "figures" / fig).stat().st_size > 2000, fig
 
 
+def _optimizer_steps(state: dict) -> list[float]:
+    """AdamW's step count of every parameter the optimizer holds (0 for one without state)."""
+    opt = state["optimizer"]
+    ids = [i for group in opt["param_groups"] for i in group["params"]]
+    return sorted(float(opt["state"][i]["step"]) if i in opt["state"] else 0.0 for i in ids)
+
+
 def test_resume_continues_exactly(tmp_path: Path) -> None:
-    """2 epochs in one go == 1 epoch, stop, resume: student, teacher, both heads and the centre bit for bit."""
-    common = [*TINY, "--epochs", 2, "--train-subset", 640, "--deterministic", "--local-crops-number", 1]
+    """2 epochs in one go == 1 epoch, stop, resume: student, teacher, both heads and the centre bit for bit.
+    On the way: DINO's per-epoch teacher-temperature warm-up, cosine weight decay and frozen last layer."""
+    common = [*TINY, "--epochs", 2, "--train-subset", 640, "--deterministic", "--local-crops-number", 1,
+              "--warmup-teacher-temp", 0.03, "--warmup-teacher-temp-epochs", 2, "--log-every", 1]  # fmt: skip
     assert crate("pretrain", "dino", *common, "--out", tmp_path / "full") == 0
     assert crate("pretrain", "dino", *common, "--max-steps", 10, "--out", tmp_path / "part") == 0
     from crate_transformer.train import load_training_state
 
-    # the first epoch leaves the head's last layer where it started (DINO's freeze_last_layer = 1): its
-    # effective weight v/|v| (weight decay only rescales v) is the teacher's, the EMA of its own start
+    # the first epoch leaves the head's last layer where it started (DINO's freeze_last_layer = 1): no
+    # gradient, so AdamW neither moves nor decays it and keeps no state for it; the teacher's copy is the
+    # EMA of that unchanged weight
     w = "head.last_layer.parametrizations.weight.original1"
     first = load_training_state(tmp_path / "part")
     unit = lambda v: F.normalize(v, dim=1)  # noqa: E731
     assert first["step"] == 10
-    torch.testing.assert_close(unit(first["model"][w]), unit(first["task"]["teacher_head"][w[5:]]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(first["model"][w], first["task"]["teacher_head"][w[5:]], rtol=0, atol=1e-7)
+    steps = _optimizer_steps(first)
+    assert steps[0] == 0.0 and set(steps[1:]) == {10.0}  # the last layer alone has no AdamW state
     assert crate("pretrain", "dino", "--resume", tmp_path / "part", "--max-steps", 0) == 0
 
     a, b = load_training_state(tmp_path / "full"), load_training_state(tmp_path / "part")
@@ -247,6 +355,18 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     for key in ("export_model", "teacher_head"):
         assert all(torch.equal(v, b["task"][key][k]) for k, v in a["task"][key].items()), key
     assert torch.equal(a["task"]["center"], b["task"]["center"]) and a["task"]["step"] == 20
+    steps = _optimizer_steps(a)
+    assert steps[0] == 10.0 and set(steps[1:]) == {20.0}  # the last layer's AdamW steps start in epoch 1
+    # the schedules each step used, against DINO's tables (transcribed): 2 epochs x 10 steps
+    sched = [r for r in _records(tmp_path / "full") if r["split"] == "schedule"]
+    used = np.array([r["step"] for r in sched]) - 1
+    assert list(used) == list(range(20))
+    temps = official.teacher_temp_schedule(0.03, 0.04, 2, 2)[used // 10]  # indexed by the epoch
+    np.testing.assert_allclose([r["teacher_temp"] for r in sched], temps, rtol=0, atol=1e-15)
+    wd = official.cosine_scheduler(0.04, 0.4, 2, 10)  # --weight-decay 0.04, the default --weight-decay-end
+    np.testing.assert_allclose([r["weight_decay"] for r in sched], wd[used], rtol=0, atol=1e-15)
+    groups = a["optimizer"]["param_groups"]
+    assert groups[0]["weight_decay"] == pytest.approx(wd[19], rel=1e-12) and groups[1]["weight_decay"] == 0.0
 
 
 def test_the_vit_baseline_is_a_backbone_too() -> None:

@@ -8,6 +8,7 @@ import errno
 import io
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,66 @@ def test_a_run_directory_in_use_is_refused(tmp_path: Path, capsys: pytest.Captur
     finally:
         run.close()
     assert crate("train", *TINY, *FAST, "--out", tmp_path / "r") == 0  # free again once the owner closes
+
+
+class FakeMsvcrt:
+    """``msvcrt.locking`` as Windows behaves: a byte range locked by one handle is refused to every other handle
+    (of this process too), unlocking needs the handle that locked it, and the range starts at the file position."""
+
+    LK_NBLCK, LK_UNLCK = 2, 0
+
+    def __init__(self) -> None:
+        self.held: dict[tuple[int, int, int], int] = {}  # (device, inode, offset) -> fd
+        self.calls: list[tuple[int, int]] = []  # (mode, offset)
+
+    def locking(self, fd: int, mode: int, nbytes: int) -> None:
+        assert nbytes == 1
+        st, offset = os.fstat(fd), os.lseek(fd, 0, os.SEEK_CUR)
+        key = (st.st_dev, st.st_ino, offset)
+        self.calls.append((mode, offset))
+        if mode == self.LK_NBLCK:
+            if key in self.held:
+                raise PermissionError(errno.EACCES, "Permission denied")
+            self.held[key] = fd
+        elif self.held.get(key) != fd:
+            raise PermissionError(errno.EACCES, "Permission denied")  # unlocking a range this handle does not hold
+        else:
+            del self.held[key]
+
+
+def test_the_run_directory_lock_on_windows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without fcntl (Windows) the lock is msvcrt's byte-range lock, with the same semantics as flock."""
+    fake = FakeMsvcrt()
+    monkeypatch.setitem(sys.modules, "fcntl", None)  # `import fcntl` raises ImportError, as on Windows
+    monkeypatch.setitem(sys.modules, "msvcrt", fake)
+    first = RunDir.create(tmp_path / "r")
+    with pytest.raises(ValueError, match=f"is in use by crate process {os.getpid()} since"):
+        RunDir.create(tmp_path / "r")  # the owner line stays readable while the lock is held
+    with pytest.raises(ValueError, match="is in use by"):
+        RunDir.reopen(tmp_path / "r")
+    owner_line = (tmp_path / "r" / ".lock").read_text()
+    locked_at = {offset for _, offset in fake.calls}
+    assert len(locked_at) == 1 and locked_at.pop() > len(owner_line)  # the locked byte is past the owner line
+    first.close()
+    assert not fake.held  # released by the handle that took it
+    second = RunDir.reopen(tmp_path / "r")  # free again once the owner closes
+    assert len(fake.held) == 1
+    second.close()
+    assert not fake.held and [m for m, _ in fake.calls].count(fake.LK_NBLCK) == 4
+
+
+def test_the_run_directory_lock_is_flock_on_posix(tmp_path: Path) -> None:
+    """On POSIX a second open file description is refused while the first holds the lock."""
+    fcntl = pytest.importorskip("fcntl")  # Windows runs the test above instead
+    run = RunDir.create(tmp_path / "r")
+    fd = os.open(tmp_path / "r" / ".lock", os.O_RDWR)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        run.close()
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by close()
+    finally:
+        os.close(fd)
 
 
 def test_a_finished_run_without_checkpoints_or_user_files_are_never_overwritten(

@@ -41,7 +41,8 @@ def one_line_error(capsys: pytest.CaptureFixture, *argv: object) -> str:
 
 # --------------------------------------------------------------------------- sizes (Table 10)
 def _crate_lm_params(L: int, d: int, V: int, n_pos: int = 0) -> int:
-    """LN1 2d + U d² + W (d² + d) + LN2 2d + D d² per layer; tied V×d head; learned positions."""
+    """Per layer (JMLR eqs. (37), (44), (45)):
+    LN1 2d + U d² + W (d² + d) + LN2 2d + D d² per layer; tied V×d head; learned positions."""
     return L * (3 * d * d + 5 * d) + V * d + n_pos * d
 
 

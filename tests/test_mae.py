@@ -1,7 +1,9 @@
 """CRATE-MAE: masking invariants, the masked-patch loss, parameter counts, official parity and round trips,
 clear errors, and the pretraining task on the built-in digits."""
 
+import argparse
 import json
+import pickle
 
 import pytest
 import torch
@@ -78,6 +80,35 @@ def test_visible_only_encoder_sees_only_visible_tokens():
     assert seen == [1 + 4] and out.pred.shape == (2, 16, 192) and torch.isfinite(out.loss)
 
 
+@pytest.mark.parametrize("norm_pix", [False, True])
+def test_visible_only_is_he_et_al_mae_forward(norm_pix):
+    """visible_only against MAE's forward_encoder / forward_decoder (facebookresearch/mae, transcribed in
+    tests/official/mae_he.py) run on the same official CRATE-MAE's modules: positions added before masking,
+    encoder on the visible tokens, mask tokens appended and unshuffled, then the decoder's position table
+    added to every token.  MAE's decoder_embed is the identity: CRATE-MAE's decoder works at width d."""
+    from official.mae_he import MAEForward
+
+    off = perturbed(official_small(norm_pix_loss=norm_pix)).eval()
+    with torch.no_grad():
+        off.decoder_embed.weight.copy_(torch.eye(64))
+        off.decoder_embed.bias.zero_()
+    he = MAEForward(off)
+    m = ct.from_official(off.state_dict(), "crate_mae_tiny", **SMALL, norm_pix_loss=norm_pix, visible_only=True)
+    x, noise = torch.randn(3, 3, 32, 32), torch.rand(3, 16)
+    with torch.no_grad():
+        loss_he, pred_he, mask_he = he(x, 0.75, noise)
+        out = m.eval()(x, noise=noise)
+        torch.testing.assert_close(out.pred, pred_he, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.loss, loss_he, rtol=1e-5, atol=1e-5)
+        assert torch.equal(out.mask, mask_he)
+        # the decoder input itself: every token (visible ones too) carries the position table once more
+        latent, _, ids_restore = he.forward_encoder(x, 0.75, noise)
+        mask_tokens = off.mask_token.repeat(3, 16 + 1 - latent.shape[1], 1)
+        x_ = torch.gather(torch.cat([latent[:, 1:], mask_tokens], 1), 1, ids_restore.unsqueeze(-1).repeat(1, 1, 64))
+        dec_in = torch.cat([latent[:, :1], x_], 1) + off.decoder_pos_embed
+        torch.testing.assert_close(m.forward_encoder(x, noise=noise)[0], dec_in, rtol=1e-5, atol=1e-5)
+
+
 def test_norm_pix_loss_target():
     m = small_mae(norm_pix_loss=True)
     t = m.target(torch.rand(2, 3, 32, 32))
@@ -147,6 +178,47 @@ def test_from_official_reproduces_official_loss_and_predictions(tmp_path, norm_p
     torch.testing.assert_close(pred, pred_o, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(loss, loss_o, rtol=1e-5, atol=1e-5)
     assert torch.equal(mask, mask_o)
+
+
+def mae_codebase_args(**kw):
+    """The argparse.Namespace of the MAE codebase's main_pretrain.py (its flags' defaults, facebookresearch/mae
+    @ efb2a80, plus what main() adds: lr, distributed) — what misc.save_model stores under 'args'."""
+    return argparse.Namespace(**{
+        "batch_size": 64, "epochs": 800, "accum_iter": 1, "model": "mae_crate_base", "input_size": 32,
+        "mask_ratio": 0.75, "norm_pix_loss": False, "weight_decay": 0.05, "lr": 0.00015, "blr": 1.5e-4,
+        "min_lr": 0.0, "warmup_epochs": 40, "data_path": "/datasets01/imagenet_full_size/061417/",
+        "output_dir": "./output_dir", "log_dir": "./output_dir", "device": "cuda", "seed": 0, "resume": "",
+        "start_epoch": 0, "num_workers": 10, "pin_mem": True, "world_size": 1, "local_rank": -1,
+        "dist_on_itp": False, "dist_url": "env://", "distributed": False, **kw,
+    })  # fmt: skip
+
+
+def test_from_official_reads_the_mae_codebase_checkpoint(tmp_path):
+    """The container of facebookresearch/mae util/misc.py::save_model (@ efb2a80), which CRATE-MAE's training
+    code writes: {'model': state_dict, 'optimizer': optimizer.state_dict(), 'epoch': int,
+    'scaler': loss_scaler.state_dict(), 'args': argparse.Namespace}."""
+    off = perturbed(official_small()).eval()
+    opt = torch.optim.AdamW(off.parameters(), lr=1.5e-4, betas=(0.9, 0.95), weight_decay=0.05)
+    off(torch.randn(2, 3, 32, 32), 0.75, torch.rand(2, 16))[0].backward()
+    opt.step()  # AdamW moments and step counts in the optimizer state
+    # MAE's NativeScaler state: torch.cuda.amp.GradScaler().state_dict()
+    scaler = {"scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000,
+              "_growth_tracker": 0}  # fmt: skip
+    path = tmp_path / "checkpoint-799.pth"
+    container = {"model": off.state_dict(), "optimizer": opt.state_dict(), "epoch": 799, "scaler": scaler,
+                 "args": mae_codebase_args()}  # fmt: skip
+    torch.save(container, path)
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        torch.load(path, weights_only=True)  # torch's own safe list refuses the Namespace ...
+    for m in (ct.from_official(path, "crate_mae_tiny", **SMALL), load_model(path, "crate_mae_tiny", **SMALL)):
+        x, noise = torch.randn(3, 3, 32, 32), torch.rand(3, 16)
+        loss_o, pred_o, _ = off(x, 0.75, noise)
+        loss, pred, _ = m.eval()(x, noise=noise)
+        torch.testing.assert_close(pred, pred_o, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(loss, loss_o, rtol=1e-5, atol=1e-5)
+    raw = ct.checkpoint.load_pickle(path)  # ... ours reads it, Namespace and all, with nothing else allowed after
+    assert vars(raw["args"]) == vars(mae_codebase_args()) and raw["epoch"] == 799
+    assert argparse.Namespace not in torch.serialization.get_safe_globals()
 
 
 def test_official_round_trip_and_save_pretrained(tmp_path):

@@ -28,7 +28,7 @@ def _layer_params(variant: str, d: int, h: int = 0, m: int = 0) -> int:
     ista = d * d  # D
     mlp = (d * h + h) + (h * d + d)
     return {
-        "crate": ln + mssa + ln + ista,  # 3d² + 5d (paper_spec §2.10)
+        "crate": ln + mssa + ln + ista,  # 3d² + 5d (JMLR Table 10 sizes)
         "tied": ln + d * d + ln + ista,  # no W
         "mlp": ln + mssa + ln + mlp,
         "mhsa": ln + mhsa + ln + ista,
@@ -181,7 +181,7 @@ def test_measure_on_the_hybrids():
     "overrides, message",
     [
         ({"attention": "linear"}, "unknown attention 'linear'; choose one of ('mssa', 'mhsa')"),
-        ({"mlp": "moe"}, "unknown mlp 'moe'; choose one of ('ista', 'mlp', 'odl')"),
+        ({"mlp": "moe"}, "unknown mlp 'moe'; choose one of ('ista', 'mlp', 'odl', 'ista_overcomplete')"),
         ({"mlp": "mlp", "ista_mode": "soft"}, "ista_mode='soft' applies to the ISTA block only"),
         ({"attention": "mhsa", "tied_output": True}, "tied_output applies to MSSA only"),
         ({"odl_ratio": 0}, "odl_ratio must be a positive integer"),

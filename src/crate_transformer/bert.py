@@ -1,4 +1,4 @@
-"""CRATE-BERT as the authors released it (JMLR §4.1.4, Table 10, p.98), and the key map of its checkpoints.
+"""CRATE-BERT as the authors released it (JMLR §4.1.4, Table 10, p.97), and the key map of its checkpoints.
 
 The released model is the authors' Hugging Face port (``transformers`` fork, ``models/crate/modeling_crate.py``,
 ``CrateForMaskedLM`` / ``CrateForSequenceClassification``, e.g. ``jackbai/crate-base``).  Its CRATE layers are
@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from .io import CheckpointError
 from .lm import LanguageModel, LMConfig
-from .official import OfficialFormat, rename
+from .official import OfficialFormat, rename, unwrap
 
 __all__ = [
     "CRATEBert",
@@ -40,7 +40,8 @@ __all__ = [
     "BERT_KEY_MAP",
     "bert_official_to_native",
     "bert_native_to_official",
-    "bert_config_from",
+    "bert_config_file",
+    "bert_checkpoint_fields",
     "is_bert_state",
     "BERT_FORMAT",
 ]
@@ -240,13 +241,18 @@ def _tied_copy(state: dict[str, Tensor], copy: str, kept: str) -> None:
         )
 
 
+def _with_prefix(state: Mapping[str, Tensor]) -> Mapping[str, Tensor]:
+    """A bare ``CrateModel``'s keys (``embeddings.*``, ``encoder.*``, ``pooler.*``) under the heads' ``crate.``."""
+    if any(k.startswith("crate.") for k in state):
+        return state
+    bare = ("embeddings.", "encoder.", "pooler.")
+    return {(f"crate.{k}" if k.startswith(bare) else k): v for k, v in state.items()}
+
+
 def bert_official_to_native(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """The port's ``CrateForMaskedLM`` / ``CrateForSequenceClassification`` / ``CrateModel`` state dict →
     :class:`CRATEBert` keys (:data:`BERT_KEY_MAP`); tied copies and unused buffers / pooler are dropped."""
-    if not any(k.startswith("crate.") for k in state):  # a bare CrateModel's keys lack the "crate." prefix
-        bare = ("embeddings.", "encoder.", "pooler.")
-        state = {(f"crate.{k}" if k.startswith(bare) else k): v for k, v in state.items()}
-    out = {k: v for k, v in state.items() if not k.startswith(_UNUSED)}
+    out = {k: v for k, v in _with_prefix(state).items() if not k.startswith(_UNUSED)}
     _tied_copy(out, "lm_head.decoder.weight", "crate.embeddings.word_embeddings.weight")
     _tied_copy(out, "lm_head.decoder.bias", "lm_head.bias")
     return rename(out, BERT_KEY_MAP, forward=True)
@@ -275,28 +281,45 @@ _CONFIG_FIELDS = {
 }
 
 
-def bert_config_from(state: Mapping[str, Tensor], hf: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The :class:`~crate_transformer.lm.LMConfig` fields a port checkpoint determines: its ``config.json``
-    (``model_type: "crate"``; width, depth, heads, vocabulary, positions, token types, LayerNorm eps, padding id,
-    dropout) and, from the weights, ``num_labels`` of a classification head.
+def bert_config_file(hf: Mapping[str, Any]) -> dict[str, Any]:
+    """The :class:`~crate_transformer.lm.LMConfig` fields of the port's ``config.json`` (``model_type: "crate"``):
+    width, depth, heads, vocabulary, positions, token types, LayerNorm eps, padding id and dropout.
 
     ``max_position_embeddings`` rows hold ``max_position_embeddings − pad_token_id − 1`` tokens (``block_size``).
-    A ``config.json`` of another model type is ignored (its sizes are not this format's).
+    A ``config.json`` of another model type is ignored: its sizes are not this format's.
     """
-    out: dict[str, Any] = {}
-    if hf is not None and hf.get("model_type") == "crate":
-        out = {ours: hf[theirs] for theirs, ours in _CONFIG_FIELDS.items() if hf.get(theirs) is not None}
-        if "max_position_embeddings" in hf:
-            out["block_size"] = int(hf["max_position_embeddings"]) - int(hf.get("pad_token_id", 1)) - 1
-    head = state.get("classifier.out_proj.weight")
-    if head is not None:
-        out["num_labels"] = head.shape[0]
+    if hf.get("model_type") != "crate":
+        return {}
+    out = {ours: hf[theirs] for theirs, ours in _CONFIG_FIELDS.items() if hf.get(theirs) is not None}
+    if "max_position_embeddings" in hf:
+        out["block_size"] = int(hf["max_position_embeddings"]) - int(hf.get("pad_token_id", 1)) - 1
+    return out
+
+
+def bert_checkpoint_fields(raw: object) -> dict[str, Any]:
+    """The fields the port's tensors fix: vocabulary, depth, token types and a classification head's
+    ``num_labels``.  The width is left to ``config.json`` or the model name: the tensors do not store the head
+    count that goes with it (a different width is a shape error)."""
+    state = _with_prefix(unwrap(raw))
+    prefix = "crate.encoder.layer."
+    layers = {int(k[len(prefix) :].split(".")[0]) for k in state if k.startswith(prefix)}
+    out: dict[str, Any] = {"depth": max(layers) + 1} if layers else {}
+    for key, field in (
+        ("crate.embeddings.word_embeddings.weight", "vocab_size"),
+        ("crate.embeddings.token_type_embeddings.weight", "type_vocab_size"),
+        ("classifier.out_proj.weight", "num_labels"),
+    ):
+        if key in state:
+            out[field] = state[key].shape[0]
     return out
 
 
 def _check_config(config: LMConfig) -> None:
-    if config.proj_bias:
-        raise ValueError("the released CRATE-BERT has no bias on MSSA's output W; drop proj_bias=True")
+    if config.proj_bias or config.mlp != "ista":
+        raise ValueError(
+            f"the released CRATE-BERT has ISTA blocks and no bias on MSSA's output W, not mlp={config.mlp!r}, "
+            f"proj_bias={config.proj_bias!r}; drop those overrides"
+        )
 
 
 BERT_FORMAT = OfficialFormat(
@@ -306,6 +329,8 @@ BERT_FORMAT = OfficialFormat(
     detect=is_bert_state,
     example="crate_bert_base",
     check=_check_config,
-    config_from=bert_config_from,
+    fields=bert_checkpoint_fields,
+    overridable=("dropout",),
+    config_file=bert_config_file,
     optional=("lm_head.",),
 )

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from .base import Model
+from .config import Config
 from .config_utils import coerce_fields
 from .io import (
     CONFIG_NAME,
@@ -35,7 +36,7 @@ from .io import (
 from .lm import LanguageModel, LMConfig
 from .mae import CRATEMAE, MAEConfig, mae_to_classifier
 from .model import ImageClassifier, ModelConfig
-from .official import unwrap
+from .official import OfficialFormat, unwrap
 from .registry import arch_info, build, config_class, model_config, official_formats, registered_fields
 
 __all__ = [
@@ -155,6 +156,8 @@ def load_weights(model: torch.nn.Module, state: Mapping[str, Tensor], source: st
 def _fix_hint(state: Mapping[str, Tensor], model: torch.nn.Module) -> str:
     """Read the architecture off the checkpoint's shapes and name the overrides that would fit it."""
     c = getattr(model, "config", None)
+    if isinstance(c, LMConfig) and "wte.weight" in state and state["wte.weight"].shape[-1] != c.dim:
+        return f"; pass dim={state['wte.weight'].shape[-1]} and heads=H, the head count it was trained with"
     if not isinstance(c, ModelConfig):
         return ""
     found: dict[str, int] = {}
@@ -241,11 +244,25 @@ def _load_any(path: Path, name: str | None, overrides: Mapping[str, object], che
             weights = task["export_model"]  # the task trains a wrapper of this model (DINO: the teacher backbone)
         load_weights(model, weights, source=str(path))
         return model
+    if name is None and isinstance(raw, Mapping) and "model_args" in raw:
+        raise CheckpointError(
+            f"{path} looks like a nanoGPT / crate-lm checkpoint; name its architecture, e.g. --model "
+            "crate_gpt_12l_pile (CRATE) or gpt2_base (GPT-2)"
+        )
     if name is None:
         raise CheckpointError(
-            f"{path} looks like an official CRATE checkpoint; name its architecture, e.g. --model crate_small"
+            f"{path} looks like an official CRATE checkpoint; name its architecture, e.g. --model {_example(raw)}"
         )
     return from_official(raw, name, **overrides)
+
+
+def _example(raw: object) -> str:
+    """The example model name of the registered official format that recognises ``raw`` (else crate_small)."""
+    try:
+        state = unwrap(raw)
+    except ValueError:
+        return "crate_small"
+    return next((a.official.example for a in official_formats() if a.official.detect(state)), "crate_small")
 
 
 def _check_overrides(
@@ -284,9 +301,13 @@ def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: o
     ``crate_bert_*`` of the authors' Hugging Face port, and whatever other families register).  Accepts the
     training containers (``{'state_dict': ...}`` written by the official ``main.py`` with keys prefixed
     ``module.``, ``{'model': ...}`` as the MAE codebase saves it), a bare state dict, a path to any of them
-    (read with ``weights_only=True``), a ``.safetensors`` file, or a folder holding ``model.safetensors`` or
-    ``pytorch_model.bin``.  Hyperparameters the authors' files do not store (η, λ) come from the registered
-    config and ``overrides``; a format that reads sizes from the checkpoint (``config_from``) fills them first.
+    (read with ``weights_only=True``), a ``.safetensors`` file as such, or a folder holding
+    ``model.safetensors`` or ``pytorch_model.bin``.  Hyperparameters the authors' files do not store (η, λ)
+    come from the registered config and ``overrides``; a format whose files describe themselves
+    (``OfficialFormat.fields`` / ``config_file``: the language models, e.g. the released CRATE-GPT as
+    ``from_official("ckpt-crate-12l-overparam-600000.pt", "crate_gpt_12l_pile")``, or a CRATE-BERT folder with
+    its ``config.json``) replaces the registered sizes by the file's, and an override that contradicts the
+    file is an error.
     """
     config = model_config(name, **overrides)
     fmt = arch_info(config.arch).official
@@ -294,17 +315,16 @@ def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: o
         raise ValueError(f"{name!r} ({config.arch}) has no official checkpoint format; load it with from_pretrained")
     if fmt.check is not None:
         fmt.check(config)
-    raw, sidecar, source = _read_official(path_or_state)
+    raw, source, folder = _read_official(path_or_state)
+    sidecar = _sidecar(folder) if fmt.config_file is not None and folder is not None else None
     try:
         state = unwrap(raw)
     except ValueError as e:
         raise CheckpointError(f"{source}: {e}") from None
     if not fmt.detect(state):
         raise CheckpointError(f"{source} is not a {fmt.name} checkpoint ({fmt.origin}){_format_hint(state)}")
-    if fmt.config_from is not None:
-        config = model_config(name, **{**fmt.config_from(state, sidecar), **overrides})
-        if fmt.check is not None:
-            fmt.check(config)
+    if fmt.fields is not None or (fmt.config_file is not None and sidecar is not None):
+        config = _file_config(fmt, raw, sidecar, name, overrides, source)
     model = build(config)
     native = fmt.to_native(state, config)
     missing = sorted({p for p in fmt.optional if not any(k.startswith(p) for k in native)})
@@ -322,10 +342,11 @@ def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: o
 _OFFICIAL_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # what a folder may hold (Hugging Face's names)
 
 
-def _read_official(path_or_state: str | Path | Mapping) -> tuple[object, dict | None, str]:
-    """``(checkpoint object, the JSON object saved beside it or None, a name for messages)``."""
+def _read_official(path_or_state: str | Path | Mapping) -> tuple[object, str, Path | None]:
+    """``(checkpoint object, a name for messages, the folder of the file or None)``: a ``.safetensors`` file
+    (Hugging Face's format) or what ``torch.load(weights_only=True)`` reads; a folder's weights file."""
     if not isinstance(path_or_state, (str, Path)):
-        return path_or_state, None, "official state dict"
+        return path_or_state, "official state dict", None
     path = Path(path_or_state)
     if path.is_dir():
         found = [path / f for f in _OFFICIAL_WEIGHTS if (path / f).is_file()]
@@ -335,10 +356,49 @@ def _read_official(path_or_state: str | Path | Mapping) -> tuple[object, dict | 
             )
         path = found[0]
     raw = load_safetensors(path)[0] if path.suffix == ".safetensors" else load_state(path)
-    if not (path.parent / CONFIG_NAME).is_file():
-        return raw, None, str(path)
-    _, data = read_model_json(path.parent, CONFIG_NAME)
-    return raw, data if isinstance(data, dict) else None, str(path)
+    return raw, str(path), path.parent
+
+
+def _sidecar(folder: Path) -> dict | None:
+    """The JSON object of ``folder/config.json`` (a Hugging Face config saved beside the weights), or None."""
+    if not (folder / CONFIG_NAME).is_file():
+        return None
+    _, data = read_model_json(folder, CONFIG_NAME)
+    return data if isinstance(data, dict) else None
+
+
+def _file_config(
+    fmt: OfficialFormat, raw: object, sidecar: dict | None, name: str, overrides: Mapping[str, object], source: str
+) -> Config:
+    """``name``'s config with the values the file stores (``fmt.config_file`` of the JSON beside it, then
+    ``fmt.fields`` of the tensors, which must agree) in place, then ``overrides``, which must agree with the
+    file except for ``fmt.overridable`` keys."""
+    try:
+        found = fmt.config_file(sidecar) if fmt.config_file is not None and sidecar is not None else {}
+        tensors = fmt.fields(raw) if fmt.fields is not None else {}
+    except ValueError as e:
+        raise CheckpointError(f"{source}: {e}") from None
+    clash = [
+        f"{k}: {found[k]!r} in config.json, {v!r} in the tensors" for k, v in tensors.items() if found.get(k, v) != v
+    ]
+    if clash:
+        raise CheckpointError(f"{source} is inconsistent: {', '.join(clash)}; the file is corrupt")
+    found.update(tensors)
+    given = model_config(name, **overrides)
+    conflicts = [
+        f"{k}={getattr(given, k)!r} (checkpoint: {v!r})"
+        for k, v in found.items()
+        if k in overrides and k not in fmt.overridable and getattr(given, k) != v
+    ]
+    if conflicts:
+        raise CheckpointError(f"{source} disagrees with the given overrides: {', '.join(conflicts)}; drop them")
+    try:
+        config = model_config(name, **{**found, **overrides})
+        if fmt.check is not None:
+            fmt.check(config)
+    except ValueError as e:
+        raise CheckpointError(f"{source}: {e}") from None
+    return config
 
 
 def _format_hint(state: Mapping[str, Tensor]) -> str:

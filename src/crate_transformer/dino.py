@@ -5,14 +5,18 @@ Table 4 and App. C.3.
 The JMLR text gives the objective — the cross-entropy between the teacher's distribution on global
 views and the student's on every other view, eq. (76)–(77) — the student update (78), the EMA teacher
 (79), and the recipe (AdamW, base lr 0.001, weight decay 0.005, 100 epochs); everything else "follows
-the official DINO" (see shared/notes/paper_spec.md §4.3).  This module implements those DINO pieces,
+the official DINO" (App. C.3, p.97; facebookresearch/dino, ``main_dino.py``).  This module implements those DINO pieces,
 each configurable:
 
 * :class:`DINOHead` — 3-layer GELU MLP (hidden 2048, bottleneck 256), ℓ2-normalisation, and a
   weight-normalised last layer (65,536 outputs, its norm fixed to 1) — ``dino_head.py`` of DINO;
 * :class:`DINOLoss` — teacher centering (centre EMA 0.9), sharpening with the teacher temperature
-  (linear warm-up), student temperature 0.1, all pairs of distinct views;
-* :func:`ema_update` with the cosine momentum schedule 0.996 → 1 (:func:`cosine_schedule`);
+  (linear warm-up over whole epochs, :func:`teacher_temperature`), student temperature 0.1, all pairs
+  of distinct views;
+* :func:`ema_update` with the cosine momentum schedule 0.996 → 1 (:func:`cosine_schedule`), and the
+  cosine weight-decay schedule 0.04 → 0.4 of the same form;
+* :func:`cancel_gradients_last_layer` — no gradient (``None``) for the head's last layer during the
+  first ``freeze_last_layer`` epochs;
 * :class:`MultiCropAugmentation` — 2 global + N local views (kornia): random resized crops, flips,
   colour jitter, grey-scale, Gaussian blur and solarisation with DINO's per-view probabilities;
 * :class:`DINOModel` — backbone + head over a list of views (DINO's ``MultiCropWrapper``).
@@ -46,6 +50,7 @@ __all__ = [
     "ema_update",
     "cosine_schedule",
     "teacher_temperature",
+    "cancel_gradients_last_layer",
 ]
 
 
@@ -64,6 +69,8 @@ class DINOConfig(Config):
     Use :meth:`preset` to start from ``"paper"`` (DINO's defaults, JMLR App. C.3) or ``"digits"``.
     """
 
+    RULES = {"weight_decay_end": (lambda v: v >= 0, " >= 0 (or none: constant weight decay)")}
+
     preset: str = _opt("digits", "start from this preset: digits (28 px, 2 CPU cores) | paper (DINO's defaults)")
     # head (DINO's dino_head.py)
     out_dim: int = _opt(1024, "prototypes K: outputs of the weight-normalised last layer (DINO: 65536)")
@@ -81,11 +88,16 @@ class DINOConfig(Config):
     student_temp: float = _opt(0.1, "student temperature tau_s")
     teacher_temp: float = _opt(0.04, "teacher temperature tau_t after the warm-up")
     warmup_teacher_temp: float = _opt(0.04, "teacher temperature at the start of the warm-up")
-    warmup_teacher_temp_epochs: float = _opt(0.0, "linear warm-up of the teacher temperature, in epochs")
+    warmup_teacher_temp_epochs: int = _opt(
+        0, "epochs of linear teacher-temperature warm-up (per epoch, reaching --teacher-temp in the last one)"
+    )
     center_momentum: float = _opt(0.9, "EMA momentum of the teacher centre")
     # teacher EMA and the student's first epoch
     momentum_teacher: float = _opt(0.99, "teacher EMA momentum at the start; cosine schedule to 1 (DINO: 0.996)")
-    freeze_last_layer: float = _opt(1.0, "epochs during which the head's last layer gets no gradient")
+    freeze_last_layer: int = _opt(1, "epochs during which the head's last layer gets no gradient (nor AdamW step)")
+    weight_decay_end: float | None = _opt(
+        0.4, "cosine weight-decay schedule per step from --weight-decay to this value (none = constant)"
+    )
     # multi-crop (sizes as fractions of the input side when <= 1, else pixels)
     global_crop_size: int = _opt(0, "side of the 2 global views in pixels (0 = the model's image size)")
     local_crop_size: int = _opt(0, "side of the local views in pixels (0 = 96/224 of the global side)")
@@ -116,8 +128,9 @@ class DINOConfig(Config):
             raise ValueError(f"unknown pool {self.pool!r}; choose one of {POOLS}")
         if min(self.local_crops_number, self.global_crop_size, self.local_crop_size) < 0:
             raise ValueError("local_crops_number, global_crop_size and local_crop_size must be >= 0")
-        if self.warmup_teacher_temp_epochs < 0 or self.freeze_last_layer < 0:
-            raise ValueError("warmup_teacher_temp_epochs and freeze_last_layer must be >= 0")
+        for name in ("warmup_teacher_temp_epochs", "freeze_last_layer"):  # whole epochs (ints), as in DINO
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be a whole number of epochs >= 0, got {getattr(self, name)!r}")
         for name in ("global_crops_scale", "local_crops_scale"):
             lo, hi = (float(v) for v in getattr(self, name))
             if not 0.0 < lo <= hi <= 1.0:
@@ -143,11 +156,13 @@ class DINOConfig(Config):
 # DINO main_dino.py defaults (ViT-S/16 column of its README except the teacher-temperature warm-up, which
 # main_dino.py leaves at 0.04 → 0.04); JMLR App. C.3 states CRATE-DINO matches them.  TrainConfig side of the
 # recipe (C.3): --optimizer adamw --lr 0.001 --weight-decay 0.005 --epochs 100 --warmup-epochs 10 --grad-clip 3.
+# C.3 sets DINO's --weight_decay (the start of its cosine weight-decay schedule) and leaves --weight_decay_end
+# at DINO's default 0.4, so the schedule stays on: 0.005 → 0.4.
 PAPER: dict[str, Any] = dict(
     out_dim=65536, hidden_dim=2048, bottleneck_dim=256, head_layers=3, use_bn_in_head=False, norm_last_layer=True,
-    pool="cls", student_temp=0.1, teacher_temp=0.04, warmup_teacher_temp=0.04, warmup_teacher_temp_epochs=0.0,
-    center_momentum=0.9, momentum_teacher=0.996, freeze_last_layer=1.0, global_crop_size=0, local_crop_size=0,
-    local_crops_number=8, global_crops_scale=[0.4, 1.0], local_crops_scale=[0.05, 0.4], flip=0.5,
+    pool="cls", student_temp=0.1, teacher_temp=0.04, warmup_teacher_temp=0.04, warmup_teacher_temp_epochs=0,
+    center_momentum=0.9, momentum_teacher=0.996, freeze_last_layer=1, weight_decay_end=0.4, global_crop_size=0,
+    local_crop_size=0, local_crops_number=8, global_crops_scale=[0.4, 1.0], local_crops_scale=[0.05, 0.4], flip=0.5,
     color_jitter=0.8, grayscale=0.2, blur=[1.0, 0.1, 0.5], solarize=0.2,
 )  # fmt: skip
 # The built-in 28x28 digits on 2 CPU cores: a small head with BatchNorm (without it the small CRATE's teacher
@@ -165,23 +180,43 @@ PRESETS: dict[str, dict[str, Any]] = {"digits": DIGITS, "paper": PAPER}
 
 # --------------------------------------------------------------------------- schedules
 def cosine_schedule(start: float, end: float, step: int, total: int) -> float:
-    """Cosine interpolation from ``start`` (step 0) to ``end`` (step ``total``), as DINO's ``cosine_scheduler``.
+    """Cosine interpolation from ``start`` (step 0) towards ``end`` (step ``total``), as DINO's ``cosine_scheduler``
+    without warm-up (its value at iteration ``step`` of ``total``).
 
-    DINO's teacher momentum: ``m(t) = 1 − (1 − m₀)(cos(πt/T) + 1)/2`` = ``cosine_schedule(m₀, 1, t, T)``.
+    DINO's teacher momentum: ``m(t) = 1 − (1 − m₀)(cos(πt/T) + 1)/2`` = ``cosine_schedule(m₀, 1, t, T)``; its
+    weight decay: ``cosine_schedule(weight_decay, weight_decay_end, t, T)``.
     """
     t = min(max(step, 0), total) / max(total, 1)
     return end + (start - end) * 0.5 * (1.0 + math.cos(math.pi * t))
 
 
-def teacher_temperature(cfg: DINOConfig, epoch: float) -> float:
-    """τ_t at (fractional) ``epoch``: linear from ``warmup_teacher_temp`` to ``teacher_temp`` over the warm-up.
+def teacher_temperature(cfg: DINOConfig, epoch: int) -> float:
+    """τ_t during (0-based, whole) ``epoch``: DINO's ``DINOLoss.teacher_temp_schedule[epoch]``.
 
-    DINO steps it once per epoch (``np.linspace`` over whole epochs); here it is per step, the same line.
+    DINO's table is ``np.linspace(warmup_teacher_temp, teacher_temp, W)`` followed by ``teacher_temp``: linear
+    over epochs ``0 … W−1``, reaching ``teacher_temp`` in epoch ``W−1`` (``W = 1``: epoch 0 keeps the warm-up
+    value), constant within an epoch and ``teacher_temp`` from epoch ``W`` on.
     """
-    w = cfg.warmup_teacher_temp_epochs
+    if isinstance(epoch, bool) or not float(epoch).is_integer() or epoch < 0:
+        raise ValueError(f"epoch must be a whole epoch index >= 0 (the schedule is per epoch), got {epoch!r}")
+    w, start, end = cfg.warmup_teacher_temp_epochs, cfg.warmup_teacher_temp, cfg.teacher_temp
     if epoch >= w:
-        return cfg.teacher_temp
-    return cfg.warmup_teacher_temp + (cfg.teacher_temp - cfg.warmup_teacher_temp) * epoch / w
+        return end
+    if w == 1:
+        return start  # np.linspace(start, end, 1) == [start]
+    if epoch == w - 1:
+        return end  # np.linspace ends exactly on its stop value
+    return start + epoch * ((end - start) / (w - 1))  # np.linspace's i·step + start (w ≥ 2 here)
+
+
+def cancel_gradients_last_layer(head: DINOHead, epoch: int, freeze_last_layer: int) -> None:
+    """DINO's ``cancel_gradients_last_layer``: during epochs ``< freeze_last_layer`` the head's last layer
+    gets no gradient (``p.grad = None``), so the optimizer skips it — no AdamW moments, step count or weight
+    decay for it until the first step of epoch ``freeze_last_layer``, exactly as in DINO."""
+    if epoch >= freeze_last_layer:
+        return
+    for p in head.last_layer.parameters():
+        p.grad = None
 
 
 @torch.no_grad()

@@ -6,8 +6,9 @@ imports it for ``save_pretrained``, ``checkpoint.py`` for the readers), so there
 
 * :func:`atomic_write` — write to a temporary file in the target folder, then rename it into place;
   a full disk or an unwritable folder is a one-line :class:`WriteError` and leaves no temporary file.
-* :func:`load_pickle` — ``torch.load(weights_only=True)``; anything it refuses is a one-line
-  :class:`CheckpointError` saying what the file is not and what to pass instead.
+* :func:`load_pickle` — ``torch.load(weights_only=True)``, plus ``argparse.Namespace`` (the MAE codebase's
+  checkpoints store their arguments); anything it refuses is a one-line :class:`CheckpointError` saying
+  what the file is not and what to pass instead.
 * :func:`save_torch` — ``torch.save`` through :func:`atomic_write` (so a full disk is reported as such).
 * :func:`save_state` / :func:`load_state` — a training state (``checkpoints/last.pt``) with the SHA-256 of its
   contents; :func:`load_state` is the one reader of such files (resume, ``load_model``, every command), so a
@@ -22,6 +23,7 @@ imports it for ``save_pretrained``, ``checkpoint.py`` for the readers), so there
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import hashlib
@@ -158,14 +160,20 @@ def save_torch(obj: Any, path: str | Path) -> Path:
 
 # --------------------------------------------------------------------------- reading pickles
 _UNSAFE_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+# Classes a known checkpoint format needs beyond torch's safe list, allowed only while load_pickle reads:
+# the MAE codebase's misc.save_model (used by CRATE-MAE) writes {'model', 'optimizer', 'epoch', 'scaler',
+# 'args': argparse.Namespace}.  Rebuilding a Namespace only sets attributes (no code runs), and its values
+# pass through the same weights-only unpickler, so a Namespace holding anything else is still refused.
+SAFE_CLASSES: tuple[type, ...] = (argparse.Namespace,)
 
 
 def load_pickle(path: str | Path) -> object:
     """``torch.load(path, weights_only=True)`` (safe for untrusted files) with one-line errors.
 
-    A missing, empty, truncated or non-checkpoint file, or a pickle that needs globals outside
-    torch's safe list, raises :class:`CheckpointError` saying what the file is not and what to pass
-    instead.  Arbitrary pickles are never executed.
+    Torch's safe list is extended by :data:`SAFE_CLASSES` (``argparse.Namespace``) for this load only.
+    A missing, empty, truncated or non-checkpoint file, or a pickle that needs any other global,
+    raises :class:`CheckpointError` saying what the file is not and what to pass instead.  Arbitrary
+    pickles are never executed.
     """
     path = Path(path)
     if not path.is_file():
@@ -178,7 +186,8 @@ def load_pickle(path: str | Path) -> object:
             "re-save or re-download it"
         )
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals(list(SAFE_CLASSES)):
+            return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # corrupt zip, truncated file, disallowed pickle global, not a pickle at all
         raise CheckpointError(f"cannot read checkpoint {path}: {_describe_unreadable(path, e)}") from None
 

@@ -5,13 +5,18 @@ GPT-2 baseline, in nanoGPT's layout (Karpathy 2022, which the paper's GPT code f
   embedding of Vaswani et al. (BERT, eq. (83)) or a learned one (GPT-2 / the official CRATE-GPT code).
 * CRATE layers (eq. (45)) whose MSSA is bidirectional (BERT) or causal (GPT, eqs. (86)-(87)).
 * ``f_head(Z) = W_head Z`` (eq. (84)) with ``W_head`` tied to the token embedding (what Table 10's
-  parameter counts imply); no final LayerNorm, as in the official CRATE-GPT code.
+  parameter counts imply); no final LayerNorm, as in the official CRATE-GPT code (``final_norm`` adds one).
+* ``mlp="ista_overcomplete"``: the sparsification step of the released crate-lm CRATE-GPT (Bai & Ma 2025),
+  a tied 4d-atom dictionary and two ISTA steps from zero, no residual (:class:`~.operators.OvercompleteISTA`).
+* :data:`CRATE_LM_FORMAT` and :data:`GPT2_FORMAT` read the authors' crate-lm checkpoints, nanoGPT ``ckpt.pt``
+  files and Hugging Face GPT-2 state dicts (``ct.from_official(path, "crate_gpt_12l_pile")`` / ``"gpt2_base"``).
 * Losses: masked tokens (eq. (85), :func:`mask_tokens`: 15 %, 80/10/10) and next token (eq. (89)).
 * :meth:`LanguageModel.generate` samples with temperature / top-k / top-p and a key-value cache; CRATE's
   shared ``Q = K = V = U_kᵀZ`` projection caches one tensor per layer where GPT caches two.
 
-Parameter counts: a CRATE layer has ``3d² + 5d`` parameters, so a CRATE LM in this form has
-``L(3d² + 5d) + V d`` plus ``n_ctx d`` for a learned position table.  The CRATE-BERT the authors released
+Parameter counts (Table 10, p.97): a CRATE layer has ``3d² + 5d`` parameters, so a CRATE
+LM has ``L(3d² + 5d) + V d`` plus ``n_ctx d`` for a learned position table; with the overcomplete ISTA
+(``m = 4d`` atoms) a layer has ``(2 + 4)d² + 5d`` parameters.  The CRATE-BERT the authors released
 (Table 10's 33M / 61M / 129M) puts RoBERTa's embedding and heads around the CRATE layers: ``arch="crate_bert"``,
 :class:`~crate_transformer.bert.CRATEBert`.
 """
@@ -20,7 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +36,8 @@ from torch import Tensor, nn
 from .base import Model, Trace
 from .config import Config
 from .model import ViTBlock
-from .operators import ISTA_MODES, LAYER_FORMS, EncoderLayer
+from .official import OfficialFormat, rename, unwrap
+from .operators import GELUS, ISTA_MODES, LAYER_FORMS, MLP, MLPS, EncoderLayer
 
 __all__ = [
     "LM_ARCHS",
@@ -42,6 +50,12 @@ __all__ = [
     "sample_next",
     "cache_nbytes",
     "sinusoidal_positions",
+    "check_official_lm",
+    "lm_checkpoint_fields",
+    "crate_lm_to_native",
+    "gpt2_to_native",
+    "CRATE_LM_FORMAT",
+    "GPT2_FORMAT",
 ]
 
 LM_ARCHS = ("crate_lm", "gpt", "crate_bert")
@@ -74,13 +88,17 @@ class LMConfig(Config):
     ista_mode: str = "relu"  # relu | soft | mm | none (Table 16: CRATE-GPT without ISTA)
     layer_form: str = "official"
     scale_scores: bool = True
-    proj_bias: bool = True  # a bias on MSSA's output W (eq. (37)); the released CRATE-BERT has none
+    # ista | ista_overcomplete (the crate-lm release) | odl (CRATE-α) | mlp (CRATE-MLP); see EncoderLayer
+    mlp: str = "ista"
+    odl_ratio: int = 4  # atoms per dimension of an overcomplete dictionary (m = odl_ratio · dim)
+    proj_bias: bool | None = None  # a bias on MSSA's output W (eq. (37)); None: the layer's default (yes but odl)
     # crate_bert only: RoBERTa's embedding and heads (the authors' Hugging Face port)
     type_vocab_size: int = 2  # token-type (segment) embeddings
     pad_token_id: int = 1  # padding: its position row; real tokens take positions pad_token_id + 1, + 2, ...
     layer_norm_eps: float = 1e-12  # the embedding's and the LM head's LayerNorm (the CRATE layers' keep 1e-5)
-    # GPT baseline
+    # GPT baseline (and mlp="mlp")
     mlp_ratio: float = 4.0
+    gelu: str = "exact"  # exact (nanoGPT) | tanh (OpenAI GPT-2, Hugging Face's gelu_new)
     # the tokenizer kind the model was trained with (its tokenizer.json is saved beside the weights)
     tokenizer: str = ""
 
@@ -94,9 +112,11 @@ class LMConfig(Config):
 
     def validate(self) -> None:
         for name, allowed in (("arch", LM_ARCHS), ("pos_embed", POS_EMBEDS), ("ista_mode", ISTA_MODES),
-                              ("layer_form", LAYER_FORMS)):  # fmt: skip
+                              ("layer_form", LAYER_FORMS), ("mlp", MLPS), ("gelu", GELUS)):  # fmt: skip
             self.check_choice(name, allowed)
-        self.check_positive("vocab_size", "block_size", "dim", "depth", "heads", "type_vocab_size")
+        self.check_positive("vocab_size", "block_size", "dim", "depth", "heads", "odl_ratio", "type_vocab_size")
+        if self.arch == "crate_lm" and self.mlp != "ista" and self.ista_mode != "relu":
+            raise ValueError(f"ista_mode={self.ista_mode!r} needs mlp='ista', got mlp={self.mlp!r}; drop one of them")
         if self.num_labels < 0:
             raise ValueError(f"num_labels must be >= 0 (0 = no classification head), got {self.num_labels}")
         if self.dim_head is not None and self.dim_head <= 0:
@@ -178,13 +198,17 @@ class LanguageModel(Model):
                     form=c.layer_form,
                     scale_scores=c.scale_scores,
                     causal=c.causal,
+                    mlp=c.mlp,
+                    mlp_ratio=c.mlp_ratio,
+                    odl_ratio=c.odl_ratio,
+                    gelu=c.gelu,
                     proj_bias=c.proj_bias,
                 )
                 for _ in range(c.depth)
             )
         else:
             self.layers = nn.ModuleList(
-                ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout, c.causal) for _ in range(c.depth)
+                ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout, c.causal, c.gelu) for _ in range(c.depth)
             )
         self.norm = nn.LayerNorm(c.dim) if c.final_norm else nn.Identity()
         self._build_heads(c)
@@ -206,14 +230,16 @@ class LanguageModel(Model):
 
     def _init_weights(self) -> None:
         """nanoGPT / official CRATE-GPT: Linear and Embedding weights N(0, 0.02), biases 0, the residual
-        output projections N(0, 0.02/√(2L)); ISTA dictionaries keep their kaiming-uniform init."""
+        output projections N(0, 0.02/√(2L)); ISTA dictionaries (plain or overcomplete) keep their
+        kaiming-uniform init."""
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=0.02)
                 if getattr(m, "bias", None) is not None:
                     nn.init.zeros_(m.bias)
         for layer in self.layers:
-            for out in (getattr(layer.attn, "proj", None), getattr(layer, "mlp", [None] * 4)[3]):
+            mlp = getattr(layer, "mlp", None)
+            for out in (getattr(layer.attn, "proj", None), mlp[3] if isinstance(mlp, MLP) else None):
                 if out is not None:
                     nn.init.normal_(out.weight, std=0.02 / math.sqrt(2 * self.config.depth))
 
@@ -464,3 +490,152 @@ def sample_next(
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, 1, generator=generator)
+
+
+# --------------------------------------------------------------------------- the authors' and GPT-2 checkpoints
+# Keys after the "_orig_mod." (torch.compile), "module." (DDP) and "transformer." prefixes are stripped; "{i}" is
+# a layer index.  nanoGPT (karpathy/nanoGPT model.py) and Hugging Face's GPT2LMHeadModel share the names.
+_EMBED_KEYS = [("wte.weight", "wte.weight"), ("wpe.weight", "wpe.weight"), ("ln_f.", "norm.")]
+GPT2_KEY_MAP = _EMBED_KEYS + [
+    ("h.{i}.ln_1.", "layers.{i}.norm1."),
+    ("h.{i}.attn.c_attn.", "layers.{i}.attn.qkv."),
+    ("h.{i}.attn.c_proj.", "layers.{i}.attn.proj."),
+    ("h.{i}.ln_2.", "layers.{i}.norm2."),
+    ("h.{i}.mlp.c_fc.", "layers.{i}.mlp.0."),
+    ("h.{i}.mlp.c_proj.", "layers.{i}.mlp.3."),
+]
+# crate-lm/crate-lm crate.py and crate_overcomplete.py (the released CRATE-GPT): ista.weight is D (d × d) in
+# crate.py and Dᵀ (m × d) in crate_overcomplete.py, whose weight codes and decodes.
+CRATE_LM_KEY_MAP = _EMBED_KEYS + [
+    ("h.{i}.prenorm_1.", "layers.{i}.norm1."),
+    ("h.{i}.attn.c_attn.", "layers.{i}.attn.qkv."),
+    ("h.{i}.attn.c_proj.", "layers.{i}.attn.proj."),
+    ("h.{i}.prenorm_2.", "layers.{i}.norm2."),
+    ("h.{i}.ista.weight", "layers.{i}.ista.weight"),
+]
+_HF_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+_NANOGPT_ARGS = {"n_layer": "depth", "n_embd": "dim", "block_size": "block_size", "vocab_size": "vocab_size"}
+_PREFIXES = ("_orig_mod.", "module.", "transformer.")
+
+
+def check_official_lm(config: LMConfig) -> None:
+    """One-line ``ValueError`` for a config these checkpoints cannot fill: they are causal GPTs with a learned
+    position table, and crate-lm's layers are the official form with a ReLU ISTA and ``p^{-1/2}``-scaled scores."""
+    want = {"causal": True, "pos_embed": "learned", "num_labels": 0}
+    if config.arch == "crate_lm":
+        want.update(layer_form="official", ista_mode="relu", scale_scores=True)
+    wrong = [f"{k}={getattr(config, k)!r}" for k, v in want.items() if getattr(config, k) != v]
+    if wrong:
+        example = "crate_gpt_12l_pile" if config.arch == "crate_lm" else "gpt2_base"
+        raise ValueError(
+            f"crate-lm / nanoGPT / GPT-2 checkpoints are causal GPTs with learned positions, not {', '.join(wrong)}; "
+            f"pass a GPT name such as {example} and drop those overrides"
+        )
+
+
+def _lm_state(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Prefixes stripped, the causal-mask buffers and the tied head dropped (a head that is not tied is refused)."""
+    out = {}
+    for key, value in state.items():
+        while key.startswith(_PREFIXES):
+            key = key.split(".", 1)[1]
+        if not key.endswith((".attn.bias", ".attn.masked_bias")):  # causal-mask buffers, not parameters
+            out[key] = value
+    head = out.pop("lm_head.weight", None)
+    if head is not None and "wte.weight" in out and not torch.equal(head, out["wte.weight"]):
+        raise ValueError("the checkpoint's lm_head.weight differs from wte.weight; only tied heads load")
+    return out
+
+
+def lm_checkpoint_fields(raw: object) -> dict[str, Any]:
+    """The :class:`LMConfig` values a crate-lm / nanoGPT / GPT-2 file fixes (``OfficialFormat.fields``).
+
+    Vocabulary, context and depth from the tensors; the head count, and with it the width, from nanoGPT's
+    ``model_args`` (a Hugging Face state dict stores no head count, so the width then comes from the model
+    name); crate-lm's ISTA variant (a ``d × d`` dictionary: ``crate.py``; ``m × d``: ``crate_overcomplete.py``)
+    and final LayerNorm from the keys present; ``gelu="tanh"`` for the Hugging Face layout (overridable).
+    """
+    model_args = raw.get("model_args") if isinstance(raw, Mapping) else None
+    model_args = model_args if isinstance(model_args, Mapping) else {}
+    state = _lm_state(unwrap(raw))
+    if "wte.weight" not in state or "wpe.weight" not in state:
+        raise ValueError("not a GPT-style language model: no wte.weight / wpe.weight (token and position tables)")
+    layers = {int(k.split(".")[1]) for k in state if k.startswith("h.") and k.split(".")[1].isdigit()}
+    (vocab, dim), block = state["wte.weight"].shape, state["wpe.weight"].shape[0]
+    found: dict[str, Any] = {"vocab_size": vocab, "dim": dim, "block_size": block, "depth": max(layers, default=-1) + 1}
+    for arg, name in _NANOGPT_ARGS.items():
+        if model_args.get(arg) is not None and int(model_args[arg]) != found[name]:
+            raise ValueError(
+                f"the checkpoint's model_args say {arg}={model_args[arg]} but its tensors have {name}={found[name]}; "
+                "the file is inconsistent"
+            )
+    if model_args.get("n_head") is not None:
+        found["heads"] = int(model_args["n_head"])
+    else:
+        del found["dim"]  # without the head count the name's width and heads apply (a mismatch is a shape error)
+    ista = state.get("h.0.ista.weight")
+    if ista is not None:
+        atoms = ista.shape[0]
+        found.update(mlp="ista" if atoms == dim else "ista_overcomplete", final_norm="ln_f.weight" in state)
+        if atoms != dim:
+            found["odl_ratio"] = max(atoms // dim, 1)
+    else:
+        found["final_norm"] = True
+        if _is_hf_layout(state, dim):
+            found["gelu"] = "tanh"  # OpenAI's GPT-2 (Hugging Face's default activation gelu_new)
+    return found
+
+
+def _has_token_table(state: Mapping[str, Tensor]) -> bool:
+    return any(k.endswith("wte.weight") for k in state)
+
+
+def _is_hf_layout(state: Mapping[str, Tensor], dim: int) -> bool:
+    """Hugging Face's Conv1D stores ``c_attn.weight`` as ``(in, out) = (d, 3d)``; nanoGPT's Linear ``(3d, d)``."""
+    return tuple(state.get("h.0.attn.c_attn.weight", torch.empty(0)).shape) == (dim, 3 * dim)
+
+
+def crate_lm_to_native(state: Mapping[str, Tensor], config: LMConfig) -> dict[str, Tensor]:
+    """crate-lm keys → native; ``crate_overcomplete.py`` stores ``Dᵀ`` (m × d), :class:`OvercompleteISTA` ``D``."""
+    out = rename(_lm_state(state), CRATE_LM_KEY_MAP, forward=True)
+    if config.mlp == "ista_overcomplete":
+        for i in range(config.depth):
+            if f"layers.{i}.ista.weight" in out:
+                out[f"layers.{i}.mlp.D"] = out.pop(f"layers.{i}.ista.weight").T.contiguous()
+    return out
+
+
+def gpt2_to_native(state: Mapping[str, Tensor], config: LMConfig) -> dict[str, Tensor]:
+    """nanoGPT / Hugging Face GPT-2 keys → native.  Conv1D weights ``(in, out)`` are transposed; nanoGPT's
+    ``bias=False`` models (no bias at all) get zero biases, the same function: a missing bias adds nothing.
+    A checkpoint with only some biases is left as it is (the strict load names the missing ones)."""
+    state = _lm_state(state)
+    if "wte.weight" in state and _is_hf_layout(state, state["wte.weight"].shape[-1]):
+        state = {k: v.T.contiguous() if k.endswith(_HF_CONV1D) else v for k, v in state.items()}
+    out = rename(state, GPT2_KEY_MAP, forward=True)
+    if any(k.endswith(".bias") for k in state):
+        return out
+    for key in [k for k in out if k.endswith(".weight") and k.startswith(("layers.", "norm."))]:
+        out[key.removesuffix("weight") + "bias"] = out[key].new_zeros(out[key].shape[0])
+    return out
+
+
+CRATE_LM_FORMAT = OfficialFormat(
+    name="CRATE-GPT (crate-lm)",
+    origin="crate-lm/crate-lm crate_overcomplete.py / crate.py, nanoGPT-style ckpt.pt",
+    to_native=crate_lm_to_native,
+    detect=lambda state: any(k.endswith(".ista.weight") for k in state) and _has_token_table(state),
+    example="crate_gpt_12l_pile",
+    check=check_official_lm,
+    fields=lm_checkpoint_fields,
+)
+GPT2_FORMAT = OfficialFormat(
+    name="GPT-2",
+    origin="karpathy/nanoGPT ckpt.pt, or Hugging Face GPT2LMHeadModel / GPT2Model weights",
+    to_native=gpt2_to_native,
+    detect=lambda state: any(k.endswith(".mlp.c_fc.weight") for k in state),
+    example="gpt2_base",
+    check=check_official_lm,
+    fields=lm_checkpoint_fields,
+    overridable=("gelu",),
+)

@@ -2,7 +2,7 @@
 
 The encoder is CRATE layers (eq. (45), p.25), the decoder is CRATE *decoder* layers (structured
 diffusion, eqs. (62)-(64), p.34; :class:`~crate_transformer.operators.DecoderLayer`) with the same
-``L, d, K``.  The computation matches the official ``model/crate_ae/crate_ae.py`` (anchors.md §1.5):
+``L, d, K``.  The computation matches the official ``model/crate_ae/crate_ae.py`` (Ma-Lab-Berkeley/CRATE):
 
 1. patches → linear projection (the official ``PatchEmbed`` conv, here a Linear on the patches in
    the (p1, p2, c) order of :func:`~crate_transformer.model.patchify`);
@@ -15,9 +15,11 @@ diffusion, eqs. (62)-(64), p.34; :class:`~crate_transformer.operators.DecoderLay
 6. loss: per-patch mean squared error averaged over the **masked patches only** (eq. (71) restricted
    to Ω), against the raw patches or, with ``norm_pix_loss``, per-patch standardised ones.
 
-``visible_only=True`` is an efficiency option that is **not the paper's**: the encoder sees only the
-class token and the visible patches (as in He et al.'s MAE), and the mask tokens (+ position) are
-inserted after the encoder, before the decoder.
+``visible_only=True`` is an efficiency option that is **not the paper's**; it follows He et al.'s MAE
+(``models_mae.py``): the encoder sees only the class token and the visible patches (position added
+before it), then the mask tokens fill the masked positions and the position table is added to **every**
+token before the decoder (MAE's ``x + decoder_pos_embed``, so visible tokens carry their position twice).
+CRATE-MAE's decoder works at the encoder's width, so MAE's ``decoder_embed`` has no counterpart here.
 
 What the official module has and this one does not: ``decoder_embed`` (a ``Linear(d, d)`` defined but
 never used in the official forward) and a second, identical copy of the position table
@@ -83,7 +85,7 @@ class MAEConfig(ImageEncoderGeometry, Config):
     lambd: float = 0.5  # encoder ISTA λ (official crate_encoder.py; the classifier uses 0.1)
     layer_form: str = "official"  # encoder layer: official | jmlr (Alg. 4)
     decoder_form: str = "official"  # decoder layer: official (x_ − MSSA(LN(x_))) | jmlr (Alg. 5)
-    visible_only: bool = False  # encoder sees only visible tokens (He et al.; NOT the paper's)
+    visible_only: bool = False  # encoder sees only visible tokens, positions re-added before the decoder (He et al.)
     norm_eps: float = 1e-6  # final encoder / decoder LayerNorms
     data: DataSpec | None = None
 
@@ -257,8 +259,9 @@ class CRATEMAE(ImageInput, Model):
     ) -> tuple[Tensor, Tensor]:
         """Mask, encode, and return ``(decoder input (b, 1+N, d), mask (b, N))``.
 
-        Official form: ``Mask_Ω`` then ``LN(f(·))`` over all ``N + 1`` tokens.  ``visible_only``: the
-        encoder sees the class token and the visible tokens; mask tokens + positions fill in after it.
+        Official form: ``Mask_Ω`` then ``LN(f(·))`` over all ``N + 1`` tokens.  ``visible_only`` (He et al.):
+        the encoder sees the class token and the visible tokens; mask tokens fill in after it, and the
+        position table is added to every token (MAE's ``forward_decoder``).
         """
         tokens, pos = self._patch_tokens(x)
         b, n, d = tokens.shape
@@ -272,8 +275,8 @@ class CRATEMAE(ImageInput, Model):
         index = ids_keep.unsqueeze(-1).expand(-1, -1, d)
         visible = torch.gather(tokens + pos[:, 1:], 1, index)
         z = self.norm(self.encode(torch.cat([cls, visible], dim=1)))
-        full = (self.mask_token + pos[:, 1:]).expand(b, -1, -1).to(z.dtype).scatter(1, index, z[:, 1:])
-        return torch.cat([z[:, :1], full], dim=1), mask
+        full = self.mask_token.expand(b, n, -1).to(z.dtype).scatter(1, index, z[:, 1:])
+        return torch.cat([z[:, :1], full], dim=1) + pos.to(z.dtype), mask
 
     def forward_decoder(self, z: Tensor) -> Tensor:
         """``g_post ∘ g^{L-1} ∘ … ∘ g^0`` (§3.7): decoder layers → LayerNorm → Linear; class token dropped."""

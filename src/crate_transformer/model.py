@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -135,6 +136,7 @@ class ModelConfig(ImageEncoderGeometry, Config):
     # what the model was trained on (normalisation, classes, source); None when unknown
     data: DataSpec | None = None
 
+    ARCHS: ClassVar[tuple[str, ...]] = ARCHS  # the arch values this config class builds (a subclass's own)
     RULES = {
         "eta": (lambda v: v > 0, " > 0"),
         "lambd": (lambda v: v >= 0, " >= 0"),
@@ -145,7 +147,7 @@ class ModelConfig(ImageEncoderGeometry, Config):
     }
 
     def validate(self) -> None:
-        for name, allowed in (("arch", ARCHS), ("pool", POOLS), ("ista_mode", ISTA_MODES),
+        for name, allowed in (("arch", self.ARCHS), ("pool", POOLS), ("ista_mode", ISTA_MODES),
                               ("layer_form", LAYER_FORMS), ("attention", ATTENTIONS), ("mlp", MLPS)):  # fmt: skip
             self.check_choice(name, allowed)
         self.check_positive("odl_ratio")
@@ -186,11 +188,21 @@ def _divisors_hint(n: int) -> str:
 class ViTBlock(EncoderLayer):
     """The ViT block: pre-norm :class:`~crate_transformer.operators.MHSA` + GELU MLP, both residual (timm
     layout).  The same layer as CRATE's with ``attention="mhsa", mlp="mlp"`` (Table 17's ViT row); with
-    ``causal`` the GPT-2 block."""
+    ``causal`` the GPT-2 block (``gelu="tanh"``: OpenAI GPT-2's GELU)."""
 
-    def __init__(self, dim: int, heads: int, mlp_ratio: float, dropout: float, causal: bool = False) -> None:
+    def __init__(
+        self, dim: int, heads: int, mlp_ratio: float, dropout: float, causal: bool = False, gelu: str = "exact"
+    ) -> None:
         super().__init__(
-            dim, heads, dim // heads, dropout=dropout, attention="mhsa", mlp="mlp", mlp_ratio=mlp_ratio, causal=causal
+            dim,
+            heads,
+            dim // heads,
+            dropout=dropout,
+            attention="mhsa",
+            mlp="mlp",
+            mlp_ratio=mlp_ratio,
+            causal=causal,
+            gelu=gelu,
         )
 
 
@@ -331,11 +343,16 @@ class ImageClassifier(ImageInput, Model):
             config = dataclasses.replace(config, arch=self.arch)
         super().__init__(config)
         c = self.config
-        self.patch_embed, self.layers, init_std = _ENCODERS[c.arch](c)
+        self.patch_embed, self.layers, init_std = self.build_encoder(c)
         self.cls_token = nn.Parameter(torch.randn(1, 1, c.dim) * init_std)
         self.pos_embed = nn.Parameter(torch.randn(1, c.grid**2 + 1, c.dim) * init_std)
         self.emb_drop = nn.Dropout(c.emb_dropout)
         self.head = nn.Sequential(nn.LayerNorm(c.dim), nn.Linear(c.dim, c.num_classes))
+
+    def build_encoder(self, c: ModelConfig) -> tuple[nn.Module, nn.ModuleList, float]:
+        """The patch embedding, the layers and the init std of the class token and position table, by
+        ``c.arch``; a family that is this classifier with other layers overrides it (CRATE-α, ``alpha.py``)."""
+        return _ENCODERS[c.arch](c)
 
     def interpolate_pos_embed(self, h: int, w: int) -> Tensor:
         """Position embedding for an ``h × w`` patch grid (bicubic interpolation of the learned grid)."""

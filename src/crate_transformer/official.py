@@ -44,11 +44,15 @@ class OfficialFormat:
     says whether a state dict is of this format; ``check(config)`` refuses configs the format cannot
     fill (one-line ``ValueError``); ``example`` is a registered model name for error messages.
 
-    Formats whose files carry their own sizes also give ``config_from(state, sidecar)``: the config fields
-    the checkpoint determines (``sidecar`` is the JSON object saved beside the weights file, e.g. a
-    Hugging Face ``config.json``, or None), which the caller's overrides replace.  ``optional`` lists native
-    key prefixes a checkpoint may lack (e.g. a fine-tuned classifier's file without the LM head): those
-    weights keep their initialisation, with a warning.
+    ``fields(raw)``, for formats whose files describe themselves (sizes in the tensors, nanoGPT's
+    ``model_args``), reads config values off the loaded file (the container as saved); they replace the
+    registered model's values, and an override that contradicts one is an error, except for the keys in
+    ``overridable`` (values the format implies but a user may know better).
+
+    ``config_file(json)``, for formats saved with a JSON config beside the weights (Hugging Face's
+    ``config.json``), reads config values off it, with the same precedence as ``fields`` (whose values, read
+    off the tensors, must agree with it).  ``optional`` lists native key prefixes a checkpoint may lack (a
+    fine-tuned classifier's file without the LM head): those weights keep their initialisation, with a warning.
     """
 
     name: str
@@ -57,7 +61,9 @@ class OfficialFormat:
     detect: Callable[[Mapping[str, Tensor]], bool]
     example: str
     check: Callable[[Any], None] | None = None
-    config_from: Callable[[Mapping[str, Tensor], Mapping[str, Any] | None], dict[str, Any]] | None = None
+    fields: Callable[[object], dict[str, Any]] | None = None
+    overridable: tuple[str, ...] = ()
+    config_file: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
     optional: tuple[str, ...] = ()
 
 

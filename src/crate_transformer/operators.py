@@ -34,12 +34,15 @@ __all__ = [
     "odl_reference",
     "ATTENTIONS",
     "MLPS",
+    "GELUS",
 ]
 
 ISTA_MODES = ("relu", "soft", "mm", "none")
 LAYER_FORMS = ("official", "jmlr")
 ATTENTIONS = ("mssa", "mhsa")  # the layer's first block: CRATE's MSSA | standard attention (Table 17)
-MLPS = ("ista", "mlp", "odl")  # the second block: CRATE's ISTA | GELU MLP (Table 17) | CRATE-α's ODL
+# the second block: CRATE's ISTA | GELU MLP (Table 17) | CRATE-α's ODL | the crate-lm overcomplete ISTA
+MLPS = ("ista", "mlp", "odl", "ista_overcomplete")
+GELUS = ("exact", "tanh")  # the MLP's GELU: erf (nanoGPT, timm) | tanh approximation (OpenAI / HF GPT-2)
 
 
 # --------------------------------------------------------------------------- reference forms
@@ -300,11 +303,15 @@ class MHSA(nn.Module):
 
 class MLP(nn.Sequential):
     """The transformer MLP ``Linear(d, h) → GELU → Dropout → Linear(h, d)``, ``h = int(d·mlp_ratio)``
-    (ViT; CRATE-MLP of JMLR Table 17).  A ``Sequential``, so its keys are ``0.*`` and ``3.*`` (timm-like)."""
+    (ViT; CRATE-MLP of JMLR Table 17).  A ``Sequential``, so its keys are ``0.*`` and ``3.*`` (timm-like).
+    ``gelu="tanh"`` is the tanh approximation OpenAI's GPT-2 was trained with (HF's ``gelu_new``)."""
 
-    def __init__(self, dim: int, mlp_ratio: float = 4.0, dropout: float = 0.0) -> None:
+    def __init__(self, dim: int, mlp_ratio: float = 4.0, dropout: float = 0.0, gelu: str = "exact") -> None:
+        if gelu not in GELUS:
+            raise ValueError(f"unknown gelu {gelu!r}; choose one of {GELUS}")
         hidden = int(dim * mlp_ratio)
-        super().__init__(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, dim))
+        act = nn.GELU(approximate="tanh" if gelu == "tanh" else "none")
+        super().__init__(nn.Linear(dim, hidden), act, nn.Dropout(dropout), nn.Linear(hidden, dim))
 
 
 class OvercompleteISTA(nn.Module):
@@ -316,11 +323,20 @@ class OvercompleteISTA(nn.Module):
     mapping the sparse code back to ``R^d``.  The layer adds the input back (a residual, see
     :class:`EncoderLayer`).  Row form of :func:`odl_reference`; parameters ``D``, ``D1`` as in the
     official ``torch_inference/model/crate_alpha.py`` (kaiming-uniform).
+
+    ``tied=True`` is the overcomplete ISTA of the crate-lm language models (Bai & Ma 2025, "Improving
+    Neuron-level Interpretability with White-box Language Models"): the same two steps, decoded with ``D``
+    itself (``D1 = D``, no second dictionary; ``odl_reference(Z, D, D)``), initialised as the official
+    ``crate_overcomplete.py`` (kaiming-uniform on the ``m × d`` matrix ``Dᵀ``).
     """
 
-    def __init__(self, dim: int, ratio: int = 4, eta: float = 0.1, lambd: float = 0.1) -> None:
+    def __init__(self, dim: int, ratio: int = 4, eta: float = 0.1, lambd: float = 0.1, tied: bool = False) -> None:
         super().__init__()
         self.eta, self.lambd = eta, lambd
+        if tied:
+            self.D = nn.Parameter(nn.init.kaiming_uniform_(torch.empty(ratio * dim, dim)).T.contiguous())
+            self.D1 = None
+            return
         self.D = nn.Parameter(torch.empty(dim, ratio * dim))
         self.D1 = nn.Parameter(torch.empty(dim, ratio * dim))
         nn.init.kaiming_uniform_(self.D)
@@ -332,11 +348,11 @@ class OvercompleteISTA(nn.Module):
         return F.relu(a1 - self.eta * ((a1 @ self.D.T - x) @ self.D) - self.eta * self.lambd)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.code(x) @ self.D1.T
+        return self.code(x) @ (self.D if self.D1 is None else self.D1).T
 
     def extra_repr(self) -> str:
         d, m = self.D.shape
-        return f"dim={d}, atoms={m}, eta={self.eta}, lambd={self.lambd}"
+        return f"dim={d}, atoms={m}, eta={self.eta}, lambd={self.lambd}, tied={self.D1 is None}"
 
 
 # --------------------------------------------------------------------------- layers
@@ -358,7 +374,12 @@ class EncoderLayer(nn.Module):
       as ``mlp``: CRATE-MLP (Table 17); with ``attention="mhsa"`` too this is the ViT block;
     * ``mlp="odl"`` — CRATE-α (Yang et al. 2024): :class:`OvercompleteISTA` with a residual,
       ``Z_next = Z_half + ODL(LN2(Z_half))``, stored as ``mlp``; LayerNorm eps 1e-6 and no bias on ``W``
-      as in the official CRATE-α code.
+      as in the official CRATE-α code;
+    * ``mlp="ista_overcomplete"`` — the crate-lm language models' sparsification step: :class:`OvercompleteISTA`
+      with one tied dictionary and, like CRATE's ISTA, **no** residual, ``Z_next = ODL(LN2(Z_half))``;
+      stored as ``mlp``.
+
+    ``gelu`` picks the GELU of ``mlp="mlp"`` (``"tanh"``: OpenAI GPT-2's approximation).
 
     ``proj_bias`` sets whether MSSA's output ``W`` (eq. (37)) has a bias; by default it has one except with
     ``mlp="odl"``.  The released CRATE-BERT has none.
@@ -384,6 +405,7 @@ class EncoderLayer(nn.Module):
         mlp: str = "ista",
         mlp_ratio: float = 4.0,
         odl_ratio: int = 4,
+        gelu: str = "exact",
         proj_bias: bool | None = None,
     ) -> None:
         super().__init__()
@@ -417,9 +439,9 @@ class EncoderLayer(nn.Module):
                 self.ista.requires_grad_(False)  # the optimizer nor DDP waits for gradients that never come
                 self.norm2.requires_grad_(False)
         elif mlp == "mlp":
-            self.mlp: nn.Module = MLP(dim, mlp_ratio, dropout)
+            self.mlp: nn.Module = MLP(dim, mlp_ratio, dropout, gelu)
         else:
-            self.mlp = OvercompleteISTA(dim, odl_ratio, eta, lambd)
+            self.mlp = OvercompleteISTA(dim, odl_ratio, eta, lambd, tied=mlp == "ista_overcomplete")
 
     def forward(
         self,
@@ -436,6 +458,8 @@ class EncoderLayer(nn.Module):
         else:
             m = self.attn(h, cache=cache, key_mask=key_mask)
         half = (x if self.form == "official" else h) + m
+        if self.kind == "ista_overcomplete":  # replaces the tokens, as CRATE's ISTA step does
+            return self.mlp(self.norm2(half)), half, attn
         if self.kind != "ista":
             return half + self.mlp(self.norm2(half)), half, attn
         out = half if self.ista.mode == "none" else self.ista(self.norm2(half))

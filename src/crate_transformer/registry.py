@@ -9,7 +9,7 @@ and its ``register_model`` entries here.
 
 CRATE sizes are JMLR Table 8 (p.96); ViT sizes are the standard ViT-T/S/B/L (timm layout, the paper's
 baselines); CRATE-MAE sizes are the official ``mae_crate_*`` factories (Table 9, p.96); CRATE-BERT /
-CRATE-GPT sizes are Table 10 (p.98).
+CRATE-GPT sizes are Table 10 (p.97).
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ import fnmatch
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
+from .alpha import ALPHA_ARCH, ALPHA_FORMAT, AlphaConfig, CRATEAlpha
 from .base import Model
 from .bert import BERT_FORMAT
 from .config import Config
-from .lm import LanguageModel, LMConfig, build_lm
+from .lm import CRATE_LM_FORMAT, GPT2_FORMAT, LanguageModel, LMConfig, build_lm
 from .mae import CRATEMAE, MAE_ARCH, MAEConfig
 from .model import ImageClassifier, ModelConfig, build_model
 from .official import CLASSIFIER_FORMAT, MAE_FORMAT, OfficialFormat
@@ -98,8 +99,9 @@ def register_model(name: str, **fields: object) -> None:
 register_arch("crate", ModelConfig, build_model, official=CLASSIFIER_FORMAT)
 register_arch("vit", ModelConfig, build_model)
 register_arch(MAE_ARCH, MAEConfig, CRATEMAE, official=MAE_FORMAT)
-register_arch("crate_lm", LMConfig, build_lm, language=True)
-register_arch("gpt", LMConfig, build_lm, language=True)
+register_arch("crate_lm", LMConfig, build_lm, language=True, official=CRATE_LM_FORMAT)
+register_arch("gpt", LMConfig, build_lm, language=True, official=GPT2_FORMAT)
+register_arch(ALPHA_ARCH, AlphaConfig, CRATEAlpha, official=ALPHA_FORMAT)
 register_arch("crate_bert", LMConfig, build_lm, language=True, official=BERT_FORMAT)
 
 
@@ -147,7 +149,7 @@ register_model(
 )
 
 
-# Language models, JMLR Table 10 (p.98).  CRATE-BERT as the authors released it (their Hugging Face port,
+# Language models, JMLR Table 10 (p.97).  CRATE-BERT as the authors released it (their Hugging Face port,
 # models/crate/modeling_crate.py; bert.py): RoBERTa's vocabulary (V = 50,265), embedding (learned positions from
 # pad_token_id + 1 = 2, so 512 rows hold 510 tokens; 2 token types; LayerNorm eps 1e-12) and masked-LM head, no bias on
 # MSSA's W, dropout 0.1.  Parameters 32,621,657 / 60,912,729 / 128,697,433 (paper: 33M / 61M / 129M; "60.9M").
@@ -172,6 +174,16 @@ register_model("crate_gpt_large", arch="crate_lm", **_GPT, dim=1280, depth=36, h
 register_model("gpt2_small", arch="gpt", final_norm=True, **_GPT, dim=512, depth=12, heads=8)
 register_model("gpt2_base", arch="gpt", final_norm=True, **{**_GPT, "vocab_size": 50257}, dim=768, depth=12, heads=12)
 register_model("gpt2_large", arch="gpt", final_norm=True, **{**_GPT, "vocab_size": 50257}, dim=1280, depth=36, heads=20)
+# OpenAI's GPT-2 medium and XL (gpt2_base and gpt2_large above are GPT-2 small and large): 354.8M / 1,557.6M.
+_GPT2 = dict(arch="gpt", final_norm=True, vocab_size=50257, block_size=1024)
+register_model("gpt2_medium", **_GPT2, dim=1024, depth=24, heads=16)
+register_model("gpt2_xl", **_GPT2, dim=1600, depth=48, heads=25)
+# The released crate-lm CRATE-GPT (Bai & Ma 2025; Hugging Face JackBAI/CRATE-GPT-12L-Pile-600000steps, file
+# ckpt-crate-12l-overparam-600000.pt, trained on the Pile with crate-lm's crate_overcomplete.py): MSSA + the tied
+# overcomplete ISTA (4d atoms, no residual) and a final LayerNorm; 81,934,848 parameters (81,148,416 without wpe).
+register_model(
+    "crate_gpt_12l_pile", arch="crate_lm", **_GPT, dim=768, depth=12, heads=12, mlp="ista_overcomplete", final_norm=True
+)
 # Laptop presets (the `crate train-lm` default: byte-level tokenizer, context 128, d = 128, 4 layers, 4 heads),
 # and the GPT of the same width, depth and heads with a 4x GELU MLP (the README's comparison).
 _MINI = dict(vocab_size=262, block_size=128, dim=128, depth=4, heads=4)
@@ -185,6 +197,13 @@ _MNIST = dict(arch="crate", image_size=28, patch_size=7, in_chans=1, num_classes
 register_model("crate_mlp_mnist", **_MNIST, mlp="mlp")  # MSSA + GELU MLP
 register_model("crate_mhsa_mnist", **_MNIST, attention="mhsa")  # standard attention + ISTA
 register_model("crate_alpha_mnist", **_MNIST, mlp="odl")  # MSSA + overcomplete ISTA (4d atoms) + residual
+
+# CRATE-α (Yang et al. 2024, alpha.py): the sizes of the released PyTorch checkpoints (UCSC-VLAA/CRATE-alpha on
+# the HF Hub, torch/crate_alpha_B16.pth and torch/crate_alpha_L14.pth; the factories CRATE_base / CRATE_large of
+# torch_inference/model/crate_alpha.py), both fine-tuned and evaluated at 224.  Parameters with the 1000-class
+# head: 72,328,936 and 253,650,920.  The ImageNet-21K pre-training files (torch/in21k_Pretrain): num_classes=19167.
+register_model("crate_alpha_base16", arch=ALPHA_ARCH, image_size=224, patch_size=16, dim=768, depth=12, heads=12)
+register_model("crate_alpha_large14", arch=ALPHA_ARCH, image_size=224, patch_size=14, dim=1024, depth=24, heads=16)
 
 
 def list_models(pattern: str = "*") -> list[str]:

@@ -1,4 +1,4 @@
-"""White-box analysis toolkit: look inside a CRATE (or ViT) model (JMLR §4.2-4.3; paper_spec §5).
+"""White-box analysis toolkit: look inside a CRATE (or ViT) model (JMLR §4.2-4.3, pp.47-54).
 
 ::
 

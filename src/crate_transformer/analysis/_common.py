@@ -36,7 +36,7 @@ def layer_index(model: ImageClassifier, layer: int) -> int:
 def is_crate(model: ImageClassifier) -> bool:
     """CRATE layers in the encoder: a CRATE classifier, its hybrids (CRATE-MLP, CRATE-MHSA, CRATE-α; JMLR
     Table 17) or a CRATE-MAE (whose encoder is analysed like one)."""
-    return model.config.arch in ("crate", "crate_mae")
+    return model.config.arch in ("crate", "crate_mae", "crate_alpha")
 
 
 def has_ista(model: ImageClassifier) -> bool:

@@ -3,7 +3,7 @@
 For head k of layer ℓ the map is the class-token row of the layer's own attention matrix over the
 N patch tokens (eq. (437) for CRATE, ``⟨U_kᵀz_i, U_kᵀz_cls⟩``; eq. (438) for ViT, ``⟨K_kᵀz_i, Q_kᵀz_cls⟩``),
 with the model's ``p^{-1/2}`` score scale and renormalised over the patches after dropping the
-class-token column (DINO-style, paper_spec §5.4).  It is reshaped to the patch grid of the input,
+class-token column (DINO-style; JMLR p.51 and eqs. (437)-(438), p.108).  It is reshaped to the patch grid of the input,
 so any image size divisible by the patch size works (the position embedding is interpolated).
 """
 

@@ -1,4 +1,4 @@
-"""Layer-wise measurement of compression and sparsity (JMLR §4.2, Figs. 14-15, 21, 26; paper_spec §5.1).
+"""Layer-wise measurement of compression and sparsity (JMLR §4.2, pp.47-49, Figs. 14-15, 21, 26).
 
 For every layer ℓ = 1..L and every sample, :func:`measure` computes
 
@@ -8,7 +8,7 @@ For every layer ℓ = 1..L and every sample, :func:`measure` computes
   head, then ``½ Σ_k logdet(I + p/(n ε²) G_k)``.  The official code passes ``eps=0.01`` meaning
   ε² = 0.01, i.e. **ε = 0.1** here (the default).  This is the quantity of Figs. 14-15.
 * ``rc_half`` — the same protocol on ``U^ℓ_kᵀ Z^{ℓ+1/2}`` (the MSSA output, which the paper's text
-  names; paper_spec §8 item 10 notes the text/code disagreement, so both are reported).
+  names; text and code disagree, so both are reported).
 * ``rc_out`` — the same protocol on ``U^ℓ_kᵀ Z^{ℓ+1}`` (the layer output).
 * ``sparsity`` — the fraction of exact zeros of the ISTA output ``Z^{ℓ+1}`` (official
   ``cal_sparsity``); ``nonzero = 1 − sparsity`` is the paper's plotted ``‖Z^{ℓ+1}‖_0/(d·n)``.
@@ -242,7 +242,7 @@ def measure(
     progress: bool = True,
     desc: str = "measure",
 ) -> LayerTable:
-    """Measure compression and sparsity at every layer (JMLR §4.2, Figs. 14-15; paper_spec §5.1).
+    """Measure compression and sparsity at every layer (JMLR §4.2, pp.47-49, Figs. 14-15).
 
     ``images``: a model-ready float tensor ``(N, C, H, W)`` (already normalised), a ``data.ImageDataset``
     (or any map-style dataset of ``(image in [0, 1], label)``; grey/RGB converted to the model's
@@ -294,8 +294,8 @@ def measure(
         "n_samples": int(values["rc_in"].shape[0]),
         "n_layers": int(values["rc_in"].shape[1]),
         "arch": model.config.arch,
-        "attention": model.config.attention if model.config.arch == "crate" else "mhsa",
-        "mlp": model.config.mlp if model.config.arch == "crate" else "mlp",
+        "attention": "mhsa" if model.config.arch == "vit" else getattr(model.config, "attention", "mssa"),
+        "mlp": "mlp" if model.config.arch == "vit" else getattr(model.config, "mlp", "ista"),
         "ista_output": has_ista(model),
         "normalization": None
         if normalization is None

@@ -10,7 +10,7 @@ Every function returns the :class:`matplotlib.figure.Figure` and writes a PNG wh
 * :func:`plot_pca` — PCA of patch features as RGB; :func:`plot_masks` — MaskCut masks (Fig. 19);
   :func:`save_mask_png` — one label PNG per image.
 * :func:`plot_subspace_grams` — ``|Uᵀ U|`` per layer (Fig. 17); :func:`plot_token_heatmaps` — random
-  sub-matrices of the ISTA outputs per layer (Fig. 16, paper_spec §5.2).
+  sub-matrices of the ISTA outputs per layer (JMLR Fig. 16, p.49).
 * :func:`plot_reconstructions` — CRATE-MAE original / masked / reconstruction rows (Fig. 11);
   :func:`plot_decoder_inversion` — how far each decoder layer inverts its encoder counterpart.
 """

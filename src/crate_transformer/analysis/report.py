@@ -131,7 +131,7 @@ def analyze(
     figures.append(
         (
             "layerwise_all.png",
-            "R^c at three points of each layer (paper_spec §5.1 / §8 item 10)",
+            "R^c at three points of each layer (JMLR Figs. 14-15; the official vis_utils hook the MSSA input)",
             "The paper's text measures R^c on the MSSA output Z^(l+1/2) while the official code measures the MSSA "
             "input; both are shown, plus the layer output Z^(l+1), each against the same layer's U^l and protocol.",
         )
@@ -226,9 +226,9 @@ def analyze(
             "maskcut.png",
             f"Unsupervised segmentation by MaskCut, layer {seg_li + 1} (JMLR Fig. 19, Alg. 1)",
             f"Normalized cuts of the patch affinity (cosine similarity of the qkv features, binarised at tau = {tau}), "
-            f"iterated up to {n_masks} times; each round removes the patches already segmented (the polarity fix of "
-            "paper_spec §7.6) and keeps the connected component of the eigenvector's peak. No CRF. Label PNGs "
-            "(0 = background, s = mask s) are in masks/.",
+            f"iterated up to {n_masks} times; each round removes the patches already segmented (MaskCut's intent; "
+            "JMLR Alg. 1 as printed keeps them) and keeps the connected component of the eigenvector's peak. "
+            "No CRF. Label PNGs (0 = background, s = mask s) are in masks/.",
         )
     )
 
@@ -243,7 +243,7 @@ def analyze(
     figures.append(
         (
             "subspaces.png",
-            "Subspace incoherence per layer (JMLR Fig. 17, paper_spec §5.3)",
+            "Subspace incoherence per layer (JMLR Fig. 17, pp.49-50)",
             f"|[U_1 ... U_K]^T [U_1 ... U_K]| with unit-norm columns ({dir_text} directions per head; "
             "white lines separate heads). The signal model (eqs. (10)-(11)) has orthogonal "
             "subspaces: off-diagonal blocks near 0. report.json gives the block coherence ||Q_i^T Q_j||_F/sqrt(p) per "
@@ -261,7 +261,7 @@ def analyze(
     figures.append(
         (
             "token_heatmaps.png",
-            "ISTA outputs per layer (JMLR Fig. 16, paper_spec §5.2)",
+            "ISTA outputs per layer (JMLR Fig. 16, p.49)",
             "|Z^(l+1)| of the first image, the same random 50 tokens x 50 features at every layer (colour 0-2). "
             "Deeper CRATE layers should look sparser and more structured.",
         )

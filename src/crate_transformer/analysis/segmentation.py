@@ -1,5 +1,5 @@
 """Patch features, PCA colouring and unsupervised segmentation (JMLR §4.3, pp.50-53, App. C.10;
-Fig. 19, Alg. 1; paper_spec §5.5, §5.6(b), §7.6).
+Fig. 19, Alg. 1 p.108).
 
 * :func:`patch_features` — the qkv projections ``[U_1ᵀ; …; U_Kᵀ]·LN1(Z^ℓ)`` of the patch tokens of a
   layer (the "key" facet of the official ``pca_visualization.py``; for ViT the key projections).
@@ -9,7 +9,7 @@ Fig. 19, Alg. 1; paper_spec §5.5, §5.6(b), §7.6).
   generalised eigenvector of ``(D − W) y = λ D y``, split at its mean (TokenCut / MaskCut).
 * :func:`maskcut` — Alg. 1 iterated S times.  Alg. 1 as printed multiplies the affinity by the found
   mask (``M ← M ⊙ mask``), which keeps the segmented region; the intent (MaskCut, Wang et al. 2023)
-  is to **remove** it (paper_spec §7.6, §8 item 19), which is what this does: each round cuts only the
+  is to **remove** it, which is what this does: each round cuts only the
   patches no earlier mask took.  The affinity is MaskCut's: cosine similarity of the features,
   binarised at ``τ = 0.15`` (1 above, 1e-5 below).  Polarity: the foreground is the side holding the
   eigenvector's largest magnitude entry, flipped when it covers ≥ 3 image corners (MaskCut's
@@ -136,7 +136,7 @@ def maskcut(
     min_area: float = 0.01,
     keep_component: bool = True,
 ) -> np.ndarray:
-    """MaskCut (JMLR Alg. 1 with the polarity fix of paper_spec §7.6): up to ``n_masks`` masks ``(S, h, w)``.
+    """MaskCut (JMLR Alg. 1, p.108, removing each found mask as MaskCut intends): up to ``n_masks`` masks ``(S, h, w)``.
 
     ``features``: ``(N, D)`` patch features of one image on an ``h × w`` grid.  Each round takes a
     normalized cut of the affinity restricted to the patches no earlier mask took, picks the

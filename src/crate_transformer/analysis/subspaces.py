@@ -1,4 +1,4 @@
-"""Incoherence of the learned subspaces ``U^ℓ_[K]`` (JMLR §4.2, pp.49-50, Fig. 17; paper_spec §5.3).
+"""Incoherence of the learned subspaces ``U^ℓ_[K]`` (JMLR §4.2, pp.49-50, Fig. 17).
 
 The signal model (eqs. (10)-(11)) assumes K mutually orthogonal p-dimensional subspaces.  For the
 learned codebook of each layer this module gives

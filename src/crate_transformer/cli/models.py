@@ -30,7 +30,7 @@ def run_models(args: argparse.Namespace) -> int:
             continue
         if c.arch == "crate_mae":  # Table 9 counts the official layout (unused decoder_embed, both sin-cos tables)
             params += f" ({model.num_params(layout='official'):,} official)"
-        blocks = {"crate": f"{getattr(c, 'attention', '')}+{getattr(c, 'mlp', '')}", "vit": "mhsa+mlp"}.get(c.arch, "")
+        blocks = "mhsa+mlp" if c.arch == "vit" else f"{getattr(c, 'attention', 'mssa')}+{getattr(c, 'mlp', 'ista')}"
         rows.append((name, c.arch, blocks, c.dim, c.depth, c.heads, f"image {c.image_size}/{c.patch_size}", params))
     header = ("name", "arch", "blocks", "dim", "depth", "heads", "input", "params")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checkpoint import load_model
+from ..checkpoint import config_from_dict, load_model
 from ..data import (
     BUILTIN_DATASETS,
     DataSpec,
@@ -22,8 +22,8 @@ from ..data import (
     fit_normalization,
     open_source,
 )
-from ..model import ImageClassifier, ModelConfig, build_model
-from ..registry import is_language_model, model_config
+from ..model import ImageClassifier
+from ..registry import build, is_language_model, model_config
 from .config import TrainConfig
 from .evaluation import evaluate, prepare_batch
 from .runtime import Runtime
@@ -43,7 +43,7 @@ class ClassificationTask(Task):
     def setup(self, cfg: TrainConfig, rt: Runtime, state: dict | None) -> None:
         self.cfg, self.rt = cfg, rt
         if state is not None:  # resuming: the checkpoint holds the exact architecture (weights loaded by the engine)
-            model = build_model(ModelConfig.from_dict(dict(state["model_config"])))
+            model = build(config_from_dict(dict(state["model_config"])))  # by its arch: CRATE, ViT, CRATE-α, ...
             image_size = model.config.image_size
         elif cfg.init_from is not None:  # fine-tuning: the checkpoint fixes the architecture
             model = load_model(cfg.init_from, name=cfg.model, as_classifier=True, **cfg.model_args)
@@ -72,7 +72,9 @@ class ClassificationTask(Task):
         elif state is None:
             overrides = {"in_chans": self.train_data.channels, **cfg.model_args}
             overrides.update(num_classes=len(classes), image_size=image_size)
-            model = build_model(model_config(cfg.model, **overrides))
+            model = build(model_config(cfg.model, **overrides))
+            if not isinstance(model, ImageClassifier):
+                raise ValueError(f"{cfg.model} is not an image classifier; see `crate models` for the classifiers")
         channels = model.config.in_chans
         norm = fit_normalization(self.train_data.mean, self.train_data.std, channels)
         if norm is None:

@@ -2,8 +2,9 @@
 
 The student (:class:`~crate_transformer.dino.DINOModel`: a registry backbone + DINO head) is the model the
 engine optimises; the teacher is its EMA, updated by a per-step hook after every optimizer step with
-DINO's cosine momentum schedule (Caron et al. 2021).  Centering, the teacher-temperature warm-up and the
-frozen last layer of the first epoch follow DINO's ``main_dino.py``; see :mod:`crate_transformer.dino`.
+DINO's cosine momentum schedule (Caron et al. 2021).  Centering, the per-epoch teacher-temperature warm-up,
+the cosine weight-decay schedule and the frozen last layer of the first epoch (no gradient, so no AdamW
+step) follow DINO's ``main_dino.py``; see :mod:`crate_transformer.dino`.
 
 What a run saves: ``model/`` is the **teacher backbone** as an ordinary classifier (its classifier head is
 untrained; ``config.data`` records the data, ``config.pool`` the DINO feature), so ``crate eval --knn RUN``,
@@ -31,6 +32,7 @@ from ..dino import (
     DINOLoss,
     DINOModel,
     MultiCropAugmentation,
+    cancel_gradients_last_layer,
     cosine_schedule,
     teacher_temperature,
 )
@@ -97,14 +99,14 @@ class DINOTask(ClassificationTask):
         self.multicrop = MultiCropAugmentation(
             opts, self.image_size, backbone.config.in_chans, multiple=backbone.config.patch_size
         ).to(rt.device)
-        # DINO's cancel_gradients_last_layer: no gradient for the last layer during the first epoch(s).
-        # A zeroed gradient (not None) keeps DDP's buckets intact; Adam's step of a zero gradient is zero,
-        # and its weight decay only rescales v of the weight-normalised layer, which leaves w = v/|v| unchanged.
-        for p in head.last_layer_parameters():
-            p.register_hook(lambda g: torch.zeros_like(g) if self._frozen() else g)
 
-    def _frozen(self) -> bool:
-        return self.step / self.steps_per_epoch < self.options.freeze_last_layer
+    def before_optimizer_step(self, optimizer: torch.optim.Optimizer, step: int) -> None:
+        """DINO's per-iteration settings of step ``step``: the weight decay of the regularized group (group 0,
+        cosine ``weight_decay`` → ``weight_decay_end``), and no gradient for the head's last layer during the
+        first ``freeze_last_layer`` epochs (``cancel_gradients_last_layer``; DDP has already all-reduced)."""
+        if self.options.weight_decay_end is not None:
+            optimizer.param_groups[0]["weight_decay"] = self.weight_decay(step)
+        cancel_gradients_last_layer(self.student.head, step // self.steps_per_epoch, self.options.freeze_last_layer)
 
     # ------------------------------------------------------------------ training
     def prepare(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, ...]:
@@ -114,12 +116,19 @@ class DINOTask(ClassificationTask):
         views = zip(self.multicrop.views, self.multicrop.sizes)
         return tuple(prepare_batch(images, image_size=size, augment=view, **kw) for view, size in views)
 
-    def teacher_temp(self) -> float:
-        return teacher_temperature(self.options, self.step / self.steps_per_epoch)
+    def teacher_temp(self, step: int) -> float:
+        """τ_t of optimizer step ``step`` (0-based): DINO's per-epoch table at epoch ``step // steps_per_epoch``."""
+        return teacher_temperature(self.options, step // self.steps_per_epoch)
 
     def momentum(self, step: int) -> float:
         """Teacher EMA momentum of optimizer step ``step`` (0-based): cosine from ``momentum_teacher`` to 1."""
         return cosine_schedule(self.options.momentum_teacher, 1.0, step, self.total_steps)
+
+    def weight_decay(self, step: int) -> float:
+        """Weight decay of the matrices at optimizer step ``step`` (0-based): DINO's cosine schedule from
+        ``--weight-decay`` to ``--weight-decay-end`` (constant ``--weight-decay`` when that is none)."""
+        start, end = self.cfg.weight_decay, self.options.weight_decay_end
+        return start if end is None else cosine_schedule(start, end, step, self.total_steps)
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, ...]) -> tuple[Tensor, dict[str, Tensor]]:
         views = list(batch)
@@ -127,10 +136,11 @@ class DINOTask(ClassificationTask):
             t_feat = self.teacher.features(torch.cat(views[:2]))
             t_out = self.teacher.head(t_feat)
         s_out = model(views)
-        loss = self.criterion(s_out, t_out, self.teacher_temp(), n_global=2)
+        temp = self.teacher_temp(self.step)
+        loss = self.criterion(s_out, t_out, temp, n_global=2)
         with torch.no_grad():
             n = torch.tensor(float(len(views[0])), device=loss.device)
-            p = torch.softmax((t_out.float() - self.criterion.center) / self.teacher_temp(), dim=-1)
+            p = torch.softmax((t_out.float() - self.criterion.center) / temp, dim=-1)
             entropy = -(p * p.clamp_min(1e-12).log()).sum(-1).mean()
             std = nn.functional.normalize(t_feat.float(), dim=-1).std(dim=0).mean()  # collapse → 0
             stats = {"loss": loss.detach() * n, "teacher_entropy": entropy * n, "feature_std": std * n, "n": n}
@@ -144,8 +154,9 @@ class DINOTask(ClassificationTask):
         _ema_update(self.teacher, self.student, m)
         self.step = ctx.step
         if ctx.step % self.cfg.log_every == 0 or ctx.step == self.total_steps:
-            tt = self.teacher_temp()
-            return [dict(split="schedule", step=ctx.step, epoch=ctx.epoch, momentum=m, teacher_temp=tt)]
+            s = ctx.step - 1  # the values step s used
+            sched = dict(momentum=m, teacher_temp=self.teacher_temp(s), weight_decay=self.weight_decay(s))
+            return [dict(split="schedule", step=ctx.step, epoch=ctx.epoch, **sched)]
         return None
 
     def hooks(self, cfg: TrainConfig) -> list:
@@ -249,7 +260,7 @@ class DINOTask(ClassificationTask):
 
 def plot_dino_curves(metrics_path: str | os.PathLike, out_png: str | os.PathLike) -> Path:
     """Four panels against the step: DINO loss; teacher feature std and entropy (collapse monitors);
-    k-NN accuracy of the teacher's features; learning rate, teacher momentum and temperature."""
+    k-NN accuracy of the teacher's features; learning rate, teacher momentum, weight decay and temperature."""
     plt = _pyplot()
     records = read_metrics(metrics_path)
     train_r = [r for r in records if r.get("split") == "train"]
@@ -272,6 +283,9 @@ def plot_dino_curves(metrics_path: str | os.PathLike, out_png: str | os.PathLike
     ax_knn.set(title="k-NN accuracy of teacher features (%)", xlabel="step")
     ax_s.plot(steps, [r["lr"] / max(r2["lr"] for r2 in train_r) for r in train_r], color="tab:gray", label="lr / max")
     ax_s.plot([r["step"] for r in sched], [r["momentum"] for r in sched], label="teacher momentum")
+    wd = [r.get("weight_decay", np.nan) for r in sched]
+    if sched and np.nanmax(wd, initial=0.0) > 0:
+        ax_s.plot([r["step"] for r in sched], np.array(wd) / np.nanmax(wd), ls="--", label="weight decay / max")
     ax_t = ax_s.twinx()
     ax_t.plot([r["step"] for r in sched], [r["teacher_temp"] for r in sched], color="tab:red", lw=1)
     ax_t.set_ylabel("teacher temperature", color="tab:red")

@@ -166,6 +166,7 @@ def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | N
                         loss, stats = task.loss(model, chunk)
                     opt.backward(loss * (weights[i] / sum(weights)))
                     window = {k: window[k] + v if k in window else v.double() for k, v in stats.items()}
+                task.before_optimizer_step(opt.optimizer, ts.step)
                 opt.step()
                 ts.step, ts.batch = ts.step + 1, ts.batch + 1
                 bar.update(1)
@@ -260,7 +261,9 @@ class _Optimization:
     """Optimizer (AdamW or Lion), per-iteration warm-up + cosine schedule, fp16 grad scaler and clipping.
 
     Weight decay is decoupled and skips what the model's ``no_weight_decay()`` names (norms, biases, class and
-    mask tokens, position tables; a model without the method: every vector).
+    mask tokens, position tables; a model without the method: every vector):
+    param group 0 holds the decayed parameters, group 1 the others (``Task.before_optimizer_step`` relies on that
+    order, as DINO's ``get_params_groups``, whose first group is the regularized one).
     """
 
     def __init__(self, model: nn.Module, cfg: TrainConfig, steps_per_epoch: int, total: int, rt: Runtime) -> None:

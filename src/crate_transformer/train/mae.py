@@ -130,7 +130,7 @@ class MAETask(Task):
     name = "mae"
     metric = "visible_loss"
     command = "pretrain mae"
-    # The digits default (≤ 5 min on 2 CPU cores), chosen by measurement (README).  AdamW (0.9, 0.95) as MAE.
+    # The digits default (≤ 5 min on 2 CPU cores), chosen by measurement (docs/mae.md).  AdamW (0.9, 0.95) as MAE.
     # The model is under-trained at this budget: small batches (5,000 steps of 32 beat 1,860 of 128) and a
     # high learning rate (after 2,500 steps: lr 1e-3 0.591, 2e-3 0.567, 4e-3 0.556, 8e-3 0.666).
     defaults = {"model": "crate_mae_mnist", "lr": 4e-3, "min_lr": 1e-5, "weight_decay": 0.05, "epochs": 40,

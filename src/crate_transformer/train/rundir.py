@@ -37,6 +37,53 @@ CHECKPOINT = Path("checkpoints") / "last.pt"
 LOCK_FILE = ".lock"
 
 
+# Windows locks a byte range, and a locked range cannot be read by other processes; the lock therefore sits
+# on one byte far past the owner line, which stays readable for the "in use by ..." message.
+_WINDOWS_LOCK_OFFSET = 1 << 30
+
+
+def _try_lock(fd: int) -> bool:
+    """Take the exclusive, non-blocking lock of a run directory; False if another holder has it.
+
+    POSIX: ``flock`` (released by the kernel when the process dies, even by ``kill -9``).  Windows:
+    ``msvcrt.locking`` on one byte (likewise released when the process's handles close).
+    """
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        import msvcrt
+
+        os.lseek(fd, _WINDOWS_LOCK_OFFSET, os.SEEK_SET)
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        except OSError:  # EACCES / EDEADLOCK: held by another handle
+            return False
+        finally:
+            os.lseek(fd, 0, os.SEEK_SET)
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+def _unlock(fd: int) -> None:
+    """Release the lock taken by :func:`_try_lock`."""
+    try:
+        import fcntl
+    except ImportError:
+        import msvcrt
+
+        os.lseek(fd, _WINDOWS_LOCK_OFFSET, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+        os.lseek(fd, 0, os.SEEK_SET)
+        return
+    fcntl.flock(fd, fcntl.LOCK_UN)
+
+
 def read_metrics(path: str | os.PathLike) -> list[dict]:
     """The records of a ``metrics.jsonl`` file (a line cut short by a kill is skipped)."""
     path = Path(path)
@@ -67,7 +114,8 @@ def load_training_state(path: str | os.PathLike) -> dict:
 
 
 class FolderLock:
-    """An exclusive ``flock`` on ``<path>/.lock`` (the folder is created): one owner at a time.
+    """An exclusive lock on ``<path>/.lock`` (the folder is created): one owner at a time (POSIX ``flock``,
+    Windows ``msvcrt.locking``; see :func:`_try_lock`).
 
     A second owner, in this process or another, gets a one-line ValueError naming the holder's process
     (written into the lock file).  The OS drops the lock when its process dies, so a killed run never
@@ -75,8 +123,6 @@ class FolderLock:
     """
 
     def __init__(self, path: str | os.PathLike, what: str = "run directory") -> None:
-        import fcntl
-
         self.path = Path(path)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -85,25 +131,17 @@ class FolderLock:
             raise ValueError(f"cannot write to {self.path} (permission denied); choose another --out") from None
         except OSError as e:
             raise ValueError(f"cannot create {what} {self.path} ({e.strerror}); choose another --out") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
+        if not _try_lock(fd):
             os.close(fd)
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                owner = (self.path / LOCK_FILE).read_text().strip() or "another process"
-                raise ValueError(
-                    f"{what} {self.path} is in use by {owner}; wait for it to finish or use another --out"
-                ) from None
-            raise
+            owner = (self.path / LOCK_FILE).read_text().strip() or "another process"
+            raise ValueError(f"{what} {self.path} is in use by {owner}; wait for it to finish or use another --out")
         os.ftruncate(fd, 0)
         os.write(fd, f"crate process {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
         self._fd: int | None = fd
 
     def close(self) -> None:
         if self._fd is not None:
-            import fcntl
-
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            _unlock(self._fd)
             os.close(self._fd)
             self._fd = None
 

@@ -150,6 +150,15 @@ class Task:
         """Metrics of the current model on ``split`` (``"val"`` or ``"test"``), summed over processes."""
         raise NotImplementedError
 
+    def before_optimizer_step(self, optimizer: torch.optim.Optimizer, step: int) -> None:
+        """Called once per optimizer step (``step``: its 0-based index) when the gradients are complete —
+        accumulated over the chunks and all-reduced over processes — before clipping and the step itself.
+
+        A task may drop gradients here (``p.grad = None``: the optimizer skips the parameter, as DINO's
+        frozen last layer) or set per-step values in the param groups (group 0 holds the weight-decayed
+        matrices, group 1 the rest; e.g. DINO's weight-decay schedule).
+        """
+
     def hooks(self, cfg: TrainConfig) -> list[Hook]:
         return []
 

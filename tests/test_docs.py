@@ -1,0 +1,211 @@
+"""The documentation stays true: every ``crate …`` command in a code block of the README and docs/ parses with
+the real command-line parser (each flag spelled exactly as the parser defines it), every benchmark command names
+a script and flags that exist, every relative link and image resolves (anchors included), and the README's
+quick start runs verbatim."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+from crate_transformer import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
+FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```", re.S | re.M)
+SHELL = {"bash", "sh", "shell", "console", ""}
+
+
+def code_blocks(page: Path) -> list[tuple[str, str]]:
+    return [(m.group(1), m.group(2)) for m in FENCE.finditer(page.read_text())]
+
+
+def shell_commands(text: str) -> list[list[str]]:
+    """Each simple command of a shell block as argv (continuations joined, comments and prompts dropped)."""
+    commands = []
+    for line in text.replace("\\\n", " ").splitlines():
+        line = line.strip().removeprefix("$ ")
+        if not line or line.startswith("#"):
+            continue
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            continue  # not shell (e.g. program output inside a block)
+        current: list[str] = []
+        for w in [*words, "&&"]:
+            if w in ("&&", "||", ";", "|"):
+                if current:
+                    commands.append(current)
+                current = []
+            else:
+                current.append(w)
+    return commands
+
+
+def crate_argv(words: list[str]) -> list[str] | None:
+    """The arguments given to the ``crate`` CLI: ``crate ARGS`` or ``torchrun … -m crate_transformer.cli ARGS``."""
+    if words[0] == "crate":
+        return words[1:]
+    if words[0] == "torchrun" and "crate_transformer.cli" in words:
+        return words[words.index("crate_transformer.cli") + 1 :]
+    return None
+
+
+def documented_commands() -> list[tuple[str, list[str]]]:
+    found = []
+    for page in PAGES:
+        for lang, text in code_blocks(page):
+            if lang in SHELL:
+                for words in shell_commands(text):
+                    found.append((f"{page.relative_to(ROOT)}: {shlex.join(words)}", words))
+    return found
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser | None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return action.choices[name]
+    return None
+
+
+def check_flags_exact(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """argparse accepts unambiguous prefixes (``--val`` for ``--val-fraction``); the docs must spell flags out."""
+    known = {s for a in parser._actions for s in a.option_strings}
+    for i, word in enumerate(argv):
+        sub = _subparser(parser, word) if not word.startswith("-") else None
+        if sub is not None:
+            check_flags_exact(sub, argv[i + 1 :])
+            return
+        if word.startswith("--"):
+            flag = word.split("=", 1)[0]
+            assert flag in known, f"{flag} is not an option of `{parser.prog}` (only a prefix of one?)"
+
+
+COMMANDS = documented_commands()
+CRATE = [(where, argv) for where, words in COMMANDS if (argv := crate_argv(words)) is not None]
+
+
+def test_the_docs_show_commands_of_every_crate_subcommand() -> None:
+    used = {argv[0] for _, argv in CRATE if argv and not argv[0].startswith("-")}
+    assert set(cli.COMMANDS) <= used, f"no documented example for: {sorted(set(cli.COMMANDS) - used)}"
+
+
+@pytest.mark.parametrize("where,argv", CRATE, ids=[w for w, _ in CRATE])
+def test_documented_crate_command_parses(where: str, argv: list[str]) -> None:
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = cli.build_parser(command)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        assert e.code == 0, f"{where}: the parser rejects it (exit {e.code})"  # --version / --help exit 0
+        return
+    assert getattr(args, "_run", None) is not None or argv == [], f"{where}: names no runnable command"
+    check_flags_exact(parser, argv)
+
+
+BENCH = [(w, words) for w, words in COMMANDS if len(words) > 1 and words[0] == "python" and "benchmarks/" in words[1]]
+
+
+@pytest.mark.parametrize("where,words", BENCH, ids=[w for w, _ in BENCH])
+def test_documented_benchmark_command_exists(where: str, words: list[str]) -> None:
+    script = ROOT / words[1]
+    assert script.is_file(), f"{where}: no such script"
+    source = script.read_text()
+    for flag in (w.split("=", 1)[0] for w in words[2:] if w.startswith("--")):
+        assert f'"{flag}"' in source, f"{where}: {script.name} defines no {flag}"
+
+
+# --------------------------------------------------------------------------- links
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def slug(heading: str) -> str:
+    """The anchor Python-Markdown's toc extension (what mkdocs uses) gives a heading."""
+    text = re.sub(r"`([^`]*)`", r"\1", heading)
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
+    text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def anchors(page: Path) -> set[str]:
+    text = FENCE.sub("", page.read_text())
+    seen: dict[str, int] = {}
+    out = set()
+    for m in re.finditer(r"^#{1,6}\s+(.+?)\s*#*$", text, re.M):
+        s = slug(m.group(1))
+        out.add(s if s not in seen else f"{s}_{seen[s]}")
+        seen[s] = seen.get(s, 0) + 1
+    return out
+
+
+def relative_links(page: Path) -> list[str]:
+    text = FENCE.sub("", page.read_text())
+    text = re.sub(r"`[^`\n]*`", "", text)  # inline code is not a link
+    return [t for t in LINK.findall(text) if not re.match(r"^[a-z][a-z0-9+.-]*:", t)]
+
+
+LINKS = [(page, target) for page in PAGES for target in relative_links(page)]
+
+
+def test_the_pages_have_relative_links() -> None:
+    assert len(LINKS) > 50 and any(p.name == "README.md" for p, _ in LINKS)
+
+
+@pytest.mark.parametrize("page,target", LINKS, ids=[f"{p.relative_to(ROOT)}->{t}" for p, t in LINKS])
+def test_relative_link_resolves(page: Path, target: str) -> None:
+    path, _, anchor = target.partition("#")
+    dest = (page.parent / path).resolve() if path else page
+    assert dest.exists(), f"{page.relative_to(ROOT)}: {target} does not exist"
+    if dest.is_dir():
+        dest = dest / "index.md"
+    if anchor:
+        assert dest.suffix == ".md", f"{page.relative_to(ROOT)}: anchor into a non-Markdown file {target}"
+        assert anchor in anchors(dest), f"{page.relative_to(ROOT)}: {dest.name} has no heading #{anchor}"
+
+
+def test_slug_matches_the_toc_extension() -> None:
+    markdown = pytest.importorskip("markdown", reason="the docs extra installs Python-Markdown")
+    from markdown.extensions.toc import slugify
+
+    for page in PAGES:
+        for m in re.finditer(r"^#{1,6}\s+(.+?)\s*$", FENCE.sub("", page.read_text()), re.M):
+            html = markdown.markdown("# " + m.group(1))  # rendered as a heading, as the page does
+            plain = re.sub(r"<[^>]+>", "", html)
+            assert slug(m.group(1)) == slugify(plain, "-"), m.group(1)
+
+
+# --------------------------------------------------------------------------- quick start
+def test_the_readme_quick_start_runs_verbatim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocks = [text for lang, text in code_blocks(ROOT / "README.md") if lang == "python"]
+    assert blocks, "the README has no Python quick start"
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(blocks[0], "README.md quick start", "exec"), namespace)  # our own README's code
+    assert (tmp_path / "my_crate" / "model.safetensors").is_file()
+    assert namespace["logits"].shape == (8, 10)
+
+
+def test_no_file_cites_documents_outside_the_repository() -> None:
+    pattern = re.compile(r"paper_spec|anchors\.md|shared/notes")
+    roots = [ROOT / d for d in ("src", "tests", "docs", "benchmarks", ".ci")]
+    files = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "mkdocs.yml", ROOT / "pyproject.toml"]
+    files += [
+        p
+        for r in roots
+        for p in r.rglob("*")
+        if p.is_file() and p.suffix in {".py", ".md", ".ipynb", ".yml", ""} and ".egg-info" not in str(p)
+    ]
+    me = Path(__file__).resolve()
+    offenders = [str(p.relative_to(ROOT)) for p in files if p.resolve() != me and pattern.search(p.read_text())]
+    assert not offenders, offenders
+
+
+def test_ci_builds_the_docs_strictly() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "mkdocs build --strict" in ci and ".[dev,docs]" in ci

@@ -1,0 +1,43 @@
+"""The tutorial notebooks (docs/notebooks/*.ipynb) run from top to bottom on CPU, and are stored without outputs.
+
+Each notebook checks its own claims with ``assert`` (closed forms against autograd and scikit-learn, a trained
+model above chance, sparsity of the ISTA outputs, ...), so executing it is the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "docs" / "notebooks").glob("*.ipynb"))
+
+
+def test_there_are_tutorial_notebooks() -> None:
+    assert [p.name for p in NOTEBOOKS][:2] == ["01_coding_rates.ipynb", "02_tiny_crate.ipynb"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_is_stored_without_outputs(path: Path) -> None:
+    for cell in json.loads(path.read_text())["cells"]:
+        if cell["cell_type"] == "code":
+            assert not cell["outputs"] and cell["execution_count"] is None, f"{path.name}: strip the outputs"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_executes(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import nbformat
+    from nbclient import NotebookClient
+
+    # the kernel inherits the environment: one thread each (the suite runs on 2 shared cores), no display
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    src = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(Path(__file__).parents[1] / "src"), src) if p))
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors
+    assert any(c.outputs for c in nb.cells if c.cell_type == "code")  # it ran and printed its checks
