@@ -41,6 +41,22 @@ def torchrun():
 
 
 @pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """An empty Hugging Face Hub cache in ``tmp_path``, offline (fill it with ``hubcache.put_in_hub_cache``):
+    ``HF_HUB_CACHE`` points there (for subprocesses) and huggingface_hub's resolved setting is repointed
+    (it reads the variable once, at import)."""
+    import huggingface_hub.constants
+
+    cache = tmp_path / "hf-cache"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+@pytest.fixture
 def without_file_checksums():
     """``without_file_checksums(folder)`` rewrites a ``save_pretrained`` folder's weights with the metadata saves
     had before ``config.json`` / ``tokenizer.json`` were checksummed, so those files may be edited as an old

@@ -6,6 +6,8 @@ Public API::
     model = ct.create_model("crate_small", num_classes=10)
     ct.list_models("crate_*")
     model.save_pretrained("out/"); model = ct.from_pretrained("out/")
+    model = ct.create_model("crate_alpha_base16", pretrained=True)   # released weights (ct.list_pretrained())
+    model.push_to_hub("me/my-crate"); model = ct.from_pretrained("hf-hub:me/my-crate")
     model = ct.from_official("checkpoint.pth.tar", "crate_small")
     lm = ct.create_model("crate_gpt_mini"); lm.generate(ids, 100)   # CRATE-GPT / CRATE-BERT (JMLR §4.1.4)
     mae = ct.create_model("crate_mae_small"); loss, pred, mask = mae(images)   # CRATE-MAE
@@ -38,6 +40,7 @@ from .objectives import (  # noqa: E402
     subspace_coding_rate_grad,
     subspaces_from_qkv,
 )
+from .pretrained import list_pretrained  # noqa: E402
 from .registry import create_model, list_models, model_config  # noqa: E402
 from .tokenizer import Tokenizer  # noqa: E402
 
@@ -72,6 +75,7 @@ __all__ = [
     "CheckpointError",
     "create_model",
     "list_models",
+    "list_pretrained",
     "model_config",
     "from_pretrained",
     "from_official",

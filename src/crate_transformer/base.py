@@ -4,6 +4,7 @@ A model family is a :class:`Model` subclass with a :class:`~crate_transformer.co
 from the base:
 
 * ``save_pretrained(dir)`` / ``Family.from_pretrained(path)`` — safetensors + ``config.json``;
+  ``push_to_hub(repo_id)`` — those files and a model card on the Hugging Face Hub;
 * ``num_params()``; ``no_weight_decay()`` — the parameter names the optimiser must not decay, which the
   training engine asks the model for (wrappers such as the DINO model prefix their backbone's);
 * ``set_grad_checkpointing()`` — activation checkpointing of every layer through :meth:`Model.run_layers`;
@@ -116,6 +117,14 @@ class Model(nn.Module):
                 f"{path} holds a {type(model).__name__}, not a {cls.__name__}; load it with ct.from_pretrained"
             )
         return model
+
+    def push_to_hub(self, repo_id: str, **kwargs: Any) -> str:
+        """Upload this model (the :meth:`save_pretrained` files and a generated model card) to the Hugging
+        Face Hub repository ``repo_id``; ``metrics``, ``dataset``, ``license``, ``private``, ``token``,
+        ``revision``: see :func:`crate_transformer.pretrained.push_to_hub`.  Returns the commit URL."""
+        from .pretrained import push_to_hub
+
+        return push_to_hub(self, repo_id, **kwargs)
 
     # ---------------------------------------------------------------- the contract
     def forward_features(self, x: Tensor) -> Tensor:

@@ -70,6 +70,17 @@ def _model_dir(path: str | Path) -> Path:
     return path
 
 
+def _resolve_hub(path: str | Path, revision: str | None = None) -> str | Path:
+    """``"hf-hub:ORG/NAME"`` → its local snapshot folder; any other path unchanged (``revision`` is Hub-only)."""
+    if isinstance(path, str) and path.startswith("hf-hub:"):
+        from .pretrained import hub_snapshot
+
+        return hub_snapshot(path, revision=revision)
+    if revision is not None:
+        raise ValueError(f"revision={revision!r} applies to hf-hub:ORG/NAME models only, not to the path {path}")
+    return path
+
+
 def config_from_dict(data: Mapping) -> ModelConfig | MAEConfig | LMConfig:
     """A stored config (``config.json``, a training state's ``model_config``) as the dataclass its ``arch`` names."""
     return config_class(data.get("arch")).from_dict(dict(data))
@@ -95,16 +106,19 @@ def read_config(directory: str | Path) -> ModelConfig | MAEConfig | LMConfig:
 
 
 def from_pretrained(
-    directory: str | Path, map_location: str | torch.device = "cpu"
+    directory: str | Path, map_location: str | torch.device = "cpu", revision: str | None = None
 ) -> ImageClassifier | CRATEMAE | LanguageModel:
     """Load a model written by :meth:`ImageClassifier.save_pretrained`.
 
-    ``directory`` is that folder, or its ``model.safetensors`` or ``config.json``.  The weights'
+    ``directory`` is that folder, or its ``model.safetensors`` or ``config.json``, or ``"hf-hub:ORG/NAME"``:
+    a Hub repository written by ``model.push_to_hub`` (``revision``: a branch, tag or commit), fetched
+    through the Hugging Face cache (:func:`crate_transformer.pretrained.hub_snapshot`).  The weights'
     SHA-256 (stored in the safetensors header since 0.2) and the checksums of ``config.json`` and
     ``tokenizer.json`` stored beside it are verified: a flipped byte in any of them raises
     :class:`CheckpointError` ("... is corrupt"); older files without a checksum load.
     """
-    directory = _model_dir(directory)
+    hub = isinstance(directory, str) and directory.startswith("hf-hub:")
+    spec, directory = directory, _model_dir(_resolve_hub(directory, revision))
     config = read_config(directory)
     weights = directory / WEIGHTS_NAME
     if not weights.is_file():
@@ -114,6 +128,8 @@ def from_pretrained(
     load_weights(model, state, source=str(weights))
     if isinstance(model, LanguageModel):
         model.tokenizer = _read_tokenizer(directory, meta)
+    if hub:
+        model.pretrained_cfg = {"source": spec, "revision": revision, "folder": str(directory)}
     return model.to(map_location)
 
 
@@ -186,8 +202,8 @@ def load_model(
 ) -> ImageClassifier | CRATEMAE | LanguageModel:
     """Load a model from whatever a user points at; the one resolver the CLI commands share.
 
-    * a ``save_pretrained`` directory (has ``config.json``), or its ``model.safetensors`` / ``config.json``
-      → :func:`from_pretrained`;
+    * a ``save_pretrained`` directory (has ``config.json``), or its ``model.safetensors`` / ``config.json``,
+      or ``hf-hub:ORG/NAME`` (a pushed one) → :func:`from_pretrained`;
     * a ``crate train`` run directory (has ``model/config.json``) → its final/latest model;
     * a training-state file written by ``crate train`` (a dict with ``model_config`` and ``model``; a task
       that trains a wrapper of that model stores its weights as ``task["export_model"]``, e.g. the DINO
@@ -203,7 +219,7 @@ def load_model(
     converted by :func:`~crate_transformer.mae.mae_to_classifier` (what ``crate finetune`` uses), and
     ``name`` / ``overrides`` are then not checked against it (the classifier is new).
     """
-    path = Path(path)
+    path = Path(_resolve_hub(str(path)))
     model = _load_any(path, name, overrides, check=not as_classifier)
     if as_classifier and isinstance(model, CRATEMAE):
         return mae_to_classifier(model)

@@ -18,6 +18,7 @@ import difflib
 import fnmatch
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 from .alpha import ALPHA_ARCH, ALPHA_FORMAT, AlphaConfig, CRATEAlpha
 from .base import Model
@@ -243,7 +244,18 @@ def build(config: Config) -> Model:
     return arch_info(getattr(config, "arch", None)).build(config)
 
 
-def create_model(name: str, **overrides: object) -> ImageClassifier | CRATEMAE | LanguageModel | Model:
+def create_model(
+    name: str, pretrained: bool = False, pretrained_file: str | Path | None = None, **overrides: object
+) -> ImageClassifier | CRATEMAE | LanguageModel | Model:
     """Build a registered model, e.g. ``create_model("crate_small", num_classes=10, image_size=32, patch_size=4)``,
-    ``create_model("crate_mae_small")`` or ``create_model("crate_gpt_mini", depth=2)``."""
+    ``create_model("crate_mae_small")`` or ``create_model("crate_gpt_mini", depth=2)``.
+
+    ``pretrained=True`` loads the authors' released weights (``crate models --pretrained`` lists them),
+    downloaded through the Hugging Face cache; ``pretrained_file=PATH`` loads a file already on disk
+    (a Google Drive release, or any checkpoint in the authors' format for ``name``).
+    """
+    if pretrained or pretrained_file is not None:
+        from .pretrained import load_pretrained
+
+        return load_pretrained(name, pretrained_file=pretrained_file, **overrides)
     return build(model_config(name, **overrides))

@@ -11,7 +11,8 @@ from .common import add_model_arguments, check_out_dir, parse_model_args, positi
 def configure_analyze(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "checkpoint",
-        help="a crate train run directory, a save_pretrained directory, a training-state file or an official .pth",
+        help="a crate train run directory, a save_pretrained directory or hf-hub:ORG/NAME, a training-state file "
+        "or an official .pth",
     )
     add_model_arguments(parser)
     src = parser.add_mutually_exclusive_group()

@@ -32,7 +32,8 @@ def configure_finetune_text(parser: argparse.ArgumentParser) -> None:
         dest="init_from",
         metavar="CHECKPOINT",
         default=argparse.SUPPRESS,
-        help="a crate train-lm run dir or a save_pretrained language-model dir (with its tokenizer.json)",
+        help="a crate train-lm run dir, a save_pretrained language-model dir (with its tokenizer.json) or "
+        "hf-hub:ORG/NAME",
     )
     add_task_arguments(parser, "text-classification", "finetune-text")
 
@@ -44,7 +45,9 @@ def run_finetune_text(args: argparse.Namespace) -> int:
 
 def configure_generate(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("checkpoint", help="a crate train-lm run dir or a save_pretrained language-model dir")
+    parser.add_argument(
+        "checkpoint", help="a crate train-lm run dir, a save_pretrained language-model dir or hf-hub:ORG/NAME"
+    )
     parser.add_argument("--prompt", default="", help="text to continue (default: start from the end-of-text token)")
     parser.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate (default: 200)")
     parser.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0 = greedy (default: 0.8)")

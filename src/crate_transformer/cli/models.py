@@ -1,4 +1,4 @@
-"""``crate models``: the registry with parameter counts."""
+"""``crate models``: the registry with parameter counts; ``--pretrained``: the zoo of released weights."""
 
 from __future__ import annotations
 
@@ -7,9 +7,17 @@ import argparse
 
 def configure_models(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pattern", nargs="?", default="*", help="shell-style filter, e.g. 'crate_*'")
+    parser.add_argument(
+        "--pretrained",
+        action="store_true",
+        help="list the models with released weights: source, file, input, normalisation, classes, licence, "
+        "loader, and whether the file is already in the Hugging Face cache",
+    )
 
 
 def run_models(args: argparse.Namespace) -> int:
+    if args.pretrained:
+        return _run_zoo(args.pattern)
     import torch
 
     from ..lm import LMConfig
@@ -32,8 +40,33 @@ def run_models(args: argparse.Namespace) -> int:
             params += f" ({model.num_params(layout='official'):,} official)"
         blocks = "mhsa+mlp" if c.arch == "vit" else f"{getattr(c, 'attention', 'mssa')}+{getattr(c, 'mlp', 'ista')}"
         rows.append((name, c.arch, blocks, c.dim, c.depth, c.heads, f"image {c.image_size}/{c.patch_size}", params))
-    header = ("name", "arch", "blocks", "dim", "depth", "heads", "input", "params")
+    _print_table(("name", "arch", "blocks", "dim", "depth", "heads", "input", "params"), rows)
+    return 0
+
+
+def _print_table(header: tuple[str, ...], rows: list[tuple]) -> None:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
-        print("  ".join(str(v).ljust(w) for v, w in zip(r, widths)))
+        print("  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip())
+
+
+def _run_zoo(pattern: str) -> int:
+    """One row per released checkpoint; ``status`` is ``cached`` (loads offline), ``download`` (fetched on
+    first use) or ``manual`` (a Google Drive page: download it and pass ``pretrained_file=``)."""
+    from ..pretrained import IMAGENET_MEAN, IMAGENET_STD, ZOO, cached_file, list_pretrained
+
+    names = list_pretrained(pattern)
+    if not names:
+        raise ValueError(f"no released weights match {pattern!r}; run `crate models --pretrained` to list them all")
+    rows = []
+    for name in names:
+        s = ZOO[name]
+        status = "manual" if not s.on_hub else ("cached" if cached_file(name) else "download")
+        norm = "-" if s.mean is None else f"mean {list(s.mean)} std {list(s.std)}"
+        norm = "ImageNet mean/std" if (s.mean, s.std) == (IMAGENET_MEAN, IMAGENET_STD) else norm
+        rows.append((name, s.loader, status, s.source, s.filename or "-", s.input, norm, s.classes, s.licence))
+    _print_table(("name", "loader", "status", "source", "file", "input", "normalisation", "classes", "licence"), rows)
+    for name in names:
+        if not ZOO[name].on_hub:
+            print(f"{name}: download {ZOO[name].page} and load it with create_model({name!r}, pretrained_file=PATH)")
     return 0

@@ -48,7 +48,7 @@ def configure_finetune(parser: argparse.ArgumentParser) -> None:
         dest="init_from",
         metavar="CHECKPOINT",
         default=argparse.SUPPRESS,
-        help="a save_pretrained dir, a crate train run dir, a training-state .pt, or an official "
+        help="a save_pretrained dir or hf-hub:ORG/NAME, a crate train run dir, a training-state .pt, or an official "
         ".pth (then also --model NAME and --model-args for its architecture)",
     )
     parser.add_argument(
@@ -79,7 +79,9 @@ def run_finetune(args: argparse.Namespace) -> int:
 
 def configure_eval(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter  # the help texts state their defaults
-    parser.add_argument("checkpoint", help="a run dir, save_pretrained dir, training-state .pt or official .pth")
+    parser.add_argument(
+        "checkpoint", help="a run dir, save_pretrained dir, hf-hub:ORG/NAME, training-state .pt or official .pth"
+    )
     parser.add_argument("--data", default=None, help="dataset name or folder (default: the one it was trained on)")
     parser.add_argument("--split", default="test", choices=("train", "val", "test"), help="split (default: test)")
     parser.add_argument("--val-fraction", type=float, default=0.0, help="as in training, for --split val (default: 0)")
