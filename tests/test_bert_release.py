@@ -146,6 +146,24 @@ def test_sizes_come_from_the_file_and_overrides_must_agree(tmp_path: Path) -> No
     assert "depth: 3 in config.json, 2 in the tensors" in _one_line(e)
 
 
+def test_zoo_entry_loads_from_the_hub_cache(hub_cache: Path, tmp_path: Path) -> None:
+    """``create_model("crate_bert_base", pretrained=True)``: the zoo's jackbai/crate-base entry (pytorch_model.bin
+    and the port's config.json, as transformers saves them) read offline from the Hub cache."""
+    from hubcache import put_in_hub_cache
+
+    from crate_transformer import pretrained
+
+    port = _randomise(CrateForMaskedLM(CrateConfig(**TINY)), seed=6)
+    folder = _save_as_port(port, tmp_path / "hf", "bin")
+    src = pretrained.ZOO["crate_bert_base"]
+    put_in_hub_cache(hub_cache, src.repo_id, {f: folder / f for f in (src.filename, *src.also)})
+    model = ct.create_model("crate_bert_base", pretrained=True).eval()
+    ids, mask, types = _batch()
+    with torch.no_grad():
+        assert (model(ids, key_mask=mask, token_type_ids=types) - port(ids, mask, types)).abs().max() <= 1e-5
+    assert model.pretrained_cfg["loader"] == "CRATE-BERT" and model.pretrained_cfg["repo_id"] == "jackbai/crate-base"
+
+
 def test_weights_converted_back_load_into_the_port(tmp_path: Path) -> None:
     ours = _randomise(ct.create_model("crate_bert_base", **OURS), seed=2)
     port = CrateForMaskedLM(CrateConfig(**TINY)).eval()
