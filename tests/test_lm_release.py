@@ -220,8 +220,11 @@ def test_wrong_name_or_format_is_one_line_error(tmp_path):
     with pytest.raises(CheckpointError) as e:  # the checkpoint's model_args say 4 heads
         ct.from_official(crate_path, "crate_gpt_12l_pile", heads=8)
     assert "heads=8 (checkpoint: 4)" in _one_line(e)
-    with pytest.raises(ValueError) as e:  # a bidirectional CRATE-BERT cannot compute a causal checkpoint
+    with pytest.raises(CheckpointError) as e:  # crate_bert_* is the released CRATE-BERT, another format
         ct.from_official(crate_path, "crate_bert_base")
+    assert "is not a CRATE-BERT checkpoint" in _one_line(e) and "crate_gpt_12l_pile" in str(e.value)
+    with pytest.raises(ValueError) as e:  # a bidirectional CRATE-BERT cannot compute a causal checkpoint
+        ct.from_official(crate_path, "crate_bert_eq83_base")
     assert "causal=False" in _one_line(e)
     with pytest.raises(ValueError) as e:
         ct.from_official(crate_path, "crate_gpt_nonexistent")

@@ -10,6 +10,7 @@ The file primitives (atomic writes, safe unpickling, checksummed safetensors) li
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -199,14 +200,17 @@ def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: o
     """Load the authors' checkpoint of a registered model as ``create_model(name, **overrides)``.
 
     ``name`` decides the format: the architecture's :class:`~crate_transformer.official.OfficialFormat`
-    (``crate_*`` classifiers of the official ``model/crate.py``, ``crate_mae_*`` of ``model/crate_ae``, and
-    whatever other families register).  Accepts the training containers (``{'state_dict': ...}`` written by
-    the official ``main.py`` with keys prefixed ``module.``, ``{'model': ...}`` as the MAE codebase saves it),
-    a bare state dict, or a path to any of them (read with ``weights_only=True``; a ``.safetensors`` file
-    as such).  Hyperparameters the authors' files do not store (η, λ) come from the registered config and
-    ``overrides``; a format whose files describe themselves (``OfficialFormat.fields``: the language models,
-    e.g. the released CRATE-GPT as ``from_official("ckpt-crate-12l-overparam-600000.pt", "crate_gpt_12l_pile")``)
-    replaces the registered sizes by the file's, and an override that contradicts the file is an error.
+    (``crate_*`` classifiers of the official ``model/crate.py``, ``crate_mae_*`` of ``model/crate_ae``,
+    ``crate_bert_*`` of the authors' Hugging Face port, and whatever other families register).  Accepts the
+    training containers (``{'state_dict': ...}`` written by the official ``main.py`` with keys prefixed
+    ``module.``, ``{'model': ...}`` as the MAE codebase saves it), a bare state dict, a path to any of them
+    (read with ``weights_only=True``), a ``.safetensors`` file as such, or a folder holding
+    ``model.safetensors`` or ``pytorch_model.bin``.  Hyperparameters the authors' files do not store (η, λ)
+    come from the registered config and ``overrides``; a format whose files describe themselves
+    (``OfficialFormat.fields`` / ``config_file``: the language models, e.g. the released CRATE-GPT as
+    ``from_official("ckpt-crate-12l-overparam-600000.pt", "crate_gpt_12l_pile")``, or a CRATE-BERT folder with
+    its ``config.json``) replaces the registered sizes by the file's, and an override that contradicts the
+    file is an error.
     """
     config = model_config(name, **overrides)
     fmt = arch_info(config.arch).official
@@ -214,33 +218,75 @@ def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: o
         raise ValueError(f"{name!r} ({config.arch}) has no official checkpoint format; load it with from_pretrained")
     if fmt.check is not None:
         fmt.check(config)
-    raw = _read_official(path_or_state) if isinstance(path_or_state, (str, Path)) else path_or_state
-    source = str(path_or_state) if isinstance(path_or_state, (str, Path)) else "official state dict"
+    raw, source, folder = _read_official(path_or_state)
+    sidecar = _sidecar(folder) if fmt.config_file is not None and folder is not None else None
     try:
         state = unwrap(raw)
     except ValueError as e:
         raise CheckpointError(f"{source}: {e}") from None
     if not fmt.detect(state):
         raise CheckpointError(f"{source} is not a {fmt.name} checkpoint ({fmt.origin}){_format_hint(state)}")
-    if fmt.fields is not None:
-        config = _file_config(fmt, raw, name, overrides, source)
+    if fmt.fields is not None or (fmt.config_file is not None and sidecar is not None):
+        config = _file_config(fmt, raw, sidecar, name, overrides, source)
     model = build(config)
-    load_weights(model, fmt.to_native(state, config), source=source)
+    native = fmt.to_native(state, config)
+    missing = sorted({p for p in fmt.optional if not any(k.startswith(p) for k in native)})
+    if missing:
+        warnings.warn(
+            f"{source} has no {', '.join(p.rstrip('.') for p in missing)} weights; they keep their fresh "
+            "initialisation",
+            stacklevel=2,
+        )
+        native.update({k: v for k, v in model.state_dict().items() if k.startswith(tuple(missing))})
+    load_weights(model, native, source=source)
     return model
 
 
-def _read_official(path: str | Path) -> object:
-    """A checkpoint file: ``.safetensors`` (Hugging Face's format) or what ``torch.load(weights_only=True)`` reads."""
-    return load_safetensors(path)[0] if Path(path).suffix == ".safetensors" else load_state(path)
+_OFFICIAL_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # what a folder may hold (Hugging Face's names)
 
 
-def _file_config(fmt: OfficialFormat, raw: object, name: str, overrides: Mapping[str, object], source: str) -> Config:
-    """``name``'s config with the values the file stores (``fmt.fields``) in place, then ``overrides``, which
-    must agree with the file except for ``fmt.overridable`` keys."""
+def _read_official(path_or_state: str | Path | Mapping) -> tuple[object, str, Path | None]:
+    """``(checkpoint object, a name for messages, the folder of the file or None)``: a ``.safetensors`` file
+    (Hugging Face's format) or what ``torch.load(weights_only=True)`` reads; a folder's weights file."""
+    if not isinstance(path_or_state, (str, Path)):
+        return path_or_state, "official state dict", None
+    path = Path(path_or_state)
+    if path.is_dir():
+        found = [path / f for f in _OFFICIAL_WEIGHTS if (path / f).is_file()]
+        if not found:
+            raise CheckpointError(
+                f"{path} is a folder without {' or '.join(_OFFICIAL_WEIGHTS)}; pass the checkpoint file itself"
+            )
+        path = found[0]
+    raw = load_safetensors(path)[0] if path.suffix == ".safetensors" else load_state(path)
+    return raw, str(path), path.parent
+
+
+def _sidecar(folder: Path) -> dict | None:
+    """The JSON object of ``folder/config.json`` (a Hugging Face config saved beside the weights), or None."""
+    if not (folder / CONFIG_NAME).is_file():
+        return None
+    _, data = read_model_json(folder, CONFIG_NAME)
+    return data if isinstance(data, dict) else None
+
+
+def _file_config(
+    fmt: OfficialFormat, raw: object, sidecar: dict | None, name: str, overrides: Mapping[str, object], source: str
+) -> Config:
+    """``name``'s config with the values the file stores (``fmt.config_file`` of the JSON beside it, then
+    ``fmt.fields`` of the tensors, which must agree) in place, then ``overrides``, which must agree with the
+    file except for ``fmt.overridable`` keys."""
     try:
-        found = fmt.fields(raw)
+        found = fmt.config_file(sidecar) if fmt.config_file is not None and sidecar is not None else {}
+        tensors = fmt.fields(raw) if fmt.fields is not None else {}
     except ValueError as e:
         raise CheckpointError(f"{source}: {e}") from None
+    clash = [
+        f"{k}: {found[k]!r} in config.json, {v!r} in the tensors" for k, v in tensors.items() if found.get(k, v) != v
+    ]
+    if clash:
+        raise CheckpointError(f"{source} is inconsistent: {', '.join(clash)}; the file is corrupt")
+    found.update(tensors)
     given = model_config(name, **overrides)
     conflicts = [
         f"{k}={getattr(given, k)!r} (checkpoint: {v!r})"

@@ -16,7 +16,9 @@ GPT-2 baseline, in nanoGPT's layout (Karpathy 2022, which the paper's GPT code f
 
 Parameter counts (Table 10, p.97): a CRATE layer has ``3d² + 5d`` parameters, so a CRATE
 LM has ``L(3d² + 5d) + V d`` plus ``n_ctx d`` for a learned position table; with the overcomplete ISTA
-(``m = 4d`` atoms) a layer has ``(2 + 4)d² + 5d`` parameters.
+(``m = 4d`` atoms) a layer has ``(2 + 4)d² + 5d`` parameters.  The CRATE-BERT the authors released
+(Table 10's 33M / 61M / 129M) puts RoBERTa's embedding and heads around the CRATE layers: ``arch="crate_bert"``,
+:class:`~crate_transformer.bert.CRATEBert`.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ __all__ = [
     "GPT2_FORMAT",
 ]
 
-LM_ARCHS = ("crate_lm", "gpt")
+LM_ARCHS = ("crate_lm", "gpt", "crate_bert")
 POS_EMBEDS = ("learned", "sinusoidal")
 
 
@@ -68,7 +70,7 @@ class LMConfig(Config):
     coerced to the declared types and validated with one-line errors, as :class:`~crate_transformer.ModelConfig`.
     """
 
-    arch: str = "crate_lm"  # crate_lm (CRATE layers) | gpt (pre-norm MHSA + GELU MLP, GPT-2)
+    arch: str = "crate_lm"  # crate_lm (CRATE layers) | gpt (pre-norm MHSA + GELU MLP, GPT-2) | crate_bert (released)
     causal: bool = True
     vocab_size: int = 262  # the byte-level tokenizer's
     block_size: int = 128  # context length n
@@ -89,6 +91,11 @@ class LMConfig(Config):
     # ista | ista_overcomplete (the crate-lm release) | odl (CRATE-α) | mlp (CRATE-MLP); see EncoderLayer
     mlp: str = "ista"
     odl_ratio: int = 4  # atoms per dimension of an overcomplete dictionary (m = odl_ratio · dim)
+    proj_bias: bool | None = None  # a bias on MSSA's output W (eq. (37)); None: the layer's default (yes but odl)
+    # crate_bert only: RoBERTa's embedding and heads (the authors' Hugging Face port)
+    type_vocab_size: int = 2  # token-type (segment) embeddings
+    pad_token_id: int = 1  # padding: its position row; real tokens take positions pad_token_id + 1, + 2, ...
+    layer_norm_eps: float = 1e-12  # the embedding's and the LM head's LayerNorm (the CRATE layers' keep 1e-5)
     # GPT baseline (and mlp="mlp")
     mlp_ratio: float = 4.0
     gelu: str = "exact"  # exact (nanoGPT) | tanh (OpenAI GPT-2, Hugging Face's gelu_new)
@@ -100,13 +107,14 @@ class LMConfig(Config):
         "lambd": (lambda v: v >= 0, " >= 0"),
         "mlp_ratio": (lambda v: v > 0, " > 0"),
         "dropout": (lambda v: 0 <= v < 1, " in [0, 1)"),
+        "layer_norm_eps": (lambda v: v > 0, " > 0"),
     }
 
     def validate(self) -> None:
         for name, allowed in (("arch", LM_ARCHS), ("pos_embed", POS_EMBEDS), ("ista_mode", ISTA_MODES),
                               ("layer_form", LAYER_FORMS), ("mlp", MLPS), ("gelu", GELUS)):  # fmt: skip
             self.check_choice(name, allowed)
-        self.check_positive("vocab_size", "block_size", "dim", "depth", "heads", "odl_ratio")
+        self.check_positive("vocab_size", "block_size", "dim", "depth", "heads", "odl_ratio", "type_vocab_size")
         if self.arch == "crate_lm" and self.mlp != "ista" and self.ista_mode != "relu":
             raise ValueError(f"ista_mode={self.ista_mode!r} needs mlp='ista', got mlp={self.mlp!r}; drop one of them")
         if self.num_labels < 0:
@@ -119,6 +127,22 @@ class LMConfig(Config):
             raise ValueError(f"a GPT needs dim divisible by heads, got dim={self.dim}, heads={self.heads}")
         if self.pos_embed == "sinusoidal" and self.dim % 2:
             raise ValueError(f"the sinusoidal position embedding needs an even dim, got {self.dim}")
+        if self.arch == "crate_bert":
+            self._check_bert()
+
+    def _check_bert(self) -> None:
+        if self.causal:
+            raise ValueError("crate_bert is bidirectional (a masked LM); pass causal=False")
+        if self.pos_embed != "learned":
+            raise ValueError(
+                "crate_bert has learned positions; the sinusoidal E_pos of eq. (83) is arch='crate_lm' "
+                "(e.g. the crate_bert_eq83_* models)"
+            )
+        if not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(
+                f"pad_token_id must be a token id in [0, vocab_size={self.vocab_size}), got {self.pad_token_id}; "
+                "use the tokenizer's padding id"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -160,14 +184,8 @@ class LanguageModel(Model):
         super().__init__(config)
         c = self.config
         self.tokenizer = None  # attached by from_pretrained / training; saved with save_pretrained
-        self.wte = nn.Embedding(c.vocab_size, c.dim)
-        if c.pos_embed == "learned":
-            self.wpe = nn.Embedding(c.block_size, c.dim)
-        else:
-            self.wpe = None
-            self.register_buffer("pos_table", sinusoidal_positions(c.block_size, c.dim), persistent=False)
-        self.drop = nn.Dropout(c.dropout)
-        if c.arch == "crate_lm":
+        self._build_embedding(c)
+        if c.arch != "gpt":
             self.layers = nn.ModuleList(
                 EncoderLayer(
                     c.dim,
@@ -184,6 +202,7 @@ class LanguageModel(Model):
                     mlp_ratio=c.mlp_ratio,
                     odl_ratio=c.odl_ratio,
                     gelu=c.gelu,
+                    proj_bias=c.proj_bias,
                 )
                 for _ in range(c.depth)
             )
@@ -192,8 +211,22 @@ class LanguageModel(Model):
                 ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout, c.causal, c.gelu) for _ in range(c.depth)
             )
         self.norm = nn.LayerNorm(c.dim) if c.final_norm else nn.Identity()
-        self.classifier = nn.Linear(c.dim, c.num_labels) if c.num_labels else None
+        self._build_heads(c)
         self._init_weights()
+
+    def _build_embedding(self, c: LMConfig) -> None:
+        """``f_pre`` of eqs. (83)/(88): the token embedding ``wte``, a learned ``wpe`` or the sinusoidal table."""
+        self.wte = nn.Embedding(c.vocab_size, c.dim)
+        if c.pos_embed == "learned":
+            self.wpe = nn.Embedding(c.block_size, c.dim)
+        else:
+            self.wpe = None
+            self.register_buffer("pos_table", sinusoidal_positions(c.block_size, c.dim), persistent=False)
+        self.drop = nn.Dropout(c.dropout)
+
+    def _build_heads(self, c: LMConfig) -> None:
+        """The tied head of eq. (84) has no parameters of its own; a classification head when ``num_labels``."""
+        self.classifier = nn.Linear(c.dim, c.num_labels) if c.num_labels else None
 
     def _init_weights(self) -> None:
         """nanoGPT / official CRATE-GPT: Linear and Embedding weights N(0, 0.02), biases 0, the residual
@@ -382,6 +415,10 @@ _CLASSES = {"crate_lm": CRATELanguageModel, "gpt": GPT}
 
 def build_lm(config: LMConfig) -> LanguageModel:
     """The language model ``config.arch`` names."""
+    if config.arch == "crate_bert":
+        from .bert import CRATEBert  # bert.py builds on this module, so it cannot be imported at the top
+
+        return CRATEBert(config)
     return _CLASSES[config.arch](config)
 
 

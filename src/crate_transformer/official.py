@@ -48,6 +48,11 @@ class OfficialFormat:
     ``model_args``), reads config values off the loaded file (the container as saved); they replace the
     registered model's values, and an override that contradicts one is an error, except for the keys in
     ``overridable`` (values the format implies but a user may know better).
+
+    ``config_file(json)``, for formats saved with a JSON config beside the weights (Hugging Face's
+    ``config.json``), reads config values off it, with the same precedence as ``fields`` (whose values, read
+    off the tensors, must agree with it).  ``optional`` lists native key prefixes a checkpoint may lack (a
+    fine-tuned classifier's file without the LM head): those weights keep their initialisation, with a warning.
     """
 
     name: str
@@ -58,6 +63,8 @@ class OfficialFormat:
     check: Callable[[Any], None] | None = None
     fields: Callable[[object], dict[str, Any]] | None = None
     overridable: tuple[str, ...] = ()
+    config_file: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
+    optional: tuple[str, ...] = ()
 
 
 def conv_to_linear(w: Tensor) -> Tensor:

@@ -380,6 +380,9 @@ class EncoderLayer(nn.Module):
       stored as ``mlp``.
 
     ``gelu`` picks the GELU of ``mlp="mlp"`` (``"tanh"``: OpenAI GPT-2's approximation).
+
+    ``proj_bias`` sets whether MSSA's output ``W`` (eq. (37)) has a bias; by default it has one except with
+    ``mlp="odl"``.  The released CRATE-BERT has none.
     """
 
     def __init__(
@@ -403,6 +406,7 @@ class EncoderLayer(nn.Module):
         mlp_ratio: float = 4.0,
         odl_ratio: int = 4,
         gelu: str = "exact",
+        proj_bias: bool | None = None,
     ) -> None:
         super().__init__()
         if form not in LAYER_FORMS:
@@ -426,7 +430,7 @@ class EncoderLayer(nn.Module):
                 tied_output=tied_output,
                 tied_beta=tied_beta,
                 causal=causal,
-                proj_bias=mlp != "odl",
+                proj_bias=mlp != "odl" if proj_bias is None else proj_bias,
             )
         self.norm2 = nn.LayerNorm(dim, eps=ln_eps)
         if mlp == "ista":

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from .alpha import ALPHA_ARCH, ALPHA_FORMAT, AlphaConfig, CRATEAlpha
 from .base import Model
+from .bert import BERT_FORMAT
 from .config import Config
 from .lm import CRATE_LM_FORMAT, GPT2_FORMAT, LanguageModel, LMConfig, build_lm
 from .mae import CRATEMAE, MAE_ARCH, MAEConfig
@@ -102,6 +103,7 @@ register_arch(MAE_ARCH, MAEConfig, CRATEMAE, official=MAE_FORMAT)
 register_arch("crate_lm", LMConfig, build_lm, language=True, official=CRATE_LM_FORMAT)
 register_arch("gpt", LMConfig, build_lm, language=True, official=GPT2_FORMAT)
 register_arch(ALPHA_ARCH, AlphaConfig, CRATEAlpha, official=ALPHA_FORMAT)
+register_arch("crate_bert", LMConfig, build_lm, language=True, official=BERT_FORMAT)
 
 
 # JMLR Table 8: image 224, patch 16, p = d/K.  Parameter counts: 6.09M / 13.12M / 22.80M / 77.64M.
@@ -148,16 +150,25 @@ register_model(
 )
 
 
-# Language models, JMLR Table 10 (p.97): CRATE-BERT with the RoBERTa vocabulary (V = 50,265) and the sinusoidal
-# E_pos of eq. (83); CRATE-GPT as the official nanoGPT-based code (V = 50,304, learned wpe, context 1,024).
-# Parameters (tied head, position table excluded): BERT 32.0M / 59.9M / 127.1M, GPT 59.9M / 241.6M (paper:
-# 33M / 61M / 129M and 60M / 242M).  Table 10's "Small" GPT-2 (64M) has no CRATE entry; crate_gpt_small is
-# CRATE at that width and depth.  gpt2_* are the GPT-2 baselines (124M / 774M with wpe; 64M "Small").
-_BERT = dict(arch="crate_lm", causal=False, pos_embed="sinusoidal", vocab_size=50265, block_size=512)
+# Language models, JMLR Table 10 (p.97).  CRATE-BERT as the authors released it (their Hugging Face port,
+# models/crate/modeling_crate.py; bert.py): RoBERTa's vocabulary (V = 50,265), embedding (learned positions from
+# pad_token_id + 1 = 2, so 512 rows hold 510 tokens; 2 token types; LayerNorm eps 1e-12) and masked-LM head, no bias on
+# MSSA's W, dropout 0.1.  Parameters 32,621,657 / 60,912,729 / 128,697,433 (paper: 33M / 61M / 129M; "60.9M").
+# crate_bert_eq83_* are the literal eqs. (83)-(84) form (sinusoidal E_pos, the head tied to the embedding and nothing
+# else): 32,047,616 / 59,883,264 / 127,091,712.
+# CRATE-GPT as the official nanoGPT-based code (V = 50,304, learned wpe, context 1,024).
+# Parameters (tied head, position table excluded): GPT 59.9M / 241.6M (paper: 60M / 242M).  Table 10's "Small"
+# GPT-2 (64M) has no CRATE entry; crate_gpt_small is CRATE at that width and depth.  gpt2_* are the GPT-2 baselines
+# (124M / 774M with wpe; 64M "Small").
+_BERT = dict(arch="crate_bert", causal=False, vocab_size=50265, block_size=510, proj_bias=False, dropout=0.1)
+_BERT_EQ83 = dict(arch="crate_lm", causal=False, pos_embed="sinusoidal", vocab_size=50265, block_size=512)
 _GPT = dict(vocab_size=50304, block_size=1024)
 register_model("crate_bert_medium", **_BERT, dim=512, depth=8, heads=8)
 register_model("crate_bert_base", **_BERT, dim=768, depth=12, heads=12)
 register_model("crate_bert_large", **_BERT, dim=1024, depth=24, heads=16)
+register_model("crate_bert_eq83_medium", **_BERT_EQ83, dim=512, depth=8, heads=8)
+register_model("crate_bert_eq83_base", **_BERT_EQ83, dim=768, depth=12, heads=12)
+register_model("crate_bert_eq83_large", **_BERT_EQ83, dim=1024, depth=24, heads=16)
 register_model("crate_gpt_small", arch="crate_lm", **_GPT, dim=512, depth=12, heads=8)
 register_model("crate_gpt_base", arch="crate_lm", **_GPT, dim=768, depth=12, heads=12)
 register_model("crate_gpt_large", arch="crate_lm", **_GPT, dim=1280, depth=36, heads=20)

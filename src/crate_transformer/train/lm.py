@@ -129,6 +129,9 @@ class LMTask(Task):
             self.tokenizer = build_tokenizer(o.tokenizer, source, o.vocab_size)
             overrides = {**cfg.model_args, "vocab_size": self.tokenizer.vocab_size, "tokenizer": self.tokenizer.kind}
             config = model_config(cfg.model, **overrides)
+            if config.arch == "crate_bert" and "pad_token_id" not in cfg.model_args:
+                # the released CRATE-BERT's positions skip padding, which they recognise by its id
+                config = model_config(cfg.model, **overrides, pad_token_id=self.tokenizer.pad_id)
         _check_objective(config, cfg.model or config.arch, o.objective)  # a resumed run as a new one
         model = build_lm(config)
         model.tokenizer = self.tokenizer
