@@ -262,7 +262,7 @@ def test_bad_inputs_are_one_line_errors() -> None:
 # --------------------------------------------------------------------------- training
 def test_masked_lm_training_uses_the_tokenizers_padding_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from crate_transformer import cli
-    from crate_transformer.checkpoint import load_model
+    from crate_transformer.train.load import load_model
 
     monkeypatch.setenv("CRATE_CACHE_DIR", str(tmp_path / "token-cache"))
     run = tmp_path / "run"

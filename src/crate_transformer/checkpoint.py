@@ -1,6 +1,7 @@
 """Model files: ``from_pretrained`` (safetensors + JSON config, written by ``model.save_pretrained``),
 ``from_official`` (the authors' ``.pth`` layouts, one :class:`~crate_transformer.official.OfficialFormat`
-per registered architecture) and ``load_model``, the one resolver the commands share.
+per registered architecture) and ``load_weights``.  The resolver the commands share, ``load_model`` (which
+also reads run directories and training states), is :mod:`crate_transformer.train.load`.
 
 The file primitives (atomic writes, safe unpickling, checksummed safetensors) live in
 :mod:`crate_transformer.io`; ``atomic_write``, ``load_pickle``, ``save_pretrained`` and
