@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_model_arguments, check_out_dir, parse_model_args, positive
+from .common import add_model_arguments, add_threads_argument, apply_threads, check_out_dir, parse_model_args, positive
 
 
 def configure_analyze(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +45,7 @@ def configure_analyze(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0, help="seed of the measured image subset")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
+    add_threads_argument(parser, "analyze")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     text = parser.add_argument_group("language models")
     text.add_argument("--num-blocks", type=int, default=64, help="held-out token blocks measured")
@@ -159,6 +160,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     for name in ("num_images", "num_vis", "masks", "batch_size"):
         positive(name, getattr(args, name))
     positive("image_size", args.image_size, allow_none=True)
+    apply_threads(args)
     device = resolve_device(args.device)
     model = load_model(args.checkpoint, args.model, **parse_model_args(args.model_args)).to(device).eval()
     from ..lm import LanguageModel

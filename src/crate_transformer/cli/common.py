@@ -8,7 +8,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["parse_model_args", "add_model_arguments", "add_dataclass_arguments", "given_options", "check_out_dir"]
+__all__ = [
+    "parse_model_args",
+    "add_model_arguments",
+    "add_dataclass_arguments",
+    "given_options",
+    "check_out_dir",
+    "add_threads_argument",
+    "apply_threads",
+]
 
 
 def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
@@ -116,6 +124,22 @@ def add_dataclass_arguments(
                 kw["metavar"] = meta.get("metavar", f.name.split("_")[-1].upper())
             parser.add_argument(flag, **kw)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter  # the help texts state their defaults
+
+
+def add_threads_argument(parser: argparse.ArgumentParser, command: str) -> None:
+    """``--threads N`` (0 = auto) for ``command``: the training commands' option, defined once by TrainConfig."""
+    from ..train.config import TrainConfig
+
+    formatter = parser.formatter_class  # keep the command's own help format
+    add_dataclass_arguments(parser, TrainConfig, command, config_flag=False)
+    parser.formatter_class = formatter
+
+
+def apply_threads(args: argparse.Namespace) -> int:
+    """Set torch's CPU threads from ``args.threads`` (absent = 0 = auto); returns the count used."""
+    from ..train.threads import set_threads
+
+    return set_threads(getattr(args, "threads", 0))
 
 
 def given_options(args: argparse.Namespace, cls: type) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .common import add_threads_argument, apply_threads
 from .pretrain import add_task_arguments, run_task
 
 
@@ -57,6 +58,7 @@ def configure_generate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same text (0)")
     parser.add_argument("--no-cache", action="store_true", help="recompute the whole context at every step")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: auto)")
+    add_threads_argument(parser, "generate")
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -70,6 +72,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
     positive("max_new_tokens", args.max_new_tokens)
     positive("num_samples", args.num_samples)
+    apply_threads(args)
     model = load_model(args.checkpoint)
     if not isinstance(model, LanguageModel):
         raise ValueError(f"{args.checkpoint} is an image model; crate generate needs a language model (crate train-lm)")

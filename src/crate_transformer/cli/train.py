@@ -7,7 +7,15 @@ import json
 from pathlib import Path
 
 from ..base import POOLS
-from .common import add_dataclass_arguments, add_model_arguments, check_out_dir, given_options, parse_model_args
+from .common import (
+    add_dataclass_arguments,
+    add_model_arguments,
+    add_threads_argument,
+    apply_threads,
+    check_out_dir,
+    given_options,
+    parse_model_args,
+)
 
 
 def configure_train(parser: argparse.ArgumentParser) -> None:
@@ -89,6 +97,7 @@ def configure_eval(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--batch-size", type=int, default=500, help="evaluation batch size (default: 500)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: auto)")
+    add_threads_argument(parser, "eval")
     parser.add_argument(
         "--on-bad-image",
         default="skip",
@@ -129,6 +138,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from .common import positive
 
     positive("batch_size", args.batch_size)
+    apply_threads(args)
     device = resolve_device(args.device)
     model = load_model(args.checkpoint, name=args.model, **parse_model_args(args.model_args))
     if not hasattr(model, "check_images"):

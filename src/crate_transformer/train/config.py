@@ -123,7 +123,12 @@ class TrainConfig:
     compile: bool = _opt(False, "torch.compile the model (first steps are slow while it compiles)")
     seed: int = _opt(0, "random seed (model init, data order, augmentation)")
     deterministic: bool = _opt(False, "deterministic algorithms (bitwise reproducible on CPU; slower on GPU)")
-    threads: int = _opt(0, "torch CPU threads per process (0 = torch's default)")
+    threads: int = _opt(
+        0,
+        "torch CPU threads per process (0 = auto: the CPUs this process may use, minus the other work running "
+        "now; 1 on a busy shared machine)",
+        commands=(*ALL, "eval", "analyze", "generate"),
+    )
     # run directory and logging
     out: str | None = _opt(None, "run directory", shown="runs/<model>-<data>-<date-time>")
     checkpoint_every: int = _opt(0, "also checkpoint every N steps (always at epoch ends, the end and on Ctrl-C)")

@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from .threads import resolve_threads
+
 __all__ = ["Runtime", "resolve_device", "rng_state", "set_rng_state", "seed_everything", "Interrupt"]
 
 T = TypeVar("T")
@@ -207,7 +209,8 @@ def seed_everything(seed: int) -> None:
 
 
 class ProcessSettings:
-    """Set threads / deterministic mode for a run and put the calling process back as it was afterwards."""
+    """Set threads (0 = auto: :func:`~.threads.auto_threads`) / deterministic mode for a run; put the calling
+    process back as it was afterwards."""
 
     def __init__(self, threads: int, deterministic: bool) -> None:
         self.threads, self.deterministic = threads, deterministic
@@ -219,8 +222,9 @@ class ProcessSettings:
             torch.backends.cudnn.deterministic,
             torch.backends.cudnn.benchmark,
         )
-        if self.threads and self.threads != self._saved[0]:
-            torch.set_num_threads(self.threads)
+        threads = resolve_threads(self.threads)  # 0 = auto: what is free now
+        if threads != self._saved[0]:
+            torch.set_num_threads(threads)
         if self.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
