@@ -26,7 +26,7 @@ SETTINGS = [("auto", {}), ("1", {}), ("2", {"OMP_WAIT_POLICY": "ACTIVE"}), ("2",
 
 def worker(threads: str, seconds: float) -> None:
     """One measurement: steps/s of the default training step, after two warm-up steps."""
-    from crate_transformer.registry import create_model  # first: it sets crate's OMP_WAIT_POLICY default
+    from crate_transformer.registry import create_model  # noqa: I001  (first: it sets OMP_WAIT_POLICY)
     from crate_transformer.train.threads import set_threads
 
     import torch
