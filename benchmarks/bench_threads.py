@@ -21,23 +21,21 @@ import sys
 import time
 
 # (row name, --threads, environment): auto and 1 as `crate` runs them; 2 with libgomp's own default wait (spin,
-# then sleep: what torch does when imported first) and with crate's default, OMP_WAIT_POLICY=PASSIVE
+# then sleep) and with OMP_WAIT_POLICY=PASSIVE (sleep at once: frees the core, costs a wake-up per parallel region)
 SETTINGS = [
     ("auto", "auto", {}),
     ("1", "1", {}),
-    ("2, torch's OpenMP default", "2", {"BENCH_TORCH_FIRST": "1"}),
-    ("2, OMP_WAIT_POLICY=PASSIVE", "2", {}),
+    ("2, torch's OpenMP default", "2", {}),
+    ("2, OMP_WAIT_POLICY=PASSIVE", "2", {"OMP_WAIT_POLICY": "PASSIVE"}),
 ]
 
 
 def worker(threads: str, seconds: float) -> None:
     """One measurement: steps/s of the default training step, after two warm-up steps."""
-    if os.environ.get("BENCH_TORCH_FIRST"):
-        __import__("torch")  # before crate_transformer: libgomp starts without crate's OMP_WAIT_POLICY default
-    from crate_transformer.registry import create_model  # noqa: I001
-    from crate_transformer.train.threads import set_threads
-
     import torch
+
+    from crate_transformer.registry import create_model
+    from crate_transformer.train.threads import set_threads
 
     n = set_threads(0 if threads == "auto" else int(threads))
     torch.manual_seed(0)

@@ -14,8 +14,6 @@ Public API::
     ct.coding_rate(Z), ct.subspace_coding_rate(Z, U), ...
 """
 
-import os as _os
-import sys as _sys
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
@@ -23,13 +21,6 @@ try:
     __version__ = _version("crate-transformer")
 except _PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0+unknown"
-
-# OpenMP threads that spin while waiting for work take the cores from any other busy process (and from each
-# other when the cores are shared): 2 threads beside one busy process ran 5-10x slower than with PASSIVE, which
-# puts waiting threads to sleep.  libgomp reads this once, when torch loads it, so it only takes effect here,
-# before the first `import torch`; a value the user set is kept.
-if "torch" not in _sys.modules:
-    _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from .base import Model, Trace  # noqa: E402
 from .checkpoint import CheckpointError, from_official, from_pretrained  # noqa: E402
