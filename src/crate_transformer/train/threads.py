@@ -129,8 +129,8 @@ class SlowdownWatch:
         best, now = min(self.times[: -self.run]), statistics.median(self.times[-self.run :])
         fix = "rerun or --resume with --threads 1" if torch.get_num_threads() > 1 else "free some CPU"
         return (
-            f"warning: training slowed {now / best:.0f}x ({now:.3g} s/step, best {best:.3g}); other processes are "
-            f"competing for the CPUs: {fix}"
+            f"warning: training slowed {now / best:.0f}x ({now:.3g} s/step, best {best:.3g} s/step); other "
+            f"processes are competing for the CPUs: {fix}"
         )
 
 
