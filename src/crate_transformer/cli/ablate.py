@@ -35,7 +35,7 @@ def configure_ablate(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="any other `crate train` option for every run, e.g. batch_size=64 max_steps=100 device=cuda",
     )
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads per run (default: torch's)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads per run (default: auto)")
     parser.add_argument("--out", default="runs/ablate", help="sweep folder (default: runs/ablate)")
     parser.add_argument(
         "--measure-images", type=int, default=256, help="held-out images for the layer-wise figure (default: 256)"
