@@ -372,7 +372,8 @@ def _start_run(
     summary = f"{about['summary']}, " if about.get("summary") else ""
     rt.log(
         f"{verb} {what} ({summary}{cfg.epochs} epochs x {steps} steps, batch {cfg.batch_size}{procs}{accum}, "
-        f"device {rt.device}" + (f", resuming at step {ts.step}" if resumed else "") + f"\nrun directory: {run.path}"
+        f"device {rt.device}, {torch.get_num_threads()} CPU thread" + ("s" if torch.get_num_threads() > 1 else "")
+        + (f", resuming at step {ts.step}" if resumed else "") + f"\nrun directory: {run.path}"
     )  # fmt: skip
 
 
