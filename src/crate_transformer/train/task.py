@@ -115,6 +115,7 @@ class Task:
             choices = f.metadata.get("choices")
             if choices and f.name in args and args[f.name] not in choices:
                 raise ValueError(f"unknown {f.name} {args[f.name]!r}; choose one of {', '.join(map(str, choices))}")
+        cls.Options(**args)  # its own checks (ranges, finiteness) now, before a run folder is made
         return args
 
     def resume_command(self, cfg: TrainConfig) -> str:
