@@ -257,3 +257,54 @@ def test_analyze_never_replaces_an_earlier_report_without_overwrite(
     assert cli.main([*base, "--out", "analysis", "--overwrite"]) == 0
     assert not (tmp_path / "analysis" / "stale.png").exists()  # an earlier figure is not left beside the report
     assert (tmp_path / "analysis" / "mine.txt").read_text() == "mine"  # files of others stay
+
+
+# --------------------------------------------------------------------------- the wrong kind of model for a command
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["pretrain", "mae", "--model", "crate_gpt_mini"],
+         "crate_gpt_mini is a language model, and crate pretrain mae trains a CRATE-MAE (e.g. --model "
+         "crate_mae_mnist); train crate_gpt_mini with crate train-lm --model crate_gpt_mini"),
+        (["pretrain", "mae", "--model", "crate_mnist"], "crate_mnist is an image classifier, and crate pretrain mae"),
+        (["pretrain", "dino", "--model", "crate_mae_mnist"],
+         "crate_mae_mnist is a CRATE-MAE, and crate pretrain dino trains an image classifier"),
+        (["train-lm", "--model", "crate_mnist"], "crate_mnist is an image classifier, and crate train-lm trains a "
+         "language model"),
+    ],
+)  # fmt: skip
+def test_the_wrong_kind_of_model_is_refused_before_a_run_folder_exists(
+    argv: list[str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    assert expected in one_line_error(capsys, *argv, "--out", tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+
+
+def test_generate_reads_the_tokenizer_of_a_training_state(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from crate_transformer.train.load import load_model
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("".join(f"line {i}: the value of x is {i * i}.\n" for i in range(120)))
+    run = tmp_path / "gpt"
+    args = ["--data", corpus, "--threads", 1, "--no-progress", "--batch-size", 4, "--eval-every", 0, "--sample-tokens",
+            0, "--model-args", "dim=16", "depth=1", "heads=2", "block_size=16", "--tokenizer", "bpe", "--vocab-size",
+            300]  # fmt: skip
+    assert cli.main([str(a) for a in ["train-lm", *args, "--max-steps", 1, "--out", run]]) == 0
+    state = load_model(run / "checkpoints" / "last.pt")
+    saved = load_model(run)
+    assert state.tokenizer is not None and state.tokenizer.to_str() == saved.tokenizer.to_str()  # the trained BPE
+    gen = ["generate", "--prompt", "line 3", "--max-new-tokens", 6, "--seed", 1]
+    texts = []
+    for source in (run / "checkpoints" / "last.pt", run):
+        capsys.readouterr()
+        assert cli.main([str(a) for a in [gen[0], source, *gen[1:]]]) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1] and texts[0].startswith("line 3")
+
+
+def test_a_language_model_refuses_an_empty_batch_in_one_line() -> None:
+    model = build_lm(LMConfig(**LM_TINY))
+    empty = torch.zeros(0, 4, dtype=torch.long)
+    for call in (lambda: model(empty), lambda: model.generate(empty, 2)):
+        with pytest.raises(ValueError, match=r"^empty batch \(0 sequences of tokens\); pass at least one sequence$"):
+            call()

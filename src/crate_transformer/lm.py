@@ -253,6 +253,8 @@ class LanguageModel(Model):
         if idx.dim() != 2:
             hint = "; add a batch dimension with idx.unsqueeze(0)" if idx.dim() == 1 else ""
             raise ValueError(f"expected token ids of shape (batch, length), got shape {tuple(idx.shape)}{hint}")
+        if idx.shape[0] == 0:
+            raise ValueError("empty batch (0 sequences of tokens); pass at least one sequence")
         n = idx.shape[1]
         if n == 0:
             raise ValueError("empty token sequence; pass at least one token")

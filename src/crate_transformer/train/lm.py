@@ -91,6 +91,7 @@ class LMTask(Task):
     command = "train-lm"
     metric = "acc"  # token accuracy (of the predicted tokens)
     Options = LMOptions
+    model_kind = "language model"
     defaults = {
         "model": None,
         "data": "python-docs",

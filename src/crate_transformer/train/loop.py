@@ -93,6 +93,8 @@ def train(
     task.parse_options(cfg)  # the task's options are checked before anything is written
     if saved is not None:
         _check_fixed_options(task, saved, cfg, state, given_task_args, resume)
+    else:
+        task.check_model(cfg)  # the right kind of model for the command, before a run folder is made
     if expect_task is not None and cfg.task != expect_task:
         where = f" --resume {resume}" if resume is not None else ""
         raise ValueError(

@@ -142,6 +142,7 @@ class MAETask(Task):
     defaults = {"model": "crate_mae_mnist", "lr": 4e-3, "min_lr": 1e-5, "weight_decay": 0.05, "epochs": 40,
                 "warmup_epochs": 2.0, "batch_size": 32, "betas": [0.9, 0.95], "eval_every": 4}  # fmt: skip
     Options = MAEOptions
+    model_kind = "CRATE-MAE"
 
     def setup(self, cfg: TrainConfig, rt: Runtime, state: dict | None) -> None:
         self.cfg, self.rt = cfg, rt
