@@ -108,6 +108,16 @@ class LMTask(Task):
         "eval_batch_size": 64,
     }
 
+    def check_model(self, cfg: TrainConfig) -> None:
+        """Besides the model's kind: ``--vocab-size`` sizes a trained vocabulary only (bpe / wordpiece)."""
+        super().check_model(cfg)
+        tokenizer = cfg.task_args.get("tokenizer", "byte")
+        if "vocab_size" in cfg.task_args and tokenizer not in ("bpe", "wordpiece"):
+            raise ValueError(
+                f"--vocab-size applies to a tokenizer trained on --data (bpe, wordpiece), not {tokenizer}; drop it, "
+                "or add --tokenizer bpe"
+            )
+
     def setup(self, cfg: TrainConfig, rt: Runtime, state: dict | None) -> None:
         self.cfg, self.rt = cfg, rt
         self.options = o = self.parse_options(cfg)
