@@ -122,19 +122,7 @@ class CRATEAlpha(ImageClassifier):
         ``D1`` (:class:`~crate_transformer.operators.OvercompleteISTA`), ``torch.randn`` class token and
         position table (init std 1)."""
         patch_embed = nn.Sequential(nn.Linear(c.in_chans * c.patch_size**2, c.dim))
-        layers = nn.ModuleList(
-            EncoderLayer(
-                c.dim,
-                c.heads,
-                c.head_dim,
-                dropout=c.dropout,
-                eta=c.eta,
-                lambd=c.lambd,
-                mlp="odl",
-                odl_ratio=c.odl_ratio,
-            )
-            for _ in range(c.depth)
-        )
+        layers = nn.ModuleList(EncoderLayer.from_config(c) for _ in range(c.depth))
         return patch_embed, layers, 1.0
 
 

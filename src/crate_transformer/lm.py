@@ -187,26 +187,7 @@ class LanguageModel(Model):
         self.tokenizer = None  # attached by from_pretrained / training; saved with save_pretrained
         self._build_embedding(c)
         if c.arch != "gpt":
-            self.layers = nn.ModuleList(
-                EncoderLayer(
-                    c.dim,
-                    c.heads,
-                    c.head_dim,
-                    dropout=c.dropout,
-                    eta=c.eta,
-                    lambd=c.lambd,
-                    ista_mode=c.ista_mode,
-                    form=c.layer_form,
-                    scale_scores=c.scale_scores,
-                    causal=c.causal,
-                    mlp=c.mlp,
-                    mlp_ratio=c.mlp_ratio,
-                    odl_ratio=c.odl_ratio,
-                    gelu=c.gelu,
-                    proj_bias=c.proj_bias,
-                )
-                for _ in range(c.depth)
-            )
+            self.layers = nn.ModuleList(EncoderLayer.from_config(c) for _ in range(c.depth))
         else:
             self.layers = nn.ModuleList(
                 ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout, c.causal, c.gelu) for _ in range(c.depth)

@@ -204,10 +204,7 @@ class CRATEMAE(ImageInput, Model):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim))
         self.mask_token = nn.Parameter(torch.zeros(1, 1, c.dim))  # x_mask of eq. (71), in token space
         self.register_buffer("pos_embed", sincos_pos_embed(c.dim, c.grid, c.grid).unsqueeze(0))  # fixed E_pos
-        self.layers = nn.ModuleList(
-            EncoderLayer(c.dim, c.heads, c.head_dim, eta=c.eta, lambd=c.lambd, form=c.layer_form)
-            for _ in range(c.depth)
-        )
+        self.layers = nn.ModuleList(EncoderLayer.from_config(c) for _ in range(c.depth))
         self.norm = nn.LayerNorm(c.dim, eps=c.norm_eps)
         self.decoder_layers = nn.ModuleList(
             DecoderLayer(c.dim, c.heads, c.head_dim, form=c.decoder_form) for _ in range(c.depth)

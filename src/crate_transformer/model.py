@@ -215,27 +215,7 @@ def _crate_encoder(c: ModelConfig) -> tuple[nn.Module, nn.ModuleList, float]:
         patch_embed = nn.Sequential(nn.LayerNorm(patch_dim), nn.Linear(patch_dim, c.dim), nn.LayerNorm(c.dim))
     else:  # CRATE-MAE's PatchEmbed (a conv ≡ a linear map of the flattened patch); same key patch_embed.1
         patch_embed = nn.Sequential(nn.Identity(), nn.Linear(patch_dim, c.dim), nn.Identity())
-    layers = nn.ModuleList(
-        EncoderLayer(
-            c.dim,
-            c.heads,
-            c.head_dim,
-            dropout=c.dropout,
-            eta=c.eta,
-            lambd=c.lambd,
-            ista_mode=c.ista_mode,
-            form=c.layer_form,
-            scale_scores=c.scale_scores,
-            tied_output=c.tied_output,
-            tied_beta=c.tied_beta,
-            eps=c.eps,
-            attention=c.attention,
-            mlp=c.mlp,
-            mlp_ratio=c.mlp_ratio,
-            odl_ratio=c.odl_ratio,
-        )
-        for _ in range(c.depth)
-    )
+    layers = nn.ModuleList(EncoderLayer.from_config(c) for _ in range(c.depth))
     return patch_embed, layers, 1.0  # official: torch.randn
 
 

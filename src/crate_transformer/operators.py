@@ -12,6 +12,8 @@ compare against and the theory lab uses directly.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -356,6 +358,14 @@ class OvercompleteISTA(nn.Module):
 
 
 # --------------------------------------------------------------------------- layers
+# EncoderLayer keyword -> the model-config field that sets it (EncoderLayer.from_config)
+_CONFIG_FIELDS = {
+    **{k: k for k in ("dropout", "eta", "lambd", "ista_mode", "scale_scores", "tied_output", "tied_beta", "causal")},
+    **{k: k for k in ("eps", "attention", "mlp", "mlp_ratio", "odl_ratio", "gelu", "proj_bias")},
+    "form": "layer_form",
+}
+
+
 class EncoderLayer(nn.Module):
     """One CRATE layer ``f^ℓ`` (eq. (45), JMLR p.25): compression then sparsification.
 
@@ -442,6 +452,14 @@ class EncoderLayer(nn.Module):
             self.mlp: nn.Module = MLP(dim, mlp_ratio, dropout, gelu)
         else:
             self.mlp = OvercompleteISTA(dim, odl_ratio, eta, lambd, tied=mlp == "ista_overcomplete")
+
+    @classmethod
+    def from_config(cls, c: Any, **overrides: Any) -> EncoderLayer:
+        """The layer a model config describes: ``dim``, ``heads``, ``head_dim`` and every keyword above read
+        from the config's field of the same name (``form`` from ``layer_form``) where the config has one;
+        ``overrides`` win.  The classifier, CRATE-MAE, CRATE-α and the language models build their layers so."""
+        kw = {k: getattr(c, f) for k, f in _CONFIG_FIELDS.items() if hasattr(c, f)}
+        return cls(c.dim, c.heads, c.head_dim, **{**kw, **overrides})
 
     def forward(
         self,
