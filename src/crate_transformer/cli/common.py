@@ -188,7 +188,10 @@ def report_dir(out: str | Path | None, default: Path, overwrite: bool, command: 
             )
         for pattern in owned:
             for p in path.glob(pattern):
-                shutil.rmtree(p) if p.is_dir() else p.unlink()
+                if p.is_dir():
+                    shutil.rmtree(p)
+                else:
+                    p.unlink()
     return check_out_dir(path)
 
 
