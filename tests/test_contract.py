@@ -160,7 +160,7 @@ def test_grad_checkpointing_gives_the_same_gradients(family):
         (MAEConfig, {"eta": float("nan")}, r"eta must be a finite number > 0, got nan"),
         (MAEConfig, {"mask_ratio": float("nan")}, r"mask_ratio must be a finite number, got nan"),
         (ModelConfig, {"tied_beta": float("-inf")}, r"tied_beta must be a finite number, got -inf"),
-        (DINOConfig, {"teacher_temp": float("nan")}, r"teacher_temp must be a finite number, got nan"),
+        (DINOConfig, {"teacher_temp": float("nan")}, r"teacher_temp must be a finite number > 0, got nan"),
     ],
 )
 def test_every_config_checks_finiteness_and_ranges_in_one_line(cls, bad, message):

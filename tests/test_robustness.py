@@ -228,16 +228,16 @@ def test_task_options_are_validated_before_anything_is_written(tmp_path: Path, c
     from crate_transformer.train import train
 
     for flag, value, msg in [
-        ("--eval-blocks", -1, "eval_blocks must be >= 0 (0 = every held-out block), got -1"),
-        ("--sample-tokens", -5, "sample_tokens must be >= 0"),
-        ("--mask-prob", 1.5, "mask_prob must be in (0, 1)"),
-        ("--vocab-size", 0, "vocab_size must be a positive integer"),
+        ("--eval-blocks", -1, "eval_blocks must be an integer >= 0 (0 = every held-out block), got -1"),
+        ("--sample-tokens", -5, "sample_tokens must be an integer >= 0"),
+        ("--mask-prob", 1.5, "mask_prob must be a finite number in (0, 1)"),
+        ("--vocab-size", 0, "vocab_size must be an integer >= 1"),
     ]:
         err = one_line_error(capsys, "train-lm", *LM_ARGS, flag, value, "--max-steps", 1, "--out", tmp_path / "r")
         assert msg in err, err
         assert not (tmp_path / "r").exists()
     err = one_line_error(capsys, "pretrain", "mae", "--probe-c", 0, "--out", tmp_path / "m")
-    assert "probe_c must be > 0" in err and not (tmp_path / "m").exists()
+    assert "probe_c must be a finite number > 0" in err and not (tmp_path / "m").exists()
     # what argparse's choices check for flags, a config file (or a resumed run's stored options) meets here
     with pytest.raises(ValueError, match="unknown objective 'xyz'; choose one of clm, mlm"):
         train(TrainConfig(task="lm", task_args={"objective": "xyz"}, out=str(tmp_path / "y")))
@@ -362,7 +362,7 @@ def test_resume_runs_the_checks_a_new_run_makes(tmp_path: Path, capsys: pytest.C
     step = load_training_state(run)["step"]
     for extra, msg in [
         (["--objective", "mlm"], "is a causal (GPT) model; use --objective clm"),
-        (["--tokenizer", "bpe"], "was trained with the byte tokenizer"),
+        (["--tokenizer", "bpe"], "keeps the tokenizer of its checkpoint ('byte'), not 'bpe'"),
         (["--model", "crate_bert_mini"], "model='crate_bert_mini' (run: 'crate_gpt_mini')"),
         (["--model-args", "dim=24"], "dim=24 (run: 16)"),
     ]:

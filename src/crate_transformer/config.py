@@ -17,11 +17,10 @@ its fields and a :meth:`Config.validate` method.  The base does the rest, once f
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, TypeVar
 
-from .config_utils import coerce_fields, field_types
+from .config_utils import Range, coerce_fields, field_types
 
 __all__ = ["Config"]
 
@@ -32,9 +31,9 @@ class Config:
     """Base of the model configs; see the module docstring.  Subclasses are ``@dataclass``es."""
 
     VERSION: ClassVar[int] = 1  # config.json format; bumped when a stored field changes meaning
-    # name -> (predicate, rule in words) for float fields with a range, e.g. {"eta": (lambda v: v > 0, " > 0")};
-    # every other float field must merely be finite
-    RULES: ClassVar[Mapping[str, tuple[Callable[[float], bool], str]]] = {}
+    # name -> Range for float fields with a range, e.g. {"eta": Range(0, lo_open=True)} (or a field's
+    # metadata["range"]); every other float field must merely be finite
+    RULES: ClassVar[Mapping[str, Range]] = {}
 
     def __post_init__(self) -> None:
         current = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -48,14 +47,28 @@ class Config:
 
     # ---------------------------------------------------------------- checks
     def check_numbers(self) -> None:
-        """Every ``float`` field is finite and obeys its :attr:`RULES` entry, if any."""
+        """Every ``float`` field is finite and obeys its :attr:`RULES` entry or ``metadata["range"]``, if any."""
+        fields = {f.name: f for f in dataclasses.fields(self)}
         for name, tp in field_types(type(self)).items():
             v = getattr(self, name)
-            if not isinstance(v, float) or tp not in (float, float | None):
+            rule = self.RULES.get(name) or fields[name].metadata.get("range")
+            if rule is None and (not isinstance(v, float) or tp not in (float, float | None)):
                 continue
-            ok, rule = self.RULES.get(name, (lambda _: True, ""))
-            if not (math.isfinite(v) and ok(v)):
-                raise ValueError(f"{name} must be a finite number{rule}, got {v!r}; e.g. {name}={self._example(name)}")
+            rule = rule or Range()  # finite
+            for x in v if isinstance(v, (list, tuple)) else [v]:
+                if x is not None and not rule.ok(x):
+                    raise ValueError(f"{rule.message(name, x)}; e.g. {name}={self._example(name)}")
+
+    @classmethod
+    def check_field(cls, name: str, value: Any) -> None:
+        """One value of field ``name`` alone (``--model-args eta=inf`` before any model or run folder exists):
+        coerced to the field's type, then its :attr:`RULES` entry or ``metadata["range"]``; floats finite."""
+        field = {f.name: f for f in dataclasses.fields(cls)}[name]
+        v = coerce_fields(cls, {name: value})[name]
+        rule = cls.RULES.get(name) or field.metadata.get("range") or Range()
+        for x in v if isinstance(v, (list, tuple)) else [v]:
+            if isinstance(x, (int, float)) and not isinstance(x, bool) and not rule.ok(x):
+                raise ValueError(f"{rule.message(name, x)}; e.g. {name}={cls._default(name, x)}")
 
     def check_choice(self, name: str, allowed: Iterable[str]) -> None:
         """``getattr(self, name)`` is one of ``allowed``."""
@@ -71,8 +84,14 @@ class Config:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}; e.g. {name}={self._example(name)}")
 
     def _example(self, name: str) -> Any:
-        field = {f.name: f for f in dataclasses.fields(self)}[name]
-        return field.default if field.default is not dataclasses.MISSING else getattr(self, name)
+        return self._default(name, getattr(self, name))
+
+    @classmethod
+    def _default(cls, name: str, fallback: Any) -> Any:
+        field = {f.name: f for f in dataclasses.fields(cls)}[name]
+        if field.default is not dataclasses.MISSING:
+            return field.default
+        return field.default_factory() if field.default_factory is not dataclasses.MISSING else fallback
 
     # ---------------------------------------------------------------- serialisation
     def to_dict(self) -> dict:

@@ -34,7 +34,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["coerce_fields", "coerce_value", "field_types"]
+__all__ = ["coerce_fields", "coerce_value", "field_types", "Range", "check_ranges"]
 
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
@@ -223,3 +223,68 @@ def _to_sequence(value: Any, tp: Any, kind: type) -> list | tuple:
     else:
         items = list(value)
     return tuple(items) if kind is tuple else items
+
+
+# --------------------------------------------------------------------------- numeric ranges
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The values a numeric option may take: finite, and within ``lo``/``hi`` (``None``: unbounded; a bound is
+    excluded when ``lo_open``/``hi_open``).  The one rule behind every numeric option: a dataclass field carries
+    it as ``metadata["range"]`` (checked by :func:`check_ranges` when the dataclass is built, and shown in the
+    generated ``--help``), a plain command-line option as ``crate_transformer.cli.common.number_argument``, and an
+    API function calls :meth:`check` itself, so the CLI and the API refuse the same values with the same words.
+    """
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    integer: bool = False
+    note: str = ""  # what a special value means, e.g. "0 = greedy"
+
+    def words(self) -> str:
+        """``in (0, 1]``, ``> 0``, ``>= 0``, or ``""`` (any finite number)."""
+        if self.lo is not None and self.hi is not None:
+            return f" in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+        if self.lo is not None:
+            return f" {'>' if self.lo_open else '>='} {self.lo:g}"
+        if self.hi is not None:
+            return f" {'<' if self.hi_open else '<='} {self.hi:g}"
+        return ""
+
+    def ok(self, value: float) -> bool:
+        """Whether ``value`` is finite (an integer, for integer ranges) and within the bounds."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return False
+        if self.integer and value != int(value):
+            return False
+        if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
+            return False
+        return not (self.hi is not None and (value >= self.hi if self.hi_open else value > self.hi))
+
+    def message(self, name: str, value: Any) -> str:
+        """``top_p must be a finite number in (0, 1] (1 = off), got 1.5``."""
+        kind = "an integer" if self.integer else "a finite number"
+        note = f" ({self.note})" if self.note else ""
+        return f"{name} must be {kind}{self.words()}{note}, got {value!r}"
+
+    def check(self, name: str, value: Any) -> None:
+        """Raise a one-line ``ValueError`` (:meth:`message`) unless :meth:`ok`."""
+        if not self.ok(value):
+            raise ValueError(self.message(name, value))
+
+
+def check_ranges(obj: Any) -> None:
+    """Every field of dataclass instance ``obj`` obeys its ``metadata["range"]`` (lists element-wise), and every
+    other ``float`` value is finite; a one-line ``ValueError`` names the first that does not."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        rng = f.metadata.get("range")
+        values = value if isinstance(value, (list, tuple)) else [value]
+        for v in values:
+            if v is None:
+                continue
+            if rng is not None:
+                rng.check(f.name, v)
+            elif isinstance(v, float) and not math.isfinite(v):
+                raise ValueError(f"{f.name} must be a finite number, got {v!r}")

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from .base import POOLS, pool_tokens
 from .config import Config
+from .config_utils import Range
 
 __all__ = [
     "DINOConfig",
@@ -62,6 +63,10 @@ def _opt(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata=meta)
 
 
+POS, UNIT = Range(0, lo_open=True), Range(0, 1)  # temperatures; momenta and probabilities
+AREA = Range(0, 1, lo_open=True, note="each of the two area fractions LO HI")  # crop areas
+
+
 @dataclass
 class DINOConfig(Config):
     """DINO's hyper-parameters (names as in DINO's ``main_dino.py``); defaults = the ``digits`` preset.
@@ -69,31 +74,33 @@ class DINOConfig(Config):
     Use :meth:`preset` to start from ``"paper"`` (DINO's defaults, JMLR App. C.3) or ``"digits"``.
     """
 
-    RULES = {"weight_decay_end": (lambda v: v >= 0, " >= 0 (or none: constant weight decay)")}
+    RULES = {"weight_decay_end": Range(0, note="or none: constant weight decay")}
 
     preset: str = _opt("digits", "start from this preset: digits (28 px, 2 CPU cores) | paper (DINO's defaults)")
     # head (DINO's dino_head.py)
-    out_dim: int = _opt(1024, "prototypes K: outputs of the weight-normalised last layer (DINO: 65536)")
-    hidden_dim: int = _opt(256, "hidden width of the head's 3-layer MLP (DINO: 2048)")
-    bottleneck_dim: int = _opt(64, "bottleneck before l2-normalisation (DINO: 256)")
-    head_layers: int = _opt(3, "MLP layers of the head (DINO: 3)")
-    use_bn_in_head: bool = _opt(True, "BatchNorm in the head's MLP (DINO: off for ViTs; digits: on)")
-    norm_last_layer: bool = _opt(True, "fix the weight norm of the last layer to 1 (DINO: on)")
+    out_dim: int = _opt(1024, "prototypes K: outputs of the weight-normalised last layer (DINO: 65536)", fixed=True)
+    hidden_dim: int = _opt(256, "hidden width of the head's 3-layer MLP (DINO: 2048)", fixed=True)
+    bottleneck_dim: int = _opt(64, "bottleneck before l2-normalisation (DINO: 256)", fixed=True)
+    head_layers: int = _opt(3, "MLP layers of the head (DINO: 3)", fixed=True)
+    use_bn_in_head: bool = _opt(True, "BatchNorm in the head's MLP (DINO: off for ViTs; digits: on)", fixed=True)
+    norm_last_layer: bool = _opt(True, "fix the weight norm of the last layer to 1 (DINO: on)", fixed=True)
     pool: str = _opt(
         "avg",
         "backbone feature for the head and k-NN: cls token | avg of the patch tokens | mean of all tokens",
         choices=POOLS,
     )
     # temperatures and centre
-    student_temp: float = _opt(0.1, "student temperature tau_s")
-    teacher_temp: float = _opt(0.04, "teacher temperature tau_t after the warm-up")
-    warmup_teacher_temp: float = _opt(0.04, "teacher temperature at the start of the warm-up")
+    student_temp: float = _opt(0.1, "student temperature tau_s", range=POS)
+    teacher_temp: float = _opt(0.04, "teacher temperature tau_t after the warm-up", range=POS)
+    warmup_teacher_temp: float = _opt(0.04, "teacher temperature at the start of the warm-up", range=POS)
     warmup_teacher_temp_epochs: int = _opt(
         0, "epochs of linear teacher-temperature warm-up (per epoch, reaching --teacher-temp in the last one)"
     )
-    center_momentum: float = _opt(0.9, "EMA momentum of the teacher centre")
+    center_momentum: float = _opt(0.9, "EMA momentum of the teacher centre", range=UNIT)
     # teacher EMA and the student's first epoch
-    momentum_teacher: float = _opt(0.99, "teacher EMA momentum at the start; cosine schedule to 1 (DINO: 0.996)")
+    momentum_teacher: float = _opt(
+        0.99, "teacher EMA momentum at the start; cosine schedule to 1 (DINO: 0.996)", range=UNIT
+    )
     freeze_last_layer: int = _opt(1, "epochs during which the head's last layer gets no gradient (nor AdamW step)")
     weight_decay_end: float | None = _opt(
         0.4, "cosine weight-decay schedule per step from --weight-decay to this value (none = constant)"
@@ -102,13 +109,23 @@ class DINOConfig(Config):
     global_crop_size: int = _opt(0, "side of the 2 global views in pixels (0 = the model's image size)")
     local_crop_size: int = _opt(0, "side of the local views in pixels (0 = 96/224 of the global side)")
     local_crops_number: int = _opt(0, "number of local views (DINO: 8)")
-    global_crops_scale: list = _opt([0.6, 1.0], "area fraction range of the global crops (DINO: 0.4 1.0)")
-    local_crops_scale: list = _opt([0.05, 0.4], "area fraction range of the local crops (DINO: 0.05 0.4)")
-    flip: float = _opt(0.0, "probability of a horizontal flip (DINO: 0.5; digits: 0, a flip changes the digit)")
-    color_jitter: float = _opt(0.8, "probability of colour jitter (brightness, contrast 0.4, saturation 0.2, hue 0.1)")
-    grayscale: float = _opt(0.2, "probability of grey-scale conversion (RGB data only)")
-    blur: list = _opt([0.5, 0.1, 0.5], "Gaussian-blur probability: global views 1, 2 and local views (DINO: 1 0.1 0.5)")
-    solarize: float = _opt(0.2, "probability of solarisation of the second global view")
+    global_crops_scale: list[float] = _opt(
+        [0.6, 1.0], "area fraction range of the global crops, LO HI (DINO: 0.4 1.0)", range=AREA
+    )
+    local_crops_scale: list[float] = _opt(
+        [0.05, 0.4], "area fraction range of the local crops, LO HI (DINO: 0.05 0.4)", range=AREA
+    )
+    flip: float = _opt(
+        0.0, "probability of a horizontal flip (DINO: 0.5; digits: 0, a flip changes the digit)", range=UNIT
+    )
+    color_jitter: float = _opt(
+        0.8, "probability of colour jitter (brightness, contrast 0.4, saturation 0.2, hue 0.1)", range=UNIT
+    )
+    grayscale: float = _opt(0.2, "probability of grey-scale conversion (RGB data only)", range=UNIT)
+    blur: list[float] = _opt(
+        [0.5, 0.1, 0.5], "Gaussian-blur probability: global views 1, 2 and local views (DINO: 1 0.1 0.5)", range=UNIT
+    )
+    solarize: float = _opt(0.2, "probability of solarisation of the second global view", range=UNIT)
 
     def validate(self) -> None:
         """Raise a one-line ValueError for an inconsistent setting (after :class:`Config`'s coercion and
@@ -118,12 +135,6 @@ class DINOConfig(Config):
         for name in ("out_dim", "hidden_dim", "bottleneck_dim", "head_layers"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        for name in ("student_temp", "teacher_temp", "warmup_teacher_temp"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("center_momentum", "momentum_teacher"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
         if self.pool not in POOLS:
             raise ValueError(f"unknown pool {self.pool!r}; choose one of {POOLS}")
         if min(self.local_crops_number, self.global_crop_size, self.local_crop_size) < 0:
@@ -132,14 +143,14 @@ class DINOConfig(Config):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a whole number of epochs >= 0, got {getattr(self, name)!r}")
         for name in ("global_crops_scale", "local_crops_scale"):
-            lo, hi = (float(v) for v in getattr(self, name))
+            if len(getattr(self, name)) != 2:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{name} takes two area fractions LO HI, got {getattr(self, name)}; e.g. {flag} 0.4 1")
+            lo, hi = getattr(self, name)
             if not 0.0 < lo <= hi <= 1.0:
                 raise ValueError(f"{name} must be two area fractions 0 < lo <= hi <= 1, got {getattr(self, name)}")
         if len(self.blur) != 3:
             raise ValueError(f"blur takes 3 probabilities (global 1, global 2, local), got {self.blur}")
-        for p in (self.flip, self.color_jitter, self.grayscale, self.solarize, *self.blur):
-            if not 0.0 <= float(p) <= 1.0:
-                raise ValueError(f"augmentation probabilities must be in [0, 1], got {p}")
 
     @classmethod
     def from_preset(cls, name: str = "digits", **overrides: Any) -> DINOConfig:

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from .base import Model, Trace
 from .config import Config
+from .config_utils import Range
 from .model import ViTBlock
 from .official import OfficialFormat, rename, unwrap
 from .operators import GELUS, ISTA_MODES, LAYER_FORMS, MLP, MLPS, EncoderLayer
@@ -103,11 +104,11 @@ class LMConfig(Config):
     tokenizer: str = ""
 
     RULES = {
-        "eta": (lambda v: v > 0, " > 0"),
-        "lambd": (lambda v: v >= 0, " >= 0"),
-        "mlp_ratio": (lambda v: v > 0, " > 0"),
-        "dropout": (lambda v: 0 <= v < 1, " in [0, 1)"),
-        "layer_norm_eps": (lambda v: v > 0, " > 0"),
+        "eta": Range(0, lo_open=True),
+        "lambd": Range(0),
+        "mlp_ratio": Range(0, lo_open=True),
+        "dropout": Range(0, 1, hi_open=True),
+        "layer_norm_eps": Range(0, lo_open=True),
     }
 
     def validate(self) -> None:
@@ -233,6 +234,8 @@ class LanguageModel(Model):
         if idx.dim() != 2:
             hint = "; add a batch dimension with idx.unsqueeze(0)" if idx.dim() == 1 else ""
             raise ValueError(f"expected token ids of shape (batch, length), got shape {tuple(idx.shape)}{hint}")
+        if idx.shape[0] == 0:
+            raise ValueError("empty batch (0 sequences of tokens); pass at least one sequence")
         n = idx.shape[1]
         if n == 0:
             raise ValueError("empty token sequence; pass at least one token")
@@ -440,6 +443,10 @@ def mask_tokens(
     return inputs, labels
 
 
+TEMPERATURE = Range(0, note="0 = greedy")  # of sample_next / generate / crate generate --temperature
+TOP_P = Range(0, 1, lo_open=True, note="1 = off")  # nucleus threshold, likewise
+
+
 def sample_next(
     logits: Tensor,
     *,
@@ -451,12 +458,11 @@ def sample_next(
     """One token per row of ``logits`` (b, V) → (b, 1): greedy at temperature 0, else sample from
     ``softmax(logits / T)`` restricted to the ``top_k`` most likely tokens and to the smallest set whose
     probability reaches ``top_p`` (nucleus sampling)."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    TEMPERATURE.check("temperature", temperature)
     if top_k is not None and top_k <= 0:
         raise ValueError(f"top_k must be a positive integer, got {top_k}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if top_p is not None:
+        TOP_P.check("top_p", top_p)
     logits = logits.float()
     if temperature == 0:
         return logits.argmax(-1, keepdim=True)

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from .base import Model, Trace
 from .config import Config
+from .config_utils import Range
 from .model import (
     ImageClassifier,
     ImageEncoderGeometry,
@@ -90,9 +91,9 @@ class MAEConfig(ImageEncoderGeometry, Config):
     data: DataSpec | None = None
 
     RULES = {
-        "eta": (lambda v: v > 0, " > 0"),
-        "lambd": (lambda v: v >= 0, " >= 0"),
-        "norm_eps": (lambda v: v > 0, " > 0"),
+        "eta": Range(0, lo_open=True),
+        "lambd": Range(0),
+        "norm_eps": Range(0, lo_open=True),
     }
 
     def validate(self) -> None:

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from .base import POOLS, Model, Trace, pool_tokens
 from .config import Config
+from .config_utils import Range
 from .operators import ATTENTIONS, ISTA_MODES, LAYER_FORMS, MLPS, EncoderLayer
 from .spec import DataSpec, fit_normalization
 
@@ -138,12 +139,12 @@ class ModelConfig(ImageEncoderGeometry, Config):
 
     ARCHS: ClassVar[tuple[str, ...]] = ARCHS  # the arch values this config class builds (a subclass's own)
     RULES = {
-        "eta": (lambda v: v > 0, " > 0"),
-        "lambd": (lambda v: v >= 0, " >= 0"),
-        "eps": (lambda v: v > 0, " > 0"),
-        "mlp_ratio": (lambda v: v > 0, " > 0"),
-        "dropout": (lambda v: 0 <= v < 1, " in [0, 1)"),
-        "emb_dropout": (lambda v: 0 <= v < 1, " in [0, 1)"),
+        "eta": Range(0, lo_open=True),
+        "lambd": Range(0),
+        "eps": Range(0, lo_open=True),
+        "mlp_ratio": Range(0, lo_open=True),
+        "dropout": Range(0, 1, hi_open=True),
+        "emb_dropout": Range(0, 1, hi_open=True),
     }
 
     def validate(self) -> None:

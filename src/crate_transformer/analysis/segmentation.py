@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from scipy import ndimage
 from torch import Tensor
 
+from ..config_utils import Range
 from ..model import ImageClassifier
 from ._common import eval_trace, head_projections, layer_index
 
@@ -83,11 +84,16 @@ def pca_rgb(features: Tensor, grid: tuple[int, int], n_components: int = 3) -> t
     return rgb.reshape(b, h, w, 3).numpy(), ratio
 
 
+TAU = Range(-1, 1, lo_open=True, hi_open=True, note="a cosine-similarity threshold")  # MaskCut's tau
+
+
 def cosine_affinity(features: Tensor | np.ndarray, tau: float | None = 0.15) -> np.ndarray:
     """Patch affinity ``(N, N)`` from features ``(N, D)``: cosine similarity, MaskCut-binarised at ``tau``.
 
     With ``tau=None`` the affinity is the cosine similarity clipped below at 1e-5 (continuous).
     """
+    if tau is not None:
+        TAU.check("tau", tau)
     f = torch.as_tensor(np.asarray(features), dtype=torch.float64)
     f = F.normalize(f, dim=-1)
     A = (f @ f.T).numpy()

@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 1
     try:
+        from .common import check_argument_ranges
+
+        check_argument_ranges(args)  # every numeric option, before the command does anything
         return int(args._run(args) or 0)
     except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
         if os.environ.get("CRATE_DEBUG"):

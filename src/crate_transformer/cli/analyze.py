@@ -5,10 +5,30 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_model_arguments, add_threads_argument, apply_threads, check_out_dir, parse_model_args, positive
+from ..config_utils import Range
+from .common import (
+    add_model_arguments,
+    add_report_arguments,
+    add_threads_argument,
+    apply_threads,
+    number_argument,
+    parse_model_args,
+    positive,
+    refuse_given,
+    remember_defaults,
+    report_dir,
+)
+
+# options of one kind of model only: given for the other kind they are refused, not ignored
+IMAGE_ONLY = ("images", "num_images", "num_vis", "image_size", "on_bad_image", "seg_layer", "masks", "tau", "seed")
+TEXT_ONLY = ("num_blocks", "attn_tokens")
+# what crate analyze writes (image models: figures/, masks/; language models: PNGs beside report.json)
+ANALYZE_FILES = ("report.json", "report.html", "figures", "masks", "*.png")
 
 
 def configure_analyze(parser: argparse.ArgumentParser) -> None:
+    from ..analysis.segmentation import TAU
+
     parser.add_argument(
         "checkpoint",
         help="a crate train run directory, a save_pretrained directory or hf-hub:ORG/NAME, a training-state file "
@@ -25,7 +45,7 @@ def configure_analyze(parser: argparse.ArgumentParser) -> None:
         "a saved Hugging Face dataset (measures its train and test splits); default: the model config's dataset. "
         "Language models: a text corpus (python-docs, a file or folder) whose held-out tail is measured",
     )
-    parser.add_argument("--out", default="analysis", help="output folder for report.html, report.json and figures")
+    add_report_arguments(parser, "analysis")
     parser.add_argument("--num-images", type=int, default=256, help="images measured per split (seeded subset)")
     parser.add_argument("--num-vis", type=int, default=4, help="images shown in the attention/PCA/MaskCut figures")
     parser.add_argument(
@@ -37,11 +57,11 @@ def configure_analyze(parser: argparse.ArgumentParser) -> None:
         choices=("skip", "error"),
         help="unreadable image files: skip (with a warning count) | error",
     )
-    parser.add_argument("--eps", type=float, default=0.1, help="coding precision eps (the official eps^2 = 0.01)")
+    number_argument(parser, "--eps", Range(0, lo_open=True), 0.1, "coding precision eps (the official eps^2 = 0.01)")
     parser.add_argument("--attn-layer", type=int, default=-1, help="layer of the attention maps (-1 last, -2 penult.)")
     parser.add_argument("--seg-layer", type=int, default=-1, help="layer of the PCA / MaskCut features")
     parser.add_argument("--masks", type=int, default=3, help="MaskCut: number of masks per image (S)")
-    parser.add_argument("--tau", type=float, default=0.15, help="MaskCut: affinity threshold on cosine similarity")
+    number_argument(parser, "--tau", TAU, 0.15, "MaskCut: affinity threshold on cosine similarity")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0, help="seed of the measured image subset")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
@@ -50,6 +70,7 @@ def configure_analyze(parser: argparse.ArgumentParser) -> None:
     text = parser.add_argument_group("language models")
     text.add_argument("--num-blocks", type=int, default=64, help="held-out token blocks measured")
     text.add_argument("--attn-tokens", type=int, default=48, help="tokens shown in the attention maps")
+    remember_defaults(parser)
 
 
 def _analyze_language_model(model: object, args: argparse.Namespace) -> int:
@@ -79,7 +100,7 @@ def _analyze_language_model(model: object, args: argparse.Namespace) -> int:
     held_out = TokenBlocks(tokens, block, cut, len(tokens), str(data), "held-out")
     n = min(args.num_blocks, len(held_out))
     blocks = held_out.get(torch.arange(n))[:, :-1]
-    check_out_dir(args.out)
+    args.out = report_dir(args.out, Path("analysis"), args.overwrite, "analyze", ANALYZE_FILES)
     source = {
         "data": f"{data}: the held-out last {val_fraction:.0%} of the tokens, {n} blocks of {block}",
         "checkpoint": str(args.checkpoint),
@@ -166,7 +187,9 @@ def run_analyze(args: argparse.Namespace) -> int:
     from ..lm import LanguageModel
 
     if isinstance(model, LanguageModel):
+        refuse_given(args, IMAGE_ONLY, f"to a language model ({args.checkpoint}); pass a text corpus as --data")
         return _analyze_language_model(model, args)
+    refuse_given(args, TEXT_ONLY, f"to an image model ({args.checkpoint}); it is for language models")
     c = model.config
     size = args.image_size or c.image_size
     if size % c.patch_size:
@@ -202,7 +225,7 @@ def run_analyze(args: argparse.Namespace) -> int:
             ) from None
         source["normalization_source"] = "model config" if resolve_normalization(model) else "dataset statistics"
     source["checkpoint"] = str(args.checkpoint)
-    check_out_dir(args.out)  # every check above happens before anything is written
+    args.out = report_dir(args.out, Path("analysis"), args.overwrite, "analyze", ANALYZE_FILES)  # after every check
     report = analyze(
         model,
         args.out,

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..config_utils import Range
+
 __all__ = [
     "parse_model_args",
     "add_model_arguments",
@@ -16,6 +18,12 @@ __all__ = [
     "check_out_dir",
     "add_threads_argument",
     "apply_threads",
+    "number_argument",
+    "check_argument_ranges",
+    "remember_defaults",
+    "add_report_arguments",
+    "report_dir",
+    "refuse_given",
 ]
 
 
@@ -37,15 +45,22 @@ def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--model-args expects KEY=VALUE pairs (e.g. dim=64 depth=4), got {item!r}")
+        name = key.strip().replace("-", "_")
         try:
-            out[key.strip().replace("-", "_")] = yaml.safe_load(value)
+            parsed = yaml.safe_load(value)
         except yaml.YAMLError:
-            out[key.strip().replace("-", "_")] = value
+            parsed = value
+        if name in out and out[name] != parsed:
+            raise ValueError(f"--model-args sets {name} twice ({out[name]!r} and {parsed!r}); keep one")
+        out[name] = parsed
     # any config's field here; the model's own config class rejects the ones it does not have
     valid = {f.name for cls in (ModelConfig, MAEConfig, LMConfig) for f in dataclasses.fields(cls)} - {"data", "extra"}
     bad = sorted(set(out) - valid)
     if bad:
         raise ValueError(f"unknown model argument(s) {bad}; valid: {sorted(valid)}")
+    for key, value in out.items():  # ranges and finiteness now, not when the model is built inside a run
+        cls = next(c for c in (ModelConfig, MAEConfig, LMConfig) if key in {f.name for f in dataclasses.fields(c)})
+        cls.check_field(key, value)
     return out
 
 
@@ -55,10 +70,52 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model-args",
         nargs="+",
+        action="extend",  # given twice, the pairs are merged
         default=[],
         metavar="KEY=VALUE",
         help="architecture overrides for an official .pth, e.g. --model-args num_classes=10 image_size=32",
     )
+
+
+def number_argument(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    flag: str,
+    rng: Range,
+    default: float | int | None,
+    help: str,
+) -> None:
+    """A numeric ``flag`` whose value must obey ``rng`` (the same :class:`Range` the API checks); the range is
+    shown in ``--help`` and checked by :func:`check_argument_ranges` before the command does anything."""
+    dest = flag.lstrip("-").replace("-", "_")
+    kind = int if rng.integer else float
+    parser.add_argument(flag, type=kind, default=default, help=f"{help}; {rng.words().strip() or 'finite'}")
+    ranges = dict(parser.get_default("_ranges") or {})  # an argument group shares its parser's defaults
+    ranges[dest] = (flag, rng)
+    parser.set_defaults(_ranges=ranges)
+
+
+def check_argument_ranges(args: argparse.Namespace) -> None:
+    """Every :func:`number_argument` and ranged dataclass flag that was given obeys its :class:`Range`."""
+    for dest, (flag, rng) in (getattr(args, "_ranges", None) or {}).items():
+        value = getattr(args, dest, None)
+        for v in value if isinstance(value, list) else [value]:
+            if v is not None:
+                rng.check(flag, v)
+
+
+def remember_defaults(parser: argparse.ArgumentParser) -> None:
+    """Keep every option's default in ``args._defaults`` so :func:`refuse_given` can tell what was given."""
+    parser.set_defaults(_defaults={a.dest: a.default for a in parser._actions})
+
+
+def refuse_given(args: argparse.Namespace, names: Sequence[str], why: str) -> None:
+    """A one-line error for the first option of ``names`` given with a non-default value: it cannot apply
+    (``why``, e.g. "for a language model"), so it is refused rather than silently ignored."""
+    defaults = getattr(args, "_defaults", {})
+    for name in names:
+        if name in defaults and getattr(args, name) != defaults[name]:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} does not apply {why}; drop it")
 
 
 def positive(name: str, value: int | None, allow_none: bool = False) -> None:
@@ -83,6 +140,61 @@ def check_out_dir(path: str | Path) -> Path:
     except OSError as e:
         raise ValueError(f"cannot write to {path} ({e.strerror}); choose another --out") from None
     return path
+
+
+def add_report_arguments(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--out`` and ``--overwrite`` of a command that writes a report folder (``crate eval``, ``crate analyze``)."""
+    parser.add_argument(
+        "--out",
+        default=None,
+        help=f"output folder; must be new or empty unless --overwrite (default: {default}, or {default}-2, -3, ... "
+        "when that one is in use)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the earlier report of this command in a non-empty --out (its files only; others stay)",
+    )
+
+
+def report_dir(out: str | Path | None, default: Path, overwrite: bool, command: str, owned: Sequence[str]) -> Path:
+    """The folder a report command writes, created now: earlier outputs are never replaced without asking.
+
+    Without ``--out``: ``default``, or the first of ``default-2``, ``default-3``, ... that is new or empty.  A
+    named ``--out`` must be new or empty; with ``overwrite`` it may instead hold an earlier report of
+    ``command`` (its first ``owned`` file), whose files (``owned``: names or glob patterns) are removed here so
+    that nothing stale (a confusion matrix of an earlier top-1 evaluation) is left beside the new report.
+    """
+    import shutil
+
+    def used(p: Path) -> bool:
+        return p.exists() and (not p.is_dir() or any(p.iterdir()))
+
+    if out is None:
+        path, n = default, 1
+        while used(path):
+            n += 1
+            path = default.with_name(f"{default.name}-{n}")
+        return check_out_dir(path)
+    path = Path(out)
+    if path.is_dir() and used(path):
+        if not overwrite:
+            raise ValueError(
+                f"--out {path} is not empty; pass --overwrite to replace the earlier crate {command} report in it, "
+                "or choose a new --out"
+            )
+        if not (path / owned[0]).is_file():
+            raise ValueError(
+                f"--out {path} holds no earlier crate {command} report ({owned[0]}), and --overwrite replaces only "
+                "that; choose a new or empty --out"
+            )
+        for pattern in owned:
+            for p in path.glob(pattern):
+                if p.is_dir():
+                    shutil.rmtree(p)
+                else:
+                    p.unlink()
+    return check_out_dir(path)
 
 
 def add_dataclass_arguments(
@@ -113,10 +225,12 @@ def add_dataclass_arguments(
         if "choices" in meta:
             kw["choices"] = meta["choices"]
         flag = "--" + f.name.replace("_", "-")
+        if "range" in meta:  # checked when the dataclass is built, before anything is written
+            kw["help"] = kw["help"][:-1] + f"; {meta['range'].words().strip() or 'finite'})"
         if isinstance(f.default, bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
-        elif isinstance(default, dict):
-            parser.add_argument(flag, nargs="+", metavar=meta.get("metavar", "KEY=VALUE"), **kw)
+        elif isinstance(default, dict):  # given twice, the pairs are merged (parse_model_args refuses a clash)
+            parser.add_argument(flag, nargs="+", action="extend", metavar=meta.get("metavar", "KEY=VALUE"), **kw)
         elif isinstance(default, list):
             parser.add_argument(flag, nargs="+", metavar="V", **kw)
         else:

@@ -50,11 +50,17 @@ def configure_generate(parser: argparse.ArgumentParser) -> None:
         "checkpoint", help="a crate train-lm run dir, a save_pretrained language-model dir or hf-hub:ORG/NAME"
     )
     parser.add_argument("--prompt", default="", help="text to continue (default: start from the end-of-text token)")
-    parser.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate (default: 200)")
-    parser.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0 = greedy (default: 0.8)")
-    parser.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens (0 = all; 50)")
-    parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling threshold (1 = off; 0.95)")
-    parser.add_argument("--num-samples", type=int, default=1, help="independent samples (default: 1)")
+    from ..config_utils import Range
+    from ..lm import TEMPERATURE, TOP_P
+    from .common import number_argument
+
+    number_argument(parser, "--max-new-tokens", Range(1, integer=True), 200, "tokens to generate (default: 200)")
+    number_argument(parser, "--temperature", TEMPERATURE, 0.8, "softmax temperature; 0 = greedy (default: 0.8)")
+    number_argument(
+        parser, "--top-k", Range(0, integer=True), 50, "sample among the k most likely tokens (0 = all; 50)"
+    )
+    number_argument(parser, "--top-p", TOP_P, 0.95, "nucleus sampling threshold (1 = off; 0.95)")
+    number_argument(parser, "--num-samples", Range(1, integer=True), 1, "independent samples (default: 1)")
     parser.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same text (0)")
     parser.add_argument("--no-cache", action="store_true", help="recompute the whole context at every step")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: auto)")

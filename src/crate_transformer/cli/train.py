@@ -7,15 +7,20 @@ import json
 from pathlib import Path
 
 from ..base import POOLS
+from ..config_utils import Range
 from .common import (
     add_dataclass_arguments,
     add_model_arguments,
+    add_report_arguments,
     add_threads_argument,
     apply_threads,
-    check_out_dir,
     given_options,
+    number_argument,
     parse_model_args,
+    report_dir,
 )
+
+EVAL_FILES = ("eval.json", "confusion.png", "knn.png")  # what crate eval writes (--overwrite removes them)
 
 
 def configure_train(parser: argparse.ArgumentParser) -> None:
@@ -92,7 +97,9 @@ def configure_eval(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--data", default=None, help="dataset name or folder (default: the one it was trained on)")
     parser.add_argument("--split", default="test", choices=("train", "val", "test"), help="split (default: test)")
-    parser.add_argument("--val-fraction", type=float, default=0.0, help="as in training, for --split val (default: 0)")
+    number_argument(
+        parser, "--val-fraction", Range(0, 1, hi_open=True), 0.0, "as in training, for --split val (default: 0)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the val split, as in training (default: 0)")
     add_model_arguments(parser)
     parser.add_argument("--batch-size", type=int, default=500, help="evaluation batch size (default: 500)")
@@ -114,7 +121,7 @@ def configure_eval(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers", type=int, default=-1, help="DataLoader workers for streamed data (default: -1 = min(4, cores))"
     )
-    parser.add_argument("--out", default=None, help="output folder (default: <checkpoint dir>/eval-<data>-<split>)")
+    add_report_arguments(parser, "<checkpoint dir>/eval-<data>-<split>")
     frozen = parser.add_argument_group(
         "frozen-feature evaluation (any encoder: classifier, MAE, DINO); replaces the classifier's top-1"
     )
@@ -153,8 +160,8 @@ def run_eval(args: argparse.Namespace) -> int:
     if not data:
         raise ValueError("this checkpoint does not record its training data; pass --data (e.g. --data mnist)")
     src = Path(args.checkpoint)
-    out = Path(args.out) if args.out else (src if src.is_dir() else src.parent) / f"eval-{Path(data).name}-{args.split}"
-    check_out_dir(out)  # before the evaluation, so a bad --out costs nothing
+    default = (src if src.is_dir() else src.parent) / f"eval-{Path(data).name}-{args.split}"
+    out = report_dir(args.out, default, args.overwrite, "eval", EVAL_FILES)  # before the evaluation: costs nothing
     known = resolve_normalization(model)  # the model's own statistics: a streamed source need not estimate them
     ds = open_source(
         data,

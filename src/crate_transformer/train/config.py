@@ -9,13 +9,12 @@ defaults of ``crate train`` are instead tuned for the built-in MNIST digits on 2
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config_utils import coerce_fields
+from ..config_utils import check_ranges, coerce_fields
 from ..data import AUGMENTATIONS, DATA_MODES
 
 __all__ = ["TrainConfig", "FINETUNE_DEFAULTS", "OPTIMIZERS", "AMP_MODES", "DATA_MODES", "load_config"]
@@ -161,10 +160,7 @@ class TrainConfig:
         for name in ("max_steps", "checkpoint_every", "eval_every", "train_subset", "threads", "measure_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, float) and not math.isfinite(v):
-                raise ValueError(f"{f.name} must be a finite number, got {v}; e.g. --{f.name.replace('_', '-')} 0.1")
+        check_ranges(self)  # every float finite, every metadata["range"] obeyed
         if self.workers < -1:
             raise ValueError(f"workers must be >= 0 or -1 (auto), got {self.workers}")
         if self.image_size is not None and self.image_size <= 0:

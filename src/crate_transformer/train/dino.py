@@ -61,6 +61,7 @@ class DINOTask(ClassificationTask):
     command = "pretrain dino"
     metric = "knn"
     Options = DINOConfig
+    model_kind = "image classifier"
     # `crate pretrain dino` defaults: the digits recipe on 2 CPU cores (the paper's recipe: see PAPER in dino.py)
     defaults: dict[str, Any] = dict(
         model="crate_mnist", lr=1e-3, min_lr=1e-5, weight_decay=0.04, epochs=10, warmup_epochs=3.0,

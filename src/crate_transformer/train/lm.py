@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config_utils import Range, check_ranges
 from ..data.text import TokenBlocks, corpus_files, iter_documents, load_tokens, split_tokens
 from ..lm import LanguageModel, LMConfig, build_lm, mask_tokens
 from ..registry import is_language_model, model_config
@@ -42,26 +43,27 @@ class LMOptions:
         commands=_CMD,
     )
     tokenizer: str = task_option(
-        "byte", "byte (no training) | bpe | wordpiece (trained on --data) | a tokenizer.json file", commands=_CMD
+        "byte", "byte (no training) | bpe | wordpiece (trained on --data) | a tokenizer.json file",
+        commands=_CMD, fixed=True,
+    )  # fmt: skip
+    vocab_size: int = task_option(
+        4096, "vocabulary size of a bpe / wordpiece tokenizer", commands=_CMD, range=Range(1, integer=True), fixed=True
     )
-    vocab_size: int = task_option(4096, "vocabulary size of a bpe / wordpiece tokenizer", commands=_CMD)
     mask_prob: float = task_option(
-        0.15, "mlm: fraction of tokens predicted (of them 0.8 become [MASK], 0.1 random, 0.1 stay)", commands=_CMD
-    )
-    eval_blocks: int = task_option(0, "evaluate on at most this many held-out blocks (0 = all)", commands=_CMD)
+        0.15, "mlm: fraction of tokens predicted (of them 0.8 become [MASK], 0.1 random, 0.1 stay)", commands=_CMD,
+        range=Range(0, 1, lo_open=True, hi_open=True),
+    )  # fmt: skip
+    eval_blocks: int = task_option(
+        0, "evaluate on at most this many held-out blocks (0 = all)", commands=_CMD,
+        range=Range(0, integer=True, note="0 = every held-out block"),
+    )  # fmt: skip
     sample_tokens: int = task_option(
-        200, "clm: tokens of the sample written to sample.txt at the end (0 = none)", commands=_CMD
-    )
+        200, "clm: tokens of the sample written to sample.txt at the end (0 = none)", commands=_CMD,
+        range=Range(0, integer=True, note="0 = no sample"),
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
-        if self.eval_blocks < 0:
-            raise ValueError(f"eval_blocks must be >= 0 (0 = every held-out block), got {self.eval_blocks}")
-        if self.sample_tokens < 0:
-            raise ValueError(f"sample_tokens must be >= 0 (0 = no sample), got {self.sample_tokens}")
-        if not 0.0 < self.mask_prob < 1.0:
-            raise ValueError(f"mask_prob must be in (0, 1), got {self.mask_prob}")
-        if self.vocab_size <= 0:
-            raise ValueError(f"vocab_size must be a positive integer, got {self.vocab_size}")
+        check_ranges(self)
 
 
 def build_tokenizer(spec: str, source: str, vocab_size: int) -> Tokenizer:
@@ -89,6 +91,7 @@ class LMTask(Task):
     command = "train-lm"
     metric = "acc"  # token accuracy (of the predicted tokens)
     Options = LMOptions
+    model_kind = "language model"
     defaults = {
         "model": None,
         "data": "python-docs",
@@ -104,6 +107,16 @@ class LMTask(Task):
         "warmup_epochs": 1.0,
         "eval_batch_size": 64,
     }
+
+    def check_model(self, cfg: TrainConfig) -> None:
+        """Besides the model's kind: ``--vocab-size`` sizes a trained vocabulary only (bpe / wordpiece)."""
+        super().check_model(cfg)
+        tokenizer = cfg.task_args.get("tokenizer", "byte")
+        if "vocab_size" in cfg.task_args and tokenizer not in ("bpe", "wordpiece"):
+            raise ValueError(
+                f"--vocab-size applies to a tokenizer trained on --data (bpe, wordpiece), not {tokenizer}; drop it, "
+                "or add --tokenizer bpe"
+            )
 
     def setup(self, cfg: TrainConfig, rt: Runtime, state: dict | None) -> None:
         self.cfg, self.rt = cfg, rt

@@ -26,7 +26,7 @@ from ..io import CONFIG_NAME, WEIGHTS_NAME, load_state
 from ..mae import CRATEMAE, mae_to_classifier
 from ..official import unwrap
 from ..registry import build, official_formats, registered_fields
-from .rundir import run_model_source, state_model
+from .rundir import run_model_source, state_model, state_tokenizer
 
 __all__ = ["load_model"]
 
@@ -82,6 +82,10 @@ def _load_any(path: Path, name: str | None, overrides: Mapping[str, object], che
             _check_overrides(config, path, name, overrides)
         model = build(config)
         load_weights(model, exported[1], source=str(path))
+        if hasattr(model, "tokenizer") and state_tokenizer(raw) is not None:  # a train-lm state: its tokenizer too
+            from ..tokenizer import Tokenizer
+
+            model.tokenizer = Tokenizer.from_str(state_tokenizer(raw))
         return model
     if name is None and isinstance(raw, Mapping) and "model_args" in raw:
         raise CheckpointError(

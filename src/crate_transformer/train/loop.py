@@ -10,6 +10,7 @@ once and continues where it stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -76,11 +77,12 @@ def train(
     model, and a ``model`` / ``model_args`` that differs from the checkpoint's architecture is refused.
     Writes ``<run_dir>/{config.yaml, metrics.jsonl, curves.png, checkpoints/last.pt, model/}``.
     """
-    state = None
+    state = saved = None
     overrides = dict(overrides or {})
+    given_task_args = set(overrides.get("task_args") or {})
     if resume is not None:
         state = load_training_state(resume)
-        cfg = TrainConfig.from_dict(dict(state["train_config"]))
+        cfg = saved = TrainConfig.from_dict(dict(state["train_config"]))
         _check_architecture(state, overrides, resume)
     for key in ("task_args", "model_args"):  # a resumed run keeps the options not given again
         if cfg is not None and key in overrides:
@@ -90,6 +92,10 @@ def train(
         cfg = TrainConfig.from_dict({"task": task.name}, cfg)
     task = task or make_task(cfg.task)
     task.parse_options(cfg)  # the task's options are checked before anything is written
+    if saved is not None:
+        _check_fixed_options(task, saved, cfg, state, given_task_args, resume)
+    else:
+        task.check_model(cfg)  # the right kind of model for the command, before a run folder is made
     if expect_task is not None and cfg.task != expect_task:
         where = f" --resume {resume}" if resume is not None else ""
         raise ValueError(
@@ -242,6 +248,29 @@ def _check_architecture(state: Mapping[str, Any], overrides: Mapping[str, Any], 
             f"{resume} keeps the architecture of its checkpoint, which differs from {', '.join(diffs)}; drop "
             "these options to continue it, or start a new run with them (another --out)"
         )
+
+
+def _check_fixed_options(
+    task: Task, saved: TrainConfig, cfg: TrainConfig, state: Mapping[str, Any], given: set, resume: str | os.PathLike
+) -> None:
+    """Task options marked ``fixed`` (the model or its tokenizer depends on them: MAE's ``mask_ratio``, DINO's
+    head, the LM's tokenizer) cannot change on resume: a different value is refused, not ignored and recorded.
+    ``fixed="key"`` compares with the checkpoint's model config entry ``key``, ``fixed=True`` with the run's."""
+    if task.Options is None or not given:
+        return
+    old, new = task.parse_options(saved), task.parse_options(cfg)
+    for f in dataclasses.fields(task.Options):
+        fixed = f.metadata.get("fixed")
+        if not fixed or f.name not in given:
+            continue
+        was = state["model_config"].get(fixed) if isinstance(fixed, str) else getattr(old, f.name)
+        now = getattr(new, f.name)
+        if now != was:
+            flag = "--" + f.name.replace("_", "-")
+            raise ValueError(
+                f"{resume} keeps the {f.name} of its checkpoint ({was!r}), not {now!r}; drop {flag} to continue "
+                "it, or start a new run with it (another --out)"
+            )
 
 
 def _default_dir(cfg: TrainConfig) -> Path:

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from ..base import POOLS
 from ..checkpoint import config_from_dict
+from ..config_utils import Range, check_ranges
 from ..data import BUILTIN_DATASETS, DataSpec, ImageSource, build_augmentation, fit_normalization
 from ..data.base import rank_slice
 from ..io import atomic_write
@@ -48,7 +49,12 @@ __all__ = ["MAETask", "MAEOptions", "masked_eval"]
 class MAEOptions:
     """Options of ``crate pretrain mae`` (besides the engine's)."""
 
-    mask_ratio: float | None = task_option(None, "fraction of patches masked (default: the model's, 0.75)")
+    mask_ratio: float | None = task_option(
+        None,
+        "fraction of patches masked (default: the model's, 0.75)",
+        range=Range(0, 1, lo_open=True, hi_open=True),
+        fixed="mask_ratio",
+    )
     augmentation: str = task_option(
         "auto", "augmentation of the pre-training images: auto (none for the built-in digits, crop-flip otherwise, "
         "as in MAE) | none | translate | crop-flip", choices=("auto", "none", "translate", "crop-flip"),
@@ -57,17 +63,16 @@ class MAEOptions:
     probe_pool: str = task_option(
         "avg", "probe features: avg of the patch tokens (eq. (72)) | cls | mean of all tokens", choices=POOLS
     )
-    probe_c: float = task_option(1.0, "inverse L2 strength C of the logistic-regression probe")
-    figure_images: int = task_option(8, "held-out images in reconstruction.png")
+    probe_c: float = task_option(
+        1.0, "inverse L2 strength C of the logistic-regression probe", range=Range(0, lo_open=True)
+    )
+    figure_images: int = task_option(8, "held-out images in reconstruction.png", range=Range(0, integer=True))
     recognition: bool = task_option(
         True, "at the end, classify the held-out reconstructions with a raw-pixel k-NN (recognition.json)"
     )
 
     def __post_init__(self) -> None:
-        if self.probe_c <= 0:
-            raise ValueError(f"probe_c must be > 0 (the inverse L2 strength of the probe), got {self.probe_c}")
-        if self.figure_images < 0:
-            raise ValueError(f"figure_images must be >= 0, got {self.figure_images}")
+        check_ranges(self)
 
 
 @torch.no_grad()
@@ -137,6 +142,7 @@ class MAETask(Task):
     defaults = {"model": "crate_mae_mnist", "lr": 4e-3, "min_lr": 1e-5, "weight_decay": 0.05, "epochs": 40,
                 "warmup_epochs": 2.0, "batch_size": 32, "betas": [0.9, 0.95], "eval_every": 4}  # fmt: skip
     Options = MAEOptions
+    model_kind = "CRATE-MAE"
 
     def setup(self, cfg: TrainConfig, rt: Runtime, state: dict | None) -> None:
         self.cfg, self.rt = cfg, rt

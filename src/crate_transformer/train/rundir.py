@@ -24,6 +24,7 @@ from ..io import atomic_write, load_state, save_state
 __all__ = [
     "run_model_source",
     "state_model",
+    "state_tokenizer",
     "RunDir",
     "FolderLock",
     "read_metrics",
@@ -109,6 +110,14 @@ def state_model(state: object) -> tuple[Mapping, Mapping] | None:
     if isinstance(task, Mapping) and isinstance(task.get("export_model"), Mapping):
         return state["model_config"], task["export_model"]
     return state["model_config"], state["model"]
+
+
+def state_tokenizer(state: object) -> str | None:
+    """The tokenizer.json text a language-model training state holds (``task["tokenizer"]``), else None; the
+    state's checksum covers it like the weights."""
+    task = state.get("task") if isinstance(state, Mapping) else None
+    tok = task.get("tokenizer") if isinstance(task, Mapping) else None
+    return tok if isinstance(tok, str) else None
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:

@@ -48,6 +48,27 @@ def make_task(name: str) -> Task:
     return getattr(importlib.import_module(module), cls)()
 
 
+def _a(kind: str) -> str:
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+
+
+KIND_COMMANDS = {"image classifier": "train", "CRATE-MAE": "pretrain mae", "language model": "train-lm"}
+
+
+def model_kind(config: Any) -> str:
+    """``"language model"``, ``"CRATE-MAE"`` or ``"image classifier"``: what a model config builds."""
+    from ..lm import LMConfig
+    from ..mae import MAEConfig
+
+    return (
+        "language model"
+        if isinstance(config, LMConfig)
+        else "CRATE-MAE"
+        if isinstance(config, MAEConfig)
+        else ("image classifier")
+    )
+
+
 def task_option(default: Any, help: str, **kw: Any) -> Any:
     """A field of a task's ``Options`` dataclass: a ``crate pretrain NAME --flag`` with this help text."""
     meta = {"help": help, "commands": ("pretrain",), **kw}
@@ -88,6 +109,7 @@ class Task:
     command: ClassVar[str] = "train"  # the `crate` command that runs (and resumes) this task
     defaults: ClassVar[dict[str, Any]] = {}  # TrainConfig values of that command that differ from train's
     Options: ClassVar[type | None] = None  # the task's own options (a dataclass of task_option fields)
+    model_kind: ClassVar[str | None] = None  # the kind of registered model it trains (see model_kind), None: any
     model: nn.Module
     train_data: Any
 
@@ -115,7 +137,27 @@ class Task:
             choices = f.metadata.get("choices")
             if choices and f.name in args and args[f.name] not in choices:
                 raise ValueError(f"unknown {f.name} {args[f.name]!r}; choose one of {', '.join(map(str, choices))}")
+        cls.Options(**args)  # its own checks (ranges, finiteness) now, before a run folder is made
         return args
+
+    def check_model(self, cfg: TrainConfig) -> None:
+        """A new run's ``--model`` is of :attr:`model_kind` (checked before a run folder is made); another kind
+        (a language model given to ``crate pretrain mae``) is a one-line error naming the command that trains it."""
+        if self.model_kind is None or cfg.model is None or cfg.init_from is not None:
+            return
+        from ..registry import model_config
+
+        kind = model_kind(model_config(cfg.model, **cfg.model_args))
+        if kind != self.model_kind:
+            name = {
+                "image classifier": "crate_mnist",
+                "CRATE-MAE": "crate_mae_mnist",
+                "language model": "crate_gpt_mini",
+            }
+            raise ValueError(
+                f"{cfg.model} is {_a(kind)}, and crate {self.command} trains {_a(self.model_kind)} (e.g. --model "
+                f"{name[self.model_kind]}); train {cfg.model} with crate {KIND_COMMANDS[kind]} --model {cfg.model}"
+            )
 
     def resume_command(self, cfg: TrainConfig) -> str:
         """The command that continues an interrupted run of this task (printed with ``--resume RUN``)."""
