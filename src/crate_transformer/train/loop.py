@@ -103,16 +103,21 @@ def train(
             f"use: crate {task.resume_command(cfg)}{where}"
         )
     rt = Runtime.start(cfg.device, cfg.amp)
-    run = None
+    run, finished = None, False
     try:
         with ProcessSettings(cfg.threads, cfg.deterministic):
             path = Path(resume) if resume is not None else Path(rt.broadcast(str(cfg.out or _default_dir(cfg))))
             run = rt.on_main(lambda: RunDir.reopen(path) if resume is not None else RunDir.create(path))
             result = _run(cfg, task, rt, run or RunDir(path, writer=False), state, hooks)
         rt.barrier()  # leave together: a rank tearing down gloo early can abort its peers
+        finished = True
         return result
     finally:
         if run is not None:
+            # a new run that failed before its first checkpoint leaves nothing behind that would refuse the
+            # corrected command on the same --out
+            if not finished and resume is None:
+                run.discard_unfinished()
             run.close()
         rt.close()
 

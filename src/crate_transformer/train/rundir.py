@@ -196,6 +196,7 @@ class RunDir:
         self.writer = writer  # False on distributed ranks other than 0: every write is skipped
         self._folder_lock: FolderLock | None = None
         self._tb: Any = None
+        self._made_folder = False  # set by create(): discard_unfinished() may then remove the folder itself
 
     # ---------------------------------------------------------------- opening
     @classmethod
@@ -214,9 +215,34 @@ class RunDir:
                 f"--out {path} is not empty ({shown}, …) and holds no resumable run; "
                 "pass a new or empty directory so nothing in it is overwritten"
             )
+        new_folder = not path.exists()
         run = cls(path)
         run._lock()
+        run._made_folder = new_folder
         return run
+
+    def discard_unfinished(self) -> bool:
+        """Remove what a new run that failed before its first checkpoint wrote, so the corrected command can reuse
+        ``--out``: its files (the folder held nothing else when :meth:`create` claimed it) and, when this run made
+        the folder, the folder too.  A run with a checkpoint is kept (continue it with ``--resume``).  True if removed.
+        """
+        if not self.writer or self._folder_lock is None or (self.path / CHECKPOINT).is_file():
+            return False
+        for entry in self.path.iterdir():
+            if entry.name == LOCK_FILE:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        self.close()
+        if self._made_folder:
+            (self.path / LOCK_FILE).unlink(missing_ok=True)
+            try:
+                self.path.rmdir()
+            except OSError:  # another process created something meanwhile: leave it
+                pass
+        return True
 
     @classmethod
     def reopen(cls, path: str | os.PathLike) -> RunDir:

@@ -1,0 +1,62 @@
+"""Failures that used to lose work or block the fix: each ends in one line and leaves the run folder usable.
+
+A run that failed during setup left ``config.yaml`` behind, so the corrected command on the same ``--out`` was
+refused; a diverging run ended in a FloatingPointError traceback; ``pretrain mae`` / ``dino`` on one class trained,
+then failed in the evaluation.  Every test calls the real CLI in-process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from crate_transformer import cli
+from crate_transformer.train import load_training_state
+
+IMG = ["--image-size", 8, "--model", "crate_mnist", "--threads", 1, "--no-progress", "--batch-size", 8,
+       "--model-args", "patch_size=4", "dim=16", "depth=1", "heads=2", "in_chans=1"]  # fmt: skip
+
+
+def crate(*argv: object) -> int:
+    return cli.main([str(a) for a in argv])
+
+
+def one_line_error(capsys: pytest.CaptureFixture, *argv: object, rc: int = 2) -> str:
+    capsys.readouterr()
+    assert crate(*argv) == rc, argv
+    err = capsys.readouterr().err.strip()  # the run's start lines, then the error
+    assert "Traceback" not in err and err.splitlines()[-1].startswith("crate "), err
+    return err.splitlines()[-1]
+
+
+def image_folder(root: Path, classes: tuple[str, ...] = ("a", "b"), n: int = 8) -> Path:
+    """``root/train/<class>/*.png`` grey 8x8 images, a different mean per class."""
+    rng = np.random.default_rng(0)
+    for c, name in enumerate(classes):
+        folder = root / "train" / name
+        folder.mkdir(parents=True)
+        for i in range(n):
+            pixels = np.clip(rng.normal(60 + 120 * c, 20, (8, 8)), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels, "L").save(folder / f"{i}.png")
+    return root
+
+
+def test_a_run_that_fails_after_its_folder_is_made_leaves_the_out_reusable(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    data = image_folder(tmp_path / "data")
+    for png in sorted((data / "train" / "a").glob("*.png"))[:4]:  # valid headers, truncated pixels
+        png.write_bytes(png.read_bytes()[:60])
+    run = tmp_path / "run"
+    args = ["train", "--data", data, *IMG, "--epochs", 1, "--data-mode", "stream", "--workers", 0, "--out", run]
+    err = one_line_error(capsys, *args, "--on-bad-image", "error")
+    assert ".png" in err and "--on-bad-image" in err, err
+    assert not run.exists()  # nothing of the failed run is left (it made the folder)
+    run.mkdir()  # an empty folder the user made is kept, emptied back
+    assert crate(*args, "--on-bad-image", "error") == 2
+    assert run.is_dir() and not [p for p in run.iterdir() if p.name != ".lock"]
+    assert crate(*args, "--on-bad-image", "skip") == 0  # the corrected command on the same --out
+    assert load_training_state(run)["step"] >= 1
