@@ -60,3 +60,22 @@ def test_a_run_that_fails_after_its_folder_is_made_leaves_the_out_reusable(
     assert run.is_dir() and not [p for p in run.iterdir() if p.name != ".lock"]
     assert crate(*args, "--on-bad-image", "skip") == 0  # the corrected command on the same --out
     assert load_training_state(run)["step"] >= 1
+
+
+def test_a_diverging_run_is_one_line_naming_step_loss_and_fixes_and_keeps_the_last_good_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    data = image_folder(tmp_path / "data")
+    run = tmp_path / "run"
+    # batch 2: 7 steps an epoch, so the first epoch's checkpoint comes after the divergence
+    common = [*IMG, "--batch-size", 2, "--log-every", 1, "--grad-clip", 0, "--eval-every", 0, "--lr", 1e12]
+    err = one_line_error(capsys, "train", "--data", data, *common, "--checkpoint-every", 1, "--out", run)
+    assert "training diverged: the loss became nan by step" in err, err
+    for fix in ("--lr", "--grad-clip", "--amp none", f"last good checkpoint is kept in {run}"):
+        assert fix in err, err
+    kept = load_training_state(run)  # finite and resumable
+    assert kept["step"] >= 1
+    assert all(bool(v.isfinite().all()) for v in kept["model"].values() if v.is_floating_point())
+    new = tmp_path / "new"
+    err = one_line_error(capsys, "train", "--data", data, *common, "--out", new)
+    assert "training diverged" in err and "no checkpoint was saved" in err and not new.exists(), err

@@ -112,6 +112,10 @@ def train(
         rt.barrier()  # leave together: a rank tearing down gloo early can abort its peers
         finished = True
         return result
+    except FloatingPointError as e:  # a diverged run: one line with the fixes, the last good checkpoint kept
+        kept = run is not None and (run.path / CHECKPOINT).is_file()
+        saved = f"the last good checkpoint is kept in {run.path / CHECKPOINT}" if kept else "no checkpoint was saved"
+        raise ValueError(f"{e}; {saved}; lower --lr, keep --grad-clip on (e.g. 1.0) or use --amp none") from None
     finally:
         if run is not None:
             # a new run that failed before its first checkpoint leaves nothing behind that would refuse the
@@ -145,6 +149,8 @@ def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | N
     epoch_of = lambda step: round(step / steps_per_epoch, 4)  # noqa: E731
 
     def checkpoint(reason: str) -> None:
+        if not all(bool(torch.isfinite(p).all()) for p in raw.parameters()):  # never replace a good checkpoint
+            raise FloatingPointError(f"the weights became non-finite by step {ts.step} (lr {opt.lr:.3g})")
         rngs = rt.gather(rng_state())
         run.save_state({
             "model_config": model_cfg, "model": {k: v.detach().cpu() for k, v in raw.state_dict().items()},
@@ -186,7 +192,7 @@ def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | N
                 ts.step, ts.batch = ts.step + 1, ts.batch + 1
                 bar.update(1)
                 if ts.step % cfg.log_every == 0 or ts.step == last:
-                    rec = _window_record(window, rt, time.time() - t_window, ts.step)
+                    rec = _window_record(window, rt, time.time() - t_window, ts.step, opt.lr)
                     run.record("train", ts.step, epoch=epoch_of(ts.step), **rec, lr=opt.lr, time=time.time() - t_start)
                     bar.set_postfix_str(_postfix(rec, task.metric, ts.epoch, cfg.epochs))
                     window, t_window = {}, time.time()
@@ -411,7 +417,9 @@ def _start_run(
     )  # fmt: skip
 
 
-def _window_record(window: dict[str, torch.Tensor], rt: Runtime, seconds: float, step: int) -> dict[str, float]:
+def _window_record(
+    window: dict[str, torch.Tensor], rt: Runtime, seconds: float, step: int, lr: float
+) -> dict[str, float]:
     """Average the summed statistics of the logging window over samples and processes (one host sync)."""
     keys = sorted(window)
     total = rt.all_reduce(torch.stack([window[k] for k in keys])).tolist()
@@ -419,7 +427,7 @@ def _window_record(window: dict[str, torch.Tensor], rt: Runtime, seconds: float,
     n = max(sums.pop("n"), 1.0)
     rec = {k: v / n for k, v in sums.items()}
     if not math.isfinite(rec.get("loss", 0.0)):
-        raise FloatingPointError(f"the loss became {rec['loss']} by step {step}; lower --lr or keep --grad-clip on")
+        raise FloatingPointError(f"training diverged: the loss became {rec['loss']} by step {step} (lr {lr:.3g})")
     rec["samples_per_s"] = n / max(seconds, 1e-9)
     return rec
 
