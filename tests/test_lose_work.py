@@ -7,6 +7,7 @@ then failed in the evaluation.  Every test calls the real CLI in-process.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -79,3 +80,39 @@ def test_a_diverging_run_is_one_line_naming_step_loss_and_fixes_and_keeps_the_la
     new = tmp_path / "new"
     err = one_line_error(capsys, "train", "--data", data, *common, "--out", new)
     assert "training diverged" in err and "no checkpoint was saved" in err and not new.exists(), err
+
+
+SSL_ARCH = ["--model-args", "image_size=8", "patch_size=2", "dim=16", "depth=1", "heads=2"]
+SSL = ["--threads", 1, "--no-progress", "--batch-size", 8, "--epochs", 2, "--eval-every", 1]
+
+
+def test_mae_on_one_class_is_refused_before_training_naming_no_probe(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    data = image_folder(tmp_path / "one", classes=("only",), n=16)
+    run = tmp_path / "mae"
+    args = ["pretrain", "mae", "--data", data, "--model", "crate_mae_mnist", *SSL, *SSL_ARCH, "--out", run]
+    capsys.readouterr()
+    assert crate(*args) == 2
+    out = capsys.readouterr()
+    assert "single class" in out.err and "pass --no-probe" in out.err, out.err
+    assert "run directory" not in out.err + out.out  # refused before the run started
+    assert crate(*args, "--no-probe") == 0  # the corrected command on the same --out
+    assert load_training_state(run)["step"] == 2 and not (run / "probe.json").exists()
+
+
+def test_dino_on_one_unlabelled_folder_trains_and_skips_its_label_evaluations(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    data = image_folder(tmp_path / "one", classes=("only",), n=16)
+    run = tmp_path / "dino"
+    head = ["--out-dim", 16, "--hidden-dim", 16, "--bottleneck-dim", 8, "--warmup-epochs", 0]
+    capsys.readouterr()
+    assert crate("pretrain", "dino", "--data", data, *SSL, *SSL_ARCH, *head, "--out", run) == 0
+    err = capsys.readouterr().err
+    notice = [line for line in err.splitlines() if line.startswith("notice:")]
+    assert len(notice) == 1 and "single class" in notice[0] and "skipped" in notice[0], err
+    assert load_training_state(run)["step"] == 2 and (run / "model").is_dir()
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert not any("knn" in r for r in records)  # no k-NN score made up for one class
+    assert any(r.get("final") and r["feature_std"] > 0 for r in records)

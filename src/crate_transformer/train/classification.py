@@ -37,6 +37,7 @@ class ClassificationTask(Task):
     """Supervised image classification with cross-entropy (and label smoothing); pre-training or fine-tuning."""
 
     name = "classification"
+    min_classes = 2  # a classifier needs two; DINO, which uses no labels, trains on one
 
     def resume_command(self, cfg: TrainConfig) -> str:
         return "finetune" if cfg.init_from else "train"
@@ -60,7 +61,7 @@ class ClassificationTask(Task):
         self.image_size = image_size
         self.train_data, self.eval_data, self.test_data = self._load_data(image_size)
         classes = self.train_data.classes
-        if len(classes) < 2:
+        if len(classes) < self.min_classes:
             raise ValueError(
                 f"{self.train_data.name} has a single class ({classes[0]!r}); a classifier needs at least two "
                 "(one folder per class)"

@@ -60,6 +60,7 @@ class DINOTask(ClassificationTask):
     name = "dino"
     command = "pretrain dino"
     metric = "knn"
+    min_classes = 1  # labels are used only by the k-NN / linear-probe evaluations, skipped for one class
     Options = DINOConfig
     model_kind = "image classifier"
     # `crate pretrain dino` defaults: the digits recipe on 2 CPU cores (the paper's recipe: see PAPER in dino.py)
@@ -81,6 +82,10 @@ class DINOTask(ClassificationTask):
         self.options = opts = self.parse_options(cfg)
         super().setup(cfg, rt, state)  # data, normalisation, the backbone (with its DataSpec) on the device
         backbone: ImageClassifier = self.model
+        self.labelled = len(self.train_data.classes) >= 2
+        if not self.labelled:
+            rt.log(f"notice: {self.train_data.name} has a single class; DINO trains without labels, but its k-NN and "
+                   "linear-probe evaluations need two or more classes and are skipped")  # fmt: skip
         backbone.config = dataclasses.replace(backbone.config, pool=opts.pool)  # the DINO feature, saved with it
         head = DINOHead(
             backbone.config.dim, opts.out_dim, hidden_dim=opts.hidden_dim, bottleneck_dim=opts.bottleneck_dim,
@@ -197,6 +202,8 @@ class DINOTask(ClassificationTask):
         """Weighted k-NN (k = 20, T = 0.07) of the teacher's features: train split → ``split``."""
         from ..probe import knn_classify
 
+        if not self.labelled:
+            return {}
         tx, ty = self._features(self.teacher.backbone, "train")
         ex, ey = self._features(self.teacher.backbone, split)
         acc = knn_classify(tx, ty, ex, ey, k=20, temperature=0.07, num_classes=len(self.train_data.classes))
@@ -232,12 +239,19 @@ class DINOTask(ClassificationTask):
         teacher = self.teacher.backbone
         if rt.main:
             teacher.save_pretrained(run_dir / "model")
-        tx, ty = self._features(teacher, "train")
         ex, ey = self._features(teacher, "test")
+        std = float(nn.functional.normalize(ex.float(), dim=-1).std(dim=0).mean())
+        if not self.labelled:
+            return {
+                "feature_std": std, "params": teacher.num_params(), "record": {"feature_std": std},
+                "message": f"teacher features on the {len(ey)} test images: feature std {std:.3f} "
+                "(k-NN and linear probe skipped: a single class)",
+                "eval_seconds": time.time() - t0,
+            }  # fmt: skip
+        tx, ty = self._features(teacher, "train")
         n_cls = len(self.train_data.classes)
         knn = knn_sweep(tx, ty, ex, ey, ks=KNN_KS, temperature=0.07, num_classes=n_cls)
         probe = linear_probe(tx, ty, ex, ey)
-        std = float(nn.functional.normalize(ex.float(), dim=-1).std(dim=0).mean())
         record = {f"knn_{k}": float(v) for k, v in knn.items()}
         record.update(knn=float(knn[20]), probe=float(probe.acc), feature_std=std)
         shown = ", ".join(f"k={k} {100 * v:.2f}%" for k, v in knn.items())

@@ -210,8 +210,9 @@ def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | N
             if interrupted or ts.batch < steps_per_epoch:
                 break
             ts.epoch, ts.batch = ts.epoch + 1, 0
-            if cfg.eval_every and ts.epoch % cfg.eval_every == 0 and ts.step < last:
-                m = task.evaluate(cfg.eval_split)
+            due = cfg.eval_every and ts.epoch % cfg.eval_every == 0 and ts.step < last
+            m = task.evaluate(cfg.eval_split) if due else {}
+            if m:  # {}: nothing to measure (DINO on a single class)
                 run.record(cfg.eval_split, ts.step, epoch=epoch_of(ts.step), **m, time=time.time() - t_start)
                 if rt.main:  # tqdm.write prints even from the disabled bars of the other ranks
                     bar.write(f"epoch {ts.epoch}: {cfg.eval_split} " + ", ".join(f"{k} {v:.4g}" for k, v in m.items()))

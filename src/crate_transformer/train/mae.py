@@ -166,6 +166,11 @@ class MAETask(Task):
             )
         self.image_size = image_size
         self.train_data, self.eval_data, self.test_data = load_splits(cfg, image_size)
+        if self.options.probe and len(self.train_data.classes) < 2:  # checked before training, not after it
+            raise ValueError(
+                f"{self.train_data.name} has a single class; the final linear probe needs two or more "
+                "(one folder per class): pass --no-probe to pre-train without it"
+            )
         if state is None:
             fields = config.to_dict()
             if cfg.init_from is None:
