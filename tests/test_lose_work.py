@@ -15,6 +15,7 @@ import pytest
 from PIL import Image
 
 from crate_transformer import cli
+from crate_transformer import lm as lm_module
 from crate_transformer.train import load_training_state
 
 IMG = ["--image-size", 8, "--model", "crate_mnist", "--threads", 1, "--no-progress", "--batch-size", 8,
@@ -116,3 +117,64 @@ def test_dino_on_one_unlabelled_folder_trains_and_skips_its_label_evaluations(
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert not any("knn" in r for r in records)  # no k-NN score made up for one class
     assert any(r.get("final") and r["feature_std"] > 0 for r in records)
+
+
+LM_ARGS = ["--threads", 1, "--no-progress", "--batch-size", 4, "--eval-every", 0, "--sample-tokens", 0,
+           "--model-args", "dim=16", "depth=1", "heads=2", "block_size=16"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("lm")
+    corpus = root / "c.txt"
+    corpus.write_text("".join(f"line {i}: the value of x is {i * i}.\n" for i in range(120)))
+    assert crate("train-lm", "--data", corpus, *LM_ARGS, "--max-steps", 2, "--out", root / "run") == 0
+    return root / "run"
+
+
+def test_ctrl_c_during_generate_keeps_the_streamed_text_and_exits_130(
+    tiny_lm: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = ["generate", tiny_lm, "--prompt", "line ", "--max-new-tokens", 30, "--seed", 3, "--temperature", 1.0]
+    capsys.readouterr()
+    assert crate(*args) == 0
+    full = capsys.readouterr().out
+    calls = []
+    real = lm_module.sample_next
+
+    def interrupted(*a: object, **kw: object) -> object:
+        calls.append(1)
+        if len(calls) > 12:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(lm_module, "sample_next", interrupted)
+    assert crate(*args) == 130
+    out = capsys.readouterr()
+    assert out.out.startswith("line ") and len(out.out.rstrip("\n")) > len("line ")
+    assert full.startswith(out.out.rstrip("\n").rstrip("\ufffd"))  # the first 12 tokens of the same text
+    assert len(out.err.strip().splitlines()) == 1 and "interrupted" in out.err and "Traceback" not in out.err
+
+
+def test_a_huge_num_samples_runs_in_batches_and_figure_images_is_capped(
+    tiny_lm: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows = []
+    real = lm_module.sample_next
+
+    def counted(logits: object, **kw: object) -> object:
+        rows.append(logits.shape[0])
+        return real(logits, **kw)
+
+    monkeypatch.setattr(lm_module, "sample_next", counted)
+    capsys.readouterr()
+    assert crate("generate", tiny_lm, "--prompt", "x", "--max-new-tokens", 2, "--num-samples", 70) == 0
+    out = capsys.readouterr().out
+    assert [f"--- sample {i}" for i in range(1, 71)] == [ln for ln in out.splitlines() if ln.startswith("--- ")]
+    assert sorted(set(rows)) == [6, 32] and sum(rows) == 70 * 2  # 32 + 32 + 6 samples, never all 70 at once
+    data = image_folder(tmp_path / "data")
+    err = one_line_error(
+        capsys, "pretrain", "mae", "--data", data, "--model", "crate_mae_mnist", *SSL, *SSL_ARCH,
+        "--figure-images", 100000, "--out", tmp_path / "mae",
+    )  # fmt: skip
+    assert "figure_images must be an integer in [0, 64], got 100000" in err, err

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -324,8 +324,11 @@ class LanguageModel(Model):
         generator: torch.Generator | None = None,
         eos_id: int | None = None,
         return_logits: bool = False,
+        on_token: Callable[[Tensor], None] | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Append ``max_new_tokens`` sampled tokens to ``idx`` (b, n) (causal models only).
+
+        ``on_token`` is called with each step's new tokens (b, 1) as they are sampled (to stream the text).
 
         ``temperature`` 0 is greedy.  With ``use_cache`` each step runs the newest token only, against the
         cached earlier ones; once the context is full, the window slides and the cache is rebuilt from the
@@ -354,6 +357,8 @@ class LanguageModel(Model):
                 steps.append(logits)
                 nxt = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
                 idx = torch.cat([idx, nxt], dim=1)
+                if on_token is not None:
+                    on_token(nxt)
                 if eos_id is not None and bool((nxt == eos_id).all()):
                     break
         finally:

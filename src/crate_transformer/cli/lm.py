@@ -67,10 +67,79 @@ def configure_generate(parser: argparse.ArgumentParser) -> None:
     add_threads_argument(parser, "generate")
 
 
+GENERATE_BATCH = 32  # samples generated together: a huge --num-samples runs in batches, never all at once
+
+
+class _Samples:
+    """The tokens of the samples being generated; a single sample's text is printed as its tokens come."""
+
+    def __init__(self, tok: object, prefix: list[int], rows: int, stream: bool) -> None:
+        self.tok, self.rows, self.stream, self.shown = tok, [list(prefix) for _ in range(rows)], stream, ""
+
+    def __call__(self, nxt: object) -> None:
+        for row, t in zip(self.rows, nxt.view(-1).tolist()):
+            row.append(t)
+        if self.stream:
+            self.show()
+
+    def text(self, row: list[int]) -> str:
+        return self.tok.decode(row, skip_special_tokens=True)
+
+    def show(self, final: bool = False) -> None:
+        """Print the new part of the text (a character still missing bytes waits, unless ``final``)."""
+        text = self.text(self.rows[0])
+        if not final:
+            text = text.rstrip("\ufffd")
+        if text.startswith(self.shown):
+            sys.stdout.write(text[len(self.shown) :])
+            self.shown = text
+        sys.stdout.write("\n" if final else "")
+        sys.stdout.flush()
+
+
 def run_generate(args: argparse.Namespace) -> int:
-    """``crate generate``: print ``--num-samples`` continuations of ``--prompt``."""
+    """``crate generate``: print ``--num-samples`` continuations of ``--prompt`` (one sample streams as it is made).
+
+    Ctrl-C ends it with the text generated so far and exit code 130.
+    """
     import torch
 
+    model, tok, device = _generation_model(args)
+    ids = tok.encode(args.prompt) if args.prompt else [tok.eos_id]
+    prefix = ids if args.prompt else []  # the end-of-text start token is not shown
+    g = torch.Generator(device=device).manual_seed(args.seed)
+    kw = dict(temperature=args.temperature, top_k=args.top_k or None, top_p=args.top_p if args.top_p < 1 else None,
+              use_cache=not args.no_cache, generator=g)  # fmt: skip
+    samples, done = None, 0
+    try:
+        while done < args.num_samples:
+            rows = min(GENERATE_BATCH, args.num_samples - done)
+            samples = _Samples(tok, prefix, rows, stream=args.num_samples == 1)
+            if samples.stream:
+                samples.show()  # the prompt at once
+            model.generate(torch.tensor([ids] * rows, device=device), args.max_new_tokens, on_token=samples, **kw)
+            _print_samples(samples, done)
+            done, samples = done + rows, None
+    except KeyboardInterrupt:
+        if samples is not None:
+            _print_samples(samples, done)
+        print(f"crate generate: interrupted; the text generated so far is above ({done} of {args.num_samples} "
+              "samples complete)", file=sys.stderr, flush=True)  # fmt: skip
+        return 130
+    return 0
+
+
+def _print_samples(samples: _Samples, first: int) -> None:
+    if samples.stream:
+        samples.show(final=True)
+        return
+    for i, row in enumerate(samples.rows):
+        sys.stdout.write(f"--- sample {first + i + 1}\n{samples.text(row)}\n")
+    sys.stdout.flush()
+
+
+def _generation_model(args: argparse.Namespace) -> tuple:
+    """The language model (on its device), its tokenizer and the device, or a one-line error."""
     from ..lm import LanguageModel
     from ..train import resolve_device
     from ..train.load import load_model
@@ -87,23 +156,4 @@ def run_generate(args: argparse.Namespace) -> int:
             f"{args.checkpoint} has no tokenizer.json beside its weights; save the model with its tokenizer"
         )
     device = resolve_device(args.device)
-    model = model.to(device)
-    tok = model.tokenizer
-    ids = tok.encode(args.prompt) if args.prompt else [tok.eos_id]
-    start = torch.tensor([ids] * args.num_samples, device=device)
-    g = torch.Generator(device=device).manual_seed(args.seed)
-    out = model.generate(
-        start,
-        args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k or None,
-        top_p=args.top_p if args.top_p < 1 else None,
-        use_cache=not args.no_cache,
-        generator=g,
-    )
-    for i, row in enumerate(out.tolist()):
-        text = tok.decode(row if args.prompt else row[1:], skip_special_tokens=True)
-        if args.num_samples > 1:
-            print(f"--- sample {i + 1}")
-        sys.stdout.write(text + "\n")
-    return 0
+    return model.to(device), model.tokenizer, device

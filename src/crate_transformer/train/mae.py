@@ -66,7 +66,11 @@ class MAEOptions:
     probe_c: float = task_option(
         1.0, "inverse L2 strength C of the logistic-regression probe", range=Range(0, lo_open=True)
     )
-    figure_images: int = task_option(8, "held-out images in reconstruction.png", range=Range(0, integer=True))
+    figure_images: int = task_option(
+        8,
+        "held-out images in reconstruction.png (a readable figure holds at most 64)",
+        range=Range(0, 64, integer=True),
+    )
     recognition: bool = task_option(
         True, "at the end, classify the held-out reconstructions with a raw-pixel k-NN (recognition.json)"
     )
@@ -282,8 +286,8 @@ class MAETask(Task):
         """Original / masked / reconstruction of the first held-out images (fixed mask), as a PNG."""
         from ..analysis.plots import plot_reconstructions
 
-        k = max(1, self.options.figure_images)
         data = self.test_data
+        k = max(1, min(self.options.figure_images, len(data)))  # never more rows than held-out images
         if isinstance(getattr(data, "images", None), Tensor):  # in memory: spread over the split (all classes)
             images = data.images[torch.linspace(0, len(data) - 1, k).round().long()]
         else:
