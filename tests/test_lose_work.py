@@ -8,6 +8,10 @@ then failed in the evaluation.  Every test calls the real CLI in-process.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +20,7 @@ from PIL import Image
 
 from crate_transformer import cli
 from crate_transformer import lm as lm_module
-from crate_transformer.train import load_training_state
+from crate_transformer.train import RunDir, load_training_state
 
 IMG = ["--image-size", 8, "--model", "crate_mnist", "--threads", 1, "--no-progress", "--batch-size", 8,
        "--model-args", "patch_size=4", "dim=16", "depth=1", "heads=2", "in_chans=1"]  # fmt: skip
@@ -178,3 +182,32 @@ def test_a_huge_num_samples_runs_in_batches_and_figure_images_is_capped(
         "--figure-images", 100000, "--out", tmp_path / "mae",
     )  # fmt: skip
     assert "figure_images must be an integer in [0, 64], got 100000" in err, err
+
+
+KILLED_RUN = """
+import os, signal, sys, time
+from crate_transformer.train import RunDir
+run = RunDir.create(sys.argv[1])
+worker = os.fork()  # as a DataLoader worker is made
+if worker == 0:
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1), os.dup2(null, 2)  # the test reads the parent's output to its end, not the orphan's
+    time.sleep(60)
+    os._exit(0)
+print(worker, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forked workers exist on POSIX only")
+def test_an_orphaned_worker_of_a_killed_run_does_not_hold_its_folder(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(Path(cli.__file__).parents[2])}
+    done = subprocess.run([sys.executable, "-c", KILLED_RUN, str(run)], capture_output=True, text=True, env=env)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    worker = int(done.stdout.split()[0])
+    try:
+        os.kill(worker, 0)  # the orphan is alive ...
+        RunDir.reopen(run).close()  # ... and the folder is free at once
+    finally:
+        os.kill(worker, signal.SIGKILL)

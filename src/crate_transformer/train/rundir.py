@@ -149,6 +149,27 @@ def load_training_state(path: str | os.PathLike) -> dict:
     return state
 
 
+_HELD_LOCKS: set[int] = set()  # descriptors of the FolderLocks this process holds
+
+
+def _drop_inherited_locks() -> None:
+    """In a forked child (a DataLoader worker): close the inherited lock descriptors without unlocking.
+
+    ``flock`` lasts while any descriptor of the open file is open, so a worker orphaned by a ``kill -9`` of its
+    run would otherwise keep the folder "in use" and refuse an immediate ``--resume``.
+    """
+    for fd in _HELD_LOCKS:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD_LOCKS.clear()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; Windows spawns its workers, which inherit no descriptor
+    os.register_at_fork(after_in_child=_drop_inherited_locks)
+
+
 class FolderLock:
     """An exclusive lock on ``<path>/.lock`` (the folder is created): one owner at a time (POSIX ``flock``,
     Windows ``msvcrt.locking``; see :func:`_try_lock`).
@@ -174,12 +195,14 @@ class FolderLock:
         os.ftruncate(fd, 0)
         os.write(fd, f"crate process {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
         self._fd: int | None = fd
+        _HELD_LOCKS.add(fd)
 
     def close(self) -> None:
-        if self._fd is not None:
+        if self._fd is not None and self._fd in _HELD_LOCKS:  # not in a forked child: the parent's lock stays
+            _HELD_LOCKS.discard(self._fd)
             _unlock(self._fd)
             os.close(self._fd)
-            self._fd = None
+        self._fd = None
 
     def __enter__(self) -> FolderLock:
         return self
