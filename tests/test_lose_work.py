@@ -211,3 +211,31 @@ def test_an_orphaned_worker_of_a_killed_run_does_not_hold_its_folder(tmp_path: P
         RunDir.reopen(run).close()  # ... and the folder is free at once
     finally:
         os.kill(worker, signal.SIGKILL)
+
+
+FULL_DISK = """
+import resource, signal, sys
+from crate_transformer import cli
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) as on a full disk
+limit = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+sys.exit(cli.main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="file-size limits exist on POSIX only")
+def test_a_checkpoint_write_that_runs_out_of_space_is_one_line_and_keeps_the_old_checkpoint(tmp_path: Path) -> None:
+    data = image_folder(tmp_path / "data")
+    run = tmp_path / "run"
+    assert crate("train", "--data", data, *IMG, "--epochs", 1, "--out", run) == 0
+    last = run / "checkpoints" / "last.pt"
+    before = last.read_bytes()
+    env = {**os.environ, "PYTHONPATH": str(Path(cli.__file__).parents[2])}
+    argv = ["train", "--resume", str(run), "--epochs", "2"]
+    done = subprocess.run([sys.executable, "-c", FULL_DISK, str(len(before) // 2), *argv], capture_output=True,
+                          text=True, env=env)  # fmt: skip
+    err = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"file too large (a file-size limit) while writing {last}; free space or write to" in err[-1], err
+    assert last.read_bytes() == before and load_training_state(run)["step"] == 1
+    assert not list(last.parent.glob(".*.tmp"))

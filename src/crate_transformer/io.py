@@ -69,7 +69,7 @@ FILE_DIGESTS = {CONFIG_NAME: "config_sha256", TOKENIZER_NAME: "tokenizer_sha256"
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
-_NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+_NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG}  # EFBIG: a file-size limit
 _NO_PERMISSION = {errno.EACCES, errno.EPERM, errno.EROFS}
 
 
@@ -89,7 +89,9 @@ class WriteError(OSError, ValueError):
 def _write_error(e: OSError, path: Path) -> OSError:
     """A one-line WriteError for a full disk or an unwritable folder; any other OSError is returned as is."""
     if e.errno in _NO_SPACE:
-        what = "disk quota exceeded" if e.errno != errno.ENOSPC else "no space left on device"
+        what = {errno.ENOSPC: "no space left on device", errno.EFBIG: "file too large (a file-size limit)"}.get(
+            e.errno, "disk quota exceeded"
+        )
         err = WriteError(f"{what} while writing {path}; free space or write to another folder")
     elif e.errno in _NO_PERMISSION:
         why = "read-only file system" if e.errno == errno.EROFS else "permission denied"
@@ -106,7 +108,7 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
     """Call ``write(tmp_path)``, then rename the temporary file (same folder) onto ``path``.
 
     A killed process never leaves a half-written file under the final name; on any failure the
-    temporary file is removed and an existing ``path`` is untouched.  ``ENOSPC``/``EDQUOT`` (disk
+    temporary file is removed and an existing ``path`` is untouched.  ``ENOSPC``/``EDQUOT``/``EFBIG`` (disk
     full, quota) and ``EACCES``/``EPERM``/``EROFS`` (folder not writable) become a one-line
     :class:`WriteError`; other exceptions propagate unchanged.  The file gets the usual
     umask-derived permissions (not ``mkstemp``'s private 0600).
