@@ -47,3 +47,49 @@ def test_a_table_without_a_label_column_names_the_columns_found(tmp_path: Path) 
         read_labelled_table(table)
     # the fix the message names works: the column is chosen and read
     assert read_labelled_table(table, label_column="note")[1] == ["x"]
+
+
+# --------------------------------------------------------------------------- WebDataset shards
+def _shard(root: Path, labels: list[bytes]) -> Path:
+    import io
+
+    import numpy as np
+    import webdataset as wds
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(buf, format="PNG")
+    root.mkdir(parents=True, exist_ok=True)
+    with wds.TarWriter(str(root / "a.tar")) as w:
+        for i, label in enumerate(labels):
+            w.write({"__key__": f"k{i}", "png": buf.getvalue(), "cls": label})
+    return root
+
+
+SHARD_CASES = {
+    "non_utf8_cls": (None, None, "a.tar: member k2.cls is not UTF-8 text"),
+    "not_a_tar": ("b.tar", b"hello, this is not a tar file\n" * 30, "b.tar is not a tar archive"),
+    "classes_json_number": ("classes.json", b"3", "classes.json holds int 3, not a list of class names"),
+    "classes_json_invalid": ("classes.json", b'["a",\n "b"', "classes.json:2:5: invalid JSON"),
+}
+
+
+@pytest.mark.parametrize("case", list(SHARD_CASES))
+def test_a_malformed_shard_folder_is_named(case: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    name, content, expected = SHARD_CASES[case]
+    labels = [b"0", b"1", b"\xff\xfe" if case == "non_utf8_cls" else b"0", b"1"]
+    root = _shard(tmp_path / "shards", labels)
+    if name:
+        (root / name).write_bytes(content)
+    err = one_line_error(capsys, "train", "--data", root, "--image-size", 8, "--max-steps", 1, "--out", tmp_path / "r")
+    assert f"{root}/" + expected in err, err
+    assert "write" in err or "remove" in err, err  # and says how to fix it
+
+
+def test_classes_json_as_a_list_or_a_mapping_is_read(tmp_path: Path) -> None:
+    from crate_transformer.data import open_source
+
+    root = _shard(tmp_path / "shards", [b"0", b"1", b"0", b"1"])
+    for text in ('["cat", "dog"]', '{"dog": 1, "cat": 0}'):
+        (root / "classes.json").write_text(text)
+        assert open_source(str(root), "train", image_size=8).classes == ["cat", "dog"]
