@@ -93,3 +93,26 @@ def test_classes_json_as_a_list_or_a_mapping_is_read(tmp_path: Path) -> None:
     for text in ('["cat", "dog"]', '{"dog": 1, "cat": 0}'):
         (root / "classes.json").write_text(text)
         assert open_source(str(root), "train", image_size=8).classes == ["cat", "dog"]
+
+
+# --------------------------------------------------------------------------- Hugging Face datasets
+@pytest.mark.parametrize("bad", ["cat", None])
+def test_an_hf_dataset_with_a_name_or_a_missing_label_names_the_row(
+    bad: object, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    import io
+
+    import datasets
+    import numpy as np
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(buf, format="PNG")
+    # a string column is refused at its first row; a missing label in an integer column at its own row
+    labels, row = (["cat", "dog", "cat", "dog", "cat", "dog"], 0) if bad else ([0, 1, 0, None, 1, 0], 3)
+    feats = datasets.Features({"image": datasets.Image(), "label": datasets.Value("string" if bad else "int64")})
+    images = [{"bytes": buf.getvalue(), "path": None}] * len(labels)
+    datasets.Dataset.from_dict({"image": images, "label": labels}, features=feats).save_to_disk(tmp_path / "hf")
+    err = one_line_error(capsys, "train", "--data", tmp_path / "hf", "--image-size", 8, "--out", tmp_path / "r")
+    assert f"row {row} of the train split of {tmp_path / 'hf'}: 'label' is {bad!r}, not a class index" in err, err
+    assert ("class_encode_column" if bad else "ds.filter") in err, err
