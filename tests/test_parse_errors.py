@@ -116,3 +116,37 @@ def test_an_hf_dataset_with_a_name_or_a_missing_label_names_the_row(
     err = one_line_error(capsys, "train", "--data", tmp_path / "hf", "--image-size", 8, "--out", tmp_path / "r")
     assert f"row {row} of the train split of {tmp_path / 'hf'}: 'label' is {bad!r}, not a class index" in err, err
     assert ("class_encode_column" if bad else "ds.filter") in err, err
+
+
+# --------------------------------------------------------------------------- tokenizers
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (bytes(range(256)) * 4, "is not a tokenizer.json (a binary file: invalid UTF-8 at byte 128)"),
+        (b'{"version": "1.0",\n  "model": }', ":2:12: invalid JSON"),
+    ],
+)
+def test_a_binary_or_invalid_tokenizer_file_is_named(
+    content: bytes, expected: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    corpus, tok = tmp_path / "corpus.txt", tmp_path / "tok.json"
+    corpus.write_text("some text to train on\n" * 50)
+    tok.write_bytes(content)
+    err = one_line_error(capsys, "train-lm", "--data", corpus, "--tokenizer", tok, "--out", tmp_path / "r")
+    assert f"{tok}{expected}" in err or f"{tok} {expected}" in err, err
+    assert "tokenizers JSON file" in err, err
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_names_both_sizes(tmp_path: Path) -> None:
+    from crate_transformer.lm import LMConfig, build_lm
+    from crate_transformer.tokenizer import Tokenizer
+
+    model = build_lm(LMConfig(vocab_size=262, block_size=16, dim=16, depth=1, heads=2))
+    big = Tokenizer.train("bpe", ["the quick brown fox jumps over the lazy dog " * 20], vocab_size=300)
+    assert big.vocab_size > 262
+    expected = rf"the tokenizer has {big.vocab_size} tokens but the model's embedding has 262 \(vocab_size\); use "
+    with pytest.raises(ValueError, match=expected + "the tokenizer the model was trained with"):
+        model.tokenizer = big
+    assert model.tokenizer is None
+    model.tokenizer = Tokenizer.byte_level()  # one that fits is attached
+    assert model.tokenizer.vocab_size <= 262

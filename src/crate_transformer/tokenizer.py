@@ -98,12 +98,25 @@ class Tokenizer:
             path = path / TOKENIZER_NAME
         if not path.is_file():
             raise ValueError(f"tokenizer file not found: {path}; pass a tokenizer.json or one of {TOKENIZER_KINDS}")
-        return cls.from_str(path.read_text(encoding="utf-8"), source=str(path))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(
+                f"{path} is not a tokenizer.json (a binary file: invalid UTF-8 at byte {e.start}); pass a "
+                f"tokenizers JSON file (tokenizer.save(...)) or one of {TOKENIZER_KINDS}"
+            ) from None
+        return cls.from_str(text, source=str(path))
 
     @classmethod
     def from_str(cls, text: str, source: str = "tokenizer JSON") -> Tokenizer:
         try:
             data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"{source}:{e.lineno}:{e.colno}: invalid JSON ({e.msg}), not a valid tokenizers JSON file; pass one "
+                f"(tokenizer.save(...)) or one of {TOKENIZER_KINDS}"
+            ) from None
+        try:
             kind = data.pop("crate_kind", "file") if isinstance(data, dict) else "file"
             hf = _hf().Tokenizer.from_str(json.dumps(data))
         except Exception as e:  # tokenizers raises its own Exception type
