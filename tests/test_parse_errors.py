@@ -150,3 +150,30 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_names_both_sizes(tmp_path
     assert model.tokenizer is None
     model.tokenizer = Tokenizer.byte_level()  # one that fits is attached
     assert model.tokenizer.vocab_size <= 262
+
+
+# --------------------------------------------------------------------------- the token cache
+@pytest.mark.parametrize("damage", ["truncated_bin", "invalid_meta", "meta_number"])
+def test_a_damaged_token_cache_is_named_and_rebuilt(
+    damage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numpy as np
+
+    from crate_transformer.data.text import load_tokens
+    from crate_transformer.tokenizer import Tokenizer
+
+    monkeypatch.setenv("CRATE_CACHE_DIR", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("hello world, a small corpus\n" * 20)
+    tok = Tokenizer.byte_level()
+    expected = np.array(load_tokens(str(corpus), tok))
+    assert expected.tolist() == tok.encode(corpus.read_text()) + [tok.eos_id]
+    (bin_path,) = (tmp_path / "cache").glob("*.bin")
+    meta_path = bin_path.with_suffix(".json")
+    if damage == "truncated_bin":
+        bin_path.write_bytes(bin_path.read_bytes()[:100])
+    else:
+        meta_path.write_text('{"dtype": "uint16", "tok' if damage == "invalid_meta" else "3")
+    with pytest.warns(UserWarning, match=rf"token cache {bin_path} is damaged \(.+\); rebuilding it from {corpus}"):
+        again = load_tokens(str(corpus), tok)
+    np.testing.assert_array_equal(np.array(again), expected)

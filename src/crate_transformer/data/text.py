@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -119,10 +120,31 @@ def load_tokens(source: str, tokenizer: object) -> np.ndarray:
     key = _fingerprint(source, tokenizer.to_str())
     path = cache_dir() / f"{key}.bin"
     meta_path = path.with_suffix(".json")
-    if not (path.is_file() and meta_path.is_file()):
-        _build(source, tokenizer, path, meta_path)
+    if path.is_file() and meta_path.is_file():
+        damage = _cache_damage(path, meta_path)
+        if damage is None:
+            meta = json.loads(meta_path.read_text())
+            return np.memmap(path, dtype=meta["dtype"], mode="r", shape=(meta["tokens"],))
+        warnings.warn(f"token cache {path} is damaged ({damage}); rebuilding it from {source}", stacklevel=2)
+    _build(source, tokenizer, path, meta_path)
     meta = json.loads(meta_path.read_text())
     return np.memmap(path, dtype=meta["dtype"], mode="r", shape=(meta["tokens"],))
+
+
+def _cache_damage(path: Path, meta_path: Path) -> str | None:
+    """What is wrong with a cached token file and its ``.json`` (None when they agree)."""
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return f"{meta_path.name} is unreadable: {str(e).splitlines()[0]}"
+    meta = meta if isinstance(meta, dict) else {}
+    dtype, n = meta.get("dtype"), meta.get("tokens")
+    if dtype not in ("uint16", "uint32") or isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        return f"{meta_path.name} holds no valid dtype and token count"
+    size = path.stat().st_size
+    if size != n * np.dtype(dtype).itemsize:
+        return f"{path.name} has {size:,} bytes, not the {n:,} {dtype} tokens its {meta_path.name} records"
+    return None
 
 
 def _build(source: str, tokenizer: object, path: Path, meta_path: Path) -> None:
