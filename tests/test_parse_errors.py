@@ -177,3 +177,49 @@ def test_a_damaged_token_cache_is_named_and_rebuilt(
     with pytest.warns(UserWarning, match=rf"token cache {bin_path} is damaged \(.+\); rebuilding it from {corpus}"):
         again = load_tokens(str(corpus), tok)
     np.testing.assert_array_equal(np.array(again), expected)
+
+
+# --------------------------------------------------------------------------- crate ablate
+def test_an_incomplete_train_args_value_is_named(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    err = one_line_error(capsys, "ablate", "17", "--train-args", "batch_size=[", "--out", tmp_path / "a")
+    assert "--train-args 'batch_size=[': '[' is not a valid value" in err and "at column 13" in err, err
+    assert not (tmp_path / "a").exists()
+
+
+GOOD = {
+    "key": "k",
+    "seed": 0,
+    "row": "r",
+    "acc": 0.5,
+    "params": 10,
+    "images_per_s": 1.0,
+    "seconds": 2.0,
+    "run_dir": "x",
+}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [("seed", "one", "'seed' is \"one\", not an integer"), ("acc", [1], "'acc' is [1], not a number"),
+     ("params", 1.5, "'params' is 1.5, not an integer"), ("run_dir", None, "'run_dir' is null, not a path")],
+)  # fmt: skip
+def test_a_results_line_of_the_wrong_type_names_its_line(
+    field: str, value: object, expected: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    import json
+
+    out = tmp_path / "sweep"
+    out.mkdir()
+    bad = {**GOOD, "seed": 1, field: value}
+    (out / "results.jsonl").write_text(json.dumps(GOOD) + "\n" + json.dumps(bad) + "\n")
+    err = one_line_error(capsys, "ablate", "17", "--report-only", "--out", out)
+    assert f"{out / 'results.jsonl'}:2: {expected}; correct or delete the line" in err, err
+
+
+def test_results_lines_of_the_right_types_are_read(tmp_path: Path) -> None:
+    import json
+
+    from crate_transformer.ablate import read_results
+
+    (tmp_path / "results.jsonl").write_text(json.dumps(GOOD) + "\n" + '{"key": "k", "se')  # a line cut by a kill
+    assert read_results(tmp_path) == {("k", 0): GOOD}
