@@ -223,3 +223,33 @@ def test_results_lines_of_the_right_types_are_read(tmp_path: Path) -> None:
 
     (tmp_path / "results.jsonl").write_text(json.dumps(GOOD) + "\n" + '{"key": "k", "se')  # a line cut by a kill
     assert read_results(tmp_path) == {("k", 0): GOOD}
+
+
+# --------------------------------------------------------------------------- text a WordPiece vocabulary lacks
+def test_words_a_wordpiece_vocabulary_lacks_are_warned_once_and_shown_as_unk(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from crate_transformer.lm import LMConfig, build_lm
+    from crate_transformer.tokenizer import Tokenizer
+
+    tok = Tokenizer.train("wordpiece", ["the quick brown fox jumps over the lazy dog " * 50], vocab_size=300)
+    with pytest.warns(UserWarning, match=r"^2 word\(s\) of the text are not in the wordpiece tokenizer's vocabulary "
+                                         r"and become \[UNK\] \(the first: 'ñandú'\); .*--tokenizer bpe"):  # fmt: skip
+        ids = tok.encode("the ñandú fox 狐 dog")
+    assert ids.count(tok.unk_id) == 2
+    assert tok.decode(ids, skip_special_tokens=True) == "the [UNK] fox [UNK] dog"  # not "the fox dog"
+    assert tok.decode([tok.cls_id, *ids, tok.eos_id], skip_special_tokens=True) == "the [UNK] fox [UNK] dog"
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tok.encode_batch(["ñandú again"])  # warned once per tokenizer
+
+    # crate generate: the unknown prompt word is shown as [UNK] in the output, not dropped
+    model = build_lm(LMConfig(vocab_size=tok.vocab_size, block_size=16, dim=16, depth=1, heads=2))
+    model.tokenizer = tok
+    folder = model.save_pretrained(tmp_path / "m")
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match=r"1 word\(s\) of the text"):
+        assert cli.main(["generate", str(folder), "--prompt", "the ñandú", "--max-new-tokens", "1"]) == 0
+    assert capsys.readouterr().out.startswith("the [UNK]")
