@@ -213,7 +213,7 @@ def test_shard_index_is_kept_in_memory_when_the_folder_is_not_writable(
     read = []
     label_text = shards_module._label_text
     monkeypatch.setattr(crate_transformer.io, "atomic_write", refuse)
-    monkeypatch.setattr(shards_module, "_label_text", lambda sample: read.append(1) or label_text(sample))
+    monkeypatch.setattr(shards_module, "_label_text", lambda sample, *a: read.append(1) or label_text(sample, *a))
     first = open_source(tmp_path / "ro", "train", image_size=SIZE, num_workers=0)
     assert len(read) == 12 and not (tmp_path / "ro" / ".crate-index.json").exists()
     assert len(open_source(tmp_path / "ro", "test", image_size=SIZE, num_workers=0)) + len(first) == 12

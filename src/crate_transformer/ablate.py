@@ -241,11 +241,43 @@ def read_results(out: str | Path) -> dict[tuple[str, int], dict]:
     The key is recomputed from the options stored with each run, so results stay found when the key's
     definition changes (e.g. an option declared not to change what is trained).
     """
-    results = {}
-    for r in _read_jsonl(Path(out) / RESULTS_FILE):
-        if "seed" in r and ("options" in r or "key" in r):
-            results[_key(r["options"]) if "options" in r else r["key"], int(r["seed"])] = r
+    path, results = Path(out) / RESULTS_FILE, {}
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
+    for number, line in enumerate(lines, start=1):
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a kill: that run is trained again
+        if isinstance(r, dict) and "seed" in r and ("options" in r or "key" in r):
+            _check_result(r, f"{path}:{number}")
+            results[_key(r["options"]) if "options" in r else r["key"], r["seed"]] = r
     return results
+
+
+_RESULT_FIELDS = {  # field: (accepted types, what it must be)
+    "seed": ((int,), "an integer"),
+    "acc": ((int, float), "a number"),
+    "params": ((int,), "an integer"),
+    "images_per_s": ((int, float), "a number"),
+    "seconds": ((int, float), "a number"),
+    "run_dir": ((str,), "a path"),
+    "options": ((dict,), "a mapping of options"),
+    "key": ((str,), "a string"),
+}
+
+
+def _check_result(r: dict, where: str) -> None:
+    """One ``results.jsonl`` record: every field the report reads is present and of its type."""
+    for name, (types, what) in _RESULT_FIELDS.items():
+        if name not in r:
+            if name in ("options", "key"):
+                continue  # one of the two identifies the run
+            problem = "is missing"
+        elif isinstance(r[name], bool) or not isinstance(r[name], types):
+            problem = f"is {json.dumps(r[name])[:40]}, not {what}"
+        else:
+            continue
+        raise ValueError(f"{where}: {name!r} {problem}; correct or delete the line (a deleted run is trained again)")
 
 
 def _images_per_s(run_dir: Path) -> float:

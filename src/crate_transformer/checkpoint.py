@@ -127,7 +127,11 @@ def from_pretrained(
     model = build(config)
     load_weights(model, state, source=str(weights))
     if isinstance(model, LanguageModel):
-        model.tokenizer = _read_tokenizer(directory, meta)
+        tokenizer = _read_tokenizer(directory, meta)
+        try:
+            model.tokenizer = tokenizer
+        except ValueError as e:  # a vocabulary larger than the embedding
+            raise CheckpointError(f"{directory / TOKENIZER_NAME}: {e}") from None
     if hub:
         model.pretrained_cfg = {"source": spec, "revision": revision, "folder": str(directory)}
     return model.to(map_location)

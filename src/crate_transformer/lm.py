@@ -196,6 +196,24 @@ class LanguageModel(Model):
         self._build_heads(c)
         self._init_weights()
 
+    @property
+    def tokenizer(self) -> object | None:
+        """The model's tokenizer (None until attached); its ids must fit the embedding (``vocab_size``)."""
+        return self.__dict__.get("_tokenizer")
+
+    @tokenizer.setter
+    def tokenizer(self, tok: object | None) -> None:
+        # a larger vocabulary would yield ids the embedding has no row for, failing later with "token id
+        # outside the vocabulary" on text the tokenizer itself produced
+        size = getattr(tok, "vocab_size", None)
+        if size is not None and size > self.config.vocab_size:
+            raise ValueError(
+                f"the tokenizer has {size} tokens but the model's embedding has {self.config.vocab_size} "
+                f"(vocab_size); use the tokenizer the model was trained with, or train a model with this "
+                f"tokenizer (crate train-lm --tokenizer FILE sets vocab_size={size})"
+            )
+        self.__dict__["_tokenizer"] = tok
+
     def _build_embedding(self, c: LMConfig) -> None:
         """``f_pre`` of eqs. (83)/(88): the token embedding ``wte``, a learned ``wpe`` or the sinusoidal table."""
         self.wte = nn.Embedding(c.vocab_size, c.dim)

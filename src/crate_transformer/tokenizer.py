@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -98,12 +99,25 @@ class Tokenizer:
             path = path / TOKENIZER_NAME
         if not path.is_file():
             raise ValueError(f"tokenizer file not found: {path}; pass a tokenizer.json or one of {TOKENIZER_KINDS}")
-        return cls.from_str(path.read_text(encoding="utf-8"), source=str(path))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(
+                f"{path} is not a tokenizer.json (a binary file: invalid UTF-8 at byte {e.start}); pass a "
+                f"tokenizers JSON file (tokenizer.save(...)) or one of {TOKENIZER_KINDS}"
+            ) from None
+        return cls.from_str(text, source=str(path))
 
     @classmethod
     def from_str(cls, text: str, source: str = "tokenizer JSON") -> Tokenizer:
         try:
             data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"{source}:{e.lineno}:{e.colno}: invalid JSON ({e.msg}), not a valid tokenizers JSON file; pass one "
+                f"(tokenizer.save(...)) or one of {TOKENIZER_KINDS}"
+            ) from None
+        try:
             kind = data.pop("crate_kind", "file") if isinstance(data, dict) else "file"
             hf = _hf().Tokenizer.from_str(json.dumps(data))
         except Exception as e:  # tokenizers raises its own Exception type
@@ -116,13 +130,40 @@ class Tokenizer:
         return self.hf.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=False).ids
+        enc = self.hf.encode(text, add_special_tokens=False)
+        self._warn_unknown([(text, enc)])
+        return enc.ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
+        encs = self.hf.encode_batch(list(texts), add_special_tokens=False)
+        self._warn_unknown(list(zip(texts, encs)))
+        return [e.ids for e in encs]
+
+    def _warn_unknown(self, pairs: list[tuple[str, object]]) -> None:
+        """Warn (once per tokenizer) when a vocabulary without every character (WordPiece) encodes words as
+        ``[UNK]``: the model then never sees them, and text decoded from the ids shows ``[UNK]`` instead."""
+        if self.__dict__.get("_warned_unknown"):
+            return
+        unknown = [(text, enc.offsets[i]) for text, enc in pairs for i, t in enumerate(enc.ids) if t == self.unk_id]
+        if not unknown:
+            return
+        self._warned_unknown = True
+        text, (a, b) = unknown[0]
+        warnings.warn(
+            f"{len(unknown)} word(s) of the text are not in the {self.kind} tokenizer's vocabulary and become "
+            f"[UNK] (the first: {text[a:b]!r}); train the tokenizer on text holding them, or use --tokenizer bpe "
+            "(byte-level: every text is kept); warned once",
+            stacklevel=3,
+        )
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        return self.hf.decode(list(map(int, ids)), skip_special_tokens=skip_special_tokens)
+        """The text of ``ids``; ``skip_special_tokens`` drops the control tokens but keeps ``[UNK]`` (it stands
+        for text the vocabulary cannot represent, which would otherwise vanish from the output)."""
+        ids = [int(i) for i in ids]
+        if skip_special_tokens:
+            drop = set(self.special_ids) - {self.unk_id}
+            ids = [i for i in ids if i not in drop]
+        return self.hf.decode(ids, skip_special_tokens=False)
 
     def token_strings(self, ids: Sequence[int]) -> list[str]:
         """Each id as readable text (for plots): its decoded string, or the special token's name."""

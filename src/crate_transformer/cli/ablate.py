@@ -52,7 +52,16 @@ def _train_args(items: list[str]) -> dict:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--train-args expects KEY=VALUE pairs (e.g. batch_size=64), got {item!r}")
-        out[key.strip().replace("-", "_")] = yaml.safe_load(value)
+        try:
+            out[key.strip().replace("-", "_")] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            at = f" at column {len(key) + 2 + mark.column}" if mark is not None else ""
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ValueError(
+                f"--train-args {item!r}: {value!r} is not a valid value ({problem}{at}); complete it or quote it, "
+                "e.g. batch_size=64 or betas=[0.9,0.95]"
+            ) from None
     return out
 
 

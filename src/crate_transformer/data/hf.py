@@ -63,6 +63,21 @@ def _columns(ds: object, where: str) -> tuple[str, str, list[str] | None]:
     return image, label, names
 
 
+def _int_labels(values: Sequence[object], where: str, column: str) -> list[int]:
+    """The class indices of a label column; a missing or non-integer label is refused, naming its row."""
+    out = []
+    for i, y in enumerate(values):
+        if isinstance(y, bool) or not (isinstance(y, int) or (isinstance(y, float) and y.is_integer())):
+            fix = (
+                f"fill in or drop the rows without one (ds.filter(lambda r: r[{column!r}] is not None))"
+                if y is None
+                else f"encode the names as classes: ds = ds.class_encode_column({column!r}), then save_to_disk again"
+            )
+            raise ValueError(f"row {i} of {where}: {column!r} is {y!r}, not a class index; {fix}")
+        out.append(int(y))
+    return out
+
+
 class HFImageDataset(MapStreamSource):
     """One split of a ``save_to_disk`` dataset as an :class:`ImageSource` (see the module docstring)."""
 
@@ -97,7 +112,7 @@ class HFImageDataset(MapStreamSource):
             pool_ds, test_ds = loaded, None
         image_col, label_col, names = _columns(pool_ds, root)
         parts = {"train": pool_ds} if test_ds is None else {"train": pool_ds, "test": test_ds}
-        part_y = {k: [int(y) for y in d[label_col]] for k, d in parts.items()}
+        part_y = {k: _int_labels(d[label_col], f"the {k} split of {root}", label_col) for k, d in parts.items()}
         pool_rows = [("train", i) for i in range(len(part_y["train"]))]
         test_rows = [("test", i) for i in range(len(part_y.get("test", [])))]
         if test_ds is None:  # no test split of its own: every fifth row of each class, as for image folders

@@ -154,6 +154,11 @@ def _tar_damage(path: Path) -> tuple[str | None, str | None]:
             if header.count(0) == _BLOCK:
                 return None, None  # the end-of-archive marker: everything before it is whole
             if not _header_checksum_ok(header):
+                if offset == 0:  # no member at all: another kind of file under a .tar name, not a damaged shard
+                    raise ValueError(
+                        f"{path} is not a tar archive (no tar header at byte 0); remove it from the shards or "
+                        "re-create it (tar cf, or webdataset's TarWriter)"
+                    )
                 return f"the header at byte {offset:,} is corrupt", None
             end = offset + _BLOCK + -(-_member_size(header) // _BLOCK) * _BLOCK
             if end > size:
@@ -184,10 +189,16 @@ def _member_size(header: bytes) -> int:
     return int(field.split(b"\0", 1)[0].strip() or b"0", 8)
 
 
-def _label_text(sample: dict) -> str | None:
+def _label_text(sample: dict, shard: Path) -> str | None:
     for key in LABEL_KEYS:
         if key in sample:
-            return bytes(sample[key]).decode("utf-8").strip()
+            try:
+                return bytes(sample[key]).decode("utf-8").strip()
+            except UnicodeDecodeError as e:
+                raise ValueError(
+                    f"{shard}: member {sample['__key__']}.{key} is not UTF-8 text (invalid byte at position "
+                    f"{e.start}); write the class index or name as UTF-8 text"
+                ) from None
     if "json" in sample:
         try:
             meta = json.loads(sample["json"])
@@ -242,7 +253,7 @@ def _read_labels(f: Path) -> dict:
     from webdataset.tariterators import base_plus_ext
 
     damage, cut = _tar_damage(f)
-    rows = [(sample["__key__"], _image_bytes(sample) is not None, _label_text(sample)) for sample in _samples(f)]
+    rows = [(sample["__key__"], _image_bytes(sample) is not None, _label_text(sample, f)) for sample in _samples(f)]
     if damage and rows and (cut is None or base_plus_ext(cut)[0] == rows[-1][0]):
         rows.pop()  # the sample at the damage lost some of its files (or may have: a cut header hides whose it was)
     for key, has_image, label in rows:
@@ -280,8 +291,7 @@ def _class_names(folder: Path, texts: Sequence[str]) -> list[str]:
     for f in (folder / "classes.txt", folder / "classes.json"):
         if f.is_file():
             if f.suffix == ".json":
-                names = json.loads(f.read_text())
-                names = sorted(names, key=names.get) if isinstance(names, dict) else names
+                names = _read_classes_json(f)
             else:
                 names = [line.strip() for line in f.read_text().splitlines() if line.strip()]
             if not names:
@@ -290,6 +300,26 @@ def _class_names(folder: Path, texts: Sequence[str]) -> list[str]:
     if all(t.lstrip("-").isdigit() for t in texts):
         return [str(i) for i in range(max(int(t) for t in texts) + 1)]
     return sorted(set(texts))
+
+
+def _read_classes_json(f: Path) -> list:
+    """The class names of ``classes.json``: a list of names, or ``{name: index}``; errors name file:line:col."""
+    try:
+        names = json.loads(f.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{f} is not UTF-8 text (invalid byte at position {e.start}); convert it to UTF-8") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f'{f}:{e.lineno}:{e.colno}: invalid JSON ({e.msg}); write a list of class names, e.g. ["cat", "dog"]'
+        ) from None
+    if isinstance(names, dict) and all(isinstance(v, int) and not isinstance(v, bool) for v in names.values()):
+        return sorted(names, key=names.get)
+    if not isinstance(names, list) or any(isinstance(n, (dict, list)) for n in names):
+        raise ValueError(
+            f"{f} holds {type(names).__name__} {json.dumps(names)[:40]}, not a list of class names; "
+            'write e.g. ["cat", "dog"] (or {"cat": 0, "dog": 1})'
+        )
+    return names
 
 
 def _label_ids(texts: Sequence[str], classes: list[str], where: str) -> list[int]:

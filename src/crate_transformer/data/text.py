@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -119,10 +120,31 @@ def load_tokens(source: str, tokenizer: object) -> np.ndarray:
     key = _fingerprint(source, tokenizer.to_str())
     path = cache_dir() / f"{key}.bin"
     meta_path = path.with_suffix(".json")
-    if not (path.is_file() and meta_path.is_file()):
-        _build(source, tokenizer, path, meta_path)
+    if path.is_file() and meta_path.is_file():
+        damage = _cache_damage(path, meta_path)
+        if damage is None:
+            meta = json.loads(meta_path.read_text())
+            return np.memmap(path, dtype=meta["dtype"], mode="r", shape=(meta["tokens"],))
+        warnings.warn(f"token cache {path} is damaged ({damage}); rebuilding it from {source}", stacklevel=2)
+    _build(source, tokenizer, path, meta_path)
     meta = json.loads(meta_path.read_text())
     return np.memmap(path, dtype=meta["dtype"], mode="r", shape=(meta["tokens"],))
+
+
+def _cache_damage(path: Path, meta_path: Path) -> str | None:
+    """What is wrong with a cached token file and its ``.json`` (None when they agree)."""
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return f"{meta_path.name} is unreadable: {str(e).splitlines()[0]}"
+    meta = meta if isinstance(meta, dict) else {}
+    dtype, n = meta.get("dtype"), meta.get("tokens")
+    if dtype not in ("uint16", "uint32") or isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        return f"{meta_path.name} holds no valid dtype and token count"
+    size = path.stat().st_size
+    if size != n * np.dtype(dtype).itemsize:
+        return f"{path.name} has {size:,} bytes, not the {n:,} {dtype} tokens its {meta_path.name} records"
+    return None
 
 
 def _build(source: str, tokenizer: object, path: Path, meta_path: Path) -> None:
@@ -233,9 +255,10 @@ def read_labelled_table(
 ) -> tuple[list[tuple[str, ...]], list[str], tuple[str, ...], str]:
     """Rows of a CSV / TSV file with a header: ``(texts, labels, text_columns, label_column)``.
 
-    GLUE layouts are recognised: the label column is ``label`` / ``score`` / ``gold_label`` (or the last
-    column), the texts are ``sentence`` / ``text`` or a pair such as ``sentence1, sentence2`` / ``question,
-    sentence`` / ``question1, question2`` / ``premise, hypothesis`` (or the first one or two other columns).
+    GLUE layouts are recognised: the label column is ``label`` / ``score`` / ``gold_label`` (otherwise
+    ``label_column`` must name it), the texts are ``sentence`` / ``text`` or a pair such as ``sentence1,
+    sentence2`` / ``question, sentence`` / ``question1, question2`` / ``premise, hypothesis`` (or the first
+    other column).  Errors name ``file:line``.
     """
     import csv
 
@@ -248,17 +271,55 @@ def read_labelled_table(
         raise ValueError(
             f"{path} is not UTF-8 text (invalid byte at position {e.start}); convert it to UTF-8"
         ) from None
+    if lines and lines[0].lstrip()[:1] in ("{", "["):
+        raise ValueError(
+            f"{path}:1: this is JSON (lines), not a CSV/TSV table; write it as a CSV or TSV with a header row "
+            "naming a text column and a label column"
+        )
     delimiter = "\t" if path.suffix.lower() == ".tsv" or (lines and "\t" in lines[0]) else ","
     reader = csv.DictReader(
-        lines, delimiter=delimiter, quoting=csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+        lines, delimiter=delimiter, quoting=csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL, strict=True
     )
     header = [h.strip() for h in (reader.fieldnames or [])]
     if len(header) < 2:
-        raise ValueError(f"{path} needs a header row with a text column and a label column, got {header}")
+        raise ValueError(f"{path}:1: needs a header row with a text column and a label column, got {header}")
+    label, text_columns = _table_columns(path, header, text_columns, label_column)
+    texts, labels = [], []
+    while True:
+        line = reader.line_num + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as e:
+            raise ValueError(
+                f"{path}:{line}: {e} (a quote opened on this line is never closed); close it, or double "
+                f'the quotes inside a quoted field ("")'
+            ) from None
+        row = {(k or "").strip(): v for k, v in row.items()}
+        value = (row.get(label) or "").strip()
+        if not value:
+            raise ValueError(f"{path}:{line}: empty {label!r}; every row needs a label or score")
+        texts.append(tuple((row.get(c) or "") for c in text_columns))
+        labels.append((value, line))
+    if not texts:
+        raise ValueError(f"{path} has a header but no rows")
+    return texts, _check_labels(path, label, labels), tuple(text_columns), label
+
+
+def _table_columns(
+    path: Path, header: list[str], text_columns: Sequence[str], label_column: str
+) -> tuple[str, list[str]]:
+    """The label column and the text column(s) of a table with columns ``header``."""
     lower = {h.lower(): h for h in header}
-    label = label_column or next((lower[k] for k in ("label", "score", "gold_label") if k in lower), header[-1])
+    label = label_column or next((lower[k] for k in ("label", "score", "gold_label") if k in lower), "")
+    if not label:
+        raise ValueError(
+            f"{path}:1: no label column (label, score or gold_label) among the columns {header}; "
+            "name it with --label-column NAME"
+        )
     if label not in header:
-        raise ValueError(f"{path} has no column {label!r}; columns: {header}")
+        raise ValueError(f"{path}:1: no column {label!r}; columns: {header}")
     if not text_columns:
         pairs = (
             ("sentence1", "sentence2"),
@@ -273,18 +334,31 @@ def read_labelled_table(
         text_columns = [lower[k] for k in found] if found else [h for h in header if h.lower() not in skip][:1]
     missing = [c for c in text_columns if c not in header]
     if missing or not text_columns:
-        raise ValueError(f"{path} has no text column(s) {missing or text_columns}; columns: {header}")
-    texts, labels = [], []
-    for i, row in enumerate(reader, start=2):
-        row = {(k or "").strip(): v for k, v in row.items()}
-        value = (row.get(label) or "").strip()
-        if not value:
-            raise ValueError(f"{path} line {i}: empty {label!r}; every row needs a label or score")
-        texts.append(tuple((row.get(c) or "") for c in text_columns))
-        labels.append(value)
-    if not texts:
-        raise ValueError(f"{path} has a header but no rows")
-    return texts, labels, tuple(text_columns), label
+        raise ValueError(f"{path}:1: no text column(s) {missing or text_columns}; columns: {header}")
+    return label, list(text_columns)
+
+
+def _check_labels(path: Path, column: str, labels: list[tuple[str, int]]) -> list[str]:
+    """The labels, refused when a number is not finite or numbers and names are mixed (naming the line)."""
+
+    def number(v: str) -> float | None:
+        try:
+            return float(v)
+        except ValueError:
+            return None
+
+    values = [(v, line, number(v)) for v, line in labels]
+    for v, line, x in values:
+        if x is not None and not np.isfinite(x):
+            raise ValueError(f"{path}:{line}: {column} {v!r} is not a finite number; give every row a real label")
+    names = [(v, line) for v, line, x in values if x is None]
+    if names and len(names) < len(values):
+        (v, line), (n, nline) = names[0], next((v, line) for v, line, x in values if x is not None)
+        raise ValueError(
+            f"{path}:{line}: {column} {v!r} is a name but line {nline} has the number {n!r}; "
+            "make every label a number or every label a name"
+        )
+    return [v for v, _ in labels]
 
 
 class LabelledTexts:

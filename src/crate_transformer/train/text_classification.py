@@ -39,9 +39,7 @@ class TextOptions:
     text_columns: list = task_option(
         [], "the text column(s) (default: GLUE names, else the first column)", commands=_CMD
     )
-    label_column: str = task_option(
-        "", "the label / score column (default: label, score or the last column)", commands=_CMD
-    )
+    label_column: str = task_option("", "the label / score column (default: label, score or gold_label)", commands=_CMD)
     regression: str = task_option(
         "auto", "auto (non-integer labels are scores) | yes | no", commands=_CMD, choices=("auto", "yes", "no")
     )
