@@ -239,3 +239,19 @@ def test_a_checkpoint_write_that_runs_out_of_space_is_one_line_and_keeps_the_old
     assert f"file too large (a file-size limit) while writing {last}; free space or write to" in err[-1], err
     assert last.read_bytes() == before and load_training_state(run)["step"] == 1
     assert not list(last.parent.glob(".*.tmp"))
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="file-size limits exist on POSIX only")
+def test_a_token_cache_write_that_runs_out_of_space_is_one_line_naming_the_cache_setting(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"line {i} of a corpus about sparse rate reduction" for i in range(4000)))
+    cache = tmp_path / "cache"
+    env = {**os.environ, "PYTHONPATH": str(Path(cli.__file__).parents[2]), "CRATE_CACHE_DIR": str(cache)}
+    argv = ["train-lm", "--data", str(corpus), "--max-steps", "1", "--threads", "1", "--out", str(tmp_path / "run")]
+    done = subprocess.run([sys.executable, "-c", FULL_DISK, "20000", *argv], capture_output=True, text=True,
+                          env=env)  # fmt: skip
+    err = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr  # was: ndarray.tofile's OSError
+    assert "file too large (a file-size limit) while writing" in err[-1] and "CRATE_CACHE_DIR" in err[-1], err
+    assert not [p for p in cache.rglob("*") if p.is_file()]  # no partial cache (nor temporary file) left behind
+    assert not (tmp_path / "run").exists()

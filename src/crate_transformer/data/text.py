@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..io import atomic_write
+from ..io import WriteError, atomic_write
 from .base import epoch_generator, local_batches
 
 __all__ = [
@@ -158,14 +158,17 @@ def _build(source: str, tokenizer: object, path: Path, meta_path: Path) -> None:
                 wrote = False
                 for piece in doc:
                     ids = tokenizer.encode(piece)
-                    if ids:
-                        np.asarray(ids, dtype=dtype).tofile(f)
+                    if ids:  # f.write, not ndarray.tofile: a full disk must raise OSError(ENOSPC) for atomic_write
+                        f.write(np.asarray(ids, dtype=dtype).tobytes())
                         count, wrote = count + len(ids), True
                 if wrote:
-                    np.asarray([tokenizer.eos_id], dtype=dtype).tofile(f)
+                    f.write(np.asarray([tokenizer.eos_id], dtype=dtype).tobytes())
                     count += 1
 
-    atomic_write(path, write)
+    try:
+        atomic_write(path, write)
+    except WriteError as e:  # the user did not choose this folder: name the setting that moves it
+        raise WriteError(f"{e} (the token cache; CRATE_CACHE_DIR=FOLDER puts it elsewhere)") from None
     if count < 2:
         path.unlink(missing_ok=True)
         raise ValueError(f"{source} holds no text; pass a corpus with some UTF-8 text in it")
