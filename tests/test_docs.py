@@ -192,7 +192,8 @@ def test_the_readme_quick_start_runs_verbatim(tmp_path: Path, monkeypatch: pytes
 
 
 def test_no_file_cites_documents_outside_the_repository() -> None:
-    pattern = re.compile(r"paper_spec|anchors\.md|shared/notes")
+    # the names are joined here so that this file does not itself contain them
+    pattern = re.compile("|".join(["paper" + "_spec", r"anchors\.md", "shared" + "/notes"]))
     roots = [ROOT / d for d in ("src", "tests", "docs", "benchmarks", ".ci")]
     files = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "mkdocs.yml", ROOT / "pyproject.toml"]
     files += [
