@@ -167,14 +167,14 @@ def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | N
     bar = rt.progress(cfg.progress, total=total, initial=ts.step)
     window: dict[str, torch.Tensor] = {}
     t_window, interrupted = time.time(), False
-    watch, busy, t_mark = SlowdownWatch(), [0.0, 0], time.perf_counter()  # step time without eval/hooks/checkpoints
+    watch = SlowdownWatch()  # step time without evaluation, hooks and checkpoints
     if hooks and ts.step == 0:
         run_hooks()  # the untrained model: the "random init" curve of Fig. 15
     model.train()
     with Interrupt() as stop:
         while ts.step < last and not interrupted:
             where = dict(seed=cfg.seed, epoch=ts.epoch, start=ts.batch, rank=rt.rank, world=rt.world)
-            t_mark = time.perf_counter()
+            watch.step_started()
             for batch in task.train_data.batches(cfg.batch_size, shuffle=True, **where):
                 # this process's share of the global batch, in accum_steps chunks weighted to one batch mean
                 chunks = task.chunks(task.prepare(batch), cfg.accum_steps)
@@ -188,7 +188,7 @@ def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | N
                     window = {k: window[k] + v if k in window else v.double() for k, v in stats.items()}
                 task.before_optimizer_step(opt.optimizer, ts.step)
                 opt.step()
-                busy = [busy[0] + time.perf_counter() - t_mark, busy[1] + 1]
+                watch.step_done()
                 ts.step, ts.batch = ts.step + 1, ts.batch + 1
                 bar.update(1)
                 if ts.step % cfg.log_every == 0 or ts.step == last:
@@ -196,15 +196,14 @@ def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | N
                     run.record("train", ts.step, epoch=epoch_of(ts.step), **rec, lr=opt.lr, time=time.time() - t_start)
                     bar.set_postfix_str(_postfix(rec, task.metric, ts.epoch, cfg.epochs))
                     window, t_window = {}, time.time()
-                    if (slow := watch.add(*busy)) and rt.main:
+                    if (slow := watch.end_window()) and rt.main:
                         bar.write(slow)
-                    busy = [0.0, 0]
                 if hooks:
                     run_hooks()
                 if cfg.checkpoint_every and ts.step % cfg.checkpoint_every == 0:
                     checkpoint("periodic")
                 interrupted = rt.any(stop.flag)  # every process stops at the same step
-                t_mark = time.perf_counter()
+                watch.step_started()
                 if interrupted or ts.step >= last:
                     break
             if interrupted or ts.batch < steps_per_epoch:

@@ -117,6 +117,20 @@ class SlowdownWatch:
 
     def __init__(self, k: float = 3.0, run: int = 3) -> None:
         self.k, self.run, self.times, self.warned = k, run, [], False
+        self.seconds, self.steps, self.t_mark = 0.0, 0, time.perf_counter()
+
+    def step_started(self) -> None:
+        """Start timing a training step (what comes between, evaluation, hooks, checkpoints, is not counted)."""
+        self.t_mark = time.perf_counter()
+
+    def step_done(self) -> None:
+        self.seconds, self.steps = self.seconds + time.perf_counter() - self.t_mark, self.steps + 1
+
+    def end_window(self) -> str | None:
+        """Close the logging window timed since the last one: :meth:`add` of its steps."""
+        line = self.add(self.seconds, self.steps)
+        self.seconds, self.steps = 0.0, 0
+        return line
 
     def add(self, seconds: float, steps: int) -> str | None:
         """Record a window of ``steps`` steps taking ``seconds``; the warning line the first time it collapses."""
