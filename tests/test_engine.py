@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from clitools import crate, one_line_error
 from torch import nn
 
-from crate_transformer import cli
 from crate_transformer.train import RunDir, Task, TrainConfig, load_training_state, train
 from crate_transformer.train.runtime import resolve_device
 from crate_transformer.train.task import TASKS, task_option
@@ -24,18 +24,6 @@ ARCH = {"dim": 32, "depth": 1, "heads": 2, "patch_size": 4}
 TINY = ["--data", "digits", "--image-size", "8", "--threads", "1", "--no-progress", "--model-args",
         *(f"{k}={v}" for k, v in ARCH.items())]  # fmt: skip
 FAST = ["--epochs", "1", "--max-steps", "3", "--measure-every", "0", "--eval-every", "0"]
-
-
-def crate(*argv: object) -> int:
-    return cli.main([str(a) for a in argv])
-
-
-def one_line_error(capsys: pytest.CaptureFixture, *argv: object) -> str:
-    capsys.readouterr()  # drop what earlier commands printed
-    assert crate(*argv) == 2, argv
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    return err
 
 
 def small_cfg(out: Path, **kw: object) -> TrainConfig:

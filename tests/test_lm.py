@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from clitools import crate, one_line_error
 
 import crate_transformer as ct
-from crate_transformer import cli
 from crate_transformer.data.text import TokenBlocks, load_tokens
 from crate_transformer.lm import GPT, CRATELanguageModel, LMConfig, build_lm, mask_tokens, sample_next
 from crate_transformer.operators import attend
@@ -25,18 +25,6 @@ TINY = dict(vocab_size=262, block_size=16, dim=32, depth=2, heads=2)
 @pytest.fixture(autouse=True)
 def _token_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CRATE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "token-cache"))
-
-
-def crate(*argv: object) -> int:
-    return cli.main([str(a) for a in argv])
-
-
-def one_line_error(capsys: pytest.CaptureFixture, *argv: object) -> str:
-    capsys.readouterr()
-    assert crate(*argv) == 2, argv
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    return err
 
 
 # --------------------------------------------------------------------------- sizes (Table 10)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from clitools import one_line_error
 
 from crate_transformer import cli
 from crate_transformer.analysis.segmentation import cosine_affinity
@@ -20,14 +21,6 @@ from crate_transformer.lm import LMConfig, build_lm, sample_next
 from crate_transformer.tokenizer import Tokenizer
 
 LM_TINY = dict(vocab_size=262, block_size=16, dim=16, depth=1, heads=2)
-
-
-def one_line_error(capsys: pytest.CaptureFixture, *argv: object) -> str:
-    capsys.readouterr()
-    assert cli.main([str(a) for a in argv]) == 2, argv
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    return err
 
 
 @pytest.fixture(scope="module")

@@ -6,17 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from clitools import one_line_error
 
 from crate_transformer import cli
-
-
-def one_line_error(capsys: pytest.CaptureFixture, *argv: object) -> str:
-    capsys.readouterr()
-    assert cli.main([str(a) for a in argv]) == 2, argv
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    return err
-
 
 # --------------------------------------------------------------------------- tables (crate finetune-text)
 TABLES = {

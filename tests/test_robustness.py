@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from clitools import crate, one_line_error
 from PIL import Image
 
 import crate_transformer as ct
-from crate_transformer import cli
 from crate_transformer.checkpoint import CheckpointError
 from crate_transformer.data import ImageDataset, load_dataset, open_source
 from crate_transformer.lm import LMConfig, build_lm
@@ -30,18 +30,6 @@ from crate_transformer.train.load import load_model
 
 TINY = dict(image_size=8, patch_size=4, dim=16, depth=1, heads=2, num_classes=10, in_chans=1)
 LM_TINY = dict(vocab_size=262, block_size=16, dim=16, depth=1, heads=2)
-
-
-def crate(*argv: object) -> int:
-    return cli.main([str(a) for a in argv])
-
-
-def one_line_error(capsys: pytest.CaptureFixture, *argv: object) -> str:
-    capsys.readouterr()
-    assert crate(*argv) == 2, argv
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    return err
 
 
 def flip_bit(path: Path, at: int, bit: int = 0x02) -> None:
