@@ -51,13 +51,13 @@ class ClassificationTask(Task):
             model = load_model(cfg.init_from, name=cfg.model, as_classifier=True, **cfg.model_args)
             if not isinstance(model, ImageClassifier):
                 raise ValueError(f"{cfg.init_from} is a language model; fine-tune it with crate finetune-text")
-            image_size = cfg.image_size or model.config.image_size
+            image_size = cfg.data.image_size or model.config.image_size
         else:
             if cfg.model is None:
                 raise ValueError("no model given; pass --model NAME (see `crate models`)")
             if is_language_model(cfg.model):
                 raise ValueError(f"{cfg.model} is a language model; train it with crate train-lm --model {cfg.model}")
-            image_size = cfg.image_size or model_config(cfg.model, **cfg.model_args).image_size
+            image_size = cfg.data.image_size or model_config(cfg.model, **cfg.model_args).image_size
         self.image_size = image_size
         self.train_data, self.eval_data, self.test_data = self._load_data(image_size)
         classes = self.train_data.classes
@@ -82,13 +82,17 @@ class ClassificationTask(Task):
         if norm is None:
             raise ValueError(f"cannot use {self.train_data.channels}-channel data with a {channels}-channel model")
         self.mean, self.std = norm
-        data = cfg.data if cfg.data.lower() in BUILTIN_DATASETS else str(Path(cfg.data).expanduser().resolve())
+        data = (
+            cfg.data.source
+            if cfg.data.source.lower() in BUILTIN_DATASETS
+            else str(Path(cfg.data.source).expanduser().resolve())
+        )
         model.config.data = DataSpec(
             source=data, kind=getattr(self.train_data, "kind", ""), name=self.train_data.name,
             classes=classes, mean=self.mean, std=self.std,
         )  # fmt: skip
         self.model = model.to(rt.device)
-        kind = cfg.augment
+        kind = cfg.augmentation.augment
         if kind == "auto":
             kind = default_augmentation(self.train_data.name, finetune=cfg.init_from is not None)
         self.augment_kind = kind
@@ -96,12 +100,12 @@ class ClassificationTask(Task):
         self.augment = build_augmentation(
             kind,
             image_size,
-            translate=round(cfg.translate * native),
+            translate=round(cfg.augmentation.translate * native),
             input_size=native,
-            crop_scale=(cfg.crop_scale, 1.0),
-            hflip=cfg.hflip,
-            randaugment_n=cfg.randaugment_n,
-            randaugment_m=cfg.randaugment_m,
+            crop_scale=(cfg.augmentation.crop_scale, 1.0),
+            hflip=cfg.augmentation.hflip,
+            randaugment_n=cfg.augmentation.randaugment_n,
+            randaugment_m=cfg.augmentation.randaugment_m,
         ).to(rt.device)
 
     def _load_data(self, image_size: int) -> tuple[ImageSource, ImageSource, ImageSource]:
@@ -121,7 +125,7 @@ class ClassificationTask(Task):
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         x, y = batch
         logits = model(x).float()
-        loss = F.cross_entropy(logits, y, label_smoothing=self.cfg.label_smoothing)
+        loss = F.cross_entropy(logits, y, label_smoothing=self.cfg.optim.label_smoothing)
         with torch.no_grad():
             n = torch.tensor(float(len(y)), device=y.device)
             stats = {"loss": loss.detach() * n, "acc": (logits.argmax(-1) == y).sum().float(), "n": n}
@@ -131,17 +135,17 @@ class ClassificationTask(Task):
         ds = dataset or (self.test_data if split == "test" else self.eval_data)
         r = evaluate(
             self.model, ds, mean=self.mean, std=self.std, image_size=self.image_size,
-            channels=self.model.config.in_chans, batch_size=self.cfg.eval_batch_size, runtime=self.rt,
+            channels=self.model.config.in_chans, batch_size=self.cfg.logging.eval_batch_size, runtime=self.rt,
         )  # fmt: skip
         self.last_result = r
         return {"loss": r.loss, "acc": r.top1, "top5": r.top5}
 
     def hooks(self, cfg: TrainConfig) -> list:
-        if not cfg.measure_every:
+        if not cfg.logging.measure_every:
             return []
         from ..analysis import measure_hook
 
-        return [measure_hook(every=cfg.measure_every)]
+        return [measure_hook(every=cfg.logging.measure_every)]
 
     def fixed_batch(self) -> tuple[Tensor, Tensor]:
         images, labels = next(iter(self.eval_data.batches(64, shuffle=False)))
@@ -152,12 +156,12 @@ class ClassificationTask(Task):
             "augment": self.augment_kind,
             "image_size": self.image_size,
             "train_images": len(self.train_data),
-            "eval_split": self.cfg.eval_split,
+            "eval_split": self.cfg.data.eval_split,
             "eval_images": len(self.eval_data),
             "parameters": self.model.num_params(),
             "summary": (
                 f"{self.model.num_params():,} params, {self.model.config.arch}) on {self.train_data.name}: "
-                f"{len(self.train_data)} train / {len(self.eval_data)} {self.cfg.eval_split} images, "
+                f"{len(self.train_data)} train / {len(self.eval_data)} {self.cfg.data.eval_split} images, "
                 f"{self.image_size}px, augment={self.augment_kind}"
             ),
         }
@@ -183,7 +187,7 @@ class ClassificationTask(Task):
 
     def figures(self, run_dir: Path, metrics_path: Path) -> None:
         super().figures(run_dir, metrics_path)
-        if self.cfg.measure_every:
+        if self.cfg.logging.measure_every:
             from ..analysis import load_measure_records, plot_measure_history
 
             records = load_measure_records(metrics_path)
@@ -192,30 +196,33 @@ class ClassificationTask(Task):
 
 
 def load_splits(cfg: TrainConfig, image_size: int) -> tuple[ImageSource, ImageSource, ImageSource]:
-    """(train, per-epoch eval, test) splits of ``cfg.data`` from :func:`open_source` (``--data-mode``, ``--workers``).
+    """(train, per-epoch eval, test) splits of ``cfg.data.source`` from :func:`open_source` (``--data-mode``,
+    ``--workers``).
 
     Shared by every image task (classification, masked autoencoding, DINO).  Files (image folders,
     shards, HF datasets) are decoded at ``image_size``; built-in and CIFAR tensors keep their size and
     are resized per batch.
     """
     kw = dict(
-        image_size=image_size, val_fraction=cfg.val_fraction, seed=cfg.seed, on_bad_image=cfg.on_bad_image,
-        mode=cfg.data_mode, num_workers=cfg.workers,
+        image_size=image_size, val_fraction=cfg.data.val_fraction, seed=cfg.system.seed,
+        on_bad_image=cfg.data.on_bad_image, mode=cfg.data.data_mode, num_workers=cfg.data.workers,
     )  # fmt: skip
-    train_set = open_source(cfg.data, "train", **kw)
-    if cfg.train_subset and not isinstance(train_set, ImageDataset):
+    train_set = open_source(cfg.data.source, "train", **kw)
+    if cfg.data.train_subset and not isinstance(train_set, ImageDataset):
         raise ValueError(
-            f"--train-subset works on in-memory data only and {cfg.data} is streamed; "
+            f"--train-subset works on in-memory data only and {cfg.data.source} is streamed; "
             "pass --data-mode memory (image folders) or drop --train-subset"
         )
     kw["stats"] = (train_set.mean, train_set.std)  # streamed splits: the training pool's, not a new estimate
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a skipped-images warning was already shown for the train split
-        test_set = open_source(cfg.data, "test", **kw)
-        eval_set = test_set if cfg.eval_split == "test" else open_source(cfg.data, cfg.eval_split, **kw)
-    if cfg.train_subset and cfg.train_subset < len(train_set):
-        g = torch.Generator().manual_seed(cfg.seed)
-        keep = torch.randperm(len(train_set), generator=g)[: cfg.train_subset].sort().values
+        test_set = open_source(cfg.data.source, "test", **kw)
+        eval_set = (
+            test_set if cfg.data.eval_split == "test" else open_source(cfg.data.source, cfg.data.eval_split, **kw)
+        )
+    if cfg.data.train_subset and cfg.data.train_subset < len(train_set):
+        g = torch.Generator().manual_seed(cfg.system.seed)
+        keep = torch.randperm(len(train_set), generator=g)[: cfg.data.train_subset].sort().values
         t = train_set
         train_set = ImageDataset(t.images[keep], t.labels[keep], t.classes, t.mean, t.std, t.name, "train")
     return train_set, eval_set, test_set

@@ -99,8 +99,8 @@ class DINOTask(ClassificationTask):
         self.criterion = DINOLoss(
             opts.out_dim, student_temp=opts.student_temp, center_momentum=opts.center_momentum
         ).to(rt.device)
-        self.steps_per_epoch = self.train_data.steps_per_epoch(cfg.batch_size)
-        self.total_steps = self.steps_per_epoch * cfg.epochs
+        self.steps_per_epoch = self.train_data.steps_per_epoch(cfg.optim.batch_size)
+        self.total_steps = self.steps_per_epoch * cfg.optim.epochs
         self.step = 0
         self.multicrop = MultiCropAugmentation(
             opts, self.image_size, backbone.config.in_chans, multiple=backbone.config.patch_size
@@ -133,7 +133,7 @@ class DINOTask(ClassificationTask):
     def weight_decay(self, step: int) -> float:
         """Weight decay of the matrices at optimizer step ``step`` (0-based): DINO's cosine schedule from
         ``--weight-decay`` to ``--weight-decay-end`` (constant ``--weight-decay`` when that is none)."""
-        start, end = self.cfg.weight_decay, self.options.weight_decay_end
+        start, end = self.cfg.optim.weight_decay, self.options.weight_decay_end
         return start if end is None else cosine_schedule(start, end, step, self.total_steps)
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, ...]) -> tuple[Tensor, dict[str, Tensor]]:
@@ -159,7 +159,7 @@ class DINOTask(ClassificationTask):
         m = self.momentum(ctx.step - 1)
         _ema_update(self.teacher, self.student, m)
         self.step = ctx.step
-        if ctx.step % self.cfg.log_every == 0 or ctx.step == self.total_steps:
+        if ctx.step % self.cfg.logging.log_every == 0 or ctx.step == self.total_steps:
             s = ctx.step - 1  # the values step s used
             sched = dict(momentum=m, teacher_temp=self.teacher_temp(s), weight_decay=self.weight_decay(s))
             return [dict(split="schedule", step=ctx.step, epoch=ctx.epoch, **sched)]
@@ -195,7 +195,7 @@ class DINOTask(ClassificationTask):
         c = model.config
         return extract_features(
             model, ds, mean=self.mean, std=self.std, image_size=self.image_size, channels=c.in_chans,
-            pool=self.options.pool, batch_size=self.cfg.eval_batch_size, device=self.rt.device,
+            pool=self.options.pool, batch_size=self.cfg.logging.eval_batch_size, device=self.rt.device,
         )  # fmt: skip
 
     def evaluate(self, split: str, **_: Any) -> dict[str, float]:
@@ -218,7 +218,7 @@ class DINOTask(ClassificationTask):
         return {
             "image_size": self.image_size,
             "train_images": len(self.train_data),
-            "eval_split": self.cfg.eval_split,
+            "eval_split": self.cfg.data.eval_split,
             "eval_images": len(self.eval_data),
             "parameters": backbone.num_params(),
             "head_parameters": head,
@@ -227,7 +227,7 @@ class DINOTask(ClassificationTask):
             "summary": (
                 f"DINO preset {o.preset}: {backbone.num_params():,} params, {backbone.config.arch}) + head {head:,} "
                 f"({o.out_dim} prototypes), pool {o.pool}, views {views}; {self.train_data.name}: "
-                f"{len(self.train_data)} train images (labels unused), {len(self.eval_data)} {self.cfg.eval_split}"
+                f"{len(self.train_data)} train images (labels unused), {len(self.eval_data)} {self.cfg.data.eval_split}"
             ),
         }
 

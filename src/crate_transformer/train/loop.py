@@ -102,11 +102,11 @@ def train(
             f"{resume or 'this configuration'} is a {cfg.task} run, not {expect_task}; "
             f"use: crate {task.resume_command(cfg)}{where}"
         )
-    rt = Runtime.start(cfg.device, cfg.amp)
+    rt = Runtime.start(cfg.system.device, cfg.system.amp)
     run, finished = None, False
     try:
-        with ProcessSettings(cfg.threads, cfg.deterministic):
-            path = Path(resume) if resume is not None else Path(rt.broadcast(str(cfg.out or _default_dir(cfg))))
+        with ProcessSettings(cfg.system.threads, cfg.system.deterministic):
+            path = Path(resume) if resume is not None else Path(rt.broadcast(str(cfg.logging.out or _default_dir(cfg))))
             run = rt.on_main(lambda: RunDir.reopen(path) if resume is not None else RunDir.create(path))
             result = _run(cfg, task, rt, run or RunDir(path, writer=False), state, hooks)
         rt.barrier()  # leave together: a rank tearing down gloo early can abort its peers
@@ -128,17 +128,17 @@ def train(
 
 def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | None, hooks: Sequence[Hook]) -> dict:
     t_start = time.time()
-    seed_everything(cfg.seed)  # identical initialisation on every process
+    seed_everything(cfg.system.seed)  # identical initialisation on every process
     task.setup(cfg, rt, state)
     raw, n_train = task.model, len(task.train_data)
     steps_per_epoch = _steps_per_epoch(cfg, task, rt)
-    total = steps_per_epoch * cfg.epochs
-    last = min(total, cfg.max_steps) if cfg.max_steps else total
+    total = steps_per_epoch * cfg.optim.epochs
+    last = min(total, cfg.optim.max_steps) if cfg.optim.max_steps else total
     opt = _Optimization(raw, cfg, steps_per_epoch, total, rt)
     ts = TrainState()
     if state is not None:
         ts = _restore(state, task, opt, cfg, n_train)
-    seed_everything(cfg.seed + rt.rank)  # per-process augmentation / dropout streams
+    seed_everything(cfg.system.seed + rt.rank)  # per-process augmentation / dropout streams
     if state is not None and len(state["rng"]) == rt.world:
         set_rng_state(state["rng"][rt.rank])
     model = _wrap(raw, cfg, rt)
@@ -155,7 +155,8 @@ def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | N
         run.save_state({
             "model_config": model_cfg, "model": {k: v.detach().cpu() for k, v in raw.state_dict().items()},
             **opt.state_dict(), "rng": rngs, "step": ts.step, "epoch": ts.epoch, "reason": reason,
-            "data": {**asdict(ts), "seed": cfg.seed, "num_samples": n_train, "global_batch": cfg.batch_size},
+            "data": {**asdict(ts), "seed": cfg.system.seed, "num_samples": n_train,
+                     "global_batch": cfg.optim.batch_size},
             "train_config": cfg.to_dict(), "task": task.state_dict(),
         })  # fmt: skip
 
@@ -164,7 +165,7 @@ def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | N
         for rec in (r for hook in hooks for r in (hook(ctx) or [])):
             run.record(**rec)
 
-    bar = rt.progress(cfg.progress, total=total, initial=ts.step)
+    bar = rt.progress(cfg.logging.progress, total=total, initial=ts.step)
     window: dict[str, torch.Tensor] = {}
     t_window, interrupted = time.time(), False
     watch = SlowdownWatch()  # step time without evaluation, hooks and checkpoints
@@ -173,11 +174,11 @@ def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | N
     model.train()
     with Interrupt() as stop:
         while ts.step < last and not interrupted:
-            where = dict(seed=cfg.seed, epoch=ts.epoch, start=ts.batch, rank=rt.rank, world=rt.world)
+            where = dict(seed=cfg.system.seed, epoch=ts.epoch, start=ts.batch, rank=rt.rank, world=rt.world)
             watch.step_started()
-            for batch in task.train_data.batches(cfg.batch_size, shuffle=True, **where):
+            for batch in task.train_data.batches(cfg.optim.batch_size, shuffle=True, **where):
                 # this process's share of the global batch, in accum_steps chunks weighted to one batch mean
-                chunks = task.chunks(task.prepare(batch), cfg.accum_steps)
+                chunks = task.chunks(task.prepare(batch), cfg.optim.accum_steps)
                 weights = [task.weight(c) for c in chunks]
                 opt.zero_grad()
                 for i, chunk in enumerate(chunks):
@@ -191,16 +192,16 @@ def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | N
                 watch.step_done()
                 ts.step, ts.batch = ts.step + 1, ts.batch + 1
                 bar.update(1)
-                if ts.step % cfg.log_every == 0 or ts.step == last:
+                if ts.step % cfg.logging.log_every == 0 or ts.step == last:
                     rec = _window_record(window, rt, time.time() - t_window, ts.step, opt.lr)
                     run.record("train", ts.step, epoch=epoch_of(ts.step), **rec, lr=opt.lr, time=time.time() - t_start)
-                    bar.set_postfix_str(_postfix(rec, task.metric, ts.epoch, cfg.epochs))
+                    bar.set_postfix_str(_postfix(rec, task.metric, ts.epoch, cfg.optim.epochs))
                     window, t_window = {}, time.time()
                     if (slow := watch.end_window()) and rt.main:
                         bar.write(slow)
                 if hooks:
                     run_hooks()
-                if cfg.checkpoint_every and ts.step % cfg.checkpoint_every == 0:
+                if cfg.logging.checkpoint_every and ts.step % cfg.logging.checkpoint_every == 0:
                     checkpoint("periodic")
                 interrupted = rt.any(stop.flag)  # every process stops at the same step
                 watch.step_started()
@@ -209,12 +210,14 @@ def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | N
             if interrupted or ts.batch < steps_per_epoch:
                 break
             ts.epoch, ts.batch = ts.epoch + 1, 0
-            due = cfg.eval_every and ts.epoch % cfg.eval_every == 0 and ts.step < last
-            m = task.evaluate(cfg.eval_split) if due else {}
+            due = cfg.logging.eval_every and ts.epoch % cfg.logging.eval_every == 0 and ts.step < last
+            m = task.evaluate(cfg.data.eval_split) if due else {}
             if m:  # {}: nothing to measure (DINO on a single class)
-                run.record(cfg.eval_split, ts.step, epoch=epoch_of(ts.step), **m, time=time.time() - t_start)
+                run.record(cfg.data.eval_split, ts.step, epoch=epoch_of(ts.step), **m, time=time.time() - t_start)
                 if rt.main:  # tqdm.write prints even from the disabled bars of the other ranks
-                    bar.write(f"epoch {ts.epoch}: {cfg.eval_split} " + ", ".join(f"{k} {v:.4g}" for k, v in m.items()))
+                    bar.write(
+                        f"epoch {ts.epoch}: {cfg.data.eval_split} " + ", ".join(f"{k} {v:.4g}" for k, v in m.items())
+                    )
             checkpoint("epoch")
     bar.close()
     if interrupted:
@@ -285,21 +288,21 @@ def _check_fixed_options(
 
 
 def _default_dir(cfg: TrainConfig) -> Path:
-    data = Path(cfg.data).name or "data"
+    data = Path(cfg.data.source).name or "data"
     what = cfg.model or ("finetune" if cfg.init_from else "model" if cfg.task == "classification" else cfg.task)
     return Path("runs") / f"{what}-{data}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def _steps_per_epoch(cfg: TrainConfig, task: Task, rt: Runtime) -> int:
-    if cfg.batch_size % (rt.world * cfg.accum_steps):
+    if cfg.optim.batch_size % (rt.world * cfg.optim.accum_steps):
         raise ValueError(
-            f"batch_size {cfg.batch_size} is not divisible by {rt.world} process(es) x {cfg.accum_steps} "
-            f"accumulation steps; use a multiple of {rt.world * cfg.accum_steps}"
+            f"batch_size {cfg.optim.batch_size} is not divisible by {rt.world} process(es) x {cfg.optim.accum_steps} "
+            f"accumulation steps; use a multiple of {rt.world * cfg.optim.accum_steps}"
         )
-    steps = task.train_data.steps_per_epoch(cfg.batch_size)
+    steps = task.train_data.steps_per_epoch(cfg.optim.batch_size)
     if steps == 0:
         raise ValueError(
-            f"batch_size {cfg.batch_size} is larger than the {len(task.train_data)} training samples; "
+            f"batch_size {cfg.optim.batch_size} is larger than the {len(task.train_data)} training samples; "
             "lower --batch-size"
         )
     return steps
@@ -320,17 +323,23 @@ class _Optimization:
         for name, p in model.named_parameters():
             if p.requires_grad:
                 (no_decay if p.ndim < 2 or name in skip else decay).append(p)
-        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        if cfg.optimizer == "lion":
+        groups = [{"params": decay, "weight_decay": cfg.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if cfg.optim.optimizer == "lion":
             from lion_pytorch import Lion
 
-            self.optimizer = Lion(groups, lr=cfg.lr, betas=tuple(cfg.betas) if cfg.betas else (0.9, 0.99))
+            self.optimizer = Lion(
+                groups, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas) if cfg.optim.betas else (0.9, 0.99)
+            )
         else:
-            self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas) if cfg.betas else (0.9, 0.999))
-        self.schedule = WarmupCosine(round(cfg.warmup_epochs * steps_per_epoch), total, cfg.min_lr / cfg.lr)
+            self.optimizer = torch.optim.AdamW(
+                groups, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas) if cfg.optim.betas else (0.9, 0.999)
+            )
+        self.schedule = WarmupCosine(
+            round(cfg.optim.warmup_epochs * steps_per_epoch), total, cfg.optim.min_lr / cfg.optim.lr
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
         self.scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.amp_dtype == torch.float16)
-        self.params, self.clip = [p for g in groups for p in g["params"]], cfg.grad_clip
+        self.params, self.clip = [p for g in groups for p in g["params"]], cfg.optim.grad_clip
 
     @property
     def lr(self) -> float:
@@ -368,10 +377,10 @@ class _Optimization:
 def _restore(state: dict, task: Task, opt: _Optimization, cfg: TrainConfig, n: int) -> TrainState:
     """Load weights, optimizer, schedule, scaler and task state; check the data still matches."""
     data = state["data"]
-    if data["num_samples"] != n or data["global_batch"] != cfg.batch_size:
+    if data["num_samples"] != n or data["global_batch"] != cfg.optim.batch_size:
         raise ValueError(
             f"the training data or batch size changed since the checkpoint ({data['num_samples']} samples, batch "
-            f"{data['global_batch']}; now {n}, {cfg.batch_size}); resume with the same data and --batch-size"
+            f"{data['global_batch']}; now {n}, {cfg.optim.batch_size}); resume with the same data and --batch-size"
         )
     task.model.load_state_dict(state["model"])
     opt.load_state_dict(state)
@@ -385,7 +394,7 @@ def _wrap(raw: nn.Module, cfg: TrainConfig, rt: Runtime) -> nn.Module:
         model = nn.parallel.DistributedDataParallel(
             raw, device_ids=[rt.device.index] if rt.device.type == "cuda" else None
         )
-    return torch.compile(model) if cfg.compile else model
+    return torch.compile(model) if cfg.system.compile else model
 
 
 def _start_run(
@@ -401,17 +410,22 @@ def _start_run(
 ) -> None:
     """Write config.yaml (with the derived sizes), start metrics.jsonl, and print what is about to run."""
     about = task.describe()
-    derived = {"world_size": rt.world, "local_batch": cfg.batch_size // rt.world, "accum_steps": cfg.accum_steps}
+    derived = {
+        "world_size": rt.world,
+        "local_batch": cfg.optim.batch_size // rt.world,
+        "accum_steps": cfg.optim.accum_steps,
+    }
     derived.update(steps_per_epoch=steps, total_steps=total, **about)
     run.write_yaml(CONFIG_FILE, {**cfg.to_dict(), "model_config": model_cfg, "derived": derived})
-    run.start_log(ts.step if resumed else None, tensorboard=cfg.tensorboard)
+    run.start_log(ts.step if resumed else None, tensorboard=cfg.logging.tensorboard)
     procs = f" ({rt.world} processes)" if rt.distributed else ""
-    accum = f", {cfg.accum_steps} accumulation steps" if cfg.accum_steps > 1 else ""
+    accum = f", {cfg.optim.accum_steps} accumulation steps" if cfg.optim.accum_steps > 1 else ""
     verb = ("fine-tuning" if cfg.init_from else "training") if task.name == "classification" else task.name
     what = cfg.model or Path(str(cfg.init_from or "model")).name
     summary = f"{about['summary']}, " if about.get("summary") else ""
     rt.log(
-        f"{verb} {what} ({summary}{cfg.epochs} epochs x {steps} steps, batch {cfg.batch_size}{procs}{accum}, "
+        f"{verb} {what} ({summary}{cfg.optim.epochs} epochs x {steps} steps, batch {cfg.optim.batch_size}{procs}"
+        f"{accum}, "
         f"device {rt.device}, {torch.get_num_threads()} CPU thread" + ("s" if torch.get_num_threads() > 1 else "")
         + (f", resuming at step {ts.step}" if resumed else "") + f"\nrun directory: {run.path}"
     )  # fmt: skip
