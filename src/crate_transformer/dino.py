@@ -386,7 +386,7 @@ class MultiCropAugmentation(nn.Module):
         super().__init__()
         import kornia.augmentation as K
 
-        from .data.transforms import _AsRGB
+        from .data.transforms import AsRGB
 
         g = cfg.global_crop_size or global_size
         loc = cfg.local_crop_size or max(multiple, round(g * 96 / 224 / multiple) * multiple)
@@ -401,7 +401,7 @@ class MultiCropAugmentation(nn.Module):
             if cfg.grayscale > 0 and channels == 3:
                 colour.append(K.RandomGrayscale(p=cfg.grayscale))
             if colour:
-                ops.append(_AsRGB(nn.Sequential(*colour)) if channels == 1 else nn.Sequential(*colour))
+                ops.append(AsRGB(nn.Sequential(*colour)) if channels == 1 else nn.Sequential(*colour))
             if blur > 0:
                 k = max(3, (size // 10) | 1)  # odd kernel, ~10% of the side as in BYOL/DINO
                 ops.append(K.RandomGaussianBlur((k, k), (0.1, 2.0), p=blur))

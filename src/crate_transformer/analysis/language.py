@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ..io import write_json
 from .measure import LayerTable, measure_batch
-from .plots import _save, plot_layerwise
+from .plots import plot_layerwise, save_figure
 
 __all__ = ["measure_text", "token_attention", "plot_token_attention", "analyze_text"]
 
@@ -90,7 +90,7 @@ def plot_token_attention(
         ax.set_xticks(range(n), labels, rotation=90, fontsize=6, family="monospace")
         ax.set_yticks(range(n), labels, fontsize=6, family="monospace")
     fig.suptitle(title or "attention over tokens (row: query, column: key)")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def analyze_text(

@@ -70,7 +70,8 @@ _MASK_COLORS = np.array(
 )
 
 
-def _save(fig: Figure, path: str | Path | None, dpi: int = 100) -> Figure:
+def save_figure(fig: Figure, path: str | Path | None, dpi: int = 100) -> Figure:
+    """Write ``fig`` as a PNG at ``path`` (when given; folders created) and return it."""
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=dpi, bbox_inches="tight")
@@ -131,7 +132,7 @@ def plot_layerwise(
         if any(tables):
             ax.legend(fontsize=8)
     fig.suptitle(title or "Layer-wise compression and sparsity (cf. JMLR Fig. 14)")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _group_history(records: Iterable[Mapping] | Mapping, step_key: str) -> dict[object, list[Mapping]]:
@@ -188,7 +189,7 @@ def plot_measure_history(
         ax.grid(alpha=0.3)
     axes[-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.suptitle(title or "Compression and sparsity across training (cf. JMLR Fig. 15)")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _hwc(img: Tensor) -> tuple[np.ndarray, str | None]:
@@ -244,7 +245,7 @@ def plot_attention(
             ax.set_xticks([])
             ax.set_yticks([])
     fig.suptitle(title or "Class-token attention per head (cf. JMLR Figs. 18, 27)", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_pca(images: Tensor, rgb: np.ndarray, path: str | Path | None = None, *, title: str | None = None) -> Figure:
@@ -262,7 +263,7 @@ def plot_pca(images: Tensor, rgb: np.ndarray, path: str | Path | None = None, *,
     axes[0, 0].set_ylabel("input", fontsize=8)
     axes[1, 0].set_ylabel("PCA (RGB = PC1-3)", fontsize=8)
     fig.suptitle(title or "PCA of patch features (cf. JMLR Fig. 19; official pca_visualization.py)", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _mask_overlay(img: np.ndarray, masks: np.ndarray, size: tuple[int, int]) -> np.ndarray:
@@ -292,7 +293,7 @@ def plot_masks(
             ax.set_xticks([])
             ax.set_yticks([])
     fig.suptitle(title or "MaskCut segmentation (cf. JMLR Fig. 19, Alg. 1)", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def save_mask_png(masks: np.ndarray, size: tuple[int, int], path: str | Path) -> Path:
@@ -349,7 +350,7 @@ def plot_subspace_grams(
     if im is not None:
         fig.colorbar(im, ax=axes, shrink=0.8, label=r"$|U_i^\top U_j|$ (unit columns)")
     fig.suptitle(title or "Subspace incoherence: Gram of the learned bases (cf. JMLR Fig. 17)", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_token_heatmaps(
@@ -380,7 +381,7 @@ def plot_token_heatmaps(
     if im is not None:
         fig.colorbar(im, ax=axes, shrink=0.8, label=r"$|Z^{\ell+1}|$")
     fig.suptitle(title or f"ISTA outputs, random {len(r)}x{len(c)} tokens x features (cf. JMLR Fig. 16)", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_reconstructions(
@@ -403,7 +404,7 @@ def plot_reconstructions(
     for row, label in enumerate(("original", "masked", "reconstruction")):
         axes[row, 0].set_ylabel(label, fontsize=8)
     fig.suptitle(title or "CRATE-MAE reconstructions (cf. JMLR Fig. 11)", fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_decoder_inversion(
@@ -426,4 +427,4 @@ def plot_decoder_inversion(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     ax.set_title(title or "decoder as the structured inverse of the encoder (JMLR §3.5)", fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -127,13 +127,13 @@ def _split_images(ds: object, k: int, seed: int, size: int) -> object:
     import torch
 
     from ..data import ImageDataset
-    from ..data.transforms import _resize_tensor
+    from ..data.transforms import resize_tensor
 
     if isinstance(ds, ImageDataset):  # random access: the seeded subset of the whole split
         x = ds.images[torch.as_tensor(_subset(len(ds), k, seed), dtype=torch.long)]
     else:  # streamed: the first k samples of a seeded epoch (shards have no random access)
         x = ds.first(k, shuffle=True, seed=seed)[0]
-    return _resize_tensor(x, size).float() / 255.0
+    return resize_tensor(x, size).float() / 255.0
 
 
 def _dataset_splits(model: object, data: str, image_size: int, k: int, seed: int, on_bad_image: str) -> tuple:

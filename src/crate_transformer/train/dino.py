@@ -40,7 +40,7 @@ from ..dino import ema_update as _ema_update
 from ..model import ImageClassifier
 from .classification import ClassificationTask
 from .config import TrainConfig
-from .evaluation import _pyplot, _save, prepare_batch
+from .evaluation import prepare_batch, save_figure, subplots
 from .rundir import read_metrics
 from .runtime import Runtime
 from .task import StepContext
@@ -276,12 +276,11 @@ class DINOTask(ClassificationTask):
 def plot_dino_curves(metrics_path: str | os.PathLike, out_png: str | os.PathLike) -> Path:
     """Four panels against the step: DINO loss; teacher feature std and entropy (collapse monitors);
     k-NN accuracy of the teacher's features; learning rate, teacher momentum, weight decay and temperature."""
-    plt = _pyplot()
     records = read_metrics(metrics_path)
     train_r = [r for r in records if r.get("split") == "train"]
     sched = [r for r in records if r.get("split") == "schedule"]
     evals = [r for r in records if r.get("split") in ("val", "test") and "knn" in r]
-    fig, (ax_loss, ax_std, ax_knn, ax_s) = plt.subplots(1, 4, figsize=(17, 3.6))
+    fig, (ax_loss, ax_std, ax_knn, ax_s) = subplots(1, 4, figsize=(17, 3.6))
     steps = [r["step"] for r in train_r]
     ax_loss.plot(steps, [r["loss"] for r in train_r], lw=1)
     ax_loss.set(title="DINO loss (train)", xlabel="step")
@@ -309,4 +308,4 @@ def plot_dino_curves(metrics_path: str | os.PathLike, out_png: str | os.PathLike
     for ax in (ax_loss, ax_std, ax_knn, ax_s):
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    return _save(fig, out_png)
+    return save_figure(fig, out_png)
