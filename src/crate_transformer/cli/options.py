@@ -35,7 +35,16 @@ _UNSUPERVISED = {  # image pre-training (MAE, DINO): no labels, so no augmentati
         "max_steps",
     ),  # fmt: skip
     "system": ALL,
-    "logging": ("out", "checkpoint_every", "log_every", "eval_every", "eval_batch_size", "tensorboard", "progress"),
+    "logging": (
+        "out",
+        "checkpoint_every",
+        "log_every",
+        "eval_every",
+        "eval_batch_size",
+        "logger",
+        "tensorboard",
+        "progress",
+    ),
 }
 _SUPERVISED = {"top": _MODEL, "data": ALL, "augmentation": ALL, "optim": ALL, "system": ALL, "logging": ALL}
 _TEXT = {**_UNSUPERVISED, "data": ("data", "val_fraction")}

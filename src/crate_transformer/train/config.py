@@ -17,6 +17,7 @@ from typing import Any
 
 from ..config_utils import Range, check_ranges, coerce_fields, option
 from ..data import AUGMENTATIONS, DATA_MODES
+from .trackers import LOGGERS
 
 __all__ = [
     "TrainConfig",
@@ -76,8 +77,9 @@ class DataOptions(_Group):
     source: str = option(
         "mnist",
         "'mnist' | 'digits' | a CIFAR folder | a class-per-subfolder image folder | a folder of WebDataset "
-        "shards | a Hugging Face dataset saved with save_to_disk; train-lm: 'python-docs' (built in) | a UTF-8 "
-        "text file or folder; finetune-text: a CSV/TSV file",
+        "shards | a Hugging Face dataset: an id such as ylecun/mnist or OWNER/NAME:CONFIG, data files, or a "
+        "save_to_disk folder; train-lm: 'python-docs' (built in) | a UTF-8 text file or folder | a dataset id "
+        "(wikitext:wikitext-103-raw-v1); finetune-text: a CSV/TSV file | a dataset id (glue:sst2)",
         name="data",
     )
     data_mode: str = option(
@@ -211,7 +213,13 @@ class LoggingOptions(_Group):
         "every N steps (and before the first), record each layer's compression R^c and sparsity on a fixed "
         "batch (JMLR Fig. 15) in metrics.jsonl and plot them as measure.png (0 = off)",
     )
-    tensorboard: bool = option(False, "also log every record to <run dir>/tensorboard (needs the tensorboard package)")
+    logger: list = option(
+        [],
+        "also send every record, the hyperparameters and the figures to: tensorboard | wandb | mlflow | csv "
+        "(several at once: --logger csv wandb)",
+        metavar="NAME",
+    )
+    tensorboard: bool = option(False, "the same as --logger tensorboard")
     progress: bool = option(True, "show a tqdm progress bar")
 
     def validate(self) -> None:
@@ -221,6 +229,9 @@ class LoggingOptions(_Group):
             non_negative=("checkpoint_every", "eval_every", "measure_every"),
         )
         super().validate()
+        unknown = [name for name in self.logger if name not in LOGGERS]
+        if unknown:
+            raise ValueError(f"unknown logger {unknown[0]!r}; choose from {', '.join(LOGGERS)} (--logger)")
 
 
 # group name → its dataclass, in the order of config.yaml and of --help

@@ -234,6 +234,7 @@ def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | N
     elapsed = time.time() - t_start
     if rt.main:
         task.figures(run.path, run.metrics_path)
+        run.log_figures(ts.step)
         print(
             f"{final.pop('message')}, {elapsed:.0f} s, step {ts.step}\n"
             f"run directory: {run.path}  (config.yaml, metrics.jsonl, curves.png, {CHECKPOINT}, model/)"
@@ -417,7 +418,7 @@ def _start_run(
     }
     derived.update(steps_per_epoch=steps, total_steps=total, **about)
     run.write_yaml(CONFIG_FILE, {**cfg.to_dict(), "model_config": model_cfg, "derived": derived})
-    run.start_log(ts.step if resumed else None, tensorboard=cfg.logging.tensorboard)
+    run.start_log(ts.step if resumed else None, cfg.logging.tensorboard, cfg.logging.logger, cfg.flat())
     procs = f" ({rt.world} processes)" if rt.distributed else ""
     accum = f", {cfg.optim.accum_steps} accumulation steps" if cfg.optim.accum_steps > 1 else ""
     verb = ("fine-tuning" if cfg.init_from else "training") if task.name == "classification" else task.name
