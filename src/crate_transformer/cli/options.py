@@ -14,44 +14,33 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["COMMAND_OPTIONS", "add_options", "add_training_options", "add_config_file_options"]
+__all__ = [
+    "COMMAND_OPTIONS",
+    "add_options",
+    "add_training_options",
+    "add_report_options",
+    "add_config_file_options",
+    "print_config",
+]
 
 ALL = "*"  # every option of the group, including any added later
 _MODEL = ("model", "model_args")
-_UNSUPERVISED = {  # image pre-training (MAE, DINO): no labels, so no augmentation policy, label smoothing or R^c hook
-    "top": _MODEL,
-    "data": ("data", "data_mode", "workers", "image_size", "val_fraction", "train_subset", "on_bad_image"),
-    "optim": (
-        "optimizer",
-        "lr",
-        "min_lr",
-        "weight_decay",
-        "betas",
-        "batch_size",
-        "accum_steps",
-        "epochs",
-        "warmup_epochs",
-        "grad_clip",
-        "max_steps",
-    ),  # fmt: skip
-    "system": ALL,
-    "logging": (
-        "out",
-        "checkpoint_every",
-        "log_every",
-        "eval_every",
-        "eval_batch_size",
-        "logger",
-        "tensorboard",
-        "progress",
-    ),
-}
+_IMAGE_DATA = ("data", "data_mode", "workers", "image_size", "val_fraction", "train_subset", "on_bad_image")
+_OPTIM = ("optimizer", "lr", "min_lr", "weight_decay", "betas", "batch_size", "accum_steps", "epochs",
+          "warmup_epochs", "grad_clip", "max_steps")  # fmt: skip
+_LOGGING = ("out", "checkpoint_every", "log_every", "eval_every", "eval_batch_size", "logger", "tensorboard",
+            "progress")  # fmt: skip
+# image pre-training (MAE, DINO) has no labels: no augmentation policy, label smoothing, eval split or R^c hook
+_UNSUPERVISED = {"top": _MODEL, "data": _IMAGE_DATA, "optim": _OPTIM, "system": ALL, "logging": _LOGGING}
 _SUPERVISED = {"top": _MODEL, "data": ALL, "augmentation": ALL, "optim": ALL, "system": ALL, "logging": ALL}
 _TEXT = {**_UNSUPERVISED, "data": ("data", "val_fraction")}
-_RUNTIME = ("seed", "device", "threads")
+_OFFICIAL = {  # a report command's --model / --model-args describe an official checkpoint's architecture
+    "model": "registered model name for an official .pth (e.g. crate_small)",
+    "model_args": "architecture overrides for an official .pth, e.g. --model-args num_classes=10 image_size=32",
+}
 
 # command → {section: option names (or ALL)}; a section is "top" (the task, model and checkpoint fields) or a
-# TrainConfig group.  A name maps to an option name, or to the command's own help text for it.
+# TrainConfig group.  Names may map to the command's own help text for the option (None: the option's).
 COMMAND_OPTIONS: dict[str, dict[str, Any]] = {
     "train": _SUPERVISED,
     "finetune": {**_SUPERVISED, "top": (*_MODEL, "keep_head")},
@@ -59,23 +48,17 @@ COMMAND_OPTIONS: dict[str, dict[str, Any]] = {
     "train-lm": _TEXT,
     "finetune-text": _TEXT,
     "eval": {
-        "top": {
-            "model": "registered model name for an official .pth (e.g. crate_small)",
-            "model_args": "architecture overrides for an official .pth, e.g. --model-args num_classes=10 image_size=32",
-        },
+        "top": _OFFICIAL,
         "data": {
             "val_fraction": "as in training, for --split val",
             "on_bad_image": None,
             "data_mode": None,
             "workers": None,
-        },  # fmt: skip
+        },
         "system": {"seed": "seed of the val split, as in training", "device": None, "threads": None},
     },
     "analyze": {
-        "top": {
-            "model": "registered model name for an official .pth (e.g. crate_small)",
-            "model_args": "architecture overrides for an official .pth, e.g. --model-args num_classes=10 image_size=32",
-        },
+        "top": _OFFICIAL,
         "data": {"image_size": "resize images to this square size", "on_bad_image": None},
         "system": {"seed": "seed of the measured image subset", "device": None, "threads": None},
     },
@@ -109,7 +92,7 @@ def add_options(
     ``args`` directly): every flag has its default, values are coerced to the field's type, and a ranged value is
     checked before the command runs.  ``defaults`` replace field defaults (a command's own recipe).
     """
-    from ..config_utils import coerce_value, field_types
+    from ..config_utils import field_types
     from .common import register_range
 
     defaults, types = dict(defaults or {}), field_types(cls)
@@ -132,7 +115,7 @@ def add_options(
         if typed:  # the command reads args.<name>: a real default and a value of the field's type
             kw["default"] = [] if isinstance(default, dict) else default
             if not isinstance(default, (bool, dict, list)):
-                kw["type"] = _converter(coerce_value, types[f.name])
+                kw["type"] = _converter(types[f.name])
             if "range" in meta:
                 register_range(parser, name, flag, meta["range"])
         if isinstance(f.default, bool):
@@ -140,17 +123,20 @@ def add_options(
         elif isinstance(default, dict):  # given twice, the pairs are merged (parse_model_args refuses a clash)
             parser.add_argument(flag, nargs="+", action="extend", metavar=meta.get("metavar", "KEY=VALUE"), **kw)
         elif isinstance(default, list):
-            parser.add_argument(flag, nargs="+", metavar="V", **kw)
+            parser.add_argument(flag, nargs="+", metavar=meta.get("metavar", "V"), **kw)
         else:
             if "choices" not in meta:
                 kw["metavar"] = meta.get("metavar", name.split("_")[-1].upper())
             parser.add_argument(flag, **kw)
 
 
-def _converter(coerce: Any, annotation: Any) -> Any:
+def _converter(annotation: Any) -> Any:
+    """An argparse ``type``: the text coerced to ``annotation`` as config files are (a usage error if it cannot)."""
+    from ..config_utils import coerce_value
+
     def convert(text: str) -> Any:
         try:
-            return coerce(text, annotation)
+            return coerce_value(text, annotation)
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
 
