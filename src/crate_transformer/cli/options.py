@@ -66,6 +66,9 @@ COMMAND_OPTIONS: dict[str, dict[str, Any]] = {
 }
 # the options of the report commands (eval, analyze, generate) whose default is not the training default
 REPORT_DEFAULTS: dict[str, Any] = {"model": None}
+# options a report command hands on as given, absent when not given: set_threads reads --threads itself (0 or
+# absent = auto) and refuses a bad value in its own words, as it does for the training commands
+PASSED_ON = ("threads",)
 SECTION_TITLES = {
     "data": "data",
     "augmentation": "augmentation",
@@ -82,6 +85,7 @@ def add_options(
     defaults: Mapping[str, Any] | None = None,
     *,
     typed: bool = False,
+    passed_on: tuple[str, ...] = (),
 ) -> None:
     """One ``--flag`` per field of dataclass ``cls`` (``names``: option name → the command's own help, or None
     for the field's; omitted: every field), named by the field's option name with dashes.
@@ -90,7 +94,8 @@ def add_options(
     ``typed=False`` (the training commands): flags not given stay absent (``given_options`` collects the rest)
     and values stay strings, coerced and checked by the dataclass itself.  ``typed=True`` (a command that reads
     ``args`` directly): every flag has its default, values are coerced to the field's type, and a ranged value is
-    checked before the command runs.  ``defaults`` replace field defaults (a command's own recipe).
+    checked before the command runs, except the options in ``passed_on`` (as with ``typed=False``).  ``defaults``
+    replace field defaults (a command's own recipe).
     """
     from ..config_utils import field_types
     from .common import register_range
@@ -104,7 +109,8 @@ def add_options(
         shown = plain if name in defaults else meta.get("shown", plain)  # a command's own default wins
         shown = shown if shown not in ({}, "", None) else "none"
         help_text = (names or {}).get(name) or meta["help"]
-        if typed and "shown" not in meta and name not in defaults and not isinstance(default, (dict, list)):
+        typed_here = typed and name not in passed_on
+        if typed_here and "shown" not in meta and name not in defaults and not isinstance(default, (dict, list)):
             shown = "%(default)s"  # argparse's own words (and no second "(default: ...)" from its formatters)
         kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": f"{help_text} (default: {shown})"}
         if "choices" in meta:
@@ -112,7 +118,7 @@ def add_options(
         if "range" in meta:
             kw["help"] = kw["help"][:-1] + f"; {meta['range'].words().strip() or 'finite'})"
         flag = "--" + name.replace("_", "-")
-        if typed:  # the command reads args.<name>: a real default and a value of the field's type
+        if typed_here:  # the command reads args.<name>: a real default and a value of the field's type
             kw["default"] = [] if isinstance(default, dict) else default
             if not isinstance(default, (bool, dict, list)):
                 kw["type"] = _converter(types[f.name])
@@ -163,7 +169,8 @@ def add_report_options(parser: argparse.ArgumentParser, command: str, section: s
     from ..train.config import GROUPS, TrainConfig
 
     cls = TrainConfig if section == "top" else GROUPS[section]
-    add_options(parser, cls, _names(section, COMMAND_OPTIONS[command][section]), REPORT_DEFAULTS, typed=True)
+    names = _names(section, COMMAND_OPTIONS[command][section])
+    add_options(parser, cls, names, REPORT_DEFAULTS, typed=True, passed_on=PASSED_ON)
 
 
 def _names(section: str, names: Any) -> dict[str, str | None]:
