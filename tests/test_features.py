@@ -207,3 +207,20 @@ def test_cli_end_to_end_and_errors(tmp_path, capsys):
     assert "does not exist" in err
     err = one_line_error(capsys, "features", run, "--top-k", 0)
     assert "top_k" in err or "top-k" in err
+
+
+def test_cli_language_model_run(tmp_path, capsys):
+    run = tmp_path / "lm"
+    args = ["--model", "crate_gpt_mini", "--model-args", "dim=32", "depth=1", "heads=2", "block_size=32"]
+    args += ["--epochs", "1", "--max-steps", "2", "--eval-every", "0", "--eval-blocks", "4", "--sample-tokens", "0"]
+    assert crate("train-lm", *args, "--threads", 1, "--no-progress", "--out", run) == 0
+    capsys.readouterr()
+    assert crate("features", run, "--num-blocks", 5, "--top-k", 3, "--context", 4) == 0
+    out = capsys.readouterr().out
+    assert "token purity" in out and "next_token purity" in out and "5 blocks of 32" in out
+    report = json.loads((run / "features.json").read_text())
+    assert report["n_tokens"] == 5 * 32 and report["label_kinds"] == ["token", "next_token"]
+    page = (run / "features.html").read_text()
+    assert '"contexts":' in page and 'id="atom-examples"' in page
+    err = one_line_error(capsys, "features", run, "--layer", -2)
+    assert "the model has 1 layers" in err
