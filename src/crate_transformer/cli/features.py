@@ -22,17 +22,21 @@ def configure_features(parser: argparse.ArgumentParser) -> None:
         "--data",
         default=None,
         metavar="NAME|DIR",
-        help="image models: a dataset whose test split is measured (default: the one the model was trained on); "
-        "language models: a text corpus whose held-out tail is measured (default: the run's)",
+        help="image models: a dataset whose test split is measured, if not the one the model was trained on; "
+        "language models: a text corpus whose held-out tail is measured, if not the run's",
     )
-    parser.add_argument("--layer", type=int, default=None, help="only this layer (1-based; -1 = last); default all")
+    parser.add_argument(
+        "--layer", type=int, default=None, help="only this layer (1-based; -1 = last); all layers when not given"
+    )
     parser.add_argument("--top-k", type=int, default=16, help="top-activating inputs kept (and scored) per unit")
     parser.add_argument("--num-images", type=int, default=1000, help="image models: images measured (test split)")
     parser.add_argument("--num-blocks", type=int, default=64, help="language models: held-out token blocks measured")
     parser.add_argument("--context", type=int, default=12, help="language models: tokens shown either side")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0, help="seed of the image subset and of the chance purity")
-    parser.add_argument("--out", default=None, help="folder of features.json / features.html (default: RUN itself)")
+    parser.add_argument(
+        "--out", default=None, help="folder of features.json / features.html; RUN itself when not given"
+    )
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     add_threads_argument(parser, "features")
 
