@@ -9,6 +9,7 @@ from ..config_utils import Range
 from .common import (
     add_report_arguments,
     apply_threads,
+    held_out_corpus,
     number_argument,
     parse_model_args,
     positive,
@@ -75,14 +76,7 @@ def _analyze_language_model(model: object, args: argparse.Namespace) -> int:
         raise ValueError(
             f"{args.checkpoint} has no tokenizer.json beside its weights; save the model with its tokenizer"
         )
-    data, val_fraction = args.data, 0.1
-    run_config = Path(args.checkpoint) / "config.yaml"
-    if run_config.is_file():  # a crate train-lm run (of any release): its corpus and held-out split
-        from ..train.config import read_run_config
-
-        saved = read_run_config(run_config).data
-        data, val_fraction = data or saved.source, saved.val_fraction or val_fraction
-    data = data or "python-docs"
+    data, val_fraction = held_out_corpus(Path(args.checkpoint), args.data)
     block = model.config.block_size
     tokens = load_tokens(data, model.tokenizer)
     cut = split_tokens(len(tokens), val_fraction, block)

@@ -17,6 +17,7 @@ __all__ = [
     "given_options",
     "check_out_dir",
     "apply_threads",
+    "held_out_corpus",
     "number_argument",
     "register_range",
     "check_argument_ranges",
@@ -187,6 +188,19 @@ def report_dir(out: str | Path | None, default: Path, overwrite: bool, command: 
                 else:
                     p.unlink()
     return check_out_dir(path)
+
+
+def held_out_corpus(run: Path, data: str | None) -> tuple[str, float]:
+    """The corpus a language-model report measures and the fraction held out at its end: ``data`` if given, else
+    the one a ``crate train-lm`` run directory ``run`` trained on (its config.yaml, of any release), else
+    python-docs; the held-out tail is the run's ``--val-fraction``, or 0.1."""
+    from ..train.config import read_run_config
+
+    val_fraction = 0.1
+    if (Path(run) / "config.yaml").is_file():
+        saved = read_run_config(Path(run) / "config.yaml").data
+        data, val_fraction = data or saved.source, saved.val_fraction or val_fraction
+    return str(data or "python-docs"), val_fraction
 
 
 def apply_threads(args: argparse.Namespace) -> int:

@@ -63,6 +63,9 @@ COMMAND_OPTIONS: dict[str, dict[str, Any]] = {
         "system": {"seed": "seed of the measured image subset", "device": None, "threads": None},
     },
     "generate": {"system": {"seed": "random seed: the same seed gives the same text", "device": None, "threads": None}},
+    "features": {
+        "system": {"seed": "seed of the image subset and of the chance purity", "device": None, "threads": None}
+    },
 }
 # the options of the report commands (eval, analyze, generate) whose default is not the training default
 REPORT_DEFAULTS: dict[str, Any] = {"model": None}
