@@ -67,7 +67,7 @@ def _layers(model: object, layer: int | None) -> list[int] | None:
 def _image_inputs(model: object, args: argparse.Namespace) -> tuple:
     """The measured test images ((N, C, H, W) in [0, 1]), labels, class names, normalisation and a description."""
     from ..data import match_channels, open_source, resolve_normalization
-    from ..data.transforms import _resize_tensor
+    from ..data.transforms import resize_tensor
 
     c = model.config
     data = args.data or (c.data.source if c.data else None)
@@ -78,7 +78,7 @@ def _image_inputs(model: object, args: argparse.Namespace) -> tuple:
     except ValueError:
         ds = open_source(str(data), "train", image_size=c.image_size)
     x, y = ds.first(args.num_images, shuffle=len(ds) > args.num_images, seed=args.seed)
-    x = match_channels(_resize_tensor(x, c.image_size).float() / 255.0, c.in_chans)
+    x = match_channels(resize_tensor(x, c.image_size).float() / 255.0, c.in_chans)
     norm = resolve_normalization(model, ds)
     return x, y, list(ds.classes), norm, f"{data} ({ds.split} split, {len(x)} images)"
 
