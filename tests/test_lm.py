@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+import tiny
 import torch
 from clitools import crate, one_line_error
 
@@ -19,7 +20,7 @@ from crate_transformer.tokenizer import Tokenizer
 from crate_transformer.train import load_training_state
 from crate_transformer.train.load import load_model
 
-TINY = dict(vocab_size=262, block_size=16, dim=32, depth=2, heads=2)
+TINY = {**tiny.LM, "dim": 32, "depth": 2}
 
 
 @pytest.fixture(autouse=True)

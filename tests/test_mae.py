@@ -6,7 +6,9 @@ import json
 import pickle
 
 import pytest
+import tiny
 import torch
+from clitools import crate
 from official.crate_ae import OfficialCRATEMAE, sincos_2d
 
 import crate_transformer as ct
@@ -295,14 +297,7 @@ def test_bad_checkpoints_are_one_line_errors(tmp_path, without_file_checksums):
 
 
 # --------------------------------------------------------------------------- crate pretrain mae / finetune from MAE
-DIGITS = ["--data", "digits", "--threads", "1", "--no-progress", "--model-args", "image_size=8", "patch_size=2",
-          "dim=32", "depth=2", "heads=2"]  # fmt: skip
-
-
-def crate(*argv):
-    from crate_transformer import cli
-
-    return cli.main([str(a) for a in argv])
+DIGITS = ["--data", "digits", "--threads", "1", "--no-progress", "--model-args", *tiny.SSL_ARCH]
 
 
 def test_pretrain_mae_loss_falls_on_digits_then_resume_finetune_and_probe(tmp_path, capsys):

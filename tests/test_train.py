@@ -16,7 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tiny
 import torch
+from clitools import crate, one_line_error
 from PIL import Image
 
 from crate_transformer import cli
@@ -27,13 +29,8 @@ from crate_transformer.registry import create_model
 from crate_transformer.train import TrainConfig, WarmupCosine, load_config, train
 from crate_transformer.train.load import load_model
 
-ARCH = ["dim=32", "depth=1", "heads=2", "patch_size=4"]
-TINY = ["--data", "digits", "--image-size", "8", "--threads", "1", "--no-progress", "--model-args", *ARCH]  # args last
-
-
-def crate(*argv: str) -> int:
-    """Run the real ``crate`` command in-process."""
-    return cli.main([str(a) for a in argv])
+ARCH = tiny.kv(tiny.TRAIN_ARCH)
+TINY = tiny.TRAIN_CLI  # --model-args last
 
 
 def crate_cmd(*argv: str) -> list[str]:
@@ -141,9 +138,8 @@ def test_bad_input_is_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixtu
         (["train", *TINY, "--batch-size", "4096", "--out", tmp_path / "r"], "lower --batch-size"),
         (["finetune", "--data", "digits"], "needs --from"),
     ):
-        assert crate(*argv) == 2, argv
-        err = capsys.readouterr().err.strip()
-        assert msg in err and len(err.splitlines()) == 1, err
+        err = one_line_error(capsys, *argv)
+        assert msg in err, err
 
 
 # --------------------------------------------------------------------------- a full run
