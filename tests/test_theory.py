@@ -45,8 +45,20 @@ def test_every_experiment_writes_png_and_json(reports):
 
 def test_cli_runs_one_experiment_and_rejects_bad_arguments(tmp_path, capsys):
     assert main(["theory", "tweedie", "--out", str(tmp_path), "--quick", "--no-progress"]) == 0
-    assert (tmp_path / "tweedie.png").exists() and (tmp_path / "tweedie.json").exists()
-    assert "claims hold" in capsys.readouterr().out
+    assert (tmp_path / "tweedie.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    written = json.loads((tmp_path / "tweedie.json").read_text())
+    # the command writes what the API returns for the same experiment, seed and --quick sizes
+    api = th.run_experiment("tweedie", quick=True, progress_bar=False)
+    for report in (written, api):
+        report.pop("runtime_s"), report.pop("files", None)
+    assert written == json.loads(json.dumps(api)) and written["config"]["n"] == th.QUICK["tweedie"]["n"]
+    # and prints the verdict of each of those checks under a count that matches them
+    out = capsys.readouterr().out.splitlines()
+    held = sum(c["holds"] for c in written["checks"])
+    assert out[0].startswith(f"tweedie: {held}/{len(written['checks'])} claims hold"), out
+    assert [line.strip() for line in out[1:]] == [
+        f"[{'holds' if c['holds'] else 'FAILS'}] {c['claim']}" for c in written["checks"]
+    ]
     assert main(["theory", "bogus", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "unknown experiment 'bogus'" in err and "approximation" in err
