@@ -469,6 +469,7 @@ def test_finetune_text_classifies_and_regresses_from_a_pretrained_lm(tmp_path: P
     assert "single label" in err
 
 
+@pytest.mark.slow
 def test_train_lm_under_torchrun_matches_one_process(tmp_path: Path, torchrun) -> None:
     args = ["--threads", 1, "--no-progress", "--model-args", "dim=32", "depth=2", "heads=2", "block_size=16",
             "--batch-size", 16, "--epochs", 1, "--eval-every", 0, "--lr", 3e-3, "--warmup-epochs", 0.01,

@@ -190,6 +190,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="forked workers exist on POSIX only")
 def test_an_orphaned_worker_of_a_killed_run_does_not_hold_its_folder(tmp_path: Path) -> None:
     run = tmp_path / "run"

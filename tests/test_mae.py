@@ -392,6 +392,7 @@ def test_reconstruction_recognition_against_pixels_written_directly(monkeypatch)
     assert perfect["reconstruction"] == perfect["original"] > 0.9 and perfect["mean_fill"] == perfect["original"]
 
 
+@pytest.mark.slow
 def test_pretrain_mae_under_torchrun_reduces_the_held_out_loss_over_processes(tmp_path, torchrun):
     import yaml
 

@@ -31,6 +31,7 @@ def reports(tmp_path_factory):
 
 
 # --------------------------------------------------------------------------- outputs and CLI
+@pytest.mark.slow
 def test_every_experiment_writes_png_and_json(reports):
     out, reps = reports
     assert set(reps) == set(th.EXPERIMENTS)
@@ -140,6 +141,7 @@ def test_neumann_and_mssa_gradients_match_the_column_form_formulas():
 
 
 # --------------------------------------------------------------------------- approximation (Approximation 9)
+@pytest.mark.slow
 def test_approximation_neumann_bound_and_where_mssa_agrees(reports):
     rep = reports[1]["approximation"]
     r = rep["results"]
@@ -151,6 +153,7 @@ def test_approximation_neumann_bound_and_where_mssa_agrees(reports):
     assert not claim(rep, "softmax step")["holds"]  # the softmax term is not the 2nd-order term
 
 
+@pytest.mark.slow
 def test_approximation_which_steps_lower_rc(reports):
     rep = reports[1]["approximation"]
     assert claim(rep, "exact gradient step lowers R^c")["holds"]
@@ -170,6 +173,7 @@ def test_approximation_which_steps_lower_rc(reports):
 
 
 # --------------------------------------------------------------------------- unrolled
+@pytest.mark.slow
 def test_unrolled_crate_compresses_and_sparsifies(reports):
     rep = reports[1]["unrolled"]
     ex = {k: np.array(v, dtype=float) for k, v in rep["results"]["runs"]["exact/subspaces"].items()}
@@ -198,6 +202,7 @@ def test_unrolled_layer_with_eta_one_is_the_exact_lasso_solution():
 
 
 # --------------------------------------------------------------------------- denoising (Theorem 16)
+@pytest.mark.slow
 def test_theorem16_at_crate_base_scale(reports):
     rep = reports[1]["denoising"]
     r = {k: np.array(v) for k, v in rep["results"].items() if isinstance(v, list)}
@@ -249,6 +254,7 @@ def test_mixture_score_against_autograd_and_bayes():
     torch.testing.assert_close(th.gmm_score(x, U, 0.5, weights=w), auto, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_tweedie_attention_form_tends_to_posterior_mean_and_projection(reports):
     rep = reports[1]["tweedie"]
     r = {k: np.array(v) for k, v in rep["results"].items()}
@@ -259,6 +265,7 @@ def test_tweedie_attention_form_tends_to_posterior_mean_and_projection(reports):
 
 
 # --------------------------------------------------------------------------- ista
+@pytest.mark.slow
 def test_ista_descent_and_sklearn(reports):
     rep = reports[1]["ista"]
     r = rep["results"]
@@ -285,6 +292,7 @@ def test_sklearn_scaling_gives_the_lasso_minimiser():
 
 
 # --------------------------------------------------------------------------- diffusion
+@pytest.mark.slow
 def test_structured_diffusion_inverts_denoising_at_first_order(reports):
     rep = reports[1]["diffusion"]
     r = rep["results"]

@@ -203,6 +203,7 @@ def test_eval_matches_an_independent_computation(pretrained: Path, capsys: pytes
 
 
 # --------------------------------------------------------------------------- resume, Ctrl-C
+@pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_is_bitwise_identical(tmp_path: Path) -> None:
     # dropout and translations make the run consume the RNG: the resume must restore it exactly
     args = [*TINY, "dropout=0.1", "--epochs", "6", "--batch-size", "32", "--deterministic", "--checkpoint-every", "5"]
@@ -231,6 +232,7 @@ def test_sigkill_mid_epoch_then_resume_is_bitwise_identical(tmp_path: Path) -> N
     assert steps == sorted(set(steps)) and steps[-1] == total
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint(tmp_path: Path) -> None:
     run = tmp_path / "run"
     proc = subprocess.Popen(crate_cmd("train", *TINY, "--epochs", "500", "--log-every", "1", "--out", run),
@@ -250,6 +252,7 @@ def test_ctrl_c_saves_a_checkpoint(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- distributed
+@pytest.mark.slow
 def test_torchrun_two_processes_match_one_process(tmp_path: Path, torchrun) -> None:
     args = [*TINY, "--augment", "none", "--epochs", "1", "--max-steps", "12", "--log-every", "1", "--batch-size", "64"]
     proc = torchrun("train", *args, "--out", tmp_path / "ddp")
