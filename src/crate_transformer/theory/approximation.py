@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from matplotlib.figure import Figure
 from torch import Tensor
 
 from ..objectives import subspace_coding_rate, subspace_coding_rate_grad
@@ -284,7 +285,7 @@ def _approximation_descent_checks(data: dict[str, Any], kappa_betas: list[float]
     return checks
 
 
-def _approximation_figure(data: dict[str, Any], betas: list[float], kappa_betas: list[float], title: str) -> Any:
+def _approximation_figure(data: dict[str, Any], betas: list[float], kappa_betas: list[float], title: str) -> Figure:
     """Stage errors across β, and ΔR^c of one step on raw and renormalised tokens."""
     mean, inc, change, nk = data["mean"], data["inc"], data["change"], len(kappa_betas)
     rho, mssa_err, so = mean["rho"], mean["mssa"], mean["second_order"]

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from matplotlib.figure import Figure
 from torch import Tensor
 
 from ..objectives import subspace_coding_rate_grad
@@ -206,7 +207,7 @@ def _denoising_checks(t: dict[str, np.ndarray], s: np.ndarray, n: int, d: int) -
     ]
 
 
-def _denoising_figure(t: dict[str, np.ndarray], s: np.ndarray, title: str) -> Any:
+def _denoising_figure(t: dict[str, np.ndarray], s: np.ndarray, title: str) -> Figure:
     """Off-subspace noise energy, signal shrink factor and residual of Theorem 16 over σ."""
     fig, ax = new_figure(3, title=f"Theorem 16 / Remark 17: one step Z⁺ = Z − β⁻¹∇R^c {title}")
     a = ax[0, 0]

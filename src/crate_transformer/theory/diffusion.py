@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib.figure import Figure
 from torch import Tensor
 
 from ..objectives import subspace_coding_rate, subspace_coding_rate_grad
@@ -322,7 +323,7 @@ def _diffusion_checks(r: dict[str, Any], steps: list[int]) -> list[dict[str, Any
     ]
 
 
-def _diffusion_figure(r: dict[str, Any], steps: list[int], trajectory_steps: int, title: str) -> Any:
+def _diffusion_figure(r: dict[str, Any], steps: list[int], trajectory_steps: int, title: str) -> Figure:
     """Discretisation error vs steps, and R^c, off-subspace energy and norm along one trajectory."""
     t, path, trajectory = r["t"], r["path"], r["trajectory"]
     fig, ax = new_figure(

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from matplotlib.figure import Figure
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import Lasso
 from torch import Tensor
@@ -274,16 +275,10 @@ def _ista_checks(r: dict[str, Any], mults: list[float], trials: int, iterations:
     ]
 
 
-def _ista_figure(r: dict[str, Any], mults: list[float], trials: int, title: str) -> Any:
+def _ista_figure(r: dict[str, Any], mults: list[float], trials: int, title: str) -> Figure:
     """Objective gap along ISTA per ηL, the one-step decrease vs the guarantee, and iterated ISTA vs sklearn."""
-    traj, F_star, min_ratio, guarantee, dist, gap = (
-        r["traj"],
-        r["F_star"],
-        r["min_ratio"],
-        r["guarantee"],
-        r["dist"],
-        r["gap"],
-    )
+    traj, F_star, min_ratio, guarantee = r["traj"], r["F_star"], r["min_ratio"], r["guarantee"]
+    dist, gap = r["dist"], r["gap"]
     fig, ax = new_figure(3, title=f"ISTA on the non-negative LASSO (42): {title}")
     a = ax[0, 0]
     for key, v in traj.items():

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from matplotlib.figure import Figure
 from torch import Tensor
 
 from ._report import check, finish, loglog_slope, new_figure, progress, single_threaded, style_axis
@@ -223,7 +224,7 @@ def _tweedie_checks(t: dict[str, np.ndarray], s: np.ndarray) -> list[dict[str, A
     ]
 
 
-def _tweedie_figure(t: dict[str, np.ndarray], s: np.ndarray, title: str) -> Any:
+def _tweedie_figure(t: dict[str, np.ndarray], s: np.ndarray, title: str) -> Figure:
     """Exact-formula errors, the attention form's gap and the denoising MSE over σ."""
     fig, ax = new_figure(3, title=f"Tweedie denoising for a subspace Gaussian mixture {title}")
     a = ax[0, 0]

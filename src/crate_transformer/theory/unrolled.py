@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from matplotlib.figure import Figure
 from torch import Tensor
 
 from ..objectives import coding_rate, subspace_coding_rate
@@ -290,7 +291,7 @@ def _unrolled_variant_checks(runs: dict[str, dict[str, np.ndarray]], rand_dist_f
     ]
 
 
-def _unrolled_figure(runs: dict[str, dict[str, np.ndarray]], rand_dist_floor: float, title: str) -> Any:
+def _unrolled_figure(runs: dict[str, dict[str, np.ndarray]], rand_dist_floor: float, title: str) -> Figure:
     """R^c, R, distance to the own subspace and sparsity along the layers, for each variant."""
     fig, ax = new_figure(
         2,
