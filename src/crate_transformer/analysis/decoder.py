@@ -34,6 +34,11 @@ def is_autoencoder(model: nn.Module) -> bool:
     return hasattr(model, "decoder_layers") and hasattr(model, "decoder_trace")
 
 
+def _cos_per_image(a: Tensor, b: Tensor) -> Tensor:
+    """Mean token cosine similarity of each image (b,)."""
+    return F.cosine_similarity(a.float(), b.float(), dim=-1).mean(-1)
+
+
 def _cos(a: Tensor, b: Tensor) -> float:
     return float(F.cosine_similarity(a.float(), b.float(), dim=-1).mean())
 
@@ -57,9 +62,11 @@ def _linear_r2(a: Tensor, b: Tensor) -> float:
 
 
 @torch.no_grad()
-def decoder_inversion(model: nn.Module, images: Tensor) -> list[dict]:
+def decoder_inversion(model: nn.Module, images: Tensor, per_image: bool = False) -> list[dict]:
     """One row per encoder layer, numbered 1..L as in the report: ``layer`` ℓ+1, ``decoder_layer`` L-ℓ, ``cos_chain``,
-    ``cos_local``, ``cos_identity``, ``r2_chain``, ``r2_identity`` (module docstring); ``images``: normalised input."""
+    ``cos_local``, ``cos_identity``, ``r2_chain``, ``r2_identity`` (module docstring); ``images``: normalised input.
+    ``per_image`` adds ``cos_local_per_image`` and ``cos_identity_per_image`` (one value per image, for the
+    decoder verdict's noise estimate)."""
     if not is_autoencoder(model):
         raise ValueError("decoder_inversion needs a CRATE-MAE (a model with decoder layers); e.g. crate_mae_mnist")
     _, trace = eval_trace(model, images)
@@ -78,6 +85,9 @@ def decoder_inversion(model: nn.Module, images: Tensor) -> list[dict]:
                 "cos_local": _cos(local, Z[layer]), "cos_identity": _cos(Z[layer + 1], Z[layer]),
                 "r2_chain": _linear_r2(D[L - layer], Z[layer]), "r2_identity": _linear_r2(Z[layer + 1], Z[layer]),
             })  # fmt: skip
+            if per_image:
+                rows[-1]["cos_local_per_image"] = _cos_per_image(local, Z[layer]).tolist()
+                rows[-1]["cos_identity_per_image"] = _cos_per_image(Z[layer + 1], Z[layer]).tolist()
     finally:
         model.train(was)
     return rows
