@@ -360,6 +360,12 @@ def test_analyze_reports_decoder_inversion(tmp_path):
     report = analyze(m, tmp_path / "a", {"test": torch.rand(4, 3, 32, 32)}, normalization=([0.5] * 3, [0.25] * 3),
                      num_vis=1, progress=False)  # fmt: skip
     assert len(report["decoder_inversion"]["layers"]) == 2
+    sections = [v["section"] for v in report["verdicts"]]
+    assert sections == ["CRATE-MAE encoder", "CRATE-MAE encoder", "CRATE-MAE decoder"]
+    dec = report["verdicts"][-1]["measured"]  # the decoder verdict's per-layer means are the figure's numbers
+    inv = report["decoder_inversion"]["layers"]
+    assert dec["cos_local_per_layer"] == pytest.approx([r["cos_local"] for r in inv], abs=1e-5)
+    assert dec["cos_identity_per_layer"] == pytest.approx([r["cos_identity"] for r in inv], abs=1e-5)
     assert (tmp_path / "a" / "figures" / "decoder_inversion.png").is_file()
 
 
