@@ -362,10 +362,10 @@ def test_analyze_reports_decoder_inversion(tmp_path):
     assert len(report["decoder_inversion"]["layers"]) == 2
     sections = [v["section"] for v in report["verdicts"]]
     assert sections == ["CRATE-MAE encoder", "CRATE-MAE encoder", "CRATE-MAE decoder"]
-    dec = report["verdicts"][-1]["measured"]  # the decoder verdict's per-layer means are the figure's numbers
-    inv = report["decoder_inversion"]["layers"]
-    assert dec["cos_local_per_layer"] == pytest.approx([r["cos_local"] for r in inv], abs=1e-5)
-    assert dec["cos_identity_per_layer"] == pytest.approx([r["cos_identity"] for r in inv], abs=1e-5)
+    dec = report["verdicts"][-1]["measured"]  # CKA of each decoder layer's output and input with the encoder's Z^l
+    assert len(dec["cka_out_per_layer"]) == len(dec["cka_in_per_layer"]) == 2 and dec["samples"] == 4
+    assert all(0 <= c <= 1 + 1e-9 for c in dec["cka_out_per_layer"] + dec["cka_in_per_layer"])
+    assert "cka_out_per_image" not in report["decoder_inversion"]["layers"][0]  # per-image values stay out of JSON
     assert (tmp_path / "a" / "figures" / "decoder_inversion.png").is_file()
 
 

@@ -138,6 +138,7 @@ def test_sparsity_holds_when_zeros_grow_with_depth_and_fails_when_they_shrink():
 
 
 def rotation(rng: np.random.Generator) -> np.ndarray:
+    """A random orthogonal matrix (d, d)."""
     return np.linalg.qr(rng.standard_normal((D, D)))[0]
 
 
@@ -146,37 +147,66 @@ def near_identity(rng: np.random.Generator) -> np.ndarray:
     return np.eye(D) + 0.5 * rng.standard_normal((D, D)) / math.sqrt(D)
 
 
-def mean_token_cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Per-image mean token cosine similarity, float64: (images, n, d) x2 -> (images,)."""
-    num = (a * b).sum(-1)
-    return (num / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))).mean(-1)
+def cka(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Linear CKA per image, float64, from the definition: centre the tokens, then
+    ||A^T B||_F^2 / (||A^T A||_F ||B^T B||_F); (images, n, d) x2 -> (images,)."""
+    out = []
+    for x, y in zip(a, b):
+        x, y = x - x.mean(0), y - y.mean(0)
+        out.append(np.linalg.norm(x.T @ y) ** 2 / (np.linalg.norm(x.T @ x) * np.linalg.norm(y.T @ y)))
+    return np.array(out)
 
 
-def decoder_cosines(mirror: bool, layers: int = 3, images: int = 8, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Encoder layers Z^(l+1) = Z^l A_l^T (+ noise); the decoder layer for l applies A_l^-1 (a mirror: it undoes
-    the step) or A_l again (it takes a second step away from Z^l)."""
+def decoder_similarities(
+    mirror: bool, basis: np.ndarray | None = None, layers: int = 3, images: int = 8, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Encoder layers Z^(l+1) = Z^l A_l^T (+ noise); the decoder layer for l applies A_l^-1 (a mirror: it undoes the
+    step) or A_l again (a second step away from Z^l).  ``basis``: the decoder works in its own rotated coordinates
+    (input Z Q, output in the same coordinates); returns CKA(output, Z^l), CKA(input, Z^l)
+    (images, layers)."""
     rng = np.random.default_rng(seed)
+    Q = np.eye(D) if basis is None else basis
     Z = [rng.standard_normal((images, N_TOK, D))]
     steps = [near_identity(rng) for _ in range(layers)]
     for A in steps:
         Z.append(Z[-1] @ A.T + 0.05 * rng.standard_normal(Z[-1].shape))
-    local, ident = [], []
+    out, inp = [], []
     for ell, A in enumerate(steps):
-        dec = np.linalg.inv(A) if mirror else A
-        local.append(mean_token_cos(Z[ell + 1] @ dec.T, Z[ell]))
-        ident.append(mean_token_cos(Z[ell + 1], Z[ell]))
-    return np.array(local).T, np.array(ident).T
+        dec = Q.T @ (np.linalg.inv(A) if mirror else A).T @ Q  # the step in the decoder's coordinates
+        d_in = Z[ell + 1] @ Q
+        out.append(cka(d_in @ dec, Z[ell]))
+        inp.append(cka(d_in, Z[ell]))
+    return np.array(out).T, np.array(inp).T
 
 
-def test_decoder_holds_for_a_mirror_and_fails_otherwise():
-    local, ident = decoder_cosines(mirror=True)
-    v = decoder_verdict(local, ident)
+def test_decoder_holds_for_a_mirror_in_any_basis_and_fails_otherwise():
+    out, inp = decoder_similarities(mirror=True)
+    v = decoder_verdict(out, inp)
     assert v.verdict == HOLDS and v.section == "CRATE-MAE decoder"
-    assert v.measured["margin"] == pytest.approx(float((local.mean(1) - ident.mean(1)).mean()), rel=1e-12)
-    assert local.min() > 0.99 > 0.95 > ident.max()  # an exact inverse up to the noise
-    not_mirror = decoder_verdict(*decoder_cosines(mirror=False))
-    assert not_mirror.verdict == FAILS and "no closer" in not_mirror.explanation
-    assert decoder_verdict(local[:2], ident[:2]).verdict == NOT_APPLICABLE
+    assert v.measured["margin_per_layer"] == pytest.approx(list((out - inp).mean(0)), rel=1e-12)
+    assert out.min() > 0.99 > inp.max()  # an exact inverse up to the noise
+    rotated = decoder_verdict(*decoder_similarities(mirror=True, basis=rotation(np.random.default_rng(5))))
+    assert rotated.verdict == HOLDS  # CKA does not care that the decoder's basis is not the encoder's
+    assert rotated.measured["margin_per_layer"] == pytest.approx(v.measured["margin_per_layer"], rel=1e-9)
+    not_mirror = decoder_verdict(*decoder_similarities(mirror=False))
+    assert not_mirror.verdict == FAILS and "at no layer" in not_mirror.explanation
+    # a mirror at one layer only is not a mirror: the rule asks for every layer
+    out_bad, inp_bad = decoder_similarities(mirror=False)
+    first_only = [np.concatenate([good[:, :1], bad[:, 1:]], 1) for good, bad in ((out, out_bad), (inp, inp_bad))]
+    mixed = decoder_verdict(*first_only)
+    assert mixed.verdict == FAILS and "only at encoder layer(s) 1;" in mixed.explanation
+    assert decoder_verdict(out[:2], inp[:2]).verdict == NOT_APPLICABLE
+
+
+def test_library_cka_is_the_definition_and_basis_free():
+    from crate_transformer.analysis.decoder import _cka_per_image
+
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((3, N_TOK, D)), rng.standard_normal((3, N_TOK, 16))
+    lib = _cka_per_image(torch.from_numpy(a), torch.from_numpy(b)).numpy()
+    np.testing.assert_allclose(lib, cka(a, b), rtol=1e-12)
+    turned = 3.0 * a @ rotation(rng)  # rotated and rescaled
+    np.testing.assert_allclose(_cka_per_image(torch.from_numpy(turned), torch.from_numpy(b)).numpy(), lib, rtol=1e-10)
 
 
 def rr_direct(Z: np.ndarray, U: np.ndarray, eps: float) -> float:

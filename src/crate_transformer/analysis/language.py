@@ -96,7 +96,7 @@ def plot_token_attention(
     side = max(3.2, 0.13 * min(n, MAX_TICK_LABELS * 2))
     fig = Figure(figsize=(side * cols + 0.8, side * rows + 0.6), layout="constrained")
     axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
-    labels = [repr(t)[1:-1] for t in tokens]  # newlines and tabs visible
+    labels = [repr(t)[1:-1].replace(" ", "␣") for t in tokens]  # spaces, newlines and tabs visible
     vmax = max(float(attn.max()), 1e-12)
     for k, ax in enumerate(axes):
         if k >= K:
@@ -127,7 +127,8 @@ def _lm_figures(table: LayerTable, attn: Sequence[tuple[str, int]], n_tokens: in
         caps[f] = {
             "title": f"Attention over tokens, layer {ell} (heads 1..K)",
             "caption": f"Each head's attention matrix over the first {n_tokens} tokens of the first held-out block "
-            "(row: query, column: key; row-softmax); token strings on the axes, newlines and tabs escaped.",
+            "(row: query, column: key; row-softmax); token strings on the axes (spaces shown as ␣, newlines and tabs "
+            "escaped), every s-th token when there are many.",
         }
     return caps
 

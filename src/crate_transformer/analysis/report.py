@@ -300,8 +300,8 @@ def _decoder_section(ctx: _Context) -> Part:
     xs = imgs if isinstance(imgs, Tensor) else dataset_images01(imgs, range(min(len(imgs), bs)))
     xs = normalize_images(match_channels(xs[:bs].float(), ctx.model.config.in_chans), ctx.normalization)
     rows = decoder_inversion(ctx.model, xs.to(model_device(ctx.model)), per_image=True)
-    local = np.array([r.pop("cos_local_per_image") for r in rows]).T  # (images, layers)
-    ident = np.array([r.pop("cos_identity_per_image") for r in rows]).T
+    cka_out = np.array([r.pop("cka_out_per_image") for r in rows]).T  # (images, layers)
+    cka_in = np.array([r.pop("cka_in_per_image") for r in rows]).T
     plot_decoder_inversion(rows, ctx.fig_dir / "decoder_inversion.png")
     fig = (
         "decoder_inversion.png",
@@ -316,7 +316,7 @@ def _decoder_section(ctx: _Context) -> Part:
         f"{xs.shape[0]} unmasked {name} images.",
     )
     inv = {"images": f"{xs.shape[0]} {name} images (unmasked)", "layers": rows}
-    return Part([fig], {"decoder_inversion": inv}, [decoder_verdict(local, ident)])
+    return Part([fig], {"decoder_inversion": inv}, [decoder_verdict(cka_out, cka_in)])
 
 
 # --------------------------------------------------------------------------- the report

@@ -12,8 +12,9 @@ reproducible) and the noise is twice the standard deviation of the resampled mea
 * **sparsity** (Figs. 14-15, ``‖Z^{ℓ+1}‖₀/(d·n)``): the non-zero fraction of the ISTA output falls from
   layer 1 to layer L by more than its noise (only where the layers end with ISTA: other outputs have no
   exact zeros);
-* **decoder** (§3.5, eqs. (62)-(64)): decoder layer ``L-ℓ`` maps the encoder's ``Z^{ℓ+1}`` closer to ``Z^ℓ``
-  (mean token cosine similarity) than ``Z^{ℓ+1}`` itself is, averaged over the layers, by more than its noise.
+* **decoder** (§3.5, eqs. (62)-(64)): the output of decoder layer ``L-ℓ`` (chained from the encoder's output) is
+  closer to the encoder's ``Z^ℓ`` than that decoder layer's input is (linear CKA of the image's tokens, which does
+  not depend on the decoder's basis) by more than its noise, at every layer.
 
 A verdict is ``holds``, ``fails`` or ``not applicable at this scale`` (fewer than :data:`MIN_SAMPLES`
 samples or fewer than 2 layers: nothing to compare or no noise estimate).  :func:`rate_reduction_note`
@@ -150,33 +151,38 @@ def sparsity_verdict(table: LayerTable, section: str) -> Verdict:
     return _drop_verdict(section, SPARSITY_CLAIM, values, "the non-zero fraction", rule)
 
 
-def decoder_verdict(cos_local: np.ndarray, cos_identity: np.ndarray, section: str = "CRATE-MAE decoder") -> Verdict:
-    """Decoder as inverse (§3.5): per image, the mean over layers of ``cos(g^{L-1-ℓ}(Z^{ℓ+1}), Z^ℓ)`` minus the
-    do-nothing ``cos(Z^{ℓ+1}, Z^ℓ)`` is positive by more than its noise.  Inputs: per-image cosines (N, L)."""
+def decoder_verdict(sim_out: np.ndarray, sim_in: np.ndarray, section: str = "CRATE-MAE decoder") -> Verdict:
+    """Decoder as inverse (§3.5): at **every** layer, CKA(decoder layer L-ℓ's output, ``Z^ℓ``) exceeds CKA(that
+    layer's input, ``Z^ℓ``) — the do-nothing baseline — by more than its noise.
+
+    Inputs: per-image similarities (N, L), column ℓ for encoder layer ℓ (:func:`~.decoder.decoder_inversion` with
+    ``per_image=True``).  Linear CKA is used because nothing ties the decoder's coordinates to the encoder's
+    (Remark 7): it does not change when either basis is rotated or rescaled."""
     rule = (
-        "per image, average over layers l of cos(decoder layer L-l applied to Z^(l+1), Z^l) - cos(Z^(l+1), Z^l) "
-        f"(mean token cosine similarity; Z^(l+1) unchanged is the do-nothing baseline); holds if the mean over "
-        f"images exceeds its noise ({NOISE_WORDS}); fails otherwise"
+        "at every layer l, the mean over images of CKA(output of decoder layer L-l, Z^l) - CKA(input of decoder layer "
+        "L-l, Z^l) (linear CKA over the image's tokens: unchanged by rotating or rescaling either basis; the layer's "
+        f"input is the do-nothing baseline) exceeds its noise ({NOISE_WORDS}); fails otherwise"
     )
-    local, ident = np.asarray(cos_local, dtype=np.float64), np.asarray(cos_identity, dtype=np.float64)
-    measured = {
-        "cos_local_per_layer": [round(float(v), 6) for v in local.mean(0)],
-        "cos_identity_per_layer": [round(float(v), 6) for v in ident.mean(0)],
-        "samples": int(local.shape[0]),
+    out, inp = np.asarray(sim_out, dtype=np.float64), np.asarray(sim_in, dtype=np.float64)
+    measured: dict = {
+        "cka_out_per_layer": [round(float(v), 6) for v in out.mean(0)],
+        "cka_in_per_layer": [round(float(v), 6) for v in inp.mean(0)],
+        "samples": int(out.shape[0]),
     }
-    if local.shape[0] < MIN_SAMPLES:
-        why = f"{local.shape[0]} image(s): at least {MIN_SAMPLES} are needed to estimate the noise."
+    if out.shape[0] < MIN_SAMPLES:
+        why = f"{out.shape[0]} image(s): at least {MIN_SAMPLES} are needed to estimate the noise."
         return Verdict(section, DECODER_CLAIM, NOT_APPLICABLE, rule, why, measured)
-    margin, noise = paired_drop(local.mean(1), ident.mean(1))
-    measured.update(margin=margin, noise=noise)
-    better = int((local.mean(0) > ident.mean(0)).sum())
-    L = local.shape[1]
-    if margin > noise:
-        why = f"the decoder layers move Z^(l+1) toward Z^l: cosine +{margin:.3g} over doing nothing (noise {noise:.2g})"
-        return Verdict(section, DECODER_CLAIM, HOLDS, rule, f"{why}, better at {better} of {L} layers.", measured)
+    per_layer = [paired_drop(out[:, j], inp[:, j]) for j in range(out.shape[1])]
+    measured.update(margin_per_layer=[m for m, _ in per_layer], noise_per_layer=[n for _, n in per_layer])
+    closer = [j + 1 for j, (m, n) in enumerate(per_layer) if m > n]
+    margins = ", ".join(f"{m:+.3g} (noise {n:.2g})" for m, n in per_layer)
+    if len(closer) == len(per_layer):
+        why = f"every decoder layer moves its input toward the encoder's Z^l; CKA gain per encoder layer: {margins}."
+        return Verdict(section, DECODER_CLAIM, HOLDS, rule, why, measured)
+    where = f"only at encoder layer(s) {', '.join(map(str, closer))}" if closer else "at no layer"
     why = (
-        f"one decoder layer brings Z^(l+1) no closer to Z^l than doing nothing: cosine {margin:+.3g} (noise "
-        f"{noise:.2g}), better at {better} of {L} layers."
+        f"the decoder layers bring their input closer to the encoder's Z^l beyond the noise {where}; CKA gain per "
+        f"encoder layer: {margins}."
     )
     return Verdict(section, DECODER_CLAIM, FAILS, rule, why, measured)
 
@@ -201,6 +207,8 @@ def rate_reduction_note(table: LayerTable, dim: int, heads: int, dim_head: int) 
         "because R(Z) = 1/2 logdet(I + d/(n eps^2) Z^T Z) (eq. (8)) counts each direction of the unit tokens once "
         "while R^c = 1/2 sum_k logdet(I + p/(n eps^2) (U_k^T Z)^T (U_k^T Z)) (eq. (13)) counts it again in each of "
         f"the K = {heads} heads (p = {dim_head}, d = {dim}) whose subspace it is not orthogonal to: ΔR >= 0 is "
-        "certain only when every token lies in one U_k of mutually orthogonal subspaces (eqs. (10)-(11)), and "
-        "these tokens straddle several heads' subspaces, so the per-head rates sum to more than the full rate."
+        "guaranteed when every token lies in a single U_k of mutually orthogonal orthonormal subspaces (eqs. "
+        "(10)-(11)); a negative ΔR says these tokens straddle several heads' subspaces (or the U_k are far from "
+        "orthonormal), so "
+        "the per-head rates sum to more than the full rate."
     )
