@@ -118,12 +118,12 @@ def _drop_verdict(section: str, claim: str, values: np.ndarray, name: str, rule:
     measured.update(first=per_layer[0], last=per_layer[-1], drop=drop, noise=noise)
     L, span = values.shape[1], f"{per_layer[0]:.4g} -> {per_layer[-1]:.4g}"
     if drop > noise:
-        why = f"{name} falls {span} from layer 1 to {L} (drop {drop:.3g} > noise {noise:.2g})."
+        why = f"{name} falls {span} from layer 1 to {L} (drop {drop:.3g} > noise {noise:.3g})."
         return Verdict(section, claim, HOLDS, rule, why, measured)
     if -drop > noise:
-        why = f"{name} rises {span} from layer 1 to {L} (by {-drop:.3g}, noise {noise:.2g}): the opposite of the claim."
+        why = f"{name} rises {span} from layer 1 to {L} (by {-drop:.3g}, noise {noise:.3g}): the opposite of the claim."
     else:
-        why = f"{name} changes {span} from layer 1 to {L}: a drop of {drop:.3g}, within the noise {noise:.2g}."
+        why = f"{name} changes {span} from layer 1 to {L}: a drop of {drop:.3g}, within the noise {noise:.3g}."
     return Verdict(section, claim, FAILS, rule, why, measured)
 
 
