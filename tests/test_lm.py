@@ -316,6 +316,9 @@ def test_loss_falls_on_the_built_in_corpus_and_the_run_generates(tmp_path: Path,
     layers = report["measure"]["held-out text"]["layers"]
     assert len(layers) == 2 and {"attention_layer1.png", "attention_layer2.png"} <= set(report["figures"])
     assert all((tmp_path / "an" / f).stat().st_size > 1000 for f in report["figures"])
+    assert [v["section"] for v in report["verdicts"]] == ["language model"] * 2  # compression, sparsity
+    page = (tmp_path / "an" / "report.html").read_text()
+    assert page.index("Did the paper's claims hold?") < page.index("attention_layer1.png")
     tokens = load_tokens("python-docs", model.tokenizer)
     cut = int(len(tokens) * 0.9)
     blocks = torch.from_numpy(tokens[cut : cut + 3 * 32 + 1].astype("int64"))[:96].view(3, 32)

@@ -355,6 +355,12 @@ def test_analyze_reports_decoder_inversion(tmp_path):
     report = analyze(m, tmp_path / "a", {"test": torch.rand(4, 3, 32, 32)}, normalization=([0.5] * 3, [0.25] * 3),
                      num_vis=1, progress=False)  # fmt: skip
     assert len(report["decoder_inversion"]["layers"]) == 2
+    sections = [v["section"] for v in report["verdicts"]]
+    assert sections == ["CRATE-MAE encoder", "CRATE-MAE encoder", "CRATE-MAE decoder"]
+    dec = report["verdicts"][-1]["measured"]  # CKA of each decoder layer's output and input with the encoder's Z^l
+    assert len(dec["cka_out_per_layer"]) == len(dec["cka_in_per_layer"]) == 2 and dec["samples"] == 4
+    assert all(0 <= c <= 1 + 1e-9 for c in dec["cka_out_per_layer"] + dec["cka_in_per_layer"])
+    assert "cka_out_per_image" not in report["decoder_inversion"]["layers"][0]  # per-image values stay out of JSON
     assert (tmp_path / "a" / "figures" / "decoder_inversion.png").is_file()
 
 
