@@ -78,6 +78,40 @@ def train(
     model, and a ``model`` / ``model_args`` that differs from the checkpoint's architecture is refused.
     Writes ``<run_dir>/{config.yaml, metrics.jsonl, curves.png, checkpoints/last.pt, model/}``.
     """
+    cfg, task, state = _configure(cfg, resume, overrides, task, expect_task)
+    rt = Runtime.start(cfg.device, cfg.amp)
+    run, finished = None, False
+    try:
+        with ProcessSettings(cfg.threads, cfg.deterministic):
+            path = Path(resume) if resume is not None else Path(rt.broadcast(str(cfg.out or _default_dir(cfg))))
+            run = rt.on_main(lambda: RunDir.reopen(path) if resume is not None else RunDir.create(path))
+            result = _run(cfg, task, rt, run or RunDir(path, writer=False), state, hooks)
+        rt.barrier()  # leave together: a rank tearing down gloo early can abort its peers
+        finished = True
+        return result
+    except FloatingPointError as e:  # a diverged run: one line with the fixes, the last good checkpoint kept
+        kept = run is not None and (run.path / CHECKPOINT).is_file()
+        saved = f"the last good checkpoint is kept in {run.path / CHECKPOINT}" if kept else "no checkpoint was saved"
+        raise ValueError(f"{e}; {saved}; lower --lr, keep --grad-clip on (e.g. 1.0) or use --amp none") from None
+    finally:
+        if run is not None:
+            # a new run that failed before its first checkpoint leaves nothing behind that would refuse the
+            # corrected command on the same --out
+            if not finished and resume is None:
+                run.discard_unfinished()
+            run.close()
+        rt.close()
+
+
+def _configure(
+    cfg: TrainConfig | None,
+    resume: str | os.PathLike | None,
+    overrides: Mapping[str, Any] | None,
+    task: Task | None,
+    expect_task: str | None,
+) -> tuple[TrainConfig, Task, dict | None]:
+    """The run's configuration, its task (options checked) and the training state resumed, before anything is
+    written (see :func:`train`)."""
     state = saved = None
     overrides = dict(overrides or {})
     given_task_args = set(overrides.get("task_args") or {})
@@ -103,28 +137,7 @@ def train(
             f"{resume or 'this configuration'} is a {cfg.task} run, not {expect_task}; "
             f"use: crate {task.resume_command(cfg)}{where}"
         )
-    rt = Runtime.start(cfg.device, cfg.amp)
-    run, finished = None, False
-    try:
-        with ProcessSettings(cfg.threads, cfg.deterministic):
-            path = Path(resume) if resume is not None else Path(rt.broadcast(str(cfg.out or _default_dir(cfg))))
-            run = rt.on_main(lambda: RunDir.reopen(path) if resume is not None else RunDir.create(path))
-            result = _run(cfg, task, rt, run or RunDir(path, writer=False), state, hooks)
-        rt.barrier()  # leave together: a rank tearing down gloo early can abort its peers
-        finished = True
-        return result
-    except FloatingPointError as e:  # a diverged run: one line with the fixes, the last good checkpoint kept
-        kept = run is not None and (run.path / CHECKPOINT).is_file()
-        saved = f"the last good checkpoint is kept in {run.path / CHECKPOINT}" if kept else "no checkpoint was saved"
-        raise ValueError(f"{e}; {saved}; lower --lr, keep --grad-clip on (e.g. 1.0) or use --amp none") from None
-    finally:
-        if run is not None:
-            # a new run that failed before its first checkpoint leaves nothing behind that would refuse the
-            # corrected command on the same --out
-            if not finished and resume is None:
-                run.discard_unfinished()
-            run.close()
-        rt.close()
+    return cfg, task, state
 
 
 def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | None, hooks: Sequence[Hook]) -> dict:
