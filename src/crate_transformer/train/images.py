@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 from ..checkpoint import config_from_dict
 from ..data import (
-    BUILTIN_DATASETS,
     DataSpec,
     ImageDataset,
     ImageSource,
     build_augmentation,
+    canonical_source,
     fit_normalization,
     open_source,
 )
@@ -60,9 +59,8 @@ class ImageData:
             raise ValueError(f"cannot use {self.train.channels}-channel data with a {channels}-channel model")
         self.mean, self.std, self.channels = norm[0], norm[1], channels
         cfg = self.cfg
-        data = cfg.data if cfg.data.lower() in BUILTIN_DATASETS else str(Path(cfg.data).expanduser().resolve())
         model.config.data = DataSpec(
-            source=data, kind=getattr(self.train, "kind", ""), name=self.train.name,
+            source=canonical_source(cfg.data), kind=getattr(self.train, "kind", ""), name=self.train.name,
             classes=self.classes, mean=self.mean, std=self.std,
         )  # fmt: skip
 
