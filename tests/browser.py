@@ -38,7 +38,11 @@ def browser():
     try:
         with sync_playwright() as pw:
             context = pw.chromium.launch_persistent_context(
-                profile, executable_path=str(CHROMIUM), args=FLAGS, headless=True, viewport={"width": 1100, "height": 800}
+                profile,
+                executable_path=str(CHROMIUM),
+                args=FLAGS,
+                headless=True,
+                viewport={"width": 1000, "height": 760},
             )
             try:
                 yield context

@@ -5,6 +5,10 @@ PCA / MaskCut overlays are toggled, with every request that leaves the file refu
 from __future__ import annotations
 
 import base64
+import fnmatch
+import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -234,3 +238,32 @@ def test_hovering_a_token_colours_the_tokens_it_attends_to(browser, tmp_path):  
     assert page.inner_text(f".xp-tok[data-i='{peak}']") in page.inner_text("#xp-status")
     assert blocked == [] and errors == []
     page.close()
+
+
+# --------------------------------------------------------------------------- report.html
+def test_report_html_embeds_the_explorer_of_its_images(browser, model, images, tmp_path):  # noqa: F811
+    imgs, norm = images
+    rep = analysis.analyze(model, tmp_path, {"test": imgs}, normalization=norm, num_vis=2, n_masks=2, progress=False)
+    assert rep["explorer"] == {"layers": [1, 2], "images": 2}
+    page, blocked, errors = open_page(browser, tmp_path / "report.html")
+    assert page.locator("#xp-item option").count() == 2 and page.locator("#xp-layer option").count() == 2
+    # the class-token attention drawn for the report's layer is the report's attention map (rep["attention"])
+    page.fill("#xp-alpha", "100")
+    px = cells(page, "xp-attn", (4, 4)) @ np.array([0.299, 0.587, 0.114])
+    assert int(np.argmax(px)) == int(np.argmax(np.array(rep["attention"]["maps"])[0, 0]))
+    hover_patch(page, 5, (4, 4))
+    assert "patch (1, 1)" in page.inner_text("#xp-status")
+    assert blocked == [] and errors == []
+    page.close()
+
+
+def test_the_javascript_and_css_ship_with_the_package():
+    """pyproject's package-data names the explorer's JavaScript and CSS, so `pip install .` installs them."""
+    root = Path(__file__).resolve().parents[1]
+    table = (root / "pyproject.toml").read_text().split("[tool.setuptools.package-data]")[1]
+    globs = json.loads(re.search(r"^crate_transformer = (\[.*\])$", table, re.M).group(1))
+    pkg = root / "src" / "crate_transformer"
+    assets = [p.relative_to(pkg).as_posix() for p in (pkg / "analysis").glob("explorer.*") if p.suffix != ".py"]
+    assert sorted(assets) == ["analysis/explorer.css", "analysis/explorer.js"]
+    for a in assets:
+        assert any(fnmatch.fnmatch(a, g) for g in globs), a

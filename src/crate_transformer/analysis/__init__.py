@@ -11,12 +11,14 @@
     analysis.incoherence(model)                        # subspace coherence (Fig. 17)
     analysis.analyze(model, "out/", {"test": images01}, normalization=(mean, std))  # report.html + report.json
     analysis.decoder_inversion(mae, x)                 # CRATE-MAE: decoder layer L-1-l vs encoder layer l (§3.5)
+    analysis.write_explorer(analysis.image_payload(model, images01), "explorer.html")  # the clickable explorer
 
 Command line: ``crate analyze CHECKPOINT [--images DIR | --data NAME] --out DIR``.
 """
 
 from .attention import attention_entropy, cls_attention
 from .decoder import decoder_inversion, is_autoencoder, reconstruction_recognition
+from .explorer import explorer_section, image_payload, text_payload, write_explorer
 from .measure import METRICS, LayerTable, load_measure_records, measure, measure_batch, measure_hook, official_rc
 from .plots import (
     plot_attention,
@@ -67,4 +69,8 @@ __all__ = [
     "reconstruction_recognition",
     "plot_decoder_inversion",
     "plot_reconstructions",
+    "image_payload",
+    "text_payload",
+    "explorer_section",
+    "write_explorer",
 ]

@@ -31,6 +31,7 @@ from ._common import (
 )
 from .attention import attention_entropy, cls_attention
 from .decoder import decoder_inversion, is_autoencoder
+from .explorer import explorer_section, image_payload
 from .measure import METRICS, LayerTable, measure
 from .plots import (
     plot_attention,
@@ -290,11 +291,15 @@ def analyze(
             )
         )
 
+    # ---------------------------------------------------------------- 7. the interactive explorer (report.html only)
+    explorer = image_payload(model, vis_images, normalization, n_masks=n_masks, tau=tau)
+    report["explorer"] = {"layers": explorer["layers"], "images": len(explorer["images"])}
+
     report["figures"] = {f: {"title": t, "caption": cap} for f, t, cap in figures}
     report["wall_time_s"] = round(time.perf_counter() - t0, 2)
     report["environment"] = {"python": platform.python_version(), "torch": torch.__version__}
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "report.html").write_text(_html(report, tables, figures))
+    (out / "report.html").write_text(_html(report, tables, figures, explorer_section(explorer)))
     return report
 
 
@@ -309,7 +314,9 @@ def _table_html(t: LayerTable, metrics: Sequence[str]) -> str:
     return f"<table><tr><th>layer</th>{head}</tr>{''.join(rows)}</table>"
 
 
-def _html(report: dict, tables: Mapping[str, LayerTable], figures: Sequence[tuple[str, str, str]]) -> str:
+def _html(
+    report: dict, tables: Mapping[str, LayerTable], figures: Sequence[tuple[str, str, str]], explorer: str = ""
+) -> str:
     c = report["model"]["config"]
     src = report["source"]
     esc = html.escape
@@ -346,6 +353,7 @@ def _html(report: dict, tables: Mapping[str, LayerTable], figures: Sequence[tupl
     metrics = [m for m in ("rc_in", "rc_half", "rc_out", "nonzero", "l1", "rate", "rate_reduction")]
     for name, t in tables.items():
         parts.append(f"<h3>{esc(name)} ({t.num_samples} images)</h3>{_table_html(t, metrics)}")
+    parts.append(explorer)
     parts.append("<h2>Figures</h2>")
     for f, title, cap in figures:
         parts.append(
