@@ -184,6 +184,17 @@ def test_hovering_a_patch_draws_its_attention_brightest_where_the_formula_peaks(
     want = cmap[quantize_rows(a[q])]  # each cell is the colour map at the quantised attention
     assert np.abs(px - want).max() <= 20  # one quantisation level of the colour map at most
     assert page.get_attribute("#xp-attn", "data-peak") == str(int(np.argmax(a[q])))
+    # hiding the query's own patch: the rest rescaled to its own maximum, brightest where the formula's second peaks
+    rest = a.copy()
+    np.fill_diagonal(rest, 0)
+    top2 = np.sort(rest, 1)[:, -2:]
+    q = int(np.argmax(top2[:, 1] / top2[:, 0]))
+    page.check("#xp-noself")  # (a click: the mouse leaves the image, so hover after it)
+    hover_patch(page, q, grid)
+    brightness = cells(page, "xp-attn", grid) @ np.array([0.299, 0.587, 0.114])
+    assert int(np.argmax(brightness)) == int(np.argmax(rest[q])) != q
+    assert page.get_attribute("#xp-attn", "data-peak") == str(int(np.argmax(rest[q])))
+    page.uncheck("#xp-noself")
     page.mouse.move(0, 0)  # leaving the image: the class token's row
     assert page.get_attribute("#xp-attn", "data-query") == "-1"
     cls_px = cells(page, "xp-attn", grid) @ np.array([0.299, 0.587, 0.114])

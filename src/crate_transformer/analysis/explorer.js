@@ -6,7 +6,7 @@
   var P = JSON.parse(document.getElementById("xp-data").textContent);
   var root = document.getElementById("xp-root");
   var nl = P.layers.length, K = P.heads, cmap = P.colormap;
-  var state = { item: 0, layer: nl - 1, head: 0, query: -1, alpha: 0.7, pca: false, masks: false };
+  var state = { item: 0, layer: nl - 1, head: 0, query: -1, alpha: 0.7, pca: false, masks: false, noself: false };
 
   function bytes(s) {
     var b = atob(s), a = new Uint8Array(b.length);
@@ -61,6 +61,7 @@
     control(bar, "overlay opacity", alpha).addEventListener("input", function () {
       state.alpha = parseInt(alpha.value, 10) / 100; draw();
     });
+    checkbox(bar, "xp-noself", "hide the query's own patch", "noself");
     checkbox(bar, "xp-pca", "PCA colours", "pca");
     checkbox(bar, "xp-masks", "MaskCut masks", "masks");
     status = el("div", { id: "xp-status" }, root);
@@ -87,6 +88,14 @@
       im.onload = function () { if (++loaded === images.length) { draw(); section.setAttribute("data-ready", "1"); } };
     });
 
+    // MSSA shares query and key: a token's score with itself, |U_k^T z|^2, is usually the largest, so the other
+    // patches are shown relative to the largest of them (the query's own patch is drawn at zero).
+    function rescaleWithout(row, q) {
+      var out = new Uint8Array(row.length), peak = 0, j;
+      for (j = 0; j < row.length; j++) if (j !== q && row[j] > peak) peak = row[j];
+      for (j = 0; j < row.length; j++) out[j] = j === q ? 0 : Math.round(255 * row[j] / Math.max(peak, 1));
+      return out;
+    }
     function base(ctx) {
       ctx.imageSmoothingEnabled = false;
       ctx.clearRect(0, 0, W, H);
@@ -100,10 +109,11 @@
     return function () {
       if (loaded < images.length) return;
       var off = ((((state.item * nl + state.layer) * K + state.head) * (N + 1)) + state.query + 1) * N;
-      var ctx = ca.getContext("2d"), j, c;
+      var ctx = ca.getContext("2d"), j, c, row = A.subarray(off, off + N);
+      if (state.noself && state.query >= 0) row = rescaleWithout(row, state.query);
       base(ctx);
       for (j = 0; j < N; j++) {
-        ctx.fillStyle = rgb(cmap[A[off + j]], state.alpha);
+        ctx.fillStyle = rgb(cmap[row[j]], state.alpha);
         ctx.fillRect((j % w) * cell, Math.floor(j / w) * cell, cell, cell);
       }
       outline(ctx);
@@ -111,18 +121,24 @@
       base(seg);
       for (j = 0; j < N; j++) {
         var x = (j % w) * cell, y = Math.floor(j / w) * cell;
-        if (state.pca) { seg.fillStyle = rgb([PCA[(so + j) * 3], PCA[(so + j) * 3 + 1], PCA[(so + j) * 3 + 2]], 1); seg.fillRect(x, y, cell, cell); }
+        if (state.pca) {
+          seg.fillStyle = rgb([PCA[(so + j) * 3], PCA[(so + j) * 3 + 1], PCA[(so + j) * 3 + 2]], 1);
+          seg.fillRect(x, y, cell, cell);
+        }
         if (state.masks && M[so + j] > 0) {
           c = P.mask_colors[(M[so + j] - 1) % P.mask_colors.length];
           seg.fillStyle = rgb(c, 0.55); seg.fillRect(x, y, cell, cell);
         }
       }
       outline(seg);
-      var peak = argmax(A, off, N);
+      var peak = argmax(row, 0, N);
       ca.setAttribute("data-query", String(state.query)); ca.setAttribute("data-peak", String(peak));
-      var who = state.query < 0 ? "class token" : "patch (" + Math.floor(state.query / w) + ", " + state.query % w + ")";
-      status.textContent = "layer " + P.layers[state.layer] + ", head " + (state.head + 1) + ": " + who +
-        " attends most to patch (" + Math.floor(peak / w) + ", " + peak % w + ")";
+      var who = state.query < 0 ? "class token" : "patch (" + Math.floor(state.query / w) + ", " +
+        state.query % w + ")";
+      var most = state.noself && state.query >= 0 ? " attends most (after itself) to patch (" :
+        " attends most to patch (";
+      status.textContent = "layer " + P.layers[state.layer] + ", head " + (state.head + 1) + ": " + who + most +
+        Math.floor(peak / w) + ", " + peak % w + ")";
     };
   }
 

@@ -198,7 +198,8 @@ def explorer_section(payload: dict) -> str:
     """The explorer as an HTML fragment (a ``<section id="xp-explorer">`` with inline CSS and JavaScript).
 
     Element ids (stable, for scripts and tests): ``xp-item`` (image / text), ``xp-layer``, ``xp-head``,
-    ``xp-alpha`` (overlay opacity, 0-100), ``xp-pca``, ``xp-masks`` (checkboxes), canvases ``xp-attn`` and
+    ``xp-alpha`` (overlay opacity, 0-100), ``xp-noself`` (rescale without the query's own patch), ``xp-pca``,
+    ``xp-masks`` (checkboxes), canvases ``xp-attn`` and
     ``xp-seg``, the token list ``xp-tokens`` and the status line ``xp-status``.
     """
     if payload.get("kind") not in ("image", "text"):
