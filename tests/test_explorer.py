@@ -278,3 +278,26 @@ def test_the_javascript_and_css_ship_with_the_package():
     assert sorted(assets) == ["analysis/explorer.css", "analysis/explorer.js"]
     for a in assets:
         assert any(fnmatch.fnmatch(a, g) for g in globs), a
+
+
+def test_language_model_analysis_writes_a_token_explorer(browser, tmp_path):  # noqa: F811
+    from crate_transformer.analysis.language import analyze_text, token_attention
+
+    torch.manual_seed(1)
+    lm = build_lm(LMConfig(vocab_size=262, block_size=16, dim=32, depth=2, heads=2)).eval()
+    blocks = torch.randint(0, 256, (6, 16))
+    rep = analyze_text(lm, tmp_path, blocks, attn_tokens=10, explorer_texts=3)
+    assert rep["explorer"] == {"file": "explorer.html", "texts": 3, "layers": [1, 2]}
+    page_text = (tmp_path / "explorer.html").read_text()
+    payload = json.loads(re.search(r"id='xp-data'>(.*?)</script>", page_text).group(1).replace("<\\/", "</"))
+    assert payload["tokens"] == [[str(int(i)) for i in b[:10]] for b in blocks[:3]]  # no tokenizer: the ids
+    att = unpack(payload, "attention", (3, 2, 2, 10, 10)).astype(int)
+    want = quantize_rows(token_attention(lm, blocks[2, :10], layer=0))
+    assert np.abs(att[2, 0] - want.astype(int)).max() <= 1
+    page, blocked, errors = open_page(browser, tmp_path / "explorer.html")
+    page.select_option("#xp-item", "2")
+    page.hover("#xp-tokens .xp-tok[data-i='4']")
+    assert page.get_attribute(".xp-tok[data-i='4']", "class") == "xp-tok xp-query"
+    assert page.locator("#xp-tokens .xp-tok").count() == 10
+    assert blocked == [] and errors == []
+    page.close()

@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from ..io import write_json
+from .explorer import text_payload, write_explorer
 from .measure import LayerTable, measure_batch
 from .plots import _save, plot_layerwise
 
@@ -93,6 +94,12 @@ def plot_token_attention(
     return _save(fig, path)
 
 
+def _token_strings(model: torch.nn.Module, ids: Tensor) -> list[str]:
+    """Readable tokens of ``ids`` by the model's tokenizer (the ids themselves without one)."""
+    tok = getattr(model, "tokenizer", None)
+    return tok.token_strings(ids.tolist()) if tok is not None else [str(i) for i in ids.tolist()]
+
+
 def analyze_text(
     model: torch.nn.Module,
     out_dir: str | Path,
@@ -103,17 +110,18 @@ def analyze_text(
     attn_layers: Sequence[int] = (0, -1),
     attn_tokens: int = 48,
     source: dict | None = None,
+    explorer_texts: int = 4,
 ) -> dict:
     """Measure ``blocks`` (held-out token ids), plot layer-wise compression / sparsity and the attention of the
     first ``attn_tokens`` tokens of the first block; writes ``report.json``, ``layerwise.png``,
-    ``attention_layer{ℓ}.png`` to ``out_dir`` and returns the report."""
+    ``attention_layer{ℓ}.png`` and ``explorer.html`` (hover a token of the first ``explorer_texts`` blocks to see
+    its attention, :mod:`.explorer`) to ``out_dir`` and returns the report."""
     t0 = time.time()
     out = Path(out_dir)
     table = measure_text(model, blocks, eps=eps, batch_size=batch_size)
     plot_layerwise({"held-out text": table}, out / "layerwise.png", metrics=("rc_in", "nonzero", "rate_reduction"))
     ids = blocks[0, :attn_tokens]
-    tok = getattr(model, "tokenizer", None)
-    tokens = tok.token_strings(ids.tolist()) if tok is not None else [str(i) for i in ids.tolist()]
+    tokens = _token_strings(model, ids)
     figures = []
     for layer in dict.fromkeys(attn_layers):
         from ._common import layer_index
@@ -122,8 +130,12 @@ def analyze_text(
         path = out / f"attention_layer{ell}.png"
         plot_token_attention(token_attention(model, ids, layer), tokens, path, title=f"layer {ell} attention")
         figures.append(path.name)
+    shown = blocks[:explorer_texts, :attn_tokens]
+    payload = text_payload(model, shown, [_token_strings(model, b) for b in shown])
+    write_explorer(payload, out / "explorer.html", title="CRATE explorer: attention over tokens")
     report = {
         "model": {"arch": model.config.arch, "causal": model.config.causal, "params": model.num_params()},
+        "explorer": {"file": "explorer.html", "texts": len(shown), "layers": payload["layers"]},
         "source": source or {},
         "measure": {"held-out text": table.to_dict()},
         "figures": ["layerwise.png", *figures],

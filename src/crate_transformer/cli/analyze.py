@@ -22,8 +22,8 @@ from .common import (
 # options of one kind of model only: given for the other kind they are refused, not ignored
 IMAGE_ONLY = ("images", "num_images", "num_vis", "image_size", "on_bad_image", "seg_layer", "masks", "tau", "seed")
 TEXT_ONLY = ("num_blocks", "attn_tokens")
-# what crate analyze writes (image models: figures/, masks/; language models: PNGs beside report.json)
-ANALYZE_FILES = ("report.json", "report.html", "figures", "masks", "*.png")
+# what crate analyze writes (image models: figures/, masks/; language models: PNGs and explorer.html beside report.json)
+ANALYZE_FILES = ("report.json", "report.html", "explorer.html", "figures", "masks", "*.png")
 
 
 def configure_analyze(parser: argparse.ArgumentParser) -> None:
@@ -120,7 +120,10 @@ def _analyze_language_model(model: object, args: argparse.Namespace) -> int:
         f"layer-wise R^c (MSSA input) {first[0]['rc_in']:.4g} -> {first[-1]['rc_in']:.4g}, non-zero fraction "
         f"{first[0]['nonzero']:.3f} -> {first[-1]['nonzero']:.3f} (layer 1 -> {len(first)}) on {n} held-out blocks"
     )
-    print(f"wrote {Path(args.out) / 'report.json'}, layerwise.png and attention maps ({report['wall_time_s']} s)")
+    print(
+        f"wrote {Path(args.out) / 'report.json'}, layerwise.png, attention maps and explorer.html "
+        f"({report['wall_time_s']} s)"
+    )
     return 0
 
 
