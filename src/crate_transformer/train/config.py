@@ -50,8 +50,9 @@ class TrainConfig:
     data: str = _opt(
         "mnist",
         "'mnist' | 'digits' | a CIFAR folder | a class-per-subfolder image folder | a folder of WebDataset "
-        "shards | a Hugging Face dataset saved with save_to_disk; train-lm: 'python-docs' (built in) | a UTF-8 "
-        "text file or folder; finetune-text: a CSV/TSV file",
+        "shards | a Hugging Face dataset: an id such as ylecun/mnist or OWNER/NAME:CONFIG, data files, or a "
+        "save_to_disk folder; train-lm: 'python-docs' (built in) | a UTF-8 text file or folder | a dataset id "
+        "(wikitext:wikitext-103-raw-v1); finetune-text: a CSV/TSV file | a dataset id (glue:sst2)",
     )
     data_mode: str = _opt(
         "auto",
