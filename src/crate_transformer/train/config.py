@@ -16,6 +16,7 @@ from typing import Any
 
 from ..config_utils import check_ranges, coerce_fields
 from ..data import AUGMENTATIONS, DATA_MODES
+from .trackers import LOGGERS
 
 __all__ = ["TrainConfig", "FINETUNE_DEFAULTS", "OPTIMIZERS", "AMP_MODES", "DATA_MODES", "load_config"]
 
@@ -141,7 +142,13 @@ class TrainConfig:
         "batch (JMLR Fig. 15) in metrics.jsonl and plot them as measure.png (0 = off)",
         commands=SUPERVISED,
     )
-    tensorboard: bool = _opt(False, "also log every record to <run dir>/tensorboard (needs the tensorboard package)")
+    logger: list = _opt(
+        [],
+        "also send every record, the hyperparameters and the figures to: tensorboard | wandb | mlflow | csv "
+        "(several at once: --logger csv wandb)",
+        metavar="NAME",
+    )
+    tensorboard: bool = _opt(False, "the same as --logger tensorboard")
     progress: bool = _opt(True, "show a tqdm progress bar")
     # fine-tuning (set by `crate finetune`)
     init_from: str | None = _opt(None, "checkpoint to fine-tune from", commands=())
@@ -190,6 +197,9 @@ class TrainConfig:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {allowed}")
         if self.betas and (len(self.betas) != 2 or not all(0.0 <= float(b) < 1.0 for b in self.betas)):
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
+        unknown = [name for name in self.logger if name not in LOGGERS]
+        if unknown:
+            raise ValueError(f"unknown logger {unknown[0]!r}; choose from {', '.join(LOGGERS)} (--logger)")
         if self.eval_split == "val" and self.val_fraction <= 0:
             raise ValueError("eval_split 'val' needs a validation split; pass --val-fraction 0.1 (for example)")
 
