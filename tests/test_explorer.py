@@ -152,6 +152,7 @@ def cells(page, canvas: str, grid) -> np.ndarray:
 
 
 def hover_patch(page, q: int, grid) -> None:
+    page.locator("#xp-attn").scroll_into_view_if_needed()  # the mouse only reaches what is in the viewport
     box = page.locator("#xp-attn").bounding_box()
     h, w = grid
     page.mouse.move(box["x"] + (q % w + 0.5) * box["width"] / w, box["y"] + (q // w + 0.5) * box["height"] / h)
