@@ -270,15 +270,20 @@ def test_report_html_embeds_the_explorer_of_its_images(browser, model, images, t
 
 
 def test_the_javascript_and_css_ship_with_the_package():
-    """pyproject's package-data names the explorer's JavaScript and CSS, so `pip install .` installs them."""
+    """pyproject's package-data names every non-Python file of the package (the explorer's JavaScript and CSS
+    among them), so `pip install .` installs them."""
     root = Path(__file__).resolve().parents[1]
     table = (root / "pyproject.toml").read_text().split("[tool.setuptools.package-data]")[1]
     globs = json.loads(re.search(r"^crate_transformer = (\[.*\])$", table, re.M).group(1))
     pkg = root / "src" / "crate_transformer"
-    assets = [p.relative_to(pkg).as_posix() for p in (pkg / "analysis").glob("explorer.*") if p.suffix != ".py"]
-    assert sorted(assets) == ["analysis/explorer.css", "analysis/explorer.js"]
+    assets = [
+        p.relative_to(pkg).as_posix()
+        for p in pkg.rglob("*")
+        if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
+    ]
+    assert {"analysis/explorer.css", "analysis/explorer.js"} <= set(assets)
     for a in assets:
-        assert any(fnmatch.fnmatch(a, g) for g in globs), a
+        assert any(fnmatch.fnmatch(a, g) for g in globs), f"{a} is not in pyproject's package-data"
 
 
 def test_language_model_analysis_writes_a_token_explorer(browser, tmp_path):  # noqa: F811

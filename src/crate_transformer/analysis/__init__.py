@@ -12,8 +12,9 @@
     analysis.analyze(model, "out/", {"test": images01}, normalization=(mean, std))  # report.html + report.json
     analysis.decoder_inversion(mae, x)                 # CRATE-MAE: decoder layer L-1-l vs encoder layer l (§3.5)
     analysis.write_explorer(analysis.image_payload(model, images01), "explorer.html")  # the clickable explorer
+    from crate_transformer.analysis import features    # ISTA codes as features: statistics, top inputs, purity
 
-Command line: ``crate analyze CHECKPOINT [--images DIR | --data NAME] --out DIR``.
+Command line: ``crate analyze CHECKPOINT [--images DIR | --data NAME] --out DIR``; ``crate features RUN``.
 """
 
 from .attention import attention_entropy, cls_attention
