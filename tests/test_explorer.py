@@ -286,21 +286,21 @@ def test_the_javascript_and_css_ship_with_the_package():
         assert any(fnmatch.fnmatch(a, g) for g in globs), f"{a} is not in pyproject's package-data"
 
 
-def test_language_model_analysis_writes_a_token_explorer(browser, tmp_path):  # noqa: F811
+def test_language_model_report_holds_a_token_explorer(browser, tmp_path):  # noqa: F811
     from crate_transformer.analysis.language import analyze_text, token_attention
 
     torch.manual_seed(1)
     lm = build_lm(LMConfig(vocab_size=262, block_size=16, dim=32, depth=2, heads=2)).eval()
     blocks = torch.randint(0, 256, (6, 16))
     rep = analyze_text(lm, tmp_path, blocks, attn_tokens=10, explorer_texts=3)
-    assert rep["explorer"] == {"file": "explorer.html", "texts": 3, "layers": [1, 2]}
-    page_text = (tmp_path / "explorer.html").read_text()
+    assert rep["explorer"] == {"texts": 3, "layers": [1, 2]}
+    page_text = (tmp_path / "report.html").read_text()
     payload = json.loads(re.search(r"id='xp-data'>(.*?)</script>", page_text).group(1).replace("<\\/", "</"))
     assert payload["tokens"] == [[str(int(i)) for i in b[:10]] for b in blocks[:3]]  # no tokenizer: the ids
     att = unpack(payload, "attention", (3, 2, 2, 10, 10)).astype(int)
     want = quantize_rows(token_attention(lm, blocks[2, :10], layer=0))
     assert np.abs(att[2, 0] - want.astype(int)).max() <= 1
-    page, blocked, errors = open_page(browser, tmp_path / "explorer.html")
+    page, blocked, errors = open_page(browser, tmp_path / "report.html")
     page.select_option("#xp-item", "2")
     page.hover("#xp-tokens .xp-tok[data-i='4']")
     assert page.get_attribute(".xp-tok[data-i='4']", "class") == "xp-tok xp-query"
