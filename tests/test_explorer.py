@@ -243,7 +243,9 @@ def test_hovering_a_token_colours_the_tokens_it_attends_to(browser, tmp_path):  
     page.hover(f"#xp-tokens .xp-tok[data-i='{q}']")
     shown = [page.get_attribute(f".xp-tok[data-i='{j}']", "data-attn") for j in range(12)]
     assert np.abs(np.array(shown, dtype=int) - quantize_rows(a[q]).astype(int)).max() <= 1
-    assert shown[q + 1 :] == ["0"] * (11 - q)  # causal: nothing after the query
+    assert shown[q + 1 :] == ["0"] * (11 - q)  # causal: nothing after the query, drawn without a background
+    style = "e => [getComputedStyle(e).backgroundColor, getComputedStyle(e).color]"
+    assert page.eval_on_selector(f".xp-tok[data-i='{q + 1}']", style) == ["rgba(0, 0, 0, 0)", "rgb(170, 170, 170)"]
     peak = int(np.argmax(a[q]))
     bg = page.eval_on_selector(f".xp-tok[data-i='{peak}']", "e => getComputedStyle(e).backgroundColor")
     assert bg == "rgb({}, {}, {})".format(*p["colormap"][255])

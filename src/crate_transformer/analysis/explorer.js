@@ -161,9 +161,10 @@
       var off = ((((state.item * nl + state.layer) * K + state.head) * n) + Math.max(q, 0)) * n;
       spans.forEach(function (s, j) {
         var v = A[off + j], c = cmap[v];
+        var unseen = q >= 0 && P.causal && j > q;  // a causal model's later tokens: not attended, greyed out
         s.classList.toggle("xp-query", j === q);
-        s.style.background = q < 0 ? "" : rgb(c, 1);
-        s.style.color = q >= 0 && 0.299 * c[0] + 0.587 * c[1] + 0.114 * c[2] < 128 ? "#fff" : "";
+        s.style.background = q < 0 || unseen ? "" : rgb(c, 1);
+        s.style.color = unseen ? "#aaa" : q >= 0 && 0.299 * c[0] + 0.587 * c[1] + 0.114 * c[2] < 128 ? "#fff" : "";
         s.setAttribute("data-attn", q < 0 ? "" : String(v));
       });
       if (q < 0) { status.textContent = "hover a token"; return; }
