@@ -54,7 +54,8 @@ METRIC_LABELS: dict[str, str] = {
     "rate_reduction": r"$\Delta R(Z^{\ell+1}\,|\,U^{\ell}_{[K]})$",
 }
 
-_MASK_COLORS = np.array(
+# the colours of the masks in the MaskCut figures, the label PNGs and the explorer (0: background)
+MASK_COLORS = np.array(
     [
         [0, 0, 0],
         [230, 25, 75],
@@ -272,7 +273,7 @@ def _mask_overlay(img: np.ndarray, masks: np.ndarray, size: tuple[int, int]) -> 
     out = base.copy()
     for s, m in enumerate(masks):
         up = _upsample(torch.from_numpy(m[None].astype(np.float32)), size, mode="nearest")[0] > 0.5
-        color = _MASK_COLORS[1 + s % (len(_MASK_COLORS) - 1)] / 255.0
+        color = MASK_COLORS[1 + s % (len(MASK_COLORS) - 1)] / 255.0
         out[up] = 0.45 * out[up] + 0.55 * color
     return out
 
@@ -308,7 +309,7 @@ def save_mask_png(masks: np.ndarray, size: tuple[int, int], path: str | Path) ->
         label[up & (label == 0)] = s + 1
     im = Image.fromarray(label, mode="P")
     palette = np.zeros((256, 3), dtype=np.uint8)
-    palette[: len(_MASK_COLORS)] = _MASK_COLORS
+    palette[: len(MASK_COLORS)] = MASK_COLORS
     im.putpalette(palette.ravel().tolist())
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     im.save(path)

@@ -70,6 +70,7 @@ def run_task(args: argparse.Namespace, name: str) -> int:
     """Train (or ``--resume``) the task ``name`` with the parsed flags: 0 on completion, 130 when interrupted."""
     from ..train import TrainConfig, train
     from ..train.config import GROUPS
+    from .train import finished
 
     cls = _task_class(name)
     options = given_options(args, TrainConfig)  # --config file (all keys) + engine flags
@@ -85,4 +86,4 @@ def run_task(args: argparse.Namespace, name: str) -> int:
     if print_config(args, base, options):
         return 0
     result = train(None if resume else base, resume=resume, overrides=options, expect_task=name)
-    return 130 if result["interrupted"] else 0
+    return finished(result)
