@@ -1,4 +1,9 @@
-"""The training configuration: one dataclass, defaults < ``--config`` YAML/JSON file < command-line flags.
+"""The training configuration: defaults < ``--config`` YAML/JSON file < command-line flags.
+
+:class:`TrainConfig` holds the task, the model and the checkpoint to start from, and five groups of options
+(:data:`GROUPS`): ``data``, ``augmentation``, ``optim``, ``system`` and ``logging``.  ``config.yaml`` records it
+nested (``config_version`` 2); a flat mapping of options by name (version 1: earlier runs' ``config.yaml`` and
+checkpoints, flat ``--config`` files, flags, keyword arguments) is read into the groups by :func:`nest_options`.
 
 The paper's ImageNet recipe (JMLR App. C.1): Lion, lr 2.4e-4, weight decay 0.5, batch 2048,
 5 warm-up epochs then cosine, label smoothing 0.1, random crop + flip.  Fine-tuning (C.1,
