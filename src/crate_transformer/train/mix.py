@@ -64,7 +64,7 @@ class MixupCutmix(nn.Module):
         self.num_classes, self.smoothing = num_classes, smoothing
         self.mixup_alpha, self.cutmix_alpha, self.prob, self.switch_prob = mixup_alpha, cutmix_alpha, prob, switch_prob
         self.mixup = K.RandomMixUpV2(p=1.0, data_keys=["input", "class"])
-        self.cutmix = K.RandomCutMixV2(p=1.0, data_keys=["input", "class"])
+        self.cutmix = K.RandomCutMixV2(p=1.0, data_keys=["input", "class"], use_correct_lambda=True)
         self.last: tuple[str, float, Tensor | None] = ("none", 1.0, None)
 
     def choose(self) -> tuple[str, float]:
@@ -89,13 +89,14 @@ class MixupCutmix(nn.Module):
             lams = torch.full((b,), 1.0 - lam, device=x.device)
             params = {"mixup_pairs": pairs, "mixup_lambdas": lams, "batch_prob": every}
             out, lab = self.mixup(x, y, params=params)
+            weight = lab[:, 2]  # kornia's mixup label: the partner's weight
         else:
             shape = torch.tensor(x.shape[-2:], device=x.device, dtype=x.dtype)
             box = _cutmix_box(x.shape, lam, x.device)
             params = {"mix_pairs": pairs.view(1, b), "crop_src": box, "image_shape": shape, "batch_prob": every}
             out, lab = self.cutmix(x, y, params=params)
-            lab = lab[0]
-        weight = lab[:, 2].to(targets.dtype).view(-1, 1)  # the weight of the partner's label
+            weight = 1.0 - lab[0, :, 2]  # kornia's corrected cutmix label: 1 − box area = the own label's weight
+        weight = weight.to(targets.dtype).view(-1, 1)
         self.last = (kind, float(1.0 - weight[0]), pairs)
         return out, (1.0 - weight) * targets + weight * targets[pairs]
 
