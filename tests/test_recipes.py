@@ -4,11 +4,14 @@ EMA (vs float64 formulas), the MAE linear-probe protocol, and the named presets.
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from clitools import crate, one_line_error
 from official import mae_optim
 from torch import nn
 
@@ -18,6 +21,7 @@ from crate_transformer.model import ModelConfig, build_model
 from crate_transformer.operators import DropPath, drop_path_rates
 from crate_transformer.probe import sgd_linear_probe
 from crate_transformer.train import TrainConfig
+from crate_transformer.train.load import load_model
 from crate_transformer.train.mix import MixupCutmix, random_erasing, smooth_one_hot, soft_target_cross_entropy
 from crate_transformer.train.optim import LAMB, LARS, ModelEma, build_optimizer, param_groups
 from crate_transformer.train.recipes import RECIPES, recipe_options
@@ -312,3 +316,43 @@ def test_presets_set_their_documented_values_and_flags_override() -> None:
         assert r.source and values
     with pytest.raises(ValueError, match="unknown recipe"):
         recipe_options("nope")
+
+
+# --------------------------------------------------------------------------- end to end
+TINY_RUN = ["--data", "digits", "--image-size", "8", "--threads", "1", "--no-progress", "--measure-every", "0",
+            "--epochs", "2", "--batch-size", "64", "--max-steps", "12"]  # fmt: skip
+ARCH = ["--model-args", "dim=32", "depth=2", "heads=2", "patch_size=4"]
+
+
+def test_crate_train_with_the_recipe_pieces_writes_ema_weights(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = tmp_path / "run"
+    flags = ["--mixup", "0.8", "--cutmix", "1", "--drop-path", "0.1", "--ema", "0.99", "--optimizer", "lars",
+             "--lr", "0.5", "--random-erasing", "0.25", "--layer-decay", "0.75"]  # fmt: skip
+    assert crate("train", *TINY_RUN, *flags, "--out", run, *ARCH) == 0
+    assert "EMA weights (model_ema/)" in capsys.readouterr().out
+    model, ema = load_model(run / "model"), load_model(run / "model_ema")
+    assert model.config.drop_path == ema.config.drop_path == 0.1
+    assert [layer.drop_path.p for layer in model.layers] == [0.0, 0.1]
+    assert ema.config.data.classes == model.config.data.classes
+    diffs = [not torch.equal(a, b) for a, b in zip(model.state_dict().values(), ema.state_dict().values())]
+    assert any(diffs)  # the average lags the trained weights
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    final = next(r for r in records if r.get("final"))
+    assert 0.0 <= final["ema_acc"] <= 1.0 and "acc" in final
+    assert crate("eval", run / "model_ema", "--data", "digits") == 0  # saved EMA weights are a working classifier
+    # the same run resumed for one more epoch: the EMA comes back from the checkpoint
+    assert crate("train", "--resume", run, "--max-steps", "16") == 0
+    assert not torch.equal(load_model(run / "model_ema").layers[0].attn.qkv.weight, ema.layers[0].attn.qkv.weight)
+
+
+def test_crate_eval_lars_probe_and_bad_recipe(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = tmp_path / "run"
+    assert crate("train", *TINY_RUN, "--recipe", "deit", "--epochs", "1", "--max-steps", "4", "--batch-size", "64",
+                 "--ema", "0", "--out", run, *ARCH) == 0  # fmt: skip
+    cfg = (run / "config.yaml").read_text()
+    assert "recipe: deit" in cfg and "mixup: 0.8" in cfg and "layer_decay: 1.0" in cfg and "ema: 0.0" in cfg
+    assert crate("eval", run, "--linear-probe", "--probe", "lars", "--out", tmp_path / "ev") == 0
+    report = json.loads((tmp_path / "ev" / "eval.json").read_text())["linear_probe"]
+    assert report["protocol"] == "lars" and 0.0 <= report["acc"] <= 1.0
+    (tmp_path / "bad.yaml").write_text("recipe: nope\n")
+    assert "unknown recipe 'nope'" in one_line_error(capsys, "train", "--config", tmp_path / "bad.yaml")

@@ -91,6 +91,7 @@ class MAEConfig(ImageEncoderGeometry, Config):
     drop_path: float = 0.0  # stochastic depth of the encoder's last layer, rising linearly from 0; 0 = off
     data: DataSpec | None = None
 
+    OMIT_AT_DEFAULT = ("drop_path",)  # added later: configs without it stay byte-identical
     RULES = {
         "eta": Range(0, lo_open=True),
         "lambd": Range(0),

@@ -138,6 +138,7 @@ class ModelConfig(ImageEncoderGeometry, Config):
     # what the model was trained on (normalisation, classes, source); None when unknown
     data: DataSpec | None = None
 
+    OMIT_AT_DEFAULT = ("drop_path",)  # added later: configs without it stay byte-identical
     ARCHS: ClassVar[tuple[str, ...]] = ARCHS  # the arch values this config class builds (a subclass's own)
     RULES = {
         "eta": Range(0, lo_open=True),

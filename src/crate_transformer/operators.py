@@ -39,6 +39,7 @@ __all__ = [
     "GELUS",
     "DropPath",
     "drop_path_rates",
+    "set_drop_path",
 ]
 
 ISTA_MODES = ("relu", "soft", "mm", "none")
@@ -386,6 +387,17 @@ def drop_path_rates(rate: float, depth: int) -> list[float]:
     """Per-layer drop path rates rising linearly from 0 (first layer) to ``rate`` (last), as timm's and
     DeiT's ``torch.linspace(0, drop_path_rate, depth)`` (computed in Python: models are also built on ``meta``)."""
     return [rate * i / (depth - 1) if depth > 1 else 0.0 for i in range(depth)]
+
+
+def set_drop_path(model: nn.Module, rate: float) -> None:
+    """Give ``model.layers`` the drop path rates of :func:`drop_path_rates` (e.g. before fine-tuning a loaded
+    model) and record ``rate`` in ``model.config.drop_path`` where the config has that field."""
+    layers = list(model.layers)
+    for layer, r in zip(layers, drop_path_rates(rate, len(layers))):
+        layer.drop_path = DropPath(r)
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "drop_path"):
+        model.config = config.replace(drop_path=rate)
 
 
 # --------------------------------------------------------------------------- layers

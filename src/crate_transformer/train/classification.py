@@ -23,12 +23,15 @@ from ..data import (
     open_source,
 )
 from ..model import ImageClassifier
+from ..operators import set_drop_path
 from ..registry import build, is_language_model, model_config
 from .config import TrainConfig
 from .evaluation import evaluate, prepare_batch
 from .load import load_model
+from .mix import MixupCutmix, random_erasing, soft_target_cross_entropy
+from .optim import ModelEma
 from .runtime import Runtime
-from .task import Task
+from .task import StepContext, Task
 
 __all__ = ["ClassificationTask", "load_splits"]
 
@@ -74,6 +77,8 @@ class ClassificationTask(Task):
         elif state is None:
             overrides = {"in_chans": self.train_data.channels, **cfg.model_args}
             overrides.update(num_classes=len(classes), image_size=image_size)
+            if cfg.drop_path:
+                overrides["drop_path"] = cfg.drop_path
             model = build(model_config(cfg.model, **overrides))
             if not isinstance(model, ImageClassifier):
                 raise ValueError(f"{cfg.model} is not an image classifier; see `crate models` for the classifiers")
@@ -103,6 +108,21 @@ class ClassificationTask(Task):
             randaugment_n=cfg.randaugment_n,
             randaugment_m=cfg.randaugment_m,
         ).to(rt.device)
+        self._setup_recipe(cfg, len(classes))
+
+    def _setup_recipe(self, cfg: TrainConfig, num_classes: int) -> None:
+        """The recipe pieces the options turn on: drop path on a fine-tuned model, mixup / cutmix, random erasing,
+        a weight EMA (each None when off, so a run without them draws no extra random numbers)."""
+        if cfg.drop_path and cfg.init_from is not None and hasattr(self.model, "layers"):
+            set_drop_path(self.model, cfg.drop_path)
+        self.mixer = self.eraser = self.ema = None
+        if cfg.mixup > 0 or cfg.cutmix > 0:
+            self.mixer = MixupCutmix(num_classes, cfg.mixup, cfg.cutmix, cfg.mixup_prob, cfg.mixup_switch_prob,
+                                     cfg.label_smoothing)  # fmt: skip
+        if cfg.random_erasing > 0:
+            self.eraser = random_erasing(cfg.random_erasing).to(self.rt.device)
+        if cfg.ema > 0:
+            self.ema = ModelEma(self.model, cfg.ema)
 
     def _load_data(self, image_size: int) -> tuple[ImageSource, ImageSource, ImageSource]:
         return load_splits(self.cfg, image_size)
@@ -115,33 +135,60 @@ class ClassificationTask(Task):
         )  # fmt: skip
 
     def prepare(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        """uint8 images → augmented, normalised inputs (then random erasing, then mixup / cutmix: the labels become
+        soft targets ``(b, classes)``) and labels on the device."""
         images, labels = batch
-        return self._inputs(images, self.augment), labels.to(self.rt.device, non_blocking=True)
+        x, y = self._inputs(images, self.augment), labels.to(self.rt.device, non_blocking=True)
+        if self.eraser is not None:
+            x = self.eraser(x)
+        if self.mixer is not None:
+            x, y = self.mixer(x, y)
+        return x, y
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         x, y = batch
         logits = model(x).float()
-        loss = F.cross_entropy(logits, y, label_smoothing=self.cfg.label_smoothing)
+        if y.ndim == 2:  # mixed soft targets (label smoothing already in them); accuracy against the larger part
+            loss, y = soft_target_cross_entropy(logits, y), y.argmax(-1)
+        else:
+            loss = F.cross_entropy(logits, y, label_smoothing=self.cfg.label_smoothing)
         with torch.no_grad():
             n = torch.tensor(float(len(y)), device=y.device)
             stats = {"loss": loss.detach() * n, "acc": (logits.argmax(-1) == y).sum().float(), "n": n}
         return loss, stats
 
     def evaluate(self, split: str, *, dataset: ImageSource | None = None) -> dict[str, float]:
+        """Loss, top-1 and top-5 of the model on ``split`` (and ``ema_*`` of the EMA weights, when kept)."""
         ds = dataset or (self.test_data if split == "test" else self.eval_data)
-        r = evaluate(
-            self.model, ds, mean=self.mean, std=self.std, image_size=self.image_size,
-            channels=self.model.config.in_chans, batch_size=self.cfg.eval_batch_size, runtime=self.rt,
-        )  # fmt: skip
+        kw = dict(mean=self.mean, std=self.std, image_size=self.image_size, channels=self.model.config.in_chans,
+                  batch_size=self.cfg.eval_batch_size, runtime=self.rt)  # fmt: skip
+        r = evaluate(self.model, ds, **kw)
         self.last_result = r
-        return {"loss": r.loss, "acc": r.top1, "top5": r.top5}
+        out = {"loss": r.loss, "acc": r.top1, "top5": r.top5}
+        if self.ema is not None:
+            self.last_ema = evaluate(self.ema.module, ds, **kw)
+            out.update(ema_loss=self.last_ema.loss, ema_acc=self.last_ema.top1, ema_top5=self.last_ema.top5)
+        return out
 
     def hooks(self, cfg: TrainConfig) -> list:
+        hooks = [self._update_ema] if self.ema is not None else []
         if not cfg.measure_every:
-            return []
+            return hooks
         from ..analysis import measure_hook
 
-        return [measure_hook(every=cfg.measure_every)]
+        return [*hooks, measure_hook(every=cfg.measure_every)]
+
+    def _update_ema(self, ctx: StepContext) -> None:
+        """The weight EMA after optimizer step ``ctx.step`` (the engine also calls the hooks once before step 1)."""
+        if ctx.step > 0:
+            self.ema.update(ctx.model)
+
+    def state_dict(self) -> dict:
+        return {"ema": self.ema.module.state_dict()} if self.ema is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.ema is not None and state.get("ema") is not None:
+            self.ema.module.load_state_dict(state["ema"])
 
     def fixed_batch(self) -> tuple[Tensor, Tensor]:
         images, labels = next(iter(self.eval_data.batches(64, shuffle=False)))
@@ -168,14 +215,21 @@ class ClassificationTask(Task):
         r = self.last_result
         if rt.main:
             self.model.save_pretrained(run_dir / "model")
+        ema = ""
+        if self.ema is not None:
+            if rt.main:
+                self.ema.module.config = self.model.config  # the same data record (classes, normalisation)
+                self.ema.module.save_pretrained(run_dir / "model_ema")
+            ema = f"; EMA weights (model_ema/): {100 * self.last_ema.top1:.2f}%"
         return {
             "test_acc": r.top1,
             "test_top5": r.top5,
+            **({"ema_test_acc": self.last_ema.top1} if self.ema is not None else {}),
             "params": self.model.num_params(),
             "record": metrics,
             "message": (
                 f"final test accuracy: {100 * r.top1:.2f}% ({round(r.top1 * r.num_samples)}/{r.num_samples}), "
-                f"top-{r.k} {100 * r.top5:.2f}%, {self.model.num_params():,} params"
+                f"top-{r.k} {100 * r.top5:.2f}%, {self.model.num_params():,} params{ema}"
             ),
             "eval_seconds": time.time() - t0,
             "next": f"crate analyze {run_dir}    |    crate eval {run_dir}",
