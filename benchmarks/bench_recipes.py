@@ -1,8 +1,9 @@
 """What each training-recipe piece costs per step, against the plain step (AdamW, hard-label cross-entropy).
 
 One training step = (batch-level augmentation) → forward → loss → backward → optimizer step (→ EMA update),
-on a CRATE classifier (default: crate_tiny's width at 32 px, depth 4, batch 64), median of ``--steps`` timed
-steps after ``--warmup`` untimed ones.  Each row changes one thing:
+on a CRATE classifier (default: d = 192, 4 layers, 32 px images in 4-px patches, batch 32), median of ``--steps``
+timed steps after ``--warmup`` untimed ones, the rows timed round-robin; on the CPU the process's CPU time is
+measured (what the step costs, whatever else the machine runs).  Each row changes one thing:
 
 * mixup / cutmix (``train.mix.MixupCutmix``, soft-target cross-entropy); random erasing (p = 0.25);
 * drop path 0.1 (stochastic depth); layer-wise lr decay 0.75 (param groups only);
@@ -41,19 +42,26 @@ def _setup(args: argparse.Namespace, drop_path: float = 0.0, optimizer: str = "a
     return model, opt
 
 
-def _time_steps(args: argparse.Namespace, step: Callable[[], None]) -> float:
-    for _ in range(args.warmup):
-        step()
-    times = []
+def _time_rounds(args: argparse.Namespace, steps: dict[str, Callable[[], None]]) -> dict[str, float]:
+    """Median seconds per step of each variant, timed round-robin (one step of each per round) so that a change
+    in the machine's load hits every row alike; on the CPU the process's CPU time (other processes' work on a
+    shared machine does not count), on CUDA synchronised wall time."""
+    cuda = args.device.startswith("cuda")
+    clock = time.perf_counter if cuda else time.process_time
+    for step in steps.values():
+        for _ in range(args.warmup):
+            step()
+    times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(args.steps):
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        step()
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for name, step in steps.items():
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = clock()
+            step()
+            if cuda:
+                torch.cuda.synchronize()
+            times[name].append(clock() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def _variant(args: argparse.Namespace, name: str) -> Callable[[], None]:
@@ -92,22 +100,23 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
-    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--batch", type=int, default=32)
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--patch-size", type=int, default=4)
-    p.add_argument("--dim", type=int, default=384)
+    p.add_argument("--dim", type=int, default=192)
     p.add_argument("--depth", type=int, default=4)
-    p.add_argument("--heads", type=int, default=6)
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--heads", type=int, default=3)
+    p.add_argument("--steps", type=int, default=15)
     p.add_argument("--warmup", type=int, default=3)
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    seconds = {name: _time_steps(args, _variant(args, name)) for name in ROWS}
+    seconds = _time_rounds(args, {name: _variant(args, name) for name in ROWS})
     base = seconds[ROWS[0]]
     where = f"{args.device}, {torch.get_num_threads()} thread(s), torch {torch.__version__}, {platform.machine()}"
     print(f"CRATE d={args.dim} L={args.depth} {args.image_size}px/{args.patch_size}, batch {args.batch}, {where}")
-    print("\n| piece | ms / step | × plain step |\n|---|---:|---:|")
+    unit = "ms / step (wall)" if args.device.startswith("cuda") else "CPU ms / step"
+    print(f"\n| piece | {unit} | × plain step |\n|---|---:|---:|")
     for name in ROWS:
         print(f"| {name} | {1000 * seconds[name]:.1f} | {seconds[name] / base:.2f} |")
 

@@ -20,7 +20,7 @@ from crate_transformer.mae import CRATEMAE, MAEConfig
 from crate_transformer.model import ModelConfig, build_model
 from crate_transformer.operators import DropPath, drop_path_rates
 from crate_transformer.probe import sgd_linear_probe
-from crate_transformer.train import TrainConfig
+from crate_transformer.train import TrainConfig, load_training_state
 from crate_transformer.train.load import load_model
 from crate_transformer.train.mix import MixupCutmix, random_erasing, smooth_one_hot, soft_target_cross_entropy
 from crate_transformer.train.optim import LAMB, LARS, ModelEma, build_optimizer, param_groups
@@ -340,6 +340,8 @@ def test_crate_train_with_the_recipe_pieces_writes_ema_weights(tmp_path: Path, c
     final = next(r for r in records if r.get("final"))
     assert 0.0 <= final["ema_acc"] <= 1.0 and "acc" in final
     assert crate("eval", run / "model_ema", "--data", "digits") == 0  # saved EMA weights are a working classifier
+    kept = load_training_state(run)["task"]["ema"]  # the checkpoint holds the EMA a resume continues from
+    assert all(torch.equal(kept[k], v) for k, v in ema.state_dict().items())
     # the same run resumed for one more epoch: the EMA comes back from the checkpoint
     assert crate("train", "--resume", run, "--max-steps", "16") == 0
     assert not torch.equal(load_model(run / "model_ema").layers[0].attn.qkv.weight, ema.layers[0].attn.qkv.weight)
@@ -354,5 +356,6 @@ def test_crate_eval_lars_probe_and_bad_recipe(tmp_path: Path, capsys: pytest.Cap
     assert crate("eval", run, "--linear-probe", "--probe", "lars", "--out", tmp_path / "ev") == 0
     report = json.loads((tmp_path / "ev" / "eval.json").read_text())["linear_probe"]
     assert report["protocol"] == "lars" and 0.0 <= report["acc"] <= 1.0
+    assert "add --linear-probe" in one_line_error(capsys, "eval", run, "--probe", "sgd")
     (tmp_path / "bad.yaml").write_text("recipe: nope\n")
     assert "unknown recipe 'nope'" in one_line_error(capsys, "train", "--config", tmp_path / "bad.yaml")

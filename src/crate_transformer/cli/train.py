@@ -153,6 +153,8 @@ def run_eval(args: argparse.Namespace) -> int:
     from .common import positive
 
     positive("batch_size", args.batch_size)
+    if args.probe != "logistic" and not args.linear_probe:
+        raise ValueError(f"--probe {args.probe} chooses the protocol of --linear-probe; add --linear-probe")
     apply_threads(args)
     device = resolve_device(args.device)
     model = load_model(args.checkpoint, name=args.model, **parse_model_args(args.model_args))
