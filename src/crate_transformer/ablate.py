@@ -197,7 +197,7 @@ def _resolve(row: Row, base: Mapping[str, Any]) -> dict[str, Any]:
 
 # options that do not change what is trained: a sweep re-run with other values reuses the finished runs
 _NOT_IDENTITY = frozenset(
-    {"threads", "progress", "log_every", "eval_batch_size", "tensorboard", "workers", "seed", "out"}
+    {"threads", "progress", "log_every", "eval_batch_size", "tensorboard", "logger", "workers", "seed", "out"}
 )
 
 

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from .memory import check_load_args, holdout_every_fifth, split_members
+from .hub import require_datasets
+from .memory import HF_MARKERS, check_load_args, holdout_every_fifth, split_members
 from .streaming import MapStreamSource
 
 __all__ = ["HFImageDataset", "IMAGE_COLUMNS", "LABEL_COLUMNS"]
@@ -35,19 +36,9 @@ IMAGE_COLUMNS = ("image", "img", "pixel_values")
 LABEL_COLUMNS = ("label", "labels", "target", "cls", "fine_label")
 
 
-def _datasets():  # noqa: ANN202
-    try:
-        import datasets
-    except ImportError:
-        raise ValueError(
-            "reading a Hugging Face dataset needs the datasets package; pip install crate-transformer[hf]"
-        ) from None
-    return datasets
-
-
 def _columns(ds: object, where: str) -> tuple[str, str, list[str] | None]:
     """(image column, label column, ClassLabel names or None) of a ``datasets.Dataset``."""
-    datasets = _datasets()
+    datasets = require_datasets()
     feats = ds.features
     image = next((c for c, f in feats.items() if isinstance(f, datasets.Image)), None)
     image = image or next((c for c in IMAGE_COLUMNS if c in feats), None)
@@ -78,6 +69,16 @@ def _int_labels(values: Sequence[object], where: str, column: str) -> list[int]:
     return out
 
 
+def _open(path: str | os.PathLike) -> tuple[str, object]:
+    """(name, ``Dataset``/``DatasetDict``) of a ``save_to_disk`` folder, local data files or a dataset id."""
+    local = Path(path).expanduser()
+    if any((local / m).is_file() for m in HF_MARKERS):
+        return str(local.resolve()), require_datasets().load_from_disk(str(local.resolve()))
+    from .hub import load_hub_dataset
+
+    return (str(local.resolve()) if local.exists() else os.fspath(path)), load_hub_dataset(os.fspath(path))
+
+
 class HFImageDataset(MapStreamSource):
     """One split of a ``save_to_disk`` dataset as an :class:`ImageSource` (see the module docstring)."""
 
@@ -98,9 +99,8 @@ class HFImageDataset(MapStreamSource):
         if image_size is None:
             raise ValueError("a Hugging Face dataset needs image_size (--image-size): its images are resized on read")
         check_load_args(split, val_fraction, on_bad_image, image_size)
-        datasets = _datasets()
-        root = str(Path(path).expanduser().resolve())
-        loaded = datasets.load_from_disk(root)
+        datasets = require_datasets()
+        root, loaded = _open(path)
         if isinstance(loaded, datasets.DatasetDict):
             test_key = next((k for k in ("test", "validation", "val") if k in loaded), None)
             if "train" not in loaded or test_key is None:

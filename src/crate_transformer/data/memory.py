@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .base import ImageSource, local_batches
+from .hub import DATA_FILE_SUFFIXES, is_dataset_name
 from .transforms import BUILTIN_DATASETS, _resize_tensor, match_channels
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "load_dataset",
     "load_image_folder",
     "resolve_source",
+    "canonical_source",
     "to_chw",
 ]
 
@@ -224,11 +226,21 @@ SHARD_PATTERN_CHARS = "*?[{"  # a --data argument holding these (and ".tar") is 
 HF_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")  # files written by datasets' save_to_disk
 
 
+def canonical_source(name_or_path: str | os.PathLike) -> str:
+    """What a run records as its data (``DataSpec.source``): a built-in or dataset name as given, a path resolved."""
+    text = os.fspath(name_or_path)
+    if text.lower() in BUILTIN_DATASETS:
+        return text.lower()
+    return text if is_dataset_name(text) else str(Path(text).expanduser().resolve())
+
+
 def resolve_source(name_or_path: str | os.PathLike) -> tuple[str, str]:
     """Map the user's argument to (kind, source); the one place a source kind is recognised.
 
-    Kinds: ``mnist``/``digits``, ``cifar10``/``cifar100``, ``hf`` (a Hugging Face dataset saved with
-    ``save_to_disk``), ``shards`` (a folder holding WebDataset ``.tar`` shards, directly or in
+    Kinds: ``mnist``/``digits``, ``cifar10``/``cifar100``, ``hf`` (a Hugging Face dataset: saved with
+    ``save_to_disk``, Parquet/Arrow/CSV/JSON data files, or a dataset id such as ``ylecun/mnist`` or
+    ``glue:sst2`` read by ``datasets.load_dataset``, see :mod:`.hub`), ``shards`` (a folder holding
+    WebDataset ``.tar`` shards, directly or in
     ``train/``/``test/``/``val/`` subfolders, or a glob / brace pattern of ``.tar`` files) or
     ``folder`` (a class-per-subfolder image folder).
     """
@@ -239,11 +251,15 @@ def resolve_source(name_or_path: str | os.PathLike) -> tuple[str, str]:
         return "shards", text
     path = Path(text).expanduser()
     if not path.exists():
+        if is_dataset_name(text):
+            return "hf", text
         raise ValueError(
-            f"data folder not found: {text}; pass 'mnist', 'digits', a CIFAR folder (cifar-10-batches-py) "
-            "or a folder with one subfolder of images per class"
+            f"data folder not found: {text}; pass 'mnist', 'digits', a CIFAR folder (cifar-10-batches-py), "
+            "a folder with one subfolder of images per class, or a Hugging Face dataset id (OWNER/NAME[:CONFIG])"
         )
     if not path.is_dir():
+        if path.suffix.lower() in DATA_FILE_SUFFIXES:
+            return "hf", str(path.resolve())
         raise ValueError(f"{text} is a file, not a folder; pass the dataset folder (one subfolder per class)")
     for candidate in (path, path / "cifar-10-batches-py", path / "cifar-100-python"):
         if (candidate / "data_batch_1").is_file() and (candidate / "test_batch").is_file():
@@ -255,6 +271,8 @@ def resolve_source(name_or_path: str | os.PathLike) -> tuple[str, str]:
     for candidate in (path, *(path / s for s in SPLITS)):
         if candidate.is_dir() and any(candidate.glob("*.tar")):
             return "shards", str(path.resolve())
+    if any(p.suffix in (".parquet", ".arrow") for p in (*path.glob("*"), *path.glob("*/*"))):
+        return "hf", str(path.resolve())  # Parquet / Arrow files, e.g. a Hub dataset repository downloaded as is
     return "folder", str(path.resolve())
 
 

@@ -26,6 +26,7 @@ import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,6 +34,7 @@ from torch import Tensor
 
 from ..io import WriteError, atomic_write
 from .base import epoch_generator, local_batches
+from .hub import DATA_FILE_SUFFIXES, is_dataset_name, load_hub_dataset
 
 __all__ = [
     "BUILTIN_CORPORA",
@@ -44,6 +46,8 @@ __all__ = [
     "split_tokens",
     "LabelledTexts",
     "read_labelled_table",
+    "read_labelled",
+    "eval_split_of",
 ]
 
 BUILTIN_CORPORA = ("python-docs",)
@@ -51,9 +55,18 @@ TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst", ".py", ".tex", ".html", ".htm",
 _CHUNK = 1 << 20  # characters per tokenizer call
 
 
+def is_hub_corpus(source: str) -> bool:
+    """Whether ``source`` names a Hugging Face dataset (``wikitext:wikitext-2-raw-v1``) rather than a file."""
+    return source not in BUILTIN_CORPORA and is_dataset_name(source)
+
+
 def corpus_files(source: str) -> list[Path]:
-    """The text files of ``source`` (a file, or a folder searched recursively); [] for a built-in corpus."""
+    """The text files of ``source`` (a file, or a folder searched recursively); [] for a built-in corpus or a
+    dataset name (whose ``train`` split is then opened, so a missing dataset fails here with its fix)."""
     if source in BUILTIN_CORPORA:
+        return []
+    if is_hub_corpus(source):
+        _hub_text(source)
         return []
     path = Path(source).expanduser()
     if path.is_file():
@@ -89,6 +102,17 @@ def _read_file(path: Path) -> Iterator[str]:
         ) from None
 
 
+def _hub_text(source: str) -> tuple[Any, str]:
+    """(the streamed ``train`` split of a dataset, its text column: ``text`` or else the first string column)."""
+    ds = load_hub_dataset(source, split="train", streaming=True)
+    feats = ds.features or {}
+    strings = [c for c, f in feats.items() if getattr(f, "dtype", None) in ("string", "large_string")]
+    column = "text" if "text" in feats else (strings[0] if strings else None)
+    if column is None:
+        raise ValueError(f"dataset {source!r} has no text column (columns: {list(feats)}); pick a text dataset")
+    return ds, column
+
+
 def iter_documents(source: str) -> Iterator[Iterator[str]]:
     """The documents of ``source`` (one per file, or per topic of the built-in corpus), each as text pieces."""
     if source == "python-docs":
@@ -96,6 +120,10 @@ def iter_documents(source: str) -> Iterator[Iterator[str]]:
 
         for key in sorted(topics):
             yield iter([topics[key]])
+        return
+    if is_hub_corpus(source):  # one document per row, streamed: the corpus is never held whole
+        ds, column = _hub_text(source)
+        yield from (iter([row[column]]) for row in ds if row[column])
         return
     for path in corpus_files(source):
         yield _read_file(path)
@@ -105,6 +133,9 @@ def _fingerprint(source: str, tokenizer_json: str) -> str:
     h = hashlib.sha256(tokenizer_json.encode())
     if source in BUILTIN_CORPORA:
         h.update(f"{source}|{sys.version}".encode())
+    if is_hub_corpus(source):  # the dataset's recorded sizes and checksums change with its content
+        info = _hub_text(source)[0].info
+        h.update(f"{source}|{info.splits}|{info.download_checksums}|{info.dataset_size}".encode())
     for p in corpus_files(source):
         st = p.stat()
         h.update(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
@@ -310,8 +341,44 @@ def read_labelled_table(
     return texts, _check_labels(path, label, labels), tuple(text_columns), label
 
 
+def read_labelled(
+    source: str, split: str = "train", text_columns: Sequence[str] = (), label_column: str = ""
+) -> tuple[list[tuple[str, ...]], list[str], tuple[str, ...], str]:
+    """``read_labelled_table`` for a CSV/TSV file; ``split`` of a dataset (``glue:sst2``, Parquet/JSON files)."""
+    path = Path(source).expanduser()
+    if path.suffix.lower() in (".csv", ".tsv") or (path.exists() and not (path.is_dir() or _is_data_file(path))):
+        return read_labelled_table(source, text_columns, label_column)
+    if not path.exists() and not is_dataset_name(source):
+        raise ValueError(f"table not found: {source}; pass a CSV or TSV file, data files or a dataset id (glue:sst2)")
+    ds = load_hub_dataset(source, split=split)
+    where = f"the {split} split of {source}"
+    label, cols = _table_columns(where, list(ds.features), text_columns, label_column)
+    names = getattr(ds.features[label], "names", None)  # a ClassLabel: its names are the labels
+    raw = ds[label]
+    if any(v is None or (names is not None and v < 0) for v in raw):
+        raise ValueError(f"{where} has rows without a label ({label!r} is empty or -1); evaluate on another split")
+    labels = [names[v] if names is not None else str(v) for v in raw]
+    texts = list(zip(*(["" if t is None else t for t in ds[c]] for c in cols)))
+    if not texts:
+        raise ValueError(f"{where} has no rows")
+    return texts, _check_labels(where, label, [(v, i + 1) for i, v in enumerate(labels)]), tuple(cols), label
+
+
+def eval_split_of(source: str) -> str | None:
+    """A dataset's held-out split: ``validation`` (GLUE hides its test labels), else ``test``; None for a table."""
+    path = Path(source).expanduser()
+    if path.suffix.lower() in (".csv", ".tsv") or not (is_dataset_name(source) or path.is_dir() or _is_data_file(path)):
+        return None
+    splits = load_hub_dataset(source)
+    return next((s for s in ("validation", "test") if s in splits), None)
+
+
+def _is_data_file(path: Path) -> bool:
+    return path.suffix.lower() in DATA_FILE_SUFFIXES
+
+
 def _table_columns(
-    path: Path, header: list[str], text_columns: Sequence[str], label_column: str
+    path: Path | str, header: list[str], text_columns: Sequence[str], label_column: str
 ) -> tuple[str, list[str]]:
     """The label column and the text column(s) of a table with columns ``header``."""
     lower = {h.lower(): h for h in header}
@@ -341,7 +408,7 @@ def _table_columns(
     return label, list(text_columns)
 
 
-def _check_labels(path: Path, column: str, labels: list[tuple[str, int]]) -> list[str]:
+def _check_labels(path: Path | str, column: str, labels: list[tuple[str, int]]) -> list[str]:
     """The labels, refused when a number is not finite or numbers and names are mixed (naming the line)."""
 
     def number(v: str) -> float | None:

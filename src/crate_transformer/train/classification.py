@@ -13,11 +13,11 @@ from torch import Tensor, nn
 
 from ..checkpoint import config_from_dict
 from ..data import (
-    BUILTIN_DATASETS,
     DataSpec,
     ImageDataset,
     ImageSource,
     build_augmentation,
+    canonical_source,
     default_augmentation,
     fit_normalization,
     open_source,
@@ -87,7 +87,7 @@ class ClassificationTask(Task):
         if norm is None:
             raise ValueError(f"cannot use {self.train_data.channels}-channel data with a {channels}-channel model")
         self.mean, self.std = norm
-        data = cfg.data if cfg.data.lower() in BUILTIN_DATASETS else str(Path(cfg.data).expanduser().resolve())
+        data = canonical_source(cfg.data)
         model.config.data = DataSpec(
             source=data, kind=getattr(self.train_data, "kind", ""), name=self.train_data.name,
             classes=classes, mean=self.mean, std=self.std,

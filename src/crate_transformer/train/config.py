@@ -18,6 +18,7 @@ from ..config_utils import Range, check_ranges, coerce_fields
 from ..data import AUGMENTATIONS, DATA_MODES
 from .optim import OPTIMIZERS
 from .recipes import RECIPES, recipe_options
+from .trackers import LOGGERS
 
 __all__ = ["TrainConfig", "FINETUNE_DEFAULTS", "OPTIMIZERS", "AMP_MODES", "DATA_MODES", "load_config"]
 
@@ -51,8 +52,9 @@ class TrainConfig:
     data: str = _opt(
         "mnist",
         "'mnist' | 'digits' | a CIFAR folder | a class-per-subfolder image folder | a folder of WebDataset "
-        "shards | a Hugging Face dataset saved with save_to_disk; train-lm: 'python-docs' (built in) | a UTF-8 "
-        "text file or folder; finetune-text: a CSV/TSV file",
+        "shards | a Hugging Face dataset: an id such as ylecun/mnist or OWNER/NAME:CONFIG, data files, or a "
+        "save_to_disk folder; train-lm: 'python-docs' (built in) | a UTF-8 text file or folder | a dataset id "
+        "(wikitext:wikitext-103-raw-v1); finetune-text: a CSV/TSV file | a dataset id (glue:sst2)",
     )
     data_mode: str = _opt(
         "auto",
@@ -187,7 +189,13 @@ class TrainConfig:
         "batch (JMLR Fig. 15) in metrics.jsonl and plot them as measure.png (0 = off)",
         commands=SUPERVISED,
     )
-    tensorboard: bool = _opt(False, "also log every record to <run dir>/tensorboard (needs the tensorboard package)")
+    logger: list = _opt(
+        [],
+        "also send every record, the hyperparameters and the figures to: tensorboard | wandb | mlflow | csv "
+        "(several at once: --logger csv wandb)",
+        metavar="NAME",
+    )
+    tensorboard: bool = _opt(False, "the same as --logger tensorboard")
     progress: bool = _opt(True, "show a tqdm progress bar")
     # fine-tuning (set by `crate finetune`)
     init_from: str | None = _opt(None, "checkpoint to fine-tune from", commands=())
@@ -237,6 +245,9 @@ class TrainConfig:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {allowed}")
         if self.betas and (len(self.betas) != 2 or not all(0.0 <= float(b) < 1.0 for b in self.betas)):
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
+        unknown = [name for name in self.logger if name not in LOGGERS]
+        if unknown:
+            raise ValueError(f"unknown logger {unknown[0]!r}; choose from {', '.join(LOGGERS)} (--logger)")
         if self.eval_split == "val" and self.val_fraction <= 0:
             raise ValueError("eval_split 'val' needs a validation split; pass --val-fraction 0.1 (for example)")
 

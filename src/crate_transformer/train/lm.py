@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config_utils import Range, check_ranges
-from ..data.text import TokenBlocks, corpus_files, iter_documents, load_tokens, split_tokens
+from ..data.text import TokenBlocks, corpus_files, is_hub_corpus, iter_documents, load_tokens, split_tokens
 from ..lm import LanguageModel, LMConfig, build_lm, mask_tokens
 from ..registry import is_language_model, model_config
 from ..tokenizer import TOKENIZER_KINDS, Tokenizer
@@ -124,7 +124,7 @@ class LMTask(Task):
         source = cfg.data
         if source != "python-docs":
             corpus_files(source)  # a missing corpus is an error before any tokenizer training
-            source = str(Path(source).expanduser().resolve())
+            source = source if is_hub_corpus(source) else str(Path(source).expanduser().resolve())
         if state is not None:
             self.tokenizer = Tokenizer.from_str(state["task"]["tokenizer"])
             config = LMConfig.from_dict(dict(state["model_config"]))

@@ -232,6 +232,7 @@ def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | N
     elapsed = time.time() - t_start
     if rt.main:
         task.figures(run.path, run.metrics_path)
+        run.log_figures(ts.step)
         print(
             f"{final.pop('message')}, {elapsed:.0f} s, step {ts.step}\n"
             f"run directory: {run.path}  (config.yaml, metrics.jsonl, curves.png, {CHECKPOINT}, model/)"
@@ -399,7 +400,7 @@ def _start_run(
     derived = {"world_size": rt.world, "local_batch": cfg.batch_size // rt.world, "accum_steps": cfg.accum_steps}
     derived.update(steps_per_epoch=steps, total_steps=total, **about)
     run.write_yaml(CONFIG_FILE, {**cfg.to_dict(), "model_config": model_cfg, "derived": derived})
-    run.start_log(ts.step if resumed else None, tensorboard=cfg.tensorboard)
+    run.start_log(ts.step if resumed else None, cfg.tensorboard, cfg.logger, cfg.to_dict())
     procs = f" ({rt.world} processes)" if rt.distributed else ""
     accum = f", {cfg.accum_steps} accumulation steps" if cfg.accum_steps > 1 else ""
     verb = ("fine-tuning" if cfg.init_from else "training") if task.name == "classification" else task.name

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from ..base import POOLS
 from ..checkpoint import config_from_dict
 from ..config_utils import Range, check_ranges
-from ..data import BUILTIN_DATASETS, DataSpec, ImageSource, build_augmentation, fit_normalization
+from ..data import BUILTIN_DATASETS, DataSpec, ImageSource, build_augmentation, canonical_source, fit_normalization
 from ..data.base import rank_slice
 from ..io import atomic_write
 from ..mae import CRATEMAE, MAEConfig
@@ -192,7 +192,7 @@ class MAETask(Task):
                 f"cannot use {self.train_data.channels}-channel data with a {config.in_chans}-channel model"
             )
         self.mean, self.std = norm
-        data = cfg.data if cfg.data.lower() in BUILTIN_DATASETS else str(Path(cfg.data).expanduser().resolve())
+        data = canonical_source(cfg.data)
         model.config.data = DataSpec(
             source=data, kind=getattr(self.train_data, "kind", ""), name=self.train_data.name,
             classes=self.train_data.classes, mean=self.mean, std=self.std,

@@ -15,11 +15,12 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..io import atomic_write, load_state, save_state
+from .trackers import Tracker, open_trackers
 
 __all__ = [
     "run_model_source",
@@ -218,7 +219,7 @@ class RunDir:
         self.path = Path(path)
         self.writer = writer  # False on distributed ranks other than 0: every write is skipped
         self._folder_lock: FolderLock | None = None
-        self._tb: Any = None
+        self._trackers: list[Tracker] = []
         self._made_folder = False  # set by create(): discard_unfinished() may then remove the folder itself
 
     # ---------------------------------------------------------------- opening
@@ -306,9 +307,9 @@ class RunDir:
                     tmp.unlink(missing_ok=True)
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        for tracker in self._trackers:
+            tracker.finish()
+        self._trackers = []
         if self._folder_lock is not None:
             self._folder_lock.close()
             self._folder_lock = None
@@ -318,8 +319,15 @@ class RunDir:
     def metrics_path(self) -> Path:
         return self.path / METRICS_FILE
 
-    def start_log(self, resume_step: int | None, tensorboard: bool = False) -> None:
-        """Begin ``metrics.jsonl``: empty for a new run; on resume, drop the records of steps that will be redone."""
+    def start_log(
+        self,
+        resume_step: int | None,
+        tensorboard: bool = False,
+        loggers: Sequence[str] = (),
+        params: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Begin ``metrics.jsonl`` (empty for a new run; on resume, drop the records of steps that will be
+        redone) and start the trackers ``loggers`` (``tensorboard=True`` is ``loggers=["tensorboard"]``)."""
         if not self.writer:
             return
         if resume_step is None:
@@ -330,26 +338,25 @@ class RunDir:
             ]
             text = "".join(json.dumps(r) + "\n" for r in kept)
             atomic_write(self.metrics_path, lambda tmp: Path(tmp).write_text(text))
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
-            self._tb = SummaryWriter(str(self.path / "tensorboard"), purge_step=resume_step)
+        names = [*loggers, *(["tensorboard"] if tensorboard else [])]
+        self._trackers = open_trackers(names, self.path, params or {}, resume_step)
 
     def record(self, split: str, step: int, **metrics: Any) -> dict:
-        """Append one record ``{"step", "split", **metrics}`` to metrics.jsonl (and TensorBoard)."""
+        """Append one record ``{"step", "split", **metrics}`` to metrics.jsonl (and to the trackers)."""
         rec = {"step": step, "split": split, **metrics}
         if not self.writer:
             return rec
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(rec) + "\n")
-        if self._tb is not None:
-            tag = f"{split}/layer{metrics['layer']}" if "layer" in metrics else split
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("epoch", "layer", "time"):
-                    self._tb.add_scalar(f"{tag}/{k}", v, step)
+        for tracker in self._trackers:
+            tracker.log(rec)
         return rec
+
+    def log_figures(self, step: int) -> None:
+        """Send the run's figures (``*.png`` in the run directory) to the trackers."""
+        figures = sorted(self.path.glob("*.png"))
+        for tracker in self._trackers if self.writer else []:
+            tracker.log_figures(figures, step)
 
     # ---------------------------------------------------------------- files
     def write_yaml(self, name: str, data: Mapping) -> None:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data.text import LabelledTexts, read_labelled_table
+from ..data.text import LabelledTexts, eval_split_of, read_labelled
 from ..lm import LanguageModel, LMConfig, build_lm
 from ..tokenizer import Tokenizer
 from .config import TrainConfig
@@ -41,7 +41,10 @@ class TextOptions:
     )
     label_column: str = task_option("", "the label / score column (default: label, score or gold_label)", commands=_CMD)
     regression: str = task_option(
-        "auto", "auto (non-integer labels are scores) | yes | no", commands=_CMD, choices=("auto", "yes", "no")
+        "auto",
+        "auto (non-integer numbers are scores; integers and names are classes) | yes | no",
+        commands=_CMD,
+        choices=("auto", "yes", "no"),
     )
 
 
@@ -89,7 +92,7 @@ class TextClassificationTask(Task):
         self.options = o = self.parse_options(cfg)
         if not cfg.data:
             raise ValueError("crate finetune-text needs --data TABLE (a CSV or TSV with a text and a label column)")
-        texts, raw, cols, label = read_labelled_table(cfg.data, o.text_columns, o.label_column)
+        texts, raw, cols, label = read_labelled(cfg.data, "train", o.text_columns, o.label_column)
         self.columns = (cols, label)
         if state is not None:
             model = build_lm(LMConfig.from_dict(dict(state["model_config"])))
@@ -104,7 +107,8 @@ class TextClassificationTask(Task):
                     f"{cfg.init_from} is not a language model with a tokenizer; pretrain with crate train-lm"
                 )
             tok = model.tokenizer
-            self.regression = o.regression == "yes" or (o.regression == "auto" and not all(_is_int(v) for v in raw))
+            scores = not all(_is_int(v) for v in raw) and all(_is_number(v) for v in raw)  # names are classes
+            self.regression = o.regression == "yes" or (o.regression == "auto" and scores)
             self.classes = [] if self.regression else sorted(set(raw), key=lambda v: (not _is_int(v), _key(v)))
             model.reset_classifier(1 if self.regression else len(self.classes))
         if not self.regression and len(self.classes) < 2:
@@ -112,9 +116,11 @@ class TextClassificationTask(Task):
         self.tokenizer = model.tokenizer = tok
         self.model = model.to(rt.device)
         data = self._encode(texts, raw, Path(cfg.data).name, "train")
-        if o.eval_data:
-            t2, r2, _, _ = read_labelled_table(o.eval_data, cols, label)
-            self.train_data, self.eval_data = data, self._encode(t2, r2, Path(o.eval_data).name, "eval")
+        held_out = None if o.eval_data else eval_split_of(cfg.data)  # a dataset's own split beats --val-fraction
+        if o.eval_data or held_out:
+            t2, r2, _, _ = read_labelled(o.eval_data or cfg.data, held_out or "validation", cols, label)
+            name = Path(o.eval_data).name if o.eval_data else held_out
+            self.train_data, self.eval_data = data, self._encode(t2, r2, name, "eval")
         else:
             if not 0 < cfg.val_fraction < 1:
                 raise ValueError("pass --eval-data TABLE or a --val-fraction in (0, 1) for the evaluation split")
@@ -211,6 +217,14 @@ class TextClassificationTask(Task):
             "eval_seconds": time.time() - t0,
             "message": f"{self.eval_data.split} {shown} ({len(self.eval_data)} rows)",
         }
+
+
+def _is_number(v: str) -> bool:
+    try:
+        float(v)
+    except ValueError:
+        return False
+    return True
 
 
 def _is_int(v: str) -> bool:

@@ -1,0 +1,233 @@
+"""Experiment trackers: where a run's records go besides ``metrics.jsonl``.
+
+``--logger tensorboard wandb mlflow csv`` (any several at once) sends every record the run writes to
+``metrics.jsonl`` — training loss and learning rate, evaluations, and the per-layer compression and
+sparsity measurements (JMLR Fig. 15) — plus the run's hyperparameters at the start and its figures
+(``*.png`` in the run directory) at the end.  Only the process that writes the run directory logs.
+
+======================  ===============================================================================
+logger                  where
+======================  ===============================================================================
+``csv``                 ``<run>/metrics.csv``: one row per value, ``step,split,layer,metric,value``
+``tensorboard``         ``<run>/tensorboard`` (scalars, hyperparameters as text, figures as images)
+``wandb``               Weights & Biases; ``WANDB_MODE=offline`` keeps it on disk (``<run>/wandb``),
+                        ``WANDB_PROJECT`` names the project (default ``crate``)
+``mlflow``              ``MLFLOW_TRACKING_URI``, else a local file store ``<run>/mlruns``
+======================  ===============================================================================
+
+A resumed run continues the same tracker runs (their ids are kept in ``<run>/trackers.json``), and the
+records of steps that will be redone are dropped where the backend allows (CSV, TensorBoard).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import secrets
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..io import atomic_write
+
+__all__ = ["LOGGERS", "Tracker", "open_trackers", "flat_params", "scalars"]
+
+LOGGERS = ("tensorboard", "wandb", "mlflow", "csv")
+IDS_FILE = "trackers.json"
+CSV_FILE = "metrics.csv"
+CSV_COLUMNS = ("step", "split", "layer", "metric", "value")
+
+
+def flat_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"optim": {"lr": 1e-3}}`` → ``{"optim.lr": 1e-3}``; lists and ``None`` as text (trackers take scalars)."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flat_params(value, f"{name}."))
+        else:
+            out[name] = value if isinstance(value, (int, float, str, bool)) else str(value)
+    return out
+
+
+def scalars(record: Mapping[str, Any]) -> dict[str, float]:
+    """The numbers of a ``metrics.jsonl`` record, named ``split/metric`` or ``split/layerN/metric``."""
+    split = record.get("split", "train")
+    tag = f"{split}/layer{record['layer']}" if "layer" in record else split
+    skip = ("step", "split", "epoch", "layer", "time", "final")
+    return {
+        f"{tag}/{k}": float(v)
+        for k, v in record.items()
+        if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
+class Tracker:
+    """One backend.  ``start`` once (``resume_step`` set when continuing), ``log`` each record, ``finish``."""
+
+    name = ""
+
+    def start(self, run_dir: Path, params: dict[str, Any], ids: dict[str, str], resume_step: int | None) -> None:
+        raise NotImplementedError
+
+    def log(self, record: Mapping[str, Any]) -> None:
+        raise NotImplementedError
+
+    def log_figures(self, figures: Iterable[Path], step: int) -> None:
+        """Figures are optional: a backend without them ignores them."""
+
+    def finish(self) -> None:
+        """Flush and close."""
+
+
+class CSVTracker(Tracker):
+    """``metrics.csv`` in long form, so records with different metrics share one header."""
+
+    name = "csv"
+
+    def start(self, run_dir: Path, params: dict[str, Any], ids: dict[str, str], resume_step: int | None) -> None:
+        self.path = run_dir / CSV_FILE
+        kept = []
+        if resume_step is not None and self.path.is_file():
+            with open(self.path, newline="") as f:
+                kept = [row for row in csv.DictReader(f) if int(row["step"]) <= resume_step]
+        lines = [",".join(CSV_COLUMNS)] + [",".join(row[c] for c in CSV_COLUMNS) for row in kept]
+        text = "\n".join(lines) + "\n"
+        atomic_write(self.path, lambda tmp: Path(tmp).write_text(text))
+
+    def log(self, record: Mapping[str, Any]) -> None:
+        split, layer = record.get("split", "train"), record.get("layer", "")
+        with open(self.path, "a", newline="") as f:
+            writer = csv.writer(f)
+            for key, value in scalars(record).items():
+                writer.writerow([record.get("step", 0), split, layer, key.rsplit("/", 1)[-1], repr(value)])
+
+
+class TensorBoardTracker(Tracker):
+    """TensorBoard event files under ``<run>/tensorboard`` (``purge_step`` drops redone steps on resume)."""
+
+    name = "tensorboard"
+
+    def start(self, run_dir: Path, params: dict[str, Any], ids: dict[str, str], resume_step: int | None) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise ValueError("--logger tensorboard needs the tensorboard package: pip install tensorboard") from None
+        self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step)
+        if resume_step is None:
+            table = "\n".join(f"| {k} | {v} |" for k, v in params.items())
+            self.writer.add_text("hparams", "| option | value |\n|---|---|\n" + table, 0)
+
+    def log(self, record: Mapping[str, Any]) -> None:
+        for key, value in scalars(record).items():
+            self.writer.add_scalar(key, value, record.get("step", 0))
+
+    def log_figures(self, figures: Iterable[Path], step: int) -> None:
+        import numpy as np
+        from PIL import Image
+
+        for path in figures:
+            image = np.asarray(Image.open(path).convert("RGB"))
+            self.writer.add_image(f"figures/{path.stem}", image, step, dataformats="HWC")
+
+    def finish(self) -> None:
+        self.writer.close()
+
+
+class WandbTracker(Tracker):
+    """A Weights & Biases run; its id is kept so a resumed training run continues it."""
+
+    name = "wandb"
+
+    def start(self, run_dir: Path, params: dict[str, Any], ids: dict[str, str], resume_step: int | None) -> None:
+        try:
+            import wandb
+        except ImportError:
+            raise ValueError(
+                "--logger wandb needs the wandb package: pip install crate-transformer[trackers]"
+            ) from None
+        self.wandb = wandb
+        ids.setdefault("wandb", secrets.token_hex(4))  # W&B run ids: short, lowercase, unique
+        project = os.environ.get("WANDB_PROJECT", "crate")
+        self.run = wandb.init(
+            project=project, name=run_dir.name, id=ids["wandb"], resume="allow", dir=str(run_dir), config=params
+        )
+
+    def log(self, record: Mapping[str, Any]) -> None:
+        self.run.log(scalars(record), step=record.get("step", 0))
+
+    def log_figures(self, figures: Iterable[Path], step: int) -> None:
+        images = {f"figures/{p.stem}": self.wandb.Image(str(p)) for p in figures}
+        if images:
+            self.run.log(images, step=step)
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+class MLflowTracker(Tracker):
+    """An MLflow run: ``MLFLOW_TRACKING_URI``, else a file store in the run directory."""
+
+    name = "mlflow"
+
+    def start(self, run_dir: Path, params: dict[str, Any], ids: dict[str, str], resume_step: int | None) -> None:
+        try:
+            import mlflow
+        except ImportError:
+            raise ValueError("--logger mlflow needs mlflow: pip install crate-transformer[trackers]") from None
+        self.mlflow = mlflow
+        if not os.environ.get("MLFLOW_TRACKING_URI"):
+            # MLflow 3 refuses a file store unless asked; a run directory is exactly where one belongs
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            mlflow.set_tracking_uri((run_dir / "mlruns").resolve().as_uri())
+        run = mlflow.start_run(run_id=ids.get("mlflow"), run_name=None if "mlflow" in ids else run_dir.name)
+        ids["mlflow"] = run.info.run_id
+        if resume_step is None:
+            mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
+
+    def log(self, record: Mapping[str, Any]) -> None:
+        values = {k.replace("/", "."): v for k, v in scalars(record).items()}
+        self.mlflow.log_metrics(values, step=int(record.get("step", 0)))
+
+    def log_figures(self, figures: Iterable[Path], step: int) -> None:
+        for path in figures:
+            self.mlflow.log_artifact(str(path), "figures")
+
+    def finish(self) -> None:
+        self.mlflow.end_run()
+
+
+TRACKERS: dict[str, type[Tracker]] = {
+    "csv": CSVTracker,
+    "tensorboard": TensorBoardTracker,
+    "wandb": WandbTracker,
+    "mlflow": MLflowTracker,
+}
+
+
+def open_trackers(
+    names: Iterable[str], run_dir: Path, config: Mapping[str, Any], resume_step: int | None
+) -> list[Tracker]:
+    """Start the trackers ``names`` for a run; their ids go to ``<run>/trackers.json`` for a later resume."""
+    names = list(dict.fromkeys(names))
+    unknown = [n for n in names if n not in TRACKERS]
+    if unknown:
+        raise ValueError(f"unknown logger {unknown[0]!r}; choose from {', '.join(LOGGERS)} (--logger)")
+    ids_path = run_dir / IDS_FILE
+    ids = json.loads(ids_path.read_text()) if resume_step is not None and ids_path.is_file() else {}
+    params = flat_params(config)
+    trackers: list[Tracker] = []
+    try:
+        for name in names:
+            tracker = TRACKERS[name]()
+            tracker.start(run_dir, params, ids, resume_step)
+            trackers.append(tracker)
+    except BaseException:
+        for tracker in trackers:  # a backend that failed to start must not leave the others' writers running
+            tracker.finish()
+        raise
+    if ids:
+        text = json.dumps(ids, indent=1)
+        atomic_write(ids_path, lambda tmp: Path(tmp).write_text(text))
+    return trackers
