@@ -340,8 +340,11 @@ def test_crate_train_with_the_recipe_pieces_writes_ema_weights(tmp_path: Path, c
     final = next(r for r in records if r.get("final"))
     assert 0.0 <= final["ema_acc"] <= 1.0 and "acc" in final
     assert crate("eval", run / "model_ema", "--data", "digits") == 0  # saved EMA weights are a working classifier
-    kept = load_training_state(run)["task"]["ema"]  # the checkpoint holds the EMA a resume continues from
+    state = load_training_state(run)
+    kept = state["task"]["ema"]  # the checkpoint holds the EMA a resume continues from
     assert all(torch.equal(kept[k], v) for k, v in ema.state_dict().items())
+    scales = sorted({g["lr_scale"] for g in state["optimizer"]["param_groups"]})  # --layer-decay 0.75, 2 layers
+    assert scales == pytest.approx([0.75**3, 0.75**2, 0.75, 1.0])
     # the same run resumed for one more epoch: the EMA comes back from the checkpoint
     assert crate("train", "--resume", run, "--max-steps", "16") == 0
     assert not torch.equal(load_model(run / "model_ema").layers[0].attn.qkv.weight, ema.layers[0].attn.qkv.weight)
