@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 from clitools import crate, one_line_error
 from official import mae_optim
 from torch import nn
@@ -351,11 +352,14 @@ def test_crate_train_with_the_recipe_pieces_writes_ema_weights(tmp_path: Path, c
 
 
 def test_crate_eval_lars_probe_and_bad_recipe(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    run = tmp_path / "run"
-    assert crate("train", *TINY_RUN, "--recipe", "deit", "--epochs", "1", "--max-steps", "4", "--batch-size", "64",
+    run, options = tmp_path / "run", tmp_path / "options.yaml"
+    options.write_text("recipe: deit\nlr: 0.002\nmixup: 0.5\n")  # defaults < recipe < --config < flags
+    assert crate("train", *TINY_RUN, "--config", options, "--epochs", "1", "--max-steps", "4", "--mixup", "0.3",
                  "--ema", "0", "--out", run, *ARCH) == 0  # fmt: skip
-    cfg = (run / "config.yaml").read_text()
-    assert "recipe: deit" in cfg and "mixup: 0.8" in cfg and "layer_decay: 1.0" in cfg and "ema: 0.0" in cfg
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert (cfg["recipe"], cfg["lr"], cfg["mixup"], cfg["ema"]) == ("deit", 0.002, 0.3, 0.0)
+    assert (cfg["cutmix"], cfg["random_erasing"], cfg["drop_path"], cfg["weight_decay"]) == (1.0, 0.25, 0.1, 0.05)
+    assert (cfg["epochs"], cfg["batch_size"]) == (1, 64)  # the recipe's 300 and 1024 overridden by the flags
     assert crate("eval", run, "--linear-probe", "--probe", "lars", "--out", tmp_path / "ev") == 0
     report = json.loads((tmp_path / "ev" / "eval.json").read_text())["linear_probe"]
     assert report["protocol"] == "lars" and 0.0 <= report["acc"] <= 1.0
