@@ -77,8 +77,6 @@ class ClassificationTask(Task):
         elif state is None:
             overrides = {"in_chans": self.train_data.channels, **cfg.model_args}
             overrides.update(num_classes=len(classes), image_size=image_size)
-            if cfg.drop_path:
-                overrides["drop_path"] = cfg.drop_path
             model = build(model_config(cfg.model, **overrides))
             if not isinstance(model, ImageClassifier):
                 raise ValueError(f"{cfg.model} is not an image classifier; see `crate models` for the classifiers")
@@ -108,12 +106,13 @@ class ClassificationTask(Task):
             randaugment_n=cfg.randaugment_n,
             randaugment_m=cfg.randaugment_m,
         ).to(rt.device)
-        self._setup_recipe(cfg, len(classes))
+        self._setup_recipe(cfg, len(classes), state)
 
-    def _setup_recipe(self, cfg: TrainConfig, num_classes: int) -> None:
-        """The recipe pieces the options turn on: drop path on a fine-tuned model, mixup / cutmix, random erasing,
-        a weight EMA (each None when off, so a run without them draws no extra random numbers)."""
-        if cfg.drop_path and cfg.init_from is not None and hasattr(self.model, "layers"):
+    def _setup_recipe(self, cfg: TrainConfig, num_classes: int, state: dict | None) -> None:
+        """The recipe pieces the options turn on: drop path on a new or fine-tuned model (a resumed one has it in
+        its config), mixup / cutmix, random erasing, a weight EMA (each None when off, so a run without them
+        draws no extra random numbers)."""
+        if cfg.drop_path and state is None:
             set_drop_path(self.model, cfg.drop_path)
         self.mixer = self.eraser = self.ema = None
         if cfg.mixup > 0 or cfg.cutmix > 0:
