@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from crate_transformer import cli
@@ -12,10 +14,23 @@ def crate(*argv: object) -> int:
     return cli.main([str(a) for a in argv])
 
 
-def one_line_error(capsys: pytest.CaptureFixture, *argv: object) -> str:
-    """Run ``crate ARGV``, assert it exits 2 with exactly one line on stderr, and return that line."""
+def one_line_error(
+    capsys: pytest.CaptureFixture, *argv: object, rc: int = 2, after_output: bool = False, match: str | None = None
+) -> str:
+    """Run ``crate ARGV``, assert it exits ``rc`` with one line on stderr, and return that line.
+
+    ``after_output=True`` is for commands that print their start lines before failing: stderr then holds no
+    traceback and ends with the one ``crate …`` error line.  ``match`` is a regular expression the line must
+    contain (``re.search``).
+    """
     capsys.readouterr()  # drop what earlier commands printed
-    assert crate(*argv) == 2, argv
+    assert crate(*argv) == rc, argv
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
+    if after_output:
+        assert "Traceback" not in err and err.splitlines()[-1].startswith("crate "), err
+        err = err.splitlines()[-1]
+    else:
+        assert len(err.splitlines()) == 1, err
+    if match is not None:
+        assert re.search(match, err), (match, err)
     return err

@@ -1,3 +1,4 @@
+import copy
 import os
 import subprocess
 import sys
@@ -23,6 +24,18 @@ def _one_thread():
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _shared_configs_unchanged():
+    """The configurations in ``tests/tiny.py`` are shared module globals: a test that changed one in place would
+    change every test after it, so that is an error of the test that did it."""
+    import tiny
+
+    before = {k: copy.deepcopy(v) for k, v in vars(tiny).items() if k.isupper()}
+    yield
+    after = {k: v for k, v in vars(tiny).items() if k.isupper()}
+    assert after == before, "this test changed a configuration of tests/tiny.py in place; copy it ({**tiny.X, ...})"
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ import json
 import statistics
 
 import pytest
+import tiny
 
 from crate_transformer.ablate import RECIPE, TABLES, plan, read_results, resolve_tables, run_ablation
 from crate_transformer.cli import main
@@ -11,8 +12,7 @@ from crate_transformer.cli import main
 TINY_ARGS = ["--model-args", "dim=16", "depth=1", "heads=2", "--train-args", "train_subset=64", "batch_size=32",
              "max_steps=2", "eval_batch_size=1000", "--epochs", "1", "--threads", "1", "--measure-images", "16",
              "--no-progress"]  # fmt: skip
-TINY = {"model_args": {"dim": 16, "depth": 1, "heads": 2}, "train_subset": 64, "batch_size": 32, "max_steps": 2,
-        "eval_batch_size": 1000, "epochs": 1, "threads": 1}  # fmt: skip
+TINY = tiny.ABLATE
 
 
 def test_sweep_writes_mean_std_from_the_results_and_never_retrains(tmp_path):

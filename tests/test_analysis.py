@@ -1,14 +1,15 @@
 """The white-box analysis toolkit: layer-wise measurement vs an independent hooked computation,
 attention maps, subspace incoherence, the report and `crate analyze` on every checkpoint kind."""
 
-import argparse
 import json
 import math
 
 import numpy as np
 import pytest
+import tiny
 import torch
 import torch.nn.functional as F
+from clitools import crate, one_line_error
 
 import crate_transformer as ct
 from crate_transformer import analysis
@@ -17,7 +18,7 @@ from crate_transformer.data import DataSpec, load_dataset, load_image_folder, no
 from crate_transformer.official import native_to_official
 from crate_transformer.spec import resolve_normalization
 
-TINY = dict(image_size=8, patch_size=2, in_chans=1, num_classes=10, dim=32, depth=2, heads=4)
+TINY = tiny.DIGITS
 
 
 @pytest.fixture(scope="module")
@@ -174,8 +175,7 @@ def test_grey_dataset_on_an_rgb_model_is_converted_like_training(tmp_path, digit
     rgb.save_pretrained(tmp_path / "rgb")
     out = tmp_path / "o"
     assert (
-        run_cli([str(tmp_path / "rgb"), "--data", "digits", "--num-images", "8", "--no-progress", "--out", str(out)])
-        == 0
+        crate("analyze", tmp_path / "rgb", "--data", "digits", "--num-images", "8", "--no-progress", "--out", out) == 0
     )
     rep = json.loads((out / "report.json").read_text())
     assert "converted to 3 channels" in rep["source"]["channels"]
@@ -333,12 +333,6 @@ def test_training_hook_records_metrics_log_and_history_plot(tmp_path, trained, b
 
 
 # --------------------------------------------------------------------------- report + CLI
-def run_cli(argv):
-    parser = argparse.ArgumentParser()
-    analyze_cmd.configure_analyze(parser)
-    return analyze_cmd.run_analyze(parser.parse_args(argv))
-
-
 FIGS = [
     "layerwise.png",
     "layerwise_all.png",
@@ -367,7 +361,7 @@ def test_crate_analyze_on_run_dir_pretrained_dir_and_official_checkpoint(tmp_pat
         "official": [str(tmp_path / "official.pth"), "--model", "crate_mnist", *overrides, "--data", "digits"],
     }.items():
         out = tmp_path / f"out_{name}"
-        assert run_cli([*argv, *common, "--out", str(out)]) == 0
+        assert crate("analyze", *argv, *common, "--out", out) == 0
         rep = json.loads((out / "report.json").read_text())
         reports[name] = rep
         page = (out / "report.html").read_text()
@@ -410,17 +404,16 @@ def test_crate_analyze_on_a_folder_of_images(tmp_path, trained):
     (folder / "notes.txt").write_text("not an image")
     out = tmp_path / "out"
     assert (
-        run_cli(
-            [
-                str(_save(trained, tmp_path)),
-                "--images",
-                str(folder),
-                "--out",
-                str(out),
-                "--no-progress",
-                "--image-size",
-                "12",
-            ]
+        crate(
+            "analyze",
+            str(_save(trained, tmp_path)),
+            "--images",
+            str(folder),
+            "--out",
+            str(out),
+            "--no-progress",
+            "--image-size",
+            "12",
         )
         == 0
     )
@@ -438,22 +431,19 @@ def _save(model, tmp_path):
     return path
 
 
-def one_line_error(argv, match):
-    with pytest.raises(ValueError, match=match) as e:
-        run_cli(argv)
-    assert "\n" not in str(e.value)
-
-
-def test_crate_analyze_errors(tmp_path, trained):
+def test_crate_analyze_errors(tmp_path, trained, capsys):
     ckpt = str(_save(trained, tmp_path))
     out = ["--out", str(tmp_path / "o")]
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "readme.txt").write_text("x")
-    one_line_error([ckpt, "--images", str(empty), *out], r"no images found in .*empty")
-    one_line_error([ckpt, "--images", str(tmp_path / "missing"), *out], "image folder not found")
-    one_line_error([ckpt, "--data", "digits", "--attn-layer", "5", *out], "layer 5 does not exist: the model has 2")
-    one_line_error([ckpt, "--data", "digits", "--seg-layer", "-3", *out], "layer -3 does not exist")
+    for argv, match in (
+        ([ckpt, "--images", str(empty)], r"no images found in .*empty"),
+        ([ckpt, "--images", str(tmp_path / "missing")], "image folder not found"),
+        ([ckpt, "--data", "digits", "--attn-layer", "5"], "layer 5 does not exist: the model has 2"),
+        ([ckpt, "--data", "digits", "--seg-layer", "-3"], "layer -3 does not exist"),
+    ):
+        one_line_error(capsys, "analyze", *argv, *out, match=match)
     two = ct.create_model("crate_tiny", **{**TINY, "in_chans": 2})
     two.save_pretrained(tmp_path / "two")
     from PIL import Image
@@ -461,10 +451,13 @@ def test_crate_analyze_errors(tmp_path, trained):
     photos = tmp_path / "photos"
     photos.mkdir()
     Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(photos / "rgb.png")
-    one_line_error([str(tmp_path / "two"), "--images", str(photos), *out], "cannot convert 3-channel images to 2")
-    one_line_error([str(tmp_path / "two"), *out], "pass --images DIR or --data")  # no dataset recorded
-    one_line_error([ckpt, "--data", "digits", "--image-size", "9", *out], "not a multiple of the model's patch size")
-    one_line_error([ckpt, "--data", "digits", "--model-args", "dim", *out], "KEY=VALUE")
+    for argv, match in (
+        ([str(tmp_path / "two"), "--images", str(photos)], "cannot convert 3-channel images to 2"),
+        ([str(tmp_path / "two")], "pass --images DIR or --data"),  # no dataset recorded
+        ([ckpt, "--data", "digits", "--image-size", "9"], "not a multiple of the model's patch size"),
+        ([ckpt, "--data", "digits", "--model-args", "dim"], "KEY=VALUE"),
+    ):
+        one_line_error(capsys, "analyze", *argv, *out, match=match)
     assert not (tmp_path / "o").exists()  # every check happens before anything is written
 
 

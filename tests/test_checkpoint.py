@@ -8,6 +8,7 @@ import pickle
 
 import numpy as np
 import pytest
+import tiny
 import torch
 from official.crate import OfficialCRATE
 
@@ -20,7 +21,7 @@ from crate_transformer.checkpoint import (
 from crate_transformer.official import native_to_official, official_to_native
 from crate_transformer.train.load import load_model
 
-TINY = dict(image_size=32, patch_size=8, dim=32, depth=2, heads=4, num_classes=5)
+TINY = tiny.IMAGE
 
 
 def official_tiny(pool="cls"):

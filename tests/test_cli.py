@@ -1,5 +1,6 @@
 """The `crate` command's wiring (subcommands are tested with their modules)."""
 
+import os
 import subprocess
 import sys
 
@@ -19,9 +20,33 @@ def test_errors_are_one_line_with_exit_code_2(capsys):
     assert err.count("\n") == 0 and "no registered model matches 'nothing_like_this'" in err
 
 
-def test_console_script_entry_point():
-    r = subprocess.run([sys.executable, "-m", "crate_transformer.cli", "--help"], capture_output=True, text=True)
-    assert r.returncode == 0 and "models" in r.stdout
+def test_console_script_entry_point(capsys):
+    """``crate`` is ``cli.main``; ``python -m crate_transformer.cli`` runs it in a fresh process, its help names every
+    subcommand with its description, and a listed subcommand does what its line says."""
+    from importlib.metadata import entry_points
+
+    import torch
+
+    from crate_transformer import cli
+    from crate_transformer.registry import create_model
+
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "crate"]
+    assert script.value == "crate_transformer.cli:main" and script.load() is main
+
+    wide = {**os.environ, "COLUMNS": "300"}  # argparse wraps at the terminal width, also inside hyphenated words
+    r = subprocess.run([sys.executable, "-m", "crate_transformer.cli", "--help"], capture_output=True, text=True,
+                       env=wide)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    flat = " ".join(r.stdout.split())
+    for name, (_, description) in cli.COMMANDS.items():
+        assert f"{name} {' '.join(description.split())}" in flat, name
+
+    # "models: list the registered models with their parameter counts", counted here independently
+    assert main(["models", "crate_mnist"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    with torch.device("meta"):
+        params = sum(p.numel() for p in create_model("crate_mnist").parameters())
+    assert len(lines) == 2 and lines[1].split()[0] == "crate_mnist" and lines[1].split()[-1] == f"{params:,}", lines
 
 
 def test_model_args_accept_every_config_family_and_the_model_rejects_foreign_ones() -> None:

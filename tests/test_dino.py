@@ -9,8 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tiny
 import torch
 import torch.nn.functional as F
+from clitools import crate, one_line_error
 from official import dino as official
 
 from crate_transformer.dino import (
@@ -25,7 +27,7 @@ from crate_transformer.dino import (
 )
 from crate_transformer.registry import create_model
 
-TINY_ARCH = dict(image_size=8, patch_size=2, in_chans=1, num_classes=10, dim=32, depth=2, heads=2)
+TINY_ARCH = {**tiny.DIGITS, "heads": 2}
 
 
 def _student(out_dim: int = 16, **head: object) -> DINOModel:
@@ -241,16 +243,10 @@ def test_teacher_copy_gets_no_gradient_and_the_student_classifier_head_is_frozen
 
 
 # --------------------------------------------------------------------------- the task on the engine
-ARCH = ["image_size=8", "patch_size=2", "dim=32", "depth=2", "heads=2"]
+ARCH = tiny.SSL_ARCH
 HEAD = ["--out-dim", "64", "--hidden-dim", "32", "--bottleneck-dim", "16"]
 TINY = ["--data", "digits", "--threads", "1", "--no-progress", "--batch-size", "64", "--eval-every", "0",
         "--warmup-epochs", "1", "--model-args", *ARCH, *HEAD]  # fmt: skip
-
-
-def crate(*argv: object) -> int:
-    from crate_transformer import cli
-
-    return cli.main([str(a) for a in argv])
 
 
 def _records(run: Path) -> list[dict]:
@@ -300,10 +296,8 @@ def test_the_run_saves_the_teacher_backbone_as_a_classifier(dino_run: Path, caps
     student = {k.removeprefix("backbone."): v for k, v in state["model"].items() if k.startswith("backbone.")}
     assert any(not torch.equal(student[k], teacher[k]) for k in teacher)  # the EMA, not the student
     # the wrong command refuses the run, naming the right one
-    capsys.readouterr()
-    assert crate("train", "--resume", dino_run) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and f"crate pretrain dino --resume {dino_run}" in err
+    err = one_line_error(capsys, "train", "--resume", dino_run)
+    assert f"crate pretrain dino --resume {dino_run}" in err
     # frozen-feature evaluation of the saved model through `crate eval` gives the run's own numbers
     assert crate("eval", dino_run, "--knn", "--linear-probe", "--out", dino_run.parent / "eval") == 0
     report = json.loads((dino_run.parent / "eval" / "eval.json").read_text())
@@ -318,6 +312,8 @@ def test_crate_analyze_on_a_dino_run(dino_run: Path) -> None:
     assert crate(*argv) == 0
     for fig in ("attention.png", "pca.png", "maskcut.png"):
         assert (out / "figures" / fig).stat().st_size > 2000, fig
+    report = json.loads((out / "report.json").read_text())  # the verdicts name the model a DINO backbone
+    assert {v["section"] for v in report["verdicts"]} == {"DINO backbone (train)", "DINO backbone (test)"}
 
 
 def _optimizer_steps(state: dict) -> list[float]:

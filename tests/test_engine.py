@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import tiny
 import torch
 from clitools import crate, one_line_error
 from torch import nn
@@ -20,9 +21,8 @@ from crate_transformer.train import RunDir, Task, TrainConfig, load_training_sta
 from crate_transformer.train.runtime import resolve_device
 from crate_transformer.train.task import TASKS, task_option
 
-ARCH = {"dim": 32, "depth": 1, "heads": 2, "patch_size": 4}
-TINY = ["--data", "digits", "--image-size", "8", "--threads", "1", "--no-progress", "--model-args",
-        *(f"{k}={v}" for k, v in ARCH.items())]  # fmt: skip
+ARCH = tiny.TRAIN_ARCH
+TINY = tiny.TRAIN_CLI
 FAST = ["--epochs", "1", "--max-steps", "3", "--measure-every", "0", "--eval-every", "0"]
 
 

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+import tiny
 import torch
 from clitools import crate, one_line_error
 
@@ -19,7 +20,7 @@ from crate_transformer.tokenizer import Tokenizer
 from crate_transformer.train import load_training_state
 from crate_transformer.train.load import load_model
 
-TINY = dict(vocab_size=262, block_size=16, dim=32, depth=2, heads=2)
+TINY = {**tiny.LM, "dim": 32, "depth": 2}
 
 
 @pytest.fixture(autouse=True)
@@ -315,6 +316,9 @@ def test_loss_falls_on_the_built_in_corpus_and_the_run_generates(tmp_path: Path,
     layers = report["measure"]["held-out text"]["layers"]
     assert len(layers) == 2 and {"attention_layer1.png", "attention_layer2.png"} <= set(report["figures"])
     assert all((tmp_path / "an" / f).stat().st_size > 1000 for f in report["figures"])
+    assert [v["section"] for v in report["verdicts"]] == ["language model"] * 2  # compression, sparsity
+    page = (tmp_path / "an" / "report.html").read_text()
+    assert page.index("Did the paper's claims hold?") < page.index("attention_layer1.png")
     tokens = load_tokens("python-docs", model.tokenizer)
     cut = int(len(tokens) * 0.9)
     blocks = torch.from_numpy(tokens[cut : cut + 3 * 32 + 1].astype("int64"))[:96].view(3, 32)
@@ -468,6 +472,7 @@ def test_finetune_text_classifies_and_regresses_from_a_pretrained_lm(tmp_path: P
     assert "single label" in err
 
 
+@pytest.mark.slow
 def test_train_lm_under_torchrun_matches_one_process(tmp_path: Path, torchrun) -> None:
     args = ["--threads", 1, "--no-progress", "--model-args", "dim=32", "depth=2", "heads=2", "block_size=16",
             "--batch-size", 16, "--epochs", 1, "--eval-every", 0, "--lr", 3e-3, "--warmup-epochs", 0.01,

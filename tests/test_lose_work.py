@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from clitools import crate, one_line_error
 from PIL import Image
 
 from crate_transformer import cli
@@ -24,18 +25,6 @@ from crate_transformer.train import RunDir, load_training_state
 
 IMG = ["--image-size", 8, "--model", "crate_mnist", "--threads", 1, "--no-progress", "--batch-size", 8,
        "--model-args", "patch_size=4", "dim=16", "depth=1", "heads=2", "in_chans=1"]  # fmt: skip
-
-
-def crate(*argv: object) -> int:
-    return cli.main([str(a) for a in argv])
-
-
-def one_line_error(capsys: pytest.CaptureFixture, *argv: object, rc: int = 2) -> str:
-    capsys.readouterr()
-    assert crate(*argv) == rc, argv
-    err = capsys.readouterr().err.strip()  # the run's start lines, then the error
-    assert "Traceback" not in err and err.splitlines()[-1].startswith("crate "), err
-    return err.splitlines()[-1]
 
 
 def image_folder(root: Path, classes: tuple[str, ...] = ("a", "b"), n: int = 8) -> Path:
@@ -58,7 +47,7 @@ def test_a_run_that_fails_after_its_folder_is_made_leaves_the_out_reusable(
         png.write_bytes(png.read_bytes()[:60])
     run = tmp_path / "run"
     args = ["train", "--data", data, *IMG, "--epochs", 1, "--data-mode", "stream", "--workers", 0, "--out", run]
-    err = one_line_error(capsys, *args, "--on-bad-image", "error")
+    err = one_line_error(capsys, *args, "--on-bad-image", "error", after_output=True)
     assert ".png" in err and "--on-bad-image" in err, err
     assert not run.exists()  # nothing of the failed run is left (it made the folder)
     run.mkdir()  # an empty folder the user made is kept, emptied back
@@ -75,7 +64,9 @@ def test_a_diverging_run_is_one_line_naming_step_loss_and_fixes_and_keeps_the_la
     run = tmp_path / "run"
     # batch 2: 7 steps an epoch, so the first epoch's checkpoint comes after the divergence
     common = [*IMG, "--batch-size", 2, "--log-every", 1, "--grad-clip", 0, "--eval-every", 0, "--lr", 1e12]
-    err = one_line_error(capsys, "train", "--data", data, *common, "--checkpoint-every", 1, "--out", run)
+    err = one_line_error(
+        capsys, "train", "--data", data, *common, "--checkpoint-every", 1, "--out", run, after_output=True
+    )
     assert "training diverged: the loss became nan by step" in err, err
     for fix in ("--lr", "--grad-clip", "--amp none", f"last good checkpoint is kept in {run}"):
         assert fix in err, err
@@ -83,7 +74,7 @@ def test_a_diverging_run_is_one_line_naming_step_loss_and_fixes_and_keeps_the_la
     assert kept["step"] >= 1
     assert all(bool(v.isfinite().all()) for v in kept["model"].values() if v.is_floating_point())
     new = tmp_path / "new"
-    err = one_line_error(capsys, "train", "--data", data, *common, "--out", new)
+    err = one_line_error(capsys, "train", "--data", data, *common, "--out", new, after_output=True)
     assert "training diverged" in err and "no checkpoint was saved" in err and not new.exists(), err
 
 
@@ -179,7 +170,7 @@ def test_a_huge_num_samples_runs_in_batches_and_figure_images_is_capped(
     data = image_folder(tmp_path / "data")
     err = one_line_error(
         capsys, "pretrain", "mae", "--data", data, "--model", "crate_mae_mnist", *SSL, *SSL_ARCH,
-        "--figure-images", 100000, "--out", tmp_path / "mae",
+        "--figure-images", 100000, "--out", tmp_path / "mae", after_output=True,
     )  # fmt: skip
     assert "figure_images must be an integer in [0, 64], got 100000" in err, err
 
@@ -199,6 +190,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="forked workers exist on POSIX only")
 def test_an_orphaned_worker_of_a_killed_run_does_not_hold_its_folder(tmp_path: Path) -> None:
     run = tmp_path / "run"

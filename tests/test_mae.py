@@ -6,7 +6,9 @@ import json
 import pickle
 
 import pytest
+import tiny
 import torch
+from clitools import crate
 from official.crate_ae import OfficialCRATEMAE, sincos_2d
 
 import crate_transformer as ct
@@ -295,14 +297,7 @@ def test_bad_checkpoints_are_one_line_errors(tmp_path, without_file_checksums):
 
 
 # --------------------------------------------------------------------------- crate pretrain mae / finetune from MAE
-DIGITS = ["--data", "digits", "--threads", "1", "--no-progress", "--model-args", "image_size=8", "patch_size=2",
-          "dim=32", "depth=2", "heads=2"]  # fmt: skip
-
-
-def crate(*argv):
-    from crate_transformer import cli
-
-    return cli.main([str(a) for a in argv])
+DIGITS = ["--data", "digits", "--threads", "1", "--no-progress", "--model-args", *tiny.SSL_ARCH]
 
 
 def test_pretrain_mae_loss_falls_on_digits_then_resume_finetune_and_probe(tmp_path, capsys):
@@ -360,6 +355,12 @@ def test_analyze_reports_decoder_inversion(tmp_path):
     report = analyze(m, tmp_path / "a", {"test": torch.rand(4, 3, 32, 32)}, normalization=([0.5] * 3, [0.25] * 3),
                      num_vis=1, progress=False)  # fmt: skip
     assert len(report["decoder_inversion"]["layers"]) == 2
+    sections = [v["section"] for v in report["verdicts"]]
+    assert sections == ["CRATE-MAE encoder", "CRATE-MAE encoder", "CRATE-MAE decoder"]
+    dec = report["verdicts"][-1]["measured"]  # CKA of each decoder layer's output and input with the encoder's Z^l
+    assert len(dec["cka_out_per_layer"]) == len(dec["cka_in_per_layer"]) == 2 and dec["samples"] == 4
+    assert all(0 <= c <= 1 + 1e-9 for c in dec["cka_out_per_layer"] + dec["cka_in_per_layer"])
+    assert "cka_out_per_image" not in report["decoder_inversion"]["layers"][0]  # per-image values stay out of JSON
     assert (tmp_path / "a" / "figures" / "decoder_inversion.png").is_file()
 
 
@@ -397,6 +398,7 @@ def test_reconstruction_recognition_against_pixels_written_directly(monkeypatch)
     assert perfect["reconstruction"] == perfect["original"] > 0.9 and perfect["mean_fill"] == perfect["original"]
 
 
+@pytest.mark.slow
 def test_pretrain_mae_under_torchrun_reduces_the_held_out_loss_over_processes(tmp_path, torchrun):
     import yaml
 

@@ -1,11 +1,12 @@
 """The CRATE classifier, the ViT baseline and the registry."""
 
 import pytest
+import tiny
 import torch
 
 import crate_transformer as ct
 
-TINY = dict(image_size=32, patch_size=8, dim=32, depth=2, heads=4, num_classes=5)
+TINY = tiny.IMAGE
 
 
 @pytest.mark.parametrize(

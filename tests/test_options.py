@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+import tiny
 import torch
 from clitools import one_line_error
 
@@ -20,7 +21,7 @@ from crate_transformer.dino import DINOConfig
 from crate_transformer.lm import LMConfig, build_lm, sample_next
 from crate_transformer.tokenizer import Tokenizer
 
-LM_TINY = dict(vocab_size=262, block_size=16, dim=16, depth=1, heads=2)
+LM_TINY = tiny.LM
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from pathlib import Path
 import huggingface_hub
 import huggingface_hub.constants
 import pytest
+import tiny
 import torch
 from hubcache import COMMIT_1, COMMIT_2, put_in_hub_cache
 from huggingface_hub import ModelCard
@@ -34,7 +35,7 @@ from crate_transformer.checkpoint import CheckpointError
 from crate_transformer.registry import arch_info
 from crate_transformer.train.load import load_model
 
-TINY = dict(image_size=32, patch_size=8, dim=32, depth=2, heads=4, num_classes=5)
+TINY = tiny.IMAGE
 
 
 def official_tiny_file(path: Path) -> tuple[OfficialCRATE, Path]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tiny
 import torch
 from clitools import crate, one_line_error
 from PIL import Image
@@ -28,8 +29,8 @@ from crate_transformer.tokenizer import Tokenizer
 from crate_transformer.train import RunDir, TrainConfig, load_training_state
 from crate_transformer.train.load import load_model
 
-TINY = dict(image_size=8, patch_size=4, dim=16, depth=1, heads=2, num_classes=10, in_chans=1)
-LM_TINY = dict(vocab_size=262, block_size=16, dim=16, depth=1, heads=2)
+TINY = tiny.DIGITS_ONE_LAYER
+LM_TINY = tiny.LM
 
 
 def flip_bit(path: Path, at: int, bit: int = 0x02) -> None:
@@ -174,8 +175,7 @@ def test_a_decompression_bomb_is_an_unreadable_image_streamed_and_in_memory(tmp_
 
 
 # --------------------------------------------------------------------------- 4. two sweeps on one folder
-ABLATE = {"model_args": {"dim": 16, "depth": 1, "heads": 2}, "train_subset": 64, "batch_size": 32, "max_steps": 2,
-          "eval_batch_size": 1000, "epochs": 1, "threads": 1}  # fmt: skip
+ABLATE = tiny.ABLATE
 
 
 def test_a_second_ablate_never_deletes_a_live_run_and_a_sweep_folder_has_one_owner(

@@ -312,6 +312,7 @@ def test_crate_train_stream_equals_memory_resumes_accumulates_and_logs_to_tensor
     assert steps[-1] == 8 and steps == sorted(set(steps))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="gloo torchrun test runs on Linux CI")
 def test_torchrun_two_processes_on_shards(shards: Path, tmp_path: Path, torchrun) -> None:
     args = ["train", "--data", shards, "--model", "crate_mnist", "--image-size", SIZE, "--epochs", "1",

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tiny
 import torch
+from clitools import crate, one_line_error
 from PIL import Image
 
 from crate_transformer import cli
@@ -27,13 +29,8 @@ from crate_transformer.registry import create_model
 from crate_transformer.train import TrainConfig, WarmupCosine, load_config, train
 from crate_transformer.train.load import load_model
 
-ARCH = ["dim=32", "depth=1", "heads=2", "patch_size=4"]
-TINY = ["--data", "digits", "--image-size", "8", "--threads", "1", "--no-progress", "--model-args", *ARCH]  # args last
-
-
-def crate(*argv: str) -> int:
-    """Run the real ``crate`` command in-process."""
-    return cli.main([str(a) for a in argv])
+ARCH = tiny.kv(tiny.TRAIN_ARCH)
+TINY = tiny.TRAIN_CLI  # --model-args last
 
 
 def crate_cmd(*argv: str) -> list[str]:
@@ -141,9 +138,8 @@ def test_bad_input_is_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixtu
         (["train", *TINY, "--batch-size", "4096", "--out", tmp_path / "r"], "lower --batch-size"),
         (["finetune", "--data", "digits"], "needs --from"),
     ):
-        assert crate(*argv) == 2, argv
-        err = capsys.readouterr().err.strip()
-        assert msg in err and len(err.splitlines()) == 1, err
+        err = one_line_error(capsys, *argv)
+        assert msg in err, err
 
 
 # --------------------------------------------------------------------------- a full run
@@ -207,6 +203,7 @@ def test_eval_matches_an_independent_computation(pretrained: Path, capsys: pytes
 
 
 # --------------------------------------------------------------------------- resume, Ctrl-C
+@pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_is_bitwise_identical(tmp_path: Path) -> None:
     # dropout and translations make the run consume the RNG: the resume must restore it exactly
     args = [*TINY, "dropout=0.1", "--epochs", "6", "--batch-size", "32", "--deterministic", "--checkpoint-every", "5"]
@@ -235,6 +232,7 @@ def test_sigkill_mid_epoch_then_resume_is_bitwise_identical(tmp_path: Path) -> N
     assert steps == sorted(set(steps)) and steps[-1] == total
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint(tmp_path: Path) -> None:
     run = tmp_path / "run"
     proc = subprocess.Popen(crate_cmd("train", *TINY, "--epochs", "500", "--log-every", "1", "--out", run),
@@ -254,6 +252,7 @@ def test_ctrl_c_saves_a_checkpoint(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- distributed
+@pytest.mark.slow
 def test_torchrun_two_processes_match_one_process(tmp_path: Path, torchrun) -> None:
     args = [*TINY, "--augment", "none", "--epochs", "1", "--max-steps", "12", "--log-every", "1", "--batch-size", "64"]
     proc = torchrun("train", *args, "--out", tmp_path / "ddp")

@@ -454,56 +454,16 @@ def write_report(
     command: str | None = None,
 ) -> dict[str, Path]:
     """Write ``ablate.md`` and one ``layerwise-<table>.png`` per table from ``results.jsonl``."""
-    from .analysis.plots import plot_layerwise
-
     out = Path(out)
     results = read_results(out)
     keys = _row_keys(tables, base)
     written: dict[str, Path] = {}
-    recipe = ", ".join(f"{k}={v}" for k, v in base.items() if k not in ("progress",))
-    total = math.fsum(r["seconds"] for r in results.values() if math.isfinite(r.get("seconds", float("nan"))))
-    wall = math.fsum(s.get("wall_seconds", 0.0) for s in _read_jsonl(out / SWEEPS_FILE))
-    lines = ["# Ablations at laptop scale", ""]
-    if command:
-        lines += [f"Command: `{command}`", ""]
-    lines += [
-        f"Recipe: {recipe}; seeds 0..{seeds - 1}. Accuracy: held-out test split, mean ± sample std (ddof 1) over "
-        "seeds. images/s: median training throughput. Paper: ImageNet-1K top-1 of the same row (JMLR).",
-        "",
-        (f"Wall time of the sweeps that trained these runs: {wall / 60:.1f} min; " if wall else "")
-        + f"training time of the stored runs (sum over runs): {total / 60:.1f} min.",
-        "",
-    ]
+    lines = _report_header(results, out, seeds=seeds, base=base, command=command)
     for table in tables:
         stats = {row.name: row_stats(results, keys[table.name][row.name], seeds) for row in table.rows}
-        ref, ref_paper = stats[table.rows[0].name], table.rows[0].paper
-        lines += [f"## {table.title}", "", f"Paper: {table.paper_setup}.", ""]
-        lines += ["| row | accuracy % (mean ± std, n) | Δ | params | images/s | paper % | paper Δ |"]
-        lines += ["|---|---|---|---|---|---|---|"]
-        for row in table.rows:
-            s = stats[row.name]
-            paper = "—" if row.paper is None else f"{row.paper:.1f}"
-            if s is None:
-                lines.append(f"| {row.name} | (not run) |  |  |  | {paper} | {_fmt_delta(row.paper, ref_paper)} |")
-                continue
-            delta = "" if ref is None or row is table.rows[0] else _fmt_delta(s["mean"], ref["mean"])
-            pdelta = "" if row is table.rows[0] else _fmt_delta(row.paper, ref_paper)
-            lines.append(
-                f"| {row.name} | {s['mean']:.2f} ± {s['std']:.2f} (n={s['n']}) | {delta} | {s['params']:,} | "
-                f"{s['images_per_s']:,.0f} | {paper} | {pdelta} |"
-            )
-        layerwise = {}
-        for row in table.rows:
-            s = stats[row.name]
-            recs = _layerwise(Path(s["run_dir"]), measure_images) if s else None
-            if recs:
-                layerwise[row.name] = recs
-        if layerwise:
-            png = out / f"layerwise-{table.name}.png"
-            plot_layerwise(
-                layerwise, png, metrics=("rc_in", "nonzero"), band=False,
-                title=f"{table.title} — seed-0 models, {measure_images} held-out images",
-            )  # fmt: skip
+        lines += _table_lines(table, stats)
+        png = _layerwise_figure(table, stats, out, measure_images)
+        if png is not None:
             written[f"figure:{table.name}"] = png
             lines += ["", f"Layer-wise compression and sparsity (seed 0): `{png.name}`"]
         lines.append("")
@@ -511,3 +471,66 @@ def write_report(
     report.write_text("\n".join(lines))
     written["report"] = report
     return written
+
+
+def _report_header(
+    results: Mapping[tuple[str, int], dict], out: Path, *, seeds: int, base: Mapping[str, Any], command: str | None
+) -> list[str]:
+    """Title, command, recipe and the time the stored runs took."""
+    recipe = ", ".join(f"{k}={v}" for k, v in base.items() if k not in ("progress",))
+    total = math.fsum(r["seconds"] for r in results.values() if math.isfinite(r.get("seconds", float("nan"))))
+    wall = math.fsum(s.get("wall_seconds", 0.0) for s in _read_jsonl(out / SWEEPS_FILE))
+    lines = ["# Ablations at laptop scale", ""]
+    if command:
+        lines += [f"Command: `{command}`", ""]
+    return lines + [
+        f"Recipe: {recipe}; seeds 0..{seeds - 1}. Accuracy: held-out test split, mean ± sample std (ddof 1) over "
+        "seeds. images/s: median training throughput. Paper: ImageNet-1K top-1 of the same row (JMLR).",
+        "",
+        (f"Wall time of the sweeps that trained these runs: {wall / 60:.1f} min; " if wall else "")
+        + f"training time of the stored runs (sum over runs): {total / 60:.1f} min.",
+        "",
+    ]
+
+
+def _table_lines(table: Table, stats: Mapping[str, dict[str, Any] | None]) -> list[str]:
+    """One table's Markdown: accuracy over seeds, Δ to the first row, parameters, throughput, the paper's numbers."""
+    ref, ref_paper = stats[table.rows[0].name], table.rows[0].paper
+    lines = [f"## {table.title}", "", f"Paper: {table.paper_setup}.", ""]
+    lines += ["| row | accuracy % (mean ± std, n) | Δ | params | images/s | paper % | paper Δ |"]
+    lines += ["|---|---|---|---|---|---|---|"]
+    for row in table.rows:
+        s = stats[row.name]
+        paper = "—" if row.paper is None else f"{row.paper:.1f}"
+        if s is None:
+            lines.append(f"| {row.name} | (not run) |  |  |  | {paper} | {_fmt_delta(row.paper, ref_paper)} |")
+            continue
+        delta = "" if ref is None or row is table.rows[0] else _fmt_delta(s["mean"], ref["mean"])
+        pdelta = "" if row is table.rows[0] else _fmt_delta(row.paper, ref_paper)
+        lines.append(
+            f"| {row.name} | {s['mean']:.2f} ± {s['std']:.2f} (n={s['n']}) | {delta} | {s['params']:,} | "
+            f"{s['images_per_s']:,.0f} | {paper} | {pdelta} |"
+        )
+    return lines
+
+
+def _layerwise_figure(
+    table: Table, stats: Mapping[str, dict[str, Any] | None], out: Path, measure_images: int
+) -> Path | None:
+    """``layerwise-<table>.png`` of the seed-0 models of the rows that were run (None when none was)."""
+    from .analysis.plots import plot_layerwise
+
+    layerwise = {}
+    for row in table.rows:
+        s = stats[row.name]
+        recs = _layerwise(Path(s["run_dir"]), measure_images) if s else None
+        if recs:
+            layerwise[row.name] = recs
+    if not layerwise:
+        return None
+    png = out / f"layerwise-{table.name}.png"
+    plot_layerwise(
+        layerwise, png, metrics=("rc_in", "nonzero"), band=False,
+        title=f"{table.title} — seed-0 models, {measure_images} held-out images",
+    )  # fmt: skip
+    return png

@@ -11,8 +11,10 @@
     analysis.incoherence(model)                        # subspace coherence (Fig. 17)
     analysis.analyze(model, "out/", {"test": images01}, normalization=(mean, std))  # report.html + report.json
     analysis.decoder_inversion(mae, x)                 # CRATE-MAE: decoder layer L-1-l vs encoder layer l (§3.5)
+    analysis.compression_verdict(table, "classifier")  # did R^c fall with depth beyond its noise?  (verdicts.py)
+    from crate_transformer.analysis import features    # ISTA codes as features: statistics, top inputs, purity
 
-Command line: ``crate analyze CHECKPOINT [--images DIR | --data NAME] --out DIR``.
+Command line: ``crate analyze CHECKPOINT [--images DIR | --data NAME] --out DIR``; ``crate features RUN``.
 """
 
 from .attention import attention_entropy, cls_attention
@@ -33,6 +35,7 @@ from .plots import (
 from .report import analyze
 from .segmentation import cosine_affinity, iou, maskcut, normalized_cut, patch_features, pca_rgb, segment
 from .subspaces import incoherence, subspace_gram
+from .verdicts import Verdict, compression_verdict, decoder_verdict, rate_reduction_note, sparsity_verdict
 
 __all__ = [
     "METRICS",
@@ -67,4 +70,9 @@ __all__ = [
     "reconstruction_recognition",
     "plot_decoder_inversion",
     "plot_reconstructions",
+    "Verdict",
+    "compression_verdict",
+    "sparsity_verdict",
+    "decoder_verdict",
+    "rate_reduction_note",
 ]

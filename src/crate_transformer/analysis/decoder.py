@@ -34,6 +34,17 @@ def is_autoencoder(model: nn.Module) -> bool:
     return hasattr(model, "decoder_layers") and hasattr(model, "decoder_trace")
 
 
+def _cka_per_image(a: Tensor, b: Tensor) -> Tensor:
+    """Linear CKA of each image's token sets (b, n, d1), (b, n, d2) → (b,), float64: ``‖AᵀB‖²_F / (‖AᵀA‖_F ‖BᵀB‖_F)``
+    with tokens centred.  Invariant to rotations and rescaling of either basis, so it compares the decoder with the
+    encoder although nothing ties their coordinates (Remark 7)."""
+    a, b = a.double(), b.double()
+    a, b = a - a.mean(-2, keepdim=True), b - b.mean(-2, keepdim=True)
+    cross = (a.transpose(-1, -2) @ b).pow(2).sum((-2, -1))
+    norm = lambda t: (t.transpose(-1, -2) @ t).pow(2).sum((-2, -1)).sqrt()  # noqa: E731
+    return cross / (norm(a) * norm(b)).clamp_min(1e-300)
+
+
 def _cos(a: Tensor, b: Tensor) -> float:
     return float(F.cosine_similarity(a.float(), b.float(), dim=-1).mean())
 
@@ -57,9 +68,12 @@ def _linear_r2(a: Tensor, b: Tensor) -> float:
 
 
 @torch.no_grad()
-def decoder_inversion(model: nn.Module, images: Tensor) -> list[dict]:
+def decoder_inversion(model: nn.Module, images: Tensor, per_image: bool = False) -> list[dict]:
     """One row per encoder layer, numbered 1..L as in the report: ``layer`` ℓ+1, ``decoder_layer`` L-ℓ, ``cos_chain``,
-    ``cos_local``, ``cos_identity``, ``r2_chain``, ``r2_identity`` (module docstring); ``images``: normalised input."""
+    ``cos_local``, ``cos_identity``, ``r2_chain``, ``r2_identity`` (module docstring); ``images``: normalised input.
+    ``per_image`` adds, one value per image (for the decoder verdict and its noise estimate), ``cka_out_per_image``
+    = CKA(``D^{L-ℓ}``, ``Z^ℓ``) (decoder layer L-ℓ's output, chained from the top) and ``cka_in_per_image`` =
+    CKA(``D^{L-ℓ-1}``, ``Z^ℓ``) (that layer's input: the do-nothing baseline)."""
     if not is_autoencoder(model):
         raise ValueError("decoder_inversion needs a CRATE-MAE (a model with decoder layers); e.g. crate_mae_mnist")
     _, trace = eval_trace(model, images)
@@ -78,6 +92,9 @@ def decoder_inversion(model: nn.Module, images: Tensor) -> list[dict]:
                 "cos_local": _cos(local, Z[layer]), "cos_identity": _cos(Z[layer + 1], Z[layer]),
                 "r2_chain": _linear_r2(D[L - layer], Z[layer]), "r2_identity": _linear_r2(Z[layer + 1], Z[layer]),
             })  # fmt: skip
+            if per_image:
+                rows[-1]["cka_out_per_image"] = _cka_per_image(D[L - layer], Z[layer]).tolist()
+                rows[-1]["cka_in_per_image"] = _cka_per_image(D[L - layer - 1], Z[layer]).tolist()
     finally:
         model.train(was)
     return rows

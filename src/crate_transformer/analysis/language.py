@@ -4,7 +4,9 @@ The image measurements apply unchanged to token representations: :func:`measure_
 :func:`~crate_transformer.analysis.measure.measure_batch` (per-layer ``R^c`` of eq. (13) by the official protocol,
 sparsity, ℓ1, ``R`` and ``ΔR``) on batches of held-out token blocks, each block one sample; every token of the
 block is in the token set (there is no class token).  :func:`token_attention` returns one block's attention
-maps and :func:`plot_token_attention` draws them with the tokens as axis labels.
+maps and :func:`plot_token_attention` draws them with the tokens as axis labels (heads numbered 1..K, as in the
+image report).  :func:`analyze_text` writes ``report.json`` and ``report.html``, whose first table says whether
+the compression and sparsity claims (Figs. 14-15) held on the token representations.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def measure_text(model: torch.nn.Module, blocks: Tensor, *, eps: float = 0.1, ba
         "n_samples": len(blocks),
         "n_layers": len(model.layers),
         "tokens_per_sample": blocks.shape[1],
+        "unit": "token blocks",
         "protocol": "each sample is one held-out block of tokens; R^c per official vis_utils (per-head unit-normalised "
         "projections, eps^2 = eps**2); layers numbered 1..L",
     }
@@ -70,27 +73,64 @@ def token_attention(model: torch.nn.Module, ids: Tensor, layer: int = -1) -> Ten
     return trace.attention[layer][0].float().cpu()
 
 
+MAX_TICK_LABELS = 32  # more token labels than this on an axis overlap at any readable font size
+
+
+def _token_ticks(ax: object, labels: Sequence[str]) -> None:
+    """Token strings as tick labels, every ``s``-th token when there are more than :data:`MAX_TICK_LABELS`."""
+    step = -(-len(labels) // MAX_TICK_LABELS)
+    pos = list(range(0, len(labels), step))
+    shown = [labels[i] for i in pos]
+    ax.set_xticks(pos, shown, rotation=90, fontsize=7, family="monospace")
+    ax.set_yticks(pos, shown, fontsize=7, family="monospace")
+
+
 def plot_token_attention(
     attn: Tensor, tokens: Sequence[str], path: str | Path | None = None, *, title: str = ""
 ) -> Figure:
-    """One heat map per head of ``attn`` (K, n, n) with the tokens on both axes (queries down, keys across)."""
+    """One heat map per head of ``attn`` (K, n, n), heads numbered 1..K as in the paper, with the tokens on both
+    axes (queries down, keys across; at most :data:`MAX_TICK_LABELS` labels per axis) and one shared colour bar."""
     K, n = attn.shape[0], attn.shape[-1]
     cols = min(K, 4)
     rows = -(-K // cols)
-    side = max(3.0, 0.16 * n)
-    fig = Figure(figsize=(side * cols, side * rows + 0.4), layout="constrained")
+    side = max(3.2, 0.13 * min(n, MAX_TICK_LABELS * 2))
+    fig = Figure(figsize=(side * cols + 0.8, side * rows + 0.6), layout="constrained")
     axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
-    labels = [repr(t)[1:-1] for t in tokens]  # newlines and tabs visible
+    labels = [repr(t)[1:-1].replace(" ", "␣") for t in tokens]  # spaces, newlines and tabs visible
+    vmax = max(float(attn.max()), 1e-12)
     for k, ax in enumerate(axes):
         if k >= K:
             ax.axis("off")
             continue
-        ax.imshow(attn[k].numpy(), cmap="viridis", vmin=0)
+        im = ax.imshow(attn[k].numpy(), cmap="viridis", vmin=0, vmax=vmax)
         ax.set_title(f"head {k + 1}", fontsize=9)
-        ax.set_xticks(range(n), labels, rotation=90, fontsize=6, family="monospace")
-        ax.set_yticks(range(n), labels, fontsize=6, family="monospace")
+        _token_ticks(ax, labels)
+    fig.colorbar(im, ax=axes, shrink=0.8, label="attention weight (row-softmax)")
     fig.suptitle(title or "attention over tokens (row: query, column: key)")
     return _save(fig, path)
+
+
+LM_SECTION = "language model"
+
+
+def _lm_figures(table: LayerTable, attn: Sequence[tuple[str, int]], n_tokens: int) -> dict[str, dict[str, str]]:
+    """Titles and captions of the language-model figures (``report.json["captions"]``, the HTML page)."""
+    caps = {
+        "layerwise.png": {
+            "title": "Compression, sparsity and rate reduction versus layer (JMLR Figs. 14-15 on token blocks)",
+            "caption": f"R^c of each layer's MSSA input against its subspaces U^l (official protocol, eps^2 = "
+            f"{table.meta['eps'] ** 2:g}), the non-zero fraction of the ISTA output and the rate reduction R - R^c "
+            f"(eq. (14)) of the layer output; mean over {table.num_samples} held-out token blocks, band = 1 std.",
+        }
+    }
+    for f, ell in attn:
+        caps[f] = {
+            "title": f"Attention over tokens, layer {ell} (heads 1..K)",
+            "caption": f"Each head's attention matrix over the first {n_tokens} tokens of the first held-out block "
+            "(row: query, column: key; row-softmax); token strings on the axes (spaces shown as ␣, newlines and tabs "
+            "escaped), every s-th token when there are many.",
+        }
+    return caps
 
 
 def analyze_text(
@@ -105,29 +145,67 @@ def analyze_text(
     source: dict | None = None,
 ) -> dict:
     """Measure ``blocks`` (held-out token ids), plot layer-wise compression / sparsity and the attention of the
-    first ``attn_tokens`` tokens of the first block; writes ``report.json``, ``layerwise.png``,
+    first ``attn_tokens`` tokens of the first block; decide the compression and sparsity claims
+    (:mod:`~crate_transformer.analysis.verdicts`); writes ``report.json``, ``report.html``, ``layerwise.png`` and
     ``attention_layer{ℓ}.png`` to ``out_dir`` and returns the report."""
-    t0 = time.time()
+    from ._common import layer_index
+    from .report import rate_notes
+    from .verdicts import compression_verdict, sparsity_verdict
+
+    t0, LM = time.time(), LM_SECTION
     out = Path(out_dir)
     table = measure_text(model, blocks, eps=eps, batch_size=batch_size)
     plot_layerwise({"held-out text": table}, out / "layerwise.png", metrics=("rc_in", "nonzero", "rate_reduction"))
     ids = blocks[0, :attn_tokens]
     tok = getattr(model, "tokenizer", None)
     tokens = tok.token_strings(ids.tolist()) if tok is not None else [str(i) for i in ids.tolist()]
-    figures = []
+    attn = []
     for layer in dict.fromkeys(attn_layers):
-        from ._common import layer_index
-
         ell = layer_index(model, layer) + 1
         path = out / f"attention_layer{ell}.png"
         plot_token_attention(token_attention(model, ids, layer), tokens, path, title=f"layer {ell} attention")
-        figures.append(path.name)
+        attn.append((path.name, ell))
+    c = model.config
     report = {
-        "model": {"arch": model.config.arch, "causal": model.config.causal, "params": model.num_params()},
+        "model": {"arch": c.arch, "causal": c.causal, "params": model.num_params()},
         "source": source or {},
         "measure": {"held-out text": table.to_dict()},
-        "figures": ["layerwise.png", *figures],
+        "figures": ["layerwise.png", *(f for f, _ in attn)],
+        "verdicts": [v.to_dict() for v in (compression_verdict(table, LM), sparsity_verdict(table, LM))],
+        "notes": rate_notes(model, {"held-out text": table}),
+        "captions": _lm_figures(table, attn, len(ids)),
+        "model_config": c.to_dict(),
         "wall_time_s": round(time.time() - t0, 1),
     }
-    write_json(out / "report.json", json.loads(json.dumps(report, default=float)))
+    report = json.loads(json.dumps(report, default=float))
+    write_json(out / "report.json", report)
+    (out / "report.html").write_text(lm_html(report))
     return report
+
+
+def _lm_info(report: dict) -> str:
+    import html
+
+    c, src = report["model_config"], report["source"]
+    info = [
+        ("checkpoint", src.get("checkpoint", "-")),
+        ("data", src.get("data", "-")),
+        ("model", f"{c['arch']} dim={c['dim']} depth={c['depth']} heads={c['heads']} block={c['block_size']} "
+                  f"({report['model']['params']:,} parameters)"),
+        ("eps", str(report["measure"]["held-out text"]["meta"]["eps"])),
+        ("wall time", f"{report['wall_time_s']} s"),
+    ]  # fmt: skip
+    rows = "".join(f"<tr><th>{html.escape(k)}</th><td class='l'>{html.escape(str(v))}</td></tr>" for k, v in info)
+    return (
+        f"<table>{rows}</table><p>Every number is also in <a href='report.json'>report.json</a>. Layers are numbered "
+        "1..L and heads 1..K as in the paper (JMLR, Yu et al. 2024); each sample is one held-out block of tokens.</p>"
+    )
+
+
+def lm_html(report: dict) -> str:
+    """``report.html`` of a language model: verdicts, model, layer table, figures (PNGs beside the page)."""
+    from .report import html_figures, html_layer_tables, html_verdicts, render_html
+
+    page = {**report, "figures": report["captions"]}
+    sections = [html_verdicts, _lm_info, html_layer_tables, lambda r: html_figures(r, folder="")]
+    return render_html(page, sections, title="CRATE white-box report: language model")

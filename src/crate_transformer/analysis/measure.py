@@ -260,13 +260,7 @@ def measure(
     """
     if not eps > 0:
         raise ValueError(f"eps (the precision ε, not ε²) must be positive, got {eps}")
-    if normalize == "auto":
-        is_dataset = is_image_dataset(images) or (not isinstance(images, Tensor) and count_images(images) is not None)
-        normalization = resolve_normalization(model, images) if is_dataset else None
-    elif isinstance(normalize, str):
-        raise ValueError(f"normalize must be 'auto', None or (mean, std), got {normalize!r}")
-    else:
-        normalization = normalize
+    normalization = _normalization(model, images, normalize)
     total = count_images(images)
     if total == 0:
         raise ValueError("no images to measure (empty tensor or dataset)")
@@ -287,7 +281,24 @@ def measure(
     if not chunks:
         raise ValueError("no images to measure (the iterable yielded no batches)")
     values = {k: torch.cat([c[k] for c in chunks]).numpy() for k in chunks[0]}
-    meta = {
+    return LayerTable(values, _meta(model, values, eps, include_cls, normalization))
+
+
+def _normalization(model: ImageClassifier, images: object, normalize: object) -> Normalization | None:
+    """``measure``'s ``normalize`` argument resolved: "auto" normalises datasets only (see :func:`measure`)."""
+    if normalize == "auto":
+        is_dataset = is_image_dataset(images) or (not isinstance(images, Tensor) and count_images(images) is not None)
+        return resolve_normalization(model, images) if is_dataset else None
+    if isinstance(normalize, str):
+        raise ValueError(f"normalize must be 'auto', None or (mean, std), got {normalize!r}")
+    return normalize
+
+
+def _meta(
+    model: ImageClassifier, values: dict, eps: float, include_cls: bool, normalization: Normalization | None
+) -> dict:
+    """The protocol of one measurement, stored with its table."""
+    return {
         "eps": eps,
         "eps_squared": eps**2,
         "include_cls": include_cls,
@@ -303,7 +314,6 @@ def measure(
         "protocol": "per-sample values averaged over samples; R^c per official vis_utils (per-head unit-normalised "
         "projections, eps^2 = eps**2); layers numbered 1..L",
     }
-    return LayerTable(values, meta)
 
 
 MEASURE_SPLIT = "measure"

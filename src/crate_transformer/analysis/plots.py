@@ -216,7 +216,7 @@ def plot_attention(
     alpha: float = 0.6,
     show_mean: bool = True,
 ) -> Figure:
-    """Grid: each row one image, then its K head maps upsampled and overlaid (Figs. 18, 20, 27).
+    """Grid: each row one image, then its K head maps (heads 1..K) upsampled and overlaid (Figs. 18, 20, 27).
 
     ``images``: ``(b, C, H, W)`` in [0, 1] (for display); ``maps``: ``(b, K, h, w)`` from
     :func:`~crate_transformer.analysis.attention.cls_attention`.  Each map is scaled to its own max.
@@ -237,12 +237,13 @@ def plot_attention(
         for j, a in enumerate(panels):
             ax = axes[i, j + 1]
             ax.imshow(img, cmap=cmap)
-            ax.imshow(a / max(float(a.max()), 1e-12), cmap="inferno", alpha=alpha, vmin=0, vmax=1)
-            if i == 0:
-                ax.set_title(f"head {j}" if j < K else "mean", fontsize=8)
+            im = ax.imshow(a / max(float(a.max()), 1e-12), cmap="inferno", alpha=alpha, vmin=0, vmax=1)
+            if i == 0:  # heads numbered 1..K, as U_1..U_K in the paper
+                ax.set_title(f"head {j + 1}" if j < K else "mean", fontsize=8)
         for ax in axes[i]:
             ax.set_xticks([])
             ax.set_yticks([])
+    fig.colorbar(im, ax=axes, shrink=0.8, label="attention / its max over the image")
     fig.suptitle(title or "Class-token attention per head (cf. JMLR Figs. 18, 27)", fontsize=10)
     return _save(fig, path)
 

@@ -1,8 +1,13 @@
 """One report of everything: :func:`analyze` (the ``crate analyze`` command is in :mod:`crate_transformer.cli.analyze`).
 
-:func:`analyze` runs every measurement of the toolkit on a model and writes ``report.html`` (all
-figures with captions naming what each measures and the paper figure it corresponds to),
-``report.json`` (every number) and ``figures/*.png`` + ``masks/*.png`` into the output folder.
+:func:`analyze` runs every measurement of the toolkit on a model and writes ``report.html`` (the verdicts on the
+paper's claims first, then all figures with captions naming what each measures and the paper figure it
+corresponds to), ``report.json`` (every number) and ``figures/*.png`` + ``masks/*.png`` into the output folder.
+
+The report is assembled from section functions: each measurement section takes the shared :class:`_Context` and
+returns a :class:`Part` (figures with titles and captions, ``report.json`` entries, verdicts); each HTML section
+function takes the finished report and returns its HTML.  A new section is one more entry in
+:data:`HTML_SECTIONS` (or one more call in :func:`analyze`).
 """
 
 from __future__ import annotations
@@ -11,7 +16,8 @@ import html
 import json
 import platform
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -44,14 +50,276 @@ from .plots import (
 )
 from .segmentation import maskcut, patch_features, pca_rgb
 from .subspaces import incoherence, subspace_gram
+from .verdicts import Verdict, compression_verdict, decoder_verdict, rate_reduction_note, sparsity_verdict
 
-__all__ = ["analyze"]
+__all__ = ["analyze", "Part", "HTML_SECTIONS"]
+
+Figure3 = tuple[str, str, str]  # (file, title, caption)
 
 
 def _fmt(v: float) -> str:
     return f"{v:.4g}"
 
 
+@dataclass
+class Part:
+    """What one report section produced: figures ``(file, title, caption)``, ``report.json`` entries, verdicts."""
+
+    figures: list[Figure3] = field(default_factory=list)
+    json: dict = field(default_factory=dict)
+    verdicts: list[Verdict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Context:
+    """Everything the sections share: the model, where figures go, the measured splits and the shown images."""
+
+    model: ImageClassifier
+    out: Path
+    splits: Mapping[str, object]
+    normalization: Normalization | None
+    eps: float
+    batch_size: int
+    section: str
+    tables: dict[str, LayerTable] = field(default_factory=dict)
+    vis_images: Tensor | None = None
+    x: Tensor | None = None
+    grid: tuple[int, int] = (0, 0)
+
+    @property
+    def fig_dir(self) -> Path:
+        return self.out / "figures"
+
+    @property
+    def depth(self) -> int:
+        return len(self.model.layers)
+
+
+def default_section(model: ImageClassifier) -> str:
+    """The name of the verdict section of an image model: its encoder for a CRATE-MAE, else the classifier."""
+    if is_autoencoder(model):
+        return "CRATE-MAE encoder"
+    return "ViT classifier" if model.config.arch == "vit" else "classifier"
+
+
+def layer_verdicts(tables: Mapping[str, LayerTable], section: str) -> list[Verdict]:
+    """Compression and sparsity verdicts (JMLR Figs. 14-15) for every measured split."""
+    multi = len(tables) > 1
+    out = []
+    for name, t in tables.items():
+        label = f"{section} ({name})" if multi else section
+        out += [compression_verdict(t, label), sparsity_verdict(t, label)]
+    return out
+
+
+def rate_notes(model: torch.nn.Module, tables: Mapping[str, LayerTable]) -> list[str]:
+    """Why ΔR (eq. (14)) is negative, once per split where it is."""
+    U = layer_subspaces(model.layers[0])
+    K, d, p = U.shape
+    notes = [(name, rate_reduction_note(t, d, K, p)) for name, t in tables.items()]
+    return [f"{name}: {n}" if len(tables) > 1 else n for name, n in notes if n]
+
+
+# --------------------------------------------------------------------------- measurement sections
+def _layerwise_section(ctx: _Context, progress: bool) -> Part:
+    for name, imgs in ctx.splits.items():
+        ctx.tables[name] = measure(
+            ctx.model, imgs, eps=ctx.eps, batch_size=ctx.batch_size, normalize=ctx.normalization,
+            progress=progress, desc=name,
+        )  # fmt: skip
+    tables, eps, fig_dir = ctx.tables, ctx.eps, ctx.fig_dir
+    split_names = " vs ".join(tables)
+    plot_layerwise(tables, fig_dir / "layerwise.png", metrics=("rc_in", "nonzero"))
+    plot_layerwise(
+        tables, fig_dir / "layerwise_all.png", metrics=("rc_in", "rc_half", "rc_out"),
+        title="R^c at the MSSA input, the MSSA output and the layer output",
+    )  # fmt: skip
+    plot_layerwise(
+        tables, fig_dir / "layerwise_rate.png", metrics=("l1", "rate", "rate_reduction"),
+        title="l1 norm, coding rate and rate reduction of the layer outputs",
+    )  # fmt: skip
+    figures = [
+        (
+            "layerwise.png",
+            "Compression and sparsity versus layer (JMLR Fig. 14; Fig. 21, Fig. 26 for ViT)",
+            f"Left: the compression term R^c of each layer's MSSA input against that layer's learned subspaces "
+            f"U^l (official protocol: per-head projections, unit-normalised tokens, eps^2 = {eps**2:g}); lower = "
+            f"more compressed. Right: the fraction of non-zero entries of the ISTA output Z^(l+1); lower = sparser. "
+            f"Mean over {', '.join(f'{t.num_samples} {k}' for k, t in tables.items())} images ({split_names}), "
+            "band = 1 std. A trained CRATE should decrease in both with depth.",
+        ),
+        (
+            "layerwise_all.png",
+            "R^c at three points of each layer (JMLR Figs. 14-15; the official vis_utils hook the MSSA input)",
+            "The paper's text measures R^c on the MSSA output Z^(l+1/2) while the official code measures the MSSA "
+            "input; both are shown, plus the layer output Z^(l+1), each against the same layer's U^l and protocol.",
+        ),
+        (
+            "layerwise_rate.png",
+            "Sparse rate reduction terms per layer (eqs. (8), (14), (17))",
+            "Mean |entry| of the ISTA output (the l1 term of eq. (17)); the coding rate R(Z^(l+1)) of eq. (8) and the "
+            "rate reduction R - R^c(Z^(l+1)|U^l) of eq. (14), both on unit-normalised tokens with the same eps.",
+        ),
+    ]
+    return Part(
+        figures,
+        {"measure": {k: t.to_dict(per_sample=True) for k, t in tables.items()}},
+        layer_verdicts(tables, ctx.section),
+        rate_notes(ctx.model, tables),
+    )
+
+
+def _pick_vis_images(ctx: _Context, vis_images: Tensor | None, num_vis: int) -> Part:
+    """The images of the visual figures (default: ``num_vis`` evenly spaced images of the last split)."""
+    if vis_images is None:
+        last = list(ctx.splits.values())[-1]
+        n_last = last.shape[0] if isinstance(last, Tensor) else len(last)
+        idx = np.unique(np.linspace(0, n_last - 1, min(num_vis, n_last)).round().astype(int)).tolist()
+        if isinstance(last, Tensor):
+            vis_images = last[idx]
+        else:  # a dataset: grey/RGB converted to the model's channels, as measure() does
+            vis_images = match_channels(dataset_images01(last, idx), ctx.model.config.in_chans)
+    ctx.vis_images = vis_images[:num_vis].float()
+    ctx.x = normalize_images(ctx.vis_images, ctx.normalization).to(model_device(ctx.model))
+    p = ctx.model.config.patch_size
+    ctx.grid = (ctx.x.shape[-2] // p, ctx.x.shape[-1] // p)
+    return Part(json={"visual": {"num_images": int(ctx.x.shape[0]), "image_size": list(ctx.x.shape[-2:]),
+                                 "grid": list(ctx.grid)}})  # fmt: skip
+
+
+def _attention_section(ctx: _Context, attn_li: int) -> Part:
+    maps = cls_attention(ctx.model, ctx.x, attn_li)
+    L = ctx.depth
+    plot_attention(
+        ctx.vis_images, maps, ctx.fig_dir / "attention.png",
+        title=f"Class-token attention per head, layer {attn_li + 1} of {L}",
+    )  # fmt: skip
+    ent = attention_entropy(maps)
+    fig = (
+        "attention.png",
+        f"Class-token attention maps, layer {attn_li + 1} of {L} (JMLR Figs. 18, 20, 27; eq. (437))",
+        "For each head k = 1..K: the softmax of <U_k^T z_i, U_k^T z_cls> over the patches i (eq. (437); ViT: eq. "
+        "(438)), taken from the model's own attention (with its p^-1/2 scale, class-token column dropped, "
+        "renormalised), upsampled and overlaid on the input; 'mean' averages the heads. The paper shows the "
+        "penultimate layer for CRATE (--attn-layer -2).",
+    )
+    return Part(
+        [fig],
+        {
+            "attention": {
+                "layer": attn_li + 1,
+                "entropy_per_head": ent.mean(0).tolist(),
+                "entropy_uniform": float(np.log(ctx.grid[0] * ctx.grid[1])),
+                "maps": maps.tolist(),
+            }
+        },
+    )
+
+
+def _segmentation_section(ctx: _Context, seg_li: int, n_masks: int, tau: float | None) -> Part:
+    vis, grid, fig_dir = ctx.vis_images, ctx.grid, ctx.fig_dir
+    feats = patch_features(ctx.model, ctx.x, seg_li)
+    rgb, ratio = pca_rgb(feats, grid)
+    plot_pca(vis, rgb, fig_dir / "pca.png", title=f"PCA of layer-{seg_li + 1} patch features (RGB = PC1-3)")
+    masks = [maskcut(f, grid, n_masks, tau) for f in feats]
+    plot_masks(vis, masks, fig_dir / "maskcut.png", title=f"MaskCut on layer-{seg_li + 1} features")
+    files = [
+        str(save_mask_png(m, tuple(vis.shape[-2:]), ctx.out / "masks" / f"image_{i:03d}.png").relative_to(ctx.out))
+        for i, m in enumerate(masks)
+    ]
+    figures = [
+        (
+            "pca.png",
+            f"PCA of patch features, layer {seg_li + 1} (JMLR §4.3, Fig. 19 style; official pca_visualization.py)",
+            "The qkv projections [U_1^T; ...; U_K^T] LN(Z^l) of every patch of these images, jointly projected onto "
+            "their first three principal components and shown as RGB (each component min-max scaled per image). "
+            "Patches of the same part get the same colour when the features are semantic.",
+        ),
+        (
+            "maskcut.png",
+            f"Unsupervised segmentation by MaskCut, layer {seg_li + 1} (JMLR Fig. 19, Alg. 1)",
+            f"Normalized cuts of the patch affinity (cosine similarity of the qkv features, binarised at tau = {tau}), "
+            f"iterated up to {n_masks} times; each round removes the patches already segmented (MaskCut's intent; "
+            "JMLR Alg. 1 as printed keeps them) and keeps the connected component of the eigenvector's peak. "
+            "No CRF. Label PNGs (0 = background, s = mask s) are in masks/.",
+        ),
+    ]
+    seg = {
+        "layer": seg_li + 1,
+        "tau": tau,
+        "n_masks": n_masks,
+        "pca_explained_variance_ratio": ratio.tolist(),
+        "masks": [
+            {"image": i, "file": files[i], "areas": [float(mm.mean()) for mm in m], "patch_masks": m.tolist()}
+            for i, m in enumerate(masks)
+        ],
+    }
+    return Part(figures, {"segmentation": seg})
+
+
+def _subspace_section(ctx: _Context, directions: int | None) -> Part:
+    model = ctx.model
+    p_head = layer_subspaces(model.layers[0]).shape[-1]
+    directions = None if directions is None else min(directions, p_head)
+    grams = [subspace_gram(model, li, directions=directions) for li in range(ctx.depth)]
+    plot_subspace_grams(grams, ctx.fig_dir / "subspaces.png", block=directions or p_head)
+    dir_text = f"{directions} random" if directions else "all"
+    fig = (
+        "subspaces.png",
+        "Subspace incoherence per layer (JMLR Fig. 17, pp.49-50)",
+        f"|[U_1 ... U_K]^T [U_1 ... U_K]| with unit-norm columns ({dir_text} directions per head; "
+        "white lines separate heads). The signal model (eqs. (10)-(11)) has orthogonal "
+        "subspaces: off-diagonal blocks near 0. report.json gives the block coherence ||Q_i^T Q_j||_F/sqrt(p) per "
+        "head pair against the random-subspace baseline sqrt(p/d).",
+    )
+    return Part([fig], {"subspaces": incoherence(model)})
+
+
+def _token_heatmap_section(ctx: _Context) -> Part:
+    model = ctx.model
+    with torch.no_grad():
+        was = model.training
+        model.eval()
+        trace = model.forward_trace(ctx.x[:1])
+        model.train(was)
+    plot_token_heatmaps([t[0].cpu() for t in trace.tokens[1:]], ctx.fig_dir / "token_heatmaps.png")
+    fig = (
+        "token_heatmaps.png",
+        "ISTA outputs per layer (JMLR Fig. 16, p.49)",
+        "|Z^(l+1)| of the first image, the same random 50 tokens x 50 features at every layer (colour 0-2). "
+        "Deeper CRATE layers should look sparser and more structured.",
+    )
+    return Part([fig])
+
+
+def _decoder_section(ctx: _Context) -> Part:
+    """CRATE-MAE only: decoder layers against the encoder layers they should invert (§3.5)."""
+    name, imgs = next(reversed(list(ctx.splits.items())))
+    bs = ctx.batch_size
+    xs = imgs if isinstance(imgs, Tensor) else dataset_images01(imgs, range(min(len(imgs), bs)))
+    xs = normalize_images(match_channels(xs[:bs].float(), ctx.model.config.in_chans), ctx.normalization)
+    rows = decoder_inversion(ctx.model, xs.to(model_device(ctx.model)), per_image=True)
+    cka_out = np.array([r.pop("cka_out_per_image") for r in rows]).T  # (images, layers)
+    cka_in = np.array([r.pop("cka_in_per_image") for r in rows]).T
+    plot_decoder_inversion(rows, ctx.fig_dir / "decoder_inversion.png")
+    fig = (
+        "decoder_inversion.png",
+        "Decoder layers as structured inverses of the encoder layers (JMLR §3.5, eqs. (62)-(64), Remark 7)",
+        "Decoder layer L-1-l is derived to undo encoder layer l (E undoes ISTA, the subtracted MSSA undoes "
+        "compression). Mean token cosine similarity to the encoder's Z^l of: the decoder's chained "
+        "reconstruction from the encoder output (circles); one decoder layer applied to the true Z^(l+1) "
+        "(squares); and the do-nothing baseline Z^(l+1) (crosses). Squares above crosses = that decoder layer "
+        "maps back toward the encoder layer's input in the encoder's own coordinates. Since nothing ties the "
+        "decoder's basis to the encoder's, report.json also gives r2_chain / r2_identity: the held-out R^2 "
+        "of a linear map from the decoder's reconstruction (resp. Z^(l+1)) to Z^l. "
+        f"{xs.shape[0]} unmasked {name} images.",
+    )
+    inv = {"images": f"{xs.shape[0]} {name} images (unmasked)", "layers": rows}
+    return Part([fig], {"decoder_inversion": inv}, [decoder_verdict(cka_out, cka_in)])
+
+
+# --------------------------------------------------------------------------- the report
 def analyze(
     model: ImageClassifier,
     out: str | Path,
@@ -69,25 +337,41 @@ def analyze(
     directions: int | None = 4,
     progress: bool = True,
     source: Mapping | None = None,
+    section: str | None = None,
 ) -> dict:
     """Write the full white-box report for ``model`` into ``out``; returns the ``report.json`` dict.
 
     ``splits``: ``{name: images}`` measured layer-wise (e.g. ``{"train": ..., "test": ...}``), each a
     ``[0, 1]`` float tensor ``(N, C, H, W)`` or a ``data.ImageDataset``; ``normalization`` (mean, std)
     turns them into model inputs.  ``vis_images`` (``[0, 1]``) are shown in the attention / PCA /
-    segmentation figures (default: the first ``num_vis`` images of the last split).
+    segmentation figures (default: the first ``num_vis`` images of the last split).  ``section`` names the
+    model in the verdict table (default: "classifier", "ViT classifier" or "CRATE-MAE encoder"; the CLI passes
+    "DINO backbone" for a DINO run).  ``report["verdicts"]`` says whether the paper's claims held.
     """
     if not splits:
         raise ValueError("no images to analyse: pass at least one split of images")
     attn_li, seg_li = layer_index(model, attn_layer), layer_index(model, seg_layer)
-    out = Path(out)
-    fig_dir, mask_dir = out / "figures", out / "masks"
-    fig_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    L, c = len(model.layers), model.config
-    report: dict = {
+    ctx = _Context(model, Path(out), splits, normalization, eps, batch_size, section or default_section(model))
+    ctx.fig_dir.mkdir(parents=True, exist_ok=True)
+    report = _header(model, source, normalization, eps)
+    parts = [
+        _layerwise_section(ctx, progress),
+        _pick_vis_images(ctx, vis_images, num_vis),
+        _attention_section(ctx, attn_li),
+        _segmentation_section(ctx, seg_li, n_masks, tau),
+        _subspace_section(ctx, directions),
+        _token_heatmap_section(ctx),
+    ]
+    if is_autoencoder(model):
+        parts.append(_decoder_section(ctx))
+    return _finish(report, parts, ctx.out, t0)
+
+
+def _header(model: ImageClassifier, source: Mapping | None, normalization: Normalization | None, eps: float) -> dict:
+    return {
         "crate_transformer_version": __version__,
-        "model": {"config": c.to_dict(), "num_params": model.num_params()},
+        "model": {"config": model.config.to_dict(), "num_params": model.num_params()},
         "source": dict(source or {}),
         "normalization": None if normalization is None else [list(map(float, s)) for s in normalization],
         "protocol": {
@@ -95,224 +379,65 @@ def analyze(
             "eps_squared": eps**2,
             "metrics": METRICS,
             "layers": "numbered 1..L as in the paper (layer l = model.layers[l-1])",
+            "heads": "numbered 1..K as in the paper (head k = U_k)",
             "rc": "official vis_utils CodingRate: per-head projections, each token unit-normalised, "
             f"1/2 sum_k logdet(I + p/(n eps^2) G_k) with eps^2 = {eps**2:g}; per sample, then mean/std",
         },
         "figures": {},
     }
-    figures: list[tuple[str, str, str]] = []  # (file, title, caption)
 
-    # ---------------------------------------------------------------- 1. layer-wise measurement
-    tables: dict[str, LayerTable] = {}
-    for name, imgs in splits.items():
-        tables[name] = measure(
-            model, imgs, eps=eps, batch_size=batch_size, normalize=normalization, progress=progress, desc=name
-        )
-    report["measure"] = {k: t.to_dict(per_sample=True) for k, t in tables.items()}
-    split_names = " vs ".join(tables)
-    plot_layerwise(tables, fig_dir / "layerwise.png", metrics=("rc_in", "nonzero"))
-    figures.append(
-        (
-            "layerwise.png",
-            "Compression and sparsity versus layer (JMLR Fig. 14; Fig. 21, Fig. 26 for ViT)",
-            f"Left: the compression term R^c of each layer's MSSA input against that layer's learned subspaces "
-            f"U^l (official protocol: per-head projections, unit-normalised tokens, eps^2 = {eps**2:g}); lower = "
-            f"more compressed. Right: the fraction of non-zero entries of the ISTA output Z^(l+1); lower = sparser. "
-            f"Mean over {', '.join(f'{t.num_samples} {k}' for k, t in tables.items())} images ({split_names}), "
-            "band = 1 std. A trained CRATE should decrease in both with depth.",
-        )
-    )
-    plot_layerwise(
-        tables,
-        fig_dir / "layerwise_all.png",
-        metrics=("rc_in", "rc_half", "rc_out"),
-        title="R^c at the MSSA input, the MSSA output and the layer output",
-    )
-    figures.append(
-        (
-            "layerwise_all.png",
-            "R^c at three points of each layer (JMLR Figs. 14-15; the official vis_utils hook the MSSA input)",
-            "The paper's text measures R^c on the MSSA output Z^(l+1/2) while the official code measures the MSSA "
-            "input; both are shown, plus the layer output Z^(l+1), each against the same layer's U^l and protocol.",
-        )
-    )
-    plot_layerwise(
-        tables,
-        fig_dir / "layerwise_rate.png",
-        metrics=("l1", "rate", "rate_reduction"),
-        title="l1 norm, coding rate and rate reduction of the layer outputs",
-    )
-    figures.append(
-        (
-            "layerwise_rate.png",
-            "Sparse rate reduction terms per layer (eqs. (8), (14), (17))",
-            "Mean |entry| of the ISTA output (the l1 term of eq. (17)); the coding rate R(Z^(l+1)) of eq. (8) and the "
-            "rate reduction R - R^c(Z^(l+1)|U^l) of eq. (14), both on unit-normalised tokens with the same eps.",
-        )
-    )
 
-    # ---------------------------------------------------------------- images for the visual figures
-    if vis_images is None:
-        last = list(splits.values())[-1]
-        n_last = last.shape[0] if isinstance(last, Tensor) else len(last)
-        idx = np.unique(np.linspace(0, n_last - 1, min(num_vis, n_last)).round().astype(int)).tolist()
-        if isinstance(last, Tensor):
-            vis_images = last[idx]
-        else:  # a dataset: grey/RGB converted to the model's channels, as measure() does
-            vis_images = match_channels(dataset_images01(last, idx), c.in_chans)
-    vis_images = vis_images[:num_vis].float()
-    x = normalize_images(vis_images, normalization).to(model_device(model))
-    p = c.patch_size
-    grid = (x.shape[-2] // p, x.shape[-1] // p)
-    report["visual"] = {"num_images": int(x.shape[0]), "image_size": list(x.shape[-2:]), "grid": list(grid)}
-
-    # ---------------------------------------------------------------- 2. attention maps
-    maps = cls_attention(model, x, attn_li)
-    plot_attention(
-        vis_images,
-        maps,
-        fig_dir / "attention.png",
-        title=f"Class-token attention per head, layer {attn_li + 1} of {L}",
-    )
-    ent = attention_entropy(maps)
-    report["attention"] = {
-        "layer": attn_li + 1,
-        "entropy_per_head": ent.mean(0).tolist(),
-        "entropy_uniform": float(np.log(grid[0] * grid[1])),
-        "maps": maps.tolist(),
-    }
-    figures.append(
-        (
-            "attention.png",
-            f"Class-token attention maps, layer {attn_li + 1} of {L} (JMLR Figs. 18, 20, 27; eq. (437))",
-            "For each head k: the softmax of <U_k^T z_i, U_k^T z_cls> over the patches i (eq. (437); ViT: eq. (438)), "
-            "taken from the model's own attention (with its p^-1/2 scale, class-token column dropped, renormalised), "
-            "upsampled and overlaid on the input; 'mean' averages the heads. The paper shows the penultimate layer "
-            "for CRATE (--attn-layer -2).",
-        )
-    )
-
-    # ---------------------------------------------------------------- 3. PCA + MaskCut
-    feats = patch_features(model, x, seg_li)
-    rgb, ratio = pca_rgb(feats, grid)
-    plot_pca(vis_images, rgb, fig_dir / "pca.png", title=f"PCA of layer-{seg_li + 1} patch features (RGB = PC1-3)")
-    figures.append(
-        (
-            "pca.png",
-            f"PCA of patch features, layer {seg_li + 1} (JMLR §4.3, Fig. 19 style; official pca_visualization.py)",
-            "The qkv projections [U_1^T; ...; U_K^T] LN(Z^l) of every patch of these images, jointly projected onto "
-            "their first three principal components and shown as RGB (each component min-max scaled per image). "
-            "Patches of the same part get the same colour when the features are semantic.",
-        )
-    )
-    masks = [maskcut(f, grid, n_masks, tau) for f in feats]
-    plot_masks(vis_images, masks, fig_dir / "maskcut.png", title=f"MaskCut on layer-{seg_li + 1} features")
-    mask_files = []
-    for i, m in enumerate(masks):
-        f = save_mask_png(m, tuple(vis_images.shape[-2:]), mask_dir / f"image_{i:03d}.png")
-        mask_files.append(str(f.relative_to(out)))
-    report["segmentation"] = {
-        "layer": seg_li + 1,
-        "tau": tau,
-        "n_masks": n_masks,
-        "pca_explained_variance_ratio": ratio.tolist(),
-        "masks": [
-            {"image": i, "file": mask_files[i], "areas": [float(mm.mean()) for mm in m], "patch_masks": m.tolist()}
-            for i, m in enumerate(masks)
-        ],
-    }
-    figures.append(
-        (
-            "maskcut.png",
-            f"Unsupervised segmentation by MaskCut, layer {seg_li + 1} (JMLR Fig. 19, Alg. 1)",
-            f"Normalized cuts of the patch affinity (cosine similarity of the qkv features, binarised at tau = {tau}), "
-            f"iterated up to {n_masks} times; each round removes the patches already segmented (MaskCut's intent; "
-            "JMLR Alg. 1 as printed keeps them) and keeps the connected component of the eigenvector's peak. "
-            "No CRF. Label PNGs (0 = background, s = mask s) are in masks/.",
-        )
-    )
-
-    # ---------------------------------------------------------------- 4. subspace incoherence
-    p_head = layer_subspaces(model.layers[0]).shape[-1]
-    directions = None if directions is None else min(directions, p_head)
-    grams = [subspace_gram(model, li, directions=directions) for li in range(L)]
-    kblock = directions or p_head
-    plot_subspace_grams(grams, fig_dir / "subspaces.png", block=kblock)
-    report["subspaces"] = incoherence(model)
-    dir_text = f"{directions} random" if directions else "all"
-    figures.append(
-        (
-            "subspaces.png",
-            "Subspace incoherence per layer (JMLR Fig. 17, pp.49-50)",
-            f"|[U_1 ... U_K]^T [U_1 ... U_K]| with unit-norm columns ({dir_text} directions per head; "
-            "white lines separate heads). The signal model (eqs. (10)-(11)) has orthogonal "
-            "subspaces: off-diagonal blocks near 0. report.json gives the block coherence ||Q_i^T Q_j||_F/sqrt(p) per "
-            "head pair against the random-subspace baseline sqrt(p/d).",
-        )
-    )
-
-    # ---------------------------------------------------------------- 5. token heatmaps
-    with torch.no_grad():
-        was = model.training
-        model.eval()
-        trace = model.forward_trace(x[:1])
-        model.train(was)
-    plot_token_heatmaps([t[0].cpu() for t in trace.tokens[1:]], fig_dir / "token_heatmaps.png")
-    figures.append(
-        (
-            "token_heatmaps.png",
-            "ISTA outputs per layer (JMLR Fig. 16, p.49)",
-            "|Z^(l+1)| of the first image, the same random 50 tokens x 50 features at every layer (colour 0-2). "
-            "Deeper CRATE layers should look sparser and more structured.",
-        )
-    )
-
-    # ---------------------------------------------------------------- 6. CRATE-MAE: decoder vs encoder
-    if is_autoencoder(model):
-        name, imgs = next(reversed(list(splits.items())))
-        xs = imgs if isinstance(imgs, Tensor) else dataset_images01(imgs, range(min(len(imgs), batch_size)))
-        xs = normalize_images(match_channels(xs[:batch_size].float(), c.in_chans), normalization)
-        rows = decoder_inversion(model, xs.to(model_device(model)))
-        report["decoder_inversion"] = {"images": f"{xs.shape[0]} {name} images (unmasked)", "layers": rows}
-        plot_decoder_inversion(rows, fig_dir / "decoder_inversion.png")
-        figures.append(
-            (
-                "decoder_inversion.png",
-                "Decoder layers as structured inverses of the encoder layers (JMLR §3.5, eqs. (62)-(64), Remark 7)",
-                "Decoder layer L-1-l is derived to undo encoder layer l (E undoes ISTA, the subtracted MSSA undoes "
-                "compression). Mean token cosine similarity to the encoder's Z^l of: the decoder's chained "
-                "reconstruction from the encoder output (circles); one decoder layer applied to the true Z^(l+1) "
-                "(squares); and the do-nothing baseline Z^(l+1) (crosses). Squares above crosses = that decoder layer "
-                "maps back toward the encoder layer's input in the encoder's own coordinates. Since nothing ties the "
-                "decoder's basis to the encoder's, report.json also gives r2_chain / r2_identity: the held-out R^2 "
-                "of a linear map from the decoder's reconstruction (resp. Z^(l+1)) to Z^l. "
-                f"{xs.shape[0]} unmasked {name} images.",
-            )
-        )
-
+def _finish(report: dict, parts: Sequence[Part], out: Path, t0: float) -> dict:
+    """Merge the sections' parts into ``report`` and write ``report.json`` and ``report.html``."""
+    figures = [f for p in parts for f in p.figures]
+    for p in parts:
+        report.update(p.json)
+    report["verdicts"] = [v.to_dict() for p in parts for v in p.verdicts]
+    report["notes"] = [n for p in parts for n in p.notes]
     report["figures"] = {f: {"title": t, "caption": cap} for f, t, cap in figures}
     report["wall_time_s"] = round(time.perf_counter() - t0, 2)
     report["environment"] = {"python": platform.python_version(), "torch": torch.__version__}
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "report.html").write_text(_html(report, tables, figures))
+    (out / "report.html").write_text(render_html(report, HTML_SECTIONS))
     return report
 
 
 # --------------------------------------------------------------------------- HTML
-def _table_html(t: LayerTable, metrics: Sequence[str]) -> str:
-    head = "".join(f"<th title='{html.escape(METRICS.get(m, m))}'>{m}</th>" for m in metrics)
-    rows = []
-    means, stds = {m: t.mean(m) for m in metrics}, {m: t.std(m) for m in metrics}
-    for j in range(t.num_layers):
-        cells = "".join(f"<td>{_fmt(means[m][j])} <small>± {stds[m][j]:.2g}</small></td>" for m in metrics)
-        rows.append(f"<tr><td>{j + 1}</td>{cells}</tr>")
-    return f"<table><tr><th>layer</th>{head}</tr>{''.join(rows)}</table>"
+STYLE = (
+    "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
+    "table{border-collapse:collapse;font-size:13px;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 6px;"
+    "text-align:right}figure{margin:1.5em 0}img{max-width:100%;border:1px solid #eee}"
+    "figcaption{font-size:14px;color:#444}h3{margin-bottom:.2em}"
+    "td.holds{background:#e3f4e3}td.fails{background:#f9dede}td.na{background:#eee}td.l{text-align:left}"
+)
+HtmlSection = Callable[[dict], str]
 
 
-def _html(report: dict, tables: Mapping[str, LayerTable], figures: Sequence[tuple[str, str, str]]) -> str:
-    c = report["model"]["config"]
-    src = report["source"]
+def render_html(report: dict, sections: Sequence[HtmlSection], title: str = "CRATE white-box report") -> str:
+    """The page: ``sections`` in order, each a function of the finished ``report`` returning its HTML."""
+    head = f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{STYLE}</style></head><body>"
+    return "\n".join([head, f"<h1>{title}</h1>", *(s(report) for s in sections), "</body></html>\n"])
+
+
+def html_verdicts(report: dict) -> str:
+    """The verdict table (first screen of the page), then the notes on surprising numbers."""
     esc = html.escape
+    klass = {"holds": "holds", "fails": "fails"}
+    rows = "".join(
+        f"<tr><td class='l'>{esc(v['section'])}</td><td class='l'>{esc(v['claim'])}</td>"
+        f"<td class='{klass.get(v['verdict'], 'na')}'><b>{esc(v['verdict'])}</b></td>"
+        f"<td class='l'>{esc(v['explanation'])}</td><td class='l'><small>{esc(v['rule'])}</small></td></tr>"
+        for v in report.get("verdicts", [])
+    )
+    notes = "".join(f"<p><b>Note.</b> {esc(n)}</p>" for n in report.get("notes", []))
+    return (
+        "<h2>Did the paper's claims hold?</h2><table><tr><th>model</th><th>claim (JMLR, Yu et al. 2024)</th>"
+        f"<th>verdict</th><th>measured</th><th>rule</th></tr>{rows}</table>{notes}"
+    )
+
+
+def html_info(report: dict) -> str:
+    c, src, esc = report["model"]["config"], report["source"], html.escape
     info = [
         ("checkpoint", src.get("checkpoint", "-")),
         ("data", src.get("data", "-")),
@@ -329,44 +454,73 @@ def _html(report: dict, tables: Mapping[str, LayerTable], figures: Sequence[tupl
         ),
         ("wall time", f"{report['wall_time_s']} s"),
     ]
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>CRATE white-box report</title><style>"
-        "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
-        "table{border-collapse:collapse;font-size:13px;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 6px;"
-        "text-align:right}figure{margin:1.5em 0}img{max-width:100%;border:1px solid #eee}"
-        "figcaption{font-size:14px;color:#444}h3{margin-bottom:.2em}</style></head><body>",
-        "<h1>CRATE white-box report</h1>",
-        "<table>"
-        + "".join(f"<tr><th>{esc(k)}</th><td style='text-align:left'>{esc(str(v))}</td></tr>" for k, v in info)
-        + "</table>",
-        "<p>Every number below is also in <a href='report.json'>report.json</a>. Layers are numbered 1..L as in the "
-        "paper (JMLR, Yu et al. 2024). Hover a column name for its definition.</p>",
-        "<h2>Layer-wise measurements</h2>",
-    ]
-    metrics = [m for m in ("rc_in", "rc_half", "rc_out", "nonzero", "l1", "rate", "rate_reduction")]
-    for name, t in tables.items():
-        parts.append(f"<h3>{esc(name)} ({t.num_samples} images)</h3>{_table_html(t, metrics)}")
-    parts.append("<h2>Figures</h2>")
-    for f, title, cap in figures:
+    rows = "".join(f"<tr><th>{esc(k)}</th><td style='text-align:left'>{esc(str(v))}</td></tr>" for k, v in info)
+    return (
+        f"<table>{rows}</table><p>Every number below is also in <a href='report.json'>report.json</a>. Layers are "
+        "numbered 1..L and heads 1..K as in the paper (JMLR, Yu et al. 2024). Hover a column name for its "
+        "definition.</p>"
+    )
+
+
+def _table_html(records: Sequence[Mapping], metrics: Sequence[str]) -> str:
+    head = "".join(f"<th title='{html.escape(METRICS.get(m, m))}'>{m}</th>" for m in metrics)
+    rows = []
+    for r in records:
+        cells = "".join(f"<td>{_fmt(r[m])} <small>± {r[m + '_std']:.2g}</small></td>" for m in metrics)
+        rows.append(f"<tr><td>{r['layer']}</td>{cells}</tr>")
+    return f"<table><tr><th>layer</th>{head}</tr>{''.join(rows)}</table>"
+
+
+def html_layer_tables(report: dict) -> str:
+    """Mean ± std per layer of every split (from ``report["measure"]``)."""
+    order = ("rc_in", "rc_half", "rc_out", "nonzero", "l1", "rate", "rate_reduction")
+    parts = ["<h2>Layer-wise measurements</h2>"]
+    for name, d in report["measure"].items():
+        recs = d["layers"]
+        unit = d["meta"].get("unit", "images")
+        parts.append(f"<h3>{html.escape(name)} ({recs[0]['n_samples']} {unit})</h3>")
+        parts.append(_table_html(recs, [m for m in order if m in recs[0]]))
+    return "\n".join(parts)
+
+
+def html_figures(report: dict, folder: str = "figures/") -> str:
+    esc = html.escape
+    parts = ["<h2>Figures</h2>"]
+    for f, d in report["figures"].items():
+        title, cap = d["title"], d["caption"]
         parts.append(
-            f"<figure><h3>{esc(title)}</h3><a href='figures/{f}'><img src='figures/{f}' alt='{esc(title)}'></a>"
+            f"<figure><h3>{esc(title)}</h3><a href='{folder}{f}'><img src='{folder}{f}' alt='{esc(title)}'></a>"
             f"<figcaption>{esc(cap)}</figcaption></figure>"
         )
-    sub = report["subspaces"]
-    parts.append(
-        "<h2>Subspace coherence per layer</h2><table><tr><th>layer</th><th>mean cross-head coherence</th>"
-        "<th>max principal cosine</th><th>random baseline sqrt(p/d)</th></tr>"
-        + "".join(
-            f"<tr><td>{s['layer']}</td><td>{_fmt(s['mean_cross_coherence'])}</td><td>{_fmt(s['max_principal_cos'])}"
-            f"</td><td>{_fmt(s['random_baseline'])}</td></tr>"
-            for s in sub
-        )
-        + "</table>"
+    return "\n".join(parts)
+
+
+def html_subspaces(report: dict) -> str:
+    rows = "".join(
+        f"<tr><td>{s['layer']}</td><td>{_fmt(s['mean_cross_coherence'])}</td><td>{_fmt(s['max_principal_cos'])}"
+        f"</td><td>{_fmt(s['random_baseline'])}</td></tr>"
+        for s in report["subspaces"]
     )
+    return (
+        "<h2>Subspace coherence per layer</h2><table><tr><th>layer</th><th>mean cross-head coherence</th>"
+        f"<th>max principal cosine</th><th>random baseline sqrt(p/d)</th></tr>{rows}</table>"
+    )
+
+
+def html_attention_entropy(report: dict) -> str:
     att = report["attention"]
-    parts.append(
-        f"<h2>Attention entropy, layer {att['layer']}</h2><p>Per head (nats; uniform = "
+    return (
+        f"<h2>Attention entropy, layer {att['layer']}</h2><p>Per head k = 1..K (nats; uniform = "
         f"{_fmt(att['entropy_uniform'])}): " + ", ".join(_fmt(e) for e in att["entropy_per_head"]) + "</p>"
     )
-    parts.append("</body></html>\n")
-    return "\n".join(parts)
+
+
+# the page of an image model, in order; a new section is one more function here
+HTML_SECTIONS: list[HtmlSection] = [
+    html_verdicts,
+    html_info,
+    html_layer_tables,
+    html_figures,
+    html_subspaces,
+    html_attention_entropy,
+]

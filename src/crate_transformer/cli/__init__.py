@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "finetune-text": ("lm", "fine-tune a language model on a labelled CSV/TSV (GLUE-style: accuracy, F1, Spearman)"),
     "generate": ("lm", "generate text from a causal language model (temperature, top-k, top-p, KV cache)"),
     "analyze": ("analyze", "white-box report: compression, sparsity, attention maps, segmentation"),
+    "features": ("features", "sparse codes as features: per-unit statistics, top inputs, purity; features.html"),
     "ablate": ("ablate", "the paper's ablation tables (11, 12, 13, 15, 17) at laptop scale, several seeds each"),
     "theory": ("theory", "reproduce the paper's mathematical claims on synthetic data"),
 }

@@ -120,7 +120,9 @@ def _analyze_language_model(model: object, args: argparse.Namespace) -> int:
         f"layer-wise R^c (MSSA input) {first[0]['rc_in']:.4g} -> {first[-1]['rc_in']:.4g}, non-zero fraction "
         f"{first[0]['nonzero']:.3f} -> {first[-1]['nonzero']:.3f} (layer 1 -> {len(first)}) on {n} held-out blocks"
     )
-    print(f"wrote {Path(args.out) / 'report.json'}, layerwise.png and attention maps ({report['wall_time_s']} s)")
+    print_verdicts(report)
+    out, secs = Path(args.out), report["wall_time_s"]
+    print(f"wrote {out / 'report.html'}, report.json, layerwise.png and attention maps ({secs} s)")
     return 0
 
 
@@ -171,10 +173,65 @@ def _dataset_splits(model: object, data: str, image_size: int, k: int, seed: int
     return splits, resolve_normalization(model, train), source
 
 
+def _run_task(checkpoint: str) -> str | None:
+    """The training task recorded in a run directory's config.yaml (e.g. "dino"), or None."""
+    import yaml
+
+    path = Path(checkpoint)
+    cfg = (path if path.is_dir() else path.parent.parent) / "config.yaml"  # RUN or RUN/checkpoints/last.pt
+    if not cfg.is_file():
+        return None
+    try:
+        saved = yaml.safe_load(cfg.read_text())
+    except yaml.YAMLError:
+        return None
+    return saved.get("task") if isinstance(saved, dict) else None
+
+
+def print_verdicts(report: dict) -> None:
+    """The verdicts (and notes) of a report, one line each, like the theory lab's checks."""
+    from ..analysis.verdicts import Verdict, format_verdicts
+
+    verdicts = [Verdict(**v) for v in report.get("verdicts", [])]
+    print(format_verdicts(verdicts, report.get("notes", ())))
+
+
+def _folder_splits(model: object, args: argparse.Namespace, size: int) -> tuple:
+    """``--images DIR``: one split of the folder's images and the normalisation (model config, else the folder)."""
+    from ..data import load_image_folder, resolve_normalization
+
+    imgs, files = load_image_folder(
+        args.images, size, model.config.in_chans, limit=args.num_images, on_bad_image=args.on_bad_image
+    )  # grey/RGB converted as in training
+    norm, norm_src = resolve_normalization(model), "model config"
+    if norm is None:
+        norm = (imgs.mean((0, 2, 3)).tolist(), imgs.std((0, 2, 3)).clamp_min(1e-3).tolist())
+        norm_src = "statistics of the image folder (the model config has none)"
+    return {"images": imgs}, norm, {"data": f"{args.images} ({len(files)} images)", "normalization_source": norm_src}
+
+
+def _data_splits(model: object, args: argparse.Namespace, size: int) -> tuple:
+    """``--data NAME`` (default: the model config's dataset): its train and test splits."""
+    from ..data import resolve_normalization
+
+    c = model.config
+    data = args.data or (c.data.source if c.data else None)  # crate train records the resolved path
+    if not data:
+        raise ValueError("no images to analyse: pass --images DIR or --data NAME (e.g. --data mnist)")
+    try:
+        splits, norm, source = _dataset_splits(model, str(data), size, args.num_images, args.seed, args.on_bad_image)
+    except ValueError as e:
+        if args.data:
+            raise
+        raise ValueError(f"{e} (dataset {data!r} is recorded in the model config; pass --data or --images)") from None
+    source["normalization_source"] = "model config" if resolve_normalization(model) else "dataset statistics"
+    return splits, norm, source
+
+
 def run_analyze(args: argparse.Namespace) -> int:
     from ..analysis import analyze
     from ..analysis._common import layer_index
-    from ..data import resolve_normalization
+    from ..lm import LanguageModel
     from ..train.load import load_model
     from ..train.runtime import resolve_device
 
@@ -184,8 +241,6 @@ def run_analyze(args: argparse.Namespace) -> int:
     apply_threads(args)
     device = resolve_device(args.device)
     model = load_model(args.checkpoint, args.model, **parse_model_args(args.model_args)).to(device).eval()
-    from ..lm import LanguageModel
-
     if isinstance(model, LanguageModel):
         refuse_given(args, IMAGE_ONLY, f"to a language model ({args.checkpoint}); pass a text corpus as --data")
         return _analyze_language_model(model, args)
@@ -196,56 +251,21 @@ def run_analyze(args: argparse.Namespace) -> int:
         raise ValueError(f"--image-size {size} is not a multiple of the model's patch size {c.patch_size}")
     layer_index(model, args.attn_layer)
     layer_index(model, args.seg_layer)
-    if args.images:
-        from ..data import load_image_folder
-
-        imgs, files = load_image_folder(
-            args.images, size, c.in_chans, limit=args.num_images, on_bad_image=args.on_bad_image
-        )  # grey/RGB converted as in training
-        splits = {"images": imgs}
-        norm = resolve_normalization(model)
-        norm_src = "model config"
-        if norm is None:
-            norm = (imgs.mean((0, 2, 3)).tolist(), imgs.std((0, 2, 3)).clamp_min(1e-3).tolist())
-            norm_src = "statistics of the image folder (the model config has none)"
-        source = {"data": f"{args.images} ({len(files)} images)", "normalization_source": norm_src}
-    else:
-        data = args.data or (c.data.source if c.data else None)  # crate train records the resolved path
-        if not data:
-            raise ValueError("no images to analyse: pass --images DIR or --data NAME (e.g. --data mnist)")
-        try:
-            splits, norm, source = _dataset_splits(
-                model, str(data), size, args.num_images, args.seed, args.on_bad_image
-            )
-        except ValueError as e:
-            if args.data:
-                raise
-            raise ValueError(
-                f"{e} (dataset {data!r} is recorded in the model config; pass --data or --images)"
-            ) from None
-        source["normalization_source"] = "model config" if resolve_normalization(model) else "dataset statistics"
+    splits, norm, source = (_folder_splits if args.images else _data_splits)(model, args, size)
     source["checkpoint"] = str(args.checkpoint)
     args.out = report_dir(args.out, Path("analysis"), args.overwrite, "analyze", ANALYZE_FILES)  # after every check
     report = analyze(
-        model,
-        args.out,
-        splits,
-        normalization=norm,
-        eps=args.eps,
-        batch_size=args.batch_size,
-        attn_layer=args.attn_layer,
-        seg_layer=args.seg_layer,
-        n_masks=args.masks,
-        tau=args.tau,
-        num_vis=args.num_vis,
-        progress=not args.no_progress,
-        source=source,
-    )
+        model, args.out, splits, normalization=norm, eps=args.eps, batch_size=args.batch_size,
+        attn_layer=args.attn_layer, seg_layer=args.seg_layer, n_masks=args.masks, tau=args.tau,
+        num_vis=args.num_vis, progress=not args.no_progress, source=source,
+        section="DINO backbone" if _run_task(args.checkpoint) == "dino" else None,
+    )  # fmt: skip
     out = Path(args.out)
     first = next(iter(report["measure"].values()))["layers"]
     print(
         f"layer-wise R^c (MSSA input) {first[0]['rc_in']:.4g} -> {first[-1]['rc_in']:.4g}, non-zero fraction "
         f"{first[0]['nonzero']:.3f} -> {first[-1]['nonzero']:.3f} (layer 1 -> {len(first)})"
     )
+    print_verdicts(report)
     print(f"wrote {out / 'report.html'} and {out / 'report.json'} ({report['wall_time_s']} s)")
     return 0

@@ -144,12 +144,34 @@ def configure_eval(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def _eval_model(args: argparse.Namespace) -> object:
+    """The checkpoint's image model, refused with a one-line error when ``crate eval`` cannot score it."""
+    from ..train.load import load_model
+
+    model = load_model(args.checkpoint, name=args.model, **parse_model_args(args.model_args))
+    if not hasattr(model, "check_images"):
+        raise ValueError(f"{args.checkpoint} is a language model; see its held-out perplexity in metrics.jsonl")
+    if model.config.arch == "crate_mae" and not (args.knn or args.linear_probe):
+        raise ValueError(
+            f"{args.checkpoint} is a CRATE-MAE (no classifier head); evaluate its encoder with --linear-probe or "
+            f"--knn, or fine-tune it first: crate finetune --from {args.checkpoint} --data DATA"
+        )
+    return model
+
+
+def _eval_split(args: argparse.Namespace, data: str, split: str, image_size: int, stats: object) -> object:
+    from ..data import open_source
+
+    return open_source(
+        data, split, image_size=image_size, val_fraction=args.val_fraction, seed=args.seed,
+        on_bad_image=args.on_bad_image, mode=args.data_mode, num_workers=args.workers, stats=stats,
+    )  # fmt: skip
+
+
 def run_eval(args: argparse.Namespace) -> int:
     """``crate eval``: top-1/top-5, per-class accuracy, ``confusion.png`` and ``eval.json``."""
-    from ..data import open_source, resolve_normalization
-    from ..io import atomic_write
-    from ..train import evaluate, plot_confusion_matrix, resolve_device
-    from ..train.load import load_model
+    from ..data import resolve_normalization
+    from ..train import evaluate, resolve_device
     from .common import positive
 
     positive("batch_size", args.batch_size)
@@ -157,67 +179,49 @@ def run_eval(args: argparse.Namespace) -> int:
         raise ValueError(f"--probe {args.probe} chooses the protocol of --linear-probe; add --linear-probe")
     apply_threads(args)
     device = resolve_device(args.device)
-    model = load_model(args.checkpoint, name=args.model, **parse_model_args(args.model_args))
-    if not hasattr(model, "check_images"):
-        raise ValueError(f"{args.checkpoint} is a language model; see its held-out perplexity in metrics.jsonl")
+    model = _eval_model(args)
     c = model.config
-    if c.arch == "crate_mae" and not (args.knn or args.linear_probe):
-        raise ValueError(
-            f"{args.checkpoint} is a CRATE-MAE (no classifier head); evaluate its encoder with --linear-probe or "
-            f"--knn, or fine-tune it first: crate finetune --from {args.checkpoint} --data DATA"
-        )
     data = args.data or (c.data.source if c.data else None)
     if not data:
         raise ValueError("this checkpoint does not record its training data; pass --data (e.g. --data mnist)")
     src = Path(args.checkpoint)
     default = (src if src.is_dir() else src.parent) / f"eval-{Path(data).name}-{args.split}"
     out = report_dir(args.out, default, args.overwrite, "eval", EVAL_FILES)  # before the evaluation: costs nothing
-    known = resolve_normalization(model)  # the model's own statistics: a streamed source need not estimate them
-    ds = open_source(
-        data,
-        args.split,
-        image_size=c.image_size,
-        val_fraction=args.val_fraction,
-        seed=args.seed,
-        on_bad_image=args.on_bad_image,
-        mode=args.data_mode,
-        num_workers=args.workers,
-        stats=known,
-    )
+    # the model's own statistics: a streamed source need not estimate them
+    ds = _eval_split(args, data, args.split, c.image_size, resolve_normalization(model))
     norm = resolve_normalization(model, ds)
     if args.knn or args.linear_probe:
-        train_ds = ds if args.split == "train" else open_source(
-            data, "train", image_size=c.image_size, val_fraction=args.val_fraction, seed=args.seed,
-            on_bad_image=args.on_bad_image, mode=args.data_mode, num_workers=args.workers, stats=norm,
-        )  # fmt: skip
+        train_ds = ds if args.split == "train" else _eval_split(args, data, "train", c.image_size, norm)
         return _frozen_eval(args, model.to(device), train_ds, ds, norm, out, str(src), data)
     r = evaluate(
-        model.to(device),
-        ds,
-        mean=norm[0],
-        std=norm[1],
-        image_size=c.image_size,
-        channels=c.in_chans,
-        batch_size=args.batch_size,
-        device=device,
-    )
+        model.to(device), ds, mean=norm[0], std=norm[1], image_size=c.image_size, channels=c.in_chans,
+        batch_size=args.batch_size, device=device,
+    )  # fmt: skip
+    _write_eval(args, r, ds.name, data, str(src), out)
+    return 0
+
+
+def _write_eval(args: argparse.Namespace, r: object, name: str, data: str, src: str, out: Path) -> None:
+    """``confusion.png``, ``eval.json`` and the printed summary of a classifier evaluation."""
+    from ..io import atomic_write
+    from ..train import plot_confusion_matrix
+
     png = plot_confusion_matrix(
         r.confusion,
         r.classes,
         out / "confusion.png",
         title=f"{Path(data).name} {args.split}: top-1 {100 * r.top1:.2f}%",
     )
-    report = {"checkpoint": str(src), "data": data, "split": args.split, **r.to_dict()}
+    report = {"checkpoint": src, "data": data, "split": args.split, **r.to_dict()}
     atomic_write(out / "eval.json", lambda tmp: Path(tmp).write_text(json.dumps(report, indent=1) + "\n"))
     print(
-        f"{ds.name} {args.split}: {r.num_samples} images, top-1 {100 * r.top1:.2f}%, top-{r.k} {100 * r.top5:.2f}%, "
+        f"{name} {args.split}: {r.num_samples} images, top-1 {100 * r.top1:.2f}%, top-{r.k} {100 * r.top5:.2f}%, "
         f"loss {r.loss:.4f}"
     )
     width = max(len(n) for n in r.classes)
-    for name, acc, row in zip(r.classes, r.per_class, r.confusion):
-        print(f"  {name:<{width}}  {100 * acc:6.2f}%  (n={sum(row)})")
+    for cls, acc, row in zip(r.classes, r.per_class, r.confusion):
+        print(f"  {cls:<{width}}  {100 * acc:6.2f}%  (n={sum(row)})")
     print(f"confusion matrix: {png}\nreport: {out / 'eval.json'}")
-    return 0
 
 
 def _frozen_eval(args: argparse.Namespace, model, train_ds, test_ds, norm, out: Path, src: str, data: str) -> int:

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from matplotlib.figure import Figure
 from torch import Tensor
 
 from ..objectives import subspace_coding_rate, subspace_coding_rate_grad
@@ -113,6 +114,39 @@ def run_approximation(
     kappa_betas = check_positive_list("kappa_betas", kappa_betas, "0.1, 0.5")
     if K * p > d:
         raise ValueError(f"K*p = {K * p} exceeds d = {d}; Approximation 9 needs K*p = d (step (104)→(105))")
+    data = _approximation_compute(d, K, p, n, sigma, betas, kappa_betas, trials, seed, progress_bar)
+    checks = _approximation_error_checks(data, betas) + _approximation_descent_checks(data, kappa_betas)
+    fig = _approximation_figure(data, betas, kappa_betas, title=f"(d={d}, K={K}, p={p}, n={n})")
+    config = {
+        "d": d,
+        "K": K,
+        "p": p,
+        "n": n,
+        "sigma": sigma,
+        "betas": betas,
+        "kappa_betas": kappa_betas,
+        "trials": trials,
+        "seed": seed,
+        "tokens": "unit-normalised, eq. (231) model",
+    }
+    return finish(
+        "approximation", config, _approximation_results(data, betas, kappa_betas), checks, fig, start, out_dir
+    )
+
+
+def _approximation_compute(
+    d: int,
+    K: int,
+    p: int,
+    n: int,
+    sigma: float,
+    betas: list[float],
+    kappa_betas: list[float],
+    trials: int,
+    seed: int,
+    progress_bar: bool,
+) -> dict[str, Any]:
+    """The per-(trial, β) stage errors and per-(trial, β, κβ) changes of R^c behind every check and plot."""
     g = make_generator(seed)
     nb, nk = len(betas), len(kappa_betas)
     keys = ("rho", "neumann", "mssa", "second_order", "second_order_cosine")
@@ -136,19 +170,21 @@ def run_approximation(
                 for kind in STEP_KINDS:
                     for ren in (False, True):
                         change[kind, ren][t, i, j] = rc_change(Z, U, eps, kb / beta, kind, renormalize=ren)
-
     mean = {k: v.mean(0) for k, v in err.items()}
-    inc = err_incoherent.mean(0)
-    rho, mssa_err = mean["rho"], mean["mssa"]
-    results: dict[str, Any] = {
+    return {"err": err, "mean": mean, "inc": err_incoherent.mean(0), "change": change, "coherence": coherence}
+
+
+def _approximation_results(data: dict[str, Any], betas: list[float], kappa_betas: list[float]) -> dict[str, Any]:
+    mean, change = data["mean"], data["change"]
+    return {
         "beta": betas,
-        "rho_mean": rho,
+        "rho_mean": mean["rho"],
         "rel_error_neumann": mean["neumann"],
-        "rel_error_mssa": mssa_err,
-        "rel_error_mssa_incoherent": inc,
+        "rel_error_mssa": mean["mssa"],
+        "rel_error_mssa_incoherent": data["inc"],
         "rel_error_second_order_softmax": mean["second_order"],
         "cosine_second_order_softmax": mean["second_order_cosine"],
-        "incoherent_bases_coherence": float(np.mean(coherence)),
+        "incoherent_bases_coherence": float(np.mean(data["coherence"])),
         "kappa_beta": kappa_betas,
         "rc_relative_change": {
             f"{kind}{'_renormalized' if ren else ''}": {
@@ -159,7 +195,11 @@ def run_approximation(
         },
     }
 
-    # ---- checks (all computed from the numbers above)
+
+def _approximation_error_checks(data: dict[str, Any], betas: list[float]) -> list[dict[str, Any]]:
+    """The claims on the stages of Approximation 9: Neumann (98), softmax (100)→(101), Σ_k U_kU_kᵀ ≈ I (104)."""
+    err, mean, inc, coherence = data["err"], data["mean"], data["inc"], data["coherence"]
+    rho, mssa_err = mean["rho"], mean["mssa"]
     checks = []
     neumann_ok = bool((err["neumann"] <= err["rho"] ** 2 * (1 + 1e-9) + 1e-14).all())
     checks.append(
@@ -206,6 +246,13 @@ def run_approximation(
             f"(coherence max‖U_kᵀU_k'‖ = {np.mean(coherence):.2f}) vs {mssa_err[0]:.3g} with orthogonal ones",
         )
     )
+    return checks
+
+
+def _approximation_descent_checks(data: dict[str, Any], kappa_betas: list[float]) -> list[dict[str, Any]]:
+    """Which of the exact, MSSA and residual steps lower R^c (descent lemma: κβ ≤ 8/9)."""
+    change, nk = data["change"], len(kappa_betas)
+    checks = []
     safe = [j for j, kb in enumerate(kappa_betas) if kb <= KAPPA_BETA_DESCENT]
     for kind, claim in (
         ("exact", "the exact gradient step lowers R^c for κβ ≤ 8/9 (descent lemma, L = 9β/4)"),
@@ -235,8 +282,14 @@ def run_approximation(
             )
         )
 
-    # ---- figure
-    fig, ax = new_figure(3, title=f"Approximation 9: MSSA vs exact gradient step on R^c (d={d}, K={K}, p={p}, n={n})")
+    return checks
+
+
+def _approximation_figure(data: dict[str, Any], betas: list[float], kappa_betas: list[float], title: str) -> Figure:
+    """Stage errors across β, and ΔR^c of one step on raw and renormalised tokens."""
+    mean, inc, change, nk = data["mean"], data["inc"], data["change"], len(kappa_betas)
+    rho, mssa_err, so = mean["rho"], mean["mssa"], mean["second_order"]
+    fig, ax = new_figure(3, title=f"Approximation 9: MSSA vs exact gradient step on R^c {title}")
     a = ax[0, 0]
     a.plot(betas, mean["neumann"], "o-", label="Neumann series (98)")
     a.plot(betas, rho**2, "k:", label="bound ρ² for (98)")
@@ -264,16 +317,4 @@ def run_approximation(
             "ΔR^c / R^c (%)",
             logx=True,
         )
-    config = {
-        "d": d,
-        "K": K,
-        "p": p,
-        "n": n,
-        "sigma": sigma,
-        "betas": betas,
-        "kappa_betas": kappa_betas,
-        "trials": trials,
-        "seed": seed,
-        "tokens": "unit-normalised, eq. (231) model",
-    }
-    return finish("approximation", config, results, checks, fig, start, out_dir)
+    return fig

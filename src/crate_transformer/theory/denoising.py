@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from matplotlib.figure import Figure
 from torch import Tensor
 
 from ..objectives import subspace_coding_rate_grad
@@ -132,6 +133,28 @@ def run_denoising(
     check_positive_int(d=d, n=n, K=K, p=p, trials=trials)
     check_orthogonal_fit(d, K, p)
     sigmas = check_positive_list("sigmas", sigmas, "0.01, 0.1")
+    eps_list, t = _denoising_compute(d, n, K, p, sigmas, trials, seed, progress_bar)
+    results = {"sigma": sigmas, "eps": eps_list, **t}
+    checks = _denoising_checks(t, np.array(sigmas), n, d)
+    fig = _denoising_figure(t, np.array(sigmas), title=f"at d={d}, n={n}, K={K}, p={p}")
+    config = {
+        "d": d,
+        "n": n,
+        "K": K,
+        "p": p,
+        "sigmas": sigmas,
+        "trials": trials,
+        "seed": seed,
+        "eps": "eq. (243)",
+        "eta": "1/beta (Remark 17)",
+    }
+    return finish("denoising", config, results, checks, fig, start, out_dir)
+
+
+def _denoising_compute(
+    d: int, n: int, K: int, p: int, sigmas: list[float], trials: int, seed: int, progress_bar: bool
+) -> tuple[list[float], dict[str, np.ndarray]]:
+    """ε of (243) per σ and the :func:`denoising_measurements` averaged over ``trials`` samples."""
     g = make_generator(seed)
     U = random_subspaces(d, K, p, seed=g)
     table: dict[str, list[float]] = {}
@@ -142,15 +165,16 @@ def run_denoising(
         rows = [denoising_measurements(sample_subspace_mixture(U, n, sigma, seed=g), eps) for _ in range(trials)]
         for k in rows[0]:
             table.setdefault(k, []).append(float(np.mean([r[k] for r in rows])))
-    t = {k: np.array(v) for k, v in table.items()}
-    s = np.array(sigmas)
-    results = {"sigma": sigmas, "eps": eps_list, **t}
+    return eps_list, {k: np.array(v) for k, v in table.items()}
 
+
+def _denoising_checks(t: dict[str, np.ndarray], s: np.ndarray, n: int, d: int) -> list[dict[str, Any]]:
+    """Theorem 16 (a)-(c) against the measurements ``t`` at the noise levels ``s``."""
     small = s <= 0.1
     off_err = np.abs(t["off_energy_ratio"] / t["off_energy_ratio_nominal"] - 1)
     shrink_err = np.abs(t["shrink"] - t["shrink_predicted"])
     fmt = lambda a, f=".3f": ", ".join(f"{x:{f}}" for x in a)  # noqa: E731
-    checks = [
+    return [
         check(
             "(a) one step removes most of the noise off the subspaces (energy after/before < 0.5)",
             bool((t["off_energy_ratio"] < 0.5).all()),
@@ -182,7 +206,10 @@ def run_denoising(
         ),
     ]
 
-    fig, ax = new_figure(3, title=f"Theorem 16 / Remark 17: one step Z⁺ = Z − β⁻¹∇R^c at d={d}, n={n}, K={K}, p={p}")
+
+def _denoising_figure(t: dict[str, np.ndarray], s: np.ndarray, title: str) -> Figure:
+    """Off-subspace noise energy, signal shrink factor and residual of Theorem 16 over σ."""
+    fig, ax = new_figure(3, title=f"Theorem 16 / Remark 17: one step Z⁺ = Z − β⁻¹∇R^c {title}")
     a = ax[0, 0]
     a.plot(s, t["off_energy_ratio"], "o-", label="measured")
     a.plot(s, t["off_energy_ratio_nominal"], "s--", label="nominal value (239)")
@@ -199,15 +226,4 @@ def run_denoising(
     a.plot(s, t["residual_rel"], "s-", label="‖Z⁺ − nominal‖_F / ‖Z⁺‖_F")
     a.plot(s, t["bound_scale"], "k:", label="rate of bound (244), no constant")
     style_axis(a, "(c) residual of Theorem 16", "noise level σ", "residual", logx=True, logy=True)
-    config = {
-        "d": d,
-        "n": n,
-        "K": K,
-        "p": p,
-        "sigmas": sigmas,
-        "trials": trials,
-        "seed": seed,
-        "eps": "eq. (243)",
-        "eta": "1/beta (Remark 17)",
-    }
-    return finish("denoising", config, results, checks, fig, start, out_dir)
+    return fig

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib.figure import Figure
 from torch import Tensor
 
 from ..objectives import subspace_coding_rate, subspace_coding_rate_grad
@@ -121,6 +122,56 @@ def run_diffusion(
     Writes ``diffusion.{png,json}`` to ``out_dir`` if given.
     """
     start = time.perf_counter()
+    steps = _check_diffusion_args(d, K, p, n, sigma, sigma_min, beta, steps, reference_steps, trajectory_steps)
+    r = _diffusion_compute(
+        d, K, p, n, sigma, sigma_min, beta, steps, reference_steps, trajectory_steps, seed, progress_bar
+    )
+    Z0, T, t1, eps, rc, off, enc_ref = r["Z0"], r["T"], r["t1"], r["eps"], r["rc"], r["off"], r["enc_ref"]
+    checks = _diffusion_checks(r, steps)
+    fig = _diffusion_figure(r, steps, trajectory_steps, title=f"(d={d}, K={K}, p={p}, n={n}, σ={sigma}→{sigma_min})")
+    config = {
+        "d": d,
+        "K": K,
+        "p": p,
+        "n": n,
+        "sigma": sigma,
+        "sigma_min": sigma_min,
+        "T": T,
+        "t1": t1,
+        "beta": beta,
+        "eps": eps,
+        "steps": steps,
+        "reference_steps": reference_steps,
+        "trajectory_steps": trajectory_steps,
+        "seed": seed,
+    }
+    results = {
+        "steps": steps,
+        **r["t"],
+        "exact_round_trip_error": r["round_trip_ref"],
+        "rc_input": rc(Z0),
+        "rc_encoded_exact": rc(enc_ref),
+        "off_subspace_fraction_input": off(Z0),
+        "off_subspace_fraction_encoded_exact": off(enc_ref),
+        "trajectory": r["trajectory"],
+        "grid": r["grid"],
+    }
+    return finish("diffusion", config, results, checks, fig, start, out_dir)
+
+
+def _check_diffusion_args(
+    d: int,
+    K: int,
+    p: int,
+    n: int,
+    sigma: float,
+    sigma_min: float,
+    beta: float,
+    steps: Sequence[int],
+    reference_steps: int,
+    trajectory_steps: int,
+) -> list[int]:
+    """Validate the arguments of :func:`run_diffusion`; returns the sorted distinct step counts."""
     check_positive_int(d=d, K=K, p=p, n=n, reference_steps=reference_steps, trajectory_steps=trajectory_steps)
     check_orthogonal_fit(d, K, p)
     check_positive(sigma=sigma, sigma_min=sigma_min, beta=beta)
@@ -132,7 +183,24 @@ def run_diffusion(
         raise ValueError("steps must be a non-empty list of step counts, e.g. 1 2 4 8 16")
     for s in steps:
         check_positive_int(steps=s)
-    steps = sorted(set(int(s) for s in steps))
+    return sorted(set(int(s) for s in steps))
+
+
+def _diffusion_compute(
+    d: int,
+    K: int,
+    p: int,
+    n: int,
+    sigma: float,
+    sigma_min: float,
+    beta: float,
+    steps: list[int],
+    reference_steps: int,
+    trajectory_steps: int,
+    seed: int,
+    progress_bar: bool,
+) -> dict[str, Any]:
+    """The exact (RK4) flows, the discretised round trips per step count, one trajectory and the time grid."""
     g = make_generator(seed)
     U = random_subspaces(d, K, p, seed=g)
     S = sample_subspace_mixture(U, n, sigma, seed=g)
@@ -143,6 +211,25 @@ def run_diffusion(
 
     enc_ref = log_time_flow(Z0, U, eps, span, -1.0, reference_steps)
     round_trip_ref = relative_error(log_time_flow(enc_ref, U, eps, span, +1.0, reference_steps), Z0)
+    t = _diffusion_rows(Z0, U, eps, T, t1, steps, enc_ref, rc, off, progress_bar)
+    r = {"Z0": Z0, "U": U, "eps": eps, "T": T, "t1": t1, "span": span, "rc": rc, "off": off}
+    r |= {"enc_ref": enc_ref, "round_trip_ref": round_trip_ref, "t": t}
+    return r | _diffusion_trajectory(Z0, U, eps, T, t1, trajectory_steps, rc, off)
+
+
+def _diffusion_rows(
+    Z0: Tensor,
+    U: Tensor,
+    eps: float,
+    T: float,
+    t1: float,
+    steps: list[int],
+    enc_ref: Tensor,
+    rc: Callable[[Tensor], float],
+    off: Callable[[Tensor], float],
+    progress_bar: bool,
+) -> dict[str, np.ndarray]:
+    """Encode then decode with ``s`` steps per flow for each ``s`` in ``steps``; errors and rates per ``s``."""
     rows: dict[str, list[float]] = {}
     for s in progress(steps, "diffusion steps", progress_bar):
         enc = structured_denoise(Z0, U, eps, T, t1, s)[-1]
@@ -159,9 +246,20 @@ def run_diffusion(
         }
         for k, v in row.items():
             rows.setdefault(k, []).append(v)
-    t = {k: np.array(v) for k, v in rows.items()}
+    return {k: np.array(v) for k, v in rows.items()}
 
-    # a trajectory through encoder and decoder
+
+def _diffusion_trajectory(
+    Z0: Tensor,
+    U: Tensor,
+    eps: float,
+    T: float,
+    t1: float,
+    trajectory_steps: int,
+    rc: Callable[[Tensor], float],
+    off: Callable[[Tensor], float],
+) -> dict[str, Any]:
+    """A trajectory through encoder and decoder, and the endpoints of the time grid (436)."""
     path = structured_denoise(Z0, U, eps, T, t1, trajectory_steps)
     path += structured_diffuse(path[-1], U, eps, T, t1, trajectory_steps)[1:]
     trajectory = {
@@ -180,12 +278,19 @@ def run_diffusion(
         "(1+2κ)^(L-1) t_1": (1 + 2 * kappa) ** (L - 1) * t1,
         "(1+2κ)^L t_1 (as printed)": (1 + 2 * kappa) ** L * t1,
     }
+    return {"path": path, "trajectory": trajectory, "grid": grid, "L": L}
+
+
+def _diffusion_checks(r: dict[str, Any], steps: list[int]) -> list[dict[str, Any]]:
+    """Round trip and first-order convergence, compression by denoising, R^c restored, App. B.4's endpoint."""
+    t, rc, off, Z0, enc_ref = r["t"], r["rc"], r["off"], r["Z0"], r["enc_ref"]
+    round_trip_ref, span, grid, T, L = r["round_trip_ref"], r["span"], r["grid"], r["T"], r["L"]
     big = np.array(steps) >= 8
     slope_rec = loglog_slope(np.array(steps)[big], t["reconstruction_error"][big]) if big.sum() > 1 else math.nan
     slope_enc = loglog_slope(np.array(steps)[big], t["encoder_error_vs_ode"][big]) if big.sum() > 1 else math.nan
     fmt = lambda a: ", ".join(f"{x:.3g}" for x in a)  # noqa: E731
     rc_err = np.abs(t["rc_decoded"] / rc(Z0) - 1)
-    checks = [
+    return [
         check(
             "decoding (61) inverts encoding (55): the reconstruction error falls with the number of steps",
             bool((np.diff(t["reconstruction_error"]) < 0).all()),
@@ -217,10 +322,13 @@ def run_diffusion(
         ),
     ]
 
+
+def _diffusion_figure(r: dict[str, Any], steps: list[int], trajectory_steps: int, title: str) -> Figure:
+    """Discretisation error vs steps, and R^c, off-subspace energy and norm along one trajectory."""
+    t, path, trajectory = r["t"], r["path"], r["trajectory"]
     fig, ax = new_figure(
         2,
-        title=f"Structured denoising (55) then diffusion (61) on the same subspaces "
-        f"(d={d}, K={K}, p={p}, n={n}, σ={sigma}→{sigma_min})",
+        title=f"Structured denoising (55) then diffusion (61) on the same subspaces {title}",
         width=5.4,
     )
     a = ax[0, 0]
@@ -246,31 +354,4 @@ def run_diffusion(
     a.plot(pos, trajectory["norm_ratio"], "^-", ms=3, label="‖Z‖ / ‖Z(input)‖")
     a.axvline(trajectory_steps, color="k", ls=":", lw=0.8, label="encoder | decoder")
     style_axis(a, f"path through encoder and decoder (S = {trajectory_steps})", "step", "relative to the input")
-    config = {
-        "d": d,
-        "K": K,
-        "p": p,
-        "n": n,
-        "sigma": sigma,
-        "sigma_min": sigma_min,
-        "T": T,
-        "t1": t1,
-        "beta": beta,
-        "eps": eps,
-        "steps": steps,
-        "reference_steps": reference_steps,
-        "trajectory_steps": trajectory_steps,
-        "seed": seed,
-    }
-    results = {
-        "steps": steps,
-        **t,
-        "exact_round_trip_error": round_trip_ref,
-        "rc_input": rc(Z0),
-        "rc_encoded_exact": rc(enc_ref),
-        "off_subspace_fraction_input": off(Z0),
-        "off_subspace_fraction_encoded_exact": off(enc_ref),
-        "trajectory": trajectory,
-        "grid": grid,
-    }
-    return finish("diffusion", config, results, checks, fig, start, out_dir)
+    return fig

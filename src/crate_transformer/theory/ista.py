@@ -14,12 +14,13 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from matplotlib.figure import Figure
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import Lasso
 from torch import Tensor
@@ -88,6 +89,49 @@ def run_ista(
     check_positive_int(d=d, n=n, trials=trials, iterations=iterations)
     check_positive(lambd=lambd)
     mults = check_positive_list("step_multipliers", step_multipliers, "0.5, 1, 1.9, 2.5")
+    r = _ista_compute(d, n, lambd, mults, trials, iterations, seed, progress_bar)
+    checks = _ista_checks(r, mults, trials, iterations)
+    fig = _ista_figure(r, mults, trials, title=f"d={d}, n={n}, λ={lambd}, D kaiming-uniform")
+    config = {
+        "d": d,
+        "n": n,
+        "lambd": lambd,
+        "step_multipliers": mults,
+        "trials": trials,
+        "iterations": iterations,
+        "seed": seed,
+        "L": r["L"],
+        "sklearn": "Lasso(alpha=lambd/d, positive=True, fit_intercept=False)",
+    }
+    F_sk, F_T = r["F"](r["Z_sk"]), r["F"](r["iterates"][-1])
+    dist, gap = r["dist"], r["gap"]
+    results = {
+        "code_vs_math_max_abs": r["code_vs_math"],
+        "crate_default_step": r["crate_step"],
+        "increase_fraction": r["increases"],
+        "min_decrease_ratio": r["min_ratio"],
+        "guaranteed_decrease_ratio": r["guarantee"],
+        "trajectory_increases": r["mono"],
+        "distance_to_sklearn": dist[:: max(1, iterations // 200)],
+        "final_distance_to_sklearn": dist[-1],
+        "final_objective_gap": gap[-1],
+        "sklearn_objective": F_sk,
+        "ista_objective": F_T,
+    }
+    return finish("ista", config, results, checks, fig, start, out_dir)
+
+
+def _ista_compute(
+    d: int,
+    n: int,
+    lambd: float,
+    mults: list[float],
+    trials: int,
+    iterations: int,
+    seed: int,
+    progress_bar: bool,
+) -> dict[str, Any]:
+    """The problem (D, X, L, objective F), the code-vs-math and sklearn comparisons, and the step sweep."""
     g = make_generator(seed)
     module = ISTA(d, eta=0.1, lambd=lambd).double()
     with torch.no_grad():
@@ -108,7 +152,16 @@ def run_ista(
     )
     crate_step = {"eta_L": 0.1 * L, "decrease": F(Xp) - F(ista_step(Xp, Xp, D, 0.1, lambd))}
 
-    # (2) the minimiser, by scikit-learn and by iterated ISTA (η = 1/L)
+    sk = _ista_minimiser(X, D, F, lambd, iterations)
+    sweep = _ista_step_sweep(X, D, F, L, lambd, sk["Z_sk"], mults, trials, iterations, g, progress_bar)
+    r = {"L": L, "F": F, "code_vs_math": code_vs_math, "crate_step": crate_step, **sk, **sweep}
+    return r
+
+
+def _ista_minimiser(
+    X: Tensor, D: Tensor, F: Callable[[Tensor], float], lambd: float, iterations: int
+) -> dict[str, Any]:
+    """The minimiser, by scikit-learn and by iterated ISTA (η = 1/L), and the distance/gap along the iterates."""
     Z_sk = sklearn_nonneg_lasso(X, D, lambd)
     F_star = min(F(Z_sk), math.inf)
     iterates = ista_solve(X, D, lambd, iterations)
@@ -116,8 +169,28 @@ def run_ista(
     dist = np.array([float((Z - Z_sk).norm() / Z_sk.norm()) for Z in iterates])
     gap = np.array([F(Z) - F_star for Z in iterates])
 
-    # (3) one step from many feasible points, and whole trajectories, for each ηL.  The descent lemma
-    # F(Z⁺) ≤ F(Z) − (1/η − L/2)‖Z⁺ − Z‖² says the decrease per L‖Z⁺ − Z‖² is at least 1/(ηL) − 1/2.
+    return {"Z_sk": Z_sk, "F_star": F_star, "iterates": iterates, "dist": dist, "gap": gap}
+
+
+def _ista_step_sweep(
+    X: Tensor,
+    D: Tensor,
+    F: Callable[[Tensor], float],
+    L: float,
+    lambd: float,
+    Z_sk: Tensor,
+    mults: list[float],
+    trials: int,
+    iterations: int,
+    g: torch.Generator,
+    progress_bar: bool,
+) -> dict[str, Any]:
+    """One step from many feasible points, and whole trajectories, for each ηL.
+
+    The descent lemma F(Z⁺) ≤ F(Z) − (1/η − L/2)‖Z⁺ − Z‖² says the decrease per L‖Z⁺ − Z‖² is at least
+    1/(ηL) − 1/2.
+    """
+    n, d = X.shape
     families = ("random start", "near the solution")
     increases: dict[str, list[float]] = {f: [] for f in families}
     min_ratio: dict[str, list[float]] = {f: [] for f in families}  # min over starts of (F₀ − F₁)/(L‖Z₁ − Z₀‖²)
@@ -146,11 +219,27 @@ def run_ista(
     mono = {k: int((np.diff(v) > 1e-12 * np.abs(v[:-1])).sum()) for k, v in traj.items()}
     guarantee = [1 / c - 0.5 for c in mults]
 
+    return {
+        "families": families,
+        "increases": increases,
+        "min_ratio": min_ratio,
+        "traj": traj,
+        "horizon": horizon,
+        "mono": mono,
+        "guarantee": guarantee,
+    }
+
+
+def _ista_checks(r: dict[str, Any], mults: list[float], trials: int, iterations: int) -> list[dict[str, Any]]:
+    """Descent for ηL < 2, non-monotonicity beyond, CRATE's default step, sklearn agreement, code = math."""
+    families, increases, min_ratio, guarantee = r["families"], r["increases"], r["min_ratio"], r["guarantee"]
+    mono, horizon, crate_step, L = r["mono"], r["horizon"], r["crate_step"], r["L"]
+    dist, gap, Z_sk, code_vs_math = r["dist"], r["gap"], r["Z_sk"], r["code_vs_math"]
     below = [i for i, c in enumerate(mults) if c < 2]
     above = [i for i, c in enumerate(mults) if c > 2]
     inc_below = max((increases[f][i] for f in families for i in below), default=0.0)
     margin = min((min_ratio[f][i] - guarantee[i] for f in families for i in below), default=math.nan)
-    checks = [
+    return [
         check(
             "one ISTA step never increases the non-negative LASSO objective (42) for ηL < 2, and lowers it by at "
             "least (1/η − L/2)‖Z⁺ − Z‖² (descent lemma)",
@@ -185,7 +274,12 @@ def run_ista(
         ),
     ]
 
-    fig, ax = new_figure(3, title=f"ISTA on the non-negative LASSO (42): d={d}, n={n}, λ={lambd}, D kaiming-uniform")
+
+def _ista_figure(r: dict[str, Any], mults: list[float], trials: int, title: str) -> Figure:
+    """Objective gap along ISTA per ηL, the one-step decrease vs the guarantee, and iterated ISTA vs sklearn."""
+    traj, F_star, min_ratio, guarantee = r["traj"], r["F_star"], r["min_ratio"], r["guarantee"]
+    dist, gap = r["dist"], r["gap"]
+    fig, ax = new_figure(3, title=f"ISTA on the non-negative LASSO (42): {title}")
     a = ax[0, 0]
     for key, v in traj.items():
         a.plot(np.arange(len(v)), np.maximum(v - F_star, 1e-16), label=f"ηL = {key}")
@@ -202,28 +296,4 @@ def run_ista(
     a.plot(t, np.maximum(dist, 1e-16), label="‖Z_t − Z_sklearn‖/‖Z_sklearn‖")
     a.plot(t, np.maximum(gap, 1e-16), label="F(Z_t) − F*")
     style_axis(a, "iterated ISTA (η = 1/L) vs scikit-learn", "iteration t", "error", logy=True)
-    config = {
-        "d": d,
-        "n": n,
-        "lambd": lambd,
-        "step_multipliers": mults,
-        "trials": trials,
-        "iterations": iterations,
-        "seed": seed,
-        "L": L,
-        "sklearn": "Lasso(alpha=lambd/d, positive=True, fit_intercept=False)",
-    }
-    results = {
-        "code_vs_math_max_abs": code_vs_math,
-        "crate_default_step": crate_step,
-        "increase_fraction": increases,
-        "min_decrease_ratio": min_ratio,
-        "guaranteed_decrease_ratio": guarantee,
-        "trajectory_increases": mono,
-        "distance_to_sklearn": dist[:: max(1, iterations // 200)],
-        "final_distance_to_sklearn": dist[-1],
-        "final_objective_gap": gap[-1],
-        "sklearn_objective": F(Z_sk),
-        "ista_objective": F(iterates[-1]),
-    }
-    return finish("ista", config, results, checks, fig, start, out_dir)
+    return fig

@@ -25,10 +25,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from matplotlib.figure import Figure
 from torch import Tensor
 
 from ._report import check, finish, loglog_slope, new_figure, progress, single_threaded, style_axis
 from .synthetic import (
+    SubspaceSample,
     check_orthogonal_fit,
     check_positive_int,
     check_positive_list,
@@ -130,42 +132,68 @@ def run_tweedie(
     check_positive_int(d=d, K=K, p=p, n=n)
     check_orthogonal_fit(d, K, p)
     sigmas = check_positive_list("sigmas", sigmas, "0.01, 0.1, 1")
+    t = _tweedie_compute(d, K, p, n, sigmas, seed, progress_bar)
+    checks = _tweedie_checks(t, np.array(sigmas))
+    fig = _tweedie_figure(t, np.array(sigmas), title=f"(d={d}, K={K}, p={p}, Λ=I)")
+    config = {
+        "d": d,
+        "K": K,
+        "p": p,
+        "n": n,
+        "sigmas": sigmas,
+        "seed": seed,
+        "model": "x = U_s α + σ w, α ~ N(0, I_p), uniform π (normalisation (213) holds)",
+    }
+    return finish("tweedie", config, t | {"sigma": sigmas}, checks, fig, start, out_dir)
+
+
+def _tweedie_row(S: SubspaceSample, U: Tensor, sigma: float) -> dict[str, float]:
+    """Score, Tweedie, attention form and their errors on one isotropic-noise sample at noise level σ."""
+    x = S.Z.clone().requires_grad_(True)
+    (auto,) = torch.autograd.grad(gmm_log_density(x, U, sigma).sum(), x)
+    score = gmm_score(S.Z, U, sigma)
+    bayes = gmm_posterior_mean(S.Z, U, sigma)
+    tweedie = S.Z + sigma**2 * score
+    att = attention_denoiser(S.Z, U, sigma)
+    proj = nearest_subspace_projection(S.Z, U)
+    codes = subspace_codes(S.Z, U).pow(2).sum(-1)
+    w = torch.softmax(codes / (2 * sigma**2), dim=-1)
+    return {
+        "score_vs_autograd": relative_error(score, auto),
+        "tweedie_vs_bayes": relative_error(tweedie, bayes),
+        "attention_vs_posterior": relative_error(att, bayes),
+        "attention_vs_projection": relative_error(att, proj),
+        "attention_max_weight": float(w.max(-1).values.mean()),
+        "argmax_accuracy": float((codes.argmax(-1) == S.labels).double().mean()),
+        "mse_noisy": float((S.Z - S.signal).pow(2).sum(-1).mean()),
+        "mse_posterior_mean": float((bayes - S.signal).pow(2).sum(-1).mean()),
+        "mse_attention": float((att - S.signal).pow(2).sum(-1).mean()),
+    }
+
+
+def _tweedie_compute(
+    d: int, K: int, p: int, n: int, sigmas: list[float], seed: int, progress_bar: bool
+) -> dict[str, np.ndarray]:
+    """The measurements of :func:`_tweedie_row` per σ, as arrays over ``sigmas``."""
     g = make_generator(seed)
     U = random_subspaces(d, K, p, seed=g)
     cols: dict[str, list[float]] = {}
 
     for sigma in progress(sigmas, "tweedie σ", progress_bar):
-        S = sample_subspace_mixture(U, n, sigma, convention="isotropic", seed=g)
-        x = S.Z.clone().requires_grad_(True)
-        (auto,) = torch.autograd.grad(gmm_log_density(x, U, sigma).sum(), x)
-        score = gmm_score(S.Z, U, sigma)
-        bayes = gmm_posterior_mean(S.Z, U, sigma)
-        tweedie = S.Z + sigma**2 * score
-        att = attention_denoiser(S.Z, U, sigma)
-        proj = nearest_subspace_projection(S.Z, U)
-        codes = subspace_codes(S.Z, U).pow(2).sum(-1)
-        w = torch.softmax(codes / (2 * sigma**2), dim=-1)
-        row = {
-            "score_vs_autograd": relative_error(score, auto),
-            "tweedie_vs_bayes": relative_error(tweedie, bayes),
-            "attention_vs_posterior": relative_error(att, bayes),
-            "attention_vs_projection": relative_error(att, proj),
-            "attention_max_weight": float(w.max(-1).values.mean()),
-            "argmax_accuracy": float((codes.argmax(-1) == S.labels).double().mean()),
-            "mse_noisy": float((S.Z - S.signal).pow(2).sum(-1).mean()),
-            "mse_posterior_mean": float((bayes - S.signal).pow(2).sum(-1).mean()),
-            "mse_attention": float((att - S.signal).pow(2).sum(-1).mean()),
-        }
+        row = _tweedie_row(sample_subspace_mixture(U, n, sigma, convention="isotropic", seed=g), U, sigma)
         for k, v in row.items():
             cols.setdefault(k, []).append(v)
-    t = {k: np.array(v) for k, v in cols.items()}
-    s = np.array(sigmas)
+    return {k: np.array(v) for k, v in cols.items()}
+
+
+def _tweedie_checks(t: dict[str, np.ndarray], s: np.ndarray) -> list[dict[str, Any]]:
+    """Exactness of (215) and (46), and the σ → 0 limits of the attention form (47)."""
     slope = (
         loglog_slope(s[: max(2, len(s) // 2)], t["attention_vs_posterior"][: max(2, len(s) // 2)])
         if len(s) > 1
         else math.nan
     )
-    checks = [
+    return [
         check(
             "the exact score (215) equals autograd of log q (relative error < 1e-8)",
             bool(t["score_vs_autograd"].max() < 1e-8),
@@ -195,7 +223,10 @@ def run_tweedie(
         ),
     ]
 
-    fig, ax = new_figure(3, title=f"Tweedie denoising for a subspace Gaussian mixture (d={d}, K={K}, p={p}, Λ=I)")
+
+def _tweedie_figure(t: dict[str, np.ndarray], s: np.ndarray, title: str) -> Figure:
+    """Exact-formula errors, the attention form's gap and the denoising MSE over σ."""
+    fig, ax = new_figure(3, title=f"Tweedie denoising for a subspace Gaussian mixture {title}")
     a = ax[0, 0]
     a.plot(s, np.maximum(t["score_vs_autograd"], 1e-17), "o-", label="score (215) vs autograd ∇log q")
     a.plot(s, np.maximum(t["tweedie_vs_bayes"], 1e-17), "s-", label="Tweedie (46) vs Bayes E[z|x]")
@@ -210,13 +241,4 @@ def run_tweedie(
     a.plot(s, t["mse_posterior_mean"], "o-", label="exact E[z|x]")
     a.plot(s, t["mse_attention"], "s--", label="attention form (47)")
     style_axis(a, "denoising error E‖ẑ − z‖²", "noise level σ", "mean squared error", logx=True, logy=True)
-    config = {
-        "d": d,
-        "K": K,
-        "p": p,
-        "n": n,
-        "sigmas": sigmas,
-        "seed": seed,
-        "model": "x = U_s α + σ w, α ~ N(0, I_p), uniform π (normalisation (213) holds)",
-    }
-    return finish("tweedie", config, t | {"sigma": sigmas}, checks, fig, start, out_dir)
+    return fig

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from matplotlib.figure import Figure
 from torch import Tensor
 
 from ..objectives import coding_rate, subspace_coding_rate
@@ -66,6 +67,16 @@ def orthogonal_dictionary(U: Tensor, kind: str = "subspaces", seed: int | torch.
     raise ValueError(f"unknown dictionary {kind!r}; choose one of {DICTIONARIES}")
 
 
+def _check_unrolled_args(layers: int, eps: float, kappa_beta: float, lambd: float, step: str, dictionary: str) -> None:
+    check_positive_int(layers=layers)
+    check_positive(eps=eps, kappa_beta=kappa_beta)
+    check_positive(allow_zero=True, lambd=lambd)
+    if step not in STEP_KINDS:
+        raise ValueError(f"unknown compression step {step!r}; choose one of {STEP_KINDS}")
+    if dictionary not in DICTIONARIES:
+        raise ValueError(f"unknown dictionary {dictionary!r}; choose one of {DICTIONARIES}")
+
+
 def unrolled_crate(
     sample: SubspaceSample,
     *,
@@ -86,13 +97,7 @@ def unrolled_crate(
     ``R^c`` made by the compression step from the unit-norm input, and ``"zero_tokens"``, the number of
     tokens the ISTA step set entirely to zero (their distance counts as 0).
     """
-    check_positive_int(layers=layers)
-    check_positive(eps=eps, kappa_beta=kappa_beta)
-    check_positive(allow_zero=True, lambd=lambd)
-    if step not in STEP_KINDS:
-        raise ValueError(f"unknown compression step {step!r}; choose one of {STEP_KINDS}")
-    if dictionary not in DICTIONARIES:
-        raise ValueError(f"unknown dictionary {dictionary!r}; choose one of {DICTIONARIES}")
+    _check_unrolled_args(layers, eps, kappa_beta, lambd, step, dictionary)
     g = make_generator(seed)
     U, labels = sample.U.to(DTYPE), sample.labels
     n, p = sample.n, U.shape[-1]
@@ -160,36 +165,80 @@ def run_unrolled(
     check_orthogonal_fit(d, K, p)
     check_positive(beta=beta, kappa_beta=kappa_beta)
     check_positive(allow_zero=True, sigma=sigma, lambd=lambd)
+    eps = eps_from_beta(p, n, beta)
+    runs = _unrolled_compute(d, K, p, n, sigma, layers, eps, kappa_beta, lambd, seed, progress_bar)
+    rand_dist_floor = float(np.sqrt(1 - p / d))
+    checks = _unrolled_exact_checks(runs, layers) + _unrolled_variant_checks(runs, rand_dist_floor)
+    title = f"(d={d}, K={K}, p={p}, n={n}, σ={sigma}, β={beta}, κβ={kappa_beta}, λ={lambd})"
+    fig = _unrolled_figure(runs, rand_dist_floor, title)
+    config = {
+        "d": d,
+        "K": K,
+        "p": p,
+        "n": n,
+        "sigma": sigma,
+        "layers": layers,
+        "beta": beta,
+        "eps": eps,
+        "kappa_beta": kappa_beta,
+        "lambd": lambd,
+        "eta": 1.0,
+        "seed": seed,
+        "variants": [f"{s}/{dd}" for s, dd in VARIANTS],
+    }
+    return finish("unrolled", config, {"runs": runs}, checks, fig, start, out_dir)
+
+
+def _unrolled_compute(
+    d: int,
+    K: int,
+    p: int,
+    n: int,
+    sigma: float,
+    layers: int,
+    eps: float,
+    kappa_beta: float,
+    lambd: float,
+    seed: int,
+    progress_bar: bool,
+) -> dict[str, dict[str, np.ndarray]]:
+    """The measurements of :func:`unrolled_crate` for each of the four variants, on one sample."""
     g = make_generator(seed)
     U = random_subspaces(d, K, p, seed=g)
     sample = sample_subspace_mixture(U, n, sigma, seed=g)
-    eps = eps_from_beta(p, n, beta)
     runs: dict[str, dict[str, np.ndarray]] = {}
     for step, dic in progress(VARIANTS, "unrolled", progress_bar):
         runs[f"{step}/{dic}"] = unrolled_crate(
             sample, layers=layers, eps=eps, kappa_beta=kappa_beta, lambd=lambd, step=step, dictionary=dic, seed=g
         )
-    ex, ms, sk, rd = (runs[f"{s}/{dd}"] for s, dd in VARIANTS)
-    full = slice(0, None, 2)  # layer outputs Z^1, …, Z^{L+1} (and the input)
-    nz = ex["nonzero_fraction"][full][1:]
-    delta_r = ex["R"][full] - ex["rc"][full]
-    rand_dist_floor = float(np.sqrt(1 - p / d))
+    return runs
 
-    def arr(x: np.ndarray, precision: int = 2) -> str:
-        return np.array2string(x, precision=precision, max_line_width=1000)
 
-    def step_drop(run: dict[str, np.ndarray], key: str) -> np.ndarray:
-        return run[key][1::2] - run[key][0:-1:2]  # compression half-step: position ℓ+½ minus ℓ
+_FULL = slice(0, None, 2)  # layer outputs Z^1, …, Z^{L+1} (and the input)
 
-    checks = [
+
+def _arr(x: np.ndarray, precision: int = 2) -> str:
+    return np.array2string(x, precision=precision, max_line_width=1000)
+
+
+def _step_drop(run: dict[str, np.ndarray], key: str) -> np.ndarray:
+    return run[key][1::2] - run[key][0:-1:2]  # compression half-step: position ℓ+½ minus ℓ
+
+
+def _unrolled_exact_checks(runs: dict[str, dict[str, np.ndarray]], layers: int) -> list[dict[str, Any]]:
+    """The claims on the exact step with the subspace dictionary: R^c, sparsity, distance and ΔR with depth."""
+    ex = runs["exact/subspaces"]
+    nz = ex["nonzero_fraction"][_FULL][1:]
+    delta_r = ex["R"][_FULL] - ex["rc"][_FULL]
+    return [
         check(
             "exact compression step lowers R^c at every layer",
-            bool((step_drop(ex, "rc") < 0).all()),
-            f"R^c changes {arr(step_drop(ex, 'rc'))}",
+            bool((_step_drop(ex, "rc") < 0).all()),
+            f"R^c changes {_arr(_step_drop(ex, 'rc'))}",
         ),
         check(
             "R^c of the layer outputs decreases with depth (exact step, subspace dictionary)",
-            _all_decreasing(ex["rc"][full]),
+            _all_decreasing(ex["rc"][_FULL]),
             f"R^c {ex['rc'][0]:.2f} (input) → {ex['rc'][-1]:.2f} (layer {layers})",
         ),
         check(
@@ -210,21 +259,28 @@ def run_unrolled(
             f"ΔR {delta_r[0]:.2f} → {delta_r[-1]:.2f}: R falls from {ex['R'][0]:.2f} to {ex['R'][-1]:.2f} "
             "(thresholding and ReLU shrink the whole token set, not only each subspace)",
         ),
+    ]
+
+
+def _unrolled_variant_checks(runs: dict[str, dict[str, np.ndarray]], rand_dist_floor: float) -> list[dict[str, Any]]:
+    """The claims on the MSSA and residual steps and on a random dictionary."""
+    ms, sk, rd = runs["mssa/subspaces"], runs["skip/subspaces"], runs["exact/random"]
+    return [
         check(
             "the MSSA step (1−κβ)Z + κβ·MSSA lowers R^c (of the renormalised tokens) at every layer",
-            bool((step_drop(ms, "rc") < 0).all()),
-            f"changes {arr(step_drop(ms, 'rc'))}",
+            bool((_step_drop(ms, "rc") < 0).all()),
+            f"changes {_arr(_step_drop(ms, 'rc'))}",
         ),
         check(
             "the MSSA step moves tokens towards their subspaces at every layer",
-            bool((step_drop(ms, "distance") < 0).all()),
-            f"distance change per MSSA step {arr(step_drop(ms, 'distance'), 3)}"
+            bool((_step_drop(ms, "distance") < 0).all()),
+            f"distance change per MSSA step {_arr(_step_drop(ms, 'distance'), 3)}"
             ": near-uniform softmax weights average over all tokens, which after a ReLU share a large mean",
         ),
         check(
             "the residual step Z + κβ·MSSA (eq. (45)) lowers the raw R^c at every layer",
             bool((sk["rc_step_change"] < 0).all()),
-            f"raw R^c change per step {arr(sk['rc_step_change'])}",
+            f"raw R^c change per step {_arr(sk['rc_step_change'])}",
         ),
         check(
             "with a random orthogonal dictionary, tokens stay near their (rotated) subspaces",
@@ -234,11 +290,13 @@ def run_unrolled(
         ),
     ]
 
+
+def _unrolled_figure(runs: dict[str, dict[str, np.ndarray]], rand_dist_floor: float, title: str) -> Figure:
+    """R^c, R, distance to the own subspace and sparsity along the layers, for each variant."""
     fig, ax = new_figure(
         2,
         2,
-        title=f"Training-free CRATE with ground-truth U (d={d}, K={K}, p={p}, n={n}, "
-        f"σ={sigma}, β={beta}, κβ={kappa_beta}, λ={lambd})",
+        title=f"Training-free CRATE with ground-truth U {title}",
         width=5.2,
         height=3.6,
     )
@@ -248,26 +306,11 @@ def run_unrolled(
         ax[0, 0].plot(pos, run["rc"], styles[name], ms=3, label=name)
         ax[0, 1].plot(pos, run["R"], styles[name], ms=3, label=name)
         ax[1, 0].plot(pos, run["distance"], styles[name], ms=3, label=name)
-        ax[1, 1].plot(pos[full], run["nonzero_fraction"][full], styles[name], ms=3, label=name)
+        ax[1, 1].plot(pos[_FULL], run["nonzero_fraction"][_FULL], styles[name], ms=3, label=name)
     ax[1, 0].axhline(rand_dist_floor, color="grey", lw=0.8, ls=":", label="random direction")
     xl = "layer (x.5 = after compression, integer = after ISTA)"
     style_axis(ax[0, 0], "compression R^c(Z|U^ℓ) of unit-norm tokens", xl, "R^c (nats)")
     style_axis(ax[0, 1], "coding rate R(Z) of unit-norm tokens", xl, "R (nats)")
     style_axis(ax[1, 0], "distance to own subspace", xl, "mean sine of the angle to U_s")
     style_axis(ax[1, 1], "sparsity after ISTA", "layer", "fraction of non-zeros", logy=True)
-    config = {
-        "d": d,
-        "K": K,
-        "p": p,
-        "n": n,
-        "sigma": sigma,
-        "layers": layers,
-        "beta": beta,
-        "eps": eps,
-        "kappa_beta": kappa_beta,
-        "lambd": lambd,
-        "eta": 1.0,
-        "seed": seed,
-        "variants": [f"{s}/{dd}" for s, dd in VARIANTS],
-    }
-    return finish("unrolled", config, {"runs": runs}, checks, fig, start, out_dir)
+    return fig

@@ -175,7 +175,7 @@ class TrainConfig:
         0,
         "torch CPU threads per process (0 = auto: the CPUs this process may use, minus the other work running "
         "now; 1 on a busy shared machine)",
-        commands=(*ALL, "eval", "analyze", "generate"),
+        commands=(*ALL, "eval", "analyze", "generate", "features"),
     )
     # run directory and logging
     out: str | None = _opt(None, "run directory", shown="runs/<model>-<data>-<date-time>")

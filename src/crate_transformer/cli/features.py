@@ -1,0 +1,146 @@
+"""``crate features RUN [--layer L] [--top-k K] [--out DIR]``: the units of every layer as features.
+
+Per unit (an atom of CRATE's ISTA dictionary, eq. (44), or a hidden unit of a baseline's MLP): activation
+frequency, mean and max, its top-activating patches or tokens and the purity score; writes ``features.json``
+and the self-contained dashboard ``features.html`` and prints the per-layer table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+from pathlib import Path
+
+from .common import add_threads_argument, apply_threads, check_out_dir, positive
+
+
+def configure_features(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "run", help="a crate train / crate train-lm run directory (or a save_pretrained model directory)"
+    )
+    parser.add_argument(
+        "--data",
+        default=None,
+        metavar="NAME|DIR",
+        help="image models: a dataset whose test split is measured, if not the one the model was trained on; "
+        "language models: a text corpus whose held-out tail is measured, if not the run's",
+    )
+    parser.add_argument(
+        "--layer", type=int, default=None, help="only this layer (1-based; -1 = last); all layers when not given"
+    )
+    parser.add_argument("--top-k", type=int, default=16, help="top-activating inputs kept (and scored) per unit")
+    parser.add_argument("--num-images", type=int, default=1000, help="image models: images measured (test split)")
+    parser.add_argument("--num-blocks", type=int, default=64, help="language models: held-out token blocks measured")
+    parser.add_argument("--context", type=int, default=12, help="language models: tokens shown either side")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the image subset and of the chance purity")
+    parser.add_argument(
+        "--out", default=None, help="folder of features.json / features.html; RUN itself when not given"
+    )
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
+    add_threads_argument(parser, "features")
+
+
+def _check_run(path: Path) -> None:
+    """A one-line error, before anything is loaded, for a path that holds no model."""
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist; pass a run directory written by crate train or crate train-lm")
+    found = [p for p in ("config.json", "model/config.json", "checkpoints/last.pt") if (path / p).is_file()]
+    if path.is_dir() and not found:
+        raise ValueError(
+            f"{path} is not a run directory (no model/ nor checkpoints/last.pt inside); pass the folder that "
+            "crate train or crate train-lm wrote (its --out)"
+        )
+
+
+def _layers(model: object, layer: int | None) -> list[int] | None:
+    """``--layer`` (1-based, negative from the end) → 0-based indices, with a one-line error when out of range."""
+    if layer is None:
+        return None
+    depth = len(model.layers)
+    if layer == 0 or not -depth <= layer <= depth:
+        raise ValueError(
+            f"--layer {layer} does not exist: the model has {depth} layers; pass 1..{depth} (or -1 for the last)"
+        )
+    return [layer - 1 if layer > 0 else depth + layer]
+
+
+def _image_inputs(model: object, args: argparse.Namespace) -> tuple:
+    """The measured test images ((N, C, H, W) in [0, 1]), labels, class names, normalisation and a description."""
+    from ..data import match_channels, open_source, resolve_normalization
+    from ..data.transforms import _resize_tensor
+
+    c = model.config
+    data = args.data or (c.data.source if c.data else None)
+    if not data:
+        raise ValueError("the model config records no dataset; pass --data NAME (e.g. --data mnist)")
+    try:
+        ds = open_source(str(data), "test", image_size=c.image_size)
+    except ValueError:
+        ds = open_source(str(data), "train", image_size=c.image_size)
+    x, y = ds.first(args.num_images, shuffle=len(ds) > args.num_images, seed=args.seed)
+    x = match_channels(_resize_tensor(x, c.image_size).float() / 255.0, c.in_chans)
+    norm = resolve_normalization(model, ds)
+    return x, y, list(ds.classes), norm, f"{data} ({ds.split} split, {len(x)} images)"
+
+
+def _text_inputs(model: object, args: argparse.Namespace, run: Path) -> tuple:
+    """Held-out token blocks ((N, n + 1) ids) of the run's corpus and a description."""
+    import torch
+
+    from ..data.text import TokenBlocks, load_tokens, split_tokens
+
+    if model.tokenizer is None:
+        raise ValueError(f"{run} has no tokenizer.json beside its weights; save the model with its tokenizer")
+    data, val_fraction = args.data, 0.1
+    if (run / "config.yaml").is_file():  # a crate train-lm run: its corpus and held-out split
+        import yaml
+
+        saved = yaml.safe_load((run / "config.yaml").read_text()) or {}
+        data, val_fraction = data or saved.get("data"), saved.get("val_fraction") or val_fraction
+    data = data or "python-docs"
+    block = model.config.block_size
+    tokens = load_tokens(str(data), model.tokenizer)
+    held_out = TokenBlocks(tokens, block, split_tokens(len(tokens), val_fraction, block), len(tokens), str(data), "")
+    n = min(args.num_blocks, len(held_out))
+    if n == 0:
+        raise ValueError(f"{data}: its held-out tail holds no block of {block + 1} tokens; pass a longer --data")
+    desc = f"{data}: the held-out last {val_fraction:.0%} of the tokens, {n} blocks of {block}"
+    return held_out.get(torch.arange(n)), desc
+
+
+def run_features(args: argparse.Namespace) -> int:
+    from ..analysis import features as F
+    from ..io import write_json
+    from ..lm import LanguageModel
+    from ..train.load import load_model
+    from ..train.runtime import resolve_device
+
+    for name in ("top_k", "num_images", "num_blocks", "batch_size"):
+        positive(name, getattr(args, name))
+    if args.context < 0:
+        raise ValueError(f"--context must be >= 0, got {args.context}")
+    run = Path(args.run)
+    _check_run(run)
+    apply_threads(args)
+    model = load_model(run).to(resolve_device(args.device)).eval()
+    F.code_sites(model)  # a model without codes or MLP units fails here, before any data is read
+    layers = _layers(model, args.layer)
+    out = check_out_dir(args.out if args.out else (run if run.is_dir() else Path("features")))
+    common = dict(k=args.top_k, batch_size=args.batch_size, layers=layers, seed=args.seed)
+    if isinstance(model, LanguageModel):
+        blocks, desc = _text_inputs(model, args, run)
+        report, assets = F.text_features(model, blocks, tokenizer=model.tokenizer, context=args.context, **common)
+    else:
+        x, y, classes, norm, desc = _image_inputs(model, args)
+        report, assets = F.image_features(model, x, y, classes=classes, normalization=norm, **common)
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    report["source"] = {"run": str(run), "data": desc, "date": when}
+    write_json(out / "features.json", report)
+    title = f"{model.config.arch} features: {run.name}"
+    description = f"{desc}; top {args.top_k} inputs per unit; {when}"
+    (out / "features.html").write_text(F.render_dashboard({**report, **assets, "description": description}, title))
+    print(f"features of {run} ({model.config.arch}) on {desc}, top-{args.top_k}:")
+    print(F.summary_table(report))
+    print(f"wrote {out / 'features.html'} and {out / 'features.json'}")
+    return 0

@@ -1,0 +1,293 @@
+"""Verdicts on the paper's claims: the rules on constructed token sets that must hold and must fail, the numbers
+against float64 formulas written here, and `crate analyze` writing and printing the verdict table."""
+
+import argparse
+import html
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import crate_transformer as ct
+from crate_transformer.analysis import LayerTable, official_rc
+from crate_transformer.analysis.verdicts import (
+    FAILS,
+    HOLDS,
+    NOT_APPLICABLE,
+    Verdict,
+    compression_verdict,
+    decoder_verdict,
+    paired_drop,
+    rate_reduction_note,
+    sparsity_verdict,
+)
+from crate_transformer.objectives import rate_reduction
+
+K, P, D, N_TOK = 4, 8, 32, 24  # heads, head dim, token dim, tokens per sample
+
+
+def direct_rc(P_heads: np.ndarray, eps: float) -> float:
+    """Official R^c of one sample's per-head projections (K, n, p), float64 numpy from the formula:
+    unit-normalise each projected token, then 1/2 sum_k logdet(I + p/(n eps^2) P_k P_k^T)."""
+    total = 0.0
+    for Pk in P_heads:
+        Pk = Pk / np.linalg.norm(Pk, axis=-1, keepdims=True)
+        n, p = Pk.shape
+        sign, val = np.linalg.slogdet(np.eye(n) + p / (n * eps**2) * Pk @ Pk.T)
+        assert sign > 0
+        total += 0.5 * val
+    return total
+
+
+def orthonormal_heads(rng: np.random.Generator) -> np.ndarray:
+    """K mutually orthogonal orthonormal bases U_k (K, d, p) spanning R^d."""
+    Q, _ = np.linalg.qr(rng.standard_normal((D, D)))
+    return Q.reshape(D, K, P).transpose(1, 0, 2)
+
+
+def tokens_of_rank(rng: np.random.Generator, rank: int, samples: int) -> np.ndarray:
+    """(samples, n, d) tokens in a random rank-``rank`` subspace (plus a little noise): lower rank = more
+    compressed, so R^c is lower."""
+    out = []
+    for _ in range(samples):
+        basis = np.linalg.qr(rng.standard_normal((D, rank)))[0]
+        out.append(rng.standard_normal((N_TOK, rank)) @ basis.T + 0.01 * rng.standard_normal((N_TOK, D)))
+    return np.stack(out)
+
+
+def rc_table(ranks: list[int], samples: int = 12, seed: int = 0) -> tuple[LayerTable, np.ndarray]:
+    """A LayerTable whose layer l holds R^c of tokens of rank ranks[l] (via the library's official_rc)."""
+    rng = np.random.default_rng(seed)
+    U = orthonormal_heads(rng)
+    cols, direct = [], []
+    for r in ranks:
+        Z = tokens_of_rank(rng, r, samples)
+        proj = np.einsum("snd,kdp->sknp", Z, U)
+        cols.append(official_rc(torch.from_numpy(proj), 0.1).numpy())
+        direct.append([direct_rc(proj[i], 0.1) for i in range(samples)])
+    values = np.stack(cols, 1)
+    table = LayerTable({"rc_in": values, "nonzero": np.ones_like(values)}, {"eps": 0.1, "ista_output": False})
+    return table, np.array(direct).T
+
+
+def test_paired_drop_is_the_mean_difference_and_twice_its_standard_error():
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(5, 2, 400), rng.normal(4, 2, 400)
+    drop, noise = paired_drop(a, b)
+    diff = a - b
+    assert drop == pytest.approx(float(np.mean(diff)), rel=1e-12)
+    se = float(np.std(diff, ddof=1)) / math.sqrt(len(diff))  # the analytic standard error of the mean
+    assert noise == pytest.approx(2 * se, rel=0.08)  # the bootstrap estimates it
+    assert paired_drop(a, b) == (drop, noise)  # seeded: the report is reproducible
+
+
+def test_compression_holds_when_rc_falls_and_fails_when_it_rises_or_stays():
+    falling, direct = rc_table([16, 8, 2])
+    np.testing.assert_allclose(falling.values["rc_in"], direct, rtol=1e-10)  # the measured R^c is the formula's
+    v = compression_verdict(falling, "classifier")
+    assert v.verdict == HOLDS and "falls" in v.explanation
+    means = direct.mean(0)
+    assert v.measured["drop"] == pytest.approx(means[0] - means[-1], rel=1e-10)
+    assert v.measured["per_layer_mean"] == pytest.approx(list(means), rel=1e-6)
+    assert v.measured["drop"] > v.measured["noise"] > 0
+
+    rising = compression_verdict(rc_table([2, 8, 16])[0], "CRATE-MAE encoder")
+    assert rising.verdict == FAILS and "rises" in rising.explanation and "opposite" in rising.explanation
+    flat = compression_verdict(rc_table([8, 8, 8], seed=3)[0], "classifier")
+    assert flat.verdict == FAILS and "within the noise" in flat.explanation
+    assert abs(flat.measured["drop"]) <= flat.measured["noise"]
+
+
+def test_not_applicable_with_one_layer_or_too_few_samples():
+    one_layer = compression_verdict(rc_table([8])[0], "classifier")
+    assert one_layer.verdict == NOT_APPLICABLE and "1 layer" in one_layer.explanation
+    few = compression_verdict(rc_table([16, 2], samples=3)[0], "classifier")
+    assert few.verdict == NOT_APPLICABLE and "3 sample" in few.explanation
+    assert few.tag == "[n/a]" and one_layer.line().startswith("[n/a] classifier: ")
+
+
+def relu_codes(rng: np.random.Generator, shifts: list[float], samples: int = 10) -> np.ndarray:
+    """ReLU(g - shift) of Gaussian codes per layer: (samples, layers, n, d); a larger shift = more exact zeros."""
+    return np.stack([np.maximum(rng.standard_normal((samples, N_TOK, D)) - s, 0.0) for s in shifts], 1)
+
+
+def sparsity_table(codes: np.ndarray, ista: bool = True) -> LayerTable:
+    from crate_transformer.objectives import sparsity
+
+    nonzero = 1.0 - sparsity(torch.from_numpy(codes)).numpy()  # the library's count of exact zeros
+    direct = (codes != 0).mean((-2, -1))  # the same written here
+    np.testing.assert_allclose(nonzero, direct, rtol=0, atol=1e-15)
+    return LayerTable({"nonzero": nonzero, "rc_in": np.zeros_like(nonzero)}, {"ista_output": ista})
+
+
+def test_sparsity_holds_when_zeros_grow_with_depth_and_fails_when_they_shrink():
+    rng = np.random.default_rng(0)
+    sparser = sparsity_verdict(sparsity_table(relu_codes(rng, [0.0, 0.5, 1.0])), "classifier")
+    assert sparser.verdict == HOLDS
+    assert sparser.measured["first"] == pytest.approx(0.5, abs=0.02)  # P(g > 0) = 1/2
+    assert sparser.measured["last"] == pytest.approx(0.5 * math.erfc(1 / math.sqrt(2)), abs=0.02)  # P(g > 1)
+    denser = sparsity_verdict(sparsity_table(relu_codes(rng, [1.0, 0.0])), "language model")
+    assert denser.verdict == FAILS and "rises" in denser.explanation
+    # outputs without exact zeros and without an ISTA block: nothing to count
+    dense = np.abs(rng.standard_normal((6, 2, N_TOK, D))) + 0.1
+    na = sparsity_verdict(sparsity_table(dense, ista=False), "ViT classifier")
+    assert na.verdict == NOT_APPLICABLE and "no exact zeros" in na.explanation
+
+
+def rotation(rng: np.random.Generator) -> np.ndarray:
+    """A random orthogonal matrix (d, d)."""
+    return np.linalg.qr(rng.standard_normal((D, D)))[0]
+
+
+def near_identity(rng: np.random.Generator) -> np.ndarray:
+    """An encoder step A = I + 0.5 G / sqrt(d): it moves the tokens, but not far."""
+    return np.eye(D) + 0.5 * rng.standard_normal((D, D)) / math.sqrt(D)
+
+
+def cka(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Linear CKA per image, float64, from the definition: centre the tokens, then
+    ||A^T B||_F^2 / (||A^T A||_F ||B^T B||_F); (images, n, d) x2 -> (images,)."""
+    out = []
+    for x, y in zip(a, b):
+        x, y = x - x.mean(0), y - y.mean(0)
+        out.append(np.linalg.norm(x.T @ y) ** 2 / (np.linalg.norm(x.T @ x) * np.linalg.norm(y.T @ y)))
+    return np.array(out)
+
+
+def decoder_similarities(
+    mirror: bool, basis: np.ndarray | None = None, layers: int = 3, images: int = 8, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Encoder layers Z^(l+1) = Z^l A_l^T (+ noise); the decoder layer for l applies A_l^-1 (a mirror: it undoes the
+    step) or A_l again (a second step away from Z^l).  ``basis``: the decoder works in its own rotated coordinates
+    (input Z Q, output in the same coordinates); returns CKA(output, Z^l), CKA(input, Z^l)
+    (images, layers)."""
+    rng = np.random.default_rng(seed)
+    Q = np.eye(D) if basis is None else basis
+    Z = [rng.standard_normal((images, N_TOK, D))]
+    steps = [near_identity(rng) for _ in range(layers)]
+    for A in steps:
+        Z.append(Z[-1] @ A.T + 0.05 * rng.standard_normal(Z[-1].shape))
+    out, inp = [], []
+    for ell, A in enumerate(steps):
+        dec = Q.T @ (np.linalg.inv(A) if mirror else A).T @ Q  # the step in the decoder's coordinates
+        d_in = Z[ell + 1] @ Q
+        out.append(cka(d_in @ dec, Z[ell]))
+        inp.append(cka(d_in, Z[ell]))
+    return np.array(out).T, np.array(inp).T
+
+
+def test_decoder_holds_for_a_mirror_in_any_basis_and_fails_otherwise():
+    out, inp = decoder_similarities(mirror=True)
+    v = decoder_verdict(out, inp)
+    assert v.verdict == HOLDS and v.section == "CRATE-MAE decoder"
+    assert v.measured["margin_per_layer"] == pytest.approx(list((out - inp).mean(0)), rel=1e-12)
+    assert out.min() > 0.99 > inp.max()  # an exact inverse up to the noise
+    rotated = decoder_verdict(*decoder_similarities(mirror=True, basis=rotation(np.random.default_rng(5))))
+    assert rotated.verdict == HOLDS  # CKA does not care that the decoder's basis is not the encoder's
+    assert rotated.measured["margin_per_layer"] == pytest.approx(v.measured["margin_per_layer"], rel=1e-9)
+    not_mirror = decoder_verdict(*decoder_similarities(mirror=False))
+    assert not_mirror.verdict == FAILS and "at no layer" in not_mirror.explanation
+    # a mirror at one layer only is not a mirror: the rule asks for every layer
+    out_bad, inp_bad = decoder_similarities(mirror=False)
+    first_only = [np.concatenate([good[:, :1], bad[:, 1:]], 1) for good, bad in ((out, out_bad), (inp, inp_bad))]
+    mixed = decoder_verdict(*first_only)
+    assert mixed.verdict == FAILS and "only at encoder layer(s) 1;" in mixed.explanation
+    assert decoder_verdict(out[:2], inp[:2]).verdict == NOT_APPLICABLE
+
+
+def test_library_cka_is_the_definition_and_basis_free():
+    from crate_transformer.analysis.decoder import _cka_per_image
+
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((3, N_TOK, D)), rng.standard_normal((3, N_TOK, 16))
+    lib = _cka_per_image(torch.from_numpy(a), torch.from_numpy(b)).numpy()
+    np.testing.assert_allclose(lib, cka(a, b), rtol=1e-12)
+    turned = 3.0 * a @ rotation(rng)  # rotated and rescaled
+    np.testing.assert_allclose(_cka_per_image(torch.from_numpy(turned), torch.from_numpy(b)).numpy(), lib, rtol=1e-10)
+
+
+def rr_direct(Z: np.ndarray, U: np.ndarray, eps: float) -> float:
+    """ΔR of eq. (14) for row tokens Z (n, d), float64 numpy from eqs. (8) and (13)."""
+    n, d = Z.shape
+    R = 0.5 * np.linalg.slogdet(np.eye(n) + d / (n * eps**2) * Z @ Z.T)[1]
+    p = U.shape[-1]
+    Rc = sum(0.5 * np.linalg.slogdet(np.eye(n) + p / (n * eps**2) * (Z @ Uk) @ (Z @ Uk).T)[1] for Uk in U)
+    return R - Rc
+
+
+def test_the_rate_reduction_note_states_a_true_reason():
+    """The note's reason: tokens each inside one of K orthogonal subspaces give ΔR >= 0 (block-diagonal Gram);
+    the same number of directions straddling the subspaces gives ΔR < 0."""
+    rng = np.random.default_rng(0)
+    U = orthonormal_heads(rng)
+    # few directions (one per head, plus a little spread inside that head): every token lies in one U_k
+    coef = np.zeros((N_TOK, P))
+    coef[:, 0] = 1.0
+    coef += 0.05 * rng.standard_normal((N_TOK, P))
+    inside = np.stack([U[i % K] @ coef[i] for i in range(N_TOK)])
+    straddle = inside @ rotation(rng).T  # the same token set rotated off the subspaces
+    for name, Z in (("inside", inside), ("straddle", straddle)):
+        Zn = Z / np.linalg.norm(Z, axis=-1, keepdims=True)
+        lib = float(rate_reduction(torch.from_numpy(Zn), torch.from_numpy(U), 0.1))
+        assert lib == pytest.approx(rr_direct(Zn, U, 0.1), rel=1e-10)
+        if name == "inside":
+            assert lib >= 0
+        else:
+            assert lib < 0
+    neg = LayerTable({"rate_reduction": np.array([[-3.0, -1.0, 2.0]] * 4)}, {"eps": 0.1})
+    note = rate_reduction_note(neg, D, K, P)
+    assert "negative at layer(s) 1, 2 (min -3)" in note and "eq. (14)" in note and "straddle" in note
+    assert rate_reduction_note(LayerTable({"rate_reduction": np.ones((4, 3))}), D, K, P) is None
+
+
+def test_verdict_record():
+    with pytest.raises(ValueError, match="verdict must be"):
+        Verdict("classifier", "claim", "maybe", "rule", "why")
+    v = Verdict("classifier", "claim", FAILS, "rule", "why.", {"drop": 1.0})
+    assert v.line() == "[FAILS] classifier: claim. why." and v.to_dict()["measured"] == {"drop": 1.0}
+
+
+# --------------------------------------------------------------------------- end to end
+def test_crate_analyze_writes_and_prints_the_verdict_table(tmp_path, capsys):
+    from crate_transformer.cli import analyze as analyze_cmd
+    from crate_transformer.data import DataSpec, load_dataset, normalize
+
+    torch.manual_seed(0)
+    train = load_dataset("digits", "train")
+    model = ct.create_model(
+        "crate_tiny", image_size=8, patch_size=2, in_chans=1, num_classes=10, dim=32, depth=2, heads=4
+    )
+    model.config.data = DataSpec(source="digits", name="digits", mean=list(train.mean), std=list(train.std))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    x_all = normalize(train.images.float() / 255, train.mean, train.std)
+    for step in range(40):  # a tiny trained run
+        idx = torch.arange(step * 64, step * 64 + 64) % len(train)
+        loss = F.cross_entropy(model(x_all[idx]), train.labels[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval().save_pretrained(tmp_path / "run" / "model")
+    parser = argparse.ArgumentParser()
+    analyze_cmd.configure_analyze(parser)
+    out = tmp_path / "an"
+    argv = [str(tmp_path / "run"), "--num-images", "16", "--num-vis", "1", "--no-progress", "--out", str(out)]
+    assert analyze_cmd.run_analyze(parser.parse_args(argv)) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    verdicts = report["verdicts"]
+    assert [v["section"] for v in verdicts] == ["classifier (train)"] * 2 + ["classifier (test)"] * 2
+    assert all(v["verdict"] in (HOLDS, FAILS, NOT_APPLICABLE) for v in verdicts)
+    # the verdict's numbers are the report's own layer table
+    test_layers = report["measure"]["test"]["layers"]
+    comp = verdicts[2]
+    assert comp["measured"]["drop"] == pytest.approx(test_layers[0]["rc_in"] - test_layers[-1]["rc_in"], rel=1e-9)
+    for v in verdicts:
+        tag = {"holds": "[holds]", "fails": "[FAILS]"}.get(v["verdict"], "[n/a]")
+        assert f"{tag} {v['section']}: {v['claim']}" in printed
+    page = (out / "report.html").read_text()
+    first_table = page.index("<table>")
+    assert page.index("Did the paper's claims hold?") < first_table < page.index("Layer-wise measurements")
+    assert all(html.escape(v["explanation"]) in page and html.escape(v["rule"]) in page for v in verdicts)
