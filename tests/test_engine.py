@@ -17,7 +17,7 @@ import torch
 from clitools import crate, one_line_error
 from torch import nn
 
-from crate_transformer.train import RunDir, Task, TrainConfig, load_training_state, train
+from crate_transformer.train import RunDir, Task, TaskResult, TrainConfig, load_training_state, train
 from crate_transformer.train.runtime import resolve_device
 from crate_transformer.train.task import TASKS, task_option
 
@@ -257,8 +257,8 @@ class _Regression(Task):
     name, metric, command, Options = "regression", "mse", "pretrain regression", _RegressionOptions
     defaults = {"batch_size": 32, "lr": 0.1, "min_lr": 0.0, "warmup_epochs": 0, "weight_decay": 0.0, "grad_clip": 0}
 
-    def setup(self, cfg, rt, state):
-        self.options = self.parse_options(cfg)
+    def setup(self, state):
+        self.options = self.parse_options(self.cfg)
         g = torch.Generator().manual_seed(0)
         x = torch.randn(256, 8, generator=g)
         y = x @ torch.randn(8, 1, generator=g) * self.options.scale
@@ -277,7 +277,7 @@ class _Regression(Task):
                     i = rank_slice(idx, rank, world)
                     yield x[i], y[i]
 
-        self.train_data, self.rt = Data(), rt
+        self.train_data = Data()
         self.model = nn.Linear(8, 1)
         self.x, self.y = x, y
 
@@ -294,9 +294,9 @@ class _Regression(Task):
         with torch.no_grad():
             return {"loss": float(((self.model(self.x) - self.y) ** 2).mean())}
 
-    def finish(self, run_dir, rt):
+    def finish(self, run_dir):
         m = self.evaluate("test")
-        return {"record": m, "message": f"final mse {m['loss']:.4f}", "mse": m["loss"]}
+        return TaskResult(record=m, message=f"final mse {m['loss']:.4f}", numbers={"mse": m["loss"]})
 
 
 def test_the_engine_trains_any_task(tmp_path: Path) -> None:

@@ -14,11 +14,16 @@
     analysis.compression_verdict(table, "classifier")  # did R^c fall with depth beyond its noise?  (verdicts.py)
     from crate_transformer.analysis import features    # ISTA codes as features: statistics, top inputs, purity
 
+The explorer (``report.html``'s interactive section, or a page of its own)::
+
+    analysis.write_explorer(analysis.image_payload(model, images01), "explorer.html")
+
 Command line: ``crate analyze CHECKPOINT [--images DIR | --data NAME] --out DIR``; ``crate features RUN``.
 """
 
 from .attention import attention_entropy, cls_attention
 from .decoder import decoder_inversion, is_autoencoder, reconstruction_recognition
+from .explorer import explorer_section, image_payload, text_payload, write_explorer
 from .measure import METRICS, LayerTable, load_measure_records, measure, measure_batch, measure_hook, official_rc
 from .plots import (
     plot_attention,
@@ -70,6 +75,10 @@ __all__ = [
     "reconstruction_recognition",
     "plot_decoder_inversion",
     "plot_reconstructions",
+    "image_payload",
+    "text_payload",
+    "explorer_section",
+    "write_explorer",
     "Verdict",
     "compression_verdict",
     "sparsity_verdict",

@@ -22,6 +22,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from ..io import write_json
+from .explorer import explorer_section, text_payload
 from .measure import LayerTable, measure_batch
 from .plots import _save, plot_layerwise
 
@@ -133,6 +134,12 @@ def _lm_figures(table: LayerTable, attn: Sequence[tuple[str, int]], n_tokens: in
     return caps
 
 
+def _token_strings(model: torch.nn.Module, ids: Tensor) -> list[str]:
+    """Readable tokens of ``ids`` by the model's tokenizer (the ids themselves without one)."""
+    tok = getattr(model, "tokenizer", None)
+    return tok.token_strings(ids.tolist()) if tok is not None else [str(i) for i in ids.tolist()]
+
+
 def analyze_text(
     model: torch.nn.Module,
     out_dir: str | Path,
@@ -143,11 +150,13 @@ def analyze_text(
     attn_layers: Sequence[int] = (0, -1),
     attn_tokens: int = 48,
     source: dict | None = None,
+    explorer_texts: int = 4,
 ) -> dict:
     """Measure ``blocks`` (held-out token ids), plot layer-wise compression / sparsity and the attention of the
     first ``attn_tokens`` tokens of the first block; decide the compression and sparsity claims
     (:mod:`~crate_transformer.analysis.verdicts`); writes ``report.json``, ``report.html``, ``layerwise.png`` and
-    ``attention_layer{ℓ}.png`` to ``out_dir`` and returns the report."""
+    ``attention_layer{ℓ}.png`` to ``out_dir`` and returns the report; ``report.html`` holds the explorer of the
+    first ``explorer_texts`` blocks (hover a token to see its attention, :mod:`.explorer`)."""
     from ._common import layer_index
     from .report import rate_notes
     from .verdicts import compression_verdict, sparsity_verdict
@@ -157,8 +166,7 @@ def analyze_text(
     table = measure_text(model, blocks, eps=eps, batch_size=batch_size)
     plot_layerwise({"held-out text": table}, out / "layerwise.png", metrics=("rc_in", "nonzero", "rate_reduction"))
     ids = blocks[0, :attn_tokens]
-    tok = getattr(model, "tokenizer", None)
-    tokens = tok.token_strings(ids.tolist()) if tok is not None else [str(i) for i in ids.tolist()]
+    tokens = _token_strings(model, ids)
     attn = []
     for layer in dict.fromkeys(attn_layers):
         ell = layer_index(model, layer) + 1
@@ -166,9 +174,12 @@ def analyze_text(
         plot_token_attention(token_attention(model, ids, layer), tokens, path, title=f"layer {ell} attention")
         attn.append((path.name, ell))
     c = model.config
+    shown = blocks[:explorer_texts, :attn_tokens]
+    explorer = text_payload(model, shown, [_token_strings(model, b) for b in shown])
     report = {
         "model": {"arch": c.arch, "causal": c.causal, "params": model.num_params()},
         "source": source or {},
+        "explorer": {"texts": len(shown), "layers": explorer["layers"]},
         "measure": {"held-out text": table.to_dict()},
         "figures": ["layerwise.png", *(f for f, _ in attn)],
         "verdicts": [v.to_dict() for v in (compression_verdict(table, LM), sparsity_verdict(table, LM))],
@@ -179,7 +190,7 @@ def analyze_text(
     }
     report = json.loads(json.dumps(report, default=float))
     write_json(out / "report.json", report)
-    (out / "report.html").write_text(lm_html(report))
+    (out / "report.html").write_text(lm_html(report, explorer))
     return report
 
 
@@ -202,10 +213,13 @@ def _lm_info(report: dict) -> str:
     )
 
 
-def lm_html(report: dict) -> str:
+def lm_html(report: dict, explorer: dict | None = None) -> str:
     """``report.html`` of a language model: verdicts, model, layer table, figures (PNGs beside the page)."""
     from .report import html_figures, html_layer_tables, html_verdicts, render_html
 
     page = {**report, "figures": report["captions"]}
-    sections = [html_verdicts, _lm_info, html_layer_tables, lambda r: html_figures(r, folder="")]
+    sections = [html_verdicts, _lm_info, html_layer_tables]
+    if explorer is not None:  # hover a token: its attention over the tokens (.explorer)
+        sections.append(lambda r: explorer_section(explorer))
+    sections.append(lambda r: html_figures(r, folder=""))
     return render_html(page, sections, title="CRATE white-box report: language model")

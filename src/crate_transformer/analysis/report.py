@@ -37,6 +37,7 @@ from ._common import (
 )
 from .attention import attention_entropy, cls_attention
 from .decoder import decoder_inversion, is_autoencoder
+from .explorer import explorer_section, image_payload
 from .measure import METRICS, LayerTable, measure
 from .plots import (
     plot_attention,
@@ -63,12 +64,14 @@ def _fmt(v: float) -> str:
 
 @dataclass
 class Part:
-    """What one report section produced: figures ``(file, title, caption)``, ``report.json`` entries, verdicts."""
+    """What one report section produced: figures ``(file, title, caption)``, ``report.json`` entries, verdicts,
+    notes, and ``page`` data that only ``report.html`` shows (the explorer's)."""
 
     figures: list[Figure3] = field(default_factory=list)
     json: dict = field(default_factory=dict)
     verdicts: list[Verdict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    page: dict = field(default_factory=dict)  # what only report.html uses (not written to report.json)
 
 
 @dataclass
@@ -258,6 +261,14 @@ def _segmentation_section(ctx: _Context, seg_li: int, n_masks: int, tau: float |
     return Part(figures, {"segmentation": seg})
 
 
+def _explorer_section(ctx: _Context, n_masks: int, tau: float | None) -> Part:
+    """The interactive explorer of the shown images (:mod:`.explorer`): every layer's attention per head, PCA
+    colours and MaskCut masks; its data goes into report.html only, report.json lists the layers it holds."""
+    payload = image_payload(ctx.model, ctx.vis_images, ctx.normalization, n_masks=n_masks, tau=tau)
+    summary = {"layers": payload["layers"], "images": len(payload["images"])}
+    return Part(json={"explorer": summary}, page={"explorer_payload": payload})
+
+
 def _subspace_section(ctx: _Context, directions: int | None) -> Part:
     model = ctx.model
     p_head = layer_subspaces(model.layers[0]).shape[-1]
@@ -360,6 +371,7 @@ def analyze(
         _pick_vis_images(ctx, vis_images, num_vis),
         _attention_section(ctx, attn_li),
         _segmentation_section(ctx, seg_li, n_masks, tau),
+        _explorer_section(ctx, n_masks, tau),
         _subspace_section(ctx, directions),
         _token_heatmap_section(ctx),
     ]
@@ -398,7 +410,8 @@ def _finish(report: dict, parts: Sequence[Part], out: Path, t0: float) -> dict:
     report["wall_time_s"] = round(time.perf_counter() - t0, 2)
     report["environment"] = {"python": platform.python_version(), "torch": torch.__version__}
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "report.html").write_text(render_html(report, HTML_SECTIONS))
+    page = {**report, **{k: v for p in parts for k, v in p.page.items()}}
+    (out / "report.html").write_text(render_html(page, HTML_SECTIONS))
     return report
 
 
@@ -483,6 +496,12 @@ def html_layer_tables(report: dict) -> str:
     return "\n".join(parts)
 
 
+def html_explorer(report: dict) -> str:
+    """The interactive explorer (:func:`.explorer.explorer_section`) when the page has its data."""
+    payload = report.get("explorer_payload")
+    return explorer_section(payload) if payload else ""
+
+
 def html_figures(report: dict, folder: str = "figures/") -> str:
     esc = html.escape
     parts = ["<h2>Figures</h2>"]
@@ -520,6 +539,7 @@ HTML_SECTIONS: list[HtmlSection] = [
     html_verdicts,
     html_info,
     html_layer_tables,
+    html_explorer,
     html_figures,
     html_subspaces,
     html_attention_entropy,

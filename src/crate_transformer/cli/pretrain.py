@@ -67,6 +67,7 @@ def run_pretrain(args: argparse.Namespace) -> int:
 def run_task(args: argparse.Namespace, name: str) -> int:
     """Train (or ``--resume``) the task ``name`` with the parsed flags: 0 on completion, 130 when interrupted."""
     from ..train import TrainConfig, train
+    from .train import finished
 
     cls = _task_class(name)
     options = given_options(args, TrainConfig)  # --config file (all keys) + engine flags
@@ -79,4 +80,4 @@ def run_task(args: argparse.Namespace, name: str) -> int:
     resume = getattr(args, "resume", None)
     base = None if resume else TrainConfig.from_dict({**cls.defaults, "task": name})
     result = train(base, resume=resume, overrides=options, expect_task=name)
-    return 130 if result["interrupted"] else 0
+    return finished(result)

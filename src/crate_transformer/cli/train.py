@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from ..base import POOLS
@@ -39,6 +40,16 @@ def configure_train(parser: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(parser, TrainConfig, "train")
 
 
+def finished(result: dict) -> int:
+    """Print the commands worth running after a finished run (``next: ...``, once: by the process of rank 0, as
+    torchrun numbers them) and return the exit code: 0 on completion, 130 when interrupted (checkpoint saved)."""
+    if result["interrupted"]:
+        return 130
+    if result.get("next") and os.environ.get("RANK", "0") == "0":
+        print(f"next: {result['next']}", flush=True)
+    return 0
+
+
 def run_train(args: argparse.Namespace) -> int:
     """``crate train``: 0 on completion, 130 when interrupted (checkpoint saved)."""
     from ..train import TrainConfig, train
@@ -46,7 +57,7 @@ def run_train(args: argparse.Namespace) -> int:
     resume = getattr(args, "resume", None)
     options = given_options(args, TrainConfig)
     result = train(None if resume else TrainConfig(), resume=resume, overrides=options, expect_task="classification")
-    return 130 if result["interrupted"] else 0
+    return finished(result)
 
 
 def configure_finetune(parser: argparse.ArgumentParser) -> None:
@@ -87,7 +98,7 @@ def run_finetune(args: argparse.Namespace) -> int:
         # the checkpoint defines the architecture; --model only names an official checkpoint's
         base = TrainConfig.from_dict({**FINETUNE_DEFAULTS, "init_from": args.init_from, "model": None})
         result = train(base, overrides=options, expect_task="classification")
-    return 130 if result["interrupted"] else 0
+    return finished(result)
 
 
 def configure_eval(parser: argparse.ArgumentParser) -> None:

@@ -9,7 +9,8 @@
 * :mod:`.config` — :class:`TrainConfig` (saved as ``config.yaml``), the fine-tuning recipe.
 * :mod:`.runtime` — device, distributed group, RNG state, mixed precision, interrupts.
 * :mod:`.rundir` — the locked run directory: metrics log, checksummed training state.
-* :mod:`.task` — the :class:`Task` interface; :mod:`.classification` — :class:`ClassificationTask`.
+* :mod:`.task` — the :class:`Task` interface (a new task is a module: see :func:`register_task`);
+  :mod:`.classification` — :class:`ClassificationTask`; :mod:`.images` — the image data of the image tasks.
 * :mod:`.loop` — :func:`train`, the loop.
 * :mod:`.evaluation` — accuracy, confusion matrix, curves.
 """
@@ -22,7 +23,7 @@ from .load import load_model
 from .loop import TrainState, WarmupCosine, train
 from .rundir import RunDir, load_training_state, read_metrics
 from .runtime import Runtime, resolve_device
-from .task import Hook, StepContext, Task
+from .task import Hook, RunSummary, StepContext, Task, TaskResult, register_task
 
 __all__ = [
     "TrainConfig",
@@ -32,6 +33,9 @@ __all__ = [
     "TrainState",
     "WarmupCosine",
     "Task",
+    "TaskResult",
+    "RunSummary",
+    "register_task",
     "ClassificationTask",
     "StepContext",
     "Hook",

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,33 +34,32 @@ from ..dino import (
     MultiCropAugmentation,
     cancel_gradients_last_layer,
     cosine_schedule,
+    ema_update,
     teacher_temperature,
 )
-from ..dino import ema_update as _ema_update
 from ..model import ImageClassifier
-from .classification import ClassificationTask
 from .config import TrainConfig
-from .evaluation import _pyplot, _save, prepare_batch
+from .evaluation import pyplot, save_figure
+from .images import ImageData, image_classifier
 from .rundir import read_metrics
-from .runtime import Runtime
-from .task import StepContext
+from .task import RunSummary, StepContext, Task, TaskResult
 
 __all__ = ["DINOTask", "EXPORT_KEY", "plot_dino_curves"]
 
 EXPORT_KEY = "export_model"  # task-state key: the weights of the model that ``model_config`` describes
 
 
-class DINOTask(ClassificationTask):
+class DINOTask(Task):
     """Self-supervised DINO pre-training of a registry backbone; evaluated by weighted k-NN on teacher features.
 
-    Data, normalisation, the backbone and its ``DataSpec`` are set up as for classification (labels are
-    used only by the k-NN / linear-probe evaluations, never for training).
+    Data, normalisation, the backbone and its ``DataSpec`` are set up as for classification
+    (:func:`~crate_transformer.train.images.image_classifier`); labels are used only by the k-NN /
+    linear-probe evaluations, never for training.
     """
 
     name = "dino"
     command = "pretrain dino"
     metric = "knn"
-    min_classes = 1  # labels are used only by the k-NN / linear-probe evaluations, skipped for one class
     Options = DINOConfig
     model_kind = "image classifier"
     # `crate pretrain dino` defaults: the digits recipe on 2 CPU cores (the paper's recipe: see PAPER in dino.py)
@@ -69,31 +68,26 @@ class DINOTask(ClassificationTask):
         batch_size=128, grad_clip=3.0, measure_every=0, eval_every=5, label_smoothing=0.0,
     )  # fmt: skip
 
-    def resume_command(self, cfg: TrainConfig) -> str:
-        return self.command
-
     # ------------------------------------------------------------------ setup
     def parse_options(self, cfg: TrainConfig) -> DINOConfig:
         """``cfg.task_args`` (the options given) on top of their ``preset`` (``digits`` by default)."""
         args = self.check_options(cfg.task_args)
         return DINOConfig.from_preset(str(args.pop("preset", "digits")), **args)
 
-    def setup(self, cfg: TrainConfig, rt: Runtime, state: dict | None) -> None:
+    def setup(self, state: dict | None) -> None:
+        cfg, rt = self.cfg, self.rt
         self.options = opts = self.parse_options(cfg)
-        super().setup(cfg, rt, state)  # data, normalisation, the backbone (with its DataSpec) on the device
-        backbone: ImageClassifier = self.model
+        load = functools.partial(ImageData, cfg, device=rt.device)
+        backbone, self.data = image_classifier(cfg, state, load)  # data, normalisation, the backbone (DataSpec)
+        self.train_data, self.eval_data, self.test_data = self.data.train, self.data.eval, self.data.test
+        self.image_size = self.data.image_size
+        backbone = backbone.to(rt.device)
         self.labelled = len(self.train_data.classes) >= 2
         if not self.labelled:
             rt.log(f"notice: {self.train_data.name} has a single class; DINO trains without labels, but its k-NN and "
                    "linear-probe evaluations need two or more classes and are skipped")  # fmt: skip
         backbone.config = dataclasses.replace(backbone.config, pool=opts.pool)  # the DINO feature, saved with it
-        head = DINOHead(
-            backbone.config.dim, opts.out_dim, hidden_dim=opts.hidden_dim, bottleneck_dim=opts.bottleneck_dim,
-            nlayers=opts.head_layers, use_bn=opts.use_bn_in_head, norm_last_layer=opts.norm_last_layer,
-        )  # fmt: skip
-        if opts.use_bn_in_head and rt.distributed and rt.device.type == "cuda":
-            head = nn.SyncBatchNorm.convert_sync_batchnorm(head)  # as DINO: batch statistics over all GPUs
-        self.student = DINOModel(backbone, head.to(rt.device), pool=opts.pool)
+        self.student = DINOModel(backbone, self._head(backbone.config.dim), pool=opts.pool)
         self.teacher = copy.deepcopy(self.student).requires_grad_(False)  # θ_t = θ_s at the start (DINO)
         self.model = self.student
         self.criterion = DINOLoss(
@@ -105,6 +99,17 @@ class DINOTask(ClassificationTask):
         self.multicrop = MultiCropAugmentation(
             opts, self.image_size, backbone.config.in_chans, multiple=backbone.config.patch_size
         ).to(rt.device)
+
+    def _head(self, dim: int) -> nn.Module:
+        """The student's DINO head on ``dim``-dimensional features (synchronised batch norm across GPUs)."""
+        opts, rt = self.options, self.rt
+        head = DINOHead(
+            dim, opts.out_dim, hidden_dim=opts.hidden_dim, bottleneck_dim=opts.bottleneck_dim,
+            nlayers=opts.head_layers, use_bn=opts.use_bn_in_head, norm_last_layer=opts.norm_last_layer,
+        )  # fmt: skip
+        if opts.use_bn_in_head and rt.distributed and rt.device.type == "cuda":
+            head = nn.SyncBatchNorm.convert_sync_batchnorm(head)  # as DINO: batch statistics over all GPUs
+        return head.to(rt.device)
 
     def before_optimizer_step(self, optimizer: torch.optim.Optimizer, step: int) -> None:
         """DINO's per-iteration settings of step ``step``: the weight decay of the regularized group (group 0,
@@ -118,9 +123,8 @@ class DINOTask(ClassificationTask):
     def prepare(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, ...]:
         """uint8 images → the multi-crop views, each normalised (labels are dropped)."""
         images, _ = batch
-        kw = dict(device=self.rt.device, channels=self.student.config.in_chans, mean=self.mean, std=self.std)
         views = zip(self.multicrop.views, self.multicrop.sizes)
-        return tuple(prepare_batch(images, image_size=size, augment=view, **kw) for view, size in views)
+        return tuple(self.data.inputs(images, view, image_size=size) for view, size in views)
 
     def teacher_temp(self, step: int) -> float:
         """τ_t of optimizer step ``step`` (0-based): DINO's per-epoch table at epoch ``step // steps_per_epoch``."""
@@ -157,7 +161,7 @@ class DINOTask(ClassificationTask):
         if ctx.step == 0:  # the engine's call before the first step
             return None
         m = self.momentum(ctx.step - 1)
-        _ema_update(self.teacher, self.student, m)
+        ema_update(self.teacher, self.student, m)
         self.step = ctx.step
         if ctx.step % self.cfg.log_every == 0 or ctx.step == self.total_steps:
             s = ctx.step - 1  # the values step s used
@@ -165,11 +169,8 @@ class DINOTask(ClassificationTask):
             return [dict(split="schedule", step=ctx.step, epoch=ctx.epoch, **sched)]
         return None
 
-    def hooks(self, cfg: TrainConfig) -> list:
+    def hooks(self) -> list:
         return [self._after_step]
-
-    def fixed_batch(self) -> None:
-        return None
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
@@ -194,11 +195,11 @@ class DINOTask(ClassificationTask):
         ds = {"train": self.train_data, "test": self.test_data}.get(split, self.eval_data)
         c = model.config
         return extract_features(
-            model, ds, mean=self.mean, std=self.std, image_size=self.image_size, channels=c.in_chans,
+            model, ds, mean=self.data.mean, std=self.data.std, image_size=self.image_size, channels=c.in_chans,
             pool=self.options.pool, batch_size=self.cfg.eval_batch_size, device=self.rt.device,
         )  # fmt: skip
 
-    def evaluate(self, split: str, **_: Any) -> dict[str, float]:
+    def evaluate(self, split: str) -> dict[str, float]:
         """Weighted k-NN (k = 20, T = 0.07) of the teacher's features: train split → ``split``."""
         from ..probe import knn_classify
 
@@ -209,13 +210,13 @@ class DINOTask(ClassificationTask):
         acc = knn_classify(tx, ty, ex, ey, k=20, temperature=0.07, num_classes=len(self.train_data.classes))
         return {"knn": float(acc)}
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> RunSummary:
         o, backbone = self.options, self.student.backbone
         views = f"2x{self.multicrop.sizes[0]}px" + (
             f" + {o.local_crops_number}x{self.multicrop.sizes[2]}px" if o.local_crops_number else ""
         )
         head = sum(p.numel() for p in self.student.head.parameters())
-        return {
+        facts = {
             "image_size": self.image_size,
             "train_images": len(self.train_data),
             "eval_split": self.cfg.eval_split,
@@ -224,30 +225,30 @@ class DINOTask(ClassificationTask):
             "head_parameters": head,
             "views": views,
             "dino": o.to_dict(),
-            "summary": (
-                f"DINO preset {o.preset}: {backbone.num_params():,} params, {backbone.config.arch}) + head {head:,} "
-                f"({o.out_dim} prototypes), pool {o.pool}, views {views}; {self.train_data.name}: "
-                f"{len(self.train_data)} train images (labels unused), {len(self.eval_data)} {self.cfg.eval_split}"
-            ),
         }
+        return RunSummary(
+            model=f"DINO preset {o.preset}: {backbone.num_params():,} params, {backbone.config.arch}",
+            data=f"+ head {head:,} ({o.out_dim} prototypes), pool {o.pool}, views {views}; {self.train_data.name}: "
+            f"{len(self.train_data)} train images (labels unused), {len(self.eval_data)} {self.cfg.eval_split}",
+            facts=facts,
+        )
 
-    def finish(self, run_dir: Path, rt: Runtime) -> dict[str, Any]:
+    def finish(self, run_dir: Path) -> TaskResult:
         """Save the teacher backbone as ``model/``; k-NN sweep and linear probe on the test split."""
         from ..probe import KNN_KS, knn_sweep, linear_probe
 
-        t0 = time.time()
         teacher = self.teacher.backbone
-        if rt.main:
+        if self.rt.main:
             teacher.save_pretrained(run_dir / "model")
         ex, ey = self._features(teacher, "test")
         std = float(nn.functional.normalize(ex.float(), dim=-1).std(dim=0).mean())
+        said = f"teacher features on the {len(ey)} test images:"
         if not self.labelled:
-            return {
-                "feature_std": std, "params": teacher.num_params(), "record": {"feature_std": std},
-                "message": f"teacher features on the {len(ey)} test images: feature std {std:.3f} "
-                "(k-NN and linear probe skipped: a single class)",
-                "eval_seconds": time.time() - t0,
-            }  # fmt: skip
+            return TaskResult(
+                record={"feature_std": std},
+                message=f"{said} feature std {std:.3f} (k-NN and linear probe skipped: a single class)",
+                numbers={"feature_std": std, "params": teacher.num_params()},
+            )
         tx, ty = self._features(teacher, "train")
         n_cls = len(self.train_data.classes)
         knn = knn_sweep(tx, ty, ex, ey, ks=KNN_KS, temperature=0.07, num_classes=n_cls)
@@ -255,19 +256,13 @@ class DINOTask(ClassificationTask):
         record = {f"knn_{k}": float(v) for k, v in knn.items()}
         record.update(knn=float(knn[20]), probe=float(probe.acc), feature_std=std)
         shown = ", ".join(f"k={k} {100 * v:.2f}%" for k, v in knn.items())
-        return {
-            "knn": {int(k): float(v) for k, v in knn.items()},
-            "probe": float(probe.acc),
-            "feature_std": std,
-            "params": teacher.num_params(),
-            "record": record,
-            "message": (
-                f"teacher features on the {len(ey)} test images: k-NN {shown}; linear probe "
-                f"{100 * probe.acc:.2f}%; feature std {std:.3f}"
-            ),
-            "next": f"crate eval --knn --linear-probe {run_dir}",
-            "eval_seconds": time.time() - t0,
-        }
+        knn_accs = {int(k): float(v) for k, v in knn.items()}
+        return TaskResult(
+            record=record,
+            message=f"{said} k-NN {shown}; linear probe {100 * probe.acc:.2f}%; feature std {std:.3f}",
+            numbers={"knn": knn_accs, "probe": float(probe.acc), "feature_std": std, "params": teacher.num_params()},
+            next=f"crate eval --knn --linear-probe {run_dir}",
+        )
 
     def figures(self, run_dir: Path, metrics_path: Path) -> None:
         plot_dino_curves(metrics_path, run_dir / "curves.png")
@@ -276,7 +271,7 @@ class DINOTask(ClassificationTask):
 def plot_dino_curves(metrics_path: str | os.PathLike, out_png: str | os.PathLike) -> Path:
     """Four panels against the step: DINO loss; teacher feature std and entropy (collapse monitors);
     k-NN accuracy of the teacher's features; learning rate, teacher momentum, weight decay and temperature."""
-    plt = _pyplot()
+    plt = pyplot()
     records = read_metrics(metrics_path)
     train_r = [r for r in records if r.get("split") == "train"]
     sched = [r for r in records if r.get("split") == "schedule"]
@@ -309,4 +304,4 @@ def plot_dino_curves(metrics_path: str | os.PathLike, out_png: str | os.PathLike
     for ax in (ax_loss, ax_std, ax_knn, ax_s):
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    return _save(fig, out_png)
+    return save_figure(fig, out_png)

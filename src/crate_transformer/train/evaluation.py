@@ -26,6 +26,8 @@ __all__ = [
     "plot_curves",
     "plot_confusion_matrix",
     "plot_knn",
+    "pyplot",
+    "save_figure",
 ]
 
 
@@ -138,7 +140,7 @@ def evaluate(
     )
 
 
-def _pyplot():  # noqa: ANN202
+def pyplot():  # noqa: ANN202
     import matplotlib
 
     matplotlib.use("Agg")
@@ -147,16 +149,16 @@ def _pyplot():  # noqa: ANN202
     return plt
 
 
-def _save(fig: object, out_png: str | os.PathLike) -> Path:
+def save_figure(fig: object, out_png: str | os.PathLike) -> Path:
     out_png = Path(out_png)
     atomic_write(out_png, lambda tmp: fig.savefig(tmp, dpi=90, format="png"))
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return out_png
 
 
 def plot_curves(metrics_path: str | os.PathLike, out_png: str | os.PathLike, metric: str = "acc") -> Path:
     """Loss, ``metric`` (accuracy by default; skipped if never recorded) and learning rate against the step."""
-    plt = _pyplot()
+    plt = pyplot()
     records = read_metrics(metrics_path)
     train_r = [r for r in records if r.get("split") == "train"]
     eval_splits = sorted({r["split"] for r in records if r.get("split") in ("val", "test")})
@@ -188,7 +190,7 @@ def plot_curves(metrics_path: str | os.PathLike, out_png: str | os.PathLike, met
         if accs and metric == "acc":
             ax_m.set_ylim(max(0, min(accs) - 5), 100.5)
     fig.tight_layout()
-    return _save(fig, out_png)
+    return save_figure(fig, out_png)
 
 
 def plot_confusion_matrix(
@@ -197,7 +199,7 @@ def plot_confusion_matrix(
     """Save a confusion matrix (rows: true class, columns: predicted; colour: row-normalised) as a PNG."""
     from sklearn.metrics import ConfusionMatrixDisplay
 
-    plt = _pyplot()
+    plt = pyplot()
     m = np.asarray(confusion, dtype=np.int64)
     n = len(classes)
     size = min(14.0, 3.0 + 0.4 * n)
@@ -210,12 +212,12 @@ def plot_confusion_matrix(
         ax.tick_params(axis="x", labelrotation=90)
     ax.set(xlabel="predicted", ylabel="true", title=title or "confusion matrix")
     fig.tight_layout()
-    return _save(fig, out_png)
+    return save_figure(fig, out_png)
 
 
 def plot_knn(accuracy: Mapping[int, float], out_png: str | os.PathLike, title: str = "") -> Path:
     """Save weighted k-NN top-1 accuracy against k (log axis) as a PNG."""
-    plt = _pyplot()
+    plt = pyplot()
     ks = sorted(accuracy)
     fig, ax = plt.subplots(figsize=(4.5, 3.2))
     ax.plot(ks, [100 * accuracy[k] for k in ks], "o-")
@@ -225,4 +227,4 @@ def plot_knn(accuracy: Mapping[int, float], out_png: str | os.PathLike, title: s
     ax.set(xscale="log", xlabel="k", ylabel="top-1 accuracy (%)", title=title or "weighted k-NN")
     ax.set_xticks(ks, [str(k) for k in ks])
     fig.tight_layout()
-    return _save(fig, out_png)
+    return save_figure(fig, out_png)

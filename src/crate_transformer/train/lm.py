@@ -8,7 +8,6 @@ mean cross-entropy per predicted token on the held-out tail of the corpus, and i
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,8 +23,7 @@ from ..registry import is_language_model, model_config
 from ..tokenizer import TOKENIZER_KINDS, Tokenizer
 from .config import TrainConfig
 from .evaluation import require_evaluated
-from .runtime import Runtime
-from .task import Task, task_option
+from .task import RunSummary, Task, TaskResult, task_option
 
 __all__ = ["LMTask", "LMOptions", "build_tokenizer"]
 
@@ -102,9 +100,7 @@ class LMTask(Task):
         "min_lr": 1e-4,
         "weight_decay": 0.1,
         "betas": [0.9, 0.95],
-        # one epoch of warm-up: with a quarter epoch, how long CRATE-GPT sat on the ~3.1 nats/byte plateau
-        # depended on the seed (held-out perplexity 8.9-10.3 over seeds 0-2; 8.6-8.8 with one epoch)
-        "warmup_epochs": 1.0,
+        "warmup_epochs": 1.0,  # a quarter epoch made the run depend on the seed (docs/results.md)
         "eval_batch_size": 64,
     }
 
@@ -118,33 +114,18 @@ class LMTask(Task):
                 "or add --tokenizer bpe"
             )
 
-    def setup(self, cfg: TrainConfig, rt: Runtime, state: dict | None) -> None:
-        self.cfg, self.rt = cfg, rt
+    def resolve(self, cfg: TrainConfig) -> dict[str, Any]:
+        """The default model of the objective (recorded in config.yaml) when ``--model`` is not given."""
+        return {} if cfg.model else {"model": DEFAULT_MODELS[self.parse_options(cfg).objective]}
+
+    def setup(self, state: dict | None) -> None:
+        cfg, rt = self.cfg, self.rt
         self.options = o = self.parse_options(cfg)
         source = cfg.data
         if source != "python-docs":
             corpus_files(source)  # a missing corpus is an error before any tokenizer training
             source = source if is_hub_corpus(source) else str(Path(source).expanduser().resolve())
-        if state is not None:
-            self.tokenizer = Tokenizer.from_str(state["task"]["tokenizer"])
-            config = LMConfig.from_dict(dict(state["model_config"]))
-            if o.tokenizer in TOKENIZER_KINDS and o.tokenizer != self.tokenizer.kind:
-                raise ValueError(
-                    f"this run was trained with the {self.tokenizer.kind} tokenizer, not {o.tokenizer}; drop "
-                    f"--tokenizer {o.tokenizer} to continue it, or start a new run"
-                )
-        else:
-            cfg.model = cfg.model or DEFAULT_MODELS[o.objective]  # recorded in config.yaml
-            if not is_language_model(cfg.model):
-                raise ValueError(
-                    f"{cfg.model} is an image model; pick a language model (crate models '*gpt*' / '*bert*')"
-                )
-            self.tokenizer = build_tokenizer(o.tokenizer, source, o.vocab_size)
-            overrides = {**cfg.model_args, "vocab_size": self.tokenizer.vocab_size, "tokenizer": self.tokenizer.kind}
-            config = model_config(cfg.model, **overrides)
-            if config.arch == "crate_bert" and "pad_token_id" not in cfg.model_args:
-                # the released CRATE-BERT's positions skip padding, which they recognise by its id
-                config = model_config(cfg.model, **overrides, pad_token_id=self.tokenizer.pad_id)
+        config = self._config(state, source)
         _check_objective(config, cfg.model or config.arch, o.objective)  # a resumed run as a new one
         model = build_lm(config)
         model.tokenizer = self.tokenizer
@@ -157,6 +138,30 @@ class LMTask(Task):
         end = min(len(tokens), cut + o.eval_blocks * block + 1) if o.eval_blocks else len(tokens)
         self.eval_data = TokenBlocks(tokens, block, cut, end, name, "held-out")
         self.special = torch.tensor(self.tokenizer.special_ids, device=rt.device)
+
+    def _config(self, state: dict | None, source: str) -> LMConfig:
+        """The tokenizer (``self.tokenizer``: the checkpoint's or one built for ``source``) and the model's config."""
+        cfg, o = self.cfg, self.options
+        if state is not None:
+            self.tokenizer = Tokenizer.from_str(state["task"]["tokenizer"])
+            if o.tokenizer in TOKENIZER_KINDS and o.tokenizer != self.tokenizer.kind:
+                raise ValueError(
+                    f"this run was trained with the {self.tokenizer.kind} tokenizer, not {o.tokenizer}; drop "
+                    f"--tokenizer {o.tokenizer} to continue it, or start a new run"
+                )
+            return LMConfig.from_dict(dict(state["model_config"]))
+        else:
+            if not is_language_model(cfg.model):
+                raise ValueError(
+                    f"{cfg.model} is an image model; pick a language model (crate models '*gpt*' / '*bert*')"
+                )
+            self.tokenizer = build_tokenizer(o.tokenizer, source, o.vocab_size)
+            overrides = {**cfg.model_args, "vocab_size": self.tokenizer.vocab_size, "tokenizer": self.tokenizer.kind}
+            config = model_config(cfg.model, **overrides)
+            if config.arch == "crate_bert" and "pad_token_id" not in cfg.model_args:
+                # the released CRATE-BERT's positions skip padding, which they recognise by its id
+                config = model_config(cfg.model, **overrides, pad_token_id=self.tokenizer.pad_id)
+            return config
 
     # ---------------------------------------------------------------- batches and loss
     def _split(self, blocks: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
@@ -211,10 +216,10 @@ class LMTask(Task):
         return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "acc": correct / n, "tokens": n}
 
     # ---------------------------------------------------------------- bookkeeping
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> RunSummary:
         c, o = self.model.config, self.options
         n = self.model.num_params()
-        return {
+        facts = {
             "objective": o.objective,
             "tokenizer": self.tokenizer.kind,
             "vocab_size": self.tokenizer.vocab_size,
@@ -222,41 +227,42 @@ class LMTask(Task):
             "heldout_tokens": self.eval_data.num_tokens,
             "context": c.block_size,
             "parameters": n,
-            "summary": (
-                f"{n:,} params, {c.arch} {o.objective}) on {self.train_data.name}: "
-                f"{self.train_data.num_tokens:,} train / "
-                f"{self.eval_data.num_tokens:,} held-out tokens, {self.tokenizer.kind} tokenizer (V={c.vocab_size}), "
-                f"context {c.block_size}"
-            ),
         }
+        return RunSummary(
+            model=f"{n:,} params, {c.arch} {o.objective}",
+            data=f"on {self.train_data.name}: {self.train_data.num_tokens:,} train / {self.eval_data.num_tokens:,} "
+            f"held-out tokens, {self.tokenizer.kind} tokenizer (V={c.vocab_size}), context {c.block_size}",
+            facts=facts,
+        )
 
     def state_dict(self) -> dict:
         return {"tokenizer": self.tokenizer.to_str()}
 
-    def finish(self, run_dir: Path, rt: Runtime) -> dict[str, Any]:
-        t0 = time.time()
+    def finish(self, run_dir: Path) -> TaskResult:
         m = self.evaluate("test")
         model: LanguageModel = self.model
-        sample = ""
-        if rt.main:
+        if self.rt.main:
             model.save_pretrained(run_dir / "model")
             if self.options.objective == "clm" and self.options.sample_tokens:
-                g = torch.Generator(device=rt.device).manual_seed(self.cfg.seed)
-                start = torch.tensor([[self.tokenizer.eos_id]], device=rt.device)
-                out = model.generate(start, self.options.sample_tokens, temperature=0.8, top_k=50, generator=g)
-                sample = self.tokenizer.decode(out[0, 1:].tolist(), skip_special_tokens=True)
-                (run_dir / "sample.txt").write_text(sample + "\n", encoding="utf-8")
-        return {
-            "heldout_loss": m["loss"],
-            "heldout_ppl": m["ppl"],
-            "heldout_acc": m["acc"],
-            "params": model.num_params(),
-            "record": m,
-            "eval_seconds": time.time() - t0,
-            "message": (
-                f"held-out loss {m['loss']:.4f} per token, perplexity {m['ppl']:.3f}, token accuracy "
-                f"{100 * m['acc']:.1f}% ({m['tokens']:,.0f} tokens), {model.num_params():,} params"
-            ),
-            "next": (f"crate generate {run_dir} --prompt 'def '    |    " if self.options.objective == "clm" else "")
-            + f"crate analyze {run_dir}",
-        }
+                (run_dir / "sample.txt").write_text(self.sample() + "\n", encoding="utf-8")
+        generate = f"crate generate {run_dir} --prompt 'def '    |    " if self.options.objective == "clm" else ""
+        return TaskResult(
+            record=m,
+            message=f"held-out loss {m['loss']:.4f} per token, perplexity {m['ppl']:.3f}, token accuracy "
+            f"{100 * m['acc']:.1f}% ({m['tokens']:,.0f} tokens), {model.num_params():,} params",
+            numbers={
+                "heldout_loss": m["loss"],
+                "heldout_ppl": m["ppl"],
+                "heldout_acc": m["acc"],
+                "params": model.num_params(),
+            },  # fmt: skip
+            next=generate + f"crate analyze {run_dir}",
+        )
+
+    def sample(self) -> str:
+        """``sample_tokens`` tokens generated from an end-of-text token (temperature 0.8, top-k 50, seeded)."""
+        rt = self.rt
+        g = torch.Generator(device=rt.device).manual_seed(self.cfg.seed)
+        start = torch.tensor([[self.tokenizer.eos_id]], device=rt.device)
+        out = self.model.generate(start, self.options.sample_tokens, temperature=0.8, top_k=50, generator=g)
+        return self.tokenizer.decode(out[0, 1:].tolist(), skip_special_tokens=True)

@@ -69,7 +69,8 @@ def train(
     hooks: Sequence[Hook] = (),
     expect_task: str | None = None,
 ) -> dict:
-    """Run (or, with ``resume=RUN_DIR``, continue) a training job; returns a summary of the final metrics.
+    """Run (or, with ``resume=RUN_DIR``, continue) a training job; returns a summary of the final metrics
+    (with ``next``: the commands worth running next, which ``crate`` prints).
 
     ``overrides`` update ``cfg`` (or, when resuming, the saved configuration — e.g. ``{"epochs": 60}``).
     The task is ``task`` or the one ``cfg.task`` names (a resumed run rebuilds its own); ``expect_task``
@@ -78,6 +79,40 @@ def train(
     model, and a ``model`` / ``model_args`` that differs from the checkpoint's architecture is refused.
     Writes ``<run_dir>/{config.yaml, metrics.jsonl, curves.png, checkpoints/last.pt, model/}``.
     """
+    cfg, task, state = _configure(cfg, resume, overrides, task, expect_task)
+    rt = Runtime.start(cfg.device, cfg.amp)
+    run, finished = None, False
+    try:
+        with ProcessSettings(cfg.threads, cfg.deterministic):
+            path = Path(resume) if resume is not None else Path(rt.broadcast(str(cfg.out or _default_dir(cfg))))
+            run = rt.on_main(lambda: RunDir.reopen(path) if resume is not None else RunDir.create(path))
+            result = _run(cfg, task, rt, run or RunDir(path, writer=False), state, hooks)
+        rt.barrier()  # leave together: a rank tearing down gloo early can abort its peers
+        finished = True
+        return result
+    except FloatingPointError as e:  # a diverged run: one line with the fixes, the last good checkpoint kept
+        kept = run is not None and (run.path / CHECKPOINT).is_file()
+        saved = f"the last good checkpoint is kept in {run.path / CHECKPOINT}" if kept else "no checkpoint was saved"
+        raise ValueError(f"{e}; {saved}; lower --lr, keep --grad-clip on (e.g. 1.0) or use --amp none") from None
+    finally:
+        if run is not None:
+            # a new run that failed before its first checkpoint leaves nothing behind that would refuse the
+            # corrected command on the same --out
+            if not finished and resume is None:
+                run.discard_unfinished()
+            run.close()
+        rt.close()
+
+
+def _configure(
+    cfg: TrainConfig | None,
+    resume: str | os.PathLike | None,
+    overrides: Mapping[str, Any] | None,
+    task: Task | None,
+    expect_task: str | None,
+) -> tuple[TrainConfig, Task, dict | None]:
+    """The run's configuration, its task (options checked) and the training state resumed, before anything is
+    written (see :func:`train`)."""
     state = saved = None
     overrides = dict(overrides or {})
     given_task_args = set(overrides.get("task_args") or {})
@@ -103,144 +138,178 @@ def train(
             f"{resume or 'this configuration'} is a {cfg.task} run, not {expect_task}; "
             f"use: crate {task.resume_command(cfg)}{where}"
         )
-    rt = Runtime.start(cfg.device, cfg.amp)
-    run, finished = None, False
-    try:
-        with ProcessSettings(cfg.threads, cfg.deterministic):
-            path = Path(resume) if resume is not None else Path(rt.broadcast(str(cfg.out or _default_dir(cfg))))
-            run = rt.on_main(lambda: RunDir.reopen(path) if resume is not None else RunDir.create(path))
-            result = _run(cfg, task, rt, run or RunDir(path, writer=False), state, hooks)
-        rt.barrier()  # leave together: a rank tearing down gloo early can abort its peers
-        finished = True
-        return result
-    except FloatingPointError as e:  # a diverged run: one line with the fixes, the last good checkpoint kept
-        kept = run is not None and (run.path / CHECKPOINT).is_file()
-        saved = f"the last good checkpoint is kept in {run.path / CHECKPOINT}" if kept else "no checkpoint was saved"
-        raise ValueError(f"{e}; {saved}; lower --lr, keep --grad-clip on (e.g. 1.0) or use --amp none") from None
-    finally:
-        if run is not None:
-            # a new run that failed before its first checkpoint leaves nothing behind that would refuse the
-            # corrected command on the same --out
-            if not finished and resume is None:
-                run.discard_unfinished()
-            run.close()
-        rt.close()
+    return cfg, task, state
 
 
 def _run(cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | None, hooks: Sequence[Hook]) -> dict:
-    t_start = time.time()
-    seed_everything(cfg.seed)  # identical initialisation on every process
-    task.setup(cfg, rt, state)
-    raw, n_train = task.model, len(task.train_data)
-    steps_per_epoch = _steps_per_epoch(cfg, task, rt)
-    total = steps_per_epoch * cfg.epochs
-    last = min(total, cfg.max_steps) if cfg.max_steps else total
-    opt = _Optimization(raw, cfg, steps_per_epoch, total, rt)
-    ts = TrainState()
-    if state is not None:
-        ts = _restore(state, task, opt, cfg, n_train)
-    seed_everything(cfg.seed + rt.rank)  # per-process augmentation / dropout streams
-    if state is not None and len(state["rng"]) == rt.world:
-        set_rng_state(state["rng"][rt.rank])
-    model = _wrap(raw, cfg, rt)
-    hooks = [*hooks, *task.hooks(cfg)]
-    fixed = task.fixed_batch() if hooks else None
-    model_cfg = raw.config.to_dict() if hasattr(raw, "config") else {}
-    _start_run(cfg, task, rt, run, model_cfg, steps_per_epoch, total, ts, resumed=state is not None)
-    epoch_of = lambda step: round(step / steps_per_epoch, 4)  # noqa: E731
+    """Set the task up, train it to the last step (or an interrupt) and finish: the body of :func:`train`."""
+    loop = _Loop(cfg, task, rt, run, state, hooks)
+    interrupted = loop.train()
+    return loop.interrupted() if interrupted else loop.finish()
 
-    def checkpoint(reason: str) -> None:
-        if not all(bool(torch.isfinite(p).all()) for p in raw.parameters()):  # never replace a good checkpoint
-            raise FloatingPointError(f"the weights became non-finite by step {ts.step} (lr {opt.lr:.3g})")
-        rngs = rt.gather(rng_state())
-        run.save_state({
-            "model_config": model_cfg, "model": {k: v.detach().cpu() for k, v in raw.state_dict().items()},
-            **opt.state_dict(), "rng": rngs, "step": ts.step, "epoch": ts.epoch, "reason": reason,
-            "data": {**asdict(ts), "seed": cfg.seed, "num_samples": n_train, "global_batch": cfg.batch_size},
-            "train_config": cfg.to_dict(), "task": task.state_dict(),
+
+class _Loop:
+    """One run of the loop: the task, the optimizer, the position (:class:`TrainState`) and the logging window.
+
+    :meth:`train` repeats :meth:`epoch` (each :meth:`step`, then :meth:`log`, the hooks and periodic
+    checkpoints) and :meth:`end_epoch` (evaluation and the epoch checkpoint) until the last step.
+    """
+
+    def __init__(
+        self, cfg: TrainConfig, task: Task, rt: Runtime, run: RunDir, state: dict | None, hooks: Sequence[Hook]
+    ) -> None:
+        self.t_start = time.time()
+        cfg = TrainConfig.from_dict(task.resolve(cfg), cfg)  # e.g. the LM's model for its objective
+        self.cfg, self.task, self.rt, self.run = cfg, task, rt, run
+        seed_everything(cfg.seed)  # identical initialisation on every process
+        task.start(cfg, rt, state)
+        self.raw, self.n_train = task.model, len(task.train_data)
+        self.steps_per_epoch = _steps_per_epoch(cfg, task, rt)
+        self.total = self.steps_per_epoch * cfg.epochs
+        self.last = min(self.total, cfg.max_steps) if cfg.max_steps else self.total
+        self.opt = _Optimization(self.raw, cfg, self.steps_per_epoch, self.total, rt)
+        self.ts = _restore(state, task, self.opt, cfg, self.n_train) if state is not None else TrainState()
+        seed_everything(cfg.seed + rt.rank)  # per-process augmentation / dropout streams
+        if state is not None and len(state["rng"]) == rt.world:
+            set_rng_state(state["rng"][rt.rank])
+        self.model = _wrap(self.raw, cfg, rt)
+        self.hooks = [*hooks, *task.hooks()]
+        self.fixed = task.fixed_batch() if self.hooks else None
+        self.model_cfg = self.raw.config.to_dict() if hasattr(self.raw, "config") else {}
+        _start_run(cfg, task, rt, run, self.model_cfg, self.steps_per_epoch, self.total, self.ts, state is not None)
+        self.window: dict[str, torch.Tensor] = {}
+        self.t_window = time.time()
+        self.watch = SlowdownWatch()  # step time without evaluation, hooks and checkpoints
+
+    def epoch_of(self, step: int) -> float:
+        return round(step / self.steps_per_epoch, 4)
+
+    def train(self) -> bool:
+        """Train to the last step; True when interrupted (every process stops at the same step)."""
+        self.bar = self.rt.progress(self.cfg.progress, total=self.total, initial=self.ts.step)
+        if self.hooks and self.ts.step == 0:
+            self.run_hooks()  # the untrained model: the "random init" curve of Fig. 15
+        self.model.train()
+        interrupted = False
+        with Interrupt() as self.stop:
+            while self.ts.step < self.last and not interrupted:
+                interrupted = self.epoch()
+                if interrupted or self.ts.batch < self.steps_per_epoch:
+                    break
+                self.end_epoch()
+        self.bar.close()
+        return interrupted
+
+    def epoch(self) -> bool:
+        """The rest of the current epoch, up to the last step; True when interrupted."""
+        cfg, ts, rt = self.cfg, self.ts, self.rt
+        where = dict(seed=cfg.seed, epoch=ts.epoch, start=ts.batch, rank=rt.rank, world=rt.world)
+        self.watch.step_started()
+        for batch in self.task.train_data.batches(cfg.batch_size, shuffle=True, **where):
+            self.step(batch)
+            self.watch.step_done()
+            ts.step, ts.batch = ts.step + 1, ts.batch + 1
+            self.bar.update(1)
+            if ts.step % cfg.log_every == 0 or ts.step == self.last:
+                self.log()
+            if self.hooks:
+                self.run_hooks()
+            if cfg.checkpoint_every and ts.step % cfg.checkpoint_every == 0:
+                self.checkpoint("periodic")
+            interrupted = rt.any(self.stop.flag)  # every process stops at the same step
+            self.watch.step_started()
+            if interrupted or ts.step >= self.last:
+                return interrupted
+        return False
+
+    def step(self, batch: Any) -> None:
+        """One optimizer step on a global batch: this process's share, in ``accum_steps`` chunks weighted to one
+        batch mean, each backward; the task's per-step settings; clipping and the step."""
+        task, rt, opt = self.task, self.rt, self.opt
+        chunks = task.chunks(task.prepare(batch), self.cfg.accum_steps)
+        weights = [task.weight(c) for c in chunks]
+        opt.zero_grad()
+        for i, chunk in enumerate(chunks):
+            sync = i == len(chunks) - 1 or not rt.distributed  # DDP all-reduces on the last chunk only
+            with nullcontext() if sync else self.model.no_sync(), rt.autocast():
+                loss, stats = task.loss(self.model, chunk)
+            opt.backward(loss * (weights[i] / sum(weights)))
+            self.window = {k: self.window[k] + v if k in self.window else v.double() for k, v in stats.items()}
+        task.before_optimizer_step(opt.optimizer, self.ts.step)
+        opt.step()
+
+    def log(self) -> None:
+        """Record the logging window's averages (one host sync) and show them in the progress bar."""
+        step, lr = self.ts.step, self.opt.lr
+        rec = _window_record(self.window, self.rt, time.time() - self.t_window, step, lr)
+        self.run.record("train", step, epoch=self.epoch_of(step), **rec, lr=lr, time=time.time() - self.t_start)
+        self.bar.set_postfix_str(_postfix(rec, self.task.metric, self.ts.epoch, self.cfg.epochs))
+        self.window, self.t_window = {}, time.time()
+        if (slow := self.watch.end_window()) and self.rt.main:
+            self.bar.write(slow)
+
+    def run_hooks(self) -> None:
+        ctx = StepContext(self.raw, self.ts.step, self.epoch_of(self.ts.step), self.fixed, self.run.path, self.rt.main)
+        for rec in (r for hook in self.hooks for r in (hook(ctx) or [])):
+            self.run.record(**rec)
+
+    def end_epoch(self) -> None:
+        """Count the epoch, evaluate when due (not after the last step: the final evaluation follows) and checkpoint."""
+        cfg, ts = self.cfg, self.ts
+        ts.epoch, ts.batch = ts.epoch + 1, 0
+        due = cfg.eval_every and ts.epoch % cfg.eval_every == 0 and ts.step < self.last
+        m = self.task.evaluate(cfg.eval_split) if due else {}
+        if m:  # {}: nothing to measure (DINO on a single class)
+            self.run.record(cfg.eval_split, ts.step, epoch=self.epoch_of(ts.step), **m, time=time.time() - self.t_start)
+            if self.rt.main:  # tqdm.write prints even from the disabled bars of the other ranks
+                self.bar.write(f"epoch {ts.epoch}: {cfg.eval_split} " + ", ".join(f"{k} {v:.4g}" for k, v in m.items()))
+        self.checkpoint("epoch")
+
+    def checkpoint(self, reason: str) -> None:
+        """Save everything a resume needs; refuse to overwrite a good checkpoint with non-finite weights."""
+        cfg, ts, raw = self.cfg, self.ts, self.raw
+        if not all(torch.isfinite(p).all() for p in raw.parameters()):  # never replace a good checkpoint
+            raise FloatingPointError(f"the weights became non-finite by step {ts.step} (lr {self.opt.lr:.3g})")
+        rngs = self.rt.gather(rng_state())
+        self.run.save_state({
+            "model_config": self.model_cfg, "model": {k: v.detach().cpu() for k, v in raw.state_dict().items()},
+            **self.opt.state_dict(), "rng": rngs, "step": ts.step, "epoch": ts.epoch, "reason": reason,
+            "data": {**asdict(ts), "seed": cfg.seed, "num_samples": self.n_train, "global_batch": cfg.batch_size},
+            "train_config": cfg.to_dict(), "task": self.task.state_dict(),
         })  # fmt: skip
 
-    def run_hooks() -> None:
-        ctx = StepContext(raw, ts.step, epoch_of(ts.step), fixed, run.path, rt.main)
-        for rec in (r for hook in hooks for r in (hook(ctx) or [])):
-            run.record(**rec)
-
-    bar = rt.progress(cfg.progress, total=total, initial=ts.step)
-    window: dict[str, torch.Tensor] = {}
-    t_window, interrupted = time.time(), False
-    watch = SlowdownWatch()  # step time without evaluation, hooks and checkpoints
-    if hooks and ts.step == 0:
-        run_hooks()  # the untrained model: the "random init" curve of Fig. 15
-    model.train()
-    with Interrupt() as stop:
-        while ts.step < last and not interrupted:
-            where = dict(seed=cfg.seed, epoch=ts.epoch, start=ts.batch, rank=rt.rank, world=rt.world)
-            watch.step_started()
-            for batch in task.train_data.batches(cfg.batch_size, shuffle=True, **where):
-                # this process's share of the global batch, in accum_steps chunks weighted to one batch mean
-                chunks = task.chunks(task.prepare(batch), cfg.accum_steps)
-                weights = [task.weight(c) for c in chunks]
-                opt.zero_grad()
-                for i, chunk in enumerate(chunks):
-                    sync = i == len(chunks) - 1 or not rt.distributed  # DDP all-reduces on the last chunk only
-                    with nullcontext() if sync else model.no_sync(), rt.autocast():
-                        loss, stats = task.loss(model, chunk)
-                    opt.backward(loss * (weights[i] / sum(weights)))
-                    window = {k: window[k] + v if k in window else v.double() for k, v in stats.items()}
-                task.before_optimizer_step(opt.optimizer, ts.step)
-                opt.step()
-                watch.step_done()
-                ts.step, ts.batch = ts.step + 1, ts.batch + 1
-                bar.update(1)
-                if ts.step % cfg.log_every == 0 or ts.step == last:
-                    rec = _window_record(window, rt, time.time() - t_window, ts.step, opt.lr)
-                    run.record("train", ts.step, epoch=epoch_of(ts.step), **rec, lr=opt.lr, time=time.time() - t_start)
-                    bar.set_postfix_str(_postfix(rec, task.metric, ts.epoch, cfg.epochs))
-                    window, t_window = {}, time.time()
-                    if (slow := watch.end_window()) and rt.main:
-                        bar.write(slow)
-                if hooks:
-                    run_hooks()
-                if cfg.checkpoint_every and ts.step % cfg.checkpoint_every == 0:
-                    checkpoint("periodic")
-                interrupted = rt.any(stop.flag)  # every process stops at the same step
-                watch.step_started()
-                if interrupted or ts.step >= last:
-                    break
-            if interrupted or ts.batch < steps_per_epoch:
-                break
-            ts.epoch, ts.batch = ts.epoch + 1, 0
-            due = cfg.eval_every and ts.epoch % cfg.eval_every == 0 and ts.step < last
-            m = task.evaluate(cfg.eval_split) if due else {}
-            if m:  # {}: nothing to measure (DINO on a single class)
-                run.record(cfg.eval_split, ts.step, epoch=epoch_of(ts.step), **m, time=time.time() - t_start)
-                if rt.main:  # tqdm.write prints even from the disabled bars of the other ranks
-                    bar.write(f"epoch {ts.epoch}: {cfg.eval_split} " + ", ".join(f"{k} {v:.4g}" for k, v in m.items()))
-            checkpoint("epoch")
-    bar.close()
-    if interrupted:
-        checkpoint("interrupted")
-        if rt.main:
-            task.figures(run.path, run.metrics_path)
-        rt.log(f"interrupted at step {ts.step}/{total}: checkpoint saved to {run.path / CHECKPOINT}\n"
-               f"continue with: crate {task.resume_command(cfg)} --resume {run.path}")  # fmt: skip
+    def interrupted(self) -> dict:
+        """Checkpoint an interrupted run and say how to continue it."""
+        self.checkpoint("interrupted")
+        run, ts = self.run, self.ts
+        if self.rt.main:
+            self.task.figures(run.path, run.metrics_path)
+        self.rt.log(f"interrupted at step {ts.step}/{self.total}: checkpoint saved to {run.path / CHECKPOINT}\n"
+                    f"continue with: crate {self.task.resume_command(self.cfg)} --resume {run.path}")  # fmt: skip
         return {"run_dir": str(run.path), "step": ts.step, "interrupted": True}
 
-    final = task.finish(run.path, rt)
-    run.record("test", ts.step, epoch=epoch_of(ts.step), **final.pop("record"), time=time.time() - t_start, final=True)
-    checkpoint("end")
-    elapsed = time.time() - t_start
-    if rt.main:
-        task.figures(run.path, run.metrics_path)
-        run.log_figures(ts.step)
-        print(
-            f"{final.pop('message')}, {elapsed:.0f} s, step {ts.step}\n"
-            f"run directory: {run.path}  (config.yaml, metrics.jsonl, curves.png, {CHECKPOINT}, model/)"
-            + (f"\nnext: {final['next']}" if final.get("next") else ""),
-            flush=True,
-        )
-    final.pop("message", None), final.pop("next", None)
-    return {"run_dir": str(run.path), "step": ts.step, "interrupted": False, **final, "seconds": elapsed}
+    def finish(self) -> dict:
+        """The task's final evaluation and artefacts, the last checkpoint, the figures and the report."""
+        run, ts = self.run, self.ts
+        t0 = time.time()
+        result = self.task.finish(run.path)
+        eval_seconds = time.time() - t0
+        run.record("test", ts.step, epoch=self.epoch_of(ts.step), **result.record, time=time.time() - self.t_start,
+                   final=True)  # fmt: skip
+        self.checkpoint("end")
+        elapsed = time.time() - self.t_start
+        if self.rt.main:
+            self.task.figures(run.path, run.metrics_path)
+            run.log_figures(ts.step)
+            print(
+                f"{result.message}, {elapsed:.0f} s, step {ts.step}\n"
+                f"run directory: {run.path}  (config.yaml, metrics.jsonl, curves.png, {CHECKPOINT}, model/)",
+                flush=True,
+            )
+        return {
+            "run_dir": str(run.path), "step": ts.step, "interrupted": False, **result.numbers,
+            "eval_seconds": eval_seconds, "next": result.next, "seconds": elapsed,
+        }  # fmt: skip
 
 
 # --------------------------------------------------------------------------- pieces of the loop
@@ -397,18 +466,18 @@ def _start_run(
 ) -> None:
     """Write config.yaml (with the derived sizes), start metrics.jsonl, and print what is about to run."""
     about = task.describe()
+    what = cfg.model or Path(str(cfg.init_from or "model")).name
+    line = f"{about.verb or task.name} {what} ({about.model}) {about.data}"
     derived = {"world_size": rt.world, "local_batch": cfg.batch_size // rt.world, "accum_steps": cfg.accum_steps}
-    derived.update(steps_per_epoch=steps, total_steps=total, **about)
+    derived.update(steps_per_epoch=steps, total_steps=total, **about.facts, summary=line)
     run.write_yaml(CONFIG_FILE, {**cfg.to_dict(), "model_config": model_cfg, "derived": derived})
     run.start_log(ts.step if resumed else None, cfg.tensorboard, cfg.logger, cfg.to_dict())
     procs = f" ({rt.world} processes)" if rt.distributed else ""
     accum = f", {cfg.accum_steps} accumulation steps" if cfg.accum_steps > 1 else ""
-    verb = ("fine-tuning" if cfg.init_from else "training") if task.name == "classification" else task.name
-    what = cfg.model or Path(str(cfg.init_from or "model")).name
-    summary = f"{about['summary']}, " if about.get("summary") else ""
+    threads = torch.get_num_threads()
     rt.log(
-        f"{verb} {what} ({summary}{cfg.epochs} epochs x {steps} steps, batch {cfg.batch_size}{procs}{accum}, "
-        f"device {rt.device}, {torch.get_num_threads()} CPU thread" + ("s" if torch.get_num_threads() > 1 else "")
+        f"{line}, {cfg.epochs} epochs x {steps} steps, batch {cfg.batch_size}{procs}{accum}, "
+        f"device {rt.device}, {threads} CPU thread" + ("s" if threads > 1 else "")
         + (f", resuming at step {ts.step}" if resumed else "") + f"\nrun directory: {run.path}"
     )  # fmt: skip
 

@@ -19,7 +19,6 @@ The held-out loss is measured with a fixed mask per image (seeded), so epochs ar
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,17 +29,16 @@ from torch import Tensor, nn
 from ..base import POOLS
 from ..checkpoint import config_from_dict
 from ..config_utils import Range, check_ranges
-from ..data import BUILTIN_DATASETS, DataSpec, ImageSource, build_augmentation, canonical_source, fit_normalization
+from ..data import BUILTIN_DATASETS, ImageSource
 from ..data.base import rank_slice
 from ..io import atomic_write
 from ..mae import CRATEMAE, MAEConfig
 from ..registry import model_config
-from .classification import load_splits
-from .config import TrainConfig
 from .evaluation import prepare_batch, require_evaluated
+from .images import ImageData
 from .load import load_model
 from .runtime import Runtime
-from .task import Task, task_option
+from .task import RunSummary, Task, TaskResult, task_option
 
 __all__ = ["MAETask", "MAEOptions", "masked_eval"]
 
@@ -124,10 +122,15 @@ def _per_image_losses(model: CRATEMAE, x: Tensor, pred: Tensor, mask: Tensor) ->
     return masked, visible
 
 
-def _recognition_text(rec: dict[str, Any], fmt: str) -> str:
-    pct = lambda key: format(100 * rec[key], fmt) + "%"  # noqa: E731
-    return (f"{pct('reconstruction')} of {rec['images']:,} held-out reconstructions (originals {pct('original')}, "
-            f"the mean image in the masked patches {pct('mean_fill')})")  # fmt: skip
+def recognition_text(rec: dict[str, Any], fmt: str) -> str:
+    """How recognisable the reconstructions are, in words (``fmt``: the format of the percentages)."""
+    pct = {key: format(100 * rec[key], fmt) + "%" for key in ("reconstruction", "original", "mean_fill")}
+    return (f"{pct['reconstruction']} of {rec['images']:,} held-out reconstructions (originals {pct['original']}, "
+            f"the mean image in the masked patches {pct['mean_fill']})")  # fmt: skip
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(obj, indent=1)))
 
 
 def _unwrap(model: nn.Module) -> CRATEMAE:
@@ -140,17 +143,49 @@ class MAETask(Task):
     name = "mae"
     metric = "visible_loss"
     command = "pretrain mae"
-    # The digits default (≤ 5 min on 2 CPU cores), chosen by measurement (docs/mae.md).  AdamW (0.9, 0.95) as MAE.
-    # The model is under-trained at this budget: small batches (5,000 steps of 32 beat 1,860 of 128) and a
-    # high learning rate (after 2,500 steps: lr 1e-3 0.591, 2e-3 0.567, 4e-3 0.556, 8e-3 0.666).
+    # The digits default (≤ 5 min on 2 CPU cores), chosen by measurement (docs/results.md).  AdamW (0.9, 0.95)
+    # as MAE; small batches and a high learning rate because the model is under-trained at this budget.
     defaults = {"model": "crate_mae_mnist", "lr": 4e-3, "min_lr": 1e-5, "weight_decay": 0.05, "epochs": 40,
                 "warmup_epochs": 2.0, "batch_size": 32, "betas": [0.9, 0.95], "eval_every": 4}  # fmt: skip
     Options = MAEOptions
     model_kind = "CRATE-MAE"
 
-    def setup(self, cfg: TrainConfig, rt: Runtime, state: dict | None) -> None:
-        self.cfg, self.rt = cfg, rt
+    def setup(self, state: dict | None) -> None:
+        cfg = self.cfg
         self.options: MAEOptions = self.parse_options(cfg)
+        config, image_size, init = self._config(state)
+        self.data = ImageData(cfg, image_size, self.rt.device)
+        self.train_data, self.eval_data, self.test_data = self.data.train, self.data.eval, self.data.test
+        self.image_size = self.data.image_size
+        if self.options.probe and len(self.train_data.classes) < 2:  # checked before training, not after it
+            raise ValueError(
+                f"{self.train_data.name} has a single class; the final linear probe needs two or more "
+                "(one folder per class): pass --no-probe to pre-train without it"
+            )
+        if state is None:
+            fields = config.to_dict()
+            if cfg.init_from is None:
+                fields["in_chans"] = self.train_data.channels if "in_chans" not in cfg.model_args else config.in_chans
+            fields.update(image_size=image_size)
+            if self.options.mask_ratio is not None:
+                fields["mask_ratio"] = self.options.mask_ratio
+            config = MAEConfig.from_dict(fields)
+        model = CRATEMAE(config)
+        if init is not None:
+            model.load_state_dict(init.state_dict())
+        self.data.fit(model)
+        self.mean, self.std = self.data.mean, self.data.std
+        self.model = model.to(self.rt.device)
+        kind = self.options.augmentation
+        if kind == "auto":
+            kind = "none" if self.train_data.name in BUILTIN_DATASETS else "crop-flip"  # short runs: no augmentation
+        self.augment_kind = kind
+        self.augment = self.data.augmentation(kind, min_crop_scale=0.2)
+
+    def _config(self, state: dict | None) -> tuple[MAEConfig, int, CRATEMAE | None]:
+        """The CRATE-MAE's configuration and the run's image size: the checkpoint's (resuming), those of the
+        CRATE-MAE continued (``--init-from``, also returned) or ``--model``'s."""
+        cfg, init = self.cfg, None
         if state is not None:  # resuming: the checkpoint holds the exact architecture (weights loaded by the engine)
             config = config_from_dict(dict(state["model_config"]))
             image_size = config.image_size
@@ -168,54 +203,10 @@ class MAETask(Task):
             raise ValueError(
                 f"{cfg.model!r} is not a CRATE-MAE; pass --model crate_mae_mnist (or crate_mae_small, ...)"
             )
-        self.image_size = image_size
-        self.train_data, self.eval_data, self.test_data = load_splits(cfg, image_size)
-        if self.options.probe and len(self.train_data.classes) < 2:  # checked before training, not after it
-            raise ValueError(
-                f"{self.train_data.name} has a single class; the final linear probe needs two or more "
-                "(one folder per class): pass --no-probe to pre-train without it"
-            )
-        if state is None:
-            fields = config.to_dict()
-            if cfg.init_from is None:
-                fields["in_chans"] = self.train_data.channels if "in_chans" not in cfg.model_args else config.in_chans
-            fields.update(image_size=image_size)
-            if self.options.mask_ratio is not None:
-                fields["mask_ratio"] = self.options.mask_ratio
-            config = MAEConfig.from_dict(fields)
-        model = CRATEMAE(config)
-        if state is None and cfg.init_from is not None:
-            model.load_state_dict(init.state_dict())
-        norm = fit_normalization(self.train_data.mean, self.train_data.std, config.in_chans)
-        if norm is None:
-            raise ValueError(
-                f"cannot use {self.train_data.channels}-channel data with a {config.in_chans}-channel model"
-            )
-        self.mean, self.std = norm
-        data = canonical_source(cfg.data)
-        model.config.data = DataSpec(
-            source=data, kind=getattr(self.train_data, "kind", ""), name=self.train_data.name,
-            classes=self.train_data.classes, mean=self.mean, std=self.std,
-        )  # fmt: skip
-        self.model = model.to(rt.device)
-        kind = self.options.augmentation
-        if kind == "auto":
-            kind = "none" if self.train_data.name in BUILTIN_DATASETS else "crop-flip"  # short runs: no augmentation
-        self.augment_kind = kind
-        native = getattr(self.train_data, "image_size", None) or image_size
-        self.augment = build_augmentation(
-            kind, image_size, translate=round(cfg.translate * native), input_size=native,
-            crop_scale=(max(cfg.crop_scale, 0.2), 1.0), hflip=cfg.hflip,
-        ).to(rt.device)  # fmt: skip
-
-    def _inputs(self, images: Tensor, augment: nn.Module | None = None) -> Tensor:
-        return prepare_batch(
-            images, device=self.rt.device, image_size=self.image_size, channels=self.model.config.in_chans,
-            mean=self.mean, std=self.std, augment=augment,
-        )  # fmt: skip
+        return config, image_size, init
 
     def prepare(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor]:
-        return (self._inputs(batch[0], self.augment),)
+        return (self.data.inputs(batch[0], self.augment),)
 
     def loss(self, model: nn.Module, batch: tuple[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         (x,) = batch
@@ -233,52 +224,57 @@ class MAETask(Task):
             batch_size=self.cfg.eval_batch_size, seed=self.cfg.seed, runtime=self.rt,
         )  # fmt: skip
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> RunSummary:
         c, m = self.model.config, self.model
-        n = c.grid**2
-        return {
+        facts = {
             "augment": self.augment_kind,
             "image_size": self.image_size,
             "mask_ratio": c.mask_ratio,
             "train_images": len(self.train_data),
             "eval_images": len(self.eval_data),
             "parameters": m.num_params(),
-            "summary": (
-                f"CRATE-MAE, {m.num_params():,} params, L={c.depth} d={c.dim} K={c.heads}, {n} patches, "
-                f"{100 * c.mask_ratio:.0f}% masked{' (visible-only encoder)' if c.visible_only else ''}) on "
-                f"{self.train_data.name}: {len(self.train_data)} train / {len(self.eval_data)} held-out images, "
-                f"{self.image_size}px, augment={self.augment_kind}"
-            ),
         }
+        return RunSummary(
+            model=f"CRATE-MAE, {m.num_params():,} params, L={c.depth} d={c.dim} K={c.heads}, {c.grid**2} patches, "
+            f"{100 * c.mask_ratio:.0f}% masked{' (visible-only encoder)' if c.visible_only else ''}",
+            data=f"on {self.train_data.name}: {len(self.train_data)} train / {len(self.eval_data)} held-out images, "
+            f"{self.image_size}px, augment={self.augment_kind}",
+            facts=facts,
+        )
 
-    def finish(self, run_dir: Path, rt: Runtime) -> dict[str, Any]:
-        t0 = time.time()
+    def finish(self, run_dir: Path) -> TaskResult:
         metrics = self.evaluate("test")
-        out: dict[str, Any] = {"test_loss": metrics["loss"], "test_visible_loss": metrics["visible_loss"],
-                               "params": self.model.num_params(), "record": metrics}  # fmt: skip
+        numbers: dict[str, Any] = {"test_loss": metrics["loss"], "test_visible_loss": metrics["visible_loss"],
+                                   "params": self.model.num_params()}  # fmt: skip
         msg = f"held-out masked-patch loss {metrics['loss']:.4f} (visible patches {metrics['visible_loss']:.4f})"
-        if rt.main:
-            self.model.save_pretrained(run_dir / "model")
-            rec = None
-            if self.options.recognition:
-                rec = self.recognition()
-                atomic_write(run_dir / "recognition.json", lambda tmp: Path(tmp).write_text(json.dumps(rec, indent=1)))
-                out["recognition"] = rec
-                msg += "; a raw-pixel k-NN recognises " + _recognition_text(rec, ".1f")
-            self.reconstruction_figure(run_dir / "reconstruction.png", recognition=rec)
-            if self.options.probe:
-                probe = self.probe()
-                atomic_write(run_dir / "probe.json", lambda tmp: Path(tmp).write_text(json.dumps(probe, indent=1)))
-                out["probe_acc"], out["probe_random_acc"] = probe["encoder"]["acc"], probe["random_init"]["acc"]
-                msg += (f"; linear probe {100 * out['probe_acc']:.2f}% (random-init encoder "
-                        f"{100 * out['probe_random_acc']:.2f}%)")  # fmt: skip
-        rt.barrier()
-        out.update(
+        if self.rt.main:
+            msg += self._artefacts(run_dir, numbers)
+        self.rt.barrier()
+        return TaskResult(
+            record=metrics,
             message=msg + f", {self.model.num_params():,} params",
-            eval_seconds=time.time() - t0,
+            numbers=numbers,
             next=f"crate finetune --from {run_dir} --data {self.cfg.data}    |    crate analyze {run_dir}",
         )
-        return out
+
+    def _artefacts(self, run_dir: Path, numbers: dict[str, Any]) -> str:
+        """Write ``model/``, recognition.json, reconstruction.png and probe.json; their results go into
+        ``numbers``, and the words reporting them are returned."""
+        self.model.save_pretrained(run_dir / "model")
+        rec, msg = None, ""
+        if self.options.recognition:
+            rec = self.recognition()
+            _write_json(run_dir / "recognition.json", rec)
+            numbers["recognition"] = rec
+            msg += "; a raw-pixel k-NN recognises " + recognition_text(rec, ".1f")
+        self.reconstruction_figure(run_dir / "reconstruction.png", recognition=rec)
+        if self.options.probe:
+            probe = self.probe()
+            _write_json(run_dir / "probe.json", probe)
+            numbers["probe_acc"], numbers["probe_random_acc"] = probe["encoder"]["acc"], probe["random_init"]["acc"]
+            msg += (f"; linear probe {100 * numbers['probe_acc']:.2f}% (random-init encoder "
+                    f"{100 * numbers['probe_random_acc']:.2f}%)")  # fmt: skip
+        return msg
 
     # ---------------------------------------------------------------- artefacts
     @torch.no_grad()
@@ -292,7 +288,7 @@ class MAETask(Task):
             images = data.images[torch.linspace(0, len(data) - 1, k).round().long()]
         else:
             images = next(iter(data.batches(k, shuffle=False)))[0]
-        x = self._inputs(images)
+        x = self.data.inputs(images)
         n = (self.image_size // self.model.config.patch_size) ** 2
         noise = torch.rand(len(x), n, generator=torch.Generator().manual_seed(self.cfg.seed)).to(x.device)
         was = self.model.training
@@ -307,7 +303,7 @@ class MAETask(Task):
         title = (f"CRATE-MAE on held-out {self.test_data.name} ({100 * c.mask_ratio:.0f}% of {n} patches masked; "
                  "masked-patch MSE under each)")  # fmt: skip
         if recognition is not None:
-            title += f"\na raw-pixel k-NN recognises {_recognition_text(recognition, '.0f')}"
+            title += f"\na raw-pixel k-NN recognises {recognition_text(recognition, '.0f')}"
         plot_reconstructions(orig.cpu(), masked.cpu(), recon.cpu(), path, title=title, losses=losses.tolist())
         return path
 
@@ -322,7 +318,8 @@ class MAETask(Task):
         (train_x, train_y), (test_x, test_y) = (
             data.first(k) for data, k in ((self.train_data, train_images), (self.test_data, test_images))
         )
-        result = reconstruction_recognition(self.model, self._inputs(train_x), train_y, self._inputs(test_x), test_y,
+        inputs = self.data.inputs
+        result = reconstruction_recognition(self.model, inputs(train_x), train_y, inputs(test_x), test_y,
                                             mean=self.mean, std=self.std, seed=self.cfg.seed)  # fmt: skip
         return {**result, "mask_ratio": self.model.config.mask_ratio, "train_images": len(train_x)}
 

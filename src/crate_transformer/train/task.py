@@ -23,7 +23,17 @@ from .config import TrainConfig
 from .evaluation import plot_curves
 from .runtime import Runtime
 
-__all__ = ["Task", "StepContext", "Hook", "TASKS", "register_task", "make_task", "task_option"]
+__all__ = [
+    "Task",
+    "TaskResult",
+    "RunSummary",
+    "StepContext",
+    "Hook",
+    "TASKS",
+    "register_task",
+    "make_task",
+    "task_option",
+]
 
 # name → "module:Class"; ``TrainConfig.task`` names one, so a resumed run rebuilds its own task.
 TASKS: dict[str, str] = {
@@ -96,12 +106,37 @@ class StepContext:
 Hook = Callable[[StepContext], "list[dict] | None"]
 
 
+@dataclass
+class RunSummary:
+    """What a task tells the engine about the run it set up; the engine prints the start line from it.
+
+    The line reads ``{verb} {model name} ({model}) {data}, {epochs} epochs x {steps} steps, ...``, e.g.
+    ``training crate_mnist (309,356 params, crate) on mnist: 4000 train / 1000 test images, ...``.
+    """
+
+    model: str  # inside the parentheses: size and family of the model
+    data: str  # after them: the data (and anything else the task trains beside the model)
+    facts: dict[str, Any] = field(default_factory=dict)  # derived numbers recorded in config.yaml
+    verb: str = ""  # how the line starts ("" = the task's name)
+
+
+@dataclass
+class TaskResult:
+    """What :meth:`Task.finish` returns: the final record, the report line and the numbers ``train()`` returns."""
+
+    record: dict[str, float]  # appended to metrics.jsonl as the final "test" record
+    message: str  # the report line (the engine adds the time, the step and the run directory)
+    numbers: dict[str, Any] = field(default_factory=dict)  # returned by train() (test_acc, params, ...)
+    next: str = ""  # commands worth running next; the CLI prints them as "next: ..."
+
+
 class Task:
     """One training objective.  Subclasses implement the methods that raise ``NotImplementedError``.
 
-    After :meth:`setup`, ``model`` is the (unwrapped) model on the device and ``train_data`` has
-    ``steps_per_epoch(batch_size)`` and ``batches(batch_size, epoch=, start=, seed=, rank=, world=)``
-    (see :class:`~crate_transformer.data.ImageSource`).
+    The engine calls :meth:`start`, which keeps the run's configuration and runtime as ``self.cfg`` and
+    ``self.rt`` and calls :meth:`setup`.  After it, ``model`` is the (unwrapped) model on the device and
+    ``train_data`` has ``steps_per_epoch(batch_size)`` and ``batches(batch_size, epoch=, start=, seed=, rank=,
+    world=)`` (see :class:`~crate_transformer.data.ImageSource`).
     """
 
     name = "task"
@@ -112,6 +147,8 @@ class Task:
     model_kind: ClassVar[str | None] = None  # the kind of registered model it trains (see model_kind), None: any
     model: nn.Module
     train_data: Any
+    cfg: TrainConfig
+    rt: Runtime
 
     def parse_options(self, cfg: TrainConfig) -> Any:
         """``cfg.task_args`` as an ``Options`` instance (None for a task without options)."""
@@ -163,7 +200,17 @@ class Task:
         """The command that continues an interrupted run of this task (printed with ``--resume RUN``)."""
         return self.command
 
-    def setup(self, cfg: TrainConfig, rt: Runtime, state: dict | None) -> None:
+    def resolve(self, cfg: TrainConfig) -> dict[str, Any]:
+        """``TrainConfig`` values this task derives from the others (e.g. the LM's default model for its
+        objective); the engine applies them before :meth:`start`, so config.yaml records them."""
+        return {}
+
+    def start(self, cfg: TrainConfig, rt: Runtime, state: dict | None) -> None:
+        """Keep ``cfg`` and ``rt`` on the task and :meth:`setup` it (what the engine calls)."""
+        self.cfg, self.rt = cfg, rt
+        self.setup(state)
+
+    def setup(self, state: dict | None) -> None:
         """Load the data and build the model (``state``: the training state being resumed, or None)."""
         raise NotImplementedError
 
@@ -201,16 +248,18 @@ class Task:
         matrices, group 1 the rest; e.g. DINO's weight-decay schedule).
         """
 
-    def hooks(self, cfg: TrainConfig) -> list[Hook]:
+    def hooks(self) -> list[Hook]:
+        """Per-step hooks of this task (see :class:`StepContext`)."""
         return []
 
     def fixed_batch(self) -> Any:
         """A fixed model-ready batch the per-step hooks measure on (None: no hooks)."""
         return None
 
-    def describe(self) -> dict[str, Any]:
-        """Derived facts recorded in config.yaml and printed at the start (sizes, augmentation, ...)."""
-        return {}
+    def describe(self) -> RunSummary:
+        """The model and data of the run: printed at the start, its ``facts`` recorded in config.yaml."""
+        n = sum(p.numel() for p in self.model.parameters())
+        return RunSummary(f"{n:,} params", f"on {getattr(self.train_data, 'name', 'data')}")
 
     def state_dict(self) -> dict:
         """Task state beyond the model's weights that a resume needs (e.g. an EMA teacher)."""
@@ -219,8 +268,8 @@ class Task:
     def load_state_dict(self, state: dict) -> None:
         pass
 
-    def finish(self, run_dir: Path, rt: Runtime) -> dict[str, Any]:
-        """The final evaluation and artefacts (``model/`` and figures); returns the summary numbers."""
+    def finish(self, run_dir: Path) -> TaskResult:
+        """The final evaluation and artefacts (``model/`` and figures)."""
         raise NotImplementedError
 
     def figures(self, run_dir: Path, metrics_path: Path) -> None:

@@ -8,7 +8,6 @@ accuracy, F1 of the positive class (two classes, MRPC / QQP) and Spearman's rank
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,11 +19,9 @@ from torch import Tensor, nn
 from ..data.text import LabelledTexts, eval_split_of, read_labelled
 from ..lm import LanguageModel, LMConfig, build_lm
 from ..tokenizer import Tokenizer
-from .config import TrainConfig
 from .evaluation import require_evaluated
 from .load import load_model
-from .runtime import Runtime
-from .task import Task, task_option
+from .task import RunSummary, Task, TaskResult, task_option
 
 __all__ = ["TextClassificationTask", "TextOptions", "text_metrics"]
 
@@ -87,8 +84,8 @@ class TextClassificationTask(Task):
         "eval_batch_size": 128,
     }
 
-    def setup(self, cfg: TrainConfig, rt: Runtime, state: dict | None) -> None:
-        self.cfg, self.rt = cfg, rt
+    def setup(self, state: dict | None) -> None:
+        cfg, rt = self.cfg, self.rt
         self.options = o = self.parse_options(cfg)
         if not cfg.data:
             raise ValueError("crate finetune-text needs --data TABLE (a CSV or TSV with a text and a label column)")
@@ -190,33 +187,30 @@ class TextClassificationTask(Task):
         require_evaluated(len(target), "rows", self.eval_data)
         return {"loss": sum(p[2] for p in parts) / len(target), **text_metrics(pred, target, self.regression)}
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> RunSummary:
         kind = "regression" if self.regression else f"{len(self.classes)} classes"
-        return {
+        facts = {
             "labels": kind,
             "text_columns": list(self.columns[0]),
             "label_column": self.columns[1],
             "train_rows": len(self.train_data),
             "eval_rows": len(self.eval_data),
-            "summary": f"{self.model.num_params():,} params, {self.model.config.arch}) on {self.train_data.name}: "
-            f"{len(self.train_data)} train / {len(self.eval_data)} eval rows, {kind}",
         }
+        return RunSummary(
+            model=f"{self.model.num_params():,} params, {self.model.config.arch}",
+            data=f"on {self.train_data.name}: {len(self.train_data)} train / {len(self.eval_data)} eval rows, {kind}",
+            facts=facts,
+        )
 
     def state_dict(self) -> dict:
         return {"tokenizer": self.tokenizer.to_str(), "regression": self.regression, "classes": self.classes}
 
-    def finish(self, run_dir: Path, rt: Runtime) -> dict[str, Any]:
-        t0 = time.time()
+    def finish(self, run_dir: Path) -> TaskResult:
         m = self.evaluate("test")
-        if rt.main:
+        if self.rt.main:
             self.model.save_pretrained(run_dir / "model")
         shown = ", ".join(f"{k} {v:.4f}" for k, v in m.items() if k != "loss")
-        return {
-            **m,
-            "record": m,
-            "eval_seconds": time.time() - t0,
-            "message": f"{self.eval_data.split} {shown} ({len(self.eval_data)} rows)",
-        }
+        return TaskResult(record=m, message=f"{self.eval_data.split} {shown} ({len(self.eval_data)} rows)", numbers=m)
 
 
 def _is_number(v: str) -> bool:
