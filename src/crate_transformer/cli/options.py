@@ -26,13 +26,20 @@ __all__ = [
 ALL = "*"  # every option of the group, including any added later
 _MODEL = ("model", "model_args")
 _IMAGE_DATA = ("data", "data_mode", "workers", "image_size", "val_fraction", "train_subset", "on_bad_image")
-_OPTIM = ("optimizer", "lr", "min_lr", "weight_decay", "betas", "batch_size", "accum_steps", "epochs",
+_OPTIM = ("optimizer", "momentum", "lr", "min_lr", "weight_decay", "betas", "batch_size", "accum_steps", "epochs",
           "warmup_epochs", "grad_clip", "max_steps")  # fmt: skip
 _LOGGING = ("out", "checkpoint_every", "log_every", "eval_every", "eval_batch_size", "logger", "tensorboard",
             "progress")  # fmt: skip
 # image pre-training (MAE, DINO) has no labels: no augmentation policy, label smoothing, eval split or R^c hook
 _UNSUPERVISED = {"top": _MODEL, "data": _IMAGE_DATA, "optim": _OPTIM, "system": ALL, "logging": _LOGGING}
-_SUPERVISED = {"top": _MODEL, "data": ALL, "augmentation": ALL, "optim": ALL, "system": ALL, "logging": ALL}
+_SUPERVISED = {
+    "top": (*_MODEL, "recipe"),
+    "data": ALL,
+    "augmentation": ALL,
+    "optim": ALL,
+    "system": ALL,
+    "logging": ALL,
+}
 _TEXT = {**_UNSUPERVISED, "data": ("data", "val_fraction")}
 _OFFICIAL = {  # a report command's --model / --model-args describe an official checkpoint's architecture
     "model": "registered model name for an official .pth (e.g. crate_small)",
@@ -43,7 +50,7 @@ _OFFICIAL = {  # a report command's --model / --model-args describe an official 
 # TrainConfig group.  Names may map to the command's own help text for the option (None: the option's).
 COMMAND_OPTIONS: dict[str, dict[str, Any]] = {
     "train": _SUPERVISED,
-    "finetune": {**_SUPERVISED, "top": (*_MODEL, "keep_head")},
+    "finetune": {**_SUPERVISED, "top": (*_MODEL, "recipe", "keep_head")},
     "pretrain": _UNSUPERVISED,
     "train-lm": _TEXT,
     "finetune-text": _TEXT,

@@ -1,4 +1,4 @@
-"""The training configuration: defaults < ``--config`` YAML/JSON file < command-line flags.
+"""The training configuration: defaults < ``--recipe`` < ``--config`` YAML/JSON file < command-line flags.
 
 :class:`TrainConfig` holds the task, the model and the checkpoint to start from, and five groups of options
 (:data:`GROUPS`): ``data``, ``augmentation``, ``optim``, ``system`` and ``logging``.  ``config.yaml`` records it
@@ -22,6 +22,8 @@ from typing import Any
 
 from ..config_utils import Range, check_ranges, coerce_fields, option
 from ..data import AUGMENTATIONS, DATA_MODES
+from .optim import OPTIMIZERS
+from .recipes import RECIPES, recipe_options
 from .trackers import LOGGERS
 
 __all__ = [
@@ -42,7 +44,6 @@ __all__ = [
     "flat_options",
 ]
 
-OPTIMIZERS = ("adamw", "lion")
 AMP_MODES = ("auto", "none", "bf16", "fp16")
 VERSION = 2  # config.yaml layout: 1 = one flat mapping of options, 2 = the option groups below
 
@@ -139,6 +140,13 @@ class AugmentationOptions(_Group):
     hflip: bool = option(True, "random horizontal flips in crop-flip / randaugment")
     randaugment_n: int = option(2, "RandAugment: number of ops per image")
     randaugment_m: int = option(14, "RandAugment: magnitude (0-30)")
+    mixup: float = option(0.0, "mixup Beta(a, a) concentration (0 = off; DeiT: 0.8)", range=Range(0))
+    cutmix: float = option(0.0, "cutmix Beta(a, a) concentration (0 = off; DeiT: 1.0)", range=Range(0))
+    mixup_prob: float = option(1.0, "probability that a batch is mixed (mixup or cutmix)", range=Range(0, 1))
+    mixup_switch_prob: float = option(
+        0.5, "probability of cutmix rather than mixup when both are on", range=Range(0, 1)
+    )
+    random_erasing: float = option(0.0, "random erasing probability per image (DeiT, MAE: 0.25)", range=Range(0, 1))
 
     def validate(self) -> None:
         super().validate()
@@ -151,10 +159,17 @@ class AugmentationOptions(_Group):
 
 @dataclass
 class OptimOptions(_Group):
-    """The optimisation: optimizer, per-iteration linear warm-up then cosine decay to ``min_lr``, batches, length
-    and the loss's label smoothing (``cfg.optim``)."""
+    """The optimisation: optimizer, per-iteration linear warm-up then cosine decay to ``min_lr``, batches, length,
+    and the regularisers of the loss and the weights: label smoothing, layer-wise lr decay, stochastic depth, an
+    EMA of the weights (``cfg.optim``)."""
 
-    optimizer: str = option("adamw", "optimizer: adamw | lion (the paper pre-trains with Lion)", choices=OPTIMIZERS)
+    optimizer: str = option(
+        "adamw",
+        "optimizer: adamw | lion (the paper pre-trains with Lion) | sgd (with --momentum) | lars (MoCo v3 / MAE) | "
+        "lamb (You et al. 2019)",
+        choices=OPTIMIZERS,
+    )
+    momentum: float = option(0.9, "momentum of --optimizer sgd / lars", range=Range(0, 1, hi_open=True))
     lr: float = option(2e-3, "peak learning rate")
     min_lr: float = option(1e-5, "learning rate at the end of the cosine decay")
     weight_decay: float = option(0.05, "decoupled weight decay (matrices only; norms, biases, embeddings excluded)")
@@ -166,6 +181,22 @@ class OptimOptions(_Group):
     label_smoothing: float = option(0.1, "label smoothing of the cross-entropy")
     grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)")
     max_steps: int = option(0, "stop after this many optimizer steps (0 = all epochs; the schedule is unchanged)")
+    layer_decay: float = option(
+        1.0,
+        "layer-wise lr decay (MAE / BEiT): layer i of L trains at lr x decay^(L+1-i) (1 = off)",
+        range=Range(0, 1, lo_open=True),
+    )
+    drop_path: float = option(
+        0.0,
+        "stochastic depth of the last layer, rising linearly from 0 over depth (timm / DeiT; 0 = off)",
+        range=Range(0, 1, hi_open=True),
+    )
+    ema: float = option(
+        0.0,
+        "keep an EMA of the weights with this decay, evaluated beside the model and saved as model_ema/ (0 = off; "
+        "DeiT: 0.99996)",
+        range=Range(0, 1, hi_open=True),
+    )
 
     def validate(self) -> None:
         _check(self, positive=("batch_size", "epochs", "accum_steps"), non_negative=("max_steps",))
@@ -276,6 +307,13 @@ class TrainConfig:
     # model
     model: str | None = option("crate_mnist", "registered model name (see `crate models`)")
     model_args: dict = option({}, "model overrides as KEY=VALUE, e.g. dim=64 depth=4 patch_size=4", metavar="KEY=VALUE")
+    # a named published recipe: its values go under the options given with it (defaults < recipe < file < flags)
+    recipe: str | None = option(
+        None,
+        "a named published recipe (its optimizer, lr, schedule, augmentation, ... values; docs/recipes.md): "
+        "defaults < recipe < --config < flags",
+        choices=tuple(RECIPES),
+    )
     # fine-tuning (set by `crate finetune`)
     init_from: str | None = option(None, "checkpoint to fine-tune from")
     keep_head: bool = option(False, "keep the pretrained head when the class count matches")
@@ -301,6 +339,7 @@ class TrainConfig:
         top = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in GROUPS}
         for name, value in coerce_fields(type(self), top).items():
             setattr(self, name, value)
+        _check_choices(self, {"recipe": (None, *RECIPES)})
 
     def validate(self) -> None:
         """Raise a one-line ValueError for any inconsistent setting."""
@@ -320,12 +359,12 @@ class TrainConfig:
         """``base`` (or the defaults) updated with ``d``: nested groups, flat option names (keys may use dashes or
         underscores) or both; a ``config_version`` newer than this release reads is refused."""
         nested = nest_options(d)
+        if nested.get("recipe"):  # the recipe's values go under the options given with it
+            finetune = (nested.get("init_from") or (base.init_from if base is not None else None)) is not None
+            nested = _update(nest_options(recipe_options(nested["recipe"], finetune)), nested)
         if base is None:
             return cls(**nested)
-        merged = {k: v for k, v in base.to_dict().items() if k != "config_version"}
-        for key, value in nested.items():
-            merged[key] = {**merged[key], **_as_mapping(value)} if key in GROUPS else value
-        return cls(**merged)
+        return cls(**_update({k: v for k, v in base.to_dict().items() if k != "config_version"}, nested))
 
 
 def nest_options(d: Mapping[str, Any]) -> dict[str, Any]:
@@ -365,6 +404,14 @@ def nest_options(d: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         valid = sorted({*top, *FLAT, *GROUPS})
         raise ValueError(f"unknown training option(s) {sorted(unknown)}; valid options: {valid}")
+    return out
+
+
+def _update(under: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """Nested options ``under`` updated with ``over``, group by group (an option ``over`` names wins)."""
+    out = dict(under)
+    for key, value in over.items():
+        out[key] = {**_as_mapping(out.get(key)), **_as_mapping(value)} if key in GROUPS else value
     return out
 
 

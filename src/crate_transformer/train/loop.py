@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from .config import TrainConfig
+from .optim import build_optimizer, param_groups
 from .rundir import CHECKPOINT, CONFIG_FILE, RunDir, load_training_state
 from .runtime import Interrupt, ProcessSettings, Runtime, rng_state, seed_everything, set_rng_state
 from .task import Hook, StepContext, Task, make_task
@@ -381,31 +382,19 @@ def _steps_per_epoch(cfg: TrainConfig, task: Task, rt: Runtime) -> int:
 
 
 class _Optimization:
-    """Optimizer (AdamW or Lion), per-iteration warm-up + cosine schedule, fp16 grad scaler and clipping.
+    """Optimizer (:func:`~crate_transformer.train.optim.build_optimizer`: AdamW, Lion, SGD, LARS or LAMB),
+    per-iteration warm-up + cosine schedule, fp16 grad scaler and clipping.
 
     Weight decay is decoupled and skips what the model's ``no_weight_decay()`` names (norms, biases, class and
     mask tokens, position tables; a model without the method: every vector):
     param group 0 holds the decayed parameters, group 1 the others (``Task.before_optimizer_step`` relies on that
-    order, as DINO's ``get_params_groups``, whose first group is the regularized one).
+    order, as DINO's ``get_params_groups``, whose first group is the regularized one).  ``--layer-decay`` below 1
+    splits them further by layer (:func:`~crate_transformer.train.optim.param_groups`, MAE's LLRD).
     """
 
     def __init__(self, model: nn.Module, cfg: TrainConfig, steps_per_epoch: int, total: int, rt: Runtime) -> None:
-        skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
-        decay, no_decay = [], []
-        for name, p in model.named_parameters():
-            if p.requires_grad:
-                (no_decay if p.ndim < 2 or name in skip else decay).append(p)
-        groups = [{"params": decay, "weight_decay": cfg.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        if cfg.optim.optimizer == "lion":
-            from lion_pytorch import Lion
-
-            self.optimizer = Lion(
-                groups, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas) if cfg.optim.betas else (0.9, 0.99)
-            )
-        else:
-            self.optimizer = torch.optim.AdamW(
-                groups, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas) if cfg.optim.betas else (0.9, 0.999)
-            )
+        groups = param_groups(model, cfg.optim.weight_decay, cfg.optim.layer_decay)
+        self.optimizer = build_optimizer(cfg.optim.optimizer, groups, cfg.optim.lr, cfg.optim.betas, cfg.optim.momentum)
         self.schedule = WarmupCosine(
             round(cfg.optim.warmup_epochs * steps_per_epoch), total, cfg.optim.min_lr / cfg.optim.lr
         )
@@ -415,7 +404,9 @@ class _Optimization:
 
     @property
     def lr(self) -> float:
-        return self.optimizer.param_groups[0]["lr"]
+        """The scheduled learning rate (of the last layer's groups under layer-wise decay)."""
+        group = self.optimizer.param_groups[0]
+        return group["lr"] / group.get("lr_scale", 1.0)
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
