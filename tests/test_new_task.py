@@ -45,7 +45,6 @@ class LeastSquares(Task):
 
     name = "least-squares"
     metric = "mse"
-    command = "pretrain least-squares"
 
     def setup(self, state: dict | None) -> None:
         self.model = nn.Linear(D, 1)

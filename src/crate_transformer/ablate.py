@@ -14,7 +14,7 @@ starts with) are trained once.  At the end it writes ``ablate.md`` (mean ± std 
 parameters, images/s, the paper's number) and ``layerwise-<table>.png`` (each row's layer-wise
 compression and sparsity, :func:`crate_transformer.analysis.measure`, side by side).
 
-The laptop recipe (:data:`RECIPE`) is ``crate train``'s default (``crate_mnist`` on the built-in 4,000
+The laptop recipe (:data:`RECIPE`) is the classification task's default (``crate_mnist`` on the built-in 4,000
 MNIST training digits, held-out accuracy on the fixed 1,000 test digits) shortened to 2 epochs of batch 64
 (124 steps) with a half-epoch warm-up and one evaluation at the end, so a table of four rows × three seeds
 takes minutes on an idle CPU.
@@ -46,7 +46,7 @@ RECIPE: dict[str, Any] = {
     "measure_every": 0,
     "progress": False,
 }
-"""The base training options of every run (``crate train``'s defaults otherwise); flags override them."""
+"""The base training options of every run (the classification task's defaults otherwise); flags override them."""
 
 RESULTS_FILE = "results.jsonl"
 SWEEPS_FILE = "sweeps.jsonl"  # one line per training invocation: its wall time and runs

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from .base import Model
 from .config import Config
+from .errors import TaskError
 from .io import (
     CONFIG_NAME,
     FILE_DIGESTS,
@@ -130,8 +131,8 @@ def from_pretrained(
         tokenizer = _read_tokenizer(directory, meta)
         try:
             model.tokenizer = tokenizer
-        except ValueError as e:  # a vocabulary larger than the embedding
-            raise CheckpointError(f"{directory / TOKENIZER_NAME}: {e}") from None
+        except TaskError as e:  # a vocabulary larger than the embedding (its fix names a task: the CLI words it)
+            raise TaskError(f"{directory / TOKENIZER_NAME}: ", *e.parts) from None
     if hub:
         model.pretrained_cfg = {"source": spec, "revision": revision, "folder": str(directory)}
     return model.to(map_location)

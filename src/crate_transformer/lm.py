@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from .base import Model, Trace
 from .config import Config
 from .config_utils import Range
+from .errors import TaskError, Use
 from .model import ViTBlock
 from .official import OfficialFormat, rename, unwrap
 from .operators import GELUS, ISTA_MODES, LAYER_FORMS, MLP, MLPS, EncoderLayer
@@ -207,10 +208,12 @@ class LanguageModel(Model):
         # outside the vocabulary" on text the tokenizer itself produced
         size = getattr(tok, "vocab_size", None)
         if size is not None and size > self.config.vocab_size:
-            raise ValueError(
+            raise TaskError(
                 f"the tokenizer has {size} tokens but the model's embedding has {self.config.vocab_size} "
                 f"(vocab_size); use the tokenizer the model was trained with, or train a model with this "
-                f"tokenizer (crate train-lm --tokenizer FILE sets vocab_size={size})"
+                "tokenizer (",
+                Use("lm"),
+                f" --tokenizer FILE sets vocab_size={size})",
             )
         self.__dict__["_tokenizer"] = tok
 

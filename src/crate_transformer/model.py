@@ -101,7 +101,7 @@ class ModelConfig(ImageEncoderGeometry, Config):
     an int field, see :func:`~crate_transformer.config_utils.coerce_fields`) and validated, so a bad
     value fails here with a one-line ``ValueError`` naming the field, not at the first forward pass.
     ``data`` records what the model was trained on (:class:`~crate_transformer.data.DataSpec`:
-    normalisation, class names, data source); ``crate train`` fills it in.
+    normalisation, class names, data source); training fills it in.
     """
 
     arch: str = "crate"

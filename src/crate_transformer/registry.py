@@ -116,7 +116,7 @@ register_model("vit_tiny", arch="vit", dim=192, depth=12, heads=3)
 register_model("vit_small", arch="vit", dim=384, depth=12, heads=6)
 register_model("vit_base", arch="vit", dim=768, depth=12, heads=12)
 register_model("vit_large", arch="vit", dim=1024, depth=24, heads=16)
-# Small models for the built-in 28x28 digits (the `crate train` default) and its ViT counterpart, paired as
+# Small models for the built-in 28x28 digits (the classification task's default) and its ViT counterpart, paired as
 # CRATE-T/ViT-T are (Table 8): ViT at half the width and half the heads (same head size 32), 4x MLP, and about
 # the same parameter count (309k vs 305k).
 register_model(
@@ -148,7 +148,7 @@ register_model("crate_mae_tiny", arch=MAE_ARCH, dim=384, depth=12, heads=6)
 register_model("crate_mae_small", arch=MAE_ARCH, dim=576, depth=12, heads=12)
 register_model("crate_mae_base", arch=MAE_ARCH, dim=768, depth=12, heads=12)
 register_model("crate_mae_large", arch=MAE_ARCH, dim=1024, depth=24, heads=16)
-# The `crate pretrain mae` default for the built-in 28x28 digits.  ISTA step η = 0.5, not the official 0.1: at
+# The mae task's default for the built-in 28x28 digits.  ISTA step η = 0.5, not the official 0.1: at
 # d = 64 and 5 minutes of training the larger step learns faster (the measurement: docs/results.md).
 register_model(
     "crate_mae_mnist", arch=MAE_ARCH, image_size=28, patch_size=4, in_chans=1, dim=64, depth=4, heads=4, eta=0.5
@@ -190,7 +190,7 @@ register_model("gpt2_xl", **_GPT2, dim=1600, depth=48, heads=25)
 register_model(
     "crate_gpt_12l_pile", arch="crate_lm", **_GPT, dim=768, depth=12, heads=12, mlp="ista_overcomplete", final_norm=True
 )
-# Laptop presets (the `crate train-lm` default: byte-level tokenizer, context 128, d = 128, 4 layers, 4 heads),
+# Laptop presets (the lm task's default: byte-level tokenizer, context 128, d = 128, 4 layers, 4 heads),
 # and the GPT of the same width, depth and heads with a 4x GELU MLP (the README's comparison).
 _MINI = dict(vocab_size=262, block_size=128, dim=128, depth=4, heads=4)
 register_model("crate_gpt_mini", arch="crate_lm", **_MINI)

@@ -322,7 +322,7 @@ MEASURE_SPLIT = "measure"
 def measure_hook(
     every: int, *, eps: float = 0.1, include_cls: bool = True, split: str = MEASURE_SPLIT
 ) -> Callable[[object], list[dict] | None]:
-    """A per-step training hook for ``crate train --measure-every N`` (Fig. 15 across training).
+    """A per-step training hook for ``--measure-every N`` (Fig. 15 across training).
 
     The returned callable takes the training loop's step context (anything with ``model``, ``step``,
     ``epoch`` and ``fixed_batch`` = a model-ready tensor or an ``(images, labels)`` pair) and, every

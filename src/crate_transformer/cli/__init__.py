@@ -32,6 +32,27 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# the commands that train each task (with `crate finetune` for classification from a checkpoint); any other
+# registered task is pre-trained by `crate pretrain TASK`.  The library names tasks only: the CLI words them here.
+TASK_COMMANDS: dict[str, str] = {"classification": "train", "lm": "train-lm", "text-classification": "finetune-text"}
+
+
+def task_command(task: str, init_from: bool = False) -> str:
+    """The ``crate`` command (without ``crate``) that trains ``task``, e.g. ``pretrain mae``."""
+    if task == "classification" and init_from:
+        return "finetune"
+    return TASK_COMMANDS.get(task, f"pretrain {task}")
+
+
+def error_message(e: BaseException) -> str:
+    """``e`` as the CLI says it: a :class:`~crate_transformer.errors.TaskError` names commands, not tasks."""
+    from ..errors import TaskError
+
+    if isinstance(e, TaskError):
+        return e.words(lambda use: f"crate {task_command(use.task, use.init_from)}")
+    return str(e)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``crate`` parser; only ``command``'s module is imported and configured (fast start-up)."""
     parser = argparse.ArgumentParser(prog="crate", description="CRATE: white-box transformers")
@@ -65,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
         if os.environ.get("CRATE_DEBUG"):
             raise
-        print(f"crate {args.command}: error: {e}", file=sys.stderr)
+        print(f"crate {args.command}: error: {error_message(e)}", file=sys.stderr)
         return 2
     except OSError as e:
         if os.environ.get("CRATE_DEBUG") or e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):

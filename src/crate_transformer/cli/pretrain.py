@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import importlib
 
+from . import task_command
 from .common import given_options
 from .options import add_options, add_training_options, print_config
 
@@ -27,7 +28,7 @@ def pretraining_tasks() -> list[str]:
     """The registered tasks run by ``crate pretrain`` (others have their own command, e.g. train-lm)."""
     from ..train.task import TASKS
 
-    return [name for name in TASKS if name != "classification" and _task_class(name).command.startswith("pretrain")]
+    return [name for name in TASKS if task_command(name).startswith("pretrain")]
 
 
 def configure_pretrain(parser: argparse.ArgumentParser) -> None:

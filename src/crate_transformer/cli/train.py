@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 from ..base import POOLS
+from . import task_command
 from .common import (
     add_report_arguments,
     apply_threads,
@@ -38,6 +40,9 @@ def finished(result: dict) -> int:
     """Print the commands worth running after a finished run (``next: ...``, once: by the process of rank 0, as
     torchrun numbers them) and return the exit code: 0 on completion, 130 when interrupted (checkpoint saved)."""
     if result["interrupted"]:
+        if os.environ.get("RANK", "0") == "0":  # after the engine's "checkpoint saved to ..." line, on stderr
+            command = task_command(result["task"], bool(result["init_from"]))
+            print(f"continue with: crate {command} --resume {result['run_dir']}", file=sys.stderr, flush=True)
         return 130
     if result.get("next") and os.environ.get("RANK", "0") == "0":
         print(f"next: {result['next']}", flush=True)

@@ -10,13 +10,13 @@ data files that ``datasets`` reads by extension (``.parquet``, ``.arrow``, ``.cs
 
 Which task reads what:
 
-- image classification (``crate train``/``finetune``/``pretrain``): the image and label columns are
+- image classification (training, fine-tuning, pre-training): the image and label columns are
   found from the features (:mod:`.hf`), the ``train`` split trains and ``test`` (else ``validation``)
   tests — for ``ylecun/mnist`` and ``uoft-cs/cifar10`` the standard 10,000-image test sets, so the
   numbers compare with published ones;
-- language modelling (``crate train-lm``): the ``text`` column (else the first string column) of the
+- language modelling: the ``text`` column (else the first string column) of the
   ``train`` split, streamed through the tokenizer into the token cache (:mod:`.text`);
-- text classification (``crate finetune-text``): GLUE-style columns (``sentence``, ``sentence1`` +
+- text classification: GLUE-style columns (``sentence``, ``sentence1`` +
   ``sentence2``, ``question`` + ``sentence``, ``premise`` + ``hypothesis`` …) and a ``label`` column;
   the ``validation`` split evaluates (GLUE's test labels are hidden).
 """

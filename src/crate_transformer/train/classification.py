@@ -1,4 +1,4 @@
-"""Supervised image classification (JMLR §4.1.1): the task behind ``crate train`` and ``crate finetune``."""
+"""Supervised image classification (JMLR §4.1.1): training from scratch and fine-tuning (``init_from``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from torch import Tensor, nn
 
 from ..data import ImageSource, default_augmentation
 from ..operators import set_drop_path
-from .config import TrainConfig
 from .evaluation import evaluate
 from .images import ImageData, image_classifier, load_splits
 from .mix import MixupCutmix, random_erasing, soft_target_cross_entropy
@@ -24,9 +23,6 @@ class ClassificationTask(Task):
     """Supervised image classification with cross-entropy (and label smoothing); pre-training or fine-tuning."""
 
     name = "classification"
-
-    def resume_command(self, cfg: TrainConfig) -> str:
-        return "finetune" if cfg.init_from else "train"
 
     def setup(self, state: dict | None) -> None:
         cfg = self.cfg

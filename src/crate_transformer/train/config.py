@@ -8,7 +8,7 @@ checkpoints, flat ``--config`` files, flags, keyword arguments) is read into the
 The paper's ImageNet recipe (JMLR App. C.1): Lion, lr 2.4e-4, weight decay 0.5, batch 2048,
 5 warm-up epochs then cosine, label smoothing 0.1, random crop + flip.  Fine-tuning (C.1,
 Table 1): new head, AdamW lr 5e-5, weight decay 0.01, crop + flip + RandAugment(2, 14).  The
-defaults of ``crate train`` are instead tuned for the built-in MNIST digits on 2 CPU cores.
+defaults of a new classification run are instead tuned for the built-in MNIST digits on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ class DataOptions(_Group):
         "mnist",
         "'mnist' | 'digits' | a CIFAR folder | a class-per-subfolder image folder | a folder of WebDataset "
         "shards | a Hugging Face dataset: an id such as ylecun/mnist or OWNER/NAME:CONFIG, data files, or a "
-        "save_to_disk folder; train-lm: 'python-docs' (built in) | a UTF-8 text file or folder | a dataset id "
-        "(wikitext:wikitext-103-raw-v1); finetune-text: a CSV/TSV file | a dataset id (glue:sst2)",
+        "save_to_disk folder; language models: 'python-docs' (built in) | a UTF-8 text file or folder | a dataset id "
+        "(wikitext:wikitext-103-raw-v1); text classification: a CSV/TSV file | a dataset id (glue:sst2)",
         name="data",
     )
     data_mode: str = option(
@@ -98,7 +98,7 @@ class DataOptions(_Group):
     image_size: int | None = option(None, "train at this image size; batches are resized", shown="the model's")
     val_fraction: float = option(
         0.0,
-        "hold out this fraction of the training pool as a 'val' split (stratified; train-lm: the corpus' tail)",
+        "hold out this fraction of the training pool as a 'val' split (stratified; language models: the corpus' tail)",
         range=Range(0, 1, hi_open=True),
     )
     eval_split: str = option(

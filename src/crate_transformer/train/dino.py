@@ -1,4 +1,4 @@
-"""CRATE-DINO pre-training (JMLR §4.1.3, Table 4, App. C.3): the task behind ``crate pretrain dino``.
+"""CRATE-DINO pre-training (JMLR §4.1.3, Table 4, App. C.3): the ``dino`` task.
 
 The student (:class:`~crate_transformer.dino.DINOModel`: a registry backbone + DINO head) is the model the
 engine optimises; the teacher is its EMA, updated by a per-step hook after every optimizer step with
@@ -58,11 +58,10 @@ class DINOTask(Task):
     """
 
     name = "dino"
-    command = "pretrain dino"
     metric = "knn"
     Options = DINOConfig
     model_kind = "image classifier"
-    # `crate pretrain dino` defaults: the digits recipe on 2 CPU cores (the paper's recipe: see PAPER in dino.py)
+    # the task's defaults: the digits recipe on 2 CPU cores (the paper's recipe: see PAPER in dino.py)
     defaults: dict[str, Any] = dict(
         model="crate_mnist", lr=1e-3, min_lr=1e-5, weight_decay=0.04, epochs=10, warmup_epochs=3.0,
         batch_size=128, grad_clip=3.0, measure_every=0, eval_every=5, label_smoothing=0.0,

@@ -24,6 +24,7 @@ from ..data import (
     fit_normalization,
     open_source,
 )
+from ..errors import TaskError, Use
 from ..model import ImageClassifier
 from ..registry import build, is_language_model, model_config
 from .config import TrainConfig
@@ -96,13 +97,13 @@ def image_classifier(
     elif cfg.init_from is not None:  # fine-tuning: the checkpoint fixes the architecture
         model = load_model(cfg.init_from, name=cfg.model, as_classifier=True, **cfg.model_args)
         if not isinstance(model, ImageClassifier):
-            raise ValueError(f"{cfg.init_from} is a language model; fine-tune it with crate finetune-text")
+            raise TaskError(f"{cfg.init_from} is a language model; fine-tune it with ", Use("text-classification"))
         image_size = cfg.data.image_size or model.config.image_size
     else:
         if cfg.model is None:
             raise ValueError("no model given; pass --model NAME (see `crate models`)")
         if is_language_model(cfg.model):
-            raise ValueError(f"{cfg.model} is a language model; train it with crate train-lm --model {cfg.model}")
+            raise TaskError(f"{cfg.model} is a language model; train it with ", Use("lm"), f" --model {cfg.model}")
         image_size = cfg.data.image_size or model_config(cfg.model, **cfg.model_args).image_size
     data = load_data(image_size)
     classes = data.classes

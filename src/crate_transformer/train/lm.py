@@ -1,4 +1,4 @@
-"""Language modelling (JMLR §4.1.4): the task behind ``crate train-lm``.
+"""Language modelling (JMLR §4.1.4): the ``lm`` task.
 
 ``--objective clm`` trains a causal model on next-token prediction (eq. (89), CRATE-GPT); ``mlm`` a
 bidirectional one on masked tokens (eq. (85), CRATE-BERT: 15 % of tokens, 80/10/10).  Evaluation is the
@@ -83,7 +83,6 @@ class LMTask(Task):
     """Language modelling (CRATE-GPT / CRATE-BERT): next-token or masked-token cross-entropy on a text corpus."""
 
     name = "lm"
-    command = "train-lm"
     metric = "acc"  # token accuracy (of the predicted tokens)
     Options = LMOptions
     model_kind = "language model"

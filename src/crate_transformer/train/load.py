@@ -65,7 +65,7 @@ def _load_any(path: Path, name: str | None, overrides: Mapping[str, object], che
     if path.is_dir() or (path.is_file() and path.name in (CONFIG_NAME, WEIGHTS_NAME)):
         if not (path.is_file() or (path / CONFIG_NAME).is_file()):
             raise CheckpointError(
-                f"{path} is neither a model directory (config.json + model.safetensors) nor a crate train run directory"
+                f"{path} is neither a model directory (config.json + model.safetensors) nor a training run directory"
             )
         model = from_pretrained(path)
         if check:
@@ -82,7 +82,9 @@ def _load_any(path: Path, name: str | None, overrides: Mapping[str, object], che
             _check_overrides(config, path, name, overrides)
         model = build(config)
         load_weights(model, exported[1], source=str(path))
-        if hasattr(model, "tokenizer") and state_tokenizer(raw) is not None:  # a train-lm state: its tokenizer too
+        if (
+            hasattr(model, "tokenizer") and state_tokenizer(raw) is not None
+        ):  # a language-model state: its tokenizer too
             from ..tokenizer import Tokenizer
 
             model.tokenizer = Tokenizer.from_str(state_tokenizer(raw))

@@ -27,7 +27,7 @@ from .config import TrainConfig
 from .optim import build_optimizer, param_groups
 from .rundir import CHECKPOINT, CONFIG_FILE, RunDir, load_training_state
 from .runtime import Interrupt, ProcessSettings, Runtime, rng_state, seed_everything, set_rng_state
-from .task import Hook, StepContext, Task, make_task
+from .task import Hook, StepContext, Task, TaskError, Use, make_task
 from .threads import SlowdownWatch
 
 __all__ = ["train", "TrainState", "WarmupCosine"]
@@ -74,9 +74,11 @@ def train(
 
     ``overrides`` update ``cfg`` (or, when resuming, the saved configuration — e.g. ``{"epochs": 60}``).
     The task is ``task`` or the one ``cfg.task`` names (a resumed run rebuilds its own); ``expect_task``
-    refuses a run of another task (a command resuming the wrong kind of run).  A resumed run passes the
-    checks of a new one: its options are validated again, the task checks them against the checkpoint's
-    model, and a ``model`` / ``model_args`` that differs from the checkpoint's architecture is refused.
+    refuses a run of another task with a :class:`~crate_transformer.errors.TaskError` naming the run's task.
+    An interrupted run returns ``interrupted=True`` with its ``task`` and ``init_from`` (what resumes it).
+    A resumed run passes the checks of a new one: its options are validated again, the task checks them
+    against the checkpoint's model, and a ``model`` / ``model_args`` that differs from the checkpoint's
+    architecture is refused.
     Writes ``<run_dir>/{config.yaml, metrics.jsonl, curves.png, checkpoints/last.pt, model/}``.
     """
     cfg, task, state = _configure(cfg, resume, overrides, task, expect_task)
@@ -134,9 +136,10 @@ def _configure(
         task.check_model(cfg)  # the right kind of model for the command, before a run folder is made
     if expect_task is not None and cfg.task != expect_task:
         where = f" --resume {resume}" if resume is not None else ""
-        raise ValueError(
-            f"{resume or 'this configuration'} is a {cfg.task} run, not {expect_task}; "
-            f"use: crate {task.resume_command(cfg)}{where}"
+        raise TaskError(
+            f"{resume or 'this configuration'} is a {cfg.task} run, not {expect_task}; use: ",
+            Use(cfg.task, init_from=bool(cfg.init_from)),
+            where,
         )
     return cfg, task, state
 
@@ -284,14 +287,16 @@ class _Loop:
         })  # fmt: skip
 
     def interrupted(self) -> dict:
-        """Checkpoint an interrupted run and say how to continue it."""
+        """Checkpoint an interrupted run; the result names its task (and ``init_from``), which resuming continues."""
         self.checkpoint("interrupted")
         run, ts = self.run, self.ts
         if self.rt.main:
             self.task.figures(run.path, run.metrics_path)
-        self.rt.log(f"interrupted at step {ts.step}/{self.total}: checkpoint saved to {run.path / CHECKPOINT}\n"
-                    f"continue with: crate {self.task.resume_command(self.cfg)} --resume {run.path}")  # fmt: skip
-        return {"run_dir": str(run.path), "step": ts.step, "interrupted": True}
+        self.rt.log(f"interrupted at step {ts.step}/{self.total}: checkpoint saved to {run.path / CHECKPOINT}")
+        return {
+            "run_dir": str(run.path), "step": ts.step, "interrupted": True,
+            "task": self.cfg.task, "init_from": self.cfg.init_from,
+        }  # fmt: skip
 
     def finish(self) -> dict:
         """The task's final evaluation and artefacts, the last checkpoint, the figures and the report."""

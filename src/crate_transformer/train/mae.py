@@ -1,4 +1,4 @@
-"""Masked autoencoding with CRATE-MAE (JMLR §3.6 and §4.2, pp.37-41): the task behind ``crate pretrain mae``.
+"""Masked autoencoding with CRATE-MAE (JMLR §3.6 and §4.2, pp.37-41): the ``mae`` task.
 
 The engine (:mod:`.loop`) owns the optimisation, checkpoints, resume, DDP, logging and the progress
 bar; this task builds a :class:`~crate_transformer.mae.CRATEMAE` and the data, turns a batch into the
@@ -38,14 +38,14 @@ from .evaluation import prepare_batch, require_evaluated
 from .images import ImageData
 from .load import load_model
 from .runtime import Runtime
-from .task import RunSummary, Task, TaskResult, task_option
+from .task import RunSummary, Task, TaskError, TaskResult, Use, task_option
 
 __all__ = ["MAETask", "MAEOptions", "masked_eval"]
 
 
 @dataclass
 class MAEOptions:
-    """Options of ``crate pretrain mae`` (besides the engine's)."""
+    """Options of the ``mae`` task (besides the engine's)."""
 
     mask_ratio: float | None = task_option(
         None,
@@ -142,7 +142,6 @@ class MAETask(Task):
 
     name = "mae"
     metric = "visible_loss"
-    command = "pretrain mae"
     # The digits default (≤ 5 min on 2 CPU cores), chosen by measurement (docs/results.md).  AdamW (0.9, 0.95)
     # as MAE; small batches and a high learning rate because the model is under-trained at this budget.
     defaults = {"model": "crate_mae_mnist", "lr": 4e-3, "min_lr": 1e-5, "weight_decay": 0.05, "epochs": 40,
@@ -192,7 +191,7 @@ class MAETask(Task):
         elif cfg.init_from is not None:  # continue pre-training a CRATE-MAE checkpoint
             init = load_model(cfg.init_from)
             if not isinstance(init, CRATEMAE):
-                raise ValueError(f"{cfg.init_from} is not a CRATE-MAE; crate pretrain mae continues only CRATE-MAEs")
+                raise TaskError(f"{cfg.init_from} is not a CRATE-MAE; ", Use("mae"), " continues only CRATE-MAEs")
             config, image_size = init.config, cfg.data.image_size or init.config.image_size
         else:
             if cfg.model is None:

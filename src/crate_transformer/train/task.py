@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config_utils import option
+from ..errors import TaskError, Use
 from .config import TrainConfig
 from .evaluation import plot_curves
 from .runtime import Runtime
@@ -34,6 +35,8 @@ __all__ = [
     "register_task",
     "make_task",
     "task_option",
+    "TaskError",
+    "Use",
 ]
 
 # name → "module:Class"; ``TrainConfig.task`` names one, so a resumed run rebuilds its own task.
@@ -47,7 +50,8 @@ TASKS: dict[str, str] = {
 
 
 def register_task(name: str, target: str) -> None:
-    """Make ``TrainConfig(task=name)`` (and ``crate pretrain name``) build the Task at ``"module:Class"``."""
+    """Make ``TrainConfig(task=name)`` (and the command line's pre-training of ``name``) build the Task at
+    ``"module:Class"``."""
     TASKS[name] = target
 
 
@@ -63,7 +67,7 @@ def _a(kind: str) -> str:
     return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
 
 
-KIND_COMMANDS = {"image classifier": "train", "CRATE-MAE": "pretrain mae", "language model": "train-lm"}
+KIND_TASKS = {"image classifier": "classification", "CRATE-MAE": "mae", "language model": "lm"}  # what trains each kind
 
 
 def model_kind(config: Any) -> str:
@@ -139,8 +143,7 @@ class Task:
 
     name = "task"
     metric = "acc"  # the per-sample statistic shown in the progress bar and curves, besides the loss
-    command: ClassVar[str] = "train"  # the `crate` command that runs (and resumes) this task
-    defaults: ClassVar[dict[str, Any]] = {}  # TrainConfig values of that command that differ from train's
+    defaults: ClassVar[dict[str, Any]] = {}  # TrainConfig values of this task that differ from the TrainConfig defaults
     Options: ClassVar[type | None] = None  # the task's own options (a dataclass of task_option fields)
     model_kind: ClassVar[str | None] = None  # the kind of registered model it trains (see model_kind), None: any
     model: nn.Module
@@ -177,7 +180,7 @@ class Task:
 
     def check_model(self, cfg: TrainConfig) -> None:
         """A new run's ``--model`` is of :attr:`model_kind` (checked before a run folder is made); another kind
-        (a language model given to ``crate pretrain mae``) is a one-line error naming the command that trains it."""
+        (a language model given to the mae task) is a one-line :class:`TaskError` naming the task that trains it."""
         if self.model_kind is None or cfg.model is None or cfg.init_from is not None:
             return
         from ..registry import model_config
@@ -189,14 +192,13 @@ class Task:
                 "CRATE-MAE": "crate_mae_mnist",
                 "language model": "crate_gpt_mini",
             }
-            raise ValueError(
-                f"{cfg.model} is {_a(kind)}, and crate {self.command} trains {_a(self.model_kind)} (e.g. --model "
-                f"{name[self.model_kind]}); train {cfg.model} with crate {KIND_COMMANDS[kind]} --model {cfg.model}"
+            raise TaskError(
+                f"{cfg.model} is {_a(kind)}, and ",
+                Use(self.name),
+                f" trains {_a(self.model_kind)} (e.g. --model {name[self.model_kind]}); train {cfg.model} with ",
+                Use(KIND_TASKS[kind]),
+                f" --model {cfg.model}",
             )
-
-    def resume_command(self, cfg: TrainConfig) -> str:
-        """The command that continues an interrupted run of this task (printed with ``--resume RUN``)."""
-        return self.command
 
     def resolve(self, cfg: TrainConfig) -> dict[str, Any]:
         """``TrainConfig`` values this task derives from the others (e.g. the LM's default model for its

@@ -1,4 +1,4 @@
-"""Fine-tuning a language model on labelled texts (GLUE-style, JMLR Table 5): the task behind ``crate finetune-text``.
+"""Fine-tuning a language model on labelled texts (GLUE-style, JMLR Table 5): the ``text-classification`` task.
 
 A CSV / TSV with a text (or a text pair) and a label (classification: cross-entropy) or a score (regression,
 STS-B: mean squared error on one output).  The pretrained model keeps its weights and gets a fresh head on the
@@ -21,7 +21,7 @@ from ..lm import LanguageModel, LMConfig, build_lm
 from ..tokenizer import Tokenizer
 from .evaluation import require_evaluated
 from .load import load_model
-from .task import RunSummary, Task, TaskResult, task_option
+from .task import RunSummary, Task, TaskError, TaskResult, Use, task_option
 
 __all__ = ["TextClassificationTask", "TextOptions", "text_metrics"]
 
@@ -61,7 +61,6 @@ class TextClassificationTask(Task):
     """Sequence classification / regression on a CSV or TSV (GLUE-style), fine-tuning a language model."""
 
     name = "text-classification"
-    command = "finetune-text"
     metric = "acc"
     Options = TextOptions
     defaults = {
@@ -81,7 +80,9 @@ class TextClassificationTask(Task):
         cfg, rt = self.cfg, self.rt
         self.options = o = self.parse_options(cfg)
         if not cfg.data.source:
-            raise ValueError("crate finetune-text needs --data TABLE (a CSV or TSV with a text and a label column)")
+            raise TaskError(
+                Use("text-classification"), " needs --data TABLE (a CSV or TSV with a text and a label column)"
+            )
         texts, raw, cols, label = read_labelled(cfg.data.source, "train", o.text_columns, o.label_column)
         self.columns = (cols, label)
         if state is not None:
@@ -90,12 +91,12 @@ class TextClassificationTask(Task):
             self.regression, self.classes = state["task"]["regression"], state["task"]["classes"]
         else:
             if not cfg.init_from:
-                raise ValueError("crate finetune-text needs --from CHECKPOINT (a crate train-lm run or model dir)")
+                raise TaskError(
+                    Use("text-classification"), " needs --from CHECKPOINT (a ", Use("lm"), " run or model dir)"
+                )
             model = load_model(cfg.init_from)
             if not isinstance(model, LanguageModel) or model.tokenizer is None:
-                raise ValueError(
-                    f"{cfg.init_from} is not a language model with a tokenizer; pretrain with crate train-lm"
-                )
+                raise TaskError(f"{cfg.init_from} is not a language model with a tokenizer; pretrain with ", Use("lm"))
             tok = model.tokenizer
             scores = not all(_is_int(v) for v in raw) and all(_is_number(v) for v in raw)  # names are classes
             self.regression = o.regression == "yes" or (o.regression == "auto" and scores)

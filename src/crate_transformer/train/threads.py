@@ -63,7 +63,7 @@ def _running_others(samples: int = 5, gap: float = 0.02) -> float:
     """Other running tasks now: the median of /proc/loadavg's running count (this process included) minus one.
 
     The instantaneous count, not the 1-minute load average: the average still carries a run that just ended
-    (a second ``crate train`` right after the first would see a busy machine) and misses a job that just began.
+    (a second training run right after the first would see a busy machine) and misses a job that just began.
     """
     counts = []
     for i in range(samples):
