@@ -246,7 +246,8 @@ def test_ctrl_c_saves_a_checkpoint(tmp_path: Path) -> None:
     state = load_pickle(run / "checkpoints" / "last.pt")
     logged = max(r["step"] for r in _records(run))
     assert state["reason"] == "interrupted" and state["step"] >= logged >= 3  # written by the interrupt itself
-    assert f"--resume {run}" in err
+    saved = f"checkpoint saved to {run / 'checkpoints' / 'last.pt'}\n"  # the engine's line, then the CLI's
+    assert f"{saved}continue with: crate train --resume {run}\n" in err, err[-2000:]
     model = load_model(run / "checkpoints" / "last.pt")  # a usable model already
     assert model.config.num_classes == 10
 
