@@ -16,6 +16,7 @@ from typing import Any
 
 from ..config_utils import check_ranges, coerce_fields
 from ..data import AUGMENTATIONS, DATA_MODES
+from .sharding import STRATEGIES
 from .trackers import LOGGERS
 
 __all__ = ["TrainConfig", "FINETUNE_DEFAULTS", "OPTIMIZERS", "AMP_MODES", "DATA_MODES", "load_config"]
@@ -121,6 +122,12 @@ class TrainConfig:
     amp: str = _opt(
         "auto", "mixed precision: auto (bf16 or fp16 on GPU, none on CPU) | none | bf16 | fp16", choices=AMP_MODES
     )
+    strategy: str = _opt(
+        "ddp",
+        "under torchrun: ddp (a full replica per process) | fsdp (parameters, gradients and optimizer state "
+        "sharded over the processes: fully_shard per transformer block)",
+        choices=STRATEGIES,
+    )
     compile: bool = _opt(False, "torch.compile the model (first steps are slow while it compiles)")
     seed: int = _opt(0, "random seed (model init, data order, augmentation)")
     deterministic: bool = _opt(False, "deterministic algorithms (bitwise reproducible on CPU; slower on GPU)")
@@ -188,6 +195,7 @@ class TrainConfig:
         for name, allowed in (
             ("optimizer", OPTIMIZERS),
             ("amp", AMP_MODES),
+            ("strategy", STRATEGIES),
             ("data_mode", DATA_MODES),
             ("augment", ("auto", *AUGMENTATIONS)),
             ("eval_split", ("test", "val")),
