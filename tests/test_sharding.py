@@ -8,12 +8,13 @@ the 8x8 digits for a few steps.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from clitools import one_line_error
+from clitools import crate, one_line_error
 from safetensors.torch import load_file
 
 from crate_transformer.checkpoint import from_pretrained, load_pickle
@@ -110,3 +111,23 @@ def test_check_strategy() -> None:
         check_strategy("fsdp", 2, "dino", shardable=False)
     with pytest.raises(ValueError, match="one process"):
         check_strategy("fsdp", 1, "classification")
+
+
+@pytest.mark.slow
+def test_checkpoints_move_between_strategies(tmp_path: Path, torchrun) -> None:
+    args = [*TINY, "--augment", "none", "--lr", "0.01"]
+    reference = torchrun("train", *args, "--max-steps", "6", "--out", tmp_path / "ddp")
+    _finish(torchrun("train", *args, "--max-steps", "3", "--out", tmp_path / "cut"), "first half (ddp)")
+    _finish(reference, "ddp to the end")
+    shutil.copytree(tmp_path / "cut", tmp_path / "cut_fsdp")
+    # a DDP checkpoint (optimizer state keyed by index) continued by FSDP: the same training as DDP's
+    _finish(torchrun("train", "--resume", tmp_path / "cut_fsdp", "--max-steps", "6", "--strategy", "fsdp"), "to fsdp")
+    w, ref = _weights(tmp_path / "cut_fsdp"), _weights(tmp_path / "ddp")
+    for k in ref:
+        torch.testing.assert_close(w[k], ref[k], rtol=0, atol=1e-5, msg=k)
+    state = load_pickle(tmp_path / "cut_fsdp" / "checkpoints" / "last.pt")
+    assert all(isinstance(k, str) for k in state["optimizer"]["state"])  # saved by name now
+    # ... and that FSDP checkpoint continued in one process: AdamW's step count goes on from 6
+    assert crate("train", "--resume", tmp_path / "cut_fsdp", "--max-steps", "8", "--strategy", "ddp") == 0
+    adam = load_pickle(tmp_path / "cut_fsdp" / "checkpoints" / "last.pt")["optimizer"]["state"]
+    assert adam and all(float(s["step"]) == 8 for s in adam.values())

@@ -137,17 +137,28 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
 
 
 def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> dict:
-    """Give the optimizer of the sharded ``model`` its slice of a full, name-keyed ``state`` (every process passes
-    the whole of it); returns ``optimizer.state_dict()``, this process's shards in the optimizer's own format."""
+    """Give the optimizer of the sharded ``model`` its slice of a full ``state`` (every process passes the whole of
+    it): keyed by parameter name, or by index as a ``--strategy ddp`` run saves it.  Returns
+    ``optimizer.state_dict()``, this process's shards in the optimizer's own format."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    params = state.get("param_groups", [{}])[0].get("params", [0])
-    if params and not isinstance(params[0], str):
-        raise ValueError(
-            "this checkpoint's optimizer state was saved by a --strategy ddp run; resume it with --strategy ddp"
-        )
+    if any(not isinstance(k, str) for g in state["param_groups"] for k in g["params"]):
+        state = _by_name(model, optimizer, state)
     set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
     return optimizer.state_dict()
+
+
+def _by_name(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> dict:
+    """An index-keyed optimizer state dict keyed by parameter name instead: index i is the i-th parameter of the
+    optimizer's groups, which the engine builds in the same order whatever the strategy."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    if sum(len(g["params"]) for g in state["param_groups"]) != len(order):
+        raise ValueError("the checkpoint's optimizer state does not match this model's parameters; resume it as saved")
+    return {
+        "state": {order[i]: v for i, v in state["state"].items()},
+        "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in state["param_groups"]],
+    }
 
 
 class Replica:
