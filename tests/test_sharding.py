@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tiny
 import torch
 from clitools import crate, one_line_error
 from safetensors.torch import load_file
@@ -131,3 +132,39 @@ def test_checkpoints_move_between_strategies(tmp_path: Path, torchrun) -> None:
     assert crate("train", "--resume", tmp_path / "cut_fsdp", "--max-steps", "8", "--strategy", "ddp") == 0
     adam = load_pickle(tmp_path / "cut_fsdp" / "checkpoints" / "last.pt")["optimizer"]["state"]
     assert adam and all(float(s["step"]) == 8 for s in adam.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "command",
+    [
+        # CRATE-MAE: the decoder's layer list is sharded too
+        ["pretrain", "mae", "--data", "digits", "--model", "crate_mae_mnist", "--model-args", *tiny.SSL_ARCH],
+        # a GPT: the head is tied to the token embedding, in the root unit
+        [
+            "train-lm",
+            "--model",
+            "gpt2_small",
+            "--model-args",
+            "dim=32",
+            "depth=2",
+            "heads=2",
+            "block_size=32",
+            "--eval-blocks",
+            "16",
+            "--sample-tokens",
+            "5",
+        ],
+    ],  # fmt: skip
+    ids=["mae", "lm"],
+)
+def test_fsdp_trains_the_other_tasks_as_ddp_does(tmp_path: Path, torchrun, command: list[str]) -> None:
+    args = [*command, "--threads", "1", "--no-progress", "--epochs", "1", "--max-steps", "4", "--batch-size", "16"]
+    fsdp = torchrun(*args, "--strategy", "fsdp", "--out", tmp_path / "fsdp")
+    ddp = torchrun(*args, "--out", tmp_path / "ddp")
+    _finish(fsdp, "fsdp")
+    _finish(ddp, "ddp")
+    w, ref = _weights(tmp_path / "fsdp"), _weights(tmp_path / "ddp")
+    assert w.keys() == ref.keys()
+    for k in ref:
+        torch.testing.assert_close(w[k], ref[k], rtol=0, atol=1e-5, msg=k)
