@@ -60,6 +60,9 @@ def test_fsdp_trains_as_ddp_does(tmp_path: Path, torchrun) -> None:
     assert w.keys() == ref.keys()
     for k in ref:
         torch.testing.assert_close(w[k], ref[k], rtol=0, atol=1e-5, msg=k)
+    # the per-layer measurements of step 0 (--measure-every) ran on the gathered replica
+    measured = [[r for r in _records(tmp_path / name) if r["split"] == "measure"] for name in ("fsdp", "ddp")]
+    assert len(measured[0]) == 2 and measured[0] == measured[1]  # one record per layer
 
 
 @pytest.mark.slow
