@@ -66,7 +66,7 @@ def shard(model: nn.Module) -> nn.Module:
     place; the module is returned).  Parameter names are unchanged."""
     from torch.distributed.fsdp import fully_shard
 
-    for module in list(model.modules()):
+    for module in reversed(list(model.modules())):  # inner units before the ones holding them, as FSDP needs
         if isinstance(module, nn.ModuleList):
             for block in module:
                 fully_shard(block)
