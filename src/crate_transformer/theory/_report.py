@@ -51,6 +51,12 @@ def single_threaded(fn: Callable[P, T]) -> Callable[P, T]:
     return wrapper
 
 
+def problem_size(d: int, K: int, p: int, n: int) -> dict[str, int]:
+    """The size of a synthetic subspace problem, as every report records it: ``n`` tokens in ``R^d`` drawn near
+    ``K`` subspaces of dimension ``p`` (the model of JMLR §2.3)."""
+    return {"d": d, "K": K, "p": p, "n": n}
+
+
 def check(claim: str, holds: bool, detail: str) -> dict[str, Any]:
     """One verified (or refuted) statement, with the numbers that decide it."""
     return {"claim": claim, "holds": bool(holds), "detail": detail}

@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from ..objectives import subspace_coding_rate, subspace_coding_rate_grad
-from ._report import check, finish, new_figure, progress, single_threaded, style_axis
+from ._report import check, finish, new_figure, problem_size, progress, single_threaded, style_axis
 from .steps import STEP_KINDS, beta_from_eps, compression_step, eps_from_beta, mssa_gradient, neumann_gradient
 from .synthetic import (
     check_positive,
@@ -118,10 +118,7 @@ def run_approximation(
     checks = _approximation_error_checks(data, betas) + _approximation_descent_checks(data, kappa_betas)
     fig = _approximation_figure(data, betas, kappa_betas, title=f"(d={d}, K={K}, p={p}, n={n})")
     config = {
-        "d": d,
-        "K": K,
-        "p": p,
-        "n": n,
+        **problem_size(d, K, p, n),
         "sigma": sigma,
         "betas": betas,
         "kappa_betas": kappa_betas,

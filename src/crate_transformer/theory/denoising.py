@@ -29,7 +29,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from ..objectives import subspace_coding_rate_grad
-from ._report import check, finish, loglog_slope, new_figure, progress, single_threaded, style_axis
+from ._report import check, finish, loglog_slope, new_figure, problem_size, progress, single_threaded, style_axis
 from .steps import beta_from_eps
 from .synthetic import (
     SubspaceSample,
@@ -138,10 +138,7 @@ def run_denoising(
     checks = _denoising_checks(t, np.array(sigmas), n, d)
     fig = _denoising_figure(t, np.array(sigmas), title=f"at d={d}, n={n}, K={K}, p={p}")
     config = {
-        "d": d,
-        "n": n,
-        "K": K,
-        "p": p,
+        **problem_size(d, K, p, n),
         "sigmas": sigmas,
         "trials": trials,
         "seed": seed,

@@ -29,7 +29,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from ..objectives import subspace_coding_rate, subspace_coding_rate_grad
-from ._report import check, finish, loglog_slope, new_figure, progress, single_threaded, style_axis
+from ._report import check, finish, loglog_slope, new_figure, problem_size, progress, single_threaded, style_axis
 from .steps import eps_from_beta
 from .synthetic import (
     check_orthogonal_fit,
@@ -122,7 +122,10 @@ def run_diffusion(
     Writes ``diffusion.{png,json}`` to ``out_dir`` if given.
     """
     start = time.perf_counter()
-    steps = _check_diffusion_args(d, K, p, n, sigma, sigma_min, beta, steps, reference_steps, trajectory_steps)
+    check_positive_int(d=d, K=K, p=p, n=n, reference_steps=reference_steps, trajectory_steps=trajectory_steps)
+    check_orthogonal_fit(d, K, p)
+    check_positive(sigma=sigma, sigma_min=sigma_min, beta=beta)
+    steps = _check_steps(sigma, sigma_min, steps)
     r = _diffusion_compute(
         d, K, p, n, sigma, sigma_min, beta, steps, reference_steps, trajectory_steps, seed, progress_bar
     )
@@ -130,10 +133,7 @@ def run_diffusion(
     checks = _diffusion_checks(r, steps)
     fig = _diffusion_figure(r, steps, trajectory_steps, title=f"(d={d}, K={K}, p={p}, n={n}, σ={sigma}→{sigma_min})")
     config = {
-        "d": d,
-        "K": K,
-        "p": p,
-        "n": n,
+        **problem_size(d, K, p, n),
         "sigma": sigma,
         "sigma_min": sigma_min,
         "T": T,
@@ -159,22 +159,8 @@ def run_diffusion(
     return finish("diffusion", config, results, checks, fig, start, out_dir)
 
 
-def _check_diffusion_args(
-    d: int,
-    K: int,
-    p: int,
-    n: int,
-    sigma: float,
-    sigma_min: float,
-    beta: float,
-    steps: Sequence[int],
-    reference_steps: int,
-    trajectory_steps: int,
-) -> list[int]:
-    """Validate the arguments of :func:`run_diffusion`; returns the sorted distinct step counts."""
-    check_positive_int(d=d, K=K, p=p, n=n, reference_steps=reference_steps, trajectory_steps=trajectory_steps)
-    check_orthogonal_fit(d, K, p)
-    check_positive(sigma=sigma, sigma_min=sigma_min, beta=beta)
+def _check_steps(sigma: float, sigma_min: float, steps: Sequence[int]) -> list[int]:
+    """The noise range and step counts of :func:`run_diffusion`, checked; returns the sorted distinct counts."""
     if not sigma_min < sigma:
         raise ValueError(
             f"sigma_min must be below sigma (the flows run from σ² down to σ_min²), got {sigma_min} >= {sigma}"

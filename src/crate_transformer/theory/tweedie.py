@@ -28,7 +28,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from ._report import check, finish, loglog_slope, new_figure, progress, single_threaded, style_axis
+from ._report import check, finish, loglog_slope, new_figure, problem_size, progress, single_threaded, style_axis
 from .synthetic import (
     SubspaceSample,
     check_orthogonal_fit,
@@ -136,10 +136,7 @@ def run_tweedie(
     checks = _tweedie_checks(t, np.array(sigmas))
     fig = _tweedie_figure(t, np.array(sigmas), title=f"(d={d}, K={K}, p={p}, Λ=I)")
     config = {
-        "d": d,
-        "K": K,
-        "p": p,
-        "n": n,
+        **problem_size(d, K, p, n),
         "sigmas": sigmas,
         "seed": seed,
         "model": "x = U_s α + σ w, α ~ N(0, I_p), uniform π (normalisation (213) holds)",

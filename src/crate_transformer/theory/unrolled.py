@@ -30,7 +30,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from ..objectives import coding_rate, subspace_coding_rate
-from ._report import check, finish, new_figure, progress, single_threaded, style_axis
+from ._report import check, finish, new_figure, problem_size, progress, single_threaded, style_axis
 from .steps import STEP_KINDS, compression_step, eps_from_beta, ista_step
 from .synthetic import (
     DTYPE,
@@ -172,10 +172,7 @@ def run_unrolled(
     title = f"(d={d}, K={K}, p={p}, n={n}, σ={sigma}, β={beta}, κβ={kappa_beta}, λ={lambd})"
     fig = _unrolled_figure(runs, rand_dist_floor, title)
     config = {
-        "d": d,
-        "K": K,
-        "p": p,
-        "n": n,
+        **problem_size(d, K, p, n),
         "sigma": sigma,
         "layers": layers,
         "beta": beta,

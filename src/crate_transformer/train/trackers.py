@@ -22,6 +22,7 @@ records of steps that will be redone are dropped where the backend allows (CSV, 
 from __future__ import annotations
 
 import csv
+import importlib
 import json
 import os
 import secrets
@@ -61,6 +62,14 @@ def scalars(record: Mapping[str, Any]) -> dict[str, float]:
         for k, v in record.items()
         if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool)
     }
+
+
+def _backend(name: str) -> Any:
+    """The tracking package ``name``, or a one-line error saying how to install it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise ValueError(f"--logger {name} needs the {name} package: pip install crate-transformer[trackers]") from None
 
 
 class Tracker:
@@ -172,11 +181,7 @@ class MLflowTracker(Tracker):
     name = "mlflow"
 
     def start(self, run_dir: Path, params: dict[str, Any], ids: dict[str, str], resume_step: int | None) -> None:
-        try:
-            import mlflow
-        except ImportError:
-            raise ValueError("--logger mlflow needs mlflow: pip install crate-transformer[trackers]") from None
-        self.mlflow = mlflow
+        self.mlflow = mlflow = _backend("mlflow")
         if not os.environ.get("MLFLOW_TRACKING_URI"):
             # MLflow 3 refuses a file store unless asked; a run directory is exactly where one belongs
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
