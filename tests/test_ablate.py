@@ -72,7 +72,7 @@ def test_rows_shared_between_tables_are_planned_once_and_table_11_scales_the_rec
     [
         (["ablate", "99"], "unknown ablation table(s) ['99']; choose from 17, 12, 13, 15, 11, 11e or all"),
         (["ablate", "17", "--model-args", "mlp=moe"], "unknown mlp 'moe'"),
-        (["ablate", "13", "--train-args", "optimizer=sgd"], "unknown optimizer 'sgd'"),
+        (["ablate", "13", "--train-args", "optimizer=adagrad"], "unknown optimizer 'adagrad'"),
         (["ablate", "13", "--seeds", "0"], "--seeds must be a positive integer"),
     ],
 )

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from .model import ImageClassifier, ModelConfig
 from .official import OfficialFormat, conv_to_linear, linear_to_conv, rename
-from .operators import EncoderLayer
+from .operators import EncoderLayer, drop_path_rates
 
 __all__ = [
     "ALPHA_ARCH",
@@ -122,7 +122,8 @@ class CRATEAlpha(ImageClassifier):
         ``D1`` (:class:`~crate_transformer.operators.OvercompleteISTA`), ``torch.randn`` class token and
         position table (init std 1)."""
         patch_embed = nn.Sequential(nn.Linear(c.in_chans * c.patch_size**2, c.dim))
-        layers = nn.ModuleList(EncoderLayer.from_config(c) for _ in range(c.depth))
+        rates = drop_path_rates(c.drop_path, c.depth)
+        layers = nn.ModuleList(EncoderLayer.from_config(c, drop_path=r) for r in rates)
         return patch_embed, layers, 1.0
 
 

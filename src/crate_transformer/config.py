@@ -34,6 +34,9 @@ class Config:
     # name -> Range for float fields with a range, e.g. {"eta": Range(0, lo_open=True)} (or a field's
     # metadata["range"]); every other float field must merely be finite
     RULES: ClassVar[Mapping[str, Range]] = {}
+    # fields added after their format was in use, left out of to_dict() while at their default: the files of
+    # every model that does not use them (config.json, the checksums over it) stay byte-identical
+    OMIT_AT_DEFAULT: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
         current = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -95,8 +98,13 @@ class Config:
 
     # ---------------------------------------------------------------- serialisation
     def to_dict(self) -> dict:
-        """Every field as plain JSON values (nested dataclasses as dicts)."""
-        return dataclasses.asdict(self)
+        """Every field as plain JSON values (nested dataclasses as dicts), less :attr:`OMIT_AT_DEFAULT` fields
+        at their default (:meth:`from_dict` restores those)."""
+        d = dataclasses.asdict(self)
+        for name in self.OMIT_AT_DEFAULT:
+            if d[name] == self._default(name, None):
+                del d[name]
+        return d
 
     @classmethod
     def from_dict(cls: type[C], d: Mapping[str, Any]) -> C:

@@ -48,7 +48,7 @@ from .model import (
     patchify,
     unpatchify,
 )
-from .operators import LAYER_FORMS, DecoderLayer, EncoderLayer
+from .operators import LAYER_FORMS, DecoderLayer, EncoderLayer, drop_path_rates
 from .spec import DataSpec
 
 __all__ = [
@@ -88,12 +88,15 @@ class MAEConfig(ImageEncoderGeometry, Config):
     decoder_form: str = "official"  # decoder layer: official (x_ − MSSA(LN(x_))) | jmlr (Alg. 5)
     visible_only: bool = False  # encoder sees only visible tokens, positions re-added before the decoder (He et al.)
     norm_eps: float = 1e-6  # final encoder / decoder LayerNorms
+    drop_path: float = 0.0  # stochastic depth of the encoder's last layer, rising linearly from 0; 0 = off
     data: DataSpec | None = None
 
+    OMIT_AT_DEFAULT = ("drop_path",)  # added later: configs without it stay byte-identical
     RULES = {
         "eta": Range(0, lo_open=True),
         "lambd": Range(0),
         "norm_eps": Range(0, lo_open=True),
+        "drop_path": Range(0, 1, hi_open=True),
     }
 
     def validate(self) -> None:
@@ -204,7 +207,8 @@ class CRATEMAE(ImageInput, Model):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim))
         self.mask_token = nn.Parameter(torch.zeros(1, 1, c.dim))  # x_mask of eq. (71), in token space
         self.register_buffer("pos_embed", sincos_pos_embed(c.dim, c.grid, c.grid).unsqueeze(0))  # fixed E_pos
-        self.layers = nn.ModuleList(EncoderLayer.from_config(c) for _ in range(c.depth))
+        rates = drop_path_rates(c.drop_path, c.depth)
+        self.layers = nn.ModuleList(EncoderLayer.from_config(c, drop_path=r) for r in rates)
         self.norm = nn.LayerNorm(c.dim, eps=c.norm_eps)
         self.decoder_layers = nn.ModuleList(
             DecoderLayer(c.dim, c.heads, c.head_dim, form=c.decoder_form) for _ in range(c.depth)

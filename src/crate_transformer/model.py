@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from .base import POOLS, Model, Trace, pool_tokens
 from .config import Config
 from .config_utils import Range
-from .operators import ATTENTIONS, ISTA_MODES, LAYER_FORMS, MLPS, EncoderLayer
+from .operators import ATTENTIONS, ISTA_MODES, LAYER_FORMS, MLPS, EncoderLayer, drop_path_rates
 from .spec import DataSpec, fit_normalization
 
 __all__ = [
@@ -116,6 +116,7 @@ class ModelConfig(ImageEncoderGeometry, Config):
     pool: str = "cls"  # cls | mean (every token: official) | avg (patch tokens), see base.POOLS
     dropout: float = 0.0
     emb_dropout: float = 0.0
+    drop_path: float = 0.0  # stochastic depth of the last layer, rising linearly from 0 (timm / DeiT); 0 = off
     # CRATE operators (ignored by arch="vit")
     eta: float = 0.1  # ISTA step size η
     lambd: float = 0.1  # ISTA sparsity weight λ
@@ -137,6 +138,7 @@ class ModelConfig(ImageEncoderGeometry, Config):
     # what the model was trained on (normalisation, classes, source); None when unknown
     data: DataSpec | None = None
 
+    OMIT_AT_DEFAULT = ("drop_path",)  # added later: configs without it stay byte-identical
     ARCHS: ClassVar[tuple[str, ...]] = ARCHS  # the arch values this config class builds (a subclass's own)
     RULES = {
         "eta": Range(0, lo_open=True),
@@ -145,6 +147,7 @@ class ModelConfig(ImageEncoderGeometry, Config):
         "mlp_ratio": Range(0, lo_open=True),
         "dropout": Range(0, 1, hi_open=True),
         "emb_dropout": Range(0, 1, hi_open=True),
+        "drop_path": Range(0, 1, hi_open=True),
     }
 
     def validate(self) -> None:
@@ -192,7 +195,14 @@ class ViTBlock(EncoderLayer):
     ``causal`` the GPT-2 block (``gelu="tanh"``: OpenAI GPT-2's GELU)."""
 
     def __init__(
-        self, dim: int, heads: int, mlp_ratio: float, dropout: float, causal: bool = False, gelu: str = "exact"
+        self,
+        dim: int,
+        heads: int,
+        mlp_ratio: float,
+        dropout: float,
+        causal: bool = False,
+        gelu: str = "exact",
+        drop_path: float = 0.0,
     ) -> None:
         super().__init__(
             dim,
@@ -204,6 +214,7 @@ class ViTBlock(EncoderLayer):
             mlp_ratio=mlp_ratio,
             causal=causal,
             gelu=gelu,
+            drop_path=drop_path,
         )
 
 
@@ -215,14 +226,15 @@ def _crate_encoder(c: ModelConfig) -> tuple[nn.Module, nn.ModuleList, float]:
         patch_embed = nn.Sequential(nn.LayerNorm(patch_dim), nn.Linear(patch_dim, c.dim), nn.LayerNorm(c.dim))
     else:  # CRATE-MAE's PatchEmbed (a conv ≡ a linear map of the flattened patch); same key patch_embed.1
         patch_embed = nn.Sequential(nn.Identity(), nn.Linear(patch_dim, c.dim), nn.Identity())
-    layers = nn.ModuleList(EncoderLayer.from_config(c) for _ in range(c.depth))
+    layers = nn.ModuleList(EncoderLayer.from_config(c, drop_path=r) for r in drop_path_rates(c.drop_path, c.depth))
     return patch_embed, layers, 1.0  # official: torch.randn
 
 
 def _vit_encoder(c: ModelConfig) -> tuple[nn.Module, nn.ModuleList, float]:
     """ViT: Linear patch embedding, then pre-norm MHSA + GELU-MLP blocks (timm layout)."""
     patch_embed = nn.Sequential(nn.Linear(c.in_chans * c.patch_size**2, c.dim))
-    layers = nn.ModuleList(ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout) for _ in range(c.depth))
+    rates = drop_path_rates(c.drop_path, c.depth)
+    layers = nn.ModuleList(ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout, drop_path=r) for r in rates)
     return patch_embed, layers, 0.02  # timm ViT
 
 

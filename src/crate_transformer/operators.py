@@ -37,6 +37,9 @@ __all__ = [
     "ATTENTIONS",
     "MLPS",
     "GELUS",
+    "DropPath",
+    "drop_path_rates",
+    "set_drop_path",
 ]
 
 ISTA_MODES = ("relu", "soft", "mm", "none")
@@ -357,6 +360,46 @@ class OvercompleteISTA(nn.Module):
         return f"dim={d}, atoms={m}, eta={self.eta}, lambd={self.lambd}, tied={self.D1 is None}"
 
 
+# --------------------------------------------------------------------------- stochastic depth
+class DropPath(nn.Module):
+    """Stochastic depth (Huang et al. 2016) per sample, as timm's ``DropPath``: in training each sample's
+    residual branch is zeroed with probability ``p`` and otherwise scaled by ``1 / (1 − p)``, so its
+    expectation is unchanged; identity in eval mode and at ``p = 0`` (no random numbers are drawn then)."""
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"drop path rate must be in [0, 1), got {p}")
+        self.p = float(p)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = 1.0 - self.p
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+        return x * mask.div_(keep)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+def drop_path_rates(rate: float, depth: int) -> list[float]:
+    """Per-layer drop path rates rising linearly from 0 (first layer) to ``rate`` (last), as timm's and
+    DeiT's ``torch.linspace(0, drop_path_rate, depth)`` (computed in Python: models are also built on ``meta``)."""
+    return [rate * i / (depth - 1) if depth > 1 else 0.0 for i in range(depth)]
+
+
+def set_drop_path(model: nn.Module, rate: float) -> None:
+    """Give ``model.layers`` the drop path rates of :func:`drop_path_rates` (e.g. before fine-tuning a loaded
+    model) and record ``rate`` in ``model.config.drop_path`` where the config has that field."""
+    layers = list(model.layers)
+    for layer, r in zip(layers, drop_path_rates(rate, len(layers))):
+        layer.drop_path = DropPath(r)
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "drop_path"):
+        model.config = config.replace(drop_path=rate)
+
+
 # --------------------------------------------------------------------------- layers
 # EncoderLayer keyword -> the model-config field that sets it (EncoderLayer.from_config)
 _CONFIG_FIELDS = {
@@ -393,6 +436,10 @@ class EncoderLayer(nn.Module):
 
     ``proj_bias`` sets whether MSSA's output ``W`` (eq. (37)) has a bias; by default it has one except with
     ``mlp="odl"``.  The released CRATE-BERT has none.
+
+    ``drop_path`` (stochastic depth, :class:`DropPath`) drops the residual branches per sample in training:
+    the MSSA/MHSA update ``MSSA(LN1(Z))`` and, where the second block is residual (``mlp``, ``odl``), its
+    update.  CRATE's ISTA step replaces the tokens (eq. (45)) rather than adding to them, so it is never dropped.
     """
 
     def __init__(
@@ -417,10 +464,12 @@ class EncoderLayer(nn.Module):
         odl_ratio: int = 4,
         gelu: str = "exact",
         proj_bias: bool | None = None,
+        drop_path: float = 0.0,
     ) -> None:
         super().__init__()
         if form not in LAYER_FORMS:
             raise ValueError(f"unknown layer form {form!r}; choose one of {LAYER_FORMS}")
+        self.drop_path = DropPath(drop_path)  # no parameters: state dicts are unchanged
         if attention not in ATTENTIONS:
             raise ValueError(f"unknown attention {attention!r}; choose one of {ATTENTIONS}")
         if mlp not in MLPS:
@@ -475,11 +524,11 @@ class EncoderLayer(nn.Module):
             m, attn = self.attn(h, return_attention=True)
         else:
             m = self.attn(h, cache=cache, key_mask=key_mask)
-        half = (x if self.form == "official" else h) + m
+        half = (x if self.form == "official" else h) + self.drop_path(m)
         if self.kind == "ista_overcomplete":  # replaces the tokens, as CRATE's ISTA step does
             return self.mlp(self.norm2(half)), half, attn
         if self.kind != "ista":
-            return half + self.mlp(self.norm2(half)), half, attn
+            return half + self.drop_path(self.mlp(self.norm2(half))), half, attn
         out = half if self.ista.mode == "none" else self.ista(self.norm2(half))
         return out, half, attn
 

@@ -5,7 +5,9 @@ frozen encoder on the training split and the held-out split, then
 
 * a weighted k-NN classifier on l2-normalised features, each of the k nearest training samples voting
   for its class with weight ``exp(cos / T)``, T = 0.07 (Wu et al. 2018; DINO's ``eval_knn.py``);
-* a linear probe: multinomial logistic regression (scikit-learn) on standardised features.
+* a linear probe: multinomial logistic regression (scikit-learn) on standardised features, or
+  (:func:`sgd_linear_probe`) MAE / DINO's protocol: a BatchNorm1d without affine parameters before a linear
+  head, trained with LARS (or SGD with momentum) on a warm-up + cosine schedule (MAE ``main_linprobe.py``).
 
 Any model with ``forward_features(x) -> (b, 1 + N, d)`` tokens works: classifiers, the MAE encoder,
 a DINO teacher backbone.
@@ -13,6 +15,7 @@ a DINO teacher backbone.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -23,7 +26,16 @@ from torch import Tensor, nn
 
 from .base import POOLS, pool_tokens
 
-__all__ = ["POOLS", "pool_tokens", "extract_features", "knn_classify", "knn_sweep", "linear_probe", "ProbeResult"]
+__all__ = [
+    "POOLS",
+    "pool_tokens",
+    "extract_features",
+    "knn_classify",
+    "knn_sweep",
+    "linear_probe",
+    "sgd_linear_probe",
+    "ProbeResult",
+]
 
 KNN_KS = (10, 20, 100, 200)
 
@@ -139,6 +151,7 @@ class ProbeResult:
     num_test: int
     weight: Tensor  # (classes, d): logits = features @ weight.T + bias
     bias: Tensor
+    protocol: str = "logistic"  # logistic (scikit-learn; C its inverse L2 strength) | lars | sgd (C = 0)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -185,6 +198,73 @@ def linear_probe(
         weight=torch.from_numpy(w).float(),
         bias=torch.from_numpy(b).float(),
     )
+
+
+def sgd_linear_probe(
+    train_x: Tensor,
+    train_y: Tensor,
+    test_x: Tensor,
+    test_y: Tensor,
+    *,
+    optimizer: str = "lars",
+    epochs: int = 90,
+    batch_size: int = 256,
+    blr: float = 0.1,
+    warmup_epochs: int = 10,
+    weight_decay: float = 0.0,
+    momentum: float = 0.9,
+    seed: int = 0,
+) -> ProbeResult:
+    """MAE's linear probe (``main_linprobe.py``, DINO's likewise) on frozen features: ``BatchNorm1d(d,
+    affine=False, eps=1e-6)`` then ``Linear(d, classes)`` (weight ~ trunc. normal, std 0.01; bias 0), trained by
+    LARS (``optimizer="lars"``, MAE) or SGD with momentum (``"sgd"``, DINO) on shuffled mini-batches, lr =
+    ``blr · batch_size / 256`` per iteration with a linear warm-up over ``warmup_epochs`` then a half-cycle
+    cosine to 0.  MAE's ImageNet values: 90 epochs, batch 16384, blr 0.1, 10 warm-up epochs, no weight decay.
+
+    The returned ``weight``/``bias`` act on the raw features: the BatchNorm's running statistics are folded in.
+    """
+    from .train.optim import LARS
+
+    _check_features(train_x, train_y, test_x, test_y)
+    if optimizer not in ("lars", "sgd") or epochs < 1 or batch_size < 1:
+        raise ValueError(f"need optimizer lars | sgd, epochs >= 1, batch_size >= 1; got {optimizer!r}, {epochs}, "
+                         f"{batch_size}")  # fmt: skip
+    gen = torch.Generator().manual_seed(seed)
+    classes = int(max(train_y.max(), test_y.max())) + 1
+    bn = nn.BatchNorm1d(train_x.shape[1], affine=False, eps=1e-6)
+    head = nn.Linear(train_x.shape[1], classes)
+    with torch.no_grad():
+        head.weight.copy_(nn.init.trunc_normal_(torch.empty_like(head.weight), std=0.01, generator=gen))
+        head.bias.zero_()
+    lr = blr * batch_size / 256
+    opt_cls = LARS if optimizer == "lars" else torch.optim.SGD
+    opt = opt_cls(head.parameters(), lr=lr, weight_decay=weight_decay, momentum=momentum)
+    x, y = train_x.float(), train_y.long()
+    steps = max(1, len(x) // batch_size)  # MAE's loader drops the last incomplete batch
+    for epoch in range(epochs):
+        order = torch.randperm(len(x), generator=gen)
+        for i in range(steps):
+            for g in opt.param_groups:
+                g["lr"] = _warmup_cosine(lr, epoch + i / steps, warmup_epochs, epochs)
+            idx = order[i * batch_size : (i + 1) * batch_size]
+            loss = F.cross_entropy(head(bn(x[idx])), y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    with torch.no_grad():
+        scale = (bn.running_var + bn.eps).rsqrt()
+        w = head.weight * scale
+        b = head.bias - w @ bn.running_mean
+    acc = lambda fx, fy: float(((fx.float() @ w.T + b).argmax(1) == fy).float().mean())  # noqa: E731
+    return ProbeResult(acc=acc(test_x, test_y), train_acc=acc(train_x, train_y), C=0.0, num_train=len(train_y),
+                       num_test=len(test_y), weight=w.detach(), bias=b.detach(), protocol=optimizer)  # fmt: skip
+
+
+def _warmup_cosine(lr: float, epoch: float, warmup: int, epochs: int) -> float:
+    """MAE's ``util/lr_sched.adjust_learning_rate`` at a fractional ``epoch`` (min_lr 0)."""
+    if epoch < warmup:
+        return lr * epoch / warmup
+    return lr * 0.5 * (1.0 + math.cos(math.pi * (epoch - warmup) / max(epochs - warmup, 1)))
 
 
 def _check_features(train_x: Tensor, train_y: Tensor, test_x: Tensor, test_y: Tensor) -> None:

@@ -139,7 +139,15 @@ def configure_eval(parser: argparse.ArgumentParser) -> None:
     frozen.add_argument(
         "--knn", action="store_true", help="weighted k-NN (k = 10, 20, 100, 200; T = 0.07) on train-split features"
     )
-    frozen.add_argument("--linear-probe", action="store_true", help="logistic regression on train-split features")
+    frozen.add_argument("--linear-probe", action="store_true", help="a linear probe on train-split features")
+    frozen.add_argument(
+        "--probe",
+        default="logistic",
+        choices=("logistic", "lars", "sgd"),
+        help="--linear-probe protocol: logistic regression (scikit-learn; the paper) | lars (MAE main_linprobe.py: "
+        "BatchNorm without affine + linear head, LARS, 90 epochs, warm-up + cosine) | sgd (the same with SGD + "
+        "momentum, DINO-style) (default: logistic)",
+    )
     frozen.add_argument(
         "--pool", default=None, choices=POOLS,
         help="feature: class token | avg of the patch tokens | mean of all tokens (default: the model's pool, "
@@ -178,6 +186,8 @@ def run_eval(args: argparse.Namespace) -> int:
     from .common import positive
 
     positive("batch_size", args.batch_size)
+    if args.probe != "logistic" and not args.linear_probe:
+        raise ValueError(f"--probe {args.probe} chooses the protocol of --linear-probe; add --linear-probe")
     apply_threads(args)
     device = resolve_device(args.device)
     model = _eval_model(args)
@@ -228,7 +238,7 @@ def _write_eval(args: argparse.Namespace, r: object, name: str, data: str, src: 
 def _frozen_eval(args: argparse.Namespace, model, train_ds, test_ds, norm, out: Path, src: str, data: str) -> int:
     """``crate eval --knn / --linear-probe``: frozen features of the train split classify the evaluated split."""
     from ..io import atomic_write
-    from ..probe import KNN_KS, extract_features, knn_sweep, linear_probe
+    from ..probe import KNN_KS, extract_features, knn_sweep, linear_probe, sgd_linear_probe
     from ..train.evaluation import plot_knn
 
     args.pool = args.pool or getattr(model.config, "pool", "cls")
@@ -246,9 +256,13 @@ def _frozen_eval(args: argparse.Namespace, model, train_ds, test_ds, norm, out: 
         lines.append("k-NN (T=0.07): " + ", ".join(f"k={k} {100 * a:.2f}%" for k, a in accs.items()))
         plot_knn(accs, out / "knn.png", title=f"{Path(data).name} {args.split}: weighted k-NN on {args.pool} features")
     if args.linear_probe:
-        probe = linear_probe(train_x, train_y, test_x, test_y)
+        if args.probe == "logistic":
+            probe = linear_probe(train_x, train_y, test_x, test_y)
+        else:
+            batch = min(256, len(train_y))
+            probe = sgd_linear_probe(train_x, train_y, test_x, test_y, optimizer=args.probe, batch_size=batch)
         report["linear_probe"] = probe.to_dict()
-        lines.append(f"linear probe: {100 * probe.acc:.2f}% (train {100 * probe.train_acc:.2f}%)")
+        lines.append(f"linear probe ({args.probe}): {100 * probe.acc:.2f}% (train {100 * probe.train_acc:.2f}%)")
     atomic_write(out / "eval.json", lambda tmp: Path(tmp).write_text(json.dumps(report, indent=1) + "\n"))
     print("\n".join(lines) + f"\nreport: {out / 'eval.json'}")
     return 0

@@ -9,10 +9,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data import ImageSource, default_augmentation
+from ..operators import set_drop_path
 from .config import TrainConfig
 from .evaluation import evaluate
 from .images import ImageData, image_classifier, load_splits
-from .task import RunSummary, Task, TaskResult
+from .mix import MixupCutmix, random_erasing, soft_target_cross_entropy
+from .optim import ModelEma
+from .task import RunSummary, StepContext, Task, TaskResult
 
 __all__ = ["ClassificationTask", "load_splits"]
 
@@ -36,6 +39,23 @@ class ClassificationTask(Task):
             kind = default_augmentation(self.data.name, finetune=cfg.init_from is not None)
         self.augment_kind = kind
         self.augment = self.data.augmentation(kind)
+        self._setup_recipe(len(self.data.classes), state)
+
+    def _setup_recipe(self, num_classes: int, state: dict | None) -> None:
+        """The recipe pieces the options turn on: drop path on a new or fine-tuned model (a resumed one has it in
+        its config), mixup / cutmix, random erasing, a weight EMA (each None when off, so a run without them
+        draws no extra random numbers)."""
+        cfg = self.cfg
+        if cfg.drop_path and state is None:
+            set_drop_path(self.model, cfg.drop_path)
+        self.mixer = self.eraser = self.ema = None
+        if cfg.mixup > 0 or cfg.cutmix > 0:
+            self.mixer = MixupCutmix(num_classes, cfg.mixup, cfg.cutmix, cfg.mixup_prob, cfg.mixup_switch_prob,
+                                     cfg.label_smoothing)  # fmt: skip
+        if cfg.random_erasing > 0:
+            self.eraser = random_erasing(cfg.random_erasing).to(self.rt.device)
+        if cfg.ema > 0:
+            self.ema = ModelEma(self.model, cfg.ema)
 
     def _load_data(self, image_size: int) -> ImageData:
         data = ImageData(self.cfg, image_size, self.rt.device)
@@ -47,33 +67,60 @@ class ClassificationTask(Task):
         return data
 
     def prepare(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        """uint8 images → augmented, normalised inputs (then random erasing, then mixup / cutmix: the labels become
+        soft targets ``(b, classes)``) and labels on the device."""
         images, labels = batch
-        return self.data.inputs(images, self.augment), labels.to(self.rt.device, non_blocking=True)
+        x, y = self.data.inputs(images, self.augment), labels.to(self.rt.device, non_blocking=True)
+        if self.eraser is not None:
+            x = self.eraser(x)
+        if self.mixer is not None:
+            x, y = self.mixer(x, y)
+        return x, y
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         x, y = batch
         logits = model(x).float()
-        loss = F.cross_entropy(logits, y, label_smoothing=self.cfg.label_smoothing)
+        if y.ndim == 2:  # mixed soft targets (label smoothing already in them); accuracy against the larger part
+            loss, y = soft_target_cross_entropy(logits, y), y.argmax(-1)
+        else:
+            loss = F.cross_entropy(logits, y, label_smoothing=self.cfg.label_smoothing)
         with torch.no_grad():
             n = torch.tensor(float(len(y)), device=y.device)
             stats = {"loss": loss.detach() * n, "acc": (logits.argmax(-1) == y).sum().float(), "n": n}
         return loss, stats
 
     def evaluate(self, split: str, *, dataset: ImageSource | None = None) -> dict[str, float]:
+        """Loss, top-1 and top-5 of the model on ``split`` (and ``ema_*`` of the EMA weights, when kept)."""
         ds = dataset or (self.test_data if split == "test" else self.eval_data)
-        r = evaluate(
-            self.model, ds, mean=self.mean, std=self.std, image_size=self.image_size,
-            channels=self.model.config.in_chans, batch_size=self.cfg.eval_batch_size, runtime=self.rt,
-        )  # fmt: skip
+        kw = dict(mean=self.mean, std=self.std, image_size=self.image_size, channels=self.model.config.in_chans,
+                  batch_size=self.cfg.eval_batch_size, runtime=self.rt)  # fmt: skip
+        r = evaluate(self.model, ds, **kw)
         self.last_result = r
-        return {"loss": r.loss, "acc": r.top1, "top5": r.top5}
+        out = {"loss": r.loss, "acc": r.top1, "top5": r.top5}
+        if self.ema is not None:
+            self.last_ema = evaluate(self.ema.module, ds, **kw)
+            out.update(ema_loss=self.last_ema.loss, ema_acc=self.last_ema.top1, ema_top5=self.last_ema.top5)
+        return out
 
     def hooks(self) -> list:
+        hooks = [self._update_ema] if self.ema is not None else []
         if not self.cfg.measure_every:
-            return []
+            return hooks
         from ..analysis import measure_hook
 
-        return [measure_hook(every=self.cfg.measure_every)]
+        return [*hooks, measure_hook(every=self.cfg.measure_every)]
+
+    def _update_ema(self, ctx: StepContext) -> None:
+        """The weight EMA after optimizer step ``ctx.step`` (the engine also calls the hooks once before step 1)."""
+        if ctx.step > 0:
+            self.ema.update(ctx.model)
+
+    def state_dict(self) -> dict:
+        return {"ema": self.ema.module.state_dict()} if self.ema is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.ema is not None and state.get("ema") is not None:
+            self.ema.module.load_state_dict(state["ema"])
 
     def fixed_batch(self) -> tuple[Tensor, Tensor]:
         images, labels = next(iter(self.eval_data.batches(64, shuffle=False)))
@@ -101,11 +148,18 @@ class ClassificationTask(Task):
         r = self.last_result
         if self.rt.main:
             self.model.save_pretrained(run_dir / "model")
+        ema, numbers = "", {"test_acc": r.top1, "test_top5": r.top5, "params": self.model.num_params()}
+        if self.ema is not None:
+            if self.rt.main:
+                self.ema.module.config = self.model.config  # the same data record (classes, normalisation)
+                self.ema.module.save_pretrained(run_dir / "model_ema")
+            numbers["ema_test_acc"] = self.last_ema.top1
+            ema = f"; EMA weights (model_ema/): {100 * self.last_ema.top1:.2f}%"
         return TaskResult(
             record=metrics,
             message=f"final test accuracy: {100 * r.top1:.2f}% ({round(r.top1 * r.num_samples)}/{r.num_samples}), "
-            f"top-{r.k} {100 * r.top5:.2f}%, {self.model.num_params():,} params",
-            numbers={"test_acc": r.top1, "test_top5": r.top5, "params": self.model.num_params()},
+            f"top-{r.k} {100 * r.top5:.2f}%, {self.model.num_params():,} params{ema}",
+            numbers=numbers,
             next=f"crate analyze {run_dir}    |    crate eval {run_dir}",
         )
 

@@ -1,4 +1,4 @@
-"""The training configuration: one dataclass, defaults < ``--config`` YAML/JSON file < command-line flags.
+"""The training configuration: one dataclass, defaults < ``--recipe`` < ``--config`` YAML/JSON file < flags.
 
 The paper's ImageNet recipe (JMLR App. C.1): Lion, lr 2.4e-4, weight decay 0.5, batch 2048,
 5 warm-up epochs then cosine, label smoothing 0.1, random crop + flip.  Fine-tuning (C.1,
@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config_utils import check_ranges, coerce_fields
+from ..config_utils import Range, check_ranges, coerce_fields
 from ..data import AUGMENTATIONS, DATA_MODES
+from .optim import OPTIMIZERS
+from .recipes import RECIPES, recipe_options
 from .sharding import STRATEGIES
 from .trackers import LOGGERS
 
 __all__ = ["TrainConfig", "FINETUNE_DEFAULTS", "OPTIMIZERS", "AMP_MODES", "DATA_MODES", "load_config"]
 
-OPTIMIZERS = ("adamw", "lion")
 AMP_MODES = ("auto", "none", "bf16", "fp16")
 
 
@@ -105,7 +106,12 @@ class TrainConfig:
     randaugment_n: int = _opt(2, "RandAugment: number of ops per image", commands=SUPERVISED)
     randaugment_m: int = _opt(14, "RandAugment: magnitude (0-30)", commands=SUPERVISED)
     # optimisation (per-iteration linear warm-up, then cosine decay to --min-lr)
-    optimizer: str = _opt("adamw", "optimizer: adamw | lion (the paper pre-trains with Lion)", choices=OPTIMIZERS)
+    optimizer: str = _opt(
+        "adamw",
+        "optimizer: adamw | lion (the paper pre-trains with Lion) | sgd (with --momentum) | lars (MoCo v3 / MAE) | "
+        "lamb (You et al. 2019)",
+        choices=OPTIMIZERS,
+    )
     lr: float = _opt(2e-3, "peak learning rate")
     min_lr: float = _opt(1e-5, "learning rate at the end of the cosine decay")
     weight_decay: float = _opt(0.05, "decoupled weight decay (matrices only; norms, biases, embeddings excluded)")
@@ -117,6 +123,47 @@ class TrainConfig:
     label_smoothing: float = _opt(0.1, "label smoothing of the cross-entropy", commands=SUPERVISED)
     grad_clip: float = _opt(1.0, "clip the global gradient norm to this value (0 = off)")
     max_steps: int = _opt(0, "stop after this many optimizer steps (0 = all epochs; the schedule is unchanged)")
+    # training recipes (docs/recipes.md): a named preset, and the pieces the published recipes use
+    recipe: str | None = _opt(
+        None,
+        "a named published recipe (its optimizer, lr, schedule, augmentation, ... values; docs/recipes.md): "
+        "defaults < recipe < --config < flags",
+        choices=tuple(RECIPES),
+        commands=SUPERVISED,
+    )
+    momentum: float = _opt(0.9, "momentum of --optimizer sgd / lars", range=Range(0, 1, hi_open=True))
+    layer_decay: float = _opt(
+        1.0,
+        "layer-wise lr decay (MAE / BEiT): layer i of L trains at lr x decay^(L+1-i) (1 = off)",
+        range=Range(0, 1, lo_open=True),
+        commands=SUPERVISED,
+    )
+    drop_path: float = _opt(
+        0.0,
+        "stochastic depth of the last layer, rising linearly from 0 over depth (timm / DeiT; 0 = off)",
+        range=Range(0, 1, hi_open=True),
+        commands=SUPERVISED,
+    )
+    mixup: float = _opt(0.0, "mixup Beta(a, a) concentration (0 = off; DeiT: 0.8)", range=Range(0), commands=SUPERVISED)
+    cutmix: float = _opt(
+        0.0, "cutmix Beta(a, a) concentration (0 = off; DeiT: 1.0)", range=Range(0), commands=SUPERVISED
+    )
+    mixup_prob: float = _opt(
+        1.0, "probability that a batch is mixed (mixup or cutmix)", range=Range(0, 1), commands=SUPERVISED
+    )
+    mixup_switch_prob: float = _opt(
+        0.5, "probability of cutmix rather than mixup when both are on", range=Range(0, 1), commands=SUPERVISED
+    )
+    random_erasing: float = _opt(
+        0.0, "random erasing probability per image (DeiT, MAE: 0.25)", range=Range(0, 1), commands=SUPERVISED
+    )
+    ema: float = _opt(
+        0.0,
+        "keep an EMA of the weights with this decay, evaluated beside the model and saved as model_ema/ (0 = off; "
+        "DeiT: 0.99996)",
+        range=Range(0, 1, hi_open=True),
+        commands=SUPERVISED,
+    )
     # system
     device: str = _opt("auto", "auto | cpu | cuda | cuda:N | mps (under torchrun: cuda:LOCAL_RANK)")
     amp: str = _opt(
@@ -200,6 +247,7 @@ class TrainConfig:
             ("augment", ("auto", *AUGMENTATIONS)),
             ("eval_split", ("test", "val")),
             ("on_bad_image", ("skip", "error")),
+            ("recipe", (None, *RECIPES)),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {allowed}")
@@ -222,6 +270,9 @@ class TrainConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown training option(s) {unknown}; valid options: {sorted(known)}")
+        if d.get("recipe"):  # the recipe's values go under the options given with it
+            finetune = (d.get("init_from") or (base.init_from if base is not None else None)) is not None
+            d = {**recipe_options(d["recipe"], finetune), **d}
         return dataclasses.replace(base, **d) if base is not None else cls(**d)
 
 

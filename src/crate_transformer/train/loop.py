@@ -25,6 +25,7 @@ from torch import nn
 
 from . import sharding
 from .config import TrainConfig
+from .optim import build_optimizer, param_groups
 from .rundir import CHECKPOINT, CONFIG_FILE, RunDir, load_training_state
 from .runtime import Interrupt, ProcessSettings, Runtime, rng_state, seed_everything, set_rng_state
 from .task import Hook, StepContext, Task, make_task
@@ -406,27 +407,19 @@ def _steps_per_epoch(cfg: TrainConfig, task: Task, rt: Runtime) -> int:
 
 
 class _Optimization:
-    """Optimizer (AdamW or Lion), per-iteration warm-up + cosine schedule, fp16 grad scaler and clipping.
+    """Optimizer (:func:`~crate_transformer.train.optim.build_optimizer`: AdamW, Lion, SGD, LARS or LAMB),
+    per-iteration warm-up + cosine schedule, fp16 grad scaler and clipping.
 
     Weight decay is decoupled and skips what the model's ``no_weight_decay()`` names (norms, biases, class and
     mask tokens, position tables; a model without the method: every vector):
     param group 0 holds the decayed parameters, group 1 the others (``Task.before_optimizer_step`` relies on that
-    order, as DINO's ``get_params_groups``, whose first group is the regularized one).
+    order, as DINO's ``get_params_groups``, whose first group is the regularized one).  ``--layer-decay`` below 1
+    splits them further by layer (:func:`~crate_transformer.train.optim.param_groups`, MAE's LLRD).
     """
 
     def __init__(self, model: nn.Module, cfg: TrainConfig, steps_per_epoch: int, total: int, rt: Runtime) -> None:
-        skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
-        decay, no_decay = [], []
-        for name, p in model.named_parameters():
-            if p.requires_grad:
-                (no_decay if p.ndim < 2 or name in skip else decay).append(p)
-        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        if cfg.optimizer == "lion":
-            from lion_pytorch import Lion
-
-            self.optimizer = Lion(groups, lr=cfg.lr, betas=tuple(cfg.betas) if cfg.betas else (0.9, 0.99))
-        else:
-            self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas) if cfg.betas else (0.9, 0.999))
+        groups = param_groups(model, cfg.weight_decay, cfg.layer_decay)
+        self.optimizer = build_optimizer(cfg.optimizer, groups, cfg.lr, cfg.betas, cfg.momentum)
         self.schedule = WarmupCosine(round(cfg.warmup_epochs * steps_per_epoch), total, cfg.min_lr / cfg.lr)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
         self.scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.amp_dtype == torch.float16)
@@ -434,7 +427,9 @@ class _Optimization:
 
     @property
     def lr(self) -> float:
-        return self.optimizer.param_groups[0]["lr"]
+        """The scheduled learning rate (of the last layer's groups under layer-wise decay)."""
+        group = self.optimizer.param_groups[0]
+        return group["lr"] / group.get("lr_scale", 1.0)
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,207 @@
+"""Optimizers, parameter groups and weight EMA for the training recipes users bring.
+
+* :func:`param_groups` — decoupled weight decay on the matrices only (the model's ``no_weight_decay()``),
+  optionally with layer-wise learning-rate decay (LLRD: ELECTRA / BEiT / MAE's ``param_groups_lrd``): layer
+  ``i`` of ``L`` gets the learning rate ``lr · decay^(L + 1 − id)``, with id 0 for the patch embedding, class
+  token and position table, ``i + 1`` for encoder layer ``i``, and ``L + 1`` (scale 1) for everything after
+  the layers (final norm, head).
+* :class:`LARS` — MoCo v3 / MAE's LARS (the linear probe's optimizer), :class:`LAMB` — You et al. 2019,
+  Algorithm 2; :func:`build_optimizer` picks them by name beside AdamW, Lion and SGD with momentum.
+* :class:`ModelEma` — an exponential moving average of the weights (timm's ``ModelEmaV2``), updated by
+  the same :func:`~crate_transformer.dino.ema_update` as the DINO teacher.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..dino import ema_update
+
+__all__ = ["OPTIMIZERS", "param_groups", "layer_id", "build_optimizer", "LARS", "LAMB", "ModelEma"]
+
+OPTIMIZERS = ("adamw", "lion", "sgd", "lars", "lamb")
+EMBEDDING_NAMES = ("cls_token", "pos_embed")  # with patch_embed.*: the input side, layer id 0 (MAE's rule)
+
+
+def layer_id(name: str, num_layers: int) -> int:
+    """The layer id of parameter ``name`` in a model with ``num_layers`` encoder layers ``layers.{i}``: 0 for
+    the embedding (``cls_token``, ``pos_embed``, ``patch_embed.*``), ``i + 1`` for ``layers.{i}.*``, and
+    ``num_layers + 1`` for the rest (MAE's ``get_layer_id_for_vit``, with ``blocks`` named ``layers`` here)."""
+    if name in EMBEDDING_NAMES or name.startswith("patch_embed"):
+        return 0
+    if name.startswith("layers."):
+        return int(name.split(".")[1]) + 1
+    return num_layers + 1
+
+
+def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0) -> list[dict[str, Any]]:
+    """The optimizer's parameter groups: weight decay on every trainable matrix that ``model.no_weight_decay()``
+    does not name (a model without the method: every vector is skipped), none on the rest.
+
+    ``layer_decay == 1`` gives two groups, decayed first (the engine's layout, which DINO's weight-decay
+    schedule relies on).  ``layer_decay < 1`` gives MAE's layer-wise groups, in the order MAE's
+    ``param_groups_lrd`` creates them, each with ``lr_scale = layer_decay ** (L + 1 − layer_id)`` (``L`` =
+    ``len(model.layers)``), which :func:`build_optimizer` multiplies into the group's learning rate.
+    """
+    if not 0.0 < layer_decay <= 1.0:
+        raise ValueError(f"layer_decay must be in (0, 1], got {layer_decay}; e.g. 0.75 (MAE) or 1 (off)")
+    skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if layer_decay == 1.0:
+        decay = [p for n, p in named if not (p.ndim < 2 or n in skip)]
+        rest = [p for n, p in named if p.ndim < 2 or n in skip]
+        return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    layers = getattr(model, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise ValueError(f"layer-wise lr decay needs a model with encoder layers `layers`; {type(model).__name__} "
+                         "has none; use --layer-decay 1")  # fmt: skip
+    num = len(layers)
+    groups: dict[tuple[int, bool], dict[str, Any]] = {}
+    for n, p in named:
+        no_decay = p.ndim < 2 or n in skip
+        lid = layer_id(n, num)
+        group = groups.setdefault((lid, no_decay), {
+            "params": [], "weight_decay": 0.0 if no_decay else weight_decay, "lr_scale": layer_decay ** (num + 1 - lid)
+        })  # fmt: skip
+        group["params"].append(p)
+    return list(groups.values())
+
+
+def build_optimizer(
+    name: str,
+    groups: list[dict[str, Any]],
+    lr: float,
+    betas: Iterable[float] = (),
+    momentum: float = 0.9,
+) -> torch.optim.Optimizer:
+    """Optimizer ``name`` (one of :data:`OPTIMIZERS`) on ``groups``; a group's ``lr_scale`` (LLRD) sets its lr.
+
+    ``betas`` default to (0.9, 0.999) for AdamW and LAMB, (0.9, 0.99) for Lion; ``momentum`` is SGD's and
+    LARS's.  SGD's weight decay is the classic L2 term added to the gradient; LARS adds it likewise (before
+    its trust ratio); AdamW, Lion and LAMB decouple it.
+    """
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}")
+    groups = [{**g, "lr": lr * g.get("lr_scale", 1.0)} for g in groups]
+    betas = tuple(betas)
+    if name == "lion":
+        from lion_pytorch import Lion
+
+        return Lion(groups, lr=lr, betas=betas or (0.9, 0.99))
+    if name == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum)
+    if name == "lars":
+        return LARS(groups, lr=lr, momentum=momentum)
+    if name == "lamb":
+        return LAMB(groups, lr=lr, betas=betas or (0.9, 0.999))
+    return torch.optim.AdamW(groups, lr=lr, betas=betas or (0.9, 0.999))
+
+
+class LARS(torch.optim.Optimizer):
+    """LARS as in MoCo v3 / MAE (``util/lars.py``, the linear probe's optimizer): for each matrix ``p``
+    (``ndim > 1``) the update ``g + wd·p`` is rescaled by the trust ratio ``η‖p‖ / ‖g + wd·p‖`` (1 when a
+    norm is 0); vectors (norms, biases) take the plain gradient, without weight decay; then heavy-ball
+    momentum ``μ ← m·μ + update`` and ``p ← p − lr·μ``."""
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 0.0,
+        weight_decay: float = 0.0,
+        momentum: float = 0.9,
+        trust_coefficient: float = 0.001,
+    ) -> None:
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, trust_coefficient=trust_coefficient)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Tensor | None:
+        loss = closure() if closure is not None else None
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                dp = p.grad
+                if p.ndim > 1:
+                    dp = dp.add(p, alpha=g["weight_decay"])
+                    p_norm, u_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(dp)
+                    ratio = g["trust_coefficient"] * p_norm / u_norm
+                    dp = dp.mul(torch.where((p_norm > 0) & (u_norm > 0), ratio, torch.ones_like(ratio)))
+                state = self.state[p]
+                if "mu" not in state:
+                    state["mu"] = torch.zeros_like(p)
+                state["mu"].mul_(g["momentum"]).add_(dp)
+                p.add_(state["mu"], alpha=-g["lr"])
+        return loss
+
+
+class LAMB(torch.optim.Optimizer):
+    """LAMB (You et al. 2019, "Large Batch Optimization for Deep Learning", Algorithm 2), per parameter tensor:
+
+    ``m ← β1 m + (1 − β1) g``, ``v ← β2 v + (1 − β2) g²``, ``m̂ = m / (1 − β1^t)``, ``v̂ = v / (1 − β2^t)``,
+    ``r = m̂ / (√v̂ + ε) + λ x`` and ``x ← x − lr · φ(‖x‖) / ‖r‖ · r`` with ``φ(z) = z`` (the trust ratio is 1
+    when ``‖x‖`` or ``‖r‖`` is 0, e.g. for zero-initialised biases).  ``λ`` is the group's weight decay.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Tensor | None:
+        loss = closure() if closure is not None else None
+        for g in self.param_groups:
+            (b1, b2), eps, wd = g["betas"], g["eps"], g["weight_decay"]
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state.update(step=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
+                state["step"] += 1
+                t, m, v = state["step"], state["m"], state["v"]
+                m.mul_(b1).add_(p.grad, alpha=1 - b1)
+                v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                r = (m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt_().add_(eps))
+                if wd:
+                    r.add_(p, alpha=wd)
+                x_norm, r_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(r)
+                ratio = torch.where((x_norm > 0) & (r_norm > 0), x_norm / r_norm, torch.ones_like(x_norm))
+                p.sub_(r * (ratio * g["lr"]))
+        return loss
+
+
+class ModelEma(nn.Module):
+    """An exponential moving average of a model's weights (timm's ``ModelEmaV2``): a frozen copy ``module``
+    in eval mode, updated after each optimizer step by ``θ_ema ← d·θ_ema + (1 − d)·θ`` for every parameter
+    (:func:`~crate_transformer.dino.ema_update`, the DINO teacher's update) and a copy of every buffer.
+
+    After ``n`` updates from the initial weights ``θ_0`` the average is ``d^n θ_0 + (1 − d) Σ_k d^(n−k) θ_k``.
+    """
+
+    def __init__(self, model: nn.Module, decay: float) -> None:
+        super().__init__()
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"EMA decay must be in (0, 1), got {decay}; e.g. 0.9999 (timm) or 0.99996 (DeiT)")
+        self.decay = float(decay)
+        self.module = copy.deepcopy(model).eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        ema_update(self.module, model, self.decay)
+        for mine, theirs in zip(self.module.buffers(), model.buffers()):
+            mine.copy_(theirs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
