@@ -23,7 +23,7 @@ from crate_transformer.train import TrainConfig, train
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--epochs", type=int, default=TrainConfig().epochs, help="budget for both models")
+    p.add_argument("--epochs", type=int, default=TrainConfig().optim.epochs, help="budget for both models")
     p.add_argument("--models", nargs=2, default=["crate_mnist", "vit_mnist"], metavar=("CRATE", "BASELINE"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")

@@ -29,7 +29,7 @@ from crate_transformer.model import build_model
 from crate_transformer.probe import KNN_KS, extract_features, knn_sweep, linear_probe
 from crate_transformer.train import TrainConfig, load_training_state, train
 from crate_transformer.train.dino import DINOTask
-from crate_transformer.train.evaluation import pyplot, save_figure
+from crate_transformer.train.evaluation import save_figure, subplots
 from crate_transformer.train.load import load_model
 
 
@@ -84,8 +84,7 @@ def main() -> None:
     print(f"{'features':<14}" + "".join(f"  k={k:<5}" for k in KNN_KS) + "  probe    feature std")
     for name, (knn, probe, std) in results.items():
         print(f"{name:<14}" + "".join(f"  {100 * knn[k]:5.1f}%" for k in KNN_KS) + f"  {100 * probe:5.1f}%   {std:.3f}")
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    fig, ax = subplots(figsize=(5.2, 3.6))
     for name, (knn, probe, _) in results.items():
         ax.plot(list(KNN_KS), [100 * knn[k] for k in KNN_KS], "o-", label=f"{name} (probe {100 * probe:.1f}%)")
     ax.axhline(97.7, color="gray", ls="--", lw=1, label="supervised crate train (97.7%)")

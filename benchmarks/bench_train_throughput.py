@@ -51,16 +51,16 @@ def _rate_from_log(run: Path, batch: int, skip: int) -> float:
 
 def _compute_only(cfg: TrainConfig, steps: int) -> float:
     """Images/s of forward + backward + clip + AdamW step on one real, pre-made batch (median of 3 chunks)."""
-    ds = load_dataset(cfg.data, "train")
+    ds = load_dataset(cfg.data.source, "train")
     model = create_model(cfg.model, num_classes=ds.num_classes, in_chans=ds.channels, **cfg.model_args)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     size = model.config.image_size
-    x = prepare_batch(ds.images[: cfg.batch_size], device=torch.device("cpu"), image_size=size,
+    x = prepare_batch(ds.images[: cfg.optim.batch_size], device=torch.device("cpu"), image_size=size,
                       channels=ds.channels, mean=ds.mean, std=ds.std)  # fmt: skip
-    y = ds.labels[: cfg.batch_size]
+    y = ds.labels[: cfg.optim.batch_size]
 
     def step() -> None:
-        loss = F.cross_entropy(model(x), y, label_smoothing=cfg.label_smoothing)
+        loss = F.cross_entropy(model(x), y, label_smoothing=cfg.optim.label_smoothing)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -73,22 +73,24 @@ def _compute_only(cfg: TrainConfig, steps: int) -> float:
         t = time.perf_counter()
         for _ in range(n):
             step()
-        rates.append(n * cfg.batch_size / (time.perf_counter() - t))
+        rates.append(n * cfg.optim.batch_size / (time.perf_counter() - t))
     return sorted(rates)[1]
 
 
 def _data_only(cfg: TrainConfig, kind: str, steps: int) -> float:
-    ds = load_dataset(cfg.data, "train")
+    ds = load_dataset(cfg.data.source, "train")
     size = create_model(cfg.model, **cfg.model_args).config.image_size
-    aug = build_augmentation(kind, size, translate=round(cfg.translate * ds.image_size), input_size=ds.image_size)
+    aug = build_augmentation(
+        kind, size, translate=round(cfg.augmentation.translate * ds.image_size), input_size=ds.image_size
+    )
     g = torch.Generator().manual_seed(0)
     t = time.perf_counter()
     for _ in range(steps):
-        idx = torch.randint(0, len(ds), (cfg.batch_size,), generator=g)
+        idx = torch.randint(0, len(ds), (cfg.optim.batch_size,), generator=g)
         prepare_batch(ds.images[idx], device=torch.device("cpu"), image_size=size, channels=ds.channels,
                       mean=ds.mean, std=ds.std, augment=aug)  # fmt: skip
         _ = ds.labels[idx]
-    return steps * cfg.batch_size / (time.perf_counter() - t)
+    return steps * cfg.optim.batch_size / (time.perf_counter() - t)
 
 
 def main() -> None:
@@ -118,11 +120,11 @@ def main() -> None:
         t0 = time.perf_counter()
         train(cfg)
         wall = time.perf_counter() - t0
-        e2e = _rate_from_log(Path(cfg.out), cfg.batch_size, skip=2)
+        e2e = _rate_from_log(Path(cfg.logging.out), cfg.optim.batch_size, skip=2)
         comp = _compute_only(cfg, steps)
         data = _data_only(cfg, kind, steps)
-        params = load_model(cfg.out).num_params()
-        rows.append((name, f"{params / 1e6:.2f}M", cfg.batch_size, f"{e2e:,.0f}", f"{comp:,.0f}", f"{data:,.0f}",
+        params = load_model(cfg.logging.out).num_params()
+        rows.append((name, f"{params / 1e6:.2f}M", cfg.optim.batch_size, f"{e2e:,.0f}", f"{comp:,.0f}", f"{data:,.0f}",
                      f"{e2e / comp:.2f}", f"{wall:.0f}"))  # fmt: skip
     header = ("config", "params", "batch", "e2e img/s", "compute-only img/s", "data-only img/s", "e2e/compute",
               "run wall s")  # fmt: skip

@@ -454,7 +454,7 @@ def test_save_pretrained_on_a_full_disk_or_read_only_folder(tmp_path, monkeypatc
     def read_only(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(cio.tempfile, "mkstemp", read_only)
+    monkeypatch.setattr(cio, "_new_temp_file", read_only)  # the temporary file cannot be created
     with pytest.raises(ValueError, match=r"cannot write config.json to folder .*ro \(permission denied\)"):
         m.save_pretrained(tmp_path / "ro")
 

@@ -94,7 +94,7 @@ def _dino_settings_task(head: DINOHead, cfg, steps_per_epoch: int, **options: ob
 
     task = DINOTask()
     task.options, task.cfg = DINOConfig(**options), cfg
-    task.steps_per_epoch, task.total_steps = steps_per_epoch, steps_per_epoch * cfg.epochs
+    task.steps_per_epoch, task.total_steps = steps_per_epoch, steps_per_epoch * cfg.optim.epochs
     task.student = SimpleNamespace(head=head)
     return task
 

@@ -195,8 +195,8 @@ def test_yaml_values_are_coerced_by_field_type(tmp_path: Path) -> None:
 
     (tmp_path / "c.yaml").write_text("lr: 1e-3\nbatch_size: '64'\nhflip: 'no'\nimage_size: null\n")
     cfg = load_config(tmp_path / "c.yaml")
-    assert cfg.lr == 0.001 and isinstance(cfg.lr, float)  # YAML 1.1 reads 1e-3 as a string
-    assert cfg.batch_size == 64 and cfg.hflip is False and cfg.image_size is None
+    assert cfg.optim.lr == 0.001 and isinstance(cfg.optim.lr, float)  # YAML 1.1 reads 1e-3 as a string
+    assert cfg.optim.batch_size == 64 and cfg.augmentation.hflip is False and cfg.data.image_size is None
     (tmp_path / "bad.yaml").write_text("epochs: 2.5\n")
     with pytest.raises(ValueError, match="epochs must be an integer"):
         load_config(tmp_path / "bad.yaml")
@@ -320,7 +320,7 @@ def test_a_registered_task_is_a_pretrain_command_with_its_own_options(
     common = ["--threads", "1", "--no-progress", "--eval-every", "0"]
     assert crate("pretrain", "regression", *common, "--epochs", 20, "--max-steps", 5, "--scale", 2, "--out", run) == 0
     saved = load_training_state(run)["train_config"]
-    assert saved["task"] == "regression" and saved["task_args"] == {"scale": 2.0} and saved["batch_size"] == 32
+    assert saved["task"] == "regression" and saved["task_args"] == {"scale": 2.0} and saved["optim"]["batch_size"] == 32
     # the wrong command refuses the run and names the right one; options of the task are checked
     err = one_line_error(capsys, "train", "--resume", run)
     assert f"crate pretrain regression --resume {run}" in err

@@ -97,7 +97,7 @@ def _sgd_reference(w: torch.Tensor, b: torch.Tensor, lr: float, steps: int) -> t
 
 def test_a_task_defined_in_a_file_trains_with_the_engine(tmp_path: Path, registered: None, capsys) -> None:
     torch.manual_seed(0)
-    w0 = nn.Linear(D, 1)  # the engine seeds with cfg.seed before setup: the same initial weights
+    w0 = nn.Linear(D, 1)  # the engine seeds with cfg.system.seed before setup: the same initial weights
     cfg = TrainConfig(task="least-squares", epochs=40, batch_size=N, lr=0.05, min_lr=0.05, warmup_epochs=0,
                       weight_decay=0.0, grad_clip=0, eval_every=0, measure_every=0, progress=False, threads=1,
                       out=str(tmp_path / "ls"))  # fmt: skip

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-import yaml
 from clitools import crate, one_line_error
 from official import mae_optim
 from torch import nn
@@ -22,6 +21,7 @@ from crate_transformer.model import ModelConfig, build_model
 from crate_transformer.operators import DropPath, drop_path_rates
 from crate_transformer.probe import sgd_linear_probe
 from crate_transformer.train import TrainConfig, load_training_state
+from crate_transformer.train.config import read_run_config
 from crate_transformer.train.load import load_model
 from crate_transformer.train.mix import MixupCutmix, random_erasing, smooth_one_hot, soft_target_cross_entropy
 from crate_transformer.train.optim import LAMB, LARS, ModelEma, build_optimizer, param_groups
@@ -294,12 +294,33 @@ def test_sgd_linear_probe_is_bn_then_linear_folded_into_raw_features() -> None:
 # --------------------------------------------------------------------------- presets
 def test_presets_set_their_documented_values_and_flags_override() -> None:
     paper = TrainConfig.from_dict({"recipe": "crate-paper"})
-    assert (paper.optimizer, paper.lr, paper.weight_decay, paper.batch_size) == ("lion", 2.4e-4, 0.5, 2048)
-    assert (paper.warmup_epochs, paper.label_smoothing, paper.augment) == (5.0, 0.1, "crop-flip")
+    assert (paper.optim.optimizer, paper.optim.lr, paper.optim.weight_decay, paper.optim.batch_size) == (
+        "lion",
+        2.4e-4,
+        0.5,
+        2048,
+    )
+    assert (paper.optim.warmup_epochs, paper.optim.label_smoothing, paper.augmentation.augment) == (
+        5.0,
+        0.1,
+        "crop-flip",
+    )
     ft = TrainConfig.from_dict({"recipe": "crate-paper", "init_from": "run"})
-    assert (ft.optimizer, ft.lr, ft.weight_decay, ft.randaugment_n, ft.randaugment_m) == ("adamw", 5e-5, 0.01, 2, 14)
+    assert (
+        ft.optim.optimizer,
+        ft.optim.lr,
+        ft.optim.weight_decay,
+        ft.augmentation.randaugment_n,
+        ft.augmentation.randaugment_m,
+    ) == ("adamw", 5e-5, 0.01, 2, 14)
     alpha = TrainConfig.from_dict({"recipe": "crate-alpha-finetune"})
-    assert (alpha.mixup, alpha.cutmix, alpha.betas, alpha.min_lr, alpha.randaugment_n) == (
+    assert (
+        alpha.augmentation.mixup,
+        alpha.augmentation.cutmix,
+        alpha.optim.betas,
+        alpha.optim.min_lr,
+        alpha.augmentation.randaugment_n,
+    ) == (
         0.8,
         1.0,
         [0.9, 0.95],
@@ -307,10 +328,20 @@ def test_presets_set_their_documented_values_and_flags_override() -> None:
         2,
     )
     mae = TrainConfig.from_dict({"recipe": "mae-finetune"})
-    assert (mae.layer_decay, mae.drop_path, mae.random_erasing, mae.label_smoothing) == (0.65, 0.1, 0.25, 0.1)
+    assert (mae.optim.layer_decay, mae.optim.drop_path, mae.augmentation.random_erasing, mae.optim.label_smoothing) == (
+        0.65,
+        0.1,
+        0.25,
+        0.1,
+    )
     deit = TrainConfig.from_dict({"recipe": "deit", "lr": 5e-4, "ema": 0.0})
-    assert (deit.lr, deit.ema, deit.mixup, deit.epochs) == (5e-4, 0.0, 0.8, 300)  # flags win
-    assert TrainConfig.from_dict({"recipe": "deit"}, TrainConfig(lr=1.0)).lr == 1e-3  # the recipe beats the base
+    assert (deit.optim.lr, deit.optim.ema, deit.augmentation.mixup, deit.optim.epochs) == (
+        5e-4,
+        0.0,
+        0.8,
+        300,
+    )  # flags win
+    assert TrainConfig.from_dict({"recipe": "deit"}, TrainConfig(lr=1.0)).optim.lr == 1e-3  # the recipe beats the base
     for name, r in RECIPES.items():
         values = recipe_options(name)
         TrainConfig.from_dict(values)  # every value is valid
@@ -356,7 +387,7 @@ def test_crate_eval_lars_probe_and_bad_recipe(tmp_path: Path, capsys: pytest.Cap
     options.write_text("recipe: deit\nlr: 0.002\nmixup: 0.5\n")  # defaults < recipe < --config < flags
     assert crate("train", *TINY_RUN, "--config", options, "--epochs", "1", "--max-steps", "4", "--mixup", "0.3",
                  "--ema", "0", "--out", run, *ARCH) == 0  # fmt: skip
-    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg = read_run_config(run).flat()  # config.yaml's options by name
     assert (cfg["recipe"], cfg["lr"], cfg["mixup"], cfg["ema"]) == ("deit", 0.002, 0.3, 0.0)
     assert (cfg["cutmix"], cfg["random_erasing"], cfg["drop_path"], cfg["weight_decay"]) == (1.0, 0.25, 0.1, 0.05)
     assert (cfg["epochs"], cfg["batch_size"]) == (1, 64)  # the recipe's 300 and 1024 overridden by the flags

@@ -358,3 +358,56 @@ def test_resume_runs_the_checks_a_new_run_makes(tmp_path: Path, capsys: pytest.C
         assert msg in err, err
     assert load_training_state(run)["step"] == step  # nothing was trained
     assert crate("train-lm", "--resume", run, "--max-steps", 2, "--model-args", "dim=16") == 0  # equal: fine
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640), (0o002, 0o664)])
+def test_atomic_write_gives_the_usual_permissions_and_leaves_the_umask_alone(
+    tmp_path: Path, umask: int, mode: int
+) -> None:
+    """A file written atomically gets 0o666 less the umask, as ``open`` gives, and neither importing the package
+    nor writing changes the process umask (another thread creating a file meanwhile would get the wrong mode)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys; os.umask(int(sys.argv[2]))\n"
+        "import crate_transformer.io as io\n"
+        "p = io.atomic_write(sys.argv[1] + '/f.json', lambda t: open(t, 'w').write('{}'))\n"
+        "assert os.umask(0) == int(sys.argv[2]), 'the umask changed'\n"
+        "print(os.stat(p).st_mode & 0o777)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(ct.__file__).parents[1])}
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path), str(umask)], env=env, capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    assert int(out) == mode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]  # no temporary file left behind
+
+
+def test_figures_leave_the_matplotlib_backend_alone(tmp_path: Path) -> None:
+    """Writing a run's figures neither chooses a backend nor registers pyplot figures: a notebook user's
+    interactive backend stays as it was (the figures render with Agg on their own)."""
+    import matplotlib
+
+    before = matplotlib.get_backend()
+    matplotlib.use("pdf")  # what a user chose (any backend but the Agg the figures render with)
+    try:
+        _write_figures(tmp_path)
+        assert matplotlib.get_backend() == "pdf"
+    finally:
+        matplotlib.use(before)
+    pyplot = __import__("sys").modules.get("matplotlib.pyplot")
+    assert pyplot is None or not pyplot.get_fignums()  # no figure left open in pyplot's registry
+
+
+def _write_figures(tmp_path: Path) -> None:
+    from crate_transformer.train.evaluation import plot_confusion_matrix, plot_curves, plot_knn
+
+    records = [{"split": "train", "step": s, "loss": 1.0 / s, "lr": 0.1, "acc": 0.5} for s in (1, 2, 3)]
+    (tmp_path / "m.jsonl").write_text("\n".join(map(json.dumps, records)) + "\n")
+    for path in (
+        plot_curves(tmp_path / "m.jsonl", tmp_path / "c.png"),
+        plot_knn({10: 0.5, 20: 0.6}, tmp_path / "k.png"),
+        plot_confusion_matrix([[3, 1], [0, 4]], ["a", "b"], tmp_path / "cm.png"),
+    ):
+        assert path.read_bytes()[:4] == b"\x89PNG"

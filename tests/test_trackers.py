@@ -66,7 +66,7 @@ def test_every_logger_gets_the_records_params_and_figures(tmp_path: Path, offlin
     )
     assert "figures/curves" in ev.Tags()["images"]
     run_id, config, history = read_run(run / "wandb")
-    assert config["lr"] == cfg.lr and config["model_args.dim"] == cfg.model_args["dim"]
+    assert config["lr"] == cfg.optim.lr and config["model_args.dim"] == cfg.model_args["dim"]
     logged = {(h["_step"], k): v for h in history for k, v in h.items() if not k.startswith("_") and "/" in k}
     assert {k: v for k, v in logged.items() if not k[1].startswith("figures/")} == pytest.approx(expected)
     assert any(k == "figures/curves/_type" for _, k in logged)
@@ -76,7 +76,7 @@ def test_every_logger_gets_the_records_params_and_figures(tmp_path: Path, offlin
     history = client.get_metric_history(ids["mlflow"], "train.loss")
     losses = {s: v for (s, k), v in expected.items() if k == "train/loss"}
     assert {m.step: m.value for m in history} == pytest.approx(losses) and len(history) == len(losses)
-    assert client.get_run(ids["mlflow"]).data.params["lr"] == str(cfg.lr)
+    assert client.get_run(ids["mlflow"]).data.params["lr"] == str(cfg.optim.lr)
     assert "figures/curves.png" in [a.path for a in client.list_artifacts(ids["mlflow"], "figures")]
 
 

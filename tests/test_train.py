@@ -98,7 +98,7 @@ def test_config_validation_and_files(tmp_path: Path) -> None:
             TrainConfig(**bad)
     (tmp_path / "c.json").write_text(json.dumps({"lr": 0.01, "model-args": {"dim": 64}}))
     cfg = load_config(tmp_path / "c.json")
-    assert (cfg.lr, cfg.model_args, cfg.epochs) == (0.01, {"dim": 64}, TrainConfig().epochs)
+    assert (cfg.optim.lr, cfg.model_args, cfg.optim.epochs) == (0.01, {"dim": 64}, TrainConfig().optim.epochs)
     (tmp_path / "bad.yaml").write_text("lr: 0.1\nlearning_rate: 3\n")
     with pytest.raises(ValueError, match=r"unknown training option\(s\) \['learning_rate'\]"):
         load_config(tmp_path / "bad.yaml")
@@ -122,7 +122,7 @@ def test_default_job_is_crate_mnist_under_1m_params() -> None:
     args = cli.build_parser("train").parse_args(["train"])
     assert given_options(args, TrainConfig) == {}  # no flag given: nothing overrides the defaults
     cfg = TrainConfig.from_dict(given_options(args, TrainConfig))
-    assert cfg == TrainConfig() and (cfg.model, cfg.data) == ("crate_mnist", "mnist")
+    assert cfg == TrainConfig() and (cfg.model, cfg.data.source) == ("crate_mnist", "mnist")
     assert create_model(cfg.model).num_params() < 1_000_000
 
 
@@ -148,8 +148,8 @@ def test_run_directory_contract(pretrained: Path) -> None:
     import yaml
 
     resolved = yaml.safe_load((run / "config.yaml").read_text())
-    assert resolved["lr"] == 0.004 and resolved["batch_size"] == 64  # from the file
-    assert resolved["epochs"] == 6  # the command line wins over the file
+    assert resolved["optim"]["lr"] == 0.004 and resolved["optim"]["batch_size"] == 64  # from the file
+    assert resolved["optim"]["epochs"] == 6  # the command line wins over the file
     assert resolved["model_config"]["dim"] == 32 and resolved["derived"]["steps_per_epoch"] == 1438 // 64
 
     records = _records(run)

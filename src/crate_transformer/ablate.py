@@ -185,9 +185,9 @@ def _resolve(row: Row, base: Mapping[str, Any]) -> dict[str, Any]:
     opts = dict(base)
     opts["model_args"] = {**dict(base.get("model_args") or {}), **row.model_args}
     opts.update(row.train_args)
-    defaults = TrainConfig()
+    defaults = TrainConfig().flat()
     for name, factor in row.scale.items():
-        value = opts.get(name, getattr(defaults, name)) * factor
+        value = opts.get(name, defaults[name]) * factor
         opts[name] = max(1, round(value)) if name == "epochs" else value
     cfg = TrainConfig.from_dict(opts)  # one-line errors for a bad option or model value, before any run
     if cfg.model is not None:

@@ -34,11 +34,24 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["coerce_fields", "coerce_value", "field_types", "Range", "check_ranges"]
+__all__ = ["coerce_fields", "coerce_value", "field_types", "Range", "check_ranges", "option"]
 
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
 _NONE = {"none", "null", "~"}
+
+
+def option(default: Any, help: str, **meta: Any) -> Any:
+    """A dataclass field that describes itself to users: ``help`` and, optionally, ``choices``, ``metavar``,
+    ``shown`` (the default in words, for ``--help``), ``range`` (a :class:`Range`), ``fixed`` (a task option the
+    checkpoint depends on: frozen on resume) and ``name`` (the option's name in flat config files and on the
+    command line, when it differs from the field's).  The library says nothing about commands: which command
+    shows which option is decided by the command line (``crate_transformer.cli.options``).
+    """
+    meta = {"help": help, **meta}
+    if isinstance(default, (dict, list)):  # every instance gets its own copy
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
 
 
 @functools.lru_cache(maxsize=64)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from .base import POOLS, pool_tokens
 from .config import Config
-from .config_utils import Range
+from .config_utils import Range, option
 
 __all__ = [
     "DINOConfig",
@@ -55,14 +55,6 @@ __all__ = [
 ]
 
 
-def _opt(default: Any, help: str, **kw: Any) -> Any:
-    """A DINO option with its ``--help`` text (the ``crate pretrain dino`` flags are generated from it)."""
-    meta = {"help": help, "commands": ("pretrain",), **kw}
-    if isinstance(default, (list, tuple)):
-        return field(default_factory=lambda: list(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
 POS, UNIT = Range(0, lo_open=True), Range(0, 1)  # temperatures; momenta and probabilities
 AREA = Range(0, 1, lo_open=True, note="each of the two area fractions LO HI")  # crop areas
 
@@ -76,56 +68,56 @@ class DINOConfig(Config):
 
     RULES = {"weight_decay_end": Range(0, note="or none: constant weight decay")}
 
-    preset: str = _opt("digits", "start from this preset: digits (28 px, 2 CPU cores) | paper (DINO's defaults)")
+    preset: str = option("digits", "start from this preset: digits (28 px, 2 CPU cores) | paper (DINO's defaults)")
     # head (DINO's dino_head.py)
-    out_dim: int = _opt(1024, "prototypes K: outputs of the weight-normalised last layer (DINO: 65536)", fixed=True)
-    hidden_dim: int = _opt(256, "hidden width of the head's 3-layer MLP (DINO: 2048)", fixed=True)
-    bottleneck_dim: int = _opt(64, "bottleneck before l2-normalisation (DINO: 256)", fixed=True)
-    head_layers: int = _opt(3, "MLP layers of the head (DINO: 3)", fixed=True)
-    use_bn_in_head: bool = _opt(True, "BatchNorm in the head's MLP (DINO: off for ViTs; digits: on)", fixed=True)
-    norm_last_layer: bool = _opt(True, "fix the weight norm of the last layer to 1 (DINO: on)", fixed=True)
-    pool: str = _opt(
+    out_dim: int = option(1024, "prototypes K: outputs of the weight-normalised last layer (DINO: 65536)", fixed=True)
+    hidden_dim: int = option(256, "hidden width of the head's 3-layer MLP (DINO: 2048)", fixed=True)
+    bottleneck_dim: int = option(64, "bottleneck before l2-normalisation (DINO: 256)", fixed=True)
+    head_layers: int = option(3, "MLP layers of the head (DINO: 3)", fixed=True)
+    use_bn_in_head: bool = option(True, "BatchNorm in the head's MLP (DINO: off for ViTs; digits: on)", fixed=True)
+    norm_last_layer: bool = option(True, "fix the weight norm of the last layer to 1 (DINO: on)", fixed=True)
+    pool: str = option(
         "avg",
         "backbone feature for the head and k-NN: cls token | avg of the patch tokens | mean of all tokens",
         choices=POOLS,
     )
     # temperatures and centre
-    student_temp: float = _opt(0.1, "student temperature tau_s", range=POS)
-    teacher_temp: float = _opt(0.04, "teacher temperature tau_t after the warm-up", range=POS)
-    warmup_teacher_temp: float = _opt(0.04, "teacher temperature at the start of the warm-up", range=POS)
-    warmup_teacher_temp_epochs: int = _opt(
+    student_temp: float = option(0.1, "student temperature tau_s", range=POS)
+    teacher_temp: float = option(0.04, "teacher temperature tau_t after the warm-up", range=POS)
+    warmup_teacher_temp: float = option(0.04, "teacher temperature at the start of the warm-up", range=POS)
+    warmup_teacher_temp_epochs: int = option(
         0, "epochs of linear teacher-temperature warm-up (per epoch, reaching --teacher-temp in the last one)"
     )
-    center_momentum: float = _opt(0.9, "EMA momentum of the teacher centre", range=UNIT)
+    center_momentum: float = option(0.9, "EMA momentum of the teacher centre", range=UNIT)
     # teacher EMA and the student's first epoch
-    momentum_teacher: float = _opt(
+    momentum_teacher: float = option(
         0.99, "teacher EMA momentum at the start; cosine schedule to 1 (DINO: 0.996)", range=UNIT
     )
-    freeze_last_layer: int = _opt(1, "epochs during which the head's last layer gets no gradient (nor AdamW step)")
-    weight_decay_end: float | None = _opt(
+    freeze_last_layer: int = option(1, "epochs during which the head's last layer gets no gradient (nor AdamW step)")
+    weight_decay_end: float | None = option(
         0.4, "cosine weight-decay schedule per step from --weight-decay to this value (none = constant)"
     )
     # multi-crop (sizes as fractions of the input side when <= 1, else pixels)
-    global_crop_size: int = _opt(0, "side of the 2 global views in pixels (0 = the model's image size)")
-    local_crop_size: int = _opt(0, "side of the local views in pixels (0 = 96/224 of the global side)")
-    local_crops_number: int = _opt(0, "number of local views (DINO: 8)")
-    global_crops_scale: list[float] = _opt(
+    global_crop_size: int = option(0, "side of the 2 global views in pixels (0 = the model's image size)")
+    local_crop_size: int = option(0, "side of the local views in pixels (0 = 96/224 of the global side)")
+    local_crops_number: int = option(0, "number of local views (DINO: 8)")
+    global_crops_scale: list[float] = option(
         [0.6, 1.0], "area fraction range of the global crops, LO HI (DINO: 0.4 1.0)", range=AREA
     )
-    local_crops_scale: list[float] = _opt(
+    local_crops_scale: list[float] = option(
         [0.05, 0.4], "area fraction range of the local crops, LO HI (DINO: 0.05 0.4)", range=AREA
     )
-    flip: float = _opt(
+    flip: float = option(
         0.0, "probability of a horizontal flip (DINO: 0.5; digits: 0, a flip changes the digit)", range=UNIT
     )
-    color_jitter: float = _opt(
+    color_jitter: float = option(
         0.8, "probability of colour jitter (brightness, contrast 0.4, saturation 0.2, hue 0.1)", range=UNIT
     )
-    grayscale: float = _opt(0.2, "probability of grey-scale conversion (RGB data only)", range=UNIT)
-    blur: list[float] = _opt(
+    grayscale: float = option(0.2, "probability of grey-scale conversion (RGB data only)", range=UNIT)
+    blur: list[float] = option(
         [0.5, 0.1, 0.5], "Gaussian-blur probability: global views 1, 2 and local views (DINO: 1 0.1 0.5)", range=UNIT
     )
-    solarize: float = _opt(0.2, "probability of solarisation of the second global view", range=UNIT)
+    solarize: float = option(0.2, "probability of solarisation of the second global view", range=UNIT)
 
     def validate(self) -> None:
         """Raise a one-line ValueError for an inconsistent setting (after :class:`Config`'s coercion and
@@ -394,7 +386,7 @@ class MultiCropAugmentation(nn.Module):
         super().__init__()
         import kornia.augmentation as K
 
-        from .data.transforms import _AsRGB
+        from .data.transforms import AsRGB
 
         g = cfg.global_crop_size or global_size
         loc = cfg.local_crop_size or max(multiple, round(g * 96 / 224 / multiple) * multiple)
@@ -409,7 +401,7 @@ class MultiCropAugmentation(nn.Module):
             if cfg.grayscale > 0 and channels == 3:
                 colour.append(K.RandomGrayscale(p=cfg.grayscale))
             if colour:
-                ops.append(_AsRGB(nn.Sequential(*colour)) if channels == 1 else nn.Sequential(*colour))
+                ops.append(AsRGB(nn.Sequential(*colour)) if channels == 1 else nn.Sequential(*colour))
             if blur > 0:
                 k = max(3, (size // 10) | 1)  # odd kernel, ~10% of the side as in BYOL/DINO
                 ops.append(K.RandomGaussianBlur((k, k), (0.1, 2.0), p=blur))

@@ -30,7 +30,7 @@ import hashlib
 import json
 import os
 import re
-import tempfile
+import secrets
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -65,9 +65,6 @@ WEIGHTS_NAME = "model.safetensors"
 TOKENIZER_NAME = "tokenizer.json"
 # the weights' metadata key holding json_sha256 of each JSON file of a saved model
 FILE_DIGESTS = {CONFIG_NAME: "config_sha256", TOKENIZER_NAME: "tokenizer_sha256"}
-
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 
 _NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG}  # EFBIG: a file-size limit
 _NO_PERMISSION = {errno.EACCES, errno.EPERM, errno.EROFS}
@@ -116,13 +113,11 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
+        tmp = _new_temp_file(path)
     except OSError as e:
         raise _write_error(e, path) from None
     try:
         write(tmp)
-        os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
     except BaseException as e:
         with contextlib.suppress(OSError):
@@ -133,6 +128,23 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
                 raise err from None
         raise
     return path
+
+
+def _new_temp_file(path: Path) -> str:
+    """Create an empty, new ``.<name>.<random>.tmp`` beside ``path`` with mode 0o666 less the umask.
+
+    Not ``tempfile.mkstemp``: its files are private (0o600), and widening them needs the umask, which the only
+    portable reader (``os.umask``) sets process-wide while it reads — a race with other threads.  ``os.open``
+    with mode 0o666 lets the kernel apply the umask (or a folder's default ACL) as for any new file.
+    """
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666))
+        except FileExistsError:
+            continue
+        return str(tmp)
+    raise FileExistsError(errno.EEXIST, "no unused temporary file name", str(path.parent))
 
 
 def _write_bytes(data: bytes) -> Callable[[str], None]:

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from ..model import ImageClassifier
 from ._common import Normalization, eval_trace, layer_index, normalize_images
-from .plots import _MASK_COLORS
+from .plots import MASK_COLORS
 from .segmentation import maskcut, patch_features, pca_rgb
 
 __all__ = ["image_payload", "text_payload", "explorer_section", "write_explorer", "quantize_rows", "mask_labels"]
@@ -144,7 +144,7 @@ def image_payload(
         "attention": _b64(attn),  # (b, layers, K, 1 + N queries, N patch keys)
         "pca": _b64(np.stack([s[0] for s in segs], 1)),  # (b, layers, h, w, 3)
         "masks": _b64(np.stack([s[1] for s in segs], 1)),  # (b, layers, h, w), 0 = background
-        "mask_colors": _MASK_COLORS[1:].astype(int).tolist(),
+        "mask_colors": MASK_COLORS[1:].astype(int).tolist(),
         "colormap": _colormap(),
         "maskcut": {"n_masks": n_masks, "tau": tau},
     }

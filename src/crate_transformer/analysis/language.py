@@ -24,7 +24,7 @@ from torch import Tensor
 from ..io import write_json
 from .explorer import explorer_section, text_payload
 from .measure import LayerTable, measure_batch
-from .plots import _save, plot_layerwise
+from .plots import plot_layerwise, save_figure
 
 __all__ = ["measure_text", "token_attention", "plot_token_attention", "analyze_text"]
 
@@ -108,7 +108,7 @@ def plot_token_attention(
         _token_ticks(ax, labels)
     fig.colorbar(im, ax=axes, shrink=0.8, label="attention weight (row-softmax)")
     fig.suptitle(title or "attention over tokens (row: query, column: key)")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 LM_SECTION = "language model"

@@ -54,7 +54,8 @@ METRIC_LABELS: dict[str, str] = {
     "rate_reduction": r"$\Delta R(Z^{\ell+1}\,|\,U^{\ell}_{[K]})$",
 }
 
-_MASK_COLORS = np.array(
+# the colours of the masks in the MaskCut figures, the label PNGs and the explorer (0: background)
+MASK_COLORS = np.array(
     [
         [0, 0, 0],
         [230, 25, 75],
@@ -70,7 +71,8 @@ _MASK_COLORS = np.array(
 )
 
 
-def _save(fig: Figure, path: str | Path | None, dpi: int = 100) -> Figure:
+def save_figure(fig: Figure, path: str | Path | None, dpi: int = 100) -> Figure:
+    """Write ``fig`` as a PNG at ``path`` (when given; folders created) and return it."""
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=dpi, bbox_inches="tight")
@@ -131,7 +133,7 @@ def plot_layerwise(
         if any(tables):
             ax.legend(fontsize=8)
     fig.suptitle(title or "Layer-wise compression and sparsity (cf. JMLR Fig. 14)")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _group_history(records: Iterable[Mapping] | Mapping, step_key: str) -> dict[object, list[Mapping]]:
@@ -188,7 +190,7 @@ def plot_measure_history(
         ax.grid(alpha=0.3)
     axes[-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.suptitle(title or "Compression and sparsity across training (cf. JMLR Fig. 15)")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _hwc(img: Tensor) -> tuple[np.ndarray, str | None]:
@@ -245,7 +247,7 @@ def plot_attention(
             ax.set_yticks([])
     fig.colorbar(im, ax=axes, shrink=0.8, label="attention / its max over the image")
     fig.suptitle(title or "Class-token attention per head (cf. JMLR Figs. 18, 27)", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_pca(images: Tensor, rgb: np.ndarray, path: str | Path | None = None, *, title: str | None = None) -> Figure:
@@ -263,7 +265,7 @@ def plot_pca(images: Tensor, rgb: np.ndarray, path: str | Path | None = None, *,
     axes[0, 0].set_ylabel("input", fontsize=8)
     axes[1, 0].set_ylabel("PCA (RGB = PC1-3)", fontsize=8)
     fig.suptitle(title or "PCA of patch features (cf. JMLR Fig. 19; official pca_visualization.py)", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _mask_overlay(img: np.ndarray, masks: np.ndarray, size: tuple[int, int]) -> np.ndarray:
@@ -271,7 +273,7 @@ def _mask_overlay(img: np.ndarray, masks: np.ndarray, size: tuple[int, int]) -> 
     out = base.copy()
     for s, m in enumerate(masks):
         up = _upsample(torch.from_numpy(m[None].astype(np.float32)), size, mode="nearest")[0] > 0.5
-        color = _MASK_COLORS[1 + s % (len(_MASK_COLORS) - 1)] / 255.0
+        color = MASK_COLORS[1 + s % (len(MASK_COLORS) - 1)] / 255.0
         out[up] = 0.45 * out[up] + 0.55 * color
     return out
 
@@ -293,7 +295,7 @@ def plot_masks(
             ax.set_xticks([])
             ax.set_yticks([])
     fig.suptitle(title or "MaskCut segmentation (cf. JMLR Fig. 19, Alg. 1)", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def save_mask_png(masks: np.ndarray, size: tuple[int, int], path: str | Path) -> Path:
@@ -307,7 +309,7 @@ def save_mask_png(masks: np.ndarray, size: tuple[int, int], path: str | Path) ->
         label[up & (label == 0)] = s + 1
     im = Image.fromarray(label, mode="P")
     palette = np.zeros((256, 3), dtype=np.uint8)
-    palette[: len(_MASK_COLORS)] = _MASK_COLORS
+    palette[: len(MASK_COLORS)] = MASK_COLORS
     im.putpalette(palette.ravel().tolist())
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     im.save(path)
@@ -350,7 +352,7 @@ def plot_subspace_grams(
     if im is not None:
         fig.colorbar(im, ax=axes, shrink=0.8, label=r"$|U_i^\top U_j|$ (unit columns)")
     fig.suptitle(title or "Subspace incoherence: Gram of the learned bases (cf. JMLR Fig. 17)", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_token_heatmaps(
@@ -381,7 +383,7 @@ def plot_token_heatmaps(
     if im is not None:
         fig.colorbar(im, ax=axes, shrink=0.8, label=r"$|Z^{\ell+1}|$")
     fig.suptitle(title or f"ISTA outputs, random {len(r)}x{len(c)} tokens x features (cf. JMLR Fig. 16)", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_reconstructions(
@@ -404,7 +406,7 @@ def plot_reconstructions(
     for row, label in enumerate(("original", "masked", "reconstruction")):
         axes[row, 0].set_ylabel(label, fontsize=8)
     fig.suptitle(title or "CRATE-MAE reconstructions (cf. JMLR Fig. 11)", fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_decoder_inversion(
@@ -427,4 +429,4 @@ def plot_decoder_inversion(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     ax.set_title(title or "decoder as the structured inverse of the encoder (JMLR §3.5)", fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)

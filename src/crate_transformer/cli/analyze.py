@@ -7,10 +7,9 @@ from pathlib import Path
 
 from ..config_utils import Range
 from .common import (
-    add_model_arguments,
     add_report_arguments,
-    add_threads_argument,
     apply_threads,
+    held_out_corpus,
     number_argument,
     parse_model_args,
     positive,
@@ -18,6 +17,7 @@ from .common import (
     remember_defaults,
     report_dir,
 )
+from .options import add_report_options
 
 # options of one kind of model only: given for the other kind they are refused, not ignored
 IMAGE_ONLY = ("images", "num_images", "num_vis", "image_size", "on_bad_image", "seg_layer", "masks", "tau", "seed")
@@ -34,7 +34,7 @@ def configure_analyze(parser: argparse.ArgumentParser) -> None:
         help="a crate train run directory, a save_pretrained directory or hf-hub:ORG/NAME, a training-state file "
         "or an official .pth",
     )
-    add_model_arguments(parser)
+    add_report_options(parser, "analyze", "top")
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--images", default=None, metavar="DIR", help="a folder of images (any format PIL reads)")
     src.add_argument(
@@ -48,24 +48,14 @@ def configure_analyze(parser: argparse.ArgumentParser) -> None:
     add_report_arguments(parser, "analysis")
     parser.add_argument("--num-images", type=int, default=256, help="images measured per split (seeded subset)")
     parser.add_argument("--num-vis", type=int, default=4, help="images shown in the attention/PCA/MaskCut figures")
-    parser.add_argument(
-        "--image-size", type=int, default=None, help="resize images to this square size (default: the model's)"
-    )
-    parser.add_argument(
-        "--on-bad-image",
-        default="skip",
-        choices=("skip", "error"),
-        help="unreadable image files: skip (with a warning count) | error",
-    )
+    add_report_options(parser, "analyze", "data")
     number_argument(parser, "--eps", Range(0, lo_open=True), 0.1, "coding precision eps (the official eps^2 = 0.01)")
     parser.add_argument("--attn-layer", type=int, default=-1, help="layer of the attention maps (-1 last, -2 penult.)")
     parser.add_argument("--seg-layer", type=int, default=-1, help="layer of the PCA / MaskCut features")
     parser.add_argument("--masks", type=int, default=3, help="MaskCut: number of masks per image (S)")
     number_argument(parser, "--tau", TAU, 0.15, "MaskCut: affinity threshold on cosine similarity")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0, help="seed of the measured image subset")
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
-    add_threads_argument(parser, "analyze")
+    add_report_options(parser, "analyze", "system")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     text = parser.add_argument_group("language models")
     text.add_argument("--num-blocks", type=int, default=64, help="held-out token blocks measured")
@@ -86,14 +76,7 @@ def _analyze_language_model(model: object, args: argparse.Namespace) -> int:
         raise ValueError(
             f"{args.checkpoint} has no tokenizer.json beside its weights; save the model with its tokenizer"
         )
-    data, val_fraction = args.data, 0.1
-    run_config = Path(args.checkpoint) / "config.yaml"
-    if run_config.is_file():  # a crate train-lm run: its corpus and held-out split
-        import yaml
-
-        saved = yaml.safe_load(run_config.read_text()) or {}
-        data, val_fraction = data or saved.get("data"), saved.get("val_fraction") or val_fraction
-    data = data or "python-docs"
+    data, val_fraction = held_out_corpus(Path(args.checkpoint), args.data)
     block = model.config.block_size
     tokens = load_tokens(data, model.tokenizer)
     cut = split_tokens(len(tokens), val_fraction, block)
@@ -140,13 +123,13 @@ def _split_images(ds: object, k: int, seed: int, size: int) -> object:
     import torch
 
     from ..data import ImageDataset
-    from ..data.transforms import _resize_tensor
+    from ..data.transforms import resize_tensor
 
     if isinstance(ds, ImageDataset):  # random access: the seeded subset of the whole split
         x = ds.images[torch.as_tensor(_subset(len(ds), k, seed), dtype=torch.long)]
     else:  # streamed: the first k samples of a seeded epoch (shards have no random access)
         x = ds.first(k, shuffle=True, seed=seed)[0]
-    return _resize_tensor(x, size).float() / 255.0
+    return resize_tensor(x, size).float() / 255.0
 
 
 def _dataset_splits(model: object, data: str, image_size: int, k: int, seed: int, on_bad_image: str) -> tuple:

@@ -1,4 +1,6 @@
-"""What several commands share: ``--model-args``, the device, argument checks, options generated from a dataclass."""
+"""What several commands share: ``--model-args``, threads, argument checks, the options the user gave.
+
+The flags generated from option dataclasses, and which command shows which, are in :mod:`.options`."""
 
 from __future__ import annotations
 
@@ -12,13 +14,12 @@ from ..config_utils import Range
 
 __all__ = [
     "parse_model_args",
-    "add_model_arguments",
-    "add_dataclass_arguments",
     "given_options",
     "check_out_dir",
-    "add_threads_argument",
     "apply_threads",
+    "held_out_corpus",
     "number_argument",
+    "register_range",
     "check_argument_ranges",
     "remember_defaults",
     "add_report_arguments",
@@ -64,19 +65,6 @@ def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--model NAME --model-args K=V ...``: the architecture of an official checkpoint."""
-    parser.add_argument("--model", default=None, help="registered model name for an official .pth (e.g. crate_small)")
-    parser.add_argument(
-        "--model-args",
-        nargs="+",
-        action="extend",  # given twice, the pairs are merged
-        default=[],
-        metavar="KEY=VALUE",
-        help="architecture overrides for an official .pth, e.g. --model-args num_classes=10 image_size=32",
-    )
-
-
 def number_argument(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     flag: str,
@@ -89,6 +77,11 @@ def number_argument(
     dest = flag.lstrip("-").replace("-", "_")
     kind = int if rng.integer else float
     parser.add_argument(flag, type=kind, default=default, help=f"{help}; {rng.words().strip() or 'finite'}")
+    register_range(parser, dest, flag, rng)
+
+
+def register_range(parser: argparse.ArgumentParser | argparse._ArgumentGroup, dest: str, flag: str, rng: Range) -> None:
+    """Have :func:`check_argument_ranges` check ``args.<dest>`` (the value of ``flag``) against ``rng``."""
     ranges = dict(parser.get_default("_ranges") or {})  # an argument group shares its parser's defaults
     ranges[dest] = (flag, rng)
     parser.set_defaults(_ranges=ranges)
@@ -197,56 +190,17 @@ def report_dir(out: str | Path | None, default: Path, overwrite: bool, command: 
     return check_out_dir(path)
 
 
-def add_dataclass_arguments(
-    parser: argparse.ArgumentParser, cls: type, command: str, defaults: dict | None = None, config_flag: bool = True
-) -> None:
-    """One ``--flag`` per field of ``cls`` whose metadata lists ``command``; unset flags stay absent.
+def held_out_corpus(run: Path, data: str | None) -> tuple[str, float]:
+    """The corpus a language-model report measures and the fraction held out at its end: ``data`` if given, else
+    the one a ``crate train-lm`` run directory ``run`` trained on (its config.yaml, of any release), else
+    python-docs; the held-out tail is the run's ``--val-fraction``, or 0.1."""
+    from ..train.config import read_run_config
 
-    The field metadata carries ``help`` (and optionally ``choices``, ``metavar``, ``shown``); values are
-    parsed as strings and coerced by the dataclass itself.  ``config_flag`` adds ``--config FILE``.
-    """
-    defaults = defaults or {}
-    if config_flag:
-        parser.add_argument(
-            "--config", metavar="FILE", default=argparse.SUPPRESS, help="YAML or JSON file of options (flags override)"
-        )
-    for f in dataclasses.fields(cls):
-        meta = f.metadata
-        if command not in meta.get("commands", ()):
-            continue
-        default = defaults.get(f.name, f.default if f.default is not dataclasses.MISSING else f.default_factory())
-        plain = " ".join(map(str, default)) if isinstance(default, list) else default
-        shown = plain if f.name in defaults else meta.get("shown", plain)  # a command's own default wins
-        kw: dict[str, Any] = {
-            "dest": f.name,
-            "default": argparse.SUPPRESS,
-            "help": f"{meta['help']} (default: {shown if shown not in ({}, '', None) else 'none'})",
-        }
-        if "choices" in meta:
-            kw["choices"] = meta["choices"]
-        flag = "--" + f.name.replace("_", "-")
-        if "range" in meta:  # checked when the dataclass is built, before anything is written
-            kw["help"] = kw["help"][:-1] + f"; {meta['range'].words().strip() or 'finite'})"
-        if isinstance(f.default, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
-        elif isinstance(default, dict):  # given twice, the pairs are merged (parse_model_args refuses a clash)
-            parser.add_argument(flag, nargs="+", action="extend", metavar=meta.get("metavar", "KEY=VALUE"), **kw)
-        elif isinstance(default, list):
-            parser.add_argument(flag, nargs="+", metavar="V", **kw)
-        else:
-            if "choices" not in meta:
-                kw["metavar"] = meta.get("metavar", f.name.split("_")[-1].upper())
-            parser.add_argument(flag, **kw)
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter  # the help texts state their defaults
-
-
-def add_threads_argument(parser: argparse.ArgumentParser, command: str) -> None:
-    """``--threads N`` (0 = auto) for ``command``: the training commands' option, defined once by TrainConfig."""
-    from ..train.config import TrainConfig
-
-    formatter = parser.formatter_class  # keep the command's own help format
-    add_dataclass_arguments(parser, TrainConfig, command, config_flag=False)
-    parser.formatter_class = formatter
+    val_fraction = 0.1
+    if (Path(run) / "config.yaml").is_file():
+        saved = read_run_config(Path(run) / "config.yaml").data
+        data, val_fraction = data or saved.source, saved.val_fraction or val_fraction
+    return str(data or "python-docs"), val_fraction
 
 
 def apply_threads(args: argparse.Namespace) -> int:
@@ -257,13 +211,22 @@ def apply_threads(args: argparse.Namespace) -> int:
 
 
 def given_options(args: argparse.Namespace, cls: type) -> dict[str, Any]:
-    """The options the user set: ``--config FILE`` first, then the flags (``model_args`` merged, not replaced)."""
-    from ..train.config import read_options_file
+    """The options the user set: ``--config FILE`` first (nested or flat), then the flags by option name
+    (``model_args`` merged, not replaced)."""
+    from ..train.config import FLAT, GROUPS, TrainConfig, read_options_file
 
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = {f.metadata.get("name", f.name) for f in dataclasses.fields(cls)}
+    if cls is TrainConfig:  # the groups' options, as their flags name them (a task's --augmentation is its own)
+        names = (names - set(GROUPS)) | set(FLAT)
     options = read_options_file(args.config) if getattr(args, "config", None) else {}
     options = {str(k).replace("-", "_"): v for k, v in options.items()}
     flags = {k: v for k, v in vars(args).items() if k in names}
     if "model_args" in flags:
         flags["model_args"] = {**(options.get("model_args") or {}), **parse_model_args(flags["model_args"])}
-    return {**options, **flags}
+    for name, value in flags.items():
+        group, key = FLAT.get(name, (None, None)) if cls is TrainConfig else (None, None)
+        if isinstance(options.get(group), dict):  # the file nests this option's group: the flag goes inside
+            options[group] = {**options[group], key: value}
+        else:
+            options[name] = value
+    return options

@@ -11,7 +11,8 @@ import argparse
 import datetime
 from pathlib import Path
 
-from .common import add_threads_argument, apply_threads, check_out_dir, positive
+from .common import apply_threads, check_out_dir, held_out_corpus, positive
+from .options import add_report_options
 
 
 def configure_features(parser: argparse.ArgumentParser) -> None:
@@ -33,12 +34,10 @@ def configure_features(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-blocks", type=int, default=64, help="language models: held-out token blocks measured")
     parser.add_argument("--context", type=int, default=12, help="language models: tokens shown either side")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0, help="seed of the image subset and of the chance purity")
     parser.add_argument(
         "--out", default=None, help="folder of features.json / features.html; RUN itself when not given"
     )
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
-    add_threads_argument(parser, "features")
+    add_report_options(parser, "features", "system")
 
 
 def _check_run(path: Path) -> None:
@@ -68,7 +67,7 @@ def _layers(model: object, layer: int | None) -> list[int] | None:
 def _image_inputs(model: object, args: argparse.Namespace) -> tuple:
     """The measured test images ((N, C, H, W) in [0, 1]), labels, class names, normalisation and a description."""
     from ..data import match_channels, open_source, resolve_normalization
-    from ..data.transforms import _resize_tensor
+    from ..data.transforms import resize_tensor
 
     c = model.config
     data = args.data or (c.data.source if c.data else None)
@@ -79,7 +78,7 @@ def _image_inputs(model: object, args: argparse.Namespace) -> tuple:
     except ValueError:
         ds = open_source(str(data), "train", image_size=c.image_size)
     x, y = ds.first(args.num_images, shuffle=len(ds) > args.num_images, seed=args.seed)
-    x = match_channels(_resize_tensor(x, c.image_size).float() / 255.0, c.in_chans)
+    x = match_channels(resize_tensor(x, c.image_size).float() / 255.0, c.in_chans)
     norm = resolve_normalization(model, ds)
     return x, y, list(ds.classes), norm, f"{data} ({ds.split} split, {len(x)} images)"
 
@@ -92,13 +91,7 @@ def _text_inputs(model: object, args: argparse.Namespace, run: Path) -> tuple:
 
     if model.tokenizer is None:
         raise ValueError(f"{run} has no tokenizer.json beside its weights; save the model with its tokenizer")
-    data, val_fraction = args.data, 0.1
-    if (run / "config.yaml").is_file():  # a crate train-lm run: its corpus and held-out split
-        import yaml
-
-        saved = yaml.safe_load((run / "config.yaml").read_text()) or {}
-        data, val_fraction = data or saved.get("data"), saved.get("val_fraction") or val_fraction
-    data = data or "python-docs"
+    data, val_fraction = held_out_corpus(run, args.data)
     block = model.config.block_size
     tokens = load_tokens(str(data), model.tokenizer)
     held_out = TokenBlocks(tokens, block, split_tokens(len(tokens), val_fraction, block), len(tokens), str(data), "")

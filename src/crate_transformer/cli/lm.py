@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import add_threads_argument, apply_threads
+from .common import apply_threads
+from .options import add_report_options
 from .pretrain import add_task_arguments, run_task
 
 
@@ -61,10 +62,8 @@ def configure_generate(parser: argparse.ArgumentParser) -> None:
     )
     number_argument(parser, "--top-p", TOP_P, 0.95, "nucleus sampling threshold (1 = off; 0.95)")
     number_argument(parser, "--num-samples", Range(1, integer=True), 1, "independent samples (default: 1)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same text (0)")
     parser.add_argument("--no-cache", action="store_true", help="recompute the whole context at every step")
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: auto)")
-    add_threads_argument(parser, "generate")
+    add_report_options(parser, "generate", "system")
 
 
 GENERATE_BATCH = 32  # samples generated together: a huge --num-samples runs in batches, never all at once

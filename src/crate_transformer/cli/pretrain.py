@@ -1,8 +1,9 @@
 """``crate pretrain TASK``: self-supervised pre-training (``mae``, ``dino``, ...) on the one training engine.
 
 Every task registered in :data:`crate_transformer.train.task.TASKS` other than classification is a
-sub-command.  Its flags are the engine's (``TrainConfig`` fields marked for ``pretrain``, with the
-task's own defaults) plus the task's ``Options``; the latter are saved as ``task_args`` in config.yaml.
+sub-command.  Its flags are the engine's (the ``TrainConfig`` options that :data:`.options.COMMAND_OPTIONS`
+lists for ``pretrain``, with the task's own defaults) plus the task's ``Options``; the latter are saved as
+``task_args`` in config.yaml.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import argparse
 import dataclasses
 import importlib
 
-from .common import add_dataclass_arguments, given_options
+from .common import given_options
+from .options import add_options, add_training_options, print_config
 
 
 def _task_class(name: str) -> type:
@@ -42,18 +44,18 @@ def configure_pretrain(parser: argparse.ArgumentParser) -> None:
 def add_task_arguments(parser: argparse.ArgumentParser, name: str, command: str) -> None:
     """``--resume``, the engine's flags for ``command`` (with the task's defaults) and the task's options."""
     from ..train import TrainConfig
+    from ..train.config import FLAT, GROUPS
 
     cls = _task_class(name)
     parser.add_argument(
         "--resume", metavar="RUN_DIR", default=argparse.SUPPRESS, help=f"continue an interrupted {name} run"
     )
-    add_dataclass_arguments(parser, TrainConfig, command, cls.defaults)
+    add_training_options(parser, command, cls.defaults)
     if cls.Options is not None:
         names = {f.name for f in dataclasses.fields(cls.Options)}
-        clash = names & {f.name for f in dataclasses.fields(TrainConfig)}
+        clash = names & (set(FLAT) | {f.name for f in dataclasses.fields(TrainConfig)} - set(GROUPS))
         assert not clash, f"{name} options shadow training options {sorted(clash)}"
-        group = parser.add_argument_group(f"{name} options")
-        add_dataclass_arguments(group, cls.Options, command, config_flag=False)
+        add_options(parser.add_argument_group(f"{name} options"), cls.Options)
 
 
 def run_pretrain(args: argparse.Namespace) -> int:
@@ -67,17 +69,21 @@ def run_pretrain(args: argparse.Namespace) -> int:
 def run_task(args: argparse.Namespace, name: str) -> int:
     """Train (or ``--resume``) the task ``name`` with the parsed flags: 0 on completion, 130 when interrupted."""
     from ..train import TrainConfig, train
+    from ..train.config import GROUPS
     from .train import finished
 
     cls = _task_class(name)
     options = given_options(args, TrainConfig)  # --config file (all keys) + engine flags
     fields = {f.name for f in dataclasses.fields(cls.Options)} if cls.Options is not None else set()
     task_args = dict(options.pop("task_args", None) or {})
-    task_args.update({k: options.pop(k) for k in list(options) if k in fields})  # task keys of the --config file
+    for key in [k for k in options if k in fields and not (k in GROUPS and isinstance(options[k], dict))]:
+        task_args[key] = options.pop(key)  # task keys of the --config file (a mapping is the group of that name)
     task_args.update({k: v for k, v in vars(args).items() if k in fields})  # task flags
     if task_args:
         options["task_args"] = cls.check_options(task_args)
     resume = getattr(args, "resume", None)
-    base = None if resume else TrainConfig.from_dict({**cls.defaults, "task": name})
-    result = train(base, resume=resume, overrides=options, expect_task=name)
+    base = TrainConfig.from_dict({**cls.defaults, "task": name})
+    if print_config(args, base, options):
+        return 0
+    result = train(None if resume else base, resume=resume, overrides=options, expect_task=name)
     return finished(result)

@@ -8,25 +8,19 @@ import os
 from pathlib import Path
 
 from ..base import POOLS
-from ..config_utils import Range
 from .common import (
-    add_dataclass_arguments,
-    add_model_arguments,
     add_report_arguments,
-    add_threads_argument,
     apply_threads,
     given_options,
-    number_argument,
     parse_model_args,
     report_dir,
 )
+from .options import add_report_options, add_training_options, print_config
 
 EVAL_FILES = ("eval.json", "confusion.png", "knn.png")  # what crate eval writes (--overwrite removes them)
 
 
 def configure_train(parser: argparse.ArgumentParser) -> None:
-    from ..train import TrainConfig
-
     parser.description = (
         "Train a classifier. With no arguments: CRATE (crate_mnist) on the 4,000 built-in MNIST training digits, "
         "evaluated on the fixed 1,000 held-out digits. Works unchanged under torchrun --nproc_per_node=N."
@@ -37,7 +31,7 @@ def configure_train(parser: argparse.ArgumentParser) -> None:
         default=argparse.SUPPRESS,
         help="continue a run from RUN_DIR/checkpoints/last.pt (its configuration is reused; flags override it)",
     )
-    add_dataclass_arguments(parser, TrainConfig, "train")
+    add_training_options(parser, "train")
 
 
 def finished(result: dict) -> int:
@@ -56,12 +50,14 @@ def run_train(args: argparse.Namespace) -> int:
 
     resume = getattr(args, "resume", None)
     options = given_options(args, TrainConfig)
+    if print_config(args, TrainConfig(), options):
+        return 0
     result = train(None if resume else TrainConfig(), resume=resume, overrides=options, expect_task="classification")
     return finished(result)
 
 
 def configure_finetune(parser: argparse.ArgumentParser) -> None:
-    from ..train import FINETUNE_DEFAULTS, TrainConfig
+    from ..train import FINETUNE_DEFAULTS
 
     parser.description = (
         "Fine-tune all weights from a checkpoint on new data (JMLR Table 1 transfer protocol): a fresh head for the "
@@ -78,25 +74,26 @@ def configure_finetune(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--resume", metavar="RUN_DIR", default=argparse.SUPPRESS, help="continue an interrupted fine-tuning run"
     )
-    add_dataclass_arguments(
-        parser, TrainConfig, "finetune", {**FINETUNE_DEFAULTS, "data": "(required)", "model": "(from checkpoint)"}
-    )
+    add_training_options(parser, "finetune", {**FINETUNE_DEFAULTS, "data": "(required)", "model": "(from checkpoint)"})
 
 
 def run_finetune(args: argparse.Namespace) -> int:
     from ..train import FINETUNE_DEFAULTS, TrainConfig, train
+    from ..train.config import flat_options
 
     resume = getattr(args, "resume", None)
     options = given_options(args, TrainConfig)
+    # the checkpoint defines the architecture; --model only names an official checkpoint's
+    base = TrainConfig.from_dict({**FINETUNE_DEFAULTS, "init_from": getattr(args, "init_from", None), "model": None})
+    if print_config(args, base, options):
+        return 0
     if resume:
         result = train(resume=resume, overrides=options, expect_task="classification")
     else:
         if not getattr(args, "init_from", None):
             raise ValueError("crate finetune needs --from CHECKPOINT (a model dir, run dir or official .pth)")
-        if not options.get("data"):
+        if not flat_options(options).get("data"):
             raise ValueError("crate finetune needs --data (a dataset name or folder)")
-        # the checkpoint defines the architecture; --model only names an official checkpoint's
-        base = TrainConfig.from_dict({**FINETUNE_DEFAULTS, "init_from": args.init_from, "model": None})
         result = train(base, overrides=options, expect_task="classification")
     return finished(result)
 
@@ -108,30 +105,10 @@ def configure_eval(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--data", default=None, help="dataset name or folder (default: the one it was trained on)")
     parser.add_argument("--split", default="test", choices=("train", "val", "test"), help="split (default: test)")
-    number_argument(
-        parser, "--val-fraction", Range(0, 1, hi_open=True), 0.0, "as in training, for --split val (default: 0)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the val split, as in training (default: 0)")
-    add_model_arguments(parser)
+    add_report_options(parser, "eval", "top")
     parser.add_argument("--batch-size", type=int, default=500, help="evaluation batch size (default: 500)")
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: auto)")
-    add_threads_argument(parser, "eval")
-    parser.add_argument(
-        "--on-bad-image",
-        default="skip",
-        choices=("skip", "error"),
-        help="unreadable image files: skip (with a warning count) | error (default: skip)",
-    )
-    parser.add_argument(
-        "--data-mode",
-        default="auto",
-        choices=("auto", "memory", "stream"),
-        help="image folders: memory | stream (decode per batch in DataLoader workers) | auto (stream above 20,000 "
-        "images); shards and HF datasets always stream (default: auto)",
-    )
-    parser.add_argument(
-        "--workers", type=int, default=-1, help="DataLoader workers for streamed data (default: -1 = min(4, cores))"
-    )
+    add_report_options(parser, "eval", "system")
+    add_report_options(parser, "eval", "data")
     add_report_arguments(parser, "<checkpoint dir>/eval-<data>-<split>")
     frozen = parser.add_argument_group(
         "frozen-feature evaluation (any encoder: classifier, MAE, DINO); replaces the classifier's top-1"

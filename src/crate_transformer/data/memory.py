@@ -45,11 +45,12 @@ from torch import Tensor
 
 from .base import ImageSource, local_batches
 from .hub import DATA_FILE_SUFFIXES, is_dataset_name
-from .transforms import BUILTIN_DATASETS, _resize_tensor, match_channels
+from .transforms import BUILTIN_DATASETS, match_channels, resize_tensor
 
 __all__ = [
     "SPLITS",
     "IMAGE_EXTENSIONS",
+    "channel_stats",
     "check_load_args",
     "holdout_every_fifth",
     "split_members",
@@ -302,8 +303,8 @@ def _load_pool(kind: str, source: str, image_size: int | None, on_bad_image: str
         name = source
         classes, train_x, train_y, test_x, test_y = _folder_arrays(Path(source), image_size, on_bad_image)
     if image_size is not None:
-        train_x, test_x = _resize_tensor(train_x, image_size), _resize_tensor(test_x, image_size)
-    mean, std = _channel_stats(train_x)
+        train_x, test_x = resize_tensor(train_x, image_size), resize_tensor(test_x, image_size)
+    mean, std = channel_stats(train_x)
     return _Pool(name, classes, train_x, train_y.long(), test_x, test_y.long(), mean, std)
 
 
@@ -328,7 +329,7 @@ def _digits_arrays() -> tuple[Tensor, Tensor]:
     return images, torch.from_numpy(d.target.astype(np.int64))
 
 
-def _channel_stats(images: Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def channel_stats(images: Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel mean and std of uint8 images on the [0, 1] scale (float64 accumulation, chunked)."""
     c = images.shape[1]
     s = torch.zeros(c, dtype=torch.float64)

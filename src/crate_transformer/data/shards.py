@@ -65,7 +65,7 @@ from torch import Tensor
 from .base import ImageSource, epoch_permutation, rank_slice
 from .memory import (
     SPLITS,
-    _channel_stats,
+    channel_stats,
     check_load_args,
     decode_image,
     holdout_every_fifth,
@@ -418,7 +418,7 @@ class WebDatasetShards(ImageSource):
         if stats:
             self.mean, self.std = tuple(stats[0]), tuple(stats[1])
         else:
-            self.mean, self.std = _channel_stats(
+            self.mean, self.std = channel_stats(
                 torch.stack([to_chw(a, self._channels, self.image_size) for a, _ in decoded])
             )
 

@@ -44,7 +44,7 @@ from torch import Tensor
 from .base import ImageSource, local_batches
 from .memory import (
     FolderListing,
-    _channel_stats,
+    channel_stats,
     check_load_args,
     decode_image,
     list_image_folder,
@@ -190,7 +190,7 @@ class MapStreamSource(ImageSource):
         if stats:
             self.mean, self.std = tuple(stats[0]), tuple(stats[1])
         else:
-            self.mean, self.std = _channel_stats(
+            self.mean, self.std = channel_stats(
                 torch.stack([to_chw(a, self._channels, self.image_size) for a, _ in decoded])
             )
         self._loaders: dict[bool, tuple[torch.utils.data.DataLoader, _BatchPlan]] = {}

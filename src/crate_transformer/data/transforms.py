@@ -44,7 +44,7 @@ def match_channels(x: Tensor, channels: int) -> Tensor:
     raise ValueError(f"cannot convert {c}-channel images to {channels} channels; use 1- or 3-channel data")
 
 
-def _resize_tensor(images: Tensor, size: int) -> Tensor:
+def resize_tensor(images: Tensor, size: int) -> Tensor:
     """Antialiased bilinear resize of a uint8 ``N×C×H×W`` tensor to ``size × size`` (in chunks)."""
     if images.shape[-2:] == (size, size):
         return images
@@ -101,11 +101,11 @@ def build_augmentation(
     if kind == "randaugment":
         from kornia.augmentation.auto import RandAugment
 
-        ops.append(_AsRGB(RandAugment(n=randaugment_n, m=randaugment_m)))
+        ops.append(AsRGB(RandAugment(n=randaugment_n, m=randaugment_m)))
     return nn.Sequential(*ops)
 
 
-class _AsRGB(nn.Module):
+class AsRGB(nn.Module):
     """Run an RGB-only augmentation (RandAugment's colour ops) on greyscale batches via 3 identical channels."""
 
     def __init__(self, inner: nn.Module) -> None:

@@ -34,7 +34,7 @@ class ClassificationTask(Task):
         self.train_data, self.eval_data, self.test_data = self.data.train, self.data.eval, self.data.test
         self.image_size, self.mean, self.std = self.data.image_size, self.data.mean, self.data.std
         self.model = model.to(self.rt.device)
-        kind = cfg.augment
+        kind = cfg.augmentation.augment
         if kind == "auto":
             kind = default_augmentation(self.data.name, finetune=cfg.init_from is not None)
         self.augment_kind = kind
@@ -46,16 +46,17 @@ class ClassificationTask(Task):
         its config), mixup / cutmix, random erasing, a weight EMA (each None when off, so a run without them
         draws no extra random numbers)."""
         cfg = self.cfg
-        if cfg.drop_path and state is None:
-            set_drop_path(self.model, cfg.drop_path)
+        if cfg.optim.drop_path and state is None:
+            set_drop_path(self.model, cfg.optim.drop_path)
         self.mixer = self.eraser = self.ema = None
-        if cfg.mixup > 0 or cfg.cutmix > 0:
-            self.mixer = MixupCutmix(num_classes, cfg.mixup, cfg.cutmix, cfg.mixup_prob, cfg.mixup_switch_prob,
-                                     cfg.label_smoothing)  # fmt: skip
-        if cfg.random_erasing > 0:
-            self.eraser = random_erasing(cfg.random_erasing).to(self.rt.device)
-        if cfg.ema > 0:
-            self.ema = ModelEma(self.model, cfg.ema)
+        if cfg.augmentation.mixup > 0 or cfg.augmentation.cutmix > 0:
+            aug = cfg.augmentation
+            self.mixer = MixupCutmix(num_classes, aug.mixup, aug.cutmix, aug.mixup_prob, aug.mixup_switch_prob,
+                                     cfg.optim.label_smoothing)  # fmt: skip
+        if cfg.augmentation.random_erasing > 0:
+            self.eraser = random_erasing(cfg.augmentation.random_erasing).to(self.rt.device)
+        if cfg.optim.ema > 0:
+            self.ema = ModelEma(self.model, cfg.optim.ema)
 
     def _load_data(self, image_size: int) -> ImageData:
         data = ImageData(self.cfg, image_size, self.rt.device)
@@ -83,7 +84,7 @@ class ClassificationTask(Task):
         if y.ndim == 2:  # mixed soft targets (label smoothing already in them); accuracy against the larger part
             loss, y = soft_target_cross_entropy(logits, y), y.argmax(-1)
         else:
-            loss = F.cross_entropy(logits, y, label_smoothing=self.cfg.label_smoothing)
+            loss = F.cross_entropy(logits, y, label_smoothing=self.cfg.optim.label_smoothing)
         with torch.no_grad():
             n = torch.tensor(float(len(y)), device=y.device)
             stats = {"loss": loss.detach() * n, "acc": (logits.argmax(-1) == y).sum().float(), "n": n}
@@ -93,7 +94,7 @@ class ClassificationTask(Task):
         """Loss, top-1 and top-5 of the model on ``split`` (and ``ema_*`` of the EMA weights, when kept)."""
         ds = dataset or (self.test_data if split == "test" else self.eval_data)
         kw = dict(mean=self.mean, std=self.std, image_size=self.image_size, channels=self.model.config.in_chans,
-                  batch_size=self.cfg.eval_batch_size, runtime=self.rt)  # fmt: skip
+                  batch_size=self.cfg.logging.eval_batch_size, runtime=self.rt)  # fmt: skip
         r = evaluate(self.model, ds, **kw)
         self.last_result = r
         out = {"loss": r.loss, "acc": r.top1, "top5": r.top5}
@@ -104,11 +105,11 @@ class ClassificationTask(Task):
 
     def hooks(self) -> list:
         hooks = [self._update_ema] if self.ema is not None else []
-        if not self.cfg.measure_every:
+        if not self.cfg.logging.measure_every:
             return hooks
         from ..analysis import measure_hook
 
-        return [*hooks, measure_hook(every=self.cfg.measure_every)]
+        return [*hooks, measure_hook(every=self.cfg.logging.measure_every)]
 
     def _update_ema(self, ctx: StepContext) -> None:
         """The weight EMA after optimizer step ``ctx.step`` (the engine also calls the hooks once before step 1)."""
@@ -131,14 +132,14 @@ class ClassificationTask(Task):
             "augment": self.augment_kind,
             "image_size": self.image_size,
             "train_images": len(self.train_data),
-            "eval_split": self.cfg.eval_split,
+            "eval_split": self.cfg.data.eval_split,
             "eval_images": len(self.eval_data),
             "parameters": self.model.num_params(),
         }
         return RunSummary(
             model=f"{self.model.num_params():,} params, {self.model.config.arch}",
             data=f"on {self.train_data.name}: {len(self.train_data)} train / {len(self.eval_data)} "
-            f"{self.cfg.eval_split} images, {self.image_size}px, augment={self.augment_kind}",
+            f"{self.cfg.data.eval_split} images, {self.image_size}px, augment={self.augment_kind}",
             facts=facts,
             verb="fine-tuning" if self.cfg.init_from else "training",
         )
@@ -165,7 +166,7 @@ class ClassificationTask(Task):
 
     def figures(self, run_dir: Path, metrics_path: Path) -> None:
         super().figures(run_dir, metrics_path)
-        if self.cfg.measure_every:
+        if self.cfg.logging.measure_every:
             from ..analysis import load_measure_records, plot_measure_history
 
             records = load_measure_records(metrics_path)

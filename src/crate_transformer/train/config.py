@@ -1,4 +1,9 @@
-"""The training configuration: one dataclass, defaults < ``--recipe`` < ``--config`` YAML/JSON file < flags.
+"""The training configuration: defaults < ``--recipe`` < ``--config`` YAML/JSON file < command-line flags.
+
+:class:`TrainConfig` holds the task, the model and the checkpoint to start from, and five groups of options
+(:data:`GROUPS`): ``data``, ``augmentation``, ``optim``, ``system`` and ``logging``.  ``config.yaml`` records it
+nested (``config_version`` 2); a flat mapping of options by name (version 1: earlier runs' ``config.yaml`` and
+checkpoints, flat ``--config`` files, flags, keyword arguments) is read into the groups by :func:`nest_options`.
 
 The paper's ImageNet recipe (JMLR App. C.1): Lion, lr 2.4e-4, weight decay 0.5, batch 2048,
 5 warm-up epochs then cosine, label smoothing 0.1, random crop + flip.  Fine-tuning (C.1,
@@ -10,203 +15,57 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config_utils import Range, check_ranges, coerce_fields
+from ..config_utils import Range, check_ranges, coerce_fields, option
 from ..data import AUGMENTATIONS, DATA_MODES
 from .optim import OPTIMIZERS
 from .recipes import RECIPES, recipe_options
 from .sharding import STRATEGIES
 from .trackers import LOGGERS
 
-__all__ = ["TrainConfig", "FINETUNE_DEFAULTS", "OPTIMIZERS", "AMP_MODES", "DATA_MODES", "load_config"]
+__all__ = [
+    "TrainConfig",
+    "DataOptions",
+    "AugmentationOptions",
+    "OptimOptions",
+    "SystemOptions",
+    "LoggingOptions",
+    "GROUPS",
+    "FINETUNE_DEFAULTS",
+    "OPTIMIZERS",
+    "AMP_MODES",
+    "DATA_MODES",
+    "load_config",
+    "read_run_config",
+    "nest_options",
+    "flat_options",
+]
 
 AMP_MODES = ("auto", "none", "bf16", "fp16")
+VERSION = 2  # config.yaml layout: 1 = one flat mapping of options, 2 = the option groups below
 
 
-IMAGES = ("train", "finetune", "pretrain")  # options of the image tasks
-ALL = (*IMAGES, "train-lm", "finetune-text")
-SUPERVISED = ("train", "finetune")  # options of classification only
+def _check(obj: Any, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
+    for name in positive:
+        if getattr(obj, name) <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {getattr(obj, name)!r}")
+    for name in non_negative:
+        if getattr(obj, name) < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {getattr(obj, name)!r}")
 
 
-def _opt(default: Any, help: str, commands: tuple[str, ...] = ALL, **kw: Any) -> Any:
-    """A config field carrying its ``--help`` text (the CLI is generated from the dataclass)."""
-    meta = {"help": help, "commands": commands, **kw}
-    if isinstance(default, (dict, list)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
+def _check_choices(obj: Any, choices: dict[str, tuple]) -> None:
+    for name, allowed in choices.items():
+        if getattr(obj, name) not in allowed:
+            raise ValueError(f"unknown {name} {getattr(obj, name)!r}; choose one of {allowed}")
 
 
-@dataclass
-class TrainConfig:
-    """Everything that defines a training run; saved as ``config.yaml`` in the run directory."""
-
-    # task (set by the command: train / finetune → classification, pretrain NAME → NAME)
-    task: str = _opt("classification", "training objective", commands=())
-    task_args: dict = _opt({}, "the task's own options (crate pretrain NAME --help lists them)", commands=())
-    # model
-    model: str | None = _opt("crate_mnist", "registered model name (see `crate models`)")
-    model_args: dict = _opt({}, "model overrides as KEY=VALUE, e.g. dim=64 depth=4 patch_size=4", metavar="KEY=VALUE")
-    # data
-    data: str = _opt(
-        "mnist",
-        "'mnist' | 'digits' | a CIFAR folder | a class-per-subfolder image folder | a folder of WebDataset "
-        "shards | a Hugging Face dataset: an id such as ylecun/mnist or OWNER/NAME:CONFIG, data files, or a "
-        "save_to_disk folder; train-lm: 'python-docs' (built in) | a UTF-8 text file or folder | a dataset id "
-        "(wikitext:wikitext-103-raw-v1); finetune-text: a CSV/TSV file | a dataset id (glue:sst2)",
-    )
-    data_mode: str = _opt(
-        "auto",
-        "image folders: memory (decode all once) | stream (decode per batch in DataLoader workers) | "
-        "auto (stream above 20,000 images); shards and HF datasets always stream",
-        choices=DATA_MODES,
-        commands=IMAGES,
-    )
-    workers: int = _opt(
-        -1, "DataLoader worker processes for streamed data (-1 = auto: min(4, CPU cores))", commands=IMAGES
-    )
-    image_size: int | None = _opt(
-        None, "train at this image size; batches are resized", shown="the model's", commands=IMAGES
-    )
-    val_fraction: float = _opt(
-        0.0, "hold out this fraction of the training pool as a 'val' split (stratified; train-lm: the corpus' tail)"
-    )
-    eval_split: str = _opt(
-        "test",
-        "split evaluated after every --eval-every epochs: test | val",
-        choices=("test", "val"),
-        commands=SUPERVISED,
-    )
-    train_subset: int = _opt(
-        0, "train on a seeded random subset of this many images (0 = all; in-memory data)", commands=IMAGES
-    )
-    on_bad_image: str = _opt(
-        "skip",
-        "unreadable image files: skip (with a warning count) | error",
-        choices=("skip", "error"),
-        commands=IMAGES,
-    )
-    # augmentation (kornia, batched on the device)
-    augment: str = _opt(
-        "auto",
-        "augmentation: auto (translate for digits, crop-flip otherwise, + randaugment when fine-tuning) | "
-        + " | ".join(AUGMENTATIONS),
-        choices=("auto", *AUGMENTATIONS),
-        commands=SUPERVISED,
-    )
-    translate: float = _opt(
-        0.07, "max shift of --augment translate, as a fraction of the side (0.07: 2 px at 28 px)", commands=SUPERVISED
-    )
-    crop_scale: float = _opt(
-        0.08, "minimum area fraction of RandomResizedCrop (crop-flip, randaugment)", commands=SUPERVISED
-    )
-    hflip: bool = _opt(True, "random horizontal flips in crop-flip / randaugment", commands=SUPERVISED)
-    randaugment_n: int = _opt(2, "RandAugment: number of ops per image", commands=SUPERVISED)
-    randaugment_m: int = _opt(14, "RandAugment: magnitude (0-30)", commands=SUPERVISED)
-    # optimisation (per-iteration linear warm-up, then cosine decay to --min-lr)
-    optimizer: str = _opt(
-        "adamw",
-        "optimizer: adamw | lion (the paper pre-trains with Lion) | sgd (with --momentum) | lars (MoCo v3 / MAE) | "
-        "lamb (You et al. 2019)",
-        choices=OPTIMIZERS,
-    )
-    lr: float = _opt(2e-3, "peak learning rate")
-    min_lr: float = _opt(1e-5, "learning rate at the end of the cosine decay")
-    weight_decay: float = _opt(0.05, "decoupled weight decay (matrices only; norms, biases, embeddings excluded)")
-    betas: list = _opt([], "optimizer betas", shown="0.9 0.999 for AdamW, 0.9 0.99 for Lion")
-    batch_size: int = _opt(128, "global batch size per optimizer step (split over processes and --accum-steps)")
-    accum_steps: int = _opt(1, "gradient accumulation: each process runs its share of a batch in this many chunks")
-    epochs: int = _opt(40, "training epochs")
-    warmup_epochs: float = _opt(2.0, "linear warm-up length in epochs (fractions allowed)")
-    label_smoothing: float = _opt(0.1, "label smoothing of the cross-entropy", commands=SUPERVISED)
-    grad_clip: float = _opt(1.0, "clip the global gradient norm to this value (0 = off)")
-    max_steps: int = _opt(0, "stop after this many optimizer steps (0 = all epochs; the schedule is unchanged)")
-    # training recipes (docs/recipes.md): a named preset, and the pieces the published recipes use
-    recipe: str | None = _opt(
-        None,
-        "a named published recipe (its optimizer, lr, schedule, augmentation, ... values; docs/recipes.md): "
-        "defaults < recipe < --config < flags",
-        choices=tuple(RECIPES),
-        commands=SUPERVISED,
-    )
-    momentum: float = _opt(0.9, "momentum of --optimizer sgd / lars", range=Range(0, 1, hi_open=True))
-    layer_decay: float = _opt(
-        1.0,
-        "layer-wise lr decay (MAE / BEiT): layer i of L trains at lr x decay^(L+1-i) (1 = off)",
-        range=Range(0, 1, lo_open=True),
-        commands=SUPERVISED,
-    )
-    drop_path: float = _opt(
-        0.0,
-        "stochastic depth of the last layer, rising linearly from 0 over depth (timm / DeiT; 0 = off)",
-        range=Range(0, 1, hi_open=True),
-        commands=SUPERVISED,
-    )
-    mixup: float = _opt(0.0, "mixup Beta(a, a) concentration (0 = off; DeiT: 0.8)", range=Range(0), commands=SUPERVISED)
-    cutmix: float = _opt(
-        0.0, "cutmix Beta(a, a) concentration (0 = off; DeiT: 1.0)", range=Range(0), commands=SUPERVISED
-    )
-    mixup_prob: float = _opt(
-        1.0, "probability that a batch is mixed (mixup or cutmix)", range=Range(0, 1), commands=SUPERVISED
-    )
-    mixup_switch_prob: float = _opt(
-        0.5, "probability of cutmix rather than mixup when both are on", range=Range(0, 1), commands=SUPERVISED
-    )
-    random_erasing: float = _opt(
-        0.0, "random erasing probability per image (DeiT, MAE: 0.25)", range=Range(0, 1), commands=SUPERVISED
-    )
-    ema: float = _opt(
-        0.0,
-        "keep an EMA of the weights with this decay, evaluated beside the model and saved as model_ema/ (0 = off; "
-        "DeiT: 0.99996)",
-        range=Range(0, 1, hi_open=True),
-        commands=SUPERVISED,
-    )
-    # system
-    device: str = _opt("auto", "auto | cpu | cuda | cuda:N | mps (under torchrun: cuda:LOCAL_RANK)")
-    amp: str = _opt(
-        "auto", "mixed precision: auto (bf16 or fp16 on GPU, none on CPU) | none | bf16 | fp16", choices=AMP_MODES
-    )
-    strategy: str = _opt(
-        "ddp",
-        "under torchrun: ddp (a full replica per process) | fsdp (parameters, gradients and optimizer state "
-        "sharded over the processes: fully_shard per transformer block)",
-        choices=STRATEGIES,
-    )
-    compile: bool = _opt(False, "torch.compile the model (first steps are slow while it compiles)")
-    seed: int = _opt(0, "random seed (model init, data order, augmentation)")
-    deterministic: bool = _opt(False, "deterministic algorithms (bitwise reproducible on CPU; slower on GPU)")
-    threads: int = _opt(
-        0,
-        "torch CPU threads per process (0 = auto: the CPUs this process may use, minus the other work running "
-        "now; 1 on a busy shared machine)",
-        commands=(*ALL, "eval", "analyze", "generate", "features"),
-    )
-    # run directory and logging
-    out: str | None = _opt(None, "run directory", shown="runs/<model>-<data>-<date-time>")
-    checkpoint_every: int = _opt(0, "also checkpoint every N steps (always at epoch ends, the end and on Ctrl-C)")
-    log_every: int = _opt(10, "write a train record to metrics.jsonl every N steps")
-    eval_every: int = _opt(1, "evaluate every N epochs (0 = only at the end)")
-    eval_batch_size: int = _opt(500, "batch size for evaluation")
-    measure_every: int = _opt(
-        100,
-        "every N steps (and before the first), record each layer's compression R^c and sparsity on a fixed "
-        "batch (JMLR Fig. 15) in metrics.jsonl and plot them as measure.png (0 = off)",
-        commands=SUPERVISED,
-    )
-    logger: list = _opt(
-        [],
-        "also send every record, the hyperparameters and the figures to: tensorboard | wandb | mlflow | csv "
-        "(several at once: --logger csv wandb)",
-        metavar="NAME",
-    )
-    tensorboard: bool = _opt(False, "the same as --logger tensorboard")
-    progress: bool = _opt(True, "show a tqdm progress bar")
-    # fine-tuning (set by `crate finetune`)
-    init_from: str | None = _opt(None, "checkpoint to fine-tune from", commands=())
-    keep_head: bool = _opt(False, "keep the pretrained head when the class count matches", commands=("finetune",))
+class _Group:
+    """A group of options: values coerced to the field types, then checked (one-line ValueErrors)."""
 
     def __post_init__(self) -> None:
         current = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -215,65 +74,368 @@ class TrainConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Raise a one-line ValueError for any inconsistent setting."""
-        for name in ("batch_size", "epochs", "log_every", "eval_batch_size", "accum_steps"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        for name in ("max_steps", "checkpoint_every", "eval_every", "train_subset", "threads", "measure_every"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
         check_ranges(self)  # every float finite, every metadata["range"] obeyed
+
+
+@dataclass
+class DataOptions(_Group):
+    """What is trained on and how it is read (``cfg.data``)."""
+
+    source: str = option(
+        "mnist",
+        "'mnist' | 'digits' | a CIFAR folder | a class-per-subfolder image folder | a folder of WebDataset "
+        "shards | a Hugging Face dataset: an id such as ylecun/mnist or OWNER/NAME:CONFIG, data files, or a "
+        "save_to_disk folder; train-lm: 'python-docs' (built in) | a UTF-8 text file or folder | a dataset id "
+        "(wikitext:wikitext-103-raw-v1); finetune-text: a CSV/TSV file | a dataset id (glue:sst2)",
+        name="data",
+    )
+    data_mode: str = option(
+        "auto",
+        "image folders: memory (decode all once) | stream (decode per batch in DataLoader workers) | "
+        "auto (stream above 20,000 images); shards and HF datasets always stream",
+        choices=DATA_MODES,
+    )
+    workers: int = option(-1, "DataLoader worker processes for streamed data (-1 = auto: min(4, CPU cores))")
+    image_size: int | None = option(None, "train at this image size; batches are resized", shown="the model's")
+    val_fraction: float = option(
+        0.0,
+        "hold out this fraction of the training pool as a 'val' split (stratified; train-lm: the corpus' tail)",
+        range=Range(0, 1, hi_open=True),
+    )
+    eval_split: str = option(
+        "test", "split evaluated after every --eval-every epochs: test | val", choices=("test", "val")
+    )
+    train_subset: int = option(0, "train on a seeded random subset of this many images (0 = all; in-memory data)")
+    on_bad_image: str = option(
+        "skip", "unreadable image files: skip (with a warning count) | error", choices=("skip", "error")
+    )
+
+    def validate(self) -> None:
+        if not 0.0 <= self.val_fraction < 1.0:  # before the range check: the message names the fix's bounds
+            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        super().validate()
+        _check(self, non_negative=("train_subset",))
         if self.workers < -1:
             raise ValueError(f"workers must be >= 0 or -1 (auto), got {self.workers}")
         if self.image_size is not None and self.image_size <= 0:
             raise ValueError(f"image_size must be a positive integer, got {self.image_size}")
+        _check_choices(
+            self, {"data_mode": DATA_MODES, "eval_split": ("test", "val"), "on_bad_image": ("skip", "error")}
+        )
+        if self.eval_split == "val" and self.val_fraction <= 0:
+            raise ValueError("eval_split 'val' needs a validation split; pass --val-fraction 0.1 (for example)")
+
+
+@dataclass
+class AugmentationOptions(_Group):
+    """Training-time augmentation of image batches (kornia, batched on the device; ``cfg.augmentation``)."""
+
+    augment: str = option(
+        "auto",
+        "augmentation: auto (translate for digits, crop-flip otherwise, + randaugment when fine-tuning) | "
+        + " | ".join(AUGMENTATIONS),
+        choices=("auto", *AUGMENTATIONS),
+    )
+    translate: float = option(0.07, "max shift of --augment translate, as a fraction of the side (0.07: 2 px at 28 px)")
+    crop_scale: float = option(0.08, "minimum area fraction of RandomResizedCrop (crop-flip, randaugment)")
+    hflip: bool = option(True, "random horizontal flips in crop-flip / randaugment")
+    randaugment_n: int = option(2, "RandAugment: number of ops per image")
+    randaugment_m: int = option(14, "RandAugment: magnitude (0-30)")
+    mixup: float = option(0.0, "mixup Beta(a, a) concentration (0 = off; DeiT: 0.8)", range=Range(0))
+    cutmix: float = option(0.0, "cutmix Beta(a, a) concentration (0 = off; DeiT: 1.0)", range=Range(0))
+    mixup_prob: float = option(1.0, "probability that a batch is mixed (mixup or cutmix)", range=Range(0, 1))
+    mixup_switch_prob: float = option(
+        0.5, "probability of cutmix rather than mixup when both are on", range=Range(0, 1)
+    )
+    random_erasing: float = option(0.0, "random erasing probability per image (DeiT, MAE: 0.25)", range=Range(0, 1))
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0.0 <= self.translate < 0.5:
+            raise ValueError(f"translate is a fraction of the image side in [0, 0.5), got {self.translate}")
+        if not 0.0 < self.crop_scale <= 1.0:
+            raise ValueError(f"crop_scale must be in (0, 1], got {self.crop_scale}")
+        _check_choices(self, {"augment": ("auto", *AUGMENTATIONS)})
+
+
+@dataclass
+class OptimOptions(_Group):
+    """The optimisation: optimizer, per-iteration linear warm-up then cosine decay to ``min_lr``, batches, length,
+    and the regularisers of the loss and the weights: label smoothing, layer-wise lr decay, stochastic depth, an
+    EMA of the weights (``cfg.optim``)."""
+
+    optimizer: str = option(
+        "adamw",
+        "optimizer: adamw | lion (the paper pre-trains with Lion) | sgd (with --momentum) | lars (MoCo v3 / MAE) | "
+        "lamb (You et al. 2019)",
+        choices=OPTIMIZERS,
+    )
+    momentum: float = option(0.9, "momentum of --optimizer sgd / lars", range=Range(0, 1, hi_open=True))
+    lr: float = option(2e-3, "peak learning rate")
+    min_lr: float = option(1e-5, "learning rate at the end of the cosine decay")
+    weight_decay: float = option(0.05, "decoupled weight decay (matrices only; norms, biases, embeddings excluded)")
+    betas: list = option([], "optimizer betas", shown="0.9 0.999 for AdamW, 0.9 0.99 for Lion")
+    batch_size: int = option(128, "global batch size per optimizer step (split over processes and --accum-steps)")
+    accum_steps: int = option(1, "gradient accumulation: each process runs its share of a batch in this many chunks")
+    epochs: int = option(40, "training epochs")
+    warmup_epochs: float = option(2.0, "linear warm-up length in epochs (fractions allowed)")
+    label_smoothing: float = option(0.1, "label smoothing of the cross-entropy")
+    grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)")
+    max_steps: int = option(0, "stop after this many optimizer steps (0 = all epochs; the schedule is unchanged)")
+    layer_decay: float = option(
+        1.0,
+        "layer-wise lr decay (MAE / BEiT): layer i of L trains at lr x decay^(L+1-i) (1 = off)",
+        range=Range(0, 1, lo_open=True),
+    )
+    drop_path: float = option(
+        0.0,
+        "stochastic depth of the last layer, rising linearly from 0 over depth (timm / DeiT; 0 = off)",
+        range=Range(0, 1, hi_open=True),
+    )
+    ema: float = option(
+        0.0,
+        "keep an EMA of the weights with this decay, evaluated beside the model and saved as model_ema/ (0 = off; "
+        "DeiT: 0.99996)",
+        range=Range(0, 1, hi_open=True),
+    )
+
+    def validate(self) -> None:
+        _check(self, positive=("batch_size", "epochs", "accum_steps"), non_negative=("max_steps",))
+        super().validate()
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise ValueError(f"need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
         if self.weight_decay < 0 or self.grad_clip < 0 or self.warmup_epochs < 0:
             raise ValueError("weight_decay, grad_clip and warmup_epochs must be >= 0")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        if not 0.0 <= self.translate < 0.5:
-            raise ValueError(f"translate is a fraction of the image side in [0, 0.5), got {self.translate}")
-        if not 0.0 < self.crop_scale <= 1.0:
-            raise ValueError(f"crop_scale must be in (0, 1], got {self.crop_scale}")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
-        for name, allowed in (
-            ("optimizer", OPTIMIZERS),
-            ("amp", AMP_MODES),
-            ("strategy", STRATEGIES),
-            ("data_mode", DATA_MODES),
-            ("augment", ("auto", *AUGMENTATIONS)),
-            ("eval_split", ("test", "val")),
-            ("on_bad_image", ("skip", "error")),
-            ("recipe", (None, *RECIPES)),
-        ):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {allowed}")
+        _check_choices(self, {"optimizer": OPTIMIZERS})
         if self.betas and (len(self.betas) != 2 or not all(0.0 <= float(b) < 1.0 for b in self.betas)):
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
+
+
+@dataclass
+class SystemOptions(_Group):
+    """Where and how the run executes: device, precision, threads, seed (``cfg.system``)."""
+
+    device: str = option("auto", "auto | cpu | cuda | cuda:N | mps (under torchrun: cuda:LOCAL_RANK)")
+    amp: str = option(
+        "auto", "mixed precision: auto (bf16 or fp16 on GPU, none on CPU) | none | bf16 | fp16", choices=AMP_MODES
+    )
+    strategy: str = option(
+        "ddp",
+        "under torchrun: ddp (a full replica per process) | fsdp (parameters, gradients and optimizer state "
+        "sharded over the processes: fully_shard per transformer block)",
+        choices=STRATEGIES,
+    )
+    compile: bool = option(False, "torch.compile the model (first steps are slow while it compiles)")
+    seed: int = option(0, "random seed (model init, data order, augmentation)")
+    deterministic: bool = option(False, "deterministic algorithms (bitwise reproducible on CPU; slower on GPU)")
+    threads: int = option(
+        0,
+        "torch CPU threads per process (0 = auto: the CPUs this process may use, minus the other work running "
+        "now; 1 on a busy shared machine)",
+    )
+
+    def validate(self) -> None:
+        _check(self, non_negative=("threads",))
+        super().validate()
+        _check_choices(self, {"amp": AMP_MODES, "strategy": STRATEGIES})
+
+
+@dataclass
+class LoggingOptions(_Group):
+    """The run directory, checkpoints, evaluation and what is logged (``cfg.logging``)."""
+
+    out: str | None = option(None, "run directory", shown="runs/<model>-<data>-<date-time>")
+    checkpoint_every: int = option(0, "also checkpoint every N steps (always at epoch ends, the end and on Ctrl-C)")
+    log_every: int = option(10, "write a train record to metrics.jsonl every N steps")
+    eval_every: int = option(1, "evaluate every N epochs (0 = only at the end)")
+    eval_batch_size: int = option(500, "batch size for evaluation")
+    measure_every: int = option(
+        100,
+        "every N steps (and before the first), record each layer's compression R^c and sparsity on a fixed "
+        "batch (JMLR Fig. 15) in metrics.jsonl and plot them as measure.png (0 = off)",
+    )
+    logger: list = option(
+        [],
+        "also send every record, the hyperparameters and the figures to: tensorboard | wandb | mlflow | csv "
+        "(several at once: --logger csv wandb)",
+        metavar="NAME",
+    )
+    tensorboard: bool = option(False, "the same as --logger tensorboard")
+    progress: bool = option(True, "show a tqdm progress bar")
+
+    def validate(self) -> None:
+        _check(
+            self,
+            positive=("log_every", "eval_batch_size"),
+            non_negative=("checkpoint_every", "eval_every", "measure_every"),
+        )
+        super().validate()
         unknown = [name for name in self.logger if name not in LOGGERS]
         if unknown:
             raise ValueError(f"unknown logger {unknown[0]!r}; choose from {', '.join(LOGGERS)} (--logger)")
-        if self.eval_split == "val" and self.val_fraction <= 0:
-            raise ValueError("eval_split 'val' needs a validation split; pass --val-fraction 0.1 (for example)")
+
+
+# group name → its dataclass, in the order of config.yaml and of --help
+GROUPS: dict[str, type] = {
+    "data": DataOptions,
+    "augmentation": AugmentationOptions,
+    "optim": OptimOptions,
+    "system": SystemOptions,
+    "logging": LoggingOptions,
+}
+
+
+def option_name(f: dataclasses.Field) -> str:
+    """A field's option name: its ``--flag`` (dashes for underscores) and its key in a flat config file."""
+    return f.metadata.get("name", f.name)
+
+
+# flat option name → (group, field): how a flat (version 1) config file or a flag reaches its group
+FLAT: dict[str, tuple[str, str]] = {
+    option_name(f): (group, f.name) for group, cls in GROUPS.items() for f in dataclasses.fields(cls)
+}
+
+
+@dataclass(init=False)
+class TrainConfig:
+    """Everything that defines a training run; saved as ``config.yaml`` in the run directory.
+
+    The task, the model and the checkpoint to start from are top-level; every other option is in a group:
+    ``cfg.data``, ``cfg.augmentation``, ``cfg.optim``, ``cfg.system``, ``cfg.logging``.  The constructor and
+    :meth:`from_dict` take the groups (as dataclasses or mappings) and, as well, any option by its flat name
+    (``TrainConfig(lr=0.01, data="digits")``), which is what flags and flat config files hold.
+    """
+
+    # task (set by the command: train / finetune → classification, pretrain NAME → NAME)
+    task: str = option("classification", "training objective")
+    task_args: dict = option({}, "the task's own options (crate pretrain NAME --help lists them)")
+    # model
+    model: str | None = option("crate_mnist", "registered model name (see `crate models`)")
+    model_args: dict = option({}, "model overrides as KEY=VALUE, e.g. dim=64 depth=4 patch_size=4", metavar="KEY=VALUE")
+    # a named published recipe: its values go under the options given with it (defaults < recipe < file < flags)
+    recipe: str | None = option(
+        None,
+        "a named published recipe (its optimizer, lr, schedule, augmentation, ... values; docs/recipes.md): "
+        "defaults < recipe < --config < flags",
+        choices=tuple(RECIPES),
+    )
+    # fine-tuning (set by `crate finetune`)
+    init_from: str | None = option(None, "checkpoint to fine-tune from")
+    keep_head: bool = option(False, "keep the pretrained head when the class count matches")
+    # the option groups
+    data: DataOptions = field(default_factory=DataOptions)
+    augmentation: AugmentationOptions = field(default_factory=AugmentationOptions)
+    optim: OptimOptions = field(default_factory=OptimOptions)
+    system: SystemOptions = field(default_factory=SystemOptions)
+    logging: LoggingOptions = field(default_factory=LoggingOptions)
+
+    def __init__(self, **options: Any) -> None:
+        nested = nest_options(options)
+        for f in dataclasses.fields(self):
+            if f.name in nested:
+                setattr(self, f.name, nested[f.name])
+            elif f.name not in GROUPS:
+                setattr(self, f.name, f.default if f.default_factory is dataclasses.MISSING else f.default_factory())
+        for name, cls in GROUPS.items():
+            setattr(self, name, cls(**_as_mapping(nested.get(name))))  # a copy: configs share no group
+        self.__post_init__()
+
+    def __post_init__(self) -> None:
+        top = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in GROUPS}
+        for name, value in coerce_fields(type(self), top).items():
+            setattr(self, name, value)
+        _check_choices(self, {"recipe": (None, *RECIPES)})
+
+    def validate(self) -> None:
+        """Raise a one-line ValueError for any inconsistent setting."""
+        for name in GROUPS:
+            getattr(self, name).validate()
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The nested mapping saved as ``config.yaml`` (with ``config_version``); :meth:`from_dict` reads it."""
+        return {"config_version": VERSION, **dataclasses.asdict(self)}
+
+    def flat(self) -> dict:
+        """Every option by its flat name (``{"lr": ..., "data": ..., ...}``), as flags and version-1 files name them."""
+        return flat_options(self.to_dict())
 
     @classmethod
-    def from_dict(cls, d: dict, base: TrainConfig | None = None) -> TrainConfig:
-        """``base`` (or the defaults) updated with ``d``; keys may use dashes or underscores."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        d = {str(k).replace("-", "_"): v for k, v in d.items()}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown training option(s) {unknown}; valid options: {sorted(known)}")
-        if d.get("recipe"):  # the recipe's values go under the options given with it
-            finetune = (d.get("init_from") or (base.init_from if base is not None else None)) is not None
-            d = {**recipe_options(d["recipe"], finetune), **d}
-        return dataclasses.replace(base, **d) if base is not None else cls(**d)
+    def from_dict(cls, d: Mapping[str, Any], base: TrainConfig | None = None) -> TrainConfig:
+        """``base`` (or the defaults) updated with ``d``: nested groups, flat option names (keys may use dashes or
+        underscores) or both; a ``config_version`` newer than this release reads is refused."""
+        nested = nest_options(d)
+        if nested.get("recipe"):  # the recipe's values go under the options given with it
+            finetune = (nested.get("init_from") or (base.init_from if base is not None else None)) is not None
+            nested = _update(nest_options(recipe_options(nested["recipe"], finetune)), nested)
+        if base is None:
+            return cls(**nested)
+        return cls(**_update({k: v for k, v in base.to_dict().items() if k != "config_version"}, nested))
+
+
+def nest_options(d: Mapping[str, Any]) -> dict[str, Any]:
+    """Options in any accepted layout → the top-level fields and one mapping (or dataclass) per group.
+
+    Accepted: the nested layout of ``config.yaml`` (version 2), the flat one of version 1 (every option at the top:
+    ``lr``, ``threads``, ``data: mnist``, ...), and a mix; dashes in keys read as underscores.  Unknown keys and a
+    newer ``config_version`` are one-line errors; extra keys of a run's config.yaml (``model_config``,
+    ``derived``) are not options and must be removed first (:func:`read_run_config` does).
+    """
+    d = {str(k).replace("-", "_"): v for k, v in d.items()}
+    version = d.pop("config_version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or version > VERSION:
+        raise ValueError(
+            f"config_version {version!r} is newer than this crate_transformer reads ({VERSION}); "
+            "upgrade crate_transformer (pip install -U crate-transformer)"
+        )
+    top = {f.name for f in dataclasses.fields(TrainConfig)} - set(GROUPS)
+    out: dict[str, Any] = {}
+    unknown = []
+    for key, value in d.items():
+        if key in GROUPS and (isinstance(value, (Mapping, GROUPS[key])) or value is None):
+            if isinstance(value, GROUPS[key]):
+                out[key] = value if key not in out else {**out[key], **dataclasses.asdict(value)}
+            else:
+                group = {str(k).replace("-", "_"): v for k, v in (value or {}).items()}
+                bad = sorted(set(group) - {f.name for f in dataclasses.fields(GROUPS[key])})
+                unknown += [f"{key}.{b}" for b in bad]
+                out[key] = {**_as_mapping(out.get(key)), **group}
+        elif key in FLAT:  # a flat option (version 1, a flag, a keyword)
+            group, name = FLAT[key]
+            out[group] = {**_as_mapping(out.get(group)), name: value}
+        elif key in top:
+            out[key] = value
+        else:
+            unknown.append(key)
+    if unknown:
+        valid = sorted({*top, *FLAT, *GROUPS})
+        raise ValueError(f"unknown training option(s) {sorted(unknown)}; valid options: {valid}")
+    return out
+
+
+def _update(under: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """Nested options ``under`` updated with ``over``, group by group (an option ``over`` names wins)."""
+    out = dict(under)
+    for key, value in over.items():
+        out[key] = {**_as_mapping(out.get(key)), **_as_mapping(value)} if key in GROUPS else value
+    return out
+
+
+def _as_mapping(value: Any) -> dict:
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else dict(value or {})
+
+
+def flat_options(d: Mapping[str, Any]) -> dict[str, Any]:
+    """Options in any accepted layout → one flat mapping by option name (``{"lr": ..., "data": "mnist"}``)."""
+    out = {}
+    for key, value in nest_options(d).items():
+        if key in GROUPS:
+            names = {f.name: option_name(f) for f in dataclasses.fields(GROUPS[key])}
+            out.update({names[k]: v for k, v in _as_mapping(value).items()})
+        else:
+            out[key] = value
+    return out
 
 
 # Fine-tuning recipe (JMLR App. C.1, transfer protocol of Table 1): new head, AdamW lr 5e-5, wd 0.01,
@@ -307,5 +469,17 @@ def read_options_file(path: str | os.PathLike) -> dict:
 
 
 def load_config(path: str | os.PathLike, base: TrainConfig | None = None) -> TrainConfig:
-    """Read a YAML or JSON file of :class:`TrainConfig` options on top of ``base`` (or the defaults)."""
+    """Read a YAML or JSON file of :class:`TrainConfig` options (nested or flat) on top of ``base`` (or the
+    defaults)."""
     return TrainConfig.from_dict(read_options_file(path), base)
+
+
+RUN_EXTRAS = ("model_config", "derived")  # what a run's config.yaml records beside the options
+
+
+def read_run_config(path: str | os.PathLike) -> TrainConfig:
+    """The :class:`TrainConfig` of a run directory's ``config.yaml`` (``path``: the file or the run directory),
+    whichever layout it was written in (runs of earlier releases hold flat options)."""
+    path = Path(path)
+    options = read_options_file(path / "config.yaml" if path.is_dir() else path)
+    return TrainConfig.from_dict({k: v for k, v in options.items() if k not in RUN_EXTRAS})

@@ -39,7 +39,7 @@ from ..dino import (
 )
 from ..model import ImageClassifier
 from .config import TrainConfig
-from .evaluation import pyplot, save_figure
+from .evaluation import save_figure, subplots
 from .images import ImageData, image_classifier
 from .rundir import read_metrics
 from .task import RunSummary, StepContext, Task, TaskResult
@@ -94,8 +94,8 @@ class DINOTask(Task):
         self.criterion = DINOLoss(
             opts.out_dim, student_temp=opts.student_temp, center_momentum=opts.center_momentum
         ).to(rt.device)
-        self.steps_per_epoch = self.train_data.steps_per_epoch(cfg.batch_size)
-        self.total_steps = self.steps_per_epoch * cfg.epochs
+        self.steps_per_epoch = self.train_data.steps_per_epoch(cfg.optim.batch_size)
+        self.total_steps = self.steps_per_epoch * cfg.optim.epochs
         self.step = 0
         self.multicrop = MultiCropAugmentation(
             opts, self.image_size, backbone.config.in_chans, multiple=backbone.config.patch_size
@@ -138,7 +138,7 @@ class DINOTask(Task):
     def weight_decay(self, step: int) -> float:
         """Weight decay of the matrices at optimizer step ``step`` (0-based): DINO's cosine schedule from
         ``--weight-decay`` to ``--weight-decay-end`` (constant ``--weight-decay`` when that is none)."""
-        start, end = self.cfg.weight_decay, self.options.weight_decay_end
+        start, end = self.cfg.optim.weight_decay, self.options.weight_decay_end
         return start if end is None else cosine_schedule(start, end, step, self.total_steps)
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, ...]) -> tuple[Tensor, dict[str, Tensor]]:
@@ -164,7 +164,7 @@ class DINOTask(Task):
         m = self.momentum(ctx.step - 1)
         ema_update(self.teacher, self.student, m)
         self.step = ctx.step
-        if ctx.step % self.cfg.log_every == 0 or ctx.step == self.total_steps:
+        if ctx.step % self.cfg.logging.log_every == 0 or ctx.step == self.total_steps:
             s = ctx.step - 1  # the values step s used
             sched = dict(momentum=m, teacher_temp=self.teacher_temp(s), weight_decay=self.weight_decay(s))
             return [dict(split="schedule", step=ctx.step, epoch=ctx.epoch, **sched)]
@@ -197,7 +197,7 @@ class DINOTask(Task):
         c = model.config
         return extract_features(
             model, ds, mean=self.data.mean, std=self.data.std, image_size=self.image_size, channels=c.in_chans,
-            pool=self.options.pool, batch_size=self.cfg.eval_batch_size, device=self.rt.device,
+            pool=self.options.pool, batch_size=self.cfg.logging.eval_batch_size, device=self.rt.device,
         )  # fmt: skip
 
     def evaluate(self, split: str) -> dict[str, float]:
@@ -220,7 +220,7 @@ class DINOTask(Task):
         facts = {
             "image_size": self.image_size,
             "train_images": len(self.train_data),
-            "eval_split": self.cfg.eval_split,
+            "eval_split": self.cfg.data.eval_split,
             "eval_images": len(self.eval_data),
             "parameters": backbone.num_params(),
             "head_parameters": head,
@@ -230,7 +230,7 @@ class DINOTask(Task):
         return RunSummary(
             model=f"DINO preset {o.preset}: {backbone.num_params():,} params, {backbone.config.arch}",
             data=f"+ head {head:,} ({o.out_dim} prototypes), pool {o.pool}, views {views}; {self.train_data.name}: "
-            f"{len(self.train_data)} train images (labels unused), {len(self.eval_data)} {self.cfg.eval_split}",
+            f"{len(self.train_data)} train images (labels unused), {len(self.eval_data)} {self.cfg.data.eval_split}",
             facts=facts,
         )
 
@@ -272,12 +272,11 @@ class DINOTask(Task):
 def plot_dino_curves(metrics_path: str | os.PathLike, out_png: str | os.PathLike) -> Path:
     """Four panels against the step: DINO loss; teacher feature std and entropy (collapse monitors);
     k-NN accuracy of the teacher's features; learning rate, teacher momentum, weight decay and temperature."""
-    plt = pyplot()
     records = read_metrics(metrics_path)
     train_r = [r for r in records if r.get("split") == "train"]
     sched = [r for r in records if r.get("split") == "schedule"]
     evals = [r for r in records if r.get("split") in ("val", "test") and "knn" in r]
-    fig, (ax_loss, ax_std, ax_knn, ax_s) = plt.subplots(1, 4, figsize=(17, 3.6))
+    fig, (ax_loss, ax_std, ax_knn, ax_s) = subplots(1, 4, figsize=(17, 3.6))
     steps = [r["step"] for r in train_r]
     ax_loss.plot(steps, [r["loss"] for r in train_r], lw=1)
     ax_loss.set(title="DINO loss (train)", xlabel="step")

@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,7 +27,7 @@ __all__ = [
     "plot_curves",
     "plot_confusion_matrix",
     "plot_knn",
-    "pyplot",
+    "subplots",
     "save_figure",
 ]
 
@@ -140,30 +141,29 @@ def evaluate(
     )
 
 
-def pyplot():  # noqa: ANN202
-    import matplotlib
+def subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float] | None = None) -> tuple[Any, Any]:
+    """A figure and its axes, as ``pyplot.subplots`` makes them, without pyplot: nothing joins pyplot's figure
+    registry and no backend is chosen (a notebook keeps its own); :func:`save_figure` renders with Agg."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols)
 
 
-def save_figure(fig: object, out_png: str | os.PathLike) -> Path:
+def save_figure(fig: Any, out_png: str | os.PathLike) -> Path:
+    """Write ``fig`` as a PNG (dpi 90), atomically."""
     out_png = Path(out_png)
     atomic_write(out_png, lambda tmp: fig.savefig(tmp, dpi=90, format="png"))
-    pyplot().close(fig)
     return out_png
 
 
 def plot_curves(metrics_path: str | os.PathLike, out_png: str | os.PathLike, metric: str = "acc") -> Path:
     """Loss, ``metric`` (accuracy by default; skipped if never recorded) and learning rate against the step."""
-    plt = pyplot()
     records = read_metrics(metrics_path)
     train_r = [r for r in records if r.get("split") == "train"]
     eval_splits = sorted({r["split"] for r in records if r.get("split") in ("val", "test")})
     has_metric = any(metric in r for r in records)
-    fig, axes = plt.subplots(1, 3 if has_metric else 2, figsize=(13 if has_metric else 9, 3.6))
+    fig, axes = subplots(1, 3 if has_metric else 2, figsize=(13 if has_metric else 9, 3.6))
     ax_loss, ax_lr = axes[0], axes[-1]
     ax_m = axes[1] if has_metric else None
     scale = 100 if metric == "acc" else 1
@@ -199,11 +199,10 @@ def plot_confusion_matrix(
     """Save a confusion matrix (rows: true class, columns: predicted; colour: row-normalised) as a PNG."""
     from sklearn.metrics import ConfusionMatrixDisplay
 
-    plt = pyplot()
     m = np.asarray(confusion, dtype=np.int64)
     n = len(classes)
     size = min(14.0, 3.0 + 0.4 * n)
-    fig, ax = plt.subplots(figsize=(size, size))
+    fig, ax = subplots(figsize=(size, size))
     disp = ConfusionMatrixDisplay(m, display_labels=list(classes) if n <= 30 else None)
     disp.plot(ax=ax, cmap="Blues", colorbar=False, include_values=n <= 15, values_format="d")
     disp.im_.set_data(m / np.maximum(m.sum(1, keepdims=True), 1))  # colour by recall, numbers stay counts
@@ -217,9 +216,8 @@ def plot_confusion_matrix(
 
 def plot_knn(accuracy: Mapping[int, float], out_png: str | os.PathLike, title: str = "") -> Path:
     """Save weighted k-NN top-1 accuracy against k (log axis) as a PNG."""
-    plt = pyplot()
     ks = sorted(accuracy)
-    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+    fig, ax = subplots(figsize=(4.5, 3.2))
     ax.plot(ks, [100 * accuracy[k] for k in ks], "o-")
     for k in ks:
         ax.annotate(f"{100 * accuracy[k]:.1f}", (k, 100 * accuracy[k]), textcoords="offset points", xytext=(0, 5),

@@ -34,7 +34,7 @@ __all__ = ["ImageData", "image_classifier", "load_splits"]
 
 
 class ImageData:
-    """The splits of ``cfg.data`` decoded or resized to ``image_size``, and their normalisation."""
+    """The splits of ``cfg.data.source`` decoded or resized to ``image_size``, and their normalisation."""
 
     mean: list[float]
     std: list[float]
@@ -60,7 +60,7 @@ class ImageData:
         self.mean, self.std, self.channels = norm[0], norm[1], channels
         cfg = self.cfg
         model.config.data = DataSpec(
-            source=canonical_source(cfg.data), kind=getattr(self.train, "kind", ""), name=self.train.name,
+            source=canonical_source(cfg.data.source), kind=getattr(self.train, "kind", ""), name=self.train.name,
             classes=self.classes, mean=self.mean, std=self.std,
         )  # fmt: skip
 
@@ -70,9 +70,9 @@ class ImageData:
         cfg = self.cfg
         native = getattr(self.train, "image_size", None) or self.image_size  # translations act before resizing
         return build_augmentation(
-            kind, self.image_size, translate=round(cfg.translate * native), input_size=native,
-            crop_scale=(max(cfg.crop_scale, min_crop_scale), 1.0), hflip=cfg.hflip,
-            randaugment_n=cfg.randaugment_n, randaugment_m=cfg.randaugment_m,
+            kind, self.image_size, translate=round(cfg.augmentation.translate * native), input_size=native,
+            crop_scale=(max(cfg.augmentation.crop_scale, min_crop_scale), 1.0), hflip=cfg.augmentation.hflip,
+            randaugment_n=cfg.augmentation.randaugment_n, randaugment_m=cfg.augmentation.randaugment_m,
         ).to(self.device)  # fmt: skip
 
     def inputs(self, images: Tensor, augment: nn.Module | None = None, image_size: int | None = None) -> Tensor:
@@ -97,13 +97,13 @@ def image_classifier(
         model = load_model(cfg.init_from, name=cfg.model, as_classifier=True, **cfg.model_args)
         if not isinstance(model, ImageClassifier):
             raise ValueError(f"{cfg.init_from} is a language model; fine-tune it with crate finetune-text")
-        image_size = cfg.image_size or model.config.image_size
+        image_size = cfg.data.image_size or model.config.image_size
     else:
         if cfg.model is None:
             raise ValueError("no model given; pass --model NAME (see `crate models`)")
         if is_language_model(cfg.model):
             raise ValueError(f"{cfg.model} is a language model; train it with crate train-lm --model {cfg.model}")
-        image_size = cfg.image_size or model_config(cfg.model, **cfg.model_args).image_size
+        image_size = cfg.data.image_size or model_config(cfg.model, **cfg.model_args).image_size
     data = load_data(image_size)
     classes = data.classes
     if state is None and cfg.init_from is not None:
@@ -122,29 +122,32 @@ def image_classifier(
 
 
 def load_splits(cfg: TrainConfig, image_size: int) -> tuple[ImageSource, ImageSource, ImageSource]:
-    """(train, per-epoch eval, test) splits of ``cfg.data`` from :func:`open_source` (``--data-mode``, ``--workers``).
+    """(train, per-epoch eval, test) splits of ``cfg.data.source`` from :func:`open_source` (``--data-mode``,
+    ``--workers``).
 
     Files (image folders, shards, HF datasets) are decoded at ``image_size``; built-in and CIFAR tensors keep
     their size and are resized per batch.
     """
     kw = dict(
-        image_size=image_size, val_fraction=cfg.val_fraction, seed=cfg.seed, on_bad_image=cfg.on_bad_image,
-        mode=cfg.data_mode, num_workers=cfg.workers,
+        image_size=image_size, val_fraction=cfg.data.val_fraction, seed=cfg.system.seed,
+        on_bad_image=cfg.data.on_bad_image, mode=cfg.data.data_mode, num_workers=cfg.data.workers,
     )  # fmt: skip
-    train_set = open_source(cfg.data, "train", **kw)
-    if cfg.train_subset and not isinstance(train_set, ImageDataset):
+    train_set = open_source(cfg.data.source, "train", **kw)
+    if cfg.data.train_subset and not isinstance(train_set, ImageDataset):
         raise ValueError(
-            f"--train-subset works on in-memory data only and {cfg.data} is streamed; "
+            f"--train-subset works on in-memory data only and {cfg.data.source} is streamed; "
             "pass --data-mode memory (image folders) or drop --train-subset"
         )
     kw["stats"] = (train_set.mean, train_set.std)  # streamed splits: the training pool's, not a new estimate
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a skipped-images warning was already shown for the train split
-        test_set = open_source(cfg.data, "test", **kw)
-        eval_set = test_set if cfg.eval_split == "test" else open_source(cfg.data, cfg.eval_split, **kw)
-    if cfg.train_subset and cfg.train_subset < len(train_set):
-        g = torch.Generator().manual_seed(cfg.seed)
-        keep = torch.randperm(len(train_set), generator=g)[: cfg.train_subset].sort().values
+        test_set = open_source(cfg.data.source, "test", **kw)
+        eval_set = (
+            test_set if cfg.data.eval_split == "test" else open_source(cfg.data.source, cfg.data.eval_split, **kw)
+        )
+    if cfg.data.train_subset and cfg.data.train_subset < len(train_set):
+        g = torch.Generator().manual_seed(cfg.system.seed)
+        keep = torch.randperm(len(train_set), generator=g)[: cfg.data.train_subset].sort().values
         t = train_set
         train_set = ImageDataset(t.images[keep], t.labels[keep], t.classes, t.mean, t.std, t.name, "train")
     return train_set, eval_set, test_set

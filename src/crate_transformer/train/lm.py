@@ -27,7 +27,6 @@ from .task import RunSummary, Task, TaskResult, task_option
 
 __all__ = ["LMTask", "LMOptions", "build_tokenizer"]
 
-_CMD = ("train-lm",)
 OBJECTIVES = ("clm", "mlm")
 DEFAULT_MODELS = {"clm": "crate_gpt_mini", "mlm": "crate_bert_mini"}
 
@@ -38,25 +37,23 @@ class LMOptions:
         "clm",
         "clm: next token (CRATE-GPT, eq. (89)) | mlm: masked tokens (CRATE-BERT, eq. (85))",
         choices=OBJECTIVES,
-        commands=_CMD,
     )
     tokenizer: str = task_option(
-        "byte", "byte (no training) | bpe | wordpiece (trained on --data) | a tokenizer.json file",
-        commands=_CMD, fixed=True,
+        "byte", "byte (no training) | bpe | wordpiece (trained on --data) | a tokenizer.json file", fixed=True,
     )  # fmt: skip
     vocab_size: int = task_option(
-        4096, "vocabulary size of a bpe / wordpiece tokenizer", commands=_CMD, range=Range(1, integer=True), fixed=True
+        4096, "vocabulary size of a bpe / wordpiece tokenizer", range=Range(1, integer=True), fixed=True
     )
     mask_prob: float = task_option(
-        0.15, "mlm: fraction of tokens predicted (of them 0.8 become [MASK], 0.1 random, 0.1 stay)", commands=_CMD,
+        0.15, "mlm: fraction of tokens predicted (of them 0.8 become [MASK], 0.1 random, 0.1 stay)",
         range=Range(0, 1, lo_open=True, hi_open=True),
     )  # fmt: skip
     eval_blocks: int = task_option(
-        0, "evaluate on at most this many held-out blocks (0 = all)", commands=_CMD,
+        0, "evaluate on at most this many held-out blocks (0 = all)",
         range=Range(0, integer=True, note="0 = every held-out block"),
     )  # fmt: skip
     sample_tokens: int = task_option(
-        200, "clm: tokens of the sample written to sample.txt at the end (0 = none)", commands=_CMD,
+        200, "clm: tokens of the sample written to sample.txt at the end (0 = none)",
         range=Range(0, integer=True, note="0 = no sample"),
     )  # fmt: skip
 
@@ -121,7 +118,7 @@ class LMTask(Task):
     def setup(self, state: dict | None) -> None:
         cfg, rt = self.cfg, self.rt
         self.options = o = self.parse_options(cfg)
-        source = cfg.data
+        source = cfg.data.source
         if source != "python-docs":
             corpus_files(source)  # a missing corpus is an error before any tokenizer training
             source = source if is_hub_corpus(source) else str(Path(source).expanduser().resolve())
@@ -132,7 +129,7 @@ class LMTask(Task):
         self.model = model.to(rt.device)
         block = model.config.block_size
         tokens = load_tokens(source, self.tokenizer)
-        cut = split_tokens(len(tokens), cfg.val_fraction, block)
+        cut = split_tokens(len(tokens), cfg.data.val_fraction, block)
         name = Path(source).name if source != "python-docs" else "python-docs"
         self.train_data = TokenBlocks(tokens, block, 0, cut, name, "train")
         end = min(len(tokens), cut + o.eval_blocks * block + 1) if o.eval_blocks else len(tokens)
@@ -204,7 +201,9 @@ class LMTask(Task):
         g = torch.Generator(device=rt.device).manual_seed(1234)  # the same masks at every evaluation (mlm)
         total = torch.zeros(3, dtype=torch.float64, device=rt.device)
         try:
-            for blocks in self.eval_data.batches(self.cfg.eval_batch_size, shuffle=False, rank=rt.rank, world=rt.world):
+            for blocks in self.eval_data.batches(
+                self.cfg.logging.eval_batch_size, shuffle=False, rank=rt.rank, world=rt.world
+            ):
                 with rt.autocast():
                     _, s = self.loss(model, self._split(blocks, g))
                 total += torch.stack([s["loss"], s["acc"], s["n"]]).double()
@@ -262,7 +261,7 @@ class LMTask(Task):
     def sample(self) -> str:
         """``sample_tokens`` tokens generated from an end-of-text token (temperature 0.8, top-k 50, seeded)."""
         rt = self.rt
-        g = torch.Generator(device=rt.device).manual_seed(self.cfg.seed)
+        g = torch.Generator(device=rt.device).manual_seed(self.cfg.system.seed)
         start = torch.tensor([[self.tokenizer.eos_id]], device=rt.device)
         out = self.model.generate(start, self.options.sample_tokens, temperature=0.8, top_k=50, generator=g)
         return self.tokenizer.decode(out[0, 1:].tolist(), skip_special_tokens=True)

@@ -81,12 +81,12 @@ def train(
     Writes ``<run_dir>/{config.yaml, metrics.jsonl, curves.png, checkpoints/last.pt, model/}``.
     """
     cfg, task, state = _configure(cfg, resume, overrides, task, expect_task)
-    rt = Runtime.start(cfg.device, cfg.amp)
+    rt = Runtime.start(cfg.system.device, cfg.system.amp)
     run, finished = None, False
     try:
-        sharding.check_strategy(cfg.strategy, rt.world, task.name, task.shardable)
-        with ProcessSettings(cfg.threads, cfg.deterministic):
-            path = Path(resume) if resume is not None else Path(rt.broadcast(str(cfg.out or _default_dir(cfg))))
+        sharding.check_strategy(cfg.system.strategy, rt.world, task.name, task.shardable)
+        with ProcessSettings(cfg.system.threads, cfg.system.deterministic):
+            path = Path(resume) if resume is not None else Path(rt.broadcast(str(cfg.logging.out or _default_dir(cfg))))
             run = rt.on_main(lambda: RunDir.reopen(path) if resume is not None else RunDir.create(path))
             result = _run(cfg, task, rt, run or RunDir(path, writer=False), state, hooks)
         rt.barrier()  # leave together: a rank tearing down gloo early can abort its peers
@@ -163,13 +163,13 @@ class _Loop:
         self.t_start = time.time()
         cfg = TrainConfig.from_dict(task.resolve(cfg), cfg)  # e.g. the LM's model for its objective
         self.cfg, self.task, self.rt, self.run = cfg, task, rt, run
-        seed_everything(cfg.seed)  # identical initialisation on every process
+        seed_everything(cfg.system.seed)  # identical initialisation on every process
         task.start(cfg, rt, state)
         self.raw, self.n_train = task.model, len(task.train_data)
         self.steps_per_epoch = _steps_per_epoch(cfg, task, rt)
-        self.total = self.steps_per_epoch * cfg.epochs
-        self.last = min(self.total, cfg.max_steps) if cfg.max_steps else self.total
-        self.sharded = cfg.strategy == "fsdp"
+        self.total = self.steps_per_epoch * cfg.optim.epochs
+        self.last = min(self.total, cfg.optim.max_steps) if cfg.optim.max_steps else self.total
+        self.sharded = cfg.system.strategy == "fsdp"
         if self.sharded:  # full weights into the unsharded model, shard, then the optimizer of the shards
             if state is not None:
                 self.raw.load_state_dict(state["model"])
@@ -177,7 +177,7 @@ class _Loop:
             sharding.shard(self.raw)
         self.opt = _Optimization(self.raw, cfg, self.steps_per_epoch, self.total, rt)
         self.ts = _restore(state, task, self.opt, cfg, self.n_train) if state is not None else TrainState()
-        seed_everything(cfg.seed + rt.rank)  # per-process augmentation / dropout streams
+        seed_everything(cfg.system.seed + rt.rank)  # per-process augmentation / dropout streams
         if state is not None and len(state["rng"]) == rt.world:
             set_rng_state(state["rng"][rt.rank])
         self.model = _wrap(self.raw, cfg, rt)
@@ -194,7 +194,7 @@ class _Loop:
 
     def train(self) -> bool:
         """Train to the last step; True when interrupted (every process stops at the same step)."""
-        self.bar = self.rt.progress(self.cfg.progress, total=self.total, initial=self.ts.step)
+        self.bar = self.rt.progress(self.cfg.logging.progress, total=self.total, initial=self.ts.step)
         if self.hooks and self.ts.step == 0:
             self.run_hooks()  # the untrained model: the "random init" curve of Fig. 15
         self.model.train()
@@ -211,18 +211,18 @@ class _Loop:
     def epoch(self) -> bool:
         """The rest of the current epoch, up to the last step; True when interrupted."""
         cfg, ts, rt = self.cfg, self.ts, self.rt
-        where = dict(seed=cfg.seed, epoch=ts.epoch, start=ts.batch, rank=rt.rank, world=rt.world)
+        where = dict(seed=cfg.system.seed, epoch=ts.epoch, start=ts.batch, rank=rt.rank, world=rt.world)
         self.watch.step_started()
-        for batch in self.task.train_data.batches(cfg.batch_size, shuffle=True, **where):
+        for batch in self.task.train_data.batches(cfg.optim.batch_size, shuffle=True, **where):
             self.step(batch)
             self.watch.step_done()
             ts.step, ts.batch = ts.step + 1, ts.batch + 1
             self.bar.update(1)
-            if ts.step % cfg.log_every == 0 or ts.step == self.last:
+            if ts.step % cfg.logging.log_every == 0 or ts.step == self.last:
                 self.log()
             if self.hooks:
                 self.run_hooks()
-            if cfg.checkpoint_every and ts.step % cfg.checkpoint_every == 0:
+            if cfg.logging.checkpoint_every and ts.step % cfg.logging.checkpoint_every == 0:
                 self.checkpoint("periodic")
             interrupted = rt.any(self.stop.flag)  # every process stops at the same step
             self.watch.step_started()
@@ -234,7 +234,7 @@ class _Loop:
         """One optimizer step on a global batch: this process's share, in ``accum_steps`` chunks weighted to one
         batch mean, each backward; the task's per-step settings; clipping and the step."""
         task, rt, opt = self.task, self.rt, self.opt
-        chunks = task.chunks(task.prepare(batch), self.cfg.accum_steps)
+        chunks = task.chunks(task.prepare(batch), self.cfg.optim.accum_steps)
         weights = [task.weight(c) for c in chunks]
         opt.zero_grad()
         for i, chunk in enumerate(chunks):
@@ -251,7 +251,7 @@ class _Loop:
         step, lr = self.ts.step, self.opt.lr
         rec = _window_record(self.window, self.rt, time.time() - self.t_window, step, lr)
         self.run.record("train", step, epoch=self.epoch_of(step), **rec, lr=lr, time=time.time() - self.t_start)
-        self.bar.set_postfix_str(_postfix(rec, self.task.metric, self.ts.epoch, self.cfg.epochs))
+        self.bar.set_postfix_str(_postfix(rec, self.task.metric, self.ts.epoch, self.cfg.optim.epochs))
         self.window, self.t_window = {}, time.time()
         if (slow := self.watch.end_window()) and self.rt.main:
             self.bar.write(slow)
@@ -270,13 +270,17 @@ class _Loop:
         """Count the epoch, evaluate when due (not after the last step: the final evaluation follows) and checkpoint."""
         cfg, ts = self.cfg, self.ts
         ts.epoch, ts.batch = ts.epoch + 1, 0
-        due = cfg.eval_every and ts.epoch % cfg.eval_every == 0 and ts.step < self.last
+        due = cfg.logging.eval_every and ts.epoch % cfg.logging.eval_every == 0 and ts.step < self.last
         with self.unsharded():
-            m = self.task.evaluate(cfg.eval_split) if due else {}
+            m = self.task.evaluate(cfg.data.eval_split) if due else {}
         if m:  # {}: nothing to measure (DINO on a single class)
-            self.run.record(cfg.eval_split, ts.step, epoch=self.epoch_of(ts.step), **m, time=time.time() - self.t_start)
+            self.run.record(
+                cfg.data.eval_split, ts.step, epoch=self.epoch_of(ts.step), **m, time=time.time() - self.t_start
+            )
             if self.rt.main:  # tqdm.write prints even from the disabled bars of the other ranks
-                self.bar.write(f"epoch {ts.epoch}: {cfg.eval_split} " + ", ".join(f"{k} {v:.4g}" for k, v in m.items()))
+                self.bar.write(
+                    f"epoch {ts.epoch}: {cfg.data.eval_split} " + ", ".join(f"{k} {v:.4g}" for k, v in m.items())
+                )
         self.checkpoint("epoch")
 
     def unsharded(self) -> Any:
@@ -303,7 +307,8 @@ class _Loop:
         self.run.save_state({
             "model_config": self.model_cfg, "model": weights,
             **optimization, "rng": rngs, "step": ts.step, "epoch": ts.epoch, "reason": reason,
-            "data": {**asdict(ts), "seed": cfg.seed, "num_samples": self.n_train, "global_batch": cfg.batch_size},
+            "data": {**asdict(ts), "seed": cfg.system.seed, "num_samples": self.n_train,
+                     "global_batch": cfg.optim.batch_size},
             "train_config": cfg.to_dict(), "task": self.task.state_dict(),
         })  # fmt: skip
 
@@ -386,21 +391,21 @@ def _check_fixed_options(
 
 
 def _default_dir(cfg: TrainConfig) -> Path:
-    data = Path(cfg.data).name or "data"
+    data = Path(cfg.data.source).name or "data"
     what = cfg.model or ("finetune" if cfg.init_from else "model" if cfg.task == "classification" else cfg.task)
     return Path("runs") / f"{what}-{data}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def _steps_per_epoch(cfg: TrainConfig, task: Task, rt: Runtime) -> int:
-    if cfg.batch_size % (rt.world * cfg.accum_steps):
+    if cfg.optim.batch_size % (rt.world * cfg.optim.accum_steps):
         raise ValueError(
-            f"batch_size {cfg.batch_size} is not divisible by {rt.world} process(es) x {cfg.accum_steps} "
-            f"accumulation steps; use a multiple of {rt.world * cfg.accum_steps}"
+            f"batch_size {cfg.optim.batch_size} is not divisible by {rt.world} process(es) x {cfg.optim.accum_steps} "
+            f"accumulation steps; use a multiple of {rt.world * cfg.optim.accum_steps}"
         )
-    steps = task.train_data.steps_per_epoch(cfg.batch_size)
+    steps = task.train_data.steps_per_epoch(cfg.optim.batch_size)
     if steps == 0:
         raise ValueError(
-            f"batch_size {cfg.batch_size} is larger than the {len(task.train_data)} training samples; "
+            f"batch_size {cfg.optim.batch_size} is larger than the {len(task.train_data)} training samples; "
             "lower --batch-size"
         )
     return steps
@@ -418,12 +423,14 @@ class _Optimization:
     """
 
     def __init__(self, model: nn.Module, cfg: TrainConfig, steps_per_epoch: int, total: int, rt: Runtime) -> None:
-        groups = param_groups(model, cfg.weight_decay, cfg.layer_decay)
-        self.optimizer = build_optimizer(cfg.optimizer, groups, cfg.lr, cfg.betas, cfg.momentum)
-        self.schedule = WarmupCosine(round(cfg.warmup_epochs * steps_per_epoch), total, cfg.min_lr / cfg.lr)
+        groups = param_groups(model, cfg.optim.weight_decay, cfg.optim.layer_decay)
+        self.optimizer = build_optimizer(cfg.optim.optimizer, groups, cfg.optim.lr, cfg.optim.betas, cfg.optim.momentum)
+        self.schedule = WarmupCosine(
+            round(cfg.optim.warmup_epochs * steps_per_epoch), total, cfg.optim.min_lr / cfg.optim.lr
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
         self.scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.amp_dtype == torch.float16)
-        self.params, self.clip = [p for g in groups for p in g["params"]], cfg.grad_clip
+        self.params, self.clip = [p for g in groups for p in g["params"]], cfg.optim.grad_clip
 
     @property
     def lr(self) -> float:
@@ -463,10 +470,10 @@ class _Optimization:
 def _restore(state: dict, task: Task, opt: _Optimization, cfg: TrainConfig, n: int) -> TrainState:
     """Load weights, optimizer, schedule, scaler and task state; check the data still matches."""
     data = state["data"]
-    if data["num_samples"] != n or data["global_batch"] != cfg.batch_size:
+    if data["num_samples"] != n or data["global_batch"] != cfg.optim.batch_size:
         raise ValueError(
             f"the training data or batch size changed since the checkpoint ({data['num_samples']} samples, batch "
-            f"{data['global_batch']}; now {n}, {cfg.batch_size}); resume with the same data and --batch-size"
+            f"{data['global_batch']}; now {n}, {cfg.optim.batch_size}); resume with the same data and --batch-size"
         )
     if sharding.is_sharded(task.model):  # its weights were loaded before sharding (see _Loop)
         state = {**state, "optimizer": sharding.load_optimizer_state(task.model, opt.optimizer, state["optimizer"])}
@@ -483,7 +490,7 @@ def _wrap(raw: nn.Module, cfg: TrainConfig, rt: Runtime) -> nn.Module:
         model = nn.parallel.DistributedDataParallel(
             raw, device_ids=[rt.device.index] if rt.device.type == "cuda" else None
         )
-    return torch.compile(model) if cfg.compile else model
+    return torch.compile(model) if cfg.system.compile else model
 
 
 def _start_run(
@@ -501,15 +508,19 @@ def _start_run(
     about = task.describe()
     what = cfg.model or Path(str(cfg.init_from or "model")).name
     line = f"{about.verb or task.name} {what} ({about.model}) {about.data}"
-    derived = {"world_size": rt.world, "local_batch": cfg.batch_size // rt.world, "accum_steps": cfg.accum_steps}
+    derived = {
+        "world_size": rt.world,
+        "local_batch": cfg.optim.batch_size // rt.world,
+        "accum_steps": cfg.optim.accum_steps,
+    }
     derived.update(steps_per_epoch=steps, total_steps=total, **about.facts, summary=line)
     run.write_yaml(CONFIG_FILE, {**cfg.to_dict(), "model_config": model_cfg, "derived": derived})
-    run.start_log(ts.step if resumed else None, cfg.tensorboard, cfg.logger, cfg.to_dict())
+    run.start_log(ts.step if resumed else None, cfg.logging.tensorboard, cfg.logging.logger, cfg.flat())
     procs = f" ({rt.world} processes)" if rt.distributed else ""
-    accum = f", {cfg.accum_steps} accumulation steps" if cfg.accum_steps > 1 else ""
+    accum = f", {cfg.optim.accum_steps} accumulation steps" if cfg.optim.accum_steps > 1 else ""
     threads = torch.get_num_threads()
     rt.log(
-        f"{line}, {cfg.epochs} epochs x {steps} steps, batch {cfg.batch_size}{procs}{accum}, "
+        f"{line}, {cfg.optim.epochs} epochs x {steps} steps, batch {cfg.optim.batch_size}{procs}{accum}, "
         f"device {rt.device}, {threads} CPU thread" + ("s" if threads > 1 else "")
         + (f", resuming at step {ts.step}" if resumed else "") + f"\nrun directory: {run.path}"
     )  # fmt: skip

@@ -193,12 +193,12 @@ class MAETask(Task):
             init = load_model(cfg.init_from)
             if not isinstance(init, CRATEMAE):
                 raise ValueError(f"{cfg.init_from} is not a CRATE-MAE; crate pretrain mae continues only CRATE-MAEs")
-            config, image_size = init.config, cfg.image_size or init.config.image_size
+            config, image_size = init.config, cfg.data.image_size or init.config.image_size
         else:
             if cfg.model is None:
                 raise ValueError("no model given; pass --model crate_mae_mnist (see `crate models`)")
             config = model_config(cfg.model, **cfg.model_args)
-            image_size = cfg.image_size or config.image_size
+            image_size = cfg.data.image_size or config.image_size
         if not isinstance(config, MAEConfig):
             raise ValueError(
                 f"{cfg.model!r} is not a CRATE-MAE; pass --model crate_mae_mnist (or crate_mae_small, ...)"
@@ -221,7 +221,7 @@ class MAETask(Task):
         ds = self.test_data if split == "test" else self.eval_data
         return masked_eval(
             self.model, ds, mean=self.mean, std=self.std, image_size=self.image_size,
-            batch_size=self.cfg.eval_batch_size, seed=self.cfg.seed, runtime=self.rt,
+            batch_size=self.cfg.logging.eval_batch_size, seed=self.cfg.system.seed, runtime=self.rt,
         )  # fmt: skip
 
     def describe(self) -> RunSummary:
@@ -254,7 +254,7 @@ class MAETask(Task):
             record=metrics,
             message=msg + f", {self.model.num_params():,} params",
             numbers=numbers,
-            next=f"crate finetune --from {run_dir} --data {self.cfg.data}    |    crate analyze {run_dir}",
+            next=f"crate finetune --from {run_dir} --data {self.cfg.data.source}    |    crate analyze {run_dir}",
         )
 
     def _artefacts(self, run_dir: Path, numbers: dict[str, Any]) -> str:
@@ -290,7 +290,7 @@ class MAETask(Task):
             images = next(iter(data.batches(k, shuffle=False)))[0]
         x = self.data.inputs(images)
         n = (self.image_size // self.model.config.patch_size) ** 2
-        noise = torch.rand(len(x), n, generator=torch.Generator().manual_seed(self.cfg.seed)).to(x.device)
+        noise = torch.rand(len(x), n, generator=torch.Generator().manual_seed(self.cfg.system.seed)).to(x.device)
         was = self.model.training
         self.model.eval()
         recon, mask_img, losses = self.model.reconstruct(x, noise=noise)
@@ -320,7 +320,7 @@ class MAETask(Task):
         )
         inputs = self.data.inputs
         result = reconstruction_recognition(self.model, inputs(train_x), train_y, inputs(test_x), test_y,
-                                            mean=self.mean, std=self.std, seed=self.cfg.seed)  # fmt: skip
+                                            mean=self.mean, std=self.std, seed=self.cfg.system.seed)  # fmt: skip
         return {**result, "mask_ratio": self.model.config.mask_ratio, "train_images": len(train_x)}
 
     def probe(self) -> dict[str, Any]:
@@ -328,11 +328,11 @@ class MAETask(Task):
         from ..probe import extract_features, linear_probe
 
         kw = dict(pool=self.options.probe_pool, mean=self.mean, std=self.std, image_size=self.image_size,
-                  batch_size=self.cfg.eval_batch_size)  # fmt: skip
+                  batch_size=self.cfg.logging.eval_batch_size)  # fmt: skip
         result: dict[str, Any] = {"pool": self.options.probe_pool, "C": self.options.probe_c,
                                   "train": self.train_data.name, "test_images": len(self.test_data)}  # fmt: skip
         with torch.random.fork_rng():
-            torch.manual_seed(self.cfg.seed + 1)
+            torch.manual_seed(self.cfg.system.seed + 1)
             random_init = CRATEMAE(self.model.config).to(self.rt.device)
         for key, model in (("encoder", self.model), ("random_init", random_init)):
             tr = extract_features(model, self.train_data, **kw)

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from ..config_utils import option
 from .config import TrainConfig
 from .evaluation import plot_curves
 from .runtime import Runtime
@@ -79,12 +80,9 @@ def model_kind(config: Any) -> str:
     )
 
 
-def task_option(default: Any, help: str, **kw: Any) -> Any:
-    """A field of a task's ``Options`` dataclass: a ``crate pretrain NAME --flag`` with this help text."""
-    meta = {"help": help, "commands": ("pretrain",), **kw}
-    if isinstance(default, (dict, list)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
+# a field of a task's ``Options`` dataclass (help text, choices, range, ``fixed``): the one option helper, under the
+# name task modules and user-defined tasks import; the command line makes it a ``--flag`` of the task's command
+task_option = option
 
 
 @dataclass

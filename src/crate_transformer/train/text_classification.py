@@ -25,22 +25,15 @@ from .task import RunSummary, Task, TaskResult, task_option
 
 __all__ = ["TextClassificationTask", "TextOptions", "text_metrics"]
 
-_CMD = ("finetune-text",)
-
 
 @dataclass
 class TextOptions:
-    eval_data: str = task_option(
-        "", "a second table evaluated instead of a --val-fraction split (GLUE dev.tsv)", commands=_CMD
-    )
-    text_columns: list = task_option(
-        [], "the text column(s) (default: GLUE names, else the first column)", commands=_CMD
-    )
-    label_column: str = task_option("", "the label / score column (default: label, score or gold_label)", commands=_CMD)
+    eval_data: str = task_option("", "a second table evaluated instead of a --val-fraction split (GLUE dev.tsv)")
+    text_columns: list = task_option([], "the text column(s) (default: GLUE names, else the first column)")
+    label_column: str = task_option("", "the label / score column (default: label, score or gold_label)")
     regression: str = task_option(
         "auto",
         "auto (non-integer numbers are scores; integers and names are classes) | yes | no",
-        commands=_CMD,
         choices=("auto", "yes", "no"),
     )
 
@@ -87,9 +80,9 @@ class TextClassificationTask(Task):
     def setup(self, state: dict | None) -> None:
         cfg, rt = self.cfg, self.rt
         self.options = o = self.parse_options(cfg)
-        if not cfg.data:
+        if not cfg.data.source:
             raise ValueError("crate finetune-text needs --data TABLE (a CSV or TSV with a text and a label column)")
-        texts, raw, cols, label = read_labelled(cfg.data, "train", o.text_columns, o.label_column)
+        texts, raw, cols, label = read_labelled(cfg.data.source, "train", o.text_columns, o.label_column)
         self.columns = (cols, label)
         if state is not None:
             model = build_lm(LMConfig.from_dict(dict(state["model_config"])))
@@ -109,21 +102,21 @@ class TextClassificationTask(Task):
             self.classes = [] if self.regression else sorted(set(raw), key=lambda v: (not _is_int(v), _key(v)))
             model.reset_classifier(1 if self.regression else len(self.classes))
         if not self.regression and len(self.classes) < 2:
-            raise ValueError(f"{cfg.data} has a single label {self.classes}; classification needs at least two")
+            raise ValueError(f"{cfg.data.source} has a single label {self.classes}; classification needs at least two")
         self.tokenizer = model.tokenizer = tok
         self.model = model.to(rt.device)
-        data = self._encode(texts, raw, Path(cfg.data).name, "train")
-        held_out = None if o.eval_data else eval_split_of(cfg.data)  # a dataset's own split beats --val-fraction
+        data = self._encode(texts, raw, Path(cfg.data.source).name, "train")
+        held_out = None if o.eval_data else eval_split_of(cfg.data.source)  # a dataset's own split beats --val-fraction
         if o.eval_data or held_out:
-            t2, r2, _, _ = read_labelled(o.eval_data or cfg.data, held_out or "validation", cols, label)
+            t2, r2, _, _ = read_labelled(o.eval_data or cfg.data.source, held_out or "validation", cols, label)
             name = Path(o.eval_data).name if o.eval_data else held_out
             self.train_data, self.eval_data = data, self._encode(t2, r2, name, "eval")
         else:
-            if not 0 < cfg.val_fraction < 1:
+            if not 0 < cfg.data.val_fraction < 1:
                 raise ValueError("pass --eval-data TABLE or a --val-fraction in (0, 1) for the evaluation split")
-            g = torch.Generator().manual_seed(cfg.seed)
+            g = torch.Generator().manual_seed(cfg.system.seed)
             order = torch.randperm(len(data), generator=g).tolist()
-            n_val = max(1, round(cfg.val_fraction * len(data)))
+            n_val = max(1, round(cfg.data.val_fraction * len(data)))
             self.train_data, self.eval_data = data.subset(order[n_val:], "train"), data.subset(order[:n_val], "val")
 
     def _encode(self, texts: list[tuple[str, ...]], raw: list[str], name: str, split: str) -> LabelledTexts:
@@ -172,7 +165,9 @@ class TextClassificationTask(Task):
         model.eval()
         preds, targets, loss_sum = [], [], 0.0
         try:
-            for batch in self.eval_data.batches(self.cfg.eval_batch_size, shuffle=False, rank=rt.rank, world=rt.world):
+            for batch in self.eval_data.batches(
+                self.cfg.logging.eval_batch_size, shuffle=False, rank=rt.rank, world=rt.world
+            ):
                 batch = self.prepare(batch)
                 _, s = self.loss(model, batch)
                 out = self._forward(model, batch)

@@ -1,0 +1,140 @@
+"""The training options in groups: nested and flat layouts, ``--print-config``, runs written by earlier releases,
+and the command line's single table of which command shows which option."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+from clitools import crate, one_line_error
+
+from crate_transformer import cli
+from crate_transformer.cli.options import COMMAND_OPTIONS
+from crate_transformer.io import save_state
+from crate_transformer.train import TrainConfig
+from crate_transformer.train.config import FLAT, GROUPS, flat_options, nest_options, read_run_config
+from crate_transformer.train.rundir import load_training_state
+
+TINY = ["--data", "digits", "--image-size", "8", "--threads", "1", "--no-progress", "--eval-every", "0",
+        "--measure-every", "0", "--model-args", "dim=16", "depth=1", "heads=2", "patch_size=4"]  # fmt: skip
+
+
+def _printed(capsys: pytest.CaptureFixture, *argv: object) -> dict:
+    capsys.readouterr()
+    assert crate(*argv, "--print-config") == 0
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+def test_flat_and_nested_layouts_are_the_same_config() -> None:
+    flat = {"lr": 0.01, "data": "digits", "threads": 1, "augment": "none", "out": "r", "model": "vit_mnist"}
+    cfg = TrainConfig(**flat)
+    assert (cfg.optim.lr, cfg.data.source, cfg.system.threads, cfg.augmentation.augment, cfg.logging.out) == (
+        0.01, "digits", 1, "none", "r",
+    )  # fmt: skip
+    nested = cfg.to_dict()
+    assert nested["config_version"] == 2 and nested["optim"]["lr"] == 0.01 and nested["data"]["source"] == "digits"
+    assert TrainConfig.from_dict(nested) == cfg == TrainConfig.from_dict(flat) == TrainConfig.from_dict(cfg.flat())
+    assert {k: cfg.flat()[k] for k in flat} == flat
+    mixed = TrainConfig.from_dict({"optim": {"batch-size": 32}, "epochs": 3, "data": {"source": "digits"}})
+    assert (mixed.optim.batch_size, mixed.optim.epochs, mixed.data.source) == (32, 3, "digits")
+    # a base keeps what an update does not name, group by group
+    assert TrainConfig.from_dict({"optim": {"lr": 0.5}}, cfg).optim == dataclasses.replace(cfg.optim, lr=0.5)
+    # every option has exactly one place; the flat names are the flags
+    assert len(FLAT) == sum(len(dataclasses.fields(c)) for c in GROUPS.values())
+    assert flat_options(nest_options({"lr": "1e-3"})) == {"lr": "1e-3"}
+
+
+def test_bad_layouts_are_one_line_errors() -> None:
+    for d, msg in (
+        ({"learning_rate": 3}, r"unknown training option\(s\) \['learning_rate'\]"),
+        ({"optim": {"learning_rate": 3}}, r"unknown training option\(s\) \['optim.learning_rate'\]"),
+        ({"config_version": 3}, "config_version 3 is newer than this crate_transformer reads"),
+        ({"optim": {"lr": "abc"}}, "lr must be a number, got 'abc'"),
+        ({"system": {"threads": -1}}, "threads must be a non-negative integer"),
+        ({"data": {"eval_split": "val"}}, "--val-fraction"),
+    ):
+        with pytest.raises(ValueError, match=msg):
+            TrainConfig.from_dict(d)
+
+
+def test_print_config_is_defaults_then_file_then_flags(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "flat.yaml").write_text("lr: 4.0e-3\nepochs: 3\nbatch_size: 64\n")
+    out = _printed(capsys, "train", "--config", tmp_path / "flat.yaml", "--epochs", 5, "--out", tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # printed, nothing trained or written
+    assert out["optim"]["lr"] == 0.004 and out["optim"]["batch_size"] == 64  # the file
+    assert out["optim"]["epochs"] == 5  # the flag over the file
+    assert out["optim"]["min_lr"] == TrainConfig().optim.min_lr and out["data"]["source"] == "mnist"  # defaults
+    assert out["logging"]["out"] == str(tmp_path / "run")
+    # the printed YAML is a nested --config file: read back, with a flag into a nested group, it resolves the same
+    (tmp_path / "nested.yaml").write_text(yaml.safe_dump(out))
+    again = _printed(capsys, "train", "--config", tmp_path / "nested.yaml", "--data", "digits")
+    assert again == {**out, "data": {**out["data"], "source": "digits"}}
+    # each command prints its own recipe: fine-tuning's, a task's defaults and options
+    fine = _printed(capsys, "finetune", "--from", "some/run", "--data", "digits")
+    assert (fine["optim"]["lr"], fine["init_from"], fine["model"]) == (5e-5, "some/run", None)
+    mae = _printed(capsys, "pretrain", "mae", "--mask-ratio", "0.5", "--config", tmp_path / "flat.yaml")
+    assert mae["task"] == "mae" and mae["task_args"] == {"mask_ratio": 0.5} and mae["optim"]["epochs"] == 3
+    assert "mask_ratio" in one_line_error(capsys, "pretrain", "mae", "--mask-ratio", "2", "--print-config")
+    err = one_line_error(capsys, "train", "--resume", tmp_path, "--print-config")
+    assert "config.yaml" in err and "--resume" in err
+
+
+def _as_earlier_release(run: Path) -> None:
+    """Rewrite a run as an earlier release left it: flat options in config.yaml and in the checkpoint."""
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    extras = {k: saved.pop(k) for k in ("model_config", "derived")}
+    flat = flat_options(saved)
+    (run / "config.yaml").write_text(yaml.safe_dump({**flat, **extras}))
+    state = load_training_state(run)
+    save_state({**state, "train_config": flat}, run / "checkpoints" / "last.pt")  # checksummed as a run writes it
+
+
+def test_a_run_of_an_earlier_release_still_resumes_evaluates_and_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run = tmp_path / "run"
+    assert crate("train", *TINY, "--epochs", 2, "--max-steps", 3, "--batch-size", 64, "--out", run) == 0
+    _as_earlier_release(run)
+    assert "lr" in yaml.safe_load((run / "config.yaml").read_text())  # flat, as before the groups
+    cfg = read_run_config(run)
+    assert (cfg.optim.batch_size, cfg.data.source, cfg.data.image_size) == (64, "digits", 8)
+    assert crate("train", "--resume", run, "--max-steps", 5) == 0
+    state = load_training_state(run)
+    assert state["step"] == 5 and state["train_config"]["optim"]["batch_size"] == 64  # rewritten as version 2
+    assert crate("eval", run, "--threads", 1, "--out", tmp_path / "ev") == 0
+    assert (tmp_path / "ev" / "eval.json").is_file()
+
+
+def test_the_command_table_names_real_options_and_the_library_no_commands() -> None:
+    top = {f.name for f in dataclasses.fields(TrainConfig)} - set(GROUPS)
+    for command, sections in COMMAND_OPTIONS.items():
+        for section, names in sections.items():
+            valid = top if section == "top" else {n for n, (g, _) in FLAT.items() if g == section}
+            assert names == "*" or set(names) <= valid, (command, section)
+    from crate_transformer.dino import DINOConfig
+    from crate_transformer.train.lm import LMOptions
+    from crate_transformer.train.mae import MAEOptions
+    from crate_transformer.train.text_classification import TextOptions
+
+    for cls in (TrainConfig, *GROUPS.values(), DINOConfig, MAEOptions, LMOptions, TextOptions):
+        for f in dataclasses.fields(cls):
+            assert "commands" not in f.metadata, (cls.__name__, f.name)
+
+
+@pytest.mark.parametrize("command", ["eval", "analyze", "generate"])
+def test_report_commands_take_the_system_options(command: str, capsys: pytest.CaptureFixture) -> None:
+    args = cli.build_parser(command).parse_args([command, "x", "--threads", "2", "--seed", "7", "--device", "cpu"])
+    assert (args.seed, args.device) == (7, "cpu")  # typed, as the command reads them
+    assert args.threads == "2"  # handed to set_threads as given, which checks it as for the training commands
+    defaults = cli.build_parser(command).parse_args([command, "x"])
+    assert (defaults.seed, defaults.device, hasattr(defaults, "threads")) == (0, "auto", False)
+    with pytest.raises(SystemExit):
+        cli.build_parser(command).parse_args([command, "x", "--seed", "abc"])
+    assert "expected an integer" in capsys.readouterr().err
+
+
+def test_eval_checks_val_fraction_before_loading_anything(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    err = one_line_error(capsys, "eval", tmp_path / "missing", "--val-fraction", "1.5")
+    assert "--val-fraction must be a finite number in [0, 1), got 1.5" in err
