@@ -51,8 +51,9 @@ def test_fsdp_trains_as_ddp_does(tmp_path: Path, torchrun) -> None:
     # the same global batches, accumulated in 2 chunks (FSDP's no-sync path), clipped (sharded gradient norms)
     args = [*TINY, "--augment", "none", "--max-steps", "6", "--accum-steps", "2", "--lr", "0.01", "--grad-clip", "0.5"]
     fsdp = torchrun("train", *args, "--strategy", "fsdp", "--out", tmp_path / "fsdp")
+    ddp = torchrun("train", *args, "--out", tmp_path / "ddp")  # both at once: each waits on its peer's messages
     _finish(fsdp, "fsdp")
-    _finish(torchrun("train", *args, "--out", tmp_path / "ddp"), "ddp")
+    _finish(ddp, "ddp")
     losses, reference = _train_losses(tmp_path / "fsdp"), _train_losses(tmp_path / "ddp")
     assert len(losses) == 6 and reference[0] != reference[-1]
     np.testing.assert_allclose(losses, reference, rtol=1e-5, atol=1e-6)
@@ -69,9 +70,10 @@ def test_fsdp_trains_as_ddp_does(tmp_path: Path, torchrun) -> None:
 def test_fsdp_resume_is_bitwise_identical_and_saves_full_weights(tmp_path: Path, torchrun) -> None:
     # dropout and translations consume every process's RNG; accumulation runs the no-sync path
     args = [*TINY, "dropout=0.1", "--accum-steps", "2", "--lr", "0.01", "--deterministic", "--strategy", "fsdp"]
-    _finish(torchrun("train", *args, "--max-steps", "6", "--out", tmp_path / "full"), "uninterrupted")
+    full = torchrun("train", *args, "--max-steps", "6", "--out", tmp_path / "full")
     cut = tmp_path / "cut"
     _finish(torchrun("train", *args, "--max-steps", "3", "--out", cut), "first half")
+    _finish(full, "uninterrupted")
     state = load_pickle(cut / "checkpoints" / "last.pt")
     assert state["step"] == 3
     # world-size independent: full tensors, the optimizer state keyed by parameter name
