@@ -24,6 +24,7 @@ from ..config_utils import Range, check_ranges, coerce_fields, option
 from ..data import AUGMENTATIONS, DATA_MODES
 from .optim import OPTIMIZERS
 from .recipes import RECIPES, recipe_options
+from .sharding import STRATEGIES
 from .trackers import LOGGERS
 
 __all__ = [
@@ -220,6 +221,12 @@ class SystemOptions(_Group):
     amp: str = option(
         "auto", "mixed precision: auto (bf16 or fp16 on GPU, none on CPU) | none | bf16 | fp16", choices=AMP_MODES
     )
+    strategy: str = option(
+        "ddp",
+        "under torchrun: ddp (a full replica per process) | fsdp (parameters, gradients and optimizer state "
+        "sharded over the processes: fully_shard per transformer block)",
+        choices=STRATEGIES,
+    )
     compile: bool = option(False, "torch.compile the model (first steps are slow while it compiles)")
     seed: int = option(0, "random seed (model init, data order, augmentation)")
     deterministic: bool = option(False, "deterministic algorithms (bitwise reproducible on CPU; slower on GPU)")
@@ -232,7 +239,7 @@ class SystemOptions(_Group):
     def validate(self) -> None:
         _check(self, non_negative=("threads",))
         super().validate()
-        _check_choices(self, {"amp": AMP_MODES})
+        _check_choices(self, {"amp": AMP_MODES, "strategy": STRATEGIES})
 
 
 @dataclass

@@ -61,6 +61,7 @@ class DINOTask(Task):
     metric = "knn"
     Options = DINOConfig
     model_kind = "image classifier"
+    shardable = False  # the EMA teacher follows the student's full weights every step
     # the task's defaults: the digits recipe on 2 CPU cores (the paper's recipe: see PAPER in dino.py)
     defaults: dict[str, Any] = dict(
         model="crate_mnist", lr=1e-3, min_lr=1e-5, weight_decay=0.04, epochs=10, warmup_epochs=3.0,

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import sharding
 from .config import TrainConfig
 from .optim import build_optimizer, param_groups
 from .rundir import CHECKPOINT, CONFIG_FILE, RunDir, load_training_state
@@ -85,6 +86,7 @@ def train(
     rt = Runtime.start(cfg.system.device, cfg.system.amp)
     run, finished = None, False
     try:
+        sharding.check_strategy(cfg.system.strategy, rt.world, task.name, task.shardable)
         with ProcessSettings(cfg.system.threads, cfg.system.deterministic):
             path = Path(resume) if resume is not None else Path(rt.broadcast(str(cfg.logging.out or _default_dir(cfg))))
             run = rt.on_main(lambda: RunDir.reopen(path) if resume is not None else RunDir.create(path))
@@ -170,6 +172,12 @@ class _Loop:
         self.steps_per_epoch = _steps_per_epoch(cfg, task, rt)
         self.total = self.steps_per_epoch * cfg.optim.epochs
         self.last = min(self.total, cfg.optim.max_steps) if cfg.optim.max_steps else self.total
+        self.sharded = cfg.system.strategy == "fsdp"
+        if self.sharded:  # full weights into the unsharded model, shard, then the optimizer of the shards
+            if state is not None:
+                self.raw.load_state_dict(state["model"])
+            self.replica = sharding.Replica(self.raw)
+            sharding.shard(self.raw)
         self.opt = _Optimization(self.raw, cfg, self.steps_per_epoch, self.total, rt)
         self.ts = _restore(state, task, self.opt, cfg, self.n_train) if state is not None else TrainState()
         seed_everything(cfg.system.seed + rt.rank)  # per-process augmentation / dropout streams
@@ -234,7 +242,7 @@ class _Loop:
         opt.zero_grad()
         for i, chunk in enumerate(chunks):
             sync = i == len(chunks) - 1 or not rt.distributed  # DDP all-reduces on the last chunk only
-            with nullcontext() if sync else self.model.no_sync(), rt.autocast():
+            with nullcontext() if sync else sharding.no_sync(self.model), rt.autocast():
                 loss, stats = task.loss(self.model, chunk)
             opt.backward(loss * (weights[i] / sum(weights)))
             self.window = {k: self.window[k] + v if k in self.window else v.double() for k, v in stats.items()}
@@ -252,7 +260,12 @@ class _Loop:
             self.bar.write(slow)
 
     def run_hooks(self) -> None:
-        ctx = StepContext(self.raw, self.ts.step, self.epoch_of(self.ts.step), self.fixed, self.run.path, self.rt.main)
+        where = dict(step=self.ts.step, epoch=self.epoch_of(self.ts.step), fixed_batch=self.fixed,
+                     run_dir=self.run.path, is_main=self.rt.main)  # fmt: skip
+        if self.sharded:  # hooks measure a full replica, gathered only when one reads ctx.model
+            ctx = sharding.gathering_context(self.replica, self.raw, **where)
+        else:
+            ctx = StepContext(self.raw, **where)
         for rec in (r for hook in self.hooks for r in (hook(ctx) or [])):
             self.run.record(**rec)
 
@@ -261,7 +274,8 @@ class _Loop:
         cfg, ts = self.cfg, self.ts
         ts.epoch, ts.batch = ts.epoch + 1, 0
         due = cfg.logging.eval_every and ts.epoch % cfg.logging.eval_every == 0 and ts.step < self.last
-        m = self.task.evaluate(cfg.data.eval_split) if due else {}
+        with self.unsharded():
+            m = self.task.evaluate(cfg.data.eval_split) if due else {}
         if m:  # {}: nothing to measure (DINO on a single class)
             self.run.record(
                 cfg.data.eval_split, ts.step, epoch=self.epoch_of(ts.step), **m, time=time.time() - self.t_start
@@ -272,15 +286,30 @@ class _Loop:
                 )
         self.checkpoint("epoch")
 
+    def unsharded(self) -> Any:
+        """A context in which ``task.model`` is a full, plain replica (FSDP; see :class:`.sharding.Replica`)."""
+        return self.replica.swapped_in(self.task, self.raw) if self.sharded else nullcontext()
+
     def checkpoint(self, reason: str) -> None:
-        """Save everything a resume needs; refuse to overwrite a good checkpoint with non-finite weights."""
+        """Save everything a resume needs; refuse to overwrite a good checkpoint with non-finite weights.
+
+        With FSDP the full weights and the full, name-keyed optimizer state are gathered (every process takes
+        part; rank 0 writes), so the checkpoint is the same whatever the number of processes."""
         cfg, ts, raw = self.cfg, self.ts, self.raw
-        if not all(torch.isfinite(p).all() for p in raw.parameters()):  # never replace a good checkpoint
+        if not sharding.all_finite(raw.parameters(), self.rt):  # never replace a good checkpoint
             raise FloatingPointError(f"the weights became non-finite by step {ts.step} (lr {self.opt.lr:.3g})")
+        if self.sharded:
+            weights = sharding.full_state_dict(raw)
+            optimization = {
+                **self.opt.state_dict(),
+                "optimizer": sharding.full_optimizer_state(raw, self.opt.optimizer),
+            }
+        else:
+            weights, optimization = {k: v.detach().cpu() for k, v in raw.state_dict().items()}, self.opt.state_dict()
         rngs = self.rt.gather(rng_state())
         self.run.save_state({
-            "model_config": self.model_cfg, "model": {k: v.detach().cpu() for k, v in raw.state_dict().items()},
-            **self.opt.state_dict(), "rng": rngs, "step": ts.step, "epoch": ts.epoch, "reason": reason,
+            "model_config": self.model_cfg, "model": weights,
+            **optimization, "rng": rngs, "step": ts.step, "epoch": ts.epoch, "reason": reason,
             "data": {**asdict(ts), "seed": cfg.system.seed, "num_samples": self.n_train,
                      "global_batch": cfg.optim.batch_size},
             "train_config": cfg.to_dict(), "task": self.task.state_dict(),
@@ -302,7 +331,8 @@ class _Loop:
         """The task's final evaluation and artefacts, the last checkpoint, the figures and the report."""
         run, ts = self.run, self.ts
         t0 = time.time()
-        result = self.task.finish(run.path)
+        with self.unsharded():
+            result = self.task.finish(run.path)
         eval_seconds = time.time() - t0
         run.record("test", ts.step, epoch=self.epoch_of(ts.step), **result.record, time=time.time() - self.t_start,
                    final=True)  # fmt: skip
@@ -450,7 +480,10 @@ def _restore(state: dict, task: Task, opt: _Optimization, cfg: TrainConfig, n: i
             f"the training data or batch size changed since the checkpoint ({data['num_samples']} samples, batch "
             f"{data['global_batch']}; now {n}, {cfg.optim.batch_size}); resume with the same data and --batch-size"
         )
-    task.model.load_state_dict(state["model"])
+    if sharding.is_sharded(task.model):  # its weights were loaded before sharding (see _Loop)
+        state = {**state, "optimizer": sharding.load_optimizer_state(task.model, opt.optimizer, state["optimizer"])}
+    else:
+        task.model.load_state_dict(state["model"])
     opt.load_state_dict(state)
     task.load_state_dict(state.get("task") or {})
     return TrainState(state["step"], data["epoch"], data["batch"])
@@ -458,7 +491,7 @@ def _restore(state: dict, task: Task, opt: _Optimization, cfg: TrainConfig, n: i
 
 def _wrap(raw: nn.Module, cfg: TrainConfig, rt: Runtime) -> nn.Module:
     model = raw
-    if rt.distributed:
+    if rt.distributed and not sharding.is_sharded(raw):
         model = nn.parallel.DistributedDataParallel(
             raw, device_ids=[rt.device.index] if rt.device.type == "cuda" else None
         )

@@ -146,6 +146,7 @@ class Task:
     defaults: ClassVar[dict[str, Any]] = {}  # TrainConfig values of this task that differ from the TrainConfig defaults
     Options: ClassVar[type | None] = None  # the task's own options (a dataclass of task_option fields)
     model_kind: ClassVar[str | None] = None  # the kind of registered model it trains (see model_kind), None: any
+    shardable: ClassVar[bool] = True  # --strategy fsdp may shard its model (False: the task needs full weights)
     model: nn.Module
     train_data: Any
     cfg: TrainConfig
