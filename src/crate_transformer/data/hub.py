@@ -34,7 +34,6 @@ __all__ = [
     "is_dataset_name",
     "parse_dataset_name",
     "load_hub_dataset",
-    "describe_source",
 ]
 
 DATA_FILE_SUFFIXES = {".parquet": "parquet", ".arrow": "arrow", ".csv": "csv", ".json": "json", ".jsonl": "json"}
@@ -116,9 +115,3 @@ def load_hub_dataset(text: str, *, split: str | None = None, streaming: bool = F
         if "config" in str(e).lower() and "available" in str(e).lower():
             raise ValueError(f"dataset {name!r} needs a config: {str(e).splitlines()[0]}; pass {name}:CONFIG") from None
         raise
-
-
-def describe_source(text: str) -> str:
-    """A short name for logs and reports: the dataset id, or the file or folder name."""
-    path = Path(text).expanduser()
-    return path.name if path.exists() else text

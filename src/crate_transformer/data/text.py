@@ -136,6 +136,7 @@ def _fingerprint(source: str, tokenizer_json: str) -> str:
     if is_hub_corpus(source):  # the dataset's recorded sizes and checksums change with its content
         info = _hub_text(source)[0].info
         h.update(f"{source}|{info.splits}|{info.download_checksums}|{info.dataset_size}".encode())
+        return h.hexdigest()[:24]  # no files: corpus_files would only open the dataset a second time
     for p in corpus_files(source):
         st = p.stat()
         h.update(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
