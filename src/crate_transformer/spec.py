@@ -28,8 +28,9 @@ class DataSpec:
     """The data a model was trained on: enough to feed it new images exactly as in training.
 
     ``source`` is what :func:`crate_transformer.data.open_source` takes to get the data back (a
-    built-in name or an absolute path); ``kind`` the resolved source type; ``mean``/``std`` the
-    per-channel input normalisation on the [0, 1] scale, in the model's channel count.
+    built-in name, an absolute path or a dataset id); ``kind`` the resolved source type; ``mean``/``std`` the
+    per-channel input normalisation on the [0, 1] scale, in the model's channel count; ``image_column`` /
+    ``label_column`` a Hugging Face dataset's columns when they were named (``--image-column``), else empty.
     """
 
     source: str = ""
@@ -38,9 +39,11 @@ class DataSpec:
     classes: list[str] = field(default_factory=list)
     mean: list[float] = field(default_factory=list)
     std: list[float] = field(default_factory=list)
+    image_column: str = ""
+    label_column: str = ""
 
     def __post_init__(self) -> None:
-        for name in ("source", "kind", "name"):
+        for name in ("source", "kind", "name", "image_column", "label_column"):
             v = getattr(self, name)
             if v is None:
                 setattr(self, name, "")
@@ -56,7 +59,15 @@ class DataSpec:
             raise ValueError(f"data normalisation must be finite with std > 0, got mean={self.mean} std={self.std}")
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        columns = ("image_column", "label_column")  # written only when named: older releases read the file too
+        return {k: v for k, v in dataclasses.asdict(self).items() if v or k not in columns}
+
+    def columns_for(self, source: str) -> dict[str, str]:
+        """The named columns (``open_source``'s ``image_column`` / ``label_column``) when ``source`` is the
+        recorded one, else none: another dataset has its own columns."""
+        if not source or str(source) != self.source:
+            return {}
+        return {k: v for k, v in (("image_column", self.image_column), ("label_column", self.label_column)) if v}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None, *, legacy: bool | None = None) -> DataSpec | None:

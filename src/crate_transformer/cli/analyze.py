@@ -76,9 +76,9 @@ def _analyze_language_model(model: object, args: argparse.Namespace) -> int:
         raise ValueError(
             f"{args.checkpoint} has no tokenizer.json beside its weights; save the model with its tokenizer"
         )
-    data, val_fraction = held_out_corpus(Path(args.checkpoint), args.data)
+    data, val_fraction, columns = held_out_corpus(Path(args.checkpoint), args.data)
     block = model.config.block_size
-    tokens = load_tokens(data, model.tokenizer)
+    tokens = load_tokens(data, model.tokenizer, columns)
     cut = split_tokens(len(tokens), val_fraction, block)
     held_out = TokenBlocks(tokens, block, cut, len(tokens), str(data), "held-out")
     n = min(args.num_blocks, len(held_out))
@@ -132,10 +132,13 @@ def _split_images(ds: object, k: int, seed: int, size: int) -> object:
     return resize_tensor(x, size).float() / 255.0
 
 
-def _dataset_splits(model: object, data: str, image_size: int, k: int, seed: int, on_bad_image: str) -> tuple:
+def _dataset_splits(model: object, data: str, image_size: int, args: argparse.Namespace) -> tuple:
     from ..data import match_channels, open_source, resolve_normalization
+    from .common import dataset_columns
 
-    kw = dict(image_size=image_size, on_bad_image=on_bad_image, stats=resolve_normalization(model))
+    k, seed = args.num_images, args.seed
+    kw = dict(image_size=image_size, on_bad_image=args.on_bad_image, stats=resolve_normalization(model))
+    kw.update(dataset_columns(args, model, data))
     train = open_source(data, "train", **kw)
     c = model.config.in_chans
     try:
@@ -202,7 +205,7 @@ def _data_splits(model: object, args: argparse.Namespace, size: int) -> tuple:
     if not data:
         raise ValueError("no images to analyse: pass --images DIR or --data NAME (e.g. --data mnist)")
     try:
-        splits, norm, source = _dataset_splits(model, str(data), size, args.num_images, args.seed, args.on_bad_image)
+        splits, norm, source = _dataset_splits(model, str(data), size, args)
     except ValueError as e:
         if args.data:
             raise

@@ -190,17 +190,29 @@ def report_dir(out: str | Path | None, default: Path, overwrite: bool, command: 
     return check_out_dir(path)
 
 
-def held_out_corpus(run: Path, data: str | None) -> tuple[str, float]:
-    """The corpus a language-model report measures and the fraction held out at its end: ``data`` if given, else
-    the one a ``crate train-lm`` run directory ``run`` trained on (its config.yaml, of any release), else
-    python-docs; the held-out tail is the run's ``--val-fraction``, or 0.1."""
+def held_out_corpus(run: Path, data: str | None) -> tuple[str, float, list[str]]:
+    """The corpus a language-model report measures, the fraction held out at its end and its text columns:
+    ``data`` if given, else the one a ``crate train-lm`` run directory ``run`` trained on (its config.yaml, of any
+    release), else python-docs; the held-out tail is the run's ``--val-fraction``, or 0.1; the columns are the
+    run's ``--text-columns`` when the corpus is its own."""
     from ..train.config import read_run_config
 
-    val_fraction = 0.1
+    val_fraction, columns = 0.1, []
     if (Path(run) / "config.yaml").is_file():
         saved = read_run_config(Path(run) / "config.yaml").data
+        if not data or data == saved.source:
+            columns = list(saved.text_columns)
         data, val_fraction = data or saved.source, saved.val_fraction or val_fraction
-    return str(data or "python-docs"), val_fraction
+    return str(data or "python-docs"), val_fraction, columns
+
+
+def dataset_columns(args: argparse.Namespace, model: Any, data: str) -> dict[str, str]:
+    """``open_source``'s ``image_column`` / ``label_column`` for a report on ``data``: those the model recorded
+    for its own dataset, overridden by ``--image-column`` / ``--label-column`` where the command has them."""
+    spec = getattr(model.config, "data", None)
+    out = spec.columns_for(data) if spec is not None else {}
+    out.update({k: v for k in ("image_column", "label_column") if (v := getattr(args, k, ""))})
+    return out
 
 
 def apply_threads(args: argparse.Namespace) -> int:

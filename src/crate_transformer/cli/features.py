@@ -73,10 +73,11 @@ def _image_inputs(model: object, args: argparse.Namespace) -> tuple:
     data = args.data or (c.data.source if c.data else None)
     if not data:
         raise ValueError("the model config records no dataset; pass --data NAME (e.g. --data mnist)")
+    columns = c.data.columns_for(str(data)) if c.data else {}
     try:
-        ds = open_source(str(data), "test", image_size=c.image_size)
+        ds = open_source(str(data), "test", image_size=c.image_size, **columns)
     except ValueError:
-        ds = open_source(str(data), "train", image_size=c.image_size)
+        ds = open_source(str(data), "train", image_size=c.image_size, **columns)
     x, y = ds.first(args.num_images, shuffle=len(ds) > args.num_images, seed=args.seed)
     x = match_channels(resize_tensor(x, c.image_size).float() / 255.0, c.in_chans)
     norm = resolve_normalization(model, ds)
@@ -91,9 +92,9 @@ def _text_inputs(model: object, args: argparse.Namespace, run: Path) -> tuple:
 
     if model.tokenizer is None:
         raise ValueError(f"{run} has no tokenizer.json beside its weights; save the model with its tokenizer")
-    data, val_fraction = held_out_corpus(run, args.data)
+    data, val_fraction, columns = held_out_corpus(run, args.data)
     block = model.config.block_size
-    tokens = load_tokens(str(data), model.tokenizer)
+    tokens = load_tokens(str(data), model.tokenizer, columns)
     held_out = TokenBlocks(tokens, block, split_tokens(len(tokens), val_fraction, block), len(tokens), str(data), "")
     n = min(args.num_blocks, len(held_out))
     if n == 0:

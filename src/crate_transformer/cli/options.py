@@ -25,7 +25,8 @@ __all__ = [
 
 ALL = "*"  # every option of the group, including any added later
 _MODEL = ("model", "model_args")
-_IMAGE_DATA = ("data", "data_mode", "workers", "image_size", "val_fraction", "train_subset", "on_bad_image")
+_IMAGE_DATA = ("data", "data_mode", "workers", "image_size", "val_fraction", "train_subset", "on_bad_image",
+               "image_column", "label_column")  # fmt: skip
 _OPTIM = ("optimizer", "momentum", "lr", "min_lr", "weight_decay", "betas", "batch_size", "accum_steps", "epochs",
           "warmup_epochs", "grad_clip", "max_steps")  # fmt: skip
 _LOGGING = ("out", "checkpoint_every", "log_every", "eval_every", "eval_batch_size", "logger", "tensorboard",
@@ -34,13 +35,14 @@ _LOGGING = ("out", "checkpoint_every", "log_every", "eval_every", "eval_batch_si
 _UNSUPERVISED = {"top": _MODEL, "data": _IMAGE_DATA, "optim": _OPTIM, "system": ALL, "logging": _LOGGING}
 _SUPERVISED = {
     "top": (*_MODEL, "recipe"),
-    "data": ALL,
+    "data": (*_IMAGE_DATA, "eval_split"),
     "augmentation": ALL,
     "optim": ALL,
     "system": ALL,
     "logging": ALL,
 }
-_TEXT = {**_UNSUPERVISED, "data": ("data", "val_fraction")}
+_LM = {**_UNSUPERVISED, "data": ("data", "val_fraction", "text_columns")}
+_TEXT_TABLE = {**_UNSUPERVISED, "data": ("data", "val_fraction", "text_columns", "label_column")}
 _OFFICIAL = {  # a report command's --model / --model-args describe an official checkpoint's architecture
     "model": "registered model name for an official .pth (e.g. crate_small)",
     "model_args": "architecture overrides for an official .pth, e.g. --model-args num_classes=10 image_size=32",
@@ -52,8 +54,8 @@ COMMAND_OPTIONS: dict[str, dict[str, Any]] = {
     "train": _SUPERVISED,
     "finetune": {**_SUPERVISED, "top": (*_MODEL, "recipe", "keep_head")},
     "pretrain": _UNSUPERVISED,
-    "train-lm": _TEXT,
-    "finetune-text": _TEXT,
+    "train-lm": _LM,
+    "finetune-text": _TEXT_TABLE,
     "eval": {
         "top": _OFFICIAL,
         "data": {
@@ -61,12 +63,19 @@ COMMAND_OPTIONS: dict[str, dict[str, Any]] = {
             "on_bad_image": None,
             "data_mode": None,
             "workers": None,
+            "image_column": None,
+            "label_column": None,
         },
         "system": {"seed": "seed of the val split, as in training", "device": None, "threads": None},
     },
     "analyze": {
         "top": _OFFICIAL,
-        "data": {"image_size": "resize images to this square size", "on_bad_image": None},
+        "data": {
+            "image_size": "resize images to this square size",
+            "on_bad_image": None,
+            "image_column": None,
+            "label_column": None,
+        },
         "system": {"seed": "seed of the measured image subset", "device": None, "threads": None},
     },
     "generate": {"system": {"seed": "random seed: the same seed gives the same text", "device": None, "threads": None}},

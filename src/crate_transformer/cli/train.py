@@ -152,12 +152,14 @@ def _eval_model(args: argparse.Namespace) -> object:
     return model
 
 
-def _eval_split(args: argparse.Namespace, data: str, split: str, image_size: int, stats: object) -> object:
+def _eval_split(args: argparse.Namespace, model: object, data: str, split: str, stats: object) -> object:
     from ..data import open_source
+    from .common import dataset_columns
 
     return open_source(
-        data, split, image_size=image_size, val_fraction=args.val_fraction, seed=args.seed,
+        data, split, image_size=model.config.image_size, val_fraction=args.val_fraction, seed=args.seed,
         on_bad_image=args.on_bad_image, mode=args.data_mode, num_workers=args.workers, stats=stats,
+        **dataset_columns(args, model, data),
     )  # fmt: skip
 
 
@@ -181,10 +183,10 @@ def run_eval(args: argparse.Namespace) -> int:
     default = (src if src.is_dir() else src.parent) / f"eval-{Path(data).name}-{args.split}"
     out = report_dir(args.out, default, args.overwrite, "eval", EVAL_FILES)  # before the evaluation: costs nothing
     # the model's own statistics: a streamed source need not estimate them
-    ds = _eval_split(args, data, args.split, c.image_size, resolve_normalization(model))
+    ds = _eval_split(args, model, data, args.split, resolve_normalization(model))
     norm = resolve_normalization(model, ds)
     if args.knn or args.linear_probe:
-        train_ds = ds if args.split == "train" else _eval_split(args, data, "train", c.image_size, norm)
+        train_ds = ds if args.split == "train" else _eval_split(args, model, data, "train", norm)
         return _frozen_eval(args, model.to(device), train_ds, ds, norm, out, str(src), data)
     r = evaluate(
         model.to(device), ds, mean=norm[0], std=norm[1], image_size=c.image_size, channels=c.in_chans,

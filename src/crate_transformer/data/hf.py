@@ -9,7 +9,8 @@ Read offline with ``datasets.load_from_disk`` (memory-mapped Arrow files: nothin
 only the rows of a batch are read).  Columns are found automatically: the image column is the one with
 the ``Image`` feature (else one named ``image``/``img``/``pixel_values`` holding encoded bytes); the
 label column the one with a ``ClassLabel`` feature (its names are the classes), else one named
-``label``/``labels``/``target``/``cls`` of integers (classes ``0..max``).
+``label``/``labels``/``target``/``cls``/``fine_label`` of integers (classes ``0..max``).  ``image_column`` /
+``label_column`` (``--image-column`` / ``--label-column``) name them instead.
 
 Splits: a ``DatasetDict``'s ``train`` and ``test`` (or ``validation``/``val``) splits; a single dataset
 holds out every fifth row of each class as the test split, as image folders do, and ``val_fraction``
@@ -36,21 +37,26 @@ IMAGE_COLUMNS = ("image", "img", "pixel_values")
 LABEL_COLUMNS = ("label", "labels", "target", "cls", "fine_label")
 
 
-def _columns(ds: object, where: str) -> tuple[str, str, list[str] | None]:
-    """(image column, label column, ClassLabel names or None) of a ``datasets.Dataset``."""
+def _columns(ds: object, where: str, image: str = "", label: str = "") -> tuple[str, str, list[str] | None]:
+    """(image column, label column, ClassLabel names or None) of a ``datasets.Dataset``; ``image`` / ``label``
+    name them where the automatic choice (module docstring) does not find them."""
     datasets = require_datasets()
     feats = ds.features
-    image = next((c for c, f in feats.items() if isinstance(f, datasets.Image)), None)
+    for given, flag in ((image, "--image-column"), (label, "--label-column")):
+        if given and given not in feats:
+            raise ValueError(f"{where} has no column {given!r} (columns: {list(feats)}); fix {flag}")
+    image = image or next((c for c, f in feats.items() if isinstance(f, datasets.Image)), None)
     image = image or next((c for c in IMAGE_COLUMNS if c in feats), None)
     if image is None:
-        raise ValueError(f"{where} has no image column (columns: {list(feats)}); cast one to datasets.Image()")
-    label = next((c for c, f in feats.items() if isinstance(f, datasets.ClassLabel)), None)
-    names = list(feats[label].names) if label else None
+        raise ValueError(f"{where} has no image column (columns: {list(feats)}); name it with --image-column COLUMN")
+    label = label or next((c for c, f in feats.items() if isinstance(f, datasets.ClassLabel)), None)
     label = label or next((c for c in LABEL_COLUMNS if c in feats), None)
     if label is None:
         raise ValueError(
-            f"{where} has no label column (columns: {list(feats)}); add a ClassLabel or integer 'label' column"
+            f"{where} has no label column (columns: {list(feats)}); name it with --label-column COLUMN "
+            "(a ClassLabel or integer column)"
         )
+    names = list(feats[label].names) if isinstance(feats[label], datasets.ClassLabel) else None
     return image, label, names
 
 
@@ -95,6 +101,8 @@ class HFImageDataset(MapStreamSource):
         on_bad_image: str = "skip",
         num_workers: int = -1,
         stats: tuple[Sequence[float], Sequence[float]] | None = None,
+        image_column: str = "",
+        label_column: str = "",
     ) -> None:
         if image_size is None:
             raise ValueError("a Hugging Face dataset needs image_size (--image-size): its images are resized on read")
@@ -110,7 +118,7 @@ class HFImageDataset(MapStreamSource):
             pool_ds, test_ds = loaded["train"], loaded[test_key]
         else:
             pool_ds, test_ds = loaded, None
-        image_col, label_col, names = _columns(pool_ds, root)
+        image_col, label_col, names = _columns(pool_ds, root, image_column, label_column)
         parts = {"train": pool_ds} if test_ds is None else {"train": pool_ds, "test": test_ds}
         part_y = {k: _int_labels(d[label_col], f"the {k} split of {root}", label_col) for k, d in parts.items()}
         pool_rows = [("train", i) for i in range(len(part_y["train"]))]

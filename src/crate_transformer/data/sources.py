@@ -39,6 +39,8 @@ def open_source(
     mode: str = "auto",
     num_workers: int = -1,
     stats: tuple[Sequence[float], Sequence[float]] | None = None,
+    image_column: str = "",
+    label_column: str = "",
 ) -> ImageSource:
     """Open ``split`` (train | val | test) of a built-in dataset, CIFAR folder, image folder, shards or HF dataset.
 
@@ -47,6 +49,7 @@ def open_source(
     ``mode``: ``"memory"`` | ``"stream"`` | ``"auto"`` for image folders (see the module docstring).
     ``num_workers``: DataLoader worker processes for streamed sources (-1: ``min(4, CPU cores)``).
     ``stats``: a known ``(mean, std)`` (a model's, when evaluating): streamed sources then skip estimating it.
+    ``image_column`` / ``label_column``: a Hugging Face dataset's columns, where they are not found automatically.
     Bad input is a one-line ValueError naming the problem and the fix.
     """
     if mode not in DATA_MODES:
@@ -55,6 +58,9 @@ def open_source(
     if not isinstance(num_workers, int) or num_workers < -1:
         raise ValueError(f"num_workers must be >= 0 or -1 (auto), got {num_workers!r} (--workers)")
     kind, source = resolve_source(name_or_path)
+    if (image_column or label_column) and kind != "hf":
+        flag = "--image-column" if image_column else "--label-column"
+        raise ValueError(f"{flag} names a Hugging Face dataset's column and {name_or_path} is not one; drop it")
     common = dict(val_fraction=val_fraction, seed=seed, on_bad_image=on_bad_image)
     streamed = dict(image_size=image_size, num_workers=num_workers, stats=stats, **common)
     if kind in ("shards", "hf"):
@@ -69,7 +75,7 @@ def open_source(
             return WebDatasetShards(source, split, **streamed)
         from .hf import HFImageDataset
 
-        return HFImageDataset(source, split, **streamed)
+        return HFImageDataset(source, split, **streamed, image_column=image_column, label_column=label_column)
     if kind == "folder" and mode != "memory":
         listing = list_image_folder(source)
         if mode == "stream" or len(listing.train) + len(listing.test) > STREAM_ABOVE:

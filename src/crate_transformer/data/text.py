@@ -60,13 +60,16 @@ def is_hub_corpus(source: str) -> bool:
     return source not in BUILTIN_CORPORA and is_dataset_name(source)
 
 
-def corpus_files(source: str) -> list[Path]:
+def corpus_files(source: str, columns: Sequence[str] = ()) -> list[Path]:
     """The text files of ``source`` (a file, or a folder searched recursively); [] for a built-in corpus or a
-    dataset name (whose ``train`` split is then opened, so a missing dataset fails here with its fix)."""
+    dataset name (whose ``train`` split is then opened, so a missing dataset or column fails here with its fix).
+    ``columns`` name a dataset's text columns (``--text-columns``); files and the built-in corpus have none."""
+    if columns and not is_hub_corpus(source):
+        raise ValueError(f"--text-columns names a dataset's columns and {source} is not a dataset; drop it")
     if source in BUILTIN_CORPORA:
         return []
     if is_hub_corpus(source):
-        _hub_text(source)
+        _hub_text(source, columns)
         return []
     path = Path(source).expanduser()
     if path.is_file():
@@ -102,19 +105,26 @@ def _read_file(path: Path) -> Iterator[str]:
         ) from None
 
 
-def _hub_text(source: str) -> tuple[Any, str]:
-    """(the streamed ``train`` split of a dataset, its text column: ``text`` or else the first string column)."""
+def _hub_text(source: str, columns: Sequence[str] = ()) -> tuple[Any, list[str]]:
+    """(the streamed ``train`` split of a dataset, its text columns: ``columns`` if given, else ``text``, else the
+    first string column)."""
     ds = load_hub_dataset(source, split="train", streaming=True)
     feats = ds.features or {}
+    missing = [c for c in columns if c not in feats]
+    if missing:
+        raise ValueError(f"dataset {source!r} has no column(s) {missing} (columns: {list(feats)}); fix --text-columns")
     strings = [c for c, f in feats.items() if getattr(f, "dtype", None) in ("string", "large_string")]
     column = "text" if "text" in feats else (strings[0] if strings else None)
-    if column is None:
-        raise ValueError(f"dataset {source!r} has no text column (columns: {list(feats)}); pick a text dataset")
-    return ds, column
+    if not columns and column is None:
+        raise ValueError(
+            f"dataset {source!r} has no text column (columns: {list(feats)}); name one with --text-columns COLUMN"
+        )
+    return ds, list(columns) or [column]
 
 
-def iter_documents(source: str) -> Iterator[Iterator[str]]:
-    """The documents of ``source`` (one per file, or per topic of the built-in corpus), each as text pieces."""
+def iter_documents(source: str, columns: Sequence[str] = ()) -> Iterator[Iterator[str]]:
+    """The documents of ``source`` (one per file, per topic of the built-in corpus or per row of a dataset: its
+    text ``columns`` joined by newlines), each as text pieces."""
     if source == "python-docs":
         from pydoc_data.topics import topics
 
@@ -122,22 +132,24 @@ def iter_documents(source: str) -> Iterator[Iterator[str]]:
             yield iter([topics[key]])
         return
     if is_hub_corpus(source):  # one document per row, streamed: the corpus is never held whole
-        ds, column = _hub_text(source)
-        yield from (iter([row[column]]) for row in ds if row[column])
+        ds, cols = _hub_text(source, columns)
+        rows = ("\n".join(row[c] for c in cols if row[c]) for row in ds)
+        yield from (iter([text]) for text in rows if text)
         return
-    for path in corpus_files(source):
+    for path in corpus_files(source, columns):
         yield _read_file(path)
 
 
-def _fingerprint(source: str, tokenizer_json: str) -> str:
+def _fingerprint(source: str, tokenizer_json: str, columns: Sequence[str] = ()) -> str:
     h = hashlib.sha256(tokenizer_json.encode())
     if source in BUILTIN_CORPORA:
         h.update(f"{source}|{sys.version}".encode())
     if is_hub_corpus(source):  # the dataset's recorded sizes and checksums change with its content
-        info = _hub_text(source)[0].info
-        h.update(f"{source}|{info.splits}|{info.download_checksums}|{info.dataset_size}".encode())
+        ds, cols = _hub_text(source, columns)
+        info = ds.info
+        h.update(f"{source}|{cols}|{info.splits}|{info.download_checksums}|{info.dataset_size}".encode())
         return h.hexdigest()[:24]  # no files: corpus_files would only open the dataset a second time
-    for p in corpus_files(source):
+    for p in corpus_files(source, columns):
         st = p.stat()
         h.update(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
     return h.hexdigest()[:24]
@@ -147,9 +159,10 @@ def cache_dir() -> Path:
     return Path(os.environ.get("CRATE_CACHE_DIR") or Path.home() / ".cache" / "crate_transformer" / "tokens")
 
 
-def load_tokens(source: str, tokenizer: object) -> np.ndarray:
-    """The corpus as a read-only memory-mapped array of token ids (built on first use, see the module doc)."""
-    key = _fingerprint(source, tokenizer.to_str())
+def load_tokens(source: str, tokenizer: object, columns: Sequence[str] = ()) -> np.ndarray:
+    """The corpus (a dataset's text ``columns``) as a read-only memory-mapped array of token ids (built on first
+    use, see the module doc)."""
+    key = _fingerprint(source, tokenizer.to_str(), columns)
     path = cache_dir() / f"{key}.bin"
     meta_path = path.with_suffix(".json")
     if path.is_file() and meta_path.is_file():
@@ -158,7 +171,7 @@ def load_tokens(source: str, tokenizer: object) -> np.ndarray:
             meta = json.loads(meta_path.read_text())
             return np.memmap(path, dtype=meta["dtype"], mode="r", shape=(meta["tokens"],))
         warnings.warn(f"token cache {path} is damaged ({damage}); rebuilding it from {source}", stacklevel=2)
-    _build(source, tokenizer, path, meta_path)
+    _build(source, tokenizer, path, meta_path, columns)
     meta = json.loads(meta_path.read_text())
     return np.memmap(path, dtype=meta["dtype"], mode="r", shape=(meta["tokens"],))
 
@@ -179,14 +192,14 @@ def _cache_damage(path: Path, meta_path: Path) -> str | None:
     return None
 
 
-def _build(source: str, tokenizer: object, path: Path, meta_path: Path) -> None:
+def _build(source: str, tokenizer: object, path: Path, meta_path: Path, columns: Sequence[str]) -> None:
     dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
     count = 0
 
     def write(tmp: str) -> None:
         nonlocal count
         with open(tmp, "wb") as f:
-            for doc in iter_documents(source):
+            for doc in iter_documents(source, columns):
                 wrote = False
                 for piece in doc:
                     ids = tokenizer.encode(piece)

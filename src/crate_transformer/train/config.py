@@ -109,6 +109,18 @@ class DataOptions(_Group):
     on_bad_image: str = option(
         "skip", "unreadable image files: skip (with a warning count) | error", choices=("skip", "error")
     )
+    # a dataset's columns, where the automatic choice does not find them
+    image_column: str = option("", "a Hugging Face image dataset's image column", shown="its Image feature")
+    label_column: str = option(
+        "", "the label column of an image dataset or of a text table", shown="ClassLabel / label / score"
+    )
+    text_columns: list = option(
+        [],
+        "the text column(s) of a dataset: a language-model corpus (several are joined, one document per row) or a "
+        "text-classification table (one text or a pair)",
+        shown="text / GLUE names / the first string column",
+        metavar="COLUMN",
+    )
 
     def validate(self) -> None:
         if not 0.0 <= self.val_fraction < 1.0:  # before the range check: the message names the fix's bounds
@@ -411,6 +423,17 @@ def nest_options(d: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         valid = sorted({*top, *FLAT, *GROUPS})
         raise ValueError(f"unknown training option(s) {sorted(unknown)}; valid options: {valid}")
+    return _moved_task_options(out)
+
+
+def _moved_task_options(out: dict[str, Any]) -> dict[str, Any]:
+    """``out`` with the text-classification columns of older configs (task options then) in the data group."""
+    task_args = out.get("task_args")
+    if not isinstance(task_args, Mapping) or not {"text_columns", "label_column"} & set(task_args):
+        return out
+    moved = {k: v for k, v in task_args.items() if k in ("text_columns", "label_column")}
+    out["task_args"] = {k: v for k, v in task_args.items() if k not in moved}
+    out["data"] = {**_as_mapping(out.get("data")), **moved}
     return out
 
 

@@ -63,6 +63,7 @@ class ImageData:
         model.config.data = DataSpec(
             source=canonical_source(cfg.data.source), kind=getattr(self.train, "kind", ""), name=self.train.name,
             classes=self.classes, mean=self.mean, std=self.std,
+            image_column=cfg.data.image_column, label_column=cfg.data.label_column,
         )  # fmt: skip
 
     def augmentation(self, kind: str, min_crop_scale: float = 0.0) -> nn.Module:
@@ -129,9 +130,12 @@ def load_splits(cfg: TrainConfig, image_size: int) -> tuple[ImageSource, ImageSo
     Files (image folders, shards, HF datasets) are decoded at ``image_size``; built-in and CIFAR tensors keep
     their size and are resized per batch.
     """
+    if cfg.data.text_columns:
+        raise ValueError("--text-columns names the text of a language-model corpus or table; images need no text")
     kw = dict(
         image_size=image_size, val_fraction=cfg.data.val_fraction, seed=cfg.system.seed,
         on_bad_image=cfg.data.on_bad_image, mode=cfg.data.data_mode, num_workers=cfg.data.workers,
+        image_column=cfg.data.image_column, label_column=cfg.data.label_column,
     )  # fmt: skip
     train_set = open_source(cfg.data.source, "train", **kw)
     if cfg.data.train_subset and not isinstance(train_set, ImageDataset):

@@ -8,6 +8,7 @@ mean cross-entropy per predicted token on the held-out tail of the corpus, and i
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,10 +62,12 @@ class LMOptions:
         check_ranges(self)
 
 
-def build_tokenizer(spec: str, source: str, vocab_size: int) -> Tokenizer:
-    """``byte``, a ``bpe`` / ``wordpiece`` vocabulary trained on ``source`` (streamed), or a tokenizer.json file."""
+def build_tokenizer(spec: str, source: str, vocab_size: int, columns: Sequence[str] = ()) -> Tokenizer:
+    """``byte``, a ``bpe`` / ``wordpiece`` vocabulary trained on ``source`` (streamed; a dataset's text ``columns``),
+    or a tokenizer.json file."""
     if spec in TOKENIZER_KINDS:
-        return Tokenizer.train(spec, (piece for doc in iter_documents(source) for piece in doc), vocab_size)
+        pieces = (piece for doc in iter_documents(source, columns) for piece in doc)
+        return Tokenizer.train(spec, pieces, vocab_size)
     return Tokenizer.from_file(spec)
 
 
@@ -118,8 +121,10 @@ class LMTask(Task):
         cfg, rt = self.cfg, self.rt
         self.options = o = self.parse_options(cfg)
         source = cfg.data.source
+        if cfg.data.image_column or cfg.data.label_column:
+            raise ValueError("--image-column / --label-column name an image dataset's columns; a corpus has text only")
         if source != "python-docs":
-            corpus_files(source)  # a missing corpus is an error before any tokenizer training
+            corpus_files(source, cfg.data.text_columns)  # a missing corpus is an error before tokenizer training
             source = source if is_hub_corpus(source) else str(Path(source).expanduser().resolve())
         config = self._config(state, source)
         _check_objective(config, cfg.model or config.arch, o.objective)  # a resumed run as a new one
@@ -127,7 +132,7 @@ class LMTask(Task):
         model.tokenizer = self.tokenizer
         self.model = model.to(rt.device)
         block = model.config.block_size
-        tokens = load_tokens(source, self.tokenizer)
+        tokens = load_tokens(source, self.tokenizer, cfg.data.text_columns)
         cut = split_tokens(len(tokens), cfg.data.val_fraction, block)
         name = Path(source).name if source != "python-docs" else "python-docs"
         self.train_data = TokenBlocks(tokens, block, 0, cut, name, "train")
@@ -151,7 +156,7 @@ class LMTask(Task):
                 raise ValueError(
                     f"{cfg.model} is an image model; pick a language model (crate models '*gpt*' / '*bert*')"
                 )
-            self.tokenizer = build_tokenizer(o.tokenizer, source, o.vocab_size)
+            self.tokenizer = build_tokenizer(o.tokenizer, source, o.vocab_size, cfg.data.text_columns)
             overrides = {**cfg.model_args, "vocab_size": self.tokenizer.vocab_size, "tokenizer": self.tokenizer.kind}
             config = model_config(cfg.model, **overrides)
             if config.arch == "crate_bert" and "pad_token_id" not in cfg.model_args:

@@ -29,8 +29,6 @@ __all__ = ["TextClassificationTask", "TextOptions", "text_metrics"]
 @dataclass
 class TextOptions:
     eval_data: str = task_option("", "a second table evaluated instead of a --val-fraction split (GLUE dev.tsv)")
-    text_columns: list = task_option([], "the text column(s) (default: GLUE names, else the first column)")
-    label_column: str = task_option("", "the label / score column (default: label, score or gold_label)")
     regression: str = task_option(
         "auto",
         "auto (non-integer numbers are scores; integers and names are classes) | yes | no",
@@ -83,7 +81,7 @@ class TextClassificationTask(Task):
             raise TaskError(
                 Use("text-classification"), " needs --data TABLE (a CSV or TSV with a text and a label column)"
             )
-        texts, raw, cols, label = read_labelled(cfg.data.source, "train", o.text_columns, o.label_column)
+        texts, raw, cols, label = read_labelled(cfg.data.source, "train", cfg.data.text_columns, cfg.data.label_column)
         self.columns = (cols, label)
         if state is not None:
             model = build_lm(LMConfig.from_dict(dict(state["model_config"])))
