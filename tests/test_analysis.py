@@ -357,7 +357,8 @@ def test_crate_analyze_on_run_dir_pretrained_dir_and_official_checkpoint(tmp_pat
     reports = {}
     for name, argv in {
         "pretrained": [str(pretrained), "--data", "digits"],
-        "run": [str(run_dir)],  # `crate analyze RUN_DIR`, as `crate train` suggests: data from the model config
+        # `crate analyze RUN_DIR`, as `crate train` suggests: data from the model config; layers numbered 1..L
+        "run": [str(run_dir), "--attn-layer", "1"],
         "official": [str(tmp_path / "official.pth"), "--model", "crate_mnist", *overrides, "--data", "digits"],
     }.items():
         out = tmp_path / f"out_{name}"
@@ -379,6 +380,7 @@ def test_crate_analyze_on_run_dir_pretrained_dir_and_official_checkpoint(tmp_pat
     assert rep["normalization"] == [norm.mean, norm.std]
     assert reports["official"]["source"]["normalization_source"] == "dataset statistics"  # official: no config
     assert len(rep["subspaces"]) == 2 and len(rep["attention"]["entropy_per_head"]) == 4
+    assert (rep["attention"]["layer"], reports["run"]["attention"]["layer"]) == (2, 1)  # -1 (the default) and 1
     # the same weights give the same numbers whichever way they were loaded
     for name in ("run", "official"):
         for split in ("train", "test"):
@@ -440,7 +442,8 @@ def test_crate_analyze_errors(tmp_path, trained, capsys):
     for argv, match in (
         ([ckpt, "--images", str(empty)], r"no images found in .*empty"),
         ([ckpt, "--images", str(tmp_path / "missing")], "image folder not found"),
-        ([ckpt, "--data", "digits", "--attn-layer", "5"], "layer 5 does not exist: the model has 2"),
+        ([ckpt, "--data", "digits", "--attn-layer", "5"], "--attn-layer 5 does not exist: the model has 2 layers"),
+        ([ckpt, "--data", "digits", "--attn-layer", "0"], r"--attn-layer 0 does not exist: .*pass 1\.\.2"),
         ([ckpt, "--data", "digits", "--seg-layer", "-3"], "layer -3 does not exist"),
     ):
         one_line_error(capsys, "analyze", *argv, *out, match=match)

@@ -10,6 +10,7 @@ from .common import (
     add_report_arguments,
     apply_threads,
     held_out_corpus,
+    layer_number,
     number_argument,
     parse_model_args,
     positive,
@@ -50,8 +51,9 @@ def configure_analyze(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-vis", type=int, default=4, help="images shown in the attention/PCA/MaskCut figures")
     add_report_options(parser, "analyze", "data")
     number_argument(parser, "--eps", Range(0, lo_open=True), 0.1, "coding precision eps (the official eps^2 = 0.01)")
-    parser.add_argument("--attn-layer", type=int, default=-1, help="layer of the attention maps (-1 last, -2 penult.)")
-    parser.add_argument("--seg-layer", type=int, default=-1, help="layer of the PCA / MaskCut features")
+    layers = "1..L, or -1 the last, -2 the one before"
+    parser.add_argument("--attn-layer", type=int, default=-1, help=f"layer of the attention maps: {layers}")
+    parser.add_argument("--seg-layer", type=int, default=-1, help=f"layer of the PCA / MaskCut features: {layers}")
     parser.add_argument("--masks", type=int, default=3, help="MaskCut: number of masks per image (S)")
     number_argument(parser, "--tau", TAU, 0.15, "MaskCut: affinity threshold on cosine similarity")
     parser.add_argument("--batch-size", type=int, default=64)
@@ -94,7 +96,7 @@ def _analyze_language_model(model: object, args: argparse.Namespace) -> int:
         blocks,
         eps=args.eps,
         batch_size=args.batch_size,
-        attn_layers=(0, args.attn_layer),
+        attn_layers=(0, layer_number(model, args.attn_layer, "--attn-layer")),
         attn_tokens=min(args.attn_tokens, block),
         source=source,
     )
@@ -216,7 +218,6 @@ def _data_splits(model: object, args: argparse.Namespace, size: int) -> tuple:
 
 def run_analyze(args: argparse.Namespace) -> int:
     from ..analysis import analyze
-    from ..analysis._common import layer_index
     from ..lm import LanguageModel
     from ..train.load import load_model
     from ..train.runtime import resolve_device
@@ -235,14 +236,14 @@ def run_analyze(args: argparse.Namespace) -> int:
     size = args.image_size or c.image_size
     if size % c.patch_size:
         raise ValueError(f"--image-size {size} is not a multiple of the model's patch size {c.patch_size}")
-    layer_index(model, args.attn_layer)
-    layer_index(model, args.seg_layer)
+    attn_layer, seg_layer = (layer_number(model, args.attn_layer, "--attn-layer"),
+                             layer_number(model, args.seg_layer, "--seg-layer"))  # fmt: skip
     splits, norm, source = (_folder_splits if args.images else _data_splits)(model, args, size)
     source["checkpoint"] = str(args.checkpoint)
     args.out = report_dir(args.out, Path("analysis"), args.overwrite, "analyze", ANALYZE_FILES)  # after every check
     report = analyze(
         model, args.out, splits, normalization=norm, eps=args.eps, batch_size=args.batch_size,
-        attn_layer=args.attn_layer, seg_layer=args.seg_layer, n_masks=args.masks, tau=args.tau,
+        attn_layer=attn_layer, seg_layer=seg_layer, n_masks=args.masks, tau=args.tau,
         num_vis=args.num_vis, progress=not args.no_progress, source=source,
         section="DINO backbone" if _run_task(args.checkpoint) == "dino" else None,
     )  # fmt: skip

@@ -18,6 +18,7 @@ __all__ = [
     "check_out_dir",
     "apply_threads",
     "held_out_corpus",
+    "layer_number",
     "number_argument",
     "register_range",
     "check_argument_ranges",
@@ -213,6 +214,17 @@ def dataset_columns(args: argparse.Namespace, model: Any, data: str) -> dict[str
     out = spec.columns_for(data) if spec is not None else {}
     out.update({k: v for k in ("image_column", "label_column") if (v := getattr(args, k, ""))})
     return out
+
+
+def layer_number(model: Any, layer: int, flag: str) -> int:
+    """A layer as the command line numbers it (1..L, or negative from the end: -1 the last) → its 0-based index,
+    or a one-line error naming ``flag`` and the valid range."""
+    depth = len(model.layers)
+    if isinstance(layer, bool) or not isinstance(layer, int) or layer == 0 or not -depth <= layer <= depth:
+        raise ValueError(
+            f"{flag} {layer} does not exist: the model has {depth} layers; pass 1..{depth} (or -1 for the last)"
+        )
+    return layer - 1 if layer > 0 else depth + layer
 
 
 def apply_threads(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ import argparse
 import datetime
 from pathlib import Path
 
-from .common import apply_threads, check_out_dir, held_out_corpus, positive
+from .common import apply_threads, check_out_dir, held_out_corpus, layer_number, positive
 from .options import add_report_options
 
 
@@ -53,15 +53,8 @@ def _check_run(path: Path) -> None:
 
 
 def _layers(model: object, layer: int | None) -> list[int] | None:
-    """``--layer`` (1-based, negative from the end) → 0-based indices, with a one-line error when out of range."""
-    if layer is None:
-        return None
-    depth = len(model.layers)
-    if layer == 0 or not -depth <= layer <= depth:
-        raise ValueError(
-            f"--layer {layer} does not exist: the model has {depth} layers; pass 1..{depth} (or -1 for the last)"
-        )
-    return [layer - 1 if layer > 0 else depth + layer]
+    """``--layer`` (1-based, negative from the end) → 0-based indices (None: every layer)."""
+    return None if layer is None else [layer_number(model, layer, "--layer")]
 
 
 def _image_inputs(model: object, args: argparse.Namespace) -> tuple:
