@@ -103,7 +103,7 @@ def test_a_task_defined_in_a_file_trains_with_the_engine(tmp_path: Path, registe
     result = train(cfg)
     said = capsys.readouterr()
     out = said.out + said.err
-    assert "least-squares crate_mnist (5 params, linear) on 64 fixed rows, 40 epochs x 1 steps" in out
+    assert "least-squares crate_mnist_p4 (5 params, linear) on 64 fixed rows, 40 epochs x 1 steps" in out
     assert result["next"] == "look at it" and "next:" not in out  # the Python API returns the hints
     state = torch.load(tmp_path / "ls" / "checkpoints" / "last.pt", weights_only=True)["model"]
     w, b = _sgd_reference(w0.weight.detach()[0], w0.bias.detach(), 0.05, 40)

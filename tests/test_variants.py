@@ -63,10 +63,10 @@ def test_registered_variants_and_their_counts():
     d, L = 128, 6
     extra = _embed_and_head(d, 10, 7, 1, 16)
     assert ct.create_model("crate_mnist").num_params() == L * (3 * d * d + 5 * d) + extra == 309_356
-    # the 7x7-grid digits model: 4x4 patches (P = 4, 49 of them), d = 96, 4 layers
+    # the default digits model: 24 px, 4x4 patches (P = 4, a 6x6 grid of 36), d = 128, 3 layers
     p4 = ct.create_model("crate_mnist_p4")
-    assert p4.config.grid == 7 and p4.num_params() == 4 * (3 * 96 * 96 + 5 * 96) + _embed_and_head(96, 10, 4, 1, 49)
-    assert p4.num_params() == 120_426
+    assert p4.config.grid == 6 and p4.num_params() == 3 * (3 * d * d + 5 * d) + _embed_and_head(d, 10, 4, 1, 36)
+    assert p4.num_params() == 158_250
     assert ct.create_model("crate_mlp_mnist").num_params() == L * _layer_params("mlp", d, 4 * d) + extra
     assert ct.create_model("crate_mhsa_mnist").num_params() == L * _layer_params("mhsa", d) + extra
     assert ct.create_model("crate_alpha_mnist").num_params() == L * _layer_params("odl", d, m=4 * d) + extra

@@ -14,10 +14,10 @@ starts with) are trained once.  At the end it writes ``ablate.md`` (mean ± std 
 parameters, images/s, the paper's number) and ``layerwise-<table>.png`` (each row's layer-wise
 compression and sparsity, :func:`crate_transformer.analysis.measure`, side by side).
 
-The laptop recipe (:data:`RECIPE`) is the classification task's default (``crate_mnist`` on the built-in 4,000
-MNIST training digits, held-out accuracy on the fixed 1,000 test digits) shortened to 2 epochs of batch 64
-(124 steps) with a half-epoch warm-up and one evaluation at the end, so a table of four rows × three seeds
-takes minutes on an idle CPU.
+The laptop recipe (:data:`RECIPE`) is ``crate_mnist`` on the built-in 4,000 MNIST training digits (held-out
+accuracy on the fixed 1,000 test digits) with its training recipe (AdamW, lr 2e-3, weight decay 0.05, label
+smoothing 0.1) shortened to 2 epochs of batch 64 (124 steps) with a half-epoch warm-up and one evaluation at
+the end, so a table of four rows × three seeds takes minutes on an idle CPU.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ RECIPE: dict[str, Any] = {
     "data": "mnist",
     "epochs": 2,
     "batch_size": 64,
+    "lr": 2e-3,  # crate_mnist's recipe, which the ablation tables were measured with (not today's train default)
+    "weight_decay": 0.05,
+    "label_smoothing": 0.1,
     "warmup_epochs": 0.5,
     "eval_every": 0,
     "measure_every": 0,

@@ -98,9 +98,13 @@ class Config:
 
     # ---------------------------------------------------------------- serialisation
     def to_dict(self) -> dict:
-        """Every field as plain JSON values (nested dataclasses as dicts), less :attr:`OMIT_AT_DEFAULT` fields
-        at their default (:meth:`from_dict` restores those)."""
+        """Every field as plain JSON values (nested dataclasses as dicts, by their own ``to_dict`` where they have
+        one), less :attr:`OMIT_AT_DEFAULT` fields at their default (:meth:`from_dict` restores those)."""
         d = dataclasses.asdict(self)
+        for f in dataclasses.fields(self):  # a nested record that writes itself (DataSpec) decides its own keys
+            value = getattr(self, f.name)
+            if dataclasses.is_dataclass(value) and hasattr(value, "to_dict"):
+                d[f.name] = value.to_dict()
         for name in self.OMIT_AT_DEFAULT:
             if d[name] == self._default(name, None):
                 del d[name]

@@ -24,7 +24,7 @@ EVAL_FILES = ("eval.json", "confusion.png", "knn.png")  # what crate eval writes
 
 def configure_train(parser: argparse.ArgumentParser) -> None:
     parser.description = (
-        "Train a classifier. With no arguments: CRATE (crate_mnist) on the 4,000 built-in MNIST training digits, "
+        "Train a classifier. With no arguments: CRATE (crate_mnist_p4) on the 4,000 built-in MNIST training digits, "
         "evaluated on the fixed 1,000 held-out digits. Works unchanged under torchrun --nproc_per_node=N."
     )
     parser.add_argument(

@@ -183,15 +183,15 @@ class OptimOptions(_Group):
         choices=OPTIMIZERS,
     )
     momentum: float = option(0.9, "momentum of --optimizer sgd / lars", range=Range(0, 1, hi_open=True))
-    lr: float = option(2e-3, "peak learning rate")
+    lr: float = option(4e-3, "peak learning rate")
     min_lr: float = option(1e-5, "learning rate at the end of the cosine decay")
-    weight_decay: float = option(0.05, "decoupled weight decay (matrices only; norms, biases, embeddings excluded)")
+    weight_decay: float = option(0.01, "decoupled weight decay (matrices only; norms, biases, embeddings excluded)")
     betas: list = option([], "optimizer betas", shown="0.9 0.999 for AdamW, 0.9 0.99 for Lion")
-    batch_size: int = option(128, "global batch size per optimizer step (split over processes and --accum-steps)")
+    batch_size: int = option(64, "global batch size per optimizer step (split over processes and --accum-steps)")
     accum_steps: int = option(1, "gradient accumulation: each process runs its share of a batch in this many chunks")
     epochs: int = option(40, "training epochs")
     warmup_epochs: float = option(2.0, "linear warm-up length in epochs (fractions allowed)")
-    label_smoothing: float = option(0.1, "label smoothing of the cross-entropy")
+    label_smoothing: float = option(0.05, "label smoothing of the cross-entropy")
     grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)")
     max_steps: int = option(0, "stop after this many optimizer steps (0 = all epochs; the schedule is unchanged)")
     layer_decay: float = option(
@@ -324,7 +324,7 @@ class TrainConfig:
     task: str = option("classification", "training objective")
     task_args: dict = option({}, "the task's own options (crate pretrain NAME --help lists them)")
     # model
-    model: str | None = option("crate_mnist", "registered model name (see `crate models`)")
+    model: str | None = option("crate_mnist_p4", "registered model name (see `crate models`)")
     model_args: dict = option({}, "model overrides as KEY=VALUE, e.g. dim=64 depth=4 patch_size=4", metavar="KEY=VALUE")
     # a named published recipe: its values go under the options given with it (defaults < recipe < file < flags)
     recipe: str | None = option(

@@ -189,7 +189,7 @@ class Task:
         kind = model_kind(model_config(cfg.model, **cfg.model_args))
         if kind != self.model_kind:
             name = {
-                "image classifier": "crate_mnist",
+                "image classifier": "crate_mnist_p4",
                 "CRATE-MAE": "crate_mae_mnist",
                 "language model": "crate_gpt_mini",
             }
