@@ -70,6 +70,20 @@ def hub_cache(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def offline_cache(tmp_path, monkeypatch):
+    """An empty ``datasets`` cache with the Hub off, as an offline machine has it (and a fresh token cache);
+    fill it with ``hfcache.put_in_datasets_cache``."""
+    datasets = pytest.importorskip("datasets", reason="the optional 'hf' extra (datasets) is not installed")
+    cache = tmp_path / "hf-datasets"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("CRATE_CACHE_DIR", str(tmp_path / "tokens"))
+    return cache
+
+
+@pytest.fixture
 def without_file_checksums():
     """``without_file_checksums(folder)`` rewrites a ``save_pretrained`` folder's weights with the metadata saves
     had before ``config.json`` / ``tokenizer.json`` were checksummed, so those files may be edited as an old

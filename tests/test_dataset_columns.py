@@ -27,17 +27,6 @@ TINY = ["--threads", 1, "--no-progress", "--eval-every", 0]
 MODEL = ["--model-args", "dim=16", "depth=1", "heads=2"]
 
 
-@pytest.fixture
-def offline_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    cache = tmp_path / "hf-datasets"
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("CRATE_CACHE_DIR", str(tmp_path / "tokens"))
-    return cache
-
-
 def _two_views(n: int, seed: int) -> datasets.Dataset:
     """Rows with two images (``sketch``: noise, first; ``photo``: brightness encodes the digit), a two-class
     ClassLabel ``parity`` and the digit ``digit`` (0..3) as a plain integer."""

@@ -26,17 +26,6 @@ from crate_transformer.train.load import load_model  # noqa: E402
 TINY = ["--threads", 1, "--no-progress", "--eval-every", 0]
 
 
-@pytest.fixture
-def offline_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    cache = tmp_path / "hf-datasets"
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("CRATE_CACHE_DIR", str(tmp_path / "tokens"))
-    return cache
-
-
 def _digits(n: int, seed: int) -> datasets.Dataset:
     """``n`` 28×28 grey images whose mean brightness encodes the class (so they are learnable)."""
     rng = np.random.default_rng(seed)
