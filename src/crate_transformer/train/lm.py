@@ -123,8 +123,8 @@ class LMTask(Task):
         source = cfg.data.source
         if cfg.data.image_column or cfg.data.label_column:
             raise ValueError("--image-column / --label-column name an image dataset's columns; a corpus has text only")
+        corpus_files(source, cfg.data.text_columns)  # a missing corpus or column fails before tokenizer training
         if source != "python-docs":
-            corpus_files(source, cfg.data.text_columns)  # a missing corpus is an error before tokenizer training
             source = source if is_hub_corpus(source) else str(Path(source).expanduser().resolve())
         config = self._config(state, source)
         _check_objective(config, cfg.model or config.arch, o.objective)  # a resumed run as a new one
