@@ -19,6 +19,7 @@ __all__ = [
     "apply_threads",
     "held_out_corpus",
     "layer_number",
+    "dataset_columns",
     "number_argument",
     "register_range",
     "check_argument_ranges",

@@ -11,7 +11,7 @@ import argparse
 import datetime
 from pathlib import Path
 
-from .common import apply_threads, check_out_dir, held_out_corpus, layer_number, positive
+from .common import apply_threads, check_out_dir, dataset_columns, held_out_corpus, layer_number, positive
 from .options import add_report_options
 
 
@@ -66,7 +66,7 @@ def _image_inputs(model: object, args: argparse.Namespace) -> tuple:
     data = args.data or (c.data.source if c.data else None)
     if not data:
         raise ValueError("the model config records no dataset; pass --data NAME (e.g. --data mnist)")
-    columns = c.data.columns_for(str(data)) if c.data else {}
+    columns = dataset_columns(args, model, str(data))  # features has no column flags: the recorded ones
     try:
         ds = open_source(str(data), "test", image_size=c.image_size, **columns)
     except ValueError:
