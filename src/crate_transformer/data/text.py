@@ -371,6 +371,11 @@ def read_labelled(
     raw = ds[label]
     if any(v is None or (names is not None and v < 0) for v in raw):
         raise ValueError(f"{where} has rows without a label ({label!r} is empty or -1); evaluate on another split")
+    if names is not None and (bad := next((v for v in raw if v >= len(names)), None)) is not None:
+        raise ValueError(
+            f"{where} has the label {bad}, but its {label!r} column names {len(names)} classes {names[:5]}; "
+            "fix the labels or the column's ClassLabel names"
+        )
     labels = [names[v] if names is not None else str(v) for v in raw]
     texts = list(zip(*(["" if t is None else t for t in ds[c]] for c in cols)))
     if not texts:

@@ -1,0 +1,171 @@
+"""Bad input by class: each rule here holds for every instance of its class, and each test tries several.
+
+1. Sizes from data are bounded before anything is allocated from them (labels → classes, one-hot rows).
+2. Expected failures are one line (exit code 2), never a traceback, and never print a huge value.
+3. Messages point the right way: the fix they name is one the user can apply with the command they ran.
+4. Inputs are never ignored or changed silently.
+5. Outputs are never replaced without asking; histories never hold a step twice.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from clitools import crate, one_line_error
+from PIL import Image
+
+import crate_transformer as ct
+
+HUGE = 10**6  # a label far above MAX_CLASSES: before the rule, 1e9 made a billion class names (23.9 GB, OOM)
+
+
+def _png(value: int = 0, size: int = 8) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(np.full((size, size, 3), value, np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _parquet(path: Path, labels: list[int]) -> Path:
+    import pandas as pd
+
+    rows = [{"image": {"bytes": _png(40 * (y % 5)), "path": None}, "label": y, "idx": i} for i, y in enumerate(labels)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_parquet(path)
+    return path
+
+
+def _shards(root: Path, labels: list[bytes]) -> Path:
+    import webdataset as wds
+
+    root.mkdir(parents=True, exist_ok=True)
+    with wds.TarWriter(str(root / "a.tar")) as w:
+        for i, label in enumerate(labels):
+            w.write({"__key__": f"k{i:03d}", "png": _png(40 * (i % 5)), "cls": label})
+    return root
+
+
+def _cifar_without_meta(root: Path, big: int) -> Path:
+    d = root / "cifar-10-batches-py"
+    d.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for f in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        labels = [i % 2 for i in range(10)]
+        if f == "data_batch_2":
+            labels[3] = big
+        data = {b"data": rng.integers(0, 256, (10, 3072), dtype=np.uint8), b"labels": labels}
+        (d / f).write_bytes(pickle.dumps(data))
+    return d
+
+
+# --------------------------------------------------------------------------- 1. sizes from data
+@pytest.mark.parametrize("kind", ["parquet", "shards", "cifar"])
+def test_one_huge_label_is_refused_before_any_class_is_made(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture, offline_cache: Path
+) -> None:
+    labels = [i % 2 for i in range(20)]
+    labels[3] = HUGE
+    if kind == "parquet":
+        data = _parquet(tmp_path / "pq" / "train.parquet", labels).parent
+    elif kind == "shards":
+        data = _shards(tmp_path / "wds", [str(y).encode() for y in labels])
+    else:
+        data = _cifar_without_meta(tmp_path, HUGE)
+    out = tmp_path / "run"
+    err = one_line_error(
+        capsys,
+        "train",
+        "--data",
+        data,
+        "--image-size",
+        8,
+        "--max-steps",
+        1,
+        "--threads",
+        1,
+        "--no-progress",
+        "--out",
+        out,
+        after_output=True,
+    )  # fmt: skip (datasets' own progress)
+    assert f"the label {HUGE:,} would make {HUGE + 1:,} classes for 3 distinct labels" in err, err
+    fix = {"parquet": "class_encode_column", "shards": "classes.txt", "cifar": "batches.meta"}[kind]
+    assert fix in err, err
+    assert not out.exists()
+
+
+def test_class_count_accepts_dense_labels_and_refuses_sparse_huge_or_negative_ones() -> None:
+    from crate_transformer.data.base import MAX_CLASSES, class_count
+
+    assert class_count([0, 2, 1, 2], "x", "fix") == 3
+    assert class_count(torch.arange(MAX_CLASSES + 1), "x", "fix") == MAX_CLASSES + 1  # every class occurs
+    with pytest.raises(ValueError, match=f"would make {MAX_CLASSES + 1:,} classes for 2 distinct"):
+        class_count([0, MAX_CLASSES], "x", "fix")
+    with pytest.raises(ValueError, match="the label -1 is not a class index"):
+        class_count(np.array([0, -1]), "x", "fix")
+    with pytest.raises(ValueError, match="would make"):  # beyond int64: Python ints, no overflow
+        class_count([0, 10**30], "x", "fix")
+
+
+def test_knn_votes_only_over_the_classes_that_occur_and_refuses_k_above_the_training_set() -> None:
+    from crate_transformer.probe import knn_sweep, usable_ks
+
+    g = torch.Generator().manual_seed(0)
+    tx, qx = torch.randn(40, 6, generator=g), torch.randn(15, 6, generator=g)
+    ty, qy = torch.arange(40) % 3, torch.arange(15) % 3
+    expected = knn_sweep(tx, ty, qx, qy, ks=(1, 5, 40))
+    relabel = torch.tensor([0, 7, 10**12])  # one-hot rows of 10**12 classes before: votes over 3 classes now
+    assert knn_sweep(tx, relabel[ty], qx, relabel[qy], ks=(1, 5, 40)) == expected
+    with pytest.raises(ValueError, match="k=41 is more than the 40 training samples"):
+        knn_sweep(tx, ty, qx, qy, ks=(5, 41))
+    with pytest.raises(ValueError, match="label 3 is not a class index 0..2"):
+        knn_sweep(tx, ty, qx, qy + 1, ks=(5,), num_classes=3)
+    assert usable_ks((10, 20, 100, 200), 50) == ([10, 20], [100, 200])
+
+
+def test_membership_coding_rate_loops_over_the_labels_present() -> None:
+    Z = torch.randn(2, 12, 4, dtype=torch.float64)
+    labels = torch.arange(12).repeat(2, 1) % 3
+    expected = ct.membership_coding_rate(Z, labels)
+    torch.testing.assert_close(ct.membership_coding_rate(Z, labels * 10**9), expected)  # 1e9 loop steps before
+    with pytest.raises(ValueError, match="label 2 is not a class index in \\[0, 2\\)"):
+        ct.membership_coding_rate(Z, labels, num_classes=2)
+
+
+def test_crate_eval_knn_runs_the_ks_the_training_set_allows_and_says_which_it_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    folder = tmp_path / "imgs"
+    for c in range(2):
+        (folder / f"c{c}").mkdir(parents=True)
+        for i in range(20):
+            (folder / f"c{c}" / f"{i}.png").write_bytes(_png(100 * c + i))
+    model = ct.create_model("crate_tiny", image_size=8, patch_size=4, dim=16, depth=1, heads=2, num_classes=2)
+    model.save_pretrained(tmp_path / "m")
+    out = tmp_path / "ev"
+    capsys.readouterr()
+    assert crate("eval", tmp_path / "m", "--data", folder, "--knn", "--threads", 1, "--out", out) == 0
+    report = json.loads((out / "eval.json").read_text())
+    assert set(report["knn"]) == {"10", "20"} and report["knn_not_run"] == [100, 200]
+    assert "k=100, 200 not run: more than the 32 train images" in capsys.readouterr().out
+
+
+def test_a_tampered_shard_index_is_warned_about_and_read_again_from_the_shards(tmp_path: Path) -> None:
+    from crate_transformer.data import open_source
+    from crate_transformer.data.shards import _MEMORY_INDEX, INDEX_FILE
+
+    root = _shards(tmp_path / "wds", [str(i % 2).encode() for i in range(20)])
+    first = open_source(root, "train", image_size=8, num_workers=0)
+    index = json.loads((root / INDEX_FILE).read_text())
+    index["a.tar"]["labels"] = ["1" if t == "0" else "0" for t in index["a.tar"]["labels"]]  # size, mtime kept
+    (root / INDEX_FILE).write_text(json.dumps(index))
+    _MEMORY_INDEX.clear()  # a new process
+    with pytest.warns(UserWarning, match="the entry of a.tar does not match its checksum"):
+        again = open_source(root, "train", image_size=8, num_workers=0)
+    assert again.labels == first.labels  # the shards' labels, not the edited ones
+    assert json.loads((root / INDEX_FILE).read_text())["a.tar"]["labels"][:2] == ["0", "1"]  # and rewritten
