@@ -15,9 +15,8 @@ label column the one with a ``ClassLabel`` feature (its names are the classes), 
 Splits: a ``DatasetDict``'s ``train`` and ``test`` (or ``validation``/``val``) splits; a single dataset (or
 data file: ``x.parquet``) holds out every fifth row of each class as the test split, as image folders do,
 and ``val_fraction`` carves the same stratified val split out of the rest.  Batching, resume, DDP sharding,
-statistics and
-unreadable images work as for :class:`~crate_transformer.data.streaming.StreamingImageFolder` (it
-shares their code).  Needs the optional extra: ``pip install crate-transformer[hf]``.
+statistics and unreadable images work as for
+:class:`~crate_transformer.data.streaming.StreamingImageFolder` (it shares their code).  Needs the optional extra: ``pip install crate-transformer[hf]``.
 """
 
 from __future__ import annotations
