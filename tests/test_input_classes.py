@@ -169,3 +169,145 @@ def test_a_tampered_shard_index_is_warned_about_and_read_again_from_the_shards(t
         again = open_source(root, "train", image_size=8, num_workers=0)
     assert again.labels == first.labels  # the shards' labels, not the edited ones
     assert json.loads((root / INDEX_FILE).read_text())["a.tar"]["labels"][:2] == ["0", "1"]  # and rewritten
+
+
+# --------------------------------------------------------------------------- 2. one line, never a traceback
+def _lm_folder(path: Path) -> Path:
+    from crate_transformer.lm import LMConfig, build_lm
+    from crate_transformer.tokenizer import Tokenizer
+
+    model = build_lm(LMConfig(dim=16, depth=1, heads=2, block_size=32))
+    model.tokenizer = Tokenizer.byte_level()
+    model.save_pretrained(path)
+    return path
+
+
+def _tables(root: Path) -> dict[str, Path]:
+    """Text data files, each wrong in one way."""
+    import pandas as pd
+
+    root.mkdir(parents=True, exist_ok=True)
+    rows = [(f"a {i}", f"b {i}", f"c {i}", i % 2) for i in range(40)]
+    (root / "three.csv").write_text("a,b,c,label\n" + "".join(f"{a},{b},{c},{y}\n" for a, b, c, y in rows))
+    (root / "twice.csv").write_text("text,label,label\n" + "".join(f"{a},{y},{1 - y}\n" for a, _, _, y in rows))
+    pd.DataFrame({"text": [{"k": i} for i in range(40)], "s": [f"s {i}" for i in range(40)],
+                  "label": [i % 2 for i in range(40)]}).to_parquet(root / "objects.parquet")  # fmt: skip
+    (root / "empty.parquet").write_bytes(b"")
+    no_rows = {"text": pd.Series([], dtype=str), "label": pd.Series([], dtype=int)}
+    pd.DataFrame(no_rows).to_parquet(root / "none.parquet")
+    (root / "bad.jsonl").write_text('{"text": "a", "label": 1}\n{"text": "b", "label": \n{"text": "c", "label": 0}\n')
+    return {p.stem: p for p in root.iterdir()}
+
+
+TEXT_CASES = {  # command, file, extra arguments, what the one line says
+    "three_text_columns": ("finetune-text", "three", ["--text-columns", "a", "b", "c"],
+                           r"text_columns names \['a', 'b', 'c'\]; a text classifier reads one text or a pair"),
+    "label_as_text": ("finetune-text", "three", ["--text-columns", "a", "label"],
+                      "'label' is the label column and cannot also be a text column"),
+    "a_column_twice": ("finetune-text", "twice", [], r"the header names \['label'\] more than once"),
+    "object_column_table": ("finetune-text", "objects", ["--text-columns", "text"],
+                            r"column 'text' holds dict, not text; .* \(string columns: \['s'\]\)"),
+    "object_column_corpus": ("train-lm", "objects", ["--text-columns", "text"], "column 'text' holds dict, not text"),
+    "empty_parquet_lm": ("train-lm", "empty", [], r"empty.parquet is empty \(0 bytes\)"),
+    "empty_parquet_table": ("finetune-text", "empty", [], r"empty.parquet is empty \(0 bytes\)"),
+    "no_rows": ("finetune-text", "none", [], "none.parquet holds no rows"),
+    "no_rows_lm": ("train-lm", "none", [], "none.parquet holds no rows"),
+    "malformed_json_table": ("finetune-text", "bad", [], r"bad.jsonl:2:\d+: invalid JSON \(Expecting value\)"),
+    "malformed_json_corpus": ("train-lm", "bad", ["--text-columns", "text"], r"bad.jsonl:2:\d+: invalid JSON"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(TEXT_CASES))
+def test_a_bad_text_table_or_corpus_is_one_line(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture, offline_cache: Path
+) -> None:
+    command, name, extra, expected = TEXT_CASES[case]
+    data = _tables(tmp_path / "data")[name]
+    start = ["--from", _lm_folder(tmp_path / "lm")] if command == "finetune-text" else []
+    out = tmp_path / "run"
+    err = one_line_error(capsys, command, *start, "--data", data, *extra, "--threads", 1, "--no-progress",
+                         "--max-steps", 1, "--out", out, match=expected, after_output=True)  # fmt: skip
+    assert len(err) < 400 and not out.exists(), err
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (["--label-column", "image"], r"column 'image' holds images, not class labels; name the label column"),
+        (["--image-column", "idx"], r"column 'idx' holds int64, not images .* name the image column"),
+        (["--image-column", "label"], r"column 'label' holds int64, not images"),
+    ],
+)
+def test_image_and_label_columns_are_checked_by_what_they_hold(
+    extra: list[str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture, offline_cache: Path
+) -> None:
+    data = _parquet(tmp_path / "d" / "one.parquet", [i % 2 for i in range(20)])
+    err = one_line_error(capsys, "train", "--data", data, *extra, "--image-size", 8, "--threads", 1, "--no-progress",
+                         "--max-steps", 1, "--out", tmp_path / "r", match=expected, after_output=True)  # fmt: skip
+    assert "class_encode_column" not in err and "b'\\x89PNG" not in err  # no wrong fix, no image bytes printed
+
+
+def test_a_config_whose_aliases_expand_to_1e8_strings_is_one_short_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    items, prev = ['&a ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]'], "a"
+    for name in "bcdefgh":
+        items.append(f"&{name} [" + ",".join([f"*{prev}"] * 10) + "]")
+        prev = name
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("lr: [" + ", ".join(items) + "]\n")  # 10**8 strings, 323 bytes: an 800 MB line before
+    assert bomb.stat().st_size < 1024
+    err = one_line_error(capsys, "train", "--config", bomb, "--out", tmp_path / "r", match="expands to more than")
+    assert len(err) < 300
+    (tmp_path / "self.yaml").write_text("lr: &x [*x]\n")
+    one_line_error(capsys, "train", "--config", tmp_path / "self.yaml", match="refer to themselves")
+    (tmp_path / "long.yaml").write_text(f"lr: {'x' * 100_000}\n")
+    assert len(one_line_error(capsys, "train", "--config", tmp_path / "long.yaml", match="lr must be")) < 300
+
+
+# --------------------------------------------------------------------------- 3. messages that point the right way
+def test_a_single_parquet_image_file_trains_holding_out_every_fifth_row(tmp_path: Path, offline_cache: Path) -> None:
+    from crate_transformer.data import open_source
+
+    data = _parquet(tmp_path / "one.parquet", [i % 2 for i in range(40)])
+    train, test = (open_source(data, s, image_size=8, num_workers=0) for s in ("train", "test"))
+    assert (len(train), len(test)) == (32, 8) and sorted(test.labels.tolist()) == [0] * 4 + [1] * 4
+    out = tmp_path / "run"
+    argv = ["train", "--data", data, "--image-size", 8, "--threads", 1, "--no-progress", "--batch-size", 8,
+            "--max-steps", 2, "--model-args", "dim=16", "depth=1", "heads=2", "patch_size=4", "--out", out]  # fmt: skip
+    assert crate(*argv) == 0 and (out / "model" / "model.safetensors").is_file()
+
+
+def test_a_folder_of_csv_tables_is_a_dataset_not_an_image_folder_without_classes(
+    tmp_path: Path, capsys: pytest.CaptureFixture, offline_cache: Path
+) -> None:
+    from crate_transformer.data import resolve_source
+
+    folder = tmp_path / "tables"
+    folder.mkdir()
+    for split in ("train", "test"):
+        (folder / f"{split}.csv").write_text("text,label\n" + "".join(f"row {i},{i % 2}\n" for i in range(10)))
+    assert resolve_source(folder)[0] == "hf"
+    err = one_line_error(capsys, "train", "--data", folder, "--image-size", 8, "--out", tmp_path / "r",
+                         after_output=True)  # fmt: skip
+    assert "no image column" in err and "class subfolders" not in err, err
+    (folder / "c1").mkdir()  # an image folder with a stray table stays an image folder
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(folder / "c1" / "0.png")
+    assert resolve_source(folder)[0] == "folder"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("optim: 5\n", r"optim is a group of options, not one value \(got 5\); write its options under it"),
+        ("task: mae\n", r"the options set task 'mae', and this trains classification; train mae with crate "
+                        r"pretrain mae, or drop task: mae"),
+    ],
+)  # fmt: skip
+def test_a_config_file_mistake_names_the_fix(
+    text: str, expected: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    (tmp_path / "c.yaml").write_text(text)
+    one_line_error(capsys, "train", "--config", tmp_path / "c.yaml", "--data", "digits", "--out", tmp_path / "r",
+                   match=expected)  # fmt: skip
+    assert not (tmp_path / "r").exists()

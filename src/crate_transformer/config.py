@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 from .config_utils import Range, coerce_fields, field_types
+from .errors import short_repr
 
 __all__ = ["Config"]
 
@@ -77,14 +78,16 @@ class Config:
         """``getattr(self, name)`` is one of ``allowed``."""
         allowed = tuple(allowed)
         if getattr(self, name) not in allowed:
-            raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {allowed}")
+            raise ValueError(f"unknown {name} {short_repr(getattr(self, name))}; choose one of {allowed}")
 
     def check_positive(self, *names: str) -> None:
         """Each named integer field is > 0."""
         for name in names:
             v = getattr(self, name)
             if v <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}; e.g. {name}={self._example(name)}")
+                raise ValueError(
+                    f"{name} must be a positive integer, got {short_repr(v)}; e.g. {name}={self._example(name)}"
+                )
 
     def _example(self, name: str) -> Any:
         return self._default(name, getattr(self, name))

@@ -16,7 +16,8 @@ Splits: a ``DatasetDict``'s ``train`` and ``test`` (or ``validation``/``val``) s
 data file: ``x.parquet``) holds out every fifth row of each class as the test split, as image folders do,
 and ``val_fraction`` carves the same stratified val split out of the rest.  Batching, resume, DDP sharding,
 statistics and unreadable images work as for
-:class:`~crate_transformer.data.streaming.StreamingImageFolder` (it shares their code).  Needs the optional extra: ``pip install crate-transformer[hf]``.
+:class:`~crate_transformer.data.streaming.StreamingImageFolder` (it shares their code).  Needs the optional
+extra: ``pip install crate-transformer[hf]``.
 """
 
 from __future__ import annotations

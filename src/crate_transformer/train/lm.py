@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config_utils import Range, check_ranges
-from ..data.text import TokenBlocks, corpus_files, is_hub_corpus, iter_documents, load_tokens, split_tokens
+from ..data.text import TokenBlocks, corpus_files, iter_documents, load_tokens, split_tokens
 from ..lm import LanguageModel, LMConfig, build_lm, mask_tokens
 from ..registry import is_language_model, model_config
 from ..tokenizer import TOKENIZER_KINDS, Tokenizer
@@ -125,7 +125,8 @@ class LMTask(Task):
             raise ValueError("--image-column / --label-column name an image dataset's columns; a corpus has text only")
         corpus_files(source, cfg.data.text_columns)  # a missing corpus or column fails before tokenizer training
         if source != "python-docs":
-            source = source if is_hub_corpus(source) else str(Path(source).expanduser().resolve())
+            local = Path(source).expanduser()
+            source = str(local.resolve()) if local.exists() else source  # a dataset id stays as given
         config = self._config(state, source)
         _check_objective(config, cfg.model or config.arch, o.objective)  # a resumed run as a new one
         model = build_lm(config)
