@@ -311,3 +311,267 @@ def test_a_config_file_mistake_names_the_fix(
     one_line_error(capsys, "train", "--config", tmp_path / "c.yaml", "--data", "digits", "--out", tmp_path / "r",
                    match=expected)  # fmt: skip
     assert not (tmp_path / "r").exists()
+
+
+def _hub_error(status: int | None) -> Exception:
+    """What huggingface_hub raises for a file it cannot fetch: a missing cache entry, raised while handling the
+    HTTP error of a Hub that answered ``status`` (or a connection error when None)."""
+    import httpx
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    request = httpx.Request("HEAD", "https://huggingface.co/o/r/resolve/main/f")
+    try:
+        if status is None:
+            raise httpx.ConnectError("[Errno -2] Name or service not known", request=request)
+        raise HfHubHTTPError(f"{status} error", response=httpx.Response(status, request=request))
+    except Exception:  # noqa: BLE001 - the chain huggingface_hub builds
+        try:
+            raise LocalEntryNotFoundError("An error happened while trying to locate the file on the Hub")
+        except LocalEntryNotFoundError as e:
+            return e
+
+
+@pytest.mark.parametrize(
+    "status, says",
+    [
+        (500, "the Hub answered HTTP 500, a server error (it is reachable but failing: try again later)"),
+        (503, "the Hub answered HTTP 503, a server error"),
+        (401, "the Hub refused access (HTTP 401"),
+        (None, "the Hub cannot be reached (offline"),
+    ],
+)
+def test_a_hub_that_answers_an_error_is_not_called_offline(
+    status: int | None, says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import datasets
+    import huggingface_hub
+
+    from crate_transformer.checkpoint import CheckpointError
+    from crate_transformer.data.hub import load_hub_dataset
+
+    def failing(*args: object, **kwargs: object) -> None:
+        raise _hub_error(status)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", failing)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", failing)
+    with pytest.raises(CheckpointError) as zoo:
+        ct.create_model("crate_alpha_base16", pretrained=True)
+    with pytest.raises(CheckpointError) as pushed:
+        ct.from_pretrained("hf-hub:my-org/crate-small")
+    for e in (zoo.value, pushed.value):
+        assert says in str(e) and ("offline" in str(e)) == (status is None), str(e)
+
+    def dataset_failing(*args: object, **kwargs: object) -> None:
+        try:
+            raise _hub_error(status)
+        except Exception as e:  # noqa: BLE001 - as datasets wraps it
+            raise FileNotFoundError("Couldn't find 'o/r' on the Hugging Face Hub either") from e
+
+    monkeypatch.setattr(datasets, "load_dataset", dataset_failing)
+    for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):  # a machine with network: the Hub was asked
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError) as data:
+        load_hub_dataset("o/r")
+    assert says.split(" (")[0] in str(data.value) and ("offline" in str(data.value)) == (status is None)
+
+
+def test_an_authors_file_without_its_architecture_names_the_fix_the_command_takes(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    torch.save({"model": {"transformer.wte.weight": torch.zeros(8, 4)}, "model_args": {"n_layer": 1}},
+               tmp_path / "ckpt.pt")  # fmt: skip
+    err = one_line_error(capsys, "generate", tmp_path / "ckpt.pt", "--prompt", "hi")
+    assert "crate generate takes no --model" in err and "ct.from_official(PATH, 'crate_gpt_12l_pile')" in err
+    assert "save_pretrained(DIR)" in err
+    err = one_line_error(capsys, "eval", tmp_path / "ckpt.pt", "--data", "digits")
+    assert err.endswith("pass --model crate_gpt_12l_pile or --model gpt2_base"), err
+
+
+def test_a_nanogpt_size_that_is_not_a_number_and_a_misspelt_arch_are_named(tmp_path: Path) -> None:
+    from crate_transformer.lm import lm_checkpoint_fields
+
+    state = {"wte.weight": torch.zeros(8, 4), "wpe.weight": torch.zeros(6, 4), "h.0.ln_1.weight": torch.ones(4)}
+    with pytest.raises(ValueError, match="model_args hold n_layer='two', not a whole number"):
+        lm_checkpoint_fields({"model": state, "model_args": {"n_layer": "two", "n_head": 2}})
+    assert lm_checkpoint_fields({"model": state, "model_args": {"n_layer": "1", "n_head": 2}})["depth"] == 1
+    from crate_transformer.registry import config_class
+
+    with pytest.raises(ValueError, match=r"unknown arch 'crate_lmm' \(did you mean 'crate_lm'\?\); registered: "):
+        config_class("crate_lmm")
+    model = ct.create_model("crate_gpt_mini", **tiny_lm())
+    model.save_pretrained(tmp_path / "m")
+    saved = json.loads((tmp_path / "m" / "config.json").read_text())
+    from crate_transformer.checkpoint import config_from_dict
+
+    with pytest.raises(ValueError, match="did you mean 'crate_lm'"):
+        config_from_dict({**saved, "arch": "crate_lmm"})  # an older folder's config.json, edited by hand
+
+
+def tiny_lm() -> dict:
+    return {"dim": 16, "depth": 1, "heads": 2, "block_size": 16}
+
+
+def test_the_context_hint_names_a_context_that_fits_not_the_one_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a small corpus\n" * 8)  # 121 tokens (bytes + end of text)
+    err = one_line_error(capsys, "train-lm", "--data", corpus, "--model-args", "dim=16", "depth=1", "heads=2",
+                         "block_size=32", "--threads", 1, "--out", tmp_path / "r", after_output=True)  # fmt: skip
+    assert "too few for a 32-token context with 10% held out (about 331 are needed)" in err, err
+    assert "block_size=12" in err and "block_size=32" not in err  # the hint used to repeat the value given
+    from crate_transformer.data.text import split_tokens
+
+    split_tokens(121, 0.1, 12)  # the context it names fits
+    with pytest.raises(ValueError):
+        split_tokens(121, 0.1, 13)  # and is the largest that does
+
+
+def test_a_resumed_fsdp_run_in_one_process_is_told_to_use_ddp_and_that_works(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from crate_transformer.train import RunDir, load_training_state
+
+    run = tmp_path / "run"
+    base = ["--data", "digits", "--image-size", 8, "--threads", 1, "--no-progress", "--model-args", "dim=16",
+            "depth=1", "heads=2", "patch_size=4"]  # fmt: skip
+    assert crate("train", *base, "--max-steps", 2, "--out", run) == 0
+    state = load_training_state(run)  # what an FSDP run writes: the full weights, its strategy in the config
+    state["train_config"]["system"]["strategy"] = "fsdp"
+    RunDir(run, writer=True).save_state(state)
+    err = one_line_error(capsys, "train", "--resume", run, "--max-steps", 3, after_output=True)
+    assert "or use --strategy ddp (also to resume an FSDP run in one process" in err and "drop --strategy" not in err
+    assert crate("train", "--resume", run, "--max-steps", 3, "--strategy", "ddp", "--no-progress") == 0
+    assert load_training_state(run)["step"] == 3
+
+
+# --------------------------------------------------------------------------- 4. nothing ignored or changed silently
+def test_a_vocab_size_smaller_than_the_tokenizer_is_refused_and_a_larger_one_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from crate_transformer.train.load import load_model
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat sat on the mat\n" * 200)
+    base = ["train-lm", "--data", corpus, "--threads", 1, "--no-progress", "--max-steps", 1, "--model-args",
+            "dim=16", "depth=1", "heads=2", "block_size=16"]  # fmt: skip
+    err = one_line_error(capsys, *base, "vocab_size=100", "--out", tmp_path / "a", after_output=True)
+    assert "vocab_size=100 is smaller than the byte tokenizer's 262 tokens" in err and not (tmp_path / "a").exists()
+    assert crate(*base, "vocab_size=320", "--out", tmp_path / "b") == 0
+    assert load_model(tmp_path / "b").config.vocab_size == 320  # was replaced by 262 without a word
+
+
+def test_drop_path_given_twice_with_two_values_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    base = ["train", "--data", "digits", "--image-size", 8, "--threads", 1, "--no-progress", "--max-steps", 1,
+            "--model-args", "dim=16", "depth=2", "heads=2", "patch_size=4"]  # fmt: skip
+    err = one_line_error(capsys, *base, "drop_path=0.2", "--drop-path", 0.1, "--out", tmp_path / "a",
+                         after_output=True)  # fmt: skip
+    assert "drop_path is given twice: 0.1 as a training option and 0.2 in model_args; keep one" in err
+    assert crate(*base, "drop_path=0.1", "--drop-path", 0.1, "--out", tmp_path / "b") == 0  # the same value passes
+
+
+def test_features_refuses_options_that_cannot_apply_and_takes_hub_models(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from crate_transformer.lm import LMConfig, build_lm
+
+    lm = build_lm(LMConfig(dim=16, depth=1, heads=2, block_size=16))
+    from crate_transformer.tokenizer import Tokenizer
+
+    lm.tokenizer = Tokenizer.byte_level()
+    lm.save_pretrained(tmp_path / "lm")
+    err = one_line_error(capsys, "features", tmp_path / "lm", "--num-images", 10)
+    assert "--num-images does not apply to a language model" in err
+    image = ct.create_model("crate_mnist", image_size=8, patch_size=4, dim=16, depth=1, heads=2)
+    image.save_pretrained(tmp_path / "img")
+    err = one_line_error(capsys, "features", tmp_path / "img", "--context", 3, "--data", "digits")
+    assert "--context does not apply to an image model" in err
+    import crate_transformer.train.load as load
+
+    seen = []
+    real = load.resolve_hub
+    monkeypatch.setattr(load, "resolve_hub", lambda p: seen.append(p) or real(str(tmp_path / "img")))
+    out = tmp_path / "hubfeatures"
+    assert crate("features", "hf-hub:my-org/img", "--data", "digits", "--num-images", 20, "--out", out) == 0
+    assert seen == ["hf-hub:my-org/img"] and (out / "features.json").is_file()
+
+
+def test_features_never_replaces_earlier_outputs_without_overwrite(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    image = ct.create_model("crate_mnist", image_size=8, patch_size=4, dim=16, depth=1, heads=2)
+    image.save_pretrained(tmp_path / "m")
+    argv = ["features", tmp_path / "m", "--data", "digits", "--num-images", 20, "--threads", 1]
+    assert crate(*argv) == 0 and crate(*argv) == 0  # the default folder: RUN/features, then RUN/features-2
+    assert (tmp_path / "m" / "features" / "features.json").is_file()
+    assert (tmp_path / "m" / "features-2" / "features.json").is_file()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    err = one_line_error(capsys, *argv, "--out", mine)
+    assert f"--out {mine} is not empty; pass --overwrite" in err
+    err = one_line_error(capsys, *argv, "--out", mine, "--overwrite")
+    assert "holds no earlier crate features report (features.json)" in err
+    out = tmp_path / "o"
+    assert crate(*argv, "--out", out) == 0
+    first = (out / "features.json").read_text()
+    assert crate(*argv, "--out", out, "--overwrite", "--top-k", 3) == 0
+    assert (out / "features.json").read_text() != first and (mine / "notes.txt").read_text() == "mine"
+
+
+def test_finetune_text_counts_the_rows_it_cuts_to_the_context(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    table = tmp_path / "t.csv"
+    rows = [("short" if i % 4 else "a long row " * 10, i % 2) for i in range(40)]  # 10 long rows
+    table.write_text("text,label\n" + "".join(f"{t},{y}\n" for t, y in rows))
+    run = tmp_path / "run"
+    capsys.readouterr()
+    assert crate("finetune-text", "--from", _lm_folder(tmp_path / "lm"), "--data", table, "--threads", 1,
+                 "--no-progress", "--max-steps", 1, "--batch-size", 8, "--out", run) == 0  # fmt: skip
+    assert "notice: 10 of the 40 rows of t.csv are longer than the model's 32-token context" in capsys.readouterr().err
+    import yaml
+
+    assert yaml.safe_load((run / "config.yaml").read_text())["derived"]["truncated_rows"] == {"train": 10}
+
+
+# --------------------------------------------------------------------------- 6. also
+def test_threads_above_the_cpus_warn(monkeypatch: pytest.MonkeyPatch) -> None:
+    import crate_transformer.train.threads as th
+
+    monkeypatch.setattr(th, "_affinity", lambda: 2)
+    monkeypatch.setattr(th, "cgroup_cpu_quota", lambda: None)
+    with pytest.warns(UserWarning, match="threads=8 is more than the 2 CPUs this process may use"):
+        assert th.resolve_threads(8) == 8
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert th.resolve_threads(2) == 2  # no warning at the CPU count
+    monkeypatch.setattr(th, "cgroup_cpu_quota", lambda: 1.5)  # a quota of 1.5 CPUs: one usable
+    with pytest.warns(UserWarning, match="threads=2 is more than the 1 CPUs"):
+        th.resolve_threads(2)
+
+
+def test_mixup_on_one_image_per_process_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    err = one_line_error(capsys, "train", "--data", "digits", "--image-size", 8, "--threads", 1, "--no-progress",
+                         "--batch-size", 1, "--mixup", 0.8, "--max-steps", 1, "--out", tmp_path / "r",
+                         "--model-args", "dim=16", "depth=1", "heads=2", "patch_size=4", after_output=True)  # fmt: skip
+    assert "each process's batch holds 1 image (batch_size 1 over 1 process(es)): nothing would be mixed" in err
+
+
+def test_a_run_removed_after_its_run_directory_line_says_so(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    folder = tmp_path / "imgs"
+    for c in range(2):
+        (folder / f"c{c}").mkdir(parents=True)
+        for i in range(6):
+            (folder / f"c{c}" / f"{i}.png").write_bytes(_png(100 * c + i))
+    (folder / "c1" / "5.png").write_bytes(b"not a png")  # read when its batch is streamed, after the start line
+    run = tmp_path / "run"
+    capsys.readouterr()
+    assert crate("train", "--data", folder, "--data-mode", "stream", "--workers", 0, "--on-bad-image", "error",
+                 "--image-size", 8, "--threads", 1, "--no-progress", "--batch-size", 8, "--epochs", 1,
+                 "--model-args", "dim=16", "depth=1", "heads=2", "patch_size=4", "--out", run) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert "Traceback" not in err and f"run directory: {run}" in lines and not run.exists()
+    assert lines[-2] == f"removed {run}: the run stopped before its first checkpoint, so it holds nothing"
+    assert lines[-1].startswith("crate train: error: cannot read image"), lines[-1]

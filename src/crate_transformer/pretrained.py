@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from .checkpoint import from_official
+from .errors import hub_failure
 from .io import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, atomic_write
 from .registry import official_formats
 
@@ -224,11 +225,10 @@ def download(name: str, cache_dir: str | Path | None = None) -> Path:
         for extra in src.also:
             hf_hub_download(src.repo_id, extra, revision=src.revision, cache_dir=cache_dir)
         path = hf_hub_download(src.repo_id, src.filename, revision=src.revision, cache_dir=cache_dir)
-    except LocalEntryNotFoundError:
+    except LocalEntryNotFoundError as e:
         raise CheckpointError(
-            f"{name}: {' + '.join((src.filename, *src.also))} of {src.repo_id} is not in the Hugging Face cache and "
-            "the Hub cannot be "
-            f"reached (offline: HF_HUB_OFFLINE=1 or no network); {_manual_fix(src)}"
+            f"{name}: {' + '.join((src.filename, *src.also))} of {src.repo_id} is not in the Hugging Face cache, and "
+            f"{hub_failure(e)}; {_manual_fix(src)}"
         ) from None
     except (HfHubHTTPError, OSError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
@@ -291,11 +291,11 @@ def hub_snapshot(spec: str, revision: str | None = None, cache_dir: str | Path |
         folder = snapshot_download(
             repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, _TOKENIZER_NAME]
         )
-    except LocalEntryNotFoundError:
+    except LocalEntryNotFoundError as e:
         at = f" at revision {revision!r}" if revision else ""
         raise CheckpointError(
-            f"{spec}{at} is not in the Hugging Face cache and the Hub cannot be reached (offline: HF_HUB_OFFLINE=1 "
-            f"or no network); download https://huggingface.co/{repo_id} to a folder and pass that folder instead"
+            f"{spec}{at} is not in the Hugging Face cache, and {hub_failure(e)}; download "
+            f"https://huggingface.co/{repo_id} to a folder and pass that folder instead"
         ) from None
     except (HfHubHTTPError, OSError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -87,8 +87,17 @@ def official_formats() -> list[Arch]:
 
 def config_class(arch: object) -> type[Config]:
     """The config dataclass of an architecture name (the classifier's :class:`ModelConfig` when ``arch`` is
-    None or unknown, whose own check then names the valid ones)."""
-    return _ARCHS[arch].config_class if arch in _ARCHS else ModelConfig
+    None); an unknown name is a one-line error naming the registered ones (and the closest, for a misspelling),
+    not a list of keys that the wrong config class lacks."""
+    if arch is None:
+        return ModelConfig
+    if not isinstance(arch, str) or arch not in _ARCHS:
+        import difflib
+
+        close = difflib.get_close_matches(str(arch), list(_ARCHS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown arch {str(arch)[:40]!r}{hint}; registered: {', '.join(sorted(_ARCHS))}")
+    return _ARCHS[arch].config_class
 
 
 def register_model(name: str, **fields: object) -> None:

@@ -44,13 +44,32 @@ def task_command(task: str, init_from: bool = False) -> str:
     return TASK_COMMANDS.get(task, f"pretrain {task}")
 
 
-def error_message(e: BaseException) -> str:
-    """``e`` as the CLI says it: a :class:`~crate_transformer.errors.TaskError` names commands, not tasks."""
+def error_message(e: BaseException, args: argparse.Namespace | None = None) -> str:
+    """``e`` as the CLI says it: a :class:`~crate_transformer.errors.TaskError` names commands, not tasks; a file
+    that needs a model name says how the command at hand (``args``) takes one."""
     from ..errors import TaskError
 
     if isinstance(e, TaskError):
         return e.words(lambda use: f"crate {task_command(use.task, use.init_from)}")
+    from ..io import CheckpointError
+
+    if args is not None and isinstance(e, CheckpointError) and _needs_architecture(e):
+        names = " or ".join(f"--model {n}" for n in e.examples)
+        if hasattr(args, "model"):
+            return f"{e.path} looks like {e.what}, which does not store its architecture; pass {names}"
+        return (
+            f"{e.path} looks like {e.what}, which does not store its architecture, and crate {args.command} takes "
+            f"no --model; load it in Python with ct.from_official(PATH, {e.examples[0]!r}), attach the tokenizer "
+            "it was trained with where it is a language model (model.tokenizer = ct.Tokenizer.from_file(...)), "
+            f"save it with model.save_pretrained(DIR) and pass DIR"
+        )
     return str(e)
+
+
+def _needs_architecture(e: BaseException) -> bool:
+    from ..train.load import ArchitectureNeeded  # the loaders, imported on this error path only
+
+    return isinstance(e, ArchitectureNeeded)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -86,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
         if os.environ.get("CRATE_DEBUG"):
             raise
-        print(f"crate {args.command}: error: {error_message(e)}", file=sys.stderr)
+        print(f"crate {args.command}: error: {error_message(e, args)}", file=sys.stderr)
         return 2
     except OSError as e:
         if os.environ.get("CRATE_DEBUG") or e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):

@@ -11,13 +11,25 @@ import argparse
 import datetime
 from pathlib import Path
 
-from .common import apply_threads, check_out_dir, dataset_columns, held_out_corpus, layer_number, positive
+from .common import (
+    add_report_arguments,
+    apply_threads,
+    dataset_columns,
+    held_out_corpus,
+    layer_number,
+    positive,
+    refuse_given,
+    remember_defaults,
+    report_dir,
+)
 from .options import add_report_options
+
+OWNED = ("features.json", "features.html")  # what --overwrite replaces in a named --out
 
 
 def configure_features(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "run", help="a crate train / crate train-lm run directory (or a save_pretrained model directory)"
+        "run", help="a crate train / crate train-lm run directory, a save_pretrained model directory or hf-hub:ORG/NAME"
     )
     parser.add_argument(
         "--data",
@@ -34,14 +46,19 @@ def configure_features(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-blocks", type=int, default=64, help="language models: held-out token blocks measured")
     parser.add_argument("--context", type=int, default=12, help="language models: tokens shown either side")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument(
-        "--out", default=None, help="folder of features.json / features.html; RUN itself when not given"
-    )
+    add_report_arguments(parser, "RUN/features (./features for hf-hub:)")
     add_report_options(parser, "features", "system")
+    remember_defaults(parser)
+
+
+IMAGE_ONLY = ("num_images",)  # what a language model's features cannot use, and the reverse
+TEXT_ONLY = ("num_blocks", "context")
 
 
 def _check_run(path: Path) -> None:
     """A one-line error, before anything is loaded, for a path that holds no model."""
+    if str(path).startswith("hf-hub:"):
+        return  # a pushed model: the loader names what is wrong with it
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist; pass a run directory written by crate train or crate train-lm")
     found = [p for p in ("config.json", "model/config.json", "checkpoints/last.pt") if (path / p).is_file()]
@@ -98,7 +115,7 @@ def _text_inputs(model: object, args: argparse.Namespace, run: Path) -> tuple:
 
 def run_features(args: argparse.Namespace) -> int:
     from ..analysis import features as F
-    from ..io import write_json
+    from ..io import atomic_write, write_json
     from ..lm import LanguageModel
     from ..train.load import load_model
     from ..train.runtime import resolve_device
@@ -107,27 +124,34 @@ def run_features(args: argparse.Namespace) -> int:
         positive(name, getattr(args, name))
     if args.context < 0:
         raise ValueError(f"--context must be >= 0, got {args.context}")
-    run = Path(args.run)
+    run = Path(args.run)  # hf-hub:ORG/NAME: no folder (its name is NAME)
     _check_run(run)
     apply_threads(args)
-    model = load_model(run).to(resolve_device(args.device)).eval()
+    model = load_model(args.run).to(resolve_device(args.device)).eval()
+    language = isinstance(model, LanguageModel)
+    if language:
+        refuse_given(args, IMAGE_ONLY, f"to a language model ({args.run}); it measures --num-blocks of text")
+    else:
+        refuse_given(args, TEXT_ONLY, f"to an image model ({args.run}); it is for language models")
     F.code_sites(model)  # a model without codes or MLP units fails here, before any data is read
     layers = _layers(model, args.layer)
-    out = check_out_dir(args.out if args.out else (run if run.is_dir() else Path("features")))
+    default = run / "features" if run.is_dir() else Path("features")
+    out = report_dir(args.out, default, args.overwrite, "features", OWNED)
     common = dict(k=args.top_k, batch_size=args.batch_size, layers=layers, seed=args.seed)
-    if isinstance(model, LanguageModel):
+    if language:
         blocks, desc = _text_inputs(model, args, run)
         report, assets = F.text_features(model, blocks, tokenizer=model.tokenizer, context=args.context, **common)
     else:
         x, y, classes, norm, desc = _image_inputs(model, args)
         report, assets = F.image_features(model, x, y, classes=classes, normalization=norm, **common)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    report["source"] = {"run": str(run), "data": desc, "date": when}
+    report["source"] = {"run": args.run, "data": desc, "date": when}
     write_json(out / "features.json", report)
     title = f"{model.config.arch} features: {run.name}"
     description = f"{desc}; top {args.top_k} inputs per unit; {when}"
-    (out / "features.html").write_text(F.render_dashboard({**report, **assets, "description": description}, title))
-    print(f"features of {run} ({model.config.arch}) on {desc}, top-{args.top_k}:")
+    page = F.render_dashboard({**report, **assets, "description": description}, title)
+    atomic_write(out / "features.html", lambda tmp: Path(tmp).write_text(page))
+    print(f"features of {args.run} ({model.config.arch}) on {desc}, top-{args.top_k}:")
     print(F.summary_table(report))
     print(f"wrote {out / 'features.html'} and {out / 'features.json'}")
     return 0

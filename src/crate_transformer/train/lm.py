@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config_utils import Range, check_ranges
+from ..config_utils import Range, check_ranges, coerce_fields
 from ..data.text import TokenBlocks, corpus_files, iter_documents, load_tokens, split_tokens
 from ..lm import LanguageModel, LMConfig, build_lm, mask_tokens
 from ..registry import is_language_model, model_config
@@ -60,6 +60,21 @@ class LMOptions:
 
     def __post_init__(self) -> None:
         check_ranges(self)
+
+
+def _embedding_size(given: object, tokenizer: Tokenizer) -> int:
+    """The model's ``vocab_size``: the tokenizer's size, or a larger table the user asked for (nanoGPT rounds GPT-2's
+    50,257 up to 50,304); a smaller one could not embed the tokenizer's ids and is refused, not replaced."""
+    if given is None:
+        return tokenizer.vocab_size
+    size = coerce_fields(LMConfig, {"vocab_size": given})["vocab_size"]  # "300" from --model-args is 300
+    if size < tokenizer.vocab_size:
+        raise ValueError(
+            f"vocab_size={size} is smaller than the {tokenizer.kind} tokenizer's {tokenizer.vocab_size} tokens, so "
+            f"the model could not embed its ids; drop vocab_size (the tokenizer sets it) or give at least "
+            f"{tokenizer.vocab_size}"
+        )
+    return size
 
 
 def build_tokenizer(spec: str, source: str, vocab_size: int, columns: Sequence[str] = ()) -> Tokenizer:
@@ -158,7 +173,8 @@ class LMTask(Task):
                     f"{cfg.model} is an image model; pick a language model (crate models '*gpt*' / '*bert*')"
                 )
             self.tokenizer = build_tokenizer(o.tokenizer, source, o.vocab_size, cfg.data.text_columns)
-            overrides = {**cfg.model_args, "vocab_size": self.tokenizer.vocab_size, "tokenizer": self.tokenizer.kind}
+            size = _embedding_size(cfg.model_args.get("vocab_size"), self.tokenizer)
+            overrides = {**cfg.model_args, "vocab_size": size, "tokenizer": self.tokenizer.kind}
             config = model_config(cfg.model, **overrides)
             if config.arch == "crate_bert" and "pad_token_id" not in cfg.model_args:
                 # the released CRATE-BERT's positions skip padding, which they recognise by its id

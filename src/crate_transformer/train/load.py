@@ -28,7 +28,7 @@ from ..official import unwrap
 from ..registry import build, official_formats, registered_fields
 from .rundir import run_model_source, state_model, state_tokenizer
 
-__all__ = ["load_model"]
+__all__ = ["load_model", "ArchitectureNeeded"]
 
 
 def load_model(path: str | Path, name: str | None = None, *, as_classifier: bool = False, **overrides: object) -> Model:
@@ -90,15 +90,21 @@ def _load_any(path: Path, name: str | None, overrides: Mapping[str, object], che
             model.tokenizer = Tokenizer.from_str(state_tokenizer(raw))
         return model
     if name is None and isinstance(raw, Mapping) and "model_args" in raw:
-        raise CheckpointError(
-            f"{path} looks like a nanoGPT / crate-lm checkpoint; name its architecture, e.g. --model "
-            "crate_gpt_12l_pile (CRATE) or gpt2_base (GPT-2)"
-        )
+        raise ArchitectureNeeded(path, "a nanoGPT / crate-lm checkpoint", "crate_gpt_12l_pile", "gpt2_base")
     if name is None:
-        raise CheckpointError(
-            f"{path} looks like an official CRATE checkpoint; name its architecture, e.g. --model {_example(raw)}"
-        )
+        raise ArchitectureNeeded(path, "an official CRATE checkpoint", _example(raw))
     return from_official(raw, name, **overrides)
+
+
+class ArchitectureNeeded(CheckpointError):
+    """An authors' file that does not store its architecture, loaded without a model name: the name is the fix.
+    Its message names the model-name option; the command line says how each command takes one."""
+
+    def __init__(self, path: Path, what: str, *examples: str) -> None:
+        self.path, self.what, self.examples = path, what, examples
+        shown = " or ".join(examples)
+        super().__init__(f"{path} looks like {what}, which does not store its architecture; name it (a model name, "
+                         f"e.g. {shown})")  # fmt: skip
 
 
 def _example(raw: object) -> str:

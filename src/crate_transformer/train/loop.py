@@ -103,7 +103,9 @@ def train(
             # a new run that failed before its first checkpoint leaves nothing behind that would refuse the
             # corrected command on the same --out
             if not finished and resume is None:
-                run.discard_unfinished()
+                announced = (run.path / CONFIG_FILE).is_file()  # its "run directory:" line was printed
+                if run.discard_unfinished() and announced:
+                    rt.log(f"removed {run.path}: the run stopped before its first checkpoint, so it holds nothing")
             run.close()
         rt.close()
 

@@ -55,7 +55,8 @@ def check_strategy(strategy: str, world: int, task_name: str, shardable: bool = 
     if world < 2:
         raise ValueError(
             "--strategy fsdp shards the model over processes and this is one process; start it with "
-            "torchrun --nproc_per_node N -m crate_transformer.cli ..., or drop --strategy fsdp"
+            "torchrun --nproc_per_node N -m crate_transformer.cli ..., or use --strategy ddp (also to resume an "
+            "FSDP run in one process: its checkpoint holds the full weights)"
         )
     if not shardable:
         raise ValueError(f"the {task_name} task cannot train with --strategy fsdp; use --strategy ddp")
