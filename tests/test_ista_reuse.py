@@ -475,7 +475,10 @@ def _lm_layers():
 FAMILIES = {
     "crate": lambda: (ct.create_model("crate_tiny", image_size=32, patch_size=8, depth=2), torch.randn(2, 3, 32, 32)),
     "crate_lm layers": _lm_layers,
-    "crate_mae": lambda: (ct.create_model("crate_mae_tiny", image_size=32, patch_size=8), torch.randn(2, 3, 32, 32)),
+    "crate_mae": lambda: (
+        ct.create_model("crate_mae_tiny", image_size=32, patch_size=8, depth=1, dim=32, heads=2),
+        torch.randn(2, 3, 32, 32),
+    ),
 }
 
 
