@@ -360,7 +360,7 @@ def test_analyze_reports_decoder_inversion(tmp_path):
                      num_vis=1, progress=False)  # fmt: skip
     assert len(report["decoder_inversion"]["layers"]) == 2
     sections = [v["section"] for v in report["verdicts"]]
-    assert sections == ["CRATE-MAE encoder", "CRATE-MAE encoder", "CRATE-MAE decoder"]
+    assert sections == ["CRATE-MAE encoder"] * 3 + ["CRATE-MAE decoder"]  # compression, sparsity, incoherence
     dec = report["verdicts"][-1]["measured"]  # CKA of each decoder layer's output and input with the encoder's Z^l
     assert len(dec["cka_out_per_layer"]) == len(dec["cka_in_per_layer"]) == 2 and dec["samples"] == 4
     assert all(0 <= c <= 1 + 1e-9 for c in dec["cka_out_per_layer"] + dec["cka_in_per_layer"])

@@ -176,6 +176,20 @@ def _run_task(checkpoint: str) -> str | None:
     return saved.get("task") if isinstance(saved, dict) else None
 
 
+def _initial_records(checkpoint: str) -> list[dict] | str:
+    """The run's own per-layer measurement at step 0 (``metrics.jsonl``, written by training's measure hook) when
+    ``checkpoint`` is a run directory or a file inside one, else "fresh" (a freshly initialised model)."""
+    from ..analysis import load_measure_records
+
+    path = Path(checkpoint)
+    for folder in (path, path.parent, path.parent.parent):
+        log = folder / "metrics.jsonl"
+        if (folder / "config.yaml").is_file() and log.is_file():
+            records = [r for r in load_measure_records(log) if r.get("step") == 0]
+            return records or "fresh"
+    return "fresh"
+
+
 def print_verdicts(report: dict) -> None:
     """The verdicts (and notes) of a report, one line each, like the theory lab's checks."""
     from ..analysis.verdicts import Verdict, format_verdicts
@@ -246,6 +260,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         attn_layer=attn_layer, seg_layer=seg_layer, n_masks=args.masks, tau=args.tau,
         num_vis=args.num_vis, progress=not args.no_progress, source=source,
         section="DINO backbone" if _run_task(args.checkpoint) == "dino" else None,
+        initial=_initial_records(args.checkpoint),
     )  # fmt: skip
     out = Path(args.out)
     first = next(iter(report["measure"].values()))["layers"]
