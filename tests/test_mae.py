@@ -2,6 +2,7 @@
 clear errors, and the pretraining task on the built-in digits."""
 
 import argparse
+import copy
 import json
 import pickle
 
@@ -178,7 +179,10 @@ def test_from_official_reproduces_official_loss_and_predictions(tmp_path, norm_p
     x, noise = torch.randn(3, 3, 32, 32), torch.rand(3, 16)
     loss_o, pred_o, mask_o = off(x, 0.75, noise)
     loss, pred, mask = m(x, noise=noise)
-    torch.testing.assert_close(pred, pred_o, rtol=1e-5, atol=1e-5)
+    # two float32 roundings of one function (ISTA as two or three matmuls), each ~1e-5 from float64
+    _, pred64, _ = copy.deepcopy(off).double()(x.double(), 0.75, noise.double())
+    assert (pred.double() - pred64).abs().max() <= 2 * (pred_o.double() - pred64).abs().max() + 1e-6
+    torch.testing.assert_close(pred, pred_o, rtol=1e-5, atol=3e-5)
     torch.testing.assert_close(loss, loss_o, rtol=1e-5, atol=1e-5)
     assert torch.equal(mask, mask_o)
 
