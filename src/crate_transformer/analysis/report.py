@@ -115,7 +115,7 @@ def default_section(model: ImageClassifier) -> str:
     """The name of the verdict section of an image model: its encoder for a CRATE-MAE, else the classifier."""
     if is_autoencoder(model):
         return "CRATE-MAE encoder"
-    return "ViT classifier" if model.config.arch == "vit" else "classifier"
+    return "classifier" if model.config.white_box else "ViT classifier"
 
 
 def layer_verdicts(

@@ -274,7 +274,7 @@ def _data_splits(model: object, args: argparse.Namespace, size: int) -> tuple:
 
 def run_analyze(args: argparse.Namespace) -> int:
     from ..analysis import analyze
-    from ..lm import LanguageModel
+    from ..config import LANGUAGE_MODEL
     from ..train.load import load_model
     from ..train.runtime import resolve_device
 
@@ -284,7 +284,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     apply_threads(args)
     device = resolve_device(args.device)
     model = load_model(args.checkpoint, args.model, **parse_model_args(args.model_args)).to(device).eval()
-    if isinstance(model, LanguageModel):
+    if model.kind == LANGUAGE_MODEL:
         refuse_given(args, IMAGE_ONLY, f"to a language model ({args.checkpoint}); pass a text corpus as --data")
         return _analyze_language_model(model, args)
     refuse_given(args, TEXT_ONLY, f"to an image model ({args.checkpoint}); it is for language models")

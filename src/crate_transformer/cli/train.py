@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from ..base import POOLS
+from ..config import LANGUAGE_MODEL, MASKED_AUTOENCODER
 from . import task_command
 from .common import (
     add_report_arguments,
@@ -142,9 +143,9 @@ def _eval_model(args: argparse.Namespace) -> object:
     from ..train.load import load_model
 
     model = load_model(args.checkpoint, name=args.model, **parse_model_args(args.model_args))
-    if not hasattr(model, "check_images"):
+    if model.kind == LANGUAGE_MODEL:
         raise ValueError(f"{args.checkpoint} is a language model; see its held-out perplexity in metrics.jsonl")
-    if model.config.arch == "crate_mae" and not (args.knn or args.linear_probe):
+    if model.kind == MASKED_AUTOENCODER and not (args.knn or args.linear_probe):
         raise ValueError(
             f"{args.checkpoint} is a CRATE-MAE (no classifier head); evaluate its encoder with --linear-probe or "
             f"--knn, or fine-tune it first: crate finetune --from {args.checkpoint} --data DATA"
