@@ -181,10 +181,10 @@ class CRATEBert(LanguageModel):
         """
         if self.classifier is None:
             raise ValueError("this model has no classification head; create it with num_labels > 0")
-        b, n = idx.shape
-        lengths = torch.full((b,), n, device=idx.device) if lengths is None else lengths.to(idx.device)
-        real = torch.arange(n, device=idx.device)[None] < lengths[:, None]
-        z = self.forward_features(idx, key_mask=None if bool(real.all()) else real, token_type_ids=token_type_ids)
+        real = None  # no lengths: no padding, no mask
+        if lengths is not None:
+            real = torch.arange(idx.shape[1], device=idx.device)[None] < lengths.to(idx.device)[:, None]
+        z = self.forward_features(idx, key_mask=real, token_type_ids=token_type_ids)
         return self.classifier(z)
 
     def reset_classifier(self, num_classes: int) -> None:

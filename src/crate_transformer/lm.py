@@ -317,9 +317,10 @@ class LanguageModel(Model):
         if self.classifier is None:
             raise ValueError("this model has no classification head; create it with num_labels > 0")
         b, n = idx.shape
+        given = lengths  # no lengths: no padding, no mask (a mask, all true or not, costs no host sync)
         lengths = torch.full((b,), n, device=idx.device) if lengths is None else lengths.to(idx.device)
         real = torch.arange(n, device=idx.device)[None] < lengths[:, None]
-        z = self.forward_features(idx, key_mask=None if self.config.causal or bool(real.all()) else real)
+        z = self.forward_features(idx, key_mask=None if self.config.causal or given is None else real)
         if self.config.causal:
             pooled = z[torch.arange(b, device=z.device), lengths - 1]
         else:

@@ -177,13 +177,15 @@ class _Loop:
             if state is not None:
                 self.raw.load_state_dict(state["model"])
             self.replica = sharding.Replica(self.raw)
-            sharding.shard(self.raw)
+            methods = () if task.entry == "forward" else (task.entry,)
+            sharding.shard(self.raw, methods=methods, amp_dtype=rt.amp_dtype)
         self.opt = _Optimization(self.raw, cfg, self.steps_per_epoch, self.total, rt)
         self.ts = _restore(state, task, self.opt, cfg, self.n_train) if state is not None else TrainState()
         seed_everything(cfg.system.seed + rt.rank)  # per-process augmentation / dropout streams
         if state is not None and len(state["rng"]) == rt.world:
             set_rng_state(state["rng"][rt.rank])
-        self.model = _wrap(self.raw, cfg, rt)
+        self.model = _wrap(self.raw if task.entry == "forward" else Entry(self.raw, task.entry), cfg, rt)
+        self.sync_owner = self.raw if self.sharded else self.model  # what no_sync acts on
         self.hooks = [*hooks, *task.hooks()]
         self.fixed = task.fixed_batch() if self.hooks else None
         self.model_cfg = self.raw.config.to_dict() if hasattr(self.raw, "config") else {}
@@ -242,7 +244,7 @@ class _Loop:
         opt.zero_grad()
         for i, chunk in enumerate(chunks):
             sync = i == len(chunks) - 1 or not rt.distributed  # DDP all-reduces on the last chunk only
-            with nullcontext() if sync else sharding.no_sync(self.model), rt.autocast():
+            with nullcontext() if sync else sharding.no_sync(self.sync_owner), rt.autocast():
                 loss, stats = task.loss(self.model, chunk)
             opt.backward(loss * (weights[i] / sum(weights)))
             self.window = {k: self.window[k] + v if k in self.window else v.double() for k, v in stats.items()}
@@ -489,11 +491,25 @@ def _restore(state: dict, task: Task, opt: _Optimization, cfg: TrainConfig, n: i
     return TrainState(state["step"], data["epoch"], data["batch"])
 
 
-def _wrap(raw: nn.Module, cfg: TrainConfig, rt: Runtime) -> nn.Module:
-    model = raw
-    if rt.distributed and not sharding.is_sharded(raw):
+class Entry(nn.Module):
+    """A module whose call runs ``model.<method>``: what DDP and torch.compile wrap for a task whose loss calls
+    another method than ``forward`` (:attr:`Task.entry`, e.g. ``classify``).  Calling the method on the
+    wrapped model's ``.module`` instead would skip DDP's forward, and with it the averaging of the gradients."""
+
+    def __init__(self, model: nn.Module, method: str) -> None:
+        super().__init__()
+        self.model, self.method = model, method
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.model, self.method)(*args, **kwargs)
+
+
+def _wrap(module: nn.Module, cfg: TrainConfig, rt: Runtime) -> nn.Module:
+    """``module`` (the model, or an :class:`Entry` of it) in DDP under torchrun unless sharded, then compiled."""
+    model = module
+    if rt.distributed and not any(sharding.is_sharded(m) for m in module.modules()):
         model = nn.parallel.DistributedDataParallel(
-            raw, device_ids=[rt.device.index] if rt.device.type == "cuda" else None
+            module, device_ids=[rt.device.index] if rt.device.type == "cuda" else None
         )
     return torch.compile(model) if cfg.system.compile else model
 

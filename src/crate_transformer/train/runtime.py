@@ -68,9 +68,11 @@ class Runtime:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
         dev = resolve_device(device, local)
-        if dev.type == "cuda" and world > 1:
-            dev = torch.device(f"cuda:{local}")
         if dev.type == "cuda":
+            # under torchrun each process takes its own GPU; alone, ``cuda`` means the current one (set_device
+            # needs an index)
+            index = local if world > 1 else dev.index if dev.index is not None else torch.cuda.current_device()
+            dev = torch.device("cuda", index)
             torch.cuda.set_device(dev)
         if world > 1 and not torch.distributed.is_initialized():
             torch.distributed.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
@@ -199,7 +201,9 @@ def set_rng_state(state: dict) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        # one state per GPU seen at save; a machine with fewer GPUs restores those it has
+        for index, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state, index)
 
 
 def seed_everything(seed: int) -> None:

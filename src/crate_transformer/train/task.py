@@ -147,6 +147,9 @@ class Task:
     Options: ClassVar[type | None] = None  # the task's own options (a dataclass of task_option fields)
     model_kind: ClassVar[str | None] = None  # the kind of registered model it trains (see model_kind), None: any
     shardable: ClassVar[bool] = True  # --strategy fsdp may shard its model (False: the task needs full weights)
+    # the model's method that :meth:`loss` runs by calling the module it is given: the engine routes that call
+    # through DDP (which averages the gradients of its own forward only), FSDP and torch.compile
+    entry: ClassVar[str] = "forward"
     model: nn.Module
     train_data: Any
     cfg: TrainConfig
