@@ -96,3 +96,94 @@ def test_position_interpolation_is_bicubic_with_a_deterministic_backward(h, w):
     ops = _ops_of_backward(lambda: model.interpolate_pos_embed(h, w))
     assert not any("upsample_bicubic2d" in op for op in ops), sorted(ops)
     assert model.pos_embed.grad is not None and model.pos_embed.grad[:, 1:].abs().sum() > 0
+
+
+def _vote(rank: int, port: int, out: dict) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    from crate_transformer.train.runtime import StopVote
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    rt = Runtime(rank, 2, rank, torch.device("cpu"), host_group=dist.new_group(backend="gloo"))
+    vote = StopVote(rt)
+    out[rank] = [vote(rank == 1 and step >= 3) for step in range(6)]  # a signal reaches process 1 at step 3
+    vote.close()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_processes_agree_to_stop_on_the_host_one_step_after_a_signal() -> None:
+    """The interrupt vote runs on the host (gloo), never reading a device value: both processes stop at the same
+    step, the one after the signal, however many steps the signalled process has flagged."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = mp.Manager().dict()
+    mp.spawn(_vote, args=(port, out), nprocs=2)
+    assert out[0] == out[1] == [False, False, False, False, True, True]
+
+
+@pytest.mark.parametrize(("tf32", "device", "inside"), [(True, "cuda", "high"), (False, "cuda", "highest"),
+                                                        (True, "cpu", None)])  # fmt: skip
+def test_tf32_for_float32_matmuls_on_a_gpu_run(tf32: bool, device: str, inside: str | None) -> None:
+    """On a GPU run, float32 matmuls use TF32 unless --no-tf32; a CPU run is left alone; both put the process
+    back as it was."""
+    from crate_transformer.train.runtime import ProcessSettings
+
+    before = torch.get_float32_matmul_precision()
+    with ProcessSettings(1, False, tf32, torch.device(device)):
+        assert torch.get_float32_matmul_precision() == (inside or before)
+    assert torch.get_float32_matmul_precision() == before
+
+
+@pytest.mark.parametrize(("cpus", "local_world", "workers"), [(2, None, 1), (16, None, 15), (96, "8", 11),
+                                                              (64, None, 16), (1, None, 1)])  # fmt: skip
+def test_loader_workers_follow_the_machine(monkeypatch, cpus: int, local_world: str | None, workers: int) -> None:
+    from crate_transformer.data.streaming import resolve_workers
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
+    if local_world is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world)
+    assert resolve_workers(-1) == workers
+    assert resolve_workers(3) == 3 and resolve_workers(0) == 0
+
+
+def test_batches_reach_a_gpu_through_pinned_memory(monkeypatch) -> None:
+    """A batch in ordinary host memory is pinned before its non-blocking copy to a GPU (from pageable memory the
+    copy makes the host wait); a pinned one is not copied twice; the CPU path copies nothing."""
+    from crate_transformer.data import to_device
+
+    calls = []
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda t, *a: getattr(t, "_fake_pinned", False))
+
+    def pin(t):
+        calls.append("pin")
+        out = t.clone()
+        out._fake_pinned = True
+        return out
+
+    def to(t, device, non_blocking=False):
+        calls.append(("to", str(device), non_blocking, getattr(t, "_fake_pinned", False)))
+        return t
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    to_device(torch.zeros(2), "cuda:0")
+    assert calls == ["pin", ("to", "cuda:0", True, True)]
+    calls.clear()
+    already = pin(torch.zeros(2))
+    calls.clear()
+    to_device(already, "cuda")
+    assert calls == [("to", "cuda", True, True)]
+    calls.clear()
+    to_device(torch.zeros(2), "cpu")
+    assert calls == [("to", "cpu", True, False)]

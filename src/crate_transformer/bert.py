@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .io import CheckpointError
-from .lm import LanguageModel, LMConfig
+from .lm import LanguageModel, LMConfig, check_ids
 from .official import OfficialFormat, rename, unwrap
 
 __all__ = [
@@ -129,12 +129,12 @@ class CRATEBert(LanguageModel):
         if token_type_ids is None:
             types = torch.zeros_like(idx)
         else:
-            types = token_type_ids
-            if types.shape != idx.shape or int(types.min()) < 0 or int(types.max()) >= self.config.type_vocab_size:
+            types, n = token_type_ids, self.config.type_vocab_size
+            if types.shape != idx.shape:
                 raise ValueError(
-                    f"token_type_ids must have the shape of the tokens {tuple(idx.shape)} and values in "
-                    f"[0, {self.config.type_vocab_size}); got shape {tuple(types.shape)}"
+                    f"token_type_ids must have the shape of the tokens {tuple(idx.shape)}, got {tuple(types.shape)}"
                 )
+            check_ids(types, n, "token type", "is outside the token types", f"pass token_type_ids in [0, {n})")
         z = self.wte(idx) + self.token_type(types) + self.wpe(position_ids(idx, self.config.pad_token_id))
         return self.drop(self.embed_norm(z))
 

@@ -27,7 +27,7 @@ from . import sharding
 from .config import TrainConfig
 from .optim import build_optimizer, param_groups
 from .rundir import CHECKPOINT, CONFIG_FILE, RunDir, load_training_state
-from .runtime import Interrupt, ProcessSettings, Runtime, rng_state, seed_everything, set_rng_state
+from .runtime import Interrupt, ProcessSettings, Runtime, StopVote, rng_state, seed_everything, set_rng_state
 from .task import Hook, StepContext, Task, TaskError, Use, make_task
 from .threads import SlowdownWatch
 
@@ -87,7 +87,7 @@ def train(
     run, finished = None, False
     try:
         sharding.check_strategy(cfg.system.strategy, rt.world, task.name, task.shardable)
-        with ProcessSettings(cfg.system.threads, cfg.system.deterministic):
+        with ProcessSettings(cfg.system.threads, cfg.system.deterministic, cfg.system.tf32, rt.device):
             path = Path(resume) if resume is not None else Path(rt.broadcast(str(cfg.logging.out or _default_dir(cfg))))
             run = rt.on_main(lambda: RunDir.reopen(path) if resume is not None else RunDir.create(path))
             result = _run(cfg, task, rt, run or RunDir(path, writer=False), state, hooks)
@@ -193,6 +193,7 @@ class _Loop:
         self.window: dict[str, torch.Tensor] = {}
         self.t_window = time.time()
         self.watch = SlowdownWatch()  # step time without evaluation, hooks and checkpoints
+        self.vote = StopVote(rt)
 
     def epoch_of(self, step: int) -> float:
         return round(step / self.steps_per_epoch, 4)
@@ -210,6 +211,7 @@ class _Loop:
                 if interrupted or self.ts.batch < self.steps_per_epoch:
                     break
                 self.end_epoch()
+        self.vote.close()
         self.bar.close()
         return interrupted
 
@@ -219,21 +221,28 @@ class _Loop:
         where = dict(seed=cfg.system.seed, epoch=ts.epoch, start=ts.batch, rank=rt.rank, world=rt.world)
         self.watch.step_started()
         for batch in self.task.train_data.batches(cfg.optim.batch_size, shuffle=True, **where):
-            self.step(batch)
-            self.watch.step_done()
-            ts.step, ts.batch = ts.step + 1, ts.batch + 1
-            self.bar.update(1)
-            if ts.step % cfg.logging.log_every == 0 or ts.step == self.last:
-                self.log()
-            if self.hooks:
-                self.run_hooks()
-            if cfg.logging.checkpoint_every and ts.step % cfg.logging.checkpoint_every == 0:
-                self.checkpoint("periodic")
-            interrupted = rt.any(self.stop.flag)  # every process stops at the same step
-            self.watch.step_started()
+            interrupted = self.iteration(batch)
             if interrupted or ts.step >= self.last:
                 return interrupted
         return False
+
+    def iteration(self, batch: Any) -> bool:
+        """One optimizer step and what follows it: the log record when due, the hooks, a periodic checkpoint; True
+        when interrupted.  Only a logging step reads a value from the device (tests/test_device_hygiene.py)."""
+        cfg, ts = self.cfg, self.ts
+        self.step(batch)
+        self.watch.step_done()
+        ts.step, ts.batch = ts.step + 1, ts.batch + 1
+        self.bar.update(1)
+        if ts.step % cfg.logging.log_every == 0 or ts.step == self.last:
+            self.log()
+        if self.hooks:
+            self.run_hooks()
+        if cfg.logging.checkpoint_every and ts.step % cfg.logging.checkpoint_every == 0:
+            self.checkpoint("periodic")
+        interrupted = self.vote(self.stop.flag)  # every process stops at the same step
+        self.watch.step_started()
+        return interrupted
 
     def step(self, batch: Any) -> None:
         """One optimizer step on a global batch: this process's share, in ``accum_steps`` chunks weighted to one

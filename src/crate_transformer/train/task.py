@@ -230,8 +230,9 @@ class Task:
         """
         raise NotImplementedError
 
-    def weight(self, batch: Any) -> int:
-        """How many units :meth:`loss` averages over (samples by default): the weights of accumulated chunks."""
+    def weight(self, batch: Any) -> int | Tensor:
+        """How many units :meth:`loss` averages over (samples by default): the weights of accumulated chunks (a
+        count known only on the device stays a tensor there)."""
         return len(batch[0])
 
     def chunks(self, batch: Any, n: int) -> list[Any]:

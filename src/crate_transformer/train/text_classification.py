@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..data import to_device
 from ..data.text import LabelledTexts, eval_split_of, read_labelled
 from ..lm import LanguageModel, LMConfig, build_lm
 from ..tokenizer import Tokenizer
@@ -141,7 +142,7 @@ class TextClassificationTask(Task):
         return LabelledTexts(ids, targets, tok.pad_id, name, split)
 
     def prepare(self, batch: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-        return tuple(t.to(self.rt.device, non_blocking=True) for t in batch)
+        return tuple(to_device(t, self.rt.device) for t in batch)
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         """``model(ids, lengths)`` runs ``classify`` (:attr:`entry`: through DDP, FSDP and torch.compile)."""
