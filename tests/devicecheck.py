@@ -37,7 +37,7 @@ READS = {
     aten.unique_dim,
     aten._unique2,
     aten.unique_consecutive,
-    aten.repeat_interleave,
+    aten.repeat_interleave,  # its .Tensor overload (repeats given as a tensor); see _reads
     aten.allclose,
 }
 COPIES = {aten._to_copy, aten.copy_, aten._copy_from, aten._copy_from_and_resize}
@@ -86,7 +86,8 @@ class DeviceWatch(TorchDispatchMode):
         on_device = any(t.device.type == self.device for t in tensors)
         packet = func.overloadpacket
         masked = packet in INDEXING and any(t is not None and t.dtype == torch.bool for t in args[1])
-        if on_device and (packet in READS or masked):
+        unsized = func is aten.repeat_interleave.Tensor and "output_size" not in kwargs
+        if on_device and ((packet in READS and (packet is not aten.repeat_interleave or unsized)) or masked):
             self._record("reads the device", func)
             if self.device == "meta":
                 raise HostSync(str(self.events[-1]))

@@ -183,6 +183,14 @@ TASKS = {
     "dino": dict(SSL, task="dino", model="crate_mnist", task_args=dict(out_dim=32, hidden_dim=16, bottleneck_dim=8)),
     "classification-translate": dict(DIGITS, augment="translate"),
     "classification-crop-flip": dict(DIGITS, augment="crop-flip"),
+    "dino-paper": dict(
+        SSL,
+        task="dino",
+        model="crate_mnist",
+        task_args=dict(
+            preset="paper", out_dim=32, hidden_dim=16, bottleneck_dim=8, local_crops_number=2, local_crop_size=4
+        ),
+    ),  # fmt: skip
     "lm-clm": dict(
         task="lm",
         model="crate_gpt_mini",
@@ -203,13 +211,7 @@ TASKS = {
 }
 
 
-KORNIA = pytest.mark.xfail(strict=True, reason="kornia's augmentations read values back from the device")
-
-
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=KORNIA) if n in ("dino", "classification-translate", "classification-crop-flip")
-             else n for n in TASKS]
-)  # fmt: skip
+@pytest.mark.parametrize("name", TASKS)
 def test_steady_training_steps_of_every_task_are_sync_free(name: str, tmp_path: Path, lm_files: Path) -> None:
     """Three optimizer steps of each task, on ``meta``, outside logging steps: no value read from the device, no
     copy to the host, no host→device copy but the batch's, no CPU tensor in a device computation."""
@@ -218,11 +220,9 @@ def test_steady_training_steps_of_every_task_are_sync_free(name: str, tmp_path: 
         options["data"] = str(lm_files / "corpus.txt")
     if name == "text-classification":
         options.update(init_from=str(lm_files / "lm"), data=str(lm_files / "table.csv"))
-    torch.distributions.Distribution.set_default_validate_args(False)  # kornia checks its ranges at setup
     engine, run = _meta_loop(tmp_path / "run", **options)
     try:
         events = _steady_steps(engine)
     finally:
         run.close()
-        torch.distributions.Distribution.set_default_validate_args(True)
     assert not events, "\n\n".join(map(str, events))

@@ -89,40 +89,37 @@ def build_augmentation(
     image_size: int,
     *,
     translate: int = 2,
-    input_size: int | None = None,
     crop_scale: tuple[float, float] = (0.08, 1.0),
     hflip: bool = True,
     randaugment_n: int = 2,
     randaugment_m: int = 14,
 ) -> nn.Module:
-    """A batched kornia augmentation for float images in [0, 1] (apply *before* :func:`normalize`).
+    """A batched augmentation for float images in [0, 1] (apply *before* :func:`normalize`), drawn and applied on
+    the batch's device (:mod:`.augment`; RandAugment: kornia's).
 
     * ``none`` — identity.
-    * ``translate`` — random integer shifts of up to ``translate`` pixels with zero fill: kornia's
-      ``RandomCrop(input_size, padding=translate)`` on ``input_size`` images (default ``image_size``);
-      the digits recipe (no flips: they would change digit identity).
-    * ``crop-flip`` — ``RandomResizedCrop(image_size, scale=crop_scale)`` + horizontal flip, the
-      paper's pre-training augmentation (JMLR App. C.1).
-    * ``randaugment`` — ``crop-flip`` then ``RandAugment(n, m)`` (n=2, m=14 as in the official
-      fine-tuning script).
+    * ``translate`` — random integer shifts of up to ``translate`` pixels with zero fill (``RandomCrop(size,
+      padding=translate)``) at the images' own size (before any resizing to ``image_size``); the digits recipe (no
+      flips: they would change digit identity).
+    * ``crop-flip`` — ``RandomResizedCrop(image_size, scale=crop_scale)`` + horizontal flip, the paper's
+      pre-training augmentation (JMLR App. C.1).
+    * ``randaugment`` — ``crop-flip`` then kornia's ``RandAugment(n, m)`` (n=2, m=14 as in the official
+      fine-tuning script).  The one augmentation that reads values back from the device (kornia's ops do).
     """
-    import kornia.augmentation as K
+    from .augment import RandomResizedCropFlip, RandomShift
 
     if kind not in AUGMENTATIONS:
         raise ValueError(f"unknown augmentation {kind!r}; choose one of {AUGMENTATIONS}")
     if kind == "none":
         return nn.Identity()
     if kind == "translate":
-        side = input_size or image_size
-        return K.RandomCrop((side, side), padding=translate, fill=0) if translate else nn.Identity()
-    ops: list[nn.Module] = [K.RandomResizedCrop((image_size, image_size), scale=crop_scale)]
-    if hflip:
-        ops.append(K.RandomHorizontalFlip())
+        return RandomShift(translate) if translate else nn.Identity()
+    crop = RandomResizedCropFlip(image_size, scale=crop_scale, flip=0.5 if hflip else 0.0)
     if kind == "randaugment":
         from kornia.augmentation.auto import RandAugment
 
-        ops.append(AsRGB(RandAugment(n=randaugment_n, m=randaugment_m)))
-    return nn.Sequential(*ops)
+        return nn.Sequential(crop, AsRGB(RandAugment(n=randaugment_n, m=randaugment_m)))
+    return crop
 
 
 class AsRGB(nn.Module):
