@@ -14,21 +14,16 @@ Public API::
     ct.coding_rate(Z), ct.subspace_coding_rate(Z, U), ...
 """
 
-from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
-from importlib.metadata import version as _version
-
-try:
-    __version__ = _version("crate-transformer")
-except _PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
-
-from .base import Model, Trace  # noqa: E402
-from .checkpoint import CheckpointError, from_official, from_pretrained  # noqa: E402
-from .config import Config  # noqa: E402
-from .lm import GPT, CRATELanguageModel, LanguageModel, LMConfig  # noqa: E402
-from .mae import CRATEMAE, MAEConfig  # noqa: E402
-from .model import CRATE, ImageClassifier, ModelConfig, ViT  # noqa: E402
-from .objectives import (  # noqa: E402
+from ._version import __version__
+from .alpha import AlphaConfig, CRATEAlpha
+from .base import Model, Trace
+from .bert import CRATEBert
+from .checkpoint import CheckpointError, from_official, from_pretrained
+from .config import Config
+from .lm import GPT, CRATELanguageModel, LanguageModel, LMConfig
+from .mae import CRATEMAE, MAEConfig
+from .model import CRATE, ImageClassifier, ModelConfig, ViT
+from .objectives import (
     coding_rate,
     coding_rate_grad,
     l1_per_entry,
@@ -40,9 +35,9 @@ from .objectives import (  # noqa: E402
     subspace_coding_rate_grad,
     subspaces_from_qkv,
 )
-from .pretrained import list_pretrained  # noqa: E402
-from .registry import create_model, list_models, model_config  # noqa: E402
-from .tokenizer import Tokenizer  # noqa: E402
+from .pretrained import list_pretrained
+from .registry import create_model, list_models, model_config
+from .tokenizer import Tokenizer
 
 _SUBMODULES = ("analysis", "theory", "data", "train", "probe", "dino")
 
@@ -71,6 +66,9 @@ __all__ = [
     "CRATELanguageModel",
     "GPT",
     "LMConfig",
+    "CRATEBert",
+    "CRATEAlpha",
+    "AlphaConfig",
     "Tokenizer",
     "CheckpointError",
     "create_model",

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .io import CheckpointError
 from .lm import LanguageModel, LMConfig, check_ids
 from .official import OfficialFormat, rename, unwrap
@@ -333,4 +334,31 @@ BERT_FORMAT = OfficialFormat(
     overridable=("dropout",),
     config_file=bert_config_file,
     optional=("lm_head.",),
+)
+
+
+# --------------------------------------------------------------------------- registry entries
+register_arch("crate_bert", CRATEBert, official=BERT_FORMAT)
+# CRATE-BERT as the authors released it (JMLR Table 10, p.97; their Hugging Face port,
+# models/crate/modeling_crate.py): RoBERTa's vocabulary (V = 50,265), embedding (learned positions from
+# pad_token_id + 1 = 2, so 512 rows hold 510 tokens; 2 token types; LayerNorm eps 1e-12) and masked-LM head, no bias on
+# MSSA's W, dropout 0.1.  Parameters 32,621,657 / 60,912,729 / 128,697,433 (paper: 33M / 61M / 129M; "60.9M").
+# The literal eqs. (83)-(84) form is crate_bert_eq83_* (arch crate_lm, lm.py).
+_BERT = dict(arch="crate_bert", causal=False, vocab_size=50265, block_size=510, proj_bias=False, dropout=0.1)
+register_model("crate_bert_medium", **_BERT, dim=512, depth=8, heads=8)
+register_model("crate_bert_base", **_BERT, dim=768, depth=12, heads=12)
+register_model("crate_bert_large", **_BERT, dim=1024, depth=24, heads=16)
+register_pretrained(
+    PretrainedSource(
+        name="crate_bert_base",
+        title="CRATE-BERT-Base (transformers-format port)",
+        loader=BERT_FORMAT.name,
+        filename="pytorch_model.bin",
+        repo_id="jackbai/crate-base",
+        also=("config.json",),  # the port's sizes, read by the loader beside the weights
+        input="RoBERTa BPE tokens, context 510 (512 position rows)",
+        classes="masked tokens (vocabulary 50,265)",
+        licence="not stated",
+        reference="configuration_crate.py of the CRATE-BERT transformers port (jackbai/crate-base)",
+    )
 )

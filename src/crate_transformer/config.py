@@ -12,6 +12,10 @@ its fields and a :meth:`Config.validate` method.  The base does the rest, once f
   one-line ``ValueError`` naming the field, the value and a valid example;
 * **serialisation** — :meth:`to_dict` / :meth:`from_dict` with the unknown-key check and a format
   version (``config_version``), so a ``config.json`` from a newer release is refused with the fix.
+
+A model config also says what its model is — :attr:`Config.kind` (one of :data:`KINDS`) and
+:attr:`Config.pipeline_tag` (the Hugging Face Hub task) — so the tasks, the analysis, the loaders and the CLI
+ask the config instead of checking its class.
 """
 
 from __future__ import annotations
@@ -22,7 +26,13 @@ from typing import Any, ClassVar, TypeVar
 
 from .config_utils import Range, coerce_fields, field_types
 
-__all__ = ["Config"]
+__all__ = ["Config", "KINDS", "IMAGE_CLASSIFIER", "MASKED_AUTOENCODER", "LANGUAGE_MODEL"]
+
+# what a model is (``Config.kind``): the question a training task, the analysis or a loader asks of it
+IMAGE_CLASSIFIER = "image-classifier"  # images → class logits (forward_head); the classification task trains it
+MASKED_AUTOENCODER = "masked-autoencoder"  # images → reconstructed patches; the mae task trains it
+LANGUAGE_MODEL = "language-model"  # token ids → token logits; the lm task trains it
+KINDS = (IMAGE_CLASSIFIER, MASKED_AUTOENCODER, LANGUAGE_MODEL)
 
 C = TypeVar("C", bound="Config")
 
@@ -37,6 +47,13 @@ class Config:
     # fields added after their format was in use, left out of to_dict() while at their default: the files of
     # every model that does not use them (config.json, the checksums over it) stay byte-identical
     OMIT_AT_DEFAULT: ClassVar[tuple[str, ...]] = ()
+    # what a model of this config is (one of KINDS; "" for option classes that describe no model)
+    kind: ClassVar[str] = ""
+
+    @property
+    def pipeline_tag(self) -> str:
+        """The Hugging Face Hub pipeline tag of a model of this config (its model card's task)."""
+        return ""
 
     def __post_init__(self) -> None:
         current = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -27,19 +27,23 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .base import Model, Trace
-from .config import Config
+from .config import LANGUAGE_MODEL, Config
 from .config_utils import Range
 from .errors import TaskError, Use
+from .io import FILE_DIGESTS, TOKENIZER_NAME, CheckpointError, read_model_json
 from .model import ViTBlock
 from .official import OfficialFormat, rename, unwrap
 from .operators import GELUS, ISTA_MODES, LAYER_FORMS, MLP, MLPS, EncoderLayer
+from .tokenizer import Tokenizer
 
 __all__ = [
     "LM_ARCHS",
@@ -111,6 +115,11 @@ class LMConfig(Config):
         "dropout": Range(0, 1, hi_open=True),
         "layer_norm_eps": Range(0, lo_open=True),
     }
+    kind = LANGUAGE_MODEL
+
+    @property
+    def pipeline_tag(self) -> str:
+        return "fill-mask" if not self.causal and self.num_labels == 0 else "text-generation"
 
     def validate(self) -> None:
         for name, allowed in (("arch", LM_ARCHS), ("pos_embed", POS_EMBEDS), ("ista_mode", ISTA_MODES),
@@ -231,6 +240,36 @@ class LanguageModel(Model):
                 f" --tokenizer FILE sets vocab_size={size})",
             )
         self.__dict__["_tokenizer"] = tok
+
+    # ---------------------------------------------------------------- files: the tokenizer beside the weights
+    def extra_files(self) -> dict[str, str]:
+        """``tokenizer.json`` when a tokenizer is attached (saved and checksummed with the weights)."""
+        return {TOKENIZER_NAME: self.tokenizer.to_str()} if self.tokenizer is not None else {}
+
+    def load_extra_files(self, directory: Path, meta: Mapping[str, str]) -> None:
+        """Attach the folder's verified ``tokenizer.json`` (none when the model was saved without one)."""
+        path = directory / TOKENIZER_NAME
+        if not path.is_file():
+            if FILE_DIGESTS[TOKENIZER_NAME] in meta:
+                raise CheckpointError(
+                    f"no {TOKENIZER_NAME} in {directory}, but the model was saved with one; re-save it"
+                )
+            return
+        text, _ = read_model_json(directory, TOKENIZER_NAME)
+        try:
+            tokenizer = Tokenizer.from_str(text, source=str(path))
+        except ValueError as e:
+            raise CheckpointError(str(e)) from None
+        try:
+            self.tokenizer = tokenizer
+        except TaskError as e:  # a vocabulary larger than the embedding (its fix names a task: the CLI words it)
+            raise TaskError(f"{path}: ", *e.parts) from None
+
+    def size_hint(self, state: Mapping[str, Tensor]) -> str:
+        """A checkpoint of another width: the ``dim`` to pass."""
+        if "wte.weight" in state and state["wte.weight"].shape[-1] != self.config.dim:
+            return f"; pass dim={state['wte.weight'].shape[-1]} and heads=H, the head count it was trained with"
+        return ""
 
     def _build_embedding(self, c: LMConfig) -> None:
         """``f_pre`` of eqs. (83)/(88): the token embedding ``wte``, a learned ``wpe`` or the sinusoidal table."""
@@ -433,16 +472,10 @@ class GPT(LanguageModel):
     arch = "gpt"
 
 
-_CLASSES = {"crate_lm": CRATELanguageModel, "gpt": GPT}
-
-
 def build_lm(config: LMConfig) -> LanguageModel:
-    """The language model ``config.arch`` names."""
-    if config.arch == "crate_bert":
-        from .bert import CRATEBert  # bert.py builds on this module, so it cannot be imported at the top
-
-        return CRATEBert(config)
-    return _CLASSES[config.arch](config)
+    """The language model ``config.arch`` names: this class or the subclass that builds it (CRATE-BERT's
+    :class:`~crate_transformer.bert.CRATEBert` once ``bert.py`` is imported, as ``import crate_transformer`` does)."""
+    return LanguageModel.class_for(config.arch)(config)
 
 
 def _cached_length(cache: list[dict[str, Tensor]] | None) -> int:
@@ -664,4 +697,56 @@ GPT2_FORMAT = OfficialFormat(
     check=check_official_lm,
     fields=lm_checkpoint_fields,
     overridable=("gelu",),
+)
+
+
+# --------------------------------------------------------------------------- registry entries
+register_arch("crate_lm", CRATELanguageModel, official=CRATE_LM_FORMAT)
+register_arch("gpt", GPT, official=GPT2_FORMAT)
+# Language models, JMLR Table 10 (p.97).  The released CRATE-BERT is arch crate_bert (bert.py); crate_bert_eq83_* are
+# the literal eqs. (83)-(84) form (sinusoidal E_pos, the head tied to the embedding and nothing else):
+# 32,047,616 / 59,883,264 / 127,091,712 parameters.
+# CRATE-GPT as the official nanoGPT-based code (V = 50,304, learned wpe, context 1,024).
+# Parameters (tied head, position table excluded): GPT 59.9M / 241.6M (paper: 60M / 242M).  Table 10's "Small"
+# GPT-2 (64M) has no CRATE entry; crate_gpt_small is CRATE at that width and depth.  gpt2_* are the GPT-2 baselines
+# (124M / 774M with wpe; 64M "Small").
+_BERT_EQ83 = dict(arch="crate_lm", causal=False, pos_embed="sinusoidal", vocab_size=50265, block_size=512)
+_GPT = dict(vocab_size=50304, block_size=1024)
+register_model("crate_bert_eq83_medium", **_BERT_EQ83, dim=512, depth=8, heads=8)
+register_model("crate_bert_eq83_base", **_BERT_EQ83, dim=768, depth=12, heads=12)
+register_model("crate_bert_eq83_large", **_BERT_EQ83, dim=1024, depth=24, heads=16)
+register_model("crate_gpt_small", arch="crate_lm", **_GPT, dim=512, depth=12, heads=8)
+register_model("crate_gpt_base", arch="crate_lm", **_GPT, dim=768, depth=12, heads=12)
+register_model("crate_gpt_large", arch="crate_lm", **_GPT, dim=1280, depth=36, heads=20)
+register_model("gpt2_small", arch="gpt", final_norm=True, **_GPT, dim=512, depth=12, heads=8)
+register_model("gpt2_base", arch="gpt", final_norm=True, **{**_GPT, "vocab_size": 50257}, dim=768, depth=12, heads=12)
+register_model("gpt2_large", arch="gpt", final_norm=True, **{**_GPT, "vocab_size": 50257}, dim=1280, depth=36, heads=20)
+# OpenAI's GPT-2 medium and XL (gpt2_base and gpt2_large above are GPT-2 small and large): 354.8M / 1,557.6M.
+_GPT2 = dict(arch="gpt", final_norm=True, vocab_size=50257, block_size=1024)
+register_model("gpt2_medium", **_GPT2, dim=1024, depth=24, heads=16)
+register_model("gpt2_xl", **_GPT2, dim=1600, depth=48, heads=25)
+# The released crate-lm CRATE-GPT (Bai & Ma 2025; Hugging Face JackBAI/CRATE-GPT-12L-Pile-600000steps, file
+# ckpt-crate-12l-overparam-600000.pt, trained on the Pile with crate-lm's crate_overcomplete.py): MSSA + the tied
+# overcomplete ISTA (4d atoms, no residual) and a final LayerNorm; 81,934,848 parameters (81,148,416 without wpe).
+register_model(
+    "crate_gpt_12l_pile", arch="crate_lm", **_GPT, dim=768, depth=12, heads=12, mlp="ista_overcomplete", final_norm=True
+)
+# Laptop presets (the lm task's default: byte-level tokenizer, context 128, d = 128, 4 layers, 4 heads),
+# and the GPT of the same width, depth and heads with a 4x GELU MLP (the README's comparison).
+_MINI = dict(vocab_size=262, block_size=128, dim=128, depth=4, heads=4)
+register_model("crate_gpt_mini", arch="crate_lm", **_MINI)
+register_model("crate_bert_mini", arch="crate_lm", causal=False, pos_embed="sinusoidal", **_MINI)
+register_model("gpt_mini", arch="gpt", final_norm=True, **_MINI)
+register_pretrained(
+    PretrainedSource(
+        name="crate_gpt_12l_pile",
+        title="CRATE-GPT 12 layers, overcomplete ISTA, the Pile (600k steps)",
+        loader=CRATE_LM_FORMAT.name,
+        filename="ckpt-crate-12l-overparam-600000.pt",
+        repo_id="JackBAI/CRATE-GPT-12L-Pile-600000steps",
+        input="GPT-2 BPE tokens, context 1024",
+        classes="next token (vocabulary 50,304)",
+        licence="not stated (the training code is MIT)",
+        reference="github.com/crate-lm/crate-lm README.md (commit 3d5027b)",
+    )
 )

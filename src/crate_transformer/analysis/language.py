@@ -21,6 +21,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from ..figures import InlineFigure
 from ..io import write_json
 from .explorer import explorer_section, text_payload
 from .measure import LayerTable, measure_batch
@@ -95,7 +96,7 @@ def plot_token_attention(
     cols = min(K, 4)
     rows = -(-K // cols)
     side = max(3.2, 0.13 * min(n, MAX_TICK_LABELS * 2))
-    fig = Figure(figsize=(side * cols + 0.8, side * rows + 0.6), layout="constrained")
+    fig = InlineFigure(figsize=(side * cols + 0.8, side * rows + 0.6), layout="constrained")
     axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
     labels = [repr(t)[1:-1].replace(" ", "␣") for t in tokens]  # spaces, newlines and tabs visible
     vmax = max(float(attn.max()), 1e-12)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .. import __version__
+from .._version import __version__
 from ..data import match_channels
 from ..model import ImageClassifier
 from ._common import (

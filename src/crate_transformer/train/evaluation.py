@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data import ImageSource, match_channels, normalize, to_device
+from ..figures import subplots
 from ..io import atomic_write
 from .rundir import read_metrics
 from .runtime import Runtime
@@ -139,15 +140,6 @@ def evaluate(
         classes=list(dataset.classes),
         k=k,
     )
-
-
-def subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float] | None = None) -> tuple[Any, Any]:
-    """A figure and its axes, as ``pyplot.subplots`` makes them, without pyplot: nothing joins pyplot's figure
-    registry and no backend is chosen (a notebook keeps its own); :func:`save_figure` renders with Agg."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=figsize)
-    return fig, fig.subplots(nrows, ncols)
 
 
 def save_figure(fig: Any, out_png: str | os.PathLike) -> Path:

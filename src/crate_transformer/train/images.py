@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ..checkpoint import config_from_dict
+from ..config import LANGUAGE_MODEL
 from ..data import (
     DataSpec,
     ImageDataset,
@@ -26,7 +27,7 @@ from ..data import (
 )
 from ..errors import TaskError, Use
 from ..model import ImageClassifier
-from ..registry import build, is_language_model, model_config
+from ..registry import build, model_config, model_kind
 from .config import TrainConfig
 from .evaluation import prepare_batch
 from .load import load_model
@@ -103,7 +104,7 @@ def image_classifier(
     else:
         if cfg.model is None:
             raise ValueError("no model given; pass --model NAME (see `crate models`)")
-        if is_language_model(cfg.model):
+        if model_kind(cfg.model) == LANGUAGE_MODEL:
             raise TaskError(f"{cfg.model} is a language model; train it with ", Use("lm"), f" --model {cfg.model}")
         image_size = cfg.data.image_size or model_config(cfg.model, **cfg.model_args).image_size
     data = load_data(image_size)

@@ -17,11 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config import LANGUAGE_MODEL
 from ..config_utils import Range, check_ranges
 from ..data import to_device
 from ..data.text import TokenBlocks, corpus_files, is_hub_corpus, iter_documents, load_tokens, split_tokens
-from ..lm import LanguageModel, LMConfig, build_lm, mask_tokens
-from ..registry import is_language_model, model_config
+from ..lm import LanguageModel, LMConfig, mask_tokens
+from ..registry import build, model_config, model_kind
 from ..tokenizer import TOKENIZER_KINDS, Tokenizer
 from .config import TrainConfig
 from .evaluation import require_evaluated
@@ -129,7 +130,7 @@ class LMTask(Task):
             source = source if is_hub_corpus(source) else str(Path(source).expanduser().resolve())
         config = self._config(state, source)
         _check_objective(config, cfg.model or config.arch, o.objective)  # a resumed run as a new one
-        model = build_lm(config)
+        model = build(config)
         model.tokenizer = self.tokenizer
         self.model = model.to(rt.device)
         block = model.config.block_size
@@ -153,7 +154,7 @@ class LMTask(Task):
                 )
             return LMConfig.from_dict(dict(state["model_config"]))
         else:
-            if not is_language_model(cfg.model):
+            if model_kind(cfg.model) != LANGUAGE_MODEL:
                 raise ValueError(
                     f"{cfg.model} is an image model; pick a language model (crate models '*gpt*' / '*bert*')"
                 )

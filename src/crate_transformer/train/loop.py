@@ -274,7 +274,7 @@ class _Loop:
         where = dict(step=self.ts.step, epoch=self.epoch_of(self.ts.step), fixed_batch=self.fixed,
                      run_dir=self.run.path, is_main=self.rt.main)  # fmt: skip
         if self.sharded:  # hooks measure a full replica, gathered only when one reads ctx.model
-            ctx = sharding.gathering_context(self.replica, self.raw, **where)
+            ctx = gathering_context(self.replica, self.raw, **where)
         else:
             ctx = StepContext(self.raw, **where)
         for rec in (r for hook in self.hooks for r in (hook(ctx) or [])):
@@ -574,3 +574,22 @@ def _window_record(
 def _postfix(rec: Mapping[str, float], metric: str, epoch: int, epochs: int) -> str:
     shown = f" {metric} {100 * rec[metric]:.1f}%" if metric == "acc" and metric in rec else ""
     return f"ep {epoch + 1}/{epochs} loss {rec['loss']:.3f}{shown} {rec['samples_per_s']:,.0f}/s"
+
+
+def gathering_context(replica: sharding.Replica, sharded: nn.Module, **fields: Any) -> Any:
+    """A :class:`~.task.StepContext` whose ``model`` is a :class:`Replica` of ``sharded``, gathered on first
+    access only: a hook that skips a step (``--measure-every N``) costs no all-gather.  Every process runs the
+    same hooks on the same step, so all of them reach the gather together."""
+
+    class _Gathering(StepContext):
+        @property
+        def model(self) -> nn.Module:
+            if self._model is None:
+                self._model = replica.of(sharded)
+            return self._model
+
+        @model.setter
+        def model(self, value: nn.Module | None) -> None:
+            self._model = value
+
+    return _Gathering(model=None, **fields)

@@ -39,7 +39,6 @@ __all__ = [
     "full_optimizer_state",
     "load_optimizer_state",
     "Replica",
-    "gathering_context",
 ]
 
 STRATEGIES = ("ddp", "fsdp")
@@ -194,23 +193,3 @@ class Replica:
             yield replica
         finally:
             owner.model = saved
-
-
-def gathering_context(replica: Replica, sharded: nn.Module, **fields: Any) -> Any:
-    """A :class:`~.task.StepContext` whose ``model`` is a :class:`Replica` of ``sharded``, gathered on first
-    access only: a hook that skips a step (``--measure-every N``) costs no all-gather.  Every process runs the
-    same hooks on the same step, so all of them reach the gather together."""
-    from .task import StepContext
-
-    class _Gathering(StepContext):
-        @property
-        def model(self) -> nn.Module:
-            if self._model is None:
-                self._model = replica.of(sharded)
-            return self._model
-
-        @model.setter
-        def model(self, value: nn.Module | None) -> None:
-            self._model = value
-
-    return _Gathering(model=None, **fields)

@@ -18,7 +18,8 @@ from torch import Tensor, nn
 
 from ..data import to_device
 from ..data.text import LabelledTexts, eval_split_of, read_labelled
-from ..lm import LanguageModel, LMConfig, build_lm
+from ..lm import LanguageModel, LMConfig
+from ..registry import build
 from ..tokenizer import Tokenizer
 from .evaluation import require_evaluated
 from .load import load_model
@@ -86,7 +87,7 @@ class TextClassificationTask(Task):
         texts, raw, cols, label = read_labelled(cfg.data.source, "train", cfg.data.text_columns, cfg.data.label_column)
         self.columns = (cols, label)
         if state is not None:
-            model = build_lm(LMConfig.from_dict(dict(state["model_config"])))
+            model = build(LMConfig.from_dict(dict(state["model_config"])))
             tok = Tokenizer.from_str(state["task"]["tokenizer"])
             self.regression, self.classes = state["task"]["regression"], state["task"]["classes"]
         else:

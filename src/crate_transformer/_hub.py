@@ -1,0 +1,194 @@
+"""This package's own format on the Hugging Face Hub: fetching a ``save_pretrained`` repository
+(``from_pretrained("hf-hub:ORG/NAME")``) and pushing one (``model.push_to_hub(repo_id)``: the
+``save_pretrained`` files plus a generated model card).
+
+It knows no model family: the card reads what the model says of itself (``model.config.pipeline_tag``,
+``model.config.to_dict()``), so :class:`~crate_transformer.base.Model` can push and load without the registry.
+The authors' releases (the zoo) are :mod:`crate_transformer.pretrained`, above the registry.
+``huggingface_hub`` is imported only inside the functions that use it.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .io import CONFIG_NAME, FILE_DIGESTS, WEIGHTS_NAME, CheckpointError, atomic_write
+
+__all__ = [
+    "HUB_PREFIX",
+    "is_hub_spec",
+    "parse_hub_spec",
+    "hub_snapshot",
+    "resolve_hub",
+    "CITATION",
+    "model_card",
+    "write_hub_folder",
+    "push_to_hub",
+]
+
+HUB_PREFIX = "hf-hub:"
+
+
+def is_hub_spec(path: object) -> bool:
+    """Whether ``path`` names a Hub repository (``"hf-hub:ORG/NAME"``) rather than a local path."""
+    return isinstance(path, str) and path.startswith(HUB_PREFIX)
+
+
+def parse_hub_spec(spec: str) -> str:
+    """``"hf-hub:ORG/NAME"`` → ``"ORG/NAME"``; anything else is one line naming the expected form."""
+    repo_id = spec[len(HUB_PREFIX) :] if spec.startswith(HUB_PREFIX) else ""
+    parts = repo_id.split("/")
+    if len(parts) != 2 or not all(parts):
+        raise ValueError(f"{spec!r} is not a Hub model; write hf-hub:ORG/NAME, e.g. hf-hub:my-org/crate-small-cifar10")
+    return repo_id
+
+
+def hub_snapshot(spec: str, revision: str | None = None, cache_dir: str | Path | None = None) -> Path:
+    """The local folder of a Hub repository saved by ``save_pretrained`` / :func:`push_to_hub`.
+
+    Only ``config.json``, ``model.safetensors`` and the checksummed extra files (``tokenizer.json``) are fetched
+    (``snapshot_download(allow_patterns=...)``); offline, the cached snapshot is used.
+    """
+    repo_id = parse_hub_spec(spec)
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        folder = snapshot_download(
+            repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, *FILE_DIGESTS]
+        )
+    except LocalEntryNotFoundError:
+        at = f" at revision {revision!r}" if revision else ""
+        raise CheckpointError(
+            f"{spec}{at} is not in the Hugging Face cache and the Hub cannot be reached (offline: HF_HUB_OFFLINE=1 "
+            f"or no network); download https://huggingface.co/{repo_id} to a folder and pass that folder instead"
+        ) from None
+    except (HfHubHTTPError, OSError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CheckpointError(f"cannot fetch {spec} ({first}); check the repository name and revision") from None
+    folder = Path(folder)
+    if not (folder / CONFIG_NAME).is_file():
+        raise CheckpointError(
+            f"{spec} has no {CONFIG_NAME}: it is not a crate_transformer save_pretrained repository; for the "
+            "authors' releases use create_model(name, pretrained=True) (ct.list_pretrained() names them)"
+        )
+    return folder
+
+
+def resolve_hub(path: str | Path, revision: str | None = None) -> str | Path:
+    """``"hf-hub:ORG/NAME"`` → its local snapshot folder; any other path unchanged (``revision`` is Hub-only)."""
+    if is_hub_spec(path):
+        return hub_snapshot(path, revision=revision)
+    if revision is not None:
+        raise ValueError(f"revision={revision!r} applies to hf-hub:ORG/NAME models only, not to the path {path}")
+    return path
+
+
+CITATION = """@article{yu2024white,
+  title   = {White-Box Transformers via Sparse Rate Reduction: Compression Is All There Is?},
+  author  = {Yu, Yaodong and Buchanan, Sam and Pai, Druv and Chu, Tianzhe and Wu, Ziyang and Tong, Shengbang
+             and Bai, Hao and Zhai, Yuexiang and Haeffele, Benjamin D. and Ma, Yi},
+  journal = {Journal of Machine Learning Research},
+  volume  = {25},
+  number  = {300},
+  year    = {2024}
+}"""  # as in README.md and CITATION.cff
+
+
+def model_card(
+    model: Any,
+    repo_id: str,
+    metrics: Mapping[str, float] | None = None,
+    dataset: str | None = None,
+    license: str | None = None,
+) -> str:
+    """The ``README.md`` of a pushed model: Hub metadata (library, tags, task, licence, and ``model-index``
+    results when ``metrics`` and ``dataset`` are given), how to load it, its config, the run's metrics
+    and the paper's BibTeX."""
+    from huggingface_hub import EvalResult, ModelCardData
+
+    config = model.config
+    task = config.pipeline_tag
+    results = [
+        EvalResult(task_type=task, dataset_type=dataset, dataset_name=dataset, metric_type=k, metric_value=float(v))
+        for k, v in (metrics or {}).items()
+    ]
+    data = ModelCardData(
+        library_name="crate-transformer",
+        tags=["crate", "white-box-transformer", "sparse-rate-reduction"],
+        pipeline_tag=task,
+        license=license,
+        datasets=[dataset] if dataset else None,
+        model_name=repo_id.split("/")[-1],
+        eval_results=results if dataset and results else None,
+    )
+    n_params = sum(p.numel() for p in model.parameters())
+    lines = [
+        "---", data.to_yaml(), "---", "",
+        f"# {repo_id.split('/')[-1]}", "",
+        f"A `{config.arch}` model (dim {config.dim}, depth {config.depth}, heads {config.heads}, "
+        f"{n_params:,} parameters) saved by the `crate_transformer` package's `push_to_hub`. CRATE is the "
+        "white-box transformer of Yu et al. (JMLR 2024), whose layers are unrolled steps on the sparse rate "
+        "reduction objective; the authors' code is https://github.com/Ma-Lab-Berkeley/CRATE.", "",
+        "## Use", "", "```python", "import crate_transformer as ct", "",
+        f'model = ct.from_pretrained("{HUB_PREFIX}{repo_id}")', "```", "",
+        "## Configuration", "", "```json", json.dumps(config.to_dict(), indent=2, default=str), "```", "",
+    ]  # fmt: skip
+    if metrics:
+        where = f" on {dataset}" if dataset else ""
+        lines += [f"## Metrics{where}", "", "| metric | value |", "|---|---|"]
+        lines += [f"| {k} | {float(v):.6g} |" for k, v in metrics.items()] + [""]
+    lines += ["## Citation", "", "```bibtex", CITATION, "```", ""]
+    return "\n".join(lines)
+
+
+def write_hub_folder(
+    model: Any,
+    folder: str | Path,
+    repo_id: str,
+    metrics: Mapping[str, float] | None = None,
+    dataset: str | None = None,
+    license: str | None = None,
+) -> Path:
+    """Write what :func:`push_to_hub` uploads: ``model.save_pretrained(folder)`` plus the model card ``README.md``."""
+    folder = Path(model.save_pretrained(folder))
+    card = model_card(model, repo_id, metrics, dataset, license).encode("utf-8")
+    atomic_write(folder / "README.md", lambda tmp: Path(tmp).write_bytes(card))
+    return folder
+
+
+def push_to_hub(
+    model: Any,
+    repo_id: str,
+    *,
+    metrics: Mapping[str, float] | None = None,
+    dataset: str | None = None,
+    license: str | None = None,
+    private: bool | None = None,
+    token: str | None = None,
+    revision: str | None = None,
+    message: str = "Upload crate_transformer model",
+) -> str:
+    """Upload ``model`` in this package's format (config.json, model.safetensors, README.md model card) to
+    the Hub repository ``repo_id`` (created if missing); returns the commit URL.  Load it back with
+    ``ct.from_pretrained("hf-hub:" + repo_id)``."""
+    parse_hub_spec(HUB_PREFIX + repo_id)
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    api = HfApi(token=token)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write_hub_folder(model, tmp, repo_id, metrics=metrics, dataset=dataset, license=license)
+        try:
+            api.create_repo(repo_id, private=private, exist_ok=True)
+            commit = api.upload_folder(repo_id=repo_id, folder_path=folder, revision=revision, commit_message=message)
+        except OfflineModeIsEnabled:
+            raise ValueError(
+                f"cannot push {repo_id}: HF_HUB_OFFLINE=1 disables the Hub; unset it, or write the files with "
+                "crate_transformer.pretrained.write_hub_folder(model, folder, repo_id) and upload them later"
+            ) from None
+    return str(commit)
