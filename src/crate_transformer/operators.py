@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 __all__ = [
     "ISTA_MODES",
@@ -31,6 +32,7 @@ __all__ = [
     "ssa_reference",
     "mssa_reference",
     "ista_reference",
+    "reusable_weight",
     "attend",
     "cache_append",
     "odl_reference",
@@ -212,12 +214,58 @@ class MSSA(nn.Module):
 
 
 # --------------------------------------------------------------------------- ISTA
+# Optimizer steps taken in this process (every torch.optim optimizer).  A fused optimizer (``fused=True``) writes
+# the parameters without bumping their version counters, so a version alone cannot prove a weight unchanged.
+_optimizer_steps = 0
+
+
+def _count_optimizer_step(*_: Any) -> None:
+    global _optimizer_steps
+    _optimizer_steps += 1
+
+
+register_optimizer_step_post_hook(_count_optimizer_step)
+
+
+def reusable_weight(w: Tensor) -> bool:
+    """Whether a product of the parameter ``w`` computed in this forward may be kept for later ones.
+
+    Only where no gradient flows to ``w`` (grad mode off), on a trainable ``nn.Parameter`` of a real device,
+    outside compilation, tracing, ``torch.func`` transforms, dispatch modes (FakeTensorMode, FLOP counters) and
+    a process group (FSDP and DeepSpeed write gathered weights in place, unseen).  Frozen parameters
+    (``requires_grad=False``: EMA copies, DINO teachers) are excluded because EMA code commonly updates them
+    through ``.data``, which no version counter sees.
+    """
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.is_grad_enabled() or not w.requires_grad:
+        return False
+    if type(w) is not nn.Parameter or w.device.type == "meta" or w.is_inference():
+        return False
+    if torch._C._are_functorch_transforms_active() or torch._C._len_torch_dispatch_stack():
+        return False
+    return not (torch.distributed.is_available() and torch.distributed.is_initialized())
+
+
 class ISTA(nn.Module):
     """The sparsification step: one proximal-gradient step on the non-negative LASSO (42).
 
-    ``mode="relu"`` (default, eq. (44), JMLR p.25; Alg. 3): ``ReLU(Z + η Dᵀ(Z − D Z) − ηλ)``.  The
-    fast path precomputes ``A = I + η(D − DᵀD)`` (row form) once per call, so tokens see one matmul
-    instead of three; the result is the same.  Ablations:
+    ``mode="relu"`` (default, eq. (44), JMLR p.25; Alg. 3): ``ReLU(Z + η Dᵀ(Z − D Z) − ηλ)``.  Row tokens
+    ``x`` get the pre-activation ``x A − ηλ`` with ``A = I + η (D − DᵀD)`` (:meth:`step_matrix`), computed
+    whichever way costs fewer FLOPs for the ``n`` token rows (the results agree to float rounding):
+
+    * **thin**: ``x + η (x − x Dᵀ) D``, two ``n × d × d`` matmuls: ``4nd²`` FLOPs, ``12nd²`` with the backward;
+    * **fused**: ``x A``, one matmul after the token-independent ``DᵀD``: ``2nd² + 2d³``, ``6nd² + 6d³`` with
+      the backward — cheaper from ``n = d`` rows on, with or without the backward.
+
+    When no gradient flows to ``D`` (:func:`reusable_weight`: inference, generation, analysis) ``A`` is
+    computed once and reused by later forwards, so a decoded token or a single image pays ``2nd²``.  It is
+    rebuilt whenever ``D`` or η may have changed: an in-place write PyTorch tracks (version counter:
+    ``load_state_dict``, ``copy_``, optimizers, EMA updates), a new tensor or storage for ``D`` (``.to()``,
+    ``.half()``, ``assign=True`` loads), any optimizer step (fused ones bypass the version counter),
+    ``train()``/``eval()``, and any forward through which a gradient flows to ``D``.  Writes through ``.data``
+    are invisible to PyTorch; switch the mode (``model.eval()``) after one.  The matrix is a plain attribute:
+    not in ``state_dict``, not copied or pickled.
+
+    Ablations:
 
     * ``"soft"`` — soft threshold ``S_{ηλ}`` instead of ReLU (Table 13, JMLR p.100);
     * ``"mm"``   — the majorisation-minimisation step of eq. (123), JMLR p.62, with
@@ -235,6 +283,7 @@ class ISTA(nn.Module):
         self.eta, self.lambd, self.mode, self.eps = eta, lambd, mode, eps
         self.weight = nn.Parameter(torch.empty(dim, dim))
         nn.init.kaiming_uniform_(self.weight)
+        self._kept: tuple | None = None  # (D, its key, A, D's storage) of the last reusable forward
 
     def step_matrix(self) -> Tensor:
         """``A = I + η (D − DᵀD)`` such that the ISTA pre-activation of row tokens is ``x A − ηλ``."""
@@ -242,19 +291,50 @@ class ISTA(nn.Module):
         eye = torch.eye(D.shape[0], dtype=D.dtype, device=D.device)
         return eye + self.eta * (D - D.T @ D)
 
+    def kept_step_matrix(self) -> Tensor | None:
+        """``A`` for a forward through which no gradient flows, computed once and reused while ``D`` and η are
+        unchanged (see the class docstring); None where :func:`reusable_weight` says reuse is not safe."""
+        w = self.weight
+        if not reusable_weight(w):
+            return None
+        key = (w._version, w.data_ptr(), w.dtype, w.device, self.eta, _optimizer_steps)
+        kept = self._kept
+        if kept is not None and kept[0] is w and kept[1] == key:
+            return kept[2]
+        with torch.autocast(w.device.type, enabled=False):  # full precision whatever the caller's autocast
+            A = self.step_matrix()
+        self._kept = (w, key, A, w.detach())  # holding D's storage: no later tensor can take its address
+        return A
+
     def forward(self, x: Tensor) -> Tensor:
         if self.mode == "mm":
             n, d = x.shape[-2], x.shape[-1]
             alpha = d / (n * self.eps**2)
             return F.relu((1 + 4 / (9 * (1 + alpha))) * (x @ self.weight) - 4 * self.lambd / (9 * alpha))
-        pre = torch.addmm(
-            x.new_full((1,), -self.eta * self.lambd), x.reshape(-1, x.shape[-1]), self.step_matrix()
-        ).view_as(x)
+        rows, D, bias = x.reshape(-1, x.shape[-1]), self.weight, -self.eta * self.lambd
+        A = self.kept_step_matrix()
+        if A is None and torch.is_grad_enabled() and D.requires_grad:
+            self._kept = None  # D is being trained: what was kept may be stepped past unseen
+        if A is None and rows.shape[0] < D.shape[0]:  # thin is cheaper (class docstring)
+            pre = torch.addmm(rows + bias, rows - F.linear(rows, D), D, alpha=self.eta).view_as(x)
+        else:
+            pre = torch.addmm(x.new_full((1,), bias), rows, self.step_matrix() if A is None else A).view_as(x)
         if self.mode == "soft":
             return torch.sign(pre + self.eta * self.lambd) * F.relu(
                 (pre + self.eta * self.lambd).abs() - self.eta * self.lambd
             )
         return F.relu(pre)
+
+    def train(self, mode: bool = True) -> ISTA:
+        self._kept = None
+        return super().train(mode)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> ISTA:
+        self._kept = None  # .to(), .half(), .cuda(), share_memory(): D gets new storage
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "_kept": None}  # copies and pickles recompute it
 
     def extra_repr(self) -> str:
         return f"dim={self.weight.shape[0]}, eta={self.eta}, lambd={self.lambd}, mode={self.mode!r}"
@@ -501,6 +581,25 @@ class EncoderLayer(nn.Module):
             self.mlp: nn.Module = MLP(dim, mlp_ratio, dropout, gelu)
         else:
             self.mlp = OvercompleteISTA(dim, odl_ratio, eta, lambd, tied=mlp == "ista_overcomplete")
+
+    @property
+    def block(self) -> nn.Module:
+        """The second block, whatever it is (ISTA, MLP, overcomplete ISTA): one name for every variant (the
+        modules keep their own attribute, ``ista`` or ``mlp``, so state-dict keys and official key maps are
+        unchanged)."""
+        return self.ista if self.kind == "ista" else self.mlp
+
+    def code_site(self) -> tuple[nn.Module, str] | None:
+        """Where this layer's sparse code (or its MLP's units) is read: ``(module, unit kind)``.
+
+        ``"ista"``: the ISTA block's output (eq. (44)); ``"mlp"``: the output of the MLP's GELU; ``"odl"`` /
+        ``"ista_overcomplete"``: the overcomplete block, whose :meth:`OvercompleteISTA.code` is recomputed from
+        its input.  None when the layer has none (ISTA switched off, ``ista_mode="none"``)."""
+        if self.kind == "ista":
+            return (self.ista, "ista") if self.ista.mode != "none" else None
+        if self.kind == "mlp":
+            return (self.mlp[1], "mlp")
+        return (self.mlp, self.kind)
 
     @classmethod
     def from_config(cls, c: Any, **overrides: Any) -> EncoderLayer:

@@ -105,15 +105,18 @@ def plot_layerwise(
     metrics: Sequence[str] = ("rc_in", "nonzero"),
     title: str | None = None,
     band: bool = True,
+    references: Mapping[str, LayerTable | Sequence[Mapping]] | None = None,
 ) -> Figure:
     """Metrics versus layer, one line per entry of ``tables`` (e.g. ``{"train": t1, "val": t2}``) — Fig. 14.
 
-    The shaded band is ± one standard deviation over samples.
+    The shaded band is ± one standard deviation over samples.  ``references`` (e.g. the same architecture at
+    initialisation) are drawn dashed, without bands, in the colours of the tables they go with (in order).
     """
     if isinstance(tables, LayerTable):
         tables = {"": tables}
     if not tables:
         raise ValueError("nothing to plot: pass at least one table")
+    references = dict(references or {})
     for m in metrics:
         if m not in METRIC_LABELS and all(isinstance(t, LayerTable) and m not in t.values for t in tables.values()):
             raise ValueError(f"unknown metric {m!r}; available: {', '.join(METRICS)}")
@@ -127,11 +130,14 @@ def plot_layerwise(
             ax.plot(x, mu, "o-", color=colors(i % 10), label=name or None, ms=4)
             if band and np.any(sd > 0):
                 ax.fill_between(x, mu - sd, mu + sd, color=colors(i % 10), alpha=0.2, lw=0)
+        for i, (name, t) in enumerate(references.items()):
+            x, mu, _ = _series(t, m)
+            ax.plot(x, mu, "s--", color=colors(i % 10), label=name, ms=3, alpha=0.7, lw=1.2)
         ax.set_xlabel(r"layer index $\ell$")
         ax.set_ylabel(_label(m))
         ax.set_xticks(x)
         ax.grid(alpha=0.3)
-        if any(tables):
+        if any(tables) or references:
             ax.legend(fontsize=8)
     fig.suptitle(title or "Layer-wise compression and sparsity (cf. JMLR Fig. 14)")
     return save_figure(fig, path)
