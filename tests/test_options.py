@@ -258,11 +258,11 @@ def test_analyze_never_replaces_an_earlier_report_without_overwrite(
     "argv, expected",
     [
         (["pretrain", "mae", "--model", "crate_gpt_mini"],
-         "crate_gpt_mini is a language model, and crate pretrain mae trains a CRATE-MAE (e.g. --model "
+         "crate_gpt_mini is a language model, and crate pretrain mae trains a masked autoencoder (e.g. --model "
          "crate_mae_mnist); train crate_gpt_mini with crate train-lm --model crate_gpt_mini"),
         (["pretrain", "mae", "--model", "crate_mnist"], "crate_mnist is an image classifier, and crate pretrain mae"),
         (["pretrain", "dino", "--model", "crate_mae_mnist"],
-         "crate_mae_mnist is a CRATE-MAE, and crate pretrain dino trains an image classifier"),
+         "crate_mae_mnist is a masked autoencoder, and crate pretrain dino trains an image classifier"),
         (["train-lm", "--model", "crate_mnist"], "crate_mnist is an image classifier, and crate train-lm trains a "
          "language model"),
         (["train-lm", "--vocab-size", "512"], "--vocab-size applies to a tokenizer trained on --data (bpe, wordpiece), "

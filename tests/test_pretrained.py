@@ -265,6 +265,9 @@ def test_hub_folder_and_model_card(tmp_path):
     assert stored == json.loads(json.dumps(model.config.to_dict(), default=str))
     n = sum(p.numel() for p in model.parameters())
     assert f"{n:,} parameters" in text
+    # the card credits the authors' code as theirs, not as this package's home
+    assert "saved by the `crate_transformer` package" in text and "[crate_transformer](" not in text
+    assert "the authors' code is https://github.com/Ma-Lab-Berkeley/CRATE" in text
 
 
 def test_model_card_without_metrics_and_for_other_model_kinds():

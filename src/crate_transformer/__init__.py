@@ -9,6 +9,7 @@ Public API::
     model = ct.create_model("crate_alpha_base16", pretrained=True)   # released weights (ct.list_pretrained())
     model.push_to_hub("me/my-crate"); model = ct.from_pretrained("hf-hub:me/my-crate")
     model = ct.from_official("checkpoint.pth.tar", "crate_small")
+    model = ct.load_model("runs/my-run")   # anything a command accepts: a folder, a run, a training state
     lm = ct.create_model("crate_gpt_mini"); lm.generate(ids, 100)   # CRATE-GPT / CRATE-BERT (JMLR §4.1.4)
     mae = ct.create_model("crate_mae_small"); loss, pred, mask = mae(images)   # CRATE-MAE
     ct.coding_rate(Z), ct.subspace_coding_rate(Z, U), ...
@@ -40,14 +41,21 @@ from .registry import create_model, list_models, model_config
 from .tokenizer import Tokenizer
 
 _SUBMODULES = ("analysis", "theory", "data", "train", "probe", "dino")
+# the one resolver of the commands (a folder, a run directory, a training state, an authors' file): it lives with
+# the trainer, whose run layout it reads, and is imported on first use like the submodules
+_LAZY = {"load_model": ("train.load", "load_model")}
 
 
 def __getattr__(name: str) -> object:
-    """``ct.analysis``, ``ct.theory``, ``ct.data``, ``ct.train`` on first use (they import matplotlib etc.)."""
-    if name in _SUBMODULES:
-        import importlib
+    """``ct.analysis``, ``ct.theory``, ``ct.data``, ``ct.train`` and ``ct.load_model`` on first use (they import
+    matplotlib etc.)."""
+    import importlib
 
+    if name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(f".{module}", __name__), attr)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -77,6 +85,7 @@ __all__ = [
     "model_config",
     "from_pretrained",
     "from_official",
+    "load_model",
     "coding_rate",
     "coding_rate_grad",
     "membership_coding_rate",

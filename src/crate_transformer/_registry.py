@@ -36,6 +36,7 @@ __all__ = [
     "arch_info",
     "official_formats",
     "config_class",
+    "config_classes",
     "register_model",
     "list_models",
     "registered_fields",
@@ -94,6 +95,11 @@ def official_formats() -> list[Arch]:
 def config_class(arch: object) -> type[Config]:
     """The config class of an architecture name (``None``: a stored config from before ``arch`` existed)."""
     return arch_info(arch).config_class
+
+
+def config_classes() -> list[type[Config]]:
+    """The config class of every registered architecture, each once, in registration order."""
+    return list(dict.fromkeys(a.config_class for a in _ARCHS.values()))
 
 
 def register_model(name: str, **fields: object) -> None:

@@ -11,9 +11,19 @@ from the base:
 * ``pretrained_cfg`` — where the released weights came from (the zoo entry), or None.
 
 ``Family.from_pretrained`` needs no registry: the class (or the subclass whose :attr:`Model.arch` is the
-stored ``arch``) parses the config with its ``config_class`` and builds itself.  A family adds files of its own
-to a save through two hooks, :meth:`Model.extra_files` and :meth:`Model.load_extra_files` (a language model's
-``tokenizer.json``), and words its load errors through :meth:`Model.size_hint`.
+stored ``arch``) parses the config with its ``config_class`` and builds itself.
+
+**The capability contract.**  Consumers (the tasks, the analysis, the features, the CLI, the loaders) ask a
+model what it is and what it supports — never its class, never its ``arch`` name.  Its config says what the
+model is (``kind``, ``white_box``, ``sparse_output``, ``layer_blocks``, ``pipeline_tag``: see
+:mod:`crate_transformer.config`); the model says what only the built model knows, each with a default here:
+
+* ``kind`` — ``self.config.kind``; ``num_prefix_tokens`` — tokens before the content (a class token);
+* :meth:`Model.code_sites` — where each layer's sparse code (or MLP units) is read;
+* :meth:`Model.as_classifier` — an image classifier made from it, for fine-tuning (CRATE-MAE's encoder);
+* :meth:`Model.extra_files` / :meth:`Model.load_extra_files` — JSON files saved and checksummed beside the
+  weights (a language model's ``tokenizer.json``); :meth:`Model.size_hint` — the overrides that would fit a
+  checkpoint of other sizes; :meth:`Model.official_num_params` — the authors' parameter count.
 
 and implements the forward methods, each with one meaning across families:
 
@@ -51,6 +61,7 @@ from .io import (
     read_config_dict,
     save_pretrained,
 )
+from .operators import EncoderLayer
 
 __all__ = ["Model", "Trace", "POOLS", "pool_tokens", "load_folder", "load_weights"]
 
@@ -106,6 +117,8 @@ class Model(nn.Module):
     # top-level parameters that are never decayed besides the vectors (norm weights, biases): position
     # tables and special tokens
     no_decay_names: ClassVar[tuple[str, ...]] = ()
+    # tokens before the content tokens (timm's name): a class token, 0 for a language model
+    num_prefix_tokens: ClassVar[int] = 0
 
     def __init__(self, config: Config | None) -> None:
         super().__init__()
@@ -150,6 +163,40 @@ class Model(nn.Module):
         Face Hub repository ``repo_id``; ``metrics``, ``dataset``, ``license``, ``private``, ``token``,
         ``revision``: see :func:`crate_transformer.pretrained.push_to_hub`.  Returns the commit URL."""
         return push_to_hub(self, repo_id, **kwargs)
+
+    # ---------------------------------------------------------------- capabilities (what consumers ask)
+    @property
+    def kind(self) -> str:
+        """What this model is (``self.config.kind``, one of :data:`~crate_transformer.config.KINDS`)."""
+        return self.config.kind
+
+    def code_sites(self) -> list[tuple[nn.Module, str]]:
+        """Per layer, where its sparse code (or MLP units) is read: the ``(module, unit kind)`` of
+        :meth:`~crate_transformer.operators.EncoderLayer.code_site` of each of ``self.layers``.  One-line
+        ``ValueError`` for a layer without one; a family with other layers overrides this."""
+        layers = getattr(self, "layers", None)
+        if not isinstance(layers, nn.ModuleList) or not len(layers):
+            raise ValueError(f"{type(self).__name__} has no encoder layers (model.layers) to read codes from")
+        sites = []
+        for i, layer in enumerate(layers):
+            site = layer.code_site() if isinstance(layer, EncoderLayer) else None
+            if site is None:
+                raise ValueError(
+                    f"layer {i + 1} of this {self.config.arch} model has no sparse code or MLP units "
+                    f"({type(layer).__name__}, ista_mode='none'?); features need ISTA, an overcomplete ISTA or an MLP"
+                )
+            sites.append(site)
+        return sites
+
+    def official_num_params(self) -> int | None:
+        """The parameter count of the authors' layout where it differs from :meth:`num_params` (the paper's
+        tables count it), else None."""
+        return None
+
+    def as_classifier(self) -> Model:
+        """This model as an image classifier to fine-tune: itself when it is one; a family whose encoder can
+        become one (CRATE-MAE) converts itself.  Other kinds are returned unchanged (the task refuses them)."""
+        return self
 
     # ---------------------------------------------------------------- a family's files
     def extra_files(self) -> dict[str, str]:

@@ -121,6 +121,24 @@ class LMConfig(Config):
     def pipeline_tag(self) -> str:
         return "fill-mask" if not self.causal and self.num_labels == 0 else "text-generation"
 
+    @property
+    def white_box(self) -> bool:
+        return self.arch != "gpt"
+
+    @property
+    def positions_skip_padding(self) -> bool:
+        """Whether positions count real tokens only (the released CRATE-BERT's RoBERTa embedding), so the model
+        must know the tokenizer's padding id (``pad_token_id``)."""
+        return self.arch == "crate_bert"
+
+    @property
+    def sparse_output(self) -> bool:
+        return self.arch != "gpt" and self.mlp == "ista" and self.ista_mode != "none"
+
+    @property
+    def layer_blocks(self) -> tuple[str, str]:
+        return ("mhsa", "mlp") if self.arch == "gpt" else ("mssa", self.mlp)
+
     def validate(self) -> None:
         for name, allowed in (("arch", LM_ARCHS), ("pos_embed", POS_EMBEDS), ("ista_mode", ISTA_MODES),
                               ("layer_form", LAYER_FORMS), ("mlp", MLPS), ("gelu", GELUS)):  # fmt: skip

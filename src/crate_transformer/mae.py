@@ -97,6 +97,9 @@ class MAEConfig(ImageEncoderGeometry, Config):
     OMIT_AT_DEFAULT = ("drop_path",)  # added later: configs without it stay byte-identical
     kind = MASKED_AUTOENCODER
     pipeline_tag = "image-feature-extraction"
+    white_box = True  # CRATE encoder layers; their outputs are ISTA's
+    sparse_output = True
+    layer_blocks = ("mssa", "ista")
     RULES = {
         "eta": Range(0, lo_open=True),
         "lambd": Range(0),
@@ -204,6 +207,7 @@ class CRATEMAE(ImageInput, Model):
     config_class = MAEConfig
     arch = MAE_ARCH
     no_decay_names = ("cls_token", "mask_token")
+    num_prefix_tokens = 1  # the class token
 
     def __init__(self, config: MAEConfig | None = None) -> None:
         super().__init__(config)
@@ -353,6 +357,14 @@ class CRATEMAE(ImageInput, Model):
         return recon, mask_img, loss
 
     # ---------------------------------------------------------------- utilities
+    def official_num_params(self) -> int:
+        """Table 9's count: the official layout, with its unused ``decoder_embed`` and both sin-cos tables."""
+        return self.num_params(layout="official")
+
+    def as_classifier(self) -> ImageClassifier:
+        """The encoder as a CRATE classifier to fine-tune (:func:`mae_to_classifier`, a fresh head)."""
+        return mae_to_classifier(self)
+
     def num_params(self, trainable_only: bool = False, layout: str = "native") -> int:
         """Parameter count.  ``layout="official"`` adds what the official module also holds and Table 9
         counts: the unused ``decoder_embed`` Linear(d, d) and both fixed sin-cos tables (``pos_embed``,

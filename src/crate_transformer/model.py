@@ -178,6 +178,18 @@ class ModelConfig(ImageEncoderGeometry, Config):
             raise ValueError(f"mlp_ratio={self.mlp_ratio} gives an empty MLP for dim={self.dim}; e.g. mlp_ratio=4.0")
         self.check_data()
 
+    @property
+    def white_box(self) -> bool:
+        return self.arch != "vit"  # CRATE, its Table 17 hybrids, CRATE-α
+
+    @property
+    def sparse_output(self) -> bool:
+        return self.arch == "crate" and self.mlp == "ista" and self.ista_mode != "none"
+
+    @property
+    def layer_blocks(self) -> tuple[str, str]:
+        return ("mhsa", "mlp") if self.arch == "vit" else (self.attention, self.mlp)
+
     @classmethod
     def upgrade(cls, d: dict) -> dict:
         """Configs written before ``data`` existed: their free-form ``"extra"`` dict
@@ -334,6 +346,7 @@ class ImageClassifier(ImageInput, Model):
 
     config_class = ModelConfig
     no_decay_names = ("pos_embed", "cls_token")
+    num_prefix_tokens = 1  # the class token
 
     def __init__(self, config: ModelConfig | None = None) -> None:
         if config is None:

@@ -587,6 +587,25 @@ class EncoderLayer(nn.Module):
         else:
             self.mlp = OvercompleteISTA(dim, odl_ratio, eta, lambd, tied=mlp == "ista_overcomplete")
 
+    @property
+    def block(self) -> nn.Module:
+        """The second block, whatever it is (ISTA, MLP, overcomplete ISTA): one name for every variant (the
+        modules keep their own attribute, ``ista`` or ``mlp``, so state-dict keys and official key maps are
+        unchanged)."""
+        return self.ista if self.kind == "ista" else self.mlp
+
+    def code_site(self) -> tuple[nn.Module, str] | None:
+        """Where this layer's sparse code (or its MLP's units) is read: ``(module, unit kind)``.
+
+        ``"ista"``: the ISTA block's output (eq. (44)); ``"mlp"``: the output of the MLP's GELU; ``"odl"`` /
+        ``"ista_overcomplete"``: the overcomplete block, whose :meth:`OvercompleteISTA.code` is recomputed from
+        its input.  None when the layer has none (ISTA switched off, ``ista_mode="none"``)."""
+        if self.kind == "ista":
+            return (self.ista, "ista") if self.ista.mode != "none" else None
+        if self.kind == "mlp":
+            return (self.mlp[1], "mlp")
+        return (self.mlp, self.kind)
+
     @classmethod
     def from_config(cls, c: Any, **overrides: Any) -> EncoderLayer:
         """The layer a model config describes: ``dim``, ``heads``, ``head_dim`` and every keyword above read

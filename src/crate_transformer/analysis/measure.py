@@ -52,7 +52,6 @@ from ..objectives import coding_rate, l1_per_entry, rate_reduction, sparsity
 from ._common import (
     Normalization,
     count_images,
-    has_ista,
     head_projections,
     is_image_dataset,
     iter_batches,
@@ -305,9 +304,9 @@ def _meta(
         "n_samples": int(values["rc_in"].shape[0]),
         "n_layers": int(values["rc_in"].shape[1]),
         "arch": model.config.arch,
-        "attention": "mhsa" if model.config.arch == "vit" else getattr(model.config, "attention", "mssa"),
-        "mlp": "mlp" if model.config.arch == "vit" else getattr(model.config, "mlp", "ista"),
-        "ista_output": has_ista(model),
+        "attention": model.config.layer_blocks[0],
+        "mlp": model.config.layer_blocks[1],
+        "ista_output": model.config.sparse_output,
         "normalization": None
         if normalization is None
         else [list(map(float, torch.as_tensor(s).flatten())) for s in normalization],

@@ -115,7 +115,7 @@ def default_section(model: ImageClassifier) -> str:
     """The name of the verdict section of an image model: its encoder for a CRATE-MAE, else the classifier."""
     if is_autoencoder(model):
         return "CRATE-MAE encoder"
-    return "ViT classifier" if model.config.arch == "vit" else "classifier"
+    return "classifier" if model.config.white_box else "ViT classifier"
 
 
 def layer_verdicts(
@@ -523,6 +523,17 @@ def html_verdicts(report: dict) -> str:
     )
 
 
+def _normalization_text(report: dict) -> str:
+    """``mean 0.485, 0.456, 0.406; std 0.229, 0.224, 0.225 (model config)``: what the inputs were normalised by."""
+    norm, where = report["normalization"], report["source"].get("normalization_source")
+    text = (
+        "none"
+        if norm is None
+        else "; ".join(f"{k} {', '.join(f'{v:.4g}' for v in vs)}" for k, vs in zip(("mean", "std"), norm))
+    )
+    return f"{text} ({where})" if where else text
+
+
 def html_info(report: dict) -> str:
     c, src, esc = report["model"]["config"], report["source"], html.escape
     info = [
@@ -533,7 +544,7 @@ def html_info(report: dict) -> str:
             f"{c['arch']} dim={c['dim']} depth={c['depth']} heads={c['heads']} patch={c['patch_size']} "
             f"image={c['image_size']} ({report['model']['num_params']:,} parameters)",
         ),
-        ("normalisation", str(report["normalization"])),
+        ("normalisation", _normalization_text(report)),
         (
             "eps",
             f"{report['protocol']['eps']} (eps^2 = {report['protocol']['eps_squared']:g}; "

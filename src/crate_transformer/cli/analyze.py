@@ -21,7 +21,10 @@ from .common import (
 from .options import add_report_options
 
 # options of one kind of model only: given for the other kind they are refused, not ignored
-IMAGE_ONLY = ("images", "num_images", "num_vis", "image_size", "on_bad_image", "seg_layer", "masks", "tau", "seed")
+IMAGE_ONLY = (
+    "images", "num_images", "num_vis", "image_size", "on_bad_image", "seg_layer", "masks", "tau", "seed", "normalize",
+    "crop_pct",
+)  # fmt: skip
 TEXT_ONLY = ("num_blocks", "attn_tokens")
 # what crate analyze writes (image models: figures/, masks/; language models: PNGs beside report.json)
 ANALYZE_FILES = ("report.json", "report.html", "figures", "masks", "*.png")
@@ -37,7 +40,12 @@ def configure_analyze(parser: argparse.ArgumentParser) -> None:
     )
     add_report_options(parser, "analyze", "top")
     src = parser.add_mutually_exclusive_group()
-    src.add_argument("--images", default=None, metavar="DIR", help="a folder of images (any format PIL reads)")
+    src.add_argument(
+        "--images",
+        default=None,
+        metavar="DIR",
+        help="a folder of images (any format PIL reads), shorter side resized and centre-cropped (--crop-pct)",
+    )
     src.add_argument(
         "--data",
         default=None,
@@ -49,6 +57,17 @@ def configure_analyze(parser: argparse.ArgumentParser) -> None:
     add_report_arguments(parser, "analysis")
     parser.add_argument("--num-images", type=int, default=256, help="images measured per split (seeded subset)")
     parser.add_argument("--num-vis", type=int, default=4, help="images shown in the attention/PCA/MaskCut figures")
+    parser.add_argument(
+        "--normalize",
+        default="auto",
+        choices=NORMALIZE_CHOICES,
+        help="--images: the mean/std applied to the photos: auto = the model config's, else ImageNet's; folder = "
+        "the photos' own statistics",
+    )
+    number_argument(
+        parser, "--crop-pct", Range(0, 1, lo_open=True), 1.0,
+        "--images: resize the shorter side to image-size / crop-pct, then crop the centre (0.875: 256 -> 224)",
+    )  # fmt: skip
     add_report_options(parser, "analyze", "data")
     number_argument(parser, "--eps", Range(0, lo_open=True), 0.1, "coding precision eps (the official eps^2 = 0.01)")
     layers = "1..L, or -1 the last, -2 the one before"
@@ -198,17 +217,40 @@ def print_verdicts(report: dict) -> None:
     print(format_verdicts(verdicts, report.get("notes", ())))
 
 
+NORMALIZE_CHOICES = ("auto", "imagenet", "folder", "none")
+
+
+def _folder_normalization(choice: str, model: object, imgs: object) -> tuple:
+    """The (mean, std) that turn ``--images`` photos into model inputs, and where it came from: by default the
+    model's own (its config), else ImageNet's (what released checkpoints were trained on); the photos' own
+    statistics only when asked for (they would erase the very contrast and colour the model learned from)."""
+    from ..data import fit_normalization, resolve_normalization
+    from ..spec import IMAGENET_MEAN, IMAGENET_STD
+
+    channels = model.config.in_chans
+    if choice == "auto" and resolve_normalization(model) is not None:
+        return resolve_normalization(model), "model config"
+    if choice in ("auto", "imagenet"):
+        why = "ImageNet's" if choice == "imagenet" else "ImageNet's (the model config records none)"
+        return fit_normalization(IMAGENET_MEAN, IMAGENET_STD, channels), why
+    if choice == "folder":
+        stats = (imgs.mean((0, 2, 3)).tolist(), imgs.std((0, 2, 3)).clamp_min(1e-3).tolist())
+        return stats, "statistics of the image folder (--normalize folder)"
+    if choice == "none":
+        return None, "none (--normalize none)"
+    raise ValueError(f"--normalize must be one of {', '.join(NORMALIZE_CHOICES)}, got {choice!r}")
+
+
 def _folder_splits(model: object, args: argparse.Namespace, size: int) -> tuple:
-    """``--images DIR``: one split of the folder's images and the normalisation (model config, else the folder)."""
-    from ..data import load_image_folder, resolve_normalization
+    """``--images DIR``: one split of the folder's images (shorter side resized, centre crop) and the
+    normalisation (``--normalize``)."""
+    from ..data import load_image_folder
 
     imgs, files = load_image_folder(
-        args.images, size, model.config.in_chans, limit=args.num_images, on_bad_image=args.on_bad_image
-    )  # grey/RGB converted as in training
-    norm, norm_src = resolve_normalization(model), "model config"
-    if norm is None:
-        norm = (imgs.mean((0, 2, 3)).tolist(), imgs.std((0, 2, 3)).clamp_min(1e-3).tolist())
-        norm_src = "statistics of the image folder (the model config has none)"
+        args.images, size, model.config.in_chans, limit=args.num_images, on_bad_image=args.on_bad_image,
+        crop_pct=args.crop_pct,
+    )  # grey/RGB converted as in training  # fmt: skip
+    norm, norm_src = _folder_normalization(args.normalize, model, imgs)
     return {"images": imgs}, norm, {"data": f"{args.images} ({len(files)} images)", "normalization_source": norm_src}
 
 
@@ -232,7 +274,7 @@ def _data_splits(model: object, args: argparse.Namespace, size: int) -> tuple:
 
 def run_analyze(args: argparse.Namespace) -> int:
     from ..analysis import analyze
-    from ..lm import LanguageModel
+    from ..config import LANGUAGE_MODEL
     from ..train.load import load_model
     from ..train.runtime import resolve_device
 
@@ -242,7 +284,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     apply_threads(args)
     device = resolve_device(args.device)
     model = load_model(args.checkpoint, args.model, **parse_model_args(args.model_args)).to(device).eval()
-    if isinstance(model, LanguageModel):
+    if model.kind == LANGUAGE_MODEL:
         refuse_given(args, IMAGE_ONLY, f"to a language model ({args.checkpoint}); pass a text corpus as --data")
         return _analyze_language_model(model, args)
     refuse_given(args, TEXT_ONLY, f"to an image model ({args.checkpoint}); it is for language models")

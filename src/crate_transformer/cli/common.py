@@ -31,17 +31,15 @@ __all__ = [
 
 
 def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
-    """``["dim=64", "eta=5e-2"]`` → ``{"dim": 64, "eta": 0.05}``, keys checked against ModelConfig and LMConfig
-    (the model's own config class rejects the other's keys when the model is built).
+    """``["dim=64", "eta=5e-2"]`` → ``{"dim": 64, "eta": 0.05}``, keys checked against the registered families'
+    config classes (the model's own config class rejects the other's keys when the model is built).
 
-    Values are read as YAML scalars (``true``, ``null``, numbers); :class:`ModelConfig` then coerces them
-    by field type, so ``5e-2`` (a string to YAML 1.1) is a float and ``eta=abc`` is a one-line error.
+    Values are read as YAML scalars (``true``, ``null``, numbers); the config class then coerces them by field
+    type, so ``5e-2`` (a string to YAML 1.1) is a float and ``eta=abc`` is a one-line error.
     """
     import yaml
 
-    from ..lm import LMConfig
-    from ..mae import MAEConfig
-    from ..model import ModelConfig
+    from ..registry import config_classes
 
     out = {}
     for item in items:
@@ -57,12 +55,13 @@ def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
             raise ValueError(f"--model-args sets {name} twice ({out[name]!r} and {parsed!r}); keep one")
         out[name] = parsed
     # any config's field here; the model's own config class rejects the ones it does not have
-    valid = {f.name for cls in (ModelConfig, MAEConfig, LMConfig) for f in dataclasses.fields(cls)} - {"data", "extra"}
+    classes = config_classes()
+    valid = {f.name for cls in classes for f in dataclasses.fields(cls)} - {"data", "extra"}
     bad = sorted(set(out) - valid)
     if bad:
         raise ValueError(f"unknown model argument(s) {bad}; valid: {sorted(valid)}")
     for key, value in out.items():  # ranges and finiteness now, not when the model is built inside a run
-        cls = next(c for c in (ModelConfig, MAEConfig, LMConfig) if key in {f.name for f in dataclasses.fields(c)})
+        cls = next(c for c in classes if key in {f.name for f in dataclasses.fields(c)})
         cls.check_field(key, value)
     return out
 

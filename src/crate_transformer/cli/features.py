@@ -98,8 +98,8 @@ def _text_inputs(model: object, args: argparse.Namespace, run: Path) -> tuple:
 
 def run_features(args: argparse.Namespace) -> int:
     from ..analysis import features as F
+    from ..config import LANGUAGE_MODEL
     from ..io import write_json
-    from ..lm import LanguageModel
     from ..train.load import load_model
     from ..train.runtime import resolve_device
 
@@ -115,7 +115,7 @@ def run_features(args: argparse.Namespace) -> int:
     layers = _layers(model, args.layer)
     out = check_out_dir(args.out if args.out else (run if run.is_dir() else Path("features")))
     common = dict(k=args.top_k, batch_size=args.batch_size, layers=layers, seed=args.seed)
-    if isinstance(model, LanguageModel):
+    if model.kind == LANGUAGE_MODEL:
         blocks, desc = _text_inputs(model, args, run)
         report, assets = F.text_features(model, blocks, tokenizer=model.tokenizer, context=args.context, **common)
     else:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from ..base import POOLS
+from ..config import LANGUAGE_MODEL, MASKED_AUTOENCODER
 from . import task_command
 from .common import (
     add_report_arguments,
@@ -142,9 +143,9 @@ def _eval_model(args: argparse.Namespace) -> object:
     from ..train.load import load_model
 
     model = load_model(args.checkpoint, name=args.model, **parse_model_args(args.model_args))
-    if not hasattr(model, "check_images"):
+    if model.kind == LANGUAGE_MODEL:
         raise ValueError(f"{args.checkpoint} is a language model; see its held-out perplexity in metrics.jsonl")
-    if model.config.arch == "crate_mae" and not (args.knn or args.linear_probe):
+    if model.kind == MASKED_AUTOENCODER and not (args.knn or args.linear_probe):
         raise ValueError(
             f"{args.checkpoint} is a CRATE-MAE (no classifier head); evaluate its encoder with --linear-probe or "
             f"--knn, or fine-tune it first: crate finetune --from {args.checkpoint} --data DATA"
@@ -209,10 +210,7 @@ def _write_eval(args: argparse.Namespace, r: object, name: str, data: str, src: 
     )
     report = {"checkpoint": src, "data": data, "split": args.split, **r.to_dict()}
     atomic_write(out / "eval.json", lambda tmp: Path(tmp).write_text(json.dumps(report, indent=1) + "\n"))
-    print(
-        f"{name} {args.split}: {r.num_samples} images, top-1 {100 * r.top1:.2f}%, top-{r.k} {100 * r.top5:.2f}%, "
-        f"loss {r.loss:.4f}"
-    )
+    print(f"{name} {args.split}: {r.num_samples} images, top-1 {100 * r.top1:.2f}%{r.top_k_text()}, loss {r.loss:.4f}")
     width = max(len(n) for n in r.classes)
     for cls, acc, row in zip(r.classes, r.per_class, r.confusion):
         print(f"  {cls:<{width}}  {100 * acc:6.2f}%  (n={sum(row)})")

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..config import IMAGE_CLASSIFIER
 from ..dino import (
     DINOConfig,
     DINOHead,
@@ -60,7 +61,7 @@ class DINOTask(Task):
     name = "dino"
     metric = "knn"
     Options = DINOConfig
-    model_kind = "image classifier"
+    model_kind = IMAGE_CLASSIFIER
     shardable = False  # the EMA teacher follows the student's full weights every step
     # the task's defaults: the digits recipe on 2 CPU cores (the paper's recipe: see PAPER in dino.py)
     defaults: dict[str, Any] = dict(

@@ -21,7 +21,7 @@ from ..config import LANGUAGE_MODEL
 from ..config_utils import Range, check_ranges
 from ..data.text import TokenBlocks, corpus_files, is_hub_corpus, iter_documents, load_tokens, split_tokens
 from ..lm import LanguageModel, LMConfig, mask_tokens
-from ..registry import build, model_config, model_kind
+from ..registry import build, model_config
 from ..tokenizer import TOKENIZER_KINDS, Tokenizer
 from .config import TrainConfig
 from .evaluation import require_evaluated
@@ -89,7 +89,7 @@ class LMTask(Task):
     name = "lm"
     metric = "acc"  # token accuracy (of the predicted tokens)
     Options = LMOptions
-    model_kind = "language model"
+    model_kind = LANGUAGE_MODEL
     defaults = {
         "model": None,
         "data": "python-docs",
@@ -153,14 +153,14 @@ class LMTask(Task):
                 )
             return LMConfig.from_dict(dict(state["model_config"]))
         else:
-            if model_kind(cfg.model) != LANGUAGE_MODEL:
+            if model_config(cfg.model).kind != LANGUAGE_MODEL:
                 raise ValueError(
                     f"{cfg.model} is an image model; pick a language model (crate models '*gpt*' / '*bert*')"
                 )
             self.tokenizer = build_tokenizer(o.tokenizer, source, o.vocab_size, cfg.data.text_columns)
             overrides = {**cfg.model_args, "vocab_size": self.tokenizer.vocab_size, "tokenizer": self.tokenizer.kind}
             config = model_config(cfg.model, **overrides)
-            if config.arch == "crate_bert" and "pad_token_id" not in cfg.model_args:
+            if config.positions_skip_padding and "pad_token_id" not in cfg.model_args:
                 # the released CRATE-BERT's positions skip padding, which they recognise by its id
                 config = model_config(cfg.model, **overrides, pad_token_id=self.tokenizer.pad_id)
             return config

@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..checkpoint import config_from_dict
+from ..config import LANGUAGE_MODEL
 from ..data.text import LabelledTexts, eval_split_of, read_labelled
-from ..lm import LanguageModel, LMConfig
 from ..registry import build
 from ..tokenizer import Tokenizer
 from .evaluation import require_evaluated
@@ -85,7 +86,7 @@ class TextClassificationTask(Task):
         texts, raw, cols, label = read_labelled(cfg.data.source, "train", cfg.data.text_columns, cfg.data.label_column)
         self.columns = (cols, label)
         if state is not None:
-            model = build(LMConfig.from_dict(dict(state["model_config"])))
+            model = build(config_from_dict(dict(state["model_config"])))
             tok = Tokenizer.from_str(state["task"]["tokenizer"])
             self.regression, self.classes = state["task"]["regression"], state["task"]["classes"]
         else:
@@ -94,7 +95,7 @@ class TextClassificationTask(Task):
                     Use("text-classification"), " needs --from CHECKPOINT (a ", Use("lm"), " run or model dir)"
                 )
             model = load_model(cfg.init_from)
-            if not isinstance(model, LanguageModel) or model.tokenizer is None:
+            if model.kind != LANGUAGE_MODEL or model.tokenizer is None:
                 raise TaskError(f"{cfg.init_from} is not a language model with a tokenizer; pretrain with ", Use("lm"))
             tok = model.tokenizer
             scores = not all(_is_int(v) for v in raw) and all(_is_number(v) for v in raw)  # names are classes
