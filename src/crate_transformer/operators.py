@@ -607,9 +607,14 @@ class OvercompleteISTA(nn.Module):
         nn.init.kaiming_uniform_(self.D1)
 
     def code(self, x: Tensor) -> Tensor:
-        """The sparse code ``A2`` of row tokens ``x`` (…, d) → (…, m)."""
-        a1 = F.relu(self.eta * (x @ self.D) - self.eta * self.lambd)
-        return F.relu(a1 - self.eta * ((a1 @ self.D.T - x) @ self.D) - self.eta * self.lambd)
+        """The sparse code ``A2`` of row tokens ``x`` (…, d) → (…, m).
+
+        Four thin matmuls, each with its scaling and shift fused in (``addmm``); nothing here is independent of
+        the tokens (a Gram matrix ``DᵀD`` would be ``m × m``, costlier than the two products it replaces)."""
+        rows, D, shift = x.reshape(-1, x.shape[-1]), self.D, -self.eta * self.lambd
+        a1 = torch.addmm(rows.new_full((1,), shift), rows, D, alpha=self.eta).relu_()
+        residual = torch.addmm(rows, a1, D.T, beta=-1)  # D A1 − Z in row form
+        return torch.addmm(a1 + shift, residual, D, alpha=-self.eta).relu_().view(*x.shape[:-1], -1)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.code(x) @ (self.D if self.D1 is None else self.D1).T
