@@ -426,6 +426,56 @@ def test_crate_analyze_on_a_folder_of_images(tmp_path, trained):
     assert imgs.shape == (2, 1, 8, 8) and 0 <= imgs.min() and imgs.max() <= 1 and files[0].endswith("a.png")
 
 
+def test_crate_analyze_images_use_the_models_normalisation_not_the_photos(tmp_path):
+    """Photos are normalised with the model's mean/std (its config, else ImageNet's), never silently with their
+    own statistics; the report's normalisation row says which, as numbers, not Python lists."""
+    from PIL import Image
+
+    from crate_transformer.spec import IMAGENET_MEAN, IMAGENET_STD, fit_normalization
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    g = np.random.default_rng(0)
+    for i in range(4):  # dark photos: their own statistics are far from ImageNet's
+        Image.fromarray(g.integers(0, 60, (20, 36, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    m = ct.create_model("crate_tiny", image_size=8, patch_size=2, in_chans=3, num_classes=10, dim=16, depth=2, heads=2)
+    path = tmp_path / "m"
+    m.save_pretrained(path)  # no data normalisation recorded: a released checkpoint's situation
+    common = ["--num-vis", "1", "--no-progress", "--masks", "1", "--images", str(folder)]
+    reports = {}
+    for choice in ("auto", "folder"):
+        out = tmp_path / choice
+        assert crate("analyze", str(path), *common, "--normalize", choice, "--out", str(out)) == 0
+        reports[choice] = (json.loads((out / "report.json").read_text()), (out / "report.html").read_text())
+    rep, page = reports["auto"]
+    imagenet = fit_normalization(IMAGENET_MEAN, IMAGENET_STD, 3)
+    np.testing.assert_allclose(rep["normalization"], imagenet)
+    assert rep["source"]["normalization_source"] == "ImageNet's (the model config records none)"
+    row = page[page.index("<th>normalisation</th>") :].split("</tr>")[0]
+    assert "mean 0.485, 0.456, 0.406; std 0.229, 0.224, 0.225 (ImageNet&#x27;s" in row and "[" not in row
+    imgs, _ = load_image_folder(folder, 8, 3)
+    folder_stats = reports["folder"][0]["normalization"]
+    np.testing.assert_allclose(folder_stats[0], imgs.mean((0, 2, 3)).numpy(), rtol=1e-5)
+    with pytest.raises(SystemExit):
+        crate("analyze", str(path), *common, "--normalize", "photos")
+
+
+def test_image_folder_keeps_the_aspect_ratio_and_crops_the_centre(tmp_path):
+    from PIL import Image
+
+    a = np.full((20, 40), 255, dtype=np.uint8)
+    a[:, :10] = 0  # a black left quarter: squashing the 2:1 photo into a square would keep it
+    a[:, 30:] = 0  # and a black right quarter
+    (tmp_path / "f").mkdir()
+    Image.fromarray(a).save(tmp_path / "f" / "wide.png")
+    imgs, _ = load_image_folder(tmp_path / "f", 10, 1)  # 20x40 -> 10x20, centre 10 columns: all white
+    assert imgs.shape == (1, 1, 10, 10) and imgs.min() > 0.8  # (antialiasing greys the edge columns a little)
+    imgs, _ = load_image_folder(tmp_path / "f", 10, 1, crop_pct=0.5)  # shorter side 20: no resize, centre 10x10
+    np.testing.assert_array_equal((imgs[0, 0] * 255).round().numpy(), a[5:15, 15:25])
+    with pytest.raises(ValueError, match="crop_pct must be in"):
+        load_image_folder(tmp_path / "f", 10, 1, crop_pct=1.5)
+
+
 def _save(model, tmp_path):
     path = tmp_path / "m"
     if not path.exists():
@@ -499,3 +549,15 @@ def test_report_json_rebuilds_the_tables(tmp_path, trained, batch):
     for k in direct.values:
         np.testing.assert_allclose(back.values[k], direct.values[k], rtol=1e-12)
     assert rep["segmentation"]["masks"][0]["file"] == "masks/image_000.png"
+
+
+def test_measurements_ignore_an_enclosing_autocast():
+    """A bf16 training step's measurements are those of the model in its own dtype (the trace and the Gram matrices
+    are not computed in bf16 when the measurement runs inside autocast)."""
+    model = ct.create_model("crate_tiny", **tiny.IMAGE).eval()
+    x = torch.randn(2, 3, 32, 32)
+    want = analysis.measure_batch(model, x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = analysis.measure_batch(model, x)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-6, atol=1e-9)

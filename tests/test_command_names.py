@@ -50,11 +50,12 @@ def test_a_task_error_names_tasks_in_python_and_commands_in_the_cli(tmp_path: Pa
     with pytest.raises(TaskError) as info:
         train(TrainConfig.from_dict({"task": "mae", "model": "crate_gpt_mini", "out": str(tmp_path / "r")}))
     assert str(info.value) == (
-        "crate_gpt_mini is a language model, and the mae task trains a CRATE-MAE (e.g. --model crate_mae_mnist); "
+        "crate_gpt_mini is a language model, and the mae task trains a masked autoencoder (e.g. --model "
+        "crate_mae_mnist); "
         "train crate_gpt_mini with the lm task --model crate_gpt_mini"
     )
     assert cli.error_message(info.value) == (
-        "crate_gpt_mini is a language model, and crate pretrain mae trains a CRATE-MAE (e.g. --model "
+        "crate_gpt_mini is a language model, and crate pretrain mae trains a masked autoencoder (e.g. --model "
         "crate_mae_mnist); train crate_gpt_mini with crate train-lm --model crate_gpt_mini"
     )
     assert not (tmp_path / "r").exists()

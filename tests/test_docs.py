@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
+import sys
+import types
 import unicodedata
 from pathlib import Path
 
@@ -191,6 +193,28 @@ def test_the_readme_quick_start_runs_verbatim(tmp_path: Path, monkeypatch: pytes
     assert namespace["logits"].shape == (8, 10)
 
 
+def test_adding_a_model_runs_block_by_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/adding_a_model.md's Python blocks, run in order as one program, make a family that every entry point
+    reaches (each block compiled alone, so a failure names it)."""
+    from crate_transformer import _registry
+
+    for table in ("_ARCHS", "_MODELS", "ZOO"):
+        monkeypatch.setattr(_registry, table, dict(getattr(_registry, table)))  # the example's lines are undone
+    blocks = [text for lang, text in code_blocks(ROOT / "docs" / "adding_a_model.md") if lang == "python"]
+    assert len(blocks) >= 5
+    monkeypatch.chdir(tmp_path)
+    module = types.ModuleType("adding_a_model")  # a real module: dataclasses look their class's module up
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    namespace = module.__dict__
+    for i, block in enumerate(blocks, 1):
+        exec(compile(block, f"docs/adding_a_model.md, Python block {i}", "exec"), namespace)  # our own docs' code
+    assert namespace["logits"].shape == (2, 10) and (tmp_path / "my_model" / "config.json").is_file()
+    import crate_transformer as ct
+
+    assert _registry.arch_info("my_arch").official is namespace["MY_FORMAT"]
+    assert type(ct.from_pretrained(tmp_path / "my_model")) is namespace["MyModel"]
+
+
 def test_no_file_cites_documents_outside_the_repository() -> None:
     # the names are joined here so that this file does not itself contain them
     pattern = re.compile("|".join(["paper" + "_spec", r"anchors\.md", "shared" + "/notes"]))
@@ -205,6 +229,13 @@ def test_no_file_cites_documents_outside_the_repository() -> None:
     me = Path(__file__).resolve()
     offenders = [str(p.relative_to(ROOT)) for p in files if p.resolve() != me and pattern.search(p.read_text())]
     assert not offenders, offenders
+
+
+def test_the_site_does_not_present_the_authors_repository_as_its_own() -> None:
+    import yaml
+
+    site = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    assert "Ma-Lab-Berkeley" not in str(site.get("repo_url", "")) + str(site.get("repo_name", ""))
 
 
 def test_ci_builds_the_docs_strictly() -> None:

@@ -2,6 +2,7 @@
 clear errors, and the pretraining task on the built-in digits."""
 
 import argparse
+import copy
 import json
 import pickle
 
@@ -161,6 +162,13 @@ def test_decoder_layer_forms():
     torch.testing.assert_close(layer(x), layer.norm2(x_) - layer.attn(layer.norm2(x_)))  # Alg. 5
 
 
+def test_native_grid_reuses_the_table_other_grids_compute_one():
+    m = small_mae()
+    g = m.config.grid
+    assert m.position_embedding(g, g) is m.pos_embed  # no per-forward work at the trained size
+    torch.testing.assert_close(m.position_embedding(2, 3)[0], sincos_pos_embed(m.config.dim, 2, 3))
+
+
 def test_sincos_matches_the_official_table():
     torch.testing.assert_close(
         sincos_pos_embed(64, 4, 4), torch.from_numpy(sincos_2d(64, 4)).float(), atol=1e-6, rtol=0
@@ -178,7 +186,10 @@ def test_from_official_reproduces_official_loss_and_predictions(tmp_path, norm_p
     x, noise = torch.randn(3, 3, 32, 32), torch.rand(3, 16)
     loss_o, pred_o, mask_o = off(x, 0.75, noise)
     loss, pred, mask = m(x, noise=noise)
-    torch.testing.assert_close(pred, pred_o, rtol=1e-5, atol=1e-5)
+    # two float32 roundings of one function (ISTA as two or three matmuls), each ~1e-5 from float64
+    _, pred64, _ = copy.deepcopy(off).double()(x.double(), 0.75, noise.double())
+    assert (pred.double() - pred64).abs().max() <= 2 * (pred_o.double() - pred64).abs().max() + 1e-6
+    torch.testing.assert_close(pred, pred_o, rtol=1e-5, atol=3e-5)
     torch.testing.assert_close(loss, loss_o, rtol=1e-5, atol=1e-5)
     assert torch.equal(mask, mask_o)
 
@@ -342,7 +353,8 @@ def test_pretrain_mae_loss_falls_on_digits_then_resume_finetune_and_probe(tmp_pa
 
 def test_pretrain_mae_refuses_a_classifier_model(tmp_path, capsys):
     assert crate("pretrain", "mae", *DIGITS[:5], "--model", "crate_mnist", "--out", tmp_path / "x") == 2
-    assert "crate_mnist is an image classifier, and crate pretrain mae trains a CRATE-MAE" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "crate_mnist is an image classifier, and crate pretrain mae trains a masked autoencoder" in err
 
 
 def test_analyze_reports_decoder_inversion(tmp_path):
@@ -356,7 +368,7 @@ def test_analyze_reports_decoder_inversion(tmp_path):
                      num_vis=1, progress=False)  # fmt: skip
     assert len(report["decoder_inversion"]["layers"]) == 2
     sections = [v["section"] for v in report["verdicts"]]
-    assert sections == ["CRATE-MAE encoder", "CRATE-MAE encoder", "CRATE-MAE decoder"]
+    assert sections == ["CRATE-MAE encoder"] * 3 + ["CRATE-MAE decoder"]  # compression, sparsity, incoherence
     dec = report["verdicts"][-1]["measured"]  # CKA of each decoder layer's output and input with the encoder's Z^l
     assert len(dec["cka_out_per_layer"]) == len(dec["cka_in_per_layer"]) == 2 and dec["samples"] == 4
     assert all(0 <= c <= 1 + 1e-9 for c in dec["cka_out_per_layer"] + dec["cka_in_per_layer"])

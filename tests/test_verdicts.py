@@ -12,15 +12,20 @@ import torch
 import torch.nn.functional as F
 
 import crate_transformer as ct
+from crate_transformer import analysis
 from crate_transformer.analysis import LayerTable, official_rc
 from crate_transformer.analysis.verdicts import (
     FAILS,
     HOLDS,
     NOT_APPLICABLE,
     Verdict,
+    baseline_from_records,
+    baseline_from_table,
     compression_verdict,
     decoder_verdict,
+    incoherence_verdict,
     paired_drop,
+    random_coherence,
     rate_reduction_note,
     sparsity_verdict,
 )
@@ -99,6 +104,76 @@ def test_compression_holds_when_rc_falls_and_fails_when_it_rises_or_stays():
     flat = compression_verdict(rc_table([8, 8, 8], seed=3)[0], "classifier")
     assert flat.verdict == FAILS and "within the noise" in flat.explanation
     assert abs(flat.measured["drop"]) <= flat.measured["noise"]
+
+
+def test_against_initialisation_holds_only_beyond_what_the_initial_model_does():
+    trained, direct = rc_table([16, 8, 2])
+    means = direct.mean(0)
+    # an initial model that already falls as much: the claim is not what training did
+    same = baseline_from_table(rc_table([16, 8, 2], seed=5)[0], "fresh")
+    v = compression_verdict(trained, "classifier", baseline=same)
+    assert v.verdict == FAILS and "not beyond the joint noise" in v.explanation and "At initialisation" in v.explanation
+    # an initial model that stays flat: the trained drop is beyond it
+    flat_table, flat_direct = rc_table([8, 8, 8], seed=3)
+    flat = baseline_from_table(flat_table, "fresh")
+    v = compression_verdict(trained, "classifier", baseline=flat)
+    assert v.verdict == HOLDS and "training added" in v.explanation
+    init = v.measured["initialisation"]
+    fm = flat_direct.mean(0)
+    assert init["drop"] == pytest.approx(fm[0] - fm[-1], rel=1e-9)  # the float64 formula's drop
+    assert init["per_layer_mean"] == pytest.approx(list(fm), rel=1e-9)
+    joint = math.hypot(v.measured["noise"], init["noise"])
+    assert v.measured["drop"] - init["drop"] > joint
+    assert v.measured["drop"] == pytest.approx(means[0] - means[-1], rel=1e-10)
+
+
+def test_baseline_from_logged_records_uses_the_noise_of_two_independent_means():
+    recs = [
+        {"layer": 1, "n_samples": 25, "rc_in": 10.0, "rc_in_std": 3.0, "nonzero": 0.5, "nonzero_std": 0.1},
+        {"layer": 2, "n_samples": 25, "rc_in": 9.0, "rc_in_std": 2.0, "nonzero": 0.4, "nonzero_std": 0.2},
+        {"layer": 3, "n_samples": 25, "rc_in": 7.0, "rc_in_std": 4.0, "nonzero": 0.45, "nonzero_std": 0.05},
+    ]
+    b = baseline_from_records(list(reversed(recs)), "the run's step 0")  # any order
+    assert b.per_layer["rc_in"] == [10.0, 9.0, 7.0]
+    assert b.drop["rc_in"][0] == pytest.approx(3.0) and b.drop["rc_in"][1] == pytest.approx(2 * 5.0 / 5.0)
+    assert b.drop["nonzero"][0] == pytest.approx(0.05)
+    assert b.drop["nonzero"][1] == pytest.approx(2 * math.sqrt((0.1**2 + 0.05**2) / 25))
+
+
+def test_non_monotone_layers_are_named():
+    v = compression_verdict(rc_table([12, 2, 16, 1])[0], "classifier")
+    assert v.verdict == HOLDS  # first to last falls ...
+    assert v.measured["rises"] == [2] and "not monotone: it rises from layer 2 -> 3" in v.explanation
+    monotone = compression_verdict(rc_table([16, 8, 2])[0], "classifier")
+    assert monotone.measured["rises"] == [] and "not monotone" not in monotone.explanation
+
+
+def _coherence_rows(U: np.ndarray, layer: int = 1) -> dict:
+    """The block coherence ||Q_i^T Q_j||_F / sqrt(p) of bases U (K, d, p), float64 numpy, as a row of incoherence."""
+    Q = [np.linalg.qr(u)[0] for u in U]
+    k, d, p = U.shape
+    c = [np.linalg.norm(Q[i].T @ Q[j]) / math.sqrt(p) for i in range(k) for j in range(k) if i != j]
+    return {"layer": layer, "heads": k, "dim": d, "dim_head": p, "mean_cross_coherence": float(np.mean(c))}
+
+
+def test_incoherence_holds_for_orthogonal_subspaces_and_fails_for_random_ones():
+    rng = np.random.default_rng(0)
+    orth = [_coherence_rows(orthonormal_heads(rng), layer) for layer in (1, 2)]
+    assert orth[0]["mean_cross_coherence"] == pytest.approx(0.0, abs=1e-12)
+    random_rows = [_coherence_rows(rng.standard_normal((K, D, P)), layer) for layer in (1, 2)]
+    v = incoherence_verdict(orth, "classifier", initial=random_rows)
+    assert v.verdict == HOLDS and "at initialisation" in v.explanation
+    assert v.measured["initialisation"] == [r["mean_cross_coherence"] for r in random_rows]
+    w = incoherence_verdict([orth[0], random_rows[1]], "classifier")
+    assert w.verdict == FAILS and "layer(s) 2" in w.explanation
+    # the chance level: random subspaces' mean coherence, against a float64 draw written here
+    mean, std = random_coherence(K, D, P, draws=200)
+    here = [_coherence_rows(rng.standard_normal((K, D, P)))["mean_cross_coherence"] for _ in range(400)]
+    assert mean == pytest.approx(np.mean(here), abs=3 * np.std(here) / math.sqrt(200))
+    assert std == pytest.approx(np.std(here), rel=0.25)
+    assert mean == pytest.approx(math.sqrt(P / D), rel=0.1)  # about sqrt(p/d)
+    one_head = incoherence_verdict([{**orth[0], "heads": 1}], "classifier")
+    assert one_head.verdict == NOT_APPLICABLE
 
 
 def test_not_applicable_with_one_layer_or_too_few_samples():
@@ -263,6 +338,13 @@ def test_crate_analyze_writes_and_prints_the_verdict_table(tmp_path, capsys):
     model.config.data = DataSpec(source="digits", name="digits", mean=list(train.mean), std=list(train.std))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     x_all = normalize(train.images.float() / 255, train.mean, train.std)
+    # the run's own measurement at step 0, as training's measure hook logs it into metrics.jsonl
+    step0 = [
+        {"split": "measure", "step": 0, **r} for r in analysis.measure(model, x_all[:32], progress=False).to_records()
+    ]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("task: classification\n")
+    (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in step0))
     for step in range(40):  # a tiny trained run
         idx = torch.arange(step * 64, step * 64 + 64) % len(train)
         loss = F.cross_entropy(model(x_all[idx]), train.labels[idx])
@@ -278,8 +360,18 @@ def test_crate_analyze_writes_and_prints_the_verdict_table(tmp_path, capsys):
     printed = capsys.readouterr().out
     report = json.loads((out / "report.json").read_text())
     verdicts = report["verdicts"]
-    assert [v["section"] for v in verdicts] == ["classifier (train)"] * 2 + ["classifier (test)"] * 2
+    sections = ["classifier (train)"] * 2 + ["classifier (test)"] * 2 + ["classifier"]
+    assert [v["section"] for v in verdicts] == sections
     assert all(v["verdict"] in (HOLDS, FAILS, NOT_APPLICABLE) for v in verdicts)
+    # every layer verdict is stated against the run's own step 0, and the figures draw it
+    for v in verdicts[:4]:
+        metric = "rc_in" if "R^c" in v["claim"] else "nonzero"
+        assert v["measured"]["initialisation"]["per_layer_mean"] == pytest.approx([r[metric] for r in step0])
+        assert "At initialisation" in v["explanation"]
+    assert report["initialisation"]["at initialisation (step 0 of the run)"][0]["rc_in"] == step0[0]["rc_in"]
+    assert "the run's own measurement at step 0 (32 training images)" in report["figures"]["layerwise.png"]["caption"]
+    assert "subspaces U_k of different heads are incoherent" in verdicts[4]["claim"]
+    assert len(verdicts[4]["measured"]["initialisation"]) == 2
     # the verdict's numbers are the report's own layer table
     test_layers = report["measure"]["test"]["layers"]
     comp = verdicts[2]
@@ -291,3 +383,32 @@ def test_crate_analyze_writes_and_prints_the_verdict_table(tmp_path, capsys):
     first_table = page.index("<table>")
     assert page.index("Did the paper's claims hold?") < first_table < page.index("Layer-wise measurements")
     assert all(html.escape(v["explanation"]) in page and html.escape(v["rule"]) in page for v in verdicts)
+
+
+def test_crate_analyze_on_an_external_checkpoint_compares_with_a_fresh_model(tmp_path, capsys):
+    """A checkpoint without a run (no step-0 record): the reference is a freshly initialised model of the same
+    architecture measured on the same images; the layer figure draws both curves."""
+    from crate_transformer.cli import analyze as analyze_cmd
+
+    model = ct.create_model(
+        "crate_tiny", image_size=8, patch_size=2, in_chans=1, num_classes=10, dim=32, depth=2, heads=4
+    )
+    model.eval().save_pretrained(tmp_path / "m")
+    parser = argparse.ArgumentParser()
+    analyze_cmd.configure_analyze(parser)
+    out = tmp_path / "an"
+    argv = [str(tmp_path / "m"), "--data", "digits", "--num-images", "8", "--num-vis", "1", "--no-progress"]
+    assert analyze_cmd.run_analyze(parser.parse_args([*argv, "--out", str(out)])) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["initialisation"]) == {"train at initialisation", "test at initialisation"}
+    init = analysis.report.initial_model(model)  # what the report compared with, measured here on the same images
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(init.state_dict().values(), analysis.report.initial_model(model).state_dict().values())
+    )
+    comp = report["verdicts"][2]
+    assert comp["section"] == "classifier (test)" and "At initialisation" in comp["explanation"]
+    fresh_rc = [r["rc_in"] for r in report["initialisation"]["test at initialisation"]]
+    assert comp["measured"]["initialisation"]["per_layer_mean"] == pytest.approx(fresh_rc)
+    assert "freshly initialised model of the same architecture" in report["figures"]["layerwise.png"]["caption"]
+    assert "At initialisation" in capsys.readouterr().out

@@ -9,26 +9,22 @@ Public API::
     model = ct.create_model("crate_alpha_base16", pretrained=True)   # released weights (ct.list_pretrained())
     model.push_to_hub("me/my-crate"); model = ct.from_pretrained("hf-hub:me/my-crate")
     model = ct.from_official("checkpoint.pth.tar", "crate_small")
+    model = ct.load_model("runs/my-run")   # anything a command accepts: a folder, a run, a training state
     lm = ct.create_model("crate_gpt_mini"); lm.generate(ids, 100)   # CRATE-GPT / CRATE-BERT (JMLR §4.1.4)
     mae = ct.create_model("crate_mae_small"); loss, pred, mask = mae(images)   # CRATE-MAE
     ct.coding_rate(Z), ct.subspace_coding_rate(Z, U), ...
 """
 
-from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
-from importlib.metadata import version as _version
-
-try:
-    __version__ = _version("crate-transformer")
-except _PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
-
-from .base import Model, Trace  # noqa: E402
-from .checkpoint import CheckpointError, from_official, from_pretrained  # noqa: E402
-from .config import Config  # noqa: E402
-from .lm import GPT, CRATELanguageModel, LanguageModel, LMConfig  # noqa: E402
-from .mae import CRATEMAE, MAEConfig  # noqa: E402
-from .model import CRATE, ImageClassifier, ModelConfig, ViT  # noqa: E402
-from .objectives import (  # noqa: E402
+from ._version import __version__
+from .alpha import AlphaConfig, CRATEAlpha
+from .base import Model, Trace
+from .bert import CRATEBert
+from .checkpoint import CheckpointError, from_official, from_pretrained
+from .config import Config
+from .lm import GPT, CRATELanguageModel, LanguageModel, LMConfig
+from .mae import CRATEMAE, MAEConfig
+from .model import CRATE, ImageClassifier, ModelConfig, ViT
+from .objectives import (
     coding_rate,
     coding_rate_grad,
     l1_per_entry,
@@ -39,20 +35,29 @@ from .objectives import (  # noqa: E402
     subspace_coding_rate,
     subspace_coding_rate_grad,
     subspaces_from_qkv,
+    variational_coding_rate,
 )
-from .pretrained import list_pretrained  # noqa: E402
-from .registry import create_model, list_models, model_config  # noqa: E402
-from .tokenizer import Tokenizer  # noqa: E402
+from .pretrained import list_pretrained
+from .registry import create_model, list_models, model_config
+from .tokenizer import Tokenizer
+from .tost import ToST, ToSTConfig, ToSTLanguageModel, ToSTLMConfig
 
 _SUBMODULES = ("analysis", "theory", "data", "train", "probe", "dino")
+# the one resolver of the commands (a folder, a run directory, a training state, an authors' file): it lives with
+# the trainer, whose run layout it reads, and is imported on first use like the submodules
+_LAZY = {"load_model": ("train.load", "load_model")}
 
 
 def __getattr__(name: str) -> object:
-    """``ct.analysis``, ``ct.theory``, ``ct.data``, ``ct.train`` on first use (they import matplotlib etc.)."""
-    if name in _SUBMODULES:
-        import importlib
+    """``ct.analysis``, ``ct.theory``, ``ct.data``, ``ct.train`` and ``ct.load_model`` on first use (they import
+    matplotlib etc.)."""
+    import importlib
 
+    if name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(f".{module}", __name__), attr)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -71,6 +76,13 @@ __all__ = [
     "CRATELanguageModel",
     "GPT",
     "LMConfig",
+    "CRATEBert",
+    "CRATEAlpha",
+    "AlphaConfig",
+    "ToST",
+    "ToSTConfig",
+    "ToSTLanguageModel",
+    "ToSTLMConfig",
     "Tokenizer",
     "CheckpointError",
     "create_model",
@@ -79,6 +91,7 @@ __all__ = [
     "model_config",
     "from_pretrained",
     "from_official",
+    "load_model",
     "coding_rate",
     "coding_rate_grad",
     "membership_coding_rate",
@@ -89,4 +102,5 @@ __all__ = [
     "sparsity",
     "l1_per_entry",
     "subspaces_from_qkv",
+    "variational_coding_rate",
 ]

@@ -10,7 +10,8 @@ uses LayerNorm eps 1e-6 inside the layers and no bias on the attention output ``
 a LayerNorm (eps 1e-5) and a Linear on the class token.
 
 The whole family is this module — :class:`AlphaConfig`, :class:`CRATEAlpha`, the authors' key map with its two
-converters and :data:`ALPHA_FORMAT` — plus its ``register_arch`` / ``register_model`` lines in the registry.
+converters, :data:`ALPHA_FORMAT` and its registry lines (``register_arch``, ``register_model``,
+``register_pretrained``) at the bottom.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from typing import ClassVar
 
 from torch import Tensor, nn
 
+from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .model import ImageClassifier, ModelConfig
 from .official import OfficialFormat, conv_to_linear, linear_to_conv, rename
 from .operators import EncoderLayer, drop_path_rates
+from .spec import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = [
     "ALPHA_ARCH",
@@ -53,9 +56,7 @@ ALPHA_CHOICES: dict[str, object] = {
     "ista_mode": "relu",
 }
 # The input normalisation of the released checkpoints (eval_in1k_cls.py: Resize 256, CenterCrop 224, ToTensor,
-# then Normalize with these).
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+# then Normalize with IMAGENET_MEAN / IMAGENET_STD).
 
 
 @dataclass
@@ -176,3 +177,30 @@ ALPHA_FORMAT = OfficialFormat(
     detect=looks_like_alpha,
     example="crate_alpha_base16",
 )
+
+
+# --------------------------------------------------------------------------- registry entries
+register_arch(ALPHA_ARCH, CRATEAlpha, official=ALPHA_FORMAT)
+# The sizes of the released PyTorch checkpoints (UCSC-VLAA/CRATE-alpha on the HF Hub, torch/crate_alpha_B16.pth and
+# torch/crate_alpha_L14.pth; the factories CRATE_base / CRATE_large of torch_inference/model/crate_alpha.py), both
+# fine-tuned and evaluated at 224.  Parameters with the 1000-class head: 72,328,936 and 253,650,920.  The
+# ImageNet-21K pre-training files (torch/in21k_Pretrain): num_classes=19167.
+register_model("crate_alpha_base16", arch=ALPHA_ARCH, image_size=224, patch_size=16, dim=768, depth=12, heads=12)
+register_model("crate_alpha_large14", arch=ALPHA_ARCH, image_size=224, patch_size=14, dim=1024, depth=24, heads=16)
+_REFERENCE = "github.com/UCSC-VLAA/CRATE-alpha README.md, torch_inference/eval_in1k_cls.py (commit edbd624)"
+for _name, _size, _top1 in (("crate_alpha_base16", "B16", "81.2"), ("crate_alpha_large14", "L14", "83.9")):
+    register_pretrained(
+        PretrainedSource(
+            name=_name,
+            title=f"CRATE-α-{_size[0]}/{_size[1:]}, ImageNet-21K pre-trained, ImageNet-1K fine-tuned ({_top1}% top-1)",
+            loader=ALPHA_FORMAT.name,
+            filename=f"torch/crate_alpha_{_size}.pth",
+            repo_id="UCSC-VLAA/CRATE-alpha",
+            input="image 224 (resize 256, centre crop 224)",
+            mean=IMAGENET_MEAN,
+            std=IMAGENET_STD,
+            classes="ImageNet-1K (1000)",
+            licence="Apache-2.0 (Hub model card)",
+            reference=_REFERENCE,
+        )
+    )

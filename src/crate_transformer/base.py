@@ -10,6 +10,22 @@ from the base:
 * ``set_grad_checkpointing()`` — activation checkpointing of every layer through :meth:`Model.run_layers`;
 * ``pretrained_cfg`` — where the released weights came from (the zoo entry), or None.
 
+``Family.from_pretrained`` needs no registry: the class (or the subclass whose :attr:`Model.arch` is the
+stored ``arch``) parses the config with its ``config_class`` and builds itself.
+
+**The capability contract.**  Consumers (the tasks, the analysis, the features, the CLI, the loaders) ask a
+model what it is and what it supports — never its class, never its ``arch`` name.  Its config says what the
+model is (``kind``, ``white_box``, ``sparse_output``, ``layer_blocks``, ``pipeline_tag``: see
+:mod:`crate_transformer.config`); the model says what only the built model knows, each with a default here:
+
+* ``kind`` — ``self.config.kind``; ``num_prefix_tokens`` — tokens before the content (a class token) in
+  ``forward_features``; ``trace_prefix_tokens`` — the same in the layers' own sequences (``forward_trace``);
+* :meth:`Model.code_sites` — where each layer's sparse code (or MLP units) is read;
+* :meth:`Model.as_classifier` — an image classifier made from it, for fine-tuning (CRATE-MAE's encoder);
+* :meth:`Model.extra_files` / :meth:`Model.load_extra_files` — JSON files saved and checksummed beside the
+  weights (a language model's ``tokenizer.json``); :meth:`Model.size_hint` — the overrides that would fit a
+  checkpoint of other sizes; :meth:`Model.official_num_params` — the authors' parameter count.
+
 and implements the forward methods, each with one meaning across families:
 
 * ``forward_features(x)`` → the encoder's output tokens ``(b, n, d)`` for the whole input, after the
@@ -26,18 +42,28 @@ Pooling has one vocabulary (:data:`POOLS`, :func:`pool_tokens`) for the classifi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from ._hub import is_hub_spec, push_to_hub, resolve_hub
 from .config import Config
-from .io import save_pretrained
+from .io import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    CheckpointError,
+    load_safetensors,
+    model_dir,
+    read_config_dict,
+    save_pretrained,
+)
 
-__all__ = ["Model", "Trace", "POOLS", "pool_tokens"]
+__all__ = ["Model", "Trace", "POOLS", "pool_tokens", "load_folder", "load_weights"]
 
 # "cls": the class token (eq. (80)); "mean": every token, class token included (the official CRATE
 # classifier's ``x.mean(dim=1)``); "avg": the patch tokens only (global average pooling, eq. (72), p.40;
@@ -86,9 +112,13 @@ class Model(nn.Module):
     """Base of every model family; see the module docstring for the contract."""
 
     config_class: ClassVar[type[Config]]
+    # the config ``arch`` this class builds; None for a family's common base, whose subclasses each build one
+    arch: ClassVar[str | None] = None
     # top-level parameters that are never decayed besides the vectors (norm weights, biases): position
     # tables and special tokens
     no_decay_names: ClassVar[tuple[str, ...]] = ()
+    # tokens before the content tokens (timm's name): a class token, 0 for a language model
+    num_prefix_tokens: ClassVar[int] = 0
 
     def __init__(self, config: Config | None) -> None:
         super().__init__()
@@ -107,24 +137,88 @@ class Model(nn.Module):
         return save_pretrained(self, directory)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, **kwargs: Any) -> Model:
-        """Load a folder, file or ``hf-hub:ORG/NAME`` written by :meth:`save_pretrained`; it must hold a ``cls``."""
-        from .checkpoint import CheckpointError, from_pretrained
+    def from_pretrained(
+        cls, path: str | Path, map_location: str | torch.device = "cpu", revision: str | None = None
+    ) -> Model:
+        """Load a folder (or its ``model.safetensors`` / ``config.json``) or ``hf-hub:ORG/NAME`` written by
+        :meth:`save_pretrained`; it must hold this class's ``arch`` (or a subclass's).  ``revision``: a branch, tag
+        or commit of a Hub repository.  See :func:`load_folder`."""
+        return load_folder(path, cls.class_for, map_location=map_location, revision=revision)
 
-        model = from_pretrained(path, **kwargs)
-        if not isinstance(model, cls):
-            raise CheckpointError(
-                f"{path} holds a {type(model).__name__}, not a {cls.__name__}; load it with ct.from_pretrained"
-            )
-        return model
+    @classmethod
+    def class_for(cls, arch: object) -> type[Model]:
+        """The class that builds ``arch``: this one, or its nearest subclass whose :attr:`arch` it is."""
+        if arch is None:  # a config stored before ``arch`` existed: the config class's default
+            arch = cls.config_class.__dataclass_fields__["arch"].default
+        queue: list[type[Model]] = [cls]
+        while queue:
+            klass = queue.pop(0)
+            if klass.arch == arch:
+                return klass
+            queue.extend(klass.__subclasses__())
+        raise CheckpointError(f"it holds a {arch!r} model, not a {cls.__name__}; load it with ct.from_pretrained")
 
     def push_to_hub(self, repo_id: str, **kwargs: Any) -> str:
         """Upload this model (the :meth:`save_pretrained` files and a generated model card) to the Hugging
         Face Hub repository ``repo_id``; ``metrics``, ``dataset``, ``license``, ``private``, ``token``,
         ``revision``: see :func:`crate_transformer.pretrained.push_to_hub`.  Returns the commit URL."""
-        from .pretrained import push_to_hub
-
         return push_to_hub(self, repo_id, **kwargs)
+
+    # ---------------------------------------------------------------- capabilities (what consumers ask)
+    @property
+    def kind(self) -> str:
+        """What this model is (``self.config.kind``, one of :data:`~crate_transformer.config.KINDS`)."""
+        return self.config.kind
+
+    @property
+    def trace_prefix_tokens(self) -> int:
+        """Tokens before the content in the sequences ``self.layers`` process (``forward_trace``'s tokens and
+        attention, the code sites' outputs): ``num_prefix_tokens`` unless the family's layers see no class token
+        (ToST adds its class token after them)."""
+        return self.num_prefix_tokens
+
+    def code_sites(self) -> list[tuple[nn.Module, str]]:
+        """Per layer, where its sparse code (or MLP units) is read: the ``(module, unit kind)`` each of ``self.layers``
+        gives by its ``code_site()`` (:meth:`~crate_transformer.operators.EncoderLayer.code_site`; any layer class
+        may have one, e.g. ToST's blocks: their MLP units).  One-line
+        ``ValueError`` for a layer without one; a family with other layers overrides this."""
+        layers = getattr(self, "layers", None)
+        if not isinstance(layers, nn.ModuleList) or not len(layers):
+            raise ValueError(f"{type(self).__name__} has no encoder layers (model.layers) to read codes from")
+        sites = []
+        for i, layer in enumerate(layers):
+            site = layer.code_site() if callable(getattr(layer, "code_site", None)) else None
+            if site is None:
+                raise ValueError(
+                    f"layer {i + 1} of this {self.config.arch} model has no sparse code or MLP units "
+                    f"({type(layer).__name__}, ista_mode='none'?); features need ISTA, an overcomplete ISTA or an MLP"
+                )
+            sites.append(site)
+        return sites
+
+    def official_num_params(self) -> int | None:
+        """The parameter count of the authors' layout where it differs from :meth:`num_params` (the paper's
+        tables count it), else None."""
+        return None
+
+    def as_classifier(self) -> Model:
+        """This model as an image classifier to fine-tune: itself when it is one; a family whose encoder can
+        become one (CRATE-MAE) converts itself.  Other kinds are returned unchanged (the task refuses them)."""
+        return self
+
+    # ---------------------------------------------------------------- a family's files
+    def extra_files(self) -> dict[str, str]:
+        """JSON files saved beside the weights, ``{name: text}`` (checksummed in the weights' header); a
+        language model writes its ``tokenizer.json``.  The default: none."""
+        return {}
+
+    def load_extra_files(self, directory: Path, meta: Mapping[str, str]) -> None:
+        """Read back what :meth:`extra_files` wrote (``meta``: the weights' header, holding the checksums)."""
+
+    def size_hint(self, state: Mapping[str, Tensor]) -> str:
+        """When ``state`` does not fit this model: the overrides that would build a model it fits, read off its
+        shapes (``"; pass dim=768"``), or ``""``."""
+        return ""
 
     # ---------------------------------------------------------------- the contract
     def forward_features(self, x: Tensor) -> Tensor:
@@ -176,3 +270,59 @@ def _output_of(layer: nn.Module) -> Callable[..., Tensor]:
         return out[0] if isinstance(out, tuple) else out
 
     return run
+
+
+def load_weights(model: nn.Module, state: Mapping[str, Tensor], source: str = "checkpoint") -> None:
+    """Strictly load ``state`` into ``model``; any missing, unexpected or mis-shaped key is one clear error
+    (with the model's :meth:`Model.size_hint`)."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    shapes = sorted(
+        f"{k}: checkpoint {list(state[k].shape)} vs model {list(own[k].shape)}"
+        for k in set(own) & set(state)
+        if tuple(state[k].shape) != tuple(own[k].shape)
+    )
+    if missing or unexpected or shapes:
+        parts = []
+        for label, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)):
+            if items:
+                shown = ", ".join(items[:6]) + (f", … (+{len(items) - 6} more)" if len(items) > 6 else "")
+                parts.append(f"{label}: {shown}")
+        hint = model.size_hint(state) if isinstance(model, Model) else ""
+        raise CheckpointError(f"{source} does not fit the model ({'; '.join(parts)}){hint}")
+    model.load_state_dict(state, strict=True)
+
+
+def load_folder(
+    path: str | Path,
+    choose: Callable[[object], type[Model]],
+    map_location: str | torch.device = "cpu",
+    revision: str | None = None,
+) -> Model:
+    """A model written by :meth:`Model.save_pretrained`, built by ``choose(arch)`` (the class for the stored
+    ``arch``: :meth:`Model.class_for` of the class asked, or the registry's for ``ct.from_pretrained``).
+
+    ``path`` is that folder, or its ``model.safetensors`` or ``config.json``, or ``"hf-hub:ORG/NAME"``: a Hub
+    repository written by ``model.push_to_hub`` (``revision``: a branch, tag or commit), fetched through the
+    Hugging Face cache.  The weights' SHA-256 (stored in the safetensors header since 0.2) and the checksums of
+    ``config.json`` and the extra files stored beside it are verified: a flipped byte in any of them raises
+    :class:`~crate_transformer.io.CheckpointError` ("... is corrupt"); older files without a checksum load.
+    """
+    directory = model_dir(resolve_hub(path, revision))
+    data = read_config_dict(directory)
+    try:
+        target = choose(data.get("arch"))
+        config = target.config_class.from_dict(data)
+    except ValueError as e:
+        raise CheckpointError(f"{directory / CONFIG_NAME}: {e}") from None
+    weights = directory / WEIGHTS_NAME
+    if not weights.is_file():
+        raise CheckpointError(f"no {WEIGHTS_NAME} in {directory}; the save was incomplete — re-save the model")
+    state, meta = load_safetensors(weights)
+    model = target(config)
+    load_weights(model, state, source=str(weights))
+    model.load_extra_files(directory, meta)
+    if is_hub_spec(path):
+        model.pretrained_cfg = {"source": path, "revision": revision, "folder": str(directory)}
+    return model.to(map_location)

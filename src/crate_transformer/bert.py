@@ -28,8 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .io import CheckpointError
-from .lm import LanguageModel, LMConfig
+from .lm import LanguageModel, LMConfig, check_ids
 from .official import OfficialFormat, rename, unwrap
 
 __all__ = [
@@ -129,12 +130,12 @@ class CRATEBert(LanguageModel):
         if token_type_ids is None:
             types = torch.zeros_like(idx)
         else:
-            types = token_type_ids
-            if types.shape != idx.shape or int(types.min()) < 0 or int(types.max()) >= self.config.type_vocab_size:
+            types, n = token_type_ids, self.config.type_vocab_size
+            if types.shape != idx.shape:
                 raise ValueError(
-                    f"token_type_ids must have the shape of the tokens {tuple(idx.shape)} and values in "
-                    f"[0, {self.config.type_vocab_size}); got shape {tuple(types.shape)}"
+                    f"token_type_ids must have the shape of the tokens {tuple(idx.shape)}, got {tuple(types.shape)}"
                 )
+            check_ids(types, n, "token type", "is outside the token types", f"pass token_type_ids in [0, {n})")
         z = self.wte(idx) + self.token_type(types) + self.wpe(position_ids(idx, self.config.pad_token_id))
         return self.drop(self.embed_norm(z))
 
@@ -181,10 +182,10 @@ class CRATEBert(LanguageModel):
         """
         if self.classifier is None:
             raise ValueError("this model has no classification head; create it with num_labels > 0")
-        b, n = idx.shape
-        lengths = torch.full((b,), n, device=idx.device) if lengths is None else lengths.to(idx.device)
-        real = torch.arange(n, device=idx.device)[None] < lengths[:, None]
-        z = self.forward_features(idx, key_mask=None if bool(real.all()) else real, token_type_ids=token_type_ids)
+        real = None  # no lengths: no padding, no mask
+        if lengths is not None:
+            real = torch.arange(idx.shape[1], device=idx.device)[None] < lengths.to(idx.device)[:, None]
+        z = self.forward_features(idx, key_mask=real, token_type_ids=token_type_ids)
         return self.classifier(z)
 
     def reset_classifier(self, num_classes: int) -> None:
@@ -333,4 +334,31 @@ BERT_FORMAT = OfficialFormat(
     overridable=("dropout",),
     config_file=bert_config_file,
     optional=("lm_head.",),
+)
+
+
+# --------------------------------------------------------------------------- registry entries
+register_arch("crate_bert", CRATEBert, official=BERT_FORMAT)
+# CRATE-BERT as the authors released it (JMLR Table 10, p.97; their Hugging Face port,
+# models/crate/modeling_crate.py): RoBERTa's vocabulary (V = 50,265), embedding (learned positions from
+# pad_token_id + 1 = 2, so 512 rows hold 510 tokens; 2 token types; LayerNorm eps 1e-12) and masked-LM head, no bias on
+# MSSA's W, dropout 0.1.  Parameters 32,621,657 / 60,912,729 / 128,697,433 (paper: 33M / 61M / 129M; "60.9M").
+# The literal eqs. (83)-(84) form is crate_bert_eq83_* (arch crate_lm, lm.py).
+_BERT = dict(arch="crate_bert", causal=False, vocab_size=50265, block_size=510, proj_bias=False, dropout=0.1)
+register_model("crate_bert_medium", **_BERT, dim=512, depth=8, heads=8)
+register_model("crate_bert_base", **_BERT, dim=768, depth=12, heads=12)
+register_model("crate_bert_large", **_BERT, dim=1024, depth=24, heads=16)
+register_pretrained(
+    PretrainedSource(
+        name="crate_bert_base",
+        title="CRATE-BERT-Base (transformers-format port)",
+        loader=BERT_FORMAT.name,
+        filename="pytorch_model.bin",
+        repo_id="jackbai/crate-base",
+        also=("config.json",),  # the port's sizes, read by the loader beside the weights
+        input="RoBERTa BPE tokens, context 510 (512 position rows)",
+        classes="masked tokens (vocabulary 50,265)",
+        licence="not stated",
+        reference="configuration_crate.py of the CRATE-BERT transformers port (jackbai/crate-base)",
+    )
 )

@@ -1,16 +1,17 @@
-"""Model files: ``from_pretrained`` (safetensors + JSON config, written by ``model.save_pretrained``),
-``from_official`` (the authors' ``.pth`` layouts, one :class:`~crate_transformer.official.OfficialFormat`
-per registered architecture) and ``load_weights``.  The resolver the commands share, ``load_model`` (which
-also reads run directories and training states), is :mod:`crate_transformer.train.load`.
+"""The loaders by ``arch`` (the hub layer, above the registry's tables): ``from_pretrained`` (safetensors + JSON
+config, written by ``model.save_pretrained``, any registered family) and ``from_official`` (the authors' ``.pth``
+layouts, one :class:`~crate_transformer.official.OfficialFormat` per registered architecture).  The resolver the
+commands share, ``load_model`` (which also reads run directories and training states), is
+:mod:`crate_transformer.train.load`.
 
 The file primitives (atomic writes, safe unpickling, checksummed safetensors) live in
-:mod:`crate_transformer.io`; ``atomic_write``, ``load_pickle``, ``save_pretrained`` and
-``CheckpointError`` are re-exported here for compatibility.
+:mod:`crate_transformer.io`, the folder reader every family shares in :mod:`crate_transformer.base`
+(:func:`~crate_transformer.base.load_folder`); ``atomic_write``, ``load_pickle``, ``save_pretrained``,
+``load_weights``, ``resolve_hub`` and ``CheckpointError`` are re-exported here for compatibility.
 """
 
 from __future__ import annotations
 
-import re
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,27 +19,23 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .base import Model
+from ._hub import resolve_hub
+from ._registry import arch_info, config_class, model_config, official_formats
+from .base import Model, load_folder, load_weights
 from .config import Config
-from .errors import TaskError
 from .io import (
     CONFIG_NAME,
-    FILE_DIGESTS,
-    TOKENIZER_NAME,
-    WEIGHTS_NAME,
     CheckpointError,
     atomic_write,
     load_pickle,
     load_safetensors,
     load_state,
+    model_dir,
+    read_config_dict,
     read_model_json,
     save_pretrained,
 )
-from .lm import LanguageModel, LMConfig
-from .mae import CRATEMAE, MAEConfig
-from .model import ImageClassifier, ModelConfig
 from .official import OfficialFormat, unwrap
-from .registry import arch_info, build, config_class, model_config, official_formats
 
 __all__ = [
     "CheckpointError",
@@ -54,152 +51,30 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------- native format
-def _model_dir(path: str | Path) -> Path:
-    """The ``save_pretrained`` folder of ``path``: the folder itself, or the folder of its
-    ``model.safetensors`` / ``config.json`` when one of those files is given."""
-    path = Path(path)
-    if path.is_file():
-        if path.name in (WEIGHTS_NAME, CONFIG_NAME):
-            return path.parent
-        raise CheckpointError(
-            f"{path} is a file; pass the folder written by model.save_pretrained (with {CONFIG_NAME} and "
-            f"{WEIGHTS_NAME}), or load an official .pth with from_official / load_model"
-        )
-    if not path.is_dir():
-        raise CheckpointError(f"model directory not found: {path}")
-    return path
-
-
-def resolve_hub(path: str | Path, revision: str | None = None) -> str | Path:
-    """``"hf-hub:ORG/NAME"`` → its local snapshot folder; any other path unchanged (``revision`` is Hub-only)."""
-    if isinstance(path, str) and path.startswith("hf-hub:"):
-        from .pretrained import hub_snapshot
-
-        return hub_snapshot(path, revision=revision)
-    if revision is not None:
-        raise ValueError(f"revision={revision!r} applies to hf-hub:ORG/NAME models only, not to the path {path}")
-    return path
-
-
-def config_from_dict(data: Mapping) -> ModelConfig | MAEConfig | LMConfig:
+def config_from_dict(data: Mapping) -> Config:
     """A stored config (``config.json``, a training state's ``model_config``) as the dataclass its ``arch`` names."""
     return config_class(data.get("arch")).from_dict(dict(data))
 
 
-def read_config(directory: str | Path) -> ModelConfig | MAEConfig | LMConfig:
-    """The config of a ``save_pretrained`` folder (:class:`ModelConfig`, :class:`MAEConfig` or :class:`LMConfig`
-    by its ``arch``; older ``"extra"`` layouts are converted)."""
-    directory = _model_dir(directory)
-    path = directory / CONFIG_NAME
-    if not path.is_file():
-        raise CheckpointError(
-            f"no {CONFIG_NAME} in {directory}; expected a directory written by model.save_pretrained(...)"
-        )
-    _, data = read_model_json(directory, CONFIG_NAME)  # verified against the checksum beside the weights
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} does not hold a JSON object of model settings; the file is corrupt")
-    data.pop("crate_transformer_version", None)
+def read_config(directory: str | Path) -> Config:
+    """The config of a ``save_pretrained`` folder, as the class its ``arch`` registered (older ``"extra"``
+    layouts are converted)."""
+    directory = model_dir(directory)
     try:
-        return config_from_dict(data)
+        return config_from_dict(read_config_dict(directory))
+    except CheckpointError:
+        raise
     except ValueError as e:
-        raise CheckpointError(f"{path}: {e}") from None
+        raise CheckpointError(f"{directory / CONFIG_NAME}: {e}") from None
 
 
 def from_pretrained(
     directory: str | Path, map_location: str | torch.device = "cpu", revision: str | None = None
-) -> ImageClassifier | CRATEMAE | LanguageModel:
-    """Load a model written by :meth:`ImageClassifier.save_pretrained`.
-
-    ``directory`` is that folder, or its ``model.safetensors`` or ``config.json``, or ``"hf-hub:ORG/NAME"``:
-    a Hub repository written by ``model.push_to_hub`` (``revision``: a branch, tag or commit), fetched
-    through the Hugging Face cache (:func:`crate_transformer.pretrained.hub_snapshot`).  The weights'
-    SHA-256 (stored in the safetensors header since 0.2) and the checksums of ``config.json`` and
-    ``tokenizer.json`` stored beside it are verified: a flipped byte in any of them raises
-    :class:`CheckpointError` ("... is corrupt"); older files without a checksum load.
-    """
-    hub = isinstance(directory, str) and directory.startswith("hf-hub:")
-    spec, directory = directory, _model_dir(resolve_hub(directory, revision))
-    config = read_config(directory)
-    weights = directory / WEIGHTS_NAME
-    if not weights.is_file():
-        raise CheckpointError(f"no {WEIGHTS_NAME} in {directory}; the save was incomplete — re-save the model")
-    state, meta = load_safetensors(weights)
-    model = build(config)
-    load_weights(model, state, source=str(weights))
-    if isinstance(model, LanguageModel):
-        tokenizer = _read_tokenizer(directory, meta)
-        try:
-            model.tokenizer = tokenizer
-        except TaskError as e:  # a vocabulary larger than the embedding (its fix names a task: the CLI words it)
-            raise TaskError(f"{directory / TOKENIZER_NAME}: ", *e.parts) from None
-    if hub:
-        model.pretrained_cfg = {"source": spec, "revision": revision, "folder": str(directory)}
-    return model.to(map_location)
-
-
-def _read_tokenizer(directory: Path, meta: Mapping[str, str]) -> object | None:
-    """The model's verified ``tokenizer.json`` (None when it was saved without one)."""
-    from .tokenizer import Tokenizer
-
-    path = directory / TOKENIZER_NAME
-    if not path.is_file():
-        if FILE_DIGESTS[TOKENIZER_NAME] in meta:
-            raise CheckpointError(f"no {TOKENIZER_NAME} in {directory}, but the model was saved with one; re-save it")
-        return None
-    text, _ = read_model_json(directory, TOKENIZER_NAME)
-    try:
-        return Tokenizer.from_str(text, source=str(path))
-    except ValueError as e:
-        raise CheckpointError(str(e)) from None
-
-
-def load_weights(model: torch.nn.Module, state: Mapping[str, Tensor], source: str = "checkpoint") -> None:
-    """Strictly load ``state`` into ``model``; any missing, unexpected or mis-shaped key is one clear error."""
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    shapes = sorted(
-        f"{k}: checkpoint {list(state[k].shape)} vs model {list(own[k].shape)}"
-        for k in set(own) & set(state)
-        if tuple(state[k].shape) != tuple(own[k].shape)
-    )
-    if missing or unexpected or shapes:
-        parts = []
-        for label, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)):
-            if items:
-                shown = ", ".join(items[:6]) + (f", … (+{len(items) - 6} more)" if len(items) > 6 else "")
-                parts.append(f"{label}: {shown}")
-        raise CheckpointError(f"{source} does not fit the model ({'; '.join(parts)}){_fix_hint(state, model)}")
-    model.load_state_dict(state, strict=True)
-
-
-def _fix_hint(state: Mapping[str, Tensor], model: torch.nn.Module) -> str:
-    """Read the architecture off the checkpoint's shapes and name the overrides that would fit it."""
-    c = getattr(model, "config", None)
-    if isinstance(c, LMConfig) and "wte.weight" in state and state["wte.weight"].shape[-1] != c.dim:
-        return f"; pass dim={state['wte.weight'].shape[-1]} and heads=H, the head count it was trained with"
-    if not isinstance(c, ModelConfig):
-        return ""
-    found: dict[str, int] = {}
-    proj = state.get("patch_embed.1.weight" if c.arch == "crate" else "patch_embed.0.weight")
-    p = c.patch_size
-    if proj is not None and proj.dim() == 2:
-        found["dim"] = proj.shape[0]
-        side = (proj.shape[1] / c.in_chans) ** 0.5
-        if side.is_integer():
-            p = found["patch_size"] = int(side)
-    if "pos_embed" in state and state["pos_embed"].dim() == 3:
-        g = (state["pos_embed"].shape[1] - 1) ** 0.5
-        if g.is_integer():
-            found["image_size"] = int(g) * p
-    if "head.1.weight" in state:
-        found["num_classes"] = state["head.1.weight"].shape[0]
-    layer_ids = {int(m.group(1)) for k in state if (m := re.match(r"layers\.(\d+)\.", k))}
-    if layer_ids:
-        found["depth"] = max(layer_ids) + 1
-    fixes = [f"{k}={v}" for k, v in found.items() if getattr(c, k) != v]
-    return f"; pass {', '.join(fixes)}" if fixes else "; pass the model name and overrides it was trained with"
+) -> Model:
+    """Load a model written by ``model.save_pretrained``, whatever its family (the class its stored ``arch``
+    registered): :func:`~crate_transformer.base.load_folder` — a folder, its ``model.safetensors`` or
+    ``config.json``, or ``"hf-hub:ORG/NAME"`` (``revision``: a branch, tag or commit), checksums verified."""
+    return load_folder(directory, lambda arch: arch_info(arch).model_class, map_location, revision)
 
 
 def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: object) -> Model:
@@ -234,7 +109,7 @@ def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: o
         raise CheckpointError(f"{source} is not a {fmt.name} checkpoint ({fmt.origin}){_format_hint(state)}")
     if fmt.fields is not None or (fmt.config_file is not None and sidecar is not None):
         config = _file_config(fmt, raw, sidecar, name, overrides, source)
-    model = build(config)
+    model = arch_info(config.arch).build(config)
     native = fmt.to_native(state, config)
     missing = sorted({p for p in fmt.optional if not any(k.startswith(p) for k in native)})
     if missing:

@@ -12,6 +12,21 @@ its fields and a :meth:`Config.validate` method.  The base does the rest, once f
   one-line ``ValueError`` naming the field, the value and a valid example;
 * **serialisation** — :meth:`to_dict` / :meth:`from_dict` with the unknown-key check and a format
   version (``config_version``), so a ``config.json`` from a newer release is refused with the fix.
+
+A model config also says what its model is and what can be measured in it — the capability contract the
+tasks, the analysis, the loaders and the CLI ask instead of checking a class or an ``arch`` name:
+
+* :attr:`Config.kind` — one of :data:`KINDS` (``"image classifier"``, ``"masked autoencoder"``,
+  ``"language model"``): which task trains it and what its ``forward`` takes;
+* :attr:`Config.white_box` — its layers are CRATE layers (MSSA, then a sparsification step), whose compression
+  and sparsity the analysis measures;
+* :attr:`Config.sparse_output` — every layer ends with CRATE's ISTA step, so its outputs have exact zeros
+  (the sparsity curve of JMLR Figs. 14-15 counts them);
+* :attr:`Config.layer_blocks` — the layer's two blocks, e.g. ``("mssa", "ista")`` or ``("mhsa", "mlp")``;
+* :attr:`Config.pipeline_tag` — the Hugging Face Hub task of its model card.
+
+The model adds what only the built model knows (``Model.code_sites``: where its sparse codes are, its extra
+files); see :mod:`crate_transformer.base`.
 """
 
 from __future__ import annotations
@@ -23,7 +38,13 @@ from typing import Any, ClassVar, TypeVar
 from .config_utils import Range, coerce_fields, field_types
 from .errors import short_repr
 
-__all__ = ["Config"]
+__all__ = ["Config", "KINDS", "IMAGE_CLASSIFIER", "MASKED_AUTOENCODER", "LANGUAGE_MODEL"]
+
+# what a model is (``Config.kind``): the question a training task, the analysis or a loader asks of it
+IMAGE_CLASSIFIER = "image classifier"  # images → class logits; the classification (and dino) task trains it
+MASKED_AUTOENCODER = "masked autoencoder"  # images → reconstructed patches; the mae task trains it
+LANGUAGE_MODEL = "language model"  # token ids → token logits; the lm task trains it
+KINDS = (IMAGE_CLASSIFIER, MASKED_AUTOENCODER, LANGUAGE_MODEL)
 
 C = TypeVar("C", bound="Config")
 
@@ -38,6 +59,30 @@ class Config:
     # fields added after their format was in use, left out of to_dict() while at their default: the files of
     # every model that does not use them (config.json, the checksums over it) stay byte-identical
     OMIT_AT_DEFAULT: ClassVar[tuple[str, ...]] = ()
+    # what a model of this config is (one of KINDS; "" for option classes that describe no model)
+    kind: ClassVar[str] = ""
+
+    # ---------------------------------------------------------------- the capability contract (module docstring)
+    @property
+    def pipeline_tag(self) -> str:
+        """The Hugging Face Hub pipeline tag of a model of this config (its model card's task)."""
+        return ""
+
+    @property
+    def white_box(self) -> bool:
+        """Whether the layers are CRATE layers (MSSA, then a sparsification step) the analysis measures."""
+        return False
+
+    @property
+    def sparse_output(self) -> bool:
+        """Whether every layer ends with CRATE's ISTA step (outputs with exact zeros, JMLR Figs. 14-15)."""
+        return False
+
+    @property
+    def layer_blocks(self) -> tuple[str, str]:
+        """The layer's two blocks: attention (``"mssa"``, ``"mhsa"``) and the second block (``"ista"``, ``"mlp"``,
+        ``"odl"``, ``"ista_overcomplete"``); ``("", "")`` for a config that describes no layers."""
+        return ("", "")
 
     def __post_init__(self) -> None:
         current = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

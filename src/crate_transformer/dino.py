@@ -17,7 +17,7 @@ each configurable:
   cosine weight-decay schedule 0.04 → 0.4 of the same form;
 * :func:`cancel_gradients_last_layer` — no gradient (``None``) for the head's last layer during the
   first ``freeze_last_layer`` epochs;
-* :class:`MultiCropAugmentation` — 2 global + N local views (kornia): random resized crops, flips,
+* :class:`MultiCropAugmentation` — 2 global + N local views (on the device): random resized crops, flips,
   colour jitter, grey-scale, Gaussian blur and solarisation with DINO's per-view probabilities;
 * :class:`DINOModel` — backbone + head over a list of views (DINO's ``MultiCropWrapper``).
 
@@ -364,7 +364,7 @@ class DINOLoss(nn.Module):
     def update_center(self, teacher_out: Tensor) -> None:
         """``c ← m c + (1 − m) · mean over the batch (and processes) of the teacher outputs``."""
         batch_center = teacher_out.float().sum(dim=0, keepdim=True)
-        count = torch.tensor(float(len(teacher_out)), device=teacher_out.device)
+        count = torch.full((), len(teacher_out), dtype=torch.float32, device=teacher_out.device)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(batch_center)
             torch.distributed.all_reduce(count)
@@ -373,11 +373,11 @@ class DINOLoss(nn.Module):
 
 # --------------------------------------------------------------------------- multi-crop
 class MultiCropAugmentation(nn.Module):
-    """DINO's ``DataAugmentationDINO`` as batched kornia ops on float images in [0, 1]: two global views
-    (RandomResizedCrop ``global_crops_scale``; view 1 always blurred, view 2 blurred with p 0.1 and
-    solarised with p 0.2) and ``local_crops_number`` local views (``local_crops_scale``, blur p 0.5), each
-    with a flip, colour jitter (p 0.8) and grey-scale (p 0.2).  Colour ops run on 3 channels for
-    grey-scale images (and are averaged back); grey-scale conversion is skipped for them.
+    """DINO's ``DataAugmentationDINO`` as batched ops on the device (:mod:`~crate_transformer.data.augment`) on float
+    images in [0, 1]: two global views (RandomResizedCrop ``global_crops_scale``; view 1 always blurred, view 2
+    blurred with p 0.1 and solarised with p 0.2) and ``local_crops_number`` local views (``local_crops_scale``,
+    blur p 0.5), each with a flip, colour jitter (p 0.8) and grey-scale (p 0.2).  On grey-scale images the colour
+    jitter is brightness and contrast, and grey-scale conversion is skipped.
 
     The default local side is 96/224 of the global side rounded to a ``multiple`` (the patch size).
     ``views`` holds one module per view, ``sizes`` their sides; ``forward(x)`` returns the list of views.
@@ -385,29 +385,22 @@ class MultiCropAugmentation(nn.Module):
 
     def __init__(self, cfg: DINOConfig, global_size: int, channels: int, multiple: int = 1) -> None:
         super().__init__()
-        import kornia.augmentation as K
-
-        from .data.transforms import AsRGB
+        from .data import augment as A
 
         g = cfg.global_crop_size or global_size
         loc = cfg.local_crop_size or max(multiple, round(g * 96 / 224 / multiple) * multiple)
 
         def view(size: int, scale: Sequence[float], blur: float, solarize: float) -> nn.Module:
-            ops: list[nn.Module] = [K.RandomResizedCrop((size, size), scale=tuple(float(s) for s in scale))]
-            if cfg.flip > 0:
-                ops.append(K.RandomHorizontalFlip(p=cfg.flip))
-            colour: list[nn.Module] = []
+            ops: list[nn.Module] = [A.RandomResizedCropFlip(size, tuple(float(s) for s in scale), flip=cfg.flip)]
             if cfg.color_jitter > 0:
-                colour.append(K.ColorJitter(0.4, 0.4, 0.2, 0.1, p=cfg.color_jitter))
+                ops.append(A.ColorJitter(0.4, 0.4, 0.2, 0.1, p=cfg.color_jitter))
             if cfg.grayscale > 0 and channels == 3:
-                colour.append(K.RandomGrayscale(p=cfg.grayscale))
-            if colour:
-                ops.append(AsRGB(nn.Sequential(*colour)) if channels == 1 else nn.Sequential(*colour))
+                ops.append(A.RandomGrayscale(cfg.grayscale))
             if blur > 0:
                 k = max(3, (size // 10) | 1)  # odd kernel, ~10% of the side as in BYOL/DINO
-                ops.append(K.RandomGaussianBlur((k, k), (0.1, 2.0), p=blur))
+                ops.append(A.GaussianBlur(k, (0.1, 2.0), p=blur))
             if solarize > 0:
-                ops.append(K.RandomSolarize(thresholds=0.0, additions=0.0, p=solarize))
+                ops.append(A.Solarize(solarize))
             return nn.Sequential(*ops)
 
         b1, b2, bl = (float(p) for p in cfg.blur)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["TaskError", "Use", "short_repr", "hub_failure", "http_status", "unreachable"]
+__all__ = ["TaskError", "Use", "short_repr"]
 
 SHORT = 60  # characters of a value that a one-line message shows
 
@@ -90,46 +90,3 @@ def _first(items: object, n: int) -> list:
             break
         out.append(item)
     return out
-
-
-def _chain(e: BaseException | None) -> list[BaseException]:
-    """``e``, what it was raised from or while handling, and so on."""
-    out: list[BaseException] = []
-    while e is not None and all(e is not x for x in out):
-        out.append(e)
-        e = e.__cause__ or e.__context__
-    return out
-
-
-def http_status(e: BaseException) -> int | None:
-    """The HTTP status of the first response in ``e``'s chain (``e``, what it was raised from or while handling)."""
-    for x in _chain(e):
-        status = getattr(getattr(x, "response", None), "status_code", None)
-        if isinstance(status, int):
-            return status
-    return None
-
-
-def unreachable(e: BaseException) -> bool:
-    """Whether ``e``'s chain holds a failed connection (no network, a refused or timed-out connection, offline
-    mode) and no HTTP answer: the Hub was not reached."""
-    names = {type(x).__name__ for x in _chain(e)}
-    failed = any(("Connect" in n or "Timeout" in n or n == "OfflineModeIsEnabled") for n in names)
-    return failed and http_status(e) is None
-
-
-def hub_failure(e: BaseException) -> str:
-    """Why a call to the Hugging Face Hub failed, in words that point to the fix: the Hub answered with an error
-    (a server error is not "offline": the network is fine and waiting helps), refused access, has no such
-    file, or could not be reached at all (no network, ``HF_HUB_OFFLINE=1``).  The one place Hub failures are
-    worded; ``huggingface_hub`` reports a failed lookup as a missing cache entry, with the HTTP error inside."""
-    status = http_status(e)
-    if status is None:
-        return "the Hub cannot be reached (offline: HF_HUB_OFFLINE=1 or no network)"
-    if status >= 500:
-        return f"the Hub answered HTTP {status}, a server error (it is reachable but failing: try again later)"
-    if status in (401, 403):
-        return f"the Hub refused access (HTTP {status}: a private or gated repository; log in with `hf auth login`)"
-    if status == 404:
-        return "the Hub has no such repository or file (HTTP 404)"
-    return f"the Hub answered HTTP {status}"

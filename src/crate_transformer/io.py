@@ -39,6 +39,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ._version import __version__
+
 __all__ = [
     "CONFIG_NAME",
     "WEIGHTS_NAME",
@@ -57,14 +59,25 @@ __all__ = [
     "load_safetensors",
     "read_safetensors_metadata",
     "read_model_json",
+    "digest_key",
+    "model_dir",
+    "read_config_dict",
     "save_pretrained",
 ]
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 TOKENIZER_NAME = "tokenizer.json"
-# the weights' metadata key holding json_sha256 of each JSON file of a saved model
+# the weights' metadata key holding json_sha256 of each JSON file of a saved model: the config and the extra files
+# the families write (``Model.extra_files``); a file named here that a save does not write is removed from the folder
 FILE_DIGESTS = {CONFIG_NAME: "config_sha256", TOKENIZER_NAME: "tokenizer_sha256"}
+
+
+def digest_key(name: str) -> str:
+    """The weights' metadata key of the checksum of the saved JSON file ``name`` (``tokenizer.json`` →
+    ``tokenizer_sha256``)."""
+    return FILE_DIGESTS.get(name) or f"{Path(name).stem}_sha256"
+
 
 _NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG}  # EFBIG: a file-size limit
 _NO_PERMISSION = {errno.EACCES, errno.EPERM, errno.EROFS}
@@ -456,7 +469,7 @@ def read_model_json(directory: str | Path, name: str) -> tuple[str, Any]:
         raise CheckpointError(f"cannot read {path} ({e}); the file is corrupt or unreadable") from None
     weights = Path(directory) / WEIGHTS_NAME
     meta = read_safetensors_metadata(weights) if weights.is_file() else {}
-    expected = meta.get(FILE_DIGESTS[name])
+    expected = meta.get(digest_key(name))
     if expected is None and FILE_DIGESTS[CONFIG_NAME] in meta:
         raise CheckpointError(
             f"{path} is not covered by the checksums in {weights} (the model was saved without it); attach it "
@@ -471,31 +484,56 @@ def read_model_json(directory: str | Path, name: str) -> tuple[str, Any]:
 
 
 # --------------------------------------------------------------------------- save_pretrained
-def _package_version() -> str:
-    from . import __version__
+def model_dir(path: str | Path) -> Path:
+    """The ``save_pretrained`` folder of ``path``: the folder itself, or the folder of its
+    ``model.safetensors`` / ``config.json`` when one of those files is given."""
+    path = Path(path)
+    if path.is_file():
+        if path.name in (WEIGHTS_NAME, CONFIG_NAME):
+            return path.parent
+        raise CheckpointError(
+            f"{path} is a file; pass the folder written by model.save_pretrained (with {CONFIG_NAME} and "
+            f"{WEIGHTS_NAME}), or load an official .pth with from_official / load_model"
+        )
+    if not path.is_dir():
+        raise CheckpointError(f"model directory not found: {path}")
+    return path
 
-    return __version__
+
+def read_config_dict(directory: str | Path) -> dict:
+    """The verified JSON object of ``directory/config.json`` (a ``save_pretrained`` folder), without the
+    package version it records; which config class reads it is the caller's (by its ``arch``)."""
+    directory = Path(directory)
+    path = directory / CONFIG_NAME
+    if not path.is_file():
+        raise CheckpointError(
+            f"no {CONFIG_NAME} in {directory}; expected a directory written by model.save_pretrained(...)"
+        )
+    _, data = read_model_json(directory, CONFIG_NAME)  # verified against the checksum beside the weights
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} does not hold a JSON object of model settings; the file is corrupt")
+    data.pop("crate_transformer_version", None)
+    return data
 
 
 def save_pretrained(model: Any, directory: str | Path) -> Path:
-    """Write ``config.json`` (``model.config.to_dict()`` plus the package version), ``tokenizer.json`` (when the
-    model has a ``tokenizer``) and ``model.safetensors`` into ``directory``, each atomically; read back with
-    ``from_pretrained``.
+    """Write ``config.json`` (``model.config.to_dict()`` plus the package version), the model's extra files
+    (``model.extra_files()``: a language model's ``tokenizer.json``) and ``model.safetensors`` into ``directory``,
+    each atomically; read back with ``from_pretrained``.
 
     The weights are written last, with the checksum of the tensors and :func:`json_sha256` of each JSON file
     in their header: an interrupted save leaves no weights (an incomplete folder, refused on load), and a
-    changed byte in any of the files is caught when the folder is loaded.  A ``tokenizer.json`` of an earlier
-    save is removed when the model has no tokenizer (it would describe another model).
+    changed byte in any of the files is caught when the folder is loaded.  An extra file of an earlier save
+    that this model does not write (a ``tokenizer.json`` beside a model without one) is removed: it would
+    describe another model.
     """
     directory = Path(directory)
-    meta = {"crate_transformer_version": _package_version(), "config_version": model.config.VERSION}
-    files = {CONFIG_NAME: json.dumps({**meta, **model.config.to_dict()}, indent=2) + "\n"}
-    tokenizer = getattr(model, "tokenizer", None)
-    if tokenizer is not None:
-        files[TOKENIZER_NAME] = tokenizer.to_str()
-    else:
-        (directory / TOKENIZER_NAME).unlink(missing_ok=True)
-    digests = {FILE_DIGESTS[name]: json_sha256(json.loads(text)) for name, text in files.items()}
+    meta = {"crate_transformer_version": __version__, "config_version": model.config.VERSION}
+    files = {CONFIG_NAME: json.dumps({**meta, **model.config.to_dict()}, indent=2) + "\n", **model.extra_files()}
+    for name in FILE_DIGESTS:
+        if name not in files:
+            (directory / name).unlink(missing_ok=True)
+    digests = {digest_key(name): json_sha256(json.loads(text)) for name, text in files.items()}
     for name, text in files.items():
         atomic_write(directory / name, _write_bytes(text.encode("utf-8")))
     save_safetensors(model.state_dict(), directory / WEIGHTS_NAME, metadata=digests)

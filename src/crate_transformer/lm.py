@@ -27,19 +27,23 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .base import Model, Trace
-from .config import Config
+from .config import LANGUAGE_MODEL, Config
 from .config_utils import Range
 from .errors import TaskError, Use
+from .io import FILE_DIGESTS, TOKENIZER_NAME, CheckpointError, read_model_json
 from .model import ViTBlock
 from .official import OfficialFormat, rename, unwrap
 from .operators import GELUS, ISTA_MODES, LAYER_FORMS, MLP, MLPS, EncoderLayer
+from .tokenizer import Tokenizer
 
 __all__ = [
     "LM_ARCHS",
@@ -54,6 +58,8 @@ __all__ = [
     "sinusoidal_positions",
     "check_official_lm",
     "lm_checkpoint_fields",
+    "lm_state",
+    "EMBED_KEY_MAP",
     "crate_lm_to_native",
     "gpt2_to_native",
     "CRATE_LM_FORMAT",
@@ -111,6 +117,29 @@ class LMConfig(Config):
         "dropout": Range(0, 1, hi_open=True),
         "layer_norm_eps": Range(0, lo_open=True),
     }
+    kind = LANGUAGE_MODEL
+
+    @property
+    def pipeline_tag(self) -> str:
+        return "fill-mask" if not self.causal and self.num_labels == 0 else "text-generation"
+
+    @property
+    def white_box(self) -> bool:
+        return self.arch != "gpt"
+
+    @property
+    def positions_skip_padding(self) -> bool:
+        """Whether positions count real tokens only (the released CRATE-BERT's RoBERTa embedding), so the model
+        must know the tokenizer's padding id (``pad_token_id``)."""
+        return self.arch == "crate_bert"
+
+    @property
+    def sparse_output(self) -> bool:
+        return self.arch != "gpt" and self.mlp == "ista" and self.ista_mode != "none"
+
+    @property
+    def layer_blocks(self) -> tuple[str, str]:
+        return ("mhsa", "mlp") if self.arch == "gpt" else ("mssa", self.mlp)
 
     def validate(self) -> None:
         for name, allowed in (("arch", LM_ARCHS), ("pos_embed", POS_EMBEDS), ("ista_mode", ISTA_MODES),
@@ -151,6 +180,21 @@ class LMConfig(Config):
         return self.dim_head if self.dim_head is not None else self.dim // self.heads
 
 
+def check_ids(ids: Tensor, size: int, what: str, problem: str, fix: str) -> None:
+    """Ids in ``[0, size)``, else a one-line ValueError ``"{what} {id} {problem} [0, size); {fix}"``.
+
+    Ids in host memory are checked on the host.  On an accelerator (and inside ``torch.compile``) reading them
+    would stall the device on every forward, so the check is ``torch._assert_async``, raised by the device (a
+    GPU reports it as a device-side assertion at its next synchronisation, as the embedding itself would).
+    """
+    if ids.device.type == "cpu" and not torch.compiler.is_compiling():
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= size:
+            raise ValueError(f"{what} {hi if hi >= size else lo} {problem} [0, {size}); {fix}")
+    else:
+        torch._assert_async(((ids >= 0) & (ids < size)).all(), f"a {what} {problem} [0, {size}); {fix}")
+
+
 def sinusoidal_positions(n: int, d: int) -> Tensor:
     """``E_pos`` of eq. (83) (Vaswani et al. 2017): ``sin(t / 10000^{2i/d})`` and ``cos(·)`` interleaved, (n, d)."""
     t = torch.arange(n, dtype=torch.float64)[:, None]
@@ -160,9 +204,9 @@ def sinusoidal_positions(n: int, d: int) -> Tensor:
     return pe.float()
 
 
-def cache_nbytes(cache: list[dict[str, Tensor]]) -> int:
-    """Bytes held by a key-value cache (every layer's tensors)."""
-    return sum(t.numel() * t.element_size() for layer in cache for t in layer.values())
+def cache_nbytes(cache: list[dict[str, Any]]) -> int:
+    """Bytes held by a key-value cache (every layer's tensors; a ``"length"`` count is not a tensor)."""
+    return sum(t.numel() * t.element_size() for layer in cache for t in layer.values() if isinstance(t, Tensor))
 
 
 class LanguageModel(Model):
@@ -187,15 +231,18 @@ class LanguageModel(Model):
         c = self.config
         self.tokenizer = None  # attached by from_pretrained / training; saved with save_pretrained
         self._build_embedding(c)
-        if c.arch != "gpt":
-            self.layers = nn.ModuleList(EncoderLayer.from_config(c) for _ in range(c.depth))
-        else:
-            self.layers = nn.ModuleList(
-                ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout, c.causal, c.gelu) for _ in range(c.depth)
-            )
+        self.layers = self.build_layers(c)
         self.norm = nn.LayerNorm(c.dim) if c.final_norm else nn.Identity()
         self._build_heads(c)
         self._init_weights()
+
+    def build_layers(self, c: LMConfig) -> nn.ModuleList:
+        """The ``depth`` layers between the embedding and the head: CRATE layers, or GPT-2 blocks for ``arch="gpt"``;
+        a family that is this language model with other layers overrides it (ToST, ``tost.py``).  Each layer takes
+        ``(z, cache=, key_mask=)`` and returns ``(z, ...)``, as :class:`~crate_transformer.operators.EncoderLayer`."""
+        if c.arch != "gpt":
+            return nn.ModuleList(EncoderLayer.from_config(c) for _ in range(c.depth))
+        return nn.ModuleList(ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout, c.causal, c.gelu) for _ in range(c.depth))
 
     @property
     def tokenizer(self) -> object | None:
@@ -216,6 +263,36 @@ class LanguageModel(Model):
                 f" --tokenizer FILE sets vocab_size={size})",
             )
         self.__dict__["_tokenizer"] = tok
+
+    # ---------------------------------------------------------------- files: the tokenizer beside the weights
+    def extra_files(self) -> dict[str, str]:
+        """``tokenizer.json`` when a tokenizer is attached (saved and checksummed with the weights)."""
+        return {TOKENIZER_NAME: self.tokenizer.to_str()} if self.tokenizer is not None else {}
+
+    def load_extra_files(self, directory: Path, meta: Mapping[str, str]) -> None:
+        """Attach the folder's verified ``tokenizer.json`` (none when the model was saved without one)."""
+        path = directory / TOKENIZER_NAME
+        if not path.is_file():
+            if FILE_DIGESTS[TOKENIZER_NAME] in meta:
+                raise CheckpointError(
+                    f"no {TOKENIZER_NAME} in {directory}, but the model was saved with one; re-save it"
+                )
+            return
+        text, _ = read_model_json(directory, TOKENIZER_NAME)
+        try:
+            tokenizer = Tokenizer.from_str(text, source=str(path))
+        except ValueError as e:
+            raise CheckpointError(str(e)) from None
+        try:
+            self.tokenizer = tokenizer
+        except TaskError as e:  # a vocabulary larger than the embedding (its fix names a task: the CLI words it)
+            raise TaskError(f"{path}: ", *e.parts) from None
+
+    def size_hint(self, state: Mapping[str, Tensor]) -> str:
+        """A checkpoint of another width: the ``dim`` to pass."""
+        if "wte.weight" in state and state["wte.weight"].shape[-1] != self.config.dim:
+            return f"; pass dim={state['wte.weight'].shape[-1]} and heads=H, the head count it was trained with"
+        return ""
 
     def _build_embedding(self, c: LMConfig) -> None:
         """``f_pre`` of eqs. (83)/(88): the token embedding ``wte``, a learned ``wpe`` or the sinusoidal table."""
@@ -265,12 +342,9 @@ class LanguageModel(Model):
                 f"sequence of {start + n} tokens is longer than the model's context of {c.block_size} "
                 f"(block_size); pass at most {c.block_size} tokens, e.g. idx[:, -{c.block_size}:]"
             )
-        lo, hi = int(idx.min()), int(idx.max())
-        if lo < 0 or hi >= c.vocab_size:
-            raise ValueError(
-                f"token id {hi if hi >= c.vocab_size else lo} is outside the vocabulary [0, {c.vocab_size}); "
-                "encode the text with the model's own tokenizer"
-            )
+        check_ids(
+            idx, c.vocab_size, "token id", "is outside the vocabulary", "encode the text with the model's own tokenizer"
+        )
 
     def embed(self, idx: Tensor, start: int = 0) -> Tensor:
         """``f_pre`` of eqs. (83)/(88): ``f_embed(X) + E_pos`` for positions ``start .. start + n − 1``."""
@@ -317,9 +391,10 @@ class LanguageModel(Model):
         if self.classifier is None:
             raise ValueError("this model has no classification head; create it with num_labels > 0")
         b, n = idx.shape
+        given = lengths  # no lengths: no padding, no mask (a mask, all true or not, costs no host sync)
         lengths = torch.full((b,), n, device=idx.device) if lengths is None else lengths.to(idx.device)
         real = torch.arange(n, device=idx.device)[None] < lengths[:, None]
-        z = self.forward_features(idx, key_mask=None if self.config.causal or bool(real.all()) else real)
+        z = self.forward_features(idx, key_mask=None if self.config.causal or given is None else real)
         if self.config.causal:
             pooled = z[torch.arange(b, device=z.device), lengths - 1]
         else:
@@ -363,18 +438,23 @@ class LanguageModel(Model):
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         self.check_tokens(idx[:, -c.block_size :])
         was_training = self.training
-        self.eval()
+        if was_training:  # a switch drops what the layers keep between forwards (ISTA's step matrix)
+            self.eval()
         cache, steps = None, []
+
+        def next_logits(ids: Tensor, cache: list[dict[str, Tensor]] | None) -> Tensor:
+            return self.forward_head(self.forward_features(ids, cache)[:, -1])  # the head on the last token only
+
         try:
             for _ in range(max_new_tokens):
                 window = idx[:, -c.block_size :]
                 if not use_cache:
-                    logits = self(window)[:, -1]
+                    logits = next_logits(window, None)
                 elif cache is None or _cached_length(cache) >= c.block_size:
                     cache = self.new_cache()
-                    logits = self(window, cache)[:, -1]
+                    logits = next_logits(window, cache)
                 else:
-                    logits = self(idx[:, -1:], cache)[:, -1]
+                    logits = next_logits(idx[:, -1:], cache)
                 steps.append(logits)
                 nxt = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
                 idx = torch.cat([idx, nxt], dim=1)
@@ -383,7 +463,8 @@ class LanguageModel(Model):
                 if eos_id is not None and bool((nxt == eos_id).all()):
                     break
         finally:
-            self.train(was_training)
+            if was_training:
+                self.train()
         if return_logits:
             return idx, torch.stack(steps, 1) if steps else idx.new_zeros(idx.shape[0], 0, c.vocab_size).float()
         return idx
@@ -420,22 +501,19 @@ class GPT(LanguageModel):
     arch = "gpt"
 
 
-_CLASSES = {"crate_lm": CRATELanguageModel, "gpt": GPT}
-
-
 def build_lm(config: LMConfig) -> LanguageModel:
-    """The language model ``config.arch`` names."""
-    if config.arch == "crate_bert":
-        from .bert import CRATEBert  # bert.py builds on this module, so it cannot be imported at the top
-
-        return CRATEBert(config)
-    return _CLASSES[config.arch](config)
+    """The language model ``config.arch`` names: this class or the subclass that builds it (CRATE-BERT's
+    :class:`~crate_transformer.bert.CRATEBert` once ``bert.py`` is imported, as ``import crate_transformer`` does)."""
+    return LanguageModel.class_for(config.arch)(config)
 
 
-def _cached_length(cache: list[dict[str, Tensor]] | None) -> int:
+def _cached_length(cache: list[dict[str, Any]] | None) -> int:
+    """Tokens a cache holds: its ``"length"`` entry where a layer keeps a constant-size state (ToST's running
+    sums), else the token axis of its first tensor (keys and values)."""
     if not cache or not cache[0]:
         return 0
-    return next(iter(cache[0].values())).shape[-2]
+    first = cache[0]
+    return first["length"] if "length" in first else next(iter(first.values())).shape[-2]
 
 
 # --------------------------------------------------------------------------- objectives and sampling
@@ -508,8 +586,8 @@ def sample_next(
 # --------------------------------------------------------------------------- the authors' and GPT-2 checkpoints
 # Keys after the "_orig_mod." (torch.compile), "module." (DDP) and "transformer." prefixes are stripped; "{i}" is
 # a layer index.  nanoGPT (karpathy/nanoGPT model.py) and Hugging Face's GPT2LMHeadModel share the names.
-_EMBED_KEYS = [("wte.weight", "wte.weight"), ("wpe.weight", "wpe.weight"), ("ln_f.", "norm.")]
-GPT2_KEY_MAP = _EMBED_KEYS + [
+EMBED_KEY_MAP = [("wte.weight", "wte.weight"), ("wpe.weight", "wpe.weight"), ("ln_f.", "norm.")]
+GPT2_KEY_MAP = EMBED_KEY_MAP + [
     ("h.{i}.ln_1.", "layers.{i}.norm1."),
     ("h.{i}.attn.c_attn.", "layers.{i}.attn.qkv."),
     ("h.{i}.attn.c_proj.", "layers.{i}.attn.proj."),
@@ -519,7 +597,7 @@ GPT2_KEY_MAP = _EMBED_KEYS + [
 ]
 # crate-lm/crate-lm crate.py and crate_overcomplete.py (the released CRATE-GPT): ista.weight is D (d × d) in
 # crate.py and Dᵀ (m × d) in crate_overcomplete.py, whose weight codes and decodes.
-CRATE_LM_KEY_MAP = _EMBED_KEYS + [
+CRATE_LM_KEY_MAP = EMBED_KEY_MAP + [
     ("h.{i}.prenorm_1.", "layers.{i}.norm1."),
     ("h.{i}.attn.c_attn.", "layers.{i}.attn.qkv."),
     ("h.{i}.attn.c_proj.", "layers.{i}.attn.proj."),
@@ -546,8 +624,9 @@ def check_official_lm(config: LMConfig) -> None:
         )
 
 
-def _lm_state(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Prefixes stripped, the causal-mask buffers and the tied head dropped (a head that is not tied is refused)."""
+def lm_state(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """A nanoGPT-style state dict (crate-lm, nanoGPT, ToST's tost_lang) as the key maps expect it: prefixes
+    stripped, the causal-mask buffers and the tied head dropped (a head that is not tied is refused)."""
     out = {}
     for key, value in state.items():
         while key.startswith(_PREFIXES):
@@ -581,7 +660,7 @@ def lm_checkpoint_fields(raw: object) -> dict[str, Any]:
     """
     model_args = raw.get("model_args") if isinstance(raw, Mapping) else None
     model_args = model_args if isinstance(model_args, Mapping) else {}
-    state = _lm_state(unwrap(raw))
+    state = lm_state(unwrap(raw))
     if "wte.weight" not in state or "wpe.weight" not in state:
         raise ValueError("not a GPT-style language model: no wte.weight / wpe.weight (token and position tables)")
     layers = {int(k.split(".")[1]) for k in state if k.startswith("h.") and k.split(".")[1].isdigit()}
@@ -621,7 +700,7 @@ def _is_hf_layout(state: Mapping[str, Tensor], dim: int) -> bool:
 
 def crate_lm_to_native(state: Mapping[str, Tensor], config: LMConfig) -> dict[str, Tensor]:
     """crate-lm keys → native; ``crate_overcomplete.py`` stores ``Dᵀ`` (m × d), :class:`OvercompleteISTA` ``D``."""
-    out = rename(_lm_state(state), CRATE_LM_KEY_MAP, forward=True)
+    out = rename(lm_state(state), CRATE_LM_KEY_MAP, forward=True)
     if config.mlp == "ista_overcomplete":
         for i in range(config.depth):
             if f"layers.{i}.ista.weight" in out:
@@ -633,7 +712,7 @@ def gpt2_to_native(state: Mapping[str, Tensor], config: LMConfig) -> dict[str, T
     """nanoGPT / Hugging Face GPT-2 keys → native.  Conv1D weights ``(in, out)`` are transposed; nanoGPT's
     ``bias=False`` models (no bias at all) get zero biases, the same function: a missing bias adds nothing.
     A checkpoint with only some biases is left as it is (the strict load names the missing ones)."""
-    state = _lm_state(state)
+    state = lm_state(state)
     if "wte.weight" in state and _is_hf_layout(state, state["wte.weight"].shape[-1]):
         state = {k: v.T.contiguous() if k.endswith(_HF_CONV1D) else v for k, v in state.items()}
     out = rename(state, GPT2_KEY_MAP, forward=True)
@@ -662,4 +741,56 @@ GPT2_FORMAT = OfficialFormat(
     check=check_official_lm,
     fields=lm_checkpoint_fields,
     overridable=("gelu",),
+)
+
+
+# --------------------------------------------------------------------------- registry entries
+register_arch("crate_lm", CRATELanguageModel, official=CRATE_LM_FORMAT)
+register_arch("gpt", GPT, official=GPT2_FORMAT)
+# Language models, JMLR Table 10 (p.97).  The released CRATE-BERT is arch crate_bert (bert.py); crate_bert_eq83_* are
+# the literal eqs. (83)-(84) form (sinusoidal E_pos, the head tied to the embedding and nothing else):
+# 32,047,616 / 59,883,264 / 127,091,712 parameters.
+# CRATE-GPT as the official nanoGPT-based code (V = 50,304, learned wpe, context 1,024).
+# Parameters (tied head, position table excluded): GPT 59.9M / 241.6M (paper: 60M / 242M).  Table 10's "Small"
+# GPT-2 (64M) has no CRATE entry; crate_gpt_small is CRATE at that width and depth.  gpt2_* are the GPT-2 baselines
+# (124M / 774M with wpe; 64M "Small").
+_BERT_EQ83 = dict(arch="crate_lm", causal=False, pos_embed="sinusoidal", vocab_size=50265, block_size=512)
+_GPT = dict(vocab_size=50304, block_size=1024)
+register_model("crate_bert_eq83_medium", **_BERT_EQ83, dim=512, depth=8, heads=8)
+register_model("crate_bert_eq83_base", **_BERT_EQ83, dim=768, depth=12, heads=12)
+register_model("crate_bert_eq83_large", **_BERT_EQ83, dim=1024, depth=24, heads=16)
+register_model("crate_gpt_small", arch="crate_lm", **_GPT, dim=512, depth=12, heads=8)
+register_model("crate_gpt_base", arch="crate_lm", **_GPT, dim=768, depth=12, heads=12)
+register_model("crate_gpt_large", arch="crate_lm", **_GPT, dim=1280, depth=36, heads=20)
+register_model("gpt2_small", arch="gpt", final_norm=True, **_GPT, dim=512, depth=12, heads=8)
+register_model("gpt2_base", arch="gpt", final_norm=True, **{**_GPT, "vocab_size": 50257}, dim=768, depth=12, heads=12)
+register_model("gpt2_large", arch="gpt", final_norm=True, **{**_GPT, "vocab_size": 50257}, dim=1280, depth=36, heads=20)
+# OpenAI's GPT-2 medium and XL (gpt2_base and gpt2_large above are GPT-2 small and large): 354.8M / 1,557.6M.
+_GPT2 = dict(arch="gpt", final_norm=True, vocab_size=50257, block_size=1024)
+register_model("gpt2_medium", **_GPT2, dim=1024, depth=24, heads=16)
+register_model("gpt2_xl", **_GPT2, dim=1600, depth=48, heads=25)
+# The released crate-lm CRATE-GPT (Bai & Ma 2025; Hugging Face JackBAI/CRATE-GPT-12L-Pile-600000steps, file
+# ckpt-crate-12l-overparam-600000.pt, trained on the Pile with crate-lm's crate_overcomplete.py): MSSA + the tied
+# overcomplete ISTA (4d atoms, no residual) and a final LayerNorm; 81,934,848 parameters (81,148,416 without wpe).
+register_model(
+    "crate_gpt_12l_pile", arch="crate_lm", **_GPT, dim=768, depth=12, heads=12, mlp="ista_overcomplete", final_norm=True
+)
+# Laptop presets (the lm task's default: byte-level tokenizer, context 128, d = 128, 4 layers, 4 heads),
+# and the GPT of the same width, depth and heads with a 4x GELU MLP (the README's comparison).
+_MINI = dict(vocab_size=262, block_size=128, dim=128, depth=4, heads=4)
+register_model("crate_gpt_mini", arch="crate_lm", **_MINI)
+register_model("crate_bert_mini", arch="crate_lm", causal=False, pos_embed="sinusoidal", **_MINI)
+register_model("gpt_mini", arch="gpt", final_norm=True, **_MINI)
+register_pretrained(
+    PretrainedSource(
+        name="crate_gpt_12l_pile",
+        title="CRATE-GPT 12 layers, overcomplete ISTA, the Pile (600k steps)",
+        loader=CRATE_LM_FORMAT.name,
+        filename="ckpt-crate-12l-overparam-600000.pt",
+        repo_id="JackBAI/CRATE-GPT-12L-Pile-600000steps",
+        input="GPT-2 BPE tokens, context 1024",
+        classes="next token (vocabulary 50,304)",
+        licence="not stated (the training code is MIT)",
+        reference="github.com/crate-lm/crate-lm README.md (commit 3d5027b)",
+    )
 )

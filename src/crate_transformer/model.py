@@ -9,18 +9,22 @@ position-embedding interpolation for other image sizes and a one-pass trace of e
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .base import POOLS, Model, Trace, pool_tokens
-from .config import Config
+from .config import IMAGE_CLASSIFIER, Config
 from .config_utils import Range
+from .official import OfficialFormat, official_to_native
 from .operators import ATTENTIONS, ISTA_MODES, LAYER_FORMS, MLPS, EncoderLayer, drop_path_rates
-from .spec import DataSpec, fit_normalization
+from .spec import IMAGENET_MEAN, IMAGENET_STD, DataSpec, fit_normalization
 
 __all__ = [
     "ModelConfig",
@@ -35,6 +39,7 @@ __all__ = [
     "build_model",
     "patchify",
     "unpatchify",
+    "CLASSIFIER_FORMAT",
 ]
 
 ARCHS = ("crate", "vit")
@@ -139,6 +144,8 @@ class ModelConfig(ImageEncoderGeometry, Config):
     data: DataSpec | None = None
 
     OMIT_AT_DEFAULT = ("drop_path",)  # added later: configs without it stay byte-identical
+    kind = IMAGE_CLASSIFIER
+    pipeline_tag = "image-classification"
     ARCHS: ClassVar[tuple[str, ...]] = ARCHS  # the arch values this config class builds (a subclass's own)
     RULES = {
         "eta": Range(0, lo_open=True),
@@ -170,6 +177,18 @@ class ModelConfig(ImageEncoderGeometry, Config):
         if (self.arch == "vit" or self.mlp == "mlp") and int(self.dim * self.mlp_ratio) < 1:
             raise ValueError(f"mlp_ratio={self.mlp_ratio} gives an empty MLP for dim={self.dim}; e.g. mlp_ratio=4.0")
         self.check_data()
+
+    @property
+    def white_box(self) -> bool:
+        return self.arch != "vit"  # CRATE, its Table 17 hybrids, CRATE-α
+
+    @property
+    def sparse_output(self) -> bool:
+        return self.arch == "crate" and self.mlp == "ista" and self.ista_mode != "none"
+
+    @property
+    def layer_blocks(self) -> tuple[str, str]:
+        return ("mhsa", "mlp") if self.arch == "vit" else (self.attention, self.mlp)
 
     @classmethod
     def upgrade(cls, d: dict) -> dict:
@@ -311,6 +330,13 @@ class ImageInput:
         return patchify(x, self.config.patch_size)
 
 
+def bicubic_matrix(n_in: int, n_out: int, device: torch.device | str = "cpu") -> Tensor:
+    """The ``(n_out, n_in)`` matrix of 1-D bicubic resizing as ``F.interpolate(mode="bicubic",
+    align_corners=False)`` does it along one axis (its columns: the resized unit vectors)."""
+    eye = torch.eye(n_in, device=device).reshape(n_in, 1, n_in, 1)
+    return F.interpolate(eye, size=(n_out, 1), mode="bicubic", align_corners=False)[:, 0, :, 0].T
+
+
 class ImageClassifier(ImageInput, Model):
     """Patch embedding → class token + position embedding → L layers → pool → LayerNorm + Linear.
 
@@ -327,7 +353,7 @@ class ImageClassifier(ImageInput, Model):
 
     config_class = ModelConfig
     no_decay_names = ("pos_embed", "cls_token")
-    arch: str | None = None  # fixed by the subclasses
+    num_prefix_tokens = 1  # the class token
 
     def __init__(self, config: ModelConfig | None = None) -> None:
         if config is None:
@@ -348,14 +374,20 @@ class ImageClassifier(ImageInput, Model):
         return _ENCODERS[c.arch](c)
 
     def interpolate_pos_embed(self, h: int, w: int) -> Tensor:
-        """Position embedding for an ``h × w`` patch grid (bicubic interpolation of the learned grid)."""
+        """Position embedding for an ``h × w`` patch grid (bicubic interpolation of the learned grid).
+
+        Bicubic resizing is separable, so it is two matrix products with the 1-D interpolation matrices
+        (:func:`bicubic_matrix`): the values of ``F.interpolate(mode="bicubic")``, with a backward that is a
+        matrix product too — deterministic on a GPU, where bicubic upsampling's own backward is not
+        (``--deterministic`` with DINO's smaller crops, or fine-tuning at another resolution).
+        """
         g = self.config.grid
         if (h, w) == (g, g):
             return self.pos_embed
-        cls_pos, grid_pos = self.pos_embed[:, :1], self.pos_embed[:, 1:]
-        grid_pos = grid_pos.reshape(1, g, g, -1).permute(0, 3, 1, 2)
-        grid_pos = F.interpolate(grid_pos.float(), size=(h, w), mode="bicubic", align_corners=False).to(cls_pos.dtype)
-        return torch.cat([cls_pos, grid_pos.permute(0, 2, 3, 1).reshape(1, h * w, -1)], dim=1)
+        cls_pos, grid_pos = self.pos_embed[:, :1], self.pos_embed[:, 1:].reshape(g, g, -1).float()
+        rows, cols = (bicubic_matrix(g, n, grid_pos.device) for n in (h, w))
+        grid_pos = torch.einsum("ia,abd,jb->ijd", rows, grid_pos, cols).to(cls_pos.dtype)
+        return torch.cat([cls_pos, grid_pos.reshape(1, h * w, -1)], dim=1)
 
     def embed(self, x: Tensor) -> Tensor:
         """``f_pre`` of eq. (65): ``[z_cls, W_pre X] + E_pos`` → ``(b, N+1, d)``.
@@ -392,6 +424,29 @@ class ImageClassifier(ImageInput, Model):
         return self.forward_head(self.forward_features(x))
 
     # ---------------------------------------------------------------- utilities
+    def size_hint(self, state: Mapping[str, Tensor]) -> str:
+        """Read the architecture off a checkpoint's shapes and name the overrides that would fit it."""
+        c = self.config
+        found: dict[str, int] = {}
+        proj = state.get("patch_embed.1.weight" if c.arch == "crate" else "patch_embed.0.weight")
+        p = c.patch_size
+        if proj is not None and proj.dim() == 2:
+            found["dim"] = proj.shape[0]
+            side = (proj.shape[1] / c.in_chans) ** 0.5
+            if side.is_integer():
+                p = found["patch_size"] = int(side)
+        if "pos_embed" in state and state["pos_embed"].dim() == 3:
+            g = (state["pos_embed"].shape[1] - 1) ** 0.5
+            if g.is_integer():
+                found["image_size"] = int(g) * p
+        if "head.1.weight" in state:
+            found["num_classes"] = state["head.1.weight"].shape[0]
+        layer_ids = {int(m.group(1)) for k in state if (m := re.match(r"layers\.(\d+)\.", k))}
+        if layer_ids:
+            found["depth"] = max(layer_ids) + 1
+        fixes = [f"{k}={v}" for k, v in found.items() if getattr(c, k) != v]
+        return f"; pass {', '.join(fixes)}" if fixes else "; pass the model name and overrides it was trained with"
+
     def get_classifier(self) -> nn.Module:
         return self.head[1]
 
@@ -440,3 +495,85 @@ _CLASSES = {"crate": CRATE, "vit": ViT}
 def build_model(config: ModelConfig) -> ImageClassifier:
     """The classifier ``config.arch`` names (:class:`CRATE` or :class:`ViT`)."""
     return _CLASSES[config.arch](config)
+
+
+# --------------------------------------------------------------------------- the authors' checkpoint format
+def _check_classifier(config: Any) -> None:
+    if config.arch != "crate" or (config.attention, config.mlp) != ("mssa", "ista"):
+        raise ValueError(
+            f"official CRATE checkpoints have MSSA + ISTA layers, not arch={config.arch!r}, "
+            f"attention={config.attention!r}, mlp={config.mlp!r}; drop those overrides"
+        )
+
+
+CLASSIFIER_FORMAT = OfficialFormat(
+    name="CRATE classifier",
+    origin="Ma-Lab-Berkeley/CRATE model/crate.py",
+    to_native=lambda state, config: official_to_native(state),
+    detect=lambda state: any(k.startswith("to_patch_embedding.") for k in state),
+    example="crate_small",
+    check=_check_classifier,
+)
+
+
+# --------------------------------------------------------------------------- registry entries
+register_arch("crate", CRATE, official=CLASSIFIER_FORMAT)
+register_arch("vit", ViT)
+
+# JMLR Table 8: image 224, patch 16, p = d/K.  Parameter counts: 6.09M / 13.12M / 22.80M / 77.64M.
+register_model("crate_tiny", arch="crate", dim=384, depth=12, heads=6)
+register_model("crate_small", arch="crate", dim=576, depth=12, heads=12)
+register_model("crate_base", arch="crate", dim=768, depth=12, heads=12)
+register_model("crate_large", arch="crate", dim=1024, depth=24, heads=16)
+# ViT baselines (paper Table 1/8: 5.72M, 22.05M, 86.5M, 304M with a 1000-class head).
+register_model("vit_tiny", arch="vit", dim=192, depth=12, heads=3)
+register_model("vit_small", arch="vit", dim=384, depth=12, heads=6)
+register_model("vit_base", arch="vit", dim=768, depth=12, heads=12)
+register_model("vit_large", arch="vit", dim=1024, depth=24, heads=16)
+# Small models for the built-in 28x28 digits (the classification task's default) and its ViT counterpart, paired as
+# CRATE-T/ViT-T are (Table 8): ViT at half the width and half the heads (same head size 32), 4x MLP, and about
+# the same parameter count (309k vs 305k).
+register_model(
+    "crate_mnist", arch="crate", image_size=28, patch_size=7, in_chans=1, num_classes=10, dim=128, depth=6, heads=4
+)
+# The classification task's default model: the digits resized to 24 px on a 6x6 grid of 4x4 patches (d = 128,
+# 3 layers, 4 heads of 32; 158,250 parameters).  Patches of 4 px make the attention maps and MaskCut masks of the
+# analysis follow the strokes, where crate_mnist's 4x4 grid of 7 px patches gives 16 blocks; the 24 px resize drops
+# MNIST's empty border, so 36 patches cost what crate_mnist's 16 patches and 6 layers do (docs/results.md).
+register_model(
+    "crate_mnist_p4", arch="crate", image_size=24, patch_size=4, in_chans=1, num_classes=10, dim=128, depth=3, heads=4
+)
+register_model(
+    "vit_mnist",
+    arch="vit",
+    image_size=28,
+    patch_size=7,
+    in_chans=1,
+    num_classes=10,
+    dim=64,
+    depth=6,
+    heads=2,
+    mlp_ratio=4.0,
+)
+# The CRATE variants of the ablations at the same size as crate_mnist: JMLR Table 17's hybrids and
+# CRATE-α's sparse-coding block (Yang et al. 2024).  The ablation "17" trains them side by side.
+_MNIST = dict(arch="crate", image_size=28, patch_size=7, in_chans=1, num_classes=10, dim=128, depth=6, heads=4)
+register_model("crate_mlp_mnist", **_MNIST, mlp="mlp")  # MSSA + GELU MLP
+register_model("crate_mhsa_mnist", **_MNIST, attention="mhsa")  # standard attention + ISTA
+register_model("crate_alpha_mnist", **_MNIST, mlp="odl")  # MSSA + overcomplete ISTA (4d atoms) + residual
+
+register_pretrained(
+    PretrainedSource(
+        name="crate_small",
+        title="CRATE-S/16, ImageNet-1K supervised",
+        loader=CLASSIFIER_FORMAT.name,
+        filename="",  # a Drive share page: the user saves the file under any name
+        url="https://drive.google.com/file/d/1hYgDJl4EKHYfKprwhEjmWmWHuxnK6_h8/view?usp=share_link",
+        input="image 224 (resize 256, centre crop 224)",
+        mean=IMAGENET_MEAN,
+        std=IMAGENET_STD,
+        classes="ImageNet-1K (1000)",
+        licence="MIT (the repository's)",
+        reference="github.com/Ma-Lab-Berkeley/CRATE README.md, main.py (commit 674408f)",
+    )
+)

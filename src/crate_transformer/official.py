@@ -2,11 +2,11 @@
 
 An :class:`OfficialFormat` is what ``ct.from_official(path, name)`` needs to read one family's released
 files: a converter to this package's keys and shapes, a detector (so a file of another family is refused
-with the right model name), and the checks of the config it can fill.  Each model family registers its
-format with its architecture (``registry.register_arch(..., official=FORMAT)``); the classifier and
-CRATE-MAE formats of the official repository (Ma-Lab-Berkeley/CRATE ``model/crate.py`` and
-``model/crate_ae``) live here, with the shared pieces (:func:`rename` by a key map, :func:`unwrap` of the
-training containers, :func:`conv_to_linear` for patch embeddings).
+with the right model name), and the checks of the config it can fill.  Each model family defines its
+format in its own module and registers it with its architecture (``register_arch(..., official=FORMAT)``).
+The key maps of the official repository (Ma-Lab-Berkeley/CRATE ``model/crate.py`` and ``model/crate_ae``)
+live here, with the shared pieces (:func:`rename` by a key map, :func:`unwrap` of the training containers,
+:func:`conv_to_linear` for patch embeddings).
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ __all__ = [
     "native_to_official",
     "mae_official_to_native",
     "mae_native_to_official",
-    "CLASSIFIER_FORMAT",
-    "MAE_FORMAT",
 ]
 
 
@@ -184,28 +182,3 @@ def mae_native_to_official(state: Mapping[str, Tensor], in_chans: int) -> dict[s
     d = w.shape[0]
     out["decoder_embed.weight"], out["decoder_embed.bias"] = w.new_zeros(d, d), w.new_zeros(d)
     return out
-
-
-def _check_classifier(config: Any) -> None:
-    if config.arch != "crate" or (config.attention, config.mlp) != ("mssa", "ista"):
-        raise ValueError(
-            f"official CRATE checkpoints have MSSA + ISTA layers, not arch={config.arch!r}, "
-            f"attention={config.attention!r}, mlp={config.mlp!r}; drop those --model-args"
-        )
-
-
-CLASSIFIER_FORMAT = OfficialFormat(
-    name="CRATE classifier",
-    origin="Ma-Lab-Berkeley/CRATE model/crate.py",
-    to_native=lambda state, config: official_to_native(state),
-    detect=lambda state: any(k.startswith("to_patch_embedding.") for k in state),
-    example="crate_small",
-    check=_check_classifier,
-)
-MAE_FORMAT = OfficialFormat(
-    name="CRATE-MAE",
-    origin="Ma-Lab-Berkeley/CRATE model/crate_ae",
-    to_native=lambda state, config: mae_official_to_native(state),
-    detect=lambda state: any(k.startswith(("decoder_blocks.", "mask_token")) for k in state),
-    example="crate_mae_base",
-)

@@ -18,7 +18,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DataSpec", "fit_normalization", "resolve_normalization"]
+__all__ = ["DataSpec", "fit_normalization", "resolve_normalization", "IMAGENET_MEAN", "IMAGENET_STD"]
+
+# the ImageNet statistics every released ImageNet model normalises its input with
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 _LEGACY_KEYS = ("normalization", "mean", "std", "classes", "dataset", "data")
 

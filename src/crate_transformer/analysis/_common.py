@@ -33,20 +33,6 @@ def layer_index(model: ImageClassifier, layer: int) -> int:
     return layer % depth
 
 
-def is_crate(model: ImageClassifier) -> bool:
-    """CRATE layers in the encoder: a CRATE classifier, its hybrids (CRATE-MLP, CRATE-MHSA, CRATE-α; JMLR
-    Table 17) or a CRATE-MAE (whose encoder is analysed like one)."""
-    return model.config.arch in ("crate", "crate_mae", "crate_alpha")
-
-
-def has_ista(model: ImageClassifier) -> bool:
-    """True when every layer ends with CRATE's ISTA block, whose output sparsity the paper measures
-    (Figs. 14-15).  CRATE-MLP and CRATE-α end with a residual block: their outputs have no exact zeros
-    (CRATE-α's sparse code is internal, see :meth:`~crate_transformer.operators.OvercompleteISTA.code`)."""
-    c = model.config
-    return c.arch == "crate" and c.mlp == "ista" and c.ista_mode != "none"
-
-
 def head_projections(layer: nn.Module, h: Tensor) -> Tensor:
     """The per-head projections of already-normalised tokens ``h`` (b, n, d) → (b, K, n, p).
 

@@ -24,14 +24,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config import MASKED_AUTOENCODER
 from ._common import eval_trace
 
 __all__ = ["decoder_inversion", "is_autoencoder", "reconstruction_recognition"]
 
 
 def is_autoencoder(model: nn.Module) -> bool:
-    """True for a model with a CRATE decoder (``decoder_layers``), i.e. :class:`~crate_transformer.mae.CRATEMAE`."""
-    return hasattr(model, "decoder_layers") and hasattr(model, "decoder_trace")
+    """True for a masked autoencoder (``model.kind``), whose CRATE decoder (``decoder_trace``) is measured."""
+    return model.kind == MASKED_AUTOENCODER
 
 
 def _cka_per_image(a: Tensor, b: Tensor) -> Tensor:

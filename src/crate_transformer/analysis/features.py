@@ -121,31 +121,13 @@ class UnitStats:
 
 def code_sites(model: nn.Module) -> list[tuple[nn.Module, str]]:
     """Per layer, the module whose forward pass holds the units, and their kind (``ista``, ``mlp``, ``odl``,
-    ``ista_overcomplete``): the ISTA block (its output is the code, eq. (44)), the MLP's GELU, or the
-    overcomplete block (whose :meth:`code` is recomputed from its input)."""
-    layers = getattr(model, "layers", None)
-    if not isinstance(layers, nn.ModuleList) or not len(layers):
-        raise ValueError(f"{type(model).__name__} has no encoder layers (model.layers) to read codes from")
-    sites = []
-    for i, layer in enumerate(layers):
-        kind = getattr(layer, "kind", None)
-        if kind == "ista" and layer.ista.mode != "none":
-            sites.append((layer.ista, "ista"))
-        elif kind == "mlp":
-            sites.append((layer.mlp[1], "mlp"))
-        elif kind in ("odl", "ista_overcomplete"):
-            sites.append((layer.mlp, kind))
-        else:
-            raise ValueError(
-                f"layer {i + 1} of this {model.config.arch} model has no sparse code or MLP units "
-                f"(mlp={kind!r}, ista_mode='none'?); features need ISTA, an overcomplete ISTA or an MLP"
-            )
-    return sites
+    ``ista_overcomplete``): what the model says (:meth:`~crate_transformer.base.Model.code_sites`)."""
+    return model.code_sites()
 
 
 def prefix_tokens(model: nn.Module) -> int:
-    """Tokens before the patches (the class token of the image classifiers); they are not features of a patch."""
-    return 1 if isinstance(getattr(model, "cls_token", None), Tensor) else 0
+    """Tokens before the patches (the class token of the image models); they are not features of a patch."""
+    return model.num_prefix_tokens
 
 
 def _hook(module: nn.Module, kind: str, store: list[Tensor]) -> torch.utils.hooks.RemovableHandle:

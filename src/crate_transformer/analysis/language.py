@@ -21,6 +21,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from ..figures import InlineFigure
 from ..io import write_json
 from .explorer import explorer_section, text_payload
 from .measure import LayerTable, measure_batch
@@ -95,7 +96,7 @@ def plot_token_attention(
     cols = min(K, 4)
     rows = -(-K // cols)
     side = max(3.2, 0.13 * min(n, MAX_TICK_LABELS * 2))
-    fig = Figure(figsize=(side * cols + 0.8, side * rows + 0.6), layout="constrained")
+    fig = InlineFigure(figsize=(side * cols + 0.8, side * rows + 0.6), layout="constrained")
     axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
     labels = [repr(t)[1:-1].replace(" ", "␣") for t in tokens]  # spaces, newlines and tabs visible
     vmax = max(float(attn.max()), 1e-12)
@@ -121,7 +122,9 @@ def _lm_figures(table: LayerTable, attn: Sequence[tuple[str, int]], n_tokens: in
             "title": "Compression, sparsity and rate reduction versus layer (JMLR Figs. 14-15 on token blocks)",
             "caption": f"R^c of each layer's MSSA input against its subspaces U^l (official protocol, eps^2 = "
             f"{table.meta['eps'] ** 2:g}), the non-zero fraction of the ISTA output and the rate reduction R - R^c "
-            f"(eq. (14)) of the layer output; mean over {table.num_samples} held-out token blocks, band = 1 std.",
+            f"(eq. (14)) of the layer output; mean over {table.num_samples} held-out token blocks, band = 1 std. "
+            "Dashed: a freshly initialised model of the same architecture on the same blocks, the reference of the "
+            "verdicts.",
         }
     }
     for f, ell in attn:
@@ -158,13 +161,17 @@ def analyze_text(
     ``attention_layer{ℓ}.png`` to ``out_dir`` and returns the report; ``report.html`` holds the explorer of the
     first ``explorer_texts`` blocks (hover a token to see its attention, :mod:`.explorer`)."""
     from ._common import layer_index
-    from .report import rate_notes
+    from .report import INITIAL, rate_notes
     from .verdicts import compression_verdict, sparsity_verdict
 
     t0, LM = time.time(), LM_SECTION
     out = Path(out_dir)
     table = measure_text(model, blocks, eps=eps, batch_size=batch_size)
-    plot_layerwise({"held-out text": table}, out / "layerwise.png", metrics=("rc_in", "nonzero", "rate_reduction"))
+    initial, base = _initial_text(model, blocks, eps, batch_size)
+    plot_layerwise(
+        {"held-out text": table}, out / "layerwise.png", metrics=("rc_in", "nonzero", "rate_reduction"),
+        references={f"held-out text {INITIAL}": initial},
+    )  # fmt: skip
     ids = blocks[0, :attn_tokens]
     tokens = _token_strings(model, ids)
     attn = []
@@ -182,7 +189,11 @@ def analyze_text(
         "explorer": {"texts": len(shown), "layers": explorer["layers"]},
         "measure": {"held-out text": table.to_dict()},
         "figures": ["layerwise.png", *(f for f, _ in attn)],
-        "verdicts": [v.to_dict() for v in (compression_verdict(table, LM), sparsity_verdict(table, LM))],
+        "initialisation": {f"held-out text {INITIAL}": initial.to_records()},
+        "verdicts": [
+            v.to_dict()
+            for v in (compression_verdict(table, LM, baseline=base), sparsity_verdict(table, LM, baseline=base))
+        ],
         "notes": rate_notes(model, {"held-out text": table}),
         "captions": _lm_figures(table, attn, len(ids)),
         "model_config": c.to_dict(),
@@ -192,6 +203,17 @@ def analyze_text(
     write_json(out / "report.json", report)
     (out / "report.html").write_text(lm_html(report, explorer))
     return report
+
+
+def _initial_text(model: torch.nn.Module, blocks: Tensor, eps: float, batch_size: int) -> tuple[LayerTable, object]:
+    """The reference of the verdicts: the same architecture freshly initialised, measured on the same blocks."""
+    from .report import initial_model
+    from .verdicts import baseline_from_table
+
+    initial = measure_text(initial_model(model), blocks, eps=eps, batch_size=batch_size)
+    return initial, baseline_from_table(
+        initial, "a freshly initialised model of the same architecture, the same blocks"
+    )
 
 
 def _lm_info(report: dict) -> str:

@@ -52,7 +52,6 @@ from ..objectives import coding_rate, l1_per_entry, rate_reduction, sparsity
 from ._common import (
     Normalization,
     count_images,
-    has_ista,
     head_projections,
     is_image_dataset,
     iter_batches,
@@ -102,8 +101,16 @@ def measure_batch(
 ) -> dict[str, Tensor]:
     """Per-sample, per-layer values for one model-ready batch: ``{metric: (b, L) float64 tensor}``.
 
-    The model must already be in eval mode (``measure`` takes care of that).
+    The model must already be in eval mode (``measure`` takes care of that).  Autocast is off here: the trace
+    runs in the model's own dtype and the rates in float64, also when called inside a mixed-precision step.
     """
+    with torch.autocast(x.device.type, enabled=False):
+        return _measure_batch(model, x, eps, include_cls, thresholds)
+
+
+def _measure_batch(
+    model: ImageClassifier, x: Tensor, eps: float, include_cls: bool, thresholds: Sequence[float]
+) -> dict[str, Tensor]:
     trace = model.forward_trace(x)
     start = 0 if include_cls else 1
     out: dict[str, list[Tensor]] = {k: [] for k in METRICS}
@@ -305,9 +312,9 @@ def _meta(
         "n_samples": int(values["rc_in"].shape[0]),
         "n_layers": int(values["rc_in"].shape[1]),
         "arch": model.config.arch,
-        "attention": "mhsa" if model.config.arch == "vit" else getattr(model.config, "attention", "mssa"),
-        "mlp": "mlp" if model.config.arch == "vit" else getattr(model.config, "mlp", "ista"),
-        "ista_output": has_ista(model),
+        "attention": model.config.layer_blocks[0],
+        "mlp": model.config.layer_blocks[1],
+        "ista_output": model.config.sparse_output,
         "normalization": None
         if normalization is None
         else [list(map(float, torch.as_tensor(s).flatten())) for s in normalization],

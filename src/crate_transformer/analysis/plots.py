@@ -27,6 +27,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from ..figures import InlineFigure
 from .measure import METRICS, LayerTable
 
 __all__ = [
@@ -104,20 +105,23 @@ def plot_layerwise(
     metrics: Sequence[str] = ("rc_in", "nonzero"),
     title: str | None = None,
     band: bool = True,
+    references: Mapping[str, LayerTable | Sequence[Mapping]] | None = None,
 ) -> Figure:
     """Metrics versus layer, one line per entry of ``tables`` (e.g. ``{"train": t1, "val": t2}``) — Fig. 14.
 
-    The shaded band is ± one standard deviation over samples.
+    The shaded band is ± one standard deviation over samples.  ``references`` (e.g. the same architecture at
+    initialisation) are drawn dashed, without bands, in the colours of the tables they go with (in order).
     """
     if isinstance(tables, LayerTable):
         tables = {"": tables}
     if not tables:
         raise ValueError("nothing to plot: pass at least one table")
+    references = dict(references or {})
     for m in metrics:
         if m not in METRIC_LABELS and all(isinstance(t, LayerTable) and m not in t.values for t in tables.values()):
             raise ValueError(f"unknown metric {m!r}; available: {', '.join(METRICS)}")
     ncol = len(metrics)
-    fig = Figure(figsize=(4.2 * ncol, 3.4), layout="constrained")
+    fig = InlineFigure(figsize=(4.2 * ncol, 3.4), layout="constrained")
     axes = fig.subplots(1, ncol, squeeze=False)[0]
     colors = colormaps["tab10"]
     for ax, m in zip(axes, metrics):
@@ -126,11 +130,14 @@ def plot_layerwise(
             ax.plot(x, mu, "o-", color=colors(i % 10), label=name or None, ms=4)
             if band and np.any(sd > 0):
                 ax.fill_between(x, mu - sd, mu + sd, color=colors(i % 10), alpha=0.2, lw=0)
+        for i, (name, t) in enumerate(references.items()):
+            x, mu, _ = _series(t, m)
+            ax.plot(x, mu, "s--", color=colors(i % 10), label=name, ms=3, alpha=0.7, lw=1.2)
         ax.set_xlabel(r"layer index $\ell$")
         ax.set_ylabel(_label(m))
         ax.set_xticks(x)
         ax.grid(alpha=0.3)
-        if any(tables):
+        if any(tables) or references:
             ax.legend(fontsize=8)
     fig.suptitle(title or "Layer-wise compression and sparsity (cf. JMLR Fig. 14)")
     return save_figure(fig, path)
@@ -173,7 +180,7 @@ def plot_measure_history(
         keys = [keys[i] for i in np.unique(np.linspace(0, len(keys) - 1, max_lines).round().astype(int))]
     cmap = colormaps["viridis"]
     ncol = len(metrics)
-    fig = Figure(figsize=(4.2 * ncol + 0.8, 3.4), layout="constrained")
+    fig = InlineFigure(figsize=(4.2 * ncol + 0.8, 3.4), layout="constrained")
     axes = fig.subplots(1, ncol, squeeze=False)[0]
     for ax, m in zip(axes, metrics):
         for i, k in enumerate(keys):
@@ -227,7 +234,7 @@ def plot_attention(
         raise ValueError(f"{images.shape[0]} images but {maps.shape[0]} attention maps")
     b, K = maps.shape[:2]
     cols = 1 + K + int(show_mean)
-    fig = Figure(figsize=(1.6 * cols, 1.7 * b + 0.4), layout="constrained")
+    fig = InlineFigure(figsize=(1.6 * cols, 1.7 * b + 0.4), layout="constrained")
     axes = fig.subplots(b, cols, squeeze=False)
     H, W = images.shape[-2:]
     for i in range(b):
@@ -253,7 +260,7 @@ def plot_attention(
 def plot_pca(images: Tensor, rgb: np.ndarray, path: str | Path | None = None, *, title: str | None = None) -> Figure:
     """Inputs (top) and the RGB of the first three PCA components of their patch features (bottom)."""
     b = images.shape[0]
-    fig = Figure(figsize=(1.8 * b, 3.9), layout="constrained")
+    fig = InlineFigure(figsize=(1.8 * b, 3.9), layout="constrained")
     axes = fig.subplots(2, b, squeeze=False)
     for i in range(b):
         img, cmap = _hwc(images[i])
@@ -284,7 +291,7 @@ def plot_masks(
     """Inputs (top) and their MaskCut masks overlaid, one colour per mask (bottom) — Fig. 19 style."""
     b = images.shape[0]
     H, W = images.shape[-2:]
-    fig = Figure(figsize=(1.8 * b, 3.9), layout="constrained")
+    fig = InlineFigure(figsize=(1.8 * b, 3.9), layout="constrained")
     axes = fig.subplots(2, b, squeeze=False)
     for i in range(b):
         img, cmap = _hwc(images[i])
@@ -320,7 +327,7 @@ def _layer_grid(L: int, w: float, h: float) -> tuple[Figure, np.ndarray, list]:
     """A figure with one tick-less panel per layer (at most 6 per row); unused panels are hidden."""
     cols = min(L, 6)
     rows = (L + cols - 1) // cols
-    fig = Figure(figsize=(w * cols + 0.6, h * rows + 0.4), layout="constrained")
+    fig = InlineFigure(figsize=(w * cols + 0.6, h * rows + 0.4), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False)
     for i, ax in enumerate(axes.flat):
         ax.set_xticks([])
@@ -393,7 +400,7 @@ def plot_reconstructions(
     """CRATE-MAE reconstructions in the style of JMLR Fig. 11 (p.39): one column per image, rows
     original / masked input (masked patches grey) / reconstruction.  Images are ``(b, C, H, W)`` in [0, 1]."""
     b = images.shape[0]
-    fig = Figure(figsize=(1.25 * b + 0.6, 4.2), layout="constrained")
+    fig = InlineFigure(figsize=(1.25 * b + 0.6, 4.2), layout="constrained")
     axes = fig.subplots(3, b, squeeze=False)
     for i in range(b):
         for row, img in enumerate((images[i], masked[i], recon[i])):
@@ -415,7 +422,7 @@ def plot_decoder_inversion(
     """Per encoder layer ℓ: cosine similarity of the decoder's reconstruction of ``Z^ℓ`` to ``Z^ℓ``
     (chained through the decoder, and one decoder layer applied to the encoder's ``Z^{ℓ+1}``), against
     the do-nothing baseline ``cos(Z^{ℓ+1}, Z^ℓ)`` (see :func:`.decoder.decoder_inversion`)."""
-    fig = Figure(figsize=(5.2, 3.4), layout="constrained")
+    fig = InlineFigure(figsize=(5.2, 3.4), layout="constrained")
     ax = fig.subplots()
     layers = [r["layer"] for r in rows]
     for key, label, style in (

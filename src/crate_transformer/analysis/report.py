@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .. import __version__
+from .._version import __version__
 from ..data import match_channels
 from ..model import ImageClassifier
 from ._common import (
@@ -51,7 +51,17 @@ from .plots import (
 )
 from .segmentation import maskcut, patch_features, pca_rgb
 from .subspaces import incoherence, subspace_gram
-from .verdicts import Verdict, compression_verdict, decoder_verdict, rate_reduction_note, sparsity_verdict
+from .verdicts import (
+    Baseline,
+    Verdict,
+    baseline_from_records,
+    baseline_from_table,
+    compression_verdict,
+    decoder_verdict,
+    incoherence_verdict,
+    rate_reduction_note,
+    sparsity_verdict,
+)
 
 __all__ = ["analyze", "Part", "HTML_SECTIONS"]
 
@@ -85,6 +95,8 @@ class _Context:
     eps: float
     batch_size: int
     section: str
+    initial: ImageClassifier | None = None  # the same architecture, freshly initialised
+    initial_records: Sequence[Mapping] | None = None  # the run's own measurement at step 0
     tables: dict[str, LayerTable] = field(default_factory=dict)
     vis_images: Tensor | None = None
     x: Tensor | None = None
@@ -103,17 +115,54 @@ def default_section(model: ImageClassifier) -> str:
     """The name of the verdict section of an image model: its encoder for a CRATE-MAE, else the classifier."""
     if is_autoencoder(model):
         return "CRATE-MAE encoder"
-    return "ViT classifier" if model.config.arch == "vit" else "classifier"
+    return "classifier" if model.config.white_box else "ViT classifier"
 
 
-def layer_verdicts(tables: Mapping[str, LayerTable], section: str) -> list[Verdict]:
-    """Compression and sparsity verdicts (JMLR Figs. 14-15) for every measured split."""
-    multi = len(tables) > 1
+def layer_verdicts(
+    tables: Mapping[str, LayerTable], section: str, baselines: Mapping[str, Baseline] | None = None
+) -> list[Verdict]:
+    """Compression and sparsity verdicts (JMLR Figs. 14-15) for every measured split, each against that split's
+    :class:`~.verdicts.Baseline` (the architecture at initialisation) when given."""
+    multi, baselines = len(tables) > 1, baselines or {}
     out = []
     for name, t in tables.items():
-        label = f"{section} ({name})" if multi else section
-        out += [compression_verdict(t, label), sparsity_verdict(t, label)]
+        label, base = (f"{section} ({name})" if multi else section), baselines.get(name)
+        out += [compression_verdict(t, label, baseline=base), sparsity_verdict(t, label, baseline=base)]
     return out
+
+
+def initial_model(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """The same architecture freshly initialised (seeded; the global RNG is left as it was), in eval mode on the
+    model's device: the step-0 reference of a checkpoint whose own step 0 was not recorded."""
+    from ..registry import build
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        fresh = build(model.config)
+    return fresh.to(model_device(model)).eval()
+
+
+INITIAL = "at initialisation"
+
+
+def _initial_measurements(ctx: _Context, progress: bool) -> tuple[dict[str, Baseline], dict[str, object]]:
+    """Per split: the baseline of the verdicts and what the figures draw (records or tables) for the same
+    architecture at step 0 — the run's recorded step 0 when there is one, else the fresh model on the same images."""
+    if ctx.initial_records:
+        n = ctx.initial_records[0].get("n_samples", "?")
+        base = baseline_from_records(ctx.initial_records, f"the run's own measurement at step 0 ({n} training images)")
+        return {name: base for name in ctx.tables}, {f"{INITIAL} (step 0 of the run)": list(ctx.initial_records)}
+    if ctx.initial is None:
+        return {}, {}
+    baselines, curves = {}, {}
+    for name, imgs in ctx.splits.items():
+        t = measure(
+            ctx.initial, imgs, eps=ctx.eps, batch_size=ctx.batch_size, normalize=ctx.normalization,
+            progress=progress, desc=f"{name} {INITIAL}",
+        )  # fmt: skip
+        baselines[name] = baseline_from_table(t, f"a freshly initialised model of the same architecture, {name} images")
+        curves[f"{name} {INITIAL}"] = t
+    return baselines, curves
 
 
 def rate_notes(model: torch.nn.Module, tables: Mapping[str, LayerTable]) -> list[str]:
@@ -132,16 +181,23 @@ def _layerwise_section(ctx: _Context, progress: bool) -> Part:
             progress=progress, desc=name,
         )  # fmt: skip
     tables, eps, fig_dir = ctx.tables, ctx.eps, ctx.fig_dir
+    baselines, initial = _initial_measurements(ctx, progress)
     split_names = " vs ".join(tables)
-    plot_layerwise(tables, fig_dir / "layerwise.png", metrics=("rc_in", "nonzero"))
+    plot_layerwise(tables, fig_dir / "layerwise.png", metrics=("rc_in", "nonzero"), references=initial)
     plot_layerwise(
         tables, fig_dir / "layerwise_all.png", metrics=("rc_in", "rc_half", "rc_out"),
-        title="R^c at the MSSA input, the MSSA output and the layer output",
+        title="R^c at the MSSA input, the MSSA output and the layer output", references=initial,
     )  # fmt: skip
     plot_layerwise(
         tables, fig_dir / "layerwise_rate.png", metrics=("l1", "rate", "rate_reduction"),
-        title="l1 norm, coding rate and rate reduction of the layer outputs",
+        title="l1 norm, coding rate and rate reduction of the layer outputs", references=initial,
     )  # fmt: skip
+    against = (
+        f" Dashed: the same architecture at initialisation ({next(iter(baselines.values())).source}), the reference "
+        "of the verdicts."
+        if baselines
+        else ""
+    )
     figures = [
         (
             "layerwise.png",
@@ -150,25 +206,30 @@ def _layerwise_section(ctx: _Context, progress: bool) -> Part:
             f"U^l (official protocol: per-head projections, unit-normalised tokens, eps^2 = {eps**2:g}); lower = "
             f"more compressed. Right: the fraction of non-zero entries of the ISTA output Z^(l+1); lower = sparser. "
             f"Mean over {', '.join(f'{t.num_samples} {k}' for k, t in tables.items())} images ({split_names}), "
-            "band = 1 std. A trained CRATE should decrease in both with depth.",
+            f"band = 1 std. A trained CRATE should decrease in both with depth.{against}",
         ),
         (
             "layerwise_all.png",
             "R^c at three points of each layer (JMLR Figs. 14-15; the official vis_utils hook the MSSA input)",
             "The paper's text measures R^c on the MSSA output Z^(l+1/2) while the official code measures the MSSA "
-            "input; both are shown, plus the layer output Z^(l+1), each against the same layer's U^l and protocol.",
+            "input; both are shown, plus the layer output Z^(l+1), each against the same layer's U^l and protocol."
+            + against,
         ),
         (
             "layerwise_rate.png",
             "Sparse rate reduction terms per layer (eqs. (8), (14), (17))",
             "Mean |entry| of the ISTA output (the l1 term of eq. (17)); the coding rate R(Z^(l+1)) of eq. (8) and the "
-            "rate reduction R - R^c(Z^(l+1)|U^l) of eq. (14), both on unit-normalised tokens with the same eps.",
+            "rate reduction R - R^c(Z^(l+1)|U^l) of eq. (14), both on unit-normalised tokens with the same eps."
+            + against,
         ),
     ]
     return Part(
         figures,
-        {"measure": {k: t.to_dict(per_sample=True) for k, t in tables.items()}},
-        layer_verdicts(tables, ctx.section),
+        {
+            "measure": {k: t.to_dict(per_sample=True) for k, t in tables.items()},
+            "initialisation": {k: v if isinstance(v, list) else v.to_records() for k, v in initial.items()},
+        },
+        layer_verdicts(tables, ctx.section, baselines),
         rate_notes(ctx.model, tables),
     )
 
@@ -284,7 +345,10 @@ def _subspace_section(ctx: _Context, directions: int | None) -> Part:
         "subspaces: off-diagonal blocks near 0. report.json gives the block coherence ||Q_i^T Q_j||_F/sqrt(p) per "
         "head pair against the random-subspace baseline sqrt(p/d).",
     )
-    return Part([fig], {"subspaces": incoherence(model)})
+    rows = incoherence(model)
+    initial = incoherence(ctx.initial) if ctx.initial is not None else None
+    verdict = incoherence_verdict(rows, ctx.section, initial)
+    return Part([fig], {"subspaces": rows, "subspaces_initialisation": initial}, [verdict])
 
 
 def _token_heatmap_section(ctx: _Context) -> Part:
@@ -349,6 +413,7 @@ def analyze(
     progress: bool = True,
     source: Mapping | None = None,
     section: str | None = None,
+    initial: str | Sequence[Mapping] | None = "fresh",
 ) -> dict:
     """Write the full white-box report for ``model`` into ``out``; returns the ``report.json`` dict.
 
@@ -357,13 +422,22 @@ def analyze(
     turns them into model inputs.  ``vis_images`` (``[0, 1]``) are shown in the attention / PCA /
     segmentation figures (default: the first ``num_vis`` images of the last split).  ``section`` names the
     model in the verdict table (default: "classifier", "ViT classifier" or "CRATE-MAE encoder"; the CLI passes
-    "DINO backbone" for a DINO run).  ``report["verdicts"]`` says whether the paper's claims held.
+    "DINO backbone" for a DINO run).  ``report["verdicts"]`` says whether the paper's claims held, each against
+    the same architecture at initialisation: ``initial`` is the run's own step-0 measurement records (per layer,
+    as :func:`~.measure.load_measure_records` reads them from ``metrics.jsonl``), ``"fresh"`` (a seeded freshly
+    initialised model measured on the same images) or None (no reference). The subspace verdict always uses
+    a fresh model for its initial coherence (unless ``initial`` is None).
     """
     if not splits:
         raise ValueError("no images to analyse: pass at least one split of images")
     attn_li, seg_li = layer_index(model, attn_layer), layer_index(model, seg_layer)
     t0 = time.perf_counter()
     ctx = _Context(model, Path(out), splits, normalization, eps, batch_size, section or default_section(model))
+    if isinstance(initial, str) and initial != "fresh":
+        raise ValueError(f"initial must be 'fresh', the run's step-0 measurement records or None, got {initial!r}")
+    if initial is not None:
+        ctx.initial = initial_model(model)
+        ctx.initial_records = None if isinstance(initial, str) else [dict(r) for r in initial]
     ctx.fig_dir.mkdir(parents=True, exist_ok=True)
     report = _header(model, source, normalization, eps)
     parts = [
@@ -449,6 +523,17 @@ def html_verdicts(report: dict) -> str:
     )
 
 
+def _normalization_text(report: dict) -> str:
+    """``mean 0.485, 0.456, 0.406; std 0.229, 0.224, 0.225 (model config)``: what the inputs were normalised by."""
+    norm, where = report["normalization"], report["source"].get("normalization_source")
+    text = (
+        "none"
+        if norm is None
+        else "; ".join(f"{k} {', '.join(f'{v:.4g}' for v in vs)}" for k, vs in zip(("mean", "std"), norm))
+    )
+    return f"{text} ({where})" if where else text
+
+
 def html_info(report: dict) -> str:
     c, src, esc = report["model"]["config"], report["source"], html.escape
     info = [
@@ -459,7 +544,7 @@ def html_info(report: dict) -> str:
             f"{c['arch']} dim={c['dim']} depth={c['depth']} heads={c['heads']} patch={c['patch_size']} "
             f"image={c['image_size']} ({report['model']['num_params']:,} parameters)",
         ),
-        ("normalisation", str(report["normalization"])),
+        ("normalisation", _normalization_text(report)),
         (
             "eps",
             f"{report['protocol']['eps']} (eps^2 = {report['protocol']['eps_squared']:g}; "
@@ -515,14 +600,17 @@ def html_figures(report: dict, folder: str = "figures/") -> str:
 
 
 def html_subspaces(report: dict) -> str:
+    initial = report.get("subspaces_initialisation") or [None] * len(report["subspaces"])
     rows = "".join(
-        f"<tr><td>{s['layer']}</td><td>{_fmt(s['mean_cross_coherence'])}</td><td>{_fmt(s['max_principal_cos'])}"
+        f"<tr><td>{s['layer']}</td><td>{_fmt(s['mean_cross_coherence'])}</td>"
+        f"<td>{'-' if i is None else _fmt(i['mean_cross_coherence'])}</td><td>{_fmt(s['max_principal_cos'])}"
         f"</td><td>{_fmt(s['random_baseline'])}</td></tr>"
-        for s in report["subspaces"]
+        for s, i in zip(report["subspaces"], initial)
     )
     return (
         "<h2>Subspace coherence per layer</h2><table><tr><th>layer</th><th>mean cross-head coherence</th>"
-        f"<th>max principal cosine</th><th>random baseline sqrt(p/d)</th></tr>{rows}</table>"
+        "<th>the same at initialisation</th><th>max principal cosine</th><th>random baseline sqrt(p/d)</th></tr>"
+        f"{rows}</table>"
     )
 
 

@@ -2,16 +2,25 @@
 
 The white-box report measures; this module decides.  Each rule compares a per-sample quantity at the first
 and at the last layer (or, for the CRATE-MAE decoder, a layer-wise inverse against a do-nothing baseline) and
-asks whether the change exceeds its noise.  A single run gives no seeds to compare, so the noise is the
-spread of the mean over **bootstrap resamples of the evaluated samples** (images or token blocks): the
-paired per-sample differences are resampled with replacement ``n_boot`` times (seeded, so the report is
-reproducible) and the noise is twice the standard deviation of the resampled means (≈ 2 standard errors).
+asks whether the change exceeds its noise, and whether it exceeds what **the same architecture at
+initialisation** does (a :class:`Baseline`: the run's own measurement at step 0, or a freshly initialised
+model measured on the same samples): a random network can already "compress" or "sparsify" with depth, and
+only the change beyond that is what training (the paper's objective) did.  A single run gives no seeds to
+compare, so the noise is the spread of the mean over **bootstrap resamples of the evaluated samples** (images
+or token blocks): the paired per-sample differences are resampled with replacement ``n_boot`` times (seeded,
+so the report is reproducible) and the noise is twice the standard deviation of the resampled means (≈ 2
+standard errors).
 
 * **compression** (JMLR §4.2, Figs. 14-15; ``R^c`` of eq. (13)): ``R^c`` of the MSSA input falls from
-  layer 1 to layer L by more than its noise;
-* **sparsity** (Figs. 14-15, ``‖Z^{ℓ+1}‖₀/(d·n)``): the non-zero fraction of the ISTA output falls from
-  layer 1 to layer L by more than its noise (only where the layers end with ISTA: other outputs have no
-  exact zeros);
+  layer 1 to layer L by more than its noise, and by more than at initialisation (beyond the joint noise
+  ``√(noise² + noise₀²)``);
+* **sparsity** (Figs. 14-15, ``‖Z^{ℓ+1}‖₀/(d·n)``): the same rule for the non-zero fraction of the ISTA
+  output (only where the layers end with ISTA: other outputs have no exact zeros);
+* both name the layers where the curve goes up instead of down (a rise from layer ℓ to ℓ+1 beyond its noise),
+  which the first-to-last rule alone would hide;
+* **incoherence** (§4.2, pp.49-50, Fig. 17): at every layer, the mean block coherence between different
+  heads' subspaces is below that of random subspaces of the same sizes by more than twice its spread over
+  seeded random draws (the initial model's coherence is shown beside it);
 * **decoder** (§3.5, eqs. (62)-(64)): the output of decoder layer ``L-ℓ`` (chained from the encoder's output) is
   closer to the encoder's ``Z^ℓ`` than that decoder layer's input is (linear CKA of the image's tokens, which does
   not depend on the decoder's basis) by more than its noise, at every layer.
@@ -28,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+import torch
 
 from .measure import LayerTable
 
@@ -41,6 +51,11 @@ __all__ = [
     "compression_verdict",
     "sparsity_verdict",
     "decoder_verdict",
+    "incoherence_verdict",
+    "random_coherence",
+    "Baseline",
+    "baseline_from_table",
+    "baseline_from_records",
     "rate_reduction_note",
     "format_verdicts",
 ]
@@ -54,6 +69,8 @@ COMPRESSION_CLAIM = (
 )
 SPARSITY_CLAIM = "the ISTA outputs get sparser with depth: ||Z^(l+1)||_0/(d n) decreases (Figs. 14-15, eq. (17))"
 DECODER_CLAIM = "decoder layer L-l undoes encoder layer l (§3.5, eqs. (62)-(64))"
+INCOHERENCE_CLAIM = "the subspaces U_k of different heads are incoherent, close to orthogonal (Fig. 17, eqs. (10)-(11))"
+RANDOM_DRAWS = 200
 NOISE_WORDS = f"noise = 2 x the std of the mean over {N_BOOT} bootstrap resamples of the samples (seed 0)"
 
 
@@ -97,6 +114,54 @@ def paired_drop(before: np.ndarray, after: np.ndarray, n_boot: int = N_BOOT, see
     return mean, 2.0 * float(diff[idx].mean(1).std(ddof=1))
 
 
+@dataclass(frozen=True)
+class Baseline:
+    """The same measurement on the same architecture at initialisation (step 0), per metric: the per-layer means
+    and the first-to-last drop with its noise.  ``source`` says where it comes from, in words."""
+
+    source: str
+    per_layer: dict[str, list[float]]
+    drop: dict[str, tuple[float, float]]
+
+
+def baseline_from_table(table: LayerTable, source: str, metrics: Sequence[str] = ("rc_in", "nonzero")) -> Baseline:
+    """From per-sample measurements (a freshly initialised model on the report's own samples): the drop and its
+    noise exactly as for the trained model (:func:`paired_drop`)."""
+    present = [m for m in metrics if m in table.values]
+    return Baseline(
+        source,
+        {m: [float(v) for v in table.mean(m)] for m in present},
+        {m: paired_drop(table.values[m][:, 0], table.values[m][:, -1]) for m in present},
+    )
+
+
+def baseline_from_records(
+    records: Sequence[dict], source: str, metrics: Sequence[str] = ("rc_in", "nonzero")
+) -> Baseline:
+    """From one logged measurement (per-layer mean, std and sample count, e.g. a run's step-0 records in
+    ``metrics.jsonl``): the per-sample pairs are gone, so the noise of the drop is that of two independent means,
+    ``2·√((s₁² + s_L²)/n)`` (an upper bound when the layers are positively correlated, as they are)."""
+    recs = sorted(records, key=lambda r: r["layer"])
+    present = [m for m in metrics if recs and m in recs[0]]
+    n = max(int(recs[0].get("n_samples", 1)), 1) if recs else 1
+    drop = {}
+    for m in present:
+        first, last = recs[0], recs[-1]
+        noise = 2.0 * math.sqrt((first.get(f"{m}_std", 0.0) ** 2 + last.get(f"{m}_std", 0.0) ** 2) / n)
+        drop[m] = (float(first[m]) - float(last[m]), noise)
+    return Baseline(source, {m: [float(r[m]) for r in recs] for m in present}, drop)
+
+
+def _rises(values: np.ndarray) -> list[tuple[int, float, float]]:
+    """The steps ℓ → ℓ+1 (1-based ℓ) where the per-sample values rise by more than the noise of that step."""
+    out = []
+    for j in range(values.shape[1] - 1):
+        drop, noise = paired_drop(values[:, j], values[:, j + 1])
+        if -drop > noise:
+            out.append((j + 1, -drop, noise))
+    return out
+
+
 def _too_small(values: np.ndarray) -> str | None:
     n, layers = values.shape
     if layers < 2:
@@ -106,8 +171,12 @@ def _too_small(values: np.ndarray) -> str | None:
     return None
 
 
-def _drop_verdict(section: str, claim: str, values: np.ndarray, name: str, rule: str) -> Verdict:
-    """``holds`` when the per-sample ``values`` (N, L) fall from layer 1 to layer L by more than their noise."""
+def _drop_verdict(
+    section: str, claim: str, values: np.ndarray, name: str, rule: str, base: tuple[list, tuple] | None = None
+) -> Verdict:
+    """``holds`` when the per-sample ``values`` (N, L) fall from layer 1 to layer L by more than their noise and,
+    given the initial model's ``base`` = (per-layer means, (drop, noise)), by more than it falls at
+    initialisation beyond the joint noise."""
     values = np.asarray(values, dtype=np.float64)
     reason = _too_small(values)
     per_layer = [round(math.fsum(values[:, j]) / len(values), 6) for j in range(values.shape[1])]
@@ -115,40 +184,120 @@ def _drop_verdict(section: str, claim: str, values: np.ndarray, name: str, rule:
     if reason:
         return Verdict(section, claim, NOT_APPLICABLE, rule, reason + ".", measured)
     drop, noise = paired_drop(values[:, 0], values[:, -1])
-    measured.update(first=per_layer[0], last=per_layer[-1], drop=drop, noise=noise)
+    rises = _rises(values)
+    measured.update(first=per_layer[0], last=per_layer[-1], drop=drop, noise=noise, rises=[r[0] for r in rises])
     L, span = values.shape[1], f"{per_layer[0]:.4g} -> {per_layer[-1]:.4g}"
     if drop > noise:
-        why = f"{name} falls {span} from layer 1 to {L} (drop {drop:.3g} > noise {noise:.3g})."
-        return Verdict(section, claim, HOLDS, rule, why, measured)
-    if -drop > noise:
-        why = f"{name} rises {span} from layer 1 to {L} (by {-drop:.3g}, noise {noise:.3g}): the opposite of the claim."
+        why = f"{name} falls {span} from layer 1 to {L} (drop {drop:.3g} > noise {noise:.3g})"
+    elif -drop > noise:
+        why = f"{name} rises {span} from layer 1 to {L} (by {-drop:.3g}, noise {noise:.3g}): the opposite of the claim"
     else:
-        why = f"{name} changes {span} from layer 1 to {L}: a drop of {drop:.3g}, within the noise {noise:.3g}."
-    return Verdict(section, claim, FAILS, rule, why, measured)
+        why = f"{name} changes {span} from layer 1 to {L}: a drop of {drop:.3g}, within the noise {noise:.3g}"
+    if rises and len(rises) < values.shape[1] - 1:  # some steps up, some down (all up: said above)
+        steps = ", ".join(f"{j} -> {j + 1} (+{r:.3g}, noise {n:.2g})" for j, r, n in rises)
+        why += f"; not monotone: it rises from layer {steps}"
+    holds = drop > noise
+    if base is not None:
+        (init_layers, (init_drop, init_noise)), joint = base, math.hypot(noise, base[1][1])
+        measured["initialisation"] = {"per_layer_mean": init_layers, "drop": init_drop, "noise": init_noise}
+        beyond = drop - init_drop > joint
+        holds = holds and beyond
+        init_span = f"{init_layers[0]:.4g} -> {init_layers[-1]:.4g}"
+        why += (
+            f". At initialisation: {init_span} (drop {init_drop:.3g}, noise {init_noise:.2g}); training "
+            + (f"added {drop - init_drop:.3g} > joint noise {joint:.2g}" if beyond else
+               f"changed the drop by {drop - init_drop:+.3g}, not beyond the joint noise {joint:.2g}")
+        )  # fmt: skip
+    return Verdict(section, claim, HOLDS if holds else FAILS, rule, why + ".", measured)
 
 
-def compression_verdict(table: LayerTable, section: str, metric: str = "rc_in") -> Verdict:
+def _rule(what: str, with_base: bool) -> str:
+    rule = (
+        f"holds if the mean over samples of {what} at layer 1 minus that at layer L exceeds its noise ({NOISE_WORDS})"
+    )
+    if with_base:
+        rule += (
+            " and exceeds the same drop of the architecture at initialisation by more than the joint noise "
+            "sqrt(noise^2 + noise_init^2)"
+        )
+    return rule + "; fails otherwise. Layers where it rises beyond the noise of that step are named"
+
+
+def compression_verdict(
+    table: LayerTable, section: str, metric: str = "rc_in", baseline: Baseline | None = None
+) -> Verdict:
     """Compression (Figs. 14-15): the per-sample ``R^c`` (eq. (13); default the MSSA input, as the official
-    measurement code and the report's plots) falls from the first to the last layer by more than its noise."""
-    rule = (
-        f"holds if the mean over samples of R^c(layer 1) - R^c(layer L) ({metric}) exceeds its noise ({NOISE_WORDS}); "
-        "fails otherwise"
-    )
-    return _drop_verdict(section, COMPRESSION_CLAIM, table.values[metric], f"R^c ({metric})", rule)
+    measurement code and the report's plots) falls from the first to the last layer by more than its noise and,
+    given a ``baseline``, by more than at initialisation."""
+    base = _base(baseline, metric)
+    rule = _rule(f"R^c ({metric})", base is not None)
+    return _drop_verdict(section, COMPRESSION_CLAIM, table.values[metric], f"R^c ({metric})", rule, base)
 
 
-def sparsity_verdict(table: LayerTable, section: str) -> Verdict:
+def sparsity_verdict(table: LayerTable, section: str, baseline: Baseline | None = None) -> Verdict:
     """Sparsity (Figs. 14-15): the non-zero fraction of the ISTA output falls from the first to the last layer by
-    more than its noise.  Not applicable where the layers do not end with ISTA (no exact zeros to count)."""
-    rule = (
-        "holds if the mean over samples of the non-zero fraction at layer 1 minus that at layer L exceeds its noise "
-        f"({NOISE_WORDS}); fails otherwise"
-    )
+    more than its noise (and, given a ``baseline``, by more than at initialisation).  Not applicable where the
+    layers do not end with ISTA (no exact zeros to count)."""
+    base = _base(baseline, "nonzero")
+    rule = _rule("the non-zero fraction", base is not None)
     values = table.values["nonzero"]
     if not table.meta.get("ista_output", False) and float(np.min(values)) >= 1.0:
         why = "these layers do not end with an ISTA block, so their outputs have no exact zeros to count."
         return Verdict(section, SPARSITY_CLAIM, NOT_APPLICABLE, rule, why, {"samples": int(values.shape[0])})
-    return _drop_verdict(section, SPARSITY_CLAIM, values, "the non-zero fraction", rule)
+    return _drop_verdict(section, SPARSITY_CLAIM, values, "the non-zero fraction", rule, base)
+
+
+def _base(baseline: Baseline | None, metric: str) -> tuple[list, tuple] | None:
+    if baseline is None or metric not in baseline.drop:
+        return None
+    return baseline.per_layer[metric], baseline.drop[metric]
+
+
+def random_coherence(
+    heads: int, dim: int, dim_head: int, draws: int = RANDOM_DRAWS, seed: int = 0
+) -> tuple[float, float]:
+    """Mean and std, over ``draws`` seeded draws, of the mean block coherence ``‖Q_iᵀQ_j‖_F/√p`` (i ≠ j) of
+    ``heads`` independent uniformly random ``dim_head``-dimensional subspaces of ``R^dim`` (≈ ``√(p/d)``)."""
+    g = torch.Generator().manual_seed(seed)
+    Q = torch.linalg.qr(torch.randn(draws, heads, dim, dim_head, generator=g, dtype=torch.float64)).Q
+    C = torch.einsum("bidp,bjdq->bijpq", Q, Q).flatten(3).norm(dim=-1) / math.sqrt(dim_head)
+    off = ~torch.eye(heads, dtype=torch.bool)
+    means = C[:, off].mean(-1)
+    return float(means.mean()), float(means.std())
+
+
+def incoherence_verdict(
+    rows: Sequence[dict], section: str, initial: Sequence[dict] | None = None, draws: int = RANDOM_DRAWS
+) -> Verdict:
+    """Incoherence (Fig. 17): at every layer the mean cross-head block coherence (rows of
+    :func:`~crate_transformer.analysis.subspaces.incoherence`) is below that of random subspaces of the same
+    sizes by more than twice its spread over ``draws`` seeded draws.  ``initial``: the same rows for the model at
+    initialisation, stated beside it."""
+    rule = (
+        "holds if at every layer the mean block coherence ||Q_i^T Q_j||_F/sqrt(p) between different heads is below "
+        f"the mean for random subspaces of the same sizes by more than 2 x its std over {draws} seeded draws; "
+        "fails otherwise"
+    )
+    first = rows[0]
+    K, d, p = first["heads"], first["dim"], first["dim_head"]
+    measured: dict = {"per_layer": [r["mean_cross_coherence"] for r in rows]}
+    if initial:
+        measured["initialisation"] = [r["mean_cross_coherence"] for r in initial]
+    if K < 2:
+        return Verdict(section, INCOHERENCE_CLAIM, NOT_APPLICABLE, rule, "one head: no pair of subspaces.", measured)
+    mean, std = random_coherence(K, d, p, draws)
+    measured.update(random_mean=mean, random_std=std)
+    threshold = mean - 2 * std
+    coherent = [r["layer"] for r in rows if not r["mean_cross_coherence"] < threshold]
+    values = ", ".join(f"{r['mean_cross_coherence']:.3f}" for r in rows)
+    why = f"mean cross-head coherence per layer {values}; random subspaces {mean:.3f} ± {std:.2g}"
+    why += f" (K = {K}, p = {p}, d = {d})"
+    if initial:
+        why += "; at initialisation " + ", ".join(f"{r['mean_cross_coherence']:.3f}" for r in initial)
+    if not coherent:
+        return Verdict(section, INCOHERENCE_CLAIM, HOLDS, rule, why + ": below chance at every layer.", measured)
+    why += f": not below chance by 2 std at layer(s) {', '.join(map(str, coherent))}."
+    return Verdict(section, INCOHERENCE_CLAIM, FAILS, rule, why, measured)
 
 
 def decoder_verdict(sim_out: np.ndarray, sim_in: np.ndarray, section: str = "CRATE-MAE decoder") -> Verdict:

@@ -13,7 +13,7 @@ import importlib
 import os
 import sys
 
-from .. import __version__
+from .._version import __version__
 
 # name -> (module, help); the module provides configure_<name>(parser) and run_<name>(args) -> int | None
 COMMANDS: dict[str, tuple[str, str]] = {

@@ -17,11 +17,15 @@ from .common import (
     refuse_given,
     remember_defaults,
     report_dir,
+    report_home,
 )
 from .options import add_report_options
 
 # options of one kind of model only: given for the other kind they are refused, not ignored
-IMAGE_ONLY = ("images", "num_images", "num_vis", "image_size", "on_bad_image", "seg_layer", "masks", "tau", "seed")
+IMAGE_ONLY = (
+    "images", "num_images", "num_vis", "image_size", "on_bad_image", "seg_layer", "masks", "tau", "seed", "normalize",
+    "crop_pct",
+)  # fmt: skip
 TEXT_ONLY = ("num_blocks", "attn_tokens")
 # what crate analyze writes (image models: figures/, masks/; language models: PNGs beside report.json)
 ANALYZE_FILES = ("report.json", "report.html", "figures", "masks", "*.png")
@@ -37,7 +41,12 @@ def configure_analyze(parser: argparse.ArgumentParser) -> None:
     )
     add_report_options(parser, "analyze", "top")
     src = parser.add_mutually_exclusive_group()
-    src.add_argument("--images", default=None, metavar="DIR", help="a folder of images (any format PIL reads)")
+    src.add_argument(
+        "--images",
+        default=None,
+        metavar="DIR",
+        help="a folder of images (any format PIL reads), shorter side resized and centre-cropped (--crop-pct)",
+    )
     src.add_argument(
         "--data",
         default=None,
@@ -49,6 +58,17 @@ def configure_analyze(parser: argparse.ArgumentParser) -> None:
     add_report_arguments(parser, "analysis")
     parser.add_argument("--num-images", type=int, default=256, help="images measured per split (seeded subset)")
     parser.add_argument("--num-vis", type=int, default=4, help="images shown in the attention/PCA/MaskCut figures")
+    parser.add_argument(
+        "--normalize",
+        default="auto",
+        choices=NORMALIZE_CHOICES,
+        help="--images: the mean/std applied to the photos: auto = the model config's, else ImageNet's; folder = "
+        "the photos' own statistics",
+    )
+    number_argument(
+        parser, "--crop-pct", Range(0, 1, lo_open=True), 1.0,
+        "--images: resize the shorter side to image-size / crop-pct, then crop the centre (0.875: 256 -> 224)",
+    )  # fmt: skip
     add_report_options(parser, "analyze", "data")
     number_argument(parser, "--eps", Range(0, lo_open=True), 0.1, "coding precision eps (the official eps^2 = 0.01)")
     layers = "1..L, or -1 the last, -2 the one before"
@@ -85,7 +105,7 @@ def _analyze_language_model(model: object, args: argparse.Namespace) -> int:
     held_out = TokenBlocks(tokens, block, cut, len(tokens), str(data), "held-out")
     n = min(args.num_blocks, len(held_out))
     blocks = held_out.get(torch.arange(n))[:, :-1]
-    args.out = report_dir(args.out, Path("analysis"), args.overwrite, "analyze", ANALYZE_FILES)
+    args.out = report_dir(args.out, report_home(args.checkpoint) / "analysis", args.overwrite, "analyze", ANALYZE_FILES)
     source = {
         "data": f"{data}: the held-out last {val_fraction:.0%} of the tokens, {n} blocks of {block}",
         "checkpoint": str(args.checkpoint),
@@ -178,6 +198,20 @@ def _run_task(checkpoint: str) -> str | None:
     return saved.get("task") if isinstance(saved, dict) else None
 
 
+def _initial_records(checkpoint: str) -> list[dict] | str:
+    """The run's own per-layer measurement at step 0 (``metrics.jsonl``, written by training's measure hook) when
+    ``checkpoint`` is a run directory or a file inside one, else "fresh" (a freshly initialised model)."""
+    from ..analysis import load_measure_records
+
+    path = Path(checkpoint)
+    for folder in (path, path.parent, path.parent.parent):
+        log = folder / "metrics.jsonl"
+        if (folder / "config.yaml").is_file() and log.is_file():
+            records = [r for r in load_measure_records(log) if r.get("step") == 0]
+            return records or "fresh"
+    return "fresh"
+
+
 def print_verdicts(report: dict) -> None:
     """The verdicts (and notes) of a report, one line each, like the theory lab's checks."""
     from ..analysis.verdicts import Verdict, format_verdicts
@@ -186,17 +220,40 @@ def print_verdicts(report: dict) -> None:
     print(format_verdicts(verdicts, report.get("notes", ())))
 
 
+NORMALIZE_CHOICES = ("auto", "imagenet", "folder", "none")
+
+
+def _folder_normalization(choice: str, model: object, imgs: object) -> tuple:
+    """The (mean, std) that turn ``--images`` photos into model inputs, and where it came from: by default the
+    model's own (its config), else ImageNet's (what released checkpoints were trained on); the photos' own
+    statistics only when asked for (they would erase the very contrast and colour the model learned from)."""
+    from ..data import fit_normalization, resolve_normalization
+    from ..spec import IMAGENET_MEAN, IMAGENET_STD
+
+    channels = model.config.in_chans
+    if choice == "auto" and resolve_normalization(model) is not None:
+        return resolve_normalization(model), "model config"
+    if choice in ("auto", "imagenet"):
+        why = "ImageNet's" if choice == "imagenet" else "ImageNet's (the model config records none)"
+        return fit_normalization(IMAGENET_MEAN, IMAGENET_STD, channels), why
+    if choice == "folder":
+        stats = (imgs.mean((0, 2, 3)).tolist(), imgs.std((0, 2, 3)).clamp_min(1e-3).tolist())
+        return stats, "statistics of the image folder (--normalize folder)"
+    if choice == "none":
+        return None, "none (--normalize none)"
+    raise ValueError(f"--normalize must be one of {', '.join(NORMALIZE_CHOICES)}, got {choice!r}")
+
+
 def _folder_splits(model: object, args: argparse.Namespace, size: int) -> tuple:
-    """``--images DIR``: one split of the folder's images and the normalisation (model config, else the folder)."""
-    from ..data import load_image_folder, resolve_normalization
+    """``--images DIR``: one split of the folder's images (shorter side resized, centre crop) and the
+    normalisation (``--normalize``)."""
+    from ..data import load_image_folder
 
     imgs, files = load_image_folder(
-        args.images, size, model.config.in_chans, limit=args.num_images, on_bad_image=args.on_bad_image
-    )  # grey/RGB converted as in training
-    norm, norm_src = resolve_normalization(model), "model config"
-    if norm is None:
-        norm = (imgs.mean((0, 2, 3)).tolist(), imgs.std((0, 2, 3)).clamp_min(1e-3).tolist())
-        norm_src = "statistics of the image folder (the model config has none)"
+        args.images, size, model.config.in_chans, limit=args.num_images, on_bad_image=args.on_bad_image,
+        crop_pct=args.crop_pct,
+    )  # grey/RGB converted as in training  # fmt: skip
+    norm, norm_src = _folder_normalization(args.normalize, model, imgs)
     return {"images": imgs}, norm, {"data": f"{args.images} ({len(files)} images)", "normalization_source": norm_src}
 
 
@@ -220,7 +277,7 @@ def _data_splits(model: object, args: argparse.Namespace, size: int) -> tuple:
 
 def run_analyze(args: argparse.Namespace) -> int:
     from ..analysis import analyze
-    from ..lm import LanguageModel
+    from ..config import LANGUAGE_MODEL
     from ..train.load import load_model
     from ..train.runtime import resolve_device
 
@@ -230,7 +287,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     apply_threads(args)
     device = resolve_device(args.device)
     model = load_model(args.checkpoint, args.model, **parse_model_args(args.model_args)).to(device).eval()
-    if isinstance(model, LanguageModel):
+    if model.kind == LANGUAGE_MODEL:
         refuse_given(args, IMAGE_ONLY, f"to a language model ({args.checkpoint}); pass a text corpus as --data")
         return _analyze_language_model(model, args)
     refuse_given(args, TEXT_ONLY, f"to an image model ({args.checkpoint}); it is for language models")
@@ -242,12 +299,14 @@ def run_analyze(args: argparse.Namespace) -> int:
                              layer_number(model, args.seg_layer, "--seg-layer"))  # fmt: skip
     splits, norm, source = (_folder_splits if args.images else _data_splits)(model, args, size)
     source["checkpoint"] = str(args.checkpoint)
-    args.out = report_dir(args.out, Path("analysis"), args.overwrite, "analyze", ANALYZE_FILES)  # after every check
+    home = report_home(args.checkpoint)
+    args.out = report_dir(args.out, home / "analysis", args.overwrite, "analyze", ANALYZE_FILES)  # after every check
     report = analyze(
         model, args.out, splits, normalization=norm, eps=args.eps, batch_size=args.batch_size,
         attn_layer=attn_layer, seg_layer=seg_layer, n_masks=args.masks, tau=args.tau,
         num_vis=args.num_vis, progress=not args.no_progress, source=source,
         section="DINO backbone" if _run_task(args.checkpoint) == "dino" else None,
+        initial=_initial_records(args.checkpoint),
     )  # fmt: skip
     out = Path(args.out)
     first = next(iter(report["measure"].values()))["layers"]

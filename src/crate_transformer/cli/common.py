@@ -26,22 +26,21 @@ __all__ = [
     "remember_defaults",
     "add_report_arguments",
     "report_dir",
+    "report_home",
     "refuse_given",
 ]
 
 
 def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
-    """``["dim=64", "eta=5e-2"]`` → ``{"dim": 64, "eta": 0.05}``, keys checked against ModelConfig and LMConfig
-    (the model's own config class rejects the other's keys when the model is built).
+    """``["dim=64", "eta=5e-2"]`` → ``{"dim": 64, "eta": 0.05}``, keys checked against the registered families'
+    config classes (the model's own config class rejects the other's keys when the model is built).
 
-    Values are read as YAML scalars (``true``, ``null``, numbers); :class:`ModelConfig` then coerces them
-    by field type, so ``5e-2`` (a string to YAML 1.1) is a float and ``eta=abc`` is a one-line error.
+    Values are read as YAML scalars (``true``, ``null``, numbers); the config class then coerces them by field
+    type, so ``5e-2`` (a string to YAML 1.1) is a float and ``eta=abc`` is a one-line error.
     """
     import yaml
 
-    from ..lm import LMConfig
-    from ..mae import MAEConfig
-    from ..model import ModelConfig
+    from ..registry import config_classes
 
     out = {}
     for item in items:
@@ -57,12 +56,13 @@ def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
             raise ValueError(f"--model-args sets {name} twice ({out[name]!r} and {parsed!r}); keep one")
         out[name] = parsed
     # any config's field here; the model's own config class rejects the ones it does not have
-    valid = {f.name for cls in (ModelConfig, MAEConfig, LMConfig) for f in dataclasses.fields(cls)} - {"data", "extra"}
+    classes = config_classes()
+    valid = {f.name for cls in classes for f in dataclasses.fields(cls)} - {"data", "extra"}
     bad = sorted(set(out) - valid)
     if bad:
         raise ValueError(f"unknown model argument(s) {bad}; valid: {sorted(valid)}")
     for key, value in out.items():  # ranges and finiteness now, not when the model is built inside a run
-        cls = next(c for c in (ModelConfig, MAEConfig, LMConfig) if key in {f.name for f in dataclasses.fields(c)})
+        cls = next(c for c in classes if key in {f.name for f in dataclasses.fields(c)})
         cls.check_field(key, value)
     return out
 
@@ -137,13 +137,41 @@ def check_out_dir(path: str | Path) -> Path:
     return path
 
 
+def report_home(checkpoint: str | Path) -> Path:
+    """The folder where the reports of ``checkpoint`` go unless ``--out`` says otherwise: the one rule of
+    ``crate eval``, ``crate analyze`` and ``crate features`` (docs/analysis.md, "Where the outputs go").
+
+    * a folder (a run, a ``save_pretrained`` model) → the folder itself; its ``config.json`` /
+      ``model.safetensors`` → their folder;
+    * a training state inside a run (``RUN/checkpoints/last.pt``) → the run;
+    * any other file (an official ``.pth``) → a folder beside it named after it (``crate_small.pth`` →
+      ``crate_small/``);
+    * ``hf-hub:ORG/NAME`` → ``ORG--NAME/`` in the current folder (never inside the Hugging Face cache).
+    """
+    from .._hub import is_hub_spec
+    from ..io import CONFIG_NAME, WEIGHTS_NAME
+    from ..train.rundir import CHECKPOINT, CONFIG_FILE
+
+    if is_hub_spec(checkpoint):
+        return Path(str(checkpoint).split(":", 1)[1].replace("/", "--"))
+    path = Path(checkpoint)
+    if path.is_dir():
+        return path
+    if path.name in (CONFIG_NAME, WEIGHTS_NAME):
+        return path.parent
+    run = path.parent.parent
+    if path.parent.name == CHECKPOINT.parent.name and (run / CONFIG_FILE).is_file():
+        return run
+    return path.with_suffix("")
+
+
 def add_report_arguments(parser: argparse.ArgumentParser, default: str) -> None:
     """``--out`` and ``--overwrite`` of a command that writes a report folder (``crate eval``, ``crate analyze``)."""
     parser.add_argument(
         "--out",
         default=None,
-        help=f"output folder; must be new or empty unless --overwrite (default: {default}, or {default}-2, -3, ... "
-        "when that one is in use)",
+        help=f"output folder; must be new or empty unless --overwrite (default: {default} inside the checkpoint's "
+        f"folder, or {default}-2, -3, ... when that one is in use)",
     )
     parser.add_argument(
         "--overwrite",

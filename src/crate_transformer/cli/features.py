@@ -21,6 +21,7 @@ from .common import (
     refuse_given,
     remember_defaults,
     report_dir,
+    report_home,
 )
 from .options import add_report_options
 
@@ -46,7 +47,7 @@ def configure_features(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-blocks", type=int, default=64, help="language models: held-out token blocks measured")
     parser.add_argument("--context", type=int, default=12, help="language models: tokens shown either side")
     parser.add_argument("--batch-size", type=int, default=64)
-    add_report_arguments(parser, "RUN/features (./features for hf-hub:)")
+    add_report_arguments(parser, "features/ inside the model's folder (see crate eval)")
     add_report_options(parser, "features", "system")
     remember_defaults(parser)
 
@@ -115,8 +116,8 @@ def _text_inputs(model: object, args: argparse.Namespace, run: Path) -> tuple:
 
 def run_features(args: argparse.Namespace) -> int:
     from ..analysis import features as F
+    from ..config import LANGUAGE_MODEL
     from ..io import atomic_write, write_json
-    from ..lm import LanguageModel
     from ..train.load import load_model
     from ..train.runtime import resolve_device
 
@@ -124,19 +125,18 @@ def run_features(args: argparse.Namespace) -> int:
         positive(name, getattr(args, name))
     if args.context < 0:
         raise ValueError(f"--context must be >= 0, got {args.context}")
-    run = Path(args.run)  # hf-hub:ORG/NAME: no folder (its name is NAME)
+    run = Path(args.run)  # hf-hub:ORG/NAME is no folder: report_home names one
     _check_run(run)
     apply_threads(args)
     model = load_model(args.run).to(resolve_device(args.device)).eval()
-    language = isinstance(model, LanguageModel)
+    language = model.kind == LANGUAGE_MODEL
     if language:
         refuse_given(args, IMAGE_ONLY, f"to a language model ({args.run}); it measures --num-blocks of text")
     else:
         refuse_given(args, TEXT_ONLY, f"to an image model ({args.run}); it is for language models")
     F.code_sites(model)  # a model without codes or MLP units fails here, before any data is read
     layers = _layers(model, args.layer)
-    default = run / "features" if run.is_dir() else Path("features")
-    out = report_dir(args.out, default, args.overwrite, "features", OWNED)
+    out = report_dir(args.out, report_home(args.run) / "features", args.overwrite, "features", OWNED)
     common = dict(k=args.top_k, batch_size=args.batch_size, layers=layers, seed=args.seed)
     if language:
         blocks, desc = _text_inputs(model, args, run)

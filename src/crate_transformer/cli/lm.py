@@ -139,7 +139,7 @@ def _print_samples(samples: _Samples, first: int) -> None:
 
 def _generation_model(args: argparse.Namespace) -> tuple:
     """The language model (on its device), its tokenizer and the device, or a one-line error."""
-    from ..lm import LanguageModel
+    from ..config import LANGUAGE_MODEL
     from ..train import resolve_device
     from ..train.load import load_model
     from .common import positive
@@ -148,7 +148,7 @@ def _generation_model(args: argparse.Namespace) -> tuple:
     positive("num_samples", args.num_samples)
     apply_threads(args)
     model = load_model(args.checkpoint)
-    if not isinstance(model, LanguageModel):
+    if model.kind != LANGUAGE_MODEL:
         raise ValueError(f"{args.checkpoint} is an image model; crate generate needs a language model (crate train-lm)")
     if model.tokenizer is None:
         raise ValueError(

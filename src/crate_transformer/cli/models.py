@@ -20,7 +20,7 @@ def run_models(args: argparse.Namespace) -> int:
         return _run_zoo(args.pattern)
     import torch
 
-    from ..lm import LMConfig
+    from ..config import LANGUAGE_MODEL
     from ..registry import build, list_models, model_config
 
     names = list_models(args.pattern)
@@ -32,13 +32,13 @@ def run_models(args: argparse.Namespace) -> int:
         with torch.device("meta"):  # counts only: no memory, no initialisation
             model = build(c)
         params = f"{model.num_params():,}"
-        if isinstance(c, LMConfig):
+        if model.official_num_params() is not None:  # e.g. Table 9 counts CRATE-MAE's official layout
+            params += f" ({model.official_num_params():,} official)"
+        if c.kind == LANGUAGE_MODEL:
             kind = ("GPT " if c.causal else "BERT ") + f"ctx {c.block_size}, vocab {c.vocab_size:,}"
-            rows.append((name, c.arch, "", c.dim, c.depth, c.heads, kind, params))
+            rows.append((name, c.arch, "+".join(c.layer_blocks), c.dim, c.depth, c.heads, kind, params))
             continue
-        if c.arch == "crate_mae":  # Table 9 counts the official layout (unused decoder_embed, both sin-cos tables)
-            params += f" ({model.num_params(layout='official'):,} official)"
-        blocks = "mhsa+mlp" if c.arch == "vit" else f"{getattr(c, 'attention', 'mssa')}+{getattr(c, 'mlp', 'ista')}"
+        blocks = "+".join(c.layer_blocks)
         rows.append((name, c.arch, blocks, c.dim, c.depth, c.heads, f"image {c.image_size}/{c.patch_size}", params))
     _print_table(("name", "arch", "blocks", "dim", "depth", "heads", "input", "params"), rows)
     return 0

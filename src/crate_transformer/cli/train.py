@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from ..base import POOLS
+from ..config import LANGUAGE_MODEL, MASKED_AUTOENCODER
 from . import task_command
 from .common import (
     add_report_arguments,
@@ -16,6 +17,7 @@ from .common import (
     given_options,
     parse_model_args,
     report_dir,
+    report_home,
 )
 from .options import add_report_options, add_training_options, print_config
 
@@ -114,7 +116,7 @@ def configure_eval(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=500, help="evaluation batch size (default: 500)")
     add_report_options(parser, "eval", "system")
     add_report_options(parser, "eval", "data")
-    add_report_arguments(parser, "<checkpoint dir>/eval-<data>-<split>")
+    add_report_arguments(parser, "eval-<data>-<split>")
     frozen = parser.add_argument_group(
         "frozen-feature evaluation (any encoder: classifier, MAE, DINO); replaces the classifier's top-1"
     )
@@ -142,9 +144,9 @@ def _eval_model(args: argparse.Namespace) -> object:
     from ..train.load import load_model
 
     model = load_model(args.checkpoint, name=args.model, **parse_model_args(args.model_args))
-    if not hasattr(model, "check_images"):
+    if model.kind == LANGUAGE_MODEL:
         raise ValueError(f"{args.checkpoint} is a language model; see its held-out perplexity in metrics.jsonl")
-    if model.config.arch == "crate_mae" and not (args.knn or args.linear_probe):
+    if model.kind == MASKED_AUTOENCODER and not (args.knn or args.linear_probe):
         raise ValueError(
             f"{args.checkpoint} is a CRATE-MAE (no classifier head); evaluate its encoder with --linear-probe or "
             f"--knn, or fine-tune it first: crate finetune --from {args.checkpoint} --data DATA"
@@ -180,7 +182,7 @@ def run_eval(args: argparse.Namespace) -> int:
     if not data:
         raise ValueError("this checkpoint does not record its training data; pass --data (e.g. --data mnist)")
     src = Path(args.checkpoint)
-    default = (src if src.is_dir() else src.parent) / f"eval-{Path(data).name}-{args.split}"
+    default = report_home(args.checkpoint) / f"eval-{Path(data).name}-{args.split}"
     out = report_dir(args.out, default, args.overwrite, "eval", EVAL_FILES)  # before the evaluation: costs nothing
     # the model's own statistics: a streamed source need not estimate them
     ds = _eval_split(args, model, data, args.split, resolve_normalization(model))
@@ -209,10 +211,7 @@ def _write_eval(args: argparse.Namespace, r: object, name: str, data: str, src: 
     )
     report = {"checkpoint": src, "data": data, "split": args.split, **r.to_dict()}
     atomic_write(out / "eval.json", lambda tmp: Path(tmp).write_text(json.dumps(report, indent=1) + "\n"))
-    print(
-        f"{name} {args.split}: {r.num_samples} images, top-1 {100 * r.top1:.2f}%, top-{r.k} {100 * r.top5:.2f}%, "
-        f"loss {r.loss:.4f}"
-    )
+    print(f"{name} {args.split}: {r.num_samples} images, top-1 {100 * r.top1:.2f}%{r.top_k_text()}, loss {r.loss:.4f}")
     width = max(len(n) for n in r.classes)
     for cls, acc, row in zip(r.classes, r.per_class, r.confusion):
         print(f"  {cls:<{width}}  {100 * acc:6.2f}%  (n={sum(row)})")

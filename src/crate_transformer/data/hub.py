@@ -162,14 +162,14 @@ def _root_reason(e: BaseException) -> str:
 
 def _not_found(text: str, error: Exception) -> ValueError:
     """The one-line error for a dataset that neither the cache nor the Hub has."""
-    from ..errors import http_status, hub_failure, unreachable
+    from .._hub import hub_answer, hub_failure, unreachable
 
     offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
     name, config = parse_dataset_name(text)
     call = f"datasets.load_dataset({name!r}{'' if config is None else f', {config!r}'})"
-    status = None if offline else http_status(error)
-    if status is not None and status != 404:  # the Hub answered: a server error or a refusal, not "offline"
-        return ValueError(f"dataset {text!r} is not in the local Hugging Face cache, and {hub_failure(error)}")
+    answer = None if offline else hub_answer(error)
+    if answer is not None and getattr(answer.response, "status_code", None) != 404:  # answered: not "offline"
+        return hub_failure(answer, f"dataset {text!r}", "check the name and config, or pass a local copy")
     if offline or unreachable(error) or "offline" in str(error).lower() or "couldn't reach" in str(error).lower():
         return ValueError(
             f"dataset {text!r} is not in the local Hugging Face cache and the Hub cannot be reached (offline); "

@@ -657,12 +657,19 @@ def _decode_all(
 
 
 def load_image_folder(
-    folder: str | os.PathLike, image_size: int, channels: int, limit: int | None = None, on_bad_image: str = "error"
+    folder: str | os.PathLike,
+    image_size: int,
+    channels: int,
+    limit: int | None = None,
+    on_bad_image: str = "error",
+    crop_pct: float = 1.0,
 ) -> tuple[Tensor, list[str]]:
     """Every image under ``folder`` (recursively, sorted by path; no classes, e.g. ``crate analyze --images``).
 
     Returns ``[0, 1]`` floats ``(N, channels, image_size, image_size)`` — shorter side resized to
-    ``image_size``, centre crop, grey/RGB converted to ``channels`` — and the file paths.  ``limit``
+    ``image_size / crop_pct`` (the aspect ratio kept), the central ``image_size`` square cropped (timm's
+    ``crop_pct``: 0.875 is ImageNet's resize-256-crop-224), grey/RGB converted to ``channels`` — and the file
+    paths; normalising them is the caller's (the model's mean and std, not the photos' own).  ``limit``
     keeps the first files.  Unreadable files raise (``on_bad_image="error"``) or are skipped with a
     warning (``"skip"``); a missing folder or one without readable images is a one-line ValueError.
     """
@@ -673,6 +680,8 @@ def load_image_folder(
         raise ValueError(f"{folder} is a file, not a folder; pass a folder of images")
     if not isinstance(image_size, int) or image_size <= 0:
         raise ValueError(f"image_size must be a positive integer, got {image_size!r}")
+    if not 0 < crop_pct <= 1:
+        raise ValueError(f"crop_pct must be in (0, 1] (the crop's share of the resized shorter side), got {crop_pct}")
     files = _image_files(root)[:limit]
     if not files:
         raise ValueError(f"no images found in {folder} (looked for {', '.join(IMAGE_EXTENSIONS)} files, recursively)")
@@ -682,20 +691,22 @@ def load_image_folder(
         files = [f for i, f in enumerate(files) if i not in set(bad)]
     if not files:
         raise ValueError(f"no readable images in {folder}; check the files")
-    images = torch.stack([to_chw(a, channels, image_size) for a in arrays])
+    images = torch.stack([to_chw(a, channels, image_size, crop_pct) for a in arrays])
     return images.float() / 255.0, [str(f) for f in files]
 
 
-def to_chw(a: np.ndarray, channels: int, image_size: int | None) -> Tensor:
-    """HW or HWC uint8 array → C×H×W tensor; with ``image_size``: shorter side to that size, centre crop."""
+def to_chw(a: np.ndarray, channels: int, image_size: int | None, crop_pct: float = 1.0) -> Tensor:
+    """HW or HWC uint8 array → C×H×W tensor; with ``image_size``: shorter side to ``image_size / crop_pct``
+    (aspect ratio kept), then the central ``image_size`` square."""
     t = torch.from_numpy(np.ascontiguousarray(a))
     t = t.unsqueeze(0) if t.dim() == 2 else t.permute(2, 0, 1)
     t = match_channels(t, channels)
     if image_size is None:
         return t
     h, w = t.shape[1:]
-    scale = image_size / min(h, w)
-    nh, nw = max(image_size, round(h * scale)), max(image_size, round(w * scale))
+    short = max(image_size, round(image_size / crop_pct))
+    scale = short / min(h, w)
+    nh, nw = max(short, round(h * scale)), max(short, round(w * scale))
     if (nh, nw) != (h, w):
         y = F.interpolate(t[None].float(), size=(nh, nw), mode="bilinear", antialias=True, align_corners=False)[0]
         t = y.round().clamp(0, 255).to(torch.uint8)

@@ -26,6 +26,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
+from ..figures import InlineFigure
+
 T = TypeVar("T")
 P = ParamSpec("P")
 
@@ -71,7 +73,7 @@ def new_figure(
     ncols: int, nrows: int = 1, *, title: str, width: float = 4.6, height: float = 3.6
 ) -> tuple[Figure, Any]:
     """A matplotlib figure that needs no pyplot/backend state (rendered with Agg on save)."""
-    fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
+    fig = InlineFigure(figsize=(width * ncols, height * nrows), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False)
     fig.suptitle(title, fontsize=11)
     return fig, axes

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data import ImageSource, default_augmentation
+from ..data import ImageSource, default_augmentation, to_device
 from ..operators import set_drop_path
 from .evaluation import evaluate
 from .images import ImageData, image_classifier, load_splits
@@ -79,7 +79,7 @@ class ClassificationTask(Task):
         """uint8 images → augmented, normalised inputs (then random erasing, then mixup / cutmix: the labels become
         soft targets ``(b, classes)``) and labels on the device."""
         images, labels = batch
-        x, y = self.data.inputs(images, self.augment), labels.to(self.rt.device, non_blocking=True)
+        x, y = self.data.inputs(images, self.augment), to_device(labels, self.rt.device)
         if self.eraser is not None:
             x = self.eraser(x)
         if self.mixer is not None:
@@ -94,7 +94,7 @@ class ClassificationTask(Task):
         else:
             loss = F.cross_entropy(logits, y, label_smoothing=self.cfg.optim.label_smoothing)
         with torch.no_grad():
-            n = torch.tensor(float(len(y)), device=y.device)
+            n = torch.full((), len(y), dtype=torch.float32, device=y.device)
             stats = {"loss": loss.detach() * n, "acc": (logits.argmax(-1) == y).sum().float(), "n": n}
         return loss, stats
 
@@ -105,10 +105,10 @@ class ClassificationTask(Task):
                   batch_size=self.cfg.logging.eval_batch_size, runtime=self.rt)  # fmt: skip
         r = evaluate(self.model, ds, **kw)
         self.last_result = r
-        out = {"loss": r.loss, "acc": r.top1, "top5": r.top5}
+        out = {"loss": r.loss, "acc": r.top1, **({"top5": r.top5} if r.has_top_k else {})}
         if self.ema is not None:
-            self.last_ema = evaluate(self.ema.module, ds, **kw)
-            out.update(ema_loss=self.last_ema.loss, ema_acc=self.last_ema.top1, ema_top5=self.last_ema.top5)
+            e = self.last_ema = evaluate(self.ema.module, ds, **kw)
+            out.update(ema_loss=e.loss, ema_acc=e.top1, **({"ema_top5": e.top5} if e.has_top_k else {}))
         return out
 
     def hooks(self) -> list:
@@ -123,6 +123,10 @@ class ClassificationTask(Task):
         """The weight EMA after optimizer step ``ctx.step`` (the engine also calls the hooks once before step 1)."""
         if ctx.step > 0:
             self.ema.update(ctx.model)
+
+    def warnings(self, steps: int) -> list[str]:
+        warning = self.ema.warmup_warning(steps) if self.ema is not None else None
+        return [warning] if warning else []
 
     def state_dict(self) -> dict:
         return {"ema": self.ema.module.state_dict()} if self.ema is not None else {}
@@ -166,8 +170,8 @@ class ClassificationTask(Task):
             ema = f"; EMA weights (model_ema/): {100 * self.last_ema.top1:.2f}%"
         return TaskResult(
             record=metrics,
-            message=f"final test accuracy: {100 * r.top1:.2f}% ({round(r.top1 * r.num_samples)}/{r.num_samples}), "
-            f"top-{r.k} {100 * r.top5:.2f}%, {self.model.num_params():,} params{ema}",
+            message=f"final test accuracy: {100 * r.top1:.2f}% ({round(r.top1 * r.num_samples)}/{r.num_samples})"
+            f"{r.top_k_text()}, {self.model.num_params():,} params{ema}",
             numbers=numbers,
             next=f"crate analyze {run_dir}    |    crate eval {run_dir}",
         )

@@ -96,7 +96,9 @@ class DataOptions(_Group):
         "auto (stream above 20,000 images); shards and HF datasets always stream",
         choices=DATA_MODES,
     )
-    workers: int = option(-1, "DataLoader worker processes for streamed data (-1 = auto: min(4, CPU cores))")
+    workers: int = option(
+        -1, "DataLoader worker processes for streamed data (-1 = auto: this machine's CPUs per process, minus one)"
+    )
     image_size: int | None = option(None, "train at this image size; batches are resized", shown="the model's")
     val_fraction: float = option(
         0.0,
@@ -243,6 +245,11 @@ class SystemOptions(_Group):
     compile: bool = option(False, "torch.compile the model (first steps are slow while it compiles)")
     seed: int = option(0, "random seed (model init, data order, augmentation)")
     deterministic: bool = option(False, "deterministic algorithms (bitwise reproducible on CPU; slower on GPU)")
+    tf32: bool = option(
+        True,
+        "TF32 tensor cores for float32 matrix products on NVIDIA GPUs (Ampere and later; no effect on CPU): "
+        "several times faster, inputs rounded to 10 mantissa bits; --no-tf32 for full float32",
+    )
     threads: int = option(
         0,
         "torch CPU threads per process (0 = auto: the CPUs this process may use, minus the other work running "

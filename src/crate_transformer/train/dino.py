@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..config import IMAGE_CLASSIFIER
 from ..dino import (
     DINOConfig,
     DINOHead,
@@ -60,7 +61,7 @@ class DINOTask(Task):
     name = "dino"
     metric = "knn"
     Options = DINOConfig
-    model_kind = "image classifier"
+    model_kind = IMAGE_CLASSIFIER
     shardable = False  # the EMA teacher follows the student's full weights every step
     # the task's defaults: the digits recipe on 2 CPU cores (the paper's recipe: see PAPER in dino.py)
     defaults: dict[str, Any] = dict(
@@ -149,7 +150,7 @@ class DINOTask(Task):
         temp = self.teacher_temp(self.step)
         loss = self.criterion(s_out, t_out, temp, n_global=2)
         with torch.no_grad():
-            n = torch.tensor(float(len(views[0])), device=loss.device)
+            n = torch.full((), len(views[0]), dtype=torch.float32, device=loss.device)
             p = torch.softmax((t_out.float() - self.criterion.center) / temp, dim=-1)
             entropy = -(p * p.clamp_min(1e-12).log()).sum(-1).mean()
             std = nn.functional.normalize(t_feat.float(), dim=-1).std(dim=0).mean()  # collapse → 0

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data import ImageSource, match_channels, normalize
+from ..data import ImageSource, match_channels, normalize, to_device
+from ..figures import subplots
 from ..io import atomic_write
 from .rundir import read_metrics
 from .runtime import Runtime
@@ -58,7 +59,7 @@ def prepare_batch(
     augment: nn.Module | None = None,
 ) -> Tensor:
     """uint8 ``(b, C, H, W)`` → float model input: to [0, 1], channels matched, augmented, resized, normalised."""
-    x = images.to(device, non_blocking=True).float().div_(255.0)
+    x = to_device(images, device).float().div_(255.0)
     x = match_channels(x, channels)
     if augment is not None:
         x = augment(x)
@@ -82,6 +83,15 @@ class EvalResult:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @property
+    def has_top_k(self) -> bool:
+        """Whether top-k says anything: with k = the number of classes it is 100% whatever the model does."""
+        return self.k < len(self.classes)
+
+    def top_k_text(self) -> str:
+        """``", top-5 97.30%"`` for the printed lines, or nothing when :attr:`has_top_k` is false."""
+        return f", top-{self.k} {100 * self.top5:.2f}%" if self.has_top_k else ""
 
 
 @torch.no_grad()
@@ -110,7 +120,7 @@ def evaluate(
     sums = torch.zeros(2, dtype=torch.float64, device=rt.device)  # loss sum, top-k hits
     for images, labels in dataset.batches(batch_size, shuffle=False, rank=rt.rank, world=rt.world):
         x = prepare_batch(images, device=rt.device, image_size=image_size, channels=channels, mean=mean, std=std)
-        y = labels.to(rt.device)
+        y = to_device(labels, rt.device)
         with rt.autocast():
             logits = model(x)
         logits = logits.float()
@@ -139,15 +149,6 @@ def evaluate(
         classes=list(dataset.classes),
         k=k,
     )
-
-
-def subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float] | None = None) -> tuple[Any, Any]:
-    """A figure and its axes, as ``pyplot.subplots`` makes them, without pyplot: nothing joins pyplot's figure
-    registry and no backend is chosen (a notebook keeps its own); :func:`save_figure` renders with Agg."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=figsize)
-    return fig, fig.subplots(nrows, ncols)
 
 
 def save_figure(fig: Any, out_png: str | os.PathLike) -> Path:

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ..checkpoint import config_from_dict
+from ..config import IMAGE_CLASSIFIER, LANGUAGE_MODEL
 from ..data import (
     DataSpec,
     ImageDataset,
@@ -26,7 +27,7 @@ from ..data import (
 )
 from ..errors import TaskError, Use
 from ..model import ImageClassifier
-from ..registry import build, is_language_model, model_config
+from ..registry import build, model_config
 from .config import TrainConfig
 from .evaluation import prepare_batch
 from .load import load_model
@@ -72,7 +73,7 @@ class ImageData:
         cfg = self.cfg
         native = getattr(self.train, "image_size", None) or self.image_size  # translations act before resizing
         return build_augmentation(
-            kind, self.image_size, translate=round(cfg.augmentation.translate * native), input_size=native,
+            kind, self.image_size, translate=round(cfg.augmentation.translate * native),
             crop_scale=(max(cfg.augmentation.crop_scale, min_crop_scale), 1.0), hflip=cfg.augmentation.hflip,
             randaugment_n=cfg.augmentation.randaugment_n, randaugment_m=cfg.augmentation.randaugment_m,
         ).to(self.device)  # fmt: skip
@@ -97,13 +98,15 @@ def image_classifier(
         image_size = model.config.image_size
     elif cfg.init_from is not None:  # fine-tuning: the checkpoint fixes the architecture
         model = load_model(cfg.init_from, name=cfg.model, as_classifier=True, **cfg.model_args)
-        if not isinstance(model, ImageClassifier):
+        if model.kind == LANGUAGE_MODEL:
             raise TaskError(f"{cfg.init_from} is a language model; fine-tune it with ", Use("text-classification"))
+        if model.kind != IMAGE_CLASSIFIER:
+            raise ValueError(f"{cfg.init_from} is {model.kind!r}, not an image classifier, and cannot be fine-tuned")
         image_size = cfg.data.image_size or model.config.image_size
     else:
         if cfg.model is None:
             raise ValueError("no model given; pass --model NAME (see `crate models`)")
-        if is_language_model(cfg.model):
+        if model_config(cfg.model).kind == LANGUAGE_MODEL:
             raise TaskError(f"{cfg.model} is a language model; train it with ", Use("lm"), f" --model {cfg.model}")
         image_size = cfg.data.image_size or model_config(cfg.model, **cfg.model_args).image_size
     data = load_data(image_size)
@@ -117,7 +120,7 @@ def image_classifier(
         overrides = {"in_chans": data.train.channels, **cfg.model_args}
         overrides.update(num_classes=len(classes), image_size=image_size)
         model = build(model_config(cfg.model, **overrides))
-        if not isinstance(model, ImageClassifier):
+        if model.kind != IMAGE_CLASSIFIER:
             raise ValueError(f"{cfg.model} is not an image classifier; see `crate models` for the classifiers")
     data.fit(model)
     return model, data

@@ -17,10 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..checkpoint import config_from_dict
+from ..config import LANGUAGE_MODEL
 from ..config_utils import Range, check_ranges, coerce_fields
+from ..data import to_device
 from ..data.text import TokenBlocks, corpus_files, iter_documents, load_tokens, split_tokens
-from ..lm import LanguageModel, LMConfig, build_lm, mask_tokens
-from ..registry import is_language_model, model_config
+from ..lm import LanguageModel, LMConfig, mask_tokens
+from ..registry import build, model_config
 from ..tokenizer import TOKENIZER_KINDS, Tokenizer
 from .config import TrainConfig
 from .evaluation import require_evaluated
@@ -103,7 +106,7 @@ class LMTask(Task):
     name = "lm"
     metric = "acc"  # token accuracy (of the predicted tokens)
     Options = LMOptions
-    model_kind = "language model"
+    model_kind = LANGUAGE_MODEL
     defaults = {
         "model": None,
         "data": "python-docs",
@@ -144,7 +147,7 @@ class LMTask(Task):
             source = str(local.resolve()) if local.exists() else source  # a dataset id stays as given
         config = self._config(state, source)
         _check_objective(config, cfg.model or config.arch, o.objective)  # a resumed run as a new one
-        model = build_lm(config)
+        model = build(config)
         model.tokenizer = self.tokenizer
         self.model = model.to(rt.device)
         block = model.config.block_size
@@ -166,9 +169,9 @@ class LMTask(Task):
                     f"this run was trained with the {self.tokenizer.kind} tokenizer, not {o.tokenizer}; drop "
                     f"--tokenizer {o.tokenizer} to continue it, or start a new run"
                 )
-            return LMConfig.from_dict(dict(state["model_config"]))
+            return config_from_dict(dict(state["model_config"]))  # by its arch: CRATE-GPT, GPT, ToST, ...
         else:
-            if not is_language_model(cfg.model):
+            if model_config(cfg.model).kind != LANGUAGE_MODEL:
                 raise ValueError(
                     f"{cfg.model} is an image model; pick a language model (crate models '*gpt*' / '*bert*')"
                 )
@@ -176,7 +179,7 @@ class LMTask(Task):
             size = _embedding_size(cfg.model_args.get("vocab_size"), self.tokenizer)
             overrides = {**cfg.model_args, "vocab_size": size, "tokenizer": self.tokenizer.kind}
             config = model_config(cfg.model, **overrides)
-            if config.arch == "crate_bert" and "pad_token_id" not in cfg.model_args:
+            if config.positions_skip_padding and "pad_token_id" not in cfg.model_args:
                 # the released CRATE-BERT's positions skip padding, which they recognise by its id
                 config = model_config(cfg.model, **overrides, pad_token_id=self.tokenizer.pad_id)
             return config
@@ -184,7 +187,7 @@ class LMTask(Task):
     # ---------------------------------------------------------------- batches and loss
     def _split(self, blocks: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """``(inputs, targets)`` of windows of ``block_size + 1`` tokens: shifted for clm (eq. (89)), masked for mlm."""
-        blocks = blocks.to(self.rt.device, non_blocking=True)
+        blocks = to_device(blocks, self.rt.device)
         if self.options.objective == "clm":
             return blocks[:, :-1], blocks[:, 1:]
         t = self.tokenizer
@@ -200,8 +203,9 @@ class LMTask(Task):
     def prepare(self, batch: Tensor) -> tuple[Tensor, Tensor]:
         return self._split(batch)
 
-    def weight(self, batch: tuple[Tensor, Tensor]) -> int:
-        return int((batch[1] != -100).sum())
+    def weight(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        """The predicted tokens of a chunk (on the device: counting them on the host would wait for it)."""
+        return (batch[1] != -100).sum()
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         x, y = batch

@@ -20,12 +20,12 @@ from ..checkpoint import (
     load_weights,
     resolve_hub,
 )
-from ..config import Config
+from ..config import LANGUAGE_MODEL, Config
 from ..config_utils import coerce_fields
 from ..io import CONFIG_NAME, WEIGHTS_NAME, load_state
-from ..mae import CRATEMAE, mae_to_classifier
 from ..official import unwrap
 from ..registry import build, official_formats, registered_fields
+from ..tokenizer import Tokenizer
 from .rundir import run_model_source, state_model, state_tokenizer
 
 __all__ = ["load_model", "ArchitectureNeeded"]
@@ -45,16 +45,16 @@ def load_model(path: str | Path, name: str | None = None, *, as_classifier: bool
     ``overrides`` may be given only when they agree with it (e.g. a command line that always passes
     ``--model``); any difference raises :class:`CheckpointError` instead of being ignored.
 
-    A CRATE-MAE (``arch == "crate_mae"``, an MAE run directory or training state, or an official
-    ``.pth`` with a ``crate_mae_*`` name) loads as a :class:`~crate_transformer.mae.CRATEMAE`; with
-    ``as_classifier`` it is converted by :func:`~crate_transformer.mae.mae_to_classifier` (what ``crate finetune``
-    uses), and ``name`` / ``overrides`` are then not checked against it (the classifier is new).
+    With ``as_classifier`` the model becomes an image classifier to fine-tune where its family can convert itself
+    (:meth:`~crate_transformer.base.Model.as_classifier`: a CRATE-MAE's encoder with a fresh head, what the
+    fine-tuning command uses), and ``name`` / ``overrides`` are then not checked against it (the classifier is new).
     """
     path = Path(resolve_hub(str(path)))
     model = _load_any(path, name, overrides, check=not as_classifier)
-    if as_classifier and isinstance(model, CRATEMAE):
-        return mae_to_classifier(model)
     if as_classifier:
+        converted = model.as_classifier()
+        if converted is not model:
+            return converted
         _check_overrides(model.config, path, name, overrides)
     return model
 
@@ -82,11 +82,7 @@ def _load_any(path: Path, name: str | None, overrides: Mapping[str, object], che
             _check_overrides(config, path, name, overrides)
         model = build(config)
         load_weights(model, exported[1], source=str(path))
-        if (
-            hasattr(model, "tokenizer") and state_tokenizer(raw) is not None
-        ):  # a language-model state: its tokenizer too
-            from ..tokenizer import Tokenizer
-
+        if model.kind == LANGUAGE_MODEL and state_tokenizer(raw) is not None:  # a language-model state's tokenizer
             model.tokenizer = Tokenizer.from_str(state_tokenizer(raw))
         return model
     if name is None and isinstance(raw, Mapping) and "model_args" in raw:

@@ -26,14 +26,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..base import POOLS
+from ..base import POOLS, Model
 from ..checkpoint import config_from_dict
+from ..config import MASKED_AUTOENCODER, Config
 from ..config_utils import Range, check_ranges
 from ..data import BUILTIN_DATASETS, ImageSource
 from ..data.base import rank_slice
 from ..io import atomic_write
-from ..mae import CRATEMAE, MAEConfig
-from ..registry import model_config
+from ..mae import CRATEMAE
+from ..registry import build, model_config
 from .evaluation import prepare_batch, require_evaluated
 from .images import ImageData
 from .load import load_model
@@ -106,7 +107,7 @@ def masked_eval(
         with rt.autocast():
             pred, mask = model(x, noise=noise[idx].to(rt.device))[1:]
         masked, visible = _per_image_losses(model, x, pred, mask)
-        sums += torch.stack([masked.sum(), visible.sum(), torch.tensor(float(len(x)), device=rt.device)]).double()
+        sums += torch.stack([masked.sum(), visible.sum(), masked.new_full((), len(x))]).double()
     rt.all_reduce(sums)
     model.train(was)
     n = float(sums[2])
@@ -147,7 +148,7 @@ class MAETask(Task):
     defaults = {"model": "crate_mae_mnist", "lr": 4e-3, "min_lr": 1e-5, "weight_decay": 0.05, "epochs": 40,
                 "warmup_epochs": 2.0, "batch_size": 32, "betas": [0.9, 0.95], "eval_every": 4}  # fmt: skip
     Options = MAEOptions
-    model_kind = "CRATE-MAE"
+    model_kind = MASKED_AUTOENCODER
 
     def setup(self, state: dict | None) -> None:
         cfg = self.cfg
@@ -168,8 +169,8 @@ class MAETask(Task):
             fields.update(image_size=image_size)
             if self.options.mask_ratio is not None:
                 fields["mask_ratio"] = self.options.mask_ratio
-            config = MAEConfig.from_dict(fields)
-        model = CRATEMAE(config)
+            config = type(config).from_dict(fields)
+        model = build(config)
         if init is not None:
             model.load_state_dict(init.state_dict())
         self.data.fit(model)
@@ -181,7 +182,7 @@ class MAETask(Task):
         self.augment_kind = kind
         self.augment = self.data.augmentation(kind, min_crop_scale=0.2)
 
-    def _config(self, state: dict | None) -> tuple[MAEConfig, int, CRATEMAE | None]:
+    def _config(self, state: dict | None) -> tuple[Config, int, Model | None]:
         """The CRATE-MAE's configuration and the run's image size: the checkpoint's (resuming), those of the
         CRATE-MAE continued (``--init-from``, also returned) or ``--model``'s."""
         cfg, init = self.cfg, None
@@ -190,7 +191,7 @@ class MAETask(Task):
             image_size = config.image_size
         elif cfg.init_from is not None:  # continue pre-training a CRATE-MAE checkpoint
             init = load_model(cfg.init_from)
-            if not isinstance(init, CRATEMAE):
+            if init.kind != MASKED_AUTOENCODER:
                 raise TaskError(f"{cfg.init_from} is not a CRATE-MAE; ", Use("mae"), " continues only CRATE-MAEs")
             config, image_size = init.config, cfg.data.image_size or init.config.image_size
         else:
@@ -198,7 +199,7 @@ class MAETask(Task):
                 raise ValueError("no model given; pass --model crate_mae_mnist (see `crate models`)")
             config = model_config(cfg.model, **cfg.model_args)
             image_size = cfg.data.image_size or config.image_size
-        if not isinstance(config, MAEConfig):
+        if config.kind != MASKED_AUTOENCODER:
             raise ValueError(
                 f"{cfg.model!r} is not a CRATE-MAE; pass --model crate_mae_mnist (or crate_mae_small, ...)"
             )
@@ -212,7 +213,7 @@ class MAETask(Task):
         out = model(x)
         with torch.no_grad():
             masked, visible = _per_image_losses(_unwrap(model), x, out.pred.detach(), out.mask)
-            n = torch.tensor(float(len(x)), device=x.device)
+            n = torch.full((), len(x), dtype=torch.float32, device=x.device)
             stats = {"loss": out.loss.detach().float() * n, "visible_loss": visible.sum(), "n": n}
         return out.loss, stats
 
@@ -332,7 +333,7 @@ class MAETask(Task):
                                   "train": self.train_data.name, "test_images": len(self.test_data)}  # fmt: skip
         with torch.random.fork_rng():
             torch.manual_seed(self.cfg.system.seed + 1)
-            random_init = CRATEMAE(self.model.config).to(self.rt.device)
+            random_init = build(self.model.config).to(self.rt.device)
         for key, model in (("encoder", self.model), ("random_init", random_init)):
             tr = extract_features(model, self.train_data, **kw)
             te = extract_features(model, self.test_data, **kw)

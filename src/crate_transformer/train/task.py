@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from ..config import IMAGE_CLASSIFIER, LANGUAGE_MODEL, MASKED_AUTOENCODER
 from ..config_utils import option
 from ..errors import TaskError, Use
 from .config import TrainConfig
@@ -67,21 +68,13 @@ def _a(kind: str) -> str:
     return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
 
 
-KIND_TASKS = {"image classifier": "classification", "CRATE-MAE": "mae", "language model": "lm"}  # what trains each kind
-
-
-def model_kind(config: Any) -> str:
-    """``"language model"``, ``"CRATE-MAE"`` or ``"image classifier"``: what a model config builds."""
-    from ..lm import LMConfig
-    from ..mae import MAEConfig
-
-    return (
-        "language model"
-        if isinstance(config, LMConfig)
-        else "CRATE-MAE"
-        if isinstance(config, MAEConfig)
-        else ("image classifier")
-    )
+# what trains each kind of model (``Config.kind``), and a registered model of that kind for the messages
+KIND_TASKS = {IMAGE_CLASSIFIER: "classification", MASKED_AUTOENCODER: "mae", LANGUAGE_MODEL: "lm"}
+KIND_EXAMPLES = {
+    IMAGE_CLASSIFIER: "crate_mnist_p4",
+    MASKED_AUTOENCODER: "crate_mae_mnist",
+    LANGUAGE_MODEL: "crate_gpt_mini",
+}
 
 
 # a field of a task's ``Options`` dataclass (help text, choices, range, ``fixed``): the one option helper, under the
@@ -145,8 +138,11 @@ class Task:
     metric = "acc"  # the per-sample statistic shown in the progress bar and curves, besides the loss
     defaults: ClassVar[dict[str, Any]] = {}  # TrainConfig values of this task that differ from the TrainConfig defaults
     Options: ClassVar[type | None] = None  # the task's own options (a dataclass of task_option fields)
-    model_kind: ClassVar[str | None] = None  # the kind of registered model it trains (see model_kind), None: any
+    model_kind: ClassVar[str | None] = None  # the kind of model it trains (a Config.kind), None: any
     shardable: ClassVar[bool] = True  # --strategy fsdp may shard its model (False: the task needs full weights)
+    # the model's method that :meth:`loss` runs by calling the module it is given: the engine routes that call
+    # through DDP (which averages the gradients of its own forward only), FSDP and torch.compile
+    entry: ClassVar[str] = "forward"
     model: nn.Module
     train_data: Any
     cfg: TrainConfig
@@ -186,19 +182,15 @@ class Task:
             return
         from ..registry import model_config
 
-        kind = model_kind(model_config(cfg.model, **cfg.model_args))
+        kind = model_config(cfg.model, **cfg.model_args).kind
         if kind != self.model_kind:
-            name = {
-                "image classifier": "crate_mnist_p4",
-                "CRATE-MAE": "crate_mae_mnist",
-                "language model": "crate_gpt_mini",
-            }
+            example = KIND_EXAMPLES.get(self.model_kind, "")
+            other = [f"; train {cfg.model} with ", Use(KIND_TASKS[kind]), f" --model {cfg.model}"]
             raise TaskError(
                 f"{cfg.model} is {_a(kind)}, and ",
                 Use(self.name),
-                f" trains {_a(self.model_kind)} (e.g. --model {name[self.model_kind]}); train {cfg.model} with ",
-                Use(KIND_TASKS[kind]),
-                f" --model {cfg.model}",
+                f" trains {_a(self.model_kind)}" + (f" (e.g. --model {example})" if example else ""),
+                *(other if kind in KIND_TASKS else []),
             )
 
     def resolve(self, cfg: TrainConfig) -> dict[str, Any]:
@@ -227,8 +219,9 @@ class Task:
         """
         raise NotImplementedError
 
-    def weight(self, batch: Any) -> int:
-        """How many units :meth:`loss` averages over (samples by default): the weights of accumulated chunks."""
+    def weight(self, batch: Any) -> int | Tensor:
+        """How many units :meth:`loss` averages over (samples by default): the weights of accumulated chunks (a
+        count known only on the device stays a tensor there)."""
         return len(batch[0])
 
     def chunks(self, batch: Any, n: int) -> list[Any]:
@@ -261,6 +254,11 @@ class Task:
         """The model and data of the run: printed at the start, its ``facts`` recorded in config.yaml."""
         n = sum(p.numel() for p in self.model.parameters())
         return RunSummary(f"{n:,} params", f"on {getattr(self.train_data, 'name', 'data')}")
+
+    def warnings(self, steps: int) -> list[str]:
+        """What would make a run of ``steps`` optimizer steps go nowhere quietly (e.g. a weight EMA that cannot
+        warm up); the engine prints each as a ``warning:`` line before the first step."""
+        return []
 
     def state_dict(self) -> dict:
         """Task state beyond the model's weights that a resume needs (e.g. an EMA teacher)."""

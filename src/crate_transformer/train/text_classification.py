@@ -16,8 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..checkpoint import config_from_dict
+from ..config import LANGUAGE_MODEL
+from ..data import to_device
 from ..data.text import LabelledTexts, eval_split_of, read_labelled
-from ..lm import LanguageModel, LMConfig, build_lm
+from ..registry import build
 from ..tokenizer import Tokenizer
 from .evaluation import require_evaluated
 from .load import load_model
@@ -60,6 +63,7 @@ class TextClassificationTask(Task):
 
     name = "text-classification"
     metric = "acc"
+    entry = "classify"
     Options = TextOptions
     defaults = {
         "model": None,
@@ -84,7 +88,7 @@ class TextClassificationTask(Task):
         texts, raw, cols, label = read_labelled(cfg.data.source, "train", cfg.data.text_columns, cfg.data.label_column)
         self.columns = (cols, label)
         if state is not None:
-            model = build_lm(LMConfig.from_dict(dict(state["model_config"])))
+            model = build(config_from_dict(dict(state["model_config"])))
             tok = Tokenizer.from_str(state["task"]["tokenizer"])
             self.regression, self.classes = state["task"]["regression"], state["task"]["classes"]
         else:
@@ -93,7 +97,7 @@ class TextClassificationTask(Task):
                     Use("text-classification"), " needs --from CHECKPOINT (a ", Use("lm"), " run or model dir)"
                 )
             model = load_model(cfg.init_from)
-            if not isinstance(model, LanguageModel) or model.tokenizer is None:
+            if model.kind != LANGUAGE_MODEL or model.tokenizer is None:
                 raise TaskError(f"{cfg.init_from} is not a language model with a tokenizer; pretrain with ", Use("lm"))
             tok = model.tokenizer
             scores = not all(_is_int(v) for v in raw) and all(_is_number(v) for v in raw)  # names are classes
@@ -145,18 +149,17 @@ class TextClassificationTask(Task):
         return LabelledTexts(ids, targets, tok.pad_id, name, split)
 
     def prepare(self, batch: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-        return tuple(t.to(self.rt.device, non_blocking=True) for t in batch)
-
-    def _forward(self, model: nn.Module, batch: tuple[Tensor, Tensor, Tensor]) -> Tensor:
-        ids, lengths, _ = batch
-        classify = model.module.classify if hasattr(model, "module") else model.classify
-        return classify(ids[:, : int(lengths.max())], lengths).float()
+        return tuple(to_device(t, self.rt.device) for t in batch)
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-        out, y = self._forward(model, batch), batch[2]
+        """``model(ids, lengths)`` runs ``classify`` (:attr:`entry`: through DDP, FSDP and torch.compile)."""
+        ids, lengths, y = batch
+        return self._objective(model(ids, lengths).float(), y)
+
+    def _objective(self, out: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         loss = F.mse_loss(out[:, 0], y) if self.regression else F.cross_entropy(out, y)
         with torch.no_grad():
-            n = torch.tensor(float(len(y)), device=y.device)
+            n = y.new_full((), len(y), dtype=torch.float32)
             stats = {"loss": loss.detach() * n, "n": n}
             if not self.regression:
                 stats["acc"] = (out.argmax(-1) == y).sum().float()
@@ -172,11 +175,11 @@ class TextClassificationTask(Task):
             for batch in self.eval_data.batches(
                 self.cfg.logging.eval_batch_size, shuffle=False, rank=rt.rank, world=rt.world
             ):
-                batch = self.prepare(batch)
-                _, s = self.loss(model, batch)
-                out = self._forward(model, batch)
+                ids, lengths, y = self.prepare(batch)
+                out = model.classify(ids, lengths).float()
+                _, s = self._objective(out, y)
                 preds.append((out[:, 0] if self.regression else out.argmax(-1)).cpu())
-                targets.append(batch[2].cpu())
+                targets.append(y.cpu())
                 loss_sum += float(s["loss"])
         finally:
             model.train(was)

@@ -1,0 +1,214 @@
+"""The registry's tables (timm's ``_registry``): architectures, named models and released weights.
+
+Nothing here builds, loads or downloads anything, and nothing here imports a model family: each family
+module fills the tables when it is imported (its :func:`register_arch`, :func:`register_model` and
+:func:`register_pretrained` lines sit at the bottom of the module), so a new family is one file plus those
+lines.  Three tables:
+
+* **architectures** — an ``arch`` name (a config's ``arch`` value) → the :class:`~crate_transformer.base.Model`
+  subclass that builds it (its ``config_class`` parses the config) and the authors' checkpoint format, if any
+  (:class:`~crate_transformer.official.OfficialFormat`, read by ``ct.from_official``);
+* **models** — a name → the config fields that define it (``create_model(name, **overrides)``);
+* **released weights** — a model name → where its authors published the weights (:class:`PretrainedSource`,
+  what ``create_model(name, pretrained=True)`` downloads).
+
+The layers above read these tables: :mod:`~crate_transformer.checkpoint` (the loaders by ``arch``),
+:mod:`~crate_transformer.pretrained` (the zoo downloads) and :mod:`~crate_transformer.registry` (the factory,
+``create_model``, which imports every family so the tables are full).
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+from .config import Config
+from .official import OfficialFormat
+
+if TYPE_CHECKING:  # annotations only: the tables hold classes, they never need the base module's code
+    from .base import Model
+
+__all__ = [
+    "Arch",
+    "register_arch",
+    "arch_info",
+    "official_formats",
+    "config_class",
+    "config_classes",
+    "register_model",
+    "list_models",
+    "registered_fields",
+    "model_config",
+    "model_kind",
+    "build",
+    "PretrainedSource",
+    "register_pretrained",
+    "ZOO",
+    "list_pretrained",
+    "pretrained_source",
+]
+
+# a stored config without an ``arch`` key predates the other families: it is a CRATE classifier
+DEFAULT_ARCH = "crate"
+
+
+@dataclass(frozen=True)
+class Arch:
+    """An architecture: the model class that builds it and the authors' checkpoint format, if any."""
+
+    model_class: type[Model]
+    official: OfficialFormat | None = None
+
+    @property
+    def config_class(self) -> type[Config]:
+        return self.model_class.config_class
+
+    def build(self, config: Config) -> Model:
+        return self.model_class(config)
+
+
+_ARCHS: dict[str, Arch] = {}
+_MODELS: dict[str, dict] = {}
+
+
+def register_arch(arch: str, model_class: type[Model], *, official: OfficialFormat | None = None) -> None:
+    """Make ``arch`` (a config's ``arch`` value) buildable by ``model_class``, and readable from the authors'
+    files when ``official`` is given."""
+    _ARCHS[arch] = Arch(model_class, official)
+
+
+def arch_info(arch: object) -> Arch:
+    """The :class:`Arch` of an architecture name (one-line error naming the known ones)."""
+    arch = DEFAULT_ARCH if arch is None else arch
+    if not isinstance(arch, str) or arch not in _ARCHS:
+        close = difflib.get_close_matches(str(arch), list(_ARCHS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown arch {str(arch)[:40]!r}{hint}; choose one of {tuple(_ARCHS)}")
+    return _ARCHS[arch]
+
+
+def official_formats() -> list[Arch]:
+    """The registered architectures that have an authors' checkpoint format."""
+    return [a for a in _ARCHS.values() if a.official is not None]
+
+
+def config_class(arch: object) -> type[Config]:
+    """The config class of an architecture name (``None``: a stored config from before ``arch`` existed)."""
+    return arch_info(arch).config_class
+
+
+def config_classes() -> list[type[Config]]:
+    """The config class of every registered architecture, each once, in registration order."""
+    return list(dict.fromkeys(a.config_class for a in _ARCHS.values()))
+
+
+def register_model(name: str, **fields: object) -> None:
+    """Register ``name`` as the config with ``fields`` (validated now, so typos fail at import)."""
+    config_class(fields.get("arch"))(**fields)
+    _MODELS[name] = dict(fields)  # as given; the config coerces them again on every use
+
+
+def list_models(pattern: str = "*") -> list[str]:
+    """Names of registered models matching a shell-style ``pattern`` (e.g. ``"crate_*"``), sorted."""
+    return sorted(n for n in _MODELS if fnmatch.fnmatch(n, pattern))
+
+
+def registered_fields(name: str) -> dict:
+    """The config fields a registered model name sets (a copy; the others are the config class's defaults)."""
+    if name not in _MODELS:
+        close = difflib.get_close_matches(name, _MODELS, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"unknown model {name!r}{hint} Available: {', '.join(list_models())}")
+    return dict(_MODELS[name])
+
+
+def model_config(name: str, **overrides: object) -> Config:
+    """The config (the class its ``arch`` registered) of a registered model with ``overrides`` applied
+    (values are coerced and validated, e.g. ``lambd="5e-2"`` → 0.05)."""
+    registered = registered_fields(name)
+    cls = config_class(registered.get("arch"))
+    valid = {f.name for f in fields(cls)}
+    bad = sorted(set(overrides) - valid)
+    if bad:
+        raise ValueError(f"unknown override(s) {bad} for {name!r}; valid fields: {sorted(valid)}")
+    return cls(**{**registered, **overrides})
+
+
+def model_kind(name: str) -> str:
+    """What the registered model ``name`` is (its config class's ``kind``: ``"image-classifier"``,
+    ``"language-model"``, ...), without building it."""
+    return config_class(registered_fields(name).get("arch")).kind
+
+
+def build(config: Config) -> Model:
+    """The model a config describes (by its ``arch``)."""
+    return arch_info(getattr(config, "arch", None)).build(config)
+
+
+# --------------------------------------------------------------------------- released weights
+@dataclass(frozen=True)
+class PretrainedSource:
+    """Where one registered model's released weights live and how to feed the model.
+
+    ``repo_id`` set: the file is on the Hugging Face Hub (downloaded automatically); else ``url`` is a page
+    (Google Drive) the user downloads from by hand and passes as ``pretrained_file=``.
+    """
+
+    name: str  # the registry name create_model builds
+    title: str  # the authors' name for the model
+    loader: str  # the name of the OfficialFormat (registered with the model's arch) that reads the file
+    filename: str
+    repo_id: str = ""
+    url: str = ""
+    revision: str | None = None  # None: the repository's main branch
+    also: tuple[str, ...] = ()  # files of the same repository the loader reads beside ``filename``
+    input: str = ""
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    classes: str = ""
+    licence: str = ""
+    reference: str = ""  # where these facts were read
+
+    @property
+    def on_hub(self) -> bool:
+        return bool(self.repo_id)
+
+    @property
+    def page(self) -> str:
+        """The address a person opens to download the file: on the Hub its download link (``resolve/``, which a
+        browser and ``curl -L`` both follow; a ``blob/`` address is the Hub's HTML viewer of the file), else the
+        Google Drive page."""
+        if self.on_hub:
+            return f"https://huggingface.co/{self.repo_id}/resolve/{self.revision or 'main'}/{self.filename}"
+        return self.url
+
+    @property
+    def source(self) -> str:
+        return f"hf-hub:{self.repo_id}" if self.on_hub else "Google Drive"
+
+
+ZOO: dict[str, PretrainedSource] = {}
+
+
+def register_pretrained(source: PretrainedSource) -> None:
+    """Add a release to the zoo (``create_model(source.name, pretrained=True)``)."""
+    ZOO[source.name] = source
+
+
+def list_pretrained(pattern: str = "*") -> list[str]:
+    """Zoo names matching ``pattern`` (shell style), sorted."""
+    return sorted(n for n in ZOO if fnmatch.fnmatch(n, pattern))
+
+
+def pretrained_source(name: str) -> PretrainedSource:
+    """The zoo entry of ``name``; an unknown name is one line listing the zoo."""
+    if name in ZOO:
+        return ZOO[name]
+    close = difflib.get_close_matches(name, ZOO, n=2)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    raise ValueError(
+        f"no released weights for {name!r}; {hint}models with weights: {', '.join(list_pretrained())} "
+        f"(or pass your own file: create_model({name!r}, pretrained_file='PATH'))"
+    )
