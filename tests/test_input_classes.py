@@ -190,6 +190,8 @@ def _tables(root: Path) -> dict[str, Path]:
     rows = [(f"a {i}", f"b {i}", f"c {i}", i % 2) for i in range(40)]
     (root / "three.csv").write_text("a,b,c,label\n" + "".join(f"{a},{b},{c},{y}\n" for a, b, c, y in rows))
     (root / "twice.csv").write_text("text,label,label\n" + "".join(f"{a},{y},{1 - y}\n" for a, _, _, y in rows))
+    (root / "twicedir").mkdir()  # the same table read by datasets (pandas renames the second column label.1)
+    (root / "twicedir" / "train.csv").write_text((root / "twice.csv").read_text())
     pd.DataFrame({"text": [{"k": i} for i in range(40)], "s": [f"s {i}" for i in range(40)],
                   "label": [i % 2 for i in range(40)]}).to_parquet(root / "objects.parquet")  # fmt: skip
     (root / "empty.parquet").write_bytes(b"")
@@ -205,6 +207,7 @@ TEXT_CASES = {  # command, file, extra arguments, what the one line says
     "label_as_text": ("finetune-text", "three", ["--text-columns", "a", "label"],
                       "'label' is the label column and cannot also be a text column"),
     "a_column_twice": ("finetune-text", "twice", [], r"the header names \['label'\] more than once"),
+    "a_column_twice_dataset": ("finetune-text", "twicedir", [], r"names 'label' twice \(the second read as"),
     "object_column_table": ("finetune-text", "objects", ["--text-columns", "text"],
                             r"column 'text' holds dict, not text; .* \(string columns: \['s'\]\)"),
     "object_column_corpus": ("train-lm", "objects", ["--text-columns", "text"], "column 'text' holds dict, not text"),
@@ -396,7 +399,7 @@ def test_a_nanogpt_size_that_is_not_a_number_and_a_misspelt_arch_are_named(tmp_p
     assert lm_checkpoint_fields({"model": state, "model_args": {"n_layer": "1", "n_head": 2}})["depth"] == 1
     from crate_transformer.registry import config_class
 
-    with pytest.raises(ValueError, match=r"unknown arch 'crate_lmm' \(did you mean 'crate_lm'\?\); registered: "):
+    with pytest.raises(ValueError, match=r"unknown arch 'crate_lmm' \(did you mean 'crate_lm'\?\); choose one of "):
         config_class("crate_lmm")
     model = ct.create_model("crate_gpt_mini", **tiny_lm())
     model.save_pretrained(tmp_path / "m")

@@ -59,6 +59,12 @@ def _columns(ds: object, where: str, image: str = "", label: str = "") -> tuple[
             f"{where} has no label column (columns: {list(feats)}); name it with --label-column COLUMN "
             "(a ClassLabel or integer column)"
         )
+    twice = [c for c in (image, label) if f"{c}.1" in feats]  # pandas renames a repeated CSV column
+    if twice:
+        raise ValueError(
+            f"{where} names the column {twice[0]!r} twice (the second read as '{twice[0]}.1'); give every column "
+            "its own name"
+        )
     _check_kinds(feats, image, label, where)
     names = list(feats[label].names) if isinstance(feats[label], datasets.ClassLabel) else None
     return image, label, names

@@ -463,6 +463,10 @@ def _table_columns(
         )
     if label not in header:
         raise ValueError(f"{path}:1: no column {label!r}; columns: {header}")
+    if f"{label}.1" in header:  # pandas (datasets' CSV reader) renames a second column of the same name
+        raise ValueError(
+            f"{path}: the header names {label!r} twice (the second read as '{label}.1'); give every column its own name"
+        )
     if not text_columns:
         pairs = (
             ("sentence1", "sentence2"),
