@@ -54,6 +54,8 @@ def family_builders() -> dict[str, Any]:
         "gpt": lambda: ct.create_model("gpt_mini", **lm),
         "crate_lm_bidirectional": lambda: ct.create_model("crate_bert_mini", **lm),
         "crate_bert": lambda: ct.create_model("crate_bert_base", **lm, dropout=0.0),
+        "tost": lambda: ct.create_model("tost_mnist", **img, num_classes=5),
+        "tost_lm": lambda: ct.create_model("tost_gpt_mini", **lm),
         "dino": lambda: DINOModel(
             ct.create_model("crate_mnist", **img, num_classes=5), DINOHead(32, 16, hidden_dim=16, bottleneck_dim=8)
         ),
