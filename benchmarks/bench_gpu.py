@@ -102,57 +102,60 @@ def step_flops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, amp: to
     return float(counter.get_total_flops())
 
 
-def throughput(rows: list[dict], size: str, args: argparse.Namespace, shape: dict, device: torch.device) -> None:
-    """Rows for one size: every model eager (and compiled when asked), timed in interleaved rounds."""
+def throughput(size: str, mode: str, args: argparse.Namespace, shape: dict, device: torch.device) -> list[dict]:
+    """One row per model of one size, eager or compiled, the models timed in interleaved rounds."""
     models = {k: m.to(device).train() for k, m in models_of(size, shape, args.timm).items()}
     c = next(iter(models.values())).config
     batch = args.batch or BATCH[size]
     x = torch.randn(batch, 3, c.image_size, c.image_size, device=device)
     y = torch.randint(0, c.num_classes, (batch,), device=device)
-    steps, flops = {}, {}
-    for name, model in models.items():
-        flops[name] = step_flops(model, x, y, args.amp)
-        steps[(name, "eager")] = train_step(model, x, y, args.amp)
-        if size in args.compile:
-            torch._dynamo.reset()
-            steps[(name, "compiled")] = train_step(torch.compile(model, backend=args.backend), x, y, args.amp)
+    flops = {name: step_flops(model, x, y, args.amp) for name, model in models.items()}
+    compiled = mode == "compiled"
+    steps = {name: train_step(torch.compile(m, backend=args.backend) if compiled else m, x, y, args.amp)
+             for name, m in models.items()}  # fmt: skip
     first = {}
-    for key, step in steps.items():  # warm-up: compilation, cuBLAS plans, the optimizer's state
+    for name, step in steps.items():  # warm-up: compilation, cuBLAS plans, the optimizer's state
         t = time.perf_counter()
         for _ in range(3):
             step()
         sync(device)
-        first[key] = time.perf_counter() - t
-    times: dict[tuple, list[float]] = {key: [] for key in steps}
+        first[name] = time.perf_counter() - t
+    times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(args.rounds):
-        for key, step in steps.items():
+        for name, step in steps.items():
             sync(device)
             t = time.perf_counter()
             for _ in range(args.steps):
                 step()
             sync(device)
-            times[key].append((time.perf_counter() - t) / args.steps)
-    for (name, mode), ts in times.items():
+            times[name].append((time.perf_counter() - t) / args.steps)
+    rows = []
+    for name, ts in times.items():
         dt = statistics.median(ts)
         rows.append(dict(size=size, model=name, mode=mode, batch=batch, ms=1e3 * dt, img_s=batch / dt,
                          tflops=flops[name] / dt / 1e12, mfu=flops[name] / dt / args.peak,
-                         gflop_img=flops[name] / batch / 1e9, warmup_s=first[(name, mode)]))  # fmt: skip
-    del models, steps
+                         gflop_img=flops[name] / batch / 1e9, warmup_s=first[name]))  # fmt: skip
+    return rows
+
+
+HEAD = (f"{'model':26} {'mode':9} {'batch':>5} {'ms/step':>8} {'img/s':>9} {'GFLOP/img':>9} {'TFLOP/s':>8} "
+        f"{'MFU':>6} {'vs official':>11} {'vs ViT':>7} {'warm-up s':>9}")  # fmt: skip
 
 
 def print_rows(rows: list[dict]) -> None:
-    head = (f"{'model':26} {'mode':9} {'batch':>5} {'ms/step':>8} {'img/s':>9} {'GFLOP/img':>9} {'TFLOP/s':>8} "
-            f"{'MFU':>6} {'vs official':>11} {'vs ViT':>7}")  # fmt: skip
-    print(head + "\n" + "-" * len(head))
+    """The rows of one size and mode, with ours against the official formulation and the ViT of the same rows."""
+    same = {q["model"]: q for q in rows}
     for r in rows:
-        same = {q["model"]: q for q in rows if q["size"] == r["size"] and q["mode"] == r["mode"]}
         base = same.get(f"official CRATE-{r['size']}")
         vit = next((q for k, q in same.items() if k.startswith("ViT")), None)
         ours = r["model"] == f"CRATE-{r['size']}"
         vs_off = f"{r['img_s'] / base['img_s']:.2f}x" if ours and base else ""
         vs_vit = f"{r['img_s'] / vit['img_s']:.2f}x" if ours and vit else ""
-        print(f"{r['model']:26} {r['mode']:9} {r['batch']:>5} {r['ms']:8.2f} {r['img_s']:9.1f} {r['gflop_img']:9.2f} "
-              f"{r['tflops']:8.2f} {100 * r['mfu']:5.1f}% {vs_off:>11} {vs_vit:>7}")  # fmt: skip
+        print(
+            f"{r['model']:26} {r['mode']:9} {r['batch']:>5} {r['ms']:8.2f} {r['img_s']:9.1f} {r['gflop_img']:9.2f} "
+            f"{r['tflops']:8.2f} {100 * r['mfu']:5.1f}% {vs_off:>11} {vs_vit:>7} {r['warmup_s']:9.1f}",
+            flush=True,
+        )
 
 
 def synthetic_cifar(root: Path, images: int) -> Path:
@@ -254,21 +257,32 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{name}; torch {torch.__version__}, CUDA {torch.version.cuda}; load average {os.getloadavg()}")
     print(f"measured bf16 GEMM peak: {args.peak / 1e12:.2f} TFLOP/s (the MFU denominator)")
     print(f"timm: {'vit_base_patch16_224 beside CRATE-B' if args.timm else 'not installed (no timm row)'}\n")
-    rows: list[dict] = []
-    for size in args.sizes:
-        throughput(rows, size, args, shape, device)
-    print_rows(rows)
-    e2e = data_path(args, shape, device) if args.e2e != "none" else None
-    if e2e:
+    result = {"device": name, "torch": torch.__version__, "peak_flops": args.peak, "rows": [], "e2e": None,
+              "date": time.strftime("%Y-%m-%d %H:%M")}  # fmt: skip
+
+    def save() -> None:  # after every measurement: a run cut short by a time limit keeps what it measured
+        result["loadavg"] = os.getloadavg()
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1))
+
+    print(HEAD + "\n" + "-" * len(HEAD), flush=True)
+    for size in args.sizes:  # eager first, every size; then the data path; then the compiled rows
+        result["rows"] += (rows := throughput(size, "eager", args, shape, device))
+        print_rows(rows)
+        save()
+    if args.e2e != "none":
+        e2e = result["e2e"] = data_path(args, shape, device)
         print(
             f"\ncrate train CRATE-{e2e['size']} batch {e2e['batch']}: {e2e['e2e_img_s']:.1f} img/s end to end, "
-            f"{e2e['model_img_s']:.1f} img/s model alone: data path {e2e['ratio']:.2f} (target >= 0.9)"
+            f"{e2e['model_img_s']:.1f} img/s model alone: data path {e2e['ratio']:.2f} (target >= 0.9)\n",
+            flush=True,
         )
+        save()
+    for size in args.compile:
+        result["rows"] += (rows := throughput(size, "compiled", args, shape, device))
+        print_rows(rows)
+        save()
     print(f"load average at the end: {os.getloadavg()}")
-    result = {"device": name, "torch": torch.__version__, "peak_flops": args.peak, "rows": rows, "e2e": e2e,
-              "loadavg": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M")}  # fmt: skip
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
     return result
 
 

@@ -6,8 +6,9 @@
 #   bash benchmarks/gpu_check.sh --fetch-wheels .gpu/wheels   # once, where PyPI is reachable: the deps a GPU image
 #                                                            # may lack, to carry along (the GPU machine is offline)
 #
-# Stages, each under its own timeout inside a total budget (GPU_CHECK_BUDGET, default 450 s); a stage that fails or
-# times out is reported and the script goes on.  Everything is printed and, when $OUT is set, kept there:
+# Stages, each under its own timeout inside a total budget (GPU_CHECK_BUDGET, default 465 s); a stage that fails or
+# times out is reported and the script goes on (bench_gpu.py saves each row as it is measured).  Everything is
+# printed and, when $OUT is set, kept there:
 #   [setup]  the python to use: GPU_CHECK_PY, else the machine's python3 when its torch sees a GPU (in a venv that
 #            sees its packages, with this package installed editable and missing deps from .gpu/wheels), else the
 #            project's own install
@@ -40,7 +41,7 @@ cd "$ROOT" || exit 2
 WORK=$(mktemp -d /tmp/gpu_check.XXXXXX)
 LOGDIR=${OUT:-$WORK}
 mkdir -p "$LOGDIR"
-BUDGET=${GPU_CHECK_BUDGET:-450}
+BUDGET=${GPU_CHECK_BUDGET:-465}
 T0=$(date +%s)
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 MPLBACKEND=Agg TORCHINDUCTOR_CACHE_DIR=$WORK/inductor
 SUMMARY=()
@@ -144,19 +145,19 @@ main() {
   echo; echo "===== [setup]"
   setup_python || { echo "setup failed: nothing else can run"; return 1; }
   export PY WORK LOGDIR TEST_DEVICE=cuda
-  local dev=cuda tests=() bench=() train=(--epochs 3) lm=(--epochs 1)
+  local dev=cuda tests=() bench=() train=(--epochs 3) lm=(--epochs 1 --max-steps 300)
   if [ "$DRY" = 1 ]; then  # the same stages at CPU sizes: a handful of device tests, tiny shapes, a few steps
     TEST_DEVICE=cpu; dev=cpu; tests=(tests/test_on_device.py -k "float64 or bf16"); bench=(--tiny --threads 1)
     train=(--epochs 1 --max-steps 5 --threads 1); lm=(--epochs 1 --max-steps 5 --threads 1 --sample-tokens 8)
   fi
-  want info && stage info 60 info
-  want fast && stage fast 170 run_pytest fast "not slow" ${tests[@]+"${tests[@]}"}
+  want info && stage info 40 info
+  want fast && stage fast 110 run_pytest fast "not slow" ${tests[@]+"${tests[@]}"}
   # shellcheck disable=SC2086
-  want bench && stage bench 200 "$PY" benchmarks/bench_gpu.py ${bench[@]+"${bench[@]}"} \
+  want bench && stage bench 220 "$PY" benchmarks/bench_gpu.py ${bench[@]+"${bench[@]}"} \
     --json "$LOGDIR/bench_gpu.json" ${BENCH_ARGS:-}
-  want train && stage train 60 timed "crate train --device $dev" "$PY" -m crate_transformer.cli train \
+  want train && stage train 40 timed "crate train --device $dev" "$PY" -m crate_transformer.cli train \
     --data digits --device "$dev" --no-progress --out "$WORK/train" "${train[@]}"
-  want lm && stage lm 60 timed "crate train-lm --device $dev" "$PY" -m crate_transformer.cli train-lm \
+  want lm && stage lm 40 timed "crate train-lm --device $dev" "$PY" -m crate_transformer.cli train-lm \
     --device "$dev" --no-progress --out "$WORK/lm" "${lm[@]}"
   want slow && [ "$DRY" = 0 ] && stage slow 400 run_pytest slow slow
   echo; echo "===== summary ($(( $(date +%s) - T0 ))s of ${BUDGET}s; load average $(cut -d' ' -f1-3 /proc/loadavg))"
