@@ -282,7 +282,7 @@ class LoggingOptions(_Group):
         metavar="NAME",
     )
     tensorboard: bool = option(False, "the same as --logger tensorboard")
-    progress: bool = option(True, "show a tqdm progress bar")
+    progress: bool = option(True, "show progress: a bar on a terminal, a line at each tenth of the run in a log")
 
     def validate(self) -> None:
         _check(
