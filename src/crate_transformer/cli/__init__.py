@@ -70,9 +70,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"crate_transformer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
-        p = sub.add_parser(
-            name, help=help_text, description=help_text, formatter_class=HelpFormatter
-        )
+        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
         if name == command:
             module = importlib.import_module(f"{__name__}.{module_name}")
             func = name.replace("-", "_")  # crate train-lm → configure_train_lm / run_train_lm
