@@ -1,12 +1,12 @@
 """Progress bars only where someone watches them: a tqdm bar on a terminal (or in a notebook), plain lines in a
 redirected log.
 
-A bar redraws itself with carriage returns, which a file keeps as hundreds of frames on one line
-(``crate train > log.txt``).  :func:`progress_bar` gives tqdm's bar when the stream is a terminal or the code
-runs in a Jupyter kernel, and otherwise a :class:`PlainProgress` with the same methods (``update``,
-``set_postfix_str``, ``write``, ``close``; iterable too) that prints a whole line now and then: at every tenth of
-the total for a bar that is kept (``leave=True``: a training run, a sweep), every :data:`PLAIN_SECONDS` for any bar,
-and the final count when a kept bar closes.  Every progress bar of the package comes from here.
+A bar redraws itself with carriage returns, which a file keeps as hundreds of frames on one line (a training run's
+output redirected to a file).  :func:`progress_bar` gives tqdm's bar when the stream is a terminal or the code runs
+in a Jupyter kernel, and otherwise a :class:`PlainProgress` with the same methods (``update``, ``set_postfix_str``,
+``write``, ``close``; iterable too) that prints a whole line now and then: at every tenth of the total for a bar
+that is kept (``leave=True``: a training run, a sweep), every :data:`PLAIN_SECONDS` for any bar, and the final
+count when a kept bar closes.  Every progress bar of the package comes from here.
 """
 
 from __future__ import annotations
