@@ -385,3 +385,17 @@ def test_measure_every_records_layerwise_numbers_during_training(tmp_path: Path)
     got = sorted((r for r in meas if r["step"] == 22), key=lambda r: r["layer"])
     for g, w in zip(got, want):
         assert g["rc_in"] == pytest.approx(w["rc_in"], rel=1e-5) and g["nonzero"] == pytest.approx(w["nonzero"])
+
+
+def test_top_k_is_printed_only_when_k_is_below_the_number_of_classes():
+    from crate_transformer.train.evaluation import EvalResult
+
+    def result(n_cls: int) -> EvalResult:
+        k = min(5, n_cls)
+        return EvalResult(
+            0.5, 1.0 if k == n_cls else 0.9, 1.0, 10, [0.5] * n_cls, [], [str(i) for i in range(n_cls)], k
+        )
+
+    three, ten = result(3), result(10)
+    assert not three.has_top_k and three.top_k_text() == ""  # top-3 of 3 classes is always 100%
+    assert ten.has_top_k and ten.top_k_text() == ", top-5 90.00%"

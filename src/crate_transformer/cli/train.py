@@ -210,10 +210,7 @@ def _write_eval(args: argparse.Namespace, r: object, name: str, data: str, src: 
     )
     report = {"checkpoint": src, "data": data, "split": args.split, **r.to_dict()}
     atomic_write(out / "eval.json", lambda tmp: Path(tmp).write_text(json.dumps(report, indent=1) + "\n"))
-    print(
-        f"{name} {args.split}: {r.num_samples} images, top-1 {100 * r.top1:.2f}%, top-{r.k} {100 * r.top5:.2f}%, "
-        f"loss {r.loss:.4f}"
-    )
+    print(f"{name} {args.split}: {r.num_samples} images, top-1 {100 * r.top1:.2f}%{r.top_k_text()}, loss {r.loss:.4f}")
     width = max(len(n) for n in r.classes)
     for cls, acc, row in zip(r.classes, r.per_class, r.confusion):
         print(f"  {cls:<{width}}  {100 * acc:6.2f}%  (n={sum(row)})")

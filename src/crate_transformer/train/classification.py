@@ -93,10 +93,10 @@ class ClassificationTask(Task):
                   batch_size=self.cfg.logging.eval_batch_size, runtime=self.rt)  # fmt: skip
         r = evaluate(self.model, ds, **kw)
         self.last_result = r
-        out = {"loss": r.loss, "acc": r.top1, "top5": r.top5}
+        out = {"loss": r.loss, "acc": r.top1, **({"top5": r.top5} if r.has_top_k else {})}
         if self.ema is not None:
-            self.last_ema = evaluate(self.ema.module, ds, **kw)
-            out.update(ema_loss=self.last_ema.loss, ema_acc=self.last_ema.top1, ema_top5=self.last_ema.top5)
+            e = self.last_ema = evaluate(self.ema.module, ds, **kw)
+            out.update(ema_loss=e.loss, ema_acc=e.top1, **({"ema_top5": e.top5} if e.has_top_k else {}))
         return out
 
     def hooks(self) -> list:
@@ -154,8 +154,8 @@ class ClassificationTask(Task):
             ema = f"; EMA weights (model_ema/): {100 * self.last_ema.top1:.2f}%"
         return TaskResult(
             record=metrics,
-            message=f"final test accuracy: {100 * r.top1:.2f}% ({round(r.top1 * r.num_samples)}/{r.num_samples}), "
-            f"top-{r.k} {100 * r.top5:.2f}%, {self.model.num_params():,} params{ema}",
+            message=f"final test accuracy: {100 * r.top1:.2f}% ({round(r.top1 * r.num_samples)}/{r.num_samples})"
+            f"{r.top_k_text()}, {self.model.num_params():,} params{ema}",
             numbers=numbers,
             next=f"crate analyze {run_dir}    |    crate eval {run_dir}",
         )

@@ -84,6 +84,15 @@ class EvalResult:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    @property
+    def has_top_k(self) -> bool:
+        """Whether top-k says anything: with k = the number of classes it is 100% whatever the model does."""
+        return self.k < len(self.classes)
+
+    def top_k_text(self) -> str:
+        """``", top-5 97.30%"`` for the printed lines, or nothing when :attr:`has_top_k` is false."""
+        return f", top-{self.k} {100 * self.top5:.2f}%" if self.has_top_k else ""
+
 
 @torch.no_grad()
 def evaluate(
