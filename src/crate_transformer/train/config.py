@@ -223,6 +223,8 @@ class SystemOptions(Config):
 class LoggingOptions(Config):
     """The run directory, checkpoints, evaluation and what is logged (``cfg.logging``)."""
 
+    CHOICES = {"logger": LOGGERS}  # each name of the list (checked here, not by the command line's parser)
+
     out: str | None = option(None, "run directory", shown="runs/<model>-<data>-<date-time>")
     checkpoint_every: int = option(
         0, "also checkpoint every N steps (always at epoch ends, the end and on Ctrl-C)", range=NON_NEGATIVE
@@ -241,7 +243,6 @@ class LoggingOptions(Config):
         "also send every record, the hyperparameters and the figures to: tensorboard | wandb | mlflow | csv "
         "(several at once: --logger csv wandb)",
         metavar="NAME",
-        choices=LOGGERS,
     )
     tensorboard: bool = option(False, "the same as --logger tensorboard")
     progress: bool = option(True, "show a tqdm progress bar")
