@@ -549,3 +549,15 @@ def test_report_json_rebuilds_the_tables(tmp_path, trained, batch):
     for k in direct.values:
         np.testing.assert_allclose(back.values[k], direct.values[k], rtol=1e-12)
     assert rep["segmentation"]["masks"][0]["file"] == "masks/image_000.png"
+
+
+def test_measurements_ignore_an_enclosing_autocast():
+    """A bf16 training step's measurements are those of the model in its own dtype (the trace and the Gram matrices
+    are not computed in bf16 when the measurement runs inside autocast)."""
+    model = ct.create_model("crate_tiny", **tiny.IMAGE).eval()
+    x = torch.randn(2, 3, 32, 32)
+    want = analysis.measure_batch(model, x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = analysis.measure_batch(model, x)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-6, atol=1e-9)

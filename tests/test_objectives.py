@@ -150,3 +150,50 @@ def test_bad_input_errors():
         ct.coding_rate(torch.randn(4, 3), eps=0.0)
     with pytest.raises(ValueError, match="\\(\\.\\.\\., n, d\\)"):
         ct.coding_rate(torch.randn(4))
+
+
+# --------------------------------------------------------------------------- precision of the linear algebra
+def test_float64_computation_of_float32_subspace_rates():
+    """dtype=float64 on float32 tokens: U follows the computation's dtype (it used to stay float32 and fail)."""
+    K, d, p, n = 2, 8, 4, 6
+    U, Z = rand_U(K, d, p).float(), torch.randn(2, n, d)
+    want = [np_Rc(z.double().numpy().T, U.double().numpy(), 0.3) for z in Z]
+    rc = ct.subspace_coding_rate(Z, U, eps=0.3, dtype=torch.float64)
+    assert rc.dtype == torch.float64
+    np.testing.assert_allclose(rc.numpy(), want, rtol=1e-10)
+    want_rr = [np_R(z.double().numpy().T, 0.3) - w for z, w in zip(Z, want)]
+    np.testing.assert_allclose(ct.rate_reduction(Z, U, eps=0.3, dtype=torch.float64).numpy(), want_rr, rtol=1e-10)
+    grad = ct.subspace_coding_rate_grad(Z, U, eps=0.3, dtype=torch.float64)
+    torch.testing.assert_close(grad, ct.subspace_coding_rate_grad(Z.double(), U.double(), eps=0.3))
+
+
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
+def test_half_precision_tokens_are_computed_in_float32(half):
+    """Cholesky / slogdet / solve have no half kernels: half tokens are computed (and returned) in float32."""
+    K, d, p, n = 2, 8, 4, 6
+    U, Z = rand_U(K, d, p).to(half), torch.randn(2, n, d).to(half)
+    Zd, Ud = Z.double(), U.double()  # the same (rounded) values in float64
+    for got, want in [
+        (ct.coding_rate(Z, 0.3), ct.coding_rate(Zd, 0.3)),
+        (ct.subspace_coding_rate(Z, U, 0.3), ct.subspace_coding_rate(Zd, Ud, 0.3)),
+        (ct.rate_reduction(Z, U, 0.3), ct.rate_reduction(Zd, Ud, 0.3)),
+        (ct.sparse_rate_reduction(Z, U, 0.1, 0.3), ct.sparse_rate_reduction(Zd, Ud, 0.1, 0.3)),
+        (ct.coding_rate_grad(Z, 0.3), ct.coding_rate_grad(Zd, 0.3)),
+        (ct.subspace_coding_rate_grad(Z, U, 0.3), ct.subspace_coding_rate_grad(Zd, Ud, 0.3)),
+    ]:
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_linear_algebra_runs_outside_autocast():
+    """Under bf16 autocast (a mixed-precision training step) the Gram matrices stay float32: the rates agree with
+    float64 to float32 rounding (1e-5), which a bf16 Gram misses."""
+    K, d, p, n = 2, 32, 16, 48
+    U, Z = rand_U(K, d, p).float(), torch.randn(2, n, d)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert (Z @ Z.mT).dtype == torch.bfloat16  # what autocast would do to the Gram
+        r, rc = ct.coding_rate(Z, 0.1), ct.subspace_coding_rate(Z, U, 0.1)
+        grad = ct.subspace_coding_rate_grad(Z, U, 0.1)
+    torch.testing.assert_close(r.double(), ct.coding_rate(Z.double(), 0.1), rtol=1e-5, atol=0)
+    torch.testing.assert_close(rc.double(), ct.subspace_coding_rate(Z.double(), U.double(), 0.1), rtol=1e-5, atol=0)
+    assert grad.dtype == torch.float32

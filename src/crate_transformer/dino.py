@@ -263,7 +263,7 @@ class DINOLoss(nn.Module):
     def update_center(self, teacher_out: Tensor) -> None:
         """``c ← m c + (1 − m) · mean over the batch (and processes) of the teacher outputs``."""
         batch_center = teacher_out.float().sum(dim=0, keepdim=True)
-        count = torch.tensor(float(len(teacher_out)), device=teacher_out.device)
+        count = torch.full((), len(teacher_out), dtype=torch.float32, device=teacher_out.device)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(batch_center)
             torch.distributed.all_reduce(count)

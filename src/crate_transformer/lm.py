@@ -177,6 +177,21 @@ class LMConfig(Config):
         return self.dim_head if self.dim_head is not None else self.dim // self.heads
 
 
+def check_ids(ids: Tensor, size: int, what: str, problem: str, fix: str) -> None:
+    """Ids in ``[0, size)``, else a one-line ValueError ``"{what} {id} {problem} [0, size); {fix}"``.
+
+    Ids in host memory are checked on the host.  On an accelerator (and inside ``torch.compile``) reading them
+    would stall the device on every forward, so the check is ``torch._assert_async``, raised by the device (a
+    GPU reports it as a device-side assertion at its next synchronisation, as the embedding itself would).
+    """
+    if ids.device.type == "cpu" and not torch.compiler.is_compiling():
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= size:
+            raise ValueError(f"{what} {hi if hi >= size else lo} {problem} [0, {size}); {fix}")
+    else:
+        torch._assert_async(((ids >= 0) & (ids < size)).all(), f"a {what} {problem} [0, {size}); {fix}")
+
+
 def sinusoidal_positions(n: int, d: int) -> Tensor:
     """``E_pos`` of eq. (83) (Vaswani et al. 2017): ``sin(t / 10000^{2i/d})`` and ``cos(·)`` interleaved, (n, d)."""
     t = torch.arange(n, dtype=torch.float64)[:, None]
@@ -321,12 +336,9 @@ class LanguageModel(Model):
                 f"sequence of {start + n} tokens is longer than the model's context of {c.block_size} "
                 f"(block_size); pass at most {c.block_size} tokens, e.g. idx[:, -{c.block_size}:]"
             )
-        lo, hi = int(idx.min()), int(idx.max())
-        if lo < 0 or hi >= c.vocab_size:
-            raise ValueError(
-                f"token id {hi if hi >= c.vocab_size else lo} is outside the vocabulary [0, {c.vocab_size}); "
-                "encode the text with the model's own tokenizer"
-            )
+        check_ids(
+            idx, c.vocab_size, "token id", "is outside the vocabulary", "encode the text with the model's own tokenizer"
+        )
 
     def embed(self, idx: Tensor, start: int = 0) -> Tensor:
         """``f_pre`` of eqs. (83)/(88): ``f_embed(X) + E_pos`` for positions ``start .. start + n − 1``."""
@@ -373,9 +385,10 @@ class LanguageModel(Model):
         if self.classifier is None:
             raise ValueError("this model has no classification head; create it with num_labels > 0")
         b, n = idx.shape
+        given = lengths  # no lengths: no padding, no mask (a mask, all true or not, costs no host sync)
         lengths = torch.full((b,), n, device=idx.device) if lengths is None else lengths.to(idx.device)
         real = torch.arange(n, device=idx.device)[None] < lengths[:, None]
-        z = self.forward_features(idx, key_mask=None if self.config.causal or bool(real.all()) else real)
+        z = self.forward_features(idx, key_mask=None if self.config.causal or given is None else real)
         if self.config.causal:
             pooled = z[torch.arange(b, device=z.device), lengths - 1]
         else:
@@ -419,18 +432,23 @@ class LanguageModel(Model):
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         self.check_tokens(idx[:, -c.block_size :])
         was_training = self.training
-        self.eval()
+        if was_training:  # a switch drops what the layers keep between forwards (ISTA's step matrix)
+            self.eval()
         cache, steps = None, []
+
+        def next_logits(ids: Tensor, cache: list[dict[str, Tensor]] | None) -> Tensor:
+            return self.forward_head(self.forward_features(ids, cache)[:, -1])  # the head on the last token only
+
         try:
             for _ in range(max_new_tokens):
                 window = idx[:, -c.block_size :]
                 if not use_cache:
-                    logits = self(window)[:, -1]
+                    logits = next_logits(window, None)
                 elif cache is None or _cached_length(cache) >= c.block_size:
                     cache = self.new_cache()
-                    logits = self(window, cache)[:, -1]
+                    logits = next_logits(window, cache)
                 else:
-                    logits = self(idx[:, -1:], cache)[:, -1]
+                    logits = next_logits(idx[:, -1:], cache)
                 steps.append(logits)
                 nxt = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
                 idx = torch.cat([idx, nxt], dim=1)
@@ -439,7 +457,8 @@ class LanguageModel(Model):
                 if eos_id is not None and bool((nxt == eos_id).all()):
                     break
         finally:
-            self.train(was_training)
+            if was_training:
+                self.train()
         if return_logits:
             return idx, torch.stack(steps, 1) if steps else idx.new_zeros(idx.shape[0], 0, c.vocab_size).float()
         return idx

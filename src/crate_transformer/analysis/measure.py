@@ -101,8 +101,16 @@ def measure_batch(
 ) -> dict[str, Tensor]:
     """Per-sample, per-layer values for one model-ready batch: ``{metric: (b, L) float64 tensor}``.
 
-    The model must already be in eval mode (``measure`` takes care of that).
+    The model must already be in eval mode (``measure`` takes care of that).  Autocast is off here: the trace
+    runs in the model's own dtype and the rates in float64, also when called inside a mixed-precision step.
     """
+    with torch.autocast(x.device.type, enabled=False):
+        return _measure_batch(model, x, eps, include_cls, thresholds)
+
+
+def _measure_batch(
+    model: ImageClassifier, x: Tensor, eps: float, include_cls: bool, thresholds: Sequence[float]
+) -> dict[str, Tensor]:
     trace = model.forward_trace(x)
     start = 0 if include_cls else 1
     out: dict[str, list[Tensor]] = {k: [] for k in METRICS}

@@ -69,7 +69,7 @@ class DataOptions(Config):
         choices=DATA_MODES,
     )
     workers: int = option(
-        -1, "DataLoader worker processes for streamed data (-1 = auto: min(4, CPU cores))",
+        -1, "DataLoader worker processes for streamed data (-1 = auto: this machine's CPUs per process, minus one)",
         range=Range(-1, integer=True, note="-1 = auto"),
     )  # fmt: skip
     image_size: int | None = option(
@@ -211,6 +211,11 @@ class SystemOptions(Config):
     compile: bool = option(False, "torch.compile the model (first steps are slow while it compiles)")
     seed: int = option(0, "random seed (model init, data order, augmentation)")
     deterministic: bool = option(False, "deterministic algorithms (bitwise reproducible on CPU; slower on GPU)")
+    tf32: bool = option(
+        True,
+        "TF32 tensor cores for float32 matrix products on NVIDIA GPUs (Ampere and later; no effect on CPU): "
+        "several times faster, inputs rounded to 10 mantissa bits; --no-tf32 for full float32",
+    )
     threads: int = option(
         0,
         "torch CPU threads per process (0 = auto: the CPUs this process may use, minus the other work running "

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from ..config import IMAGE_CLASSIFIER
 from ..config_utils import NON_NEGATIVE, Range, option
-from ..data.transforms import AsRGB
+from ..data import augment as A
 from ..dino import (
     DINOHead,
     DINOHeadConfig,
@@ -170,11 +170,11 @@ PRESETS: dict[str, dict[str, Any]] = {"digits": DIGITS, "paper": PAPER}
 
 # --------------------------------------------------------------------------- multi-crop
 class MultiCropAugmentation(nn.Module):
-    """DINO's ``DataAugmentationDINO`` as batched kornia ops on float images in [0, 1]: two global views
-    (RandomResizedCrop ``global_crops_scale``; view 1 always blurred, view 2 blurred with p 0.1 and
-    solarised with p 0.2) and ``local_crops_number`` local views (``local_crops_scale``, blur p 0.5), each
-    with a flip, colour jitter (p 0.8) and grey-scale (p 0.2).  Colour ops run on 3 channels for
-    grey-scale images (and are averaged back); grey-scale conversion is skipped for them.
+    """DINO's ``DataAugmentationDINO`` as batched ops on the device (:mod:`~crate_transformer.data.augment`) on float
+    images in [0, 1]: two global views (RandomResizedCrop ``global_crops_scale``; view 1 always blurred, view 2
+    blurred with p 0.1 and solarised with p 0.2) and ``local_crops_number`` local views (``local_crops_scale``,
+    blur p 0.5), each with a flip, colour jitter (p 0.8) and grey-scale (p 0.2).  On grey-scale images the colour
+    jitter is brightness and contrast, and grey-scale conversion is skipped.
 
     The default local side is 96/224 of the global side rounded to a ``multiple`` (the patch size).
     ``views`` holds one module per view, ``sizes`` their sides; ``forward(x)`` returns the list of views.
@@ -182,27 +182,20 @@ class MultiCropAugmentation(nn.Module):
 
     def __init__(self, cfg: DINOOptions, global_size: int, channels: int, multiple: int = 1) -> None:
         super().__init__()
-        import kornia.augmentation as K
-
         g = cfg.global_crop_size or global_size
         loc = cfg.local_crop_size or max(multiple, round(g * 96 / 224 / multiple) * multiple)
 
         def view(size: int, scale: Sequence[float], blur: float, solarize: float) -> nn.Module:
-            ops: list[nn.Module] = [K.RandomResizedCrop((size, size), scale=tuple(float(s) for s in scale))]
-            if cfg.flip > 0:
-                ops.append(K.RandomHorizontalFlip(p=cfg.flip))
-            colour: list[nn.Module] = []
+            ops: list[nn.Module] = [A.RandomResizedCropFlip(size, tuple(float(s) for s in scale), flip=cfg.flip)]
             if cfg.color_jitter > 0:
-                colour.append(K.ColorJitter(0.4, 0.4, 0.2, 0.1, p=cfg.color_jitter))
+                ops.append(A.ColorJitter(0.4, 0.4, 0.2, 0.1, p=cfg.color_jitter))
             if cfg.grayscale > 0 and channels == 3:
-                colour.append(K.RandomGrayscale(p=cfg.grayscale))
-            if colour:
-                ops.append(AsRGB(nn.Sequential(*colour)) if channels == 1 else nn.Sequential(*colour))
+                ops.append(A.RandomGrayscale(cfg.grayscale))
             if blur > 0:
                 k = max(3, (size // 10) | 1)  # odd kernel, ~10% of the side as in BYOL/DINO
-                ops.append(K.RandomGaussianBlur((k, k), (0.1, 2.0), p=blur))
+                ops.append(A.GaussianBlur(k, (0.1, 2.0), p=blur))
             if solarize > 0:
-                ops.append(K.RandomSolarize(thresholds=0.0, additions=0.0, p=solarize))
+                ops.append(A.Solarize(solarize))
             return nn.Sequential(*ops)
 
         b1, b2, bl = (float(p) for p in cfg.blur)
@@ -313,7 +306,7 @@ class DINOTask(Task):
         temp = self.teacher_temp(self.step)
         loss = self.criterion(s_out, t_out, temp, n_global=2)
         with torch.no_grad():
-            n = torch.tensor(float(len(views[0])), device=loss.device)
+            n = torch.full((), len(views[0]), dtype=torch.float32, device=loss.device)
             p = torch.softmax((t_out.float() - self.criterion.center) / temp, dim=-1)
             entropy = -(p * p.clamp_min(1e-12).log()).sum(-1).mean()
             std = nn.functional.normalize(t_feat.float(), dim=-1).std(dim=0).mean()  # collapse → 0

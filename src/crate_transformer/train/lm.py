@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from ..config import LANGUAGE_MODEL, Config
 from ..config_utils import Range
+from ..data import to_device
 from ..data.text import TokenBlocks, corpus_files, is_hub_corpus, iter_documents, load_tokens, split_tokens
 from ..lm import LanguageModel, LMConfig, mask_tokens
 from ..registry import build, model_config
@@ -165,7 +166,7 @@ class LMTask(Task):
     # ---------------------------------------------------------------- batches and loss
     def _split(self, blocks: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """``(inputs, targets)`` of windows of ``block_size + 1`` tokens: shifted for clm (eq. (89)), masked for mlm."""
-        blocks = blocks.to(self.rt.device, non_blocking=True)
+        blocks = to_device(blocks, self.rt.device)
         if self.options.objective == "clm":
             return blocks[:, :-1], blocks[:, 1:]
         t = self.tokenizer
@@ -181,8 +182,9 @@ class LMTask(Task):
     def prepare(self, batch: Tensor) -> tuple[Tensor, Tensor]:
         return self._split(batch)
 
-    def weight(self, batch: tuple[Tensor, Tensor]) -> int:
-        return int((batch[1] != -100).sum())
+    def weight(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        """The predicted tokens of a chunk (on the device: counting them on the host would wait for it)."""
+        return (batch[1] != -100).sum()
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         x, y = batch

@@ -104,7 +104,7 @@ def masked_eval(
         with rt.autocast():
             pred, mask = model(x, noise=noise[idx].to(rt.device))[1:]
         masked, visible = _per_image_losses(model, x, pred, mask)
-        sums += torch.stack([masked.sum(), visible.sum(), torch.tensor(float(len(x)), device=rt.device)]).double()
+        sums += torch.stack([masked.sum(), visible.sum(), masked.new_full((), len(x))]).double()
     rt.all_reduce(sums)
     model.train(was)
     n = float(sums[2])
@@ -210,7 +210,7 @@ class MAETask(Task):
         out = model(x)
         with torch.no_grad():
             masked, visible = _per_image_losses(_unwrap(model), x, out.pred.detach(), out.mask)
-            n = torch.tensor(float(len(x)), device=x.device)
+            n = torch.full((), len(x), dtype=torch.float32, device=x.device)
             stats = {"loss": out.loss.detach().float() * n, "visible_loss": visible.sum(), "n": n}
         return out.loss, stats
 

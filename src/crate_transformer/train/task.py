@@ -140,6 +140,9 @@ class Task:
     Options: ClassVar[type | None] = None  # the task's own options (a Config dataclass of task_option fields)
     model_kind: ClassVar[str | None] = None  # the kind of model it trains (a Config.kind), None: any
     shardable: ClassVar[bool] = True  # --strategy fsdp may shard its model (False: the task needs full weights)
+    # the model's method that :meth:`loss` runs by calling the module it is given: the engine routes that call
+    # through DDP (which averages the gradients of its own forward only), FSDP and torch.compile
+    entry: ClassVar[str] = "forward"
     model: nn.Module
     train_data: Any
     cfg: TrainConfig
@@ -212,8 +215,9 @@ class Task:
         """
         raise NotImplementedError
 
-    def weight(self, batch: Any) -> int:
-        """How many units :meth:`loss` averages over (samples by default): the weights of accumulated chunks."""
+    def weight(self, batch: Any) -> int | Tensor:
+        """How many units :meth:`loss` averages over (samples by default): the weights of accumulated chunks (a
+        count known only on the device stays a tensor there)."""
         return len(batch[0])
 
     def chunks(self, batch: Any, n: int) -> list[Any]:
@@ -246,6 +250,11 @@ class Task:
         """The model and data of the run: printed at the start, its ``facts`` recorded in config.yaml."""
         n = sum(p.numel() for p in self.model.parameters())
         return RunSummary(f"{n:,} params", f"on {getattr(self.train_data, 'name', 'data')}")
+
+    def warnings(self, steps: int) -> list[str]:
+        """What would make a run of ``steps`` optimizer steps go nowhere quietly (e.g. a weight EMA that cannot
+        warm up); the engine prints each as a ``warning:`` line before the first step."""
+        return []
 
     def state_dict(self) -> dict:
         """Task state beyond the model's weights that a resume needs (e.g. an EMA teacher)."""
