@@ -41,6 +41,21 @@ def device() -> torch.device:
     return torch.device(TEST_DEVICE)
 
 
+def pytest_terminal_summary(terminalreporter):
+    """The last lines of every session name what was not tested here and why (a missing Chromium, an extra not
+    installed), grouped by reason, even under ``-q``: a skipped browser test is never mistaken for a passed one."""
+    reasons: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    if reasons:
+        terminalreporter.write_sep("=", "not tested on this machine", yellow=True, bold=True)
+        for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"{n} skipped: {reason}", yellow=True)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _one_thread():
     """The suite's tensors are small: one intra-op thread, since OpenMP spin-waits on a shared
