@@ -44,9 +44,10 @@ def task_command(task: str, init_from: bool = False) -> str:
     return TASK_COMMANDS.get(task, f"pretrain {task}")
 
 
-def error_message(e: BaseException, args: argparse.Namespace | None = None) -> str:
+def error_message(e: BaseException, args: argparse.Namespace | None = None, takes_model: bool = False) -> str:
     """``e`` as the CLI says it: a :class:`~crate_transformer.errors.TaskError` names commands, not tasks; a file
-    that needs a model name says how the command at hand (``args``) takes one."""
+    that needs a model name says how the command at hand (``args``; ``takes_model``: it has ``--model``) takes
+    one."""
     from ..errors import TaskError
 
     if isinstance(e, TaskError):
@@ -55,7 +56,7 @@ def error_message(e: BaseException, args: argparse.Namespace | None = None) -> s
 
     if args is not None and isinstance(e, CheckpointError) and _needs_architecture(e):
         names = " or ".join(f"--model {n}" for n in e.examples)
-        if hasattr(args, "model"):
+        if takes_model:
             return f"{e.path} looks like {e.what}, which does not store its architecture; pass {names}"
         return (
             f"{e.path} looks like {e.what}, which does not store its architecture, and crate {args.command} takes "
@@ -126,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
         if os.environ.get("CRATE_DEBUG"):
             raise
-        print(f"crate {args.command}: error: {error_message(e, args)}", file=sys.stderr)
+        takes_model = "--model" in command_parser(parser, args)._option_string_actions
+        print(f"crate {args.command}: error: {error_message(e, args, takes_model)}", file=sys.stderr)
         return 2
     except OSError as e:
         if os.environ.get("CRATE_DEBUG") or e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
