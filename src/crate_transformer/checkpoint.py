@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ._hub import resolve_hub
 from ._registry import arch_info, config_class, model_config, official_formats
-from .base import Model, load_folder, load_weights
+from .base import Model, load_backbone, load_folder, load_weights
 from .config import Config
 from .io import (
     CONFIG_NAME,
@@ -46,6 +46,7 @@ __all__ = [
     "config_from_dict",
     "from_pretrained",
     "from_official",
+    "load_official",
     "load_weights",
     "resolve_hub",
 ]
@@ -69,16 +70,20 @@ def read_config(directory: str | Path) -> Config:
 
 
 def from_pretrained(
-    directory: str | Path, map_location: str | torch.device = "cpu", revision: str | None = None
+    directory: str | Path, map_location: str | torch.device = "cpu", revision: str | None = None, **overrides: object
 ) -> Model:
     """Load a model written by ``model.save_pretrained``, whatever its family (the class its stored ``arch``
     registered): :func:`~crate_transformer.base.load_folder` — a folder, its ``model.safetensors`` or
-    ``config.json``, or ``"hf-hub:ORG/NAME"`` (``revision``: a branch, tag or commit), checksums verified."""
-    return load_folder(directory, lambda arch: arch_info(arch).model_class, map_location, revision)
+    ``config.json``, a finished training run (``RUN/model``), or ``"hf-hub:ORG/NAME"`` (``revision``: a branch,
+    tag or commit), checksums verified.  ``overrides`` change the stored config (timm's names too):
+    ``from_pretrained(RUN, num_classes=3)`` keeps the backbone and gives a fresh 3-class head (logged),
+    ``image_size=`` re-grids the position embedding, ``drop_path=`` / ``drop_path_rate=`` set stochastic depth."""
+    return load_folder(directory, lambda arch: arch_info(arch).model_class, map_location, revision, **overrides)
 
 
 def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: object) -> Model:
-    """Load the authors' checkpoint of a registered model as ``create_model(name, **overrides)``.
+    """Load the authors' checkpoint of a registered model as ``create_model(name, **overrides)``
+    (:func:`load_official`; every weight must fit, the head included).
 
     ``name`` decides the format: the architecture's :class:`~crate_transformer.official.OfficialFormat`
     (``crate_*`` classifiers of the official ``model/crate.py``, ``crate_mae_*`` of ``model/crate_ae``,
@@ -93,6 +98,15 @@ def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: o
     its ``config.json``) replaces the registered sizes by the file's, and an override that contradicts the
     file is an error.
     """
+    return load_official(path_or_state, name, overrides)
+
+
+def load_official(
+    path_or_state: str | Path | Mapping, name: str, overrides: Mapping[str, object], *, new_head: bool = False
+) -> Model:
+    """:func:`from_official`; with ``new_head`` a classifier that does not fit the file's (another
+    ``num_classes``) stays fresh on the loaded backbone, logged (:func:`~crate_transformer.base.load_backbone`:
+    ``create_model(name, pretrained=True, num_classes=3)``)."""
     config = model_config(name, **overrides)
     fmt = arch_info(config.arch).official
     if fmt is None:
@@ -119,7 +133,10 @@ def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: o
             stacklevel=2,
         )
         native.update({k: v for k, v in model.state_dict().items() if k.startswith(tuple(missing))})
-    load_weights(model, native, source=source)
+    if new_head:
+        load_backbone(model, native, source)
+    else:
+        load_weights(model, native, source=source)
     return model
 
 

@@ -45,6 +45,8 @@ __all__ = [
     "CONFIG_NAME",
     "WEIGHTS_NAME",
     "TOKENIZER_NAME",
+    "RUN_MODEL_DIR",
+    "is_saved_model",
     "CheckpointError",
     "WriteError",
     "atomic_write",
@@ -68,6 +70,7 @@ __all__ = [
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 TOKENIZER_NAME = "tokenizer.json"
+RUN_MODEL_DIR = "model"  # a training run's final save_pretrained folder, inside the run folder
 # the weights' metadata key holding json_sha256 of each JSON file of a saved model: the config and the extra files
 # the families write (``Model.extra_files``); a file named here that a save does not write is removed from the folder
 FILE_DIGESTS = {CONFIG_NAME: "config_sha256", TOKENIZER_NAME: "tokenizer_sha256"}
@@ -472,10 +475,30 @@ def read_model_json(directory: str | Path, name: str) -> tuple[str, Any]:
 
 
 # --------------------------------------------------------------------------- save_pretrained
+def is_saved_model(path: str | Path) -> bool:
+    """Whether ``path`` is a folder this package's ``save_pretrained`` wrote (its ``config.json`` names the package
+    version), as opposed to the authors' folders (a Hugging Face ``config.json`` beside their weights)."""
+    config = Path(path) / CONFIG_NAME
+    try:
+        return config.is_file() and '"crate_transformer_version"' in config.read_text(encoding="utf-8")[:200]
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def model_dir(path: str | Path) -> Path:
-    """The ``save_pretrained`` folder of ``path``: the folder itself, or the folder of its
-    ``model.safetensors`` / ``config.json`` when one of those files is given."""
+    """The ``save_pretrained`` folder of ``path``: the folder itself, the folder of its ``model.safetensors`` /
+    ``config.json`` when one of those files is given, or a finished training run's final model (``RUN/model``).
+    A run still training holds no such folder yet: the error names ``ct.load_model``, which reads its latest
+    training state."""
     path = Path(path)
+    if path.is_dir() and not (path / CONFIG_NAME).is_file():
+        if (path / RUN_MODEL_DIR / CONFIG_NAME).is_file():
+            return path / RUN_MODEL_DIR
+        if (path / "checkpoints").is_dir():
+            raise CheckpointError(
+                f"{path} is a training run without its final {RUN_MODEL_DIR}/ yet (still training, or interrupted); "
+                "ct.load_model(RUN) loads its latest training state"
+            )
     if path.is_file():
         if path.name in (WEIGHTS_NAME, CONFIG_NAME):
             return path.parent

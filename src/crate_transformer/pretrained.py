@@ -34,9 +34,9 @@ from ._hub import (
     push_to_hub,
     write_hub_folder,
 )
-from ._registry import ZOO, PretrainedSource, list_pretrained, official_formats, pretrained_source
-from .checkpoint import from_official
-from .io import CheckpointError
+from ._registry import ZOO, PretrainedSource, list_pretrained, model_config, official_formats, pretrained_source
+from .checkpoint import from_pretrained, load_official
+from .io import RUN_MODEL_DIR, CheckpointError, is_saved_model
 from .spec import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = [
@@ -109,15 +109,39 @@ def cached_file(name: str, cache_dir: str | Path | None = None) -> Path | None:
 def load_pretrained(
     name: str, pretrained_file: str | Path | None = None, cache_dir: str | Path | None = None, **overrides: object
 ) -> torch.nn.Module:
-    """``create_model(name, **overrides)`` with released weights: ``pretrained_file`` if given, else the
-    zoo's file (:func:`download`), read by ``from_official(file, name, **overrides)``."""
+    """``create_model(name, **overrides)`` with released weights: ``pretrained_file`` if given — the authors'
+    file (read by ``from_official(file, name, **overrides)``) or a folder this package wrote (a
+    ``save_pretrained`` folder or a finished run, read by ``from_pretrained``; it must hold ``name``'s
+    architecture) — else the zoo's file (:func:`download`).  A ``num_classes`` other than the file's keeps the
+    backbone and gives a fresh head, logged (timm's fine-tuning start)."""
+    new_head = "num_classes" in overrides
+    if pretrained_file is not None and Path(pretrained_file).expanduser().is_dir():
+        folder = Path(pretrained_file).expanduser()
+        if is_saved_model(folder) or is_saved_model(folder / RUN_MODEL_DIR):
+            return _saved_folder(name, folder, overrides)
     if pretrained_file is None:
         path = download(name, cache_dir=cache_dir)
     else:
         path = Path(pretrained_file).expanduser()
-        if not path.is_file():
-            raise CheckpointError(f"pretrained_file not found: {path}; pass the path of the downloaded file")
-    model = from_official(path, name, **overrides)
+        if not path.exists():
+            raise CheckpointError(
+                f"pretrained_file not found: {path}; pass the path of the downloaded file or of a model folder"
+            )
+    model = load_official(path, name, overrides, new_head=new_head)
     entry = dataclasses.asdict(ZOO[name]) if name in ZOO and pretrained_file is None else {"name": name}
     model.pretrained_cfg = {**entry, "file": str(path)}
+    return model
+
+
+def _saved_folder(name: str, folder: Path, overrides: dict) -> torch.nn.Module:
+    """``create_model(name, pretrained_file=folder)`` for a folder this package wrote: ``from_pretrained`` with
+    ``overrides``, refused when it holds another architecture than ``name``'s."""
+    want = model_config(name).arch
+    model = from_pretrained(folder, **overrides)
+    if model.config.arch != want:
+        raise CheckpointError(
+            f"{folder} holds a {model.config.arch!r} model, not {name}'s {want!r}; load it with "
+            f"ct.from_pretrained({str(folder)!r})"
+        )
+    model.pretrained_cfg = {"name": name, "folder": str(folder)}
     return model

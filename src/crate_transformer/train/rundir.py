@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..io import atomic_write, load_state, save_state
+from ..io import RUN_MODEL_DIR, atomic_write, load_state, save_state
 from .trackers import Tracker, open_trackers
 
 __all__ = [
@@ -38,7 +38,7 @@ __all__ = [
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT = Path("checkpoints") / "last.pt"
-MODEL_DIR = "model"  # the final save_pretrained folder of a run
+MODEL_DIR = RUN_MODEL_DIR  # the final save_pretrained folder of a run
 LOCK_FILE = ".lock"
 
 
