@@ -116,7 +116,19 @@ def test_no_module_of_the_package_is_on_an_import_cycle():
 
 
 LAYERS = [  # lowest first; a module may import its own layer and the ones before it
-    {"_version", "errors", "config_utils", "config", "io", "objectives", "operators", "official", "spec", "tokenizer"},
+    {
+        "_version",
+        "errors",
+        "config_utils",
+        "config",
+        "io",
+        "objectives",
+        "operators",
+        "official",
+        "spec",
+        "tokenizer",
+        "runfiles",
+    },
     {"_hub"},
     {"base"},
     {"_registry"},

@@ -300,6 +300,7 @@ def load_folder(
     Hugging Face cache.  The weights' SHA-256 (stored in the safetensors header since 0.2) and the checksums of
     ``config.json`` and the extra files stored beside it are verified: a flipped byte in any of them raises
     :class:`~crate_transformer.io.CheckpointError` ("... is corrupt"); older files without a checksum load.
+    The model comes back in eval mode, as from every loader.
     """
     directory = model_dir(resolve_hub(path, revision))
     data = read_config_dict(directory)
@@ -317,4 +318,4 @@ def load_folder(
     model.load_extra_files(directory, meta)
     if is_hub_spec(path):
         model.pretrained_cfg = {"source": path, "revision": revision, "folder": str(directory)}
-    return model.to(map_location)
+    return model.to(map_location).eval()

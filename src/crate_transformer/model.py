@@ -502,7 +502,8 @@ def _check_classifier(config: Any) -> None:
     if config.arch != "crate" or (config.attention, config.mlp) != ("mssa", "ista"):
         raise ValueError(
             f"official CRATE checkpoints have MSSA + ISTA layers, not arch={config.arch!r}, "
-            f"attention={config.attention!r}, mlp={config.mlp!r}; drop those overrides"
+            f"attention={config.attention!r}, mlp={config.mlp!r}; pass a CRATE classifier name such as crate_small, "
+            "without overrides of arch, attention or mlp"
         )
 
 

@@ -33,7 +33,7 @@ from ._hub import (
     write_hub_folder,
 )
 from ._registry import ZOO, PretrainedSource, list_pretrained, official_formats, pretrained_source
-from .checkpoint import from_official
+from .checkpoint import from_official, load_model
 from .io import CheckpointError
 from .spec import IMAGENET_MEAN, IMAGENET_STD
 
@@ -113,15 +113,22 @@ def cached_file(name: str, cache_dir: str | Path | None = None) -> Path | None:
 def load_pretrained(
     name: str, pretrained_file: str | Path | None = None, cache_dir: str | Path | None = None, **overrides: object
 ) -> torch.nn.Module:
-    """``create_model(name, **overrides)`` with released weights: ``pretrained_file`` if given, else the
-    zoo's file (:func:`download`), read by ``from_official(file, name, **overrides)``."""
+    """``create_model(name, **overrides)`` with released weights, in eval mode: the zoo's file (:func:`download`),
+    read by ``from_official(file, name, **overrides)``; or ``pretrained_file``: an authors' file, a downloaded Hub
+    folder of one, or this package's own model (a ``save_pretrained`` folder, a run, a training state), read by
+    :func:`~crate_transformer.checkpoint.load_model` (whose stored config must agree with ``name`` and
+    ``overrides``)."""
     if pretrained_file is None:
         path = download(name, cache_dir=cache_dir)
+        model = from_official(path, name, **overrides)
     else:
         path = Path(pretrained_file).expanduser()
-        if not path.is_file():
-            raise CheckpointError(f"pretrained_file not found: {path}; pass the path of the downloaded file")
-    model = from_official(path, name, **overrides)
+        if not path.exists():
+            raise CheckpointError(
+                f"pretrained_file not found: {path}; pass the downloaded file or folder (or a model saved by this "
+                "package)"
+            )
+        model = load_model(path, name, **overrides)
     entry = dataclasses.asdict(ZOO[name]) if name in ZOO and pretrained_file is None else {"name": name}
     model.pretrained_cfg = {**entry, "file": str(path)}
     return model

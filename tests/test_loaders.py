@@ -1,0 +1,179 @@
+"""Loaders that mislead (issue 29): every loader returns an eval-mode model, ``pretrained_file=`` takes what the other
+loaders take, the old import paths keep working, the docs name what exists, and a file read under the wrong loader
+or the wrong name is refused naming the right one."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+import tiny
+import torch
+from official.crate import OfficialCRATE
+from official.crate_alpha_official import CRATE as OfficialCRATEAlpha
+from official.crate_bert_hf import CrateConfig, CrateForMaskedLM
+from test_bert_release import OURS as BERT_OURS
+from test_bert_release import TINY as BERT_TINY
+from test_bert_release import _randomise, _save_as_port
+
+import crate_transformer as ct
+from crate_transformer.checkpoint import CheckpointError
+
+TINY = tiny.IMAGE
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def official_file(path: Path) -> tuple[OfficialCRATE, Path]:
+    """A tiny official ``model/crate.py`` classifier saved as the official main.py does."""
+    torch.manual_seed(0)
+    off = OfficialCRATE(**TINY).eval()
+    torch.save({"epoch": 1, "state_dict": {"module." + k: v for k, v in off.state_dict().items()}}, path)
+    return off, path
+
+
+def trained_run(tmp_path: Path, with_model: bool = True) -> tuple[ct.Model, Path]:
+    """A run folder as ``crate train`` leaves it: ``model/`` and ``checkpoints/last.pt`` (or only the state)."""
+    m = ct.create_model("crate_tiny", **TINY, dropout=0.3)
+    run = tmp_path / "run"
+    if with_model:
+        m.save_pretrained(run / "model")
+    (run / "checkpoints").mkdir(parents=True)
+    torch.save({"model_config": m.config.to_dict(), "model": m.state_dict(), "step": 3}, run / "checkpoints/last.pt")
+    return m, run
+
+
+def in_eval_mode(model: torch.nn.Module) -> bool:
+    return not any(m.training for m in model.modules())
+
+
+# --------------------------------------------------------------------------- eval mode
+def test_every_loader_returns_eval_mode(tmp_path, hub_cache):
+    """Dropout off after every loader (CRATE-BERT's 0.1 made two calls differ by up to 5.9 before)."""
+    port = _randomise(CrateForMaskedLM(CrateConfig(**BERT_TINY)), 0)
+    folder = _save_as_port(port, tmp_path / "bert", "safetensors")
+    bert = ct.from_official(folder, "crate_bert_base")
+    ids = torch.randint(3, 50, (2, 9))
+    with torch.no_grad():
+        assert in_eval_mode(bert) and torch.equal(bert(ids), bert(ids))
+    off, f = official_file(tmp_path / "off.pth")
+    m, run = trained_run(tmp_path)
+    loaded = {
+        "from_official": ct.from_official(f, "crate_tiny", **TINY),
+        "create_model(pretrained_file)": ct.create_model("crate_tiny", pretrained_file=f, **TINY),
+        "ct.from_pretrained": ct.from_pretrained(run / "model"),
+        "Family.from_pretrained": ct.CRATE.from_pretrained(run / "model"),
+        "load_model(folder)": ct.load_model(run / "model"),
+        "load_model(run)": ct.load_model(run),
+        "load_model(state)": ct.load_model(run / "checkpoints/last.pt"),
+        "load_model(official)": ct.load_model(f, "crate_tiny", **TINY),
+        "load_model(as_classifier)": ct.load_model(run, as_classifier=True),
+    }
+    assert {k: in_eval_mode(v) for k, v in loaded.items()} == dict.fromkeys(loaded, True)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(loaded["load_model(run)"](x), loaded["load_model(run)"](x))  # dropout 0.3 is off
+
+
+# --------------------------------------------------------------------------- pretrained_file takes every source
+def test_pretrained_file_takes_a_downloaded_hub_folder_and_this_packages_models(tmp_path):
+    off, f = official_file(tmp_path / "off.pth")
+    hub_folder = tmp_path / "downloaded"
+    hub_folder.mkdir()
+    torch.save(off.state_dict(), hub_folder / "pytorch_model.bin")  # what a Hub repository of the weights holds
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        want = off(x)
+        got = ct.create_model("crate_tiny", pretrained_file=hub_folder, **TINY)(x)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        m, run = trained_run(tmp_path)
+        m.eval()
+        for source in (run / "model", run, run / "checkpoints/last.pt"):
+            model = ct.create_model("crate_tiny", pretrained_file=source, **TINY, dropout=0.3)
+            assert torch.equal(model(x), m(x)), source
+            assert model.pretrained_cfg == {"name": "crate_tiny", "file": str(source)}
+    with pytest.raises(CheckpointError, match=r"dim=576 \(checkpoint: 32\)"):
+        ct.create_model("crate_small", pretrained_file=run / "model")  # a stored config that disagrees with the name
+
+
+# --------------------------------------------------------------------------- this package's files under from_official
+def test_from_official_on_this_packages_own_files_names_the_loader(tmp_path):
+    _, run = trained_run(tmp_path)
+    state_only = trained_run(tmp_path / "running", with_model=False)[1]
+    for source, what in [
+        (run / "model", "a save_pretrained folder of this package"),
+        (state_only, "a run folder of this package"),
+        (run / "checkpoints/last.pt", "a training state of this package"),
+        (run / "model" / "model.safetensors", "the weights of a save_pretrained folder of this package"),
+    ]:
+        with pytest.raises(CheckpointError, match=f"{what}.*load it with load_model\\(path\\)") as e:
+            ct.from_official(source, "crate_tiny", **TINY)
+        assert "\n" not in str(e.value) and "matches no" not in str(e.value)
+
+
+def test_a_file_under_another_formats_name_names_a_model_of_its_format(tmp_path):
+    """A CRATE-α file under crate_alpha_mnist (arch crate + ODL, the ablation) named crate_alpha_base16."""
+    alpha = OfficialCRATEAlpha(**TINY, dim_head=8).state_dict()
+    with pytest.raises(CheckpointError, match=r"it is a CRATE-α checkpoint: pass a matching name, e.g. crate_alpha_base16$"):
+        ct.from_official(alpha, "crate_alpha_mnist")
+    with pytest.raises(CheckpointError, match=r"no authors' format\).*e.g. crate_alpha_base16$"):
+        ct.from_official(alpha, "vit_tiny")  # an architecture without an authors' format
+
+
+# --------------------------------------------------------------------------- old import paths
+def test_the_loaders_and_converters_import_from_their_former_paths():
+    from crate_transformer import checkpoint, official
+    from crate_transformer.train import load
+
+    assert checkpoint.load_model is load.load_model is ct.load_model
+    for name in ("native_to_official", "official_to_native", "mae_native_to_official", "mae_official_to_native"):
+        assert getattr(checkpoint, name) is getattr(official, name), name
+    assert checkpoint.MAE_KEY_MAP is official.MAE_KEY_MAP and checkpoint.CLASSIFIER_KEY_MAP is official.CLASSIFIER_KEY_MAP
+
+
+# module prefixes the docs use for this package's modules ("config.", "io." and "model." are also the names of
+# objects and of Python's io, so only their fully qualified forms are checked)
+_SHORT = {"official", "checkpoint", "pretrained", "registry", "base", "analysis", "mae", "lm", "alpha", "bert",
+          "runfiles", "_hub", "_registry", "data", "train", "probe", "dino", "theory", "operators", "objectives",
+          "spec", "tokenizer"}  # fmt: skip
+_NOT_NAMES = {"train.loss"}  # an MLflow metric name
+_NAME = re.compile(r"`((?:ct|crate_transformer|[a-z_]+)(?:\.[A-Za-z_]\w*)+)(?:\(|`)")
+_FILE_SUFFIXES = (".py", ".md", ".json", ".safetensors", ".yaml", ".pt", ".pth", ".csv", ".html", ".jsonl", ".txt")
+
+
+def _resolves(dotted: str) -> bool | None:
+    """Whether a dotted name of the package exists (None: not a name of this package)."""
+    parts = dotted.split(".")
+    if parts[0] == "ct":
+        parts[0] = "crate_transformer"
+    elif parts[0] != "crate_transformer":
+        if parts[0] not in _SHORT or dotted in _NOT_NAMES:
+            return None
+        parts = ["crate_transformer", *parts]
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+            break
+        except ModuleNotFoundError:
+            continue
+    for attr in parts[i:]:
+        if not hasattr(obj, attr):
+            return False
+        obj = getattr(obj, attr)
+    return True
+
+
+def test_every_package_name_the_docs_give_exists():
+    """`official.mae_native_to_official`, `ct.load_model`, ... in the pages and the README resolve (the changelog
+    keeps the names of its day)."""
+    pages = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
+    missing = [
+        f"{page.name}: {m.group(1)}"
+        for page in pages
+        for m in _NAME.finditer(page.read_text(encoding="utf-8"))
+        if not m.group(1).endswith(_FILE_SUFFIXES) and _resolves(m.group(1)) is False
+    ]
+    assert not missing, missing
+    assert _resolves("official.mae_native_to_official") and _resolves("checkpoint.MAE_KEY_MAP")
+    assert _resolves("official.no_such_name") is False
