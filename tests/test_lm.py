@@ -129,6 +129,35 @@ def test_cached_and_uncached_generation_agree_also_past_the_context(arch: str) -
     assert model.training  # the mode is restored
 
 
+def test_generation_runs_the_head_on_the_last_token_only() -> None:
+    """The prompt's pass maps only its last token to logits (a V × d product per sequence, not per prompt token)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = build_lm(LMConfig(**TINY)).eval()
+    prompt = torch.randint(0, 262, (2, 12))
+
+    def flops(fn) -> int:
+        with torch.no_grad(), FlopCounterMode(display=False) as fc:
+            fn()
+        return fc.get_total_flops()
+
+    head = 2 * 2 * TINY["dim"] * TINY["vocab_size"]  # one token per sequence
+    assert flops(lambda: model.generate(prompt, 1)) == flops(lambda: model.forward_features(prompt)) + head
+
+
+def test_generation_keeps_the_step_matrices_between_calls() -> None:
+    """An eval-mode model generating twice builds ISTA's A once (generate switches modes only if it must)."""
+    model = build_lm(LMConfig(**TINY)).eval()
+    prompt = torch.randint(0, 262, (1, 4))
+    model.generate(prompt, 3)
+    kept = [layer.ista._kept[2] for layer in model.layers]
+    model.generate(prompt, 3)
+    assert all(layer.ista._kept[2] is a for layer, a in zip(model.layers, kept))
+    model.train()
+    model.generate(prompt, 3)
+    assert model.training and all(layer.ista._kept is None for layer in model.layers)
+
+
 def test_crate_caches_one_tensor_per_layer_and_gpt_two() -> None:
     crate_m, gpt_m = build_lm(LMConfig(**TINY)), build_lm(LMConfig(arch="gpt", **TINY))
     x = torch.randint(0, 262, (1, 10))

@@ -7,6 +7,7 @@ made: a value out of range or not finite is a one-line error naming the option, 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -238,11 +239,17 @@ def test_analyze_never_replaces_an_earlier_report_without_overwrite(
 ) -> None:
     corpus = tmp_path / "c.txt"
     corpus.write_text("".join(f"line {i}: the value of x is {i * i}.\n" for i in range(200)))
+    model = Path(shutil.copytree(lm_dir, tmp_path / "m"))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    base = ["analyze", str(model), "--data", str(corpus), "--num-blocks", "4", "--batch-size", "4"]
+    assert cli.main(base) == 0 and cli.main(base) == 0  # m/analysis, then m/analysis-2: nothing replaced
+    assert f"wrote {model / 'analysis-2' / 'report.html'}" in capsys.readouterr().out
+    assert (model / "analysis" / "report.json").is_file() and (model / "analysis-2" / "report.json").is_file()
+    assert not any((tmp_path / "elsewhere").iterdir())  # nothing in the folder the command ran from
     monkeypatch.chdir(tmp_path)
-    base = ["analyze", str(lm_dir), "--data", str(corpus), "--num-blocks", "4", "--batch-size", "4"]
-    assert cli.main(base) == 0 and cli.main(base) == 0  # ./analysis, then ./analysis-2: nothing replaced
+    assert cli.main([*base, "--out", "analysis"]) == 0  # --out chooses another place
     first = (tmp_path / "analysis" / "report.json").read_text()
-    assert (tmp_path / "analysis-2" / "report.json").is_file()
     err = one_line_error(capsys, *base, "--out", "analysis")
     assert "--out analysis is not empty; pass --overwrite" in err
     assert (tmp_path / "analysis" / "report.json").read_text() == first
@@ -251,6 +258,22 @@ def test_analyze_never_replaces_an_earlier_report_without_overwrite(
     assert cli.main([*base, "--out", "analysis", "--overwrite"]) == 0
     assert not (tmp_path / "analysis" / "stale.png").exists()  # an earlier figure is not left beside the report
     assert (tmp_path / "analysis" / "mine.txt").read_text() == "mine"  # files of others stay
+
+
+def test_reports_go_inside_what_they_describe(tmp_path: Path) -> None:
+    from crate_transformer.cli.common import report_home
+
+    run, model = tmp_path / "run", tmp_path / "run" / "model"
+    model.mkdir(parents=True)
+    (run / "config.yaml").write_text("task: classification\n")
+    (run / "checkpoints").mkdir()
+    (tmp_path / "loose").mkdir()
+    assert report_home(run) == run and report_home(model) == model
+    assert report_home(model / "model.safetensors") == model
+    assert report_home(run / "checkpoints" / "last.pt") == run  # a training state: its run
+    assert report_home(tmp_path / "loose" / "last.pt") == tmp_path / "loose" / "last"  # not in a run
+    assert report_home(tmp_path / "crate_small.pth") == tmp_path / "crate_small"  # an official file: beside it
+    assert report_home("hf-hub:my-org/crate-small") == Path("my-org--crate-small")  # not in the Hub cache
 
 
 # --------------------------------------------------------------------------- the wrong kind of model for a command

@@ -35,6 +35,7 @@ from .objectives import (
     subspace_coding_rate,
     subspace_coding_rate_grad,
     subspaces_from_qkv,
+    variational_coding_rate,
 )
 from .pretrained import list_pretrained
 from .registry import create_model, list_models, model_config
@@ -89,4 +90,5 @@ __all__ = [
     "sparsity",
     "l1_per_entry",
     "subspaces_from_qkv",
+    "variational_coding_rate",
 ]

@@ -433,18 +433,23 @@ class LanguageModel(Model):
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         self.check_tokens(idx[:, -c.block_size :])
         was_training = self.training
-        self.eval()
+        if was_training:  # a switch drops what the layers keep between forwards (ISTA's step matrix)
+            self.eval()
         cache, steps = None, []
+
+        def next_logits(ids: Tensor, cache: list[dict[str, Tensor]] | None) -> Tensor:
+            return self.forward_head(self.forward_features(ids, cache)[:, -1])  # the head on the last token only
+
         try:
             for _ in range(max_new_tokens):
                 window = idx[:, -c.block_size :]
                 if not use_cache:
-                    logits = self(window)[:, -1]
+                    logits = next_logits(window, None)
                 elif cache is None or _cached_length(cache) >= c.block_size:
                     cache = self.new_cache()
-                    logits = self(window, cache)[:, -1]
+                    logits = next_logits(window, cache)
                 else:
-                    logits = self(idx[:, -1:], cache)[:, -1]
+                    logits = next_logits(idx[:, -1:], cache)
                 steps.append(logits)
                 nxt = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
                 idx = torch.cat([idx, nxt], dim=1)
@@ -453,7 +458,8 @@ class LanguageModel(Model):
                 if eos_id is not None and bool((nxt == eos_id).all()):
                     break
         finally:
-            self.train(was_training)
+            if was_training:
+                self.train()
         if return_logits:
             return idx, torch.stack(steps, 1) if steps else idx.new_zeros(idx.shape[0], 0, c.vocab_size).float()
         return idx

@@ -112,6 +112,10 @@ class ClassificationTask(Task):
         if ctx.step > 0:
             self.ema.update(ctx.model)
 
+    def warnings(self, steps: int) -> list[str]:
+        warning = self.ema.warmup_warning(steps) if self.ema is not None else None
+        return [warning] if warning else []
+
     def state_dict(self) -> dict:
         return {"ema": self.ema.module.state_dict()} if self.ema is not None else {}
 

@@ -189,7 +189,8 @@ class _Loop:
         self.hooks = [*hooks, *task.hooks()]
         self.fixed = task.fixed_batch() if self.hooks else None
         self.model_cfg = self.raw.config.to_dict() if hasattr(self.raw, "config") else {}
-        _start_run(cfg, task, rt, run, self.model_cfg, self.steps_per_epoch, self.total, self.ts, state is not None)
+        _start_run(cfg, task, rt, run, self.model_cfg, self.steps_per_epoch, self.total, self.last, self.ts,
+                   state is not None)  # fmt: skip
         self.window: dict[str, torch.Tensor] = {}
         self.t_window = time.time()
         self.watch = SlowdownWatch()  # step time without evaluation, hooks and checkpoints
@@ -531,10 +532,12 @@ def _start_run(
     model_cfg: dict,
     steps: int,
     total: int,
+    last: int,
     ts: TrainState,
     resumed: bool,
 ) -> None:
-    """Write config.yaml (with the derived sizes), start metrics.jsonl, and print what is about to run."""
+    """Write config.yaml (with the derived sizes), start metrics.jsonl, and print what is about to run (and the
+    task's warnings about a run that ends at step ``last``)."""
     about = task.describe()
     what = cfg.model or Path(str(cfg.init_from or "model")).name
     line = f"{about.verb or task.name} {what} ({about.model}) {about.data}"
@@ -554,6 +557,8 @@ def _start_run(
         f"device {rt.device}, {threads} CPU thread" + ("s" if threads > 1 else "")
         + (f", resuming at step {ts.step}" if resumed else "") + f"\nrun directory: {run.path}"
     )  # fmt: skip
+    for warning in task.warnings(last):
+        rt.log(f"warning: {warning}")
 
 
 def _window_record(

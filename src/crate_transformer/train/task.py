@@ -255,6 +255,11 @@ class Task:
         n = sum(p.numel() for p in self.model.parameters())
         return RunSummary(f"{n:,} params", f"on {getattr(self.train_data, 'name', 'data')}")
 
+    def warnings(self, steps: int) -> list[str]:
+        """What would make a run of ``steps`` optimizer steps go nowhere quietly (e.g. a weight EMA that cannot
+        warm up); the engine prints each as a ``warning:`` line before the first step."""
+        return []
+
     def state_dict(self) -> dict:
         """Task state beyond the model's weights that a resume needs (e.g. an EMA teacher)."""
         return {}
