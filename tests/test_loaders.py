@@ -4,13 +4,18 @@ or the wrong name is refused naming the right one."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import importlib
+import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 import tiny
 import torch
+from hubcache import blob_of, flip_bytes, put_in_hub_cache
 from official.crate import OfficialCRATE
 from official.crate_alpha_official import CRATE as OfficialCRATEAlpha
 from official.crate_bert_hf import CrateConfig, CrateForMaskedLM
@@ -18,7 +23,9 @@ from test_bert_release import TINY as BERT_TINY
 from test_bert_release import _randomise, _save_as_port
 
 import crate_transformer as ct
+from crate_transformer import pretrained
 from crate_transformer.checkpoint import CheckpointError
+from crate_transformer.cli import main
 
 TINY = tiny.IMAGE
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,3 +185,88 @@ def test_every_package_name_the_docs_give_exists():
     assert not missing, missing
     assert _resolves("official.mae_native_to_official") and _resolves("checkpoint.MAE_KEY_MAP")
     assert _resolves("official.no_such_name") is False
+
+
+# --------------------------------------------------------------------------- the Hugging Face cache, content checked
+def _alpha_release(hub_cache: Path, tmp_path: Path) -> tuple[torch.nn.Module, Path, int]:
+    """The zoo's crate_alpha_base16 entry with a tiny authors' file in the cache: ``(the authors' module, the blob,
+    the offset of the first layer's qkv weight in it)``."""
+    torch.manual_seed(0)
+    off = OfficialCRATEAlpha(**TINY, dim_head=8).eval()
+    torch.save(off.state_dict(), tmp_path / "b16.pth")
+    src = pretrained.ZOO["crate_alpha_base16"]
+    storage = put_in_hub_cache(hub_cache, src.repo_id, {src.filename: tmp_path / "b16.pth"})
+    blob = blob_of(storage, src.filename)
+    weight = off.state_dict()["transformer.layers.0.0.fn.qkv.weight"].numpy().tobytes()
+    return off, blob, blob.read_bytes().index(weight)
+
+
+def test_a_corrupt_release_in_the_hub_cache_is_refused_naming_the_file_and_the_fix(hub_cache, tmp_path, capsys):
+    """50 bytes flipped inside a weight of the cached crate_alpha_B16.pth blob loaded silently, logits off; the blob's
+    name is its SHA-256, so the load now checks it, and ``crate models --pretrained`` no longer calls it cached."""
+    off, blob, at = _alpha_release(hub_cache, tmp_path)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert (ct.create_model("crate_alpha_base16", pretrained=True, **TINY)(x) - off(x)).abs().max() < 1e-5
+    assert pretrained.cache_status("crate_alpha_base16")[0] == "cached"
+    flip_bytes(blob, at + 8)
+    assert torch.load(blob, weights_only=True)  # still a readable checkpoint: only the hash tells
+    with pytest.raises(CheckpointError) as e:
+        ct.create_model("crate_alpha_base16", pretrained=True, **TINY)
+    msg = str(e.value)
+    assert "\n" not in msg and str(blob) in msg and "is corrupt" in msg and "torch/crate_alpha_B16.pth" in msg
+    assert "delete it and load again" in msg and "download('crate_alpha_base16', force_download=True)" in msg
+    assert f"the Hub's is {blob.name[:12]}" in msg
+    assert pretrained.cache_status("crate_alpha_base16") == ("corrupt", msg)
+    assert pretrained.cached_file("crate_alpha_base16") is None
+    main(["models", "--pretrained", "crate_alpha_*"])
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[2] for line in out.splitlines()[1:3]}
+    assert rows == {"crate_alpha_base16": "corrupt", "crate_alpha_large14": "download"} and msg in out
+    blob.unlink()  # what the message says: the next load fetches it again (offline here: says it is not cached)
+    with pytest.raises(CheckpointError, match="is not in the Hugging Face cache"):
+        ct.create_model("crate_alpha_base16", pretrained=True, **TINY)
+
+
+def test_every_file_read_from_the_hub_cache_is_checked(hub_cache, tmp_path, monkeypatch):
+    """A release's companion file (a git blob: named by git's SHA-1) and every file of an ``hf-hub:`` model."""
+    port = _randomise(CrateForMaskedLM(CrateConfig(**BERT_TINY)), 0)
+    folder = _save_as_port(port, tmp_path / "port", "bin")
+    entry = dataclasses.replace(pretrained.ZOO["crate_bert_base"], repo_id="test-org/port")
+    monkeypatch.setitem(pretrained.ZOO, "crate_bert_base", entry)
+    storage = put_in_hub_cache(hub_cache, "test-org/port", {f.name: f for f in folder.iterdir()})
+    assert len(blob_of(storage, "config.json").name) == 40 and len(blob_of(storage, "pytorch_model.bin").name) == 64
+    assert in_eval_mode(ct.create_model("crate_bert_base", pretrained=True))
+    flip_bytes(blob_of(storage, "config.json"), 2, 1)
+    with pytest.raises(CheckpointError, match=r"crate_bert_base: config\.json of test-org/port in the Hugging Face "
+                       r"cache is corrupt: .* has git-sha1 \w+…, the Hub's is"):  # fmt: skip
+        ct.create_model("crate_bert_base", pretrained=True)
+    model = ct.create_model("crate_tiny", **TINY)
+    saved = model.save_pretrained(tmp_path / "mine")
+    storage = put_in_hub_cache(hub_cache, "me/tiny", {f.name: f for f in saved.iterdir()})
+    assert ct.from_pretrained("hf-hub:me/tiny").config == model.config
+    for name in ("model.safetensors", "config.json"):
+        blob = blob_of(storage, name)
+        good = blob.read_bytes()
+        flip_bytes(blob, len(good) - 20, 1)  # a weight's last bytes / the end of the JSON
+        with pytest.raises(
+            CheckpointError, match=f"hf-hub:me/tiny: {name} in the Hugging Face cache is corrupt: {blob}"
+        ):
+            ct.load_model("hf-hub:me/tiny")
+        blob.write_bytes(good)
+
+
+def test_a_published_checksum_is_checked_also_in_a_cache_without_links(hub_cache, tmp_path, monkeypatch):
+    """A cache that holds copies (no symlinks: Windows without developer mode) names nothing by its hash; the zoo's
+    published SHA-256, where an entry states one, is then the check."""
+    off, blob, at = _alpha_release(hub_cache, tmp_path)
+    pointer = next((blob.parent.parent / "snapshots").rglob("crate_alpha_B16.pth"))
+    os.unlink(pointer)
+    shutil.move(blob, pointer)  # the bytes under the file's own name, as huggingface_hub writes without symlinks
+    good = hashlib.sha256(pointer.read_bytes()).hexdigest()
+    src = pretrained.ZOO["crate_alpha_base16"]
+    monkeypatch.setitem(pretrained.ZOO, src.name, dataclasses.replace(src, sha256=good))
+    assert in_eval_mode(ct.create_model("crate_alpha_base16", pretrained=True, **TINY))
+    flip_bytes(pointer, at + 8)
+    with pytest.raises(CheckpointError, match=f"{pointer} has sha256 \\w+…, the published one is {good[:12]}…"):
+        ct.create_model("crate_alpha_base16", pretrained=True, **TINY)
