@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
+import json
 import os
 import re
 import shutil
@@ -26,6 +27,7 @@ import crate_transformer as ct
 from crate_transformer import pretrained
 from crate_transformer.checkpoint import CheckpointError
 from crate_transformer.cli import main
+from crate_transformer.io import CONFIG_NAME, FILE_DIGESTS, WEIGHTS_NAME, json_sha256, save_safetensors
 
 TINY = tiny.IMAGE
 ROOT = Path(__file__).resolve().parents[1]
@@ -270,3 +272,144 @@ def test_a_published_checksum_is_checked_also_in_a_cache_without_links(hub_cache
     flip_bytes(pointer, at + 8)
     with pytest.raises(CheckpointError, match=f"{pointer} has sha256 \\w+…, the published one is {good[:12]}…"):
         ct.create_model("crate_alpha_base16", pretrained=True, **TINY)
+
+
+# --------------------------------------------------------------------------- hyperparameters a file does not store
+WIDTH, HEADS = 48, 3  # 3 heads of 16: U is one (48 × 48) matrix, which also reads as 12 heads of 4 (crate_small's K)
+IMG = dict(image_size=32, patch_size=8)
+IMG_SIZES = dict(**IMG, depth=2)  # what the files fix beside the width
+
+
+def _classifier_file(tmp_path: Path) -> tuple[object, str, dict, torch.nn.Module, torch.Tensor]:
+    off = OfficialCRATE(**IMG, num_classes=5, dim=WIDTH, depth=2, heads=HEADS).eval()
+    return off.state_dict(), "crate_small", {**IMG_SIZES, "num_classes": 5}, off, torch.randn(2, 3, 32, 32)
+
+
+def _alpha_file(tmp_path: Path) -> tuple[object, str, dict, torch.nn.Module, torch.Tensor]:
+    off = OfficialCRATEAlpha(**IMG, num_classes=5, dim=WIDTH, depth=2, heads=HEADS, dim_head=WIDTH // HEADS).eval()
+    return off.state_dict(), "crate_alpha_base16", {**IMG_SIZES, "num_classes": 5}, off, torch.randn(2, 3, 32, 32)
+
+
+def _mae_file(tmp_path: Path) -> tuple[object, str, dict, None, None]:
+    from official.crate_ae import OfficialCRATEMAE
+
+    off = OfficialCRATEMAE(img_size=32, patch_size=8, embed_dim=WIDTH, depth=2, num_heads=HEADS)
+    return {"model": off.state_dict()}, "crate_mae_base", dict(IMG_SIZES), None, None
+
+
+def _crate_lm_file(tmp_path: Path) -> tuple[object, str, dict, None, None]:
+    from official import crate_lm_official as crate_lm
+
+    ref = crate_lm.CRATEOvercomplete(crate_lm.CRATEConfig(block_size=16, vocab_size=61, n_layer=2, n_head=HEADS,
+                                                          n_embd=WIDTH))  # fmt: skip
+    return ref.state_dict(), "crate_gpt_12l_pile", {}, None, None  # a bare state dict: no model_args
+
+
+def _gpt2_file(tmp_path: Path) -> tuple[object, str, dict, None, None]:
+    from official import nanogpt_model as nanogpt
+    from test_lm_release import _hf_state_dict
+
+    ref = nanogpt.GPT(nanogpt.GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=HEADS, n_embd=WIDTH))
+    return _hf_state_dict(ref), "gpt2_base", {}, None, None  # Hugging Face's layout stores no head count
+
+
+def _bert_file(tmp_path: Path) -> tuple[object, str, dict, None, None]:
+    port = CrateForMaskedLM(CrateConfig(**{**BERT_TINY, "hidden_size": WIDTH, "num_attention_heads": HEADS}))
+    torch.save(port.state_dict(), tmp_path / "pytorch_model.bin")  # the weights without the port's config.json
+    return tmp_path / "pytorch_model.bin", "crate_bert_base", {"block_size": 18}, None, None
+
+
+@pytest.mark.parametrize("make", [_classifier_file, _alpha_file, _mae_file, _crate_lm_file, _gpt2_file, _bert_file])
+def test_a_head_count_no_file_stores_is_required_for_another_width(make, tmp_path):
+    """Every official format: U = [U_1 … U_K] is one (K·p × d) matrix, so following the size hint (dim=48) used to
+    load a 3-head file as the name's 12 heads without an error.  The name's head count now applies only at the
+    name's own width; at another one ``heads=`` is required, and with it the file loads as its authors' model."""
+    source, name, sizes, off, x = make(tmp_path)
+    with pytest.raises(CheckpointError) as e:
+        ct.from_official(source, name, **sizes, dim=WIDTH)
+    msg = str(e.value)
+    assert "\n" not in msg and f"does not store heads, and with dim={WIDTH} it is not {name!r}" in msg
+    assert f"whose heads={ct.model_config(name).heads} would be a guess; pass heads=" in msg
+    model = ct.from_official(source, name, **sizes, dim=WIDTH, heads=HEADS)
+    assert model.config.heads == HEADS and in_eval_mode(model)
+    if off is not None:  # the authors' module, run here: the right head count gives its logits, the guess does not
+        guess = ct.from_official(source, name, **sizes, dim=WIDTH, heads=12)
+        with torch.no_grad():
+            assert (model(x) - off(x)).abs().max() < 1e-5 < (guess(x) - off(x)).abs().max()
+
+
+def test_the_size_hint_asks_for_the_head_count_and_the_registered_width_keeps_the_names(tmp_path):
+    state, name, sizes, off, x = _classifier_file(tmp_path)
+    with pytest.raises(CheckpointError, match=r"pass dim=48, .*heads=K, the head count it was trained with"):
+        ct.from_official(state, name, **sizes)
+    # a file at the name's own width is read with the name's head count (crate_mnist: 128 wide, 4 heads)
+    mnist = OfficialCRATE(image_size=28, patch_size=7, num_classes=10, dim=128, depth=6, heads=4, channels=1).eval()
+    loaded = ct.from_official(mnist.state_dict(), "crate_mnist")
+    digits = torch.randn(2, 1, 28, 28)
+    with torch.no_grad():
+        assert loaded.config.heads == 4 and (loaded(digits) - mnist(digits)).abs().max() < 1e-5
+
+
+# --------------------------------------------------------------------------- values that load_state_dict converts
+def _spoil(w: torch.Tensor, how: str) -> torch.Tensor:
+    """``w`` as integers, booleans, or with one row NaN / -inf."""
+    if how in ("int64", "bool"):
+        return (w * 100).long() if how == "int64" else w > 0
+    out = w.clone()
+    out[3] = torch.nan if how == "nan" else -torch.inf
+    return out
+
+
+@pytest.mark.parametrize("how", ["int64", "bool", "nan", "inf"])
+def test_weights_of_the_wrong_kind_or_not_finite_are_refused_naming_the_tensor(how, tmp_path):
+    """In every format a loader reads (an authors' file, a training state, a save_pretrained folder with valid
+    checksums), an int64 or bool weight (cast to float by load_state_dict) or NaN / inf (kept) is one line naming
+    the tensor."""
+    torch.manual_seed(0)
+    official = OfficialCRATE(**TINY).state_dict()
+    key, native = "transformer.layers.1.0.fn.qkv.weight", "layers.1.attn.qkv.weight"
+    model = ct.from_official(official, "crate_tiny", **TINY)
+    torch.save({"state_dict": {**official, key: _spoil(official[key], how)}}, tmp_path / "off.pth")
+    state = {**model.state_dict(), native: _spoil(model.state_dict()[native], how)}
+    torch.save({"model_config": model.config.to_dict(), "model": state}, tmp_path / "last.pt")
+    saved = model.save_pretrained(tmp_path / "saved")
+    config = json.loads((saved / CONFIG_NAME).read_text())
+    save_safetensors(state, saved / WEIGHTS_NAME, metadata={FILE_DIGESTS[CONFIG_NAME]: json_sha256(config)})
+    what = "tensors of the wrong kind" if how in ("int64", "bool") else "NaN or infinite weights"
+    for load in (
+        lambda: ct.from_official(tmp_path / "off.pth", "crate_tiny", **TINY),
+        lambda: ct.load_model(tmp_path / "last.pt"),
+        lambda: ct.from_pretrained(saved),
+    ):
+        with pytest.raises(CheckpointError, match=f"holds {what}: {re.escape(native)} ") as e:
+            load()
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_save_pretrained_of_a_half_precision_model_reloads_in_its_dtype(dtype, tmp_path):
+    lm = ct.create_model("crate_bert_mini", depth=1, dim=32, heads=2).to(dtype)  # sinusoidal: a non-persistent table
+    mixed = ct.create_model("crate_tiny", **TINY)
+    mixed.head.to(dtype)  # weights saved in two dtypes keep each its own
+    for model in (lm, mixed):
+        back = ct.from_pretrained(model.save_pretrained(tmp_path / model.config.arch))
+        assert {k: v.dtype for k, v in back.state_dict().items()} == {k: v.dtype for k, v in model.state_dict().items()}
+    assert back.pos_embed.dtype == torch.float32 and back.head[1].weight.dtype == dtype
+    lm_back = ct.load_model(tmp_path / "crate_lm")
+    assert lm_back.wte.weight.dtype == lm_back.pos_table.dtype == dtype  # as after .to(dtype)
+
+
+# --------------------------------------------------------------------------- outputs the user wrote
+def test_write_hub_folder_keeps_the_users_readme(tmp_path):
+    model = ct.create_model("crate_tiny", **TINY)
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    (folder / "README.md").write_text("# my notes\n")
+    with pytest.raises(ValueError, match=r"README\.md exists and is not a model card written by this package") as e:
+        pretrained.write_hub_folder(model, folder, "me/tiny")
+    assert "\n" not in str(e.value)
+    assert (folder / "README.md").read_text() == "# my notes\n" and sorted(os.listdir(folder)) == ["README.md"]
+    (folder / "README.md").unlink()
+    pretrained.write_hub_folder(model, folder, "me/tiny", metrics={"top1": 0.5})
+    pretrained.write_hub_folder(model, folder, "me/tiny", metrics={"top1": 0.6})  # its own card is rewritten
+    assert "| top1 | 0.6 |" in (folder / "README.md").read_text()

@@ -205,6 +205,10 @@ CITATION = """@article{yu2024white,
 }"""  # as in README.md and CITATION.cff
 
 
+# the line that marks a README.md as a card written here: write_hub_folder replaces such a file, never another
+CARD_MARKER = "<!-- model card written by crate_transformer (push_to_hub / write_hub_folder) -->"
+
+
 def model_card(
     model: Any,
     repo_id: str,
@@ -234,7 +238,7 @@ def model_card(
     )
     n_params = sum(p.numel() for p in model.parameters())
     lines = [
-        "---", data.to_yaml(), "---", "",
+        "---", data.to_yaml(), "---", CARD_MARKER, "",
         f"# {repo_id.split('/')[-1]}", "",
         f"A `{config.arch}` model (dim {config.dim}, depth {config.depth}, heads {config.heads}, "
         f"{n_params:,} parameters) saved by the `crate_transformer` package's `push_to_hub`. CRATE is the "
@@ -260,7 +264,16 @@ def write_hub_folder(
     dataset: str | None = None,
     license: str | None = None,
 ) -> Path:
-    """Write what :func:`push_to_hub` uploads: ``model.save_pretrained(folder)`` plus the model card ``README.md``."""
+    """Write what :func:`push_to_hub` uploads: ``model.save_pretrained(folder)`` plus the model card ``README.md``.
+
+    A ``README.md`` already in ``folder`` is replaced only when it is a card written here (:data:`CARD_MARKER`);
+    one of the user's is refused before anything is written."""
+    readme = Path(folder) / "README.md"
+    if readme.is_file() and CARD_MARKER not in readme.read_text(encoding="utf-8", errors="replace"):
+        raise ValueError(
+            f"{readme} exists and is not a model card written by this package; write_hub_folder would replace it "
+            "with the generated card: move it, or write to another folder"
+        )
     folder = Path(model.save_pretrained(folder))
     card = model_card(model, repo_id, metrics, dataset, license).encode("utf-8")
     atomic_write(folder / "README.md", lambda tmp: Path(tmp).write_bytes(card))

@@ -146,8 +146,10 @@ def _official_model(raw: object, source: str, folder: Path | None, name: str, ov
     except ValueError as e:
         raise CheckpointError(f"{source} as {name!r}: {e}") from None
     sidecar = _sidecar(folder) if fmt.config_file is not None and folder is not None else None
+    found: Mapping[str, object] = {}
     if fmt.fields is not None or (fmt.config_file is not None and sidecar is not None):
-        config = _file_config(fmt, raw, sidecar, name, overrides, source)
+        config, found = _file_config(fmt, raw, sidecar, name, overrides, source)
+    _require_unstored(fmt, config, name, {**found, **overrides}, source)
     model = arch_info(config.arch).build(config)
     native = fmt.to_native(state, config)
     missing = sorted({p for p in fmt.optional if not any(k.startswith(p) for k in native)})
@@ -200,12 +202,25 @@ def _sidecar(folder: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def _require_unstored(fmt: OfficialFormat, config: Config, name: str, given: Mapping[str, object], source: str) -> None:
+    """Refuse a value the file does not store (``fmt.unstored``: the head count) taken from ``name`` for a file of
+    another width than ``name``'s: it would be a guess, and a wrong one loads without a shape error."""
+    registered = model_config(name)
+    for field, fixes in fmt.unstored:
+        other = [f"{f}={getattr(config, f)}" for f in fixes if getattr(config, f) != getattr(registered, f)]
+        if field not in given and other:
+            raise CheckpointError(
+                f"{source} does not store {field}, and with {', '.join(other)} it is not {name!r}, whose "
+                f"{field}={getattr(registered, field)} would be a guess; pass {field}=, the value it was trained with"
+            )
+
+
 def _file_config(
     fmt: OfficialFormat, raw: object, sidecar: dict | None, name: str, overrides: Mapping[str, object], source: str
-) -> Config:
+) -> tuple[Config, dict[str, object]]:
     """``name``'s config with the values the file stores (``fmt.config_file`` of the JSON beside it, then
     ``fmt.fields`` of the tensors, which must agree) in place, then ``overrides``, which must agree with the
-    file except for ``fmt.overridable`` keys."""
+    file except for ``fmt.overridable`` keys; and the values the file stores."""
     try:
         found = fmt.config_file(sidecar) if fmt.config_file is not None and sidecar is not None else {}
         tensors = fmt.fields(raw) if fmt.fields is not None else {}
@@ -231,7 +246,7 @@ def _file_config(
             fmt.check(config)
     except ValueError as e:
         raise CheckpointError(f"{source}: {e}") from None
-    return config
+    return config, found
 
 
 def _format_hint(state: Mapping[str, Tensor]) -> str:
