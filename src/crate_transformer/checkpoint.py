@@ -67,12 +67,6 @@ __all__ = [
     "load_model",
     "load_weights",
     "resolve_hub",
-    "CLASSIFIER_KEY_MAP",
-    "MAE_KEY_MAP",
-    "official_to_native",
-    "native_to_official",
-    "mae_official_to_native",
-    "mae_native_to_official",
 ]
 
 
