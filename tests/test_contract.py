@@ -21,6 +21,8 @@ FAMILIES = {
     "crate_mae": lambda: ct.create_model("crate_mae_mnist", **IMG),
     "crate_gpt": lambda: ct.create_model("crate_gpt_mini", dim=32, depth=2, heads=4, block_size=8, num_labels=3),
     "gpt": lambda: ct.create_model("gpt_mini", dim=32, depth=2, heads=4, block_size=8),
+    "tost": lambda: ct.create_model("tost_mnist", **IMG, num_classes=5),
+    "tost_lm": lambda: ct.create_model("tost_gpt_mini", dim=32, depth=2, heads=4, block_size=8),
     "crate_bert": lambda: ct.create_model(
         "crate_bert_base",
         dim=32,
@@ -129,7 +131,7 @@ def test_the_engine_asks_the_model_which_parameters_to_decay():
     assert id(dino.backbone.layers[0].ista.weight) not in no_decay
 
 
-@pytest.mark.parametrize("family", ["crate", "crate_mae", "crate_gpt", "crate_bert"])
+@pytest.mark.parametrize("family", ["crate", "crate_mae", "crate_gpt", "crate_bert", "tost", "tost_lm"])
 def test_grad_checkpointing_gives_the_same_gradients(family):
     model = FAMILIES[family]().double().train()
     x = _input(model)

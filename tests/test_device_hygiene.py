@@ -32,6 +32,8 @@ FAMILIES = {
     "gpt": lambda: ct.create_model("gpt_mini", **LM),
     "crate_lm_bidirectional": lambda: ct.create_model("crate_bert_mini", **LM),
     "crate_bert": lambda: ct.create_model("crate_bert_base", **LM, dropout=0.0),
+    "tost": lambda: ct.create_model("tost_mnist", **IMG, num_classes=5),
+    "tost_lm": lambda: ct.create_model("tost_gpt_mini", **LM),
     "dino": lambda: DINOModel(
         ct.create_model("crate_mnist", **IMG, num_classes=5), DINOHead(32, 16, hidden_dim=16, bottleneck_dim=8)
     ),

@@ -40,6 +40,7 @@ from .objectives import (
 from .pretrained import list_pretrained
 from .registry import create_model, list_models, model_config
 from .tokenizer import Tokenizer
+from .tost import ToST, ToSTConfig, ToSTLanguageModel, ToSTLMConfig
 
 _SUBMODULES = ("analysis", "theory", "data", "train", "probe", "dino")
 
@@ -71,6 +72,10 @@ __all__ = [
     "CRATEBert",
     "CRATEAlpha",
     "AlphaConfig",
+    "ToST",
+    "ToSTConfig",
+    "ToSTLanguageModel",
+    "ToSTLMConfig",
     "Tokenizer",
     "CheckpointError",
     "create_model",

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..checkpoint import config_from_dict
 from ..config import LANGUAGE_MODEL
 from ..config_utils import Range, check_ranges
 from ..data import to_device
@@ -152,7 +153,7 @@ class LMTask(Task):
                     f"this run was trained with the {self.tokenizer.kind} tokenizer, not {o.tokenizer}; drop "
                     f"--tokenizer {o.tokenizer} to continue it, or start a new run"
                 )
-            return LMConfig.from_dict(dict(state["model_config"]))
+            return config_from_dict(dict(state["model_config"]))  # by its arch: CRATE-GPT, GPT, ToST, ...
         else:
             if model_config(cfg.model).kind != LANGUAGE_MODEL:
                 raise ValueError(
