@@ -12,7 +12,7 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -68,10 +68,7 @@ class ImageEncoderGeometry:
 
     def check_geometry(self, positive: tuple[str, ...] = ()) -> None:
         """One-line ValueErrors for bad sizes (``positive`` names further positive-integer fields)."""
-        for name in ("image_size", "patch_size", "in_chans", *positive, "dim", "depth", "heads"):
-            v = getattr(self, name)
-            if v <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        self.check_positive("image_size", "patch_size", "in_chans", *positive, "dim", "depth", "heads")
         if self.dim_head is not None and self.dim_head <= 0:
             raise ValueError(f"dim_head must be a positive integer or None (= dim // heads), got {self.dim_head!r}")
         if self.dim_head is None and self.dim % self.heads:
@@ -146,7 +143,9 @@ class ModelConfig(ImageEncoderGeometry, Config):
     OMIT_AT_DEFAULT = ("drop_path",)  # added later: configs without it stay byte-identical
     kind = IMAGE_CLASSIFIER
     pipeline_tag = "image-classification"
-    ARCHS: ClassVar[tuple[str, ...]] = ARCHS  # the arch values this config class builds (a subclass's own)
+    # arch: the values this config class builds (a subclass names its own)
+    CHOICES = {"arch": ARCHS, "pool": POOLS, "ista_mode": ISTA_MODES, "layer_form": LAYER_FORMS,
+               "attention": ATTENTIONS, "mlp": MLPS}  # fmt: skip
     RULES = {
         "eta": Range(0, lo_open=True),
         "lambd": Range(0),
@@ -158,9 +157,6 @@ class ModelConfig(ImageEncoderGeometry, Config):
     }
 
     def validate(self) -> None:
-        for name, allowed in (("arch", self.ARCHS), ("pool", POOLS), ("ista_mode", ISTA_MODES),
-                              ("layer_form", LAYER_FORMS), ("attention", ATTENTIONS), ("mlp", MLPS)):  # fmt: skip
-            self.check_choice(name, allowed)
         self.check_positive("odl_ratio")
         if self.arch == "crate" and self.mlp != "ista" and self.ista_mode != "relu":
             raise ValueError(

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checkpoint import config_from_dict, load_model
-from ..config import LANGUAGE_MODEL
+from ..config import LANGUAGE_MODEL, Config
 from ..data import to_device
 from ..data.text import LabelledTexts, eval_split_of, read_labelled
 from ..registry import build
@@ -29,7 +29,7 @@ __all__ = ["TextClassificationTask", "TextOptions", "text_metrics"]
 
 
 @dataclass
-class TextOptions:
+class TextOptions(Config):
     eval_data: str = task_option("", "a second table evaluated instead of a --val-fraction split (GLUE dev.tsv)")
     regression: str = task_option(
         "auto",
