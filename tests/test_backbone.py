@@ -155,15 +155,18 @@ def test_from_pretrained_takes_overrides_run_folders_and_create_model_takes_fold
         assert three.config.num_classes == 3 and three.config.drop_path == 0.1
         assert all(torch.equal(v, _backbone(model)[k]) for k, v in _backbone(three).items())
         assert "a fresh 3-class classifier (head.1) instead of the file's (10 classes)" in caplog.text
+        arch = {k: v for k, v in tiny.DIGITS.items() if k != "num_classes"}
+        folder = ct.create_model("crate_mnist", pretrained_file=run / "model", num_classes=4, **arch)
+        assert folder.config.num_classes == 4 and folder.pretrained_cfg["file"] == str(run / "model")
+        assert all(torch.equal(v, _backbone(model)[k]) for k, v in _backbone(folder).items())
         bigger = ct.from_pretrained(run, image_size=16)
         model.resize_pos_embed(16)
         assert bigger.config.image_size == 16
         torch.testing.assert_close(bigger.pos_embed, model.pos_embed, rtol=0, atol=0)
-        folder = ct.create_model("crate_mnist", pretrained_file=run / "model", num_classes=4)
-        assert folder.config.num_classes == 4 and folder.pretrained_cfg["folder"] == str(run / "model")
-    with pytest.raises(CheckpointError, match=r"holds a 'crate' model, not vit_mnist's 'vit'; load it with"):
-        ct.create_model("vit_mnist", pretrained_file=run)
+    with pytest.raises(CheckpointError, match=r"differs from the given model name 'vit_mnist' .*arch='vit'"):
+        ct.create_model("vit_mnist", pretrained_file=run)  # the name's architecture must be the folder's
     running = tmp_path / "running"
     (running / "checkpoints").mkdir(parents=True)
-    with pytest.raises(CheckpointError, match=r"without its final model/ yet .* ct.load_model\(RUN\) loads its"):
+    (running / "checkpoints" / "last.pt").write_bytes(b"a training state")
+    with pytest.raises(CheckpointError, match=r"without its final model/ yet .* load_model\(RUN\) loads its"):
         ct.from_pretrained(running)

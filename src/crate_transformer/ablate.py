@@ -428,8 +428,8 @@ def _layerwise(run_dir: Path, images: int) -> list[dict] | None:
         return None
     from .analysis import measure
     from .analysis._common import dataset_images01, normalize_images
+    from .checkpoint import load_model
     from .data import load_dataset, match_channels, resolve_normalization, resolve_source
-    from .train.load import load_model
 
     model = load_model(run_dir)
     c = model.config

@@ -45,8 +45,6 @@ __all__ = [
     "CONFIG_NAME",
     "WEIGHTS_NAME",
     "TOKENIZER_NAME",
-    "RUN_MODEL_DIR",
-    "is_saved_model",
     "CheckpointError",
     "WriteError",
     "atomic_write",
@@ -57,6 +55,7 @@ __all__ = [
     "load_state",
     "tree_sha256",
     "json_sha256",
+    "file_digest",
     "save_safetensors",
     "load_safetensors",
     "read_safetensors_metadata",
@@ -70,7 +69,6 @@ __all__ = [
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 TOKENIZER_NAME = "tokenizer.json"
-RUN_MODEL_DIR = "model"  # a training run's final save_pretrained folder, inside the run folder
 # the weights' metadata key holding json_sha256 of each JSON file of a saved model: the config and the extra files
 # the families write (``Model.extra_files``); a file named here that a save does not write is removed from the folder
 FILE_DIGESTS = {CONFIG_NAME: "config_sha256", TOKENIZER_NAME: "tokenizer_sha256"}
@@ -348,6 +346,23 @@ def _feed(h: Any, obj: Any) -> None:
         )
 
 
+def file_digest(path: str | Path, algorithm: str = "sha256") -> str:
+    """Hex digest of a file's bytes, read in blocks of 1 MiB: ``"sha256"``, or ``"git-sha1"`` — git's blob id,
+    SHA-1 of ``b"blob <size>\\0"`` and the bytes, which is how the Hugging Face Hub names a file it does not keep in
+    LFS (an LFS file's name in the cache is its SHA-256)."""
+    path = Path(path)
+    if algorithm == "sha256":
+        h = hashlib.sha256()
+    elif algorithm == "git-sha1":
+        h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    else:
+        raise ValueError(f"unknown digest {algorithm!r}; choose sha256 or git-sha1")
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
 def json_sha256(data: Any) -> str:
     """Hex SHA-256 of parsed JSON content in canonical form (sorted keys, no whitespace, ASCII escapes).
 
@@ -475,30 +490,10 @@ def read_model_json(directory: str | Path, name: str) -> tuple[str, Any]:
 
 
 # --------------------------------------------------------------------------- save_pretrained
-def is_saved_model(path: str | Path) -> bool:
-    """Whether ``path`` is a folder this package's ``save_pretrained`` wrote (its ``config.json`` names the package
-    version), as opposed to the authors' folders (a Hugging Face ``config.json`` beside their weights)."""
-    config = Path(path) / CONFIG_NAME
-    try:
-        return config.is_file() and '"crate_transformer_version"' in config.read_text(encoding="utf-8")[:200]
-    except (OSError, UnicodeDecodeError):
-        return False
-
-
 def model_dir(path: str | Path) -> Path:
-    """The ``save_pretrained`` folder of ``path``: the folder itself, the folder of its ``model.safetensors`` /
-    ``config.json`` when one of those files is given, or a finished training run's final model (``RUN/model``).
-    A run still training holds no such folder yet: the error names ``ct.load_model``, which reads its latest
-    training state."""
+    """The ``save_pretrained`` folder of ``path``: the folder itself, or the folder of its
+    ``model.safetensors`` / ``config.json`` when one of those files is given."""
     path = Path(path)
-    if path.is_dir() and not (path / CONFIG_NAME).is_file():
-        if (path / RUN_MODEL_DIR / CONFIG_NAME).is_file():
-            return path / RUN_MODEL_DIR
-        if (path / "checkpoints").is_dir():
-            raise CheckpointError(
-                f"{path} is a training run without its final {RUN_MODEL_DIR}/ yet (still training, or interrupted); "
-                "ct.load_model(RUN) loads its latest training state"
-            )
     if path.is_file():
         if path.name in (WEIGHTS_NAME, CONFIG_NAME):
             return path.parent
