@@ -100,6 +100,7 @@ def test_the_checker_finds_type_dispatch() -> None:
 def test_no_consumer_dispatches_on_a_family_class_or_arch_name() -> None:
     names = _family_names()
     assert {"LMConfig", "MAEConfig", "ModelConfig", "CRATEMAE", "LanguageModel", "ImageClassifier"} <= names
+    assert {"model", "mae", "lm", "bert", "alpha"} <= FAMILY_MODULES
     src = Path(ct.__file__).parent
     wrong = {}
     for path in sorted(src.rglob("*.py")):

@@ -41,7 +41,7 @@ from .config_utils import Range
 from .errors import TaskError, Use
 from .io import FILE_DIGESTS, TOKENIZER_NAME, CheckpointError, read_model_json
 from .model import ViTBlock
-from .official import OfficialFormat, rename, unwrap
+from .official import HEADS_NOT_STORED, OfficialFormat, rename, unwrap
 from .operators import GELUS, ISTA_MODES, LAYER_FORMS, MLP, MLPS, EncoderLayer
 from .tokenizer import Tokenizer
 
@@ -118,6 +118,8 @@ class LMConfig(Config):
         "layer_norm_eps": Range(0, lo_open=True),
     }
     kind = LANGUAGE_MODEL
+    CHOICES = {"arch": LM_ARCHS, "pos_embed": POS_EMBEDS, "ista_mode": ISTA_MODES, "layer_form": LAYER_FORMS,
+               "mlp": MLPS, "gelu": GELUS}  # fmt: skip
 
     @property
     def pipeline_tag(self) -> str:
@@ -142,9 +144,6 @@ class LMConfig(Config):
         return ("mhsa", "mlp") if self.arch == "gpt" else ("mssa", self.mlp)
 
     def validate(self) -> None:
-        for name, allowed in (("arch", LM_ARCHS), ("pos_embed", POS_EMBEDS), ("ista_mode", ISTA_MODES),
-                              ("layer_form", LAYER_FORMS), ("mlp", MLPS), ("gelu", GELUS)):  # fmt: skip
-            self.check_choice(name, allowed)
         self.check_positive("vocab_size", "block_size", "dim", "depth", "heads", "odl_ratio", "type_vocab_size")
         if self.arch == "crate_lm" and self.mlp != "ista" and self.ista_mode != "relu":
             raise ValueError(f"ista_mode={self.ista_mode!r} needs mlp='ista', got mlp={self.mlp!r}; drop one of them")
@@ -720,6 +719,7 @@ CRATE_LM_FORMAT = OfficialFormat(
     example="crate_gpt_12l_pile",
     check=check_official_lm,
     fields=lm_checkpoint_fields,
+    unstored=HEADS_NOT_STORED,
 )
 GPT2_FORMAT = OfficialFormat(
     name="GPT-2",
@@ -730,6 +730,7 @@ GPT2_FORMAT = OfficialFormat(
     check=check_official_lm,
     fields=lm_checkpoint_fields,
     overridable=("gelu",),
+    unstored=HEADS_NOT_STORED,
 )
 
 

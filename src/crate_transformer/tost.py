@@ -114,6 +114,7 @@ class ToSTConfig(ImageEncoderGeometry, Config):
     white_box = True  # TSSA descends the variational compression term; the analysis measures it
     sparse_output = False  # the layers end with a GELU MLP: no exact zeros
     layer_blocks = ("tssa", "mlp")
+    CHOICES = {"arch": (TOST_ARCH,)}
     RULES = {
         "mlp_ratio": Range(0, lo_open=True),
         "layer_scale": Range(0, lo_open=True),
@@ -123,7 +124,6 @@ class ToSTConfig(ImageEncoderGeometry, Config):
     }
 
     def validate(self) -> None:
-        self.check_choice("arch", (TOST_ARCH,))
         self.check_geometry(positive=("num_classes", "cls_layers"))
         self.check_data()
         p = self.patch_size
@@ -153,6 +153,7 @@ class ToSTLMConfig(LMConfig):
     layer_scale: float = 1e-5
 
     RULES = {**LMConfig.RULES, "layer_scale": Range(0, lo_open=True)}
+    CHOICES = {**LMConfig.CHOICES, "arch": (TOST_LM_ARCH,)}
 
     @property
     def sparse_output(self) -> bool:
@@ -163,7 +164,6 @@ class ToSTLMConfig(LMConfig):
         return ("tssa", "mlp")
 
     def validate(self) -> None:
-        self.check_choice("arch", (TOST_LM_ARCH,))
         self.check_positive("vocab_size", "block_size", "dim", "depth", "heads")
         wrong = [f"{k}={getattr(self, k)!r}" for k, v in _LM_FIXED.items() if getattr(self, k) != v]
         if wrong:
