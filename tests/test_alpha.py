@@ -155,7 +155,7 @@ def test_load_model_resolves_an_official_alpha_file_and_suggests_the_name(tmp_pa
     torch.save(official_tiny().state_dict(), path)
     assert isinstance(load_model(path, "crate_alpha_base16", **TINY), CRATEAlpha)
     with pytest.raises(
-        CheckpointError, match="official CRATE checkpoint; name its architecture, e.g. --model crate_alpha_base16$"
+        CheckpointError, match="official CRATE checkpoint; name its architecture, e.g. model='crate_alpha_base16'$"
     ):
         load_model(path)
 

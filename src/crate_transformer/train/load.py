@@ -22,6 +22,7 @@ from ..checkpoint import (
 )
 from ..config import LANGUAGE_MODEL, Config
 from ..config_utils import coerce_fields
+from ..errors import Opt
 from ..io import CONFIG_NAME, WEIGHTS_NAME, load_state
 from ..official import unwrap
 from ..registry import build, official_formats, registered_fields
@@ -87,12 +88,12 @@ def _load_any(path: Path, name: str | None, overrides: Mapping[str, object], che
         return model
     if name is None and isinstance(raw, Mapping) and "model_args" in raw:
         raise CheckpointError(
-            f"{path} looks like a nanoGPT / crate-lm checkpoint; name its architecture, e.g. --model "
-            "crate_gpt_12l_pile (CRATE) or gpt2_base (GPT-2)"
-        )
+            f"{path} looks like a nanoGPT / crate-lm checkpoint; name its architecture, e.g. ",
+            Opt("model", "crate_gpt_12l_pile"), " (CRATE) or ", Opt("model", "gpt2_base"), " (GPT-2)",
+        )  # fmt: skip
     if name is None:
         raise CheckpointError(
-            f"{path} looks like an official CRATE checkpoint; name its architecture, e.g. --model {_example(raw)}"
+            f"{path} looks like an official CRATE checkpoint; name its architecture, e.g. ", Opt("model", _example(raw))
         )
     return from_official(raw, name, **overrides)
 
