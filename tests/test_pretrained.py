@@ -212,7 +212,7 @@ def test_pretrained_file_loads_a_downloaded_file(tmp_path):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(model(x), off(x), rtol=1e-5, atol=1e-5)
-    with pytest.raises(CheckpointError, match=r"^pretrained_file not found: .*missing\.pth; pass the path"):
+    with pytest.raises(CheckpointError, match=r"^pretrained_file not found: .*missing\.pth; pass the downloaded file"):
         ct.create_model("crate_small", pretrained=True, pretrained_file=tmp_path / "missing.pth")
 
 

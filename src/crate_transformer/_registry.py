@@ -162,6 +162,9 @@ class PretrainedSource:
     url: str = ""
     revision: str | None = None  # None: the repository's main branch
     also: tuple[str, ...] = ()  # files of the same repository the loader reads beside ``filename``
+    # the SHA-256 the authors or the Hub publish for ``filename`` ("": none stated); checked besides the cache's own
+    # hash (the name of its blob), and the only check of a cache without links
+    sha256: str = ""
     input: str = ""
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None

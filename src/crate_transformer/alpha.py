@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .model import ImageClassifier, ModelConfig
-from .official import OfficialFormat, conv_to_linear, linear_to_conv, rename
+from .official import HEADS_NOT_STORED, OfficialFormat, conv_to_linear, linear_to_conv, rename
 from .operators import EncoderLayer, drop_path_rates
 from .spec import IMAGENET_MEAN, IMAGENET_STD
 
@@ -175,6 +175,7 @@ ALPHA_FORMAT = OfficialFormat(
     to_native=lambda state, config: alpha_official_to_native(state),
     detect=looks_like_alpha,
     example="crate_alpha_base16",
+    unstored=HEADS_NOT_STORED,
 )
 
 

@@ -41,7 +41,7 @@ from .config_utils import Range
 from .errors import Opt, TaskError, Use
 from .io import FILE_DIGESTS, TOKENIZER_NAME, CheckpointError, read_model_json
 from .model import ViTBlock
-from .official import OfficialFormat, rename, unwrap
+from .official import HEADS_NOT_STORED, OfficialFormat, rename, unwrap
 from .operators import GELUS, ISTA_MODES, LAYER_FORMS, MLP, MLPS, EncoderLayer
 from .tokenizer import Tokenizer
 
@@ -721,6 +721,7 @@ CRATE_LM_FORMAT = OfficialFormat(
     example="crate_gpt_12l_pile",
     check=check_official_lm,
     fields=lm_checkpoint_fields,
+    unstored=HEADS_NOT_STORED,
 )
 GPT2_FORMAT = OfficialFormat(
     name="GPT-2",
@@ -731,6 +732,7 @@ GPT2_FORMAT = OfficialFormat(
     check=check_official_lm,
     fields=lm_checkpoint_fields,
     overridable=("gelu",),
+    unstored=HEADS_NOT_STORED,
 )
 
 

@@ -49,7 +49,7 @@ from .model import (
     patchify,
     unpatchify,
 )
-from .official import OfficialFormat, mae_official_to_native
+from .official import HEADS_NOT_STORED, OfficialFormat, mae_official_to_native
 from .operators import LAYER_FORMS, DecoderLayer, EncoderLayer, drop_path_rates
 from .spec import IMAGENET_MEAN, IMAGENET_STD, DataSpec
 
@@ -425,6 +425,7 @@ MAE_FORMAT = OfficialFormat(
     to_native=lambda state, config: mae_official_to_native(state),
     detect=lambda state: any(k.startswith(("decoder_blocks.", "mask_token")) for k in state),
     example="crate_mae_base",
+    unstored=HEADS_NOT_STORED,
 )
 
 register_arch(MAE_ARCH, CRATEMAE, official=MAE_FORMAT)

@@ -22,7 +22,7 @@ from ._registry import PretrainedSource, register_arch, register_model, register
 from .base import POOLS, Model, Trace, pool_tokens
 from .config import IMAGE_CLASSIFIER, Config
 from .config_utils import Range
-from .official import OfficialFormat, official_to_native
+from .official import HEADS_NOT_STORED, OfficialFormat, official_to_native
 from .operators import ATTENTIONS, ISTA_MODES, LAYER_FORMS, MLPS, EncoderLayer, drop_path_rates
 from .spec import IMAGENET_MEAN, IMAGENET_STD, DataSpec, fit_normalization
 
@@ -441,6 +441,8 @@ class ImageClassifier(ImageInput, Model):
         if layer_ids:
             found["depth"] = max(layer_ids) + 1
         fixes = [f"{k}={v}" for k, v in found.items() if getattr(c, k) != v]
+        if "dim" in found and found["dim"] != c.dim:  # U's (K·p × d) shape does not tell K
+            fixes.append("heads=K, the head count it was trained with (no shape stores it)")
         return f"; pass {', '.join(fixes)}" if fixes else "; pass the model name and overrides it was trained with"
 
     def get_classifier(self) -> nn.Module:
@@ -498,7 +500,8 @@ def _check_classifier(config: Any) -> None:
     if config.arch != "crate" or (config.attention, config.mlp) != ("mssa", "ista"):
         raise ValueError(
             f"official CRATE checkpoints have MSSA + ISTA layers, not arch={config.arch!r}, "
-            f"attention={config.attention!r}, mlp={config.mlp!r}; drop those overrides"
+            f"attention={config.attention!r}, mlp={config.mlp!r}; pass a CRATE classifier name such as crate_small, "
+            "without overrides of arch, attention or mlp"
         )
 
 
@@ -509,6 +512,7 @@ CLASSIFIER_FORMAT = OfficialFormat(
     detect=lambda state: any(k.startswith("to_patch_embedding.") for k in state),
     example="crate_small",
     check=_check_classifier,
+    unstored=HEADS_NOT_STORED,
 )
 
 

@@ -253,7 +253,7 @@ class LoggingOptions(Config):
         metavar="NAME",
     )
     tensorboard: bool = option(False, "the same as `logger` tensorboard")
-    progress: bool = option(True, "show a tqdm progress bar")
+    progress: bool = option(True, "show progress: a bar on a terminal, a line at each tenth of the run in a log")
 
 
 # group name → its dataclass, in the order of config.yaml and of --help

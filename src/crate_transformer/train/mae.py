@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from ..base import POOLS, Model
-from ..checkpoint import config_from_dict
+from ..checkpoint import config_from_dict, load_model
 from ..config import MASKED_AUTOENCODER, Config
 from ..config_utils import Range
 from ..data import BUILTIN_DATASETS, ImageSource
@@ -38,7 +38,6 @@ from ..mae import CRATEMAE
 from ..registry import build, model_config
 from .evaluation import prepare_batch, require_evaluated
 from .images import ImageData
-from .load import load_model
 from .runtime import Runtime
 from .task import RunSummary, Task, TaskError, TaskResult, Use, task_option
 

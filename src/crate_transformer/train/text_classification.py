@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checkpoint import config_from_dict
+from ..checkpoint import config_from_dict, load_model
 from ..config import LANGUAGE_MODEL, Config
 from ..data import to_device
 from ..data.text import LabelledTexts, eval_split_of, read_labelled
@@ -24,7 +24,6 @@ from ..errors import Opt, OptionError
 from ..registry import build
 from ..tokenizer import Tokenizer
 from .evaluation import require_evaluated
-from .load import load_model
 from .task import RunSummary, Task, TaskError, TaskResult, Use, task_option
 
 __all__ = ["TextClassificationTask", "TextOptions", "text_metrics"]
