@@ -120,11 +120,7 @@ def _analyze_language_model(model: object, args: argparse.Namespace) -> int:
         attn_tokens=min(args.attn_tokens, block),
         source=source,
     )
-    first = report["measure"]["held-out text"]["layers"]
-    print(
-        f"layer-wise R^c (MSSA input) {first[0]['rc_in']:.4g} -> {first[-1]['rc_in']:.4g}, non-zero fraction "
-        f"{first[0]['nonzero']:.3f} -> {first[-1]['nonzero']:.3f} (layer 1 -> {len(first)}) on {n} held-out blocks"
-    )
+    print_layerwise(report["measure"]["held-out text"]["layers"], f" on {n} held-out blocks")
     print_verdicts(report)
     out, secs = Path(args.out), report["wall_time_s"]
     print(f"wrote {out / 'report.html'}, report.json, layerwise.png and attention maps ({secs} s)")
@@ -208,6 +204,18 @@ def _initial_records(checkpoint: str) -> list[dict] | str:
             records = [r for r in load_measure_records(log) if r.get("step") == 0]
             return records or "fresh"
     return "fresh"
+
+
+def print_layerwise(first: list[dict], where: str = "") -> None:
+    """The first split's R^c (and ToST's R^c_var) and non-zero fraction from the first layer to the last."""
+    span = f"(layer 1 -> {len(first)}){where}"
+
+    def change(key: str) -> str:
+        return f"{first[0][key]:.4g} -> {first[-1][key]:.4g}"
+
+    print(f"layer-wise R^c (attention input) {change('rc_in')}, non-zero fraction {change('nonzero')} {span}")
+    if "rvar_in" in first[0]:
+        print(f"layer-wise R^c_var (TSSA input) {change('rvar_in')} {span}")
 
 
 def print_verdicts(report: dict) -> None:
@@ -307,11 +315,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         initial=_initial_records(args.checkpoint),
     )  # fmt: skip
     out = Path(args.out)
-    first = next(iter(report["measure"].values()))["layers"]
-    print(
-        f"layer-wise R^c (MSSA input) {first[0]['rc_in']:.4g} -> {first[-1]['rc_in']:.4g}, non-zero fraction "
-        f"{first[0]['nonzero']:.3f} -> {first[-1]['nonzero']:.3f} (layer 1 -> {len(first)})"
-    )
+    print_layerwise(next(iter(report["measure"].values()))["layers"])
     print_verdicts(report)
     print(f"wrote {out / 'report.html'} and {out / 'report.json'} ({report['wall_time_s']} s)")
     return 0

@@ -1,0 +1,172 @@
+"""timm's backbone contract, as a timm user types it: timm's ``create_model`` arguments, ``num_features``,
+``reset_classifier(0)``, ``forward_intermediates``, ``group_matcher`` (checked with timm's own grouping code,
+transcribed in tests/official/timm_manipulate.py), and pretrained loading with a new head — the backbone loaded,
+a fresh classifier, one logged line — from the authors' files, ``save_pretrained`` folders and training runs."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import tiny
+import torch
+from official.timm_manipulate import group_parameters
+from test_pretrained import official_tiny_file
+
+import crate_transformer as ct
+from crate_transformer.checkpoint import CheckpointError
+from crate_transformer.train.optim import layer_id
+
+# one small model of every image family, built from its registered name
+IMAGE_FAMILIES = {
+    "crate_mnist": dict(depth=3),
+    "vit_mnist": dict(depth=3),
+    "crate_alpha_mnist": dict(depth=3),
+    "tost_mnist": dict(depth=3),
+    "crate_mae_mnist": dict(depth=3),
+}
+
+
+def _images(model: ct.Model, n: int = 2) -> torch.Tensor:
+    c = model.config
+    return torch.randn(n, c.in_chans, c.image_size, c.image_size)
+
+
+# --------------------------------------------------------------------------- create_model with timm's names
+def test_create_model_takes_timms_names_as_the_configs_fields() -> None:
+    timm = ct.create_model("crate_mnist", img_size=35, drop_path_rate=0.1, drop_rate=0.05, global_pool="avg")
+    ours = ct.create_model("crate_mnist", image_size=35, drop_path=0.1, dropout=0.05, pool="avg")
+    assert timm.config == ours.config
+    assert ct.create_model("crate_mnist", global_pool="token").config.pool == "cls"
+    assert [layer.drop_path.p for layer in timm.layers][-1] == pytest.approx(0.1)  # stochastic depth is on
+    with pytest.raises(ValueError, match="^img_size and image_size name the same option; pass one of them$"):
+        ct.create_model("crate_mnist", img_size=28, image_size=28)
+    with pytest.raises(ValueError, match=r"^unknown pooling 'max'; choose one of \('cls', 'mean', 'avg'\)"):
+        ct.create_model("crate_mnist", global_pool="max")
+
+
+@pytest.mark.parametrize("name", ["crate_mnist", "vit_mnist", "crate_alpha_mnist", "tost_mnist"])
+def test_reset_classifier_0_is_a_headless_model_of_num_features(name: str, tmp_path: Path) -> None:
+    model = ct.create_model(name, depth=2).eval()
+    x = _images(model)
+    with torch.no_grad():
+        pre_logits = model.forward_head(model.forward_features(x), pre_logits=True)
+        model.reset_classifier(0)
+        out = model(x)
+    assert model.num_features == model.config.dim and out.shape == (2, model.num_features)
+    torch.testing.assert_close(out, pre_logits)  # what a timm backbone returns: the features before the classifier
+    assert not any(p.numel() for p in model.get_classifier().parameters())
+    back = ct.from_pretrained(model.save_pretrained(tmp_path / "headless")).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), out)
+    headless = ct.create_model(name, depth=2, num_classes=0)
+    assert headless.config.num_classes == 0 and headless(x).shape == (2, model.num_features)
+    with pytest.raises(ValueError, match="num_classes must be >= 0"):
+        ct.create_model(name, num_classes=-1)
+
+
+# --------------------------------------------------------------------------- forward_intermediates
+@pytest.mark.parametrize("name", IMAGE_FAMILIES)
+def test_forward_intermediates_are_the_layers_tokens_as_maps(name: str) -> None:
+    """Each intermediate is that layer's output in ``forward_trace`` (computed separately), patches as
+    ``(b, d, h, w)`` maps, the class token beside them on request; the final tokens are ``forward_features``."""
+    model = ct.create_model(name, **IMAGE_FAMILIES[name]).eval()
+    x = _images(model)
+    with torch.no_grad():
+        trace = model.forward_trace(x).tokens[1:]
+        final, maps = model.forward_intermediates(x)
+        features = model.forward_features(x)
+        last_two = model.forward_intermediates(x, indices=2, output_fmt="NLC", intermediates_only=True)
+        picked = model.forward_intermediates(x, indices=[0, -1], return_prefix_tokens=True, intermediates_only=True)
+        early = model.forward_intermediates(x, indices=[0], stop_early=True, intermediates_only=True)
+        normed = model.forward_intermediates(x, indices=[-1], norm=True, intermediates_only=True, output_fmt="NLC")
+    prefix, (h, w) = model.trace_prefix_tokens, model.patch_grid(x)
+    torch.testing.assert_close(final, features)
+    assert len(maps) == len(model.layers) == 3
+    for m, t in zip(maps, trace):
+        assert m.shape == (2, model.num_features, h, w)
+        torch.testing.assert_close(m.flatten(2).transpose(1, 2), t[:, prefix:])  # row-major patch order
+    torch.testing.assert_close(last_two[0], trace[1][:, prefix:])
+    assert [p[1].shape[1] for p in picked] == [prefix, prefix]
+    torch.testing.assert_close(picked[1][1], trace[2][:, :prefix])
+    torch.testing.assert_close(early[0], maps[0])
+    torch.testing.assert_close(normed[0], model.norm_tokens(trace[2])[:, prefix:])
+    with pytest.raises(ValueError, match="layer index 3 does not exist in a model of 3 layers; pass 0..2"):
+        model.forward_intermediates(x, indices=[3])
+    with pytest.raises(ValueError, match="indices=4 asks for the last 4 layers of 3; pass 1..3"):
+        model.forward_intermediates(x, indices=4)
+
+
+def test_the_norm_of_intermediates_is_the_familys_final_norm() -> None:
+    mae = ct.create_model("crate_mae_mnist", depth=2).eval()
+    z = torch.randn(2, 5, mae.config.dim)
+    torch.testing.assert_close(mae.norm_tokens(z), mae.norm(z))
+    crate = ct.create_model("crate_mnist", depth=2)
+    assert torch.equal(crate.norm_tokens(z[..., : crate.config.dim]), z[..., : crate.config.dim])  # like fc_norm
+
+
+# --------------------------------------------------------------------------- group_matcher
+@pytest.mark.parametrize("name", ["crate_mnist", "vit_mnist", "crate_alpha_mnist", "crate_mae_mnist"])
+@pytest.mark.parametrize("coarse", [False, True])
+def test_group_matcher_gives_timm_the_layer_groups_of_our_layer_decay(name: str, coarse: bool) -> None:
+    model = ct.create_model(name, depth=3)
+    by_timm = group_parameters(model, model.group_matcher(coarse=coarse), reverse=True)
+    ours = {n: layer_id(n, len(model.layers)) for n, _ in model.named_parameters()}
+    assert by_timm == ours
+    assert by_timm["cls_token"] == 0 and by_timm["layers.2.norm1.weight"] == 3 and max(by_timm.values()) == 4
+
+
+# --------------------------------------------------------------------------- pretrained weights with a new head
+def _backbone(model: ct.Model) -> dict[str, torch.Tensor]:
+    head = {n for n in model.state_dict() if n.startswith("head.1.")}
+    return {k: v for k, v in model.state_dict().items() if k not in head}
+
+
+def test_an_official_file_with_other_classes_loads_the_backbone_and_a_fresh_head(tmp_path, caplog) -> None:
+    _, f = official_tiny_file(tmp_path / "five_classes.pth")  # 5 classes
+    arch = {k: v for k, v in tiny.IMAGE.items() if k != "num_classes"}
+    reference = ct.from_official(f, "crate_small", num_classes=5, **arch)
+    with caplog.at_level(logging.WARNING, logger="crate_transformer"):
+        model = ct.create_model("crate_small", pretrained_file=f, num_classes=3, **arch)
+    assert model.config.num_classes == 3 and model.get_classifier().weight.shape == (3, 32)
+    mine = _backbone(model)
+    assert mine.keys() == _backbone(reference).keys()
+    assert all(torch.equal(mine[k], v) for k, v in _backbone(reference).items())
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line == (
+        f"{f}: a fresh 3-class classifier (head.1) instead of the file's (5 classes); every other weight is loaded "
+        "from the file — train the new head before using its outputs"
+    )
+    with pytest.raises(CheckpointError, match="pass num_classes=5"):  # from_official stays strict
+        ct.from_official(f, "crate_small", num_classes=3, **arch)
+
+
+def test_from_pretrained_takes_overrides_run_folders_and_create_model_takes_folders(tmp_path, caplog) -> None:
+    model = ct.create_model("crate_mnist", **tiny.DIGITS).eval()
+    run = tmp_path / "run"
+    model.save_pretrained(run / "model")  # what a finished crate train run holds
+    (run / "checkpoints").mkdir()
+    x = torch.randn(2, 1, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(ct.from_pretrained(run).eval()(x), model(x), rtol=0, atol=0)
+        with caplog.at_level(logging.WARNING, logger="crate_transformer"):
+            three = ct.from_pretrained(run, num_classes=3, drop_path_rate=0.1)
+        assert three.config.num_classes == 3 and three.config.drop_path == 0.1
+        assert all(torch.equal(v, _backbone(model)[k]) for k, v in _backbone(three).items())
+        assert "a fresh 3-class classifier (head.1) instead of the file's (10 classes)" in caplog.text
+        arch = {k: v for k, v in tiny.DIGITS.items() if k != "num_classes"}
+        folder = ct.create_model("crate_mnist", pretrained_file=run / "model", num_classes=4, **arch)
+        assert folder.config.num_classes == 4 and folder.pretrained_cfg["file"] == str(run / "model")
+        assert all(torch.equal(v, _backbone(model)[k]) for k, v in _backbone(folder).items())
+        bigger = ct.from_pretrained(run, image_size=16)
+        model.resize_pos_embed(16)
+        assert bigger.config.image_size == 16
+        torch.testing.assert_close(bigger.pos_embed, model.pos_embed, rtol=0, atol=0)
+    with pytest.raises(CheckpointError, match=r"differs from the given model name 'vit_mnist' .*arch='vit'"):
+        ct.create_model("vit_mnist", pretrained_file=run)  # the name's architecture must be the folder's
+    running = tmp_path / "running"
+    (running / "checkpoints").mkdir(parents=True)
+    (running / "checkpoints" / "last.pt").write_bytes(b"a training state")
+    with pytest.raises(CheckpointError, match=r"without its final model/ yet .* load_model\(RUN\) loads its"):
+        ct.from_pretrained(running)
