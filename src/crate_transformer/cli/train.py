@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..base import POOLS
 from ..config import LANGUAGE_MODEL, MASKED_AUTOENCODER
-from . import task_command
+from . import cli_words, task_command
 from .common import (
     add_report_arguments,
     apply_threads,
@@ -46,8 +46,10 @@ def finished(result: dict) -> int:
             command = task_command(result["task"], bool(result["init_from"]))
             print(f"continue with: crate {command} --resume {result['run_dir']}", file=sys.stderr, flush=True)
         return 130
-    if result.get("next") and os.environ.get("RANK", "0") == "0":
-        print(f"next: {result['next']}", flush=True)
+    steps = result.get("next")
+    if steps and os.environ.get("RANK", "0") == "0":
+        steps = [steps] if isinstance(steps, str) else steps  # a task may give one line of its own
+        print("next: " + "    |    ".join(map(cli_words, steps)), flush=True)
     return 0
 
 

@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..errors import Opt, OptionError, OptionWarning
 from .base import ImageSource, local_batches
 from .hub import DATA_FILE_SUFFIXES, is_dataset_name
 from .transforms import BUILTIN_DATASETS, match_channels, resize_tensor
@@ -166,10 +167,10 @@ def load_dataset(
     kind, source = resolve_source(name_or_path)
     if kind in ("shards", "hf"):
         what = "WebDataset shards" if kind == "shards" else "a Hugging Face dataset"
-        raise ValueError(
+        raise OptionError(
             f"{name_or_path} is {what}, which is streamed, not loaded into memory; "
-            "open it with crate_transformer.data.open_source (or --data-mode auto|stream)"
-        )
+            "open it with crate_transformer.data.open_source (or ", Opt("data_mode", "stream"), ")",
+        )  # fmt: skip
     pool = _load_pool(kind, source, image_size, on_bad_image, _folder_signature(source) if kind == "folder" else ())
     train_x, train_y = pool.train_images, pool.train_labels
     if split == "test":
@@ -190,7 +191,7 @@ def check_load_args(split: str, val_fraction: float, on_bad_image: str, image_si
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     if split == "val" and val_fraction == 0.0:
-        raise ValueError("split='val' needs a validation split; pass val_fraction > 0 (e.g. --val-fraction 0.1)")
+        raise OptionError("split='val' needs a validation split; pass ", Opt("val_fraction", 0.1), " (> 0)")
     if on_bad_image not in ("skip", "error"):
         raise ValueError(f"on_bad_image must be 'skip' or 'error', got {on_bad_image!r}")
     if image_size is not None and (not isinstance(image_size, int) or isinstance(image_size, bool) or image_size <= 0):
@@ -555,10 +556,12 @@ def _folder_arrays(
     if bad:
         shown = ", ".join(str(p.relative_to(root)) for p in bad[:3]) + (", …" if len(bad) > 3 else "")
         warnings.warn(
-            f"skipped {len(bad)} unreadable image(s) in {root} ({shown}); pass on_bad_image='error' "
-            "(--on-bad-image error) to fail instead",
+            OptionWarning(
+                f"skipped {len(bad)} unreadable image(s) in {root} ({shown}); pass ", Opt("on_bad_image", "error"),
+                " to fail instead",
+            ),
             stacklevel=4,
-        )
+        )  # fmt: skip
     if n_train == 0:
         raise ValueError(f"no readable training images in {root}; check the files (extensions {IMAGE_EXTENSIONS})")
     present = set(labels[:n_train])
@@ -571,10 +574,10 @@ def _folder_arrays(
     sizes = {tuple(t.shape[1:]) for t in tensors}
     if len(sizes) > 1:
         a, b = sorted(sizes)[:2]
-        raise ValueError(
-            f"images in {root} have different sizes (e.g. {a[1]}x{a[0]} and {b[1]}x{b[0]}); "
-            "pass image_size (--image-size) to resize them to one square size"
-        )
+        raise OptionError(
+            f"images in {root} have different sizes (e.g. {a[1]}x{a[0]} and {b[1]}x{b[0]}); pass ", Opt("image_size"),
+            " to resize them to one square size",
+        )  # fmt: skip
     images = torch.stack(tensors)
     y = torch.tensor(labels, dtype=torch.int64)
     return classes, images[:n_train], y[:n_train], images[n_train:], y[n_train:]
@@ -623,10 +626,10 @@ def decode_image(
     except Exception as e:  # noqa: BLE001 - whatever a decoder raises, the file is unreadable (see above)
         if on_bad_image == "error":
             reason = (str(e).strip().splitlines() or [""])[0][:160]
-            raise ValueError(
+            raise OptionError(
                 f"cannot read image {what} ({type(e).__name__}{': ' + reason if reason else ''}); fix or delete it, "
-                "or pass on_bad_image='skip' (--on-bad-image skip) to skip unreadable images"
-            ) from None
+                "or pass ", Opt("on_bad_image", "skip"), " to skip unreadable images",
+            ) from None  # fmt: skip
         return None
 
 

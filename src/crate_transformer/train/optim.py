@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from ..base import BLOCKS, STEM
 from ..dino import ema_update
+from ..errors import Opt, OptionError
 
 __all__ = ["OPTIMIZERS", "param_groups", "layer_id", "build_optimizer", "LARS", "LAMB", "ModelEma"]
 
@@ -61,8 +62,8 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0
         return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
     layers = getattr(model, "layers", None)
     if not isinstance(layers, nn.ModuleList):
-        raise ValueError(f"layer-wise lr decay needs a model with encoder layers `layers`; {type(model).__name__} "
-                         "has none; use --layer-decay 1")  # fmt: skip
+        raise OptionError(f"layer-wise lr decay needs a model with encoder layers `layers`; {type(model).__name__} "
+                          "has none; use ", Opt("layer_decay", 1))  # fmt: skip
     num = len(layers)
     groups: dict[tuple[int, bool], dict[str, Any]] = {}
     for n, p in named:
