@@ -11,6 +11,7 @@ import argparse
 import errno
 import importlib
 import os
+import shlex
 import sys
 
 from .._version import __version__
@@ -44,17 +45,54 @@ def task_command(task: str, init_from: bool = False) -> str:
     return TASK_COMMANDS.get(task, f"pretrain {task}")
 
 
+# options whose flag is not their name with dashes
+FLAGS: dict[str, str] = {"init_from": "--from"}
+# what a finished run suggests doing next (an errors.Step action) → the command that does it
+ACTIONS: dict[str, str] = {"analyze": "analyze", "evaluate": "eval", "fine-tune": "finetune", "generate": "generate"}
+LISTINGS: dict[str, str] = {"models": "crate models", "pretrained": "crate models --pretrained"}
+# the Python listings a library help text names → the commands that list the same
+LISTING_CALLS: dict[str, str] = {"ct.list_models()": LISTINGS["models"], "ct.list_pretrained()": LISTINGS["pretrained"]}
+
+
+def flag(name: str) -> str:
+    """The flag of the option ``name`` (``batch_size`` → ``--batch-size``)."""
+    return FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+def _option_words(name: str, value: object) -> str:
+    if isinstance(value, bool):
+        return flag(name) if value else "--no-" + flag(name)[2:]
+    if isinstance(value, (list, tuple)):
+        return " ".join([flag(name), *(shlex.quote(str(v)) for v in value)])
+    return f"{flag(name)} {shlex.quote(str(value))}"
+
+
+def cli_words(place: object) -> str:
+    """The CLI's wording of a place in a library message (:mod:`crate_transformer.errors`): a task as the command
+    that trains it, an option as its flag (with its value), a listing as its command, a next step as a command."""
+    from ..errors import Opt, See, Step, Use
+
+    if isinstance(place, Use):
+        return f"crate {task_command(place.task, place.init_from)}"
+    if isinstance(place, Opt):
+        return _option_words(place.name, place.value) if place.has_value else flag(place.name)
+    if isinstance(place, See):
+        return LISTINGS.get(place.what, place.what)
+    if isinstance(place, Step):
+        where = [flag("init_from"), place.run] if place.action == "fine-tune" else [place.run]
+        return " ".join(["crate", ACTIONS.get(place.action, place.action), *where,
+                         *(_option_words(k, v) for k, v in place.options)])  # fmt: skip
+    return str(place)
+
+
 def error_message(e: BaseException, args: argparse.Namespace | None = None, takes_model: bool = False) -> str:
-    """``e`` as the CLI says it: a :class:`~crate_transformer.errors.TaskError` names commands, not tasks; a file
+    """``e`` as the CLI says it: a :class:`~crate_transformer.errors.Worded` error names commands and flags; a file
     that needs a model name says how the command at hand (``args``; ``takes_model``: it has ``--model``) takes
     one."""
-    from ..errors import TaskError
+    from ..checkpoint import ArchitectureNeeded  # the loaders, imported on this error path only
+    from ..errors import Worded
 
-    if isinstance(e, TaskError):
-        return e.words(lambda use: f"crate {task_command(use.task, use.init_from)}")
-    from ..io import CheckpointError
-
-    if args is not None and isinstance(e, CheckpointError) and _needs_architecture(e):
+    if args is not None and isinstance(e, ArchitectureNeeded):
         names = " or ".join(f"--model {n}" for n in e.examples)
         if takes_model:
             return f"{e.path} looks like {e.what}, which does not store its architecture; pass {names}"
@@ -64,13 +102,7 @@ def error_message(e: BaseException, args: argparse.Namespace | None = None, take
             "it was trained with where it is a language model (model.tokenizer = ct.Tokenizer.from_file(...)), "
             f"save it with model.save_pretrained(DIR) and pass DIR"
         )
-    return str(e)
-
-
-def _needs_architecture(e: BaseException) -> bool:
-    from ..train.load import ArchitectureNeeded  # the loaders, imported on this error path only
-
-    return isinstance(e, ArchitectureNeeded)
+    return e.words(cli_words) if isinstance(e, Worded) else str(e)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -120,10 +152,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 1
     try:
+        from ..errors import wording
         from .common import check_argument_ranges
 
         check_argument_ranges(args)  # every numeric option, before the command does anything
-        return int(args._run(args) or 0)
+        with wording(cli_words):  # the library's messages, warnings and hints name commands and flags
+            return int(args._run(args) or 0)
     except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
         if os.environ.get("CRATE_DEBUG"):
             raise

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..errors import Opt, OptionError
+
 __all__ = [
     "STRATEGIES",
     "check_strategy",
@@ -52,13 +54,15 @@ def check_strategy(strategy: str, world: int, task_name: str, shardable: bool = 
     if strategy != "fsdp":
         return
     if world < 2:
-        raise ValueError(
-            "--strategy fsdp shards the model over processes and this is one process; start it with "
-            "torchrun --nproc_per_node N -m crate_transformer.cli ..., or use --strategy ddp (also to resume an "
-            "FSDP run in one process: its checkpoint holds the full weights)"
-        )
+        raise OptionError(
+            Opt("strategy", "fsdp"), " shards the model over processes and this is one process; start it with "
+            "torchrun (one process per GPU), or use ", Opt("strategy", "ddp"), " (also to resume an FSDP run in one "
+            "process: its checkpoint holds the full weights)",
+        )  # fmt: skip
     if not shardable:
-        raise ValueError(f"the {task_name} task cannot train with --strategy fsdp; use --strategy ddp")
+        raise OptionError(
+            f"the {task_name} task cannot train with ", Opt("strategy", "fsdp"), "; use ", Opt("strategy", "ddp")
+        )
 
 
 def shard(model: nn.Module, *, methods: Iterable[str] = (), amp_dtype: torch.dtype | None = None) -> nn.Module:
