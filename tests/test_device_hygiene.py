@@ -13,41 +13,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tiny
 import torch
 from devicecheck import DeviceWatch, batch_tensors
 
-import crate_transformer as ct
-from crate_transformer.dino import DINOHead, DINOModel
-
-IMG = dict(image_size=16, patch_size=4, in_chans=1, dim=32, depth=2, heads=4)
-LM = dict(dim=32, depth=2, heads=4, block_size=8, vocab_size=50)
-FAMILIES = {
-    "crate": lambda: ct.create_model("crate_mnist", **IMG, num_classes=5),
-    "crate_mhsa": lambda: ct.create_model("crate_mhsa_mnist", **IMG, num_classes=5),
-    "crate_alpha_ops": lambda: ct.create_model("crate_alpha_mnist", **IMG, num_classes=5),
-    "crate_alpha": lambda: ct.create_model("crate_alpha_base16", **IMG, num_classes=5),
-    "vit": lambda: ct.create_model("vit_mnist", **IMG, num_classes=5),
-    "crate_mae": lambda: ct.create_model("crate_mae_mnist", **IMG),
-    "crate_gpt": lambda: ct.create_model("crate_gpt_mini", **LM),
-    "gpt": lambda: ct.create_model("gpt_mini", **LM),
-    "crate_lm_bidirectional": lambda: ct.create_model("crate_bert_mini", **LM),
-    "crate_bert": lambda: ct.create_model("crate_bert_base", **LM, dropout=0.0),
-    "dino": lambda: DINOModel(
-        ct.create_model("crate_mnist", **IMG, num_classes=5), DINOHead(32, 16, hidden_dim=16, bottleneck_dim=8)
-    ),
-}
+FAMILIES = tiny.family_builders()
 
 
 def _inputs(model: torch.nn.Module, device: str) -> Any:
-    if isinstance(model, ct.LanguageModel):
-        return torch.randint(0, model.config.vocab_size, (2, 8), device=device)
-    x = torch.randn(2, 1, 16, 16, device=device)
-    return [x, torch.randn(2, 1, 8, 8, device=device)] if isinstance(model, DINOModel) else x
+    return tiny.family_inputs(model, device)
 
 
 def _output(out: Any) -> torch.Tensor:
-    loss = getattr(out, "loss", None)  # CRATE-MAE's output
-    return loss if loss is not None else out.float().square().mean()
+    return tiny.family_loss(out)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -96,24 +74,25 @@ def _explain(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_every_family_forward_compiles_to_one_graph(family: str) -> None:
+def test_every_family_forward_compiles_to_one_graph(family: str, device: torch.device) -> None:
     """torch.compile traces each family's training forward whole: no graph break (each break is a return to Python
     between two compiled graphs, and usually a host sync)."""
-    model = FAMILIES[family]().train()
-    report = _explain(model, _inputs(model, "cpu"))
+    model = FAMILIES[family]().train().to(device)
+    report = _explain(model, _inputs(model, device))
     assert report.graph_break_count == 0, report.break_reasons
     assert report.graph_count == 1
 
 
 @pytest.mark.parametrize("family", ["crate_gpt", "crate_lm_bidirectional", "crate_bert"])
-def test_a_padded_language_model_batch_compiles_to_one_graph(family: str) -> None:
+def test_a_padded_language_model_batch_compiles_to_one_graph(family: str, device: torch.device) -> None:
     """Padding masks (classification of right-padded texts, a masked forward) compile without a break too."""
     model = FAMILIES[family]()
     model.reset_classifier(3)
-    ids, lengths = torch.randint(0, 50, (2, 8)), torch.tensor([8, 5])
+    model = model.to(device)
+    ids, lengths = torch.randint(0, 50, (2, 8)).to(device), torch.tensor([8, 5]).to(device)
     report = _explain(model.classify, ids, lengths)
     assert report.graph_break_count == 0, report.break_reasons
-    mask = torch.arange(8)[None] < lengths[:, None]
+    mask = torch.arange(8, device=device)[None] < lengths[:, None]
     report = _explain(model.forward_features, ids, key_mask=mask)
     assert report.graph_break_count == 0, report.break_reasons
 

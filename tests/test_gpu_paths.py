@@ -130,15 +130,15 @@ def test_processes_agree_to_stop_on_the_host_one_step_after_a_signal() -> None:
     assert out[0] == out[1] == [False, False, False, False, True, True]
 
 
-@pytest.mark.parametrize(("tf32", "device", "inside"), [(True, "cuda", "high"), (False, "cuda", "highest"),
+@pytest.mark.parametrize(("tf32", "run_on", "inside"), [(True, "cuda", "high"), (False, "cuda", "highest"),
                                                         (True, "cpu", None)])  # fmt: skip
-def test_tf32_for_float32_matmuls_on_a_gpu_run(tf32: bool, device: str, inside: str | None) -> None:
+def test_tf32_for_float32_matmuls_on_a_gpu_run(tf32: bool, run_on: str, inside: str | None) -> None:
     """On a GPU run, float32 matmuls use TF32 unless --no-tf32; a CPU run is left alone; both put the process
     back as it was."""
     from crate_transformer.train.runtime import ProcessSettings
 
     before = torch.get_float32_matmul_precision()
-    with ProcessSettings(1, False, tf32, torch.device(device)):
+    with ProcessSettings(1, False, tf32, torch.device(run_on)):
         assert torch.get_float32_matmul_precision() == (inside or before)
     assert torch.get_float32_matmul_precision() == before
 

@@ -18,9 +18,9 @@ from clitools import one_line_error
 from crate_transformer import cli
 from crate_transformer.analysis.segmentation import cosine_affinity
 from crate_transformer.config_utils import Range
-from crate_transformer.dino import DINOConfig
 from crate_transformer.lm import LMConfig, build_lm, sample_next
 from crate_transformer.tokenizer import Tokenizer
+from crate_transformer.train.dino import DINOOptions
 
 LM_TINY = tiny.LM
 
@@ -49,14 +49,14 @@ def test_range_words_and_checks() -> None:
         (["pretrain", "mae", "--probe-c", "0"], "probe_c must be a finite number > 0, got 0.0"),
         (["pretrain", "mae", "--probe-c", "-1"], "probe_c must be a finite number > 0, got -1.0"),
         (["pretrain", "mae", "--mask-ratio", "nan"], "mask_ratio must be a finite number in (0, 1), got nan"),
-        (["train-lm", "--sample-tokens", "-5"], "sample_tokens must be an integer >= 0 (0 = no sample), got -5"),
+        (["train-lm", "--sample-tokens", "-5"], "sample_tokens must be a non-negative integer (0 = no sample), got -5"),
         (["train-lm", "--model-args", "eta=inf"], "eta must be a finite number > 0, got inf"),
         (["train", "--model-args", "eta=nan"], "eta must be a finite number > 0, got nan"),
         (["pretrain", "dino", "--global-crops-scale", "0.5"], "global_crops_scale takes two area fractions LO HI"),
         (["pretrain", "dino", "--global-crops-scale", "0.5", "nan"], "global_crops_scale must be a finite number"),
         (["pretrain", "dino", "--teacher-temp", "nan"], "teacher_temp must be a finite number > 0, got nan"),
         (["pretrain", "dino", "--flip", "2"], "flip must be a finite number in [0, 1], got 2.0"),
-        (["train", "--lr", "inf"], "lr must be a finite number, got inf"),
+        (["train", "--lr", "inf"], "lr must be a finite number > 0, got inf"),
     ],
 )
 def test_training_options_are_refused_before_a_run_folder_exists(
@@ -76,7 +76,7 @@ def test_training_options_are_refused_before_a_run_folder_exists(
         ("--top-p", "1.5", "--top-p must be a finite number in (0, 1] (1 = off), got 1.5"),
         ("--top-p", "95", "--top-p must be a finite number in (0, 1] (1 = off), got 95.0"),
         ("--top-p", "nan", "--top-p must be a finite number in (0, 1] (1 = off), got nan"),
-        ("--top-k", "-3", "--top-k must be an integer >= 0, got -3"),
+        ("--top-k", "-3", "--top-k must be a non-negative integer, got -3"),
     ],
 )
 def test_generate_options(lm_dir: Path, flag: str, value: str, expected: str, capsys: pytest.CaptureFixture) -> None:
@@ -92,7 +92,7 @@ def test_the_api_refuses_what_the_cli_refuses() -> None:
     with pytest.raises(ValueError, match="eta must be a finite number > 0, got inf"):
         LMConfig(**LM_TINY, eta=float("inf"))
     with pytest.raises(ValueError, match="global_crops_scale takes two area fractions"):
-        DINOConfig(global_crops_scale=[0.5])
+        DINOOptions(global_crops_scale=[0.5])
     with pytest.raises(ValueError, match="tau must be a finite number in"):
         cosine_affinity(torch.randn(4, 3), tau=float("nan"))
 

@@ -10,13 +10,18 @@ The authors' releases (the zoo) are :mod:`crate_transformer.pretrained`, above t
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import re
+import socket
 import tempfile
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .io import CONFIG_NAME, FILE_DIGESTS, WEIGHTS_NAME, CheckpointError, atomic_write
+from .io import CONFIG_NAME, FILE_DIGESTS, WEIGHTS_NAME, CheckpointError, atomic_write, file_digest
 
 __all__ = [
     "HUB_PREFIX",
@@ -24,6 +29,9 @@ __all__ = [
     "parse_hub_spec",
     "hub_snapshot",
     "resolve_hub",
+    "hub_offline",
+    "hub_failure",
+    "verify_cached",
     "CITATION",
     "model_card",
     "write_hub_folder",
@@ -47,30 +55,128 @@ def parse_hub_spec(spec: str) -> str:
     return repo_id
 
 
+# seconds one connection to the Hub may take before the machine counts as offline
+PROBE_SECONDS = 3.0
+_TRUE = {"1", "ON", "YES", "TRUE"}
+# names of the transport errors of the HTTP clients huggingface_hub uses (httpx, requests): no answer at all
+_NETWORK_ERRORS = {"ConnectError", "ConnectTimeout", "NetworkError", "TransportError", "TimeoutException",
+                   "ConnectionError", "ProxyError", "SSLError"}  # fmt: skip
+
+
+def _offline_setting() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE
+
+
+def hub_offline() -> bool:
+    """Whether the Hub must not be asked: ``HF_HUB_OFFLINE=1``, or one connection to its endpoint failed within
+    :data:`PROBE_SECONDS` (tried once per process and endpoint).  The loaders then read the cache only
+    (``local_files_only``), so an offline machine fails in seconds instead of after huggingface_hub's five
+    retries (about 25 s of warnings)."""
+    from huggingface_hub import constants
+
+    return _offline_setting() or not _endpoint_answers(constants.ENDPOINT)
+
+
+@functools.cache
+def _endpoint_answers(endpoint: str) -> bool:
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True  # through a proxy the host need not resolve here: let the client try
+    url = urllib.parse.urlsplit(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname or "", port), timeout=PROBE_SECONDS):
+            return True
+    except OSError:  # no DNS, refused, unreachable, timed out
+        return False
+
+
+def _network_error(e: BaseException) -> bool:
+    return isinstance(e, (ConnectionError, socket.gaierror, TimeoutError)) or any(
+        c.__name__ in _NETWORK_ERRORS for c in type(e).__mro__
+    )
+
+
+def hub_failure(e: BaseException, what: str, fix: str, *, cache: bool = True) -> CheckpointError | None:
+    """The one translation of a Hub failure into a one-line :class:`CheckpointError`: ``what`` failed (e.g.
+    ``"hf-hub:ORG/NAME"``), ``fix`` says what to do instead; ``cache``: whether the Hugging Face cache could
+    have answered (a download, not an upload).  None when ``e`` is no Hub or network failure (re-raise it)."""
+    from huggingface_hub import errors
+
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    if isinstance(e, (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled)) or _network_error(e):
+        why = "HF_HUB_OFFLINE=1" if _offline_setting() else "no network" if hub_offline() else first
+        cached = " is not in the Hugging Face cache and" if cache else ":"
+        return CheckpointError(f"{what}{cached} the Hub cannot be reached ({why}); {fix}")
+    if isinstance(e, errors.RevisionNotFoundError):
+        return CheckpointError(f"{what}: the Hub has no such revision; check the revision, or {fix}")
+    if isinstance(e, errors.RepositoryNotFoundError):
+        return CheckpointError(
+            f"{what}: the Hub has no such repository (or it is private and no token was given); check the name, or "
+            f"{fix}"
+        )
+    if isinstance(e, errors.HfHubHTTPError):
+        status = getattr(getattr(e, "response", None), "status_code", None)
+        answered = f"the Hub answered {status}" if status else "the Hub refused"
+        return CheckpointError(f"{what}: {answered} ({first}); {fix}")
+    return None
+
+
+# the length of a cache blob's name → the hash it is: huggingface_hub stores each file under its etag, the SHA-256 of
+# an LFS file and git's blob id (SHA-1) of any other
+_BLOB_DIGESTS = {64: "sha256", 40: "git-sha1"}
+REFETCH = "delete it and load again to download it anew"
+
+
+def verify_cached(path: str | Path, what: str, sha256: str = "", fix: str = REFETCH) -> Path:
+    """``path`` (a file huggingface_hub returned from its cache) after checking its content before anything reads it.
+
+    The cache keeps each file as ``blobs/<hash of its content>`` (SHA-256 for LFS files, git's blob id for the
+    others), with ``snapshots/<commit>/<path>`` a link to it: the bytes must hash to the blob's name.  ``sha256``, a
+    checksum published for the file, must match too; it is the only check of a cache without links (copies,
+    Windows without developer mode).  A mismatch is one :class:`CheckpointError` line naming ``what``, the file and
+    ``fix`` (how to fetch it again)."""
+    blob = Path(os.path.realpath(path))
+    checks = []
+    if blob.parent.name == "blobs" and len(blob.name) in _BLOB_DIGESTS and re.fullmatch("[0-9a-f]+", blob.name):
+        checks.append((_BLOB_DIGESTS[len(blob.name)], blob.name, "the Hub's"))
+    if sha256:
+        checks.append(("sha256", sha256.lower(), "the published one"))
+    digests: dict[str, str] = {}
+    for algorithm, want, whose in checks:
+        got = digests.setdefault(algorithm, file_digest(blob, algorithm))
+        if got != want:
+            raise CheckpointError(
+                f"{what} in the Hugging Face cache is corrupt: {blob} has {algorithm} {got[:12]}…, {whose} is "
+                f"{want[:12]}…; {fix}"
+            )
+    return Path(path)
+
+
 def hub_snapshot(spec: str, revision: str | None = None, cache_dir: str | Path | None = None) -> Path:
     """The local folder of a Hub repository saved by ``save_pretrained`` / :func:`push_to_hub`.
 
     Only ``config.json``, ``model.safetensors`` and the checksummed extra files (``tokenizer.json``) are fetched
-    (``snapshot_download(allow_patterns=...)``); offline, the cached snapshot is used.
+    (``snapshot_download(allow_patterns=...)``); offline (:func:`hub_offline`), the cached snapshot is used.  Each
+    file's content is checked against the hash the cache names it by (:func:`verify_cached`).
     """
     repo_id = parse_hub_spec(spec)
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     try:
         folder = snapshot_download(
-            repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, *FILE_DIGESTS]
-        )
-    except LocalEntryNotFoundError:
+            repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, *FILE_DIGESTS],
+            local_files_only=hub_offline(),
+        )  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - huggingface_hub's and its HTTP client's errors, translated in one place
         at = f" at revision {revision!r}" if revision else ""
-        raise CheckpointError(
-            f"{spec}{at} is not in the Hugging Face cache and the Hub cannot be reached (offline: HF_HUB_OFFLINE=1 "
-            f"or no network); download https://huggingface.co/{repo_id} to a folder and pass that folder instead"
-        ) from None
-    except (HfHubHTTPError, OSError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise CheckpointError(f"cannot fetch {spec} ({first}); check the repository name and revision") from None
+        fix = f"download https://huggingface.co/{repo_id} to a folder and pass that folder instead"
+        raise (hub_failure(e, f"{spec}{at}", fix) or e) from None
     folder = Path(folder)
+    for name in dict.fromkeys((CONFIG_NAME, WEIGHTS_NAME, *FILE_DIGESTS)):
+        if (folder / name).is_file():
+            verify_cached(folder / name, f"{spec}: {name}")
     if not (folder / CONFIG_NAME).is_file():
         raise CheckpointError(
             f"{spec} has no {CONFIG_NAME}: it is not a crate_transformer save_pretrained repository; for the "
@@ -97,6 +203,10 @@ CITATION = """@article{yu2024white,
   number  = {300},
   year    = {2024}
 }"""  # as in README.md and CITATION.cff
+
+
+# the line that marks a README.md as a card written here: write_hub_folder replaces such a file, never another
+CARD_MARKER = "<!-- model card written by crate_transformer (push_to_hub / write_hub_folder) -->"
 
 
 def model_card(
@@ -128,7 +238,7 @@ def model_card(
     )
     n_params = sum(p.numel() for p in model.parameters())
     lines = [
-        "---", data.to_yaml(), "---", "",
+        "---", data.to_yaml(), "---", CARD_MARKER, "",
         f"# {repo_id.split('/')[-1]}", "",
         f"A `{config.arch}` model (dim {config.dim}, depth {config.depth}, heads {config.heads}, "
         f"{n_params:,} parameters) saved by the `crate_transformer` package's `push_to_hub`. CRATE is the "
@@ -154,7 +264,16 @@ def write_hub_folder(
     dataset: str | None = None,
     license: str | None = None,
 ) -> Path:
-    """Write what :func:`push_to_hub` uploads: ``model.save_pretrained(folder)`` plus the model card ``README.md``."""
+    """Write what :func:`push_to_hub` uploads: ``model.save_pretrained(folder)`` plus the model card ``README.md``.
+
+    A ``README.md`` already in ``folder`` is replaced only when it is a card written here (:data:`CARD_MARKER`);
+    one of the user's is refused before anything is written."""
+    readme = Path(folder) / "README.md"
+    if readme.is_file() and CARD_MARKER not in readme.read_text(encoding="utf-8", errors="replace"):
+        raise ValueError(
+            f"{readme} exists and is not a model card written by this package; write_hub_folder would replace it "
+            "with the generated card: move it, or write to another folder"
+        )
     folder = Path(model.save_pretrained(folder))
     card = model_card(model, repo_id, metrics, dataset, license).encode("utf-8")
     atomic_write(folder / "README.md", lambda tmp: Path(tmp).write_bytes(card))
@@ -181,14 +300,14 @@ def push_to_hub(
     from huggingface_hub.errors import OfflineModeIsEnabled
 
     api = HfApi(token=token)
+    fix = "write the files with crate_transformer.pretrained.write_hub_folder(model, folder, repo_id) to upload later"
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_hub_folder(model, tmp, repo_id, metrics=metrics, dataset=dataset, license=license)
         try:
+            if hub_offline():  # one quick probe, not the client's retries
+                raise OfflineModeIsEnabled("the Hub cannot be reached")
             api.create_repo(repo_id, private=private, exist_ok=True)
             commit = api.upload_folder(repo_id=repo_id, folder_path=folder, revision=revision, commit_message=message)
-        except OfflineModeIsEnabled:
-            raise ValueError(
-                f"cannot push {repo_id}: HF_HUB_OFFLINE=1 disables the Hub; unset it, or write the files with "
-                "crate_transformer.pretrained.write_hub_folder(model, folder, repo_id) and upload them later"
-            ) from None
+        except Exception as e:  # noqa: BLE001 - huggingface_hub's and its HTTP client's errors, translated in one place
+            raise (hub_failure(e, f"cannot push {repo_id}", fix, cache=False) or e) from None
     return str(commit)

@@ -162,6 +162,9 @@ class PretrainedSource:
     url: str = ""
     revision: str | None = None  # None: the repository's main branch
     also: tuple[str, ...] = ()  # files of the same repository the loader reads beside ``filename``
+    # the SHA-256 the authors or the Hub publish for ``filename`` ("": none stated); checked besides the cache's own
+    # hash (the name of its blob), and the only check of a cache without links
+    sha256: str = ""
     input: str = ""
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
@@ -175,9 +178,11 @@ class PretrainedSource:
 
     @property
     def page(self) -> str:
-        """The address a person opens to download the file."""
+        """The address a person opens to download the file: on the Hub its download link (``resolve/``, which a
+        browser and ``curl -L`` both follow; a ``blob/`` address is the Hub's HTML viewer of the file), else the
+        Google Drive page."""
         if self.on_hub:
-            return f"https://huggingface.co/{self.repo_id}/blob/{self.revision or 'main'}/{self.filename}"
+            return f"https://huggingface.co/{self.repo_id}/resolve/{self.revision or 'main'}/{self.filename}"
         return self.url
 
     @property

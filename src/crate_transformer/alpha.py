@@ -19,13 +19,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
 
 from torch import Tensor, nn
 
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .model import ImageClassifier, ModelConfig
-from .official import OfficialFormat, conv_to_linear, linear_to_conv, rename
+from .official import HEADS_NOT_STORED, OfficialFormat, conv_to_linear, linear_to_conv, rename
 from .operators import EncoderLayer, drop_path_rates
 from .spec import IMAGENET_MEAN, IMAGENET_STD
 
@@ -65,7 +64,7 @@ class AlphaConfig(ModelConfig):
     (:data:`ALPHA_CHOICES`) fixed — another value for one of them is a one-line ``ValueError`` — and
     CRATE-α-B/16's sizes as the defaults.  ``odl_ratio`` (4), ``eta`` and ``lambd`` (0.1) are the ODL block's."""
 
-    ARCHS: ClassVar[tuple[str, ...]] = (ALPHA_ARCH,)
+    CHOICES = {**ModelConfig.CHOICES, "arch": (ALPHA_ARCH,)}
 
     arch: str = ALPHA_ARCH
     dim: int = 768
@@ -176,6 +175,7 @@ ALPHA_FORMAT = OfficialFormat(
     to_native=lambda state, config: alpha_official_to_native(state),
     detect=looks_like_alpha,
     example="crate_alpha_base16",
+    unstored=HEADS_NOT_STORED,
 )
 
 

@@ -18,7 +18,8 @@ model what it is and what it supports — never its class, never its ``arch`` na
 model is (``kind``, ``white_box``, ``sparse_output``, ``layer_blocks``, ``pipeline_tag``: see
 :mod:`crate_transformer.config`); the model says what only the built model knows, each with a default here:
 
-* ``kind`` — ``self.config.kind``; ``num_prefix_tokens`` — tokens before the content (a class token);
+* ``kind`` — ``self.config.kind``; ``num_prefix_tokens`` — tokens before the content (a class token) in
+  ``forward_features``; ``trace_prefix_tokens`` — the same in the layers' own sequences (``forward_trace``);
 * :meth:`Model.code_sites` — where each layer's sparse code (or MLP units) is read;
 * :meth:`Model.as_classifier` — an image classifier made from it, for fine-tuning (CRATE-MAE's encoder);
 * :meth:`Model.extra_files` / :meth:`Model.load_extra_files` — JSON files saved and checksummed beside the
@@ -61,9 +62,8 @@ from .io import (
     read_config_dict,
     save_pretrained,
 )
-from .operators import EncoderLayer
 
-__all__ = ["Model", "Trace", "POOLS", "pool_tokens", "load_folder", "load_weights"]
+__all__ = ["Model", "Trace", "POOLS", "pool_tokens", "load_folder", "load_weights", "check_values"]
 
 # "cls": the class token (eq. (80)); "mean": every token, class token included (the official CRATE
 # classifier's ``x.mean(dim=1)``); "avg": the patch tokens only (global average pooling, eq. (72), p.40;
@@ -170,16 +170,24 @@ class Model(nn.Module):
         """What this model is (``self.config.kind``, one of :data:`~crate_transformer.config.KINDS`)."""
         return self.config.kind
 
+    @property
+    def trace_prefix_tokens(self) -> int:
+        """Tokens before the content in the sequences ``self.layers`` process (``forward_trace``'s tokens and
+        attention, the code sites' outputs): ``num_prefix_tokens`` unless the family's layers see no class token
+        (ToST adds its class token after them)."""
+        return self.num_prefix_tokens
+
     def code_sites(self) -> list[tuple[nn.Module, str]]:
-        """Per layer, where its sparse code (or MLP units) is read: the ``(module, unit kind)`` of
-        :meth:`~crate_transformer.operators.EncoderLayer.code_site` of each of ``self.layers``.  One-line
+        """Per layer, where its sparse code (or MLP units) is read: the ``(module, unit kind)`` each of ``self.layers``
+        gives by its ``code_site()`` (:meth:`~crate_transformer.operators.EncoderLayer.code_site`; any layer class
+        may have one, e.g. ToST's blocks: their MLP units).  One-line
         ``ValueError`` for a layer without one; a family with other layers overrides this."""
         layers = getattr(self, "layers", None)
         if not isinstance(layers, nn.ModuleList) or not len(layers):
             raise ValueError(f"{type(self).__name__} has no encoder layers (model.layers) to read codes from")
         sites = []
         for i, layer in enumerate(layers):
-            site = layer.code_site() if isinstance(layer, EncoderLayer) else None
+            site = layer.code_site() if callable(getattr(layer, "code_site", None)) else None
             if site is None:
                 raise ValueError(
                     f"layer {i + 1} of this {self.config.arch} model has no sparse code or MLP units "
@@ -266,7 +274,8 @@ def _output_of(layer: nn.Module) -> Callable[..., Tensor]:
 
 def load_weights(model: nn.Module, state: Mapping[str, Tensor], source: str = "checkpoint") -> None:
     """Strictly load ``state`` into ``model``; any missing, unexpected or mis-shaped key is one clear error
-    (with the model's :meth:`Model.size_hint`)."""
+    (with the model's :meth:`Model.size_hint`), and so is a tensor of the wrong kind or with NaN / inf values
+    (:func:`check_values`): every loader goes through here."""
     own = model.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
@@ -279,11 +288,60 @@ def load_weights(model: nn.Module, state: Mapping[str, Tensor], source: str = "c
         parts = []
         for label, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)):
             if items:
-                shown = ", ".join(items[:6]) + (f", … (+{len(items) - 6} more)" if len(items) > 6 else "")
-                parts.append(f"{label}: {shown}")
+                parts.append(f"{label}: {_first(items)}")
         hint = model.size_hint(state) if isinstance(model, Model) else ""
         raise CheckpointError(f"{source} does not fit the model ({'; '.join(parts)}){hint}")
+    check_values(own, state, source)
     model.load_state_dict(state, strict=True)
+
+
+def check_values(own: Mapping[str, Tensor], state: Mapping[str, Tensor], source: str) -> None:
+    """Refuse what ``load_state_dict`` would silently convert or keep: a tensor of another kind than the model's
+    (integers or booleans for floating-point weights, and the reverse) and NaN or ±inf in floating-point weights.
+    One line naming the tensors; float16/bfloat16/float64 weights are cast as usual."""
+    kinds = [
+        f"{k} ({state[k].dtype}; the model's is {own[k].dtype})"
+        for k in own
+        if state[k].is_floating_point() != own[k].is_floating_point() or state[k].is_complex() != own[k].is_complex()
+    ]
+    if kinds:
+        raise CheckpointError(
+            f"{source} holds tensors of the wrong kind: {_first(kinds)}; it is not this model's weights, or was "
+            "converted wrongly — save the weights as floating-point tensors"
+        )
+    bad = [f"{k} ({n} of {state[k].numel()})" for k in own if (n := _non_finite(state[k]))]
+    if bad:
+        raise CheckpointError(
+            f"{source} holds NaN or infinite weights: {_first(bad)}; the file is corrupt or the run that wrote it "
+            "diverged — use an earlier checkpoint"
+        )
+
+
+def _non_finite(t: Tensor) -> int:
+    """How many NaN / ±inf values ``t`` holds; one ``aminmax`` pass (NaN and ±inf reach its ends), counted only
+    when it finds one (a count of every tensor costs 30 times more)."""
+    if not (t.is_floating_point() or t.is_complex()) or not t.numel():
+        return 0
+    t = torch.view_as_real(t) if t.is_complex() else t
+    lo, hi = torch.aminmax(t)
+    return 0 if bool(torch.isfinite(lo) & torch.isfinite(hi)) else int((~torch.isfinite(t)).sum())
+
+
+def _first(items: list[str], n: int = 6) -> str:
+    return ", ".join(items[:n]) + (f", … (+{len(items) - n} more)" if len(items) > n else "")
+
+
+def _keep_dtypes(model: nn.Module, state: Mapping[str, Tensor]) -> None:
+    """Give ``model`` the floating dtypes of the weights it was loaded from (``load_state_dict`` casts to the
+    model's float32): a model saved in float16 or bfloat16 comes back in it, non-persistent buffers included;
+    weights saved in several dtypes keep each its own."""
+    dtypes = {t.dtype for t in state.values() if t.is_floating_point()}
+    if len(dtypes) == 1:
+        model.to(dtypes.pop())
+        return
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if name in state and state[name].is_floating_point() and t.dtype != state[name].dtype:
+            t.data = t.data.to(state[name].dtype)
 
 
 def load_folder(
@@ -300,6 +358,8 @@ def load_folder(
     Hugging Face cache.  The weights' SHA-256 (stored in the safetensors header since 0.2) and the checksums of
     ``config.json`` and the extra files stored beside it are verified: a flipped byte in any of them raises
     :class:`~crate_transformer.io.CheckpointError` ("... is corrupt"); older files without a checksum load.
+    The model comes back in eval mode, as from every loader, and in the floating dtypes it was saved in (a
+    float16 or bfloat16 model stays one).
     """
     directory = model_dir(resolve_hub(path, revision))
     data = read_config_dict(directory)
@@ -314,7 +374,8 @@ def load_folder(
     state, meta = load_safetensors(weights)
     model = target(config)
     load_weights(model, state, source=str(weights))
+    _keep_dtypes(model, state)
     model.load_extra_files(directory, meta)
     if is_hub_spec(path):
         model.pretrained_cfg = {"source": path, "revision": revision, "folder": str(directory)}
-    return model.to(map_location)
+    return model.to(map_location).eval()

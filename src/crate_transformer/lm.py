@@ -41,7 +41,7 @@ from .config_utils import Range
 from .errors import TaskError, Use
 from .io import FILE_DIGESTS, TOKENIZER_NAME, CheckpointError, read_model_json
 from .model import ViTBlock
-from .official import OfficialFormat, rename, unwrap
+from .official import HEADS_NOT_STORED, OfficialFormat, rename, unwrap
 from .operators import GELUS, ISTA_MODES, LAYER_FORMS, MLP, MLPS, EncoderLayer
 from .tokenizer import Tokenizer
 
@@ -58,6 +58,8 @@ __all__ = [
     "sinusoidal_positions",
     "check_official_lm",
     "lm_checkpoint_fields",
+    "lm_state",
+    "EMBED_KEY_MAP",
     "crate_lm_to_native",
     "gpt2_to_native",
     "CRATE_LM_FORMAT",
@@ -116,6 +118,8 @@ class LMConfig(Config):
         "layer_norm_eps": Range(0, lo_open=True),
     }
     kind = LANGUAGE_MODEL
+    CHOICES = {"arch": LM_ARCHS, "pos_embed": POS_EMBEDS, "ista_mode": ISTA_MODES, "layer_form": LAYER_FORMS,
+               "mlp": MLPS, "gelu": GELUS}  # fmt: skip
 
     @property
     def pipeline_tag(self) -> str:
@@ -140,9 +144,6 @@ class LMConfig(Config):
         return ("mhsa", "mlp") if self.arch == "gpt" else ("mssa", self.mlp)
 
     def validate(self) -> None:
-        for name, allowed in (("arch", LM_ARCHS), ("pos_embed", POS_EMBEDS), ("ista_mode", ISTA_MODES),
-                              ("layer_form", LAYER_FORMS), ("mlp", MLPS), ("gelu", GELUS)):  # fmt: skip
-            self.check_choice(name, allowed)
         self.check_positive("vocab_size", "block_size", "dim", "depth", "heads", "odl_ratio", "type_vocab_size")
         if self.arch == "crate_lm" and self.mlp != "ista" and self.ista_mode != "relu":
             raise ValueError(f"ista_mode={self.ista_mode!r} needs mlp='ista', got mlp={self.mlp!r}; drop one of them")
@@ -202,9 +203,9 @@ def sinusoidal_positions(n: int, d: int) -> Tensor:
     return pe.float()
 
 
-def cache_nbytes(cache: list[dict[str, Tensor]]) -> int:
-    """Bytes held by a key-value cache (every layer's tensors)."""
-    return sum(t.numel() * t.element_size() for layer in cache for t in layer.values())
+def cache_nbytes(cache: list[dict[str, Any]]) -> int:
+    """Bytes held by a key-value cache (every layer's tensors; a ``"length"`` count is not a tensor)."""
+    return sum(t.numel() * t.element_size() for layer in cache for t in layer.values() if isinstance(t, Tensor))
 
 
 class LanguageModel(Model):
@@ -229,15 +230,18 @@ class LanguageModel(Model):
         c = self.config
         self.tokenizer = None  # attached by from_pretrained / training; saved with save_pretrained
         self._build_embedding(c)
-        if c.arch != "gpt":
-            self.layers = nn.ModuleList(EncoderLayer.from_config(c) for _ in range(c.depth))
-        else:
-            self.layers = nn.ModuleList(
-                ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout, c.causal, c.gelu) for _ in range(c.depth)
-            )
+        self.layers = self.build_layers(c)
         self.norm = nn.LayerNorm(c.dim) if c.final_norm else nn.Identity()
         self._build_heads(c)
         self._init_weights()
+
+    def build_layers(self, c: LMConfig) -> nn.ModuleList:
+        """The ``depth`` layers between the embedding and the head: CRATE layers, or GPT-2 blocks for ``arch="gpt"``;
+        a family that is this language model with other layers overrides it (ToST, ``tost.py``).  Each layer takes
+        ``(z, cache=, key_mask=)`` and returns ``(z, ...)``, as :class:`~crate_transformer.operators.EncoderLayer`."""
+        if c.arch != "gpt":
+            return nn.ModuleList(EncoderLayer.from_config(c) for _ in range(c.depth))
+        return nn.ModuleList(ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout, c.causal, c.gelu) for _ in range(c.depth))
 
     @property
     def tokenizer(self) -> object | None:
@@ -502,10 +506,13 @@ def build_lm(config: LMConfig) -> LanguageModel:
     return LanguageModel.class_for(config.arch)(config)
 
 
-def _cached_length(cache: list[dict[str, Tensor]] | None) -> int:
+def _cached_length(cache: list[dict[str, Any]] | None) -> int:
+    """Tokens a cache holds: its ``"length"`` entry where a layer keeps a constant-size state (ToST's running
+    sums), else the token axis of its first tensor (keys and values)."""
     if not cache or not cache[0]:
         return 0
-    return next(iter(cache[0].values())).shape[-2]
+    first = cache[0]
+    return first["length"] if "length" in first else next(iter(first.values())).shape[-2]
 
 
 # --------------------------------------------------------------------------- objectives and sampling
@@ -578,8 +585,8 @@ def sample_next(
 # --------------------------------------------------------------------------- the authors' and GPT-2 checkpoints
 # Keys after the "_orig_mod." (torch.compile), "module." (DDP) and "transformer." prefixes are stripped; "{i}" is
 # a layer index.  nanoGPT (karpathy/nanoGPT model.py) and Hugging Face's GPT2LMHeadModel share the names.
-_EMBED_KEYS = [("wte.weight", "wte.weight"), ("wpe.weight", "wpe.weight"), ("ln_f.", "norm.")]
-GPT2_KEY_MAP = _EMBED_KEYS + [
+EMBED_KEY_MAP = [("wte.weight", "wte.weight"), ("wpe.weight", "wpe.weight"), ("ln_f.", "norm.")]
+GPT2_KEY_MAP = EMBED_KEY_MAP + [
     ("h.{i}.ln_1.", "layers.{i}.norm1."),
     ("h.{i}.attn.c_attn.", "layers.{i}.attn.qkv."),
     ("h.{i}.attn.c_proj.", "layers.{i}.attn.proj."),
@@ -589,7 +596,7 @@ GPT2_KEY_MAP = _EMBED_KEYS + [
 ]
 # crate-lm/crate-lm crate.py and crate_overcomplete.py (the released CRATE-GPT): ista.weight is D (d × d) in
 # crate.py and Dᵀ (m × d) in crate_overcomplete.py, whose weight codes and decodes.
-CRATE_LM_KEY_MAP = _EMBED_KEYS + [
+CRATE_LM_KEY_MAP = EMBED_KEY_MAP + [
     ("h.{i}.prenorm_1.", "layers.{i}.norm1."),
     ("h.{i}.attn.c_attn.", "layers.{i}.attn.qkv."),
     ("h.{i}.attn.c_proj.", "layers.{i}.attn.proj."),
@@ -616,8 +623,9 @@ def check_official_lm(config: LMConfig) -> None:
         )
 
 
-def _lm_state(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Prefixes stripped, the causal-mask buffers and the tied head dropped (a head that is not tied is refused)."""
+def lm_state(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """A nanoGPT-style state dict (crate-lm, nanoGPT, ToST's tost_lang) as the key maps expect it: prefixes
+    stripped, the causal-mask buffers and the tied head dropped (a head that is not tied is refused)."""
     out = {}
     for key, value in state.items():
         while key.startswith(_PREFIXES):
@@ -640,7 +648,7 @@ def lm_checkpoint_fields(raw: object) -> dict[str, Any]:
     """
     model_args = raw.get("model_args") if isinstance(raw, Mapping) else None
     model_args = model_args if isinstance(model_args, Mapping) else {}
-    state = _lm_state(unwrap(raw))
+    state = lm_state(unwrap(raw))
     if "wte.weight" not in state or "wpe.weight" not in state:
         raise ValueError("not a GPT-style language model: no wte.weight / wpe.weight (token and position tables)")
     layers = {int(k.split(".")[1]) for k in state if k.startswith("h.") and k.split(".")[1].isdigit()}
@@ -680,7 +688,7 @@ def _is_hf_layout(state: Mapping[str, Tensor], dim: int) -> bool:
 
 def crate_lm_to_native(state: Mapping[str, Tensor], config: LMConfig) -> dict[str, Tensor]:
     """crate-lm keys → native; ``crate_overcomplete.py`` stores ``Dᵀ`` (m × d), :class:`OvercompleteISTA` ``D``."""
-    out = rename(_lm_state(state), CRATE_LM_KEY_MAP, forward=True)
+    out = rename(lm_state(state), CRATE_LM_KEY_MAP, forward=True)
     if config.mlp == "ista_overcomplete":
         for i in range(config.depth):
             if f"layers.{i}.ista.weight" in out:
@@ -692,7 +700,7 @@ def gpt2_to_native(state: Mapping[str, Tensor], config: LMConfig) -> dict[str, T
     """nanoGPT / Hugging Face GPT-2 keys → native.  Conv1D weights ``(in, out)`` are transposed; nanoGPT's
     ``bias=False`` models (no bias at all) get zero biases, the same function: a missing bias adds nothing.
     A checkpoint with only some biases is left as it is (the strict load names the missing ones)."""
-    state = _lm_state(state)
+    state = lm_state(state)
     if "wte.weight" in state and _is_hf_layout(state, state["wte.weight"].shape[-1]):
         state = {k: v.T.contiguous() if k.endswith(_HF_CONV1D) else v for k, v in state.items()}
     out = rename(state, GPT2_KEY_MAP, forward=True)
@@ -711,6 +719,7 @@ CRATE_LM_FORMAT = OfficialFormat(
     example="crate_gpt_12l_pile",
     check=check_official_lm,
     fields=lm_checkpoint_fields,
+    unstored=HEADS_NOT_STORED,
 )
 GPT2_FORMAT = OfficialFormat(
     name="GPT-2",
@@ -721,6 +730,7 @@ GPT2_FORMAT = OfficialFormat(
     check=check_official_lm,
     fields=lm_checkpoint_fields,
     overridable=("gelu",),
+    unstored=HEADS_NOT_STORED,
 )
 
 

@@ -12,7 +12,7 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +22,7 @@ from ._registry import PretrainedSource, register_arch, register_model, register
 from .base import POOLS, Model, Trace, pool_tokens
 from .config import IMAGE_CLASSIFIER, Config
 from .config_utils import Range
-from .official import OfficialFormat, official_to_native
+from .official import HEADS_NOT_STORED, OfficialFormat, official_to_native
 from .operators import ATTENTIONS, ISTA_MODES, LAYER_FORMS, MLPS, EncoderLayer, drop_path_rates
 from .spec import IMAGENET_MEAN, IMAGENET_STD, DataSpec, fit_normalization
 
@@ -68,10 +68,7 @@ class ImageEncoderGeometry:
 
     def check_geometry(self, positive: tuple[str, ...] = ()) -> None:
         """One-line ValueErrors for bad sizes (``positive`` names further positive-integer fields)."""
-        for name in ("image_size", "patch_size", "in_chans", *positive, "dim", "depth", "heads"):
-            v = getattr(self, name)
-            if v <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        self.check_positive("image_size", "patch_size", "in_chans", *positive, "dim", "depth", "heads")
         if self.dim_head is not None and self.dim_head <= 0:
             raise ValueError(f"dim_head must be a positive integer or None (= dim // heads), got {self.dim_head!r}")
         if self.dim_head is None and self.dim % self.heads:
@@ -146,7 +143,9 @@ class ModelConfig(ImageEncoderGeometry, Config):
     OMIT_AT_DEFAULT = ("drop_path",)  # added later: configs without it stay byte-identical
     kind = IMAGE_CLASSIFIER
     pipeline_tag = "image-classification"
-    ARCHS: ClassVar[tuple[str, ...]] = ARCHS  # the arch values this config class builds (a subclass's own)
+    # arch: the values this config class builds (a subclass names its own)
+    CHOICES = {"arch": ARCHS, "pool": POOLS, "ista_mode": ISTA_MODES, "layer_form": LAYER_FORMS,
+               "attention": ATTENTIONS, "mlp": MLPS}  # fmt: skip
     RULES = {
         "eta": Range(0, lo_open=True),
         "lambd": Range(0),
@@ -158,9 +157,6 @@ class ModelConfig(ImageEncoderGeometry, Config):
     }
 
     def validate(self) -> None:
-        for name, allowed in (("arch", self.ARCHS), ("pool", POOLS), ("ista_mode", ISTA_MODES),
-                              ("layer_form", LAYER_FORMS), ("attention", ATTENTIONS), ("mlp", MLPS)):  # fmt: skip
-            self.check_choice(name, allowed)
         self.check_positive("odl_ratio")
         if self.arch == "crate" and self.mlp != "ista" and self.ista_mode != "relu":
             raise ValueError(
@@ -445,6 +441,8 @@ class ImageClassifier(ImageInput, Model):
         if layer_ids:
             found["depth"] = max(layer_ids) + 1
         fixes = [f"{k}={v}" for k, v in found.items() if getattr(c, k) != v]
+        if "dim" in found and found["dim"] != c.dim:  # U's (K·p × d) shape does not tell K
+            fixes.append("heads=K, the head count it was trained with (no shape stores it)")
         return f"; pass {', '.join(fixes)}" if fixes else "; pass the model name and overrides it was trained with"
 
     def get_classifier(self) -> nn.Module:
@@ -502,7 +500,8 @@ def _check_classifier(config: Any) -> None:
     if config.arch != "crate" or (config.attention, config.mlp) != ("mssa", "ista"):
         raise ValueError(
             f"official CRATE checkpoints have MSSA + ISTA layers, not arch={config.arch!r}, "
-            f"attention={config.attention!r}, mlp={config.mlp!r}; drop those overrides"
+            f"attention={config.attention!r}, mlp={config.mlp!r}; pass a CRATE classifier name such as crate_small, "
+            "without overrides of arch, attention or mlp"
         )
 
 
@@ -513,6 +512,7 @@ CLASSIFIER_FORMAT = OfficialFormat(
     detect=lambda state: any(k.startswith("to_patch_embedding.") for k in state),
     example="crate_small",
     check=_check_classifier,
+    unstored=HEADS_NOT_STORED,
 )
 
 

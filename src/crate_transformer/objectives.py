@@ -36,6 +36,7 @@ __all__ = [
     "membership_coding_rate",
     "subspace_coding_rate",
     "subspace_coding_rate_grad",
+    "variational_coding_rate",
     "rate_reduction",
     "sparse_rate_reduction",
     "sparsity",
@@ -197,6 +198,47 @@ def subspace_coding_rate_grad(Z: Tensor, U: Tensor, eps: float = 0.1, *, dtype: 
     P = Z.unsqueeze(-3) @ U  # (..., K, n, p)
     A = torch.eye(n, dtype=Z.dtype, device=Z.device) + beta * (P @ P.transpose(-1, -2))
     return (beta * torch.linalg.solve(A, P) @ U.transpose(-1, -2)).sum(-3)
+
+
+@_without_autocast
+def variational_coding_rate(
+    Z: Tensor, U: Tensor | None, Pi: Tensor, eps: float = 0.1, *, dtype: torch.dtype | None = None
+) -> Tensor:
+    """The variational compression term that ToST's attention (TSSA) descends (Wu et al., "Token Statistics
+    Transformer: Linear-Time Attention via Variational Rate Reduction", ICLR 2025, §3), with soft memberships Π::
+
+        R_c^var(Z, Π | U_[K]) = ½ Σ_k (n_k / n) Σ_i log(1 + (p/ε²) · Σ_j Π_jk (U_kᵀz_j)_i² / n_k),   n_k = Σ_j Π_jk
+
+    Each head's logdet of ``R^c`` (eq. (13)) is replaced by the sum of ``log(1 + ·)`` over the diagonal of its
+    Π-weighted second-moment matrix ``M_k = (p/(n_k ε²)) Σ_j Π_jk w_kj w_kjᵀ``: since the eigenvalues of ``M_k``
+    majorise its diagonal and ``log(1 + x)`` is concave, ``Σ_i log(1 + (M_k)_ii) ≥ logdet(I + M_k)``, with
+    equality when ``M_k`` is diagonal, so this bounds the Π-weighted ``R^c`` from above and needs only ``p``
+    numbers per head: its cost is linear in ``n``.  TSSA's output before its projection,
+    ``−Π_jk w_kj / (1 + m_kj)``, is ``−n`` times the gradient of this function in ``w_kj`` at ``p/ε² = 1`` with Π
+    held fixed (the authors' code absorbs the scale into the learned projection; ``tests/test_tost.py``).
+
+    ``Z`` is ``(..., n, d)`` row tokens and ``U`` is ``(K, d, p)``; or ``U=None`` and ``Z`` already holds each
+    head's projections ``(..., K, n, p)`` (a layer's own, bias included).  ``Pi`` is ``(..., n, K)``, each token's
+    memberships (non-negative; TSSA's rows sum to 1).  One value per batch element.
+    """
+    _check_eps(eps)
+    if U is not None:
+        _check_tokens(Z)
+        _check_subspaces(U, Z.shape[-1])
+        Z = _cast(Z, dtype)
+        P = Z.unsqueeze(-3) @ U.to(Z.dtype)
+    else:
+        if not isinstance(Z, Tensor) or Z.dim() < 3 or not Z.is_floating_point():
+            raise ValueError(f"with U=None, Z must be float projections (..., K, n, p), got {tuple(Z.shape)}")
+        P = _cast(Z, dtype)
+    K, n, p = P.shape[-3:]
+    if Pi.shape[-2:] != (n, K):
+        raise ValueError(f"Pi must be (..., n={n}, K={K}), one membership per token and head, got {tuple(Pi.shape)}")
+    weights = Pi.to(P.dtype).transpose(-1, -2)  # (..., K, n)
+    mass = weights.sum(-1)  # n_k
+    moment = (weights.unsqueeze(-2) @ P.square()).squeeze(-2) / mass.clamp_min(torch.finfo(P.dtype).tiny)[..., None]
+    per_head = torch.log1p(p / eps**2 * moment).sum(-1)
+    return 0.5 * (mass / n * per_head).sum(-1)
 
 
 @_without_autocast

@@ -45,10 +45,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ..model import ImageClassifier
 from ..objectives import coding_rate, l1_per_entry, rate_reduction, sparsity
+from ..progress import progress_bar
 from ._common import (
     Normalization,
     count_images,
@@ -276,7 +276,7 @@ def measure(
     model.eval()
     chunks: list[dict[str, Tensor]] = []
     try:
-        bar = tqdm(total=total, desc=desc, unit="img", disable=not progress, leave=False)
+        bar = progress_bar(total=total, desc=desc, unit="img", enabled=progress, leave=False)
         for x in iter_batches(images, batch_size, normalization, model.config.in_chans):
             x = x.to(device)
             model.check_images(x)  # an API boundary: user tensors are checked for NaN/Inf here, not in forward

@@ -275,8 +275,8 @@ def _data_splits(model: object, args: argparse.Namespace, size: int) -> tuple:
 
 def run_analyze(args: argparse.Namespace) -> int:
     from ..analysis import analyze
+    from ..checkpoint import load_model
     from ..config import LANGUAGE_MODEL
-    from ..train.load import load_model
     from ..train.runtime import resolve_device
 
     for name in ("num_images", "num_vis", "masks", "batch_size"):

@@ -141,7 +141,7 @@ def configure_eval(parser: argparse.ArgumentParser) -> None:
 
 def _eval_model(args: argparse.Namespace) -> object:
     """The checkpoint's image model, refused with a one-line error when ``crate eval`` cannot score it."""
-    from ..train.load import load_model
+    from ..checkpoint import load_model
 
     model = load_model(args.checkpoint, name=args.model, **parse_model_args(args.model_args))
     if model.kind == LANGUAGE_MODEL:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from ..checkpoint import config_from_dict
+from ..checkpoint import config_from_dict, load_model
 from ..config import IMAGE_CLASSIFIER, LANGUAGE_MODEL
 from ..data import (
     DataSpec,
@@ -30,7 +30,6 @@ from ..model import ImageClassifier
 from ..registry import build, model_config
 from .config import TrainConfig
 from .evaluation import prepare_batch
-from .load import load_model
 
 __all__ = ["ImageData", "image_classifier", "load_splits"]
 

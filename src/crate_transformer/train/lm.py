@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import LANGUAGE_MODEL
-from ..config_utils import Range, check_ranges
+from ..checkpoint import config_from_dict
+from ..config import LANGUAGE_MODEL, Config
+from ..config_utils import Range
 from ..data import to_device
 from ..data.text import TokenBlocks, corpus_files, is_hub_corpus, iter_documents, load_tokens, split_tokens
 from ..lm import LanguageModel, LMConfig, mask_tokens
@@ -35,7 +36,7 @@ DEFAULT_MODELS = {"clm": "crate_gpt_mini", "mlm": "crate_bert_mini"}
 
 
 @dataclass
-class LMOptions:
+class LMOptions(Config):
     objective: str = task_option(
         "clm",
         "clm: next token (CRATE-GPT, eq. (89)) | mlm: masked tokens (CRATE-BERT, eq. (85))",
@@ -59,9 +60,6 @@ class LMOptions:
         200, "clm: tokens of the sample written to sample.txt at the end (0 = none)",
         range=Range(0, integer=True, note="0 = no sample"),
     )  # fmt: skip
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
 
 
 def build_tokenizer(spec: str, source: str, vocab_size: int, columns: Sequence[str] = ()) -> Tokenizer:
@@ -152,7 +150,7 @@ class LMTask(Task):
                     f"this run was trained with the {self.tokenizer.kind} tokenizer, not {o.tokenizer}; drop "
                     f"--tokenizer {o.tokenizer} to continue it, or start a new run"
                 )
-            return LMConfig.from_dict(dict(state["model_config"]))
+            return config_from_dict(dict(state["model_config"]))  # by its arch: CRATE-GPT, GPT, ToST, ...
         else:
             if model_config(cfg.model).kind != LANGUAGE_MODEL:
                 raise ValueError(

@@ -201,7 +201,7 @@ class _Loop:
 
     def train(self) -> bool:
         """Train to the last step; True when interrupted (every process stops at the same step)."""
-        self.bar = self.rt.progress(self.cfg.logging.progress, total=self.total, initial=self.ts.step)
+        self.bar = self.rt.progress(self.cfg.logging.progress, total=self.last, initial=self.ts.step)
         if self.hooks and self.ts.step == 0:
             self.run_hooks()  # the untrained model: the "random init" curve of Fig. 15
         self.model.train()

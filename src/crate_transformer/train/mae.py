@@ -27,9 +27,9 @@ import torch
 from torch import Tensor, nn
 
 from ..base import POOLS, Model
-from ..checkpoint import config_from_dict
+from ..checkpoint import config_from_dict, load_model
 from ..config import MASKED_AUTOENCODER, Config
-from ..config_utils import Range, check_ranges
+from ..config_utils import Range
 from ..data import BUILTIN_DATASETS, ImageSource
 from ..data.base import rank_slice
 from ..io import atomic_write
@@ -37,7 +37,6 @@ from ..mae import CRATEMAE
 from ..registry import build, model_config
 from .evaluation import prepare_batch, require_evaluated
 from .images import ImageData
-from .load import load_model
 from .runtime import Runtime
 from .task import RunSummary, Task, TaskError, TaskResult, Use, task_option
 
@@ -45,7 +44,7 @@ __all__ = ["MAETask", "MAEOptions", "masked_eval"]
 
 
 @dataclass
-class MAEOptions:
+class MAEOptions(Config):
     """Options of the ``mae`` task (besides the engine's)."""
 
     mask_ratio: float | None = task_option(
@@ -73,9 +72,6 @@ class MAEOptions:
     recognition: bool = task_option(
         True, "at the end, classify the held-out reconstructions with a raw-pixel k-NN (recognition.json)"
     )
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
 
 
 @torch.no_grad()

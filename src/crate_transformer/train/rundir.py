@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..io import atomic_write, load_state, save_state
+from ..runfiles import CHECKPOINT, MODEL_DIR, run_model_source, state_model, state_tokenizer
 from .trackers import Tracker, open_trackers
 
 __all__ = [
@@ -31,14 +32,13 @@ __all__ = [
     "read_metrics",
     "load_training_state",
     "CHECKPOINT",
+    "MODEL_DIR",
     "METRICS_FILE",
     "CONFIG_FILE",
 ]
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
-CHECKPOINT = Path("checkpoints") / "last.pt"
-MODEL_DIR = "model"  # the final save_pretrained folder of a run
 LOCK_FILE = ".lock"
 
 
@@ -87,38 +87,6 @@ def _unlock(fd: int) -> None:
         os.lseek(fd, 0, os.SEEK_SET)
         return
     fcntl.flock(fd, fcntl.LOCK_UN)
-
-
-def run_model_source(path: str | os.PathLike) -> Path:
-    """What a run directory offers to load: its final model folder (``model/``) once the run has written it,
-    else its latest training state (``checkpoints/last.pt``) while it runs; any other path unchanged."""
-    path = Path(path)
-    if path.is_dir() and not (path / "config.json").is_file():
-        if (path / MODEL_DIR / "config.json").is_file():
-            return path / MODEL_DIR
-        if (path / CHECKPOINT).is_file():
-            return path / CHECKPOINT
-    return path
-
-
-def state_model(state: object) -> tuple[Mapping, Mapping] | None:
-    """``(model config dict, weights)`` of a training state, or None when ``state`` is not one.  A task that
-    trains a wrapper of the model names the weights to export under ``task["export_model"]`` (DINO: the
-    teacher's backbone, not the student wrapper)."""
-    if not (isinstance(state, Mapping) and "model_config" in state and "model" in state):
-        return None
-    task = state.get("task")
-    if isinstance(task, Mapping) and isinstance(task.get("export_model"), Mapping):
-        return state["model_config"], task["export_model"]
-    return state["model_config"], state["model"]
-
-
-def state_tokenizer(state: object) -> str | None:
-    """The tokenizer.json text a language-model training state holds (``task["tokenizer"]``), else None; the
-    state's checksum covers it like the weights."""
-    task = state.get("task") if isinstance(state, Mapping) else None
-    tok = task.get("tokenizer") if isinstance(task, Mapping) else None
-    return tok if isinstance(tok, str) else None
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:

@@ -146,13 +146,11 @@ class Runtime:
             print(msg, file=sys.stderr, flush=True)
 
     def progress(self, enabled: bool, total: int, initial: int = 0) -> Any:
-        """A tqdm bar (steps, rate and ETA) on rank 0; a silent stand-in elsewhere or when disabled."""
-        from tqdm.auto import tqdm
+        """A progress bar (steps, rate and ETA) on rank 0 — tqdm's on a terminal, plain lines in a redirected log
+        (:func:`~crate_transformer.progress.progress_bar`) — and a silent stand-in elsewhere or when disabled."""
+        from ..progress import progress_bar
 
-        return tqdm(
-            total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True, file=sys.stderr,
-            disable=not (enabled and self.main),
-        )  # fmt: skip
+        return progress_bar(total=total, initial=initial, desc="train", unit="step", enabled=enabled and self.main)
 
     def barrier(self) -> None:
         if self.distributed:

@@ -137,7 +137,7 @@ class Task:
     name = "task"
     metric = "acc"  # the per-sample statistic shown in the progress bar and curves, besides the loss
     defaults: ClassVar[dict[str, Any]] = {}  # TrainConfig values of this task that differ from the TrainConfig defaults
-    Options: ClassVar[type | None] = None  # the task's own options (a dataclass of task_option fields)
+    Options: ClassVar[type | None] = None  # the task's own options (a Config dataclass of task_option fields)
     model_kind: ClassVar[str | None] = None  # the kind of model it trains (a Config.kind), None: any
     shardable: ClassVar[bool] = True  # --strategy fsdp may shard its model (False: the task needs full weights)
     # the model's method that :meth:`loss` runs by calling the module it is given: the engine routes that call
@@ -168,11 +168,7 @@ class Task:
         if unknown:
             raise ValueError(f"unknown {cls.name} option(s) {unknown}; valid: {sorted(known)}")
         args = coerce_fields(cls.Options, args)
-        for f in dataclasses.fields(cls.Options):  # a config file or a resumed run's options meet no argparse
-            choices = f.metadata.get("choices")
-            if choices and f.name in args and args[f.name] not in choices:
-                raise ValueError(f"unknown {f.name} {args[f.name]!r}; choose one of {', '.join(map(str, choices))}")
-        cls.Options(**args)  # its own checks (ranges, finiteness) now, before a run folder is made
+        cls.Options(**args)  # a Config: its choices, ranges and own checks now, before a run folder is made
         return args
 
     def check_model(self, cfg: TrainConfig) -> None:

@@ -16,21 +16,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checkpoint import config_from_dict
-from ..config import LANGUAGE_MODEL
+from ..checkpoint import config_from_dict, load_model
+from ..config import LANGUAGE_MODEL, Config
 from ..data import to_device
 from ..data.text import LabelledTexts, eval_split_of, read_labelled
 from ..registry import build
 from ..tokenizer import Tokenizer
 from .evaluation import require_evaluated
-from .load import load_model
 from .task import RunSummary, Task, TaskError, TaskResult, Use, task_option
 
 __all__ = ["TextClassificationTask", "TextOptions", "text_metrics"]
 
 
 @dataclass
-class TextOptions:
+class TextOptions(Config):
     eval_data: str = task_option("", "a second table evaluated instead of a --val-fraction split (GLUE dev.tsv)")
     regression: str = task_option(
         "auto",
