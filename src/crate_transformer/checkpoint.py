@@ -17,15 +17,15 @@ The file primitives (atomic writes, safe unpickling, checksummed safetensors) li
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from ._hub import resolve_hub
-from ._registry import arch_info, build, config_class, model_config, official_formats, registered_fields
-from .base import Model, load_folder, load_weights
+from ._registry import ZOO, arch_info, build, config_class, model_config, official_formats, registered_fields
+from .base import Model, apply_overrides, load_backbone, load_folder, load_weights, timm_overrides
 from .config import LANGUAGE_MODEL, Config
 from .config_utils import coerce_fields
 from .io import (
@@ -52,7 +52,15 @@ from .official import (  # noqa: F401  (re-exported at their former paths)
     official_to_native,
     unwrap,
 )
-from .runfiles import is_run_dir, is_saved_model_dir, is_training_state, run_model_source, state_model, state_tokenizer
+from .runfiles import (
+    MODEL_DIR,
+    is_run_dir,
+    is_saved_model_dir,
+    is_training_state,
+    run_model_source,
+    state_model,
+    state_tokenizer,
+)
 from .tokenizer import Tokenizer
 
 __all__ = [
@@ -88,12 +96,23 @@ def read_config(directory: str | Path) -> Config:
 
 
 def from_pretrained(
-    directory: str | Path, map_location: str | torch.device = "cpu", revision: str | None = None
+    directory: str | Path, map_location: str | torch.device = "cpu", revision: str | None = None, **overrides: object
 ) -> Model:
     """Load a model written by ``model.save_pretrained``, whatever its family (the class its stored ``arch``
     registered): :func:`~crate_transformer.base.load_folder` — a folder, its ``model.safetensors`` or
-    ``config.json``, or ``"hf-hub:ORG/NAME"`` (``revision``: a branch, tag or commit), checksums verified."""
-    return load_folder(directory, lambda arch: arch_info(arch).model_class, map_location, revision)
+    ``config.json``, a finished training run (its final ``model/``), or ``"hf-hub:ORG/NAME"`` (``revision``: a
+    branch, tag or commit), checksums verified.  ``overrides`` change the stored config (timm's names too):
+    ``from_pretrained(RUN, num_classes=3)`` keeps the backbone and gives a fresh 3-class head (logged),
+    ``image_size=`` re-grids the position embedding, ``drop_path=`` / ``drop_path_rate=`` set stochastic depth."""
+    if isinstance(directory, (str, Path)) and is_run_dir(directory) and not is_saved_model_dir(directory):
+        source = run_model_source(directory)
+        if source.name != MODEL_DIR:
+            raise CheckpointError(
+                f"{directory} is a training run without its final {MODEL_DIR}/ yet (still training, or interrupted); "
+                "load_model(RUN) loads its latest training state"
+            )
+        directory = source
+    return load_folder(directory, lambda arch: arch_info(arch).model_class, map_location, revision, **overrides)
 
 
 def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: object) -> Model:
@@ -117,8 +136,12 @@ def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: o
     return _official_model(*_read_official(path_or_state), name, overrides)
 
 
-def _official_model(raw: object, source: str, folder: Path | None, name: str, overrides: Mapping[str, object]) -> Model:
-    """:func:`from_official` of a file already read (``folder``: where a format's ``config.json`` may lie)."""
+def _official_model(
+    raw: object, source: str, folder: Path | None, name: str, overrides: Mapping[str, object], new_head: bool = False
+) -> Model:
+    """:func:`from_official` of a file already read (``folder``: where a format's ``config.json`` may lie);
+    ``new_head``: a ``num_classes`` override other than the file's gives a fresh classifier on the loaded backbone
+    (:func:`~crate_transformer.base.load_backbone`), else it is an error."""
     config = model_config(name, **overrides)
     if is_training_state(raw):
         raise CheckpointError(f"{source} is a training state of this package, not an authors' file; {_OWN_FIX}")
@@ -154,7 +177,12 @@ def _official_model(raw: object, source: str, folder: Path | None, name: str, ov
             stacklevel=2,
         )
         native.update({k: v for k, v in model.state_dict().items() if k.startswith(tuple(missing))})
-    load_weights(model, native, source=source)
+    if new_head and "num_classes" in overrides:
+        load_backbone(model, native, source)
+    else:
+        load_weights(model, native, source=source)
+    if name in ZOO:  # what the release states about its input (an official file of a released model)
+        model.pretrained_cfg = {"name": name, **ZOO[name].preprocessing()}
     return model.eval()
 
 
@@ -252,7 +280,14 @@ def _format_hint(state: Mapping[str, Tensor]) -> str:
 
 
 # --------------------------------------------------------------------------- the resolver the commands share
-def load_model(path: str | Path, name: str | None = None, *, as_classifier: bool = False, **overrides: object) -> Model:
+def load_model(
+    path: str | Path,
+    name: str | None = None,
+    *,
+    as_classifier: bool = False,
+    new_head: bool = False,
+    **overrides: object,
+) -> Model:
     """Load a model from whatever a user points at, in eval mode; the one resolver the commands share.
 
     * a ``save_pretrained`` directory (has ``config.json``), or its ``model.safetensors`` / ``config.json``,
@@ -270,9 +305,14 @@ def load_model(path: str | Path, name: str | None = None, *, as_classifier: bool
     With ``as_classifier`` the model becomes an image classifier to fine-tune where its family can convert itself
     (:meth:`~crate_transformer.base.Model.as_classifier`: a CRATE-MAE's encoder with a fresh head, what the
     fine-tuning command uses), and ``name`` / ``overrides`` are then not checked against it (the classifier is new).
+
+    With ``new_head`` (``create_model(name, pretrained_file=...)``) the overrides change the loaded model, as
+    timm's ``create_model`` applies them: a ``num_classes`` other than the file's keeps the backbone and gives a
+    fresh classifier (logged), ``image_size`` re-grids the position table, ``drop_path`` applies; the other fields
+    ``name`` registers must still agree with a stored config.
     """
     path = Path(resolve_hub(str(path)))
-    model = _load_any(path, name, overrides, check=not as_classifier)
+    model = _load_any(path, name, overrides, check=not as_classifier, new_head=new_head)
     if as_classifier:
         converted = model.as_classifier()
         if converted is not model:
@@ -281,9 +321,16 @@ def load_model(path: str | Path, name: str | None = None, *, as_classifier: bool
     return model.eval()
 
 
-def _load_any(path: Path, name: str | None, overrides: Mapping[str, object], check: bool) -> Model:
-    """:func:`load_model` without the classifier conversion; ``check``: compare name/overrides with a stored config."""
+def _load_any(
+    path: Path, name: str | None, overrides: Mapping[str, object], check: bool, new_head: bool = False
+) -> Model:
+    """:func:`load_model` without the classifier conversion; ``check``: compare name/overrides with a stored config;
+    ``new_head``: apply the overrides instead (see :func:`load_model`)."""
     path = run_model_source(path)
+    if _is_own_model(path) and new_head:
+        model = from_pretrained(path, **overrides)
+        check_stored_config(model.config, path, name, {}, free=timm_overrides(overrides))
+        return model
     if _is_own_model(path):
         model = from_pretrained(path)
         if check:
@@ -297,14 +344,14 @@ def _load_any(path: Path, name: str | None, overrides: Mapping[str, object], che
     raw, source, folder = _read_official(path)  # a training state's checksum is verified here, as on resume
     exported = state_model(raw)
     if exported is not None:
-        return _from_state(raw, exported, path, name, overrides, check)
+        return _from_state(raw, exported, path, name, overrides, check, new_head)
     if name is None:
         kind = "a nanoGPT / crate-lm" if isinstance(raw, Mapping) and "model_args" in raw else "an authors'"
         raise CheckpointError(
             f"{source} looks like {kind} checkpoint, which does not store its architecture; name its architecture: "
             f"pass the model name, e.g. {_example(raw)}"
         )
-    return _official_model(raw, source, folder, name, overrides)
+    return _official_model(raw, source, folder, name, overrides, new_head)
 
 
 def _is_own_model(path: Path) -> bool:
@@ -318,17 +365,27 @@ def _is_own_model(path: Path) -> bool:
 
 
 def _from_state(
-    raw: Mapping, exported: tuple[Mapping, Mapping], path: Path, name: str | None, overrides: Mapping, check: bool
+    raw: Mapping,
+    exported: tuple[Mapping, Mapping],
+    path: Path,
+    name: str | None,
+    overrides: Mapping,
+    check: bool,
+    new_head: bool = False,
 ) -> Model:
     """The model a training state exports (its stored config and weights; a language model's tokenizer)."""
     try:
         config = config_from_dict(dict(exported[0]))
     except ValueError as e:
         raise CheckpointError(f"{path}: {e}") from None
-    if check:
-        check_stored_config(config, path, name, overrides)
-    model = build(config)
-    load_weights(model, exported[1], source=str(path))
+    if new_head:
+        check_stored_config(config, path, name, {}, free=timm_overrides(overrides))
+        model = apply_overrides(arch_info(config.arch).model_class, config, exported[1], str(path), overrides)
+    else:
+        if check:
+            check_stored_config(config, path, name, overrides)
+        model = build(config)
+        load_weights(model, exported[1], source=str(path))
     if model.kind == LANGUAGE_MODEL and state_tokenizer(raw) is not None:  # a language-model state's tokenizer
         model.tokenizer = Tokenizer.from_str(state_tokenizer(raw))
     return model
@@ -348,11 +405,14 @@ def _example(raw: object) -> str:
     return next((a.official.example for a in official_formats() if a.official.detect(state)), "crate_small")
 
 
-def check_stored_config(config: Config, path: Path, name: str | None, overrides: Mapping[str, object]) -> None:
-    """Refuse a model name / overrides that disagree with a checkpoint's stored config (equal values pass)."""
+def check_stored_config(
+    config: Config, path: Path, name: str | None, overrides: Mapping[str, object], free: Collection[str] = ()
+) -> None:
+    """Refuse a model name / overrides that disagree with a checkpoint's stored config (equal values pass); the
+    fields named in ``free`` are not compared (overrides that change the loaded model)."""
     if name is None and not overrides:
         return
-    wanted = dict(registered_fields(name)) if name is not None else {}
+    wanted = {k: v for k, v in registered_fields(name).items() if k not in free} if name is not None else {}
     try:
         wanted.update(coerce_fields(type(config), overrides))
     except ValueError as e:

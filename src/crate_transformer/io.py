@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from ._version import __version__
+from .errors import OptionError
 
 __all__ = [
     "CONFIG_NAME",
@@ -84,8 +85,9 @@ _NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG} 
 _NO_PERMISSION = {errno.EACCES, errno.EPERM, errno.EROFS}
 
 
-class CheckpointError(ValueError):
-    """A checkpoint is missing, unreadable, corrupt, or does not fit the model."""
+class CheckpointError(OptionError):
+    """A checkpoint is missing, unreadable, corrupt, or does not fit the model (a ``ValueError``; its message may
+    name options, worded where it is shown: :class:`~crate_transformer.errors.OptionError`)."""
 
 
 class WriteError(OSError, ValueError):

@@ -38,7 +38,7 @@ from ._registry import PretrainedSource, register_arch, register_model, register
 from .base import Model, Trace
 from .config import LANGUAGE_MODEL, Config
 from .config_utils import Range
-from .errors import TaskError, Use
+from .errors import Opt, TaskError, Use
 from .io import FILE_DIGESTS, TOKENIZER_NAME, CheckpointError, read_model_json
 from .model import ViTBlock
 from .official import HEADS_NOT_STORED, OfficialFormat, rename, unwrap
@@ -259,7 +259,9 @@ class LanguageModel(Model):
                 f"(vocab_size); use the tokenizer the model was trained with, or train a model with this "
                 "tokenizer (",
                 Use("lm"),
-                f" --tokenizer FILE sets vocab_size={size})",
+                " and ",
+                Opt("tokenizer", "FILE"),
+                f": vocab_size={size})",
             )
         self.__dict__["_tokenizer"] = tok
 

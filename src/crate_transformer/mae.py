@@ -313,7 +313,13 @@ class CRATEMAE(ImageInput, Model):
     # ---------------------------------------------------------------- encoder as a feature extractor
     def forward_features(self, x: Tensor) -> Tensor:
         """The encoder's output ``LN(Z^{L+1})`` on the unmasked image, ``(b, 1+N, d)``."""
-        return self.norm(self.encode(self.embed(x)))
+        return self.finish_features(self.encode(self.embed(x)))
+
+    def finish_features(self, z: Tensor) -> Tensor:
+        return self.norm(z)
+
+    def norm_tokens(self, z: Tensor) -> Tensor:
+        return self.norm(z)
 
     def forward_head(self, z: Tensor, pre_logits: bool = False) -> Tensor:
         """The decoder's last LayerNorm and ``W_post`` (eq. (70)) on the decoded tokens: pixels of every patch

@@ -36,7 +36,7 @@ from ._hub import (
     write_hub_folder,
 )
 from ._registry import ZOO, PretrainedSource, list_pretrained, official_formats, pretrained_source
-from .checkpoint import from_official, load_model
+from .checkpoint import load_model
 from .io import CheckpointError
 from .spec import IMAGENET_MEAN, IMAGENET_STD
 
@@ -140,14 +140,14 @@ def cache_status(name: str, cache_dir: str | Path | None = None) -> tuple[str, s
 def load_pretrained(
     name: str, pretrained_file: str | Path | None = None, cache_dir: str | Path | None = None, **overrides: object
 ) -> torch.nn.Module:
-    """``create_model(name, **overrides)`` with released weights, in eval mode: the zoo's file (:func:`download`),
-    read by ``from_official(file, name, **overrides)``; or ``pretrained_file``: an authors' file, a downloaded Hub
-    folder of one, or this package's own model (a ``save_pretrained`` folder, a run, a training state), read by
-    :func:`~crate_transformer.checkpoint.load_model` (whose stored config must agree with ``name`` and
-    ``overrides``)."""
+    """``create_model(name, **overrides)`` with released weights, in eval mode: the zoo's file (:func:`download`)
+    or ``pretrained_file`` (an authors' file, a downloaded Hub folder of one, or this package's own model: a
+    ``save_pretrained`` folder, a run, a training state), read by :func:`~crate_transformer.checkpoint.load_model`
+    with ``new_head``: the overrides apply as timm's do — a ``num_classes`` other than the file's keeps the
+    backbone and gives a fresh head (logged); a stored config must otherwise agree with ``name``'s."""
     if pretrained_file is None:
         path = download(name, cache_dir=cache_dir)
-        model = from_official(path, name, **overrides)
+        model = load_model(path, name, new_head=True, **overrides)
     else:
         path = Path(pretrained_file).expanduser()
         if not path.exists():
@@ -155,7 +155,8 @@ def load_pretrained(
                 f"pretrained_file not found: {path}; pass the downloaded file or folder (or a model saved by this "
                 "package)"
             )
-        model = load_model(path, name, **overrides)
-    entry = dataclasses.asdict(ZOO[name]) if name in ZOO and pretrained_file is None else {"name": name}
+        model = load_model(path, name, new_head=True, **overrides)
+    recorded = getattr(model.config, "data", None) is not None  # trained here: its own data config, not the zoo's
+    entry = dataclasses.asdict(ZOO[name]) if name in ZOO and not recorded else {"name": name}
     model.pretrained_cfg = {**entry, "file": str(path)}
     return model

@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..errors import Opt, OptionError
 from ..model import ImageClassifier
 from ..objectives import coding_rate, l1_per_entry, rate_reduction, sparsity, variational_coding_rate
 from ..progress import progress_bar
@@ -374,7 +375,7 @@ def measure_hook(
     :func:`~crate_transformer.analysis.plots.plot_measure_history` plots them.
     """
     if not isinstance(every, int) or every < 1:
-        raise ValueError(f"--measure-every must be a positive number of steps, got {every!r}")
+        raise OptionError(Opt("measure_every"), f" must be a positive number of steps, got {every!r}")
 
     def hook(ctx: object) -> list[dict] | None:
         step = int(ctx.step)

@@ -312,7 +312,7 @@ def _attention_words(prefix: int, layer: int, depth: int) -> tuple[str, str]:
         "For each head k = 1..K: the softmax of <U_k^T z_i, U_k^T z_cls> over the patches i (eq. (437); ViT: eq. "
         "(438)), taken from the model's own attention (with its p^-1/2 scale, class-token column dropped, "
         "renormalised), upsampled and overlaid on the input; 'mean' averages the heads. The paper shows the "
-        "penultimate layer for CRATE (--attn-layer -2).",
+        "penultimate layer for CRATE (attn_layer=-2).",
     )
 
 

@@ -11,6 +11,7 @@ import argparse
 import errno
 import importlib
 import os
+import shlex
 import sys
 
 from .._version import __version__
@@ -44,13 +45,51 @@ def task_command(task: str, init_from: bool = False) -> str:
     return TASK_COMMANDS.get(task, f"pretrain {task}")
 
 
-def error_message(e: BaseException) -> str:
-    """``e`` as the CLI says it: a :class:`~crate_transformer.errors.TaskError` names commands, not tasks."""
-    from ..errors import TaskError
+# options whose flag is not their name with dashes
+FLAGS: dict[str, str] = {"init_from": "--from"}
+# what a finished run suggests doing next (an errors.Step action) → the command that does it
+ACTIONS: dict[str, str] = {"analyze": "analyze", "evaluate": "eval", "fine-tune": "finetune", "generate": "generate"}
+LISTINGS: dict[str, str] = {"models": "crate models", "pretrained": "crate models --pretrained"}
+# the Python listings a library help text names → the commands that list the same
+LISTING_CALLS: dict[str, str] = {"ct.list_models()": LISTINGS["models"], "ct.list_pretrained()": LISTINGS["pretrained"]}
 
-    if isinstance(e, TaskError):
-        return e.words(lambda use: f"crate {task_command(use.task, use.init_from)}")
-    return str(e)
+
+def flag(name: str) -> str:
+    """The flag of the option ``name`` (``batch_size`` → ``--batch-size``)."""
+    return FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+def _option_words(name: str, value: object) -> str:
+    if isinstance(value, bool):
+        return flag(name) if value else "--no-" + flag(name)[2:]
+    if isinstance(value, (list, tuple)):
+        return " ".join([flag(name), *(shlex.quote(str(v)) for v in value)])
+    return f"{flag(name)} {shlex.quote(str(value))}"
+
+
+def cli_words(place: object) -> str:
+    """The CLI's wording of a place in a library message (:mod:`crate_transformer.errors`): a task as the command
+    that trains it, an option as its flag (with its value), a listing as its command, a next step as a command."""
+    from ..errors import Opt, See, Step, Use
+
+    if isinstance(place, Use):
+        return f"crate {task_command(place.task, place.init_from)}"
+    if isinstance(place, Opt):
+        return _option_words(place.name, place.value) if place.has_value else flag(place.name)
+    if isinstance(place, See):
+        return LISTINGS.get(place.what, place.what)
+    if isinstance(place, Step):
+        where = [flag("init_from"), place.run] if place.action == "fine-tune" else [place.run]
+        return " ".join(["crate", ACTIONS.get(place.action, place.action), *where,
+                         *(_option_words(k, v) for k, v in place.options)])  # fmt: skip
+    return str(place)
+
+
+def error_message(e: BaseException) -> str:
+    """``e`` as the CLI says it: a :class:`~crate_transformer.errors.Worded` error names commands and flags."""
+    from ..errors import Worded
+
+    return e.words(cli_words) if isinstance(e, Worded) else str(e)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -100,10 +139,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 1
     try:
+        from ..errors import wording
         from .common import check_argument_ranges
 
         check_argument_ranges(args)  # every numeric option, before the command does anything
-        return int(args._run(args) or 0)
+        with wording(cli_words):  # the library's messages, warnings and hints name commands and flags
+            return int(args._run(args) or 0)
     except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
         if os.environ.get("CRATE_DEBUG"):
             raise

@@ -22,6 +22,7 @@ from ..config import LANGUAGE_MODEL, Config
 from ..config_utils import Range
 from ..data import to_device
 from ..data.text import TokenBlocks, corpus_files, is_hub_corpus, iter_documents, load_tokens, split_tokens
+from ..errors import Opt, OptionError, See, Step
 from ..lm import LanguageModel, LMConfig, mask_tokens
 from ..registry import build, model_config
 from ..tokenizer import TOKENIZER_KINDS, Tokenizer
@@ -43,7 +44,7 @@ class LMOptions(Config):
         choices=OBJECTIVES,
     )
     tokenizer: str = task_option(
-        "byte", "byte (no training) | bpe | wordpiece (trained on --data) | a tokenizer.json file", fixed=True,
+        "byte", "byte (no training) | bpe | wordpiece (trained on `data`) | a tokenizer.json file", fixed=True,
     )  # fmt: skip
     vocab_size: int = task_option(
         4096, "vocabulary size of a bpe / wordpiece tokenizer", range=Range(1, integer=True), fixed=True
@@ -76,10 +77,10 @@ def _check_objective(config: LMConfig, name: str, objective: str) -> None:
     if config.causal != (objective == "clm"):
         kind = "causal (GPT)" if config.causal else "bidirectional (BERT)"
         other = "clm" if config.causal else "mlm"
-        raise ValueError(
-            f"{name} is a {kind} model; use --objective {other} or a {objective} model "
-            f"(e.g. --model {DEFAULT_MODELS[objective]})"
-        )
+        raise OptionError(
+            f"{name} is a {kind} model; use ", Opt("objective", other), f" or a {objective} model (e.g. ",
+            Opt("model", DEFAULT_MODELS[objective]), ")",
+        )  # fmt: skip
 
 
 class LMTask(Task):
@@ -108,10 +109,10 @@ class LMTask(Task):
         super().check_model(cfg)
         tokenizer = cfg.task_args.get("tokenizer", "byte")
         if "vocab_size" in cfg.task_args and tokenizer not in ("bpe", "wordpiece"):
-            raise ValueError(
-                f"--vocab-size applies to a tokenizer trained on --data (bpe, wordpiece), not {tokenizer}; drop it, "
-                "or add --tokenizer bpe"
-            )
+            raise OptionError(
+                Opt("vocab_size"), " applies to a tokenizer trained on the data (bpe, wordpiece), not ", tokenizer,
+                "; drop it, or add ", Opt("tokenizer", "bpe"),
+            )  # fmt: skip
 
     def resolve(self, cfg: TrainConfig) -> dict[str, Any]:
         """The default model of the objective (recorded in config.yaml) when ``--model`` is not given."""
@@ -122,7 +123,12 @@ class LMTask(Task):
         self.options = o = self.parse_options(cfg)
         source = cfg.data.source
         if cfg.data.image_column or cfg.data.label_column:
-            raise ValueError("--image-column / --label-column name an image dataset's columns; a corpus has text only")
+            raise OptionError(
+                Opt("image_column"),
+                " / ",
+                Opt("label_column"),
+                " name an image dataset's columns; a corpus has text only",
+            )
         corpus_files(source, cfg.data.text_columns)  # a missing corpus or column fails before tokenizer training
         if source != "python-docs":
             source = source if is_hub_corpus(source) else str(Path(source).expanduser().resolve())
@@ -146,16 +152,14 @@ class LMTask(Task):
         if state is not None:
             self.tokenizer = Tokenizer.from_str(state["task"]["tokenizer"])
             if o.tokenizer in TOKENIZER_KINDS and o.tokenizer != self.tokenizer.kind:
-                raise ValueError(
-                    f"this run was trained with the {self.tokenizer.kind} tokenizer, not {o.tokenizer}; drop "
-                    f"--tokenizer {o.tokenizer} to continue it, or start a new run"
-                )
+                raise OptionError(
+                    f"this run was trained with the {self.tokenizer.kind} tokenizer, not {o.tokenizer}; drop ",
+                    Opt("tokenizer", o.tokenizer), " to continue it, or start a new run",
+                )  # fmt: skip
             return config_from_dict(dict(state["model_config"]))  # by its arch: CRATE-GPT, GPT, ToST, ...
         else:
             if model_config(cfg.model).kind != LANGUAGE_MODEL:
-                raise ValueError(
-                    f"{cfg.model} is an image model; pick a language model (crate models '*gpt*' / '*bert*')"
-                )
+                raise OptionError(f"{cfg.model} is not a language model; pick one (", See("models"), " lists them)")
             self.tokenizer = build_tokenizer(o.tokenizer, source, o.vocab_size, cfg.data.text_columns)
             overrides = {**cfg.model_args, "vocab_size": self.tokenizer.vocab_size, "tokenizer": self.tokenizer.kind}
             config = model_config(cfg.model, **overrides)
@@ -249,7 +253,7 @@ class LMTask(Task):
             model.save_pretrained(run_dir / "model")
             if self.options.objective == "clm" and self.options.sample_tokens:
                 (run_dir / "sample.txt").write_text(self.sample() + "\n", encoding="utf-8")
-        generate = f"crate generate {run_dir} --prompt 'def '    |    " if self.options.objective == "clm" else ""
+        generate = (Step("generate", str(run_dir), (("prompt", "def "),)),) if self.options.objective == "clm" else ()
         return TaskResult(
             record=m,
             message=f"held-out loss {m['loss']:.4f} per token, perplexity {m['ppl']:.3f}, token accuracy "
@@ -260,7 +264,7 @@ class LMTask(Task):
                 "heldout_acc": m["acc"],
                 "params": model.num_params(),
             },  # fmt: skip
-            next=generate + f"crate analyze {run_dir}",
+            next=(*generate, Step("analyze", str(run_dir))),
         )
 
     def sample(self) -> str:
