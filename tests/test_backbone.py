@@ -170,3 +170,82 @@ def test_from_pretrained_takes_overrides_run_folders_and_create_model_takes_fold
     (running / "checkpoints" / "last.pt").write_bytes(b"a training state")
     with pytest.raises(CheckpointError, match=r"without its final model/ yet .* load_model\(RUN\) loads its"):
         ct.from_pretrained(running)
+
+
+# --------------------------------------------------------------------------- the model's own preprocessing
+def test_every_registered_model_has_a_data_config_or_says_it_takes_tokens() -> None:
+    for name in ct.list_models():
+        with torch.device("meta"):  # every size, the large ones included, without allocating them
+            model = ct.create_model(name)
+        cfg = model.pretrained_cfg
+        if model.kind == "language model":
+            assert "input_size" not in cfg, name
+            with pytest.raises(ValueError, match="takes no images"):
+                ct.resolve_data_config(model)
+            continue
+        c = model.config
+        assert cfg["input_size"] == (c.in_chans, c.image_size, c.image_size), name
+        assert len(cfg["mean"]) == len(cfg["std"]) == c.in_chans, name
+        assert (cfg["crop_pct"], cfg["crop_mode"], cfg["interpolation"]) == (1.0, "center", "bilinear"), name
+        assert cfg["normalization"] == "ImageNet's (none recorded)", name  # a fresh model: nothing recorded yet
+
+
+def test_released_weights_state_their_preprocessing_and_the_loaders_use_it(tmp_path) -> None:
+    from crate_transformer.checkpoint import load_model
+    from crate_transformer.pretrained import ZOO
+    from crate_transformer.spec import IMAGENET_MEAN, IMAGENET_STD, resolve_normalization
+
+    for name, entry in ZOO.items():
+        if "resize 256, centre crop 224" in entry.input:  # the authors' evaluation transform, as their code has it
+            assert entry.preprocessing() == dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=224 / 256,
+                                                 interpolation="bilinear"), name  # fmt: skip
+    _, f = official_tiny_file(tmp_path / "crate_small.pth")
+    loaded = [
+        ct.create_model("crate_small", pretrained_file=f, **tiny.IMAGE),
+        load_model(f, "crate_small", **tiny.IMAGE),
+    ]
+    for model in loaded:  # create_model, and the loader every command uses
+        cfg = ct.resolve_data_config(model)
+        assert cfg == dict(input_size=(3, 32, 32), interpolation="bilinear", mean=IMAGENET_MEAN, std=IMAGENET_STD,
+                           crop_pct=0.875, crop_mode="center")  # fmt: skip
+        assert model.pretrained_cfg["normalization"] == "released weights"
+        assert resolve_normalization(model, dataset=object()) == (list(IMAGENET_MEAN), list(IMAGENET_STD))
+    plain = ct.create_model("crate_small", **tiny.IMAGE)  # not loaded from a release: the dataset's statistics
+    assert resolve_normalization(plain) is None
+
+
+def test_the_training_datas_statistics_come_before_everything(tmp_path) -> None:
+    from crate_transformer.spec import DataSpec
+
+    model = ct.create_model("crate_mnist", **tiny.DIGITS)
+    model.pretrained_cfg = {"mean": (0.5,), "std": (0.5,), "crop_pct": 0.9}  # e.g. a zoo entry
+    model.config.data = DataSpec(source="digits", mean=[0.1], std=[0.3])
+    cfg = model.pretrained_cfg
+    assert (cfg["mean"], cfg["std"], cfg["normalization"], cfg["crop_pct"]) == ((0.1,), (0.3,), "training data", 0.9)
+    over = ct.resolve_data_config(model, img_size=16, crop_pct=1.0, interpolation="bicubic")
+    assert (over["input_size"], over["crop_pct"], over["interpolation"]) == ((1, 16, 16), 1.0, "bicubic")
+    for bad, match in (({"crop": 1}, "unknown data config key"), ({"interpolation": "nearest"}, "unknown interp"),
+                       ({"crop_pct": 1.5}, r"crop_pct must be in \(0, 1\]")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            ct.resolve_data_config(model, **bad)
+
+
+def test_image_transform_resizes_keeping_the_aspect_crops_the_centre_and_normalises() -> None:
+    import numpy as np
+    from PIL import Image
+
+    cfg = dict(input_size=(3, 28, 28), mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.5), crop_pct=0.875,
+               interpolation="bilinear", crop_mode="center")  # fmt: skip
+    rng = np.random.default_rng(0)
+    exact = rng.integers(0, 256, (32, 48, 3), dtype=np.uint8)  # shorter side already 28 / 0.875 = 32: no resize
+    x = ct.data.image_transform(cfg)(Image.fromarray(exact))
+    centre = torch.from_numpy(exact[2:30, 10:38].astype(np.float64) / 255).permute(2, 0, 1)
+    want = (centre - torch.tensor(cfg["mean"]).view(3, 1, 1)) / torch.tensor(cfg["std"]).view(3, 1, 1)
+    torch.testing.assert_close(x.double(), want, rtol=0, atol=1e-6)
+    wide = np.zeros((60, 200), dtype=np.uint8)  # grey, 10:3: the white middle survives, the black sides do not
+    wide[:, 70:130] = 255
+    y = ct.data.image_transform({**cfg, "input_size": (1, 28, 28), "mean": (0.0,), "std": (1.0,)})(wide)
+    assert y.shape == (1, 28, 28) and float(y.min()) > 0.99  # squashing would keep black on both sides
+    noisy = rng.integers(0, 256, (50, 70, 3), dtype=np.uint8)
+    a, b = (ct.data.image_transform({**cfg, "interpolation": i})(noisy) for i in ("bilinear", "bicubic"))
+    assert not torch.allclose(a, b)  # the interpolation is the one asked for

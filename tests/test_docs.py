@@ -227,13 +227,16 @@ def test_the_backbone_page_runs_block_by_block(
     for i, block in enumerate(blocks, 1):
         exec(compile(block, f"docs/backbone.md, Python block {i}", "exec"), namespace)  # our own docs' code
     said = capsys.readouterr().out.splitlines()
-    assert said[:3] == [
+    assert said[:4] == [
         "torch.Size([2, 17, 128]) [(2, 128, 4, 4), (2, 128, 4, 4)]",
         "torch.Size([2, 128]) 128",
         "3 torch.Size([1, 3])",
+        "(1, 28, 28) (1, 28, 28)",
     ]
     commented = [c.split("#")[1].strip() for b in blocks for c in b.splitlines() if "print(" in c and "#" in c]
-    assert commented == ["(2, 17, 128) [(2, 128, 4, 4), (2, 128, 4, 4)]", "(2, 128) 128", "3 (1, 3)"]
+    assert commented == [
+        "(2, 17, 128) [(2, 128, 4, 4), (2, 128, 4, 4)]", "(2, 128) 128", "3 (1, 3)", "(1, 28, 28) (1, 28, 28)"
+    ]  # fmt: skip
 
 
 def test_no_file_cites_documents_outside_the_repository() -> None:

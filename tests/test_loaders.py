@@ -100,7 +100,10 @@ def test_pretrained_file_takes_a_downloaded_hub_folder_and_this_packages_models(
         for source in (run / "model", run, run / "checkpoints/last.pt"):
             model = ct.create_model("crate_tiny", pretrained_file=source, **TINY, dropout=0.3)
             assert torch.equal(model(x), m(x)), source
-            assert model.pretrained_cfg == {"name": "crate_tiny", "file": str(source)}
+            assert {k: model.pretrained_cfg.get(k) for k in ("name", "file")} == {
+                "name": "crate_tiny",
+                "file": str(source),
+            }
     with pytest.raises(CheckpointError, match=r"dim=576 \(checkpoint: 32\)"):
         ct.create_model("crate_small", pretrained_file=run / "model")  # a stored config that disagrees with the name
 

@@ -39,6 +39,7 @@ from .objectives import (
 )
 from .pretrained import list_pretrained
 from .registry import create_model, list_models, model_config
+from .spec import resolve_data_config
 from .tokenizer import Tokenizer
 from .tost import ToST, ToSTConfig, ToSTLanguageModel, ToSTLMConfig
 
@@ -83,6 +84,7 @@ __all__ = [
     "list_pretrained",
     "model_config",
     "from_pretrained",
+    "resolve_data_config",
     "from_official",
     "load_model",
     "coding_rate",

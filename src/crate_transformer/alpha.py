@@ -199,6 +199,8 @@ for _name, _size, _top1 in (("crate_alpha_base16", "B16", "81.2"), ("crate_alpha
             input="image 224 (resize 256, centre crop 224)",
             mean=IMAGENET_MEAN,
             std=IMAGENET_STD,
+            crop_pct=224 / 256,
+            interpolation="bilinear",  # torchvision's Resize default, which eval_in1k_cls.py uses
             classes="ImageNet-1K (1000)",
             licence="Apache-2.0 (Hub model card)",
             reference=_REFERENCE,

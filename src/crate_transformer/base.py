@@ -8,7 +8,8 @@ from the base:
 * ``num_params()``; ``no_weight_decay()`` — the parameter names the optimiser must not decay, which the
   training engine asks the model for (wrappers such as the DINO model prefix their backbone's);
 * ``set_grad_checkpointing()`` — activation checkpointing of every layer through :meth:`Model.run_layers`;
-* ``pretrained_cfg`` — where the released weights came from (the zoo entry), or None.
+* ``pretrained_cfg`` — where the weights came from (the zoo entry, the file) and how to feed the model (mean,
+  std, input size, crop, interpolation: ``data_cfg()``), timm's dict, never None.
 
 ``Family.from_pretrained`` needs no registry: the class (or the subclass whose :attr:`Model.arch` is the
 stored ``arch``) parses the config with its ``config_class`` and builds itself.
@@ -181,7 +182,7 @@ class Model(nn.Module):
             raise ValueError(f"expected a {name}, got {type(config).__name__}; e.g. {name}(dim=64)")
         self.config = config
         self.grad_checkpointing = False
-        self.pretrained_cfg: dict[str, Any] | None = None
+        self._weights_cfg: dict[str, Any] = {}
 
     # ---------------------------------------------------------------- files
     def save_pretrained(self, directory: str | Path) -> Path:
@@ -220,6 +221,23 @@ class Model(nn.Module):
         Face Hub repository ``repo_id``; ``metrics``, ``dataset``, ``license``, ``private``, ``token``,
         ``revision``: see :func:`crate_transformer.pretrained.push_to_hub`.  Returns the commit URL."""
         return push_to_hub(self, repo_id, **kwargs)
+
+    # ---------------------------------------------------------------- where the weights came from, how to feed them
+    @property
+    def pretrained_cfg(self) -> dict[str, Any]:
+        """timm's ``pretrained_cfg``, never None: where the weights came from (what the loaders record: the zoo
+        entry and file, the Hub repository, the folder) and, for an image model, how to feed it
+        (:meth:`data_cfg`: ``input_size``, ``mean``, ``std``, ``crop_pct``, ``interpolation``, ...)."""
+        return {**self._weights_cfg, **self.data_cfg()}
+
+    @pretrained_cfg.setter
+    def pretrained_cfg(self, value: Mapping[str, Any] | None) -> None:
+        self._weights_cfg = dict(value or {})
+
+    def data_cfg(self) -> dict[str, Any]:
+        """The preprocessing this model expects (image models: :meth:`~crate_transformer.model.ImageInput.data_cfg`);
+        none for a model of tokens."""
+        return {}
 
     # ---------------------------------------------------------------- capabilities (what consumers ask)
     @property

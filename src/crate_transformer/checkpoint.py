@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from ._hub import resolve_hub
-from ._registry import arch_info, build, config_class, model_config, official_formats, registered_fields
+from ._registry import ZOO, arch_info, build, config_class, model_config, official_formats, registered_fields
 from .base import Model, apply_overrides, load_backbone, load_folder, load_weights, timm_overrides
 from .config import LANGUAGE_MODEL, Config
 from .config_utils import coerce_fields
@@ -181,6 +181,8 @@ def _official_model(
         load_backbone(model, native, source)
     else:
         load_weights(model, native, source=source)
+    if name in ZOO:  # what the release states about its input (an official file of a released model)
+        model.pretrained_cfg = {"name": name, **ZOO[name].preprocessing()}
     return model.eval()
 
 

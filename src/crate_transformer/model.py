@@ -24,7 +24,7 @@ from .config import IMAGE_CLASSIFIER, Config
 from .config_utils import Range
 from .official import HEADS_NOT_STORED, OfficialFormat, official_to_native
 from .operators import EncoderLayer, LayerConfig, drop_path_rates
-from .spec import IMAGENET_MEAN, IMAGENET_STD, DataSpec, fit_normalization
+from .spec import DEFAULT_NORMALIZATION, IMAGENET_MEAN, IMAGENET_STD, DataSpec, fit_normalization
 
 __all__ = [
     "ModelConfig",
@@ -267,6 +267,34 @@ def classifier_layer(dim: int, num_classes: int) -> nn.Module:
 class ImageInput:
     """Input checks, patchify and timm's ``forward_intermediates``, shared by the image models (a module with
     ``config.patch_size``/``in_chans``, ``embed(x)`` → the tokens its ``layers`` take, and ``finish_features``)."""
+
+    # ---------------------------------------------------------------- how to feed it (timm's data config)
+    def data_cfg(self) -> dict[str, Any]:
+        """timm's data config of this model: ``input_size`` ``(C, H, W)``; ``mean`` / ``std`` — those the model was
+        trained with (``config.data``, recorded by training), else those its released weights state (the zoo entry
+        it was loaded from), else ImageNet's adapted to the channels; ``normalization`` says which; the
+        evaluation crop (``crop_pct``: the share of the shorter side after an aspect-preserving resize,
+        ``crop_mode="center"``) and ``interpolation`` of the released weights, else 1.0 and bilinear (how
+        :mod:`crate_transformer.data` decodes images for training); ``num_classes``."""
+        c, weights = self.config, getattr(self, "_weights_cfg", {})
+        grey = fit_normalization(IMAGENET_MEAN, IMAGENET_STD, 1)  # any other channel count: the grey values
+        stats = fit_normalization(IMAGENET_MEAN, IMAGENET_STD, c.in_chans) or fit_normalization(*grey, c.in_chans)
+        source = DEFAULT_NORMALIZATION
+        if weights.get("mean") and fit_normalization(weights["mean"], weights["std"], c.in_chans) is not None:
+            stats, source = fit_normalization(weights["mean"], weights["std"], c.in_chans), "released weights"
+        recorded = c.data.normalization(c.in_chans) if c.data is not None else None
+        if recorded is not None:
+            stats, source = recorded, "training data"
+        return {
+            "input_size": (c.in_chans, c.image_size, c.image_size),
+            "mean": tuple(stats[0]),
+            "std": tuple(stats[1]),
+            "normalization": source,
+            "crop_pct": float(weights.get("crop_pct") or 1.0),
+            "crop_mode": "center",
+            "interpolation": weights.get("interpolation") or "bilinear",
+            "num_classes": getattr(c, "num_classes", 0),
+        }
 
     # ---------------------------------------------------------------- timm's backbone interface
     def finish_features(self, z: Tensor) -> Tensor:
@@ -612,6 +640,8 @@ register_pretrained(
         input="image 224 (resize 256, centre crop 224)",
         mean=IMAGENET_MEAN,
         std=IMAGENET_STD,
+        crop_pct=224 / 256,
+        interpolation="bilinear",  # torchvision's Resize default, which main.py's validation transform uses
         classes="ImageNet-1K (1000)",
         licence="MIT (the repository's)",
         reference="github.com/Ma-Lab-Berkeley/CRATE README.md, main.py (commit 674408f)",

@@ -156,6 +156,7 @@ def load_pretrained(
                 "package)"
             )
         model = load_model(path, name, new_head=True, **overrides)
-    entry = dataclasses.asdict(ZOO[name]) if name in ZOO and pretrained_file is None else {"name": name}
+    recorded = getattr(model.config, "data", None) is not None  # trained here: its own data config, not the zoo's
+    entry = dataclasses.asdict(ZOO[name]) if name in ZOO and not recorded else {"name": name}
     model.pretrained_cfg = {**entry, "file": str(path)}
     return model

@@ -196,11 +196,11 @@ def run_eval(args: argparse.Namespace) -> int:
         model.to(device), ds, mean=norm[0], std=norm[1], image_size=c.image_size, channels=c.in_chans,
         batch_size=args.batch_size, device=device,
     )  # fmt: skip
-    _write_eval(args, r, ds.name, data, str(src), out)
+    _write_eval(args, r, ds.name, data, str(src), out, norm)
     return 0
 
 
-def _write_eval(args: argparse.Namespace, r: object, name: str, data: str, src: str, out: Path) -> None:
+def _write_eval(args: argparse.Namespace, r: object, name: str, data: str, src: str, out: Path, norm: tuple) -> None:
     """``confusion.png``, ``eval.json`` and the printed summary of a classifier evaluation."""
     from ..io import atomic_write
     from ..train import plot_confusion_matrix
@@ -211,7 +211,7 @@ def _write_eval(args: argparse.Namespace, r: object, name: str, data: str, src: 
         out / "confusion.png",
         title=f"{Path(data).name} {args.split}: top-1 {100 * r.top1:.2f}%",
     )
-    report = {"checkpoint": src, "data": data, "split": args.split, **r.to_dict()}
+    report = {"checkpoint": src, "data": data, "split": args.split, "normalization": norm, **r.to_dict()}
     atomic_write(out / "eval.json", lambda tmp: Path(tmp).write_text(json.dumps(report, indent=1) + "\n"))
     print(f"{name} {args.split}: {r.num_samples} images, top-1 {100 * r.top1:.2f}%{r.top_k_text()}, loss {r.loss:.4f}")
     width = max(len(n) for n in r.classes)

@@ -34,9 +34,10 @@ import functools
 import os
 import pickle
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,6 +65,7 @@ __all__ = [
     "resolve_source",
     "canonical_source",
     "to_chw",
+    "image_transform",
 ]
 
 SPLITS = ("train", "val", "test")
@@ -654,12 +656,14 @@ def load_image_folder(
     limit: int | None = None,
     on_bad_image: str = "error",
     crop_pct: float = 1.0,
+    interpolation: str = "bilinear",
 ) -> tuple[Tensor, list[str]]:
     """Every image under ``folder`` (recursively, sorted by path; no classes, e.g. ``crate analyze --images``).
 
     Returns ``[0, 1]`` floats ``(N, channels, image_size, image_size)`` — shorter side resized to
     ``image_size / crop_pct`` (the aspect ratio kept), the central ``image_size`` square cropped (timm's
-    ``crop_pct``: 0.875 is ImageNet's resize-256-crop-224), grey/RGB converted to ``channels`` — and the file
+    ``crop_pct``: 0.875 is ImageNet's resize-256-crop-224; ``interpolation`` bilinear or bicubic, antialiased),
+    grey/RGB converted to ``channels`` — and the file
     paths; normalising them is the caller's (the model's mean and std, not the photos' own).  ``limit``
     keeps the first files.  Unreadable files raise (``on_bad_image="error"``) or are skipped with a
     warning (``"skip"``); a missing folder or one without readable images is a one-line ValueError.
@@ -682,13 +686,16 @@ def load_image_folder(
         files = [f for i, f in enumerate(files) if i not in set(bad)]
     if not files:
         raise ValueError(f"no readable images in {folder}; check the files")
-    images = torch.stack([to_chw(a, channels, image_size, crop_pct) for a in arrays])
+    images = torch.stack([to_chw(a, channels, image_size, crop_pct, interpolation) for a in arrays])
     return images.float() / 255.0, [str(f) for f in files]
 
 
-def to_chw(a: np.ndarray, channels: int, image_size: int | None, crop_pct: float = 1.0) -> Tensor:
+def to_chw(
+    a: np.ndarray, channels: int, image_size: int | None, crop_pct: float = 1.0, interpolation: str = "bilinear"
+) -> Tensor:
     """HW or HWC uint8 array → C×H×W tensor; with ``image_size``: shorter side to ``image_size / crop_pct``
-    (aspect ratio kept), then the central ``image_size`` square."""
+    (aspect ratio kept; ``interpolation`` ``"bilinear"`` or ``"bicubic"``, antialiased), then the central
+    ``image_size`` square."""
     t = torch.from_numpy(np.ascontiguousarray(a))
     t = t.unsqueeze(0) if t.dim() == 2 else t.permute(2, 0, 1)
     t = match_channels(t, channels)
@@ -699,7 +706,28 @@ def to_chw(a: np.ndarray, channels: int, image_size: int | None, crop_pct: float
     scale = short / min(h, w)
     nh, nw = max(short, round(h * scale)), max(short, round(w * scale))
     if (nh, nw) != (h, w):
-        y = F.interpolate(t[None].float(), size=(nh, nw), mode="bilinear", antialias=True, align_corners=False)[0]
+        y = F.interpolate(t[None].float(), size=(nh, nw), mode=interpolation, antialias=True, align_corners=False)[0]
         t = y.round().clamp(0, 255).to(torch.uint8)
     top, left = (nh - image_size) // 2, (nw - image_size) // 2
     return t[:, top : top + image_size, left : left + image_size].contiguous()
+
+
+def image_transform(data_config: Mapping[str, Any]) -> Callable[[Any], Tensor]:
+    """timm's ``create_transform(**data_config)`` for evaluation: a PIL image or an HW / HWC ``uint8`` array →
+    the model's input ``(C, H, W)``: channels converted as in training, the shorter side resized to
+    ``H / crop_pct`` (aspect ratio kept, ``interpolation``), the central ``H × W`` cropped, scaled to [0, 1] and
+    normalised with ``mean`` / ``std``.  ``data_config`` is :func:`crate_transformer.resolve_data_config`'s."""
+    channels, height, width = data_config["input_size"]
+    if height != width:
+        raise ValueError(f"input_size {tuple(data_config['input_size'])} is not square; square models only")
+    mean = torch.tensor(data_config["mean"], dtype=torch.float32).view(-1, 1, 1)
+    std = torch.tensor(data_config["std"], dtype=torch.float32).view(-1, 1, 1)
+    crop_pct, interpolation = float(data_config["crop_pct"]), data_config["interpolation"]
+
+    def transform(image: Any) -> Tensor:
+        a = np.array(image.convert("RGB") if hasattr(image, "convert") and image.mode not in ("L", "RGB") else image)
+        if a.dtype != np.uint8:
+            raise ValueError(f"expected a PIL image or a uint8 array, got an array of {a.dtype}")
+        return (to_chw(a, channels, height, crop_pct, interpolation).float() / 255.0 - mean) / std
+
+    return transform
