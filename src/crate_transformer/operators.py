@@ -411,14 +411,16 @@ def reusable_weight(w: Tensor) -> bool:
     """Whether a product of the parameter ``w`` computed in this forward may be kept for later ones.
 
     Only where no gradient flows to ``w`` (grad mode off), on a trainable ``nn.Parameter`` of a real device,
-    outside compilation, tracing, ``torch.func`` transforms, dispatch modes (FakeTensorMode, FLOP counters) and
-    a process group (FSDP and DeepSpeed write gathered weights in place, unseen).  Frozen parameters
-    (``requires_grad=False``: EMA copies, DINO teachers) are excluded because EMA code commonly updates them
-    through ``.data``, which no version counter sees.
+    outside compilation, tracing, CUDA-graph capture, ``torch.func`` transforms, dispatch modes (FakeTensorMode,
+    FLOP counters) and a process group (FSDP and DeepSpeed write gathered weights in place, unseen).  Frozen
+    parameters (``requires_grad=False``: EMA copies, DINO teachers) are excluded because EMA code commonly
+    updates them through ``.data``, which no version counter sees.
     """
     if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.is_grad_enabled() or not w.requires_grad:
         return False
     if type(w) is not nn.Parameter or w.device.type == "meta" or w.is_inference():
+        return False
+    if w.is_cuda and torch.cuda.is_current_stream_capturing():  # a graph would replay the kept matrix, stale
         return False
     if torch._C._are_functorch_transforms_active() or torch._C._len_torch_dispatch_stack():
         return False
@@ -477,7 +479,9 @@ class ISTA(nn.Module):
         w = self.weight
         if not reusable_weight(w):
             return None
-        key = (w._version, w.data_ptr(), w.dtype, w.device, self.eta, _optimizer_steps)
+        # the stream: a matrix computed on one CUDA stream is not ready on another without a synchronisation
+        stream = torch.cuda.current_stream(w.device).cuda_stream if w.is_cuda else None
+        key = (w._version, w.data_ptr(), w.dtype, w.device, stream, self.eta, _optimizer_steps)
         kept = self._kept
         if kept is not None and kept[0] is w and kept[1] == key:
             return kept[2]
