@@ -1,8 +1,10 @@
-"""Errors whose fix is training with another task, worded by whoever reports them.
+"""Errors and warnings worded by whoever reports them.
 
-The library names tasks (``classification``, ``lm``, ``mae``, ...), never the commands of the ``crate`` CLI:
-a :class:`TaskError` keeps the places that name a task as :class:`Use` facts, so the Python API says
-``the lm task`` and the CLI (:func:`crate_transformer.cli.task_command`) says the command that runs it.
+The library names tasks (``classification``, ``lm``, ``mae``, ...) and options (``warmup_fraction``), never the
+commands and flags of the ``crate`` CLI: a :class:`TaskError` keeps the places that name a task as :class:`Use`
+facts, so the Python API says ``the lm task`` and the CLI (:func:`crate_transformer.cli.task_command`) says the
+command that runs it; an :class:`OptionsWarning` keeps the options it advises as :class:`Option` facts, which
+the Python API writes as option names and the CLI as flags.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["TaskError", "Use"]
+__all__ = ["TaskError", "Use", "Option", "OptionsWarning"]
 
 
 @dataclass(frozen=True)
@@ -38,4 +40,24 @@ class TaskError(ValueError):
 
     def words(self, name: Callable[[Use], str]) -> str:
         """The message with each :class:`Use` place written as ``name(use)``."""
+        return "".join(p if isinstance(p, str) else name(p) for p in self.parts)
+
+
+@dataclass(frozen=True)
+class Option:
+    """A place in an :class:`OptionsWarning` naming a training option (``TrainConfig`` or task option name)."""
+
+    name: str
+
+
+class OptionsWarning(UserWarning):
+    """A warning whose advice names options: ``str()`` writes them as option names, :meth:`words` any other way
+    (the CLI: ``--warmup-fraction``)."""
+
+    def __init__(self, *parts: str | Option) -> None:
+        self.parts = parts
+        super().__init__(self.words(lambda option: option.name))
+
+    def words(self, name: Callable[[Option], str]) -> str:
+        """The message with each :class:`Option` place written as ``name(option)``."""
         return "".join(p if isinstance(p, str) else name(p) for p in self.parts)

@@ -12,6 +12,9 @@ import errno
 import importlib
 import os
 import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
 
 from .._version import __version__
 
@@ -53,6 +56,25 @@ def error_message(e: BaseException) -> str:
     return str(e)
 
 
+def option_warnings(command: str) -> Callable[..., None]:
+    """A ``warnings.showwarning`` that writes an :class:`~crate_transformer.errors.OptionsWarning` as one line
+    naming flags (``--warmup-fraction`` for the option ``warmup_fraction``), above any progress bar; other
+    warnings as Python shows them."""
+    from ..errors import OptionsWarning
+
+    python_way = warnings.showwarning
+
+    def show(message: Warning | str, category: type, filename: str, lineno: int, *rest: Any) -> None:
+        if not isinstance(message, OptionsWarning):
+            return python_way(message, category, filename, lineno, *rest)
+        from tqdm import tqdm
+
+        text = message.words(lambda option: "--" + option.name.replace("_", "-"))
+        tqdm.write(f"crate {command}: warning: {text}", file=sys.stderr)
+
+    return show
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``crate`` parser; only ``command``'s module is imported and configured (fast start-up)."""
     parser = argparse.ArgumentParser(prog="crate", description="CRATE: white-box transformers")
@@ -82,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         from .common import check_argument_ranges
 
         check_argument_ranges(args)  # every numeric option, before the command does anything
-        return int(args._run(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = option_warnings(args.command)
+            return int(args._run(args) or 0)
     except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
         if os.environ.get("CRATE_DEBUG"):
             raise

@@ -191,6 +191,12 @@ class OptimOptions(_Group):
     accum_steps: int = option(1, "gradient accumulation: each process runs its share of a batch in this many chunks")
     epochs: int = option(40, "training epochs")
     warmup_epochs: float = option(2.0, "linear warm-up length in epochs (fractions allowed)")
+    warmup_fraction: float = option(
+        0.0,
+        "linear warm-up as a share of the run's optimizer steps (0.05: the first twentieth; 0 = --warmup-epochs); "
+        "setting one of the two warm-ups sets the other to 0",
+        range=Range(0, 1, hi_open=True),
+    )
     label_smoothing: float = option(0.05, "label smoothing of the cross-entropy")
     grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)")
     max_steps: int = option(0, "stop after this many optimizer steps (0 = all epochs; the schedule is unchanged)")
@@ -218,6 +224,11 @@ class OptimOptions(_Group):
             raise ValueError(f"need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
         if self.weight_decay < 0 or self.grad_clip < 0 or self.warmup_epochs < 0:
             raise ValueError("weight_decay, grad_clip and warmup_epochs must be >= 0")
+        if self.warmup_epochs > 0 and self.warmup_fraction > 0:
+            raise ValueError(
+                f"two warm-ups: warmup_epochs={self.warmup_epochs} and warmup_fraction={self.warmup_fraction}; "
+                "set one of them to 0"
+            )
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         _check_choices(self, {"optimizer": OPTIMIZERS})
@@ -423,7 +434,18 @@ def nest_options(d: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         valid = sorted({*top, *FLAT, *GROUPS})
         raise ValueError(f"unknown training option(s) {sorted(unknown)}; valid options: {valid}")
-    return _moved_task_options(out)
+    return _one_warmup(_moved_task_options(out))
+
+
+def _one_warmup(out: dict[str, Any]) -> dict[str, Any]:
+    """``out`` with the other warm-up 0 where it sets one of ``warmup_epochs`` / ``warmup_fraction`` and not the
+    other, so a warm-up given replaces the one of the defaults (or of the task, or of a recipe) below it."""
+    optim = out.get("optim")
+    if isinstance(optim, Mapping):
+        given = {"warmup_epochs", "warmup_fraction"} & set(optim)
+        if len(given) == 1:
+            out["optim"] = {**optim, ({"warmup_epochs", "warmup_fraction"} - given).pop(): 0.0}
+    return out
 
 
 def _moved_task_options(out: dict[str, Any]) -> dict[str, Any]:
