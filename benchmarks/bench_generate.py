@@ -1,95 +1,108 @@
-"""Generation with a key-value cache: CRATE-GPT (one cached tensor per layer, since Q = K = V = U_kᵀz) against
-a standard GPT of the same width, depth and heads (cached K and V), each also without a cache.
+"""Greedy decoding with the key-value cache at the sizes people use: CRATE-GPT (one cached tensor per layer, since
+Q = K = V = U_kᵀz) against a GPT of the same width, depth, heads and vocabulary (cached K and V, a 4x GELU MLP).
 
-    python benchmarks/bench_generate.py             # d=256, 4 layers, 4 heads, V=8,192, 32-token prompt + 224 new
-    python benchmarks/bench_generate.py --quick     # smaller and shorter, a smoke check
+    python benchmarks/bench_generate.py                  # crate_gpt_small, crate_gpt_base, crate_gpt_12l_pile's shape
+    python benchmarks/bench_generate.py --models small --batches 1
+    python benchmarks/bench_generate.py --uncached       # adds rows without the cache (the whole window each step)
+    python benchmarks/bench_generate.py --tiny           # tiny models, seconds: keeps the script alive (a test runs it)
 
-All four are measured in the same run, interleaved over ``--rounds`` rounds (best round kept), on one thread,
-from the same prompt with greedy decoding (so every variant does the same number of steps).  Prints tokens/s,
-the cache size at the end of generation, and the ratios.  Benchmarks are not tests: the numbers depend on the
-machine and its load (printed).
+Each pair (CRATE-GPT, GPT) is built from the zoo entry's configuration with random weights (speed does not depend
+on the values) and timed on the same prompt, batch 1 and 8, ``--prompt`` tokens then ``--new`` greedy tokens.
+tokens/s counts generated tokens of every sequence in the batch; ms/token is the wall time of one decoding step
+(the prompt's pass included, spread over the steps).  Every row is the median of ``--repeats`` rounds, the models
+interleaved (alternating order), after a short warm-up generation each; the 1-minute load average is printed beside
+it.  Benchmarks are not tests: the absolute numbers depend on the machine and its load, the ratios are measured
+side by side.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import statistics
 import time
 
 import torch
 
+import crate_transformer as ct
 from crate_transformer.lm import LMConfig, build_lm, cache_nbytes
 
-
-def timed_generate(model: torch.nn.Module, prompt: torch.Tensor, new: int, use_cache: bool) -> float:
-    t = time.perf_counter()
-    model.generate(prompt, new, temperature=0, use_cache=use_cache)
-    return time.perf_counter() - t
+MODELS = {"small": "crate_gpt_small", "base": "crate_gpt_base", "pile": "crate_gpt_12l_pile"}
+TINY = dict(dim=32, depth=2, heads=2, vocab_size=64, block_size=64)  # --tiny: every model at this size
 
 
-def cache_size(model: torch.nn.Module, prompt: torch.Tensor, new: int) -> int:
-    """Bytes of the cache once ``prompt`` and ``new`` generated tokens are in it (what generation holds at the end)."""
+def pair(name: str, tiny: bool) -> dict[str, torch.nn.Module]:
+    """The zoo's CRATE-GPT and the GPT of its width, depth, heads, vocabulary and context (GPT-2's final norm)."""
+    c = ct.model_config(name, **(TINY if tiny else {}))
+    gpt = LMConfig(arch="gpt", final_norm=True, **{k: getattr(c, k) for k in ("dim", "depth", "heads", "vocab_size",
+                                                                                "block_size")})  # fmt: skip
+    torch.manual_seed(0)
+    return {"CRATE-GPT": build_lm(dataclasses.replace(c, dropout=0.0)).eval(), "GPT": build_lm(gpt).eval()}
+
+
+def cache_mib(model: torch.nn.Module, prompt: torch.Tensor, new: int) -> float:
+    """MiB of the cache once the prompt and ``new`` generated tokens are in it (what generation holds at the end)."""
     ids = torch.cat([prompt, torch.zeros(prompt.shape[0], new - 1, dtype=torch.long)], 1)
     cache = model.new_cache()
     with torch.no_grad():
         model(ids, cache)
-    return cache_nbytes(cache)
+    return cache_nbytes(cache) / 2**20
+
+
+def timed(models: dict[str, torch.nn.Module], prompt: torch.Tensor, new: int, repeats: int, cached: bool) -> dict:
+    """Median seconds of ``generate`` per model, interleaved in alternating order after a 2-token warm-up."""
+    for m in models.values():
+        m.generate(prompt, 2, temperature=0, use_cache=cached)
+    times: dict[str, list[float]] = {k: [] for k in models}
+    order = list(models)
+    for r in range(repeats):
+        for k in order if r % 2 == 0 else order[::-1]:
+            t = time.perf_counter()
+            models[k].generate(prompt, new, temperature=0, use_cache=cached)
+            times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dim", type=int, default=256)
-    ap.add_argument("--depth", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    ap.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     ap.add_argument("--prompt", type=int, default=32, help="prompt tokens")
-    ap.add_argument("--new", type=int, default=224, help="generated tokens")
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--new", type=int, default=64, help="generated tokens")
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--quick", action="store_true", help="d=128, 2 layers, 32 + 96 tokens, 1 round")
+    ap.add_argument("--uncached", action="store_true", help="also time generation without the key-value cache")
+    ap.add_argument("--tiny", action="store_true", help="d=32, 2 layers, V=64, 4 + 8 tokens, one repeat")
     args = ap.parse_args()
-    if args.quick:
-        args.dim, args.depth, args.heads, args.vocab, args.prompt, args.new, args.rounds = 128, 2, 4, 4096, 32, 96, 1
+    if args.tiny:
+        args.prompt, args.new, args.repeats = 4, 8, 1
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    size = dict(
-        dim=args.dim, depth=args.depth, heads=args.heads, vocab_size=args.vocab, block_size=args.prompt + args.new
-    )
-    models = {
-        "CRATE-GPT": build_lm(LMConfig(arch="crate_lm", **size)).eval(),
-        "GPT": build_lm(LMConfig(arch="gpt", final_norm=True, **size)).eval(),
-    }
-    prompt = torch.randint(0, args.vocab, (args.batch, args.prompt))
-    variants = [(name, use_cache) for name in models for use_cache in (True, False)]
-    best = {v: float("inf") for v in variants}
-    for _ in range(args.rounds):
-        for name, use_cache in variants:
-            best[(name, use_cache)] = min(
-                best[(name, use_cache)], timed_generate(models[name], prompt, args.new, use_cache)
-            )
-    tps = {v: args.batch * args.new / t for v, t in best.items()}
-    mem = {name: cache_size(m, prompt, args.new) for name, m in models.items()}
-    params = {name: m.num_params() for name, m in models.items()}
-
     print(
-        f"d={args.dim}, {args.depth} layers, {args.heads} heads, V={args.vocab:,}; batch {args.batch}, "
-        f"{args.prompt}-token prompt + {args.new} generated (greedy); {args.threads} thread(s), best of "
-        f"{args.rounds}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
+        f"torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} cores, load average "
+        f"{' / '.join(f'{v:.1f}' for v in os.getloadavg())} (1 / 5 / 15 min); {args.prompt}-token prompt + "
+        f"{args.new} greedy tokens, median of {args.repeats}"
     )
-    print(f"{'model':10} {'params':>12} {'cache':>7} {'tokens/s':>9} {'cache MiB':>10} {'cache/token/layer':>18}")
-    for name, use_cache in variants:
-        per = mem[name] / (args.batch * (args.prompt + args.new - 1) * args.depth)
-        cache_txt = f"{mem[name] / 2**20:10.2f} {per:14.0f} B" if use_cache else f"{'-':>10} {'-':>16}"
-        print(
-            f"{name:10} {params[name]:12,} {'yes' if use_cache else 'no':>7} {tps[(name, use_cache)]:9.1f} {cache_txt}"
-        )
-    print("ratios (same run):")
-    print(f"  cache memory, CRATE-GPT / GPT:            {mem['CRATE-GPT'] / mem['GPT']:.3f}")
-    print(f"  tokens/s with cache, CRATE-GPT / GPT:     {tps[('CRATE-GPT', True)] / tps[('GPT', True)]:.2f}")
-    print(f"  tokens/s, cache / no cache, CRATE-GPT:    {tps[('CRATE-GPT', True)] / tps[('CRATE-GPT', False)]:.2f}")
-    print(f"  tokens/s, cache / no cache, GPT:          {tps[('GPT', True)] / tps[('GPT', False)]:.2f}")
-    print(f"  parameters, CRATE-GPT / GPT:              {params['CRATE-GPT'] / params['GPT']:.3f}")
+    header = (
+        f"{'shape':20} {'model':10} {'params':>12} {'batch':>5} {'cache':>5} {'tokens/s':>9} {'ms/token':>9} "
+        f"{'cache MiB':>9} {'CRATE/GPT':>9} {'load':>5}"
+    )
+    print(header)
+    print("-" * len(header))
+    for key in args.models:
+        models = pair(MODELS[key], args.tiny)
+        for batch in args.batches:
+            prompt = torch.randint(0, models["GPT"].config.vocab_size, (batch, args.prompt))
+            mem = {k: cache_mib(m, prompt, args.new) for k, m in models.items()}
+            for cached in (True, False) if args.uncached else (True,):
+                t = timed(models, prompt, args.new, args.repeats, cached)
+                for k, m in models.items():
+                    print(
+                        f"{MODELS[key]:20} {k:10} {m.num_params():>12,} {batch:>5} {'yes' if cached else 'no':>5} "
+                        f"{batch * args.new / t[k]:>9.1f} {1e3 * t[k] / args.new:>9.1f} "
+                        f"{mem[k] if cached else float('nan'):>9.2f} {t['GPT'] / t['CRATE-GPT']:>8.2f}x "
+                        f"{os.getloadavg()[0]:>5.1f}"
+                    )
 
 
 if __name__ == "__main__":

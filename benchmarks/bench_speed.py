@@ -1,21 +1,34 @@
-"""Speed of this implementation vs the official formulation (explicit attention matrix, three-matmul
-ISTA; ``tests/official/crate.py``), measured in the same run on the same weights.
+"""Speed of this implementation against the official formulation (explicit attention matrix, three-matmul ISTA;
+``tests/official/crate.py``), measured in the same run on the same weights, interleaved.
 
-    python benchmarks/bench_speed.py            # CRATE-T and CRATE-S at 224/16 and 32/4
-    python benchmarks/bench_speed.py --compile  # adds torch.compile rows (first compile ~30 s each)
-    python benchmarks/bench_speed.py --quick    # fewer repeats, for a smoke check
+    python benchmarks/bench_speed.py                   # inference sweep and training rows (about 15 min, 1 thread)
+    python benchmarks/bench_speed.py --part inference  # CRATE-T/S/B at 224/16, batch 1, 2, 8, 32, 128, eval mode
+    python benchmarks/bench_speed.py --part training   # forward+backward, CRATE-T/S 224/16 batch 8, CRATE-T 32/4
+    python benchmarks/bench_speed.py --compile         # adds torch.compile rows to the training part
+    python benchmarks/bench_speed.py --quick           # fewer repeats and batches, a smoke check
+    python benchmarks/bench_speed.py --tiny            # tiny models, seconds: keeps the script alive (a test runs it)
 
-Prints images/s for forward (inference) and forward+backward, the ratio ours/official, and the
-achieved GFLOP/s of each against a GEMM peak measured at the start.  FLOPs are the model's matmul
-FLOPs in our (minimal) formulation; forward+backward counts 3x forward.  "FLOP ratio" is the official
-formulation's matmul FLOPs over ours: the speedup that equal hardware efficiency would give.
+Inference: the classifier's forward in eval mode under ``torch.inference_mode()``, milliseconds per batch.  Three
+implementations: the official formulation; ours as a user runs it (a trainable model: the ISTA step matrix
+``A = I + η(D − DᵀD)`` is computed once and kept, so the steady state is timed); ours frozen
+(``requires_grad_(False)``: nothing is kept, every forward chooses its ISTA formulation by FLOPs — what the first
+call costs).  Training: forward + backward on a train-mode model.
+
+Every row is the median of ``--repeats`` rounds after one warm-up call each, the implementations interleaved
+(alternating order), with the 1-minute load average beside it: benchmarks are not tests, the absolute numbers
+depend on the machine and its load, the ratios are measured side by side.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import os
+import statistics
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -26,102 +39,117 @@ from crate_transformer.official import native_to_official
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the transcribed official code
 from official.crate import OfficialCRATE
 
-
-def gemm_peak(sizes=(1024, 2048), repeats: int = 5) -> float:
-    best = 0.0
-    for s in sizes:
-        a, b = torch.randn(s, s), torch.randn(s, s)
-        a @ b
-        t = time.perf_counter()
-        for _ in range(repeats):
-            a @ b
-        best = max(best, 2 * s**3 * repeats / (time.perf_counter() - t) / 1e9)
-    return best
+SIZES = {"crate_tiny": "CRATE-T", "crate_small": "CRATE-S", "crate_base": "CRATE-B"}
+TINY = dict(dim=32, depth=1, heads=2, num_classes=10)  # --tiny: every model at this size, 32 px / 8 px patches
 
 
-def model_flops(c: ct.ModelConfig, ista_matmuls: int = 1) -> float:
-    """Forward matmul FLOPs per image: patch embed, per layer U, attention (2 n² Kp ×2), W, ISTA, head.
-
-    ISTA is one d×d matmul per token in our formulation and three in the official one.
-    """
-    n, d, inner = c.grid**2 + 1, c.dim, c.heads * c.head_dim
-    per_layer = 2 * n * d * inner * 2 + 2 * 2 * n * n * inner + 2 * n * d * d * ista_matmuls
-    return 2 * (n - 1) * c.in_chans * c.patch_size**2 * d + c.depth * per_layer + 2 * d * c.num_classes
-
-
-def step_fns(model: torch.nn.Module, x: torch.Tensor):
-    def fwd():
-        with torch.inference_mode():
-            model(x)
-
-    def fwd_bwd():
-        model.zero_grad(set_to_none=True)
-        model(x).sum().backward()
-
-    return fwd, fwd_bwd
+def interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median seconds of each function over ``repeats`` rounds, after one warm-up call each; the order alternates
+    between rounds so that a drift in the machine's load hits every function alike."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {label: [] for label in fns}
+    order = list(fns)
+    for r in range(repeats):
+        for label in order if r % 2 == 0 else order[::-1]:
+            t = time.perf_counter()
+            fns[label]()
+            times[label].append(time.perf_counter() - t)
+    return {label: statistics.median(ts) for label, ts in times.items()}
 
 
-def best_times(impls: list[tuple[str, torch.nn.Module]], x: torch.Tensor, rounds: int) -> dict[str, list[float]]:
-    """Min over ``rounds`` of each step, implementations interleaved so background load hits all alike."""
-    fns = {label: step_fns(model, x) for label, model in impls}
-    for fwd, fwd_bwd in fns.values():  # warm-up (and compilation)
-        fwd(), fwd_bwd()
-    best = {label: [float("inf"), float("inf")] for label in fns}
-    for _ in range(rounds):
-        for label, pair in fns.items():
-            for i, fn in enumerate(pair):
-                t = time.perf_counter()
-                fn()
-                best[label][i] = min(best[label][i], time.perf_counter() - t)
-    return best
+def pair(name: str, size: int, patch: int, tiny: bool) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """Ours and the official formulation with the same weights."""
+    torch.manual_seed(0)
+    ours = ct.create_model(name, image_size=size, patch_size=patch, **(TINY if tiny else {}))
+    c = ours.config
+    off = OfficialCRATE(
+        image_size=size, patch_size=patch, num_classes=c.num_classes, dim=c.dim, depth=c.depth, heads=c.heads
+    )
+    off.load_state_dict(native_to_official(ours.state_dict()))
+    return ours, off
+
+
+def load() -> str:
+    return f"{os.getloadavg()[0]:.1f}"
+
+
+def inference(names: list[str], batches: list[int], size: int, patch: int, repeats: int, tiny: bool) -> None:
+    print(f"\nInference, eval mode, {size}/{patch}: ms per batch (median of {repeats}), ratios official / ours")
+    header = (
+        f"{'model':8} {'batch':>5} {'official':>10} {'ours':>10} {'ours frozen':>12} {'img/s ours':>10} "
+        f"{'speedup':>8} {'frozen':>7} {'max|diff|':>9} {'load':>5}"
+    )
+    print(header)
+    print("-" * len(header))
+    for name in names:
+        ours, off = pair(name, size, patch, tiny)
+        ours.eval(), off.eval()
+        frozen = copy.deepcopy(ours).requires_grad_(False)
+        for batch in batches:
+            x = torch.randn(batch, 3, size, size)
+            with torch.inference_mode():
+                diff = (ours(x) - off(x)).abs().max().item()
+                impls = {"official": off, "ours": ours, "frozen": frozen}
+                t = interleaved(
+                    {k: partial(m, x) for k, m in impls.items()}, repeats if batch < 128 else (repeats + 1) // 2
+                )
+            print(
+                f"{SIZES.get(name, name):8} {batch:>5} {1e3 * t['official']:>10.1f} {1e3 * t['ours']:>10.1f} "
+                f"{1e3 * t['frozen']:>12.1f} {batch / t['ours']:>10.1f} {t['official'] / t['ours']:>7.2f}x "
+                f"{t['official'] / t['frozen']:>6.2f}x {diff:>9.1e} {load():>5}"
+            )
+
+
+def train_step(model: torch.nn.Module, x: torch.Tensor) -> None:
+    model.zero_grad(set_to_none=True)
+    model(x).sum().backward()
+
+
+def training(setups: list[tuple[str, int, int, int]], repeats: int, tiny: bool, compile_: bool) -> None:
+    print(f"\nTraining step (forward + backward), train mode: ms per batch (median of {repeats}), official / ours")
+    header = f"{'model':8} {'img/p':>6} {'batch':>5} {'impl':10} {'ms':>9} {'img/s':>8} {'speedup':>8} {'load':>5}"
+    print(header)
+    print("-" * len(header))
+    for name, size, patch, batch in setups:
+        ours, off = pair(name, size, patch, tiny)
+        impls = {"official": off.train(), "ours": ours.train()}
+        if compile_:
+            impls["ours+comp"] = torch.compile(ours)
+        x = torch.randn(batch, 3, size, size)
+        t = interleaved({label: partial(train_step, m, x) for label, m in impls.items()}, repeats)
+        for label, s in t.items():
+            print(
+                f"{SIZES.get(name, name):8} {f'{size}/{patch}':>6} {batch:>5} {label:10} {1e3 * s:>9.1f} "
+                f"{batch / s:>8.1f} {t['official'] / s:>7.2f}x {load():>5}"
+            )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--compile", action="store_true", help="also time torch.compile(ours)")
-    ap.add_argument("--quick", action="store_true", help="fewer rounds")
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--part", choices=("inference", "training", "both"), default="both")
+    ap.add_argument("--compile", action="store_true", help="also time torch.compile(ours) in the training part")
+    ap.add_argument("--quick", action="store_true", help="3 repeats, batches 1 and 8, CRATE-T and CRATE-S")
+    ap.add_argument("--tiny", action="store_true", help="tiny models (d=32, one layer, 32 px), one repeat")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    repeats = 2 if args.quick else 6
-    peak = gemm_peak()
-    print(f"torch {torch.__version__}, {args.threads} threads, measured fp32 GEMM peak {peak:.0f} GFLOP/s\n")
-    setups = [
-        ("crate_tiny", 224, 16, 16),
-        ("crate_small", 224, 16, 16),
-        ("crate_tiny", 32, 4, 128),
-        ("crate_small", 32, 4, 128),
-    ]
-    header = (
-        f"{'model':12} {'img/p':>6} {'batch':>5} {'impl':10} {'fwd img/s':>10} {'fwd+bwd img/s':>14} "
-        f"{'GFLOP/s f':>10} {'GFLOP/s fb':>11} {'%peak fb':>8} {'speedup f':>9} {'speedup fb':>10} {'FLOP ratio':>10}"
+    names, batches, repeats = list(SIZES), [1, 2, 8, 32, 128], args.repeats
+    size, patch = (32, 8) if args.tiny else (224, 16)
+    setups = [("crate_tiny", 224, 16, 8), ("crate_small", 224, 16, 8), ("crate_tiny", 32, 4, 128)]
+    if args.quick:
+        names, batches, repeats, setups = names[:2], [1, 8], 3, setups[:1]
+    if args.tiny:
+        names, batches, repeats, setups = names[:1], [1, 2], 1, [("crate_tiny", 32, 8, 2)]
+    print(
+        f"torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} cores, load average "
+        f"{' / '.join(f'{v:.1f}' for v in os.getloadavg())} (1 / 5 / 15 min)"
     )
-    print(header)
-    print("-" * len(header))
-    for name, size, patch, batch in setups:
-        torch.manual_seed(0)
-        ours = ct.create_model(name, image_size=size, patch_size=patch).train()
-        c = ours.config
-        off = OfficialCRATE(
-            image_size=size, patch_size=patch, num_classes=c.num_classes, dim=c.dim, depth=c.depth, heads=c.heads
-        ).train()
-        off.load_state_dict(native_to_official(ours.state_dict()))
-        x = torch.randn(batch, 3, size, size)
-        flops = model_flops(c) * batch
-        impls = [("official", off), ("ours", ours)]
-        if args.compile:
-            impls.append(("ours+comp", torch.compile(ours)))
-        ceiling = model_flops(c, ista_matmuls=3) / model_flops(c)
-        times = best_times(impls, x, repeats)
-        base = times["official"]
-        for label, (tf, tfb) in times.items():
-            gf, gfb = flops / tf / 1e9, 3 * flops / tfb / 1e9
-            print(
-                f"{name:12} {f'{size}/{patch}':>6} {batch:>5} {label:10} {batch / tf:>10.1f} {batch / tfb:>14.1f} "
-                f"{gf:>10.1f} {gfb:>11.1f} {100 * gfb / peak:>7.0f}% {base[0] / tf:>8.2f}x {base[1] / tfb:>9.2f}x "
-                f"{ceiling:>9.2f}x"
-            )
-        print()
+    if args.part in ("inference", "both"):
+        inference(names, batches, size, patch, repeats, args.tiny)
+    if args.part in ("training", "both"):
+        training(setups, repeats, args.tiny, args.compile)
 
 
 if __name__ == "__main__":

@@ -2,19 +2,22 @@
 
 Playwright's own browser download needs the internet; the Debian package ``chromium`` does not (CI installs it,
 see .ci/run).  The flags keep Chromium off the network: no background services, no QUIC, no updates.
+Without it the browser tests are skipped, and the session's last lines say so (``conftest.py``).
 Usage in a test module: ``from browser import browser`` (a module-scoped fixture: one launch per module) and
 :func:`open_page`, which refuses every request that is not ``file:`` or ``data:`` and records it.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
-CHROMIUM = Path("/usr/bin/chromium")
+# the Debian package's path; CRATE_CHROMIUM names another (e.g. /usr/bin/chromium-browser)
+CHROMIUM = Path(os.environ.get("CRATE_CHROMIUM", "/usr/bin/chromium"))
 FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -31,7 +34,10 @@ FLAGS = [
 def browser():
     """A Chromium browser context with a fresh profile, closed after the module's tests."""
     if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} is absent: install the Debian package chromium (apt-get install -y chromium)")
+        pytest.skip(
+            f"browser tests: {CHROMIUM} is absent; install the Debian package chromium (apt-get install -y chromium) "
+            "or name your Chromium in CRATE_CHROMIUM"
+        )
     from playwright.sync_api import sync_playwright
 
     profile = tempfile.mkdtemp(prefix="crate-chromium-")

@@ -9,6 +9,52 @@ import torch
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# The device the suite runs on: CRATE_TEST_DEVICE=cuda (or cuda:N) runs the tests that take the ``device`` fixture
+# on that GPU and skips the others (CPU tests: bitwise resumes, CPU thread policies, faked GPUs), saying so.  The
+# default, cpu, hides the GPUs of the machine, so every run the suite starts (``crate train`` with its default
+# --device auto included) stays on the CPU, as in CI.
+TEST_DEVICE = os.environ.get("CRATE_TEST_DEVICE", "cpu").strip().lower()
+if TEST_DEVICE == "cpu":
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: runs on CRATE_TEST_DEVICE without taking the device fixture")
+    if TEST_DEVICE != "cpu" and TEST_DEVICE != "cuda" and not TEST_DEVICE.startswith("cuda:"):
+        raise pytest.UsageError(f"CRATE_TEST_DEVICE={TEST_DEVICE!r}: use cpu (the default), cuda or cuda:N")
+    if TEST_DEVICE != "cpu" and not torch.cuda.is_available():
+        raise pytest.UsageError(f"CRATE_TEST_DEVICE={TEST_DEVICE}, but torch sees no CUDA GPU; unset it for the CPU")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if TEST_DEVICE == "cpu":
+        return
+    skip = pytest.mark.skip(reason=f"a CPU test: CRATE_TEST_DEVICE={TEST_DEVICE} runs the tests that take `device`")
+    for item in items:
+        if "device" not in getattr(item, "fixturenames", ()) and item.get_closest_marker("gpu") is None:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def device() -> torch.device:
+    """The device under test (``CRATE_TEST_DEVICE``, default cpu); compare with :func:`tolerances.tol`."""
+    return torch.device(TEST_DEVICE)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The last lines of every session name what was not tested here and why (a missing Chromium, an extra not
+    installed), grouped by reason, even under ``-q``: a skipped browser test is never mistaken for a passed one."""
+    reasons: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    if reasons:
+        terminalreporter.write_sep("=", "not tested on this machine", yellow=True, bold=True)
+        for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"{n} skipped: {reason}", yellow=True)
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _one_thread():

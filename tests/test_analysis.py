@@ -541,6 +541,44 @@ def test_analyze_api_on_the_vit_baseline(tmp_path):
     )
 
 
+# the width report.html gives a figure: body max-width 1100 px less 1em padding either side
+PAGE_PX = 1100 - 2 * 16
+
+
+def _shown_px(fig, ax, png) -> float:
+    """How wide ``ax`` of ``fig`` (saved as ``png``) appears on the report's page, in screen pixels."""
+    from PIL import Image
+
+    width = Image.open(png).size[0]
+    return ax.get_position().width * fig.get_figwidth() * fig.dpi * min(1.0, PAGE_PX / width)
+
+
+@pytest.mark.parametrize("heads", [4, 12])
+def test_attention_maps_of_many_heads_stay_readable_on_the_page(tmp_path, heads):
+    """12 heads (CRATE-B) wrap onto two rows instead of a strip of 14 thumbnails ~65 px wide on the page."""
+    images, maps = torch.rand(2, 3, 32, 32), torch.rand(2, heads, 4, 4)
+    fig = analysis.plot_attention(images, maps, tmp_path / "attention.png")
+    titled = [ax for ax in fig.axes if ax.get_title().startswith("head ")]
+    assert sorted({ax.get_title() for ax in titled}) == sorted(f"head {k}" for k in range(1, heads + 1))
+    assert all(_shown_px(fig, ax, tmp_path / "attention.png") >= 110 for ax in titled)
+    rows = {round(ax.get_position().y0, 3) for ax in fig.axes if ax.get_label() != "<colorbar>" and ax.axison}
+    assert len(rows) == (2 if heads == 4 else 4)  # one row per image with 4 heads, two with 12
+
+
+def test_the_token_heatmap_caption_states_what_the_figure_draws(tmp_path):
+    """65 tokens x 96 features: 50 random of each (capped); 17 tokens x 32 features: all of them."""
+    wide = ct.create_model("crate_mnist", image_size=8, patch_size=1, dim=96, depth=1, heads=12).eval()
+    small = ct.create_model("crate_mnist", **TINY).eval()
+    for model, caption in (
+        (wide, "50 random tokens of 65 x 50 random features of 96, the same at every layer"),
+        (small, "all 17 tokens x all 32 features, the same at every layer"),
+    ):
+        out = tmp_path / str(model.config.dim)
+        analysis.analyze(model, out, {"x": torch.rand(4, 1, 8, 8)}, normalization=([0.5], [0.3]), num_vis=1,
+                         progress=False, initial=None)  # fmt: skip
+        assert f"|Z^(l+1)| of the first image: {caption} (colour 0-2)" in (out / "report.html").read_text()
+
+
 def test_report_json_rebuilds_the_tables(tmp_path, trained, batch):
     imgs = torch.rand(5, 1, 8, 8)
     rep = analysis.analyze(trained, tmp_path / "r", {"x": imgs}, normalization=([0.5], [0.3]), progress=False)
@@ -549,3 +587,15 @@ def test_report_json_rebuilds_the_tables(tmp_path, trained, batch):
     for k in direct.values:
         np.testing.assert_allclose(back.values[k], direct.values[k], rtol=1e-12)
     assert rep["segmentation"]["masks"][0]["file"] == "masks/image_000.png"
+
+
+def test_measurements_ignore_an_enclosing_autocast():
+    """A bf16 training step's measurements are those of the model in its own dtype (the trace and the Gram matrices
+    are not computed in bf16 when the measurement runs inside autocast)."""
+    model = ct.create_model("crate_tiny", **tiny.IMAGE).eval()
+    x = torch.randn(2, 3, 32, 32)
+    want = analysis.measure_batch(model, x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = analysis.measure_batch(model, x)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-6, atol=1e-9)

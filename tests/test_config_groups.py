@@ -113,12 +113,12 @@ def test_the_command_table_names_real_options_and_the_library_no_commands() -> N
         for section, names in sections.items():
             valid = top if section == "top" else {n for n, (g, _) in FLAT.items() if g == section}
             assert names == "*" or set(names) <= valid, (command, section)
-    from crate_transformer.dino import DINOConfig
+    from crate_transformer.train.dino import DINOOptions
     from crate_transformer.train.lm import LMOptions
     from crate_transformer.train.mae import MAEOptions
     from crate_transformer.train.text_classification import TextOptions
 
-    for cls in (TrainConfig, *GROUPS.values(), DINOConfig, MAEOptions, LMOptions, TextOptions):
+    for cls in (TrainConfig, *GROUPS.values(), DINOOptions, MAEOptions, LMOptions, TextOptions):
         for f in dataclasses.fields(cls):
             assert "commands" not in f.metadata, (cls.__name__, f.name)
 
@@ -138,3 +138,32 @@ def test_report_commands_take_the_system_options(command: str, capsys: pytest.Ca
 def test_eval_checks_val_fraction_before_loading_anything(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     err = one_line_error(capsys, "eval", tmp_path / "missing", "--val-fraction", "1.5")
     assert "--val-fraction must be a finite number in [0, 1), got 1.5" in err
+
+
+def test_every_option_class_is_a_config_checked_by_one_rule() -> None:
+    """The training groups, every task's options, the DINO head's model config and the DataSpec are ``Config``s:
+    one coercion, one choice check and one range rule (``config.check_option``), with the same words."""
+    from crate_transformer import config_utils
+    from crate_transformer.config import Config, check_option
+    from crate_transformer.dino import DINOHeadConfig
+    from crate_transformer.spec import DataSpec
+    from crate_transformer.train.task import TASKS, make_task
+
+    options = [type(make_task(name)).Options for name in TASKS]
+    for cls in (*GROUPS.values(), *[o for o in options if o is not None], DINOHeadConfig, DataSpec):
+        assert issubclass(cls, Config), cls
+    assert not hasattr(config_utils, "check_ranges")  # the second implementation of the rule is gone
+    # choices and ranges of a group: enforced at construction, worded as for any Config
+    with pytest.raises(ValueError, match=r"^unknown optimizer 'adam'; choose one of \('adamw', "):
+        TrainConfig(optimizer="adam")
+    with pytest.raises(ValueError, match=r"^batch_size must be a positive integer, got 0; e.g. batch_size=64$"):
+        TrainConfig(batch_size=0)
+    with pytest.raises(ValueError, match=r"^unknown logger 'tensorbored'; choose one of"):
+        TrainConfig(logger=["csv", "tensorbored"])
+    # a group changed after it was built is checked again by the config's validate
+    cfg = TrainConfig()
+    cfg.optim.momentum = 1.5
+    with pytest.raises(ValueError, match=r"^momentum must be a finite number in \[0, 1\), got 1.5"):
+        cfg.validate()
+    with pytest.raises(ValueError, match=r"^unknown recipe 'x'"):
+        check_option(TrainConfig, "recipe", "x")

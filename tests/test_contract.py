@@ -9,10 +9,11 @@ import torch
 import crate_transformer as ct
 from crate_transformer.base import POOLS, Model, pool_tokens
 from crate_transformer.config import Config
-from crate_transformer.dino import DINOConfig, DINOHead, DINOModel
+from crate_transformer.dino import DINOHead, DINOModel
 from crate_transformer.lm import LMConfig
 from crate_transformer.mae import MAEConfig
 from crate_transformer.model import ModelConfig
+from crate_transformer.train.dino import DINOOptions
 
 IMG = dict(image_size=16, patch_size=4, in_chans=1, dim=32, depth=2, heads=4)
 FAMILIES = {
@@ -21,6 +22,8 @@ FAMILIES = {
     "crate_mae": lambda: ct.create_model("crate_mae_mnist", **IMG),
     "crate_gpt": lambda: ct.create_model("crate_gpt_mini", dim=32, depth=2, heads=4, block_size=8, num_labels=3),
     "gpt": lambda: ct.create_model("gpt_mini", dim=32, depth=2, heads=4, block_size=8),
+    "tost": lambda: ct.create_model("tost_mnist", **IMG, num_classes=5),
+    "tost_lm": lambda: ct.create_model("tost_gpt_mini", dim=32, depth=2, heads=4, block_size=8),
     "crate_bert": lambda: ct.create_model(
         "crate_bert_base",
         dim=32,
@@ -129,7 +132,7 @@ def test_the_engine_asks_the_model_which_parameters_to_decay():
     assert id(dino.backbone.layers[0].ista.weight) not in no_decay
 
 
-@pytest.mark.parametrize("family", ["crate", "crate_mae", "crate_gpt", "crate_bert"])
+@pytest.mark.parametrize("family", ["crate", "crate_mae", "crate_gpt", "crate_bert", "tost", "tost_lm"])
 def test_grad_checkpointing_gives_the_same_gradients(family):
     model = FAMILIES[family]().double().train()
     x = _input(model)
@@ -160,7 +163,7 @@ def test_grad_checkpointing_gives_the_same_gradients(family):
         (MAEConfig, {"eta": float("nan")}, r"eta must be a finite number > 0, got nan"),
         (MAEConfig, {"mask_ratio": float("nan")}, r"mask_ratio must be a finite number, got nan"),
         (ModelConfig, {"tied_beta": float("-inf")}, r"tied_beta must be a finite number, got -inf"),
-        (DINOConfig, {"teacher_temp": float("nan")}, r"teacher_temp must be a finite number > 0, got nan"),
+        (DINOOptions, {"teacher_temp": float("nan")}, r"teacher_temp must be a finite number > 0, got nan"),
     ],
 )
 def test_every_config_checks_finiteness_and_ranges_in_one_line(cls, bad, message):

@@ -259,13 +259,13 @@ def test_translate_is_an_integer_shift_of_at_most_two_pixels() -> None:
         assert hits, f"sample {i} is not an integer shift of its input"
         shifts.add(hits[0])
     assert len(shifts) > 3  # shifts are drawn per sample
-    # kornia's RandomCrop(padding) is the shift: its recorded crop corners are the offsets found above
-    aug = build_augmentation("translate", 24, translate=2, input_size=12)  # acts at the data's size, before resizing
+    # the recorded offsets are the shifts found above
+    aug = build_augmentation("translate", 24, translate=2)  # acts at the data's size, before resizing
     torch.manual_seed(1)
     y = aug(x)
-    corners = aug._params["src"][:, 0].long()
+    offsets = torch.stack(aug.last, 1)
     for i in range(len(x)):
-        dx, dy = corners[i].tolist()
+        dy, dx = offsets[i].tolist()
         assert torch.equal(y[i], padded[i, :, dy : dy + 12, dx : dx + 12])
     torch.manual_seed(1)
     assert torch.equal(aug(x), y)  # drawn from the global torch RNG, which checkpoints restore
@@ -283,7 +283,7 @@ def test_crop_flip_randaugment_and_defaults() -> None:
     for _ in range(5):  # colour ops need RGB: greyscale batches go through three identical channels
         assert grey(x[:, :1]).shape == (8, 1, 16, 16)
     flipped = build_augmentation("crop-flip", 16, crop_scale=(1.0, 1.0))
-    flipped[0].ratio = torch.tensor([1.0, 1.0])  # full-image crops: output is x or its mirror image
+    flipped.log_ratio = (0.0, 0.0)  # full-image crops: output is x or its mirror image
     y = flipped(x)
     for i in range(8):
         assert torch.allclose(y[i], x[i], atol=1e-5) or torch.allclose(y[i], x[i].flip(-1), atol=1e-5)

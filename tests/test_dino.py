@@ -16,16 +16,15 @@ from clitools import crate, one_line_error
 from official import dino as official
 
 from crate_transformer.dino import (
-    DINOConfig,
     DINOHead,
     DINOLoss,
     DINOModel,
-    MultiCropAugmentation,
     cosine_schedule,
     ema_update,
     teacher_temperature,
 )
 from crate_transformer.registry import create_model
+from crate_transformer.train.dino import DINOOptions, MultiCropAugmentation
 
 TINY_ARCH = {**tiny.DIGITS, "heads": 2}
 
@@ -60,7 +59,7 @@ def test_cosine_schedules_match_dinos_cosine_scheduler() -> None:
 @pytest.mark.parametrize("warmup,nepochs", [(0, 4), (1, 4), (2, 5), (30, 100), (5, 5)])
 def test_teacher_temperature_is_dinos_per_epoch_table(warmup: int, nepochs: int) -> None:
     """DINOLoss.teacher_temp_schedule (transcribed), indexed by the whole epoch: linear over epochs 0..W-1."""
-    cfg = DINOConfig(warmup_teacher_temp=0.04, teacher_temp=0.07, warmup_teacher_temp_epochs=warmup)
+    cfg = DINOOptions(warmup_teacher_temp=0.04, teacher_temp=0.07, warmup_teacher_temp_epochs=warmup)
     ref = official.teacher_temp_schedule(0.04, 0.07, warmup, nepochs)
     ours = [teacher_temperature(cfg, e) for e in range(nepochs)]
     np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-15)
@@ -69,17 +68,17 @@ def test_teacher_temperature_is_dinos_per_epoch_table(warmup: int, nepochs: int)
     with pytest.raises(ValueError, match="whole epoch index"):
         teacher_temperature(cfg, 0.5)  # constant within an epoch: a fractional epoch is a caller's mistake
     with pytest.raises(ValueError, match="warmup_teacher_temp_epochs must be an integer"):
-        DINOConfig(warmup_teacher_temp_epochs=2.5)
-    with pytest.raises(ValueError, match="whole number of epochs"):
-        DINOConfig(warmup_teacher_temp_epochs=-1)
-    assert DINOConfig(warmup_teacher_temp_epochs=3.0).warmup_teacher_temp_epochs == 3
+        DINOOptions(warmup_teacher_temp_epochs=2.5)
+    with pytest.raises(ValueError, match=r"non-negative integer \(whole epochs\)"):
+        DINOOptions(warmup_teacher_temp_epochs=-1)
+    assert DINOOptions(warmup_teacher_temp_epochs=3.0).warmup_teacher_temp_epochs == 3
 
 
 def test_the_task_holds_the_temperature_for_a_whole_epoch() -> None:
     from crate_transformer.train.dino import DINOTask
 
     task = DINOTask()
-    task.options = DINOConfig(warmup_teacher_temp=0.04, teacher_temp=0.07, warmup_teacher_temp_epochs=3)
+    task.options = DINOOptions(warmup_teacher_temp=0.04, teacher_temp=0.07, warmup_teacher_temp_epochs=3)
     task.steps_per_epoch = 7
     ref = official.teacher_temp_schedule(0.04, 0.07, 3, 5)
     temps = [task.teacher_temp(step) for step in range(5 * 7)]
@@ -93,7 +92,7 @@ def _dino_settings_task(head: DINOHead, cfg, steps_per_epoch: int, **options: ob
     from crate_transformer.train.dino import DINOTask
 
     task = DINOTask()
-    task.options, task.cfg = DINOConfig(**options), cfg
+    task.options, task.cfg = DINOOptions(**options), cfg
     task.steps_per_epoch, task.total_steps = steps_per_epoch, steps_per_epoch * cfg.optim.epochs
     task.student = SimpleNamespace(head=head)
     return task
@@ -189,12 +188,12 @@ def test_head_is_l2_normalised_with_a_unit_norm_weight_normalised_last_layer() -
 
 
 def test_multicrop_views_and_the_wrapper_batches_views_by_size() -> None:
-    cfg = DINOConfig.from_preset("paper", local_crops_number=3)
+    cfg = DINOOptions.from_preset("paper", local_crops_number=3)
     aug = MultiCropAugmentation(cfg, global_size=32, channels=3, multiple=4)
     views = aug(torch.rand(5, 3, 40, 40))
     assert [tuple(v.shape) for v in views] == [(5, 3, 32, 32)] * 2 + [(5, 3, 12, 12)] * 3
     assert all(0.0 <= v.min() and v.max() <= 1.0 for v in views)
-    grey = MultiCropAugmentation(DINOConfig.from_preset("digits", local_crops_number=2), 8, 1, multiple=2)
+    grey = MultiCropAugmentation(DINOOptions.from_preset("digits", local_crops_number=2), 8, 1, multiple=2)
     gviews = grey(torch.rand(4, 1, 8, 8))
     assert [tuple(v.shape) for v in gviews] == [(4, 1, 8, 8)] * 2 + [(4, 1, 4, 4)] * 2
     student = _student()
@@ -206,28 +205,28 @@ def test_multicrop_views_and_the_wrapper_batches_views_by_size() -> None:
 
 
 def test_presets_and_options() -> None:
-    paper = DINOConfig.from_preset("paper")
+    paper = DINOOptions.from_preset("paper")
     assert (paper.out_dim, paper.hidden_dim, paper.bottleneck_dim, paper.local_crops_number) == (65536, 2048, 256, 8)
     assert (paper.student_temp, paper.teacher_temp, paper.momentum_teacher, paper.center_momentum) == (
         0.1, 0.04, 0.996, 0.9,
     )  # fmt: skip
-    assert DINOConfig() == DINOConfig.from_preset("digits")  # the flags' shown defaults are the digits preset
-    assert DINOConfig.from_preset("digits", out_dim=99).out_dim == 99
-    with pytest.raises(ValueError, match="unknown DINO preset"):
-        DINOConfig.from_preset("imagenet")
+    assert DINOOptions() == DINOOptions.from_preset("digits")  # the flags' shown defaults are the digits preset
+    assert DINOOptions.from_preset("digits", out_dim=99).out_dim == 99
+    with pytest.raises(ValueError, match="unknown preset .imagenet.; choose one of"):
+        DINOOptions.from_preset("imagenet")
     with pytest.raises(ValueError, match="unknown DINO option"):
-        DINOConfig.from_preset("digits", teacher_tmp=0.1)
+        DINOOptions.from_preset("digits", teacher_tmp=0.1)
     with pytest.raises(ValueError, match="area fractions"):
-        DINOConfig(global_crops_scale=[0.5, 1.5])
+        DINOOptions(global_crops_scale=[0.5, 1.5])
     # DINO's cosine weight decay is on in both presets (main_dino.py: 0.04 -> 0.4); `none` keeps it constant
     from crate_transformer.train.dino import DINOTask
 
-    assert paper.weight_decay_end == DINOConfig().weight_decay_end == 0.4
+    assert paper.weight_decay_end == DINOOptions().weight_decay_end == 0.4
     assert DINOTask.check_options({"weight-decay-end": "none", "freeze-last-layer": "2"}) == {
         "weight_decay_end": None, "freeze_last_layer": 2,
     }  # fmt: skip
     with pytest.raises(ValueError, match="weight_decay_end must be"):
-        DINOConfig(weight_decay_end=-0.1)
+        DINOOptions(weight_decay_end=-0.1)
 
 
 def test_teacher_copy_gets_no_gradient_and_the_student_classifier_head_is_frozen() -> None:

@@ -6,6 +6,7 @@ quick start runs verbatim."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 import sys
@@ -241,3 +242,21 @@ def test_the_site_does_not_present_the_authors_repository_as_its_own() -> None:
 def test_ci_builds_the_docs_strictly() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert "mkdocs build --strict" in ci and ".[dev,docs]" in ci
+
+
+def test_the_readme_test_command_says_when_the_browser_tests_are_skipped() -> None:
+    """The README's ``python -m pytest`` on a machine without Chromium: the session's last lines name the skipped
+    browser tests and the install, not only a count among the dots."""
+    import subprocess
+
+    test = "tests/test_explorer.py::test_hovering_a_token_colours_the_tokens_it_attends_to"
+    env = {**os.environ, "CRATE_CHROMIUM": str(ROOT / "no-chromium-here")}
+    done = subprocess.run([sys.executable, "-m", "pytest", test, "-p", "no:cacheprovider"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 0 and lines[-1].startswith("1 skipped"), done.stdout + done.stderr
+    assert "not tested on this machine" in lines[-3]
+    assert lines[-2] == (
+        f"1 skipped: browser tests: {ROOT / 'no-chromium-here'} is absent; install the Debian package chromium "
+        "(apt-get install -y chromium) or name your Chromium in CRATE_CHROMIUM"
+    )

@@ -129,6 +129,35 @@ def test_cached_and_uncached_generation_agree_also_past_the_context(arch: str) -
     assert model.training  # the mode is restored
 
 
+def test_generation_runs_the_head_on_the_last_token_only() -> None:
+    """The prompt's pass maps only its last token to logits (a V × d product per sequence, not per prompt token)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = build_lm(LMConfig(**TINY)).eval()
+    prompt = torch.randint(0, 262, (2, 12))
+
+    def flops(fn) -> int:
+        with torch.no_grad(), FlopCounterMode(display=False) as fc:
+            fn()
+        return fc.get_total_flops()
+
+    head = 2 * 2 * TINY["dim"] * TINY["vocab_size"]  # one token per sequence
+    assert flops(lambda: model.generate(prompt, 1)) == flops(lambda: model.forward_features(prompt)) + head
+
+
+def test_generation_keeps_the_step_matrices_between_calls() -> None:
+    """An eval-mode model generating twice builds ISTA's A once (generate switches modes only if it must)."""
+    model = build_lm(LMConfig(**TINY)).eval()
+    prompt = torch.randint(0, 262, (1, 4))
+    model.generate(prompt, 3)
+    kept = [layer.ista._kept[2] for layer in model.layers]
+    model.generate(prompt, 3)
+    assert all(layer.ista._kept[2] is a for layer, a in zip(model.layers, kept))
+    model.train()
+    model.generate(prompt, 3)
+    assert model.training and all(layer.ista._kept is None for layer in model.layers)
+
+
 def test_crate_caches_one_tensor_per_layer_and_gpt_two() -> None:
     crate_m, gpt_m = build_lm(LMConfig(**TINY)), build_lm(LMConfig(arch="gpt", **TINY))
     x = torch.randint(0, 262, (1, 10))
@@ -493,3 +522,59 @@ def test_train_lm_under_torchrun_matches_one_process(tmp_path: Path, torchrun) -
     w1 = load_model(tmp_path / "single").state_dict()
     w2 = load_model(tmp_path / "ddp").state_dict()
     assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [True, False], ids=["gpt", "bert-like"])
+def test_finetune_text_under_torchrun_averages_gradients_as_one_process(tmp_path: Path, torchrun, causal) -> None:
+    """finetune-text's loss runs ``classify`` through DDP's forward (it used to call ``model.module.classify``: no
+    gradient averaging, the processes drifting apart) and through FSDP (which failed on its sharded weights):
+    the weights after the steps are those of one process on the same global batches.  Padding differs between
+    the two processes' halves and the whole batch, so this also checks that padding never changes the loss."""
+    import random
+
+    rng = random.Random(0)
+    pretrained = build_lm(LMConfig(dim=32, depth=2, heads=2, block_size=48, causal=causal))
+    pretrained.tokenizer = Tokenizer.byte_level()
+    pretrained.save_pretrained(tmp_path / "lm")
+    with open(tmp_path / "train.tsv", "w") as f:
+        f.write("sentence\tlabel\n")
+        for _ in range(96):
+            y = rng.randint(0, 1)
+            words = " ".join(rng.choice(["film", "meal", "book", "very", "quite"]) for _ in range(rng.randint(1, 6)))
+            f.write(f"the {words} was {'good' if y else 'bad'}\t{y}\n")
+    args = ["finetune-text", "--from", tmp_path / "lm", "--data", tmp_path / "train.tsv", "--threads", 1,
+            "--no-progress", "--eval-every", 0, "--lr", 3e-3, "--batch-size", 16, "--max-steps", 4,
+            "--log-every", 1, "--accum-steps", 2]  # fmt: skip
+    ddp = torchrun(*args, "--out", tmp_path / "ddp")
+    fsdp = torchrun(*args, "--strategy", "fsdp", "--out", tmp_path / "fsdp")
+    assert crate(*args, "--out", tmp_path / "single") == 0
+    for proc in (ddp, fsdp):
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+    single = load_model(tmp_path / "single").state_dict()
+    start = load_model(tmp_path / "lm").state_dict()
+    assert max((single[k] - start[k]).abs().max().item() for k in start) > 1e-3  # the steps changed the weights
+    for run in ("ddp", "fsdp"):
+        w = load_model(tmp_path / run).state_dict()
+        assert w.keys() == single.keys()
+        for k in single:
+            torch.testing.assert_close(w[k], single[k], rtol=0, atol=2e-5, msg=f"{run}: {k}")
+
+
+def test_finetune_text_compiles_its_classify(tmp_path: Path, monkeypatch) -> None:
+    """--compile compiles what the loss runs (classify, through the engine's entry module); before, it compiled the
+    unused ``forward`` and the steps ran eagerly."""
+    from crate_transformer.train import loop
+
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda m, **kw: compiled.append(m) or m)
+    pretrained = build_lm(LMConfig(dim=16, depth=1, heads=2, block_size=24))
+    pretrained.tokenizer = Tokenizer.byte_level()
+    pretrained.save_pretrained(tmp_path / "lm")
+    (tmp_path / "t.csv").write_text("text,label\n" + "".join(f"row {i},{i % 2}\n" for i in range(32)))
+    args = ["finetune-text", "--from", tmp_path / "lm", "--data", tmp_path / "t.csv", "--threads", 1,
+            "--no-progress", "--eval-every", 0, "--batch-size", 8, "--max-steps", 1, "--compile"]  # fmt: skip
+    assert crate(*args, "--out", tmp_path / "run") == 0
+    (module,) = compiled
+    assert isinstance(module, loop.Entry) and module.method == "classify"

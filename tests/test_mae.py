@@ -162,6 +162,13 @@ def test_decoder_layer_forms():
     torch.testing.assert_close(layer(x), layer.norm2(x_) - layer.attn(layer.norm2(x_)))  # Alg. 5
 
 
+def test_native_grid_reuses_the_table_other_grids_compute_one():
+    m = small_mae()
+    g = m.config.grid
+    assert m.position_embedding(g, g) is m.pos_embed  # no per-forward work at the trained size
+    torch.testing.assert_close(m.position_embedding(2, 3)[0], sincos_pos_embed(m.config.dim, 2, 3))
+
+
 def test_sincos_matches_the_official_table():
     torch.testing.assert_close(
         sincos_pos_embed(64, 4, 4), torch.from_numpy(sincos_2d(64, 4)).float(), atol=1e-6, rtol=0

@@ -1,10 +1,12 @@
-"""Fast paths of MSSA / ISTA / layers against plain transcriptions of the paper and the official code."""
+"""Fast paths of MSSA / ISTA / layers against plain transcriptions of the paper and the official code, on the device
+under test (``CRATE_TEST_DEVICE``)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from official.crate import Attention as OfficialAttention
 from official.crate import FeedForward as OfficialISTA
+from tolerances import tol
 
 from crate_transformer.operators import (
     ISTA,
@@ -25,49 +27,49 @@ def explicit_mssa(m: MSSA, x, causal=False):
         P = x @ Uk_t.T  # b n p
         S = P @ P.transpose(-1, -2) * m.scale
         if causal:
-            S = S.masked_fill(torch.triu(torch.ones(n, n, dtype=torch.bool), 1), float("-inf"))
+            S = S.masked_fill(torch.triu(torch.ones(n, n, dtype=torch.bool, device=x.device), 1), float("-inf"))
         outs.append(torch.softmax(S, -1) @ P)
     return m.proj(torch.cat(outs, -1))
 
 
-def test_mssa_fast_path_equals_official_attention():
+def test_mssa_fast_path_equals_official_attention(device):
     d, K, p = 48, 4, 12
     ours = MSSA(d, K, p)
     off = OfficialAttention(d, K, p)
     off.qkv.weight.data.copy_(ours.qkv.weight)
     off.to_out[0].weight.data.copy_(ours.proj.weight)
     off.to_out[0].bias.data.copy_(ours.proj.bias)
-    x = torch.randn(3, 17, d)
-    torch.testing.assert_close(ours(x), off(x), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ours(x), explicit_mssa(ours, x), rtol=1e-5, atol=1e-5)
+    ours, off, x, t = ours.to(device), off.to(device), torch.randn(3, 17, d).to(device), tol(torch.float32, device)
+    torch.testing.assert_close(ours(x), off(x), **t)
+    torch.testing.assert_close(ours(x), explicit_mssa(ours, x), **t)
     out, attn = ours(x, return_attention=True)
-    torch.testing.assert_close(out, off(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, off(x), **t)
     assert attn.shape == (3, K, 17, 17)
-    torch.testing.assert_close(attn.sum(-1), torch.ones(3, K, 17))
+    torch.testing.assert_close(attn.sum(-1), torch.ones(3, K, 17, device=device))
 
 
-def test_row_softmax_code_equals_paper_column_form():
+def test_row_softmax_code_equals_paper_column_form(device):
     """With W = β[U_1..U_K] and no score scale, the module is eq. (36) exactly."""
     d, K, p, n, beta = 24, 3, 8, 10, 0.7
-    m = MSSA(d, K, p, scale_scores=False, tied_output=True, tied_beta=beta).double()
-    x = torch.randn(n, d, dtype=torch.float64)
+    m = MSSA(d, K, p, scale_scores=False, tied_output=True, tied_beta=beta).double().to(device)
+    x = torch.randn(n, d, dtype=torch.float64).to(device)
     U = m.subspaces().detach()
     want = mssa_reference(x.T, U, beta=beta).T  # paper: columns are tokens, column softmax
-    torch.testing.assert_close(m(x[None])[0], want, rtol=1e-10, atol=1e-10)
-    torch.testing.assert_close(m(x[None], return_attention=True)[0][0], want, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(m(x[None])[0], want, **tol(torch.float64, device))
+    torch.testing.assert_close(m(x[None], return_attention=True)[0][0], want, **tol(torch.float64, device))
 
 
-def test_causal_mask_no_leakage_and_matches_explicit():
-    m = MSSA(32, 4, 8, causal=True)
-    x = torch.randn(2, 9, 32)
+def test_causal_mask_no_leakage_and_matches_explicit(device):
+    m, t = MSSA(32, 4, 8, causal=True).to(device), tol(torch.float32, device)
+    x = torch.randn(2, 9, 32).to(device)
     y = m(x)
-    torch.testing.assert_close(y, explicit_mssa(m, x, causal=True), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y, explicit_mssa(m, x, causal=True), **t)
     x2 = x.clone()
-    x2[:, 6:] += torch.randn(2, 3, 32)
+    x2[:, 6:] += torch.randn(2, 3, 32).to(device)
     y2 = m(x2)
-    torch.testing.assert_close(y2[:, :6], y[:, :6])
+    torch.testing.assert_close(y2[:, :6], y[:, :6], **t)
     assert not torch.allclose(y2[:, 6:], y[:, 6:])
-    torch.testing.assert_close(m(x, return_attention=True)[0], y, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(m(x, return_attention=True)[0], y, **t)
 
 
 def test_attention_dropout_only_in_training():
@@ -82,16 +84,16 @@ def test_attention_dropout_only_in_training():
     assert not torch.allclose(a, m(x))
 
 
-def test_ista_fast_path_equals_three_matmul_forms():
+def test_ista_fast_path_equals_three_matmul_forms(device):
     d = 40
     ours = ISTA(d, eta=0.1, lambd=0.1)
     off = OfficialISTA(d, step_size=0.1)
     off.weight.data.copy_(ours.weight)
-    x = torch.randn(4, 13, d)
-    torch.testing.assert_close(ours(x), off(x), rtol=1e-5, atol=1e-5)
+    ours, off, x, t = ours.to(device), off.to(device), torch.randn(4, 13, d).to(device), tol(torch.float32, device)
+    torch.testing.assert_close(ours(x), off(x), **t)
     # paper column form, eq. (44): ReLU(Z - η Dᵀ(DZ - Z) - ηλ)
     want = ista_reference(x.reshape(-1, d).T, ours.weight.detach(), 0.1, 0.1).T.reshape(x.shape)
-    torch.testing.assert_close(ours(x), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours(x), want, **t)
     assert (ours(x) >= 0).all()
 
 
@@ -102,15 +104,15 @@ def test_ista_eta_lambda_are_used():
     torch.testing.assert_close(a(x), want, rtol=1e-5, atol=1e-5)
 
 
-def test_ista_soft_threshold_and_mm_modes():
+def test_ista_soft_threshold_and_mm_modes(device):
     d, eta, lambd = 12, 0.2, 0.4
-    x = torch.randn(3, 7, d, dtype=torch.float64)
-    soft = ISTA(d, eta, lambd, mode="soft").double()
+    x = torch.randn(3, 7, d, dtype=torch.float64).to(device)
+    soft = ISTA(d, eta, lambd, mode="soft").double().to(device)
     D = soft.weight.detach()
     v = (x.reshape(-1, d).T + eta * D.T @ (x.reshape(-1, d).T - D @ x.reshape(-1, d).T)).T.reshape(x.shape)
     torch.testing.assert_close(soft(x), F.softshrink(v, eta * lambd))
     assert (soft(x) < 0).any()  # soft-threshold keeps negative codes
-    mm = ISTA(d, eta, lambd, mode="mm", eps=0.5).double()
+    mm = ISTA(d, eta, lambd, mode="mm", eps=0.5).double().to(device)
     n = x.shape[1]
     alpha = d / (n * 0.5**2)
     D = mm.weight.detach()
@@ -152,10 +154,10 @@ def test_decoder_layer_forms():
     torch.testing.assert_close(dec(x), dec.norm2(x_) - dec.attn(dec.norm2(x_)))
 
 
-def test_backward_through_fast_paths_matches_reference():
+def test_backward_through_fast_paths_matches_reference(device):
     d = 16
-    layer = EncoderLayer(d, 2, 8).double()
-    x = torch.randn(2, 5, d, dtype=torch.float64, requires_grad=True)
+    layer = EncoderLayer(d, 2, 8).double().to(device)
+    x = torch.randn(2, 5, d, dtype=torch.float64).to(device).requires_grad_()
     layer(x)[0].sum().backward()
     g_fast = x.grad.clone()
     x.grad = None
@@ -166,4 +168,4 @@ def test_backward_through_fast_paths_matches_reference():
     D = layer.ista.weight
     out = F.relu(z + 0.1 * (z @ D - z @ D.T @ D) - 0.1 * 0.1)
     out.sum().backward()
-    torch.testing.assert_close(g_fast, x.grad)
+    torch.testing.assert_close(g_fast, x.grad, **tol(torch.float64, device))

@@ -7,6 +7,7 @@ made: a value out of range or not finite is a one-line error naming the option, 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -17,9 +18,9 @@ from clitools import one_line_error
 from crate_transformer import cli
 from crate_transformer.analysis.segmentation import cosine_affinity
 from crate_transformer.config_utils import Range
-from crate_transformer.dino import DINOConfig
 from crate_transformer.lm import LMConfig, build_lm, sample_next
 from crate_transformer.tokenizer import Tokenizer
+from crate_transformer.train.dino import DINOOptions
 
 LM_TINY = tiny.LM
 
@@ -48,14 +49,14 @@ def test_range_words_and_checks() -> None:
         (["pretrain", "mae", "--probe-c", "0"], "probe_c must be a finite number > 0, got 0.0"),
         (["pretrain", "mae", "--probe-c", "-1"], "probe_c must be a finite number > 0, got -1.0"),
         (["pretrain", "mae", "--mask-ratio", "nan"], "mask_ratio must be a finite number in (0, 1), got nan"),
-        (["train-lm", "--sample-tokens", "-5"], "sample_tokens must be an integer >= 0 (0 = no sample), got -5"),
+        (["train-lm", "--sample-tokens", "-5"], "sample_tokens must be a non-negative integer (0 = no sample), got -5"),
         (["train-lm", "--model-args", "eta=inf"], "eta must be a finite number > 0, got inf"),
         (["train", "--model-args", "eta=nan"], "eta must be a finite number > 0, got nan"),
         (["pretrain", "dino", "--global-crops-scale", "0.5"], "global_crops_scale takes two area fractions LO HI"),
         (["pretrain", "dino", "--global-crops-scale", "0.5", "nan"], "global_crops_scale must be a finite number"),
         (["pretrain", "dino", "--teacher-temp", "nan"], "teacher_temp must be a finite number > 0, got nan"),
         (["pretrain", "dino", "--flip", "2"], "flip must be a finite number in [0, 1], got 2.0"),
-        (["train", "--lr", "inf"], "lr must be a finite number, got inf"),
+        (["train", "--lr", "inf"], "lr must be a finite number > 0, got inf"),
     ],
 )
 def test_training_options_are_refused_before_a_run_folder_exists(
@@ -75,7 +76,7 @@ def test_training_options_are_refused_before_a_run_folder_exists(
         ("--top-p", "1.5", "--top-p must be a finite number in (0, 1] (1 = off), got 1.5"),
         ("--top-p", "95", "--top-p must be a finite number in (0, 1] (1 = off), got 95.0"),
         ("--top-p", "nan", "--top-p must be a finite number in (0, 1] (1 = off), got nan"),
-        ("--top-k", "-3", "--top-k must be an integer >= 0, got -3"),
+        ("--top-k", "-3", "--top-k must be a non-negative integer, got -3"),
     ],
 )
 def test_generate_options(lm_dir: Path, flag: str, value: str, expected: str, capsys: pytest.CaptureFixture) -> None:
@@ -91,7 +92,7 @@ def test_the_api_refuses_what_the_cli_refuses() -> None:
     with pytest.raises(ValueError, match="eta must be a finite number > 0, got inf"):
         LMConfig(**LM_TINY, eta=float("inf"))
     with pytest.raises(ValueError, match="global_crops_scale takes two area fractions"):
-        DINOConfig(global_crops_scale=[0.5])
+        DINOOptions(global_crops_scale=[0.5])
     with pytest.raises(ValueError, match="tau must be a finite number in"):
         cosine_affinity(torch.randn(4, 3), tau=float("nan"))
 
@@ -238,11 +239,17 @@ def test_analyze_never_replaces_an_earlier_report_without_overwrite(
 ) -> None:
     corpus = tmp_path / "c.txt"
     corpus.write_text("".join(f"line {i}: the value of x is {i * i}.\n" for i in range(200)))
+    model = Path(shutil.copytree(lm_dir, tmp_path / "m"))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    base = ["analyze", str(model), "--data", str(corpus), "--num-blocks", "4", "--batch-size", "4"]
+    assert cli.main(base) == 0 and cli.main(base) == 0  # m/analysis, then m/analysis-2: nothing replaced
+    assert f"wrote {model / 'analysis-2' / 'report.html'}" in capsys.readouterr().out
+    assert (model / "analysis" / "report.json").is_file() and (model / "analysis-2" / "report.json").is_file()
+    assert not any((tmp_path / "elsewhere").iterdir())  # nothing in the folder the command ran from
     monkeypatch.chdir(tmp_path)
-    base = ["analyze", str(lm_dir), "--data", str(corpus), "--num-blocks", "4", "--batch-size", "4"]
-    assert cli.main(base) == 0 and cli.main(base) == 0  # ./analysis, then ./analysis-2: nothing replaced
+    assert cli.main([*base, "--out", "analysis"]) == 0  # --out chooses another place
     first = (tmp_path / "analysis" / "report.json").read_text()
-    assert (tmp_path / "analysis-2" / "report.json").is_file()
     err = one_line_error(capsys, *base, "--out", "analysis")
     assert "--out analysis is not empty; pass --overwrite" in err
     assert (tmp_path / "analysis" / "report.json").read_text() == first
@@ -251,6 +258,22 @@ def test_analyze_never_replaces_an_earlier_report_without_overwrite(
     assert cli.main([*base, "--out", "analysis", "--overwrite"]) == 0
     assert not (tmp_path / "analysis" / "stale.png").exists()  # an earlier figure is not left beside the report
     assert (tmp_path / "analysis" / "mine.txt").read_text() == "mine"  # files of others stay
+
+
+def test_reports_go_inside_what_they_describe(tmp_path: Path) -> None:
+    from crate_transformer.cli.common import report_home
+
+    run, model = tmp_path / "run", tmp_path / "run" / "model"
+    model.mkdir(parents=True)
+    (run / "config.yaml").write_text("task: classification\n")
+    (run / "checkpoints").mkdir()
+    (tmp_path / "loose").mkdir()
+    assert report_home(run) == run and report_home(model) == model
+    assert report_home(model / "model.safetensors") == model
+    assert report_home(run / "checkpoints" / "last.pt") == run  # a training state: its run
+    assert report_home(tmp_path / "loose" / "last.pt") == tmp_path / "loose" / "last"  # not in a run
+    assert report_home(tmp_path / "crate_small.pth") == tmp_path / "crate_small"  # an official file: beside it
+    assert report_home("hf-hub:my-org/crate-small") == Path("my-org--crate-small")  # not in the Hub cache
 
 
 # --------------------------------------------------------------------------- the wrong kind of model for a command

@@ -150,9 +150,51 @@ def test_missing_file_offline_is_one_line_with_the_url_and_the_fix(hub_cache):
         ct.create_model("crate_alpha_base16", pretrained=True)
     msg = str(e.value)
     assert "\n" not in msg
-    assert "https://huggingface.co/UCSC-VLAA/CRATE-alpha/blob/main/torch/crate_alpha_B16.pth" in msg
+    assert "https://huggingface.co/UCSC-VLAA/CRATE-alpha/resolve/main/torch/crate_alpha_B16.pth" in msg
     assert "HF_HUB_OFFLINE=1" in msg and "pretrained_file='PATH'" in msg
     assert pretrained.cached_file("crate_alpha_base16") is None
+
+
+@pytest.fixture
+def unreachable_hub(hub_cache, monkeypatch):
+    """The cache of ``hub_cache`` with HF_HUB_OFFLINE unset and the Hub's endpoint a closed local port: a machine
+    whose network is down, where huggingface_hub would retry each request five times."""
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # discard: nothing listens
+    return hub_cache
+
+
+def test_an_unreachable_hub_fails_at_once_without_retries(unreachable_hub, tmp_path, caplog, capfd):
+    import time
+
+    t0 = time.perf_counter()
+    with pytest.raises(CheckpointError) as e:
+        ct.create_model("crate_alpha_base16", pretrained=True)
+    with pytest.raises(CheckpointError) as snapshot:
+        ct.from_pretrained("hf-hub:me/not-downloaded")
+    model = ct.create_model("crate_tiny", **TINY)
+    with pytest.raises(CheckpointError) as push:
+        model.push_to_hub("me/crate-tiny")
+    seconds = time.perf_counter() - t0
+    assert seconds < 8, seconds  # huggingface_hub's retries alone take ~25 s per request
+    said = caplog.text + "".join(capfd.readouterr())
+    assert "Retry" not in said and "thrown while requesting" not in said
+    assert str(e.value) == (
+        "crate_alpha_base16: torch/crate_alpha_B16.pth of UCSC-VLAA/CRATE-alpha is not in the Hugging Face cache and "
+        "the Hub cannot be reached (no network); download "
+        "https://huggingface.co/UCSC-VLAA/CRATE-alpha/resolve/main/torch/crate_alpha_B16.pth and pass "
+        "create_model('crate_alpha_base16', pretrained=True, pretrained_file='PATH')"
+    )
+    assert str(snapshot.value).startswith("hf-hub:me/not-downloaded is not in the Hugging Face cache and the Hub")
+    assert str(push.value) == (
+        "cannot push me/crate-tiny: the Hub cannot be reached (no network); write the files with "
+        "crate_transformer.pretrained.write_hub_folder(model, folder, repo_id) to upload later"
+    )
+    # the cache still answers: a downloaded file loads with the network down
+    _, f = official_tiny_file(tmp_path / "b16.pth")
+    put_in_hub_cache(unreachable_hub, "UCSC-VLAA/CRATE-alpha", {"torch/crate_alpha_B16.pth": f})
+    assert pretrained.download("crate_alpha_base16").read_bytes() == f.read_bytes()
 
 
 @pytest.mark.parametrize("name", ["crate_small", "crate_mae_base"])
@@ -315,7 +357,7 @@ def test_every_zoo_entry_is_consistent():
         assert (s.mean is None) == (s.std is None)
         if s.on_hub:
             assert s.filename and not s.url and re.fullmatch(r"[\w.-]+/[\w.-]+", s.repo_id)
-            assert s.page == f"https://huggingface.co/{s.repo_id}/blob/main/{s.filename}"
+            assert s.page == f"https://huggingface.co/{s.repo_id}/resolve/main/{s.filename}"  # the file, not a viewer
         else:
             assert s.url.startswith("https://drive.google.com/file/d/") and s.page == s.url
     assert pretrained.ZOO["crate_small"].url.split("/")[5] == "1hYgDJl4EKHYfKprwhEjmWmWHuxnK6_h8"

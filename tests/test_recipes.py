@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -275,6 +276,16 @@ def test_ema_after_n_steps_is_the_closed_form() -> None:
         ModelEma(model, 1.0)
 
 
+def test_ema_that_cannot_warm_up_is_a_warning_with_a_decay_that_can() -> None:
+    model = nn.Linear(3, 2)
+    warning = ModelEma(model, 0.99996).warmup_warning(150)  # DeiT's decay over a small dataset's run
+    assert warning is not None and "keeps 99.4% of the initial weights after the run's 150 steps" in warning
+    suggested = float(re.search(r"use ema=([0-9.]+) or lower", warning).group(1))
+    assert suggested == pytest.approx(0.9697) and suggested**150 <= 0.01  # its average keeps at most 1% of θ_0
+    assert ModelEma(model, suggested).warmup_warning(150) is None
+    assert ModelEma(model, 0.99996).warmup_warning(375_000) is None  # DeiT's own 300 ImageNet epochs
+
+
 # --------------------------------------------------------------------------- linear probe (MAE protocol)
 def test_sgd_linear_probe_is_bn_then_linear_folded_into_raw_features() -> None:
     torch.manual_seed(0)
@@ -380,6 +391,19 @@ def test_crate_train_with_the_recipe_pieces_writes_ema_weights(tmp_path: Path, c
     # the same run resumed for one more epoch: the EMA comes back from the checkpoint
     assert crate("train", "--resume", run, "--max-steps", "16") == 0
     assert not torch.equal(load_model(run / "model_ema").layers[0].attn.qkv.weight, ema.layers[0].attn.qkv.weight)
+
+
+def test_a_deit_run_too_short_for_its_ema_says_so(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert crate("train", *TINY_RUN, "--recipe", "deit", "--epochs", "1", "--max-steps", "3", "--batch-size", "64",
+                 "--out", tmp_path / "deit", *ARCH) == 0  # fmt: skip
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        "warning: the weight EMA (ema=0.99996) keeps 100% of the initial weights after the run's 3 steps, so the "
+        "EMA model will be close to the untrained one; for a run this short use ema=0.2154 or lower, or ema=0 to "
+        "turn it off"
+    ]
+    assert crate("train", *TINY_RUN, "--ema", "0.2", "--max-steps", "3", "--out", tmp_path / "short", *ARCH) == 0
+    assert "warning:" not in capsys.readouterr().err  # 0.2^3 of the initial weights: the average warms up
 
 
 def test_crate_eval_lars_probe_and_bad_recipe(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -173,3 +173,69 @@ def test_fsdp_trains_the_other_tasks_as_ddp_does(tmp_path: Path, torchrun, comma
     assert w.keys() == ref.keys()
     for k in ref:
         torch.testing.assert_close(w[k], ref[k], rtol=0, atol=1e-5, msg=k)
+
+
+class _Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks, self.head = torch.nn.ModuleList([torch.nn.Linear(8, 8)]), torch.nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks[0](x))
+
+
+def _two_shards(rank: int, port: int, out: dict) -> None:
+    """One of two gloo processes: a sharded model under the bf16 policy, and the engine's fp16 scaler on it."""
+    import os
+
+    import torch.distributed as dist
+
+    from crate_transformer.train import loop, sharding
+    from crate_transformer.train.runtime import Runtime
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model, seen = _Net(), []
+    model.blocks[0].register_forward_pre_hook(lambda m, args: seen.append((m.weight.dtype, args[0].dtype)))
+    sharding.shard(model, amp_dtype=torch.bfloat16)
+    x = torch.randn(4, 8)
+    model(x).float().sum().backward()
+    out[f"compute_{rank}"] = seen
+    out[f"grads_{rank}"] = sorted({str(p.grad.dtype) for p in model.parameters()})
+    # fp16: an overflow in one process's shard skips the step on both (the scale halves on both)
+    model = sharding.shard(_Net())
+    cfg = TrainConfig(lr=0.1, grad_clip=0, warmup_epochs=0, epochs=1)
+    rt = Runtime(rank, 2, rank, torch.device("cpu"), amp_dtype=torch.float16)
+    opt = loop._Optimization(model, cfg, 10, 10, rt)
+    before = [p.full_tensor().clone() for p in model.parameters()]
+    opt.zero_grad()
+    opt.backward(model(x).sum())
+    if rank == 1:
+        next(iter(model.parameters())).grad.to_local().fill_(float("inf"))
+    opt.step()
+    out[f"stepped_{rank}"] = any(not torch.equal(a, p.full_tensor()) for a, p in zip(before, model.parameters()))
+    out[f"scale_{rank}"] = float(opt.scaler.get_scale())
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_fsdp_computes_in_the_amp_dtype_and_skips_overflowing_steps_together() -> None:
+    """--strategy fsdp with --amp: the blocks run on weights gathered in the amp dtype (FSDP's MixedPrecisionPolicy:
+    half the all-gather bytes), gradients stay float32; with fp16, a step whose gradients overflow in one process's
+    shard is skipped by every process (the inf check is all-reduced over the shards)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = mp.Manager().dict()
+    mp.spawn(_two_shards, args=(port, out), nprocs=2)
+    for rank in (0, 1):
+        assert out[f"compute_{rank}"] == [(torch.bfloat16, torch.bfloat16)]
+        assert out[f"grads_{rank}"] == ["torch.float32"]
+        assert out[f"stepped_{rank}"] is False
+        assert out[f"scale_{rank}"] == 65536.0 / 2

@@ -100,4 +100,4 @@ def test_a_resumed_run_continues_the_same_tracker_runs(tmp_path: Path, offline: 
 
 def test_an_unknown_logger_is_one_line(capsys: pytest.CaptureFixture) -> None:
     err = one_line_error(capsys, "train", "--logger", "neptune")
-    assert "unknown logger 'neptune'" in err and "tensorboard, wandb, mlflow, csv" in err
+    assert "unknown logger 'neptune'; choose one of ('tensorboard', 'wandb', 'mlflow', 'csv')" in err

@@ -139,6 +139,22 @@ def test_odl_block_matches_the_crate_alpha_equations():
     assert (odl.code(X.T) == 0).float().mean() > 0  # a non-negative sparse code
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_odl_fast_path_and_its_gradients_are_the_reference_in_float64(tied):
+    """The fused products (scales and shifts inside ``addmm``) against :func:`odl_reference`, batched row tokens."""
+    d = 12
+    odl = OvercompleteISTA(d, ratio=3, eta=0.3, lambd=0.05, tied=tied).double()
+    x = torch.randn(2, 5, d, dtype=torch.float64, requires_grad=True)
+    D1 = odl.D if tied else odl.D1
+    want = odl_reference(x.reshape(-1, d).T, odl.D, D1, 0.3, 0.05).T.reshape(x.shape)
+    got = odl(x)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(got)
+    params = (x, odl.D) if tied else (x, odl.D, odl.D1)
+    for a, b in zip(torch.autograd.grad(got, params, g), torch.autograd.grad(want, params, g)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
 def test_crate_alpha_layer_residual_eps_and_bias_free_output():
     torch.manual_seed(0)
     layer = EncoderLayer(32, 4, 8, mlp="odl")

@@ -318,6 +318,23 @@ def test_the_rate_reduction_note_states_a_true_reason():
     assert rate_reduction_note(LayerTable({"rate_reduction": np.ones((4, 3))}), D, K, P) is None
 
 
+def test_a_negative_rate_reduction_on_two_splits_is_one_note_naming_both():
+    """The report's notes above the figures: one paragraph with the reason, not one copy per split."""
+    import crate_transformer as ct
+    from crate_transformer.analysis.report import rate_notes
+
+    model = ct.create_model("crate_mnist", image_size=8, patch_size=4, dim=16, depth=3, heads=2, in_chans=1)
+    train = LayerTable({"rate_reduction": np.array([[-3.0, -1.0, 2.0]] * 4)}, {"eps": 0.1})
+    test = LayerTable({"rate_reduction": np.array([[1.0, -0.5, 2.0]] * 4)}, {"eps": 0.1})
+    (note,) = rate_notes(model, {"train": train, "test": test})
+    assert "negative at layer(s) 1, 2 (min -3) on train, and at layer(s) 2 (min -0.5) on test because" in note
+    assert note.count("eq. (8)") == 1  # the reason once
+    (only,) = rate_notes(model, {"train": train, "test": LayerTable({"rate_reduction": np.ones((4, 3))})})
+    assert "on train because" in only and "test" not in only
+    assert rate_notes(model, {"test": test}) == [rate_reduction_note(test, 16, 2, 8)]
+    assert "at layer(s) 2 (min -0.5) because" in rate_notes(model, {"test": test})[0]
+
+
 def test_verdict_record():
     with pytest.raises(ValueError, match="verdict must be"):
         Verdict("classifier", "claim", "maybe", "rule", "why")

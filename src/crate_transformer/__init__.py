@@ -35,10 +35,12 @@ from .objectives import (
     subspace_coding_rate,
     subspace_coding_rate_grad,
     subspaces_from_qkv,
+    variational_coding_rate,
 )
 from .pretrained import list_pretrained
 from .registry import create_model, list_models, model_config
 from .tokenizer import Tokenizer
+from .tost import ToST, ToSTConfig, ToSTLanguageModel, ToSTLMConfig
 
 _SUBMODULES = ("analysis", "theory", "data", "train", "probe", "dino")
 # the one resolver of the commands (a folder, a run directory, a training state, an authors' file): it lives with
@@ -77,6 +79,10 @@ __all__ = [
     "CRATEBert",
     "CRATEAlpha",
     "AlphaConfig",
+    "ToST",
+    "ToSTConfig",
+    "ToSTLanguageModel",
+    "ToSTLMConfig",
     "Tokenizer",
     "CheckpointError",
     "create_model",
@@ -96,4 +102,5 @@ __all__ = [
     "sparsity",
     "l1_per_entry",
     "subspaces_from_qkv",
+    "variational_coding_rate",
 ]

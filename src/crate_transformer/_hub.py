@@ -10,8 +10,12 @@ The authors' releases (the zoo) are :mod:`crate_transformer.pretrained`, above t
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import socket
 import tempfile
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,6 +28,8 @@ __all__ = [
     "parse_hub_spec",
     "hub_snapshot",
     "resolve_hub",
+    "hub_offline",
+    "hub_failure",
     "CITATION",
     "model_card",
     "write_hub_folder",
@@ -47,29 +53,92 @@ def parse_hub_spec(spec: str) -> str:
     return repo_id
 
 
+# seconds one connection to the Hub may take before the machine counts as offline
+PROBE_SECONDS = 3.0
+_TRUE = {"1", "ON", "YES", "TRUE"}
+# names of the transport errors of the HTTP clients huggingface_hub uses (httpx, requests): no answer at all
+_NETWORK_ERRORS = {"ConnectError", "ConnectTimeout", "NetworkError", "TransportError", "TimeoutException",
+                   "ConnectionError", "ProxyError", "SSLError"}  # fmt: skip
+
+
+def _offline_setting() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE
+
+
+def hub_offline() -> bool:
+    """Whether the Hub must not be asked: ``HF_HUB_OFFLINE=1``, or one connection to its endpoint failed within
+    :data:`PROBE_SECONDS` (tried once per process and endpoint).  The loaders then read the cache only
+    (``local_files_only``), so an offline machine fails in seconds instead of after huggingface_hub's five
+    retries (about 25 s of warnings)."""
+    from huggingface_hub import constants
+
+    return _offline_setting() or not _endpoint_answers(constants.ENDPOINT)
+
+
+@functools.cache
+def _endpoint_answers(endpoint: str) -> bool:
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True  # through a proxy the host need not resolve here: let the client try
+    url = urllib.parse.urlsplit(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname or "", port), timeout=PROBE_SECONDS):
+            return True
+    except OSError:  # no DNS, refused, unreachable, timed out
+        return False
+
+
+def _network_error(e: BaseException) -> bool:
+    return isinstance(e, (ConnectionError, socket.gaierror, TimeoutError)) or any(
+        c.__name__ in _NETWORK_ERRORS for c in type(e).__mro__
+    )
+
+
+def hub_failure(e: BaseException, what: str, fix: str, *, cache: bool = True) -> CheckpointError | None:
+    """The one translation of a Hub failure into a one-line :class:`CheckpointError`: ``what`` failed (e.g.
+    ``"hf-hub:ORG/NAME"``), ``fix`` says what to do instead; ``cache``: whether the Hugging Face cache could
+    have answered (a download, not an upload).  None when ``e`` is no Hub or network failure (re-raise it)."""
+    from huggingface_hub import errors
+
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    if isinstance(e, (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled)) or _network_error(e):
+        why = "HF_HUB_OFFLINE=1" if _offline_setting() else "no network" if hub_offline() else first
+        cached = " is not in the Hugging Face cache and" if cache else ":"
+        return CheckpointError(f"{what}{cached} the Hub cannot be reached ({why}); {fix}")
+    if isinstance(e, errors.RevisionNotFoundError):
+        return CheckpointError(f"{what}: the Hub has no such revision; check the revision, or {fix}")
+    if isinstance(e, errors.RepositoryNotFoundError):
+        return CheckpointError(
+            f"{what}: the Hub has no such repository (or it is private and no token was given); check the name, or "
+            f"{fix}"
+        )
+    if isinstance(e, errors.HfHubHTTPError):
+        status = getattr(getattr(e, "response", None), "status_code", None)
+        answered = f"the Hub answered {status}" if status else "the Hub refused"
+        return CheckpointError(f"{what}: {answered} ({first}); {fix}")
+    return None
+
+
 def hub_snapshot(spec: str, revision: str | None = None, cache_dir: str | Path | None = None) -> Path:
     """The local folder of a Hub repository saved by ``save_pretrained`` / :func:`push_to_hub`.
 
     Only ``config.json``, ``model.safetensors`` and the checksummed extra files (``tokenizer.json``) are fetched
-    (``snapshot_download(allow_patterns=...)``); offline, the cached snapshot is used.
+    (``snapshot_download(allow_patterns=...)``); offline (:func:`hub_offline`), the cached snapshot is used.
     """
     repo_id = parse_hub_spec(spec)
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     try:
         folder = snapshot_download(
-            repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, *FILE_DIGESTS]
-        )
-    except LocalEntryNotFoundError:
+            repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, *FILE_DIGESTS],
+            local_files_only=hub_offline(),
+        )  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - huggingface_hub's and its HTTP client's errors, translated in one place
         at = f" at revision {revision!r}" if revision else ""
-        raise CheckpointError(
-            f"{spec}{at} is not in the Hugging Face cache and the Hub cannot be reached (offline: HF_HUB_OFFLINE=1 "
-            f"or no network); download https://huggingface.co/{repo_id} to a folder and pass that folder instead"
-        ) from None
-    except (HfHubHTTPError, OSError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise CheckpointError(f"cannot fetch {spec} ({first}); check the repository name and revision") from None
+        fix = f"download https://huggingface.co/{repo_id} to a folder and pass that folder instead"
+        raise (hub_failure(e, f"{spec}{at}", fix) or e) from None
     folder = Path(folder)
     if not (folder / CONFIG_NAME).is_file():
         raise CheckpointError(
@@ -181,14 +250,14 @@ def push_to_hub(
     from huggingface_hub.errors import OfflineModeIsEnabled
 
     api = HfApi(token=token)
+    fix = "write the files with crate_transformer.pretrained.write_hub_folder(model, folder, repo_id) to upload later"
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_hub_folder(model, tmp, repo_id, metrics=metrics, dataset=dataset, license=license)
         try:
+            if hub_offline():  # one quick probe, not the client's retries
+                raise OfflineModeIsEnabled("the Hub cannot be reached")
             api.create_repo(repo_id, private=private, exist_ok=True)
             commit = api.upload_folder(repo_id=repo_id, folder_path=folder, revision=revision, commit_message=message)
-        except OfflineModeIsEnabled:
-            raise ValueError(
-                f"cannot push {repo_id}: HF_HUB_OFFLINE=1 disables the Hub; unset it, or write the files with "
-                "crate_transformer.pretrained.write_hub_folder(model, folder, repo_id) and upload them later"
-            ) from None
+        except Exception as e:  # noqa: BLE001 - huggingface_hub's and its HTTP client's errors, translated in one place
+            raise (hub_failure(e, f"cannot push {repo_id}", fix, cache=False) or e) from None
     return str(commit)

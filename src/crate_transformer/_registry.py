@@ -175,9 +175,11 @@ class PretrainedSource:
 
     @property
     def page(self) -> str:
-        """The address a person opens to download the file."""
+        """The address a person opens to download the file: on the Hub its download link (``resolve/``, which a
+        browser and ``curl -L`` both follow; a ``blob/`` address is the Hub's HTML viewer of the file), else the
+        Google Drive page."""
         if self.on_hub:
-            return f"https://huggingface.co/{self.repo_id}/blob/{self.revision or 'main'}/{self.filename}"
+            return f"https://huggingface.co/{self.repo_id}/resolve/{self.revision or 'main'}/{self.filename}"
         return self.url
 
     @property

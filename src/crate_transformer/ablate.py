@@ -353,13 +353,13 @@ def _sweep(
     trainer: Callable[[Run, Path], dict] | None,
 ) -> dict[str, Path]:
     """The body of :func:`run_ablation`, run while holding the sweep folder's lock."""
-    from tqdm.auto import tqdm
+    from .progress import progress_bar
 
     done = read_results(out)
     todo = [r for r in runs if (r.key, r.seed) not in done]
     t0 = time.time()
     if todo and not report_only:
-        bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc="ablate", unit="run", disable=not progress)
+        bar = progress_bar(total=len(runs), initial=len(runs) - len(todo), desc="ablate", unit="run", enabled=progress)
         for run in todo:
             bar.set_postfix_str(f"{run.row} seed {run.seed}")
             summary = (trainer or _train_one)(run, out / "logs" / f"{run.run_dir.name}.log")

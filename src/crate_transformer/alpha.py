@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
 
 from torch import Tensor, nn
 
@@ -65,7 +64,7 @@ class AlphaConfig(ModelConfig):
     (:data:`ALPHA_CHOICES`) fixed — another value for one of them is a one-line ``ValueError`` — and
     CRATE-α-B/16's sizes as the defaults.  ``odl_ratio`` (4), ``eta`` and ``lambd`` (0.1) are the ODL block's."""
 
-    ARCHS: ClassVar[tuple[str, ...]] = (ALPHA_ARCH,)
+    CHOICES = {**ModelConfig.CHOICES, "arch": (ALPHA_ARCH,)}
 
     arch: str = ALPHA_ARCH
     dim: int = 768

@@ -18,7 +18,8 @@ model what it is and what it supports — never its class, never its ``arch`` na
 model is (``kind``, ``white_box``, ``sparse_output``, ``layer_blocks``, ``pipeline_tag``: see
 :mod:`crate_transformer.config`); the model says what only the built model knows, each with a default here:
 
-* ``kind`` — ``self.config.kind``; ``num_prefix_tokens`` — tokens before the content (a class token);
+* ``kind`` — ``self.config.kind``; ``num_prefix_tokens`` — tokens before the content (a class token) in
+  ``forward_features``; ``trace_prefix_tokens`` — the same in the layers' own sequences (``forward_trace``);
 * :meth:`Model.code_sites` — where each layer's sparse code (or MLP units) is read;
 * :meth:`Model.as_classifier` — an image classifier made from it, for fine-tuning (CRATE-MAE's encoder);
 * :meth:`Model.extra_files` / :meth:`Model.load_extra_files` — JSON files saved and checksummed beside the
@@ -61,7 +62,6 @@ from .io import (
     read_config_dict,
     save_pretrained,
 )
-from .operators import EncoderLayer
 
 __all__ = ["Model", "Trace", "POOLS", "pool_tokens", "load_folder", "load_weights"]
 
@@ -170,16 +170,24 @@ class Model(nn.Module):
         """What this model is (``self.config.kind``, one of :data:`~crate_transformer.config.KINDS`)."""
         return self.config.kind
 
+    @property
+    def trace_prefix_tokens(self) -> int:
+        """Tokens before the content in the sequences ``self.layers`` process (``forward_trace``'s tokens and
+        attention, the code sites' outputs): ``num_prefix_tokens`` unless the family's layers see no class token
+        (ToST adds its class token after them)."""
+        return self.num_prefix_tokens
+
     def code_sites(self) -> list[tuple[nn.Module, str]]:
-        """Per layer, where its sparse code (or MLP units) is read: the ``(module, unit kind)`` of
-        :meth:`~crate_transformer.operators.EncoderLayer.code_site` of each of ``self.layers``.  One-line
+        """Per layer, where its sparse code (or MLP units) is read: the ``(module, unit kind)`` each of ``self.layers``
+        gives by its ``code_site()`` (:meth:`~crate_transformer.operators.EncoderLayer.code_site`; any layer class
+        may have one, e.g. ToST's blocks: their MLP units).  One-line
         ``ValueError`` for a layer without one; a family with other layers overrides this."""
         layers = getattr(self, "layers", None)
         if not isinstance(layers, nn.ModuleList) or not len(layers):
             raise ValueError(f"{type(self).__name__} has no encoder layers (model.layers) to read codes from")
         sites = []
         for i, layer in enumerate(layers):
-            site = layer.code_site() if isinstance(layer, EncoderLayer) else None
+            site = layer.code_site() if callable(getattr(layer, "code_site", None)) else None
             if site is None:
                 raise ValueError(
                     f"layer {i + 1} of this {self.config.arch} model has no sparse code or MLP units "

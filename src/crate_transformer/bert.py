@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .io import CheckpointError
-from .lm import LanguageModel, LMConfig
+from .lm import LanguageModel, LMConfig, check_ids
 from .official import OfficialFormat, rename, unwrap
 
 __all__ = [
@@ -134,12 +134,12 @@ class CRATEBert(LanguageModel):
         if token_type_ids is None:
             types = torch.zeros_like(idx)
         else:
-            types = token_type_ids
-            if types.shape != idx.shape or int(types.min()) < 0 or int(types.max()) >= self.config.type_vocab_size:
+            types, n = token_type_ids, self.config.type_vocab_size
+            if types.shape != idx.shape:
                 raise ValueError(
-                    f"token_type_ids must have the shape of the tokens {tuple(idx.shape)} and values in "
-                    f"[0, {self.config.type_vocab_size}); got shape {tuple(types.shape)}"
+                    f"token_type_ids must have the shape of the tokens {tuple(idx.shape)}, got {tuple(types.shape)}"
                 )
+            check_ids(types, n, "token type", "is outside the token types", f"pass token_type_ids in [0, {n})")
         z = self.wte(idx) + self.token_type(types) + self.wpe(position_ids(idx, self.config.pad_token_id))
         return self.drop(self.embed_norm(z))
 
@@ -186,10 +186,10 @@ class CRATEBert(LanguageModel):
         """
         if self.classifier is None:
             raise ValueError("this model has no classification head; create it with num_labels > 0")
-        b, n = idx.shape
-        lengths = torch.full((b,), n, device=idx.device) if lengths is None else lengths.to(idx.device)
-        real = torch.arange(n, device=idx.device)[None] < lengths[:, None]
-        z = self.forward_features(idx, key_mask=None if bool(real.all()) else real, token_type_ids=token_type_ids)
+        real = None  # no lengths: no padding, no mask
+        if lengths is not None:
+            real = torch.arange(idx.shape[1], device=idx.device)[None] < lengths.to(idx.device)[:, None]
+        z = self.forward_features(idx, key_mask=real, token_type_ids=token_type_ids)
         return self.classifier(z)
 
     def reset_classifier(self, num_classes: int) -> None:

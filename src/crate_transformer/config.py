@@ -1,15 +1,17 @@
-"""One base for every model config (classifier, CRATE-MAE, language model, CRATE-α, ...): HF's
-``PretrainedConfig`` idea as a dataclass mixin.
+"""One base for every option class: the model configs (classifier, CRATE-MAE, language model, CRATE-α, ...; HF's
+``PretrainedConfig`` idea as a dataclass mixin), the training option groups, the tasks' options and the data
+description saved with a model.
 
-A family's config is a ``@dataclass`` that subclasses :class:`Config` and writes only what is its own —
-its fields and a :meth:`Config.validate` method.  The base does the rest, once for every family:
+An option class is a ``@dataclass`` that subclasses :class:`Config` and writes only what is its own — its
+fields (with their ranges and choices) and a :meth:`Config.validate` method for checks across fields.  The base
+does the rest, once for every class:
 
 * **coercion** — YAML, ``KEY=VALUE`` command-line pairs and JSON values become the declared types
   (``"5e-2"`` → 0.05, ``"64"`` → 64; :func:`~crate_transformer.config_utils.coerce_fields`);
-* **numbers** — every ``float`` field must be finite (``eta=nan`` fails here, not after training) and
-  obey its range in :attr:`Config.RULES`;
-* **checks** for the common cases (:meth:`Config.check_choice`, :meth:`Config.check_positive`), each a
-  one-line ``ValueError`` naming the field, the value and a valid example;
+* **checks**, one rule for every option class — a field's choices (:attr:`Config.CHOICES` or
+  ``metadata["choices"]``) and range (:class:`~crate_transformer.config_utils.Range`, in :attr:`Config.RULES`
+  or ``metadata["range"]``), every float finite (``eta=nan`` fails here, not after training): each a one-line
+  ``ValueError`` naming the field, the value and a valid example (:meth:`Config.check_fields`);
 * **serialisation** — :meth:`to_dict` / :meth:`from_dict` with the unknown-key check and a format
   version (``config_version``), so a ``config.json`` from a newer release is refused with the fix.
 
@@ -35,9 +37,9 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, TypeVar
 
-from .config_utils import Range, coerce_fields, field_types
+from .config_utils import POSITIVE, Range, coerce_fields
 
-__all__ = ["Config", "KINDS", "IMAGE_CLASSIFIER", "MASKED_AUTOENCODER", "LANGUAGE_MODEL"]
+__all__ = ["Config", "check_option", "KINDS", "IMAGE_CLASSIFIER", "MASKED_AUTOENCODER", "LANGUAGE_MODEL"]
 
 # what a model is (``Config.kind``): the question a training task, the analysis or a loader asks of it
 IMAGE_CLASSIFIER = "image classifier"  # images → class logits; the classification (and dino) task trains it
@@ -48,13 +50,43 @@ KINDS = (IMAGE_CLASSIFIER, MASKED_AUTOENCODER, LANGUAGE_MODEL)
 C = TypeVar("C", bound="Config")
 
 
+def check_option(cls: type, name: str, value: Any) -> None:
+    """The one check of an option's value, for :class:`Config` and any dataclass of options (``TrainConfig``):
+    each value (lists element-wise; ``None`` = unset) is one of the field's choices (``cls.CHOICES`` or
+    ``metadata["choices"]``) and within its :class:`~crate_transformer.config_utils.Range` (``cls.RULES`` or
+    ``metadata["range"]``); a float without a range is finite.  A one-line ``ValueError`` with an example."""
+    meta = {f.name: f for f in dataclasses.fields(cls)}[name].metadata
+    choices = getattr(cls, "CHOICES", {}).get(name) or meta.get("choices")
+    rule = getattr(cls, "RULES", {}).get(name) or meta.get("range")
+    for x in value if isinstance(value, (list, tuple)) else [value]:
+        if x is None:
+            continue
+        if choices is not None and x not in choices:
+            raise ValueError(f"unknown {name} {x!r}; choose one of {tuple(choices)}")
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            continue
+        r = rule or (Range() if isinstance(x, float) else None)  # every float is at least finite
+        if r is not None and not r.ok(x):
+            raise ValueError(f"{r.message(name, x)}; e.g. {name}={_field_default(cls, name, x)}")
+
+
+def _field_default(cls: type, name: str, fallback: Any) -> Any:
+    field = {f.name: f for f in dataclasses.fields(cls)}[name]
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    return field.default_factory() if field.default_factory is not dataclasses.MISSING else fallback
+
+
 class Config:
-    """Base of the model configs; see the module docstring.  Subclasses are ``@dataclass``es."""
+    """Base of every option class — the model configs, the training groups, the tasks' options, the data
+    description; see the module docstring.  Subclasses are ``@dataclass``es."""
 
     VERSION: ClassVar[int] = 1  # config.json format; bumped when a stored field changes meaning
-    # name -> Range for float fields with a range, e.g. {"eta": Range(0, lo_open=True)} (or a field's
+    # name -> Range for numeric fields with a range, e.g. {"eta": Range(0, lo_open=True)} (or a field's
     # metadata["range"]); every other float field must merely be finite
     RULES: ClassVar[Mapping[str, Range]] = {}
+    # name -> the values a field may take, e.g. {"pool": POOLS} (or a field's metadata["choices"])
+    CHOICES: ClassVar[Mapping[str, tuple]] = {}
     # fields added after their format was in use, left out of to_dict() while at their default: the files of
     # every model that does not use them (config.json, the checksums over it) stay byte-identical
     OMIT_AT_DEFAULT: ClassVar[tuple[str, ...]] = ()
@@ -87,59 +119,49 @@ class Config:
         current = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         for name, value in coerce_fields(type(self), current).items():
             object.__setattr__(self, name, value)
-        self.check_numbers()
+        self.check_fields()
         self.validate()
 
     def validate(self) -> None:
-        """The family's own checks (called after coercion and :meth:`check_numbers`)."""
+        """The class's own checks across fields (called after coercion and :meth:`check_fields`)."""
 
-    # ---------------------------------------------------------------- checks
-    def check_numbers(self) -> None:
-        """Every ``float`` field is finite and obeys its :attr:`RULES` entry or ``metadata["range"]``, if any."""
-        fields = {f.name: f for f in dataclasses.fields(self)}
-        for name, tp in field_types(type(self)).items():
-            v = getattr(self, name)
-            rule = self.RULES.get(name) or fields[name].metadata.get("range")
-            if rule is None and (not isinstance(v, float) or tp not in (float, float | None)):
-                continue
-            rule = rule or Range()  # finite
-            for x in v if isinstance(v, (list, tuple)) else [v]:
-                if x is not None and not rule.ok(x):
-                    raise ValueError(f"{rule.message(name, x)}; e.g. {name}={self._example(name)}")
+    # ---------------------------------------------------------------- checks: the one rule for every option class
+    def check_fields(self) -> None:
+        """Every field obeys its choices (:attr:`CHOICES` or ``metadata["choices"]``) and its range (:attr:`RULES`
+        or ``metadata["range"]``, lists element-wise); every other float is finite.  One-line ``ValueError``."""
+        for f in dataclasses.fields(self):
+            self._check_value(f.name, getattr(self, f.name))
 
     @classmethod
     def check_field(cls, name: str, value: Any) -> None:
-        """One value of field ``name`` alone (``--model-args eta=inf`` before any model or run folder exists):
-        coerced to the field's type, then its :attr:`RULES` entry or ``metadata["range"]``; floats finite."""
-        field = {f.name: f for f in dataclasses.fields(cls)}[name]
-        v = coerce_fields(cls, {name: value})[name]
-        rule = cls.RULES.get(name) or field.metadata.get("range") or Range()
-        for x in v if isinstance(v, (list, tuple)) else [v]:
-            if isinstance(x, (int, float)) and not isinstance(x, bool) and not rule.ok(x):
-                raise ValueError(f"{rule.message(name, x)}; e.g. {name}={cls._default(name, x)}")
+        """One value of field ``name`` alone (``--model-args eta=inf`` before any model or run folder exists),
+        coerced to the field's type, then checked as :meth:`check_fields` checks it."""
+        cls._check_value(name, coerce_fields(cls, {name: value})[name])
+
+    @classmethod
+    def _check_value(cls, name: str, value: Any) -> None:
+        check_option(cls, name, value)
 
     def check_choice(self, name: str, allowed: Iterable[str]) -> None:
-        """``getattr(self, name)`` is one of ``allowed``."""
+        """``getattr(self, name)`` is one of ``allowed`` (for choices that depend on other fields; fixed choices
+        belong in :attr:`CHOICES` or the field's ``metadata["choices"]``)."""
         allowed = tuple(allowed)
         if getattr(self, name) not in allowed:
             raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {allowed}")
 
     def check_positive(self, *names: str) -> None:
-        """Each named integer field is > 0."""
+        """Each named integer field is > 0 (:data:`~crate_transformer.config_utils.POSITIVE`)."""
         for name in names:
             v = getattr(self, name)
-            if v <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}; e.g. {name}={self._example(name)}")
+            if not POSITIVE.ok(v):
+                raise ValueError(f"{POSITIVE.message(name, v)}; e.g. {name}={self._example(name)}")
 
     def _example(self, name: str) -> Any:
         return self._default(name, getattr(self, name))
 
     @classmethod
     def _default(cls, name: str, fallback: Any) -> Any:
-        field = {f.name: f for f in dataclasses.fields(cls)}[name]
-        if field.default is not dataclasses.MISSING:
-            return field.default
-        return field.default_factory() if field.default_factory is not dataclasses.MISSING else fallback
+        return _field_default(cls, name, fallback)
 
     # ---------------------------------------------------------------- serialisation
     def to_dict(self) -> dict:

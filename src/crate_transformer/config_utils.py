@@ -34,7 +34,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["coerce_fields", "coerce_value", "field_types", "Range", "check_ranges", "option"]
+__all__ = ["coerce_fields", "coerce_value", "field_types", "Range", "POSITIVE", "NON_NEGATIVE", "option"]
 
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
@@ -243,9 +243,10 @@ def _to_sequence(value: Any, tp: Any, kind: type) -> list | tuple:
 class Range:
     """The values a numeric option may take: finite, and within ``lo``/``hi`` (``None``: unbounded; a bound is
     excluded when ``lo_open``/``hi_open``).  The one rule behind every numeric option: a dataclass field carries
-    it as ``metadata["range"]`` (checked by :func:`check_ranges` when the dataclass is built, and shown in the
-    generated ``--help``), a plain command-line option as ``crate_transformer.cli.common.number_argument``, and an
-    API function calls :meth:`check` itself, so the CLI and the API refuse the same values with the same words.
+    it as ``metadata["range"]`` (or its class's ``RULES`` entry; :class:`~crate_transformer.config.Config` checks
+    it when the dataclass is built, and the generated ``--help`` shows it), a plain command-line option as
+    ``crate_transformer.cli.common.number_argument``, and an API function calls :meth:`check` itself, so the CLI
+    and the API refuse the same values with the same words.
     """
 
     lo: float | None = None
@@ -276,10 +277,13 @@ class Range:
         return not (self.hi is not None and (value >= self.hi if self.hi_open else value > self.hi))
 
     def message(self, name: str, value: Any) -> str:
-        """``top_p must be a finite number in (0, 1] (1 = off), got 1.5``."""
-        kind = "an integer" if self.integer else "a finite number"
+        """``top_p must be a finite number in (0, 1] (1 = off), got 1.5``; ``depth must be a positive integer,
+        got 0``."""
+        kind, words = ("an integer" if self.integer else "a finite number"), self.words()
+        if self.integer and self.lo == 0 and self.hi is None:
+            kind, words = ("a positive integer" if self.lo_open else "a non-negative integer"), ""
         note = f" ({self.note})" if self.note else ""
-        return f"{name} must be {kind}{self.words()}{note}, got {value!r}"
+        return f"{name} must be {kind}{words}{note}, got {value!r}"
 
     def check(self, name: str, value: Any) -> None:
         """Raise a one-line ``ValueError`` (:meth:`message`) unless :meth:`ok`."""
@@ -287,17 +291,5 @@ class Range:
             raise ValueError(self.message(name, value))
 
 
-def check_ranges(obj: Any) -> None:
-    """Every field of dataclass instance ``obj`` obeys its ``metadata["range"]`` (lists element-wise), and every
-    other ``float`` value is finite; a one-line ``ValueError`` names the first that does not."""
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        rng = f.metadata.get("range")
-        values = value if isinstance(value, (list, tuple)) else [value]
-        for v in values:
-            if v is None:
-                continue
-            if rng is not None:
-                rng.check(f.name, v)
-            elif isinstance(v, float) and not math.isfinite(v):
-                raise ValueError(f"{f.name} must be a finite number, got {v!r}")
+POSITIVE = Range(0, lo_open=True, integer=True)  # counts and sizes: 1, 2, ...
+NON_NEGATIVE = Range(0, integer=True)  # counts where 0 means none or off

@@ -17,17 +17,17 @@ each configurable:
   cosine weight-decay schedule 0.04 → 0.4 of the same form;
 * :func:`cancel_gradients_last_layer` — no gradient (``None``) for the head's last layer during the
   first ``freeze_last_layer`` epochs;
-* :class:`MultiCropAugmentation` — 2 global + N local views (kornia): random resized crops, flips,
-  colour jitter, grey-scale, Gaussian blur and solarisation with DINO's per-view probabilities;
-* :class:`DINOModel` — backbone + head over a list of views (DINO's ``MultiCropWrapper``).
+* :class:`DINOModel` — backbone + head over a list of views (DINO's ``MultiCropWrapper``), the head configured by
+  :class:`DINOHeadConfig`.
 
-:data:`PRESETS` ``"paper"`` is DINO's ``main_dino.py`` defaults (which C.3 says it matches);
-``"digits"`` is a small recipe for the built-in 28×28 digits on 2 CPU cores.
+The training side — the task's options (temperatures, momenta, the multi-crop augmentation: 2 global + N local
+views with DINO's per-view probabilities) and its presets (``"paper"``: DINO's ``main_dino.py`` defaults, which
+C.3 says it matches; ``"digits"``: the built-in 28×28 digits on 2 CPU cores) — is the ``dino`` task's,
+:mod:`crate_transformer.train.dino`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,15 +39,13 @@ from torch import Tensor, nn
 
 from .base import POOLS, pool_tokens
 from .config import Config
-from .config_utils import Range, option
+from .config_utils import POSITIVE, option
 
 __all__ = [
-    "DINOConfig",
-    "PRESETS",
+    "DINOHeadConfig",
     "DINOHead",
     "DINOModel",
     "DINOLoss",
-    "MultiCropAugmentation",
     "ema_update",
     "cosine_schedule",
     "teacher_temperature",
@@ -55,21 +53,12 @@ __all__ = [
 ]
 
 
-POS, UNIT = Range(0, lo_open=True), Range(0, 1)  # temperatures; momenta and probabilities
-AREA = Range(0, 1, lo_open=True, note="each of the two area fractions LO HI")  # crop areas
-
-
 @dataclass
-class DINOConfig(Config):
-    """DINO's hyper-parameters (names as in DINO's ``main_dino.py``); defaults = the ``digits`` preset.
+class DINOHeadConfig(Config):
+    """The DINO model's own settings (names as in DINO's ``main_dino.py``): the projection head on the backbone and
+    the backbone feature it reads.  The training options (temperatures, momenta, multi-crop augmentation, presets)
+    are the ``dino`` task's, :class:`crate_transformer.train.dino.DINOOptions`, which extends this class."""
 
-    Use :meth:`preset` to start from ``"paper"`` (DINO's defaults, JMLR App. C.3) or ``"digits"``.
-    """
-
-    RULES = {"weight_decay_end": Range(0, note="or none: constant weight decay")}
-
-    preset: str = option("digits", "start from this preset: digits (28 px, 2 CPU cores) | paper (DINO's defaults)")
-    # head (DINO's dino_head.py)
     out_dim: int = option(1024, "prototypes K: outputs of the weight-normalised last layer (DINO: 65536)", fixed=True)
     hidden_dim: int = option(256, "hidden width of the head's 3-layer MLP (DINO: 2048)", fixed=True)
     bottleneck_dim: int = option(64, "bottleneck before l2-normalisation (DINO: 256)", fixed=True)
@@ -81,104 +70,7 @@ class DINOConfig(Config):
         "backbone feature for the head and k-NN: cls token | avg of the patch tokens | mean of all tokens",
         choices=POOLS,
     )
-    # temperatures and centre
-    student_temp: float = option(0.1, "student temperature tau_s", range=POS)
-    teacher_temp: float = option(0.04, "teacher temperature tau_t after the warm-up", range=POS)
-    warmup_teacher_temp: float = option(0.04, "teacher temperature at the start of the warm-up", range=POS)
-    warmup_teacher_temp_epochs: int = option(
-        0, "epochs of linear teacher-temperature warm-up (per epoch, reaching --teacher-temp in the last one)"
-    )
-    center_momentum: float = option(0.9, "EMA momentum of the teacher centre", range=UNIT)
-    # teacher EMA and the student's first epoch
-    momentum_teacher: float = option(
-        0.99, "teacher EMA momentum at the start; cosine schedule to 1 (DINO: 0.996)", range=UNIT
-    )
-    freeze_last_layer: int = option(1, "epochs during which the head's last layer gets no gradient (nor AdamW step)")
-    weight_decay_end: float | None = option(
-        0.4, "cosine weight-decay schedule per step from --weight-decay to this value (none = constant)"
-    )
-    # multi-crop (sizes as fractions of the input side when <= 1, else pixels)
-    global_crop_size: int = option(0, "side of the 2 global views in pixels (0 = the model's image size)")
-    local_crop_size: int = option(0, "side of the local views in pixels (0 = 96/224 of the global side)")
-    local_crops_number: int = option(0, "number of local views (DINO: 8)")
-    global_crops_scale: list[float] = option(
-        [0.6, 1.0], "area fraction range of the global crops, LO HI (DINO: 0.4 1.0)", range=AREA
-    )
-    local_crops_scale: list[float] = option(
-        [0.05, 0.4], "area fraction range of the local crops, LO HI (DINO: 0.05 0.4)", range=AREA
-    )
-    flip: float = option(
-        0.0, "probability of a horizontal flip (DINO: 0.5; digits: 0, a flip changes the digit)", range=UNIT
-    )
-    color_jitter: float = option(
-        0.8, "probability of colour jitter (brightness, contrast 0.4, saturation 0.2, hue 0.1)", range=UNIT
-    )
-    grayscale: float = option(0.2, "probability of grey-scale conversion (RGB data only)", range=UNIT)
-    blur: list[float] = option(
-        [0.5, 0.1, 0.5], "Gaussian-blur probability: global views 1, 2 and local views (DINO: 1 0.1 0.5)", range=UNIT
-    )
-    solarize: float = option(0.2, "probability of solarisation of the second global view", range=UNIT)
-
-    def validate(self) -> None:
-        """Raise a one-line ValueError for an inconsistent setting (after :class:`Config`'s coercion and
-        finiteness check)."""
-        if self.preset not in PRESETS:
-            raise ValueError(f"unknown DINO preset {self.preset!r}; choose one of {sorted(PRESETS)}")
-        for name in ("out_dim", "hidden_dim", "bottleneck_dim", "head_layers"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        if self.pool not in POOLS:
-            raise ValueError(f"unknown pool {self.pool!r}; choose one of {POOLS}")
-        if min(self.local_crops_number, self.global_crop_size, self.local_crop_size) < 0:
-            raise ValueError("local_crops_number, global_crop_size and local_crop_size must be >= 0")
-        for name in ("warmup_teacher_temp_epochs", "freeze_last_layer"):  # whole epochs (ints), as in DINO
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be a whole number of epochs >= 0, got {getattr(self, name)!r}")
-        for name in ("global_crops_scale", "local_crops_scale"):
-            if len(getattr(self, name)) != 2:
-                flag = "--" + name.replace("_", "-")
-                raise ValueError(f"{name} takes two area fractions LO HI, got {getattr(self, name)}; e.g. {flag} 0.4 1")
-            lo, hi = getattr(self, name)
-            if not 0.0 < lo <= hi <= 1.0:
-                raise ValueError(f"{name} must be two area fractions 0 < lo <= hi <= 1, got {getattr(self, name)}")
-        if len(self.blur) != 3:
-            raise ValueError(f"blur takes 3 probabilities (global 1, global 2, local), got {self.blur}")
-
-    @classmethod
-    def from_preset(cls, name: str = "digits", **overrides: Any) -> DINOConfig:
-        """The preset ``name`` with ``overrides`` (fields of this class) applied."""
-        if name not in PRESETS:
-            raise ValueError(f"unknown DINO preset {name!r}; choose one of {sorted(PRESETS)}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        bad = sorted(set(overrides) - known)
-        if bad:
-            raise ValueError(f"unknown DINO option(s) {bad}; valid options: {sorted(known)}")
-        return cls(**{**PRESETS[name], **overrides, "preset": name})
-
-
-# DINO main_dino.py defaults (ViT-S/16 column of its README except the teacher-temperature warm-up, which
-# main_dino.py leaves at 0.04 → 0.04); JMLR App. C.3 states CRATE-DINO matches them.  TrainConfig side of the
-# recipe (C.3): --optimizer adamw --lr 0.001 --weight-decay 0.005 --epochs 100 --warmup-epochs 10 --grad-clip 3.
-# C.3 sets DINO's --weight_decay (the start of its cosine weight-decay schedule) and leaves --weight_decay_end
-# at DINO's default 0.4, so the schedule stays on: 0.005 → 0.4.
-PAPER: dict[str, Any] = dict(
-    out_dim=65536, hidden_dim=2048, bottleneck_dim=256, head_layers=3, use_bn_in_head=False, norm_last_layer=True,
-    pool="cls", student_temp=0.1, teacher_temp=0.04, warmup_teacher_temp=0.04, warmup_teacher_temp_epochs=0,
-    center_momentum=0.9, momentum_teacher=0.996, freeze_last_layer=1, weight_decay_end=0.4, global_crop_size=0,
-    local_crop_size=0, local_crops_number=8, global_crops_scale=[0.4, 1.0], local_crops_scale=[0.05, 0.4], flip=0.5,
-    color_jitter=0.8, grayscale=0.2, blur=[1.0, 0.1, 0.5], solarize=0.2,
-)  # fmt: skip
-# The built-in 28x28 digits on 2 CPU cores: a small head with BatchNorm (without it the small CRATE's teacher
-# drifted to the uniform collapse on the digits: entropy -> log K; with it the teacher stays sharp), mean-pooled
-# features, no local crops (a 14-px crop of a digit rarely shows which digit it is), no flips, milder crops,
-# and teacher momentum 0.99: the run has ~310 steps (DINO ~125,000), over which a 0.996 teacher lags the
-# student too long (k-NN after 5 epochs: 84.3% with 0.996 in a 12-epoch run, 86.7% with 0.99 in a 10-epoch one).
-DIGITS: dict[str, Any] = {
-    **PAPER,
-    **dict(out_dim=1024, hidden_dim=256, bottleneck_dim=64, use_bn_in_head=True, pool="avg", local_crops_number=0,
-           global_crops_scale=[0.6, 1.0], flip=0.0, blur=[0.5, 0.1, 0.5], momentum_teacher=0.99),
-}  # fmt: skip
-PRESETS: dict[str, dict[str, Any]] = {"digits": DIGITS, "paper": PAPER}
+    RULES = {name: POSITIVE for name in ("out_dim", "hidden_dim", "bottleneck_dim", "head_layers")}
 
 
 # --------------------------------------------------------------------------- schedules
@@ -193,7 +85,7 @@ def cosine_schedule(start: float, end: float, step: int, total: int) -> float:
     return end + (start - end) * 0.5 * (1.0 + math.cos(math.pi * t))
 
 
-def teacher_temperature(cfg: DINOConfig, epoch: int) -> float:
+def teacher_temperature(cfg: Any, epoch: int) -> float:
     """τ_t during (0-based, whole) ``epoch``: DINO's ``DINOLoss.teacher_temp_schedule[epoch]``.
 
     DINO's table is ``np.linspace(warmup_teacher_temp, teacher_temp, W)`` followed by ``teacher_temp``: linear
@@ -275,6 +167,14 @@ class DINOHead(nn.Module):
         with torch.no_grad():
             g.fill_(1.0)
         g.requires_grad_(not norm_last_layer)
+
+    @classmethod
+    def from_config(cls, in_dim: int, config: DINOHeadConfig) -> DINOHead:
+        """The head :class:`DINOHeadConfig` describes, on ``in_dim``-dimensional backbone features."""
+        return cls(
+            in_dim, config.out_dim, hidden_dim=config.hidden_dim, bottleneck_dim=config.bottleneck_dim,
+            nlayers=config.head_layers, use_bn=config.use_bn_in_head, norm_last_layer=config.norm_last_layer,
+        )  # fmt: skip
 
     def last_layer_parameters(self) -> list[nn.Parameter]:
         """The trainable parameters of the last layer (frozen during the first ``freeze_last_layer`` epochs)."""
@@ -363,57 +263,8 @@ class DINOLoss(nn.Module):
     def update_center(self, teacher_out: Tensor) -> None:
         """``c ← m c + (1 − m) · mean over the batch (and processes) of the teacher outputs``."""
         batch_center = teacher_out.float().sum(dim=0, keepdim=True)
-        count = torch.tensor(float(len(teacher_out)), device=teacher_out.device)
+        count = torch.full((), len(teacher_out), dtype=torch.float32, device=teacher_out.device)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(batch_center)
             torch.distributed.all_reduce(count)
         self.center.mul_(self.center_momentum).add_(batch_center / count, alpha=1.0 - self.center_momentum)
-
-
-# --------------------------------------------------------------------------- multi-crop
-class MultiCropAugmentation(nn.Module):
-    """DINO's ``DataAugmentationDINO`` as batched kornia ops on float images in [0, 1]: two global views
-    (RandomResizedCrop ``global_crops_scale``; view 1 always blurred, view 2 blurred with p 0.1 and
-    solarised with p 0.2) and ``local_crops_number`` local views (``local_crops_scale``, blur p 0.5), each
-    with a flip, colour jitter (p 0.8) and grey-scale (p 0.2).  Colour ops run on 3 channels for
-    grey-scale images (and are averaged back); grey-scale conversion is skipped for them.
-
-    The default local side is 96/224 of the global side rounded to a ``multiple`` (the patch size).
-    ``views`` holds one module per view, ``sizes`` their sides; ``forward(x)`` returns the list of views.
-    """
-
-    def __init__(self, cfg: DINOConfig, global_size: int, channels: int, multiple: int = 1) -> None:
-        super().__init__()
-        import kornia.augmentation as K
-
-        from .data.transforms import AsRGB
-
-        g = cfg.global_crop_size or global_size
-        loc = cfg.local_crop_size or max(multiple, round(g * 96 / 224 / multiple) * multiple)
-
-        def view(size: int, scale: Sequence[float], blur: float, solarize: float) -> nn.Module:
-            ops: list[nn.Module] = [K.RandomResizedCrop((size, size), scale=tuple(float(s) for s in scale))]
-            if cfg.flip > 0:
-                ops.append(K.RandomHorizontalFlip(p=cfg.flip))
-            colour: list[nn.Module] = []
-            if cfg.color_jitter > 0:
-                colour.append(K.ColorJitter(0.4, 0.4, 0.2, 0.1, p=cfg.color_jitter))
-            if cfg.grayscale > 0 and channels == 3:
-                colour.append(K.RandomGrayscale(p=cfg.grayscale))
-            if colour:
-                ops.append(AsRGB(nn.Sequential(*colour)) if channels == 1 else nn.Sequential(*colour))
-            if blur > 0:
-                k = max(3, (size // 10) | 1)  # odd kernel, ~10% of the side as in BYOL/DINO
-                ops.append(K.RandomGaussianBlur((k, k), (0.1, 2.0), p=blur))
-            if solarize > 0:
-                ops.append(K.RandomSolarize(thresholds=0.0, additions=0.0, p=solarize))
-            return nn.Sequential(*ops)
-
-        b1, b2, bl = (float(p) for p in cfg.blur)
-        mods = [view(g, cfg.global_crops_scale, b1, 0.0), view(g, cfg.global_crops_scale, b2, cfg.solarize)]
-        mods += [view(loc, cfg.local_crops_scale, bl, 0.0) for _ in range(cfg.local_crops_number)]
-        self.views = nn.ModuleList(mods)
-        self.sizes = [g, g] + [loc] * cfg.local_crops_number
-
-    def forward(self, x: Tensor) -> list[Tensor]:
-        return [v(x) for v in self.views]

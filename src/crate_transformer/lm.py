@@ -58,6 +58,8 @@ __all__ = [
     "sinusoidal_positions",
     "check_official_lm",
     "lm_checkpoint_fields",
+    "lm_state",
+    "EMBED_KEY_MAP",
     "crate_lm_to_native",
     "gpt2_to_native",
     "CRATE_LM_FORMAT",
@@ -116,6 +118,8 @@ class LMConfig(Config):
         "layer_norm_eps": Range(0, lo_open=True),
     }
     kind = LANGUAGE_MODEL
+    CHOICES = {"arch": LM_ARCHS, "pos_embed": POS_EMBEDS, "ista_mode": ISTA_MODES, "layer_form": LAYER_FORMS,
+               "mlp": MLPS, "gelu": GELUS}  # fmt: skip
 
     @property
     def pipeline_tag(self) -> str:
@@ -140,9 +144,6 @@ class LMConfig(Config):
         return ("mhsa", "mlp") if self.arch == "gpt" else ("mssa", self.mlp)
 
     def validate(self) -> None:
-        for name, allowed in (("arch", LM_ARCHS), ("pos_embed", POS_EMBEDS), ("ista_mode", ISTA_MODES),
-                              ("layer_form", LAYER_FORMS), ("mlp", MLPS), ("gelu", GELUS)):  # fmt: skip
-            self.check_choice(name, allowed)
         self.check_positive("vocab_size", "block_size", "dim", "depth", "heads", "odl_ratio", "type_vocab_size")
         if self.arch == "crate_lm" and self.mlp != "ista" and self.ista_mode != "relu":
             raise ValueError(f"ista_mode={self.ista_mode!r} needs mlp='ista', got mlp={self.mlp!r}; drop one of them")
@@ -178,6 +179,21 @@ class LMConfig(Config):
         return self.dim_head if self.dim_head is not None else self.dim // self.heads
 
 
+def check_ids(ids: Tensor, size: int, what: str, problem: str, fix: str) -> None:
+    """Ids in ``[0, size)``, else a one-line ValueError ``"{what} {id} {problem} [0, size); {fix}"``.
+
+    Ids in host memory are checked on the host.  On an accelerator (and inside ``torch.compile``) reading them
+    would stall the device on every forward, so the check is ``torch._assert_async``, raised by the device (a
+    GPU reports it as a device-side assertion at its next synchronisation, as the embedding itself would).
+    """
+    if ids.device.type == "cpu" and not torch.compiler.is_compiling():
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= size:
+            raise ValueError(f"{what} {hi if hi >= size else lo} {problem} [0, {size}); {fix}")
+    else:
+        torch._assert_async(((ids >= 0) & (ids < size)).all(), f"a {what} {problem} [0, {size}); {fix}")
+
+
 def sinusoidal_positions(n: int, d: int) -> Tensor:
     """``E_pos`` of eq. (83) (Vaswani et al. 2017): ``sin(t / 10000^{2i/d})`` and ``cos(·)`` interleaved, (n, d)."""
     t = torch.arange(n, dtype=torch.float64)[:, None]
@@ -187,9 +203,9 @@ def sinusoidal_positions(n: int, d: int) -> Tensor:
     return pe.float()
 
 
-def cache_nbytes(cache: list[dict[str, Tensor]]) -> int:
-    """Bytes held by a key-value cache (every layer's tensors)."""
-    return sum(t.numel() * t.element_size() for layer in cache for t in layer.values())
+def cache_nbytes(cache: list[dict[str, Any]]) -> int:
+    """Bytes held by a key-value cache (every layer's tensors; a ``"length"`` count is not a tensor)."""
+    return sum(t.numel() * t.element_size() for layer in cache for t in layer.values() if isinstance(t, Tensor))
 
 
 class LanguageModel(Model):
@@ -214,15 +230,18 @@ class LanguageModel(Model):
         c = self.config
         self.tokenizer = None  # attached by from_pretrained / training; saved with save_pretrained
         self._build_embedding(c)
-        if c.arch != "gpt":
-            self.layers = nn.ModuleList(EncoderLayer.from_config(c) for _ in range(c.depth))
-        else:
-            self.layers = nn.ModuleList(
-                ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout, c.causal, c.gelu) for _ in range(c.depth)
-            )
+        self.layers = self.build_layers(c)
         self.norm = nn.LayerNorm(c.dim) if c.final_norm else nn.Identity()
         self._build_heads(c)
         self._init_weights()
+
+    def build_layers(self, c: LMConfig) -> nn.ModuleList:
+        """The ``depth`` layers between the embedding and the head: CRATE layers, or GPT-2 blocks for ``arch="gpt"``;
+        a family that is this language model with other layers overrides it (ToST, ``tost.py``).  Each layer takes
+        ``(z, cache=, key_mask=)`` and returns ``(z, ...)``, as :class:`~crate_transformer.operators.EncoderLayer`."""
+        if c.arch != "gpt":
+            return nn.ModuleList(EncoderLayer.from_config(c) for _ in range(c.depth))
+        return nn.ModuleList(ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout, c.causal, c.gelu) for _ in range(c.depth))
 
     @property
     def tokenizer(self) -> object | None:
@@ -310,10 +329,13 @@ class LanguageModel(Model):
 
     def _feature_bias(self) -> Tensor | None:
         """A bias adding a constant vector to the features the head reads: the final LayerNorm's, else the last
-        layer's output bias (None when the last layer replaces the tokens, as CRATE's ISTA does)."""
-        if isinstance(self.norm, nn.LayerNorm):
-            return self.norm.bias
-        return self.layers[-1].output_bias()
+        layer's ``output_bias()`` (None when the last layer replaces the tokens, as CRATE's ISTA does, or says
+        nothing of one)."""
+        bias = getattr(self.norm, "bias", None)
+        if bias is not None:
+            return bias
+        output_bias = getattr(self.layers[-1], "output_bias", None)
+        return output_bias() if output_bias is not None else None
 
     @torch.no_grad()
     def init_token_prior(self, log_prior: Tensor, idx: Tensor) -> bool:
@@ -377,12 +399,9 @@ class LanguageModel(Model):
                 f"sequence of {start + n} tokens is longer than the model's context of {c.block_size} "
                 f"(block_size); pass at most {c.block_size} tokens, e.g. idx[:, -{c.block_size}:]"
             )
-        lo, hi = int(idx.min()), int(idx.max())
-        if lo < 0 or hi >= c.vocab_size:
-            raise ValueError(
-                f"token id {hi if hi >= c.vocab_size else lo} is outside the vocabulary [0, {c.vocab_size}); "
-                "encode the text with the model's own tokenizer"
-            )
+        check_ids(
+            idx, c.vocab_size, "token id", "is outside the vocabulary", "encode the text with the model's own tokenizer"
+        )
 
     def embed(self, idx: Tensor, start: int = 0) -> Tensor:
         """``f_pre`` of eqs. (83)/(88): ``f_embed(X) + E_pos`` for positions ``start .. start + n − 1``."""
@@ -429,9 +448,10 @@ class LanguageModel(Model):
         if self.classifier is None:
             raise ValueError("this model has no classification head; create it with num_labels > 0")
         b, n = idx.shape
+        given = lengths  # no lengths: no padding, no mask (a mask, all true or not, costs no host sync)
         lengths = torch.full((b,), n, device=idx.device) if lengths is None else lengths.to(idx.device)
         real = torch.arange(n, device=idx.device)[None] < lengths[:, None]
-        z = self.forward_features(idx, key_mask=None if self.config.causal or bool(real.all()) else real)
+        z = self.forward_features(idx, key_mask=None if self.config.causal or given is None else real)
         if self.config.causal:
             pooled = z[torch.arange(b, device=z.device), lengths - 1]
         else:
@@ -475,18 +495,23 @@ class LanguageModel(Model):
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         self.check_tokens(idx[:, -c.block_size :])
         was_training = self.training
-        self.eval()
+        if was_training:  # a switch drops what the layers keep between forwards (ISTA's step matrix)
+            self.eval()
         cache, steps = None, []
+
+        def next_logits(ids: Tensor, cache: list[dict[str, Tensor]] | None) -> Tensor:
+            return self.forward_head(self.forward_features(ids, cache)[:, -1])  # the head on the last token only
+
         try:
             for _ in range(max_new_tokens):
                 window = idx[:, -c.block_size :]
                 if not use_cache:
-                    logits = self(window)[:, -1]
+                    logits = next_logits(window, None)
                 elif cache is None or _cached_length(cache) >= c.block_size:
                     cache = self.new_cache()
-                    logits = self(window, cache)[:, -1]
+                    logits = next_logits(window, cache)
                 else:
-                    logits = self(idx[:, -1:], cache)[:, -1]
+                    logits = next_logits(idx[:, -1:], cache)
                 steps.append(logits)
                 nxt = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
                 idx = torch.cat([idx, nxt], dim=1)
@@ -495,7 +520,8 @@ class LanguageModel(Model):
                 if eos_id is not None and bool((nxt == eos_id).all()):
                     break
         finally:
-            self.train(was_training)
+            if was_training:
+                self.train()
         if return_logits:
             return idx, torch.stack(steps, 1) if steps else idx.new_zeros(idx.shape[0], 0, c.vocab_size).float()
         return idx
@@ -538,10 +564,13 @@ def build_lm(config: LMConfig) -> LanguageModel:
     return LanguageModel.class_for(config.arch)(config)
 
 
-def _cached_length(cache: list[dict[str, Tensor]] | None) -> int:
+def _cached_length(cache: list[dict[str, Any]] | None) -> int:
+    """Tokens a cache holds: its ``"length"`` entry where a layer keeps a constant-size state (ToST's running
+    sums), else the token axis of its first tensor (keys and values)."""
     if not cache or not cache[0]:
         return 0
-    return next(iter(cache[0].values())).shape[-2]
+    first = cache[0]
+    return first["length"] if "length" in first else next(iter(first.values())).shape[-2]
 
 
 # --------------------------------------------------------------------------- objectives and sampling
@@ -614,8 +643,8 @@ def sample_next(
 # --------------------------------------------------------------------------- the authors' and GPT-2 checkpoints
 # Keys after the "_orig_mod." (torch.compile), "module." (DDP) and "transformer." prefixes are stripped; "{i}" is
 # a layer index.  nanoGPT (karpathy/nanoGPT model.py) and Hugging Face's GPT2LMHeadModel share the names.
-_EMBED_KEYS = [("wte.weight", "wte.weight"), ("wpe.weight", "wpe.weight"), ("ln_f.", "norm.")]
-GPT2_KEY_MAP = _EMBED_KEYS + [
+EMBED_KEY_MAP = [("wte.weight", "wte.weight"), ("wpe.weight", "wpe.weight"), ("ln_f.", "norm.")]
+GPT2_KEY_MAP = EMBED_KEY_MAP + [
     ("h.{i}.ln_1.", "layers.{i}.norm1."),
     ("h.{i}.attn.c_attn.", "layers.{i}.attn.qkv."),
     ("h.{i}.attn.c_proj.", "layers.{i}.attn.proj."),
@@ -625,7 +654,7 @@ GPT2_KEY_MAP = _EMBED_KEYS + [
 ]
 # crate-lm/crate-lm crate.py and crate_overcomplete.py (the released CRATE-GPT): ista.weight is D (d × d) in
 # crate.py and Dᵀ (m × d) in crate_overcomplete.py, whose weight codes and decodes.
-CRATE_LM_KEY_MAP = _EMBED_KEYS + [
+CRATE_LM_KEY_MAP = EMBED_KEY_MAP + [
     ("h.{i}.prenorm_1.", "layers.{i}.norm1."),
     ("h.{i}.attn.c_attn.", "layers.{i}.attn.qkv."),
     ("h.{i}.attn.c_proj.", "layers.{i}.attn.proj."),
@@ -652,8 +681,9 @@ def check_official_lm(config: LMConfig) -> None:
         )
 
 
-def _lm_state(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Prefixes stripped, the causal-mask buffers and the tied head dropped (a head that is not tied is refused)."""
+def lm_state(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """A nanoGPT-style state dict (crate-lm, nanoGPT, ToST's tost_lang) as the key maps expect it: prefixes
+    stripped, the causal-mask buffers and the tied head dropped (a head that is not tied is refused)."""
     out = {}
     for key, value in state.items():
         while key.startswith(_PREFIXES):
@@ -676,7 +706,7 @@ def lm_checkpoint_fields(raw: object) -> dict[str, Any]:
     """
     model_args = raw.get("model_args") if isinstance(raw, Mapping) else None
     model_args = model_args if isinstance(model_args, Mapping) else {}
-    state = _lm_state(unwrap(raw))
+    state = lm_state(unwrap(raw))
     if "wte.weight" not in state or "wpe.weight" not in state:
         raise ValueError("not a GPT-style language model: no wte.weight / wpe.weight (token and position tables)")
     layers = {int(k.split(".")[1]) for k in state if k.startswith("h.") and k.split(".")[1].isdigit()}
@@ -716,7 +746,7 @@ def _is_hf_layout(state: Mapping[str, Tensor], dim: int) -> bool:
 
 def crate_lm_to_native(state: Mapping[str, Tensor], config: LMConfig) -> dict[str, Tensor]:
     """crate-lm keys → native; ``crate_overcomplete.py`` stores ``Dᵀ`` (m × d), :class:`OvercompleteISTA` ``D``."""
-    out = rename(_lm_state(state), CRATE_LM_KEY_MAP, forward=True)
+    out = rename(lm_state(state), CRATE_LM_KEY_MAP, forward=True)
     if config.mlp == "ista_overcomplete":
         for i in range(config.depth):
             if f"layers.{i}.ista.weight" in out:
@@ -728,7 +758,7 @@ def gpt2_to_native(state: Mapping[str, Tensor], config: LMConfig) -> dict[str, T
     """nanoGPT / Hugging Face GPT-2 keys → native.  Conv1D weights ``(in, out)`` are transposed; nanoGPT's
     ``bias=False`` models (no bias at all) get zero biases, the same function: a missing bias adds nothing.
     A checkpoint with only some biases is left as it is (the strict load names the missing ones)."""
-    state = _lm_state(state)
+    state = lm_state(state)
     if "wte.weight" in state and _is_hf_layout(state, state["wte.weight"].shape[-1]):
         state = {k: v.T.contiguous() if k.endswith(_HF_CONV1D) else v for k, v in state.items()}
     out = rename(state, GPT2_KEY_MAP, forward=True)

@@ -96,6 +96,7 @@ class MAEConfig(ImageEncoderGeometry, Config):
 
     OMIT_AT_DEFAULT = ("drop_path",)  # added later: configs without it stay byte-identical
     kind = MASKED_AUTOENCODER
+    CHOICES = {"layer_form": LAYER_FORMS, "decoder_form": LAYER_FORMS}
     pipeline_tag = "image-feature-extraction"
     white_box = True  # CRATE encoder layers; their outputs are ISTA's
     sparse_output = True
@@ -113,8 +114,6 @@ class MAEConfig(ImageEncoderGeometry, Config):
         self.check_geometry()
         if self.dim % 4:
             raise ValueError(f"dim={self.dim} must be a multiple of 4 for the 2-D sin-cos position embedding")
-        self.check_choice("layer_form", LAYER_FORMS)
-        self.check_choice("decoder_form", LAYER_FORMS)
         check_mask_ratio(self.mask_ratio, self.grid**2)
         self.check_data()
 

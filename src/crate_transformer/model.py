@@ -12,7 +12,7 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -68,10 +68,7 @@ class ImageEncoderGeometry:
 
     def check_geometry(self, positive: tuple[str, ...] = ()) -> None:
         """One-line ValueErrors for bad sizes (``positive`` names further positive-integer fields)."""
-        for name in ("image_size", "patch_size", "in_chans", *positive, "dim", "depth", "heads"):
-            v = getattr(self, name)
-            if v <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        self.check_positive("image_size", "patch_size", "in_chans", *positive, "dim", "depth", "heads")
         if self.dim_head is not None and self.dim_head <= 0:
             raise ValueError(f"dim_head must be a positive integer or None (= dim // heads), got {self.dim_head!r}")
         if self.dim_head is None and self.dim % self.heads:
@@ -146,7 +143,9 @@ class ModelConfig(ImageEncoderGeometry, Config):
     OMIT_AT_DEFAULT = ("drop_path",)  # added later: configs without it stay byte-identical
     kind = IMAGE_CLASSIFIER
     pipeline_tag = "image-classification"
-    ARCHS: ClassVar[tuple[str, ...]] = ARCHS  # the arch values this config class builds (a subclass's own)
+    # arch: the values this config class builds (a subclass names its own)
+    CHOICES = {"arch": ARCHS, "pool": POOLS, "ista_mode": ISTA_MODES, "layer_form": LAYER_FORMS,
+               "attention": ATTENTIONS, "mlp": MLPS}  # fmt: skip
     RULES = {
         "eta": Range(0, lo_open=True),
         "lambd": Range(0),
@@ -158,9 +157,6 @@ class ModelConfig(ImageEncoderGeometry, Config):
     }
 
     def validate(self) -> None:
-        for name, allowed in (("arch", self.ARCHS), ("pool", POOLS), ("ista_mode", ISTA_MODES),
-                              ("layer_form", LAYER_FORMS), ("attention", ATTENTIONS), ("mlp", MLPS)):  # fmt: skip
-            self.check_choice(name, allowed)
         self.check_positive("odl_ratio")
         if self.arch == "crate" and self.mlp != "ista" and self.ista_mode != "relu":
             raise ValueError(
@@ -330,6 +326,13 @@ class ImageInput:
         return patchify(x, self.config.patch_size)
 
 
+def bicubic_matrix(n_in: int, n_out: int, device: torch.device | str = "cpu") -> Tensor:
+    """The ``(n_out, n_in)`` matrix of 1-D bicubic resizing as ``F.interpolate(mode="bicubic",
+    align_corners=False)`` does it along one axis (its columns: the resized unit vectors)."""
+    eye = torch.eye(n_in, device=device).reshape(n_in, 1, n_in, 1)
+    return F.interpolate(eye, size=(n_out, 1), mode="bicubic", align_corners=False)[:, 0, :, 0].T
+
+
 class ImageClassifier(ImageInput, Model):
     """Patch embedding → class token + position embedding → L layers → pool → LayerNorm + Linear.
 
@@ -367,14 +370,20 @@ class ImageClassifier(ImageInput, Model):
         return _ENCODERS[c.arch](c)
 
     def interpolate_pos_embed(self, h: int, w: int) -> Tensor:
-        """Position embedding for an ``h × w`` patch grid (bicubic interpolation of the learned grid)."""
+        """Position embedding for an ``h × w`` patch grid (bicubic interpolation of the learned grid).
+
+        Bicubic resizing is separable, so it is two matrix products with the 1-D interpolation matrices
+        (:func:`bicubic_matrix`): the values of ``F.interpolate(mode="bicubic")``, with a backward that is a
+        matrix product too — deterministic on a GPU, where bicubic upsampling's own backward is not
+        (``--deterministic`` with DINO's smaller crops, or fine-tuning at another resolution).
+        """
         g = self.config.grid
         if (h, w) == (g, g):
             return self.pos_embed
-        cls_pos, grid_pos = self.pos_embed[:, :1], self.pos_embed[:, 1:]
-        grid_pos = grid_pos.reshape(1, g, g, -1).permute(0, 3, 1, 2)
-        grid_pos = F.interpolate(grid_pos.float(), size=(h, w), mode="bicubic", align_corners=False).to(cls_pos.dtype)
-        return torch.cat([cls_pos, grid_pos.permute(0, 2, 3, 1).reshape(1, h * w, -1)], dim=1)
+        cls_pos, grid_pos = self.pos_embed[:, :1], self.pos_embed[:, 1:].reshape(g, g, -1).float()
+        rows, cols = (bicubic_matrix(g, n, grid_pos.device) for n in (h, w))
+        grid_pos = torch.einsum("ia,abd,jb->ijd", rows, grid_pos, cols).to(cls_pos.dtype)
+        return torch.cat([cls_pos, grid_pos.reshape(1, h * w, -1)], dim=1)
 
     def embed(self, x: Tensor) -> Tensor:
         """``f_pre`` of eq. (65): ``[z_cls, W_pre X] + E_pos`` → ``(b, N+1, d)``.

@@ -15,9 +15,17 @@ Conventions
   the same determinant by Sylvester's identity) with a Cholesky factorisation of the SPD matrix
   ``I + c·G``.  Pass ``dtype=torch.float64`` for a float64 computation; the result is returned
   in that dtype.
+* The linear algebra never runs in half precision: float16 / bfloat16 tokens are computed (and returned) in
+  float32 — Cholesky and slogdet have no half kernels, and a bf16 Gram matrix loses the log-determinant — and
+  autocast is off inside these functions, so a Gram matrix of float32 tokens is float32 under
+  ``torch.autocast`` too (a bf16 training step's measurements).
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -28,6 +36,7 @@ __all__ = [
     "membership_coding_rate",
     "subspace_coding_rate",
     "subspace_coding_rate_grad",
+    "variational_coding_rate",
     "rate_reduction",
     "sparse_rate_reduction",
     "sparsity",
@@ -74,9 +83,30 @@ def _logdet_i_plus(Z: Tensor, c: float | Tensor) -> Tensor:
 
 
 def _cast(Z: Tensor, dtype: torch.dtype | None) -> Tensor:
-    return Z if dtype is None else Z.to(dtype)
+    """``Z`` in the dtype its linear algebra runs in: ``dtype`` when given, float32 for half types, else its own."""
+    if dtype is not None:
+        return Z.to(dtype)
+    return Z.float() if Z.dtype in (torch.float16, torch.bfloat16) else Z
 
 
+_Fn = TypeVar("_Fn", bound=Callable[..., Tensor])
+
+
+def _without_autocast(fn: _Fn) -> _Fn:
+    """Run ``fn`` with autocast off on the tokens' device (its matmuls in the dtype :func:`_cast` chose)."""
+
+    @functools.wraps(fn)
+    def run(Z: Tensor, *args: object, **kwargs: object) -> Tensor:
+        device = Z.device.type if isinstance(Z, Tensor) else "cpu"
+        if device in ("cpu", "cuda", "mps") and torch.is_autocast_enabled(device):
+            with torch.autocast(device, enabled=False):
+                return fn(Z, *args, **kwargs)
+        return fn(Z, *args, **kwargs)
+
+    return run  # type: ignore[return-value]
+
+
+@_without_autocast
 def coding_rate(Z: Tensor, eps: float = 0.1, *, dtype: torch.dtype | None = None) -> Tensor:
     """Lossy coding rate of a token set, eq. (8), JMLR p.16 (NeurIPS eq. (7)).
 
@@ -89,6 +119,7 @@ def coding_rate(Z: Tensor, eps: float = 0.1, *, dtype: torch.dtype | None = None
     return 0.5 * _logdet_i_plus(Z, d / (n * eps**2))
 
 
+@_without_autocast
 def coding_rate_grad(Z: Tensor, eps: float = 0.1, *, dtype: torch.dtype | None = None) -> Tensor:
     """Closed-form gradient of :func:`coding_rate`, eq. (109), JMLR p.60 (Lemma 10, eq. (125)).
 
@@ -108,6 +139,7 @@ def coding_rate_grad(Z: Tensor, eps: float = 0.1, *, dtype: torch.dtype | None =
     return a * torch.linalg.solve(A, Z.transpose(-1, -2)).transpose(-1, -2)
 
 
+@_without_autocast
 def membership_coding_rate(
     Z: Tensor, labels: Tensor, num_classes: int | None = None, eps: float = 0.1, *, dtype: torch.dtype | None = None
 ) -> Tensor:
@@ -133,6 +165,7 @@ def membership_coding_rate(
     return total
 
 
+@_without_autocast
 def subspace_coding_rate(Z: Tensor, U: Tensor, eps: float = 0.1, *, dtype: torch.dtype | None = None) -> Tensor:
     """Compact coding rate against subspaces, eqs. (12)-(13), JMLR p.17 (NeurIPS eq. (8)).
 
@@ -141,12 +174,14 @@ def subspace_coding_rate(Z: Tensor, U: Tensor, eps: float = 0.1, *, dtype: torch
     _check_tokens(Z)
     _check_eps(eps)
     _check_subspaces(U, Z.shape[-1])
-    Z, U = _cast(Z, dtype), _cast(U, dtype).to(Z.dtype)
+    Z = _cast(Z, dtype)
+    U = U.to(Z.dtype)
     n, p = Z.shape[-2], U.shape[-1]
     proj = Z.unsqueeze(-3) @ U  # (..., K, n, p): row k holds (U_kᵀ Z)ᵀ
     return 0.5 * _logdet_i_plus(proj, p / (n * eps**2)).sum(-1)
 
 
+@_without_autocast
 def subspace_coding_rate_grad(Z: Tensor, U: Tensor, eps: float = 0.1, *, dtype: torch.dtype | None = None) -> Tensor:
     """Closed-form gradient of :func:`subspace_coding_rate`, eq. (31), JMLR p.22 (eq. (96), p.57).
 
@@ -156,7 +191,8 @@ def subspace_coding_rate_grad(Z: Tensor, U: Tensor, eps: float = 0.1, *, dtype: 
     _check_tokens(Z)
     _check_eps(eps)
     _check_subspaces(U, Z.shape[-1])
-    Z, U = _cast(Z, dtype), _cast(U, dtype).to(Z.dtype)
+    Z = _cast(Z, dtype)
+    U = U.to(Z.dtype)
     n, p = Z.shape[-2], U.shape[-1]
     beta = p / (n * eps**2)
     P = Z.unsqueeze(-3) @ U  # (..., K, n, p)
@@ -164,11 +200,54 @@ def subspace_coding_rate_grad(Z: Tensor, U: Tensor, eps: float = 0.1, *, dtype: 
     return (beta * torch.linalg.solve(A, P) @ U.transpose(-1, -2)).sum(-3)
 
 
+@_without_autocast
+def variational_coding_rate(
+    Z: Tensor, U: Tensor | None, Pi: Tensor, eps: float = 0.1, *, dtype: torch.dtype | None = None
+) -> Tensor:
+    """The variational compression term that ToST's attention (TSSA) descends (Wu et al., "Token Statistics
+    Transformer: Linear-Time Attention via Variational Rate Reduction", ICLR 2025, §3), with soft memberships Π::
+
+        R_c^var(Z, Π | U_[K]) = ½ Σ_k (n_k / n) Σ_i log(1 + (p/ε²) · Σ_j Π_jk (U_kᵀz_j)_i² / n_k),   n_k = Σ_j Π_jk
+
+    Each head's logdet of ``R^c`` (eq. (13)) is replaced by the sum of ``log(1 + ·)`` over the diagonal of its
+    Π-weighted second-moment matrix ``M_k = (p/(n_k ε²)) Σ_j Π_jk w_kj w_kjᵀ``: since the eigenvalues of ``M_k``
+    majorise its diagonal and ``log(1 + x)`` is concave, ``Σ_i log(1 + (M_k)_ii) ≥ logdet(I + M_k)``, with
+    equality when ``M_k`` is diagonal, so this bounds the Π-weighted ``R^c`` from above and needs only ``p``
+    numbers per head: its cost is linear in ``n``.  TSSA's output before its projection,
+    ``−Π_jk w_kj / (1 + m_kj)``, is ``−n`` times the gradient of this function in ``w_kj`` at ``p/ε² = 1`` with Π
+    held fixed (the authors' code absorbs the scale into the learned projection; ``tests/test_tost.py``).
+
+    ``Z`` is ``(..., n, d)`` row tokens and ``U`` is ``(K, d, p)``; or ``U=None`` and ``Z`` already holds each
+    head's projections ``(..., K, n, p)`` (a layer's own, bias included).  ``Pi`` is ``(..., n, K)``, each token's
+    memberships (non-negative; TSSA's rows sum to 1).  One value per batch element.
+    """
+    _check_eps(eps)
+    if U is not None:
+        _check_tokens(Z)
+        _check_subspaces(U, Z.shape[-1])
+        Z = _cast(Z, dtype)
+        P = Z.unsqueeze(-3) @ U.to(Z.dtype)
+    else:
+        if not isinstance(Z, Tensor) or Z.dim() < 3 or not Z.is_floating_point():
+            raise ValueError(f"with U=None, Z must be float projections (..., K, n, p), got {tuple(Z.shape)}")
+        P = _cast(Z, dtype)
+    K, n, p = P.shape[-3:]
+    if Pi.shape[-2:] != (n, K):
+        raise ValueError(f"Pi must be (..., n={n}, K={K}), one membership per token and head, got {tuple(Pi.shape)}")
+    weights = Pi.to(P.dtype).transpose(-1, -2)  # (..., K, n)
+    mass = weights.sum(-1)  # n_k
+    moment = (weights.unsqueeze(-2) @ P.square()).squeeze(-2) / mass.clamp_min(torch.finfo(P.dtype).tiny)[..., None]
+    per_head = torch.log1p(p / eps**2 * moment).sum(-1)
+    return 0.5 * (mass / n * per_head).sum(-1)
+
+
+@_without_autocast
 def rate_reduction(Z: Tensor, U: Tensor, eps: float = 0.1, *, dtype: torch.dtype | None = None) -> Tensor:
     """Rate reduction against subspaces, eq. (14), JMLR p.17: ``ΔR = R(Z) − R^c(Z|U_[K])``."""
     return coding_rate(Z, eps, dtype=dtype) - subspace_coding_rate(Z, U, eps, dtype=dtype)
 
 
+@_without_autocast
 def sparse_rate_reduction(
     Z: Tensor, U: Tensor, lambd: float = 0.1, eps: float = 0.1, norm: str = "l1", *, dtype: torch.dtype | None = None
 ) -> Tensor:

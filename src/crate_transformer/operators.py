@@ -1,13 +1,14 @@
 """CRATE operators: the compression step (MSSA), the sparsification step (ISTA), the layers built
-from them, and the decoder's inverse step (JMLR §2.3-2.5 and §3.5).
+from them, and the decoder's inverse step (JMLR §2.3-2.5 and §3.5); and ToST's linear-time compression step
+(TSSA, Wu et al., ICLR 2025).
 
 Tokens are rows, ``x`` of shape ``(b, n, d)``.  A module's weight ``W`` acts as ``F.linear(x, W) = x Wᵀ``,
 i.e. as ``W z`` on a column token ``z``, so ``MSSA.qkv.weight`` is ``[U_1ᵀ; …; U_Kᵀ]`` and
 ``ISTA.weight`` is the dictionary ``D``.
 
 Each module has a fast path (what ``forward`` runs) and the plain transcription of the paper's
-equations as a free function (:func:`mssa_reference`, :func:`ista_reference`), which the tests
-compare against and the theory lab uses directly.
+equations as a free function (:func:`mssa_reference`, :func:`ista_reference`, :func:`tssa_reference`), which
+the tests compare against and the theory lab uses directly.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ __all__ = [
     "ISTA_MODES",
     "LAYER_FORMS",
     "MSSA",
+    "TSSA",
     "ISTA",
     "MHSA",
     "MLP",
@@ -31,6 +33,7 @@ __all__ = [
     "DecoderLayer",
     "ssa_reference",
     "mssa_reference",
+    "tssa_reference",
     "ista_reference",
     "reusable_weight",
     "attend",
@@ -213,6 +216,179 @@ class MSSA(nn.Module):
         return self._project_out(out), attn
 
 
+# --------------------------------------------------------------------------- TSSA (ToST)
+# Where the authors' code adds 1e-8 to the Π-mass of a head, and floors a coordinate's energy (tost_vision/tost.py's
+# F.normalize floors its norm at 1e-12; tost_lang/model_TSSA.py floors the squared prefix sum at 1e-12).
+_TSSA_MASS_EPS = 1e-8
+_TSSA_ENERGY_FLOOR = 1e-12
+
+
+def tssa_reference(
+    W: Tensor, temp: Tensor, *, causal: bool = False, denom_bias: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Token statistics self-attention before its output projection (Wu et al., "Token Statistics Transformer:
+    Linear-Time Attention via Variational Rate Reduction", ICLR 2025, §3 and App. E Algs. 1-2), written token by
+    token from the authors' code (``tost_vision/tost.py`` ``AttentionTSSA``, ``tost_lang/model_TSSA.py``
+    ``CausalSelfAttention_TSSA``).
+
+    ``W`` holds each head's projections ``w_kj = U_kᵀz_j (+ b_k)`` as ``(K, n, p)``; ``temp`` the heads'
+    temperatures ``(K,)``; ``denom_bias`` the causal form's learned per-position offsets ``(K, n)``.  Token ``j``
+    reads the tokens ``S_j`` (all of them, or ``j' ≤ j`` when ``causal``):
+
+    * its membership in each head (Π of the paper's eq. (10), a softmax over the heads):
+      ``Π_jk ∝ exp(temp_k Σ_i (w_kji² / Σ_{j'∈S_j} w_kj'i² + denom_bias_kj))``;
+    * per head and coordinate, the Π-weighted second moment of the tokens it reads (the "token statistics"):
+      ``m_kji = Σ_{j'∈S_j} Π_j'k w_kj'i² / Σ_{j'∈S_j} Π_j'k``;
+    * its output ``−Π_jk w_kji / (1 + m_kji)``: each coordinate shrunk by ``1/(1 + m)``.
+
+    Non-causally every token reads the same statistics, so the cost is linear in ``n``; this reference loops over
+    tokens (quadratic, for the tests).  Returns ``(out (K, n, p), Π (n, K))``.
+    """
+    K, n, p = W.shape
+    scores = W.new_zeros(n, K)
+    for j in range(n):
+        seen = W[:, : j + 1] if causal else W
+        energy = (seen**2).sum(1)
+        energy = energy.clamp_min(_TSSA_ENERGY_FLOOR) if causal else energy.sqrt().clamp_min(_TSSA_ENERGY_FLOOR) ** 2
+        share = (W[:, j] ** 2 / energy).sum(-1) + (0 if denom_bias is None else p * denom_bias[:, j])
+        scores[j] = temp * share
+    Pi = torch.softmax(scores, dim=-1)
+    out = torch.empty_like(W)
+    for j in range(n):
+        m = j + 1 if causal else n
+        weights = Pi[:m].T  # (K, m)
+        moment = (weights[..., None] * W[:, :m] ** 2).sum(1) / (weights.sum(-1, keepdim=True) + _TSSA_MASS_EPS)
+        out[:, j] = -Pi[j][:, None] * W[:, j] / (1 + moment)
+    return out, Pi
+
+
+class TSSA(nn.Module):
+    """Token statistics self-attention, ToST's compression step (Wu et al., ICLR 2025, §3; App. E Algs. 1-2):
+    :func:`tssa_reference` in linear time, then the output projection.
+
+    One projection ``W = [U_1ᵀ; …; U_Kᵀ]`` (``qkv``, with a bias when ``qkv_bias``) maps each token into the
+    heads; each token's memberships Π in the heads (:meth:`memberships`) and, per head, the Π-weighted second
+    moment of every coordinate over the tokens are computed once, and each token's projection is multiplied by
+    ``−Π_jk / (1 + moment)``: a scalar per coordinate instead of a pairwise similarity, so time and memory grow
+    linearly with the number of tokens.  This is a gradient step on the variational compression term of
+    :func:`~crate_transformer.objectives.variational_coding_rate` (Π held fixed; ``tests/test_tost.py``
+    checks it by autograd), the counterpart of MSSA's step on ``R^c`` (eq. (13)).
+
+    ``causal=True`` is the form of ``tost_lang/model_TSSA.py``: token ``j`` reads running sums over tokens
+    ``≤ j`` (prefix sums), plus a learned offset per head and position (``denom_bias``, ``(K, block_size, 1)``)
+    in its membership score.  Its key-value cache is three running sums per layer, a constant size however long
+    the text (``cache["length"]`` counts the tokens seen).  ``return_attention`` gives the ``(b, K, n, n)``
+    weights with which token ``j``'s statistics read token ``i`` (``Π_ik / Σ_{i'} Π_i'k`` over the tokens it
+    reads: every row the same non-causally): the picture of the memberships that the analysis draws; they are
+    built only when asked for.
+
+    ``attn_dropout`` drops entries of the ``1/(1 + moment)`` factor and ``dropout`` the output, as the authors'
+    ``attn_drop`` and ``proj_drop`` (``attn_dropout`` / ``resid_dropout``).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        dim_head: int,
+        dropout: float = 0.0,
+        *,
+        attn_dropout: float = 0.0,
+        qkv_bias: bool = False,
+        proj_bias: bool = True,
+        causal: bool = False,
+        block_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        if causal and (block_size is None or block_size < 1):
+            raise ValueError(
+                f"a causal TSSA needs its context length block_size (a positive integer), got {block_size}"
+            )
+        self.heads, self.dim_head, self.causal = heads, dim_head, causal
+        self.dropout, self.attn_dropout = dropout, attn_dropout
+        self.qkv = nn.Linear(dim, heads * dim_head, bias=qkv_bias)
+        self.temp = nn.Parameter(torch.ones(heads, 1))
+        self.denom_bias = nn.Parameter(torch.zeros(heads, block_size, 1)) if causal else None
+        self.proj = nn.Linear(heads * dim_head, dim, bias=proj_bias)
+
+    def subspaces(self) -> Tensor:
+        """The learned bases ``U`` as a ``(K, d, p)`` tensor (as :meth:`MSSA.subspaces`; the bias is not in them)."""
+        d = self.qkv.in_features
+        return self.qkv.weight.reshape(self.heads, self.dim_head, d).transpose(1, 2)
+
+    def project(self, x: Tensor) -> Tensor:
+        """Row tokens ``(b, n, d)`` → the heads' projections ``(b, K, n, p)``."""
+        b, n, _ = x.shape
+        return self.qkv(x).view(b, n, self.heads, self.dim_head).transpose(1, 2)
+
+    def _scores(self, w: Tensor, cache: dict[str, Any] | None, start: int) -> Tensor:
+        """Π as ``(b, K, n)`` (softmax over the heads) from the projections ``w``."""
+        if not self.causal:
+            share = F.normalize(w, dim=-2, eps=_TSSA_ENERGY_FLOOR).square().sum(-1)
+            return torch.softmax(share * self.temp, dim=1)
+        sq = w.square()
+        energy = sq.cumsum(-2)
+        if cache is not None and "sq" in cache:
+            energy = energy + cache["sq"]
+        share = (sq / energy.clamp_min(_TSSA_ENERGY_FLOOR) + self.denom_bias[:, start : start + w.shape[-2]]).sum(-1)
+        return torch.softmax(share * self.temp, dim=1)
+
+    def memberships(self, x: Tensor) -> Tensor:
+        """Π, each token's membership in the heads (the paper's eq. (10); rows sum to 1): ``(b, n, K)``."""
+        return self._scores(self.project(x), None, 0).transpose(1, 2)
+
+    def _moments(self, w: Tensor, pi: Tensor, cache: dict[str, Any] | None) -> Tensor:
+        """The Π-weighted second moments each token reads, ``(b, K, n or 1, p)``; running sums kept in ``cache``."""
+        if not self.causal:
+            weights = pi / (pi.sum(-1, keepdim=True) + _TSSA_MASS_EPS)
+            return weights.unsqueeze(-2) @ w.square()
+        sq = w.square()
+        num, mass = (sq * pi.unsqueeze(-1)).cumsum(-2), pi.cumsum(-1)
+        if cache is not None:
+            if "sq" in cache:
+                num, mass = num + cache["wsq"], mass + cache["pi"]
+                cache["sq"] = cache["sq"] + sq.sum(-2, keepdim=True)
+            else:
+                cache["sq"] = sq.sum(-2, keepdim=True)
+            cache["wsq"], cache["pi"] = num[..., -1:, :], mass[..., -1:]
+        return num / (mass + _TSSA_MASS_EPS).unsqueeze(-1)
+
+    def _attention(self, pi: Tensor) -> Tensor:
+        """``(b, K, n, n)``: row ``j`` holds the weights ``Π_ik / Σ_{i'} Π_i'k`` of the tokens ``i`` it reads."""
+        n = pi.shape[-1]
+        if not self.causal:
+            return (pi / (pi.sum(-1, keepdim=True) + _TSSA_MASS_EPS)).unsqueeze(-2).expand(*pi.shape[:-1], n, n)
+        mask = torch.ones(n, n, dtype=torch.bool, device=pi.device).tril()
+        rows = pi.unsqueeze(-2) * mask
+        return rows / (pi.cumsum(-1) + _TSSA_MASS_EPS).unsqueeze(-1)
+
+    def forward(
+        self,
+        x: Tensor,
+        return_attention: bool = False,
+        cache: dict[str, Any] | None = None,
+        key_mask: Tensor | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """``x`` (b, n, d) → (b, n, d).  ``cache`` (causal only): this layer's running sums, ``x`` the newest tokens.
+        ``key_mask`` is refused unless None: padding would enter the statistics every token reads."""
+        if key_mask is not None:
+            raise ValueError("TSSA has no padding mask (every token enters the token statistics); pad on the right")
+        if cache is not None and (return_attention or not self.causal):
+            raise ValueError("a key-value cache needs a causal TSSA without return_attention")
+        b, n, _ = x.shape
+        start = 0 if cache is None else cache.get("length", 0)
+        if self.causal and start + n > self.denom_bias.shape[1]:
+            raise ValueError(f"{start + n} tokens exceed the context of {self.denom_bias.shape[1]} (block_size)")
+        w = self.project(x)
+        pi = self._scores(w, cache, start)
+        shrink = F.dropout(1.0 / (1.0 + self._moments(w, pi, cache)), self.attn_dropout, self.training)
+        if cache is not None:
+            cache["length"] = start + n
+        out = -(w * pi.unsqueeze(-1)) * shrink
+        out = F.dropout(self.proj(out.transpose(1, 2).reshape(b, n, -1)), self.dropout, self.training)
+        return (out, self._attention(pi)) if return_attention else out
+
+
 # --------------------------------------------------------------------------- ISTA
 # Optimizer steps taken in this process (every torch.optim optimizer).  A fused optimizer (``fused=True``) writes
 # the parameters without bumping their version counters, so a version alone cannot prove a weight unchanged.
@@ -389,14 +565,17 @@ class MHSA(nn.Module):
 class MLP(nn.Sequential):
     """The transformer MLP ``Linear(d, h) → GELU → Dropout → Linear(h, d)``, ``h = int(d·mlp_ratio)``
     (ViT; CRATE-MLP of JMLR Table 17).  A ``Sequential``, so its keys are ``0.*`` and ``3.*`` (timm-like).
-    ``gelu="tanh"`` is the tanh approximation OpenAI's GPT-2 was trained with (HF's ``gelu_new``)."""
+    ``gelu="tanh"`` is the tanh approximation OpenAI's GPT-2 was trained with (HF's ``gelu_new``); ``bias=False``
+    leaves out both biases (nanoGPT's ``bias=False`` models)."""
 
-    def __init__(self, dim: int, mlp_ratio: float = 4.0, dropout: float = 0.0, gelu: str = "exact") -> None:
+    def __init__(
+        self, dim: int, mlp_ratio: float = 4.0, dropout: float = 0.0, gelu: str = "exact", bias: bool = True
+    ) -> None:
         if gelu not in GELUS:
             raise ValueError(f"unknown gelu {gelu!r}; choose one of {GELUS}")
         hidden = int(dim * mlp_ratio)
         act = nn.GELU(approximate="tanh" if gelu == "tanh" else "none")
-        super().__init__(nn.Linear(dim, hidden), act, nn.Dropout(dropout), nn.Linear(hidden, dim))
+        super().__init__(nn.Linear(dim, hidden, bias=bias), act, nn.Dropout(dropout), nn.Linear(hidden, dim, bias=bias))
 
 
 class OvercompleteISTA(nn.Module):
@@ -428,9 +607,14 @@ class OvercompleteISTA(nn.Module):
         nn.init.kaiming_uniform_(self.D1)
 
     def code(self, x: Tensor) -> Tensor:
-        """The sparse code ``A2`` of row tokens ``x`` (…, d) → (…, m)."""
-        a1 = F.relu(self.eta * (x @ self.D) - self.eta * self.lambd)
-        return F.relu(a1 - self.eta * ((a1 @ self.D.T - x) @ self.D) - self.eta * self.lambd)
+        """The sparse code ``A2`` of row tokens ``x`` (…, d) → (…, m).
+
+        Four thin matmuls, each with its scaling and shift fused in (``addmm``); nothing here is independent of
+        the tokens (a Gram matrix ``DᵀD`` would be ``m × m``, costlier than the two products it replaces)."""
+        rows, D, shift = x.reshape(-1, x.shape[-1]), self.D, -self.eta * self.lambd
+        a1 = torch.addmm(rows.new_full((1,), shift), rows, D, alpha=self.eta).relu_()
+        residual = torch.addmm(rows, a1, D.T, beta=-1)  # D A1 − Z in row form
+        return torch.addmm(a1 + shift, residual, D, alpha=-self.eta).relu_().view(*x.shape[:-1], -1)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.code(x) @ (self.D if self.D1 is None else self.D1).T

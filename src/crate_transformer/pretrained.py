@@ -26,6 +26,8 @@ import torch
 from ._hub import (
     CITATION,
     HUB_PREFIX,
+    hub_failure,
+    hub_offline,
     hub_snapshot,
     model_card,
     parse_hub_spec,
@@ -78,21 +80,15 @@ def download(name: str, cache_dir: str | Path | None = None) -> Path:
         why = "the weights are on Google Drive, which is not downloaded automatically"
         raise CheckpointError(f"{name}: {why}; {_manual_fix(src)}")
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
+    where = dict(revision=src.revision, cache_dir=cache_dir, local_files_only=hub_offline())
     try:
         for extra in src.also:
-            hf_hub_download(src.repo_id, extra, revision=src.revision, cache_dir=cache_dir)
-        path = hf_hub_download(src.repo_id, src.filename, revision=src.revision, cache_dir=cache_dir)
-    except LocalEntryNotFoundError:
-        raise CheckpointError(
-            f"{name}: {' + '.join((src.filename, *src.also))} of {src.repo_id} is not in the Hugging Face cache and "
-            "the Hub cannot be "
-            f"reached (offline: HF_HUB_OFFLINE=1 or no network); {_manual_fix(src)}"
-        ) from None
-    except (HfHubHTTPError, OSError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise CheckpointError(f"{name}: cannot download {src.page} ({first}); {_manual_fix(src)}") from None
+            hf_hub_download(src.repo_id, extra, **where)
+        path = hf_hub_download(src.repo_id, src.filename, **where)
+    except Exception as e:  # noqa: BLE001 - huggingface_hub's and its HTTP client's errors, translated in one place
+        what = f"{name}: {' + '.join((src.filename, *src.also))} of {src.repo_id}"
+        raise (hub_failure(e, what, _manual_fix(src)) or e) from None
     return Path(path)
 
 

@@ -5,7 +5,7 @@ The tables it reads are :mod:`crate_transformer._registry` (re-exported here und
 imports: each family registers its architectures, its named models and its released weights at the bottom
 of its own module (``model.py``: CRATE and ViT classifiers; ``mae.py``: CRATE-MAE; ``lm.py``: CRATE-GPT,
 CRATE-BERT in the eqs. (83)-(84) form and GPT-2; ``bert.py``: the released CRATE-BERT; ``alpha.py``:
-CRATE-α).  A new family is one module plus its registry lines (``docs/adding_a_model.md``).
+CRATE-α; ``tost.py``: ToST).  A new family is one module plus its registry lines (``docs/adding_a_model.md``).
 
 CRATE sizes are JMLR Table 8 (p.96); ViT sizes are the standard ViT-T/S/B/L (timm layout, the paper's
 baselines); CRATE-MAE sizes are the official ``mae_crate_*`` factories (Table 9, p.96); CRATE-BERT /
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import alpha, bert, lm, mae, model  # noqa: F401  (each registers its family into the tables)
+from . import alpha, bert, lm, mae, model, tost  # noqa: F401  (each registers its family into the tables)
 from ._registry import (
     Arch,
     arch_info,

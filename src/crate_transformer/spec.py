@@ -6,7 +6,8 @@ input normalisation, class names and the data source to evaluate it on::
     model.config.data = DataSpec(source="mnist", kind="mnist", name="mnist", classes=[...], mean=[0.13], std=[0.31])
     mean, std = resolve_normalization(model, dataset)   # the model's record, else the dataset's statistics
 
-This module imports nothing from the model (``model.py`` imports :class:`DataSpec`).
+This module imports nothing from the model (``model.py`` imports :class:`DataSpec`); :class:`DataSpec` is an option
+class on :class:`~crate_transformer.config.Config`, like every other.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from .config import Config
+
 __all__ = ["DataSpec", "fit_normalization", "resolve_normalization", "IMAGENET_MEAN", "IMAGENET_STD"]
 
 # the ImageNet statistics every released ImageNet model normalises its input with
@@ -28,7 +31,7 @@ _LEGACY_KEYS = ("normalization", "mean", "std", "classes", "dataset", "data")
 
 
 @dataclass
-class DataSpec:
+class DataSpec(Config):
     """The data a model was trained on: enough to feed it new images exactly as in training.
 
     ``source`` is what :func:`crate_transformer.data.open_source` takes to get the data back (a
@@ -57,6 +60,9 @@ class DataSpec:
             raise ValueError(f"DataSpec.classes must be a list of class names, got {self.classes!r}")
         self.classes = [str(c) for c in self.classes]
         self.mean, self.std = _floats("mean", self.mean), _floats("std", self.std)
+        super().__post_init__()  # Config: the declared types, then validate()
+
+    def validate(self) -> None:
         if len(self.mean) != len(self.std):
             raise ValueError(f"data normalisation has {len(self.mean)} means but {len(self.std)} stds")
         if any(not np.isfinite(v) for v in self.mean + self.std) or any(s <= 0 for s in self.std):

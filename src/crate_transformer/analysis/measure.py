@@ -45,10 +45,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ..model import ImageClassifier
 from ..objectives import coding_rate, l1_per_entry, rate_reduction, sparsity
+from ..progress import progress_bar
 from ._common import (
     Normalization,
     count_images,
@@ -101,8 +101,16 @@ def measure_batch(
 ) -> dict[str, Tensor]:
     """Per-sample, per-layer values for one model-ready batch: ``{metric: (b, L) float64 tensor}``.
 
-    The model must already be in eval mode (``measure`` takes care of that).
+    The model must already be in eval mode (``measure`` takes care of that).  Autocast is off here: the trace
+    runs in the model's own dtype and the rates in float64, also when called inside a mixed-precision step.
     """
+    with torch.autocast(x.device.type, enabled=False):
+        return _measure_batch(model, x, eps, include_cls, thresholds)
+
+
+def _measure_batch(
+    model: ImageClassifier, x: Tensor, eps: float, include_cls: bool, thresholds: Sequence[float]
+) -> dict[str, Tensor]:
     trace = model.forward_trace(x)
     start = 0 if include_cls else 1
     out: dict[str, list[Tensor]] = {k: [] for k in METRICS}
@@ -268,7 +276,7 @@ def measure(
     model.eval()
     chunks: list[dict[str, Tensor]] = []
     try:
-        bar = tqdm(total=total, desc=desc, unit="img", disable=not progress, leave=False)
+        bar = progress_bar(total=total, desc=desc, unit="img", enabled=progress, leave=False)
         for x in iter_batches(images, batch_size, normalization, model.config.in_chans):
             x = x.to(device)
             model.check_images(x)  # an API boundary: user tensors are checked for NaN/Inf here, not in forward

@@ -216,6 +216,11 @@ def _upsample(maps: Tensor, size: tuple[int, int], mode: str = "bilinear") -> np
     return F.interpolate(m, size=size, mode=mode, **kw).squeeze(0).numpy()
 
 
+# panels per row of the attention figure: 12 heads wrap onto two rows of 7 so that each map stays large enough to
+# read where report.html shows the figure (at most ~1070 px wide)
+ATTENTION_ROW = 8
+
+
 def plot_attention(
     images: Tensor,
     maps: Tensor,
@@ -225,7 +230,8 @@ def plot_attention(
     alpha: float = 0.6,
     show_mean: bool = True,
 ) -> Figure:
-    """Grid: each row one image, then its K head maps (heads 1..K) upsampled and overlaid (Figs. 18, 20, 27).
+    """Each image, then its K head maps (heads 1..K) upsampled and overlaid, then their mean (Figs. 18, 20, 27);
+    an image whose panels exceed :data:`ATTENTION_ROW` wraps onto several even rows, every panel titled.
 
     ``images``: ``(b, C, H, W)`` in [0, 1] (for display); ``maps``: ``(b, K, h, w)`` from
     :func:`~crate_transformer.analysis.attention.cls_attention`.  Each map is scaled to its own max.
@@ -233,26 +239,30 @@ def plot_attention(
     if images.shape[0] != maps.shape[0]:
         raise ValueError(f"{images.shape[0]} images but {maps.shape[0]} attention maps")
     b, K = maps.shape[:2]
-    cols = 1 + K + int(show_mean)
-    fig = InlineFigure(figsize=(1.6 * cols, 1.7 * b + 0.4), layout="constrained")
-    axes = fig.subplots(b, cols, squeeze=False)
+    per_image = 1 + K + int(show_mean)
+    rows = -(-per_image // ATTENTION_ROW)  # rows per image
+    cols = -(-per_image // rows)
+    fig = InlineFigure(figsize=(1.6 * cols, 1.7 * b * rows + 0.4), layout="constrained")
+    grid = fig.subplots(b * rows, cols, squeeze=False)
     H, W = images.shape[-2:]
     for i in range(b):
         img, cmap = _hwc(images[i])
         up = _upsample(maps[i], (H, W))
-        panels = [*up, up.mean(0)] if show_mean else list(up)
-        axes[i, 0].imshow(img, cmap=cmap)
-        axes[i, 0].set_title("input" if i == 0 else "", fontsize=8)
-        for j, a in enumerate(panels):
-            ax = axes[i, j + 1]
+        block = grid[i * rows : (i + 1) * rows].ravel()
+        named = i == 0 or rows > 1  # heads numbered 1..K, as U_1..U_K in the paper
+        block[0].imshow(img, cmap=cmap)
+        block[0].set_title("input" if named else "", fontsize=8)
+        for j, a in enumerate([*up, up.mean(0)] if show_mean else list(up)):
+            ax = block[j + 1]
             ax.imshow(img, cmap=cmap)
             im = ax.imshow(a / max(float(a.max()), 1e-12), cmap="inferno", alpha=alpha, vmin=0, vmax=1)
-            if i == 0:  # heads numbered 1..K, as U_1..U_K in the paper
-                ax.set_title(f"head {j + 1}" if j < K else "mean", fontsize=8)
-        for ax in axes[i]:
-            ax.set_xticks([])
-            ax.set_yticks([])
-    fig.colorbar(im, ax=axes, shrink=0.8, label="attention / its max over the image")
+            ax.set_title((f"head {j + 1}" if j < K else "mean") if named else "", fontsize=8)
+        for ax in block[per_image:]:
+            ax.axis("off")
+    for ax in grid.ravel():
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.colorbar(im, ax=grid, shrink=0.8, label="attention / its max over the image")
     fig.suptitle(title or "Class-token attention per head (cf. JMLR Figs. 18, 27)", fontsize=10)
     return save_figure(fig, path)
 

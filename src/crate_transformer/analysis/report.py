@@ -166,11 +166,11 @@ def _initial_measurements(ctx: _Context, progress: bool) -> tuple[dict[str, Base
 
 
 def rate_notes(model: torch.nn.Module, tables: Mapping[str, LayerTable]) -> list[str]:
-    """Why ΔR (eq. (14)) is negative, once per split where it is."""
+    """Why ΔR (eq. (14)) is negative: one note naming every split where it is (the reason is the same)."""
     U = layer_subspaces(model.layers[0])
     K, d, p = U.shape
-    notes = [(name, rate_reduction_note(t, d, K, p)) for name, t in tables.items()]
-    return [f"{name}: {n}" if len(tables) > 1 else n for name, n in notes if n]
+    note = rate_reduction_note(tables if len(tables) > 1 else next(iter(tables.values())), d, K, p)
+    return [note] if note else []
 
 
 # --------------------------------------------------------------------------- measurement sections
@@ -351,6 +351,10 @@ def _subspace_section(ctx: _Context, directions: int | None) -> Part:
     return Part([fig], {"subspaces": rows, "subspaces_initialisation": initial}, [verdict])
 
 
+# tokens and features drawn per layer in the Fig. 16 heat maps (at most)
+HEATMAP_SIZE = 50
+
+
 def _token_heatmap_section(ctx: _Context) -> Part:
     model = ctx.model
     with torch.no_grad():
@@ -358,11 +362,18 @@ def _token_heatmap_section(ctx: _Context) -> Part:
         model.eval()
         trace = model.forward_trace(ctx.x[:1])
         model.train(was)
-    plot_token_heatmaps([t[0].cpu() for t in trace.tokens[1:]], ctx.fig_dir / "token_heatmaps.png")
+    tokens = [t[0].cpu() for t in trace.tokens[1:]]
+    plot_token_heatmaps(tokens, ctx.fig_dir / "token_heatmaps.png", size=HEATMAP_SIZE)
+    n, d = tokens[0].shape
+    rows, cols = min(HEATMAP_SIZE, n), min(HEATMAP_SIZE, d)
+    shown = " x ".join(
+        f"all {total} {what}" if k == total else f"{k} random {what} of {total}"
+        for k, total, what in ((rows, n, "tokens"), (cols, d, "features"))
+    )
     fig = (
         "token_heatmaps.png",
         "ISTA outputs per layer (JMLR Fig. 16, p.49)",
-        "|Z^(l+1)| of the first image, the same random 50 tokens x 50 features at every layer (colour 0-2). "
+        f"|Z^(l+1)| of the first image: {shown}, the same at every layer (colour 0-2). "
         "Deeper CRATE layers should look sparser and more structured.",
     )
     return Part([fig])

@@ -33,7 +33,7 @@ explains, with the formula, why the rate reduction ``ΔR`` of eq. (14) is negati
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -336,8 +336,11 @@ def decoder_verdict(sim_out: np.ndarray, sim_in: np.ndarray, section: str = "CRA
     return Verdict(section, DECODER_CLAIM, FAILS, rule, why, measured)
 
 
-def rate_reduction_note(table: LayerTable, dim: int, heads: int, dim_head: int) -> str | None:
-    """One sentence on why the rate reduction ΔR (eq. (14)) is negative, or None when it is not negative.
+def rate_reduction_note(
+    tables: LayerTable | Mapping[str, LayerTable], dim: int, heads: int, dim_head: int
+) -> str | None:
+    """One sentence on why the rate reduction ΔR (eq. (14)) is negative, or None when it is not negative;
+    ``tables``: one table, or one per split (``{"train": ..., "test": ...}``), named in the one sentence.
 
     ``R(Z) = ½ logdet(I + d/(nε²) ZᵀZ)`` (eq. (8)) counts each direction of the tokens once;
     ``R^c(Z|U) = ½ Σ_k logdet(I + p/(nε²) (U_kᵀZ)ᵀ(U_kᵀZ))`` (eq. (13)) counts it again in every head whose
@@ -347,12 +350,13 @@ def rate_reduction_note(table: LayerTable, dim: int, heads: int, dim_head: int) 
     directions straddle several subspaces are counted by several heads, and ΔR can be negative; that is a
     property of the token set, not a numerical error.
     """
-    rr = table.mean("rate_reduction")
-    if float(rr.min()) >= 0:
+    named = tables.items() if isinstance(tables, Mapping) else [("", tables)]
+    where = [(name, _negative_layers(t)) for name, t in named]
+    where = [f"{layers}{f' on {name}' if name else ''}" for name, layers in where if layers]
+    if not where:
         return None
-    neg = [j + 1 for j in range(len(rr)) if rr[j] < 0]
     return (
-        f"ΔR = R(Z) - R^c(Z|U) (eq. (14)) is negative at layer(s) {', '.join(map(str, neg))} (min {rr.min():.3g}) "
+        f"ΔR = R(Z) - R^c(Z|U) (eq. (14)) is negative at {', and at '.join(where)} "
         "because R(Z) = 1/2 logdet(I + d/(n eps^2) Z^T Z) (eq. (8)) counts each direction of the unit tokens once "
         "while R^c = 1/2 sum_k logdet(I + p/(n eps^2) (U_k^T Z)^T (U_k^T Z)) (eq. (13)) counts it again in each of "
         f"the K = {heads} heads (p = {dim_head}, d = {dim}) whose subspace it is not orthogonal to: ΔR >= 0 is "
@@ -361,3 +365,10 @@ def rate_reduction_note(table: LayerTable, dim: int, heads: int, dim_head: int) 
         "orthonormal), so "
         "the per-head rates sum to more than the full rate."
     )
+
+
+def _negative_layers(table: LayerTable) -> str:
+    """``"layer(s) 1, 2 (min -3)"`` where the mean ΔR of ``table`` is negative, else ``""``."""
+    rr = table.mean("rate_reduction")
+    neg = [j + 1 for j in range(len(rr)) if rr[j] < 0]
+    return f"layer(s) {', '.join(map(str, neg))} (min {rr.min():.3g})" if neg else ""

@@ -75,15 +75,24 @@ def option_warnings(command: str) -> Callable[..., None]:
     return show
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's ``(default: X)`` only where it says something: not after a help text that states its default
+    already, and not for an option that is unset by default (``None``, an off switch, an empty list)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, [], argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``crate`` parser; only ``command``'s module is imported and configured (fast start-up)."""
     parser = argparse.ArgumentParser(prog="crate", description="CRATE: white-box transformers")
     parser.add_argument("--version", action="version", version=f"crate_transformer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
-        p = sub.add_parser(
-            name, help=help_text, description=help_text, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-        )
+        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
         if name == command:
             module = importlib.import_module(f"{__name__}.{module_name}")
             func = name.replace("-", "_")  # crate train-lm → configure_train_lm / run_train_lm
@@ -92,11 +101,23 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub-)command ``args`` chose, e.g. ``crate pretrain mae``'s; ``parser`` without one."""
+    while True:
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        name = getattr(args, sub.dest, None) if sub is not None else None
+        if name not in (sub.choices if sub is not None else {}):
+            return parser
+        parser = sub.choices[name]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)  # the top level has no valued options
     parser = build_parser(command)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the command's own usage, not the top level's ("usage: crate [-h] [--version] COMMAND ...")
+        command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "_run", None):
         parser.print_help()
         return 1

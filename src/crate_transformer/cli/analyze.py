@@ -17,6 +17,7 @@ from .common import (
     refuse_given,
     remember_defaults,
     report_dir,
+    report_home,
 )
 from .options import add_report_options
 
@@ -104,7 +105,7 @@ def _analyze_language_model(model: object, args: argparse.Namespace) -> int:
     held_out = TokenBlocks(tokens, block, cut, len(tokens), str(data), "held-out")
     n = min(args.num_blocks, len(held_out))
     blocks = held_out.get(torch.arange(n))[:, :-1]
-    args.out = report_dir(args.out, Path("analysis"), args.overwrite, "analyze", ANALYZE_FILES)
+    args.out = report_dir(args.out, report_home(args.checkpoint) / "analysis", args.overwrite, "analyze", ANALYZE_FILES)
     source = {
         "data": f"{data}: the held-out last {val_fraction:.0%} of the tokens, {n} blocks of {block}",
         "checkpoint": str(args.checkpoint),
@@ -296,7 +297,8 @@ def run_analyze(args: argparse.Namespace) -> int:
                              layer_number(model, args.seg_layer, "--seg-layer"))  # fmt: skip
     splits, norm, source = (_folder_splits if args.images else _data_splits)(model, args, size)
     source["checkpoint"] = str(args.checkpoint)
-    args.out = report_dir(args.out, Path("analysis"), args.overwrite, "analyze", ANALYZE_FILES)  # after every check
+    home = report_home(args.checkpoint)
+    args.out = report_dir(args.out, home / "analysis", args.overwrite, "analyze", ANALYZE_FILES)  # after every check
     report = analyze(
         model, args.out, splits, normalization=norm, eps=args.eps, batch_size=args.batch_size,
         attn_layer=attn_layer, seg_layer=seg_layer, n_masks=args.masks, tau=args.tau,

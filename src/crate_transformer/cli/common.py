@@ -26,6 +26,7 @@ __all__ = [
     "remember_defaults",
     "add_report_arguments",
     "report_dir",
+    "report_home",
     "refuse_given",
 ]
 
@@ -136,13 +137,41 @@ def check_out_dir(path: str | Path) -> Path:
     return path
 
 
+def report_home(checkpoint: str | Path) -> Path:
+    """The folder where the reports of ``checkpoint`` go unless ``--out`` says otherwise: the one rule of
+    ``crate eval``, ``crate analyze`` and ``crate features`` (docs/analysis.md, "Where the outputs go").
+
+    * a folder (a run, a ``save_pretrained`` model) → the folder itself; its ``config.json`` /
+      ``model.safetensors`` → their folder;
+    * a training state inside a run (``RUN/checkpoints/last.pt``) → the run;
+    * any other file (an official ``.pth``) → a folder beside it named after it (``crate_small.pth`` →
+      ``crate_small/``);
+    * ``hf-hub:ORG/NAME`` → ``ORG--NAME/`` in the current folder (never inside the Hugging Face cache).
+    """
+    from .._hub import is_hub_spec
+    from ..io import CONFIG_NAME, WEIGHTS_NAME
+    from ..train.rundir import CHECKPOINT, CONFIG_FILE
+
+    if is_hub_spec(checkpoint):
+        return Path(str(checkpoint).split(":", 1)[1].replace("/", "--"))
+    path = Path(checkpoint)
+    if path.is_dir():
+        return path
+    if path.name in (CONFIG_NAME, WEIGHTS_NAME):
+        return path.parent
+    run = path.parent.parent
+    if path.parent.name == CHECKPOINT.parent.name and (run / CONFIG_FILE).is_file():
+        return run
+    return path.with_suffix("")
+
+
 def add_report_arguments(parser: argparse.ArgumentParser, default: str) -> None:
     """``--out`` and ``--overwrite`` of a command that writes a report folder (``crate eval``, ``crate analyze``)."""
     parser.add_argument(
         "--out",
         default=None,
-        help=f"output folder; must be new or empty unless --overwrite (default: {default}, or {default}-2, -3, ... "
-        "when that one is in use)",
+        help=f"output folder; must be new or empty unless --overwrite (default: {default} inside the checkpoint's "
+        f"folder, or {default}-2, -3, ... when that one is in use)",
     )
     parser.add_argument(
         "--overwrite",

@@ -11,7 +11,15 @@ import argparse
 import datetime
 from pathlib import Path
 
-from .common import apply_threads, check_out_dir, dataset_columns, held_out_corpus, layer_number, positive
+from .common import (
+    apply_threads,
+    check_out_dir,
+    dataset_columns,
+    held_out_corpus,
+    layer_number,
+    positive,
+    report_home,
+)
 from .options import add_report_options
 
 
@@ -35,7 +43,10 @@ def configure_features(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", type=int, default=12, help="language models: tokens shown either side")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument(
-        "--out", default=None, help="folder of features.json / features.html; RUN itself when not given"
+        "--out",
+        default=None,
+        help="folder of features.json / features.html (default: RUN itself; for a checkpoint file, a folder "
+        "beside it named after it)",
     )
     add_report_options(parser, "features", "system")
 
@@ -113,7 +124,7 @@ def run_features(args: argparse.Namespace) -> int:
     model = load_model(run).to(resolve_device(args.device)).eval()
     F.code_sites(model)  # a model without codes or MLP units fails here, before any data is read
     layers = _layers(model, args.layer)
-    out = check_out_dir(args.out if args.out else (run if run.is_dir() else Path("features")))
+    out = check_out_dir(args.out if args.out else report_home(run))
     common = dict(k=args.top_k, batch_size=args.batch_size, layers=layers, seed=args.seed)
     if model.kind == LANGUAGE_MODEL:
         blocks, desc = _text_inputs(model, args, run)

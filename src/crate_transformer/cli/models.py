@@ -36,7 +36,7 @@ def run_models(args: argparse.Namespace) -> int:
             params += f" ({model.official_num_params():,} official)"
         if c.kind == LANGUAGE_MODEL:
             kind = ("GPT " if c.causal else "BERT ") + f"ctx {c.block_size}, vocab {c.vocab_size:,}"
-            rows.append((name, c.arch, "", c.dim, c.depth, c.heads, kind, params))
+            rows.append((name, c.arch, "+".join(c.layer_blocks), c.dim, c.depth, c.heads, kind, params))
             continue
         blocks = "+".join(c.layer_blocks)
         rows.append((name, c.arch, blocks, c.dim, c.depth, c.heads, f"image {c.image_size}/{c.patch_size}", params))

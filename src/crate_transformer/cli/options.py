@@ -126,16 +126,18 @@ def add_options(
         default = defaults.get(name, f.default if f.default is not dataclasses.MISSING else f.default_factory())
         plain = " ".join(map(str, default)) if isinstance(default, list) else default
         shown = plain if name in defaults else meta.get("shown", plain)  # a command's own default wins
-        shown = shown if shown not in ({}, "", None) else "none"
         help_text = (names or {}).get(name) or meta["help"]
         typed_here = typed and name not in passed_on
         if typed_here and "shown" not in meta and name not in defaults and not isinstance(default, (dict, list)):
             shown = "%(default)s"  # argparse's own words (and no second "(default: ...)" from its formatters)
-        kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": f"{help_text} (default: {shown})"}
+        # an option unset by default says nothing of its default ("(default: none)" is noise)
+        notes = [f"default: {shown}"] if shown not in ({}, "", None, []) else []
+        if "range" in meta:
+            notes.append(meta["range"].words().strip() or "finite")
+        kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
+        kw["help"] += f" ({'; '.join(notes)})" if notes else ""
         if "choices" in meta:
             kw["choices"] = meta["choices"]
-        if "range" in meta:
-            kw["help"] = kw["help"][:-1] + f"; {meta['range'].words().strip() or 'finite'})"
         flag = "--" + name.replace("_", "-")
         if typed_here:  # the command reads args.<name>: a real default and a value of the field's type
             kw["default"] = [] if isinstance(default, dict) else default

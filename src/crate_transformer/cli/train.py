@@ -17,6 +17,7 @@ from .common import (
     given_options,
     parse_model_args,
     report_dir,
+    report_home,
 )
 from .options import add_report_options, add_training_options, print_config
 
@@ -115,7 +116,7 @@ def configure_eval(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=500, help="evaluation batch size (default: 500)")
     add_report_options(parser, "eval", "system")
     add_report_options(parser, "eval", "data")
-    add_report_arguments(parser, "<checkpoint dir>/eval-<data>-<split>")
+    add_report_arguments(parser, "eval-<data>-<split>")
     frozen = parser.add_argument_group(
         "frozen-feature evaluation (any encoder: classifier, MAE, DINO); replaces the classifier's top-1"
     )
@@ -181,7 +182,7 @@ def run_eval(args: argparse.Namespace) -> int:
     if not data:
         raise ValueError("this checkpoint does not record its training data; pass --data (e.g. --data mnist)")
     src = Path(args.checkpoint)
-    default = (src if src.is_dir() else src.parent) / f"eval-{Path(data).name}-{args.split}"
+    default = report_home(args.checkpoint) / f"eval-{Path(data).name}-{args.split}"
     out = report_dir(args.out, default, args.overwrite, "eval", EVAL_FILES)  # before the evaluation: costs nothing
     # the model's own statistics: a streamed source need not estimate them
     ds = _eval_split(args, model, data, args.split, resolve_normalization(model))

@@ -38,9 +38,11 @@ from .transforms import (
     default_augmentation,
     match_channels,
     normalize,
+    to_device,
 )
 
 __all__ = [
+    "to_device",
     "BUILTIN_DATASETS",
     "SPLITS",
     "AUGMENTATIONS",

@@ -47,7 +47,7 @@ def open_source(
     ``image_size``: the side images of files are decoded to (image folders, shards, HF datasets; required
     when streaming); built-in and CIFAR tensors keep their native size (the engine resizes each batch).
     ``mode``: ``"memory"`` | ``"stream"`` | ``"auto"`` for image folders (see the module docstring).
-    ``num_workers``: DataLoader worker processes for streamed sources (-1: ``min(4, CPU cores)``).
+    ``num_workers``: DataLoader worker processes for streamed sources (-1: :func:`~.streaming.resolve_workers`).
     ``stats``: a known ``(mean, std)`` (a model's, when evaluating): streamed sources then skip estimating it.
     ``image_column`` / ``label_column``: a Hugging Face dataset's columns, where they are not found automatically.
     Bad input is a one-line ValueError naming the problem and the fix.

@@ -66,10 +66,19 @@ STATS_SAMPLE = 512  # files decoded to estimate mean/std and the channel count
 
 
 def resolve_workers(num_workers: int) -> int:
-    """``-1`` (auto) → ``min(4, CPU cores)``; otherwise the number given (0 decodes in the main process)."""
+    """``-1`` (auto) → the CPUs this process may use, shared by the training processes of the machine (torchrun's
+    ``LOCAL_WORLD_SIZE``), one left to the process itself: between 1 and 16 (a GPU run that decodes images needs
+    them all); otherwise the number given (0 decodes in the main process)."""
     if num_workers < -1:
         raise ValueError(f"num_workers must be >= 0 or -1 (auto), got {num_workers}")
-    return min(4, os.cpu_count() or 1) if num_workers == -1 else num_workers
+    if num_workers >= 0:
+        return num_workers
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS, Windows
+        cpus = os.cpu_count() or 1
+    per_process = cpus // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return max(1, min(16, per_process - 1))
 
 
 def collate_readable(

@@ -7,6 +7,7 @@ fine-tuning).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -22,12 +23,31 @@ AUGMENTATIONS = ("none", "translate", "crop-flip", "randaugment")
 # --------------------------------------------------------------------------- tensor helpers
 def normalize(x: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
     """``(x − mean) / std`` per channel for a float batch ``(b, C, H, W)`` or image ``(C, H, W)``."""
-    shape = (-1, 1, 1)
-    m = torch.as_tensor(mean, dtype=x.dtype, device=x.device).view(shape)
-    s = torch.as_tensor(std, dtype=x.dtype, device=x.device).view(shape)
-    if m.shape[0] != x.shape[-3]:
-        raise ValueError(f"normalisation has {m.shape[0]} channel(s) but the images have {x.shape[-3]}")
+    if len(mean) != x.shape[-3] or len(std) != x.shape[-3]:
+        raise ValueError(f"normalisation has {len(mean)} channel(s) but the images have {x.shape[-3]}")
+    if isinstance(mean, Tensor) or isinstance(std, Tensor):
+        m, s = (torch.as_tensor(v, dtype=x.dtype, device=x.device).view(-1, 1, 1) for v in (mean, std))
+    else:
+        m, s = _channel_stats(tuple(map(float, mean)), tuple(map(float, std)), x.device, x.dtype)
     return (x - m) / s
+
+
+@functools.lru_cache(maxsize=32)
+def _channel_stats(
+    mean: tuple[float, ...], std: tuple[float, ...], device: torch.device, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """Mean and std as ``(C, 1, 1)`` tensors on ``device``, made once: a copy to a GPU per batch waits for it."""
+    return tuple(torch.tensor(v, dtype=dtype).view(-1, 1, 1).to(device) for v in (mean, std))
+
+
+def to_device(t: Tensor, device: torch.device | str) -> Tensor:
+    """A batch from host memory on ``device`` without waiting: to a GPU through page-locked (pinned) memory, from
+    which the copy runs asynchronously, behind the computation (a copy from ordinary memory makes the host wait for
+    it, and for what the device was doing)."""
+    device = torch.device(device)
+    if device.type == "cuda" and t.device.type == "cpu" and not t.is_pinned():
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
 
 
 def match_channels(x: Tensor, channels: int) -> Tensor:
@@ -38,8 +58,8 @@ def match_channels(x: Tensor, channels: int) -> Tensor:
     if c == 1:
         return x.expand(*x.shape[:-3], channels, *x.shape[-2:]).contiguous()
     if c == 3 and channels == 1:
-        w = torch.tensor([0.299, 0.587, 0.114], device=x.device).view(3, 1, 1)
-        grey = (x.float() * w).sum(dim=-3, keepdim=True)
+        r, g, b = x.float().unbind(-3)
+        grey = (0.299 * r + 0.587 * g + 0.114 * b).unsqueeze(-3)  # luma, with no tensor copied to the device
         return grey.round().clamp(0, 255).to(torch.uint8) if x.dtype == torch.uint8 else grey.to(x.dtype)
     raise ValueError(f"cannot convert {c}-channel images to {channels} channels; use 1- or 3-channel data")
 
@@ -69,40 +89,37 @@ def build_augmentation(
     image_size: int,
     *,
     translate: int = 2,
-    input_size: int | None = None,
     crop_scale: tuple[float, float] = (0.08, 1.0),
     hflip: bool = True,
     randaugment_n: int = 2,
     randaugment_m: int = 14,
 ) -> nn.Module:
-    """A batched kornia augmentation for float images in [0, 1] (apply *before* :func:`normalize`).
+    """A batched augmentation for float images in [0, 1] (apply *before* :func:`normalize`), drawn and applied on
+    the batch's device (:mod:`.augment`; RandAugment: kornia's).
 
     * ``none`` — identity.
-    * ``translate`` — random integer shifts of up to ``translate`` pixels with zero fill: kornia's
-      ``RandomCrop(input_size, padding=translate)`` on ``input_size`` images (default ``image_size``);
-      the digits recipe (no flips: they would change digit identity).
-    * ``crop-flip`` — ``RandomResizedCrop(image_size, scale=crop_scale)`` + horizontal flip, the
-      paper's pre-training augmentation (JMLR App. C.1).
-    * ``randaugment`` — ``crop-flip`` then ``RandAugment(n, m)`` (n=2, m=14 as in the official
-      fine-tuning script).
+    * ``translate`` — random integer shifts of up to ``translate`` pixels with zero fill (``RandomCrop(size,
+      padding=translate)``) at the images' own size (before any resizing to ``image_size``); the digits recipe (no
+      flips: they would change digit identity).
+    * ``crop-flip`` — ``RandomResizedCrop(image_size, scale=crop_scale)`` + horizontal flip, the paper's
+      pre-training augmentation (JMLR App. C.1).
+    * ``randaugment`` — ``crop-flip`` then kornia's ``RandAugment(n, m)`` (n=2, m=14 as in the official
+      fine-tuning script).  The one augmentation that reads values back from the device (kornia's ops do).
     """
-    import kornia.augmentation as K
+    from .augment import RandomResizedCropFlip, RandomShift
 
     if kind not in AUGMENTATIONS:
         raise ValueError(f"unknown augmentation {kind!r}; choose one of {AUGMENTATIONS}")
     if kind == "none":
         return nn.Identity()
     if kind == "translate":
-        side = input_size or image_size
-        return K.RandomCrop((side, side), padding=translate, fill=0) if translate else nn.Identity()
-    ops: list[nn.Module] = [K.RandomResizedCrop((image_size, image_size), scale=crop_scale)]
-    if hflip:
-        ops.append(K.RandomHorizontalFlip())
+        return RandomShift(translate) if translate else nn.Identity()
+    crop = RandomResizedCropFlip(image_size, scale=crop_scale, flip=0.5 if hflip else 0.0)
     if kind == "randaugment":
         from kornia.augmentation.auto import RandAugment
 
-        ops.append(AsRGB(RandAugment(n=randaugment_n, m=randaugment_m)))
-    return nn.Sequential(*ops)
+        return nn.Sequential(crop, AsRGB(RandAugment(n=randaugment_n, m=randaugment_m)))
+    return crop
 
 
 class AsRGB(nn.Module):

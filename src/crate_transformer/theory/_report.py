@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from tqdm.auto import tqdm
 
 from ..figures import InlineFigure
+from ..progress import progress_bar
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -65,8 +65,9 @@ def check(claim: str, holds: bool, detail: str) -> dict[str, Any]:
 
 
 def progress(iterable: Iterable[T], desc: str, enabled: bool, total: int | None = None) -> Iterator[T]:
-    """A tqdm progress bar over ``iterable`` (silent when ``enabled`` is false)."""
-    return iter(tqdm(iterable, desc=desc, total=total, disable=not enabled, leave=False, dynamic_ncols=True))
+    """A progress bar over ``iterable`` (:func:`~crate_transformer.progress.progress_bar`: plain lines in a log;
+    silent when ``enabled`` is false)."""
+    return iter(progress_bar(iterable, desc=desc, total=total, enabled=enabled, leave=False))
 
 
 def new_figure(

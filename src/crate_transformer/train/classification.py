@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data import ImageSource, default_augmentation
+from ..data import ImageSource, default_augmentation, to_device
 from ..operators import set_drop_path
 from .evaluation import evaluate
 from .images import ImageData, image_classifier, load_splits
@@ -67,7 +67,7 @@ class ClassificationTask(Task):
         """uint8 images → augmented, normalised inputs (then random erasing, then mixup / cutmix: the labels become
         soft targets ``(b, classes)``) and labels on the device."""
         images, labels = batch
-        x, y = self.data.inputs(images, self.augment), labels.to(self.rt.device, non_blocking=True)
+        x, y = self.data.inputs(images, self.augment), to_device(labels, self.rt.device)
         if self.eraser is not None:
             x = self.eraser(x)
         if self.mixer is not None:
@@ -82,7 +82,7 @@ class ClassificationTask(Task):
         else:
             loss = F.cross_entropy(logits, y, label_smoothing=self.cfg.optim.label_smoothing)
         with torch.no_grad():
-            n = torch.tensor(float(len(y)), device=y.device)
+            n = torch.full((), len(y), dtype=torch.float32, device=y.device)
             stats = {"loss": loss.detach() * n, "acc": (logits.argmax(-1) == y).sum().float(), "n": n}
         return loss, stats
 
@@ -111,6 +111,10 @@ class ClassificationTask(Task):
         """The weight EMA after optimizer step ``ctx.step`` (the engine also calls the hooks once before step 1)."""
         if ctx.step > 0:
             self.ema.update(ctx.model)
+
+    def warnings(self, steps: int) -> list[str]:
+        warning = self.ema.warmup_warning(steps) if self.ema is not None else None
+        return [warning] if warning else []
 
     def state_dict(self) -> dict:
         return {"ema": self.ema.module.state_dict()} if self.ema is not None else {}

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config_utils import Range, check_ranges, coerce_fields, option
+from ..config import Config, check_option
+from ..config_utils import NON_NEGATIVE, POSITIVE, Range, coerce_fields, option
 from ..data import AUGMENTATIONS, DATA_MODES
 from .optim import OPTIMIZERS
 from .recipes import RECIPES, recipe_options
@@ -49,36 +50,8 @@ AMP_MODES = ("auto", "none", "bf16", "fp16")
 VERSION = 2  # config.yaml layout: 1 = one flat mapping of options, 2 = the option groups below
 
 
-def _check(obj: Any, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
-    for name in positive:
-        if getattr(obj, name) <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {getattr(obj, name)!r}")
-    for name in non_negative:
-        if getattr(obj, name) < 0:
-            raise ValueError(f"{name} must be a non-negative integer, got {getattr(obj, name)!r}")
-
-
-def _check_choices(obj: Any, choices: dict[str, tuple]) -> None:
-    for name, allowed in choices.items():
-        if getattr(obj, name) not in allowed:
-            raise ValueError(f"unknown {name} {getattr(obj, name)!r}; choose one of {allowed}")
-
-
-class _Group:
-    """A group of options: values coerced to the field types, then checked (one-line ValueErrors)."""
-
-    def __post_init__(self) -> None:
-        current = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for name, value in coerce_fields(type(self), current).items():
-            setattr(self, name, value)
-        self.validate()
-
-    def validate(self) -> None:
-        check_ranges(self)  # every float finite, every metadata["range"] obeyed
-
-
 @dataclass
-class DataOptions(_Group):
+class DataOptions(Config):
     """What is trained on and how it is read (``cfg.data``)."""
 
     source: str = option(
@@ -95,8 +68,13 @@ class DataOptions(_Group):
         "auto (stream above 20,000 images); shards and HF datasets always stream",
         choices=DATA_MODES,
     )
-    workers: int = option(-1, "DataLoader worker processes for streamed data (-1 = auto: min(4, CPU cores))")
-    image_size: int | None = option(None, "train at this image size; batches are resized", shown="the model's")
+    workers: int = option(
+        -1, "DataLoader worker processes for streamed data (-1 = auto: this machine's CPUs per process, minus one)",
+        range=Range(-1, integer=True, note="-1 = auto"),
+    )  # fmt: skip
+    image_size: int | None = option(
+        None, "train at this image size; batches are resized", shown="the model's", range=POSITIVE
+    )
     val_fraction: float = option(
         0.0,
         "hold out this fraction of the training pool as a 'val' split (stratified; language models: the corpus' tail)",
@@ -105,7 +83,9 @@ class DataOptions(_Group):
     eval_split: str = option(
         "test", "split evaluated after every --eval-every epochs: test | val", choices=("test", "val")
     )
-    train_subset: int = option(0, "train on a seeded random subset of this many images (0 = all; in-memory data)")
+    train_subset: int = option(
+        0, "train on a seeded random subset of this many images (0 = all; in-memory data)", range=NON_NEGATIVE
+    )
     on_bad_image: str = option(
         "skip", "unreadable image files: skip (with a warning count) | error", choices=("skip", "error")
     )
@@ -123,23 +103,12 @@ class DataOptions(_Group):
     )
 
     def validate(self) -> None:
-        if not 0.0 <= self.val_fraction < 1.0:  # before the range check: the message names the fix's bounds
-            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
-        super().validate()
-        _check(self, non_negative=("train_subset",))
-        if self.workers < -1:
-            raise ValueError(f"workers must be >= 0 or -1 (auto), got {self.workers}")
-        if self.image_size is not None and self.image_size <= 0:
-            raise ValueError(f"image_size must be a positive integer, got {self.image_size}")
-        _check_choices(
-            self, {"data_mode": DATA_MODES, "eval_split": ("test", "val"), "on_bad_image": ("skip", "error")}
-        )
         if self.eval_split == "val" and self.val_fraction <= 0:
             raise ValueError("eval_split 'val' needs a validation split; pass --val-fraction 0.1 (for example)")
 
 
 @dataclass
-class AugmentationOptions(_Group):
+class AugmentationOptions(Config):
     """Training-time augmentation of image batches (kornia, batched on the device; ``cfg.augmentation``)."""
 
     augment: str = option(
@@ -148,11 +117,16 @@ class AugmentationOptions(_Group):
         + " | ".join(AUGMENTATIONS),
         choices=("auto", *AUGMENTATIONS),
     )
-    translate: float = option(0.07, "max shift of --augment translate, as a fraction of the side (0.07: 2 px at 28 px)")
-    crop_scale: float = option(0.08, "minimum area fraction of RandomResizedCrop (crop-flip, randaugment)")
+    translate: float = option(
+        0.07, "max shift of --augment translate, as a fraction of the side (0.07: 2 px at 28 px)",
+        range=Range(0, 0.5, hi_open=True),
+    )  # fmt: skip
+    crop_scale: float = option(
+        0.08, "minimum area fraction of RandomResizedCrop (crop-flip, randaugment)", range=Range(0, 1, lo_open=True)
+    )
     hflip: bool = option(True, "random horizontal flips in crop-flip / randaugment")
-    randaugment_n: int = option(2, "RandAugment: number of ops per image")
-    randaugment_m: int = option(14, "RandAugment: magnitude (0-30)")
+    randaugment_n: int = option(2, "RandAugment: number of ops per image", range=NON_NEGATIVE)
+    randaugment_m: int = option(14, "RandAugment: magnitude (0-30)", range=Range(0, 30, integer=True))
     mixup: float = option(0.0, "mixup Beta(a, a) concentration (0 = off; DeiT: 0.8)", range=Range(0))
     cutmix: float = option(0.0, "cutmix Beta(a, a) concentration (0 = off; DeiT: 1.0)", range=Range(0))
     mixup_prob: float = option(1.0, "probability that a batch is mixed (mixup or cutmix)", range=Range(0, 1))
@@ -161,17 +135,9 @@ class AugmentationOptions(_Group):
     )
     random_erasing: float = option(0.0, "random erasing probability per image (DeiT, MAE: 0.25)", range=Range(0, 1))
 
-    def validate(self) -> None:
-        super().validate()
-        if not 0.0 <= self.translate < 0.5:
-            raise ValueError(f"translate is a fraction of the image side in [0, 0.5), got {self.translate}")
-        if not 0.0 < self.crop_scale <= 1.0:
-            raise ValueError(f"crop_scale must be in (0, 1], got {self.crop_scale}")
-        _check_choices(self, {"augment": ("auto", *AUGMENTATIONS)})
-
 
 @dataclass
-class OptimOptions(_Group):
+class OptimOptions(Config):
     """The optimisation: optimizer, per-iteration linear warm-up then cosine decay to ``min_lr``, batches, length,
     and the regularisers of the loss and the weights: label smoothing, layer-wise lr decay, stochastic depth, an
     EMA of the weights (``cfg.optim``)."""
@@ -183,23 +149,33 @@ class OptimOptions(_Group):
         choices=OPTIMIZERS,
     )
     momentum: float = option(0.9, "momentum of --optimizer sgd / lars", range=Range(0, 1, hi_open=True))
-    lr: float = option(4e-3, "peak learning rate")
-    min_lr: float = option(1e-5, "learning rate at the end of the cosine decay")
-    weight_decay: float = option(0.01, "decoupled weight decay (matrices only; norms, biases, embeddings excluded)")
-    betas: list = option([], "optimizer betas", shown="0.9 0.999 for AdamW, 0.9 0.99 for Lion")
-    batch_size: int = option(64, "global batch size per optimizer step (split over processes and --accum-steps)")
-    accum_steps: int = option(1, "gradient accumulation: each process runs its share of a batch in this many chunks")
-    epochs: int = option(40, "training epochs")
-    warmup_epochs: float = option(2.0, "linear warm-up length in epochs (fractions allowed)")
+    lr: float = option(4e-3, "peak learning rate", range=Range(0, lo_open=True))
+    min_lr: float = option(1e-5, "learning rate at the end of the cosine decay", range=Range(0))
+    weight_decay: float = option(
+        0.01, "decoupled weight decay (matrices only; norms, biases, embeddings excluded)", range=Range(0)
+    )
+    betas: list = option(
+        [], "optimizer betas", shown="0.9 0.999 for AdamW, 0.9 0.99 for Lion", range=Range(0, 1, hi_open=True)
+    )
+    batch_size: int = option(
+        64, "global batch size per optimizer step (split over processes and --accum-steps)", range=POSITIVE
+    )
+    accum_steps: int = option(
+        1, "gradient accumulation: each process runs its share of a batch in this many chunks", range=POSITIVE
+    )
+    epochs: int = option(40, "training epochs", range=POSITIVE)
+    warmup_epochs: float = option(2.0, "linear warm-up length in epochs (fractions allowed)", range=Range(0))
     warmup_fraction: float = option(
         0.0,
         "linear warm-up as a share of the run's optimizer steps (0.05: the first twentieth; 0 = --warmup-epochs); "
         "setting one of the two warm-ups sets the other to 0",
         range=Range(0, 1, hi_open=True),
     )
-    label_smoothing: float = option(0.05, "label smoothing of the cross-entropy")
-    grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)")
-    max_steps: int = option(0, "stop after this many optimizer steps (0 = all epochs; the schedule is unchanged)")
+    label_smoothing: float = option(0.05, "label smoothing of the cross-entropy", range=Range(0, 1, hi_open=True))
+    grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)", range=Range(0))
+    max_steps: int = option(
+        0, "stop after this many optimizer steps (0 = all epochs; the schedule is unchanged)", range=NON_NEGATIVE
+    )
     layer_decay: float = option(
         1.0,
         "layer-wise lr decay (MAE / BEiT): layer i of L trains at lr x decay^(L+1-i) (1 = off)",
@@ -218,26 +194,19 @@ class OptimOptions(_Group):
     )
 
     def validate(self) -> None:
-        _check(self, positive=("batch_size", "epochs", "accum_steps"), non_negative=("max_steps",))
-        super().validate()
-        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+        if self.min_lr > self.lr:
             raise ValueError(f"need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
-        if self.weight_decay < 0 or self.grad_clip < 0 or self.warmup_epochs < 0:
-            raise ValueError("weight_decay, grad_clip and warmup_epochs must be >= 0")
         if self.warmup_epochs > 0 and self.warmup_fraction > 0:
             raise ValueError(
                 f"two warm-ups: warmup_epochs={self.warmup_epochs} and warmup_fraction={self.warmup_fraction}; "
                 "set one of them to 0"
             )
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        _check_choices(self, {"optimizer": OPTIMIZERS})
-        if self.betas and (len(self.betas) != 2 or not all(0.0 <= float(b) < 1.0 for b in self.betas)):
+        if self.betas and len(self.betas) != 2:
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
 
 
 @dataclass
-class SystemOptions(_Group):
+class SystemOptions(Config):
     """Where and how the run executes: device, precision, threads, seed (``cfg.system``)."""
 
     device: str = option("auto", "auto | cpu | cuda | cuda:N | mps (under torchrun: cuda:LOCAL_RANK)")
@@ -253,31 +222,37 @@ class SystemOptions(_Group):
     compile: bool = option(False, "torch.compile the model (first steps are slow while it compiles)")
     seed: int = option(0, "random seed (model init, data order, augmentation)")
     deterministic: bool = option(False, "deterministic algorithms (bitwise reproducible on CPU; slower on GPU)")
+    tf32: bool = option(
+        True,
+        "TF32 tensor cores for float32 matrix products on NVIDIA GPUs (Ampere and later; no effect on CPU): "
+        "several times faster, inputs rounded to 10 mantissa bits; --no-tf32 for full float32",
+    )
     threads: int = option(
         0,
         "torch CPU threads per process (0 = auto: the CPUs this process may use, minus the other work running "
         "now; 1 on a busy shared machine)",
+        range=NON_NEGATIVE,
     )
-
-    def validate(self) -> None:
-        _check(self, non_negative=("threads",))
-        super().validate()
-        _check_choices(self, {"amp": AMP_MODES, "strategy": STRATEGIES})
 
 
 @dataclass
-class LoggingOptions(_Group):
+class LoggingOptions(Config):
     """The run directory, checkpoints, evaluation and what is logged (``cfg.logging``)."""
 
+    CHOICES = {"logger": LOGGERS}  # each name of the list (checked here, not by the command line's parser)
+
     out: str | None = option(None, "run directory", shown="runs/<model>-<data>-<date-time>")
-    checkpoint_every: int = option(0, "also checkpoint every N steps (always at epoch ends, the end and on Ctrl-C)")
-    log_every: int = option(10, "write a train record to metrics.jsonl every N steps")
-    eval_every: int = option(1, "evaluate every N epochs (0 = only at the end)")
-    eval_batch_size: int = option(500, "batch size for evaluation")
+    checkpoint_every: int = option(
+        0, "also checkpoint every N steps (always at epoch ends, the end and on Ctrl-C)", range=NON_NEGATIVE
+    )
+    log_every: int = option(10, "write a train record to metrics.jsonl every N steps", range=POSITIVE)
+    eval_every: int = option(1, "evaluate every N epochs (0 = only at the end)", range=NON_NEGATIVE)
+    eval_batch_size: int = option(500, "batch size for evaluation", range=POSITIVE)
     measure_every: int = option(
         100,
         "every N steps (and before the first), record each layer's compression R^c and sparsity on a fixed "
         "batch (JMLR Fig. 15) in metrics.jsonl and plot them as measure.png (0 = off)",
+        range=NON_NEGATIVE,
     )
     logger: list = option(
         [],
@@ -286,18 +261,7 @@ class LoggingOptions(_Group):
         metavar="NAME",
     )
     tensorboard: bool = option(False, "the same as --logger tensorboard")
-    progress: bool = option(True, "show a tqdm progress bar")
-
-    def validate(self) -> None:
-        _check(
-            self,
-            positive=("log_every", "eval_batch_size"),
-            non_negative=("checkpoint_every", "eval_every", "measure_every"),
-        )
-        super().validate()
-        unknown = [name for name in self.logger if name not in LOGGERS]
-        if unknown:
-            raise ValueError(f"unknown logger {unknown[0]!r}; choose from {', '.join(LOGGERS)} (--logger)")
+    progress: bool = option(True, "show progress: a bar on a terminal, a line at each tenth of the run in a log")
 
 
 # group name → its dataclass, in the order of config.yaml and of --help
@@ -369,11 +333,12 @@ class TrainConfig:
         top = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in GROUPS}
         for name, value in coerce_fields(type(self), top).items():
             setattr(self, name, value)
-        _check_choices(self, {"recipe": (None, *RECIPES)})
+            check_option(type(self), name, value)
 
     def validate(self) -> None:
         """Raise a one-line ValueError for any inconsistent setting."""
         for name in GROUPS:
+            getattr(self, name).check_fields()
             getattr(self, name).validate()
 
     def to_dict(self) -> dict:

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data import ImageSource, match_channels, normalize
+from ..data import ImageSource, match_channels, normalize, to_device
 from ..figures import subplots
 from ..io import atomic_write
 from .rundir import read_metrics
@@ -59,7 +59,7 @@ def prepare_batch(
     augment: nn.Module | None = None,
 ) -> Tensor:
     """uint8 ``(b, C, H, W)`` → float model input: to [0, 1], channels matched, augmented, resized, normalised."""
-    x = images.to(device, non_blocking=True).float().div_(255.0)
+    x = to_device(images, device).float().div_(255.0)
     x = match_channels(x, channels)
     if augment is not None:
         x = augment(x)
@@ -120,7 +120,7 @@ def evaluate(
     sums = torch.zeros(2, dtype=torch.float64, device=rt.device)  # loss sum, top-k hits
     for images, labels in dataset.batches(batch_size, shuffle=False, rank=rt.rank, world=rt.world):
         x = prepare_batch(images, device=rt.device, image_size=image_size, channels=channels, mean=mean, std=std)
-        y = labels.to(rt.device)
+        y = to_device(labels, rt.device)
         with rt.autocast():
             logits = model(x)
         logits = logits.float()

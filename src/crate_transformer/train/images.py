@@ -73,7 +73,7 @@ class ImageData:
         cfg = self.cfg
         native = getattr(self.train, "image_size", None) or self.image_size  # translations act before resizing
         return build_augmentation(
-            kind, self.image_size, translate=round(cfg.augmentation.translate * native), input_size=native,
+            kind, self.image_size, translate=round(cfg.augmentation.translate * native),
             crop_scale=(max(cfg.augmentation.crop_scale, min_crop_scale), 1.0), hflip=cfg.augmentation.hflip,
             randaugment_n=cfg.augmentation.randaugment_n, randaugment_m=cfg.augmentation.randaugment_m,
         ).to(self.device)  # fmt: skip

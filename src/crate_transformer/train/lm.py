@@ -18,8 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import LANGUAGE_MODEL
-from ..config_utils import Range, check_ranges
+from ..checkpoint import config_from_dict
+from ..config import LANGUAGE_MODEL, Config
+from ..config_utils import Range
+from ..data import to_device
 from ..data.text import TokenBlocks, corpus_files, is_hub_corpus, iter_documents, load_tokens, split_tokens
 from ..errors import Option, OptionsWarning
 from ..lm import LanguageModel, LMConfig, mask_tokens
@@ -41,7 +43,7 @@ PLATEAU_BLOCKS = 128  # held-out windows the check evaluates (at most)
 
 
 @dataclass
-class LMOptions:
+class LMOptions(Config):
     objective: str = task_option(
         "clm",
         "clm: next token (CRATE-GPT, eq. (89)) | mlm: masked tokens (CRATE-BERT, eq. (85))",
@@ -70,9 +72,6 @@ class LMOptions:
         "a new model starts by predicting the training tokens' frequencies (its head set to their log "
         "frequencies), so training does not first sit on the unigram plateau; off: the plain initialisation",
     )
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
 
 
 def build_tokenizer(spec: str, source: str, vocab_size: int, columns: Sequence[str] = ()) -> Tokenizer:
@@ -192,7 +191,7 @@ class LMTask(Task):
                     f"this run was trained with the {self.tokenizer.kind} tokenizer, not {o.tokenizer}; drop "
                     f"--tokenizer {o.tokenizer} to continue it, or start a new run"
                 )
-            return LMConfig.from_dict(dict(state["model_config"]))
+            return config_from_dict(dict(state["model_config"]))  # by its arch: CRATE-GPT, GPT, ToST, ...
         else:
             if model_config(cfg.model).kind != LANGUAGE_MODEL:
                 raise ValueError(
@@ -209,7 +208,7 @@ class LMTask(Task):
     # ---------------------------------------------------------------- batches and loss
     def _split(self, blocks: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """``(inputs, targets)`` of windows of ``block_size + 1`` tokens: shifted for clm (eq. (89)), masked for mlm."""
-        blocks = blocks.to(self.rt.device, non_blocking=True)
+        blocks = to_device(blocks, self.rt.device)
         if self.options.objective == "clm":
             return blocks[:, :-1], blocks[:, 1:]
         t = self.tokenizer
@@ -225,8 +224,9 @@ class LMTask(Task):
     def prepare(self, batch: Tensor) -> tuple[Tensor, Tensor]:
         return self._split(batch)
 
-    def weight(self, batch: tuple[Tensor, Tensor]) -> int:
-        return int((batch[1] != -100).sum())
+    def weight(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        """The predicted tokens of a chunk (on the device: counting them on the host would wait for it)."""
+        return (batch[1] != -100).sum()
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         x, y = batch

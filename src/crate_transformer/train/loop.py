@@ -27,7 +27,7 @@ from . import sharding
 from .config import TrainConfig
 from .optim import build_optimizer, param_groups
 from .rundir import CHECKPOINT, CONFIG_FILE, RunDir, load_training_state
-from .runtime import Interrupt, ProcessSettings, Runtime, rng_state, seed_everything, set_rng_state
+from .runtime import Interrupt, ProcessSettings, Runtime, StopVote, rng_state, seed_everything, set_rng_state
 from .task import Hook, StepContext, Task, TaskError, Use, make_task
 from .threads import SlowdownWatch
 
@@ -87,7 +87,7 @@ def train(
     run, finished = None, False
     try:
         sharding.check_strategy(cfg.system.strategy, rt.world, task.name, task.shardable)
-        with ProcessSettings(cfg.system.threads, cfg.system.deterministic):
+        with ProcessSettings(cfg.system.threads, cfg.system.deterministic, cfg.system.tf32, rt.device):
             path = Path(resume) if resume is not None else Path(rt.broadcast(str(cfg.logging.out or _default_dir(cfg))))
             run = rt.on_main(lambda: RunDir.reopen(path) if resume is not None else RunDir.create(path))
             result = _run(cfg, task, rt, run or RunDir(path, writer=False), state, hooks)
@@ -177,27 +177,31 @@ class _Loop:
             if state is not None:
                 self.raw.load_state_dict(state["model"])
             self.replica = sharding.Replica(self.raw)
-            sharding.shard(self.raw)
+            methods = () if task.entry == "forward" else (task.entry,)
+            sharding.shard(self.raw, methods=methods, amp_dtype=rt.amp_dtype)
         self.opt = _Optimization(self.raw, cfg, self.steps_per_epoch, self.total, rt)
         self.ts = _restore(state, task, self.opt, cfg, self.n_train) if state is not None else TrainState()
         seed_everything(cfg.system.seed + rt.rank)  # per-process augmentation / dropout streams
         if state is not None and len(state["rng"]) == rt.world:
             set_rng_state(state["rng"][rt.rank])
-        self.model = _wrap(self.raw, cfg, rt)
+        self.model = _wrap(self.raw if task.entry == "forward" else Entry(self.raw, task.entry), cfg, rt)
+        self.sync_owner = self.raw if self.sharded else self.model  # what no_sync acts on
         self.hooks = [*hooks, *task.hooks()]
         self.fixed = task.fixed_batch() if self.hooks else None
         self.model_cfg = self.raw.config.to_dict() if hasattr(self.raw, "config") else {}
-        _start_run(cfg, task, rt, run, self.model_cfg, self.steps_per_epoch, self.total, self.ts, state is not None)
+        _start_run(cfg, task, rt, run, self.model_cfg, self.steps_per_epoch, self.total, self.last, self.ts,
+                   state is not None)  # fmt: skip
         self.window: dict[str, torch.Tensor] = {}
         self.t_window = time.time()
         self.watch = SlowdownWatch()  # step time without evaluation, hooks and checkpoints
+        self.vote = StopVote(rt)
 
     def epoch_of(self, step: int) -> float:
         return round(step / self.steps_per_epoch, 4)
 
     def train(self) -> bool:
         """Train to the last step; True when interrupted (every process stops at the same step)."""
-        self.bar = self.rt.progress(self.cfg.logging.progress, total=self.total, initial=self.ts.step)
+        self.bar = self.rt.progress(self.cfg.logging.progress, total=self.last, initial=self.ts.step)
         if self.hooks and self.ts.step == 0:
             self.run_hooks()  # the untrained model: the "random init" curve of Fig. 15
         self.model.train()
@@ -208,6 +212,7 @@ class _Loop:
                 if interrupted or self.ts.batch < self.steps_per_epoch:
                     break
                 self.end_epoch()
+        self.vote.close()
         self.bar.close()
         return interrupted
 
@@ -217,21 +222,28 @@ class _Loop:
         where = dict(seed=cfg.system.seed, epoch=ts.epoch, start=ts.batch, rank=rt.rank, world=rt.world)
         self.watch.step_started()
         for batch in self.task.train_data.batches(cfg.optim.batch_size, shuffle=True, **where):
-            self.step(batch)
-            self.watch.step_done()
-            ts.step, ts.batch = ts.step + 1, ts.batch + 1
-            self.bar.update(1)
-            if ts.step % cfg.logging.log_every == 0 or ts.step == self.last:
-                self.log()
-            if self.hooks:
-                self.run_hooks()
-            if cfg.logging.checkpoint_every and ts.step % cfg.logging.checkpoint_every == 0:
-                self.checkpoint("periodic")
-            interrupted = rt.any(self.stop.flag)  # every process stops at the same step
-            self.watch.step_started()
+            interrupted = self.iteration(batch)
             if interrupted or ts.step >= self.last:
                 return interrupted
         return False
+
+    def iteration(self, batch: Any) -> bool:
+        """One optimizer step and what follows it: the log record when due, the hooks, a periodic checkpoint; True
+        when interrupted.  Only a logging step reads a value from the device (tests/test_device_hygiene.py)."""
+        cfg, ts = self.cfg, self.ts
+        self.step(batch)
+        self.watch.step_done()
+        ts.step, ts.batch = ts.step + 1, ts.batch + 1
+        self.bar.update(1)
+        if ts.step % cfg.logging.log_every == 0 or ts.step == self.last:
+            self.log()
+        if self.hooks:
+            self.run_hooks()
+        if cfg.logging.checkpoint_every and ts.step % cfg.logging.checkpoint_every == 0:
+            self.checkpoint("periodic")
+        interrupted = self.vote(self.stop.flag)  # every process stops at the same step
+        self.watch.step_started()
+        return interrupted
 
     def step(self, batch: Any) -> None:
         """One optimizer step on a global batch: this process's share, in ``accum_steps`` chunks weighted to one
@@ -242,7 +254,7 @@ class _Loop:
         opt.zero_grad()
         for i, chunk in enumerate(chunks):
             sync = i == len(chunks) - 1 or not rt.distributed  # DDP all-reduces on the last chunk only
-            with nullcontext() if sync else sharding.no_sync(self.model), rt.autocast():
+            with nullcontext() if sync else sharding.no_sync(self.sync_owner), rt.autocast():
                 loss, stats = task.loss(self.model, chunk)
             opt.backward(loss * (weights[i] / sum(weights)))
             self.window = {k: self.window[k] + v if k in self.window else v.double() for k, v in stats.items()}
@@ -495,11 +507,25 @@ def _restore(state: dict, task: Task, opt: _Optimization, cfg: TrainConfig, n: i
     return TrainState(state["step"], data["epoch"], data["batch"])
 
 
-def _wrap(raw: nn.Module, cfg: TrainConfig, rt: Runtime) -> nn.Module:
-    model = raw
-    if rt.distributed and not sharding.is_sharded(raw):
+class Entry(nn.Module):
+    """A module whose call runs ``model.<method>``: what DDP and torch.compile wrap for a task whose loss calls
+    another method than ``forward`` (:attr:`Task.entry`, e.g. ``classify``).  Calling the method on the
+    wrapped model's ``.module`` instead would skip DDP's forward, and with it the averaging of the gradients."""
+
+    def __init__(self, model: nn.Module, method: str) -> None:
+        super().__init__()
+        self.model, self.method = model, method
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.model, self.method)(*args, **kwargs)
+
+
+def _wrap(module: nn.Module, cfg: TrainConfig, rt: Runtime) -> nn.Module:
+    """``module`` (the model, or an :class:`Entry` of it) in DDP under torchrun unless sharded, then compiled."""
+    model = module
+    if rt.distributed and not any(sharding.is_sharded(m) for m in module.modules()):
         model = nn.parallel.DistributedDataParallel(
-            raw, device_ids=[rt.device.index] if rt.device.type == "cuda" else None
+            module, device_ids=[rt.device.index] if rt.device.type == "cuda" else None
         )
     return torch.compile(model) if cfg.system.compile else model
 
@@ -512,10 +538,12 @@ def _start_run(
     model_cfg: dict,
     steps: int,
     total: int,
+    last: int,
     ts: TrainState,
     resumed: bool,
 ) -> None:
-    """Write config.yaml (with the derived sizes), start metrics.jsonl, and print what is about to run."""
+    """Write config.yaml (with the derived sizes), start metrics.jsonl, and print what is about to run (and the
+    task's warnings about a run that ends at step ``last``)."""
     about = task.describe()
     what = cfg.model or Path(str(cfg.init_from or "model")).name
     line = f"{about.verb or task.name} {what} ({about.model}) {about.data}"
@@ -536,6 +564,8 @@ def _start_run(
         f"device {rt.device}, {threads} CPU thread" + ("s" if threads > 1 else "")
         + (f", resuming at step {ts.step}" if resumed else "") + f"\nrun directory: {run.path}"
     )  # fmt: skip
+    for warning in task.warnings(last):
+        rt.log(f"warning: {warning}")
 
 
 def _window_record(

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from ..base import POOLS, Model
 from ..checkpoint import config_from_dict
 from ..config import MASKED_AUTOENCODER, Config
-from ..config_utils import Range, check_ranges
+from ..config_utils import Range
 from ..data import BUILTIN_DATASETS, ImageSource
 from ..data.base import rank_slice
 from ..io import atomic_write
@@ -45,7 +45,7 @@ __all__ = ["MAETask", "MAEOptions", "masked_eval"]
 
 
 @dataclass
-class MAEOptions:
+class MAEOptions(Config):
     """Options of the ``mae`` task (besides the engine's)."""
 
     mask_ratio: float | None = task_option(
@@ -73,9 +73,6 @@ class MAEOptions:
     recognition: bool = task_option(
         True, "at the end, classify the held-out reconstructions with a raw-pixel k-NN (recognition.json)"
     )
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
 
 
 @torch.no_grad()
@@ -107,7 +104,7 @@ def masked_eval(
         with rt.autocast():
             pred, mask = model(x, noise=noise[idx].to(rt.device))[1:]
         masked, visible = _per_image_losses(model, x, pred, mask)
-        sums += torch.stack([masked.sum(), visible.sum(), torch.tensor(float(len(x)), device=rt.device)]).double()
+        sums += torch.stack([masked.sum(), visible.sum(), masked.new_full((), len(x))]).double()
     rt.all_reduce(sums)
     model.train(was)
     n = float(sums[2])
@@ -213,7 +210,7 @@ class MAETask(Task):
         out = model(x)
         with torch.no_grad():
             masked, visible = _per_image_losses(_unwrap(model), x, out.pred.detach(), out.mask)
-            n = torch.tensor(float(len(x)), device=x.device)
+            n = torch.full((), len(x), dtype=torch.float32, device=x.device)
             stats = {"loss": out.loss.detach().float() * n, "visible_loss": visible.sum(), "n": n}
         return out.loss, stats
 

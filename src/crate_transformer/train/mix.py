@@ -3,22 +3,26 @@ the soft-target cross-entropy they need.
 
 :class:`MixupCutmix` follows timm's ``Mixup`` in batch mode (DeiT, MAE fine-tuning): with probability
 ``prob`` a batch is mixed, by cutmix with probability ``switch_prob`` when both are on (else by mixup), with
-one ``λ ~ Beta(α, α)`` for the whole batch; each image is paired with another of the batch.  The images are
-mixed by kornia's ``RandomMixUpV2`` / ``RandomCutMixV2`` (given timm's λ and one random pairing), and the
-targets are the same mixture of the smoothed one-hot labels (timm's ``mixup_target``):
+one ``λ ~ Beta(α, α)`` for the whole batch; each image is paired with another of the batch (one random
+permutation), and the targets are the same mixture of the smoothed one-hot labels (timm's ``mixup_target``):
 
 * mixup: ``x̃_i = λ x_i + (1 − λ) x_j`` and ``ỹ_i = λ y_i + (1 − λ) y_j``;
-* cutmix: a box of ``x_j`` pasted into ``x_i`` (kornia's box of side ``⌊√(1 − λ)·side⌋``), and ``ỹ_i``
-  weighs ``y_j`` by the box's exact area fraction.
+* cutmix: a box of ``x_j`` of side ``⌊√(1 − λ)·side⌋`` pasted into ``x_i`` at a uniformly random position, and
+  ``ỹ_i`` weighs ``y_j`` by the box's exact area fraction (timm's ``correct_lam``).
+
+λ, the box and its area are drawn on the host and the images are mixed on the device, so no value is read back
+from the device (a GPU would wait for it every step).  :func:`random_erasing` draws its boxes on the device.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["MixupCutmix", "smooth_one_hot", "soft_target_cross_entropy", "random_erasing"]
+__all__ = ["MixupCutmix", "smooth_one_hot", "soft_target_cross_entropy", "random_erasing", "RandomErasing"]
 
 
 def smooth_one_hot(labels: Tensor, num_classes: int, smoothing: float = 0.0) -> Tensor:
@@ -54,8 +58,6 @@ class MixupCutmix(nn.Module):
         smoothing: float = 0.1,
     ) -> None:
         super().__init__()
-        import kornia.augmentation as K
-
         if mixup_alpha < 0 or cutmix_alpha < 0 or not (mixup_alpha > 0 or cutmix_alpha > 0):
             raise ValueError(f"need mixup_alpha >= 0, cutmix_alpha >= 0, one > 0; got {mixup_alpha}, {cutmix_alpha}")
         for name, p in (("prob", prob), ("switch_prob", switch_prob), ("smoothing", smoothing)):
@@ -63,8 +65,6 @@ class MixupCutmix(nn.Module):
                 raise ValueError(f"{name} must be in [0, 1], got {p}")
         self.num_classes, self.smoothing = num_classes, smoothing
         self.mixup_alpha, self.cutmix_alpha, self.prob, self.switch_prob = mixup_alpha, cutmix_alpha, prob, switch_prob
-        self.mixup = K.RandomMixUpV2(p=1.0, data_keys=["input", "class"])
-        self.cutmix = K.RandomCutMixV2(p=1.0, data_keys=["input", "class"], use_correct_lambda=True)
         self.last: tuple[str, float, Tensor | None] = ("none", 1.0, None)
 
     def choose(self) -> tuple[str, float]:
@@ -82,46 +82,66 @@ class MixupCutmix(nn.Module):
         if kind == "none":
             self.last = ("none", 1.0, None)
             return x, targets
-        b = len(x)
-        pairs = torch.randperm(b, device=x.device)
-        every = torch.ones(b, dtype=torch.bool, device=x.device)  # kornia's per-image gate: all mixed
-        if kind == "mixup":  # kornia's output: x·(1 − l) + x[pairs]·l, so l = 1 − λ
-            lams = torch.full((b,), 1.0 - lam, device=x.device)
-            params = {"mixup_pairs": pairs, "mixup_lambdas": lams, "batch_prob": every}
-            out, lab = self.mixup(x, y, params=params)
-            weight = lab[:, 2]  # kornia's mixup label: the partner's weight
+        pairs = torch.randperm(len(x), device=x.device)
+        if kind == "mixup":
+            out, own = x * lam + x[pairs] * (1.0 - lam), lam
         else:
-            shape = torch.tensor(x.shape[-2:], device=x.device, dtype=x.dtype)
-            box = _cutmix_box(x.shape, lam, x.device)
-            params = {"mix_pairs": pairs.view(1, b), "crop_src": box, "image_shape": shape, "batch_prob": every}
-            out, lab = self.cutmix(x, y, params=params)
-            weight = 1.0 - lab[0, :, 2]  # kornia's corrected cutmix label: 1 − box area = the own label's weight
-        weight = weight.to(targets.dtype).view(-1, 1)
-        self.last = (kind, float(1.0 - weight[0]), pairs)
-        return out, (1.0 - weight) * targets + weight * targets[pairs]
+            out, own = _cutmix(x, pairs, lam)
+        self.last = (kind, own, pairs)
+        return out, own * targets + (1.0 - own) * targets[pairs]
 
 
-def _cutmix_box(shape: torch.Size, lam: float, device: torch.device) -> Tensor:
-    """One box for the whole batch (timm's batch mode) in kornia's ``crop_src`` layout ``(1, b, 4, 2)``:
-    side ``⌊√(1 − λ)·side⌋`` (kornia's rule), at a uniformly random position inside the image."""
-    from kornia.geometry.bbox import bbox_generator
-
-    b, h, w = shape[0], shape[-2], shape[-1]
+def _cutmix(x: Tensor, pairs: Tensor, lam: float) -> tuple[Tensor, float]:
+    """Paste one box of each partner ``x[pairs]`` into ``x`` (timm's batch mode): side ``⌊√(1 − λ)·side⌋``, at a
+    uniformly random position inside the image; returns the images and the own label's weight, 1 − box area."""
+    h, w = x.shape[-2:]
     rate = (1.0 - lam) ** 0.5
     ch, cw = int(rate * h), int(rate * w)
     y0 = int(torch.randint(0, h - ch + 1, ()))
     x0 = int(torch.randint(0, w - cw + 1, ()))
-    t = lambda v: torch.full((b,), float(v), device=device)  # noqa: E731
-    box = bbox_generator(t(x0), t(y0), t(cw), t(ch))
-    return box.view(1, b, 4, 2)
+    out = x.clone()
+    out[..., y0 : y0 + ch, x0 : x0 + cw] = x[pairs][..., y0 : y0 + ch, x0 : x0 + cw]
+    return out, 1.0 - ch * cw / (h * w)
 
 
 def random_erasing(p: float, value: float = 0.0) -> nn.Module:
-    """kornia's ``RandomErasing`` with timm / DeiT's box law (area fraction in [0.02, 1/3], aspect ratio in
-    [0.3, 3.3]), applied per image with probability ``p`` to **normalised** images, filling ``value`` (0: the
-    data mean; timm's ``mode="const"`` — timm's default "pixel" mode fills normal noise instead)."""
-    import kornia.augmentation as K
-
+    """timm / DeiT's random erasing (area fraction in [0.02, 1/3], aspect ratio in [0.3, 3.3]), applied per image
+    with probability ``p`` to **normalised** images, filling ``value`` (0: the data mean; timm's ``mode="const"`` —
+    timm's default "pixel" mode fills normal noise instead)."""
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"random erasing probability must be in [0, 1], got {p}")
-    return K.RandomErasing(scale=(0.02, 1 / 3), ratio=(0.3, 3.3), value=value, p=p)
+    return RandomErasing(p, value)
+
+
+class RandomErasing(nn.Module):
+    """One box per image, erased with probability ``p``; timm's law (``RandomErasing``) drawn on the device.
+
+    As timm, up to ``attempts`` boxes are drawn per image — area ``U(scale)·H·W``, aspect ratio log-uniform in
+    ``ratio``, sides rounded — and the first that fits inside the image (both sides smaller) is erased at a uniformly
+    random position; an image none fits is left as it is.  The attempts are drawn together, so nothing is read
+    back from the device.
+    """
+
+    def __init__(
+        self, p: float, value: float = 0.0, scale: tuple = (0.02, 1 / 3), ratio: tuple = (0.3, 3.3), attempts: int = 10
+    ) -> None:
+        super().__init__()
+        self.p, self.value, self.scale, self.attempts = p, value, scale, attempts
+        self.log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, h, w, dev = x.shape[0], x.shape[-2], x.shape[-1], x.device
+        area = torch.empty(b, self.attempts, device=dev).uniform_(*self.scale) * (h * w)
+        aspect = torch.empty(b, self.attempts, device=dev).uniform_(*self.log_ratio).exp()
+        bh, bw = (area * aspect).sqrt().round(), (area / aspect).sqrt().round()
+        fits = (bh < h) & (bw < w)
+        first = fits.to(torch.uint8).argmax(1, keepdim=True)  # the first attempt that fits
+        bh, bw = bh.gather(1, first)[:, 0], bw.gather(1, first)[:, 0]
+        erase = fits.any(1) & (torch.rand(b, device=dev) < self.p)
+        top = (torch.rand(b, device=dev) * (h - bh + 1)).floor()
+        left = (torch.rand(b, device=dev) * (w - bw + 1)).floor()
+        rows, cols = torch.arange(h, device=dev), torch.arange(w, device=dev)
+        inside_rows = (rows >= top[:, None]) & (rows < (top + bh)[:, None])
+        inside_cols = (cols >= left[:, None]) & (cols < (left + bw)[:, None])
+        box = inside_rows[:, :, None] & inside_cols[:, None, :] & erase[:, None, None]
+        return x.masked_fill(box.unsqueeze(1), self.value)

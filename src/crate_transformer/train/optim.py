@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -182,6 +183,15 @@ class LAMB(torch.optim.Optimizer):
         return loss
 
 
+# the largest share of the initial weights a weight EMA may keep at the end of a run without a warning
+EMA_KEPT_AT_MOST = 0.1
+
+
+def _floor(x: float, digits: int = 4) -> str:
+    """``x`` rounded down to ``digits`` decimals, as text (a suggested decay that does not overshoot)."""
+    return f"{math.floor(x * 10**digits) / 10**digits:.{digits}f}".rstrip("0")
+
+
 class ModelEma(nn.Module):
     """An exponential moving average of a model's weights (timm's ``ModelEmaV2``): a frozen copy ``module``
     in eval mode, updated after each optimizer step by ``θ_ema ← d·θ_ema + (1 − d)·θ`` for every parameter
@@ -196,6 +206,19 @@ class ModelEma(nn.Module):
             raise ValueError(f"EMA decay must be in (0, 1), got {decay}; e.g. 0.9999 (timm) or 0.99996 (DeiT)")
         self.decay = float(decay)
         self.module = copy.deepcopy(model).eval().requires_grad_(False)
+
+    def warmup_warning(self, steps: int) -> str | None:
+        """A warning when ``steps`` updates leave the average near the initial weights: their share ``d^steps``
+        (the closed form above) above :data:`EMA_KEPT_AT_MOST`; None when the average can warm up."""
+        kept = self.decay ** max(int(steps), 0)
+        if kept <= EMA_KEPT_AT_MOST:
+            return None
+        enough = 0.01 ** (1 / max(int(steps), 1))  # the decay that keeps 1% of the initial weights
+        return (
+            f"the weight EMA (ema={self.decay:g}) keeps {100 * kept:.3g}% of the initial weights after the run's "
+            f"{steps} steps, so the EMA model will be close to the untrained one; for a run this short use "
+            f"ema={_floor(enough)} or lower, or ema=0 to turn it off"
+        )
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:

@@ -19,7 +19,7 @@ import torch
 
 from .threads import resolve_threads
 
-__all__ = ["Runtime", "resolve_device", "rng_state", "set_rng_state", "seed_everything", "Interrupt"]
+__all__ = ["Runtime", "resolve_device", "rng_state", "set_rng_state", "seed_everything", "Interrupt", "StopVote"]
 
 T = TypeVar("T")
 
@@ -61,6 +61,7 @@ class Runtime:
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
     amp_dtype: torch.dtype | None = None
+    host_group: Any = None  # a gloo group for host-side agreement (see :class:`StopVote`), made by start()
 
     @classmethod
     def start(cls, device: str = "auto", amp: str = "none") -> Runtime:
@@ -68,13 +69,18 @@ class Runtime:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
         dev = resolve_device(device, local)
-        if dev.type == "cuda" and world > 1:
-            dev = torch.device(f"cuda:{local}")
         if dev.type == "cuda":
+            # under torchrun each process takes its own GPU; alone, ``cuda`` means the current one (set_device
+            # needs an index)
+            index = local if world > 1 else dev.index if dev.index is not None else torch.cuda.current_device()
+            dev = torch.device("cuda", index)
             torch.cuda.set_device(dev)
-        if world > 1 and not torch.distributed.is_initialized():
-            torch.distributed.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
-        return cls(rank, world, local, dev, amp_dtype(amp, dev))
+        host_group = None
+        if world > 1:
+            if not torch.distributed.is_initialized():
+                torch.distributed.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+            host_group = torch.distributed.new_group(backend="gloo")
+        return cls(rank, world, local, dev, amp_dtype(amp, dev), host_group)
 
     @property
     def distributed(self) -> bool:
@@ -96,7 +102,7 @@ class Runtime:
         return t
 
     def any(self, flag: bool) -> bool:
-        """True on every process if ``flag`` is true on any (so all stop at the same step)."""
+        """True on every process if ``flag`` is true on any (a collective on the device, which waits for it)."""
         if not self.distributed:
             return flag
         t = torch.tensor([float(flag)], device=self.device)
@@ -140,13 +146,11 @@ class Runtime:
             print(msg, file=sys.stderr, flush=True)
 
     def progress(self, enabled: bool, total: int, initial: int = 0) -> Any:
-        """A tqdm bar (steps, rate and ETA) on rank 0; a silent stand-in elsewhere or when disabled."""
-        from tqdm.auto import tqdm
+        """A progress bar (steps, rate and ETA) on rank 0 — tqdm's on a terminal, plain lines in a redirected log
+        (:func:`~crate_transformer.progress.progress_bar`) — and a silent stand-in elsewhere or when disabled."""
+        from ..progress import progress_bar
 
-        return tqdm(
-            total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True, file=sys.stderr,
-            disable=not (enabled and self.main),
-        )  # fmt: skip
+        return progress_bar(total=total, initial=initial, desc="train", unit="step", enabled=enabled and self.main)
 
     def barrier(self) -> None:
         if self.distributed:
@@ -199,7 +203,9 @@ def set_rng_state(state: dict) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        # one state per GPU seen at save; a machine with fewer GPUs restores those it has
+        for index, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state, index)
 
 
 def seed_everything(seed: int) -> None:
@@ -209,11 +215,19 @@ def seed_everything(seed: int) -> None:
 
 
 class ProcessSettings:
-    """Set threads (0 = auto: :func:`~.threads.auto_threads`) / deterministic mode for a run; put the calling
-    process back as it was afterwards."""
+    """Set threads (0 = auto: :func:`~.threads.auto_threads`), deterministic mode and, on a GPU, TF32 for a run; put
+    the calling process back as it was afterwards.
 
-    def __init__(self, threads: int, deterministic: bool) -> None:
+    ``tf32``: float32 matrix products on an NVIDIA GPU (Ampere and later) use TensorFloat-32 tensor cores
+    (``torch.set_float32_matmul_precision("high")``: inputs rounded to a 10-bit mantissa, float32 accumulation,
+    several times the float32 throughput); off, they are full float32 ("highest").  CPU runs are left as they are.
+    """
+
+    def __init__(
+        self, threads: int, deterministic: bool, tf32: bool = True, device: torch.device | None = None
+    ) -> None:
         self.threads, self.deterministic = threads, deterministic
+        self.tf32 = tf32 if device is not None and device.type == "cuda" else None
 
     def __enter__(self) -> ProcessSettings:
         self._saved = (
@@ -221,7 +235,10 @@ class ProcessSettings:
             torch.are_deterministic_algorithms_enabled(),
             torch.backends.cudnn.deterministic,
             torch.backends.cudnn.benchmark,
+            torch.get_float32_matmul_precision(),
         )
+        if self.tf32 is not None:
+            torch.set_float32_matmul_precision("high" if self.tf32 else "highest")
         threads = resolve_threads(self.threads)  # 0 = auto: what is free now
         if threads != self._saved[0]:
             torch.set_num_threads(threads)
@@ -232,11 +249,47 @@ class ProcessSettings:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        threads, det, cudnn_det, cudnn_bench = self._saved
+        threads, det, cudnn_det, cudnn_bench, matmul = self._saved
+        if torch.get_float32_matmul_precision() != matmul:
+            torch.set_float32_matmul_precision(matmul)
         if torch.get_num_threads() != threads:  # set_num_threads costs speed even when it changes nothing
             torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(det)
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn_det, cudnn_bench
+
+
+class StopVote:
+    """Whether any process was interrupted, agreed by all without waiting for the device.
+
+    Each call starts an all-reduce of this process's flag over the host group (gloo, on the CPU) and returns the
+    result of the one the previous call started, which finished meanwhile: every process gets the same answer at
+    the same step, one step after a signal, and a GPU is never waited for (an all-reduce of a flag on the device
+    read with ``.item()`` stalled it every step).  One process: the flag itself.
+    """
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.pending: tuple[Any, torch.Tensor] | None = None
+
+    def __call__(self, flag: bool) -> bool:
+        if not self.rt.distributed:
+            return flag
+        mine = torch.tensor([float(flag)])
+        started = torch.distributed.all_reduce(mine, group=self.rt.host_group, async_op=True)
+        previous, self.pending = self.pending, (started, mine)
+        return previous is not None and self._result(previous)
+
+    @staticmethod
+    def _result(vote: tuple[Any, torch.Tensor]) -> bool:
+        work, total = vote
+        work.wait()
+        return bool(total[0] > 0)  # a host tensor: no device to wait for
+
+    def close(self) -> None:
+        """Finish the vote in flight (before the process group goes)."""
+        if self.pending is not None:
+            self._result(self.pending)
+            self.pending = None
 
 
 class Interrupt:

@@ -60,16 +60,25 @@ def check_strategy(strategy: str, world: int, task_name: str, shardable: bool = 
         raise ValueError(f"the {task_name} task cannot train with --strategy fsdp; use --strategy ddp")
 
 
-def shard(model: nn.Module) -> nn.Module:
+def shard(model: nn.Module, *, methods: Iterable[str] = (), amp_dtype: torch.dtype | None = None) -> nn.Module:
     """Apply ``fully_shard`` to each element of every ``nn.ModuleList`` of ``model``, then to ``model`` itself (in
-    place; the module is returned).  Parameter names are unchanged."""
-    from torch.distributed.fsdp import fully_shard
+    place; the module is returned).  Parameter names are unchanged.
 
+    ``methods``: the model's methods besides ``forward`` that a loss calls (e.g. ``classify``): FSDP gathers the
+    root's weights for them too.  ``amp_dtype`` (the run's mixed precision): the gathered weights are cast to it
+    for the computation, so the all-gathers carry half as many bytes, while the gradients are reduced and the
+    shards kept in float32 (FSDP2's ``MixedPrecisionPolicy``; autocast still runs the ops it keeps in float32).
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+
+    policy = MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32 if amp_dtype else None)
     for module in reversed(list(model.modules())):  # inner units before the ones holding them, as FSDP needs
         if isinstance(module, nn.ModuleList):
             for block in module:
-                fully_shard(block)
-    fully_shard(model)
+                fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    for name in methods:
+        register_fsdp_forward_method(model, name)
     return model
 
 
@@ -82,8 +91,8 @@ def is_sharded(model: nn.Module) -> bool:
 @contextmanager
 def no_sync(model: nn.Module) -> Iterator[None]:
     """Accumulate gradients locally (no all-reduce / reduce-scatter) inside the block: DDP's ``no_sync`` or FSDP's
-    ``set_requires_gradient_sync(False)``.  With FSDP the accumulated gradients are unsharded until the last chunk
-    reduces them."""
+    ``set_requires_gradient_sync(False)`` (``model``: the DDP module, or the sharded model itself).  With FSDP the
+    accumulated gradients are unsharded until the last chunk reduces them."""
     model = getattr(model, "_orig_mod", model)  # under torch.compile
     if not is_sharded(model):
         with model.no_sync():

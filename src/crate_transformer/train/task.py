@@ -137,9 +137,12 @@ class Task:
     name = "task"
     metric = "acc"  # the per-sample statistic shown in the progress bar and curves, besides the loss
     defaults: ClassVar[dict[str, Any]] = {}  # TrainConfig values of this task that differ from the TrainConfig defaults
-    Options: ClassVar[type | None] = None  # the task's own options (a dataclass of task_option fields)
+    Options: ClassVar[type | None] = None  # the task's own options (a Config dataclass of task_option fields)
     model_kind: ClassVar[str | None] = None  # the kind of model it trains (a Config.kind), None: any
     shardable: ClassVar[bool] = True  # --strategy fsdp may shard its model (False: the task needs full weights)
+    # the model's method that :meth:`loss` runs by calling the module it is given: the engine routes that call
+    # through DDP (which averages the gradients of its own forward only), FSDP and torch.compile
+    entry: ClassVar[str] = "forward"
     model: nn.Module
     train_data: Any
     cfg: TrainConfig
@@ -165,11 +168,7 @@ class Task:
         if unknown:
             raise ValueError(f"unknown {cls.name} option(s) {unknown}; valid: {sorted(known)}")
         args = coerce_fields(cls.Options, args)
-        for f in dataclasses.fields(cls.Options):  # a config file or a resumed run's options meet no argparse
-            choices = f.metadata.get("choices")
-            if choices and f.name in args and args[f.name] not in choices:
-                raise ValueError(f"unknown {f.name} {args[f.name]!r}; choose one of {', '.join(map(str, choices))}")
-        cls.Options(**args)  # its own checks (ranges, finiteness) now, before a run folder is made
+        cls.Options(**args)  # a Config: its choices, ranges and own checks now, before a run folder is made
         return args
 
     def check_model(self, cfg: TrainConfig) -> None:
@@ -216,8 +215,9 @@ class Task:
         """
         raise NotImplementedError
 
-    def weight(self, batch: Any) -> int:
-        """How many units :meth:`loss` averages over (samples by default): the weights of accumulated chunks."""
+    def weight(self, batch: Any) -> int | Tensor:
+        """How many units :meth:`loss` averages over (samples by default): the weights of accumulated chunks (a
+        count known only on the device stays a tensor there)."""
         return len(batch[0])
 
     def chunks(self, batch: Any, n: int) -> list[Any]:
@@ -250,6 +250,11 @@ class Task:
         """The model and data of the run: printed at the start, its ``facts`` recorded in config.yaml."""
         n = sum(p.numel() for p in self.model.parameters())
         return RunSummary(f"{n:,} params", f"on {getattr(self.train_data, 'name', 'data')}")
+
+    def warnings(self, steps: int) -> list[str]:
+        """What would make a run of ``steps`` optimizer steps go nowhere quietly (e.g. a weight EMA that cannot
+        warm up); the engine prints each as a ``warning:`` line before the first step."""
+        return []
 
     def state_dict(self) -> dict:
         """Task state beyond the model's weights that a resume needs (e.g. an EMA teacher)."""

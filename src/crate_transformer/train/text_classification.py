@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checkpoint import config_from_dict
-from ..config import LANGUAGE_MODEL
+from ..config import LANGUAGE_MODEL, Config
+from ..data import to_device
 from ..data.text import LabelledTexts, eval_split_of, read_labelled
 from ..registry import build
 from ..tokenizer import Tokenizer
@@ -29,7 +30,7 @@ __all__ = ["TextClassificationTask", "TextOptions", "text_metrics"]
 
 
 @dataclass
-class TextOptions:
+class TextOptions(Config):
     eval_data: str = task_option("", "a second table evaluated instead of a --val-fraction split (GLUE dev.tsv)")
     regression: str = task_option(
         "auto",
@@ -62,6 +63,7 @@ class TextClassificationTask(Task):
 
     name = "text-classification"
     metric = "acc"
+    entry = "classify"
     Options = TextOptions
     defaults = {
         "model": None,
@@ -142,18 +144,17 @@ class TextClassificationTask(Task):
         return LabelledTexts(ids, targets, tok.pad_id, name, split)
 
     def prepare(self, batch: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-        return tuple(t.to(self.rt.device, non_blocking=True) for t in batch)
-
-    def _forward(self, model: nn.Module, batch: tuple[Tensor, Tensor, Tensor]) -> Tensor:
-        ids, lengths, _ = batch
-        classify = model.module.classify if hasattr(model, "module") else model.classify
-        return classify(ids[:, : int(lengths.max())], lengths).float()
+        return tuple(to_device(t, self.rt.device) for t in batch)
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-        out, y = self._forward(model, batch), batch[2]
+        """``model(ids, lengths)`` runs ``classify`` (:attr:`entry`: through DDP, FSDP and torch.compile)."""
+        ids, lengths, y = batch
+        return self._objective(model(ids, lengths).float(), y)
+
+    def _objective(self, out: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         loss = F.mse_loss(out[:, 0], y) if self.regression else F.cross_entropy(out, y)
         with torch.no_grad():
-            n = torch.tensor(float(len(y)), device=y.device)
+            n = y.new_full((), len(y), dtype=torch.float32)
             stats = {"loss": loss.detach() * n, "n": n}
             if not self.regression:
                 stats["acc"] = (out.argmax(-1) == y).sum().float()
@@ -169,11 +170,11 @@ class TextClassificationTask(Task):
             for batch in self.eval_data.batches(
                 self.cfg.logging.eval_batch_size, shuffle=False, rank=rt.rank, world=rt.world
             ):
-                batch = self.prepare(batch)
-                _, s = self.loss(model, batch)
-                out = self._forward(model, batch)
+                ids, lengths, y = self.prepare(batch)
+                out = model.classify(ids, lengths).float()
+                _, s = self._objective(out, y)
                 preds.append((out[:, 0] if self.regression else out.argmax(-1)).cpu())
-                targets.append(batch[2].cpu())
+                targets.append(y.cpu())
                 loss_sum += float(s["loss"])
         finally:
             model.train(was)

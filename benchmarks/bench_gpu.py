@@ -1,0 +1,290 @@
+"""Training-step throughput on a GPU: CRATE-T/S/B/L at 224/16 in bf16 autocast, eager and torch.compile, against
+the official formulation (``tests/official/crate.py``, the same weights) and a ViT of equal width and depth (ours;
+timm's ``vit_base_patch16_224`` beside CRATE-B where timm imports), interleaved in one run; then ``crate train`` end
+to end against the model alone (the data path's share).
+
+    python benchmarks/bench_gpu.py                      # on a GPU: the full table (about 4 minutes on an H100)
+    python benchmarks/bench_gpu.py --sizes B --compile B  # one size
+    python benchmarks/bench_gpu.py --tiny                # CPU, tiny shapes: keeps the script alive (the tests run it)
+
+Each row: one optimizer step (forward + backward + AdamW) on a batch already on the device; images/s is the median
+over interleaved rounds, TFLOP/s counts the step's FLOPs with ``torch.utils.flop_counter`` (each model's own
+formulation), MFU divides by a bf16 GEMM peak measured at the start of the same run.  ``crate train``'s images/s
+is the median ``samples_per_s`` of its logged windows (after the first) on in-memory synthetic images resized and
+augmented on the device, against the same model's compute alone (fwd + bwd + clip + AdamW, same batch and amp).
+
+Targets (issue 28, on a GPU): CRATE-B/16 bf16 ≥ 1.3x the official formulation's images/s and ≥ 1.8x a ViT-B/16's;
+compiled MFU ≥ 35%; data path ≥ 0.9 of the model alone.  Printed beside the numbers, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+import crate_transformer as ct
+from crate_transformer.official import native_to_official
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the transcribed official code
+from official.crate import OfficialCRATE  # noqa: E402
+
+SIZES = {"T": "crate_tiny", "S": "crate_small", "B": "crate_base", "L": "crate_large"}
+BATCH = {"T": 256, "S": 256, "B": 128, "L": 64}  # per optimizer step, on one GPU
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def gemm_peak(device: torch.device, n: int, repeats: int) -> float:
+    """The bf16 matmul rate of this device in FLOP/s (the best of three timings of ``repeats`` n×n×n products)."""
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    best = float("inf")
+    for _ in range(4):
+        sync(device)
+        t = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 * repeats / best
+
+
+def models_of(size: str, shape: dict, timm_ok: bool) -> dict[str, torch.nn.Module]:
+    """Ours, the official formulation with our weights, our ViT of the same width/depth/heads (and timm's ViT-B)."""
+    torch.manual_seed(0)
+    ours = ct.create_model(SIZES[size], **shape)
+    c = ours.config
+    official = OfficialCRATE(image_size=c.image_size, patch_size=c.patch_size, num_classes=c.num_classes, dim=c.dim,
+                             depth=c.depth, heads=c.heads)  # fmt: skip
+    official.load_state_dict(native_to_official(ours.state_dict()))
+    vit = ct.create_model(
+        "vit_base", dim=c.dim, depth=c.depth, heads=c.heads, image_size=c.image_size, patch_size=c.patch_size
+    )
+    out = {f"CRATE-{size}": ours, f"official CRATE-{size}": official, f"ViT d={c.dim}": vit}
+    if timm_ok and size == "B" and not shape:
+        import timm
+
+        out["timm vit_base_patch16_224"] = timm.create_model("vit_base_patch16_224", pretrained=False)
+    return out
+
+
+def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, amp: torch.dtype | None):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, foreach=True)
+
+    def step() -> None:
+        with torch.autocast(x.device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            loss = F.cross_entropy(model(x).float(), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def step_flops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, amp: torch.dtype | None) -> float:
+    with FlopCounterMode(display=False) as counter:
+        with torch.autocast(x.device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            loss = F.cross_entropy(model(x).float(), y)
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    return float(counter.get_total_flops())
+
+
+def throughput(size: str, mode: str, args: argparse.Namespace, shape: dict, device: torch.device) -> list[dict]:
+    """One row per model of one size, eager or compiled, the models timed in interleaved rounds."""
+    models = {k: m.to(device).train() for k, m in models_of(size, shape, args.timm).items()}
+    c = next(iter(models.values())).config
+    batch = args.batch or BATCH[size]
+    x = torch.randn(batch, 3, c.image_size, c.image_size, device=device)
+    y = torch.randint(0, c.num_classes, (batch,), device=device)
+    flops = {name: step_flops(model, x, y, args.amp) for name, model in models.items()}
+    compiled = mode == "compiled"
+    steps = {name: train_step(torch.compile(m, backend=args.backend) if compiled else m, x, y, args.amp)
+             for name, m in models.items()}  # fmt: skip
+    first = {}
+    for name, step in steps.items():  # warm-up: compilation, cuBLAS plans, the optimizer's state
+        t = time.perf_counter()
+        for _ in range(3):
+            step()
+        sync(device)
+        first[name] = time.perf_counter() - t
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(args.rounds):
+        for name, step in steps.items():
+            sync(device)
+            t = time.perf_counter()
+            for _ in range(args.steps):
+                step()
+            sync(device)
+            times[name].append((time.perf_counter() - t) / args.steps)
+    rows = []
+    for name, ts in times.items():
+        dt = statistics.median(ts)
+        rows.append(dict(size=size, model=name, mode=mode, batch=batch, ms=1e3 * dt, img_s=batch / dt,
+                         tflops=flops[name] / dt / 1e12, mfu=flops[name] / dt / args.peak,
+                         gflop_img=flops[name] / batch / 1e9, warmup_s=first[name]))  # fmt: skip
+    return rows
+
+
+HEAD = (f"{'model':26} {'mode':9} {'batch':>5} {'ms/step':>8} {'img/s':>9} {'GFLOP/img':>9} {'TFLOP/s':>8} "
+        f"{'MFU':>6} {'vs official':>11} {'vs ViT':>7} {'warm-up s':>9}")  # fmt: skip
+
+
+def print_rows(rows: list[dict]) -> None:
+    """The rows of one size and mode, with ours against the official formulation and the ViT of the same rows."""
+    same = {q["model"]: q for q in rows}
+    for r in rows:
+        base = same.get(f"official CRATE-{r['size']}")
+        vit = next((q for k, q in same.items() if k.startswith("ViT")), None)
+        ours = r["model"] == f"CRATE-{r['size']}"
+        vs_off = f"{r['img_s'] / base['img_s']:.2f}x" if ours and base else ""
+        vs_vit = f"{r['img_s'] / vit['img_s']:.2f}x" if ours and vit else ""
+        print(
+            f"{r['model']:26} {r['mode']:9} {r['batch']:>5} {r['ms']:8.2f} {r['img_s']:9.1f} {r['gflop_img']:9.2f} "
+            f"{r['tflops']:8.2f} {100 * r['mfu']:5.1f}% {vs_off:>11} {vs_vit:>7} {r['warmup_s']:9.1f}",
+            flush=True,
+        )
+
+
+def synthetic_cifar(root: Path, images: int) -> Path:
+    """A CIFAR-10-format folder of random images (read into memory, resized to the model's size per batch)."""
+    import pickle
+
+    import numpy as np
+
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    per = max(10, images // 5)
+    for name, n in [(f"data_batch_{i}", per) for i in range(1, 6)] + [("test_batch", 100)]:
+        data = {b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), b"labels": [i % 10 for i in range(n)]}
+        (folder / name).write_bytes(pickle.dumps(data))
+    return folder
+
+
+def data_path(args: argparse.Namespace, shape: dict, device: torch.device) -> dict:
+    """``crate train`` (the library's ``train``) end to end against the model's compute alone, same batch and amp."""
+    from crate_transformer.train import TrainConfig, train
+
+    size, batch = args.e2e, args.batch or BATCH[args.e2e]
+    steps = max(8, 4 * args.steps)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = synthetic_cifar(Path(tmp), batch * (steps + 2))
+        cfg = TrainConfig(model=SIZES[size], data=str(data), batch_size=batch, epochs=1, max_steps=steps,
+                          log_every=max(1, steps // 4), eval_every=0, measure_every=0, device=str(device),
+                          amp="bf16" if args.amp else "none", progress=False, out=str(Path(tmp) / "run"),
+                          model_args=shape, threads=args.threads, warmup_epochs=0)  # fmt: skip
+        t = time.perf_counter()
+        train(cfg)
+        wall = time.perf_counter() - t
+        records = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
+    rates = [r["samples_per_s"] for r in records if r.get("split") == "train"][1:]  # the first window warms up
+    model = ct.create_model(SIZES[size], num_classes=10, **shape).to(device).train()
+    c = model.config
+    x = torch.randn(batch, 3, c.image_size, c.image_size, device=device)
+    step = train_step(model, x, torch.randint(0, 10, (batch,), device=device), args.amp)
+    for _ in range(3):
+        step()
+    times = []
+    for _ in range(args.rounds):
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        sync(device)
+        times.append((time.perf_counter() - t0) / args.steps)
+    alone = batch / statistics.median(times)
+    e2e = statistics.median(rates) if rates else float("nan")
+    return dict(size=size, batch=batch, e2e_img_s=e2e, model_img_s=alone, ratio=e2e / alone, run_wall_s=wall)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiny", action="store_true", help="CPU-sized shapes (32 px, patch 8, depth 1), few steps")
+    ap.add_argument("--device", default="auto", help="auto (cuda when present) | cpu | cuda | cuda:N")
+    ap.add_argument("--sizes", nargs="+", default=None, choices=list(SIZES), help="CRATE sizes (default T S B L)")
+    ap.add_argument("--compile", nargs="*", default=None, choices=list(SIZES), help="sizes also timed compiled")
+    ap.add_argument("--backend", default="inductor", help="torch.compile backend (aot_eager: no code generation)")
+    ap.add_argument("--batch", type=int, default=0, help="batch per step (default: by size)")
+    ap.add_argument("--steps", type=int, default=10, help="steps per timing")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (the median is reported)")
+    ap.add_argument("--amp", default="bf16", choices=("bf16", "none"), help="autocast dtype")
+    ap.add_argument("--e2e", default="B", choices=[*SIZES, "none"], help="the size of the crate-train comparison")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads (0 = auto)")
+    ap.add_argument("--json", default="", help="also write the numbers to this file")
+    args = ap.parse_args(argv)
+    args.amp = torch.bfloat16 if args.amp == "bf16" else None
+    if args.tiny:
+        args.sizes = args.sizes or ["T"]
+        args.compile = [] if args.compile is None else args.compile
+        args.batch, args.steps, args.rounds = args.batch or 8, min(args.steps, 2), min(args.rounds, 2)
+        args.e2e = "T" if args.e2e == "B" else args.e2e
+    args.sizes = args.sizes or list(SIZES)
+    args.compile = ["B"] if args.compile is None else args.compile
+    try:
+        import timm  # noqa: F401
+
+        args.timm = True
+    except ImportError:
+        args.timm = False
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from crate_transformer.train.runtime import resolve_device
+
+    args = parse(argv)
+    device = resolve_device(args.device)
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # what a training run sets (--tf32)
+    elif args.threads:
+        torch.set_num_threads(args.threads)
+    shape = dict(image_size=32, patch_size=8, depth=1) if args.tiny else {}
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    args.peak = gemm_peak(device, 256 if args.tiny else 8192, 2 if args.tiny else 20)
+    print(f"{name}; torch {torch.__version__}, CUDA {torch.version.cuda}; load average {os.getloadavg()}")
+    print(f"measured bf16 GEMM peak: {args.peak / 1e12:.2f} TFLOP/s (the MFU denominator)")
+    print(f"timm: {'vit_base_patch16_224 beside CRATE-B' if args.timm else 'not installed (no timm row)'}\n")
+    result = {"device": name, "torch": torch.__version__, "peak_flops": args.peak, "rows": [], "e2e": None,
+              "date": time.strftime("%Y-%m-%d %H:%M")}  # fmt: skip
+
+    def save() -> None:  # after every measurement: a run cut short by a time limit keeps what it measured
+        result["loadavg"] = os.getloadavg()
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1))
+
+    print(HEAD + "\n" + "-" * len(HEAD), flush=True)
+    for size in args.sizes:  # eager first, every size; then the data path; then the compiled rows
+        result["rows"] += (rows := throughput(size, "eager", args, shape, device))
+        print_rows(rows)
+        save()
+    if args.e2e != "none":
+        e2e = result["e2e"] = data_path(args, shape, device)
+        print(
+            f"\ncrate train CRATE-{e2e['size']} batch {e2e['batch']}: {e2e['e2e_img_s']:.1f} img/s end to end, "
+            f"{e2e['model_img_s']:.1f} img/s model alone: data path {e2e['ratio']:.2f} (target >= 0.9)\n",
+            flush=True,
+        )
+        save()
+    for size in args.compile:
+        result["rows"] += (rows := throughput(size, "compiled", args, shape, device))
+        print_rows(rows)
+        save()
+    print(f"load average at the end: {os.getloadavg()}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""ToST's attention (TSSA) and the variational coding rate it descends (Wu et al., ICLR 2025): against a float64
+formula, the authors' modules (``tests/official/tost_vision.py``, ``tests/official/tost_lang.py``), autograd and
+the loop-by-token reference."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from official import tost_lang, tost_vision
+
+import crate_transformer as ct
+from crate_transformer.operators import TSSA, tssa_reference
+
+
+def _np_rvar(P: np.ndarray, Pi: np.ndarray, eps: float) -> float:
+    """½ Σ_k (n_k/n) Σ_i log(1 + (p/ε²) Σ_j Π_jk P_kji² / n_k), one sample, loops: P (K, n, p), Pi (n, K)."""
+    K, n, p = P.shape
+    total = 0.0
+    for k in range(K):
+        n_k = sum(Pi[j, k] for j in range(n))
+        for i in range(p):
+            moment = sum(Pi[j, k] * P[k, j, i] ** 2 for j in range(n)) / n_k
+            total += 0.5 * (n_k / n) * math.log(1 + p / eps**2 * moment)
+    return total
+
+
+def _memberships(b: int, n: int, K: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.softmax(torch.randn(b, n, K, generator=g, dtype=torch.float64), dim=-1)
+
+
+def test_variational_coding_rate_matches_the_formula():
+    K, d, p, n = 3, 12, 4, 9
+    Z = torch.randn(2, n, d, dtype=torch.float64)
+    U = torch.randn(K, d, p, dtype=torch.float64)
+    Pi = _memberships(2, n, K)
+    got = ct.variational_coding_rate(Z, U, Pi, eps=0.5)
+    P = (Z.unsqueeze(-3) @ U).numpy()
+    want = [_np_rvar(P[i], Pi[i].numpy(), 0.5) for i in range(2)]
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
+    # U=None: the projections themselves (a layer's own, bias included)
+    torch.testing.assert_close(ct.variational_coding_rate(Z.unsqueeze(-3) @ U, None, Pi, eps=0.5), got)
+    # float32 input computed in float64
+    low = ct.variational_coding_rate(Z.float(), U.float(), Pi.float(), eps=0.5, dtype=torch.float64)
+    assert low.dtype == torch.float64
+    np.testing.assert_allclose(low.numpy(), want, rtol=1e-6)
+
+
+def test_variational_coding_rate_bounds_the_weighted_logdet_and_meets_it_on_diagonal_statistics():
+    """Σ_i log(1 + M_ii) ≥ logdet(I + M) for M ⪰ 0 (the diagonal is majorised by the eigenvalues, log(1+x) is
+    concave), with equality for diagonal M: the variational form upper-bounds the Π-weighted R^c."""
+    K, n, p, eps = 2, 10, 3, 0.7
+
+    def weighted_logdet(P, Pi):
+        total = 0.0
+        for k in range(K):
+            n_k = Pi[:, k].sum()
+            M = (p / (n_k * eps**2)) * (P[k].T * Pi[:, k]) @ P[k]
+            total += 0.5 * (n_k / n) * np.linalg.slogdet(np.eye(p) + M)[1]
+        return total
+
+    g = np.random.default_rng(0)
+    P, Pi = g.standard_normal((K, n, p)), _memberships(1, n, K)[0].numpy()
+    var = float(ct.variational_coding_rate(torch.from_numpy(P), None, torch.from_numpy(Pi), eps=eps))
+    assert var > weighted_logdet(P, Pi) + 1e-3  # strictly above for generic tokens
+    # each token on one coordinate of each head: the weighted second-moment matrices are diagonal
+    D = np.zeros((K, n, p))
+    for j in range(n):
+        D[:, j, j % p] = g.standard_normal(K)
+    var = float(ct.variational_coding_rate(torch.from_numpy(D), None, torch.from_numpy(Pi), eps=eps))
+    assert var == pytest.approx(weighted_logdet(D, Pi), rel=1e-12)
+
+
+def test_variational_coding_rate_refuses_bad_shapes():
+    with pytest.raises(ValueError, match="Pi must be"):
+        ct.variational_coding_rate(torch.randn(2, 5, 8), torch.randn(2, 8, 4), torch.rand(2, 5, 3))
+    with pytest.raises(ValueError, match="eps"):
+        ct.variational_coding_rate(torch.randn(5, 8), torch.randn(2, 8, 4), torch.rand(5, 2), eps=0)
+
+
+def _tssa(causal: bool, dim=12, heads=3, n=7, seed=0, dtype=torch.float64) -> TSSA:
+    torch.manual_seed(seed)
+    op = TSSA(dim, heads, dim // heads, qkv_bias=True, causal=causal, block_size=n + 3).to(dtype).eval()
+    with torch.no_grad():
+        op.temp.uniform_(0.5, 2.0)
+        if causal:
+            op.denom_bias.normal_(0, 0.3)
+    return op
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tssa_is_its_loop_by_token_reference(causal):
+    op, n = _tssa(causal), 7
+    x = torch.randn(2, n, 12, dtype=torch.float64)
+    w = op.project(x)
+    bias = op.denom_bias[:, :n, 0] if causal else None
+    for i in range(2):
+        out, Pi = tssa_reference(w[i], op.temp[:, 0], causal=causal, denom_bias=bias)
+        want = op.proj(out.transpose(0, 1).reshape(n, -1))
+        torch.testing.assert_close(op(x)[i], want, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(op.memberships(x)[i], Pi, rtol=1e-12, atol=1e-12) if not causal else None
+
+
+def test_tssa_is_a_gradient_step_on_the_variational_coding_rate():
+    """Before its projection TSSA outputs −n ∇_W R_c^var(W, Π) at p/ε² = 1 with Π held fixed."""
+    K, p, n = 3, 4, 11
+    op = _tssa(False, dim=K * p, heads=K, n=n)
+    with torch.no_grad():  # the projection as the identity: the output is the heads' update itself
+        op.proj.weight.copy_(torch.eye(K * p))
+        op.proj.bias.zero_()
+    x = torch.randn(1, n, K * p, dtype=torch.float64)
+    W = op.project(x).detach().requires_grad_(True)
+    Pi = op.memberships(x).detach()
+    (grad,) = torch.autograd.grad(ct.variational_coding_rate(W, None, Pi, eps=math.sqrt(p)).sum(), W)
+    step = (-n * grad).transpose(1, 2).reshape(1, n, K * p)
+    torch.testing.assert_close(op(x), step, rtol=1e-7, atol=1e-12)  # 1e-8 mass offset of the authors' code
+
+
+def _copy_vision(ours: TSSA, theirs: tost_vision.AttentionTSSA) -> None:
+    theirs.load_state_dict(
+        {"qkv.weight": ours.qkv.weight, "qkv.bias": ours.qkv.bias, "temp": ours.temp}
+        | {"to_out.0.weight": ours.proj.weight, "to_out.0.bias": ours.proj.bias}
+    )
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_tssa_equals_the_authors_vision_attention(dtype, tol):
+    ours = _tssa(False, dim=16, heads=4, dtype=dtype)
+    theirs = tost_vision.AttentionTSSA(16, num_heads=4, qkv_bias=True).to(dtype).eval()
+    _copy_vision(ours, theirs)
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
+    x = torch.randn(3, 50, 16, dtype=dtype)
+    torch.testing.assert_close(ours(x), theirs(x), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_causal_tssa_equals_the_authors_language_attention(dtype, tol):
+    cfg = tost_lang.GPTConfig(block_size=20, n_head=4, n_embd=16, bias=True, TSSA=True)
+    theirs = tost_lang.CausalSelfAttention_TSSA(cfg).to(dtype).eval()
+    ours = TSSA(16, 4, 4, qkv_bias=True, causal=True, block_size=20).to(dtype).eval()
+    with torch.no_grad():
+        ours.temp.uniform_(0.5, 2.0)
+        ours.denom_bias.normal_(0, 0.3)
+    theirs.load_state_dict(
+        {"c_attn.weight": ours.qkv.weight, "c_attn.bias": ours.qkv.bias, "temp": ours.temp}
+        | {"denom_bias": ours.denom_bias, "c_proj.weight": ours.proj.weight, "c_proj.bias": ours.proj.bias}
+    )
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
+    x = torch.randn(2, 13, 16, dtype=dtype)
+    torch.testing.assert_close(ours(x), theirs(x), rtol=tol, atol=tol)
+
+
+def test_causal_tssa_reads_no_future_token_and_its_cache_is_the_running_sums():
+    op = _tssa(True, n=9)
+    x = torch.randn(2, 9, 12, dtype=torch.float64)
+    full = op(x)
+    later = x.clone()
+    later[:, 5:] = torch.randn(2, 4, 12, dtype=torch.float64)
+    torch.testing.assert_close(op(later)[:, :5], full[:, :5], rtol=0, atol=0)
+    cache: dict = {}
+    steps = [op(x[:, :4], cache=cache)] + [op(x[:, j : j + 1], cache=cache) for j in range(4, 9)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-12, atol=1e-12)
+    assert cache["length"] == 9
+    assert {k: tuple(v.shape) for k, v in cache.items() if k != "length"} == {
+        "sq": (2, 3, 1, 4),
+        "wsq": (2, 3, 1, 4),
+        "pi": (2, 3, 1),
+    }  # fmt: skip  (a constant size, whatever the length)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tssa_attention_is_the_membership_weights_each_token_reads(causal):
+    op = _tssa(causal)
+    x = torch.randn(2, 7, 12, dtype=torch.float64)
+    out, attn = op(x, return_attention=True)
+    torch.testing.assert_close(out, op(x))
+    assert attn.shape == (2, 3, 7, 7)
+    torch.testing.assert_close(attn.sum(-1), torch.ones(2, 3, 7, dtype=torch.float64), rtol=1e-6, atol=1e-6)
+    Pi = op._scores(op.project(x), None, 0)  # (b, K, n)
+    if causal:
+        assert torch.equal(attn, attn.tril())
+        torch.testing.assert_close(attn[..., -1, :], Pi / Pi.sum(-1, keepdim=True), rtol=1e-6, atol=1e-12)
+    else:  # every token reads the same statistics: every row is Π_k normalised over the tokens
+        torch.testing.assert_close(attn[..., 3, :], Pi / Pi.sum(-1, keepdim=True), rtol=1e-6, atol=1e-12)
+        torch.testing.assert_close(op.memberships(x).sum(-1), torch.ones(2, 7, dtype=torch.float64))
+
+
+def test_tssa_refuses_what_it_cannot_do():
+    with pytest.raises(ValueError, match="block_size"):
+        TSSA(8, 2, 4, causal=True)
+    op = _tssa(True, n=5)
+    with pytest.raises(ValueError, match="padding mask"):
+        op(torch.randn(1, 3, 12, dtype=torch.float64), key_mask=torch.ones(1, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="exceed the context of 8"):
+        op(torch.randn(1, 9, 12, dtype=torch.float64))
+    with pytest.raises(ValueError, match="causal TSSA"):
+        _tssa(False)(torch.randn(1, 3, 12, dtype=torch.float64), cache={})
