@@ -35,7 +35,7 @@ __all__ = ["LMTask", "LMOptions", "build_tokenizer", "plateau_warning"]
 
 OBJECTIVES = ("clm", "mlm")
 DEFAULT_MODELS = {"clm": "crate_gpt_mini", "mlm": "crate_bert_mini"}
-PRIOR_WINDOWS = 16  # training windows the head's features are measured on for the token prior
+PRIOR_TOKENS = 2048  # training tokens the head's features are measured on for the token prior
 # the plateau check: after this share of the steps, a held-out loss not below (1 - margin) x the training tokens'
 # unigram entropy means the model still predicts little beyond token frequencies
 PLATEAU_SHARE, PLATEAU_MARGIN = 0.2, 0.05
@@ -158,7 +158,6 @@ class LMTask(Task):
         _check_objective(config, cfg.model or config.arch, o.objective)  # a resumed run as a new one
         model = build(config)
         model.tokenizer = self.tokenizer
-        self.model = model.to(rt.device)
         block = model.config.block_size
         tokens = load_tokens(source, self.tokenizer, cfg.data.text_columns)
         cut = split_tokens(len(tokens), cfg.data.val_fraction, block)
@@ -166,20 +165,22 @@ class LMTask(Task):
         self.train_data = TokenBlocks(tokens, block, 0, cut, name, "train")
         end = min(len(tokens), cut + o.eval_blocks * block + 1) if o.eval_blocks else len(tokens)
         self.eval_data = TokenBlocks(tokens, block, cut, end, name, "held-out")
+        self._unigram(model, start=state is None and o.token_prior)  # on the CPU, before the model moves
+        self.model = model.to(rt.device)
         self.special = torch.tensor(self.tokenizer.special_ids, device=rt.device)
-        self._unigram(start=state is None and o.token_prior)
 
-    def _unigram(self, start: bool) -> None:
+    def _unigram(self, model: LanguageModel, start: bool) -> None:
         """The training tokens' unigram entropy (``self.unigram_entropy``, the plateau level), from their counts;
-        with ``start`` the new model is set to predict their frequencies (:meth:`LanguageModel.init_token_prior`)."""
-        counts = torch.from_numpy(self.train_data.token_counts(self.model.config.vocab_size)).double()
+        with ``start`` the new ``model`` is set to predict their frequencies (:meth:`LanguageModel.init_token_prior`,
+        measured on the first :data:`PRIOR_TOKENS` training tokens)."""
+        counts = torch.from_numpy(self.train_data.token_counts(model.config.vocab_size)).double()
         p = counts[counts > 0] / counts.sum()
         self.unigram_entropy = float(-(p * p.log()).sum())
         self.token_prior = False
         if start:
             log_prior = torch.log((counts + 0.5) / (counts.sum() + 0.5 * len(counts)))  # add-half: no -inf
-            first = self.train_data.get(torch.arange(min(PRIOR_WINDOWS, len(self.train_data))))[:, :-1]
-            self.token_prior = self.model.init_token_prior(log_prior, first.to(self.rt.device))
+            windows = max(1, min(PRIOR_TOKENS // model.config.block_size, len(self.train_data)))
+            self.token_prior = model.init_token_prior(log_prior, self.train_data.get(torch.arange(windows))[:, :-1])
 
     def _config(self, state: dict | None, source: str) -> LMConfig:
         """The tokenizer (``self.tokenizer``: the checkpoint's or one built for ``source``) and the model's config."""
