@@ -142,8 +142,11 @@ def test_wrong_checkpoint_formats_are_one_line_errors_naming_the_fix():
     p4 = OfficialCRATEAlpha(**{**TINY, "patch_size": 4, "num_classes": 7}, dim_head=8).state_dict()  # e.g. B/32 vs B/16
     with pytest.raises(CheckpointError, match="pass patch_size=4, num_classes=7$"):
         ct.from_official(p4, "crate_alpha_base16", **TINY)
-    with pytest.raises(ValueError, match="official CRATE checkpoints have MSSA \\+ ISTA layers"):
-        ct.from_official(alpha, "crate_alpha_mnist")  # the CRATE + ODL ablation (arch crate, patch LayerNorms)
+    # the CRATE + ODL ablation (arch crate, patch LayerNorms) is not CRATE-α: the file's own format is named
+    with pytest.raises(CheckpointError, match="not a CRATE classifier .*CRATE-α checkpoint.*e.g. crate_alpha_base16$"):
+        ct.from_official(alpha, "crate_alpha_mnist")
+    with pytest.raises(CheckpointError, match="MSSA \\+ ISTA layers, not .*mlp='odl'; pass a CRATE classifier name"):
+        ct.from_official(crate, "crate_alpha_mnist")  # a CRATE file under the ablation's name: no override was given
     assert looks_like_alpha(alpha) and not looks_like_alpha(crate)
     assert not looks_like_alpha(ct.create_model("crate_mae_mnist", depth=1).state_dict())
     assert not looks_like_alpha(native_to_official(ct.create_model("crate_tiny", **TINY).state_dict()))
@@ -155,7 +158,7 @@ def test_load_model_resolves_an_official_alpha_file_and_suggests_the_name(tmp_pa
     torch.save(official_tiny().state_dict(), path)
     assert isinstance(load_model(path, "crate_alpha_base16", **TINY), CRATEAlpha)
     with pytest.raises(
-        CheckpointError, match="official CRATE checkpoint; name its architecture, e.g. --model crate_alpha_base16$"
+        CheckpointError, match="authors' checkpoint, .*its architecture: pass the model name, e.g. crate_alpha_base16$"
     ):
         load_model(path)
 

@@ -460,6 +460,32 @@ def test_crate_analyze_images_use_the_models_normalisation_not_the_photos(tmp_pa
         crate("analyze", str(path), *common, "--normalize", "photos")
 
 
+def test_crate_analyze_images_of_a_released_model_use_its_stated_crop_and_statistics(tmp_path):
+    """An authors' file of a released model (crate_small): the photos are resized to 32 / 0.875 = 37 px and
+    centre-cropped (its release's resize 256 / crop 224), normalised with ImageNet's statistics as its release
+    states; --crop-pct still chooses another crop."""
+    from PIL import Image
+    from test_pretrained import official_tiny_file
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    g = np.random.default_rng(0)
+    for i in range(2):
+        Image.fromarray(g.integers(0, 256, (40, 60, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    _, f = official_tiny_file(tmp_path / "crate_small.pth")
+    arch = [f"{k}={v}" for k, v in tiny.IMAGE.items()]
+    common = ["--model", "crate_small", "--model-args", *arch, "--images", str(folder), "--num-vis", "1",
+              "--no-progress", "--masks", "1"]  # fmt: skip
+    for extra, want in (([], "shorter side to 37 px (bilinear), centre crop 32"),
+                        (["--crop-pct", "1"], "shorter side to 32 px (bilinear), centre crop 32")):  # fmt: skip
+        out = tmp_path / f"out{len(extra)}"
+        assert crate("analyze", str(f), *common, *extra, "--out", str(out)) == 0
+        rep = json.loads((out / "report.json").read_text())
+        assert rep["source"]["data"] == f"{folder} (2 images; {want})"
+        assert rep["source"]["normalization_source"] == "the released weights' (their zoo entry)"
+        np.testing.assert_allclose(rep["normalization"], [[0.485, 0.456, 0.406], [0.229, 0.224, 0.225]])
+
+
 def test_image_folder_keeps_the_aspect_ratio_and_crops_the_centre(tmp_path):
     from PIL import Image
 

@@ -66,6 +66,21 @@ def test_bench_generate_tiny():
         ratio(w[8])
 
 
+def test_bench_tost_tiny():
+    lines = run("bench_tost.py")
+    ops = ("tssa", "mssa", "mssa-matrix", "softmax")
+    rows = [w for w in lines if len(w) == 7 and w[0] in ops and w[1].isdigit()]
+    assert [(w[0], w[1]) for w in rows] == [(op, n) for op in ops for n in ("64", "256")]
+    for w in rows:
+        assert float(w[2].replace(",", "")) > 0 and float(w[4]) >= 0  # tokens/s, MiB
+        ratio(w[5])
+    slopes = [w for w in lines if len(w) == 3 and w[0] in ops]
+    assert [w[0] for w in slopes] == list(ops) and all(math.isfinite(float(w[1])) for w in slopes)
+    digits = [w for w in lines if len(w) == 6 and w[0] in ("tost_mnist", "crate_mnist_p4") and w[1] == "0"]
+    assert [w[0] for w in digits] == ["tost_mnist", "crate_mnist_p4"]
+    assert all(0 <= float(w[2]) <= 100 for w in digits)
+
+
 # --------------------------------------------------------------------------- bench_gpu.py (in this process)
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 

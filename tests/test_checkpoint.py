@@ -220,7 +220,7 @@ def test_load_model_resolves_every_layout(tmp_path):
     torch.testing.assert_close(load_model(tmp_path / "last.pt")(x), m(x))
     off = official_tiny()
     torch.save({"state_dict": {"module." + k: v for k, v in off.state_dict().items()}}, tmp_path / "off.pth")
-    with pytest.raises(CheckpointError, match="--model crate_small"):
+    with pytest.raises(CheckpointError, match="pass the model name, e.g. crate_small$"):
         load_model(tmp_path / "off.pth")
     torch.testing.assert_close(load_model(tmp_path / "off.pth", "crate_tiny", **TINY)(x), off(x), rtol=1e-5, atol=1e-5)
     (tmp_path / "empty").mkdir()

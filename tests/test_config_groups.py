@@ -53,7 +53,7 @@ def test_bad_layouts_are_one_line_errors() -> None:
         ({"config_version": 3}, "config_version 3 is newer than this crate_transformer reads"),
         ({"optim": {"lr": "abc"}}, "lr must be a number, got 'abc'"),
         ({"system": {"threads": -1}}, "threads must be a non-negative integer"),
-        ({"data": {"eval_split": "val"}}, "--val-fraction"),
+        ({"data": {"eval_split": "val"}}, "val_fraction=0.1"),
     ):
         with pytest.raises(ValueError, match=msg):
             TrainConfig.from_dict(d)

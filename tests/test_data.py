@@ -157,7 +157,7 @@ def test_folder_errors(tmp_path: Path, image_folder: Path) -> None:
     assert load_dataset(image_folder, image_size=10).images.shape[1:] == (3, 10, 10)
     for kw, msg in (
         ({"split": "dev"}, "unknown split"),
-        ({"split": "val"}, "pass val_fraction > 0"),
+        ({"split": "val"}, "pass val_fraction=0.1"),
         ({"on_bad_image": "ignore"}, "on_bad_image must be"),
         ({"val_fraction": 1.0}, r"val_fraction must be in \[0, 1\)"),
         ({"image_size": 0}, "image_size must be a positive integer"),

@@ -66,7 +66,7 @@ def test_named_image_and_label_columns_replace_the_automatic_choice(views: dict)
         assert np.array_equal(_decoded(named, i), np.asarray(views["test"][i]["photo"]))
     with pytest.raises(ValueError, match=r"no column 'picture' \(columns: \['sketch', 'photo', 'parity', 'digit'\]\)"):
         open_source("lab/views", "test", image_size=28, image_column="picture")
-    with pytest.raises(ValueError, match="--label-column names a Hugging Face dataset's column and mnist is not one"):
+    with pytest.raises(ValueError, match="label_column names a Hugging Face dataset's column and mnist is not one"):
         open_source("mnist", "test", label_column="digit")
 
 
@@ -104,7 +104,7 @@ def test_text_columns_choose_what_a_language_model_reads(offline_cache: Path, tm
     assert both == [f"{t}\n{b}" for t, b in zip(title, body)]
     tok = Tokenizer.byte_level()
     assert load_tokens("lab/stories", tok, ["body"]).tolist() == [t for b in body for t in (*tok.encode(b), tok.eos_id)]
-    with pytest.raises(ValueError, match=r"no column\(s\) \['text'\].*fix --text-columns"):
+    with pytest.raises(ValueError, match=r"no column\(s\) \['text'\].*fix text_columns"):
         load_tokens("lab/stories", tok, ["text"])
     out = tmp_path / "lm"
     argv = ["train-lm", "--data", "lab/stories", "--text-columns", "body", *MODEL, "block_size=8"]

@@ -216,6 +216,29 @@ def test_adding_a_model_runs_block_by_block(tmp_path: Path, monkeypatch: pytest.
     assert type(ct.from_pretrained(tmp_path / "my_model")) is namespace["MyModel"]
 
 
+def test_the_backbone_page_runs_block_by_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """docs/backbone.md's Python blocks, in order as one program, print what their comments say."""
+    blocks = [text for lang, text in code_blocks(ROOT / "docs" / "backbone.md") if lang == "python"]
+    assert len(blocks) >= 2
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    for i, block in enumerate(blocks, 1):
+        exec(compile(block, f"docs/backbone.md, Python block {i}", "exec"), namespace)  # our own docs' code
+    said = capsys.readouterr().out.splitlines()
+    assert said[:4] == [
+        "torch.Size([2, 17, 128]) [(2, 128, 4, 4), (2, 128, 4, 4)]",
+        "torch.Size([2, 128]) 128",
+        "3 torch.Size([1, 3])",
+        "(1, 28, 28) (1, 28, 28)",
+    ]
+    commented = [c.split("#")[1].strip() for b in blocks for c in b.splitlines() if "print(" in c and "#" in c]
+    assert commented == [
+        "(2, 17, 128) [(2, 128, 4, 4), (2, 128, 4, 4)]", "(2, 128) 128", "3 (1, 3)", "(1, 28, 28) (1, 28, 28)"
+    ]  # fmt: skip
+
+
 def test_no_file_cites_documents_outside_the_repository() -> None:
     # the names are joined here so that this file does not itself contain them
     pattern = re.compile("|".join(["paper" + "_spec", r"anchors\.md", "shared" + "/notes"]))

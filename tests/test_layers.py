@@ -122,7 +122,19 @@ FAMILY_MODULES = {a.model_class.__module__.rpartition(".")[2] for a in _registry
 FAMILIES = {a.model_class.__module__.split(".")[-1] for a in _registry._ARCHS.values()
             if a.model_class.__module__.startswith(PKG + ".")}  # fmt: skip
 LAYERS = [  # lowest first; a module may import its own layer and the ones before it
-    {"_version", "errors", "config_utils", "config", "io", "objectives", "operators", "official", "spec", "tokenizer"},
+    {
+        "_version",
+        "errors",
+        "config_utils",
+        "config",
+        "io",
+        "objectives",
+        "operators",
+        "official",
+        "spec",
+        "tokenizer",
+        "runfiles",
+    },
     {"_hub"},
     {"base"},
     {"_registry"},

@@ -22,7 +22,7 @@ from official import crate_lm_official as crate_lm
 import crate_transformer as ct
 from crate_transformer.data import text as text_data
 from crate_transformer.data.text import TokenBlocks, load_tokens, split_tokens
-from crate_transformer.errors import OptionsWarning
+from crate_transformer.errors import OptionWarning
 from crate_transformer.lm import crate_lm_to_native
 from crate_transformer.tokenizer import Tokenizer
 from crate_transformer.train import TrainConfig
@@ -243,7 +243,7 @@ def test_the_warning_names_options_in_the_library() -> None:
         warnings.simplefilter("always")
         warnings.warn(plateau_warning(3.2, 3.27, 80, 400, token_prior=False), stacklevel=1)
     (w,) = caught
-    assert isinstance(w.message, OptionsWarning)
+    assert isinstance(w.message, OptionWarning)
     text = str(w.message)
     assert (
         "after 80 of 400 steps (20%)" in text

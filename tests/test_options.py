@@ -288,8 +288,8 @@ def test_reports_go_inside_what_they_describe(tmp_path: Path) -> None:
          "crate_mae_mnist is a masked autoencoder, and crate pretrain dino trains an image classifier"),
         (["train-lm", "--model", "crate_mnist"], "crate_mnist is an image classifier, and crate train-lm trains a "
          "language model"),
-        (["train-lm", "--vocab-size", "512"], "--vocab-size applies to a tokenizer trained on --data (bpe, wordpiece), "
-         "not byte; drop it, or add --tokenizer bpe"),
+        (["train-lm", "--vocab-size", "512"], "--vocab-size applies to a tokenizer trained on the data (bpe, "
+         "wordpiece), not byte; drop it, or add --tokenizer bpe"),
     ],
 )  # fmt: skip
 def test_the_wrong_kind_of_model_is_refused_before_a_run_folder_exists(

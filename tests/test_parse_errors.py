@@ -226,7 +226,7 @@ def test_words_a_wordpiece_vocabulary_lacks_are_warned_once_and_shown_as_unk(
 
     tok = Tokenizer.train("wordpiece", ["the quick brown fox jumps over the lazy dog " * 50], vocab_size=300)
     with pytest.warns(UserWarning, match=r"^2 word\(s\) of the text are not in the wordpiece tokenizer's vocabulary "
-                                         r"and become \[UNK\] \(the first: 'ñandú'\); .*--tokenizer bpe"):  # fmt: skip
+                                         r"and become \[UNK\] \(the first: 'ñandú'\); .*tokenizer='bpe'"):  # fmt: skip
         ids = tok.encode("the ñandú fox 狐 dog")
     assert ids.count(tok.unk_id) == 2
     assert tok.decode(ids, skip_special_tokens=True) == "the [UNK] fox [UNK] dog"  # not "the fox dog"

@@ -153,7 +153,7 @@ def test_corrupt_image_skip_replaces_in_training_drops_in_eval_and_error_names_i
     strict = open_source(root, "train", image_size=SIZE, mode="stream", num_workers=1, on_bad_image="error")
     with pytest.raises(ValueError) as e:
         _all(strict, 8, seed=0)
-    assert str(broken) in str(e.value) and "\n" not in str(e.value) and "--on-bad-image skip" in str(e.value)
+    assert str(broken) in str(e.value) and "\n" not in str(e.value) and "on_bad_image='skip'" in str(e.value)
 
 
 # --------------------------------------------------------------------------- WebDataset shards
@@ -251,9 +251,9 @@ def test_bad_input_is_a_one_line_error(tmp_path: Path, folder: Path, shards: Pat
         ((tmp_path / "empty", "train"), {}, "has no class subfolders"),
         ((tmp_path / "noclass", "train"), {"mode": "stream"}, "has no class subfolders"),
         ((folder, "train"), {"mode": "fast"}, "unknown data mode 'fast'"),
-        ((shards, "train"), {"mode": "memory"}, "always streamed; pass --data-mode auto or stream"),
+        ((shards, "train"), {"mode": "memory"}, "always streamed; pass data_mode='stream'"),
         ((tmp_path / "nolabels", "train"), {}, "has no label"),
-        ((folder, "val"), {"mode": "stream"}, "pass val_fraction > 0"),
+        ((folder, "val"), {"mode": "stream"}, "pass val_fraction=0.1"),
         ((folder, "train"), {"mode": "stream", "num_workers": -2}, "num_workers must be >= 0"),
         ((str(tmp_path / "none-{0..3}.tar"), "train"), {}, "no .tar shards match"),
     ]
@@ -264,7 +264,7 @@ def test_bad_input_is_a_one_line_error(tmp_path: Path, folder: Path, shards: Pat
     with pytest.raises(ValueError, match="streamed, not loaded into memory"):
         load_dataset(shards, "train")
     cfg = TrainConfig(data=str(folder), data_mode="stream", train_subset=10, image_size=SIZE, out=str(tmp_path / "r"))
-    with pytest.raises(ValueError, match="--train-subset works on in-memory data only"):
+    with pytest.raises(ValueError, match="^train_subset works on in-memory data only"):
         train(cfg, overrides={"model_args": dict(a.split("=") for a in ARCH)})
 
 

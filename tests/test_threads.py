@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from crate_transformer import cli
+from crate_transformer.errors import wording
 from crate_transformer.train import TrainConfig, train
 from crate_transformer.train import threads as th
 
@@ -68,7 +69,7 @@ def test_auto_uses_free_cpus_and_respects_omp_num_threads(monkeypatch: pytest.Mo
     assert th.auto_threads() == 2  # the user's OMP_NUM_THREADS wins over the load
     assert th.resolve_threads(3) == 3 and th.resolve_threads("3") == 3
     for bad in (-1, "abc", "auto"):
-        with pytest.raises(ValueError, match="--threads must be a positive integer or 0"):
+        with pytest.raises(ValueError, match="^threads must be a positive integer or 0"):
             th.resolve_threads(bad)
 
 
@@ -91,9 +92,11 @@ def test_slowdown_watch_warns_once_naming_threads_1() -> None:
             lines.append(watch.add(seconds, 10))
     finally:
         torch.set_num_threads(before)
-    warnings = [w for w in lines if w]
-    assert len(warnings) == 1 and lines[5] == warnings[0]
-    assert "--threads 1" in warnings[0] and "6x" in warnings[0] and "\n" not in warnings[0]
+    warnings = [str(w) for w in lines if w]
+    assert len(warnings) == 1 and str(lines[5]) == warnings[0]
+    assert "threads=1" in warnings[0] and "6x" in warnings[0] and "\n" not in warnings[0]
+    with wording(cli.cli_words):  # the training loop prints it while a command runs: the flag
+        assert "rerun or resume with --threads 1" in str(lines[5])
     assert watch.add(0.0, 0) is None  # an empty window is ignored
 
 

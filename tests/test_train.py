@@ -91,7 +91,7 @@ def test_config_validation_and_files(tmp_path: Path) -> None:
         ({"lr": 1e-3, "min_lr": 1e-2}, "min_lr <= lr"),
         ({"optimizer": "adagrad"}, "unknown optimizer"),  # sgd, lars and lamb exist (test_recipes)
         ({"label_smoothing": 1.0}, "label_smoothing"),
-        ({"eval_split": "val"}, "--val-fraction"),
+        ({"eval_split": "val"}, "val_fraction=0.1"),
         ({"betas": [0.9]}, "betas must be two numbers"),
     ):
         with pytest.raises(ValueError, match=msg):

@@ -19,7 +19,7 @@ from ._version import __version__
 from .alpha import AlphaConfig, CRATEAlpha
 from .base import Model, Trace
 from .bert import CRATEBert
-from .checkpoint import CheckpointError, from_official, from_pretrained
+from .checkpoint import CheckpointError, from_official, from_pretrained, load_model
 from .config import Config
 from .lm import GPT, CRATELanguageModel, LanguageModel, LMConfig
 from .mae import CRATEMAE, MAEConfig
@@ -39,25 +39,19 @@ from .objectives import (
 )
 from .pretrained import list_pretrained
 from .registry import create_model, list_models, model_config
+from .spec import resolve_data_config
 from .tokenizer import Tokenizer
 from .tost import ToST, ToSTConfig, ToSTLanguageModel, ToSTLMConfig
 
 _SUBMODULES = ("analysis", "theory", "data", "train", "probe", "dino")
-# the one resolver of the commands (a folder, a run directory, a training state, an authors' file): it lives with
-# the trainer, whose run layout it reads, and is imported on first use like the submodules
-_LAZY = {"load_model": ("train.load", "load_model")}
 
 
 def __getattr__(name: str) -> object:
-    """``ct.analysis``, ``ct.theory``, ``ct.data``, ``ct.train`` and ``ct.load_model`` on first use (they import
-    matplotlib etc.)."""
+    """``ct.analysis``, ``ct.theory``, ``ct.data`` and ``ct.train`` on first use (they import matplotlib etc.)."""
     import importlib
 
     if name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
-    if name in _LAZY:
-        module, attr = _LAZY[name]
-        return getattr(importlib.import_module(f".{module}", __name__), attr)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -90,6 +84,7 @@ __all__ = [
     "list_pretrained",
     "model_config",
     "from_pretrained",
+    "resolve_data_config",
     "from_official",
     "load_model",
     "coding_rate",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import socket
 import tempfile
 import urllib.parse
@@ -20,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .io import CONFIG_NAME, FILE_DIGESTS, WEIGHTS_NAME, CheckpointError, atomic_write
+from .io import CONFIG_NAME, FILE_DIGESTS, WEIGHTS_NAME, CheckpointError, atomic_write, file_digest
 
 __all__ = [
     "HUB_PREFIX",
@@ -30,6 +31,7 @@ __all__ = [
     "resolve_hub",
     "hub_offline",
     "hub_failure",
+    "verify_cached",
     "CITATION",
     "model_card",
     "write_hub_folder",
@@ -121,11 +123,43 @@ def hub_failure(e: BaseException, what: str, fix: str, *, cache: bool = True) ->
     return None
 
 
+# the length of a cache blob's name → the hash it is: huggingface_hub stores each file under its etag, the SHA-256 of
+# an LFS file and git's blob id (SHA-1) of any other
+_BLOB_DIGESTS = {64: "sha256", 40: "git-sha1"}
+REFETCH = "delete it and load again to download it anew"
+
+
+def verify_cached(path: str | Path, what: str, sha256: str = "", fix: str = REFETCH) -> Path:
+    """``path`` (a file huggingface_hub returned from its cache) after checking its content before anything reads it.
+
+    The cache keeps each file as ``blobs/<hash of its content>`` (SHA-256 for LFS files, git's blob id for the
+    others), with ``snapshots/<commit>/<path>`` a link to it: the bytes must hash to the blob's name.  ``sha256``, a
+    checksum published for the file, must match too; it is the only check of a cache without links (copies,
+    Windows without developer mode).  A mismatch is one :class:`CheckpointError` line naming ``what``, the file and
+    ``fix`` (how to fetch it again)."""
+    blob = Path(os.path.realpath(path))
+    checks = []
+    if blob.parent.name == "blobs" and len(blob.name) in _BLOB_DIGESTS and re.fullmatch("[0-9a-f]+", blob.name):
+        checks.append((_BLOB_DIGESTS[len(blob.name)], blob.name, "the Hub's"))
+    if sha256:
+        checks.append(("sha256", sha256.lower(), "the published one"))
+    digests: dict[str, str] = {}
+    for algorithm, want, whose in checks:
+        got = digests.setdefault(algorithm, file_digest(blob, algorithm))
+        if got != want:
+            raise CheckpointError(
+                f"{what} in the Hugging Face cache is corrupt: {blob} has {algorithm} {got[:12]}…, {whose} is "
+                f"{want[:12]}…; {fix}"
+            )
+    return Path(path)
+
+
 def hub_snapshot(spec: str, revision: str | None = None, cache_dir: str | Path | None = None) -> Path:
     """The local folder of a Hub repository saved by ``save_pretrained`` / :func:`push_to_hub`.
 
     Only ``config.json``, ``model.safetensors`` and the checksummed extra files (``tokenizer.json``) are fetched
-    (``snapshot_download(allow_patterns=...)``); offline (:func:`hub_offline`), the cached snapshot is used.
+    (``snapshot_download(allow_patterns=...)``); offline (:func:`hub_offline`), the cached snapshot is used.  Each
+    file's content is checked against the hash the cache names it by (:func:`verify_cached`).
     """
     repo_id = parse_hub_spec(spec)
     from huggingface_hub import snapshot_download
@@ -140,6 +174,9 @@ def hub_snapshot(spec: str, revision: str | None = None, cache_dir: str | Path |
         fix = f"download https://huggingface.co/{repo_id} to a folder and pass that folder instead"
         raise (hub_failure(e, f"{spec}{at}", fix) or e) from None
     folder = Path(folder)
+    for name in dict.fromkeys((CONFIG_NAME, WEIGHTS_NAME, *FILE_DIGESTS)):
+        if (folder / name).is_file():
+            verify_cached(folder / name, f"{spec}: {name}")
     if not (folder / CONFIG_NAME).is_file():
         raise CheckpointError(
             f"{spec} has no {CONFIG_NAME}: it is not a crate_transformer save_pretrained repository; for the "
@@ -166,6 +203,10 @@ CITATION = """@article{yu2024white,
   number  = {300},
   year    = {2024}
 }"""  # as in README.md and CITATION.cff
+
+
+# the line that marks a README.md as a card written here: write_hub_folder replaces such a file, never another
+CARD_MARKER = "<!-- model card written by crate_transformer (push_to_hub / write_hub_folder) -->"
 
 
 def model_card(
@@ -197,7 +238,7 @@ def model_card(
     )
     n_params = sum(p.numel() for p in model.parameters())
     lines = [
-        "---", data.to_yaml(), "---", "",
+        "---", data.to_yaml(), "---", CARD_MARKER, "",
         f"# {repo_id.split('/')[-1]}", "",
         f"A `{config.arch}` model (dim {config.dim}, depth {config.depth}, heads {config.heads}, "
         f"{n_params:,} parameters) saved by the `crate_transformer` package's `push_to_hub`. CRATE is the "
@@ -223,7 +264,16 @@ def write_hub_folder(
     dataset: str | None = None,
     license: str | None = None,
 ) -> Path:
-    """Write what :func:`push_to_hub` uploads: ``model.save_pretrained(folder)`` plus the model card ``README.md``."""
+    """Write what :func:`push_to_hub` uploads: ``model.save_pretrained(folder)`` plus the model card ``README.md``.
+
+    A ``README.md`` already in ``folder`` is replaced only when it is a card written here (:data:`CARD_MARKER`);
+    one of the user's is refused before anything is written."""
+    readme = Path(folder) / "README.md"
+    if readme.is_file() and CARD_MARKER not in readme.read_text(encoding="utf-8", errors="replace"):
+        raise ValueError(
+            f"{readme} exists and is not a model card written by this package; write_hub_folder would replace it "
+            "with the generated card: move it, or write to another folder"
+        )
     folder = Path(model.save_pretrained(folder))
     card = model_card(model, repo_id, metrics, dataset, license).encode("utf-8")
     atomic_write(folder / "README.md", lambda tmp: Path(tmp).write_bytes(card))

@@ -162,9 +162,16 @@ class PretrainedSource:
     url: str = ""
     revision: str | None = None  # None: the repository's main branch
     also: tuple[str, ...] = ()  # files of the same repository the loader reads beside ``filename``
+    # the SHA-256 the authors or the Hub publish for ``filename`` ("": none stated); checked besides the cache's own
+    # hash (the name of its blob), and the only check of a cache without links
+    sha256: str = ""
     input: str = ""
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
+    # the authors' evaluation crop (timm's crop_pct: the share of the shorter side after an aspect-preserving
+    # resize; resize 256 + centre crop 224 is 0.875) and resize interpolation, where their code states them
+    crop_pct: float | None = None
+    interpolation: str | None = None
     classes: str = ""
     licence: str = ""
     reference: str = ""  # where these facts were read
@@ -181,6 +188,12 @@ class PretrainedSource:
         if self.on_hub:
             return f"https://huggingface.co/{self.repo_id}/resolve/{self.revision or 'main'}/{self.filename}"
         return self.url
+
+    def preprocessing(self) -> dict:
+        """What the release states about feeding the model (``mean``, ``std``, ``crop_pct``, ``interpolation``):
+        the part of a model's ``pretrained_cfg`` its data config reads."""
+        keys = ("mean", "std", "crop_pct", "interpolation")
+        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
     @property
     def source(self) -> str:

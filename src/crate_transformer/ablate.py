@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import Opt, OptionError
+
 __all__ = ["Row", "Table", "TABLES", "RECIPE", "resolve_tables", "plan", "run_ablation", "write_report"]
 
 RECIPE: dict[str, Any] = {
@@ -213,7 +215,7 @@ def _key(opts: Mapping[str, Any]) -> str:
 def plan(tables: Sequence[Table], seeds: int, out: str | Path, base: Mapping[str, Any]) -> list[Run]:
     """Every run the tables need, in table order, with shared rows (equal options) listed once."""
     if seeds < 1:
-        raise ValueError(f"--seeds must be a positive number of seeds, got {seeds}")
+        raise OptionError(Opt("seeds"), f" must be a positive number of seeds, got {seeds}")
     runs: dict[tuple[str, int], Run] = {}
     for table in tables:
         for row in table.rows:
@@ -428,8 +430,8 @@ def _layerwise(run_dir: Path, images: int) -> list[dict] | None:
         return None
     from .analysis import measure
     from .analysis._common import dataset_images01, normalize_images
+    from .checkpoint import load_model
     from .data import load_dataset, match_channels, resolve_normalization, resolve_source
-    from .train.load import load_model
 
     model = load_model(run_dir)
     c = model.config

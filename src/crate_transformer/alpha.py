@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .model import ImageClassifier, ModelConfig
-from .official import OfficialFormat, conv_to_linear, linear_to_conv, rename
+from .official import HEADS_NOT_STORED, OfficialFormat, conv_to_linear, linear_to_conv, rename
 from .operators import EncoderLayer, drop_path_rates
 from .spec import IMAGENET_MEAN, IMAGENET_STD
 
@@ -175,6 +175,7 @@ ALPHA_FORMAT = OfficialFormat(
     to_native=lambda state, config: alpha_official_to_native(state),
     detect=looks_like_alpha,
     example="crate_alpha_base16",
+    unstored=HEADS_NOT_STORED,
 )
 
 
@@ -198,6 +199,8 @@ for _name, _size, _top1 in (("crate_alpha_base16", "B16", "81.2"), ("crate_alpha
             input="image 224 (resize 256, centre crop 224)",
             mean=IMAGENET_MEAN,
             std=IMAGENET_STD,
+            crop_pct=224 / 256,
+            interpolation="bilinear",  # torchvision's Resize default, which eval_in1k_cls.py uses
             classes="ImageNet-1K (1000)",
             licence="Apache-2.0 (Hub model card)",
             reference=_REFERENCE,

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .io import CheckpointError
 from .lm import LanguageModel, LMConfig, check_ids
-from .official import OfficialFormat, rename, unwrap
+from .official import HEADS_NOT_STORED, OfficialFormat, rename, unwrap
 
 __all__ = [
     "CRATEBert",
@@ -338,6 +338,7 @@ BERT_FORMAT = OfficialFormat(
     overridable=("dropout",),
     config_file=bert_config_file,
     optional=("lm_head.",),
+    unstored=HEADS_NOT_STORED,
 )
 
 

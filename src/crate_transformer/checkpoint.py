@@ -1,30 +1,37 @@
 """The loaders by ``arch`` (the hub layer, above the registry's tables): ``from_pretrained`` (safetensors + JSON
-config, written by ``model.save_pretrained``, any registered family) and ``from_official`` (the authors' ``.pth``
-layouts, one :class:`~crate_transformer.official.OfficialFormat` per registered architecture).  The resolver the
-commands share, ``load_model`` (which also reads run directories and training states), is
-:mod:`crate_transformer.train.load`.
+config, written by ``model.save_pretrained``, any registered family), ``from_official`` (the authors' ``.pth``
+layouts, one :class:`~crate_transformer.official.OfficialFormat` per registered architecture) and ``load_model``,
+the resolver the commands share (a ``save_pretrained`` folder, a run directory, a training state or an authors'
+file; the run layout it reads is :mod:`crate_transformer.runfiles`).
+
+Every loader returns the model in evaluation mode (``model.eval()``, as timm and Hugging Face do): dropout and
+drop-path are off until a trainer calls ``model.train()``.
 
 The file primitives (atomic writes, safe unpickling, checksummed safetensors) live in
 :mod:`crate_transformer.io`, the folder reader every family shares in :mod:`crate_transformer.base`
 (:func:`~crate_transformer.base.load_folder`); ``atomic_write``, ``load_pickle``, ``save_pretrained``,
-``load_weights``, ``resolve_hub`` and ``CheckpointError`` are re-exported here for compatibility.
+``load_weights``, ``resolve_hub`` and ``CheckpointError``, and the official key maps and converters
+(:mod:`crate_transformer.official`), are re-exported here for compatibility with code written when they lived here.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from ._hub import resolve_hub
-from ._registry import arch_info, config_class, model_config, official_formats
-from .base import Model, load_folder, load_weights
-from .config import Config
+from ._registry import ZOO, arch_info, build, config_class, model_config, official_formats, registered_fields
+from .base import Model, apply_overrides, load_backbone, load_folder, load_weights, timm_overrides
+from .config import LANGUAGE_MODEL, Config
+from .config_utils import coerce_fields
 from .io import (
     CONFIG_NAME,
+    FILE_DIGESTS,
+    WEIGHTS_NAME,
     CheckpointError,
     atomic_write,
     load_pickle,
@@ -35,7 +42,26 @@ from .io import (
     read_model_json,
     save_pretrained,
 )
-from .official import OfficialFormat, unwrap
+from .official import (  # noqa: F401  (re-exported at their former paths)
+    CLASSIFIER_KEY_MAP,
+    MAE_KEY_MAP,
+    OfficialFormat,
+    mae_native_to_official,
+    mae_official_to_native,
+    native_to_official,
+    official_to_native,
+    unwrap,
+)
+from .runfiles import (
+    MODEL_DIR,
+    is_run_dir,
+    is_saved_model_dir,
+    is_training_state,
+    run_model_source,
+    state_model,
+    state_tokenizer,
+)
+from .tokenizer import Tokenizer
 
 __all__ = [
     "CheckpointError",
@@ -46,6 +72,7 @@ __all__ = [
     "config_from_dict",
     "from_pretrained",
     "from_official",
+    "load_model",
     "load_weights",
     "resolve_hub",
 ]
@@ -69,46 +96,77 @@ def read_config(directory: str | Path) -> Config:
 
 
 def from_pretrained(
-    directory: str | Path, map_location: str | torch.device = "cpu", revision: str | None = None
+    directory: str | Path, map_location: str | torch.device = "cpu", revision: str | None = None, **overrides: object
 ) -> Model:
     """Load a model written by ``model.save_pretrained``, whatever its family (the class its stored ``arch``
     registered): :func:`~crate_transformer.base.load_folder` — a folder, its ``model.safetensors`` or
-    ``config.json``, or ``"hf-hub:ORG/NAME"`` (``revision``: a branch, tag or commit), checksums verified."""
-    return load_folder(directory, lambda arch: arch_info(arch).model_class, map_location, revision)
+    ``config.json``, a finished training run (its final ``model/``), or ``"hf-hub:ORG/NAME"`` (``revision``: a
+    branch, tag or commit), checksums verified.  ``overrides`` change the stored config (timm's names too):
+    ``from_pretrained(RUN, num_classes=3)`` keeps the backbone and gives a fresh 3-class head (logged),
+    ``image_size=`` re-grids the position embedding, ``drop_path=`` / ``drop_path_rate=`` set stochastic depth."""
+    if isinstance(directory, (str, Path)) and is_run_dir(directory) and not is_saved_model_dir(directory):
+        source = run_model_source(directory)
+        if source.name != MODEL_DIR:
+            raise CheckpointError(
+                f"{directory} is a training run without its final {MODEL_DIR}/ yet (still training, or interrupted); "
+                "load_model(RUN) loads its latest training state"
+            )
+        directory = source
+    return load_folder(directory, lambda arch: arch_info(arch).model_class, map_location, revision, **overrides)
 
 
 def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: object) -> Model:
-    """Load the authors' checkpoint of a registered model as ``create_model(name, **overrides)``.
+    """Load the authors' checkpoint of a registered model as ``create_model(name, **overrides)``, in eval mode.
 
     ``name`` decides the format: the architecture's :class:`~crate_transformer.official.OfficialFormat`
     (``crate_*`` classifiers of the official ``model/crate.py``, ``crate_mae_*`` of ``model/crate_ae``,
-    ``crate_bert_*`` of the authors' Hugging Face port, and whatever other families register).  Accepts the
-    training containers (``{'state_dict': ...}`` written by the official ``main.py`` with keys prefixed
-    ``module.``, ``{'model': ...}`` as the MAE codebase saves it), a bare state dict, a path to any of them
-    (read with ``weights_only=True``), a ``.safetensors`` file as such, or a folder holding
-    ``model.safetensors`` or ``pytorch_model.bin``.  Hyperparameters the authors' files do not store (η, λ)
-    come from the registered config and ``overrides``; a format whose files describe themselves
-    (``OfficialFormat.fields`` / ``config_file``: the language models, e.g. the released CRATE-GPT as
+    ``crate_bert_*`` of the authors' Hugging Face port, and whatever other families register); a file of another
+    registered format is refused naming a model of that format.  Accepts the training containers
+    (``{'state_dict': ...}`` written by the official ``main.py`` with keys prefixed ``module.``, ``{'model': ...}``
+    as the MAE codebase saves it), a bare state dict, a path to any of them (read with ``weights_only=True``), a
+    ``.safetensors`` file as such, or a folder holding ``model.safetensors`` or ``pytorch_model.bin`` (a downloaded
+    Hub repository).  This package's own files (a ``save_pretrained`` folder, a run, a training state) are refused
+    with the loader that reads them (:func:`from_pretrained`, :func:`load_model`).  Hyperparameters the authors'
+    files do not store (η, λ) come from the registered config and ``overrides``; a format whose files describe
+    themselves (``OfficialFormat.fields`` / ``config_file``: the language models, e.g. the released CRATE-GPT as
     ``from_official("ckpt-crate-12l-overparam-600000.pt", "crate_gpt_12l_pile")``, or a CRATE-BERT folder with
     its ``config.json``) replaces the registered sizes by the file's, and an override that contradicts the
     file is an error.
     """
+    return _official_model(*_read_official(path_or_state), name, overrides)
+
+
+def _official_model(
+    raw: object, source: str, folder: Path | None, name: str, overrides: Mapping[str, object], new_head: bool = False
+) -> Model:
+    """:func:`from_official` of a file already read (``folder``: where a format's ``config.json`` may lie);
+    ``new_head``: a ``num_classes`` override other than the file's gives a fresh classifier on the loaded backbone
+    (:func:`~crate_transformer.base.load_backbone`), else it is an error."""
     config = model_config(name, **overrides)
-    fmt = arch_info(config.arch).official
-    if fmt is None:
-        raise ValueError(f"{name!r} ({config.arch}) has no official checkpoint format; load it with from_pretrained")
-    if fmt.check is not None:
-        fmt.check(config)
-    raw, source, folder = _read_official(path_or_state)
-    sidecar = _sidecar(folder) if fmt.config_file is not None and folder is not None else None
+    if is_training_state(raw):
+        raise CheckpointError(f"{source} is a training state of this package, not an authors' file; {_OWN_FIX}")
     try:
         state = unwrap(raw)
     except ValueError as e:
         raise CheckpointError(f"{source}: {e}") from None
-    if not fmt.detect(state):
-        raise CheckpointError(f"{source} is not a {fmt.name} checkpoint ({fmt.origin}){_format_hint(state)}")
+    fmt = arch_info(config.arch).official
+    if fmt is None or not fmt.detect(state):
+        what = (
+            f"a {fmt.name} checkpoint ({fmt.origin})"
+            if fmt
+            else f"readable as {name!r} ({config.arch} has no authors' format)"
+        )
+        raise CheckpointError(f"{source} is not {what}{_format_hint(state)}")
+    try:
+        if fmt.check is not None:
+            fmt.check(config)
+    except ValueError as e:
+        raise CheckpointError(f"{source} as {name!r}: {e}") from None
+    sidecar = _sidecar(folder) if fmt.config_file is not None and folder is not None else None
+    found: Mapping[str, object] = {}
     if fmt.fields is not None or (fmt.config_file is not None and sidecar is not None):
-        config = _file_config(fmt, raw, sidecar, name, overrides, source)
+        config, found = _file_config(fmt, raw, sidecar, name, overrides, source)
+    _require_unstored(fmt, config, name, {**found, **overrides}, source)
     model = arch_info(config.arch).build(config)
     native = fmt.to_native(state, config)
     missing = sorted({p for p in fmt.optional if not any(k.startswith(p) for k in native)})
@@ -119,27 +177,42 @@ def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: o
             stacklevel=2,
         )
         native.update({k: v for k, v in model.state_dict().items() if k.startswith(tuple(missing))})
-    load_weights(model, native, source=source)
-    return model
+    if new_head and "num_classes" in overrides:
+        load_backbone(model, native, source)
+    else:
+        load_weights(model, native, source=source)
+    if name in ZOO:  # what the release states about its input (an official file of a released model)
+        model.pretrained_cfg = {"name": name, **ZOO[name].preprocessing()}
+    return model.eval()
 
 
 _OFFICIAL_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # what a folder may hold (Hugging Face's names)
+_OWN_FIX = "load it with load_model(path), or from_pretrained(path) for a save_pretrained folder"
 
 
 def _read_official(path_or_state: str | Path | Mapping) -> tuple[object, str, Path | None]:
     """``(checkpoint object, a name for messages, the folder of the file or None)``: a ``.safetensors`` file
-    (Hugging Face's format) or what ``torch.load(weights_only=True)`` reads; a folder's weights file."""
+    (Hugging Face's format) or what ``torch.load(weights_only=True)`` reads; a folder's weights file.  This
+    package's own folders and safetensors are refused with the loader that reads them."""
     if not isinstance(path_or_state, (str, Path)):
         return path_or_state, "official state dict", None
     path = Path(path_or_state)
     if path.is_dir():
+        if is_saved_model_dir(path) or is_run_dir(path):
+            what = "a run folder" if is_run_dir(path) and not is_saved_model_dir(path) else "a save_pretrained folder"
+            raise CheckpointError(f"{path} is {what} of this package, not an authors' checkpoint; {_OWN_FIX}")
         found = [path / f for f in _OFFICIAL_WEIGHTS if (path / f).is_file()]
         if not found:
             raise CheckpointError(
                 f"{path} is a folder without {' or '.join(_OFFICIAL_WEIGHTS)}; pass the checkpoint file itself"
             )
         path = found[0]
-    raw = load_safetensors(path)[0] if path.suffix == ".safetensors" else load_state(path)
+    if path.suffix == ".safetensors":
+        raw, meta = load_safetensors(path)
+        if FILE_DIGESTS[CONFIG_NAME] in meta:  # the config checksum only save_pretrained writes
+            raise CheckpointError(f"{path} holds the weights of a save_pretrained folder of this package; {_OWN_FIX}")
+    else:
+        raw = load_state(path)
     return raw, str(path), path.parent
 
 
@@ -151,12 +224,25 @@ def _sidecar(folder: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def _require_unstored(fmt: OfficialFormat, config: Config, name: str, given: Mapping[str, object], source: str) -> None:
+    """Refuse a value the file does not store (``fmt.unstored``: the head count) taken from ``name`` for a file of
+    another width than ``name``'s: it would be a guess, and a wrong one loads without a shape error."""
+    registered = model_config(name)
+    for field, fixes in fmt.unstored:
+        other = [f"{f}={getattr(config, f)}" for f in fixes if getattr(config, f) != getattr(registered, f)]
+        if field not in given and other:
+            raise CheckpointError(
+                f"{source} does not store {field}, and with {', '.join(other)} it is not {name!r}, whose "
+                f"{field}={getattr(registered, field)} would be a guess; pass {field}=, the value it was trained with"
+            )
+
+
 def _file_config(
     fmt: OfficialFormat, raw: object, sidecar: dict | None, name: str, overrides: Mapping[str, object], source: str
-) -> Config:
+) -> tuple[Config, dict[str, object]]:
     """``name``'s config with the values the file stores (``fmt.config_file`` of the JSON beside it, then
     ``fmt.fields`` of the tensors, which must agree) in place, then ``overrides``, which must agree with the
-    file except for ``fmt.overridable`` keys."""
+    file except for ``fmt.overridable`` keys; and the values the file stores."""
     try:
         found = fmt.config_file(sidecar) if fmt.config_file is not None and sidecar is not None else {}
         tensors = fmt.fields(raw) if fmt.fields is not None else {}
@@ -182,7 +268,7 @@ def _file_config(
             fmt.check(config)
     except ValueError as e:
         raise CheckpointError(f"{source}: {e}") from None
-    return config
+    return config, found
 
 
 def _format_hint(state: Mapping[str, Tensor]) -> str:
@@ -191,3 +277,158 @@ def _format_hint(state: Mapping[str, Tensor]) -> str:
     if not others:
         return "; it matches no format this package reads"
     return "".join(f"; it is a {f.name} checkpoint: pass a matching name, e.g. {f.example}" for f in others[:1])
+
+
+# --------------------------------------------------------------------------- the resolver the commands share
+def load_model(
+    path: str | Path,
+    name: str | None = None,
+    *,
+    as_classifier: bool = False,
+    new_head: bool = False,
+    **overrides: object,
+) -> Model:
+    """Load a model from whatever a user points at, in eval mode; the one resolver the commands share.
+
+    * a ``save_pretrained`` directory (has ``config.json``), or its ``model.safetensors`` / ``config.json``,
+      or ``hf-hub:ORG/NAME`` (a pushed one) → :func:`from_pretrained`;
+    * a run directory of the ``crate`` commands → its final model, or its latest training state while it
+      runs (:func:`~crate_transformer.runfiles.run_model_source`);
+    * a training-state file (the model it exports: :func:`~crate_transformer.runfiles.state_model`);
+    * an authors' checkpoint (a ``.pth``, or a downloaded Hub folder of one) → :func:`from_official` with
+      ``name`` (required) and ``overrides``.
+
+    For the first three the architecture comes from the checkpoint's own config: ``name`` and
+    ``overrides`` may be given only when they agree with it (e.g. a command line that always passes
+    the model name); any difference raises :class:`CheckpointError` instead of being ignored.
+
+    With ``as_classifier`` the model becomes an image classifier to fine-tune where its family can convert itself
+    (:meth:`~crate_transformer.base.Model.as_classifier`: a CRATE-MAE's encoder with a fresh head, what the
+    fine-tuning command uses), and ``name`` / ``overrides`` are then not checked against it (the classifier is new).
+
+    With ``new_head`` (``create_model(name, pretrained_file=...)``) the overrides change the loaded model, as
+    timm's ``create_model`` applies them: a ``num_classes`` other than the file's keeps the backbone and gives a
+    fresh classifier (logged), ``image_size`` re-grids the position table, ``drop_path`` applies; the other fields
+    ``name`` registers must still agree with a stored config.
+    """
+    path = Path(resolve_hub(str(path)))
+    model = _load_any(path, name, overrides, check=not as_classifier, new_head=new_head)
+    if as_classifier:
+        converted = model.as_classifier()
+        if converted is not model:
+            return converted.eval()
+        check_stored_config(model.config, path, name, overrides)
+    return model.eval()
+
+
+def _load_any(
+    path: Path, name: str | None, overrides: Mapping[str, object], check: bool, new_head: bool = False
+) -> Model:
+    """:func:`load_model` without the classifier conversion; ``check``: compare name/overrides with a stored config;
+    ``new_head``: apply the overrides instead (see :func:`load_model`)."""
+    path = run_model_source(path)
+    if _is_own_model(path) and new_head:
+        model = from_pretrained(path, **overrides)
+        check_stored_config(model.config, path, name, {}, free=timm_overrides(overrides))
+        return model
+    if _is_own_model(path):
+        model = from_pretrained(path)
+        if check:
+            check_stored_config(model.config, path, name, overrides)
+        return model
+    if path.is_dir() and not any((path / f).is_file() for f in _OFFICIAL_WEIGHTS):
+        raise CheckpointError(
+            f"{path} is neither a model directory (config.json + model.safetensors), nor a training run "
+            f"directory, nor a downloaded checkpoint folder ({' or '.join(_OFFICIAL_WEIGHTS)})"
+        )
+    raw, source, folder = _read_official(path)  # a training state's checksum is verified here, as on resume
+    exported = state_model(raw)
+    if exported is not None:
+        return _from_state(raw, exported, path, name, overrides, check, new_head)
+    if name is None:
+        kind = "a nanoGPT / crate-lm" if isinstance(raw, Mapping) and "model_args" in raw else "an authors'"
+        raise CheckpointError(
+            f"{source} looks like {kind} checkpoint, which does not store its architecture; name its architecture: "
+            f"pass the model name, e.g. {_example(raw)}"
+        )
+    return _official_model(raw, source, folder, name, overrides, new_head)
+
+
+def _is_own_model(path: Path) -> bool:
+    """A ``save_pretrained`` folder, or its ``config.json`` / ``model.safetensors`` (a weights file without a
+    config beside it too: :func:`from_pretrained` says what is missing)."""
+    if path.is_dir():
+        return is_saved_model_dir(path)
+    return path.name in (CONFIG_NAME, WEIGHTS_NAME) and (
+        is_saved_model_dir(path.parent) or not (path.parent / CONFIG_NAME).is_file()
+    )
+
+
+def _from_state(
+    raw: Mapping,
+    exported: tuple[Mapping, Mapping],
+    path: Path,
+    name: str | None,
+    overrides: Mapping,
+    check: bool,
+    new_head: bool = False,
+) -> Model:
+    """The model a training state exports (its stored config and weights; a language model's tokenizer)."""
+    try:
+        config = config_from_dict(dict(exported[0]))
+    except ValueError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    if new_head:
+        check_stored_config(config, path, name, {}, free=timm_overrides(overrides))
+        model = apply_overrides(arch_info(config.arch).model_class, config, exported[1], str(path), overrides)
+    else:
+        if check:
+            check_stored_config(config, path, name, overrides)
+        model = build(config)
+        load_weights(model, exported[1], source=str(path))
+    if model.kind == LANGUAGE_MODEL and state_tokenizer(raw) is not None:  # a language-model state's tokenizer
+        model.tokenizer = Tokenizer.from_str(state_tokenizer(raw))
+    return model
+
+
+def _example(raw: object) -> str:
+    """The example model name of the registered official format that recognises ``raw`` (else crate_small)."""
+    try:
+        state = unwrap(raw)
+    except ValueError:
+        return "crate_small"
+    if isinstance(raw, Mapping) and "model_args" in raw:
+        lm = [
+            a.official.example for a in official_formats() if a.official.fields is not None and a.official.detect(state)
+        ]
+        return f"{lm[0]} (CRATE) or gpt2_base (GPT-2)" if not lm else lm[0]
+    return next((a.official.example for a in official_formats() if a.official.detect(state)), "crate_small")
+
+
+def check_stored_config(
+    config: Config, path: Path, name: str | None, overrides: Mapping[str, object], free: Collection[str] = ()
+) -> None:
+    """Refuse a model name / overrides that disagree with a checkpoint's stored config (equal values pass); the
+    fields named in ``free`` are not compared (overrides that change the loaded model)."""
+    if name is None and not overrides:
+        return
+    wanted = {k: v for k, v in registered_fields(name).items() if k not in free} if name is not None else {}
+    try:
+        wanted.update(coerce_fields(type(config), overrides))
+    except ValueError as e:
+        raise CheckpointError(f"{e}") from None
+    stored = config.to_dict()
+    diffs = []
+    for key, value in wanted.items():
+        have = stored.get(key)
+        if key == "data" and value is not None:
+            value = value.to_dict() if hasattr(value, "to_dict") else value
+        if have != value:
+            diffs.append(f"{key}={value!r} (checkpoint: {have!r})")
+    if diffs:
+        given = f"model name {name!r} and overrides" if name is not None else "overrides"
+        raise CheckpointError(
+            f"{path} stores its architecture in its config, which differs from the given {given}: "
+            f"{', '.join(diffs)}; drop them — the architecture comes from the checkpoint's config, and a model name "
+            "and overrides apply only to official .pth files"
+        )

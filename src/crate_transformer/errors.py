@@ -1,63 +1,156 @@
-"""Errors and warnings worded by whoever reports them.
+"""Messages that name tasks, options and listings, worded by whoever reports them.
 
-The library names tasks (``classification``, ``lm``, ``mae``, ...) and options (``warmup_fraction``), never the
-commands and flags of the ``crate`` CLI: a :class:`TaskError` keeps the places that name a task as :class:`Use`
-facts, so the Python API says ``the lm task`` and the CLI (:func:`crate_transformer.cli.task_command`) says the
-command that runs it; an :class:`OptionsWarning` keeps the options it advises as :class:`Option` facts, which
-the Python API writes as option names and the CLI as flags.
+The library names tasks (``classification``, ``lm``, ``mae``, ...) and options (``lr``, ``batch_size``,
+``device``, ...), never the commands or flags of the ``crate`` CLI.  A message that names one keeps it as a
+*place* — :class:`Use` (how to train with a task), :class:`Opt` (an option, maybe with a value), :class:`See`
+(where a listing is) — and a :class:`Worded` message (:class:`OptionError`, :class:`TaskError`,
+:class:`OptionWarning`, :class:`Step` of a result) fills its places with the current wording: the Python API's by
+default (``the lm task``, ``lr``, ``device='cpu'``, ``ct.list_models()``); inside :func:`wording` the caller's
+(the CLI says ``crate train-lm``, ``--lr``, ``--device cpu``, ``crate models``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import contextlib
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["TaskError", "Use", "Option", "OptionsWarning"]
+__all__ = [
+    "Use",
+    "Opt",
+    "See",
+    "Step",
+    "Worded",
+    "OptionError",
+    "TaskError",
+    "OptionWarning",
+    "python_words",
+    "wording",
+    "words",
+]
+
+_UNSET: Any = object()
 
 
 @dataclass(frozen=True)
 class Use:
-    """A place in a :class:`TaskError` naming how to train with ``task`` (fine-tuning when ``init_from``)."""
+    """A place naming how to train with ``task`` (fine-tuning when ``init_from``)."""
 
     task: str
     init_from: bool = False
 
 
-def task_words(use: Use) -> str:
-    """The Python API's wording of a :class:`Use`: ``the lm task`` (``... with init_from`` when fine-tuning)."""
-    return f"the {use.task} task" + (" with init_from" if use.init_from else "")
+@dataclass(frozen=True)
+class Opt:
+    """A place naming the option ``name`` (its flat name, as ``TrainConfig(name=...)`` and config files take it),
+    with the ``value`` to give it when the message suggests one."""
 
+    name: str
+    value: Any = _UNSET
 
-class TaskError(ValueError):
-    """A mistake whose fix is another task (a model of another kind, a run of another task, a missing input).
-
-    The message is ``parts``: strings and :class:`Use` places; ``str()`` fills the places with
-    :func:`task_words`, :meth:`words` with any other wording (the CLI's commands)."""
-
-    def __init__(self, *parts: str | Use) -> None:
-        self.parts = parts
-        super().__init__(self.words(task_words))
-
-    def words(self, name: Callable[[Use], str]) -> str:
-        """The message with each :class:`Use` place written as ``name(use)``."""
-        return "".join(p if isinstance(p, str) else name(p) for p in self.parts)
+    @property
+    def has_value(self) -> bool:
+        return self.value is not _UNSET
 
 
 @dataclass(frozen=True)
-class Option:
-    """A place in an :class:`OptionsWarning` naming a training option (``TrainConfig`` or task option name)."""
+class See:
+    """A place naming a listing: ``"models"`` (the registered models) or ``"pretrained"`` (the released weights)."""
 
-    name: str
+    what: str
 
 
-class OptionsWarning(UserWarning):
-    """A warning whose advice names options: ``str()`` writes them as option names, :meth:`words` any other way
-    (the CLI: ``--warmup-fraction``)."""
+Place = Use | Opt | See
 
-    def __init__(self, *parts: str | Option) -> None:
+
+@dataclass(frozen=True)
+class Step:
+    """What to do next with a finished run: an ``action`` (``"analyze"``, ``"evaluate"``, ``"fine-tune"``,
+    ``"generate"``) on ``run`` with ``options`` (``(name, value)`` pairs); a task's result lists them and the
+    caller words them (the CLI as the command that does it)."""
+
+    action: str
+    run: str
+    options: tuple[tuple[str, Any], ...] = field(default=())
+
+    def __str__(self) -> str:
+        return _WORDING.get()(self)
+
+
+_LISTINGS = {"models": "ct.list_models()", "pretrained": "ct.list_pretrained()"}
+
+
+def python_words(place: Place | Step) -> str:
+    """The Python API's wording: ``the lm task`` (``… with init_from``), ``lr`` / ``device='cpu'``,
+    ``ct.list_models()``, ``analyze runs/x (knn=True)``."""
+    if isinstance(place, Use):
+        return f"the {place.task} task" + (" with init_from" if place.init_from else "")
+    if isinstance(place, Opt):
+        return f"{place.name}={place.value!r}" if place.has_value else place.name
+    if isinstance(place, See):
+        return _LISTINGS.get(place.what, place.what)
+    given = ", ".join(f"{k}={v!r}" for k, v in place.options)
+    return f"{place.action} {place.run}" + (f" ({given})" if given else "")
+
+
+_WORDING: ContextVar[Callable[[Any], str]] = ContextVar("wording", default=python_words)
+
+
+@contextlib.contextmanager
+def wording(name: Callable[[Any], str]) -> Iterator[None]:
+    """Inside the block, every :class:`Worded` message and :class:`Step` is worded by ``name`` (the CLI's)."""
+    token = _WORDING.set(name)
+    try:
+        yield
+    finally:
+        _WORDING.reset(token)
+
+
+def words(parts: tuple[str | Place, ...], name: Callable[[Any], str] | None = None) -> str:
+    """``parts`` as one string, each place written as ``name(place)`` (default: the current wording)."""
+    name = name or _WORDING.get()
+    return "".join(p if isinstance(p, str) else name(p) for p in parts)
+
+
+class Worded:
+    """A message of strings and places (:class:`Use`, :class:`Opt`, :class:`See`), worded when shown."""
+
+    parts: tuple[str | Place, ...]
+
+    def words(self, name: Callable[[Any], str] | None = None) -> str:
+        """The message with each place written as ``name(place)`` (default: the current wording)."""
+        return words(self.parts, name)
+
+    def __str__(self) -> str:
+        return self.words()
+
+
+class OptionError(Worded, ValueError):
+    """A mistake whose fix names options (or tasks, or a listing): one line, worded where it is shown."""
+
+    def __init__(self, *parts: str | Place) -> None:
         self.parts = parts
-        super().__init__(self.words(lambda option: option.name))
+        super().__init__(words(parts, python_words))
 
-    def words(self, name: Callable[[Option], str]) -> str:
-        """The message with each :class:`Option` place written as ``name(option)``."""
-        return "".join(p if isinstance(p, str) else name(p) for p in self.parts)
+    __str__ = Worded.__str__
+
+
+class TaskError(OptionError):
+    """A mistake whose fix is another task (a model of another kind, a run of another task, a missing input)."""
+
+
+class OptionWarning(Worded, UserWarning):
+    """A warning whose advice names options, worded where it is shown (``warnings.warn(OptionWarning(...))``)."""
+
+    def __init__(self, *parts: str | Place) -> None:
+        self.parts = parts
+        super().__init__(words(parts, python_words))
+
+    __str__ = Worded.__str__
+
+
+def task_words(use: Use) -> str:
+    """The Python API's wording of a :class:`Use` (kept for callers of the earlier API)."""
+    return python_words(use)

@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from ._version import __version__
+from .errors import OptionError
 
 __all__ = [
     "CONFIG_NAME",
@@ -55,6 +56,7 @@ __all__ = [
     "load_state",
     "tree_sha256",
     "json_sha256",
+    "file_digest",
     "save_safetensors",
     "load_safetensors",
     "read_safetensors_metadata",
@@ -83,8 +85,9 @@ _NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG} 
 _NO_PERMISSION = {errno.EACCES, errno.EPERM, errno.EROFS}
 
 
-class CheckpointError(ValueError):
-    """A checkpoint is missing, unreadable, corrupt, or does not fit the model."""
+class CheckpointError(OptionError):
+    """A checkpoint is missing, unreadable, corrupt, or does not fit the model (a ``ValueError``; its message may
+    name options, worded where it is shown: :class:`~crate_transformer.errors.OptionError`)."""
 
 
 class WriteError(OSError, ValueError):
@@ -343,6 +346,23 @@ def _feed(h: Any, obj: Any) -> None:
             f"tree_sha256 cannot hash a {type(obj).__module__}.{type(obj).__name__}; "
             "pass tensors, arrays, numbers, strings, None and dicts/lists/tuples of them"
         )
+
+
+def file_digest(path: str | Path, algorithm: str = "sha256") -> str:
+    """Hex digest of a file's bytes, read in blocks of 1 MiB: ``"sha256"``, or ``"git-sha1"`` — git's blob id,
+    SHA-1 of ``b"blob <size>\\0"`` and the bytes, which is how the Hugging Face Hub names a file it does not keep in
+    LFS (an LFS file's name in the cache is its SHA-256)."""
+    path = Path(path)
+    if algorithm == "sha256":
+        h = hashlib.sha256()
+    elif algorithm == "git-sha1":
+        h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    else:
+        raise ValueError(f"unknown digest {algorithm!r}; choose sha256 or git-sha1")
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
 
 
 def json_sha256(data: Any) -> str:

@@ -38,10 +38,10 @@ from ._registry import PretrainedSource, register_arch, register_model, register
 from .base import Model, Trace
 from .config import LANGUAGE_MODEL, Config
 from .config_utils import Range
-from .errors import TaskError, Use
+from .errors import Opt, TaskError, Use
 from .io import FILE_DIGESTS, TOKENIZER_NAME, CheckpointError, read_model_json
 from .model import ViTBlock
-from .official import OfficialFormat, rename, unwrap
+from .official import HEADS_NOT_STORED, OfficialFormat, rename, unwrap
 from .operators import GELUS, ISTA_MODES, LAYER_FORMS, MLP, MLPS, EncoderLayer
 from .tokenizer import Tokenizer
 
@@ -259,7 +259,9 @@ class LanguageModel(Model):
                 f"(vocab_size); use the tokenizer the model was trained with, or train a model with this "
                 "tokenizer (",
                 Use("lm"),
-                f" --tokenizer FILE sets vocab_size={size})",
+                " and ",
+                Opt("tokenizer", "FILE"),
+                f": vocab_size={size})",
             )
         self.__dict__["_tokenizer"] = tok
 
@@ -777,6 +779,7 @@ CRATE_LM_FORMAT = OfficialFormat(
     example="crate_gpt_12l_pile",
     check=check_official_lm,
     fields=lm_checkpoint_fields,
+    unstored=HEADS_NOT_STORED,
 )
 GPT2_FORMAT = OfficialFormat(
     name="GPT-2",
@@ -787,6 +790,7 @@ GPT2_FORMAT = OfficialFormat(
     check=check_official_lm,
     fields=lm_checkpoint_fields,
     overridable=("gelu",),
+    unstored=HEADS_NOT_STORED,
 )
 
 

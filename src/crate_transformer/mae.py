@@ -49,7 +49,7 @@ from .model import (
     patchify,
     unpatchify,
 )
-from .official import OfficialFormat, mae_official_to_native
+from .official import HEADS_NOT_STORED, OfficialFormat, mae_official_to_native
 from .operators import LAYER_FORMS, DecoderLayer, EncoderLayer, drop_path_rates
 from .spec import IMAGENET_MEAN, IMAGENET_STD, DataSpec
 
@@ -313,7 +313,13 @@ class CRATEMAE(ImageInput, Model):
     # ---------------------------------------------------------------- encoder as a feature extractor
     def forward_features(self, x: Tensor) -> Tensor:
         """The encoder's output ``LN(Z^{L+1})`` on the unmasked image, ``(b, 1+N, d)``."""
-        return self.norm(self.encode(self.embed(x)))
+        return self.finish_features(self.encode(self.embed(x)))
+
+    def finish_features(self, z: Tensor) -> Tensor:
+        return self.norm(z)
+
+    def norm_tokens(self, z: Tensor) -> Tensor:
+        return self.norm(z)
 
     def forward_head(self, z: Tensor, pre_logits: bool = False) -> Tensor:
         """The decoder's last LayerNorm and ``W_post`` (eq. (70)) on the decoded tokens: pixels of every patch
@@ -425,6 +431,7 @@ MAE_FORMAT = OfficialFormat(
     to_native=lambda state, config: mae_official_to_native(state),
     detect=lambda state: any(k.startswith(("decoder_blocks.", "mask_token")) for k in state),
     example="crate_mae_base",
+    unstored=HEADS_NOT_STORED,
 )
 
 register_arch(MAE_ARCH, CRATEMAE, official=MAE_FORMAT)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,12 +19,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
-from .base import POOLS, Model, Trace, pool_tokens
+from .base import POOLS, Model, Trace, pool_name, pool_tokens, take_indices
 from .config import IMAGE_CLASSIFIER, Config
 from .config_utils import Range
-from .official import OfficialFormat, official_to_native
+from .official import HEADS_NOT_STORED, OfficialFormat, official_to_native
 from .operators import ATTENTIONS, ISTA_MODES, LAYER_FORMS, MLPS, EncoderLayer, drop_path_rates
-from .spec import IMAGENET_MEAN, IMAGENET_STD, DataSpec, fit_normalization
+from .spec import DEFAULT_NORMALIZATION, IMAGENET_MEAN, IMAGENET_STD, DataSpec, fit_normalization
 
 __all__ = [
     "ModelConfig",
@@ -165,7 +165,12 @@ class ModelConfig(ImageEncoderGeometry, Config):
             )
         if self.arch == "crate" and self.attention == "mhsa" and self.tied_output:
             raise ValueError("tied_output applies to MSSA only, but attention='mhsa'; use attention=mssa")
-        self.check_geometry(positive=("num_classes",))
+        self.check_geometry()
+        if self.num_classes < 0:
+            raise ValueError(
+                f"num_classes must be >= 0 (0: no classifier, the model returns its pooled features), got "
+                f"{self.num_classes}"
+            )
         if self.arch == "vit" and self.dim % self.heads:
             raise ValueError(
                 f"dim={self.dim} is not divisible by heads={self.heads}; the ViT baseline needs dim % heads == 0"
@@ -275,8 +280,89 @@ def unpatchify(x: Tensor, p: int, h: int, w: int) -> Tensor:
     return x.reshape(b, h, w, p, p, c).permute(0, 5, 1, 3, 2, 4).reshape(b, c, h * p, w * p)
 
 
+def classifier_layer(dim: int, num_classes: int) -> nn.Module:
+    """The last linear map of a classifier head: ``dim`` → ``num_classes``, or none (``nn.Identity``) for 0 classes."""
+    return nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
+
+
 class ImageInput:
-    """Input checks and patchify shared by the image models (a module with ``config.patch_size``/``in_chans``)."""
+    """Input checks, patchify and timm's ``forward_intermediates``, shared by the image models (a module with
+    ``config.patch_size``/``in_chans``, ``embed(x)`` → the tokens its ``layers`` take, and ``finish_features``)."""
+
+    # ---------------------------------------------------------------- how to feed it (timm's data config)
+    def data_cfg(self) -> dict[str, Any]:
+        """timm's data config of this model: ``input_size`` ``(C, H, W)``; ``mean`` / ``std`` — those the model was
+        trained with (``config.data``, recorded by training), else those its released weights state (the zoo entry
+        it was loaded from), else ImageNet's adapted to the channels; ``normalization`` says which; the
+        evaluation crop (``crop_pct``: the share of the shorter side after an aspect-preserving resize,
+        ``crop_mode="center"``) and ``interpolation`` of the released weights, else 1.0 and bilinear (how
+        :mod:`crate_transformer.data` decodes images for training); ``num_classes``."""
+        c, weights = self.config, getattr(self, "_weights_cfg", {})
+        grey = fit_normalization(IMAGENET_MEAN, IMAGENET_STD, 1)  # any other channel count: the grey values
+        stats = fit_normalization(IMAGENET_MEAN, IMAGENET_STD, c.in_chans) or fit_normalization(*grey, c.in_chans)
+        source = DEFAULT_NORMALIZATION
+        if weights.get("mean") and fit_normalization(weights["mean"], weights["std"], c.in_chans) is not None:
+            stats, source = fit_normalization(weights["mean"], weights["std"], c.in_chans), "released weights"
+        recorded = c.data.normalization(c.in_chans) if c.data is not None else None
+        if recorded is not None:
+            stats, source = recorded, "training data"
+        return {
+            "input_size": (c.in_chans, c.image_size, c.image_size),
+            "mean": tuple(stats[0]),
+            "std": tuple(stats[1]),
+            "normalization": source,
+            "crop_pct": float(weights.get("crop_pct") or 1.0),
+            "crop_mode": "center",
+            "interpolation": weights.get("interpolation") or "bilinear",
+            "num_classes": getattr(c, "num_classes", 0),
+        }
+
+    # ---------------------------------------------------------------- timm's backbone interface
+    def finish_features(self, z: Tensor) -> Tensor:
+        """The last layer's tokens → ``forward_features``' output (the family's final blocks and norm; none here)."""
+        return z
+
+    def norm_tokens(self, z: Tensor) -> Tensor:
+        """The family's final token normalisation, applied to intermediates with ``norm=True`` (none here: the
+        classifier's LayerNorm follows the pooling, as timm's ``fc_norm``)."""
+        return z
+
+    def forward_intermediates(
+        self,
+        x: Tensor,
+        indices: int | Sequence[int] | None = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+        return_prefix_tokens: bool = False,
+    ) -> list | tuple[Tensor, list]:
+        """timm's ``forward_intermediates``: the tokens of the layers ``indices`` names (all: None; the last ``n``:
+        an int; 0-based positions, negative from the end), as ``(b, d, h, w)`` maps of the patches (``"NCHW"``) or
+        ``(b, N, d)`` tokens (``"NLC"``), with their prefix (class) tokens beside them when
+        ``return_prefix_tokens`` (``(patches, prefix)`` pairs); then ``(forward_features(x), intermediates)``, or
+        the intermediates alone.  ``stop_early`` skips the layers after the last one taken (only with
+        ``intermediates_only``: the features need every layer)."""
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        take = take_indices(len(self.layers), indices)
+        last = max(take) + 1 if stop_early and intermediates_only else len(self.layers)
+        z, prefix, (h, w) = self.embed(x), self.trace_prefix_tokens, self.patch_grid(x)
+        out = []
+        for i in range(last):
+            z = self.run_layers(z, self.layers[i : i + 1])
+            if i in take:
+                t = self.norm_tokens(z) if norm else z
+                patches = t[:, prefix:]
+                if output_fmt == "NCHW":
+                    patches = patches.reshape(t.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous()
+                out.append((patches, t[:, :prefix]) if return_prefix_tokens else patches)
+        return out if intermediates_only else (self.finish_features(z), out)
+
+    def patch_grid(self, x: Tensor) -> tuple[int, int]:
+        """The ``(h, w)`` patch grid of images ``x``."""
+        p = self.config.patch_size
+        return x.shape[-2] // p, x.shape[-1] // p
 
     # ---------------------------------------------------------------- input checks
     def check_images(self, x: Tensor, finite: bool = True) -> None:
@@ -362,7 +448,7 @@ class ImageClassifier(ImageInput, Model):
         self.cls_token = nn.Parameter(torch.randn(1, 1, c.dim) * init_std)
         self.pos_embed = nn.Parameter(torch.randn(1, c.grid**2 + 1, c.dim) * init_std)
         self.emb_drop = nn.Dropout(c.emb_dropout)
-        self.head = nn.Sequential(nn.LayerNorm(c.dim), nn.Linear(c.dim, c.num_classes))
+        self.head = nn.Sequential(nn.LayerNorm(c.dim), classifier_layer(c.dim, c.num_classes))
 
     def build_encoder(self, c: ModelConfig) -> tuple[nn.Module, nn.ModuleList, float]:
         """The patch embedding, the layers and the init std of the class token and position table, by
@@ -403,7 +489,7 @@ class ImageClassifier(ImageInput, Model):
 
     # ---------------------------------------------------------------- forward
     def forward_features(self, x: Tensor) -> Tensor:
-        return self.run_layers(self.embed(x))
+        return self.finish_features(self.run_layers(self.embed(x)))
 
     def forward_trace(self, x: Tensor, return_attention: bool = False) -> Trace:
         return Trace.of(self.layers, self.embed(x), return_attention)
@@ -441,16 +527,21 @@ class ImageClassifier(ImageInput, Model):
         if layer_ids:
             found["depth"] = max(layer_ids) + 1
         fixes = [f"{k}={v}" for k, v in found.items() if getattr(c, k) != v]
+        if "dim" in found and found["dim"] != c.dim:  # U's (K·p × d) shape does not tell K
+            fixes.append("heads=K, the head count it was trained with (no shape stores it)")
         return f"; pass {', '.join(fixes)}" if fixes else "; pass the model name and overrides it was trained with"
 
     def get_classifier(self) -> nn.Module:
         return self.head[1]
 
-    def reset_classifier(self, num_classes: int, pool: str | None = None) -> None:
-        """A freshly initialised head (LayerNorm + Linear) for ``num_classes`` classes; ``pool`` changes the pooling."""
-        self.config = dataclasses.replace(self.config, num_classes=num_classes, pool=pool or self.config.pool)
-        ref = self.head[1].weight
-        self.head = nn.Sequential(nn.LayerNorm(self.config.dim), nn.Linear(self.config.dim, num_classes)).to(
+    def reset_classifier(self, num_classes: int, pool: str | None = None, global_pool: str | None = None) -> None:
+        """A freshly initialised head (LayerNorm + Linear) for ``num_classes`` classes — 0: no Linear, the model
+        returns the normalised pooled features (timm's headless ``reset_classifier(0)``); ``pool`` (or timm's
+        ``global_pool``: ``"token"``, ``"avg"``) changes the pooling."""
+        pool = pool_name(pool or global_pool or self.config.pool)
+        self.config = dataclasses.replace(self.config, num_classes=num_classes, pool=pool)
+        ref = self.head[0].weight
+        self.head = nn.Sequential(nn.LayerNorm(self.config.dim), classifier_layer(self.config.dim, num_classes)).to(
             ref.device, ref.dtype
         )
 
@@ -498,7 +589,8 @@ def _check_classifier(config: Any) -> None:
     if config.arch != "crate" or (config.attention, config.mlp) != ("mssa", "ista"):
         raise ValueError(
             f"official CRATE checkpoints have MSSA + ISTA layers, not arch={config.arch!r}, "
-            f"attention={config.attention!r}, mlp={config.mlp!r}; drop those overrides"
+            f"attention={config.attention!r}, mlp={config.mlp!r}; pass a CRATE classifier name such as crate_small, "
+            "without overrides of arch, attention or mlp"
         )
 
 
@@ -509,6 +601,7 @@ CLASSIFIER_FORMAT = OfficialFormat(
     detect=lambda state: any(k.startswith("to_patch_embedding.") for k in state),
     example="crate_small",
     check=_check_classifier,
+    unstored=HEADS_NOT_STORED,
 )
 
 
@@ -568,6 +661,8 @@ register_pretrained(
         input="image 224 (resize 256, centre crop 224)",
         mean=IMAGENET_MEAN,
         std=IMAGENET_STD,
+        crop_pct=224 / 256,
+        interpolation="bilinear",  # torchvision's Resize default, which main.py's validation transform uses
         classes="ImageNet-1K (1000)",
         licence="MIT (the repository's)",
         reference="github.com/Ma-Lab-Berkeley/CRATE README.md, main.py (commit 674408f)",

@@ -20,6 +20,7 @@ from torch import Tensor
 
 __all__ = [
     "OfficialFormat",
+    "HEADS_NOT_STORED",
     "rename",
     "unwrap",
     "conv_to_linear",
@@ -51,6 +52,11 @@ class OfficialFormat:
     ``config.json``), reads config values off it, with the same precedence as ``fields`` (whose values, read
     off the tensors, must agree with it).  ``optional`` lists native key prefixes a checkpoint may lack (a
     fine-tuned classifier's file without the LM head): those weights keep their initialisation, with a warning.
+
+    ``unstored`` lists the config fields the files cannot determine that change the computation, each with the fields
+    that fix the shapes it splits (:data:`HEADS_NOT_STORED`: the head count, with the width).  Unless ``fields`` /
+    ``config_file`` read one off the file, the registered model's value is used only while the file has the
+    registered model's values of those fields; for any other, the value must be given, or the load is refused.
     """
 
     name: str
@@ -63,6 +69,13 @@ class OfficialFormat:
     overridable: tuple[str, ...] = ()
     config_file: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
     optional: tuple[str, ...] = ()
+    unstored: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+# The head count of MSSA: U = [U_1, ..., U_K] is stored as one (K·p × d) matrix, so no shape tells K from p when K·p
+# is the same (a 3-head file of width 48 reads as 12 heads of 4).  The registered model's K is taken only while the
+# file has its width (dim, dim_head); for another width it is required (OfficialFormat.unstored).
+HEADS_NOT_STORED = (("heads", ("dim", "dim_head")),)
 
 
 def conv_to_linear(w: Tensor) -> Tensor:

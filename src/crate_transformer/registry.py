@@ -31,7 +31,7 @@ from ._registry import (
     register_model,
     registered_fields,
 )
-from .base import Model
+from .base import Model, timm_overrides
 from .pretrained import load_pretrained
 
 __all__ = [
@@ -52,15 +52,29 @@ __all__ = [
 
 
 def create_model(
-    name: str, pretrained: bool = False, pretrained_file: str | Path | None = None, **overrides: object
+    name: str,
+    pretrained: bool = False,
+    pretrained_file: str | Path | None = None,
+    checkpoint_path: str | Path | None = None,
+    **overrides: object,
 ) -> Model:
     """Build a registered model, e.g. ``create_model("crate_small", num_classes=10, image_size=32, patch_size=4)``,
     ``create_model("crate_mae_small")`` or ``create_model("crate_gpt_mini", depth=2)``.
 
     ``pretrained=True`` loads the authors' released weights (``ct.list_pretrained()`` names the models that
-    have them), downloaded through the Hugging Face cache; ``pretrained_file=PATH`` loads a file already on disk
-    (a Google Drive release, or any checkpoint in the authors' format for ``name``).
+    have them), downloaded through the Hugging Face cache; ``pretrained_file=PATH`` (timm's ``checkpoint_path``)
+    loads a file already on disk (a Google Drive release, any checkpoint in the authors' format for ``name``) or a
+    folder this package wrote (``save_pretrained``, a finished run).  With either, a ``num_classes`` other than the
+    file's loads the backbone and gives a fresh head (logged).  timm's names work: ``img_size``,
+    ``drop_path_rate``, ``drop_rate``, ``global_pool`` (``"token"``, ``"avg"``;
+    :data:`~crate_transformer.base.TIMM_ARGS`); ``num_classes=0`` builds the model without a classifier (its
+    pooled features).
     """
+    overrides = timm_overrides(overrides)
+    if checkpoint_path is not None:
+        if pretrained_file is not None:
+            raise ValueError("checkpoint_path (timm's name) and pretrained_file name the same file; pass one")
+        pretrained_file = checkpoint_path
     if pretrained or pretrained_file is not None:
         return load_pretrained(name, pretrained_file=pretrained_file, **overrides)
     return build(model_config(name, **overrides))

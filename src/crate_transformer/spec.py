@@ -21,11 +21,26 @@ import numpy as np
 
 from .config import Config
 
-__all__ = ["DataSpec", "fit_normalization", "resolve_normalization", "IMAGENET_MEAN", "IMAGENET_STD"]
+__all__ = [
+    "DataSpec",
+    "fit_normalization",
+    "resolve_normalization",
+    "resolve_data_config",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "DEFAULT_NORMALIZATION",
+    "INTERPOLATIONS",
+]
 
 # the ImageNet statistics every released ImageNet model normalises its input with
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+# a model's ``pretrained_cfg["normalization"]`` when neither its training data nor its released weights state one
+DEFAULT_NORMALIZATION = "ImageNet's (none recorded)"
+# how images are resized (``pretrained_cfg["interpolation"]``)
+INTERPOLATIONS = ("bilinear", "bicubic")
+# timm's data-config keys, which resolve_data_config takes as overrides
+_DATA_KEYS = ("input_size", "img_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
 
 _LEGACY_KEYS = ("normalization", "mean", "std", "classes", "dataset", "data")
 
@@ -154,7 +169,8 @@ def resolve_normalization(config_or_model: Any, dataset: Any = None) -> tuple[li
 
     ``config_or_model`` is a ``ModelConfig`` or anything with a ``.config`` (a model).  In order:
     the normalisation recorded in ``config.data`` (a :class:`DataSpec`), adapted to ``config.in_chans``
-    by :func:`fit_normalization`; else ``dataset``'s ``mean``/``std`` (its training-pool statistics)
+    by :func:`fit_normalization`; else the one a model's released weights state (its ``pretrained_cfg``, from the
+    zoo entry it was loaded from); else ``dataset``'s ``mean``/``std`` (its training-pool statistics)
     adapted likewise; else None (no normalisation known).  Statistics that cannot be adapted to the
     channel count are skipped.
     """
@@ -167,7 +183,41 @@ def resolve_normalization(config_or_model: Any, dataset: Any = None) -> tuple[li
         fit = spec.normalization(channels)
         if fit is not None:
             return fit
+    stated = getattr(config_or_model, "pretrained_cfg", None) or {}
+    if stated.get("normalization") == "released weights":  # the zoo entry the model was loaded from
+        return list(stated["mean"]), list(stated["std"])
     mean, std = getattr(dataset, "mean", None), getattr(dataset, "std", None)
     if mean is not None and std is not None:
         return fit_normalization(mean, std, channels)
     return None
+
+
+def resolve_data_config(model: Any, **args: Any) -> dict[str, Any]:
+    """timm's ``resolve_data_config(model=model)``: how to turn images into this model's inputs, from its
+    ``pretrained_cfg`` (:meth:`~crate_transformer.model.ImageInput.data_cfg`) with ``args`` (timm's names:
+    ``input_size``, ``img_size``, ``interpolation``, ``mean``, ``std``, ``crop_pct``, ``crop_mode``) overriding.
+    Returns ``{"input_size": (C, H, W), "interpolation", "mean", "std", "crop_pct", "crop_mode"}``;
+    :func:`crate_transformer.data.image_transform` turns it into a transform (aspect-preserving resize, centre
+    crop, normalisation)."""
+    cfg = dict(getattr(model, "pretrained_cfg", None) or {})
+    if "input_size" not in cfg:
+        raise ValueError(f"{type(model).__name__} takes no images: it has no data config (input_size, mean, std)")
+    unknown = sorted(set(args) - set(_DATA_KEYS))
+    if unknown:
+        raise ValueError(f"unknown data config key(s) {unknown}; valid: {list(_DATA_KEYS)}")
+    out = {k: cfg[k] for k in ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")}
+    if args.get("img_size") is not None:
+        out["input_size"] = (out["input_size"][0], int(args["img_size"]), int(args["img_size"]))
+    out.update({k: v for k, v in args.items() if k != "img_size" and v is not None})
+    channels = out["input_size"][0]
+    fit = fit_normalization(out["mean"], out["std"], channels)
+    if fit is None:
+        raise ValueError(f"mean/std of {len(np.ravel(out['mean']))} values cannot feed {channels}-channel images")
+    out["mean"], out["std"] = tuple(fit[0]), tuple(fit[1])
+    if out["interpolation"] not in INTERPOLATIONS:
+        raise ValueError(f"unknown interpolation {out['interpolation']!r}; choose one of {INTERPOLATIONS}")
+    if not 0 < float(out["crop_pct"]) <= 1:
+        raise ValueError(
+            f"crop_pct must be in (0, 1] (the crop's share of the resized shorter side), got {out['crop_pct']}"
+        )
+    return out

@@ -50,7 +50,7 @@ from .base import Model, Trace
 from .config import IMAGE_CLASSIFIER, Config
 from .config_utils import Range
 from .lm import EMBED_KEY_MAP, LanguageModel, LMConfig, lm_checkpoint_fields, lm_state
-from .model import ImageEncoderGeometry, ImageInput
+from .model import ImageEncoderGeometry, ImageInput, classifier_layer
 from .official import OfficialFormat, rename, unwrap
 from .operators import MLP, TSSA, DropPath
 from .spec import DataSpec
@@ -124,7 +124,9 @@ class ToSTConfig(ImageEncoderGeometry, Config):
     }
 
     def validate(self) -> None:
-        self.check_geometry(positive=("num_classes", "cls_layers"))
+        self.check_geometry(positive=("cls_layers",))
+        if self.num_classes < 0:
+            raise ValueError(f"num_classes must be >= 0 (0: no classifier), got {self.num_classes}")
         self.check_data()
         p = self.patch_size
         if p < 2 or p & (p - 1):
@@ -369,7 +371,7 @@ class ToST(ImageInput, Model):
             for _ in range(c.cls_layers)
         )  # fmt: skip
         self.norm = nn.LayerNorm(c.dim, eps=1e-6)
-        self.head = nn.Linear(c.dim, c.num_classes)
+        self.head = classifier_layer(c.dim, c.num_classes)
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -398,10 +400,16 @@ class ToST(ImageInput, Model):
 
     def forward_features(self, x: Tensor) -> Tensor:
         """The class token and the patches after the class-attention blocks and the final norm ``(b, 1 + N, d)``."""
-        z = self.run_layers(self.embed(x))
+        return self.finish_features(self.run_layers(self.embed(x)))
+
+    def finish_features(self, z: Tensor) -> Tensor:
+        """The TSSA blocks' patches → the class token prepended, the class-attention blocks, the final norm."""
         z = torch.cat([self.cls_token.expand(z.shape[0], -1, -1), z], dim=1)
         for block in self.cls_layers:
             z = block(z)
+        return self.norm(z)
+
+    def norm_tokens(self, z: Tensor) -> Tensor:
         return self.norm(z)
 
     def forward_trace(self, x: Tensor, return_attention: bool = False) -> Trace:
@@ -419,12 +427,14 @@ class ToST(ImageInput, Model):
         return self.head
 
     def reset_classifier(self, num_classes: int) -> None:
-        """A fresh head (truncated normal, std 0.02) for ``num_classes`` classes."""
+        """A fresh head (truncated normal, std 0.02) for ``num_classes`` classes (0: none, the class token's
+        features)."""
         self.config = dataclasses.replace(self.config, num_classes=num_classes)
-        ref = self.head.weight
-        self.head = nn.Linear(self.config.dim, num_classes).to(ref.device, ref.dtype)
-        nn.init.trunc_normal_(self.head.weight, std=0.02)
-        nn.init.zeros_(self.head.bias)
+        ref = self.norm.weight
+        self.head = classifier_layer(self.config.dim, num_classes).to(ref.device, ref.dtype)
+        if num_classes > 0:
+            nn.init.trunc_normal_(self.head.weight, std=0.02)
+            nn.init.zeros_(self.head.bias)
 
     def resize_pos_embed(self, image_size: int) -> None:
         """Train at another image size: the Fourier encoding fits any grid, so only the config changes."""

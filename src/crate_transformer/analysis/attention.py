@@ -15,19 +15,29 @@ from torch import Tensor
 from ..model import ImageClassifier
 from ._common import eval_trace, layer_index
 
-__all__ = ["cls_attention", "attention_entropy"]
+__all__ = ["cls_attention", "summary_rows", "attention_entropy"]
+
+
+def summary_rows(attention: Tensor, prefix: int) -> Tensor:
+    """One map per head from a layer's ``(b, K, n, n)`` attention, over the content tokens: the class token's row
+    when the layer has one (``prefix`` ≥ 1, the first row), else the mean of every token's row (for ToST's TSSA
+    every row is the same, each head's memberships Π normalised over the tokens); ``(b, K, n − prefix)``."""
+    rows = attention[:, :, 0] if prefix else attention.mean(2)
+    return rows[:, :, prefix:]
 
 
 @torch.no_grad()
 def cls_attention(model: ImageClassifier, images: Tensor, layer: int = -1) -> Tensor:
-    """Per-head class-token attention over the patches, ``(b, K, H/P, W/P)``; each map sums to 1.
+    """Per-head class-token attention over the patches, ``(b, K, H/P, W/P)``; each map sums to 1.  For layers
+    without a class token (``model.trace_prefix_tokens == 0``, ToST) the mean attention every patch receives
+    (:func:`summary_rows`): for TSSA, the heads' memberships Π.
 
     ``images`` are model-ready (normalised) float images; ``layer`` is a Python index into
     ``model.layers`` (``-1`` = last, ``-2`` = penultimate as in Fig. 27).
     """
     li = layer_index(model, layer)
     images, trace = eval_trace(model, images, return_attention=True)
-    a = trace.attention[li][:, :, 0, 1:].float()  # (b, K, N): class-token row, patch columns
+    a = summary_rows(trace.attention[li].float(), model.trace_prefix_tokens)  # (b, K, N) over the patches
     a = a / a.sum(-1, keepdim=True).clamp_min(1e-30)
     p = model.config.patch_size
     return a.reshape(a.shape[0], a.shape[1], images.shape[-2] // p, images.shape[-1] // p).cpu()

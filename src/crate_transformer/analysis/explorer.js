@@ -133,7 +133,7 @@
       outline(seg);
       var peak = argmax(row, 0, N);
       ca.setAttribute("data-query", String(state.query)); ca.setAttribute("data-peak", String(peak));
-      var who = state.query < 0 ? "class token" : "patch (" + Math.floor(state.query / w) + ", " +
+      var who = state.query < 0 ? (P.summary || "class token") : "patch (" + Math.floor(state.query / w) + ", " +
         state.query % w + ")";
       var most = state.noself && state.query >= 0 ? " attends most (after itself) to patch (" :
         " attends most to patch (";

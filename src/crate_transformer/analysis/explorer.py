@@ -33,6 +33,7 @@ from torch import Tensor
 
 from ..model import ImageClassifier
 from ._common import Normalization, eval_trace, layer_index, normalize_images
+from .attention import summary_rows
 from .plots import MASK_COLORS
 from .segmentation import maskcut, patch_features, pca_rgb
 
@@ -100,6 +101,13 @@ def _segmentation(
     return (rgb * 255).round().astype(np.uint8), labels
 
 
+def _summary_first(attention: Tensor, prefix: int) -> Tensor:
+    """``(b, K, 1 + N, N)``: the summary row (:func:`~.attention.summary_rows`), then every patch's row, over the
+    patch keys; a class token's own row is the summary when the layers have one."""
+    rows = attention[:, :, :, prefix:]
+    return rows if prefix else torch.cat([summary_rows(attention, 0).unsqueeze(2), rows], dim=2)
+
+
 @torch.no_grad()
 def image_payload(
     model: ImageClassifier,
@@ -127,11 +135,11 @@ def image_payload(
     c = model.config
     grid = (x.shape[-2] // c.patch_size, x.shape[-1] // c.patch_size)
     b, K, n = trace.attention[0].shape[:3]
-    N = grid[0] * grid[1]
-    if n != N + 1:
-        raise ValueError(f"the explorer needs one class token and {N} patch tokens, but the model has {n} tokens")
-    chosen = _pick_layers(model, layers, b * K * n * N, max_bytes)
-    attn = np.stack([quantize_rows(trace.attention[li][:, :, :, 1:].float().cpu()) for li in chosen], 1)
+    N, prefix = grid[0] * grid[1], model.trace_prefix_tokens
+    if n != N + prefix or prefix > 1:
+        raise ValueError(f"the explorer needs at most one class token and {N} patch tokens, but the model has {n}")
+    chosen = _pick_layers(model, layers, b * K * (N + 1) * N, max_bytes)
+    attn = np.stack([quantize_rows(_summary_first(trace.attention[li].float(), prefix).cpu()) for li in chosen], 1)
     segs = [_segmentation(model, x, li, grid, n_masks, tau) for li in chosen]
     return {
         "kind": "image",
@@ -142,6 +150,7 @@ def image_payload(
         "images": [_png_data_url(im) for im in images],
         "captions": list(captions) if captions is not None else [f"image {i + 1}" for i in range(b)],
         "attention": _b64(attn),  # (b, layers, K, 1 + N queries, N patch keys)
+        "summary": "class token" if prefix else "all patches (mean)",  # what query row 0 is
         "pca": _b64(np.stack([s[0] for s in segs], 1)),  # (b, layers, h, w, 3)
         "masks": _b64(np.stack([s[1] for s in segs], 1)),  # (b, layers, h, w), 0 = background
         "mask_colors": MASK_COLORS[1:].astype(int).tolist(),

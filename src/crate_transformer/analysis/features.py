@@ -126,8 +126,9 @@ def code_sites(model: nn.Module) -> list[tuple[nn.Module, str]]:
 
 
 def prefix_tokens(model: nn.Module) -> int:
-    """Tokens before the patches (the class token of the image models); they are not features of a patch."""
-    return model.num_prefix_tokens
+    """Tokens before the patches in the layers' sequences, where the codes are read (the class token of the image
+    models; none in ToST's TSSA blocks): they are not features of a patch."""
+    return model.trace_prefix_tokens
 
 
 def _hook(module: nn.Module, kind: str, store: list[Tensor]) -> torch.utils.hooks.RemovableHandle:

@@ -131,8 +131,9 @@ def _lm_figures(table: LayerTable, attn: Sequence[tuple[str, int]], n_tokens: in
         caps[f] = {
             "title": f"Attention over tokens, layer {ell} (heads 1..K)",
             "caption": f"Each head's attention matrix over the first {n_tokens} tokens of the first held-out block "
-            "(row: query, column: key; row-softmax); token strings on the axes (spaces shown as ␣, newlines and tabs "
-            "escaped), every s-th token when there are many.",
+            "(row: query, column: key; each row sums to 1: a softmax, or for ToST's TSSA the weights Pi_ik / sum Pi "
+            "of the tokens whose statistics the query reads); token strings on the axes (spaces shown as ␣, newlines "
+            "and tabs escaped), every s-th token when there are many.",
         }
     return caps
 
@@ -161,8 +162,8 @@ def analyze_text(
     ``attention_layer{ℓ}.png`` to ``out_dir`` and returns the report; ``report.html`` holds the explorer of the
     first ``explorer_texts`` blocks (hover a token to see its attention, :mod:`.explorer`)."""
     from ._common import layer_index
-    from .report import INITIAL, rate_notes
-    from .verdicts import compression_verdict, sparsity_verdict
+    from .report import INITIAL, rate_notes, variational_figure
+    from .verdicts import layer_claims
 
     t0, LM = time.time(), LM_SECTION
     out = Path(out_dir)
@@ -172,6 +173,7 @@ def analyze_text(
         {"held-out text": table}, out / "layerwise.png", metrics=("rc_in", "nonzero", "rate_reduction"),
         references={f"held-out text {INITIAL}": initial},
     )  # fmt: skip
+    extra = variational_figure({"held-out text": table}, {f"held-out text {INITIAL}": initial}, out)
     ids = blocks[0, :attn_tokens]
     tokens = _token_strings(model, ids)
     attn = []
@@ -188,14 +190,11 @@ def analyze_text(
         "source": source or {},
         "explorer": {"texts": len(shown), "layers": explorer["layers"]},
         "measure": {"held-out text": table.to_dict()},
-        "figures": ["layerwise.png", *(f for f, _ in attn)],
+        "figures": ["layerwise.png", *(f for f, _, _ in extra), *(f for f, _ in attn)],
         "initialisation": {f"held-out text {INITIAL}": initial.to_records()},
-        "verdicts": [
-            v.to_dict()
-            for v in (compression_verdict(table, LM, baseline=base), sparsity_verdict(table, LM, baseline=base))
-        ],
+        "verdicts": [v.to_dict() for v in layer_claims(table, LM, base)],
         "notes": rate_notes(model, {"held-out text": table}),
-        "captions": _lm_figures(table, attn, len(ids)),
+        "captions": {**_lm_figures(table, attn, len(ids)), **{f: {"title": t, "caption": c} for f, t, c in extra}},
         "model_config": c.to_dict(),
         "wall_time_s": round(time.time() - t0, 1),
     }

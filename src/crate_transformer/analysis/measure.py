@@ -18,6 +18,11 @@ For every layer ℓ = 1..L and every sample, :func:`measure` computes
   the numbers do not depend on the token scale), with the same ε.
 * optional ``below_<τ>`` — the fraction of entries with ``|z| < τ`` (Fig. 26's threshold sparsity,
   informative for ViT, whose outputs have no exact zeros).
+* for layers whose attention has memberships (ToST's TSSA: ``attn.memberships``), ``rvar_in`` / ``rvar_half`` /
+  ``rvar_out`` — the variational compression term TSSA descends
+  (:func:`~crate_transformer.objectives.variational_coding_rate`, Wu et al., ICLR 2025) of the layer's input
+  ``Z^ℓ``, its TSSA output ``Z^{ℓ+1/2}`` and its output ``Z^{ℓ+1}``, each through the layer's own LN1, projection
+  (bias included) and memberships Π, with the same ε; over every token the layer sees.
 
 For the ViT baseline (Fig. 26) the "subspaces" are the key projections of each head, the "MSSA
 output" is the attention-block output and the "ISTA output" the MLP-block output.  The CRATE hybrids
@@ -46,8 +51,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..errors import Opt, OptionError
 from ..model import ImageClassifier
-from ..objectives import coding_rate, l1_per_entry, rate_reduction, sparsity
+from ..objectives import coding_rate, l1_per_entry, rate_reduction, sparsity, variational_coding_rate
 from ..progress import progress_bar
 from ._common import (
     Normalization,
@@ -60,7 +66,17 @@ from ._common import (
     resolve_normalization,
 )
 
-__all__ = ["METRICS", "LayerTable", "measure", "official_rc", "measure_batch", "measure_hook", "load_measure_records"]
+__all__ = [
+    "METRICS",
+    "VARIATIONAL",
+    "variational_rate",
+    "LayerTable",
+    "measure",
+    "official_rc",
+    "measure_batch",
+    "measure_hook",
+    "load_measure_records",
+]
 
 METRICS: dict[str, str] = {
     "rc_in": "R^c of the MSSA input U_k^T LN1(Z^l), per-head unit-normalised tokens (official protocol, Figs. 14-15)",
@@ -71,7 +87,11 @@ METRICS: dict[str, str] = {
     "l1": "mean absolute entry ||Z^{l+1}||_1/(d n)",
     "rate": "coding rate R(Z^{l+1}) of eq. (8), tokens unit-normalised",
     "rate_reduction": "rate reduction R - R^c(Z^{l+1}|U^l) of eq. (14), tokens unit-normalised",
+    "rvar_in": "variational R^c (ToST) of the TSSA input: the layer's projections of LN1(Z^l) and memberships Pi",
+    "rvar_half": "variational R^c of Z^{l+1/2} (after TSSA), through the same layer's LN1, projection and Pi",
+    "rvar_out": "variational R^c of the layer output Z^{l+1}, through the same layer's LN1, projection and Pi",
 }
+VARIATIONAL = ("rvar_in", "rvar_half", "rvar_out")  # measured where the layers' attention has memberships
 
 
 def official_rc(projections: Tensor, eps: float = 0.1) -> Tensor:
@@ -112,8 +132,9 @@ def _measure_batch(
     model: ImageClassifier, x: Tensor, eps: float, include_cls: bool, thresholds: Sequence[float]
 ) -> dict[str, Tensor]:
     trace = model.forward_trace(x)
-    start = 0 if include_cls else 1
-    out: dict[str, list[Tensor]] = {k: [] for k in METRICS}
+    start = 0 if include_cls else model.trace_prefix_tokens
+    variational = all(callable(getattr(layer.attn, "memberships", None)) for layer in model.layers)
+    out: dict[str, list[Tensor]] = {k: [] for k in METRICS if variational or k not in VARIATIONAL}
     for t in thresholds:
         out[f"below_{t:g}"] = []
     for l, layer in enumerate(model.layers):
@@ -133,7 +154,17 @@ def _measure_batch(
         out["rate_reduction"].append(rate_reduction(zn, U.to(torch.float64), eps))
         for t in thresholds:
             out[f"below_{t:g}"].append((z.abs() < t).to(torch.float64).mean((-2, -1)))
+        if variational:
+            for name, tokens in zip(VARIATIONAL, (z_in, z_half, z_out)):
+                out[name].append(variational_rate(layer, tokens, eps))
     return {k: torch.stack(v, dim=1).cpu() for k, v in out.items()}
+
+
+def variational_rate(layer: torch.nn.Module, z: Tensor, eps: float) -> Tensor:
+    """:func:`~crate_transformer.objectives.variational_coding_rate` of tokens ``z`` (b, n, d) through ``layer``'s
+    LN1, attention projection (bias included) and memberships Π, in float64; one value per sample."""
+    h = layer.norm1(z)
+    return variational_coding_rate(layer.attn.project(h), None, layer.attn.memberships(h), eps, dtype=torch.float64)
 
 
 @dataclass
@@ -224,7 +255,10 @@ class LayerTable:
     def format(self, metrics: Sequence[str] | None = None) -> str:
         """A plain-text table of the means (± std)."""
         metrics = list(
-            metrics or [k for k in ("rc_in", "rc_out", "nonzero", "l1", "rate", "rate_reduction") if k in self.values]
+            metrics
+            or [
+                k for k in ("rc_in", "rc_out", "rvar_in", "nonzero", "l1", "rate", "rate_reduction") if k in self.values
+            ]
         )
         rows = [["layer", *metrics]]
         means, stds = {k: self.mean(k) for k in metrics}, {k: self.std(k) for k in metrics}
@@ -341,7 +375,7 @@ def measure_hook(
     :func:`~crate_transformer.analysis.plots.plot_measure_history` plots them.
     """
     if not isinstance(every, int) or every < 1:
-        raise ValueError(f"--measure-every must be a positive number of steps, got {every!r}")
+        raise OptionError(Opt("measure_every"), f" must be a positive number of steps, got {every!r}")
 
     def hook(ctx: object) -> list[dict] | None:
         step = int(ctx.step)

@@ -53,6 +53,9 @@ METRIC_LABELS: dict[str, str] = {
     "l1": r"$\|Z^{\ell+1}\|_1/(d\cdot n)$",
     "rate": r"$R(Z^{\ell+1})$",
     "rate_reduction": r"$\Delta R(Z^{\ell+1}\,|\,U^{\ell}_{[K]})$",
+    "rvar_in": r"$R^c_{var}(Z^{\ell}, \Pi\,|\,U^{\ell}_{[K]})$ at TSSA input",
+    "rvar_half": r"$R^c_{var}(Z^{\ell+1/2}, \Pi\,|\,U^{\ell}_{[K]})$",
+    "rvar_out": r"$R^c_{var}(Z^{\ell+1}, \Pi\,|\,U^{\ell}_{[K]})$",
 }
 
 # the colours of the masks in the MaskCut figures, the label PNGs and the explorer (0: background)

@@ -38,7 +38,7 @@ from ._common import (
 from .attention import attention_entropy, cls_attention
 from .decoder import decoder_inversion, is_autoencoder
 from .explorer import explorer_section, image_payload
-from .measure import METRICS, LayerTable, measure
+from .measure import METRICS, VARIATIONAL, LayerTable, measure
 from .plots import (
     plot_attention,
     plot_decoder_inversion,
@@ -56,11 +56,10 @@ from .verdicts import (
     Verdict,
     baseline_from_records,
     baseline_from_table,
-    compression_verdict,
     decoder_verdict,
     incoherence_verdict,
+    layer_claims,
     rate_reduction_note,
-    sparsity_verdict,
 )
 
 __all__ = ["analyze", "Part", "HTML_SECTIONS"]
@@ -126,8 +125,7 @@ def layer_verdicts(
     multi, baselines = len(tables) > 1, baselines or {}
     out = []
     for name, t in tables.items():
-        label, base = (f"{section} ({name})" if multi else section), baselines.get(name)
-        out += [compression_verdict(t, label, baseline=base), sparsity_verdict(t, label, baseline=base)]
+        out += layer_claims(t, f"{section} ({name})" if multi else section, baselines.get(name))
     return out
 
 
@@ -223,6 +221,7 @@ def _layerwise_section(ctx: _Context, progress: bool) -> Part:
             + against,
         ),
     ]
+    figures += variational_figure(tables, initial, fig_dir, against)
     return Part(
         figures,
         {
@@ -232,6 +231,28 @@ def _layerwise_section(ctx: _Context, progress: bool) -> Part:
         layer_verdicts(tables, ctx.section, baselines),
         rate_notes(ctx.model, tables),
     )
+
+
+def variational_figure(
+    tables: Mapping[str, LayerTable], initial: Mapping[str, object], fig_dir: Path, against: str = ""
+) -> list[Figure3]:
+    """ToST's measurement (``rvar_*``, where the layers' attention has memberships): the variational compression
+    term at the TSSA input, after TSSA and at the layer output, per layer; no figure for other models."""
+    if not all("rvar_in" in t.values for t in tables.values()):
+        return []
+    refs = {k: v for k, v in initial.items() if isinstance(v, LayerTable) or (v and "rvar_in" in v[0])}
+    plot_layerwise(
+        tables, fig_dir / "layerwise_variational.png", metrics=VARIATIONAL, references=refs,
+        title="Variational compression term R^c_var at the TSSA input, after TSSA and at the layer output",
+    )  # fmt: skip
+    caption = (
+        "The variational compression term that ToST's attention descends (Wu et al., ICLR 2025; "
+        "objectives.variational_coding_rate) of each layer's input Z^l, of Z^(l+1/2) after its TSSA step and of its "
+        "output Z^(l+1), each through that layer's LayerNorm, projection (bias included) and memberships Pi, with "
+        "the report's eps. A TSSA step should lower it (middle below left), and a trained ToST should lower it with "
+        "depth." + against
+    )
+    return [("layerwise_variational.png", "Variational compression per layer (ToST)", caption)]
 
 
 def _pick_vis_images(ctx: _Context, vis_images: Tensor | None, num_vis: int) -> Part:
@@ -257,17 +278,11 @@ def _attention_section(ctx: _Context, attn_li: int) -> Part:
     L = ctx.depth
     plot_attention(
         ctx.vis_images, maps, ctx.fig_dir / "attention.png",
-        title=f"Class-token attention per head, layer {attn_li + 1} of {L}",
+        title=f"{'Class-token attention' if ctx.model.trace_prefix_tokens else 'Memberships'} per head, layer "
+        f"{attn_li + 1} of {L}",
     )  # fmt: skip
     ent = attention_entropy(maps)
-    fig = (
-        "attention.png",
-        f"Class-token attention maps, layer {attn_li + 1} of {L} (JMLR Figs. 18, 20, 27; eq. (437))",
-        "For each head k = 1..K: the softmax of <U_k^T z_i, U_k^T z_cls> over the patches i (eq. (437); ViT: eq. "
-        "(438)), taken from the model's own attention (with its p^-1/2 scale, class-token column dropped, "
-        "renormalised), upsampled and overlaid on the input; 'mean' averages the heads. The paper shows the "
-        "penultimate layer for CRATE (--attn-layer -2).",
-    )
+    fig = ("attention.png", *_attention_words(ctx.model.trace_prefix_tokens, attn_li + 1, L))
     return Part(
         [fig],
         {
@@ -278,6 +293,26 @@ def _attention_section(ctx: _Context, attn_li: int) -> Part:
                 "maps": maps.tolist(),
             }
         },
+    )
+
+
+def _attention_words(prefix: int, layer: int, depth: int) -> tuple[str, str]:
+    """Title and caption of the attention figure: the class token's row, or (layers without a class token, ToST)
+    the mean row, which for TSSA is each head's memberships Π."""
+    if not prefix:
+        return (
+            f"Attention maps (memberships), layer {layer} of {depth} (ToST, Wu et al. 2025)",
+            "The layers hold no class token: for each head k = 1..K, the mean over the tokens of their attention "
+            "rows over the patches; for TSSA every row is the same, Pi_ik / sum_i Pi_ik, the head's memberships Pi "
+            "(eq. (10) of the ToST paper) normalised over the patches. Upsampled and overlaid on the input; 'mean' "
+            "averages the heads.",
+        )
+    return (
+        f"Class-token attention maps, layer {layer} of {depth} (JMLR Figs. 18, 20, 27; eq. (437))",
+        "For each head k = 1..K: the softmax of <U_k^T z_i, U_k^T z_cls> over the patches i (eq. (437); ViT: eq. "
+        "(438)), taken from the model's own attention (with its p^-1/2 scale, class-token column dropped, "
+        "renormalised), upsampled and overlaid on the input; 'mean' averages the heads. The paper shows the "
+        "penultimate layer for CRATE (attn_layer=-2).",
     )
 
 
@@ -582,7 +617,18 @@ def _table_html(records: Sequence[Mapping], metrics: Sequence[str]) -> str:
 
 def html_layer_tables(report: dict) -> str:
     """Mean ± std per layer of every split (from ``report["measure"]``)."""
-    order = ("rc_in", "rc_half", "rc_out", "nonzero", "l1", "rate", "rate_reduction")
+    order = (
+        "rc_in",
+        "rc_half",
+        "rc_out",
+        "rvar_in",
+        "rvar_half",
+        "rvar_out",
+        "nonzero",
+        "l1",
+        "rate",
+        "rate_reduction",
+    )
     parts = ["<h2>Layer-wise measurements</h2>"]
     for name, d in report["measure"].items():
         recs = d["layers"]

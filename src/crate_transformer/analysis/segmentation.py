@@ -41,7 +41,7 @@ __all__ = [
 
 @torch.no_grad()
 def patch_features(model: ImageClassifier, images: Tensor, layer: int = -1) -> Tensor:
-    """The qkv projections of the patch tokens at ``layer``: ``(b, N, K·p)`` (class token dropped).
+    """The qkv projections of the patch tokens at ``layer``: ``(b, N, K·p)`` (a class token in the layers dropped).
 
     ``images`` are model-ready (normalised) float images of any size divisible by the patch size.
     """
@@ -50,7 +50,7 @@ def patch_features(model: ImageClassifier, images: Tensor, layer: int = -1) -> T
     blk = model.layers[li]
     with torch.no_grad():
         P = head_projections(blk, blk.norm1(z))  # (b, K, n, p); eval or train mode: LN and qkv only
-    return P[:, :, 1:].transpose(1, 2).flatten(2).float().cpu()
+    return P[:, :, model.trace_prefix_tokens :].transpose(1, 2).flatten(2).float().cpu()
 
 
 def pca_rgb(features: Tensor, grid: tuple[int, int], n_components: int = 3) -> tuple[np.ndarray, np.ndarray]:

@@ -49,6 +49,7 @@ __all__ = [
     "Verdict",
     "paired_drop",
     "compression_verdict",
+    "layer_claims",
     "sparsity_verdict",
     "decoder_verdict",
     "incoherence_verdict",
@@ -66,6 +67,10 @@ N_BOOT = 2000
 
 COMPRESSION_CLAIM = (
     "each layer compresses the tokens against its subspaces: R^c (eq. (13)) decreases with depth (Figs. 14-15)"
+)
+VARIATIONAL_CLAIM = (
+    "each TSSA layer compresses the tokens: the variational compression term R^c_var that TSSA descends decreases "
+    "with depth (ToST, Wu et al., ICLR 2025)"
 )
 SPARSITY_CLAIM = "the ISTA outputs get sparser with depth: ||Z^(l+1)||_0/(d n) decreases (Figs. 14-15, eq. (17))"
 DECODER_CLAIM = "decoder layer L-l undoes encoder layer l (§3.5, eqs. (62)-(64))"
@@ -124,7 +129,10 @@ class Baseline:
     drop: dict[str, tuple[float, float]]
 
 
-def baseline_from_table(table: LayerTable, source: str, metrics: Sequence[str] = ("rc_in", "nonzero")) -> Baseline:
+BASELINE_METRICS = ("rc_in", "rvar_in", "nonzero")  # what the verdicts compare with initialisation
+
+
+def baseline_from_table(table: LayerTable, source: str, metrics: Sequence[str] = BASELINE_METRICS) -> Baseline:
     """From per-sample measurements (a freshly initialised model on the report's own samples): the drop and its
     noise exactly as for the trained model (:func:`paired_drop`)."""
     present = [m for m in metrics if m in table.values]
@@ -135,9 +143,7 @@ def baseline_from_table(table: LayerTable, source: str, metrics: Sequence[str] =
     )
 
 
-def baseline_from_records(
-    records: Sequence[dict], source: str, metrics: Sequence[str] = ("rc_in", "nonzero")
-) -> Baseline:
+def baseline_from_records(records: Sequence[dict], source: str, metrics: Sequence[str] = BASELINE_METRICS) -> Baseline:
     """From one logged measurement (per-layer mean, std and sample count, e.g. a run's step-0 records in
     ``metrics.jsonl``): the per-sample pairs are gone, so the noise of the drop is that of two independent means,
     ``2·√((s₁² + s_L²)/n)`` (an upper bound when the layers are positively correlated, as they are)."""
@@ -228,10 +234,21 @@ def compression_verdict(
 ) -> Verdict:
     """Compression (Figs. 14-15): the per-sample ``R^c`` (eq. (13); default the MSSA input, as the official
     measurement code and the report's plots) falls from the first to the last layer by more than its noise and,
-    given a ``baseline``, by more than at initialisation."""
+    given a ``baseline``, by more than at initialisation.  ``metric="rvar_in"``: ToST's claim, the same rule on the
+    variational term its TSSA layers descend."""
     base = _base(baseline, metric)
-    rule = _rule(f"R^c ({metric})", base is not None)
-    return _drop_verdict(section, COMPRESSION_CLAIM, table.values[metric], f"R^c ({metric})", rule, base)
+    name = f"R^c_var ({metric})" if metric.startswith("rvar") else f"R^c ({metric})"
+    claim = VARIATIONAL_CLAIM if metric.startswith("rvar") else COMPRESSION_CLAIM
+    return _drop_verdict(section, claim, table.values[metric], name, _rule(name, base is not None), base)
+
+
+def layer_claims(table: LayerTable, section: str, baseline: Baseline | None = None) -> list[Verdict]:
+    """The layer-wise verdicts of one measured split: compression (``R^c``), ToST's variational compression where
+    it was measured (``rvar_in``), sparsity."""
+    out = [compression_verdict(table, section, baseline=baseline)]
+    if "rvar_in" in table.values:
+        out.append(compression_verdict(table, section, "rvar_in", baseline))
+    return out + [sparsity_verdict(table, section, baseline=baseline)]
 
 
 def sparsity_verdict(table: LayerTable, section: str, baseline: Baseline | None = None) -> Verdict:

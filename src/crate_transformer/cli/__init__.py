@@ -11,6 +11,7 @@ import argparse
 import errno
 import importlib
 import os
+import shlex
 import sys
 import warnings
 from collections.abc import Callable
@@ -47,30 +48,67 @@ def task_command(task: str, init_from: bool = False) -> str:
     return TASK_COMMANDS.get(task, f"pretrain {task}")
 
 
-def error_message(e: BaseException) -> str:
-    """``e`` as the CLI says it: a :class:`~crate_transformer.errors.TaskError` names commands, not tasks."""
-    from ..errors import TaskError
+# options whose flag is not their name with dashes
+FLAGS: dict[str, str] = {"init_from": "--from"}
+# what a finished run suggests doing next (an errors.Step action) → the command that does it
+ACTIONS: dict[str, str] = {"analyze": "analyze", "evaluate": "eval", "fine-tune": "finetune", "generate": "generate"}
+LISTINGS: dict[str, str] = {"models": "crate models", "pretrained": "crate models --pretrained"}
+# the Python listings a library help text names → the commands that list the same
+LISTING_CALLS: dict[str, str] = {"ct.list_models()": LISTINGS["models"], "ct.list_pretrained()": LISTINGS["pretrained"]}
 
-    if isinstance(e, TaskError):
-        return e.words(lambda use: f"crate {task_command(use.task, use.init_from)}")
-    return str(e)
+
+def flag(name: str) -> str:
+    """The flag of the option ``name`` (``batch_size`` → ``--batch-size``)."""
+    return FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+def _option_words(name: str, value: object) -> str:
+    if isinstance(value, bool):
+        return flag(name) if value else "--no-" + flag(name)[2:]
+    if isinstance(value, (list, tuple)):
+        return " ".join([flag(name), *(shlex.quote(str(v)) for v in value)])
+    return f"{flag(name)} {shlex.quote(str(value))}"
+
+
+def cli_words(place: object) -> str:
+    """The CLI's wording of a place in a library message (:mod:`crate_transformer.errors`): a task as the command
+    that trains it, an option as its flag (with its value), a listing as its command, a next step as a command."""
+    from ..errors import Opt, See, Step, Use
+
+    if isinstance(place, Use):
+        return f"crate {task_command(place.task, place.init_from)}"
+    if isinstance(place, Opt):
+        return _option_words(place.name, place.value) if place.has_value else flag(place.name)
+    if isinstance(place, See):
+        return LISTINGS.get(place.what, place.what)
+    if isinstance(place, Step):
+        where = [flag("init_from"), place.run] if place.action == "fine-tune" else [place.run]
+        return " ".join(["crate", ACTIONS.get(place.action, place.action), *where,
+                         *(_option_words(k, v) for k, v in place.options)])  # fmt: skip
+    return str(place)
+
+
+def error_message(e: BaseException) -> str:
+    """``e`` as the CLI says it: a :class:`~crate_transformer.errors.Worded` error names commands and flags."""
+    from ..errors import Worded
+
+    return e.words(cli_words) if isinstance(e, Worded) else str(e)
 
 
 def option_warnings(command: str) -> Callable[..., None]:
-    """A ``warnings.showwarning`` that writes an :class:`~crate_transformer.errors.OptionsWarning` as one line
-    naming flags (``--warmup-fraction`` for the option ``warmup_fraction``), above any progress bar; other
-    warnings as Python shows them."""
-    from ..errors import OptionsWarning
+    """A ``warnings.showwarning`` that writes an :class:`~crate_transformer.errors.OptionWarning` as one line
+    (worded by the current wording: flags inside the CLI), above any progress bar; other warnings as Python shows
+    them."""
+    from ..errors import OptionWarning
 
     python_way = warnings.showwarning
 
     def show(message: Warning | str, category: type, filename: str, lineno: int, *rest: Any) -> None:
-        if not isinstance(message, OptionsWarning):
+        if not isinstance(message, OptionWarning):
             return python_way(message, category, filename, lineno, *rest)
         from tqdm import tqdm
 
-        text = message.words(lambda option: "--" + option.name.replace("_", "-"))
-        tqdm.write(f"crate {command}: warning: {text}", file=sys.stderr)
+        tqdm.write(f"crate {command}: warning: {message}", file=sys.stderr)
 
     return show
 
@@ -122,10 +160,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 1
     try:
+        from ..errors import wording
         from .common import check_argument_ranges
 
         check_argument_ranges(args)  # every numeric option, before the command does anything
-        with warnings.catch_warnings():
+        with wording(cli_words), warnings.catch_warnings():  # the library's messages name commands and flags
             warnings.showwarning = option_warnings(args.command)
             return int(args._run(args) or 0)
     except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:

@@ -66,8 +66,9 @@ def configure_analyze(parser: argparse.ArgumentParser) -> None:
         "the photos' own statistics",
     )
     number_argument(
-        parser, "--crop-pct", Range(0, 1, lo_open=True), 1.0,
-        "--images: resize the shorter side to image-size / crop-pct, then crop the centre (0.875: 256 -> 224)",
+        parser, "--crop-pct", Range(0, 1, lo_open=True), None,
+        "--images: resize the shorter side to image-size / crop-pct, then crop the centre (0.875: 256 -> 224; "
+        "default: the model's pretrained_cfg, 1.0 unless its release states one)",
     )  # fmt: skip
     add_report_options(parser, "analyze", "data")
     number_argument(parser, "--eps", Range(0, lo_open=True), 0.1, "coding precision eps (the official eps^2 = 0.01)")
@@ -120,11 +121,7 @@ def _analyze_language_model(model: object, args: argparse.Namespace) -> int:
         attn_tokens=min(args.attn_tokens, block),
         source=source,
     )
-    first = report["measure"]["held-out text"]["layers"]
-    print(
-        f"layer-wise R^c (MSSA input) {first[0]['rc_in']:.4g} -> {first[-1]['rc_in']:.4g}, non-zero fraction "
-        f"{first[0]['nonzero']:.3f} -> {first[-1]['nonzero']:.3f} (layer 1 -> {len(first)}) on {n} held-out blocks"
-    )
+    print_layerwise(report["measure"]["held-out text"]["layers"], f" on {n} held-out blocks")
     print_verdicts(report)
     out, secs = Path(args.out), report["wall_time_s"]
     print(f"wrote {out / 'report.html'}, report.json, layerwise.png and attention maps ({secs} s)")
@@ -210,6 +207,18 @@ def _initial_records(checkpoint: str) -> list[dict] | str:
     return "fresh"
 
 
+def print_layerwise(first: list[dict], where: str = "") -> None:
+    """The first split's R^c (and ToST's R^c_var) and non-zero fraction from the first layer to the last."""
+    span = f"(layer 1 -> {len(first)}){where}"
+
+    def change(key: str) -> str:
+        return f"{first[0][key]:.4g} -> {first[-1][key]:.4g}"
+
+    print(f"layer-wise R^c (attention input) {change('rc_in')}, non-zero fraction {change('nonzero')} {span}")
+    if "rvar_in" in first[0]:
+        print(f"layer-wise R^c_var (TSSA input) {change('rvar_in')} {span}")
+
+
 def print_verdicts(report: dict) -> None:
     """The verdicts (and notes) of a report, one line each, like the theory lab's checks."""
     from ..analysis.verdicts import Verdict, format_verdicts
@@ -223,17 +232,18 @@ NORMALIZE_CHOICES = ("auto", "imagenet", "folder", "none")
 
 def _folder_normalization(choice: str, model: object, imgs: object) -> tuple:
     """The (mean, std) that turn ``--images`` photos into model inputs, and where it came from: by default the
-    model's own (its config), else ImageNet's (what released checkpoints were trained on); the photos' own
-    statistics only when asked for (they would erase the very contrast and colour the model learned from)."""
-    from ..data import fit_normalization, resolve_normalization
+    model's own data config (``model.pretrained_cfg``: its training data's, else its released weights', else
+    ImageNet's); the photos' own statistics only when asked for (they would erase the very contrast and colour
+    the model learned from)."""
+    from ..data import fit_normalization
     from ..spec import IMAGENET_MEAN, IMAGENET_STD
 
     channels = model.config.in_chans
-    if choice == "auto" and resolve_normalization(model) is not None:
-        return resolve_normalization(model), "model config"
-    if choice in ("auto", "imagenet"):
-        why = "ImageNet's" if choice == "imagenet" else "ImageNet's (the model config records none)"
-        return fit_normalization(IMAGENET_MEAN, IMAGENET_STD, channels), why
+    if choice == "auto":
+        cfg = model.pretrained_cfg
+        return (list(cfg["mean"]), list(cfg["std"])), normalization_words(model) or FALLBACK_WORDS
+    if choice == "imagenet":
+        return fit_normalization(IMAGENET_MEAN, IMAGENET_STD, channels), "ImageNet's"
     if choice == "folder":
         stats = (imgs.mean((0, 2, 3)).tolist(), imgs.std((0, 2, 3)).clamp_min(1e-3).tolist())
         return stats, "statistics of the image folder (--normalize folder)"
@@ -242,23 +252,35 @@ def _folder_normalization(choice: str, model: object, imgs: object) -> tuple:
     raise ValueError(f"--normalize must be one of {', '.join(NORMALIZE_CHOICES)}, got {choice!r}")
 
 
+FALLBACK_WORDS = "ImageNet's (the model config records none)"
+
+
+def normalization_words(model: object) -> str | None:
+    """Where the model's own mean/std come from, as the report says it (its ``pretrained_cfg["normalization"]``):
+    its config (the training data), its released weights (their zoo entry), or None (neither states one)."""
+    words = {"training data": "model config", "released weights": "the released weights' (their zoo entry)"}
+    return words.get(model.pretrained_cfg.get("normalization"))
+
+
 def _folder_splits(model: object, args: argparse.Namespace, size: int) -> tuple:
-    """``--images DIR``: one split of the folder's images (shorter side resized, centre crop) and the
-    normalisation (``--normalize``)."""
+    """``--images DIR``: one split of the folder's images (shorter side resized with the model's interpolation,
+    centre crop of ``--crop-pct``, by default the model's) and the normalisation (``--normalize``)."""
     from ..data import load_image_folder
 
+    cfg = model.pretrained_cfg
+    crop = args.crop_pct if args.crop_pct is not None else cfg["crop_pct"]
     imgs, files = load_image_folder(
         args.images, size, model.config.in_chans, limit=args.num_images, on_bad_image=args.on_bad_image,
-        crop_pct=args.crop_pct,
+        crop_pct=crop, interpolation=cfg["interpolation"],
     )  # grey/RGB converted as in training  # fmt: skip
     norm, norm_src = _folder_normalization(args.normalize, model, imgs)
-    return {"images": imgs}, norm, {"data": f"{args.images} ({len(files)} images)", "normalization_source": norm_src}
+    resize = f"shorter side to {round(size / crop)} px ({cfg['interpolation']}), centre crop {size}"
+    data = f"{args.images} ({len(files)} images; {resize})"
+    return {"images": imgs}, norm, {"data": data, "normalization_source": norm_src}
 
 
 def _data_splits(model: object, args: argparse.Namespace, size: int) -> tuple:
     """``--data NAME`` (default: the model config's dataset): its train and test splits."""
-    from ..data import resolve_normalization
-
     c = model.config
     data = args.data or (c.data.source if c.data else None)  # crate train records the resolved path
     if not data:
@@ -269,14 +291,14 @@ def _data_splits(model: object, args: argparse.Namespace, size: int) -> tuple:
         if args.data:
             raise
         raise ValueError(f"{e} (dataset {data!r} is recorded in the model config; pass --data or --images)") from None
-    source["normalization_source"] = "model config" if resolve_normalization(model) else "dataset statistics"
+    source["normalization_source"] = normalization_words(model) or "dataset statistics"
     return splits, norm, source
 
 
 def run_analyze(args: argparse.Namespace) -> int:
     from ..analysis import analyze
+    from ..checkpoint import load_model
     from ..config import LANGUAGE_MODEL
-    from ..train.load import load_model
     from ..train.runtime import resolve_device
 
     for name in ("num_images", "num_vis", "masks", "batch_size"):
@@ -307,11 +329,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         initial=_initial_records(args.checkpoint),
     )  # fmt: skip
     out = Path(args.out)
-    first = next(iter(report["measure"].values()))["layers"]
-    print(
-        f"layer-wise R^c (MSSA input) {first[0]['rc_in']:.4g} -> {first[-1]['rc_in']:.4g}, non-zero fraction "
-        f"{first[0]['nonzero']:.3f} -> {first[-1]['nonzero']:.3f} (layer 1 -> {len(first)})"
-    )
+    print_layerwise(next(iter(report["measure"].values()))["layers"])
     print_verdicts(report)
     print(f"wrote {out / 'report.html'} and {out / 'report.json'} ({report['wall_time_s']} s)")
     return 0

@@ -109,9 +109,9 @@ def _text_inputs(model: object, args: argparse.Namespace, run: Path) -> tuple:
 
 def run_features(args: argparse.Namespace) -> int:
     from ..analysis import features as F
+    from ..checkpoint import load_model
     from ..config import LANGUAGE_MODEL
     from ..io import write_json
-    from ..train.load import load_model
     from ..train.runtime import resolve_device
 
     for name in ("top_k", "num_images", "num_blocks", "batch_size"):

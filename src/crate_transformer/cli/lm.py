@@ -139,9 +139,9 @@ def _print_samples(samples: _Samples, first: int) -> None:
 
 def _generation_model(args: argparse.Namespace) -> tuple:
     """The language model (on its device), its tokenizer and the device, or a one-line error."""
+    from ..checkpoint import load_model
     from ..config import LANGUAGE_MODEL
     from ..train import resolve_device
-    from ..train.load import load_model
     from .common import positive
 
     positive("max_new_tokens", args.max_new_tokens)

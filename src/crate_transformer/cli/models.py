@@ -51,22 +51,25 @@ def _print_table(header: tuple[str, ...], rows: list[tuple]) -> None:
 
 
 def _run_zoo(pattern: str) -> int:
-    """One row per released checkpoint; ``status`` is ``cached`` (loads offline), ``download`` (fetched on
+    """One row per released checkpoint; ``status`` is ``cached`` (in the cache, its content checked: loads
+    offline), ``corrupt`` (in the cache but damaged: a line names the file and the fix), ``download`` (fetched on
     first use) or ``manual`` (a Google Drive page: download it and pass ``pretrained_file=``)."""
-    from ..pretrained import IMAGENET_MEAN, IMAGENET_STD, ZOO, cached_file, list_pretrained
+    from ..pretrained import IMAGENET_MEAN, IMAGENET_STD, ZOO, cache_status, list_pretrained
 
     names = list_pretrained(pattern)
     if not names:
         raise ValueError(f"no released weights match {pattern!r}; run `crate models --pretrained` to list them all")
-    rows = []
+    rows, statuses = [], {name: cache_status(name) for name in names}
     for name in names:
         s = ZOO[name]
-        status = "manual" if not s.on_hub else ("cached" if cached_file(name) else "download")
+        status = statuses[name][0]
         norm = "-" if s.mean is None else f"mean {list(s.mean)} std {list(s.std)}"
         norm = "ImageNet mean/std" if (s.mean, s.std) == (IMAGENET_MEAN, IMAGENET_STD) else norm
         rows.append((name, s.loader, status, s.source, s.filename or "-", s.input, norm, s.classes, s.licence))
     _print_table(("name", "loader", "status", "source", "file", "input", "normalisation", "classes", "licence"), rows)
-    for name in names:
-        if not ZOO[name].on_hub:
+    for name, (status, detail) in statuses.items():
+        if status == "manual":
             print(f"{name}: download {ZOO[name].page} and load it with create_model({name!r}, pretrained_file=PATH)")
+        elif status == "corrupt":
+            print(detail)  # names the file and how to fetch it again
     return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -126,7 +127,7 @@ def add_options(
         default = defaults.get(name, f.default if f.default is not dataclasses.MISSING else f.default_factory())
         plain = " ".join(map(str, default)) if isinstance(default, list) else default
         shown = plain if name in defaults else meta.get("shown", plain)  # a command's own default wins
-        help_text = (names or {}).get(name) or meta["help"]
+        help_text = help_flags((names or {}).get(name) or meta["help"])
         typed_here = typed and name not in passed_on
         if typed_here and "shown" not in meta and name not in defaults and not isinstance(default, (dict, list)):
             shown = "%(default)s"  # argparse's own words (and no second "(default: ...)" from its formatters)
@@ -155,6 +156,16 @@ def add_options(
             if "choices" not in meta:
                 kw["metavar"] = meta.get("metavar", name.split("_")[-1].upper())
             parser.add_argument(flag, **kw)
+
+
+def help_flags(text: str) -> str:
+    """A library help text with its options named as flags: the library writes ```lr``` (backticked option
+    names), the command line shows ``--lr``."""
+    from . import LISTING_CALLS, flag
+
+    for call, command in LISTING_CALLS.items():
+        text = text.replace(call, f"`{command}`")
+    return re.sub(r"`([a-z][a-z0-9_]*)`", lambda m: flag(m.group(1)), text)
 
 
 def _converter(annotation: Any) -> Any:

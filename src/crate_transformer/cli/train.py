@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..base import POOLS
 from ..config import LANGUAGE_MODEL, MASKED_AUTOENCODER
-from . import task_command
+from . import cli_words, task_command
 from .common import (
     add_report_arguments,
     apply_threads,
@@ -46,8 +46,10 @@ def finished(result: dict) -> int:
             command = task_command(result["task"], bool(result["init_from"]))
             print(f"continue with: crate {command} --resume {result['run_dir']}", file=sys.stderr, flush=True)
         return 130
-    if result.get("next") and os.environ.get("RANK", "0") == "0":
-        print(f"next: {result['next']}", flush=True)
+    steps = result.get("next")
+    if steps and os.environ.get("RANK", "0") == "0":
+        steps = [steps] if isinstance(steps, str) else steps  # a task may give one line of its own
+        print("next: " + "    |    ".join(map(cli_words, steps)), flush=True)
     return 0
 
 
@@ -141,7 +143,7 @@ def configure_eval(parser: argparse.ArgumentParser) -> None:
 
 def _eval_model(args: argparse.Namespace) -> object:
     """The checkpoint's image model, refused with a one-line error when ``crate eval`` cannot score it."""
-    from ..train.load import load_model
+    from ..checkpoint import load_model
 
     model = load_model(args.checkpoint, name=args.model, **parse_model_args(args.model_args))
     if model.kind == LANGUAGE_MODEL:
@@ -194,11 +196,11 @@ def run_eval(args: argparse.Namespace) -> int:
         model.to(device), ds, mean=norm[0], std=norm[1], image_size=c.image_size, channels=c.in_chans,
         batch_size=args.batch_size, device=device,
     )  # fmt: skip
-    _write_eval(args, r, ds.name, data, str(src), out)
+    _write_eval(args, r, ds.name, data, str(src), out, norm)
     return 0
 
 
-def _write_eval(args: argparse.Namespace, r: object, name: str, data: str, src: str, out: Path) -> None:
+def _write_eval(args: argparse.Namespace, r: object, name: str, data: str, src: str, out: Path, norm: tuple) -> None:
     """``confusion.png``, ``eval.json`` and the printed summary of a classifier evaluation."""
     from ..io import atomic_write
     from ..train import plot_confusion_matrix
@@ -209,7 +211,7 @@ def _write_eval(args: argparse.Namespace, r: object, name: str, data: str, src: 
         out / "confusion.png",
         title=f"{Path(data).name} {args.split}: top-1 {100 * r.top1:.2f}%",
     )
-    report = {"checkpoint": src, "data": data, "split": args.split, **r.to_dict()}
+    report = {"checkpoint": src, "data": data, "split": args.split, "normalization": norm, **r.to_dict()}
     atomic_write(out / "eval.json", lambda tmp: Path(tmp).write_text(json.dumps(report, indent=1) + "\n"))
     print(f"{name} {args.split}: {r.num_samples} images, top-1 {100 * r.top1:.2f}%{r.top_k_text()}, loss {r.loss:.4f}")
     width = max(len(n) for n in r.classes)

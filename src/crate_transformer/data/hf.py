@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import Opt, OptionError
 from .hub import require_datasets
 from .memory import HF_MARKERS, check_load_args, holdout_every_fifth, split_members
 from .streaming import MapStreamSource
@@ -42,20 +43,20 @@ def _columns(ds: object, where: str, image: str = "", label: str = "") -> tuple[
     name them where the automatic choice (module docstring) does not find them."""
     datasets = require_datasets()
     feats = ds.features
-    for given, flag in ((image, "--image-column"), (label, "--label-column")):
+    for given, option in ((image, "image_column"), (label, "label_column")):
         if given and given not in feats:
-            raise ValueError(f"{where} has no column {given!r} (columns: {list(feats)}); fix {flag}")
+            raise OptionError(f"{where} has no column {given!r} (columns: {list(feats)}); fix ", Opt(option))
     image = image or next((c for c, f in feats.items() if isinstance(f, datasets.Image)), None)
     image = image or next((c for c in IMAGE_COLUMNS if c in feats), None)
     if image is None:
-        raise ValueError(f"{where} has no image column (columns: {list(feats)}); name it with --image-column COLUMN")
+        raise OptionError(f"{where} has no image column (columns: {list(feats)}); name it with ", Opt("image_column"))
     label = label or next((c for c, f in feats.items() if isinstance(f, datasets.ClassLabel)), None)
     label = label or next((c for c in LABEL_COLUMNS if c in feats), None)
     if label is None:
-        raise ValueError(
-            f"{where} has no label column (columns: {list(feats)}); name it with --label-column COLUMN "
-            "(a ClassLabel or integer column)"
-        )
+        raise OptionError(
+            f"{where} has no label column (columns: {list(feats)}); name it with ", Opt("label_column"),
+            " (a ClassLabel or integer column)",
+        )  # fmt: skip
     names = list(feats[label].names) if isinstance(feats[label], datasets.ClassLabel) else None
     return image, label, names
 
@@ -105,7 +106,7 @@ class HFImageDataset(MapStreamSource):
         label_column: str = "",
     ) -> None:
         if image_size is None:
-            raise ValueError("a Hugging Face dataset needs image_size (--image-size): its images are resized on read")
+            raise OptionError("a Hugging Face dataset needs ", Opt("image_size"), ": its images are resized on read")
         check_load_args(split, val_fraction, on_bad_image, image_size)
         datasets = require_datasets()
         root, loaded = _open(path)

@@ -34,15 +34,17 @@ import functools
 import os
 import pickle
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..errors import Opt, OptionError, OptionWarning
 from .base import ImageSource, local_batches
 from .hub import DATA_FILE_SUFFIXES, is_dataset_name
 from .transforms import BUILTIN_DATASETS, match_channels, resize_tensor
@@ -63,6 +65,7 @@ __all__ = [
     "resolve_source",
     "canonical_source",
     "to_chw",
+    "image_transform",
 ]
 
 SPLITS = ("train", "val", "test")
@@ -164,10 +167,10 @@ def load_dataset(
     kind, source = resolve_source(name_or_path)
     if kind in ("shards", "hf"):
         what = "WebDataset shards" if kind == "shards" else "a Hugging Face dataset"
-        raise ValueError(
+        raise OptionError(
             f"{name_or_path} is {what}, which is streamed, not loaded into memory; "
-            "open it with crate_transformer.data.open_source (or --data-mode auto|stream)"
-        )
+            "open it with crate_transformer.data.open_source (or ", Opt("data_mode", "stream"), ")",
+        )  # fmt: skip
     pool = _load_pool(kind, source, image_size, on_bad_image, _folder_signature(source) if kind == "folder" else ())
     train_x, train_y = pool.train_images, pool.train_labels
     if split == "test":
@@ -188,7 +191,7 @@ def check_load_args(split: str, val_fraction: float, on_bad_image: str, image_si
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     if split == "val" and val_fraction == 0.0:
-        raise ValueError("split='val' needs a validation split; pass val_fraction > 0 (e.g. --val-fraction 0.1)")
+        raise OptionError("split='val' needs a validation split; pass ", Opt("val_fraction", 0.1), " (> 0)")
     if on_bad_image not in ("skip", "error"):
         raise ValueError(f"on_bad_image must be 'skip' or 'error', got {on_bad_image!r}")
     if image_size is not None and (not isinstance(image_size, int) or isinstance(image_size, bool) or image_size <= 0):
@@ -553,10 +556,12 @@ def _folder_arrays(
     if bad:
         shown = ", ".join(str(p.relative_to(root)) for p in bad[:3]) + (", …" if len(bad) > 3 else "")
         warnings.warn(
-            f"skipped {len(bad)} unreadable image(s) in {root} ({shown}); pass on_bad_image='error' "
-            "(--on-bad-image error) to fail instead",
+            OptionWarning(
+                f"skipped {len(bad)} unreadable image(s) in {root} ({shown}); pass ", Opt("on_bad_image", "error"),
+                " to fail instead",
+            ),
             stacklevel=4,
-        )
+        )  # fmt: skip
     if n_train == 0:
         raise ValueError(f"no readable training images in {root}; check the files (extensions {IMAGE_EXTENSIONS})")
     present = set(labels[:n_train])
@@ -569,10 +574,10 @@ def _folder_arrays(
     sizes = {tuple(t.shape[1:]) for t in tensors}
     if len(sizes) > 1:
         a, b = sorted(sizes)[:2]
-        raise ValueError(
-            f"images in {root} have different sizes (e.g. {a[1]}x{a[0]} and {b[1]}x{b[0]}); "
-            "pass image_size (--image-size) to resize them to one square size"
-        )
+        raise OptionError(
+            f"images in {root} have different sizes (e.g. {a[1]}x{a[0]} and {b[1]}x{b[0]}); pass ", Opt("image_size"),
+            " to resize them to one square size",
+        )  # fmt: skip
     images = torch.stack(tensors)
     y = torch.tensor(labels, dtype=torch.int64)
     return classes, images[:n_train], y[:n_train], images[n_train:], y[n_train:]
@@ -621,10 +626,10 @@ def decode_image(
     except Exception as e:  # noqa: BLE001 - whatever a decoder raises, the file is unreadable (see above)
         if on_bad_image == "error":
             reason = (str(e).strip().splitlines() or [""])[0][:160]
-            raise ValueError(
+            raise OptionError(
                 f"cannot read image {what} ({type(e).__name__}{': ' + reason if reason else ''}); fix or delete it, "
-                "or pass on_bad_image='skip' (--on-bad-image skip) to skip unreadable images"
-            ) from None
+                "or pass ", Opt("on_bad_image", "skip"), " to skip unreadable images",
+            ) from None  # fmt: skip
         return None
 
 
@@ -651,12 +656,14 @@ def load_image_folder(
     limit: int | None = None,
     on_bad_image: str = "error",
     crop_pct: float = 1.0,
+    interpolation: str = "bilinear",
 ) -> tuple[Tensor, list[str]]:
     """Every image under ``folder`` (recursively, sorted by path; no classes, e.g. ``crate analyze --images``).
 
     Returns ``[0, 1]`` floats ``(N, channels, image_size, image_size)`` — shorter side resized to
     ``image_size / crop_pct`` (the aspect ratio kept), the central ``image_size`` square cropped (timm's
-    ``crop_pct``: 0.875 is ImageNet's resize-256-crop-224), grey/RGB converted to ``channels`` — and the file
+    ``crop_pct``: 0.875 is ImageNet's resize-256-crop-224; ``interpolation`` bilinear or bicubic, antialiased),
+    grey/RGB converted to ``channels`` — and the file
     paths; normalising them is the caller's (the model's mean and std, not the photos' own).  ``limit``
     keeps the first files.  Unreadable files raise (``on_bad_image="error"``) or are skipped with a
     warning (``"skip"``); a missing folder or one without readable images is a one-line ValueError.
@@ -679,13 +686,16 @@ def load_image_folder(
         files = [f for i, f in enumerate(files) if i not in set(bad)]
     if not files:
         raise ValueError(f"no readable images in {folder}; check the files")
-    images = torch.stack([to_chw(a, channels, image_size, crop_pct) for a in arrays])
+    images = torch.stack([to_chw(a, channels, image_size, crop_pct, interpolation) for a in arrays])
     return images.float() / 255.0, [str(f) for f in files]
 
 
-def to_chw(a: np.ndarray, channels: int, image_size: int | None, crop_pct: float = 1.0) -> Tensor:
+def to_chw(
+    a: np.ndarray, channels: int, image_size: int | None, crop_pct: float = 1.0, interpolation: str = "bilinear"
+) -> Tensor:
     """HW or HWC uint8 array → C×H×W tensor; with ``image_size``: shorter side to ``image_size / crop_pct``
-    (aspect ratio kept), then the central ``image_size`` square."""
+    (aspect ratio kept; ``interpolation`` ``"bilinear"`` or ``"bicubic"``, antialiased), then the central
+    ``image_size`` square."""
     t = torch.from_numpy(np.ascontiguousarray(a))
     t = t.unsqueeze(0) if t.dim() == 2 else t.permute(2, 0, 1)
     t = match_channels(t, channels)
@@ -696,7 +706,28 @@ def to_chw(a: np.ndarray, channels: int, image_size: int | None, crop_pct: float
     scale = short / min(h, w)
     nh, nw = max(short, round(h * scale)), max(short, round(w * scale))
     if (nh, nw) != (h, w):
-        y = F.interpolate(t[None].float(), size=(nh, nw), mode="bilinear", antialias=True, align_corners=False)[0]
+        y = F.interpolate(t[None].float(), size=(nh, nw), mode=interpolation, antialias=True, align_corners=False)[0]
         t = y.round().clamp(0, 255).to(torch.uint8)
     top, left = (nh - image_size) // 2, (nw - image_size) // 2
     return t[:, top : top + image_size, left : left + image_size].contiguous()
+
+
+def image_transform(data_config: Mapping[str, Any]) -> Callable[[Any], Tensor]:
+    """timm's ``create_transform(**data_config)`` for evaluation: a PIL image or an HW / HWC ``uint8`` array →
+    the model's input ``(C, H, W)``: channels converted as in training, the shorter side resized to
+    ``H / crop_pct`` (aspect ratio kept, ``interpolation``), the central ``H × W`` cropped, scaled to [0, 1] and
+    normalised with ``mean`` / ``std``.  ``data_config`` is :func:`crate_transformer.resolve_data_config`'s."""
+    channels, height, width = data_config["input_size"]
+    if height != width:
+        raise ValueError(f"input_size {tuple(data_config['input_size'])} is not square; square models only")
+    mean = torch.tensor(data_config["mean"], dtype=torch.float32).view(-1, 1, 1)
+    std = torch.tensor(data_config["std"], dtype=torch.float32).view(-1, 1, 1)
+    crop_pct, interpolation = float(data_config["crop_pct"]), data_config["interpolation"]
+
+    def transform(image: Any) -> Tensor:
+        a = np.array(image.convert("RGB") if hasattr(image, "convert") and image.mode not in ("L", "RGB") else image)
+        if a.dtype != np.uint8:
+            raise ValueError(f"expected a PIL image or a uint8 array, got an array of {a.dtype}")
+        return (to_chw(a, channels, height, crop_pct, interpolation).float() / 255.0 - mean) / std
+
+    return transform

@@ -62,6 +62,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..errors import Opt, OptionError, OptionWarning
 from .base import ImageSource, epoch_permutation, rank_slice
 from .memory import (
     SPLITS,
@@ -277,13 +278,17 @@ def _report_damage(index: dict[str, dict], on_bad_image: str) -> None:
             n = len(entry["labels"])
             what = f"shard {shard} is truncated or corrupt: {entry['damage']}"
             if on_bad_image == "error":
-                raise ValueError(
-                    f"{what}; re-create or re-download it, or pass --on-bad-image skip to use its {n} complete samples"
-                )
+                raise OptionError(
+                    f"{what}; re-create or re-download it, or pass ", Opt("on_bad_image", "skip"),
+                    f" to use its {n} complete samples",
+                )  # fmt: skip
             warnings.warn(
-                f"{what}; only its first {n} complete samples are read (pass --on-bad-image error to fail instead)",
+                OptionWarning(
+                    f"{what}; only its first {n} complete samples are read (pass ", Opt("on_bad_image", "error"),
+                    " to fail instead)",
+                ),
                 stacklevel=3,
-            )
+            )  # fmt: skip
 
 
 def _class_names(folder: Path, texts: Sequence[str]) -> list[str]:
@@ -356,7 +361,7 @@ class WebDatasetShards(ImageSource):
         stats: tuple[Sequence[float], Sequence[float]] | None = None,
     ) -> None:
         if image_size is None:
-            raise ValueError("WebDataset shards need image_size (--image-size): their images are resized on read")
+            raise OptionError("WebDataset shards need ", Opt("image_size"), ": their images are resized on read")
         check_load_args(split, val_fraction, on_bad_image, image_size)
         pool_shards, test_shards, folder = _find_shards(os.fspath(source))
         index = _index(pool_shards + test_shards)

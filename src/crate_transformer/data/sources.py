@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from ..errors import Opt, OptionError
 from .base import ImageSource
 from .memory import check_load_args, list_image_folder, load_dataset, resolve_source
 
@@ -53,22 +54,22 @@ def open_source(
     Bad input is a one-line ValueError naming the problem and the fix.
     """
     if mode not in DATA_MODES:
-        raise ValueError(f"unknown data mode {mode!r}; choose one of {DATA_MODES} (--data-mode)")
+        raise OptionError(f"unknown data mode {mode!r}; choose one of {DATA_MODES} (", Opt("data_mode"), ")")
     check_load_args(split, val_fraction, on_bad_image, image_size)
     if not isinstance(num_workers, int) or num_workers < -1:
-        raise ValueError(f"num_workers must be >= 0 or -1 (auto), got {num_workers!r} (--workers)")
+        raise OptionError(f"num_workers must be >= 0 or -1 (auto), got {num_workers!r} (", Opt("workers"), ")")
     kind, source = resolve_source(name_or_path)
     if (image_column or label_column) and kind != "hf":
-        flag = "--image-column" if image_column else "--label-column"
-        raise ValueError(f"{flag} names a Hugging Face dataset's column and {name_or_path} is not one; drop it")
+        option = Opt("image_column" if image_column else "label_column")
+        raise OptionError(option, f" names a Hugging Face dataset's column and {name_or_path} is not one; drop it")
     common = dict(val_fraction=val_fraction, seed=seed, on_bad_image=on_bad_image)
     streamed = dict(image_size=image_size, num_workers=num_workers, stats=stats, **common)
     if kind in ("shards", "hf"):
         if mode == "memory":
             what = "WebDataset shards" if kind == "shards" else "a Hugging Face dataset"
-            raise ValueError(f"{name_or_path} is {what}, which is always streamed; pass --data-mode auto or stream")
+            raise OptionError(f"{name_or_path} is {what}, which is always streamed; pass ", Opt("data_mode", "stream"))
         if image_size is None:
-            raise ValueError(f"{name_or_path} is streamed and needs image_size (--image-size) to resize its images")
+            raise OptionError(f"{name_or_path} is streamed and needs ", Opt("image_size"), " to resize its images")
         if kind == "shards":
             from .shards import WebDatasetShards
 
@@ -82,6 +83,6 @@ def open_source(
             from .streaming import StreamingImageFolder
 
             if image_size is None:
-                raise ValueError(f"streaming {name_or_path} needs image_size (--image-size) to resize its images")
+                raise OptionError(f"streaming {name_or_path} needs ", Opt("image_size"), " to resize its images")
             return StreamingImageFolder.open(source, split, listing=listing, **streamed)
     return load_dataset(source, split, image_size=image_size if kind == "folder" else None, **common)

@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..errors import Opt, OptionError, OptionWarning
 from .base import ImageSource, local_batches
 from .memory import (
     FolderListing,
@@ -95,7 +96,10 @@ def collate_readable(
     if bad and policy == "error":
         return None, bad[0]
     for what in bad:
-        warnings.warn(f"skipped unreadable image {what} (pass --on-bad-image error to fail instead)", stacklevel=2)
+        warnings.warn(
+            OptionWarning(f"skipped unreadable image {what} (pass ", Opt("on_bad_image", "error"), " to fail instead)"),
+            stacklevel=2,
+        )
     good = [i for i, (x, _, _) in enumerate(items) if x is not None]
     if not good:
         if policy == "drop":
@@ -312,7 +316,7 @@ class StreamingImageFolder(MapStreamSource):
         ``listing``: a :func:`.memory.list_image_folder` result already made for ``root`` (saves a second scan).
         """
         if image_size is None:
-            raise ValueError("a streamed image folder needs image_size (--image-size): its images are resized on read")
+            raise OptionError("a streamed image folder needs ", Opt("image_size"), ": its images are resized on read")
         check_load_args(split, val_fraction, on_bad_image, image_size)
         listing = listing or list_image_folder(Path(root).expanduser().resolve())
         if split == "test":

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..errors import Opt, OptionError
 from ..io import WriteError, atomic_write
 from .base import epoch_generator, local_batches
 from .hub import DATA_FILE_SUFFIXES, is_dataset_name, load_hub_dataset
@@ -66,7 +67,7 @@ def corpus_files(source: str, columns: Sequence[str] = ()) -> list[Path]:
     dataset name (whose ``train`` split is then opened, so a missing dataset or column fails here with its fix).
     ``columns`` name a dataset's text columns (``--text-columns``); files and the built-in corpus have none."""
     if columns and not is_hub_corpus(source):
-        raise ValueError(f"--text-columns names a dataset's columns and {source} is not a dataset; drop it")
+        raise OptionError(Opt("text_columns"), f" names a dataset's columns and {source} is not a dataset; drop it")
     if source in BUILTIN_CORPORA:
         return []
     if is_hub_corpus(source):
@@ -113,12 +114,14 @@ def _hub_text(source: str, columns: Sequence[str] = ()) -> tuple[Any, list[str]]
     feats = ds.features or {}
     missing = [c for c in columns if c not in feats]
     if missing:
-        raise ValueError(f"dataset {source!r} has no column(s) {missing} (columns: {list(feats)}); fix --text-columns")
+        raise OptionError(
+            f"dataset {source!r} has no column(s) {missing} (columns: {list(feats)}); fix ", Opt("text_columns")
+        )
     strings = [c for c, f in feats.items() if getattr(f, "dtype", None) in ("string", "large_string")]
     column = "text" if "text" in feats else (strings[0] if strings else None)
     if not columns and column is None:
-        raise ValueError(
-            f"dataset {source!r} has no text column (columns: {list(feats)}); name one with --text-columns COLUMN"
+        raise OptionError(
+            f"dataset {source!r} has no text column (columns: {list(feats)}); name one with ", Opt("text_columns")
         )
     return ds, list(columns) or [column]
 
@@ -229,12 +232,16 @@ def _build(source: str, tokenizer: object, path: Path, meta_path: Path, columns:
 def split_tokens(n_tokens: int, val_fraction: float, block_size: int) -> int:
     """The first held-out token: the last ``val_fraction`` of the stream is held out (at least one block)."""
     if not 0 < val_fraction < 1:
-        raise ValueError(f"a language model needs a held-out split; pass --val-fraction in (0, 1), got {val_fraction}")
+        raise OptionError(
+            "a language model needs a held-out split; pass ", Opt("val_fraction"), f" in (0, 1), got {val_fraction}"
+        )
     cut = int(n_tokens * (1 - val_fraction))
     if cut < block_size + 1 or n_tokens - cut < block_size + 1:
-        raise ValueError(
+        raise OptionError(
             f"the corpus has {n_tokens:,} tokens, too few for a {block_size}-token context with "
-            f"{val_fraction:.0%} held out; use more text or a smaller context (--model-args block_size=32)"
+            f"{val_fraction:.0%} held out; use more text or a smaller context (",
+            Opt("model_args", "block_size=32"),
+            ")",
         )
     return cut
 
@@ -413,9 +420,9 @@ def _table_columns(
     lower = {h.lower(): h for h in header}
     label = label_column or next((lower[k] for k in ("label", "score", "gold_label") if k in lower), "")
     if not label:
-        raise ValueError(
-            f"{path}:1: no label column (label, score or gold_label) among the columns {header}; "
-            "name it with --label-column NAME"
+        raise OptionError(
+            f"{path}:1: no label column (label, score or gold_label) among the columns {header}; name it with ",
+            Opt("label_column"),
         )
     if label not in header:
         raise ValueError(f"{path}:1: no column {label!r}; columns: {header}")

@@ -154,7 +154,7 @@ def finish(
     if out_dir is not None:
         out = Path(out_dir)
         if out.exists() and not out.is_dir():
-            raise NotADirectoryError(f"--out {out} exists and is not a directory; choose another path")
+            raise NotADirectoryError(f"{out} exists and is not a directory; choose another output folder")
         out.mkdir(parents=True, exist_ok=True)
         png, js = out / f"{name}.png", out / f"{name}.json"
         _save_png(fig, png)

@@ -15,11 +15,11 @@
 * :mod:`.evaluation` — accuracy, confusion matrix, curves.
 """
 
+from ..checkpoint import load_model
 from ..data import epoch_permutation
 from .classification import ClassificationTask
 from .config import FINETUNE_DEFAULTS, TrainConfig, load_config
 from .evaluation import EvalResult, evaluate, plot_confusion_matrix, plot_curves, prepare_batch
-from .load import load_model
 from .loop import TrainState, WarmupCosine, train
 from .rundir import RunDir, load_training_state, read_metrics
 from .runtime import Runtime, resolve_device

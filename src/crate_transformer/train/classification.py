@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data import ImageSource, default_augmentation, to_device
+from ..errors import Step
 from ..operators import set_drop_path
 from .evaluation import evaluate
 from .images import ImageData, image_classifier, load_splits
@@ -161,7 +162,7 @@ class ClassificationTask(Task):
             message=f"final test accuracy: {100 * r.top1:.2f}% ({round(r.top1 * r.num_samples)}/{r.num_samples})"
             f"{r.top_k_text()}, {self.model.num_params():,} params{ema}",
             numbers=numbers,
-            next=f"crate analyze {run_dir}    |    crate eval {run_dir}",
+            next=(Step("analyze", str(run_dir)), Step("evaluate", str(run_dir))),
         )
 
     def figures(self, run_dir: Path, metrics_path: Path) -> None:

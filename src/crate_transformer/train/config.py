@@ -23,6 +23,7 @@ from typing import Any
 from ..config import Config, check_option
 from ..config_utils import NON_NEGATIVE, POSITIVE, Range, coerce_fields, option
 from ..data import AUGMENTATIONS, DATA_MODES
+from ..errors import Opt, OptionError
 from .optim import OPTIMIZERS
 from .recipes import RECIPES, recipe_options
 from .sharding import STRATEGIES
@@ -81,7 +82,7 @@ class DataOptions(Config):
         range=Range(0, 1, hi_open=True),
     )
     eval_split: str = option(
-        "test", "split evaluated after every --eval-every epochs: test | val", choices=("test", "val")
+        "test", "split evaluated after every `eval_every` epochs: test | val", choices=("test", "val")
     )
     train_subset: int = option(
         0, "train on a seeded random subset of this many images (0 = all; in-memory data)", range=NON_NEGATIVE
@@ -104,7 +105,9 @@ class DataOptions(Config):
 
     def validate(self) -> None:
         if self.eval_split == "val" and self.val_fraction <= 0:
-            raise ValueError("eval_split 'val' needs a validation split; pass --val-fraction 0.1 (for example)")
+            raise OptionError(
+                "eval_split 'val' needs a validation split; pass ", Opt("val_fraction", 0.1), " (for example)"
+            )
 
 
 @dataclass
@@ -118,7 +121,7 @@ class AugmentationOptions(Config):
         choices=("auto", *AUGMENTATIONS),
     )
     translate: float = option(
-        0.07, "max shift of --augment translate, as a fraction of the side (0.07: 2 px at 28 px)",
+        0.07, "max shift of `augment` translate, as a fraction of the side (0.07: 2 px at 28 px)",
         range=Range(0, 0.5, hi_open=True),
     )  # fmt: skip
     crop_scale: float = option(
@@ -144,11 +147,11 @@ class OptimOptions(Config):
 
     optimizer: str = option(
         "adamw",
-        "optimizer: adamw | lion (the paper pre-trains with Lion) | sgd (with --momentum) | lars (MoCo v3 / MAE) | "
+        "optimizer: adamw | lion (the paper pre-trains with Lion) | sgd (with `momentum`) | lars (MoCo v3 / MAE) | "
         "lamb (You et al. 2019)",
         choices=OPTIMIZERS,
     )
-    momentum: float = option(0.9, "momentum of --optimizer sgd / lars", range=Range(0, 1, hi_open=True))
+    momentum: float = option(0.9, "momentum of `optimizer` sgd / lars", range=Range(0, 1, hi_open=True))
     lr: float = option(4e-3, "peak learning rate", range=Range(0, lo_open=True))
     min_lr: float = option(1e-5, "learning rate at the end of the cosine decay", range=Range(0))
     weight_decay: float = option(
@@ -158,7 +161,7 @@ class OptimOptions(Config):
         [], "optimizer betas", shown="0.9 0.999 for AdamW, 0.9 0.99 for Lion", range=Range(0, 1, hi_open=True)
     )
     batch_size: int = option(
-        64, "global batch size per optimizer step (split over processes and --accum-steps)", range=POSITIVE
+        64, "global batch size per optimizer step (split over processes and `accum_steps`)", range=POSITIVE
     )
     accum_steps: int = option(
         1, "gradient accumulation: each process runs its share of a batch in this many chunks", range=POSITIVE
@@ -225,7 +228,7 @@ class SystemOptions(Config):
     tf32: bool = option(
         True,
         "TF32 tensor cores for float32 matrix products on NVIDIA GPUs (Ampere and later; no effect on CPU): "
-        "several times faster, inputs rounded to 10 mantissa bits; --no-tf32 for full float32",
+        "several times faster, inputs rounded to 10 mantissa bits; off for full float32",
     )
     threads: int = option(
         0,
@@ -257,10 +260,10 @@ class LoggingOptions(Config):
     logger: list = option(
         [],
         "also send every record, the hyperparameters and the figures to: tensorboard | wandb | mlflow | csv "
-        "(several at once: --logger csv wandb)",
+        "(several at once: `logger` csv wandb)",
         metavar="NAME",
     )
-    tensorboard: bool = option(False, "the same as --logger tensorboard")
+    tensorboard: bool = option(False, "the same as `logger` tensorboard")
     progress: bool = option(True, "show progress: a bar on a terminal, a line at each tenth of the run in a log")
 
 
@@ -297,15 +300,15 @@ class TrainConfig:
 
     # task (set by the command: train / finetune → classification, pretrain NAME → NAME)
     task: str = option("classification", "training objective")
-    task_args: dict = option({}, "the task's own options (crate pretrain NAME --help lists them)")
+    task_args: dict = option({}, "the task's own options (the fields of its Options)")
     # model
-    model: str | None = option("crate_mnist_p4", "registered model name (see `crate models`)")
+    model: str | None = option("crate_mnist_p4", "registered model name (ct.list_models() lists them)")
     model_args: dict = option({}, "model overrides as KEY=VALUE, e.g. dim=64 depth=4 patch_size=4", metavar="KEY=VALUE")
     # a named published recipe: its values go under the options given with it (defaults < recipe < file < flags)
     recipe: str | None = option(
         None,
         "a named published recipe (its optimizer, lr, schedule, augmentation, ... values; docs/recipes.md): "
-        "defaults < recipe < --config < flags",
+        "defaults < recipe < a config file < the options given",
         choices=tuple(RECIPES),
     )
     # fine-tuning (set by `crate finetune`)

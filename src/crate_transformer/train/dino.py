@@ -41,6 +41,7 @@ from ..dino import (
     ema_update,
     teacher_temperature,
 )
+from ..errors import Step
 from ..model import ImageClassifier
 from .config import TrainConfig
 from .evaluation import save_figure, subplots
@@ -86,7 +87,7 @@ class DINOOptions(DINOHeadConfig):
     teacher_temp: float = option(0.04, "teacher temperature tau_t after the warm-up", range=POS)
     warmup_teacher_temp: float = option(0.04, "teacher temperature at the start of the warm-up", range=POS)
     warmup_teacher_temp_epochs: int = option(
-        0, "epochs of linear teacher-temperature warm-up (per epoch, reaching --teacher-temp in the last one)"
+        0, "epochs of linear teacher-temperature warm-up (per epoch, reaching `teacher_temp` in the last one)"
     )
     center_momentum: float = option(0.9, "EMA momentum of the teacher centre", range=UNIT)
     # teacher EMA and the student's first epoch
@@ -95,7 +96,7 @@ class DINOOptions(DINOHeadConfig):
     )
     freeze_last_layer: int = option(1, "epochs during which the head's last layer gets no gradient (nor AdamW step)")
     weight_decay_end: float | None = option(
-        0.4, "cosine weight-decay schedule per step from --weight-decay to this value (none = constant)"
+        0.4, "cosine weight-decay schedule per step from `weight_decay` to this value (none = constant)"
     )
     # multi-crop (sizes as fractions of the input side when <= 1, else pixels)
     global_crop_size: int = option(0, "side of the 2 global views in pixels (0 = the model's image size)")
@@ -418,7 +419,7 @@ class DINOTask(Task):
             record=record,
             message=f"{said} k-NN {shown}; linear probe {100 * probe.acc:.2f}%; feature std {std:.3f}",
             numbers={"knn": knn_accs, "probe": float(probe.acc), "feature_std": std, "params": teacher.num_params()},
-            next=f"crate eval --knn --linear-probe {run_dir}",
+            next=(Step("evaluate", str(run_dir), (("knn", True), ("linear_probe", True))),),
         )
 
     def figures(self, run_dir: Path, metrics_path: Path) -> None:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data import ImageSource, match_channels, normalize, to_device
+from ..errors import OptionError, Use
 from ..figures import subplots
 from ..io import atomic_write
 from .rundir import read_metrics
@@ -125,10 +126,10 @@ def evaluate(
             logits = model(x)
         logits = logits.float()
         if logits.shape[-1] != n_cls:
-            raise ValueError(
-                f"the model predicts {logits.shape[-1]} classes but the data has {n_cls}; "
-                "fine-tune it on this data first (crate finetune --from ...)"
-            )
+            raise OptionError(
+                f"the model predicts {logits.shape[-1]} classes but the data has {n_cls}; fine-tune it on this data "
+                "first (", Use("classification", init_from=True), ")",
+            )  # fmt: skip
         sums[0] += F.cross_entropy(logits, y, reduction="sum")
         sums[1] += (logits.topk(k, dim=-1).indices == y[:, None]).any(-1).sum()
         confusion.view(-1).index_add_(0, y * n_cls + logits.argmax(-1), torch.ones_like(y, dtype=torch.float64))

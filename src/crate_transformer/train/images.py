@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from ..checkpoint import config_from_dict
+from ..checkpoint import config_from_dict, load_model
 from ..config import IMAGE_CLASSIFIER, LANGUAGE_MODEL
 from ..data import (
     DataSpec,
@@ -25,12 +25,11 @@ from ..data import (
     fit_normalization,
     open_source,
 )
-from ..errors import TaskError, Use
+from ..errors import Opt, OptionError, See, TaskError, Use
 from ..model import ImageClassifier
 from ..registry import build, model_config
 from .config import TrainConfig
 from .evaluation import prepare_batch
-from .load import load_model
 
 __all__ = ["ImageData", "image_classifier", "load_splits"]
 
@@ -105,9 +104,9 @@ def image_classifier(
         image_size = cfg.data.image_size or model.config.image_size
     else:
         if cfg.model is None:
-            raise ValueError("no model given; pass --model NAME (see `crate models`)")
+            raise OptionError("no model given; pass ", Opt("model"), " (", See("models"), " lists them)")
         if model_config(cfg.model).kind == LANGUAGE_MODEL:
-            raise TaskError(f"{cfg.model} is a language model; train it with ", Use("lm"), f" --model {cfg.model}")
+            raise TaskError(f"{cfg.model} is a language model; train it with ", Use("lm"), " ", Opt("model", cfg.model))
         image_size = cfg.data.image_size or model_config(cfg.model, **cfg.model_args).image_size
     data = load_data(image_size)
     classes = data.classes
@@ -121,7 +120,9 @@ def image_classifier(
         overrides.update(num_classes=len(classes), image_size=image_size)
         model = build(model_config(cfg.model, **overrides))
         if model.kind != IMAGE_CLASSIFIER:
-            raise ValueError(f"{cfg.model} is not an image classifier; see `crate models` for the classifiers")
+            raise OptionError(
+                f"{cfg.model} is not an image classifier; ", See("models"), " lists the models and their kinds"
+            )
     data.fit(model)
     return model, data
 
@@ -134,7 +135,9 @@ def load_splits(cfg: TrainConfig, image_size: int) -> tuple[ImageSource, ImageSo
     their size and are resized per batch.
     """
     if cfg.data.text_columns:
-        raise ValueError("--text-columns names the text of a language-model corpus or table; images need no text")
+        raise OptionError(
+            Opt("text_columns"), " names the text of a language-model corpus or table; images need no text"
+        )
     kw = dict(
         image_size=image_size, val_fraction=cfg.data.val_fraction, seed=cfg.system.seed,
         on_bad_image=cfg.data.on_bad_image, mode=cfg.data.data_mode, num_workers=cfg.data.workers,
@@ -142,10 +145,10 @@ def load_splits(cfg: TrainConfig, image_size: int) -> tuple[ImageSource, ImageSo
     )  # fmt: skip
     train_set = open_source(cfg.data.source, "train", **kw)
     if cfg.data.train_subset and not isinstance(train_set, ImageDataset):
-        raise ValueError(
-            f"--train-subset works on in-memory data only and {cfg.data.source} is streamed; "
-            "pass --data-mode memory (image folders) or drop --train-subset"
-        )
+        raise OptionError(
+            Opt("train_subset"), f" works on in-memory data only and {cfg.data.source} is streamed; pass ",
+            Opt("data_mode", "memory"), " (image folders) or drop ", Opt("train_subset"),
+        )  # fmt: skip
     kw["stats"] = (train_set.mean, train_set.std)  # streamed splits: the training pool's, not a new estimate
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a skipped-images warning was already shown for the train split

@@ -23,7 +23,7 @@ from ..config import LANGUAGE_MODEL, Config
 from ..config_utils import Range
 from ..data import to_device
 from ..data.text import TokenBlocks, corpus_files, is_hub_corpus, iter_documents, load_tokens, split_tokens
-from ..errors import Option, OptionsWarning
+from ..errors import Opt, OptionError, OptionWarning, See, Step
 from ..lm import LanguageModel, LMConfig, mask_tokens
 from ..registry import build, model_config
 from ..tokenizer import TOKENIZER_KINDS, Tokenizer
@@ -50,7 +50,7 @@ class LMOptions(Config):
         choices=OBJECTIVES,
     )
     tokenizer: str = task_option(
-        "byte", "byte (no training) | bpe | wordpiece (trained on --data) | a tokenizer.json file", fixed=True,
+        "byte", "byte (no training) | bpe | wordpiece (trained on `data`) | a tokenizer.json file", fixed=True,
     )  # fmt: skip
     vocab_size: int = task_option(
         4096, "vocabulary size of a bpe / wordpiece tokenizer", range=Range(1, integer=True), fixed=True
@@ -83,15 +83,15 @@ def build_tokenizer(spec: str, source: str, vocab_size: int, columns: Sequence[s
     return Tokenizer.from_file(spec)
 
 
-def plateau_warning(loss: float, entropy: float, step: int, total: int, token_prior: bool) -> OptionsWarning:
+def plateau_warning(loss: float, entropy: float, step: int, total: int, token_prior: bool) -> OptionWarning:
     """The one line saying the held-out ``loss`` after ``step`` of ``total`` steps is still near the unigram
     ``entropy`` of the training tokens, and what to try."""
-    first = [Option("token_prior"), " (it is off), "] if not token_prior else []
-    return OptionsWarning(
+    first = [Opt("token_prior"), " (it is off), "] if not token_prior else []
+    return OptionWarning(
         f"held-out loss {loss:.3f} per token after {step} of {total} steps ({step / total:.0%}) is not yet "
         f"{PLATEAU_MARGIN:.0%} below the unigram entropy of the training tokens ({entropy:.3f}): the model predicts "
-        "little beyond token frequencies; try ", *first, "a longer warm-up (", Option("warmup_fraction"),
-        "), a lower ", Option("lr"), " or more ", Option("epochs"),
+        "little beyond token frequencies; try ", *first, "a longer warm-up (", Opt("warmup_fraction"),
+        "), a lower ", Opt("lr"), " or more ", Opt("epochs"),
     )  # fmt: skip
 
 
@@ -100,10 +100,10 @@ def _check_objective(config: LMConfig, name: str, objective: str) -> None:
     if config.causal != (objective == "clm"):
         kind = "causal (GPT)" if config.causal else "bidirectional (BERT)"
         other = "clm" if config.causal else "mlm"
-        raise ValueError(
-            f"{name} is a {kind} model; use --objective {other} or a {objective} model "
-            f"(e.g. --model {DEFAULT_MODELS[objective]})"
-        )
+        raise OptionError(
+            f"{name} is a {kind} model; use ", Opt("objective", other), f" or a {objective} model (e.g. ",
+            Opt("model", DEFAULT_MODELS[objective]), ")",
+        )  # fmt: skip
 
 
 class LMTask(Task):
@@ -136,10 +136,10 @@ class LMTask(Task):
         super().check_model(cfg)
         tokenizer = cfg.task_args.get("tokenizer", "byte")
         if "vocab_size" in cfg.task_args and tokenizer not in ("bpe", "wordpiece"):
-            raise ValueError(
-                f"--vocab-size applies to a tokenizer trained on --data (bpe, wordpiece), not {tokenizer}; drop it, "
-                "or add --tokenizer bpe"
-            )
+            raise OptionError(
+                Opt("vocab_size"), " applies to a tokenizer trained on the data (bpe, wordpiece), not ", tokenizer,
+                "; drop it, or add ", Opt("tokenizer", "bpe"),
+            )  # fmt: skip
 
     def resolve(self, cfg: TrainConfig) -> dict[str, Any]:
         """The default model of the objective (recorded in config.yaml) when ``--model`` is not given."""
@@ -150,7 +150,12 @@ class LMTask(Task):
         self.options = o = self.parse_options(cfg)
         source = cfg.data.source
         if cfg.data.image_column or cfg.data.label_column:
-            raise ValueError("--image-column / --label-column name an image dataset's columns; a corpus has text only")
+            raise OptionError(
+                Opt("image_column"),
+                " / ",
+                Opt("label_column"),
+                " name an image dataset's columns; a corpus has text only",
+            )
         corpus_files(source, cfg.data.text_columns)  # a missing corpus or column fails before tokenizer training
         if source != "python-docs":
             source = source if is_hub_corpus(source) else str(Path(source).expanduser().resolve())
@@ -188,16 +193,14 @@ class LMTask(Task):
         if state is not None:
             self.tokenizer = Tokenizer.from_str(state["task"]["tokenizer"])
             if o.tokenizer in TOKENIZER_KINDS and o.tokenizer != self.tokenizer.kind:
-                raise ValueError(
-                    f"this run was trained with the {self.tokenizer.kind} tokenizer, not {o.tokenizer}; drop "
-                    f"--tokenizer {o.tokenizer} to continue it, or start a new run"
-                )
+                raise OptionError(
+                    f"this run was trained with the {self.tokenizer.kind} tokenizer, not {o.tokenizer}; drop ",
+                    Opt("tokenizer", o.tokenizer), " to continue it, or start a new run",
+                )  # fmt: skip
             return config_from_dict(dict(state["model_config"]))  # by its arch: CRATE-GPT, GPT, ToST, ...
         else:
             if model_config(cfg.model).kind != LANGUAGE_MODEL:
-                raise ValueError(
-                    f"{cfg.model} is an image model; pick a language model (crate models '*gpt*' / '*bert*')"
-                )
+                raise OptionError(f"{cfg.model} is not a language model; pick one (", See("models"), " lists them)")
             self.tokenizer = build_tokenizer(o.tokenizer, source, o.vocab_size, cfg.data.text_columns)
             overrides = {**cfg.model_args, "vocab_size": self.tokenizer.vocab_size, "tokenizer": self.tokenizer.kind}
             config = model_config(cfg.model, **overrides)
@@ -268,7 +271,7 @@ class LMTask(Task):
 
     def _plateau_check(self, ctx: StepContext) -> list[dict] | None:
         """After :data:`PLATEAU_SHARE` of the steps, the held-out loss (of at most :data:`PLATEAU_BLOCKS` windows)
-        against the unigram entropy; an :class:`~crate_transformer.errors.OptionsWarning` when it is not yet
+        against the unigram entropy; an :class:`~crate_transformer.errors.OptionWarning` when it is not yet
         :data:`PLATEAU_MARGIN` below it."""
         total = self.train_data.steps_per_epoch(self.cfg.optim.batch_size) * self.cfg.optim.epochs
         if ctx.step != max(1, round(PLATEAU_SHARE * total)):
@@ -318,7 +321,7 @@ class LMTask(Task):
             model.save_pretrained(run_dir / "model")
             if self.options.objective == "clm" and self.options.sample_tokens:
                 (run_dir / "sample.txt").write_text(self.sample() + "\n", encoding="utf-8")
-        generate = f"crate generate {run_dir} --prompt 'def '    |    " if self.options.objective == "clm" else ""
+        generate = (Step("generate", str(run_dir), (("prompt", "def "),)),) if self.options.objective == "clm" else ()
         return TaskResult(
             record=m,
             message=f"held-out loss {m['loss']:.4f} per token, perplexity {m['ppl']:.3f}, token accuracy "
@@ -329,7 +332,7 @@ class LMTask(Task):
                 "heldout_acc": m["acc"],
                 "params": model.num_params(),
             },  # fmt: skip
-            next=generate + f"crate analyze {run_dir}",
+            next=(*generate, Step("analyze", str(run_dir))),
         )
 
     def sample(self) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import Opt, OptionError
 from . import sharding
 from .config import TrainConfig
 from .optim import build_optimizer, param_groups
@@ -97,7 +98,10 @@ def train(
     except FloatingPointError as e:  # a diverged run: one line with the fixes, the last good checkpoint kept
         kept = run is not None and (run.path / CHECKPOINT).is_file()
         saved = f"the last good checkpoint is kept in {run.path / CHECKPOINT}" if kept else "no checkpoint was saved"
-        raise ValueError(f"{e}; {saved}; lower --lr, keep --grad-clip on (e.g. 1.0) or use --amp none") from None
+        raise OptionError(
+            f"{e}; {saved}; lower ", Opt("lr"), ", keep ", Opt("grad_clip"), " on (e.g. 1.0) or use ",
+            Opt("amp", "none"),
+        ) from None  # fmt: skip
     finally:
         if run is not None:
             # a new run that failed before its first checkpoint leaves nothing behind that would refuse the
@@ -137,11 +141,11 @@ def _configure(
     else:
         task.check_model(cfg)  # the right kind of model for the command, before a run folder is made
     if expect_task is not None and cfg.task != expect_task:
-        where = f" --resume {resume}" if resume is not None else ""
+        where = (" ", Opt("resume", str(resume))) if resume is not None else ()
         raise TaskError(
             f"{resume or 'this configuration'} is a {cfg.task} run, not {expect_task}; use: ",
             Use(cfg.task, init_from=bool(cfg.init_from)),
-            where,
+            *where,
         )
     return cfg, task, state
 
@@ -269,7 +273,7 @@ class _Loop:
         self.bar.set_postfix_str(_postfix(rec, self.task.metric, self.ts.epoch, self.cfg.optim.epochs))
         self.window, self.t_window = {}, time.time()
         if (slow := self.watch.end_window()) and self.rt.main:
-            self.bar.write(slow)
+            self.bar.write(str(slow))  # worded now: flags under the CLI
 
     def run_hooks(self) -> None:
         where = dict(step=self.ts.step, epoch=self.epoch_of(self.ts.step), fixed_batch=self.fixed,
@@ -378,10 +382,10 @@ def _check_architecture(state: Mapping[str, Any], overrides: Mapping[str, Any], 
     given = coerce_fields(config_class(stored.get("arch")), dict(overrides.get("model_args") or {}))
     diffs += [f"{k}={v!r} (run: {stored.get(k)!r})" for k, v in given.items() if stored.get(k) != v]
     if diffs:
-        raise ValueError(
+        raise OptionError(
             f"{resume} keeps the architecture of its checkpoint, which differs from {', '.join(diffs)}; drop "
-            "these options to continue it, or start a new run with them (another --out)"
-        )
+            "these options to continue it, or start a new run with them (another ", Opt("out"), ")",
+        )  # fmt: skip
 
 
 def _check_fixed_options(
@@ -400,11 +404,10 @@ def _check_fixed_options(
         was = state["model_config"].get(fixed) if isinstance(fixed, str) else getattr(old, f.name)
         now = getattr(new, f.name)
         if now != was:
-            flag = "--" + f.name.replace("_", "-")
-            raise ValueError(
-                f"{resume} keeps the {f.name} of its checkpoint ({was!r}), not {now!r}; drop {flag} to continue "
-                "it, or start a new run with it (another --out)"
-            )
+            raise OptionError(
+                f"{resume} keeps the {f.name} of its checkpoint ({was!r}), not {now!r}; drop ", Opt(f.name),
+                " to continue it, or start a new run with it (another ", Opt("out"), ")",
+            )  # fmt: skip
 
 
 def _default_dir(cfg: TrainConfig) -> Path:
@@ -421,9 +424,9 @@ def _steps_per_epoch(cfg: TrainConfig, task: Task, rt: Runtime) -> int:
         )
     steps = task.train_data.steps_per_epoch(cfg.optim.batch_size)
     if steps == 0:
-        raise ValueError(
-            f"batch_size {cfg.optim.batch_size} is larger than the {len(task.train_data)} training samples; "
-            "lower --batch-size"
+        raise OptionError(
+            f"batch_size {cfg.optim.batch_size} is larger than the {len(task.train_data)} training samples; lower ",
+            Opt("batch_size"),
         )
     return steps
 
@@ -494,9 +497,10 @@ def _restore(state: dict, task: Task, opt: _Optimization, cfg: TrainConfig, n: i
     """Load weights, optimizer, schedule, scaler and task state; check the data still matches."""
     data = state["data"]
     if data["num_samples"] != n or data["global_batch"] != cfg.optim.batch_size:
-        raise ValueError(
+        raise OptionError(
             f"the training data or batch size changed since the checkpoint ({data['num_samples']} samples, batch "
-            f"{data['global_batch']}; now {n}, {cfg.optim.batch_size}); resume with the same data and --batch-size"
+            f"{data['global_batch']}; now {n}, {cfg.optim.batch_size}); resume with the same data and ",
+            Opt("batch_size"),
         )
     if sharding.is_sharded(task.model):  # its weights were loaded before sharding (see _Loop)
         state = {**state, "optimizer": sharding.load_optimizer_state(task.model, opt.optimizer, state["optimizer"])}

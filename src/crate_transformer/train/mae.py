@@ -27,17 +27,17 @@ import torch
 from torch import Tensor, nn
 
 from ..base import POOLS, Model
-from ..checkpoint import config_from_dict
+from ..checkpoint import config_from_dict, load_model
 from ..config import MASKED_AUTOENCODER, Config
 from ..config_utils import Range
 from ..data import BUILTIN_DATASETS, ImageSource
 from ..data.base import rank_slice
+from ..errors import Opt, OptionError, See, Step
 from ..io import atomic_write
 from ..mae import CRATEMAE
 from ..registry import build, model_config
 from .evaluation import prepare_batch, require_evaluated
 from .images import ImageData
-from .load import load_model
 from .runtime import Runtime
 from .task import RunSummary, Task, TaskError, TaskResult, Use, task_option
 
@@ -155,10 +155,10 @@ class MAETask(Task):
         self.train_data, self.eval_data, self.test_data = self.data.train, self.data.eval, self.data.test
         self.image_size = self.data.image_size
         if self.options.probe and len(self.train_data.classes) < 2:  # checked before training, not after it
-            raise ValueError(
+            raise OptionError(
                 f"{self.train_data.name} has a single class; the final linear probe needs two or more "
-                "(one folder per class): pass --no-probe to pre-train without it"
-            )
+                "(one folder per class): pass ", Opt("probe", False), " to pre-train without it",
+            )  # fmt: skip
         if state is None:
             fields = config.to_dict()
             if cfg.init_from is None:
@@ -193,13 +193,16 @@ class MAETask(Task):
             config, image_size = init.config, cfg.data.image_size or init.config.image_size
         else:
             if cfg.model is None:
-                raise ValueError("no model given; pass --model crate_mae_mnist (see `crate models`)")
+                raise OptionError(
+                    "no model given; pass ", Opt("model", "crate_mae_mnist"), " (", See("models"), " lists them)"
+                )
             config = model_config(cfg.model, **cfg.model_args)
             image_size = cfg.data.image_size or config.image_size
         if config.kind != MASKED_AUTOENCODER:
-            raise ValueError(
-                f"{cfg.model!r} is not a CRATE-MAE; pass --model crate_mae_mnist (or crate_mae_small, ...)"
-            )
+            raise OptionError(
+                f"{cfg.model!r} is not a masked autoencoder; pass ", Opt("model", "crate_mae_mnist"),
+                " (or crate_mae_small, ...)",
+            )  # fmt: skip
         return config, image_size, init
 
     def prepare(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor]:
@@ -251,7 +254,7 @@ class MAETask(Task):
             record=metrics,
             message=msg + f", {self.model.num_params():,} params",
             numbers=numbers,
-            next=f"crate finetune --from {run_dir} --data {self.cfg.data.source}    |    crate analyze {run_dir}",
+            next=(Step("fine-tune", str(run_dir), (("data", self.cfg.data.source),)), Step("analyze", str(run_dir))),
         )
 
     def _artefacts(self, run_dir: Path, numbers: dict[str, Any]) -> str:

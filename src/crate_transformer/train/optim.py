@@ -15,29 +15,32 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from ..base import BLOCKS, STEM
 from ..dino import ema_update
+from ..errors import Opt, OptionError
 
 __all__ = ["OPTIMIZERS", "param_groups", "layer_id", "build_optimizer", "LARS", "LAMB", "ModelEma"]
 
 OPTIMIZERS = ("adamw", "lion", "sgd", "lars", "lamb")
-EMBEDDING_NAMES = ("cls_token", "pos_embed")  # with patch_embed.*: the input side, layer id 0 (MAE's rule)
 
 
 def layer_id(name: str, num_layers: int) -> int:
     """The layer id of parameter ``name`` in a model with ``num_layers`` encoder layers ``layers.{i}``: 0 for
-    the embedding (``cls_token``, ``pos_embed``, ``patch_embed.*``), ``i + 1`` for ``layers.{i}.*``, and
-    ``num_layers + 1`` for the rest (MAE's ``get_layer_id_for_vit``, with ``blocks`` named ``layers`` here)."""
-    if name in EMBEDDING_NAMES or name.startswith("patch_embed"):
+    the embedding (``cls_token``, ``pos_embed``, ``patch_embed.*``: :data:`~crate_transformer.base.STEM`),
+    ``i + 1`` for ``layers.{i}.*`` (:data:`~crate_transformer.base.BLOCKS`), and ``num_layers + 1`` for the rest
+    (MAE's ``get_layer_id_for_vit``, with ``blocks`` named ``layers`` here; the groups of
+    :meth:`~crate_transformer.base.Model.group_matcher`)."""
+    if re.match(STEM, name):
         return 0
-    if name.startswith("layers."):
-        return int(name.split(".")[1]) + 1
-    return num_layers + 1
+    block = re.match(BLOCKS, name)
+    return int(block.group(1)) + 1 if block else num_layers + 1
 
 
 def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0) -> list[dict[str, Any]]:
@@ -59,8 +62,8 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0
         return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
     layers = getattr(model, "layers", None)
     if not isinstance(layers, nn.ModuleList):
-        raise ValueError(f"layer-wise lr decay needs a model with encoder layers `layers`; {type(model).__name__} "
-                         "has none; use --layer-decay 1")  # fmt: skip
+        raise OptionError(f"layer-wise lr decay needs a model with encoder layers `layers`; {type(model).__name__} "
+                          "has none; use ", Opt("layer_decay", 1))  # fmt: skip
     num = len(layers)
     groups: dict[tuple[int, bool], dict[str, Any]] = {}
     for n, p in named:

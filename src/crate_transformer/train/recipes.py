@@ -97,7 +97,7 @@ RECIPES: dict[str, Recipe] = {
             **_TIMM_RANDAUG,
             **_MIX,
         ),
-        notes=["lr = blr 5e-4 x batch 1024 / 256", "ViT-L/H: --layer-decay 0.75 --drop-path 0.2/0.3 --epochs 50"],
+        notes=["lr = blr 5e-4 x batch 1024 / 256", "ViT-L/H: layer_decay 0.75, drop_path 0.2/0.3, epochs 50"],
     ),  # fmt: skip
     "deit": Recipe(
         "deit",

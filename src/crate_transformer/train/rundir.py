@@ -19,7 +19,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import Opt, OptionError
 from ..io import atomic_write, load_state, save_state
+from ..runfiles import CHECKPOINT, MODEL_DIR, run_model_source, state_model, state_tokenizer
 from .trackers import Tracker, open_trackers
 
 __all__ = [
@@ -31,14 +33,13 @@ __all__ = [
     "read_metrics",
     "load_training_state",
     "CHECKPOINT",
+    "MODEL_DIR",
     "METRICS_FILE",
     "CONFIG_FILE",
 ]
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
-CHECKPOINT = Path("checkpoints") / "last.pt"
-MODEL_DIR = "model"  # the final save_pretrained folder of a run
 LOCK_FILE = ".lock"
 
 
@@ -87,38 +88,6 @@ def _unlock(fd: int) -> None:
         os.lseek(fd, 0, os.SEEK_SET)
         return
     fcntl.flock(fd, fcntl.LOCK_UN)
-
-
-def run_model_source(path: str | os.PathLike) -> Path:
-    """What a run directory offers to load: its final model folder (``model/``) once the run has written it,
-    else its latest training state (``checkpoints/last.pt``) while it runs; any other path unchanged."""
-    path = Path(path)
-    if path.is_dir() and not (path / "config.json").is_file():
-        if (path / MODEL_DIR / "config.json").is_file():
-            return path / MODEL_DIR
-        if (path / CHECKPOINT).is_file():
-            return path / CHECKPOINT
-    return path
-
-
-def state_model(state: object) -> tuple[Mapping, Mapping] | None:
-    """``(model config dict, weights)`` of a training state, or None when ``state`` is not one.  A task that
-    trains a wrapper of the model names the weights to export under ``task["export_model"]`` (DINO: the
-    teacher's backbone, not the student wrapper)."""
-    if not (isinstance(state, Mapping) and "model_config" in state and "model" in state):
-        return None
-    task = state.get("task")
-    if isinstance(task, Mapping) and isinstance(task.get("export_model"), Mapping):
-        return state["model_config"], task["export_model"]
-    return state["model_config"], state["model"]
-
-
-def state_tokenizer(state: object) -> str | None:
-    """The tokenizer.json text a language-model training state holds (``task["tokenizer"]``), else None; the
-    state's checksum covers it like the weights."""
-    task = state.get("task") if isinstance(state, Mapping) else None
-    tok = task.get("tokenizer") if isinstance(task, Mapping) else None
-    return tok if isinstance(tok, str) else None
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
@@ -186,13 +155,15 @@ class FolderLock:
             self.path.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         except PermissionError:
-            raise ValueError(f"cannot write to {self.path} (permission denied); choose another --out") from None
+            raise OptionError(f"cannot write to {self.path} (permission denied); choose another ", Opt("out")) from None
         except OSError as e:
-            raise ValueError(f"cannot create {what} {self.path} ({e.strerror}); choose another --out") from None
+            raise OptionError(f"cannot create {what} {self.path} ({e.strerror}); choose another ", Opt("out")) from None
         if not _try_lock(fd):
             os.close(fd)
             owner = (self.path / LOCK_FILE).read_text().strip() or "another process"
-            raise ValueError(f"{what} {self.path} is in use by {owner}; wait for it to finish or use another --out")
+            raise OptionError(
+                f"{what} {self.path} is in use by {owner}; wait for it to finish or use another ", Opt("out")
+            )
         os.ftruncate(fd, 0)
         os.write(fd, f"crate process {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
         self._fd: int | None = fd
@@ -228,17 +199,18 @@ class RunDir:
         """Claim a new run directory: refuse files, non-empty folders (not this run's) and unwritable places."""
         path = Path(path)
         if path.exists() and not path.is_dir():
-            raise ValueError(f"--out {path} is a file; pass a directory path for the run")
+            raise OptionError(Opt("out", str(path)), " is a file; pass a directory path for the run")
         if path.is_dir() and any(p.name != LOCK_FILE for p in path.iterdir()):
             if (path / CHECKPOINT).is_file():
-                raise ValueError(
-                    f"run directory {path} already holds a run; continue it with --resume {path} or use another --out"
-                )
+                raise OptionError(
+                    f"run directory {path} already holds a run; continue it with ", Opt("resume", str(path)),
+                    " or use another ", Opt("out"),
+                )  # fmt: skip
             shown = ", ".join(sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE)[:4])
-            raise ValueError(
-                f"--out {path} is not empty ({shown}, …) and holds no resumable run; "
-                "pass a new or empty directory so nothing in it is overwritten"
-            )
+            raise OptionError(
+                Opt("out", str(path)), f" is not empty ({shown}, …) and holds no resumable run; "
+                "pass a new or empty directory so nothing in it is overwritten",
+            )  # fmt: skip
         new_folder = not path.exists()
         run = cls(path)
         run._lock()
@@ -290,7 +262,9 @@ class RunDir:
         path = Path(path)
         with FolderLock(path):
             if (path / CHECKPOINT).is_file():
-                raise ValueError(f"run directory {path} holds a checkpoint; continue it with --resume {path}")
+                raise OptionError(
+                    f"run directory {path} holds a checkpoint; continue it with ", Opt("resume", str(path))
+                )
             for entry in path.iterdir():
                 if entry.name == LOCK_FILE:
                     continue

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from ..errors import Opt, OptionError
 from .threads import resolve_threads
 
 __all__ = ["Runtime", "resolve_device", "rng_state", "set_rng_state", "seed_everything", "Interrupt", "StopVote"]
@@ -44,11 +45,13 @@ def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
         raise ValueError(f"unsupported device {name!r}; use auto, cpu, cuda, cuda:N or mps")
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"--device {name} was requested but no CUDA GPU is available; use --device cpu")
+            raise OptionError(
+                Opt("device", name), " was requested but no CUDA GPU is available; use ", Opt("device", "cpu")
+            )
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"--device {name}: only {torch.cuda.device_count()} GPU(s) present")
+            raise OptionError(Opt("device", name), f": only {torch.cuda.device_count()} GPU(s) present")
     if device.type == "mps" and not (torch.backends.mps.is_available()):
-        raise ValueError("--device mps was requested but MPS is not available; use --device cpu")
+        raise OptionError(Opt("device", "mps"), " was requested but MPS is not available; use ", Opt("device", "cpu"))
     return device
 
 
@@ -170,7 +173,9 @@ def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
     if mode == "none":
         return None
     if mode == "fp16" and device.type != "cuda":
-        raise ValueError("--amp fp16 needs a CUDA GPU; use --amp bf16 or --amp none on CPU")
+        raise OptionError(
+            Opt("amp", "fp16"), " needs a CUDA GPU; use ", Opt("amp", "bf16"), " or ", Opt("amp", "none"), " on CPU"
+        )
     return torch.bfloat16 if mode == "bf16" else torch.float16
 
 

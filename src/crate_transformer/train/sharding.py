@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..errors import Opt, OptionError
+
 __all__ = [
     "STRATEGIES",
     "check_strategy",
@@ -52,12 +54,14 @@ def check_strategy(strategy: str, world: int, task_name: str, shardable: bool = 
     if strategy != "fsdp":
         return
     if world < 2:
-        raise ValueError(
-            "--strategy fsdp shards the model over processes and this is one process; start it with "
-            "torchrun --nproc_per_node N -m crate_transformer.cli ..., or drop --strategy fsdp"
-        )
+        raise OptionError(
+            Opt("strategy", "fsdp"), " shards the model over processes and this is one process; start it with "
+            "torchrun (one process per GPU), or drop ", Opt("strategy", "fsdp"),
+        )  # fmt: skip
     if not shardable:
-        raise ValueError(f"the {task_name} task cannot train with --strategy fsdp; use --strategy ddp")
+        raise OptionError(
+            f"the {task_name} task cannot train with ", Opt("strategy", "fsdp"), "; use ", Opt("strategy", "ddp")
+        )
 
 
 def shard(model: nn.Module, *, methods: Iterable[str] = (), amp_dtype: torch.dtype | None = None) -> nn.Module:

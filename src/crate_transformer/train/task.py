@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from ..config import IMAGE_CLASSIFIER, LANGUAGE_MODEL, MASKED_AUTOENCODER
 from ..config_utils import option
-from ..errors import TaskError, Use
+from ..errors import Opt, TaskError, Use
 from .config import TrainConfig
 from .evaluation import plot_curves
 from .runtime import Runtime
@@ -181,11 +181,12 @@ class Task:
         kind = model_config(cfg.model, **cfg.model_args).kind
         if kind != self.model_kind:
             example = KIND_EXAMPLES.get(self.model_kind, "")
-            other = [f"; train {cfg.model} with ", Use(KIND_TASKS[kind]), f" --model {cfg.model}"]
+            other = [f"; train {cfg.model} with ", Use(KIND_TASKS[kind]), " ", Opt("model", cfg.model)]
             raise TaskError(
                 f"{cfg.model} is {_a(kind)}, and ",
                 Use(self.name),
-                f" trains {_a(self.model_kind)}" + (f" (e.g. --model {example})" if example else ""),
+                f" trains {_a(self.model_kind)}",
+                *([" (e.g. ", Opt("model", example), ")"] if example else []),
                 *(other if kind in KIND_TASKS else []),
             )
 

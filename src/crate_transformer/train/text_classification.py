@@ -16,14 +16,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checkpoint import config_from_dict
+from ..checkpoint import config_from_dict, load_model
 from ..config import LANGUAGE_MODEL, Config
 from ..data import to_device
 from ..data.text import LabelledTexts, eval_split_of, read_labelled
+from ..errors import Opt, OptionError
 from ..registry import build
 from ..tokenizer import Tokenizer
 from .evaluation import require_evaluated
-from .load import load_model
 from .task import RunSummary, Task, TaskError, TaskResult, Use, task_option
 
 __all__ = ["TextClassificationTask", "TextOptions", "text_metrics"]
@@ -31,7 +31,7 @@ __all__ = ["TextClassificationTask", "TextOptions", "text_metrics"]
 
 @dataclass
 class TextOptions(Config):
-    eval_data: str = task_option("", "a second table evaluated instead of a --val-fraction split (GLUE dev.tsv)")
+    eval_data: str = task_option("", "a second table evaluated instead of a `val_fraction` split (GLUE dev.tsv)")
     regression: str = task_option(
         "auto",
         "auto (non-integer numbers are scores; integers and names are classes) | yes | no",
@@ -83,7 +83,10 @@ class TextClassificationTask(Task):
         self.options = o = self.parse_options(cfg)
         if not cfg.data.source:
             raise TaskError(
-                Use("text-classification"), " needs --data TABLE (a CSV or TSV with a text and a label column)"
+                Use("text-classification"),
+                " needs ",
+                Opt("data", "TABLE"),
+                " (a CSV or TSV with a text and a label column)",
             )
         texts, raw, cols, label = read_labelled(cfg.data.source, "train", cfg.data.text_columns, cfg.data.label_column)
         self.columns = (cols, label)
@@ -94,7 +97,12 @@ class TextClassificationTask(Task):
         else:
             if not cfg.init_from:
                 raise TaskError(
-                    Use("text-classification"), " needs --from CHECKPOINT (a ", Use("lm"), " run or model dir)"
+                    Use("text-classification"),
+                    " needs ",
+                    Opt("init_from", "CHECKPOINT"),
+                    " (a ",
+                    Use("lm"),
+                    " run or model dir)",
                 )
             model = load_model(cfg.init_from)
             if model.kind != LANGUAGE_MODEL or model.tokenizer is None:
@@ -116,7 +124,13 @@ class TextClassificationTask(Task):
             self.train_data, self.eval_data = data, self._encode(t2, r2, name, "eval")
         else:
             if not 0 < cfg.data.val_fraction < 1:
-                raise ValueError("pass --eval-data TABLE or a --val-fraction in (0, 1) for the evaluation split")
+                raise OptionError(
+                    "pass ",
+                    Opt("eval_data", "TABLE"),
+                    " or a ",
+                    Opt("val_fraction"),
+                    " in (0, 1) for the evaluation split",
+                )
             g = torch.Generator().manual_seed(cfg.system.seed)
             order = torch.randperm(len(data), generator=g).tolist()
             n_val = max(1, round(cfg.data.val_fraction * len(data)))

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from ..errors import Opt, OptionError, OptionWarning
+
 __all__ = [
     "choose_threads",
     "free_cpu_inputs",
@@ -107,7 +109,7 @@ def resolve_threads(threads: int | str | None) -> int:
     except (TypeError, ValueError):
         n = -1
     if n < 1:
-        raise ValueError(f"--threads must be a positive integer or 0 (auto), got {threads!r}")
+        raise OptionError(Opt("threads"), f" must be a positive integer or 0 (auto), got {threads!r}")
     return n
 
 
@@ -141,11 +143,11 @@ class SlowdownWatch:
             return None
         self.warned = True
         best, now = min(self.times[: -self.run]), statistics.median(self.times[-self.run :])
-        fix = "rerun or --resume with --threads 1" if torch.get_num_threads() > 1 else "free some CPU"
-        return (
+        fix = ("rerun or resume with ", Opt("threads", 1)) if torch.get_num_threads() > 1 else ("free some CPU",)
+        return OptionWarning(
             f"warning: training slowed {now / best:.0f}x ({now:.3g} s/step, best {best:.3g} s/step); other "
-            f"processes are competing for the CPUs: {fix}"
-        )
+            "processes are competing for the CPUs: ", *fix,
+        )  # fmt: skip
 
 
 def collapsed(seconds_per_step: Sequence[float], k: float = 3.0, run: int = 3) -> bool:

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import Opt, OptionError
 from ..io import atomic_write
 
 __all__ = ["LOGGERS", "Tracker", "open_trackers", "flat_params", "scalars"]
@@ -69,7 +70,9 @@ def _backend(name: str) -> Any:
     try:
         return importlib.import_module(name)
     except ImportError:
-        raise ValueError(f"--logger {name} needs the {name} package: pip install crate-transformer[trackers]") from None
+        raise OptionError(
+            Opt("logger", name), f" needs the {name} package: pip install crate-transformer[trackers]"
+        ) from None
 
 
 class Tracker:
@@ -122,7 +125,9 @@ class TensorBoardTracker(Tracker):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise ValueError("--logger tensorboard needs the tensorboard package: pip install tensorboard") from None
+            raise OptionError(
+                Opt("logger", "tensorboard"), " needs the tensorboard package: pip install tensorboard"
+            ) from None
         self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step)
         if resume_step is None:
             table = "\n".join(f"| {k} | {v} |" for k, v in params.items())
@@ -153,8 +158,8 @@ class WandbTracker(Tracker):
         try:
             import wandb
         except ImportError:
-            raise ValueError(
-                "--logger wandb needs the wandb package: pip install crate-transformer[trackers]"
+            raise OptionError(
+                Opt("logger", "wandb"), " needs the wandb package: pip install crate-transformer[trackers]"
             ) from None
         self.wandb = wandb
         ids.setdefault("wandb", secrets.token_hex(4))  # W&B run ids: short, lowercase, unique
@@ -218,7 +223,7 @@ def open_trackers(
     names = list(dict.fromkeys(names))
     unknown = [n for n in names if n not in TRACKERS]
     if unknown:
-        raise ValueError(f"unknown logger {unknown[0]!r}; choose from {', '.join(LOGGERS)} (--logger)")
+        raise OptionError(f"unknown logger {unknown[0]!r}; choose from {', '.join(LOGGERS)} (", Opt("logger"), ")")
     ids_path = run_dir / IDS_FILE
     ids = json.loads(ids_path.read_text()) if resume_step is not None and ids_path.is_file() else {}
     params = flat_params(config)

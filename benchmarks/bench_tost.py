@@ -1,0 +1,201 @@
+"""ToST's attention (TSSA) against CRATE's (MSSA) and softmax attention as the sequence grows, and ToST against
+CRATE on the bundled digits.  Not a test: a test runs ``--tiny`` to keep it alive.
+
+**Attention.**  One attention operator of width d = 384 with 8 heads of 48 (ToST-S / CRATE widths), batch 1, no
+gradient, at n = 256 … 16,384 tokens:
+
+* ``tssa`` — :class:`~crate_transformer.operators.TSSA` (linear in n);
+* ``mssa`` — :class:`~crate_transformer.operators.MSSA` as the library runs it (PyTorch's
+  ``scaled_dot_product_attention``, whose CPU kernel never holds the n × n matrix);
+* ``mssa-matrix`` — MSSA computing the n × n score matrix, as the authors' CRATE code and ``return_attention`` do
+  (measured up to 4,096 tokens: at 8,192 its K·n² scores alone take 2 GiB);
+* ``softmax`` — standard attention with separate Q, K, V (:class:`~crate_transformer.operators.MHSA`, SDPA).
+
+Tokens/s is the median of ``--repeats`` forwards, the operators interleaved within each repeat (a load spike hits
+all of them).  Memory is the peak resident-set growth of one forward in a fresh process (``ru_maxrss`` after minus
+the resident size before, the operator and its input already allocated), so allocator caches of other sizes do not
+blur it.  The log-log slope of time and memory against n is fitted over n ≥ 1,024 (below, the n-independent
+projections dominate), and the table gives each operator's time and memory relative to TSSA at every n.
+
+**Digits.**  ``--digits`` trains ``tost_mnist`` and ``crate_mnist_p4`` with the same recipe (``crate train``'s
+defaults: the 4,000 / 1,000 bundled MNIST digits at 24 px), one at a time, for each seed, and prints test accuracy,
+parameters and wall time.
+
+    python benchmarks/bench_tost.py --tiny                      # seconds: small widths and lengths
+    nice python benchmarks/bench_tost.py --threads 1            # the attention table (minutes)
+    nice python benchmarks/bench_tost.py --threads 1 --digits   # plus ToST vs CRATE on the digits, seeds 0 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+OPS = ("tssa", "mssa", "mssa-matrix", "softmax")
+MATRIX_LIMIT = 4096  # mssa-matrix beyond this: K·n² float32 scores of 1 GiB and more
+
+
+def build(op: str, dim: int, heads: int) -> torch.nn.Module:
+    from crate_transformer.operators import MHSA, MSSA, TSSA
+
+    p = dim // heads
+    if op == "tssa":
+        return TSSA(dim, heads, p, qkv_bias=True).eval()
+    if op == "softmax":
+        return MHSA(dim, heads, 0.0, p).eval()
+    return MSSA(dim, heads, p).eval()
+
+
+def forward(op: str, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if op == "mssa-matrix":
+        return module(x, return_attention=True)[0]
+    return module(x)
+
+
+def _load() -> str:
+    return " / ".join(f"{v:.1f}" for v in os.getloadavg())
+
+
+def peak_memory(op: str, n: int, dim: int, heads: int, threads: int) -> float:
+    """MiB of resident memory one forward adds, measured in a fresh process (``--probe``)."""
+    argv = [sys.executable, __file__, "--probe", op, str(n), "--dim", str(dim), "--heads", str(heads)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    done = subprocess.run([*argv, "--threads", str(threads)], capture_output=True, text=True, env=env, check=True)
+    return max(float(done.stdout.strip().splitlines()[-1]), 0.0)
+
+
+def _probe(op: str, n: int, dim: int, heads: int) -> float:
+    """The peak resident growth (MiB) of one forward of ``op`` on ``n`` tokens: this process's ``ru_maxrss`` after it
+    minus the resident size before it (the operator, its input and its kernels already loaded)."""
+    torch.manual_seed(0)
+    module, x = build(op, dim, heads), torch.randn(1, n, dim)
+    with torch.no_grad():
+        forward(op, module, x[:, :8])  # kernels and their workspaces loaded before the baseline
+        with open("/proc/self/statm") as f:
+            base = int(f.read().split()[1]) * resource.getpagesize() / 1024  # KiB resident now
+        forward(op, module, x)
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+
+
+def time_ops(ops: list[str], n: int, dim: int, heads: int, repeats: int) -> dict[str, float]:
+    """Median seconds per forward of each operator, interleaved repeats."""
+    torch.manual_seed(0)
+    modules = {op: build(op, dim, heads) for op in ops}
+    x = torch.randn(1, n, dim)
+    times: dict[str, list[float]] = {op: [] for op in ops}
+    with torch.no_grad():
+        for op in ops:  # warm-up
+            forward(op, modules[op], x)
+        for _ in range(repeats):
+            for op in ops:
+                t0 = time.perf_counter()
+                forward(op, modules[op], x)
+                times[op].append(time.perf_counter() - t0)
+    return {op: statistics.median(v) for op, v in times.items()}
+
+
+def slope(ns: list[int], values: list[float], start: int) -> float:
+    """The log-log least-squares slope of ``values`` against ``ns`` over ``n ≥ start``."""
+    pts = [(math.log(n), math.log(v)) for n, v in zip(ns, values) if n >= start and v > 0]
+    if len(pts) < 2:
+        return float("nan")
+    x, y = np.array(pts).T
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def attention_table(args: argparse.Namespace) -> None:
+    rows: dict[str, dict[int, tuple[float, float]]] = {op: {} for op in OPS}
+    for n in args.lengths:
+        ops = [op for op in OPS if op != "mssa-matrix" or n <= args.matrix_limit]
+        secs = time_ops(ops, n, args.dim, args.heads, args.repeats)
+        for op in ops:
+            rows[op][n] = (secs[op], peak_memory(op, n, args.dim, args.heads, args.threads))
+        print(f"  n = {n:>6,}: measured (load {_load()})", flush=True)
+    threads = torch.get_num_threads()
+    print(f"\nattention of width {args.dim}, {args.heads} heads, batch 1, no grad, {threads} thread(s), "
+          f"torch {torch.__version__}; load average {_load()} (1 / 5 / 15 min)")  # fmt: skip
+    head = f"{'operator':<12} {'n':>6} {'tokens/s':>11} {'ms':>9} {'MiB':>8} {'time/tssa':>10} {'mem/tssa':>9}"
+    print(head)
+    for op in OPS:
+        for n, (sec, mib) in rows[op].items():
+            base_sec, base_mib = rows["tssa"][n]
+            mem_ratio = f"{mib / base_mib:.2f}x" if base_mib > 0 else "-"
+            print(f"{op:<12} {n:>6} {n / sec:>11,.0f} {1e3 * sec:>9.2f} {mib:>8.1f} {sec / base_sec:>9.2f}x "
+                  f"{mem_ratio:>9}")  # fmt: skip
+    start = 1024 if sum(n >= 1024 for n in args.lengths) >= 2 else min(args.lengths)
+    print(f"\nlog-log slope over n >= {start} (1 = linear, 2 = quadratic)")
+    print(f"{'operator':<12} {'time':>6} {'memory':>7}")
+    for op in OPS:
+        ns = list(rows[op])
+        if len(ns) >= 2:
+            t = slope(ns, [rows[op][n][0] for n in ns], start)
+            m = slope(ns, [rows[op][n][1] for n in ns], start)
+            print(f"{op:<12} {t:>6.2f} {m:>7.2f}")
+
+
+def digits(args: argparse.Namespace) -> None:
+    from crate_transformer.train import TrainConfig, train
+
+    out = Path(args.out or tempfile.mkdtemp(prefix="bench_tost_"))
+    rows = []
+    for seed in args.seeds:
+        for name in ("tost_mnist", "crate_mnist_p4"):
+            extra = {"max_steps": 1, "epochs": 1, "data": "digits"} if args.tiny else {}
+            run = str(out / f"{name}_{seed}")
+            cfg = TrainConfig(model=name, seed=seed, threads=args.threads, progress=False, out=run, **extra)
+            load0, t0 = os.getloadavg()[0], time.perf_counter()
+            r = train(cfg)
+            rows.append((name, seed, r["test_acc"], r["params"], time.perf_counter() - t0, load0, os.getloadavg()[0]))
+            print(f"  {name} seed {seed}: {100 * r['test_acc']:.2f}%", flush=True)
+    print("\nthe bundled digits, crate train's default recipe, one run at a time")
+    print(f"{'model':<15} {'seed':>4} {'test acc %':>10} {'params':>9} {'wall s':>7} {'load':>11}")
+    for name, seed, acc, params, wall, l0, l1 in rows:
+        print(f"{name:<15} {seed:>4} {100 * acc:>10.2f} {params:>9,} {wall:>7.0f} {l0:>5.1f}->{l1:<5.1f}")
+    means = {m: statistics.mean(100 * r[2] for r in rows if r[0] == m) for m in ("tost_mnist", "crate_mnist_p4")}
+    print(f"mean over seeds: tost_mnist {means['tost_mnist']:.2f}%, crate_mnist_p4 {means['crate_mnist_p4']:.2f}%, "
+          f"difference {means['tost_mnist'] - means['crate_mnist_p4']:+.2f} points")  # fmt: skip
+    (out / "digits.json").write_text(json.dumps(rows) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiny", action="store_true", help="width 32, 64 and 256 tokens, one repeat; digits: one "
+                    "step on the small digits set, seed 0")  # fmt: skip
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dim", type=int, default=384)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--matrix-limit", type=int, default=MATRIX_LIMIT, help="longest n of mssa-matrix")
+    ap.add_argument("--digits", action="store_true", help="also train tost_mnist and crate_mnist_p4 on the digits")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--out", default=None, help="keep the digits runs here (default: a temp dir)")
+    ap.add_argument("--probe", nargs=2, metavar=("OP", "N"), help=argparse.SUPPRESS)  # one memory measurement
+    args = ap.parse_args()
+    if args.probe:
+        torch.set_num_threads(args.threads)
+        return print(_probe(args.probe[0], int(args.probe[1]), args.dim, args.heads))
+    if args.tiny:
+        args.dim, args.heads, args.lengths, args.repeats, args.seeds = 32, 4, [64, 256], 1, [0]
+    torch.set_num_threads(args.threads)
+    print(f"bench_tost: load average {_load()} (1 / 5 / 15 min), peak RSS of this process "
+          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")  # fmt: skip
+    attention_table(args)
+    if args.digits or args.tiny:
+        digits(args)
+
+
+if __name__ == "__main__":
+    main()
