@@ -170,7 +170,7 @@ class OptimOptions(Config):
     warmup_epochs: float = option(2.0, "linear warm-up length in epochs (fractions allowed)", range=Range(0))
     warmup_fraction: float = option(
         0.0,
-        "linear warm-up as a share of the run's optimizer steps (0.05: the first twentieth; 0 = --warmup-epochs); "
+        "linear warm-up as a share of the run's optimizer steps (0.05: the first twentieth; 0 = `warmup_epochs`); "
         "setting one of the two warm-ups sets the other to 0",
         range=Range(0, 1, hi_open=True),
     )
