@@ -503,9 +503,10 @@ class ISTA(nn.Module):
         A = self.kept_step_matrix()
         if A is None and torch.is_grad_enabled() and D.requires_grad:
             self._kept = None  # D is being trained: what was kept may be stepped past unseen
-        # thin is cheaper (class docstring); a row count not known while tracing (torch.export with a dynamic
-        # batch) takes the fused form, which holds for every count, instead of a guard the export refuses
-        if A is None and statically_known_true(rows.shape[0] < D.shape[0]):
+        thin = rows.shape[0] < D.shape[0]  # thin is cheaper (class docstring)
+        if isinstance(thin, torch.SymBool):  # a row count torch.export keeps dynamic: the fused form holds for
+            thin = statically_known_true(thin)  # every count, where a guard on the count would fail the export
+        if A is None and thin:
             pre = torch.addmm(rows + bias, rows - F.linear(rows, D), D, alpha=self.eta).view_as(x)
         else:
             pre = torch.addmm(x.new_full((1,), bias), rows, self.step_matrix() if A is None else A).view_as(x)
