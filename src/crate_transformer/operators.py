@@ -848,6 +848,16 @@ class EncoderLayer(nn.Module):
         kw = {_LAYER_KEYWORDS.get(f.name, f.name): getattr(c, f.name) for f in dataclasses.fields(LayerConfig)}
         return cls(c.dim, c.heads, c.head_dim, **{**kw, **overrides})
 
+    def output_bias(self) -> Tensor | None:
+        """The bias this layer adds unchanged to every output token, or None: a residual MLP's output bias, or
+        MSSA's output bias when the ISTA block is skipped (``ista_mode="none"``).  CRATE's ISTA and the
+        overcomplete ISTA replace the tokens through a ReLU (eq. (45)) and CRATE-α's ODL has no bias: None."""
+        if self.kind == "mlp":
+            return self.mlp[3].bias
+        if self.kind == "ista" and self.ista.mode == "none" and getattr(self.attn, "proj", None) is not None:
+            return self.attn.proj.bias
+        return None
+
     def forward(
         self,
         x: Tensor,
