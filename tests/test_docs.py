@@ -260,6 +260,10 @@ def test_the_site_does_not_present_the_authors_repository_as_its_own() -> None:
 
     site = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
     assert "Ma-Lab-Berkeley" not in str(site.get("repo_url", "")) + str(site.get("repo_name", ""))
+    # it credits this package, cites the paper and names the authors' code as the reference it is checked against
+    assert site["copyright"].startswith("crate_transformer: a PyTorch implementation of CRATE")
+    assert "White-Box Transformers via Sparse Rate Reduction" in site["copyright"]
+    assert "Ma-Lab-Berkeley/CRATE</a>, is the reference" in site["copyright"]
 
 
 def test_ci_builds_the_docs_strictly() -> None:

@@ -306,8 +306,7 @@ class LanguageModel(Model):
                 if getattr(m, "bias", None) is not None:
                     nn.init.zeros_(m.bias)
         for layer in self.layers:
-            mlp = getattr(layer, "mlp", None)
-            for out in (getattr(layer.attn, "proj", None), mlp[3] if isinstance(mlp, MLP) else None):
+            for out in (getattr(layer.attn, "proj", None), layer.block[3] if isinstance(layer.block, MLP) else None):
                 if out is not None:
                     nn.init.normal_(out.weight, std=0.02 / math.sqrt(2 * self.config.depth))
 
