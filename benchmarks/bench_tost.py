@@ -12,10 +12,11 @@ gradient, at n = 256 … 16,384 tokens:
 * ``softmax`` — standard attention with separate Q, K, V (:class:`~crate_transformer.operators.MHSA`, SDPA).
 
 Tokens/s is the median of ``--repeats`` forwards, the operators interleaved within each repeat (a load spike hits
-all of them).  Memory is the peak resident-set growth of one forward in a fresh process (``ru_maxrss`` after minus
-the resident size before, the operator and its input already allocated), so allocator caches of other sizes do not
-blur it.  The log-log slope of time and memory against n is fitted over n ≥ 1,024 (below, the n-independent
-projections dominate), and the table gives each operator's time and memory relative to TSSA at every n.
+all of them).  Memory is the peak resident-set growth of one forward in a fresh process (Linux's ``VmHWM`` after it,
+reset just before, minus the resident size before it, the operator and its input already allocated), so allocator
+caches of other sizes do not blur it.  The log-log slope of time and memory against n is fitted over n ≥ 1,024
+(below, the n-independent projections dominate), and the table gives each operator's time and memory relative to
+TSSA at every n.
 
 **Digits.**  ``--digits`` trains ``tost_mnist`` and ``crate_mnist_p4`` with the same recipe (``crate train``'s
 defaults: the 4,000 / 1,000 bundled MNIST digits at 24 px), one at a time, for each seed, and prints test accuracy,
@@ -76,17 +77,29 @@ def peak_memory(op: str, n: int, dim: int, heads: int, threads: int) -> float:
     return max(float(done.stdout.strip().splitlines()[-1]), 0.0)
 
 
+def _status_kib(field: str) -> int:
+    """A ``/proc/self/status`` memory field in KiB: ``VmRSS`` (resident now) or ``VmHWM`` (the peak since the last
+    reset).  Not ``ru_maxrss``, which keeps the parent's peak across fork and exec."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
 def _probe(op: str, n: int, dim: int, heads: int) -> float:
-    """The peak resident growth (MiB) of one forward of ``op`` on ``n`` tokens: this process's ``ru_maxrss`` after it
-    minus the resident size before it (the operator, its input and its kernels already loaded)."""
+    """The peak resident growth (MiB) of one forward of ``op`` on ``n`` tokens: the peak resident size during it
+    minus the resident size before it (the operator, its input and its kernels already loaded; the peak reset by
+    writing 5 to ``/proc/self/clear_refs``, Linux)."""
     torch.manual_seed(0)
     module, x = build(op, dim, heads), torch.randn(1, n, dim)
     with torch.no_grad():
         forward(op, module, x[:, :8])  # kernels and their workspaces loaded before the baseline
-        with open("/proc/self/statm") as f:
-            base = int(f.read().split()[1]) * resource.getpagesize() / 1024  # KiB resident now
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        base = _status_kib("VmRSS")
         forward(op, module, x)
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+    return (_status_kib("VmHWM") - base) / 1024
 
 
 def time_ops(ops: list[str], n: int, dim: int, heads: int, repeats: int) -> dict[str, float]:

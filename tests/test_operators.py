@@ -169,3 +169,43 @@ def test_backward_through_fast_paths_matches_reference(device):
     out = F.relu(z + 0.1 * (z @ D - z @ D.T @ D) - 0.1 * 0.1)
     out.sum().backward()
     torch.testing.assert_close(g_fast, x.grad, **tol(torch.float64, device))
+
+
+def test_one_layer_config_is_read_whole_by_the_layer():
+    """The layer's settings are declared once (``LayerConfig``), inherited by every config of CRATE layers, and
+    ``EncoderLayer.from_config`` passes every one of them: a field the layer does not take, or a keyword no field
+    sets, fails here instead of being dropped."""
+    import dataclasses
+    import inspect
+
+    import crate_transformer as ct
+    from crate_transformer.mae import MAEConfig
+    from crate_transformer.operators import _LAYER_KEYWORDS, LayerConfig
+
+    names = [f.name for f in dataclasses.fields(LayerConfig)]
+    keywords = {
+        p.name for p in inspect.signature(EncoderLayer.__init__).parameters.values() if p.kind == p.KEYWORD_ONLY
+    }
+    assert {_LAYER_KEYWORDS.get(n, n) for n in names} | {"causal", "drop_path"} == keywords
+    for cls in (ct.ModelConfig, MAEConfig, ct.LMConfig):
+        assert issubclass(cls, LayerConfig)
+        own = {f.name: f for f in dataclasses.fields(cls)}
+        for n in names:  # redeclared (a family's default) only with LayerConfig.default: help, range, choices kept
+            assert own[n].metadata == {f.name: f for f in dataclasses.fields(LayerConfig)}[n].metadata, (cls, n)
+    assert MAEConfig().lambd == 0.5 and ct.ModelConfig().lambd == 0.1
+
+    captured = {}
+
+    class Capture(EncoderLayer):
+        def __init__(self, dim, heads, dim_head, **kw):  # noqa: ANN001 - records what from_config passes
+            torch.nn.Module.__init__(self)
+            captured.update(kw)
+
+    values = dict(dropout=0.1, eta=0.3, lambd=0.2, ista_mode="soft", layer_form="jmlr", scale_scores=False,
+                  tied_output=True, tied_beta=0.5, eps=0.2, mlp_ratio=2.0, odl_ratio=2, gelu="tanh",
+                  proj_bias=False)  # fmt: skip
+    Capture.from_config(ct.ModelConfig(dim=32, heads=4, **values))
+    expected = {**values, "attention": "mssa", "mlp": "ista"}
+    assert captured == {_LAYER_KEYWORDS.get(k, k): v for k, v in expected.items()}
+    with pytest.raises(ValueError, match="extends LayerConfig"):
+        EncoderLayer.from_config(object())

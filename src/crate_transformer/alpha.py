@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .model import ImageClassifier, ModelConfig
 from .official import HEADS_NOT_STORED, OfficialFormat, conv_to_linear, linear_to_conv, rename
-from .operators import EncoderLayer, drop_path_rates
+from .operators import EncoderLayer, LayerConfig, drop_path_rates
 from .spec import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = [
@@ -71,7 +71,7 @@ class AlphaConfig(ModelConfig):
     depth: int = 12
     heads: int = 12
     patch_norm: bool = False
-    mlp: str = "odl"
+    mlp: str = LayerConfig.default("mlp", "odl")
 
     def validate(self) -> None:
         super().validate()

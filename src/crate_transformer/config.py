@@ -91,6 +91,9 @@ class Config:
     # fields added after their format was in use, left out of to_dict() while at their default: the files of
     # every model that does not use them (config.json, the checksums over it) stay byte-identical
     OMIT_AT_DEFAULT: ClassVar[tuple[str, ...]] = ()
+    # the order of the keys in to_dict() (config.json) where it is not the fields' (a config whose fields moved into
+    # a shared base keeps its files byte-identical); keys not named here follow in field order
+    KEY_ORDER: ClassVar[tuple[str, ...]] = ()
     # what a model of this config is (one of KINDS; "" for option classes that describe no model)
     kind: ClassVar[str] = ""
 
@@ -176,6 +179,9 @@ class Config:
         for name in self.OMIT_AT_DEFAULT:
             if d[name] == self._default(name, None):
                 del d[name]
+        if self.KEY_ORDER:
+            rest = {k: v for k, v in d.items() if k not in self.KEY_ORDER}
+            d = {**{k: d[k] for k in self.KEY_ORDER if k in d}, **rest}
         return d
 
     @classmethod

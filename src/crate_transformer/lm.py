@@ -42,7 +42,7 @@ from .errors import Opt, TaskError, Use
 from .io import FILE_DIGESTS, TOKENIZER_NAME, CheckpointError, read_model_json
 from .model import ViTBlock
 from .official import HEADS_NOT_STORED, OfficialFormat, rename, unwrap
-from .operators import GELUS, ISTA_MODES, LAYER_FORMS, MLP, MLPS, EncoderLayer
+from .operators import MLP, EncoderLayer, LayerConfig
 from .tokenizer import Tokenizer
 
 __all__ = [
@@ -71,7 +71,7 @@ POS_EMBEDS = ("learned", "sinusoidal")
 
 
 @dataclass
-class LMConfig(Config):
+class LMConfig(LayerConfig, Config):
     """Every hyperparameter of a language model; round-trips through ``config.json`` (``arch`` names the class).
 
     ``causal=True`` is a GPT (next-token, eq. (89)), ``False`` a BERT (masked tokens, eq. (85)).  Values are
@@ -87,39 +87,26 @@ class LMConfig(Config):
     heads: int = 4
     dim_head: int | None = None  # None → dim // heads
     pos_embed: str = "learned"  # learned (GPT-2, official CRATE-GPT) | sinusoidal (eq. (83), CRATE-BERT)
-    dropout: float = 0.0
     final_norm: bool = False  # LayerNorm before the head (GPT-2: yes; official CRATE-GPT: no)
     num_labels: int = 0  # > 0: a sequence-classification head (GLUE fine-tuning, Table 5); 1 = regression
-    # CRATE operators (ignored by arch="gpt")
-    eta: float = 0.1
-    lambd: float = 0.1
-    ista_mode: str = "relu"  # relu | soft | mm | none (Table 16: CRATE-GPT without ISTA)
-    layer_form: str = "official"
-    scale_scores: bool = True
-    # ista | ista_overcomplete (the crate-lm release) | odl (CRATE-α) | mlp (CRATE-MLP); see EncoderLayer
-    mlp: str = "ista"
-    odl_ratio: int = 4  # atoms per dimension of an overcomplete dictionary (m = odl_ratio · dim)
-    proj_bias: bool | None = None  # a bias on MSSA's output W (eq. (37)); None: the layer's default (yes but odl)
+    # the CRATE layers' settings (ignored by arch="gpt" but dropout, mlp_ratio, gelu) are LayerConfig's: eta, lambd,
+    # ista_mode (none: Table 16's CRATE-GPT without ISTA), layer_form, mlp (ista_overcomplete: the crate-lm release),
+    # odl_ratio, proj_bias, mlp_ratio, gelu (tanh: OpenAI GPT-2, Hugging Face's gelu_new), ...
     # crate_bert only: RoBERTa's embedding and heads (the authors' Hugging Face port)
     type_vocab_size: int = 2  # token-type (segment) embeddings
     pad_token_id: int = 1  # padding: its position row; real tokens take positions pad_token_id + 1, + 2, ...
     layer_norm_eps: float = 1e-12  # the embedding's and the LM head's LayerNorm (the CRATE layers' keep 1e-5)
-    # GPT baseline (and mlp="mlp")
-    mlp_ratio: float = 4.0
-    gelu: str = "exact"  # exact (nanoGPT) | tanh (OpenAI GPT-2, Hugging Face's gelu_new)
     # the tokenizer kind the model was trained with (its tokenizer.json is saved beside the weights)
     tokenizer: str = ""
 
-    RULES = {
-        "eta": Range(0, lo_open=True),
-        "lambd": Range(0),
-        "mlp_ratio": Range(0, lo_open=True),
-        "dropout": Range(0, 1, hi_open=True),
-        "layer_norm_eps": Range(0, lo_open=True),
-    }
+    RULES = {"layer_norm_eps": Range(0, lo_open=True)}
+    OMIT_AT_DEFAULT = ("tied_output", "tied_beta", "eps", "attention")  # added later: the files stay byte-identical
+    KEY_ORDER = ("arch", "causal", "vocab_size", "block_size", "dim", "depth", "heads", "dim_head", "pos_embed",
+                 "dropout", "final_norm", "num_labels", "eta", "lambd", "ista_mode", "layer_form", "scale_scores",
+                 "mlp", "odl_ratio", "proj_bias", "type_vocab_size", "pad_token_id", "layer_norm_eps", "mlp_ratio",
+                 "gelu", "tokenizer")  # fmt: skip
     kind = LANGUAGE_MODEL
-    CHOICES = {"arch": LM_ARCHS, "pos_embed": POS_EMBEDS, "ista_mode": ISTA_MODES, "layer_form": LAYER_FORMS,
-               "mlp": MLPS, "gelu": GELUS}  # fmt: skip
+    CHOICES = {"arch": LM_ARCHS, "pos_embed": POS_EMBEDS}
 
     @property
     def pipeline_tag(self) -> str:
@@ -145,8 +132,8 @@ class LMConfig(Config):
 
     def validate(self) -> None:
         self.check_positive("vocab_size", "block_size", "dim", "depth", "heads", "odl_ratio", "type_vocab_size")
-        if self.arch == "crate_lm" and self.mlp != "ista" and self.ista_mode != "relu":
-            raise ValueError(f"ista_mode={self.ista_mode!r} needs mlp='ista', got mlp={self.mlp!r}; drop one of them")
+        if self.arch == "crate_lm":
+            self.check_layer()
         if self.num_labels < 0:
             raise ValueError(f"num_labels must be >= 0 (0 = no classification head), got {self.num_labels}")
         if self.dim_head is not None and self.dim_head <= 0:
@@ -240,7 +227,7 @@ class LanguageModel(Model):
         a family that is this language model with other layers overrides it (ToST, ``tost.py``).  Each layer takes
         ``(z, cache=, key_mask=)`` and returns ``(z, ...)``, as :class:`~crate_transformer.operators.EncoderLayer`."""
         if c.arch != "gpt":
-            return nn.ModuleList(EncoderLayer.from_config(c) for _ in range(c.depth))
+            return nn.ModuleList(EncoderLayer.from_config(c, causal=c.causal) for _ in range(c.depth))
         return nn.ModuleList(ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout, c.causal, c.gelu) for _ in range(c.depth))
 
     @property
@@ -319,10 +306,67 @@ class LanguageModel(Model):
                 if getattr(m, "bias", None) is not None:
                     nn.init.zeros_(m.bias)
         for layer in self.layers:
-            mlp = getattr(layer, "mlp", None)
-            for out in (getattr(layer.attn, "proj", None), mlp[3] if isinstance(mlp, MLP) else None):
+            for out in (getattr(layer.attn, "proj", None), layer.block[3] if isinstance(layer.block, MLP) else None):
                 if out is not None:
                     nn.init.normal_(out.weight, std=0.02 / math.sqrt(2 * self.config.depth))
+
+    # ---------------------------------------------------------------- the token prior
+    def _logit_bias(self) -> Tensor | None:
+        """A bias on the token logits ``(V,)``, or None: the tied head of eq. (84) has none."""
+        return None
+
+    def _feature_bias(self) -> Tensor | None:
+        """A bias adding a constant vector to the features the head reads: the final LayerNorm's, else the last
+        layer's ``output_bias()`` (None when the last layer replaces the tokens, as CRATE's ISTA does, or says
+        nothing of one)."""
+        bias = getattr(self.norm, "bias", None)
+        if bias is not None:
+            return bias
+        output_bias = getattr(self.layers[-1], "output_bias", None)
+        return output_bias() if output_bias is not None else None
+
+    @torch.no_grad()
+    def init_token_prior(self, log_prior: Tensor, idx: Tensor) -> bool:
+        """Make the untrained model predict the token distribution ``softmax(log_prior)`` (``(V,)``, e.g. the
+        training tokens' log frequencies), measured on the token ids ``idx`` ``(b, n)``; True when done.
+
+        Without it, training first learns the token frequencies, and a model whose head has no bias learns them by
+        making its features the same for every token: in CRATE-GPT the first layer's MSSA output outgrows the token
+        embedding, each later LayerNorm passes a nearly token-independent vector and the lower layers' gradients
+        shrink, so the loss sits near the unigram entropy (docs/language-models.md; this is the "initialise the
+        output bias to the log prior" advice of Karpathy's "A Recipe for Training Neural Networks", 2019).
+
+        A logit bias is set to the centred log prior.  A tied head gets ``ℓ_v / s`` added to every coordinate of
+        row ``v`` of the embedding, ``s`` the mean over ``idx``'s tokens of the head's features summed over
+        coordinates: the logits move by ``ℓ_v`` while the layers, which read the embedding through LayerNorm (it
+        removes a constant vector), are unchanged.  When the features have no such constant part (a final
+        LayerNorm, a residual last layer), the bias that adds one is set to 1 first; False (nothing changed) when
+        there is none (CRATE-α's ODL).
+        """
+        ell = torch.log_softmax(log_prior.double(), 0)
+        ell = (ell - (ell.exp() * ell).sum()).float()  # centred on the prior's mean: frequent tokens move least
+        bias = self._logit_bias()
+        if bias is not None:
+            bias.copy_(ell.to(bias))
+            return True
+        s = self._feature_sums(idx)
+        if not s.mean() > 4 * s.std(correction=0):  # no part of the features constant over tokens to carry the prior
+            channel = self._feature_bias()
+            if channel is None:
+                return False
+            channel.fill_(1.0)
+            s = self._feature_sums(idx)
+        self.wte.weight.add_((ell / s.mean()).to(self.wte.weight)[:, None])
+        return True
+
+    def _feature_sums(self, idx: Tensor) -> Tensor:
+        """The head's features of every token of ``idx`` summed over coordinates (eval mode: no dropout)."""
+        was = self.training
+        self.eval()
+        try:
+            return self.forward_features(idx).float().sum(-1).flatten()
+        finally:
+            self.train(was)
 
     # ---------------------------------------------------------------- embedding
     def check_tokens(self, idx: Tensor, start: int = 0) -> None:

@@ -50,7 +50,7 @@ from .model import (
     unpatchify,
 )
 from .official import HEADS_NOT_STORED, OfficialFormat, mae_official_to_native
-from .operators import LAYER_FORMS, DecoderLayer, EncoderLayer, drop_path_rates
+from .operators import LAYER_FORMS, DecoderLayer, EncoderLayer, LayerConfig, drop_path_rates
 from .spec import IMAGENET_MEAN, IMAGENET_STD, DataSpec
 
 __all__ = [
@@ -68,7 +68,7 @@ MAE_ARCH = "crate_mae"
 
 
 @dataclass
-class MAEConfig(ImageEncoderGeometry, Config):
+class MAEConfig(ImageEncoderGeometry, LayerConfig, Config):
     """Every hyperparameter of a CRATE-MAE; round-trips through ``config.json`` (``arch == "crate_mae"``).
 
     Values are coerced to the declared types (:func:`~crate_transformer.config_utils.coerce_fields`)
@@ -85,30 +85,39 @@ class MAEConfig(ImageEncoderGeometry, Config):
     dim_head: int | None = None  # None → dim // heads
     mask_ratio: float = 0.75  # Fig. 11; |Ω| = N − int(N (1 − r))
     norm_pix_loss: bool = False  # official default: raw pixels
-    eta: float = 0.1  # encoder ISTA step η
-    lambd: float = 0.5  # encoder ISTA λ (official crate_encoder.py; the classifier uses 0.1)
-    layer_form: str = "official"  # encoder layer: official | jmlr (Alg. 4)
+    # the encoder layers' settings are LayerConfig's (eta, layer_form, ...); λ = 0.5 as the official crate_encoder.py
+    lambd: float = LayerConfig.default("lambd", 0.5)
     decoder_form: str = "official"  # decoder layer: official (x_ − MSSA(LN(x_))) | jmlr (Alg. 5)
     visible_only: bool = False  # encoder sees only visible tokens, positions re-added before the decoder (He et al.)
     norm_eps: float = 1e-6  # final encoder / decoder LayerNorms
     drop_path: float = 0.0  # stochastic depth of the encoder's last layer, rising linearly from 0; 0 = off
     data: DataSpec | None = None
 
-    OMIT_AT_DEFAULT = ("drop_path",)  # added later: configs without it stay byte-identical
+    # added later: configs without them stay byte-identical (every layer field but eta, lambd, layer_form)
+    OMIT_AT_DEFAULT = ("drop_path", "dropout", "ista_mode", "scale_scores", "tied_output", "tied_beta", "eps",
+                       "attention", "mlp", "odl_ratio", "mlp_ratio", "gelu", "proj_bias")  # fmt: skip
+    KEY_ORDER = ("arch", "image_size", "patch_size", "in_chans", "dim", "depth", "heads", "dim_head", "mask_ratio",
+                 "norm_pix_loss", "eta", "lambd", "layer_form", "decoder_form", "visible_only", "norm_eps",
+                 "drop_path", "data")  # fmt: skip
     kind = MASKED_AUTOENCODER
-    CHOICES = {"layer_form": LAYER_FORMS, "decoder_form": LAYER_FORMS}
+    CHOICES = {"decoder_form": LAYER_FORMS}
     pipeline_tag = "image-feature-extraction"
-    white_box = True  # CRATE encoder layers; their outputs are ISTA's
-    sparse_output = True
-    layer_blocks = ("mssa", "ista")
+    white_box = True  # CRATE encoder layers
     RULES = {
-        "eta": Range(0, lo_open=True),
-        "lambd": Range(0),
         "norm_eps": Range(0, lo_open=True),
         "drop_path": Range(0, 1, hi_open=True),
     }
 
+    @property
+    def sparse_output(self) -> bool:
+        return self.mlp == "ista" and self.ista_mode != "none"
+
+    @property
+    def layer_blocks(self) -> tuple[str, str]:
+        return (self.attention, self.mlp)
+
     def validate(self) -> None:
+        self.check_layer()
         if self.arch != MAE_ARCH:
             raise ValueError(f"MAEConfig.arch must be {MAE_ARCH!r}, got {self.arch!r}; use ModelConfig for classifiers")
         self.check_geometry()

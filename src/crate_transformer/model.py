@@ -23,7 +23,7 @@ from .base import POOLS, Model, Trace, pool_name, pool_tokens, take_indices
 from .config import IMAGE_CLASSIFIER, Config
 from .config_utils import Range
 from .official import HEADS_NOT_STORED, OfficialFormat, official_to_native
-from .operators import ATTENTIONS, ISTA_MODES, LAYER_FORMS, MLPS, EncoderLayer, drop_path_rates
+from .operators import EncoderLayer, LayerConfig, drop_path_rates
 from .spec import DEFAULT_NORMALIZATION, IMAGENET_MEAN, IMAGENET_STD, DataSpec, fit_normalization
 
 __all__ = [
@@ -96,7 +96,7 @@ class ImageEncoderGeometry:
 
 
 @dataclass
-class ModelConfig(ImageEncoderGeometry, Config):
+class ModelConfig(ImageEncoderGeometry, LayerConfig, Config):
     """Every hyperparameter of an image classifier; round-trips through ``config.json``.
 
     Values are coerced to the declared types (``"5e-2"`` → 0.05 for a float field, ``"64"`` → 64 for
@@ -116,55 +116,34 @@ class ModelConfig(ImageEncoderGeometry, Config):
     heads: int = 6
     dim_head: int | None = None  # None → dim // heads (what every paper config uses)
     pool: str = "cls"  # cls | mean (every token: official) | avg (patch tokens), see base.POOLS
-    dropout: float = 0.0
     emb_dropout: float = 0.0
     drop_path: float = 0.0  # stochastic depth of the last layer, rising linearly from 0 (timm / DeiT); 0 = off
-    # CRATE operators (ignored by arch="vit")
-    eta: float = 0.1  # ISTA step size η
-    lambd: float = 0.1  # ISTA sparsity weight λ
-    ista_mode: str = "relu"  # relu | soft | mm | none
-    layer_form: str = "official"  # official (skip from Z) | jmlr (skip from LN(Z), Alg. 4)
-    scale_scores: bool = True  # MSSA scores × p^-1/2 (official) or unscaled (eq. (35))
-    tied_output: bool = False  # MSSA output β[U_1..U_K] (eq. (36)) instead of trainable W
-    tied_beta: float = 1.0
-    eps: float = 0.1  # ε of the MM step (ista_mode="mm")
-    # LayerNorms around the patch projection (official classifier, Alg. 6); False: a plain linear
+    # the layers' settings (eta, lambd, ista_mode, layer_form, attention, mlp, odl_ratio, mlp_ratio, ...) are
+    # LayerConfig's (operators.py), the same fields for every family of CRATE layers; arch="vit" reads dropout and
+    # mlp_ratio only.  LayerNorms around the patch projection (official classifier, Alg. 6); False: a plain linear
     # projection, the conv PatchEmbed of CRATE-MAE (a model fine-tuned from a CRATE-MAE encoder)
     patch_norm: bool = True
-    # CRATE hybrids / variants (JMLR Table 17; CRATE-α, Yang et al. 2024); the defaults are CRATE
-    attention: str = "mssa"  # mssa | mhsa (standard attention, separate Q, K, V: CRATE-MHSA)
-    mlp: str = "ista"  # ista | mlp (GELU MLP + residual: CRATE-MLP) | odl (CRATE-α overcomplete ISTA + residual)
-    odl_ratio: int = 4  # CRATE-α dictionary size m = odl_ratio · dim (mlp="odl")
-    # ViT baseline (and the MLP of mlp="mlp")
-    mlp_ratio: float = 4.0
     # what the model was trained on (normalisation, classes, source); None when unknown
     data: DataSpec | None = None
 
-    OMIT_AT_DEFAULT = ("drop_path",)  # added later: configs without it stay byte-identical
+    OMIT_AT_DEFAULT = ("drop_path", "gelu", "proj_bias")  # added later: configs without them stay byte-identical
+    KEY_ORDER = ("arch", "image_size", "patch_size", "in_chans", "num_classes", "dim", "depth", "heads", "dim_head",
+                 "pool", "dropout", "emb_dropout", "drop_path", "eta", "lambd", "ista_mode", "layer_form",
+                 "scale_scores", "tied_output", "tied_beta", "eps", "patch_norm", "attention", "mlp", "odl_ratio",
+                 "mlp_ratio", "data")  # fmt: skip
     kind = IMAGE_CLASSIFIER
     pipeline_tag = "image-classification"
     # arch: the values this config class builds (a subclass names its own)
-    CHOICES = {"arch": ARCHS, "pool": POOLS, "ista_mode": ISTA_MODES, "layer_form": LAYER_FORMS,
-               "attention": ATTENTIONS, "mlp": MLPS}  # fmt: skip
+    CHOICES = {"arch": ARCHS, "pool": POOLS}
     RULES = {
-        "eta": Range(0, lo_open=True),
-        "lambd": Range(0),
-        "eps": Range(0, lo_open=True),
-        "mlp_ratio": Range(0, lo_open=True),
-        "dropout": Range(0, 1, hi_open=True),
         "emb_dropout": Range(0, 1, hi_open=True),
         "drop_path": Range(0, 1, hi_open=True),
     }
 
     def validate(self) -> None:
         self.check_positive("odl_ratio")
-        if self.arch == "crate" and self.mlp != "ista" and self.ista_mode != "relu":
-            raise ValueError(
-                f"ista_mode={self.ista_mode!r} applies to the ISTA block only, but mlp={self.mlp!r}; "
-                "use mlp=ista or drop ista_mode"
-            )
-        if self.arch == "crate" and self.attention == "mhsa" and self.tied_output:
-            raise ValueError("tied_output applies to MSSA only, but attention='mhsa'; use attention=mssa")
+        if self.arch == "crate":
+            self.check_layer()
         self.check_geometry()
         if self.num_classes < 0:
             raise ValueError(

@@ -13,12 +13,16 @@ the tests compare against and the theory lab uses directly.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from .config_utils import Range
 
 __all__ = [
     "ISTA_MODES",
@@ -30,6 +34,7 @@ __all__ = [
     "MLP",
     "OvercompleteISTA",
     "EncoderLayer",
+    "LayerConfig",
     "DecoderLayer",
     "ssa_reference",
     "mssa_reference",
@@ -116,7 +121,10 @@ def attend(
     """
     m, s = q.shape[-2], k.shape[-2]
     if key_mask is None and (not causal or m == s or m == 1):  # one new query sees every cached key
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal and m == s, scale=scale)
+        # bool(): lengths traced by torch.export compare to a symbolic bool, which the kernel's flag refuses
+        return F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout_p, is_causal=bool(causal and m == s), scale=scale
+        )
     mask = torch.ones(m, s, dtype=torch.bool, device=q.device)
     if causal:
         mask = mask.tril(s - m)
@@ -407,14 +415,16 @@ def reusable_weight(w: Tensor) -> bool:
     """Whether a product of the parameter ``w`` computed in this forward may be kept for later ones.
 
     Only where no gradient flows to ``w`` (grad mode off), on a trainable ``nn.Parameter`` of a real device,
-    outside compilation, tracing, ``torch.func`` transforms, dispatch modes (FakeTensorMode, FLOP counters) and
-    a process group (FSDP and DeepSpeed write gathered weights in place, unseen).  Frozen parameters
-    (``requires_grad=False``: EMA copies, DINO teachers) are excluded because EMA code commonly updates them
-    through ``.data``, which no version counter sees.
+    outside compilation, tracing, CUDA-graph capture, ``torch.func`` transforms, dispatch modes (FakeTensorMode,
+    FLOP counters) and a process group (FSDP and DeepSpeed write gathered weights in place, unseen).  Frozen
+    parameters (``requires_grad=False``: EMA copies, DINO teachers) are excluded because EMA code commonly
+    updates them through ``.data``, which no version counter sees.
     """
     if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.is_grad_enabled() or not w.requires_grad:
         return False
     if type(w) is not nn.Parameter or w.device.type == "meta" or w.is_inference():
+        return False
+    if w.is_cuda and torch.cuda.is_current_stream_capturing():  # a graph would replay the kept matrix, stale
         return False
     if torch._C._are_functorch_transforms_active() or torch._C._len_torch_dispatch_stack():
         return False
@@ -473,7 +483,9 @@ class ISTA(nn.Module):
         w = self.weight
         if not reusable_weight(w):
             return None
-        key = (w._version, w.data_ptr(), w.dtype, w.device, self.eta, _optimizer_steps)
+        # the stream: a matrix computed on one CUDA stream is not ready on another without a synchronisation
+        stream = torch.cuda.current_stream(w.device).cuda_stream if w.is_cuda else None
+        key = (w._version, w.data_ptr(), w.dtype, w.device, stream, self.eta, _optimizer_steps)
         kept = self._kept
         if kept is not None and kept[0] is w and kept[1] == key:
             return kept[2]
@@ -491,7 +503,10 @@ class ISTA(nn.Module):
         A = self.kept_step_matrix()
         if A is None and torch.is_grad_enabled() and D.requires_grad:
             self._kept = None  # D is being trained: what was kept may be stepped past unseen
-        if A is None and rows.shape[0] < D.shape[0]:  # thin is cheaper (class docstring)
+        thin = rows.shape[0] < D.shape[0]  # thin is cheaper (class docstring)
+        if isinstance(thin, torch.SymBool):  # a row count torch.export keeps dynamic: the fused form holds for
+            thin = statically_known_true(thin)  # every count, where a guard on the count would fail the export
+        if A is None and thin:
             pre = torch.addmm(rows + bias, rows - F.linear(rows, D), D, alpha=self.eta).view_as(x)
         else:
             pre = torch.addmm(x.new_full((1,), bias), rows, self.step_matrix() if A is None else A).view_as(x)
@@ -665,12 +680,57 @@ def set_drop_path(model: nn.Module, rate: float) -> None:
 
 
 # --------------------------------------------------------------------------- layers
-# EncoderLayer keyword -> the model-config field that sets it (EncoderLayer.from_config)
-_CONFIG_FIELDS = {
-    **{k: k for k in ("dropout", "eta", "lambd", "ista_mode", "scale_scores", "tied_output", "tied_beta", "causal")},
-    **{k: k for k in ("eps", "attention", "mlp", "mlp_ratio", "odl_ratio", "gelu", "proj_bias")},
-    "form": "layer_form",
-}
+def _layer_field(default: Any, help: str, **meta: Any) -> Any:
+    return dataclasses.field(default=default, metadata={"help": help, **meta})
+
+
+@dataclasses.dataclass
+class LayerConfig:
+    """The hyperparameters of a CRATE layer (:class:`EncoderLayer`), declared once: the model configs whose layers
+    are CRATE layers (the classifier's ``ModelConfig``, ``MAEConfig``, ``LMConfig``) inherit these fields, their
+    ranges and their choices, and :meth:`EncoderLayer.from_config` reads every one of them (a test checks that the
+    fields and the layer's keywords are the same set).  A family that wants another default redeclares the field
+    with :meth:`default` (CRATE-MAE's λ = 0.5)."""
+
+    dropout: float = _layer_field(0.0, "dropout of the attention and MLP outputs", range=Range(0, 1, hi_open=True))
+    eta: float = _layer_field(0.1, "ISTA step size η (eq. (44))", range=Range(0, lo_open=True))
+    lambd: float = _layer_field(0.1, "ISTA sparsity weight λ (eq. (44))", range=Range(0))
+    ista_mode: str = _layer_field("relu", "the ISTA step: relu | soft | mm | none", choices=ISTA_MODES)
+    layer_form: str = _layer_field(
+        "official", "official (skip from Z) | jmlr (skip from LN(Z), Alg. 4)", choices=LAYER_FORMS
+    )
+    scale_scores: bool = _layer_field(True, "MSSA scores × p^-1/2 (official) or unscaled (eq. (35))")
+    tied_output: bool = _layer_field(False, "MSSA output β[U_1..U_K] (eq. (36)) instead of a trainable W")
+    tied_beta: float = _layer_field(1.0, "β of the tied MSSA output")
+    eps: float = _layer_field(0.1, "ε of the MM step (ista_mode='mm')", range=Range(0, lo_open=True))
+    attention: str = _layer_field("mssa", "mssa | mhsa (standard attention: CRATE-MHSA, Table 17)", choices=ATTENTIONS)
+    mlp: str = _layer_field(
+        "ista", "ista | mlp (CRATE-MLP) | odl (CRATE-α) | ista_overcomplete (the crate-lm release)", choices=MLPS
+    )
+    odl_ratio: int = _layer_field(4, "atoms per dimension of an overcomplete dictionary (m = odl_ratio · dim)")
+    mlp_ratio: float = _layer_field(4.0, "hidden width of the GELU MLP, × dim", range=Range(0, lo_open=True))
+    gelu: str = _layer_field("exact", "the MLP's GELU: exact (erf) | tanh (OpenAI GPT-2)", choices=GELUS)
+    proj_bias: bool | None = _layer_field(None, "a bias on MSSA's output W (eq. (37)); None: yes but with odl")
+
+    @staticmethod
+    def default(name: str, value: Any) -> Any:
+        """The field ``name`` with another default (its help, range and choices kept), for a family's config."""
+        meta = {f.name: f for f in dataclasses.fields(LayerConfig)}[name].metadata
+        return dataclasses.field(default=value, metadata=meta)
+
+    def check_layer(self) -> None:
+        """The combinations a CRATE layer cannot build (one-line ``ValueError``)."""
+        if self.mlp != "ista" and self.ista_mode != "relu":
+            raise ValueError(
+                f"ista_mode={self.ista_mode!r} applies to the ISTA block only, but mlp={self.mlp!r}; "
+                "use mlp=ista or drop ista_mode"
+            )
+        if self.attention == "mhsa" and self.tied_output:
+            raise ValueError("tied_output applies to MSSA only, but attention='mhsa'; use attention=mssa")
+
+
+# LayerConfig field -> the EncoderLayer keyword it sets, where the names differ
+_LAYER_KEYWORDS = {"layer_form": "form"}
 
 
 class EncoderLayer(nn.Module):
@@ -787,11 +847,23 @@ class EncoderLayer(nn.Module):
 
     @classmethod
     def from_config(cls, c: Any, **overrides: Any) -> EncoderLayer:
-        """The layer a model config describes: ``dim``, ``heads``, ``head_dim`` and every keyword above read
-        from the config's field of the same name (``form`` from ``layer_form``) where the config has one;
-        ``overrides`` win.  The classifier, CRATE-MAE, CRATE-α and the language models build their layers so."""
-        kw = {k: getattr(c, f) for k, f in _CONFIG_FIELDS.items() if hasattr(c, f)}
+        """The layer a model config describes: ``dim``, ``heads``, ``head_dim`` and every field of its
+        :class:`LayerConfig` (``form`` from ``layer_form``), all of them; ``overrides`` win (``drop_path``, a language
+        model's ``causal``).  The classifier, CRATE-MAE, CRATE-α and the language models build their layers so."""
+        if not isinstance(c, LayerConfig):
+            raise ValueError(f"{type(c).__name__} has no layer settings; a config of CRATE layers extends LayerConfig")
+        kw = {_LAYER_KEYWORDS.get(f.name, f.name): getattr(c, f.name) for f in dataclasses.fields(LayerConfig)}
         return cls(c.dim, c.heads, c.head_dim, **{**kw, **overrides})
+
+    def output_bias(self) -> Tensor | None:
+        """The bias this layer adds unchanged to every output token, or None: a residual MLP's output bias, or
+        MSSA's output bias when the ISTA block is skipped (``ista_mode="none"``).  CRATE's ISTA and the
+        overcomplete ISTA replace the tokens through a ReLU (eq. (45)) and CRATE-α's ODL has no bias: None."""
+        if self.kind == "mlp":
+            return self.mlp[3].bias
+        if self.kind == "ista" and self.ista.mode == "none" and getattr(self.attn, "proj", None) is not None:
+            return self.attn.proj.bias
+        return None
 
     def forward(
         self,

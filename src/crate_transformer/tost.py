@@ -225,6 +225,12 @@ class ToSTBlock(nn.Module):
         self.gamma2 = nn.Parameter(torch.full((dim,), float(layer_scale)))
         self.drop_path = DropPath(drop_path)
 
+    @property
+    def block(self) -> nn.Module:
+        """The second block, its MLP, under the name every layer gives it
+        (:attr:`~crate_transformer.operators.EncoderLayer.block`)."""
+        return self.mlp
+
     def code_site(self) -> tuple[nn.Module, str]:
         """The MLP's GELU units (what ``crate features`` reads)."""
         return (self.mlp[1], "mlp")
@@ -435,6 +441,19 @@ class ToST(ImageInput, Model):
         if num_classes > 0:
             nn.init.trunc_normal_(self.head.weight, std=0.02)
             nn.init.zeros_(self.head.bias)
+
+    def size_hint(self, state: Mapping[str, Tensor]) -> str:
+        """The sizes of a checkpoint of other sizes, read off its shapes (``"; pass dim=384, depth=12"``)."""
+        c, found = self.config, {}
+        if "cls_token" in state:
+            found["dim"] = state["cls_token"].shape[-1]
+        found["depth"], found["cls_layers"] = _count(state, r"layers\.(\d+)\."), _count(state, r"cls_layers\.(\d+)\.")
+        if "layers.0.attn.temp" in state:
+            found["heads"] = state["layers.0.attn.temp"].shape[0]
+        if "head.weight" in state:
+            found["num_classes"] = state["head.weight"].shape[0]
+        fixes = [f"{k}={v}" for k, v in found.items() if v and getattr(c, k) != v]
+        return f"; pass {', '.join(fixes)}" if fixes else ""
 
     def resize_pos_embed(self, image_size: int) -> None:
         """Train at another image size: the Fourier encoding fits any grid, so only the config changes."""
