@@ -226,6 +226,9 @@ def _tables(root: Path) -> dict[str, Path]:
     (root / "empty.parquet").write_bytes(b"")
     no_rows = {"text": pd.Series([], dtype=str), "label": pd.Series([], dtype=int)}
     pd.DataFrame(no_rows).to_parquet(root / "none.parquet")
+    (root / "header.csv").write_text("text,label\n")
+    (root / "emptylist.json").write_text("[]")
+    (root / "blank.jsonl").write_text("\n\n")
     (root / "bad.jsonl").write_text('{"text": "a", "label": 1}\n{"text": "b", "label": \n{"text": "c", "label": 0}\n')
     return {p.stem: p for p in root.iterdir()}
 
@@ -244,6 +247,9 @@ TEXT_CASES = {  # command, file, extra arguments, what the one line says
     "empty_parquet_table": ("finetune-text", "empty", [], r"empty.parquet is empty \(0 bytes\)"),
     "no_rows": ("finetune-text", "none", [], "none.parquet holds no rows"),
     "no_rows_lm": ("train-lm", "none", [], "none.parquet holds no rows"),
+    "header_only_lm": ("train-lm", "header", ["--text-columns", "text"], "header.csv holds no rows"),
+    "empty_list_lm": ("train-lm", "emptylist", ["--text-columns", "text"], "emptylist.json holds no rows"),
+    "blank_lines_lm": ("train-lm", "blank", ["--text-columns", "text"], "blank.jsonl holds no rows"),
     "malformed_json_table": ("finetune-text", "bad", [], r"bad.jsonl:2:\d+: invalid JSON \(Expecting value\)"),
     "malformed_json_corpus": ("train-lm", "bad", ["--text-columns", "text"], r"bad.jsonl:2:\d+: invalid JSON"),
 }  # fmt: skip
@@ -260,6 +266,23 @@ def test_a_bad_text_table_or_corpus_is_one_line(
     err = one_line_error(capsys, command, *start, "--data", data, *extra, "--threads", 1, "--no-progress",
                          "--max-steps", 1, "--out", out, match=expected, after_output=True)  # fmt: skip
     assert len(err) < 400 and not out.exists(), err
+
+
+@pytest.mark.parametrize(
+    "name, content, expected",
+    [
+        ("header.csv", "image,label\n", "header.csv holds no rows"),
+        ("empty.json", "[]", "empty.json holds no rows"),
+        ("blank.jsonl", "\n \n", r"blank.jsonl holds no rows \(only blank lines\)"),
+    ],
+)
+def test_an_image_data_file_without_rows_is_one_line(
+    name: str, content: str, expected: str, tmp_path: Path, capsys: pytest.CaptureFixture, offline_cache: Path
+) -> None:
+    (tmp_path / name).write_text(content)
+    one_line_error(capsys, "train", "--data", tmp_path / name, "--image-size", 8, "--threads", 1, "--no-progress",
+                   "--out", tmp_path / "r", match=expected, after_output=True)  # fmt: skip
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.parametrize(
