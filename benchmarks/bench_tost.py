@@ -166,13 +166,16 @@ def digits(args: argparse.Namespace) -> None:
     for seed in args.seeds:
         for name in ("tost_mnist", "crate_mnist_p4"):
             extra = {"max_steps": 1, "epochs": 1, "data": "digits"} if args.tiny else {}
+            if args.epochs and not args.tiny:
+                extra = {"epochs": args.epochs, "warmup_epochs": min(2.0, args.epochs / 20)}
             run = str(out / f"{name}_{seed}")
             cfg = TrainConfig(model=name, seed=seed, threads=args.threads, progress=False, out=run, **extra)
             load0, t0 = os.getloadavg()[0], time.perf_counter()
             r = train(cfg)
             rows.append((name, seed, r["test_acc"], r["params"], time.perf_counter() - t0, load0, os.getloadavg()[0]))
             print(f"  {name} seed {seed}: {100 * r['test_acc']:.2f}%", flush=True)
-    print("\nthe bundled digits, crate train's default recipe, one run at a time")
+    recipe = f"{args.epochs} epochs" if args.epochs and not args.tiny else "the default epochs"
+    print(f"\nthe bundled digits, crate train's default recipe with {recipe}, one run at a time")
     print(f"{'model':<15} {'seed':>4} {'test acc %':>10} {'params':>9} {'wall s':>7} {'load':>11}")
     for name, seed, acc, params, wall, l0, l1 in rows:
         print(f"{name:<15} {seed:>4} {100 * acc:>10.2f} {params:>9,} {wall:>7.0f} {l0:>5.1f}->{l1:<5.1f}")
@@ -194,6 +197,9 @@ def main() -> None:
     ap.add_argument("--matrix-limit", type=int, default=MATRIX_LIMIT, help="longest n of mssa-matrix")
     ap.add_argument("--digits", action="store_true", help="also train tost_mnist and crate_mnist_p4 on the digits")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--epochs", type=int, default=0, help="digits: train this many epochs, the warm-up scaled "
+                    "with them (default: crate train's 40, warm-up 2)")  # fmt: skip
+    ap.add_argument("--no-attention", action="store_true", help="skip the attention table (digits only)")
     ap.add_argument("--out", default=None, help="keep the digits runs here (default: a temp dir)")
     ap.add_argument("--probe", nargs=2, metavar=("OP", "N"), help=argparse.SUPPRESS)  # one memory measurement
     args = ap.parse_args()
@@ -205,7 +211,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(f"bench_tost: load average {_load()} (1 / 5 / 15 min), peak RSS of this process "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")  # fmt: skip
-    attention_table(args)
+    if not args.no_attention:
+        attention_table(args)
     if args.digits or args.tiny:
         digits(args)
 
