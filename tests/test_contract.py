@@ -19,6 +19,7 @@ IMG = dict(image_size=16, patch_size=4, in_chans=1, dim=32, depth=2, heads=4)
 FAMILIES = {
     "crate": lambda: ct.create_model("crate_mnist", **IMG, num_classes=5),
     "vit": lambda: ct.create_model("vit_mnist", **IMG, num_classes=5),
+    "crate_alpha": lambda: ct.create_model("crate_alpha_mnist", **IMG, num_classes=5),
     "crate_mae": lambda: ct.create_model("crate_mae_mnist", **IMG),
     "crate_gpt": lambda: ct.create_model("crate_gpt_mini", dim=32, depth=2, heads=4, block_size=8, num_labels=3),
     "gpt": lambda: ct.create_model("gpt_mini", dim=32, depth=2, heads=4, block_size=8),
@@ -58,6 +59,18 @@ def test_every_family_follows_the_contract(family, tmp_path):
     again = type(model).from_pretrained(tmp_path / "m").eval()
     assert again.config == model.config
     torch.testing.assert_close(again.forward_features(x), z, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_layer_names_its_second_block_block(family):
+    """The block after attention (ISTA, MLP, overcomplete ISTA) is ``layer.block`` in every family, and the sparse
+    code the analysis reads (``code_site``) lies in it: no consumer probes ``.ista`` or ``.mlp``."""
+    model = FAMILIES[family]()
+    for layer in model.layers:
+        assert any(layer.block is child for child in layer.children())
+        site, kind = layer.code_site()
+        assert any(site is m for m in layer.block.modules()), (family, kind)
+        assert kind in ("ista", "mlp", "odl", "ista_overcomplete")
 
 
 def test_forward_features_has_one_meaning():

@@ -324,7 +324,8 @@ def test_loss_falls_on_the_built_in_corpus_and_the_run_generates(tmp_path: Path,
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["split"] == "train"]
     final = records[-1]
-    assert train[0]["loss"] > 4.0 and final["loss"] < 3.3  # from ~ln 262 = 5.57 to a real byte model
+    # from the unigram level where the token prior starts it (ln 262 = 5.57 without) to a real byte model
+    assert train[0]["loss"] < 3.6 and final["loss"] < 3.0
     assert final["ppl"] == pytest.approx(math.exp(final["loss"])) and final["tokens"] == 64 * 32  # --eval-blocks 64
     state = load_training_state(run)
     assert state["train_config"]["task"] == "lm" and state["train_config"]["model"] == "crate_gpt_mini"

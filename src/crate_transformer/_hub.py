@@ -243,7 +243,8 @@ def model_card(
         f"A `{config.arch}` model (dim {config.dim}, depth {config.depth}, heads {config.heads}, "
         f"{n_params:,} parameters) saved by the `crate_transformer` package's `push_to_hub`. CRATE is the "
         "white-box transformer of Yu et al. (JMLR 2024), whose layers are unrolled steps on the sparse rate "
-        "reduction objective; the authors' code is https://github.com/Ma-Lab-Berkeley/CRATE.", "",
+        "reduction objective; the authors' code, https://github.com/Ma-Lab-Berkeley/CRATE, is the reference "
+        "the package's layers are checked against.", "",
         "## Use", "", "```python", "import crate_transformer as ct", "",
         f'model = ct.from_pretrained("{HUB_PREFIX}{repo_id}")', "```", "",
         "## Configuration", "", "```json", json.dumps(config.to_dict(), indent=2, default=str), "```", "",

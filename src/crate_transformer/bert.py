@@ -121,6 +121,10 @@ class CRATEBert(LanguageModel):
                 with torch.no_grad():
                     m.weight[m.padding_idx].zero_()
 
+    def _logit_bias(self) -> Tensor:
+        """The masked-LM head's vocabulary bias (what :meth:`init_token_prior` sets)."""
+        return self.lm_head.bias
+
     # ---------------------------------------------------------------- forward
     def embed(self, idx: Tensor, start: int = 0, token_type_ids: Tensor | None = None) -> Tensor:
         """``f_pre``: ``LN(W_E x + W_T t + W_P pos)`` then dropout, positions by :func:`position_ids`."""

@@ -225,6 +225,12 @@ class ToSTBlock(nn.Module):
         self.gamma2 = nn.Parameter(torch.full((dim,), float(layer_scale)))
         self.drop_path = DropPath(drop_path)
 
+    @property
+    def block(self) -> nn.Module:
+        """The second block, its MLP, under the name every layer gives it
+        (:attr:`~crate_transformer.operators.EncoderLayer.block`)."""
+        return self.mlp
+
     def code_site(self) -> tuple[nn.Module, str]:
         """The MLP's GELU units (what ``crate features`` reads)."""
         return (self.mlp[1], "mlp")

@@ -13,6 +13,9 @@ import importlib
 import os
 import shlex
 import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
 
 from .._version import __version__
 
@@ -92,6 +95,24 @@ def error_message(e: BaseException) -> str:
     return e.words(cli_words) if isinstance(e, Worded) else str(e)
 
 
+def option_warnings(command: str) -> Callable[..., None]:
+    """A ``warnings.showwarning`` that writes an :class:`~crate_transformer.errors.OptionWarning` as one line
+    (worded by the current wording: flags inside the CLI), above any progress bar; other warnings as Python shows
+    them."""
+    from ..errors import OptionWarning
+
+    python_way = warnings.showwarning
+
+    def show(message: Warning | str, category: type, filename: str, lineno: int, *rest: Any) -> None:
+        if not isinstance(message, OptionWarning):
+            return python_way(message, category, filename, lineno, *rest)
+        from tqdm import tqdm
+
+        tqdm.write(f"crate {command}: warning: {message}", file=sys.stderr)
+
+    return show
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """argparse's ``(default: X)`` only where it says something: not after a help text that states its default
     already, and not for an option that is unset by default (``None``, an off switch, an empty list)."""
@@ -143,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         from .common import check_argument_ranges
 
         check_argument_ranges(args)  # every numeric option, before the command does anything
-        with wording(cli_words):  # the library's messages, warnings and hints name commands and flags
+        with wording(cli_words), warnings.catch_warnings():  # the library's messages name commands and flags
+            warnings.showwarning = option_warnings(args.command)
             return int(args._run(args) or 0)
     except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
         if os.environ.get("CRATE_DEBUG"):

@@ -29,7 +29,7 @@ _MODEL = ("model", "model_args")
 _IMAGE_DATA = ("data", "data_mode", "workers", "image_size", "val_fraction", "train_subset", "on_bad_image",
                "image_column", "label_column")  # fmt: skip
 _OPTIM = ("optimizer", "momentum", "lr", "min_lr", "weight_decay", "betas", "batch_size", "accum_steps", "epochs",
-          "warmup_epochs", "grad_clip", "max_steps")  # fmt: skip
+          "warmup_epochs", "warmup_fraction", "grad_clip", "max_steps")  # fmt: skip
 _LOGGING = ("out", "checkpoint_every", "log_every", "eval_every", "eval_batch_size", "logger", "tensorboard",
             "progress")  # fmt: skip
 # image pre-training (MAE, DINO) has no labels: no augmentation policy, label smoothing, eval split or R^c hook

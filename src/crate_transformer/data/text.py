@@ -54,6 +54,7 @@ __all__ = [
 BUILTIN_CORPORA = ("python-docs",)
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst", ".py", ".tex", ".html", ".htm", ".json", ".csv", ".tsv", ".xml")
 _CHUNK = 1 << 20  # characters per tokenizer call
+_COUNT_PIECE = 1 << 24  # tokens per bincount of TokenBlocks.token_counts
 
 
 def is_hub_corpus(source: str) -> bool:
@@ -272,6 +273,20 @@ class TokenBlocks:
 
     def steps_per_epoch(self, batch_size: int) -> int:
         return self.train_windows // batch_size
+
+    def token_counts(self, vocab_size: int) -> np.ndarray:
+        """How often each token id occurs in ``tokens[lo:hi]`` (int64, ``(vocab_size,)``), counted in pieces of
+        the memory-mapped file (never read whole)."""
+        counts = np.zeros(vocab_size, dtype=np.int64)
+        for start in range(self.lo, self.hi, _COUNT_PIECE):
+            piece = np.bincount(np.asarray(self.tokens[start : min(start + _COUNT_PIECE, self.hi)]))
+            if len(piece) > vocab_size:
+                raise ValueError(
+                    f"the token file holds id {len(piece) - 1}, outside the vocabulary of {vocab_size}; delete the "
+                    f"token cache ({cache_dir()}) to tokenize the corpus again"
+                )
+            counts[: len(piece)] += piece
+        return counts
 
     def offset(self, seed: int, epoch: int) -> int:
         """The training window grid's shift in epoch ``epoch`` (seeded; 0 in epoch 0)."""

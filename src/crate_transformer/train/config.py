@@ -168,6 +168,12 @@ class OptimOptions(Config):
     )
     epochs: int = option(40, "training epochs", range=POSITIVE)
     warmup_epochs: float = option(2.0, "linear warm-up length in epochs (fractions allowed)", range=Range(0))
+    warmup_fraction: float = option(
+        0.0,
+        "linear warm-up as a share of the run's optimizer steps (0.05: the first twentieth; 0 = `warmup_epochs`); "
+        "setting one of the two warm-ups sets the other to 0",
+        range=Range(0, 1, hi_open=True),
+    )
     label_smoothing: float = option(0.05, "label smoothing of the cross-entropy", range=Range(0, 1, hi_open=True))
     grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)", range=Range(0))
     max_steps: int = option(
@@ -193,6 +199,11 @@ class OptimOptions(Config):
     def validate(self) -> None:
         if self.min_lr > self.lr:
             raise ValueError(f"need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
+        if self.warmup_epochs > 0 and self.warmup_fraction > 0:
+            raise ValueError(
+                f"two warm-ups: warmup_epochs={self.warmup_epochs} and warmup_fraction={self.warmup_fraction}; "
+                "set one of them to 0"
+            )
         if self.betas and len(self.betas) != 2:
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
 
@@ -391,7 +402,18 @@ def nest_options(d: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         valid = sorted({*top, *FLAT, *GROUPS})
         raise ValueError(f"unknown training option(s) {sorted(unknown)}; valid options: {valid}")
-    return _moved_task_options(out)
+    return _one_warmup(_moved_task_options(out))
+
+
+def _one_warmup(out: dict[str, Any]) -> dict[str, Any]:
+    """``out`` with the other warm-up 0 where it sets one of ``warmup_epochs`` / ``warmup_fraction`` and not the
+    other, so a warm-up given replaces the one of the defaults (or of the task, or of a recipe) below it."""
+    optim = out.get("optim")
+    if isinstance(optim, Mapping):
+        given = {"warmup_epochs", "warmup_fraction"} & set(optim)
+        if len(given) == 1:
+            out["optim"] = {**optim, ({"warmup_epochs", "warmup_fraction"} - given).pop(): 0.0}
+    return out
 
 
 def _moved_task_options(out: dict[str, Any]) -> dict[str, Any]:

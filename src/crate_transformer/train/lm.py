@@ -8,6 +8,7 @@ mean cross-entropy per predicted token on the held-out tail of the corpus, and i
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,18 +23,23 @@ from ..config import LANGUAGE_MODEL, Config
 from ..config_utils import Range
 from ..data import to_device
 from ..data.text import TokenBlocks, corpus_files, is_hub_corpus, iter_documents, load_tokens, split_tokens
-from ..errors import Opt, OptionError, See, Step
+from ..errors import Opt, OptionError, OptionWarning, See, Step
 from ..lm import LanguageModel, LMConfig, mask_tokens
 from ..registry import build, model_config
 from ..tokenizer import TOKENIZER_KINDS, Tokenizer
 from .config import TrainConfig
 from .evaluation import require_evaluated
-from .task import RunSummary, Task, TaskResult, task_option
+from .task import Hook, RunSummary, StepContext, Task, TaskResult, task_option
 
-__all__ = ["LMTask", "LMOptions", "build_tokenizer"]
+__all__ = ["LMTask", "LMOptions", "build_tokenizer", "plateau_warning"]
 
 OBJECTIVES = ("clm", "mlm")
 DEFAULT_MODELS = {"clm": "crate_gpt_mini", "mlm": "crate_bert_mini"}
+PRIOR_TOKENS = 2048  # training tokens the head's features are measured on for the token prior
+# the plateau check: after this share of the steps, a held-out loss not below (1 - margin) x the training tokens'
+# unigram entropy means the model still predicts little beyond token frequencies
+PLATEAU_SHARE, PLATEAU_MARGIN = 0.2, 0.05
+PLATEAU_BLOCKS = 128  # held-out windows the check evaluates (at most)
 
 
 @dataclass
@@ -61,6 +67,11 @@ class LMOptions(Config):
         200, "clm: tokens of the sample written to sample.txt at the end (0 = none)",
         range=Range(0, integer=True, note="0 = no sample"),
     )  # fmt: skip
+    token_prior: bool = task_option(
+        True,
+        "a new model starts by predicting the training tokens' frequencies (its head set to their log "
+        "frequencies), so training does not first sit on the unigram plateau; off: the plain initialisation",
+    )
 
 
 def build_tokenizer(spec: str, source: str, vocab_size: int, columns: Sequence[str] = ()) -> Tokenizer:
@@ -70,6 +81,18 @@ def build_tokenizer(spec: str, source: str, vocab_size: int, columns: Sequence[s
         pieces = (piece for doc in iter_documents(source, columns) for piece in doc)
         return Tokenizer.train(spec, pieces, vocab_size)
     return Tokenizer.from_file(spec)
+
+
+def plateau_warning(loss: float, entropy: float, step: int, total: int, token_prior: bool) -> OptionWarning:
+    """The one line saying the held-out ``loss`` after ``step`` of ``total`` steps is still near the unigram
+    ``entropy`` of the training tokens, and what to try."""
+    first = [Opt("token_prior"), " (it is off), "] if not token_prior else []
+    return OptionWarning(
+        f"held-out loss {loss:.3f} per token after {step} of {total} steps ({step / total:.0%}) is not yet "
+        f"{PLATEAU_MARGIN:.0%} below the unigram entropy of the training tokens ({entropy:.3f}): the model predicts "
+        "little beyond token frequencies; try ", *first, "a longer warm-up (", Opt("warmup_fraction"),
+        "), a lower ", Opt("lr"), " or more ", Opt("epochs"),
+    )  # fmt: skip
 
 
 def _check_objective(config: LMConfig, name: str, objective: str) -> None:
@@ -96,11 +119,15 @@ class LMTask(Task):
         "val_fraction": 0.1,
         "epochs": 4,
         "batch_size": 32,
+        # JMLR C.4 (CRATE-GPT): AdamW (0.9, 0.95), weight decay 0.1, linear warm-up then cosine decay; its lr 6e-4
+        # and 2,000 warm-up steps are for batches of 384 x 1,024 tokens over 600,000 steps, and the warm-up is a
+        # share of the run here so that it scales with the run (docs/language-models.md)
         "lr": 3e-3,
         "min_lr": 1e-4,
         "weight_decay": 0.1,
         "betas": [0.9, 0.95],
-        "warmup_epochs": 1.0,  # a quarter epoch made the run depend on the seed (docs/results.md)
+        "warmup_epochs": 0.0,
+        "warmup_fraction": 0.05,
         "eval_batch_size": 64,
     }
 
@@ -136,7 +163,6 @@ class LMTask(Task):
         _check_objective(config, cfg.model or config.arch, o.objective)  # a resumed run as a new one
         model = build(config)
         model.tokenizer = self.tokenizer
-        self.model = model.to(rt.device)
         block = model.config.block_size
         tokens = load_tokens(source, self.tokenizer, cfg.data.text_columns)
         cut = split_tokens(len(tokens), cfg.data.val_fraction, block)
@@ -144,7 +170,22 @@ class LMTask(Task):
         self.train_data = TokenBlocks(tokens, block, 0, cut, name, "train")
         end = min(len(tokens), cut + o.eval_blocks * block + 1) if o.eval_blocks else len(tokens)
         self.eval_data = TokenBlocks(tokens, block, cut, end, name, "held-out")
+        self._unigram(model, start=state is None and o.token_prior)  # on the CPU, before the model moves
+        self.model = model.to(rt.device)
         self.special = torch.tensor(self.tokenizer.special_ids, device=rt.device)
+
+    def _unigram(self, model: LanguageModel, start: bool) -> None:
+        """The training tokens' unigram entropy (``self.unigram_entropy``, the plateau level), from their counts;
+        with ``start`` the new ``model`` is set to predict their frequencies (:meth:`LanguageModel.init_token_prior`,
+        measured on the first :data:`PRIOR_TOKENS` training tokens)."""
+        counts = torch.from_numpy(self.train_data.token_counts(model.config.vocab_size)).double()
+        p = counts[counts > 0] / counts.sum()
+        self.unigram_entropy = float(-(p * p.log()).sum())
+        self.token_prior = False
+        if start:
+            log_prior = torch.log((counts + 0.5) / (counts.sum() + 0.5 * len(counts)))  # add-half: no -inf
+            windows = max(1, min(PRIOR_TOKENS // model.config.block_size, len(self.train_data)))
+            self.token_prior = model.init_token_prior(log_prior, self.train_data.get(torch.arange(windows))[:, :-1])
 
     def _config(self, state: dict | None, source: str) -> LMConfig:
         """The tokenizer (``self.tokenizer``: the checkpoint's or one built for ``source``) and the model's config."""
@@ -201,27 +242,52 @@ class LMTask(Task):
             stats = {"loss": loss_sum.detach(), "acc": ((logits.argmax(-1) == y) & keep).sum().float(), "n": n}
         return loss_sum / n.clamp_min(1), stats
 
-    @torch.no_grad()
     def evaluate(self, split: str) -> dict[str, float]:
         """Held-out loss per predicted token, perplexity and token accuracy (every process its slice, summed)."""
+        return self._evaluate(self.eval_data)
+
+    @torch.no_grad()
+    def _evaluate(self, data: TokenBlocks) -> dict[str, float]:
         model, rt = self.model, self.rt
         was = model.training
         model.eval()
         g = torch.Generator(device=rt.device).manual_seed(1234)  # the same masks at every evaluation (mlm)
         total = torch.zeros(3, dtype=torch.float64, device=rt.device)
         try:
-            for blocks in self.eval_data.batches(
-                self.cfg.logging.eval_batch_size, shuffle=False, rank=rt.rank, world=rt.world
-            ):
+            for blocks in data.batches(self.cfg.logging.eval_batch_size, shuffle=False, rank=rt.rank, world=rt.world):
                 with rt.autocast():
                     _, s = self.loss(model, self._split(blocks, g))
                 total += torch.stack([s["loss"], s["acc"], s["n"]]).double()
         finally:
             model.train(was)
         loss_sum, correct, n = rt.all_reduce(total).tolist()
-        require_evaluated(n, "tokens to predict", self.eval_data)
+        require_evaluated(n, "tokens to predict", data)
         loss = loss_sum / n
         return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "acc": correct / n, "tokens": n}
+
+    # ---------------------------------------------------------------- the plateau check
+    def hooks(self) -> list[Hook]:
+        return [self._plateau_check]
+
+    def _plateau_check(self, ctx: StepContext) -> list[dict] | None:
+        """After :data:`PLATEAU_SHARE` of the steps, the held-out loss (of at most :data:`PLATEAU_BLOCKS` windows)
+        against the unigram entropy; an :class:`~crate_transformer.errors.OptionWarning` when it is not yet
+        :data:`PLATEAU_MARGIN` below it."""
+        total = self.train_data.steps_per_epoch(self.cfg.optim.batch_size) * self.cfg.optim.epochs
+        if ctx.step != max(1, round(PLATEAU_SHARE * total)):
+            return None
+        d = self.eval_data
+        first = TokenBlocks(
+            d.tokens, d.block_size, d.lo, min(d.hi, d.lo + PLATEAU_BLOCKS * d.block_size + 1), d.name, d.split
+        )
+        loss = self._evaluate(first)["loss"]
+        h = self.unigram_entropy
+        on_plateau = loss > (1 - PLATEAU_MARGIN) * h
+        if on_plateau and ctx.is_main:
+            warnings.warn(plateau_warning(loss, h, ctx.step, total, self.options.token_prior), stacklevel=2)
+        return [
+            {"split": "plateau_check", "step": ctx.step, "loss": loss, "unigram_entropy": h, "on_plateau": on_plateau}
+        ]
 
     # ---------------------------------------------------------------- bookkeeping
     def describe(self) -> RunSummary:
@@ -235,6 +301,8 @@ class LMTask(Task):
             "heldout_tokens": self.eval_data.num_tokens,
             "context": c.block_size,
             "parameters": n,
+            "unigram_entropy": round(self.unigram_entropy, 4),
+            "token_prior": self.token_prior,
         }
         return RunSummary(
             model=f"{n:,} params, {c.arch} {o.objective}",

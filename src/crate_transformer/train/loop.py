@@ -431,6 +431,14 @@ def _steps_per_epoch(cfg: TrainConfig, task: Task, rt: Runtime) -> int:
     return steps
 
 
+def warmup_steps(cfg: TrainConfig, steps_per_epoch: int, total: int) -> int:
+    """The linear warm-up's length in optimizer steps: ``warmup_fraction`` of the run's ``total`` steps, else
+    ``warmup_epochs`` epochs."""
+    if cfg.optim.warmup_fraction > 0:
+        return max(1, round(cfg.optim.warmup_fraction * total))
+    return round(cfg.optim.warmup_epochs * steps_per_epoch)
+
+
 class _Optimization:
     """Optimizer (:func:`~crate_transformer.train.optim.build_optimizer`: AdamW, Lion, SGD, LARS or LAMB),
     per-iteration warm-up + cosine schedule, fp16 grad scaler and clipping.
@@ -445,9 +453,7 @@ class _Optimization:
     def __init__(self, model: nn.Module, cfg: TrainConfig, steps_per_epoch: int, total: int, rt: Runtime) -> None:
         groups = param_groups(model, cfg.optim.weight_decay, cfg.optim.layer_decay)
         self.optimizer = build_optimizer(cfg.optim.optimizer, groups, cfg.optim.lr, cfg.optim.betas, cfg.optim.momentum)
-        self.schedule = WarmupCosine(
-            round(cfg.optim.warmup_epochs * steps_per_epoch), total, cfg.optim.min_lr / cfg.optim.lr
-        )
+        self.schedule = WarmupCosine(warmup_steps(cfg, steps_per_epoch, total), total, cfg.optim.min_lr / cfg.optim.lr)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
         self.scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.amp_dtype == torch.float16)
         self.params, self.clip = [p for g in groups for p in g["params"]], cfg.optim.grad_clip
@@ -550,7 +556,8 @@ def _start_run(
         "local_batch": cfg.optim.batch_size // rt.world,
         "accum_steps": cfg.optim.accum_steps,
     }
-    derived.update(steps_per_epoch=steps, total_steps=total, **about.facts, summary=line)
+    derived.update(steps_per_epoch=steps, total_steps=total, warmup_steps=warmup_steps(cfg, steps, total))
+    derived.update(**about.facts, summary=line)
     run.write_yaml(CONFIG_FILE, {**cfg.to_dict(), "model_config": model_cfg, "derived": derived})
     run.start_log(ts.step if resumed else None, cfg.logging.tensorboard, cfg.logging.logger, cfg.flat())
     procs = f" ({rt.world} processes)" if rt.distributed else ""
