@@ -11,6 +11,7 @@ import argparse
 import datetime
 from pathlib import Path
 
+from ..config_utils import NON_NEGATIVE
 from .common import (
     apply_threads,
     check_out_dir,
@@ -116,8 +117,8 @@ def run_features(args: argparse.Namespace) -> int:
 
     for name in ("top_k", "num_images", "num_blocks", "batch_size"):
         positive(name, getattr(args, name))
-    if args.context < 0:
-        raise ValueError(f"--context must be >= 0, got {args.context}")
+    if not NON_NEGATIVE.ok(args.context):
+        raise ValueError(NON_NEGATIVE.message("--context", args.context))
     run = Path(args.run)
     _check_run(run)
     apply_threads(args)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..config_utils import Range
 from ..errors import Opt, OptionError, OptionWarning
 
 __all__ = [
@@ -109,7 +110,7 @@ def resolve_threads(threads: int | str | None) -> int:
     except (TypeError, ValueError):
         n = -1
     if n < 1:
-        raise OptionError(Opt("threads"), f" must be a positive integer or 0 (auto), got {threads!r}")
+        raise OptionError(Opt("threads"), Range(0, integer=True, note="0 = auto").requirement(threads))
     return n
 
 
