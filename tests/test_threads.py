@@ -69,7 +69,7 @@ def test_auto_uses_free_cpus_and_respects_omp_num_threads(monkeypatch: pytest.Mo
     assert th.auto_threads() == 2  # the user's OMP_NUM_THREADS wins over the load
     assert th.resolve_threads(3) == 3 and th.resolve_threads("3") == 3
     for bad in (-1, "abc", "auto"):
-        with pytest.raises(ValueError, match="^threads must be a positive integer or 0"):
+        with pytest.raises(ValueError, match=r"^threads must be a non-negative integer \(0 = auto\)"):
             th.resolve_threads(bad)
 
 
