@@ -127,8 +127,9 @@ def test_no_weight_decay_is_the_models_answer_and_dino_prefixes_its_backbones():
     assert not {"layers.0.attn.qkv.weight", "layers.0.ista.weight", "head.1.weight"} & skip
     assert {"cls_token", "mask_token"} <= FAMILIES["crate_mae"]().no_weight_decay()
     dino = DINOModel(FAMILIES["crate"](), DINOHead(32, 16, hidden_dim=8, bottleneck_dim=4), pool="avg")
-    skip = dino.no_weight_decay()
-    assert {"backbone.pos_embed", "backbone.cls_token"} <= skip  # decayed before: names were matched top-level
+    skip = dino.no_weight_decay()  # DINO's own rule (utils.get_params_groups): biases and vectors only
+    assert not {"backbone.pos_embed", "backbone.cls_token"} & skip
+    assert {"backbone.layers.0.norm1.weight", "backbone.head.1.bias"} <= skip
     assert not any(n.startswith("head.") and n.endswith("weight_v") for n in skip)
 
 
@@ -137,12 +138,15 @@ def test_the_engine_asks_the_model_which_parameters_to_decay():
     from crate_transformer.train.loop import _Optimization
     from crate_transformer.train.runtime import Runtime
 
-    dino = DINOModel(FAMILIES["crate"](), DINOHead(32, 16, hidden_dim=8, bottleneck_dim=4), pool="avg")
-    opt = _Optimization(dino, TrainConfig(weight_decay=0.1), 10, 10, Runtime())
+    clf = FAMILIES["crate"]()
+    opt = _Optimization(clf, TrainConfig(weight_decay=0.1), 10, 10, Runtime())
     no_decay = {id(p) for p in opt.optimizer.param_groups[1]["params"]}
     assert opt.optimizer.param_groups[1]["weight_decay"] == 0.0
-    assert id(dino.backbone.pos_embed) in no_decay and id(dino.backbone.cls_token) in no_decay
-    assert id(dino.backbone.layers[0].ista.weight) not in no_decay
+    assert id(clf.pos_embed) in no_decay and id(clf.cls_token) in no_decay
+    assert id(clf.layers[0].ista.weight) not in no_decay
+    dino = DINOModel(FAMILIES["crate"](), DINOHead(32, 16, hidden_dim=8, bottleneck_dim=4), pool="avg")
+    decayed = _Optimization(dino, TrainConfig(weight_decay=0.1), 10, 10, Runtime()).optimizer.param_groups[0]
+    assert {id(dino.backbone.pos_embed), id(dino.backbone.cls_token)} <= {id(p) for p in decayed["params"]}  # DINO
 
 
 @pytest.mark.parametrize("family", ["crate", "crate_mae", "crate_gpt", "crate_bert", "tost", "tost_lm"])

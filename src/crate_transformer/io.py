@@ -138,12 +138,24 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
     except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if isinstance(e, OSError):
-            err = _write_error(e, path)
-            if err is not e:
+        cause = _os_error_in(e)  # torch's zip writer raises RuntimeError while the disk-full OSError is handled
+        if cause is not None:
+            err = _write_error(cause, path)
+            if err is not cause:
                 raise err from None
         raise
     return path
+
+
+def _os_error_in(e: BaseException) -> OSError | None:
+    """``e`` if it is an OSError, else the first OSError it was raised while handling (or from), if any."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def _new_temp_file(path: Path) -> str:

@@ -687,6 +687,17 @@ def lm_state(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
+def _model_arg(model_args: Mapping[str, Any], arg: str) -> int:
+    """A size in nanoGPT's ``model_args`` as an integer, or a one-line error naming the entry."""
+    value = model_args[arg]
+    if isinstance(value, bool) or not isinstance(value, int) and not (isinstance(value, str) and value.isdigit()):
+        raise ValueError(
+            f"the checkpoint's model_args hold {arg}={str(value)[:40]!r}, not a whole number; the file is damaged or "
+            "was not written by nanoGPT / crate-lm"
+        )
+    return int(value)
+
+
 def lm_checkpoint_fields(raw: object) -> dict[str, Any]:
     """The :class:`LMConfig` values a crate-lm / nanoGPT / GPT-2 file fixes (``OfficialFormat.fields``).
 
@@ -704,13 +715,13 @@ def lm_checkpoint_fields(raw: object) -> dict[str, Any]:
     (vocab, dim), block = state["wte.weight"].shape, state["wpe.weight"].shape[0]
     found: dict[str, Any] = {"vocab_size": vocab, "dim": dim, "block_size": block, "depth": max(layers, default=-1) + 1}
     for arg, name in _NANOGPT_ARGS.items():
-        if model_args.get(arg) is not None and int(model_args[arg]) != found[name]:
+        if model_args.get(arg) is not None and _model_arg(model_args, arg) != found[name]:
             raise ValueError(
                 f"the checkpoint's model_args say {arg}={model_args[arg]} but its tensors have {name}={found[name]}; "
                 "the file is inconsistent"
             )
     if model_args.get("n_head") is not None:
-        found["heads"] = int(model_args["n_head"])
+        found["heads"] = _model_arg(model_args, "n_head")
     else:
         del found["dim"]  # without the head count the name's width and heads apply (a mismatch is a shape error)
     ista = state.get("h.0.ista.weight")

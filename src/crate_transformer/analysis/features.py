@@ -312,6 +312,7 @@ def image_features(
     """Features of an image classifier on ``images`` ((N, C, H, W) in [0, 1]) labelled ``labels`` (N,):
     ``(report, assets)``, the report JSON-ready (per layer: the summary row and every unit's record, purity
     against the image's class), the assets what the dashboard shows (the top images as PNG data URLs)."""
+    from ..data.base import class_count
     from ._common import model_device, normalize_images
 
     if images.dim() != 4 or len(images) != len(labels):
@@ -322,7 +323,10 @@ def image_features(
     st = next(iter(stats.values()))
     y = labels.cpu().numpy().astype(np.int64)
     token_labels = np.repeat(y, st.tokens_per_sample)
-    classes = classes or [str(c) for c in range(int(y.max()) + 1)]
+    if not classes:
+        classes = [str(c) for c in range(class_count(y, "the labels", "pass class indices or name the classes"))]
+    elif (bad := next((int(c) for c in y if not 0 <= c < len(classes)), None)) is not None:
+        raise ValueError(f"label {bad} is not one of the {len(classes)} classes {classes[:5]}; check the labels")
     report = _report(model, stats, ["class"], len(images))
     report["layers"] = _layer_reports(
         stats, {"class": token_labels}, {"class": len(classes)}, {"class": lambda c: classes[c]}, seed

@@ -47,7 +47,7 @@ from torch import Tensor
 from ..config_utils import POSITIVE, Range
 from ..errors import Opt, OptionError, OptionWarning
 from ..spec import CROP_PCT
-from .base import ImageSource, local_batches
+from .base import ImageSource, class_count, local_batches
 from .hub import DATA_FILE_SUFFIXES, is_dataset_name
 from .transforms import BUILTIN_DATASETS, match_channels, resize_tensor
 
@@ -278,7 +278,18 @@ def resolve_source(name_or_path: str | os.PathLike) -> tuple[str, str]:
             return "shards", str(path.resolve())
     if any(p.suffix in (".parquet", ".arrow") for p in (*path.glob("*"), *path.glob("*/*"))):
         return "hf", str(path.resolve())  # Parquet / Arrow files, e.g. a Hub dataset repository downloaded as is
+    if _data_files_without_images(path):
+        return "hf", str(path.resolve())  # train.csv + test.csv, validation/x.jsonl, ...
     return "folder", str(path.resolve())
+
+
+def _data_files_without_images(path: Path) -> bool:
+    """Whether a folder holds CSV/JSON data files (at its top or one level down) and no class subfolders of
+    images: a folder of tables, read as a dataset, not an image folder missing its classes."""
+    if not any(p.suffix.lower() in DATA_FILE_SUFFIXES for p in (*path.glob("*"), *path.glob("*/*"))):
+        return False
+    images = (p for pattern in ("*/*", "*/*/*") for p in path.glob(pattern) if p.suffix.lower() in IMAGE_EXTENSIONS)
+    return next(images, None) is None
 
 
 def _folder_signature(root: str) -> tuple:
@@ -467,7 +478,8 @@ def _cifar_arrays(root: Path, kind: str) -> tuple[list[str], Tensor, Tensor, Ten
         classes = [c.decode() if isinstance(c, bytes) else str(c) for c in names]
         source = f"the {len(classes)} class names in {meta_path}"
     else:  # no meta file: the training labels define the classes
-        n = max((int(y.max()) + 1 for _, _, y in train if y.size), default=0)
+        fix = f"add the archive's {meta_file} (the class names) or re-extract the archive"
+        n = class_count(np.concatenate([y for _, _, y in train]), f"the training files of {root}", fix)
         classes = [str(i) for i in range(n)]
         source = f"the {n} classes of the training files (no {meta_file} in {root})"
     for path, _, y in train + test:
