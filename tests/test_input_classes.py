@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import re
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +113,34 @@ def test_class_count_accepts_dense_labels_and_refuses_sparse_huge_or_negative_on
         class_count([0, 10**30], "x", "fix")
 
 
+def test_a_layer_count_read_from_key_names_is_bounded_by_the_keys(tmp_path: Path) -> None:
+    """Depths an authors' file gives only by its key names: one key numbered 10**9 would build a billion layers
+    before any weight is compared.  Every format that counts blocks by their keys refuses a numbering with gaps."""
+    from crate_transformer.bert import bert_checkpoint_fields
+    from crate_transformer.lm import lm_checkpoint_fields
+    from crate_transformer.official import index_count
+    from crate_transformer.tost import tost_fields
+
+    assert index_count({"h.0.a": 1, "h.1.a": 1, "h.1.b": 1, "x": 1}, r"h\.(\d+)\.") == 2
+    assert index_count({"c.0.w": 1, "c.2.w": 1}, r"c\.(\d+)\.", step=2) == 3  # convolutions between activations
+    with pytest.raises(ValueError, match=r"keys c.N.… number 2 blocks up to index 4, and block 2 is missing"):
+        index_count({"c.0.w": 1, "c.4.w": 1}, r"c\.(\d+)\.", step=2)
+    one = torch.ones(4)
+    lm = {"wte.weight": torch.zeros(8, 4), "wpe.weight": torch.zeros(6, 4), "h.0.ista.weight": torch.eye(4)}
+    cases = [
+        (lm_checkpoint_fields, {"model": {**lm, f"h.{10**9}.ln_1.weight": one}}, "h.N."),
+        (bert_checkpoint_fields, {"crate.encoder.layer.0.x": one, f"crate.encoder.layer.{10**9}.x": one},
+         "crate.encoder.layer.N."),
+        (tost_fields, {"cls_token": one, "blocks.0.attn.temp": one, f"blocks.{10**9}.x": one}, "blocks.N."),
+    ]  # fmt: skip
+    for fields, raw, keys in cases:
+        with pytest.raises(ValueError, match=rf"keys {re.escape(keys)}… number 2 blocks up to index 1,000,000,000"):
+            fields(raw)
+    torch.save({"model": {**lm, f"h.{10**9}.ln_1.weight": one}, "model_args": {"n_head": 2}}, tmp_path / "huge.pt")
+    with pytest.raises(ValueError, match="block 1 is missing; the file is damaged"):  # refused before a model is built
+        ct.from_official(tmp_path / "huge.pt", "crate_gpt_mini")
+
+
 def test_knn_votes_only_over_the_classes_that_occur_and_refuses_k_above_the_training_set() -> None:
     from crate_transformer.probe import knn_sweep, usable_ks
 
@@ -197,6 +226,9 @@ def _tables(root: Path) -> dict[str, Path]:
     (root / "empty.parquet").write_bytes(b"")
     no_rows = {"text": pd.Series([], dtype=str), "label": pd.Series([], dtype=int)}
     pd.DataFrame(no_rows).to_parquet(root / "none.parquet")
+    (root / "header.csv").write_text("text,label\n")
+    (root / "emptylist.json").write_text("[]")
+    (root / "blank.jsonl").write_text("\n\n")
     (root / "bad.jsonl").write_text('{"text": "a", "label": 1}\n{"text": "b", "label": \n{"text": "c", "label": 0}\n')
     return {p.stem: p for p in root.iterdir()}
 
@@ -215,6 +247,9 @@ TEXT_CASES = {  # command, file, extra arguments, what the one line says
     "empty_parquet_table": ("finetune-text", "empty", [], r"empty.parquet is empty \(0 bytes\)"),
     "no_rows": ("finetune-text", "none", [], "none.parquet holds no rows"),
     "no_rows_lm": ("train-lm", "none", [], "none.parquet holds no rows"),
+    "header_only_lm": ("train-lm", "header", ["--text-columns", "text"], "header.csv holds no rows"),
+    "empty_list_lm": ("train-lm", "emptylist", ["--text-columns", "text"], "emptylist.json holds no rows"),
+    "blank_lines_lm": ("train-lm", "blank", ["--text-columns", "text"], "blank.jsonl holds no rows"),
     "malformed_json_table": ("finetune-text", "bad", [], r"bad.jsonl:2:\d+: invalid JSON \(Expecting value\)"),
     "malformed_json_corpus": ("train-lm", "bad", ["--text-columns", "text"], r"bad.jsonl:2:\d+: invalid JSON"),
 }  # fmt: skip
@@ -231,6 +266,23 @@ def test_a_bad_text_table_or_corpus_is_one_line(
     err = one_line_error(capsys, command, *start, "--data", data, *extra, "--threads", 1, "--no-progress",
                          "--max-steps", 1, "--out", out, match=expected, after_output=True)  # fmt: skip
     assert len(err) < 400 and not out.exists(), err
+
+
+@pytest.mark.parametrize(
+    "name, content, expected",
+    [
+        ("header.csv", "image,label\n", "header.csv holds no rows"),
+        ("empty.json", "[]", "empty.json holds no rows"),
+        ("blank.jsonl", "\n \n", r"blank.jsonl holds no rows \(only blank lines\)"),
+    ],
+)
+def test_an_image_data_file_without_rows_is_one_line(
+    name: str, content: str, expected: str, tmp_path: Path, capsys: pytest.CaptureFixture, offline_cache: Path
+) -> None:
+    (tmp_path / name).write_text(content)
+    one_line_error(capsys, "train", "--data", tmp_path / name, "--image-size", 8, "--threads", 1, "--no-progress",
+                   "--out", tmp_path / "r", match=expected, after_output=True)  # fmt: skip
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.parametrize(
@@ -578,3 +630,24 @@ def test_a_run_removed_after_its_run_directory_line_says_so(tmp_path: Path, caps
     assert "Traceback" not in err and f"run directory: {run}" in lines and not run.exists()
     assert lines[-2] == f"removed {run}: the run stopped before its first checkpoint, so it holds nothing"
     assert lines[-1].startswith("crate train: error: cannot read image"), lines[-1]
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", '"crate"', "3", "null"])
+def test_a_config_json_that_is_not_an_object_is_named_not_ignored(content: str, tmp_path: Path) -> None:
+    """An authors' folder's config.json (read for the sizes the tensors do not give) and a save_pretrained folder's:
+    a JSON value that is no object of settings is named, never skipped for the registered sizes."""
+    from crate_transformer.bert import bert_native_to_official
+    from crate_transformer.checkpoint import CheckpointError
+
+    model = ct.create_model("crate_bert_base", dim=32, depth=1, heads=4, vocab_size=50, block_size=18)
+    port = tmp_path / "port"
+    port.mkdir()
+    torch.save(bert_native_to_official(model.state_dict()), port / "pytorch_model.bin")
+    (port / "config.json").write_text(content)
+    kind = {"[": "list", '"': "string", "3": "number", "n": "null"}[content[0]]
+    with pytest.raises(CheckpointError, match=rf"config.json holds a JSON {kind}, not an object of settings by name"):
+        ct.from_official(port, "crate_bert_base")
+    model.save_pretrained(tmp_path / "own")
+    (tmp_path / "own" / "config.json").write_text(content)
+    with pytest.raises(CheckpointError, match=rf"config.json holds a JSON {kind}, not an object"):
+        ct.from_pretrained(tmp_path / "own")

@@ -221,8 +221,7 @@ def _sidecar(folder: Path) -> dict | None:
     """The JSON object of ``folder/config.json`` (a Hugging Face config saved beside the weights), or None."""
     if not (folder / CONFIG_NAME).is_file():
         return None
-    _, data = read_model_json(folder, CONFIG_NAME)
-    return data if isinstance(data, dict) else None
+    return read_model_json(folder, CONFIG_NAME)[1]
 
 
 def _require_unstored(fmt: OfficialFormat, config: Config, name: str, given: Mapping[str, object], source: str) -> None:

@@ -471,6 +471,9 @@ def load_safetensors(path: str | Path, verify: bool = True) -> tuple[dict[str, T
     return tensors, dict(metadata)
 
 
+_JSON_KINDS = {list: "list", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
 def read_model_json(directory: str | Path, name: str) -> tuple[str, Any]:
     """The text and parsed content of ``directory/name`` (``config.json`` or ``tokenizer.json`` of a saved
     model), verified against the :func:`json_sha256` stored in the header of ``directory/model.safetensors``.
@@ -487,6 +490,11 @@ def read_model_json(directory: str | Path, name: str) -> tuple[str, Any]:
         raise CheckpointError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}); the file is corrupt") from None
     except (OSError, UnicodeDecodeError) as e:
         raise CheckpointError(f"cannot read {path} ({e}); the file is corrupt or unreadable") from None
+    if not isinstance(data, dict):  # every model file of this name holds settings by name; a list is no config
+        raise CheckpointError(
+            f"{path} holds a JSON {_JSON_KINDS.get(type(data), type(data).__name__)}, not an object of settings by "
+            f"name as a {name} does; restore the file that came with the model"
+        )
     weights = Path(directory) / WEIGHTS_NAME
     meta = read_safetensors_metadata(weights) if weights.is_file() else {}
     expected = meta.get(digest_key(name))
@@ -530,8 +538,6 @@ def read_config_dict(directory: str | Path) -> dict:
             f"no {CONFIG_NAME} in {directory}; expected a directory written by model.save_pretrained(...)"
         )
     _, data = read_model_json(directory, CONFIG_NAME)  # verified against the checksum beside the weights
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} does not hold a JSON object of model settings; the file is corrupt")
     data.pop("crate_transformer_version", None)
     return data
 

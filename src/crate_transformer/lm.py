@@ -41,7 +41,7 @@ from .config_utils import NON_NEGATIVE, POSITIVE, Range
 from .errors import Opt, TaskError, Use
 from .io import FILE_DIGESTS, TOKENIZER_NAME, CheckpointError, read_model_json
 from .model import ViTBlock
-from .official import HEADS_NOT_STORED, OfficialFormat, rename, unwrap
+from .official import HEADS_NOT_STORED, OfficialFormat, index_count, rename, unwrap
 from .operators import DIM_HEAD, MLP, EncoderLayer, LayerConfig
 from .tokenizer import Tokenizer
 
@@ -711,9 +711,13 @@ def lm_checkpoint_fields(raw: object) -> dict[str, Any]:
     state = lm_state(unwrap(raw))
     if "wte.weight" not in state or "wpe.weight" not in state:
         raise ValueError("not a GPT-style language model: no wte.weight / wpe.weight (token and position tables)")
-    layers = {int(k.split(".")[1]) for k in state if k.startswith("h.") and k.split(".")[1].isdigit()}
     (vocab, dim), block = state["wte.weight"].shape, state["wpe.weight"].shape[0]
-    found: dict[str, Any] = {"vocab_size": vocab, "dim": dim, "block_size": block, "depth": max(layers, default=-1) + 1}
+    found: dict[str, Any] = {
+        "vocab_size": vocab,
+        "dim": dim,
+        "block_size": block,
+        "depth": index_count(state, r"h\.(\d+)\."),
+    }
     for arg, name in _NANOGPT_ARGS.items():
         if model_args.get(arg) is not None and _model_arg(model_args, arg) != found[name]:
             raise ValueError(

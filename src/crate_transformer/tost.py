@@ -34,9 +34,9 @@ every model here has dropout 0 by default); in training the classifier returns i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -51,7 +51,7 @@ from .config import IMAGE_CLASSIFIER, Config
 from .config_utils import Range
 from .lm import EMBED_KEY_MAP, LanguageModel, LMConfig, lm_checkpoint_fields, lm_state
 from .model import NUM_CLASSES, ImageEncoderGeometry, ImageInput, classifier_layer
-from .official import OfficialFormat, rename, unwrap
+from .official import OfficialFormat, index_count, rename, unwrap
 from .operators import DIM_HEAD, MLP, TSSA, DropPath
 from .spec import DataSpec
 
@@ -446,7 +446,9 @@ class ToST(ImageInput, Model):
         c, found = self.config, {}
         if "cls_token" in state:
             found["dim"] = state["cls_token"].shape[-1]
-        found["depth"], found["cls_layers"] = _count(state, r"layers\.(\d+)\."), _count(state, r"cls_layers\.(\d+)\.")
+        with contextlib.suppress(ValueError):  # numbered with gaps: the hint leaves the depth out
+            found["depth"] = index_count(state, r"layers\.(\d+)\.")
+            found["cls_layers"] = index_count(state, r"cls_layers\.(\d+)\.")
         if "layers.0.attn.temp" in state:
             found["heads"] = state["layers.0.attn.temp"].shape[0]
         if "head.weight" in state:
@@ -520,12 +522,6 @@ def _tost_state(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return {k.removeprefix("module."): v for k, v in state.items()}
 
 
-def _count(state: Mapping[str, Tensor], pattern: str) -> int:
-    """How many indices ``{i}`` the keys matching ``pattern`` (a regex with one group) have."""
-    found = {int(m.group(1)) for k in state if (m := re.match(pattern, k))}
-    return max(found, default=-1) + 1
-
-
 def tost_fields(raw: object) -> dict[str, Any]:
     """The :class:`ToSTConfig` values a ``tost_vision`` file fixes (``OfficialFormat.fields``): the sizes from the
     tensors, and the image size from ``args.input_size`` of the container ``main.py`` writes."""
@@ -533,11 +529,11 @@ def tost_fields(raw: object) -> dict[str, Any]:
     if "cls_token" not in state or "blocks.0.attn.temp" not in state:
         raise ValueError("not a ToST classifier: no cls_token / blocks.0.attn.temp")
     dim = state["cls_token"].shape[-1]
-    convs = _count(state, r"patch_embed\.proj\.(\d+)\.0\.weight")
+    convs = index_count(state, r"patch_embed\.proj\.(\d+)\.0\.weight", step=2)
     found: dict[str, Any] = {
         "dim": dim,
-        "depth": _count(state, r"blocks\.(\d+)\."),
-        "cls_layers": _count(state, r"cls_attn_blocks\.(\d+)\."),
+        "depth": index_count(state, r"blocks\.(\d+)\."),
+        "cls_layers": index_count(state, r"cls_attn_blocks\.(\d+)\."),
         "heads": state["blocks.0.attn.temp"].shape[0],
         "patch_size": 2 ** ((convs + 1) // 2),  # convolutions at indices 0, 2, 4, ... with GELUs between
         "in_chans": state["patch_embed.proj.0.0.weight"].shape[1],

@@ -105,6 +105,8 @@ def _check_json(path: Path) -> None:
     import json
 
     text = path.read_text(encoding="utf-8", errors="replace")
+    if not text.strip():
+        raise ValueError(f"{path} holds no rows (only blank lines); write rows into it or remove it")
     try:
         json.loads(text)
         return
@@ -145,17 +147,27 @@ def local_read_errors(text: str, builder: str, files: Sequence[str | Path] = ())
         for f in files:
             if Path(f).suffix.lower() in (".json", ".jsonl"):
                 _check_json(Path(f))
-        raise ValueError(f"{text}: cannot read it as {builder} data ({_root_reason(e)}); fix or re-create it") from None
+        reason = _root_reason(e)
+        # datasets' words for a split of zero rows (a header-only CSV, []), and a stream of them ending at once
+        if "corresponds to no data" in reason or isinstance(_innermost(e), StopIteration):
+            raise ValueError(f"{text} holds no rows; write rows into it or remove it") from None
+        raise ValueError(f"{text}: cannot read it as {builder} data ({reason}); fix or re-create it") from None
     finally:
         log.setLevel(level)
 
 
-def _root_reason(e: BaseException) -> str:
-    """The first line of the innermost exception ``e`` was raised from (the reader's own words), cut short."""
+def _innermost(e: BaseException) -> BaseException:
+    """The innermost exception ``e`` was raised from (or while handling)."""
     seen = set()
     while (e.__cause__ or e.__context__) is not None and id(e) not in seen:
         seen.add(id(e))
         e = e.__cause__ or e.__context__
+    return e
+
+
+def _root_reason(e: BaseException) -> str:
+    """The first line of the innermost exception ``e`` was raised from (the reader's own words), cut short."""
+    e = _innermost(e)
     first = (str(e).strip().splitlines() or [""])[0] or type(e).__name__
     return first if len(first) <= 160 else first[:159] + "…"
 

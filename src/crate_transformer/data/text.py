@@ -135,6 +135,8 @@ def _hub_text(source: str, columns: Sequence[str] = ()) -> tuple[Any, list[str]]
     ds = load_hub_dataset(source, split="train", streaming=True)
     feats = ds.features or {}
     missing = [c for c in columns if c not in feats]
+    if missing and not feats and Path(source).expanduser().is_file():  # [] or {}: nothing to name columns from
+        raise ValueError(f"{source} holds no rows; write rows into it or remove it")
     if missing:
         raise OptionError(
             f"dataset {source!r} has no column(s) {missing} (columns: {list(feats)}); fix ", Opt("text_columns")
