@@ -49,7 +49,7 @@ def test_a_family_from_one_file_trains_analyses_gives_features_and_loads(toy, tm
     assert len(layers) == 2 and all(0 <= row["nonzero"] <= 1 for row in layers)
     # the sparse codes as features: the ISTA outputs the model says it has
     assert crate("features", run, "--top-k", "2", "--num-images", "20", "--threads", "1") == 0
-    features = json.loads((run / "features.json").read_text())
+    features = json.loads((run / "features" / "features.json").read_text())
     assert [layer["layer"] for layer in features["layers"]] == [1, 2]
     assert {layer["summary"]["kind"] for layer in features["layers"]} == {"ista"}
 

@@ -145,7 +145,7 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_names_both_sizes(tmp_path
 
 
 # --------------------------------------------------------------------------- the token cache
-@pytest.mark.parametrize("damage", ["truncated_bin", "invalid_meta", "meta_number"])
+@pytest.mark.parametrize("damage", ["truncated_bin", "invalid_meta", "meta_number", "id_outside_the_vocabulary"])
 def test_a_damaged_token_cache_is_named_and_rebuilt(
     damage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -164,6 +164,10 @@ def test_a_damaged_token_cache_is_named_and_rebuilt(
     meta_path = bin_path.with_suffix(".json")
     if damage == "truncated_bin":
         bin_path.write_bytes(bin_path.read_bytes()[:100])
+    elif damage == "id_outside_the_vocabulary":  # a same-size flip of a high bit: an id no tokenizer gave
+        data = bytearray(bin_path.read_bytes())
+        data[11] ^= 0x80
+        bin_path.write_bytes(bytes(data))
     else:
         meta_path.write_text('{"dtype": "uint16", "tok' if damage == "invalid_meta" else "3")
     with pytest.warns(UserWarning, match=rf"token cache {bin_path} is damaged \(.+\); rebuilding it from {corpus}"):

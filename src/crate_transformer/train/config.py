@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config, check_option
-from ..config_utils import NON_NEGATIVE, POSITIVE, Range, coerce_fields, option
+from ..config_utils import NON_NEGATIVE, POSITIVE, Range, coerce_fields, load_yaml, option
 from ..data import AUGMENTATIONS, DATA_MODES
-from ..errors import Opt, OptionError
+from ..errors import Opt, OptionError, short_repr
 from .optim import OPTIMIZERS
 from .recipes import RECIPES, recipe_options
 from .sharding import STRATEGIES
@@ -397,6 +397,12 @@ def nest_options(d: Mapping[str, Any]) -> dict[str, Any]:
             out[group] = {**_as_mapping(out.get(group)), name: value}
         elif key in top:
             out[key] = value
+        elif key in GROUPS:  # a group's name with a single value: not an unknown option
+            example = dataclasses.fields(GROUPS[key])[0].name
+            raise ValueError(
+                f"{key} is a group of options, not one value (got {short_repr(value)}); write its options under it, "
+                f"e.g. {key}: {{{example}: ...}}, or each option on its own at the top"
+            )
         else:
             unknown.append(key)
     if unknown:
@@ -473,7 +479,7 @@ def read_options_file(path: str | os.PathLike) -> dict:
     if not path.is_file():
         raise ValueError(f"config file not found: {path}; pass a YAML or JSON file of training options")
     try:
-        data = yaml.safe_load(path.read_text()) or {}  # YAML is a superset of JSON
+        data = load_yaml(path.read_text(), str(path)) or {}  # YAML is a superset of JSON
     except yaml.YAMLError as e:
         raise ValueError(f"cannot parse config file {path}: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):
