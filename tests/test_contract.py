@@ -178,7 +178,11 @@ def test_grad_checkpointing_gives_the_same_gradients(family):
         (LMConfig, {"dropout": 1.0}, r"dropout must be a finite number in \[0, 1\)"),
         (LMConfig, {"heads": 0}, r"heads must be a positive integer, got 0"),
         (MAEConfig, {"eta": float("nan")}, r"eta must be a finite number > 0, got nan"),
-        (MAEConfig, {"mask_ratio": float("nan")}, r"mask_ratio must be a finite number, got nan"),
+        (
+            MAEConfig,
+            {"mask_ratio": float("nan")},
+            r"mask_ratio must be a finite number in \(0, 1\), got nan; e.g. mask_ratio=0.75",
+        ),
         (ModelConfig, {"tied_beta": float("-inf")}, r"tied_beta must be a finite number, got -inf"),
         (DINOOptions, {"teacher_temp": float("nan")}, r"teacher_temp must be a finite number > 0, got nan"),
     ],
@@ -200,3 +204,22 @@ def test_config_serialisation_refuses_unknown_keys_and_newer_versions():
     assert math.isclose(c.replace(eta=0.2).eta, 0.2)
     with pytest.raises(ValueError, match="eta must be a finite number > 0"):
         c.replace(eta=-1.0)
+
+
+def test_a_family_takes_its_files_back_through_one_hook():
+    """``attach_files``: what a training state carries beside the weights (a language model's tokenizer.json) goes
+    back through the family's hook; the loaders never set a tokenizer themselves, and a family without files
+    ignores them."""
+    from crate_transformer.io import TOKENIZER_NAME, CheckpointError
+    from crate_transformer.tokenizer import Tokenizer
+
+    text = Tokenizer.byte_level().to_str()
+    lm = ct.create_model("crate_gpt_mini", dim=32, depth=1, heads=4, block_size=8)
+    assert lm.tokenizer is None
+    lm.attach_files({TOKENIZER_NAME: text}, "run/state.pt")
+    assert lm.tokenizer.to_str() == text and lm.extra_files() == {TOKENIZER_NAME: text}
+    with pytest.raises(CheckpointError, match="run/state.pt"):
+        lm.attach_files({TOKENIZER_NAME: "{not json"}, "run/state.pt")
+    clf = FAMILIES["crate"]()
+    clf.attach_files({TOKENIZER_NAME: text}, "x")  # nothing to take: no attribute appears
+    assert not hasattr(clf, "tokenizer") and clf.extra_files() == {}

@@ -26,11 +26,12 @@ from torch import Tensor
 from ._hub import resolve_hub
 from ._registry import ZOO, arch_info, build, config_class, model_config, official_formats, registered_fields
 from .base import Model, apply_overrides, load_backbone, load_folder, load_weights, timm_overrides
-from .config import LANGUAGE_MODEL, Config
+from .config import Config
 from .config_utils import coerce_fields
 from .io import (
     CONFIG_NAME,
     FILE_DIGESTS,
+    TOKENIZER_NAME,
     WEIGHTS_NAME,
     CheckpointError,
     atomic_write,
@@ -61,7 +62,6 @@ from .runfiles import (
     state_model,
     state_tokenizer,
 )
-from .tokenizer import Tokenizer
 
 __all__ = [
     "ArchitectureNeeded",
@@ -383,8 +383,8 @@ def _from_state(
             check_stored_config(config, path, name, overrides)
         model = build(config)
         load_weights(model, exported[1], source=str(path))
-    if model.kind == LANGUAGE_MODEL and state_tokenizer(raw) is not None:  # a language-model state's tokenizer
-        model.tokenizer = Tokenizer.from_str(state_tokenizer(raw))
+    if state_tokenizer(raw) is not None:  # a language-model state's tokenizer: the family takes its files back
+        model.attach_files({TOKENIZER_NAME: state_tokenizer(raw)}, str(path))
     return model
 
 

@@ -283,16 +283,21 @@ class Range:
     def message(self, name: str, value: Any) -> str:
         """``top_p must be a finite number in (0, 1] (1 = off), got 1.5``; ``depth must be a positive integer,
         got 0``."""
+        return name + self.requirement(value)
+
+    def requirement(self, value: Any) -> str:
+        """What follows the name in :meth:`message`, `` must be a positive integer, got 0`` (an ``OptionError``
+        puts the option, ``Opt(name)``, before it, so the command line names the flag)."""
         kind, words = ("an integer" if self.integer else "a finite number"), self.words()
         if self.integer and self.lo == 0 and self.hi is None:
             kind, words = ("a positive integer" if self.lo_open else "a non-negative integer"), ""
         note = f" ({self.note})" if self.note else ""
-        return f"{name} must be {kind}{words}{note}, got {short_repr(value)}"
+        return f" must be {kind}{words}{note}, got {short_repr(value)}"
 
-    def check(self, name: str, value: Any) -> None:
-        """Raise a one-line ``ValueError`` (:meth:`message`) unless :meth:`ok`."""
+    def check(self, name: str, value: Any, fix: str = "") -> None:
+        """Raise a one-line ``ValueError`` (:meth:`message`, then ``; fix`` when given) unless :meth:`ok`."""
         if not self.ok(value):
-            raise ValueError(self.message(name, value))
+            raise ValueError(self.message(name, value) + (f"; {fix}" if fix else ""))
 
 
 POSITIVE = Range(0, lo_open=True, integer=True)  # counts and sizes: 1, 2, ...

@@ -37,12 +37,12 @@ from torch import Tensor, nn
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .base import Model, Trace
 from .config import LANGUAGE_MODEL, Config
-from .config_utils import Range
+from .config_utils import NON_NEGATIVE, POSITIVE, Range
 from .errors import Opt, TaskError, Use
 from .io import FILE_DIGESTS, TOKENIZER_NAME, CheckpointError, read_model_json
 from .model import ViTBlock
 from .official import HEADS_NOT_STORED, OfficialFormat, index_count, rename, unwrap
-from .operators import MLP, EncoderLayer, LayerConfig
+from .operators import DIM_HEAD, MLP, EncoderLayer, LayerConfig
 from .tokenizer import Tokenizer
 
 __all__ = [
@@ -134,10 +134,9 @@ class LMConfig(LayerConfig, Config):
         self.check_positive("vocab_size", "block_size", "dim", "depth", "heads", "odl_ratio", "type_vocab_size")
         if self.arch == "crate_lm":
             self.check_layer()
-        if self.num_labels < 0:
-            raise ValueError(f"num_labels must be >= 0 (0 = no classification head), got {self.num_labels}")
-        if self.dim_head is not None and self.dim_head <= 0:
-            raise ValueError(f"dim_head must be a positive integer or None (= dim // heads), got {self.dim_head!r}")
+        Range(0, integer=True, note="0 = no classification head").check("num_labels", self.num_labels)
+        if self.dim_head is not None:
+            DIM_HEAD.check("dim_head", self.dim_head)
         if self.dim_head is None and self.dim % self.heads:
             raise ValueError(f"dim {self.dim} is not divisible by heads {self.heads}; set dim_head or change heads")
         if self.arch == "gpt" and self.dim % self.heads:
@@ -266,15 +265,21 @@ class LanguageModel(Model):
                     f"no {TOKENIZER_NAME} in {directory}, but the model was saved with one; re-save it"
                 )
             return
-        text, _ = read_model_json(directory, TOKENIZER_NAME)
+        self.attach_files({TOKENIZER_NAME: read_model_json(directory, TOKENIZER_NAME)[0]}, str(path))
+
+    def attach_files(self, files: Mapping[str, str], source: str) -> None:
+        """Attach the tokenizer whose ``tokenizer.json`` text ``files`` holds (a training state's, or the one read
+        by :meth:`load_extra_files`); nothing when it holds none."""
+        if TOKENIZER_NAME not in files:
+            return
         try:
-            tokenizer = Tokenizer.from_str(text, source=str(path))
+            tokenizer = Tokenizer.from_str(files[TOKENIZER_NAME], source=source)
         except ValueError as e:
             raise CheckpointError(str(e)) from None
         try:
             self.tokenizer = tokenizer
         except TaskError as e:  # a vocabulary larger than the embedding (its fix names a task: the CLI words it)
-            raise TaskError(f"{path}: ", *e.parts) from None
+            raise TaskError(f"{source}: ", *e.parts) from None
 
     def size_hint(self, state: Mapping[str, Tensor]) -> str:
         """A checkpoint of another width: the ``dim`` to pass."""
@@ -479,8 +484,7 @@ class LanguageModel(Model):
         c = self.config
         if not c.causal:
             raise ValueError("generation needs a causal (GPT) model; this one is a masked LM (objective mlm)")
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        NON_NEGATIVE.check("max_new_tokens", max_new_tokens)
         self.check_tokens(idx[:, -c.block_size :])
         was_training = self.training
         if was_training:  # a switch drops what the layers keep between forwards (ISTA's step matrix)
@@ -574,8 +578,7 @@ def mask_tokens(
     """BERT masking for eq. (85): choose each non-special token with probability ``prob`` (the set Ω);
     of those, 80 % become ``[MASK]``, 10 % a random token, 10 % stay.  Returns ``(inputs, labels)`` with
     ``labels = -100`` outside Ω (ignored by the cross-entropy)."""
-    if not 0 < prob < 1:
-        raise ValueError(f"the masking probability must be in (0, 1), got {prob}")
+    Range(0, 1, lo_open=True, hi_open=True, note="the share of tokens masked").check("prob", prob)
     dev = idx.device
 
     def uniform() -> Tensor:
@@ -608,8 +611,8 @@ def sample_next(
     ``softmax(logits / T)`` restricted to the ``top_k`` most likely tokens and to the smallest set whose
     probability reaches ``top_p`` (nucleus sampling)."""
     TEMPERATURE.check("temperature", temperature)
-    if top_k is not None and top_k <= 0:
-        raise ValueError(f"top_k must be a positive integer, got {top_k}")
+    if top_k is not None:
+        POSITIVE.check("top_k", top_k)
     if top_p is not None:
         TOP_P.check("top_p", top_p)
     logits = logits.float()

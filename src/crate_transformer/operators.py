@@ -57,6 +57,8 @@ LAYER_FORMS = ("official", "jmlr")
 ATTENTIONS = ("mssa", "mhsa")  # the layer's first block: CRATE's MSSA | standard attention (Table 17)
 # the second block: CRATE's ISTA | GELU MLP (Table 17) | CRATE-α's ODL | the crate-lm overcomplete ISTA
 MLPS = ("ista", "mlp", "odl", "ista_overcomplete")
+# a head's width p where a config may give it (dim_head); None there means dim // heads
+DIM_HEAD = Range(0, lo_open=True, integer=True, note="or None = dim // heads")
 GELUS = ("exact", "tanh")  # the MLP's GELU: erf (nanoGPT, timm) | tanh approximation (OpenAI / HF GPT-2)
 
 
@@ -647,8 +649,7 @@ class DropPath(nn.Module):
 
     def __init__(self, p: float = 0.0) -> None:
         super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"drop path rate must be in [0, 1), got {p}")
+        Range(0, 1, hi_open=True, note="the drop path rate").check("p", p)
         self.p = float(p)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -50,9 +50,9 @@ from .base import Model, Trace
 from .config import IMAGE_CLASSIFIER, Config
 from .config_utils import Range
 from .lm import EMBED_KEY_MAP, LanguageModel, LMConfig, lm_checkpoint_fields, lm_state
-from .model import ImageEncoderGeometry, ImageInput, classifier_layer
+from .model import NUM_CLASSES, ImageEncoderGeometry, ImageInput, classifier_layer
 from .official import OfficialFormat, index_count, rename, unwrap
-from .operators import MLP, TSSA, DropPath
+from .operators import DIM_HEAD, MLP, TSSA, DropPath
 from .spec import DataSpec
 
 __all__ = [
@@ -125,8 +125,7 @@ class ToSTConfig(ImageEncoderGeometry, Config):
 
     def validate(self) -> None:
         self.check_geometry(positive=("cls_layers",))
-        if self.num_classes < 0:
-            raise ValueError(f"num_classes must be >= 0 (0: no classifier), got {self.num_classes}")
+        NUM_CLASSES.check("num_classes", self.num_classes)
         self.check_data()
         p = self.patch_size
         if p < 2 or p & (p - 1):
@@ -173,8 +172,8 @@ class ToSTLMConfig(LMConfig):
                 f"a ToST language model is a causal GPT with learned positions and a final LayerNorm, not "
                 f"{', '.join(wrong)}; drop those overrides"
             )
-        if self.dim_head is not None and self.dim_head <= 0:
-            raise ValueError(f"dim_head must be a positive integer or None (= dim // heads), got {self.dim_head!r}")
+        if self.dim_head is not None:
+            DIM_HEAD.check("dim_head", self.dim_head)
         if self.dim_head is None and self.dim % self.heads:
             raise ValueError(f"dim {self.dim} is not divisible by heads {self.heads}; set dim_head or change heads")
         if int(self.dim * self.mlp_ratio) < 1:

@@ -40,6 +40,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..config_utils import POSITIVE
+
 __all__ = [
     "ALWAYS_ON",
     "UnitStats",
@@ -143,8 +145,7 @@ def collect(
 ) -> dict[int, UnitStats]:
     """One streaming pass over ``batches`` (model inputs, in evaluation-set order) → ``{layer: UnitStats}``
     (0-based layers, default all), codes read by forward hooks during ``model.forward_features``."""
-    if k < 1:
-        raise ValueError(f"k (top-activating inputs per unit) must be >= 1, got {k}")
+    POSITIVE.check("k", k, "k counts the top-activating inputs kept per unit")
     sites = code_sites(model)
     chosen = sorted(set(range(len(sites)) if layers is None else layers))
     skip = prefix_tokens(model)

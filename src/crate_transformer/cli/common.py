@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config_utils import Range, load_yaml
+from ..config_utils import POSITIVE, Range, load_yaml
 
 __all__ = [
     "parse_model_args",
@@ -116,8 +116,8 @@ def refuse_given(args: argparse.Namespace, names: Sequence[str], why: str) -> No
 def positive(name: str, value: int | None, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
-    if value is None or value < 1:
-        raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    if value is None or not POSITIVE.ok(value):
+        raise ValueError(POSITIVE.message(f"--{name.replace('_', '-')}", value))
 
 
 def check_out_dir(path: str | Path) -> Path:

@@ -11,6 +11,7 @@ import argparse
 import datetime
 from pathlib import Path
 
+from ..config_utils import NON_NEGATIVE
 from .common import (
     add_report_arguments,
     apply_threads,
@@ -123,8 +124,8 @@ def run_features(args: argparse.Namespace) -> int:
 
     for name in ("top_k", "num_images", "num_blocks", "batch_size"):
         positive(name, getattr(args, name))
-    if args.context < 0:
-        raise ValueError(f"--context must be >= 0, got {args.context}")
+    if not NON_NEGATIVE.ok(args.context):
+        raise ValueError(NON_NEGATIVE.message("--context", args.context))
     run = Path(args.run)  # hf-hub:ORG/NAME is no folder: report_home names one
     _check_run(run)
     apply_threads(args)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from ..config_utils import Range
 from ..errors import Opt, OptionError, OptionWarning
 
 __all__ = [
@@ -122,7 +123,7 @@ def resolve_threads(threads: int | str | None) -> int:
     except (TypeError, ValueError):
         n = -1
     if n < 1:
-        raise OptionError(Opt("threads"), f" must be a positive integer or 0 (auto), got {threads!r}")
+        raise OptionError(Opt("threads"), Range(0, integer=True, note="0 = auto").requirement(threads))
     if n > (usable := usable_cpus(_affinity(), cgroup_cpu_quota())):
         warnings.warn(
             OptionWarning(
