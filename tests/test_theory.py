@@ -66,6 +66,15 @@ def test_cli_runs_one_experiment_and_rejects_bad_arguments(tmp_path, capsys):
     assert main(["theory", "ista", "--seed", "-1", "--out", str(tmp_path)]) == 2
     (tmp_path / "afile").write_text("x")
     assert main(["theory", "tweedie", "--quick", "--no-progress", "--out", str(tmp_path / "afile")]) == 2
+    # an earlier result is never replaced without asking
+    before = (tmp_path / "tweedie.json").read_text()
+    capsys.readouterr()
+    assert main(["theory", "tweedie", "--quick", "--no-progress", "--seed", "1", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "tweedie.png holds the result of an earlier crate theory run; pass --overwrite" in err, err
+    assert (tmp_path / "tweedie.json").read_text() == before
+    argv = ["theory", "tweedie", "--quick", "--no-progress", "--seed", "1", "--out", str(tmp_path), "--overwrite"]
+    assert main(argv) == 0 and json.loads((tmp_path / "tweedie.json").read_text())["config"]["seed"] == 1
 
 
 @pytest.mark.parametrize(

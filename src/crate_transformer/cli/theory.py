@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 
 def configure_theory(parser: argparse.ArgumentParser) -> None:
@@ -14,6 +15,9 @@ def configure_theory(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed of the synthetic data")
     parser.add_argument("--quick", action="store_true", help="reduced sizes (a few seconds in all)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace the figure and JSON of an earlier run in --out"
+    )
 
 
 def run_theory(args: argparse.Namespace) -> int:
@@ -24,6 +28,13 @@ def run_theory(args: argparse.Namespace) -> int:
     for name in names:
         if name not in EXPERIMENTS:
             raise ValueError(f"unknown experiment {name!r}; choose one of: all, {', '.join(EXPERIMENTS)}")
+    earlier = [p for name in names for p in (Path(args.out) / f"{name}.png", Path(args.out) / f"{name}.json")]
+    earlier = [p for p in earlier if p.exists()]
+    if earlier and not args.overwrite:  # outputs are never replaced without asking
+        raise ValueError(
+            f"{earlier[0]} holds the result of an earlier crate theory run; pass --overwrite to replace it, or "
+            "--out another folder"
+        )
     start = time.perf_counter()
     for name in names:
         rep = run_experiment(name, args.out, seed=args.seed, quick=args.quick, progress_bar=not args.no_progress)
