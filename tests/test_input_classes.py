@@ -351,6 +351,21 @@ def test_a_folder_of_csv_tables_is_a_dataset_not_an_image_folder_without_classes
     assert resolve_source(folder)[0] == "folder"
 
 
+def test_an_image_table_naming_its_label_column_twice_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture, offline_cache: Path
+) -> None:
+    """pandas reads the second ``label`` as ``label.1``; before, one of the two label columns was used silently."""
+    for i in range(10):
+        (tmp_path / f"{i}.png").write_bytes(_png(40 * (i % 5)))
+    table = tmp_path / "images.csv"
+    rows = "".join(f"{tmp_path / f'{i}.png'},{i % 2},{1 - i % 2}\n" for i in range(10))
+    table.write_text("image,label,label\n" + rows)
+    one_line_error(capsys, "train", "--data", table, "--image-size", 8, "--threads", 1, "--no-progress",
+                   "--out", tmp_path / "r", match=r"names the column 'label' twice \(the second read as 'label.1'\)",
+                   after_output=True)  # fmt: skip
+    assert not (tmp_path / "r").exists()
+
+
 @pytest.mark.parametrize(
     "text, expected",
     [

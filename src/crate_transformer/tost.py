@@ -34,7 +34,6 @@ every model here has dropout 0 by default); in training the classifier returns i
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from collections.abc import Mapping
@@ -446,9 +445,11 @@ class ToST(ImageInput, Model):
         c, found = self.config, {}
         if "cls_token" in state:
             found["dim"] = state["cls_token"].shape[-1]
-        with contextlib.suppress(ValueError):  # numbered with gaps: the hint leaves the depth out
+        try:
             found["depth"] = index_count(state, r"layers\.(\d+)\.")
             found["cls_layers"] = index_count(state, r"cls_layers\.(\d+)\.")
+        except ValueError:  # numbered with gaps: the hint leaves the depth out
+            pass
         if "layers.0.attn.temp" in state:
             found["heads"] = state["layers.0.attn.temp"].shape[0]
         if "head.weight" in state:
