@@ -11,12 +11,12 @@ gradient, at n = 256 … 16,384 tokens:
   (measured up to 4,096 tokens: at 8,192 its K·n² scores alone take 2 GiB);
 * ``softmax`` — standard attention with separate Q, K, V (:class:`~crate_transformer.operators.MHSA`, SDPA).
 
-Tokens/s is the median of ``--repeats`` forwards, the operators interleaved within each repeat (a load spike hits
-all of them).  Memory is the peak resident-set growth of one forward in a fresh process (Linux's ``VmHWM`` after it,
-reset just before, minus the resident size before it, the operator and its input already allocated), so allocator
-caches of other sizes do not blur it.  The log-log slope of time and memory against n is fitted over n ≥ 1,024
-(below, the n-independent projections dominate), and the table gives each operator's time and memory relative to
-TSSA at every n.
+Tokens/s is the median of ``--repeats`` forwards, every operator at every length once in each repeat (load that
+drifts during the run hits all of them and all lengths alike).  Memory is the peak resident-set growth of one
+forward in a fresh process (Linux's ``VmHWM`` after it, reset just before, minus the resident size before it, the
+operator and its input already allocated), so allocator caches of other sizes do not blur it.  The log-log slope
+of time and memory against n is fitted over n ≥ 1,024 (below, the n-independent projections dominate), and the
+table gives each operator's time and memory relative to TSSA at every n.
 
 **Digits.**  ``--digits`` trains ``tost_mnist`` and ``crate_mnist_p4`` with the same recipe (``crate train``'s
 defaults: the 4,000 / 1,000 bundled MNIST digits at 24 px), one at a time, for each seed, and prints test accuracy,
@@ -102,21 +102,23 @@ def _probe(op: str, n: int, dim: int, heads: int) -> float:
     return (_status_kib("VmHWM") - base) / 1024
 
 
-def time_ops(ops: list[str], n: int, dim: int, heads: int, repeats: int) -> dict[str, float]:
-    """Median seconds per forward of each operator, interleaved repeats."""
+def time_ops(pairs: list[tuple[str, int]], dim: int, heads: int, repeats: int) -> dict[tuple[str, int], float]:
+    """Median seconds per forward of each (operator, n), every pair once per repeat: load drifting during the run
+    hits every length alike, so it does not bend the slopes."""
     torch.manual_seed(0)
-    modules = {op: build(op, dim, heads) for op in ops}
-    x = torch.randn(1, n, dim)
-    times: dict[str, list[float]] = {op: [] for op in ops}
+    modules = {op: build(op, dim, heads) for op in dict.fromkeys(op for op, _ in pairs)}
+    xs = {n: torch.randn(1, n, dim) for n in dict.fromkeys(n for _, n in pairs)}
+    times: dict[tuple[str, int], list[float]] = {pair: [] for pair in pairs}
     with torch.no_grad():
-        for op in ops:  # warm-up
-            forward(op, modules[op], x)
-        for _ in range(repeats):
-            for op in ops:
+        for op, n in pairs:  # warm-up
+            forward(op, modules[op], xs[n])
+        for r in range(repeats):
+            for op, n in pairs:
                 t0 = time.perf_counter()
-                forward(op, modules[op], x)
-                times[op].append(time.perf_counter() - t0)
-    return {op: statistics.median(v) for op, v in times.items()}
+                forward(op, modules[op], xs[n])
+                times[op, n].append(time.perf_counter() - t0)
+            print(f"  timing repeat {r + 1}/{repeats} done (load {_load()})", flush=True)
+    return {pair: statistics.median(v) for pair, v in times.items()}
 
 
 def slope(ns: list[int], values: list[float], start: int) -> float:
@@ -129,13 +131,13 @@ def slope(ns: list[int], values: list[float], start: int) -> float:
 
 
 def attention_table(args: argparse.Namespace) -> None:
+    pairs = [(op, n) for op in OPS for n in args.lengths if op != "mssa-matrix" or n <= args.matrix_limit]
+    mib = {(op, n): peak_memory(op, n, args.dim, args.heads, args.threads) for op, n in pairs}
+    print(f"  memory measured (load {_load()})", flush=True)
+    secs = time_ops(pairs, args.dim, args.heads, args.repeats)
     rows: dict[str, dict[int, tuple[float, float]]] = {op: {} for op in OPS}
-    for n in args.lengths:
-        ops = [op for op in OPS if op != "mssa-matrix" or n <= args.matrix_limit]
-        secs = time_ops(ops, n, args.dim, args.heads, args.repeats)
-        for op in ops:
-            rows[op][n] = (secs[op], peak_memory(op, n, args.dim, args.heads, args.threads))
-        print(f"  n = {n:>6,}: measured (load {_load()})", flush=True)
+    for op, n in pairs:
+        rows[op][n] = (secs[op, n], mib[op, n])
     threads = torch.get_num_threads()
     print(f"\nattention of width {args.dim}, {args.heads} heads, batch 1, no grad, {threads} thread(s), "
           f"torch {torch.__version__}; load average {_load()} (1 / 5 / 15 min)")  # fmt: skip
@@ -166,13 +168,16 @@ def digits(args: argparse.Namespace) -> None:
     for seed in args.seeds:
         for name in ("tost_mnist", "crate_mnist_p4"):
             extra = {"max_steps": 1, "epochs": 1, "data": "digits"} if args.tiny else {}
+            if args.epochs and not args.tiny:
+                extra = {"epochs": args.epochs, "warmup_epochs": min(2.0, args.epochs / 20)}
             run = str(out / f"{name}_{seed}")
             cfg = TrainConfig(model=name, seed=seed, threads=args.threads, progress=False, out=run, **extra)
             load0, t0 = os.getloadavg()[0], time.perf_counter()
             r = train(cfg)
             rows.append((name, seed, r["test_acc"], r["params"], time.perf_counter() - t0, load0, os.getloadavg()[0]))
             print(f"  {name} seed {seed}: {100 * r['test_acc']:.2f}%", flush=True)
-    print("\nthe bundled digits, crate train's default recipe, one run at a time")
+    recipe = f"{args.epochs} epochs" if args.epochs and not args.tiny else "the default epochs"
+    print(f"\nthe bundled digits, crate train's default recipe with {recipe}, one run at a time")
     print(f"{'model':<15} {'seed':>4} {'test acc %':>10} {'params':>9} {'wall s':>7} {'load':>11}")
     for name, seed, acc, params, wall, l0, l1 in rows:
         print(f"{name:<15} {seed:>4} {100 * acc:>10.2f} {params:>9,} {wall:>7.0f} {l0:>5.1f}->{l1:<5.1f}")
@@ -194,6 +199,9 @@ def main() -> None:
     ap.add_argument("--matrix-limit", type=int, default=MATRIX_LIMIT, help="longest n of mssa-matrix")
     ap.add_argument("--digits", action="store_true", help="also train tost_mnist and crate_mnist_p4 on the digits")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--epochs", type=int, default=0, help="digits: train this many epochs, the warm-up scaled "
+                    "with them (default: crate train's 40, warm-up 2)")  # fmt: skip
+    ap.add_argument("--no-attention", action="store_true", help="skip the attention table (digits only)")
     ap.add_argument("--out", default=None, help="keep the digits runs here (default: a temp dir)")
     ap.add_argument("--probe", nargs=2, metavar=("OP", "N"), help=argparse.SUPPRESS)  # one memory measurement
     args = ap.parse_args()
@@ -205,7 +213,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(f"bench_tost: load average {_load()} (1 / 5 / 15 min), peak RSS of this process "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")  # fmt: skip
-    attention_table(args)
+    if not args.no_attention:
+        attention_table(args)
     if args.digits or args.tiny:
         digits(args)
 

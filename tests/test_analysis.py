@@ -498,7 +498,7 @@ def test_image_folder_keeps_the_aspect_ratio_and_crops_the_centre(tmp_path):
     assert imgs.shape == (1, 1, 10, 10) and imgs.min() > 0.8  # (antialiasing greys the edge columns a little)
     imgs, _ = load_image_folder(tmp_path / "f", 10, 1, crop_pct=0.5)  # shorter side 20: no resize, centre 10x10
     np.testing.assert_array_equal((imgs[0, 0] * 255).round().numpy(), a[5:15, 15:25])
-    with pytest.raises(ValueError, match="crop_pct must be in"):
+    with pytest.raises(ValueError, match=r"crop_pct must be a finite number in \(0, 1\]"):
         load_image_folder(tmp_path / "f", 10, 1, crop_pct=1.5)
 
 

@@ -62,7 +62,7 @@ def test_reset_classifier_0_is_a_headless_model_of_num_features(name: str, tmp_p
         torch.testing.assert_close(back(x), out)
     headless = ct.create_model(name, depth=2, num_classes=0)
     assert headless.config.num_classes == 0 and headless(x).shape == (2, model.num_features)
-    with pytest.raises(ValueError, match="num_classes must be >= 0"):
+    with pytest.raises(ValueError, match="num_classes must be a non-negative integer"):
         ct.create_model(name, num_classes=-1)
 
 
@@ -225,7 +225,7 @@ def test_the_training_datas_statistics_come_before_everything(tmp_path) -> None:
     over = ct.resolve_data_config(model, img_size=16, crop_pct=1.0, interpolation="bicubic")
     assert (over["input_size"], over["crop_pct"], over["interpolation"]) == ((1, 16, 16), 1.0, "bicubic")
     for bad, match in (({"crop": 1}, "unknown data config key"), ({"interpolation": "nearest"}, "unknown interp"),
-                       ({"crop_pct": 1.5}, r"crop_pct must be in \(0, 1\]")):  # fmt: skip
+                       ({"crop_pct": 1.5}, r"crop_pct must be a finite number in \(0, 1\]")):  # fmt: skip
         with pytest.raises(ValueError, match=match):
             ct.resolve_data_config(model, **bad)
 

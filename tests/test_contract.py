@@ -19,6 +19,7 @@ IMG = dict(image_size=16, patch_size=4, in_chans=1, dim=32, depth=2, heads=4)
 FAMILIES = {
     "crate": lambda: ct.create_model("crate_mnist", **IMG, num_classes=5),
     "vit": lambda: ct.create_model("vit_mnist", **IMG, num_classes=5),
+    "crate_alpha": lambda: ct.create_model("crate_alpha_mnist", **IMG, num_classes=5),
     "crate_mae": lambda: ct.create_model("crate_mae_mnist", **IMG),
     "crate_gpt": lambda: ct.create_model("crate_gpt_mini", dim=32, depth=2, heads=4, block_size=8, num_labels=3),
     "gpt": lambda: ct.create_model("gpt_mini", dim=32, depth=2, heads=4, block_size=8),
@@ -58,6 +59,18 @@ def test_every_family_follows_the_contract(family, tmp_path):
     again = type(model).from_pretrained(tmp_path / "m").eval()
     assert again.config == model.config
     torch.testing.assert_close(again.forward_features(x), z, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_layer_names_its_second_block_block(family):
+    """The block after attention (ISTA, MLP, overcomplete ISTA) is ``layer.block`` in every family, and the sparse
+    code the analysis reads (``code_site``) lies in it: no consumer probes ``.ista`` or ``.mlp``."""
+    model = FAMILIES[family]()
+    for layer in model.layers:
+        assert any(layer.block is child for child in layer.children())
+        site, kind = layer.code_site()
+        assert any(site is m for m in layer.block.modules()), (family, kind)
+        assert kind in ("ista", "mlp", "odl", "ista_overcomplete")
 
 
 def test_forward_features_has_one_meaning():
@@ -114,8 +127,9 @@ def test_no_weight_decay_is_the_models_answer_and_dino_prefixes_its_backbones():
     assert not {"layers.0.attn.qkv.weight", "layers.0.ista.weight", "head.1.weight"} & skip
     assert {"cls_token", "mask_token"} <= FAMILIES["crate_mae"]().no_weight_decay()
     dino = DINOModel(FAMILIES["crate"](), DINOHead(32, 16, hidden_dim=8, bottleneck_dim=4), pool="avg")
-    skip = dino.no_weight_decay()
-    assert {"backbone.pos_embed", "backbone.cls_token"} <= skip  # decayed before: names were matched top-level
+    skip = dino.no_weight_decay()  # DINO's own rule (utils.get_params_groups): biases and vectors only
+    assert not {"backbone.pos_embed", "backbone.cls_token"} & skip
+    assert {"backbone.layers.0.norm1.weight", "backbone.head.1.bias"} <= skip
     assert not any(n.startswith("head.") and n.endswith("weight_v") for n in skip)
 
 
@@ -124,12 +138,15 @@ def test_the_engine_asks_the_model_which_parameters_to_decay():
     from crate_transformer.train.loop import _Optimization
     from crate_transformer.train.runtime import Runtime
 
-    dino = DINOModel(FAMILIES["crate"](), DINOHead(32, 16, hidden_dim=8, bottleneck_dim=4), pool="avg")
-    opt = _Optimization(dino, TrainConfig(weight_decay=0.1), 10, 10, Runtime())
+    clf = FAMILIES["crate"]()
+    opt = _Optimization(clf, TrainConfig(weight_decay=0.1), 10, 10, Runtime())
     no_decay = {id(p) for p in opt.optimizer.param_groups[1]["params"]}
     assert opt.optimizer.param_groups[1]["weight_decay"] == 0.0
-    assert id(dino.backbone.pos_embed) in no_decay and id(dino.backbone.cls_token) in no_decay
-    assert id(dino.backbone.layers[0].ista.weight) not in no_decay
+    assert id(clf.pos_embed) in no_decay and id(clf.cls_token) in no_decay
+    assert id(clf.layers[0].ista.weight) not in no_decay
+    dino = DINOModel(FAMILIES["crate"](), DINOHead(32, 16, hidden_dim=8, bottleneck_dim=4), pool="avg")
+    decayed = _Optimization(dino, TrainConfig(weight_decay=0.1), 10, 10, Runtime()).optimizer.param_groups[0]
+    assert {id(dino.backbone.pos_embed), id(dino.backbone.cls_token)} <= {id(p) for p in decayed["params"]}  # DINO
 
 
 @pytest.mark.parametrize("family", ["crate", "crate_mae", "crate_gpt", "crate_bert", "tost", "tost_lm"])
@@ -161,7 +178,11 @@ def test_grad_checkpointing_gives_the_same_gradients(family):
         (LMConfig, {"dropout": 1.0}, r"dropout must be a finite number in \[0, 1\)"),
         (LMConfig, {"heads": 0}, r"heads must be a positive integer, got 0"),
         (MAEConfig, {"eta": float("nan")}, r"eta must be a finite number > 0, got nan"),
-        (MAEConfig, {"mask_ratio": float("nan")}, r"mask_ratio must be a finite number, got nan"),
+        (
+            MAEConfig,
+            {"mask_ratio": float("nan")},
+            r"mask_ratio must be a finite number in \(0, 1\), got nan; e.g. mask_ratio=0.75",
+        ),
         (ModelConfig, {"tied_beta": float("-inf")}, r"tied_beta must be a finite number, got -inf"),
         (DINOOptions, {"teacher_temp": float("nan")}, r"teacher_temp must be a finite number > 0, got nan"),
     ],
@@ -183,3 +204,22 @@ def test_config_serialisation_refuses_unknown_keys_and_newer_versions():
     assert math.isclose(c.replace(eta=0.2).eta, 0.2)
     with pytest.raises(ValueError, match="eta must be a finite number > 0"):
         c.replace(eta=-1.0)
+
+
+def test_a_family_takes_its_files_back_through_one_hook():
+    """``attach_files``: what a training state carries beside the weights (a language model's tokenizer.json) goes
+    back through the family's hook; the loaders never set a tokenizer themselves, and a family without files
+    ignores them."""
+    from crate_transformer.io import TOKENIZER_NAME, CheckpointError
+    from crate_transformer.tokenizer import Tokenizer
+
+    text = Tokenizer.byte_level().to_str()
+    lm = ct.create_model("crate_gpt_mini", dim=32, depth=1, heads=4, block_size=8)
+    assert lm.tokenizer is None
+    lm.attach_files({TOKENIZER_NAME: text}, "run/state.pt")
+    assert lm.tokenizer.to_str() == text and lm.extra_files() == {TOKENIZER_NAME: text}
+    with pytest.raises(CheckpointError, match="run/state.pt"):
+        lm.attach_files({TOKENIZER_NAME: "{not json"}, "run/state.pt")
+    clf = FAMILIES["crate"]()
+    clf.attach_files({TOKENIZER_NAME: text}, "x")  # nothing to take: no attribute appears
+    assert not hasattr(clf, "tokenizer") and clf.extra_files() == {}

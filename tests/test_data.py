@@ -159,7 +159,7 @@ def test_folder_errors(tmp_path: Path, image_folder: Path) -> None:
         ({"split": "dev"}, "unknown split"),
         ({"split": "val"}, "pass val_fraction=0.1"),
         ({"on_bad_image": "ignore"}, "on_bad_image must be"),
-        ({"val_fraction": 1.0}, r"val_fraction must be in \[0, 1\)"),
+        ({"val_fraction": 1.0}, r"val_fraction must be a finite number in \[0, 1\)"),
         ({"image_size": 0}, "image_size must be a positive integer"),
     ):
         with pytest.raises(ValueError, match=msg):

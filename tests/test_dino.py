@@ -373,3 +373,20 @@ def test_the_vit_baseline_is_a_backbone_too() -> None:
     assert out.shape == (9, 32)
     z = vit.forward_features(views[2])[:, 0]  # the class token of the local view, through the head
     torch.testing.assert_close(out[6:], student.head(z))
+
+
+@pytest.mark.parametrize("model", ["crate_mnist", "vit_tiny"])
+def test_the_dino_student_decays_what_dinos_get_params_groups_decays(model: str) -> None:
+    """DINO decays every tensor of 2+ dimensions, the position table and class token included (its
+    ``utils.get_params_groups``); the supervised rule exempts those two, so the DINO task follows DINO's."""
+    from crate_transformer.train.optim import param_groups
+
+    backbone = create_model(model, **{**tiny.DIGITS, "num_classes": 10})
+    student = DINOModel(backbone, DINOHead(backbone.config.dim, 32, hidden_dim=24, bottleneck_dim=8))
+    ours = param_groups(student, 0.04)
+    theirs = official.get_params_groups(student)
+    assert [{id(p) for p in g["params"]} for g in ours] == [{id(p) for p in g["params"]} for g in theirs]
+    decayed = {id(p) for p in ours[0]["params"]}
+    assert id(backbone.pos_embed) in decayed and id(backbone.cls_token) in decayed
+    assert ours[0]["weight_decay"] == 0.04 and ours[1]["weight_decay"] == 0.0
+    assert id(backbone.pos_embed) not in {id(p) for p in param_groups(backbone, 0.04)[0]["params"]}  # supervised

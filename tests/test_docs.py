@@ -260,11 +260,35 @@ def test_the_site_does_not_present_the_authors_repository_as_its_own() -> None:
 
     site = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
     assert "Ma-Lab-Berkeley" not in str(site.get("repo_url", "")) + str(site.get("repo_name", ""))
+    # it credits this package, cites the paper and names the authors' code as the reference it is checked against
+    assert site["copyright"].startswith("crate_transformer: a PyTorch implementation of CRATE")
+    assert "White-Box Transformers via Sparse Rate Reduction" in site["copyright"]
+    assert "Ma-Lab-Berkeley/CRATE</a>, is the reference" in site["copyright"]
 
 
 def test_ci_builds_the_docs_strictly() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert "mkdocs build --strict" in ci and ".[dev,docs]" in ci
+
+
+def test_the_export_page_runs_block_by_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """docs/export.md's Python blocks, in order as one program: the classifier and CRATE-GPT through torch.export
+    and ONNX, onnxruntime agreeing with PyTorch at another batch size and length, as their comments say."""
+    pytest.importorskip("onnxruntime", reason="the dev extra installs onnx, onnxscript and onnxruntime")
+    pytest.importorskip("onnxscript", reason="the dev extra installs onnx, onnxscript and onnxruntime")
+    blocks = [text for lang, text in code_blocks(ROOT / "docs" / "export.md") if lang == "python"]
+    assert len(blocks) == 2
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    for i, block in enumerate(blocks, 1):
+        exec(compile(block, f"docs/export.md, Python block {i}", "exec"), namespace)  # our own docs' code
+    said = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("[torch.onnx]")]
+    assert said == ["True", "True", "(3, 13, 262) True"]
+    commented = [c.split("#")[1].strip() for b in blocks for c in b.splitlines() if "print(" in c and "#" in c]
+    assert commented == said
+    assert {p.name for p in tmp_path.iterdir()} == {"crate_mnist.onnx", "crate_gpt_mini.onnx"}
 
 
 def test_the_readme_test_command_says_when_the_browser_tests_are_skipped() -> None:

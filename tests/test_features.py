@@ -181,11 +181,11 @@ def test_cli_end_to_end_and_errors(tmp_path, capsys):
     out = capsys.readouterr().out
     assert re.search(r"^\s+1\s+ista\s+32\s", out, re.M) and re.search(r"^\s+2\s+ista\s+32\s", out, re.M)
     assert "class purity" in out and "features.html" in out
-    report = json.loads((run / "features.json").read_text())
+    report = json.loads((run / "features" / "features.json").read_text())  # RUN/features: new, or -2, -3, ...
     assert [layer["layer"] for layer in report["layers"]] == [1, 2] and report["n_samples"] == 60
     unit = report["layers"][0]["units"][0]
     assert 0 <= unit["frequency"] <= 1 and len(unit["top"]) <= 4
-    page = (run / "features.html").read_text()
+    page = (run / "features" / "features.html").read_text()
     for hook in (
         'id="layer-select"',
         'id="atom-list"',
@@ -218,9 +218,9 @@ def test_cli_language_model_run(tmp_path, capsys):
     assert crate("features", run, "--num-blocks", 5, "--top-k", 3, "--context", 4) == 0
     out = capsys.readouterr().out
     assert "token purity" in out and "next_token purity" in out and "5 blocks of 32" in out
-    report = json.loads((run / "features.json").read_text())
+    report = json.loads((run / "features" / "features.json").read_text())
     assert report["n_tokens"] == 5 * 32 and report["label_kinds"] == ["token", "next_token"]
-    page = (run / "features.html").read_text()
+    page = (run / "features" / "features.html").read_text()
     assert '"contexts":' in page and 'id="atom-examples"' in page
     err = one_line_error(capsys, "features", run, "--layer", -2)
     assert "the model has 1 layers" in err

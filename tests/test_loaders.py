@@ -152,7 +152,20 @@ _SHORT = {"official", "checkpoint", "pretrained", "registry", "base", "analysis"
           "spec", "tokenizer"}  # fmt: skip
 _NOT_NAMES = {"train.loss"}  # an MLflow metric name
 _NAME = re.compile(r"`((?:ct|crate_transformer|[a-z_]+)(?:\.[A-Za-z_]\w*)+)(?:\(|`)")
-_FILE_SUFFIXES = (".py", ".md", ".json", ".safetensors", ".yaml", ".pt", ".pth", ".csv", ".html", ".jsonl", ".txt")
+_FILE_SUFFIXES = (
+    ".py",
+    ".md",
+    ".json",
+    ".safetensors",
+    ".yaml",
+    ".pt",
+    ".pth",
+    ".csv",
+    ".html",
+    ".jsonl",
+    ".txt",
+    ".parquet",
+)
 
 
 def _resolves(dotted: str) -> bool | None:

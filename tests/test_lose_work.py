@@ -7,6 +7,7 @@ then failed in the evaluation.  Every test calls the real CLI in-process.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -229,6 +230,53 @@ def test_a_checkpoint_write_that_runs_out_of_space_is_one_line_and_keeps_the_old
     err = done.stderr.strip().splitlines()
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert f"file too large (a file-size limit) while writing {last}; free space or write to" in err[-1], err
+    assert last.read_bytes() == before and load_training_state(run)["step"] == 1
+    assert not list(last.parent.glob(".*.tmp"))
+
+
+class _FullDisk:
+    """A file that takes ``room`` bytes, then fails each write as a full disk does (``ENOSPC``)."""
+
+    def __init__(self, f, room: int) -> None:
+        self.f, self.room = f, room
+
+    def write(self, data: bytes) -> int:
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self.f.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.f.close()
+
+
+def test_a_disk_that_fills_inside_torchs_zip_writer_is_one_line_and_keeps_the_old_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """The real full disk: torch's zip writer catches the OSError of a write and raises a RuntimeError from its
+    ``__exit__`` while handling it ("unexpected pos"), which is not an OSError (RLIMIT_FSIZE fails earlier)."""
+    from crate_transformer import io as cio
+
+    data = image_folder(tmp_path / "data")
+    run = tmp_path / "run"
+    assert crate("train", "--data", data, *IMG, "--epochs", 1, "--out", run) == 0
+    last = run / "checkpoints" / "last.pt"
+    before = last.read_bytes()
+    real_open = open
+    full = lambda path, mode="r", *a, **kw: (  # noqa: E731
+        _FullDisk(real_open(path, mode, *a, **kw), len(before) // 2)
+        if "last.pt" in str(path) and "w" in mode
+        else real_open(path, mode, *a, **kw)
+    )
+    monkeypatch.setattr(cio, "open", full, raising=False)  # the module's open: save_torch's file object
+    err = one_line_error(capsys, "train", "--resume", run, "--epochs", 2, after_output=True)
+    assert f"no space left on device while writing {last}; free space or write to another folder" in err, err
     assert last.read_bytes() == before and load_training_state(run)["step"] == 1
     assert not list(last.parent.glob(".*.tmp"))
 

@@ -310,7 +310,7 @@ def test_model_config_coerces_strings_by_field_type():
         ({"mlp_ratio": 0}, r"mlp_ratio must be a finite number > 0"),
         ({"dropout": 1.0}, r"dropout must be a finite number in \[0, 1\)"),
         ({"emb_dropout": -0.1}, r"emb_dropout must be a finite number in \[0, 1\)"),
-        ({"dim_head": 0}, r"dim_head must be a positive integer or None"),
+        ({"dim_head": 0}, r"dim_head must be a positive integer \(or None = dim // heads\), got 0"),
         ({"data": {"mean": [0.5, 0.5], "std": [1, 1]}}, r"2 values, which cannot be adapted to in_chans=3"),
     ],
 )

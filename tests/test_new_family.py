@@ -49,7 +49,7 @@ def test_a_family_from_one_file_trains_analyses_gives_features_and_loads(toy, tm
     assert len(layers) == 2 and all(0 <= row["nonzero"] <= 1 for row in layers)
     # the sparse codes as features: the ISTA outputs the model says it has
     assert crate("features", run, "--top-k", "2", "--num-images", "20", "--threads", "1") == 0
-    features = json.loads((run / "features.json").read_text())
+    features = json.loads((run / "features" / "features.json").read_text())
     assert [layer["layer"] for layer in features["layers"]] == [1, 2]
     assert {layer["summary"]["kind"] for layer in features["layers"]} == {"ista"}
 
@@ -58,56 +58,114 @@ FAMILY_MODULES = {a.model_class.__module__.rpartition(".")[2] for a in _registry
 REGISTRY_MODULES = {"_registry", "registry"}
 
 
-def _family_names() -> set[str]:
-    """The classes of the registered families and their configs (the package's own, not ``Model`` / ``Config``)."""
-    names = set()
-    for info in _registry._ARCHS.values():
+def _owners() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """Which modules may name each family class (the classes of a registered family and of its config, with their
+    package bases that live in a family module) and each ``arch``: the modules of the families that use it."""
+    classes: dict[str, set[str]] = {}
+    archs: dict[str, set[str]] = {}
+    for arch, info in _registry._ARCHS.items():
+        own = {info.model_class.__module__.rpartition(".")[2], info.config_class.__module__.rpartition(".")[2]}
+        archs[arch] = own | REGISTRY_MODULES
         for cls in (*info.model_class.__mro__, *info.config_class.__mro__):
-            if cls.__module__.split(".")[-1] in FAMILY_MODULES:
-                names.add(cls.__name__)
-    return names
+            if cls.__module__.rpartition(".")[2] in FAMILY_MODULES:
+                classes.setdefault(cls.__name__, set(REGISTRY_MODULES)).update(
+                    own | {cls.__module__.rpartition(".")[2]}
+                )
+    return classes, archs
 
 
-def _is_str(node: ast.AST) -> bool:
-    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+def _names(node: ast.AST) -> list[str]:
+    """The class names in ``isinstance``'s second argument: a name, ``a.Name``, a tuple or an ``A | B`` union."""
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.Attribute):
+        return [node.attr]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [n for e in node.elts for n in _names(e)]
+    if isinstance(node, ast.BinOp):
+        return _names(node.left) + _names(node.right)
+    return []
 
 
-def _type_dispatch(tree: ast.AST, names: set[str]) -> list[str]:
-    """``isinstance(x, <family class>)`` and ``arch == "literal"`` (``!=``, ``in``) in one module."""
+def _arch_values(node: ast.AST, constants: dict[str, str]) -> list[str]:
+    """The arch names a comparison side spells: a string, a module constant (``MAE_ARCH``), or a tuple of them."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.Name) and node.id in constants:
+        return [constants[node.id]]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [v for e in node.elts for v in _arch_values(e, constants)]
+    return []
+
+
+def _type_dispatch(tree: ast.AST, module: str, classes: dict[str, set[str]], archs: dict[str, set[str]],
+                   constants: dict[str, str] | None = None) -> list[str]:  # fmt: skip
+    """``isinstance``/``issubclass(x, <family class>)``, ``type(x) is <family class>`` and ``arch == <name>``
+    (``!=``, ``in``; a literal or an ``*_ARCH`` constant) in ``module`` where it is not that family's module."""
+    constants = constants or {}
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
-            classes = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
-            hit = [c for c in classes if (getattr(c, "id", None) or getattr(c, "attr", None)) in names]
-            found += [f"line {node.lineno}: isinstance(..., {ast.unparse(c)})" for c in hit]
-        if isinstance(node, ast.Compare):
+        named: list[str] = []
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("isinstance", "issubclass"):
+            named = _names(node.args[1]) if len(node.args) == 2 else []
+        elif isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
-            about_arch = any(getattr(s, "attr", None) == "arch" or getattr(s, "id", None) == "arch" for s in sides)
-            literal = any(_is_str(s) or (isinstance(s, (ast.Tuple, ast.List, ast.Set)) and all(map(_is_str, s.elts)))
-                          for s in sides)  # fmt: skip
-            if about_arch and literal:
-                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+            if any(isinstance(s, ast.Call) and getattr(s.func, "id", None) == "type" for s in sides):
+                named = [n for s in sides if not isinstance(s, ast.Call) for n in _names(s)]
+            if any(getattr(s, "attr", None) == "arch" or getattr(s, "id", None) == "arch" for s in sides):
+                values = [v for s in sides for v in _arch_values(s, constants)]
+                if any(module not in archs.get(v, REGISTRY_MODULES) for v in values):
+                    found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        if any(module not in classes.get(n, {module}) for n in named):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
     return found
 
 
+def _arch_constants() -> dict[str, str]:
+    """The package's ``*_ARCH`` constants (``MAE_ARCH = "crate_mae"``), so a comparison with one is seen."""
+    import crate_transformer
+
+    out = {}
+    for path in Path(crate_transformer.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and len(node.targets) == 1:
+                target = node.targets[0]
+                if isinstance(target, ast.Name) and target.id.endswith("_ARCH") and isinstance(node.value.value, str):
+                    out[target.id] = node.value.value
+    return out
+
+
 def test_the_checker_finds_type_dispatch() -> None:
-    code = "isinstance(m, (LMConfig, int))\nif model.config.arch == 'vit': pass\nif arch in ('a', 'b'): pass\n"
-    assert len(_type_dispatch(ast.parse(code), {"LMConfig"})) == 3
-    fine = "isinstance(m, Model)\nif klass.arch == arch: pass\nif arch is None: pass\n"
-    assert _type_dispatch(ast.parse(fine), {"LMConfig"}) == []
+    classes = {"LMConfig": {"lm", "bert"}, "CRATEMAE": {"mae"}}
+    archs = {"vit": {"model"}, "crate_mae": {"mae"}, "a": {"x"}, "b": {"x"}}
+    code = (
+        "isinstance(m, (LMConfig, int))\nif model.config.arch == 'vit': pass\nif arch in ('a', 'b'): pass\n"
+        "isinstance(m, LMConfig | MAEConfig)\nissubclass(k, mae.CRATEMAE)\nif type(m) is CRATEMAE: pass\n"
+        "if c.arch != MAE_ARCH: pass\n"
+    )
+    hits = _type_dispatch(ast.parse(code), "analysis", classes, archs, {"MAE_ARCH": "crate_mae"})
+    assert [h.split(":")[0] for h in hits] == [f"line {i}" for i in range(1, 8)], hits
+    fine = "isinstance(m, Model)\nif klass.arch == arch: pass\nif arch is None: pass\nisinstance(x, (int, str))\n"
+    assert _type_dispatch(ast.parse(fine), "analysis", classes, archs) == []
+    # a family's own module may ask about its own classes and archs, not another family's
+    assert _type_dispatch(ast.parse("isinstance(c, LMConfig)\nc.arch == 'vit'"), "bert", classes, archs) == [
+        "line 2: c.arch == 'vit'"
+    ]
+    assert len(_type_dispatch(ast.parse("isinstance(m, CRATEMAE)"), "lm", classes, archs)) == 1
 
 
 def test_no_consumer_dispatches_on_a_family_class_or_arch_name() -> None:
-    names = _family_names()
-    assert {"LMConfig", "MAEConfig", "ModelConfig", "CRATEMAE", "LanguageModel", "ImageClassifier"} <= names
-    assert {"model", "mae", "lm", "bert", "alpha"} <= FAMILY_MODULES
+    classes, archs = _owners()
+    assert {"LMConfig", "MAEConfig", "ModelConfig", "CRATEMAE", "LanguageModel", "ImageClassifier"} <= set(classes)
+    assert {"model", "mae", "lm", "bert", "alpha", "tost"} <= FAMILY_MODULES
+    constants = _arch_constants()
+    assert constants["MAE_ARCH"] == "crate_mae"
     src = Path(ct.__file__).parent
     wrong = {}
     for path in sorted(src.rglob("*.py")):
         rel = path.relative_to(src)
-        if len(rel.parts) == 1 and rel.stem in FAMILY_MODULES | REGISTRY_MODULES:
-            continue
-        hits = _type_dispatch(ast.parse(path.read_text(encoding="utf-8")), names)
+        module = rel.stem if len(rel.parts) == 1 else ".".join(rel.with_suffix("").parts)
+        hits = _type_dispatch(ast.parse(path.read_text(encoding="utf-8")), module, classes, archs, constants)
         if hits:
             wrong[str(rel)] = hits
     assert not wrong, wrong

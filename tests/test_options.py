@@ -7,6 +7,7 @@ made: a value out of range or not finite is a one-line error naming the option, 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -327,3 +328,82 @@ def test_a_language_model_refuses_an_empty_batch_in_one_line() -> None:
     for call in (lambda: model(empty), lambda: model.generate(empty, 2)):
         with pytest.raises(ValueError, match=r"^empty batch \(0 sequences of tokens\); pass at least one sequence$"):
             call()
+
+
+# the words of Range.message / Range.requirement ("must be a finite number in (0, 1]", "must be a positive
+# integer", "must be >= 1", ...): a string of the package that says them itself checks a range by hand
+RANGE_WORDS = re.compile(
+    r"must be (a (finite )?number|an? (positive|non-negative) (integer|number)|an integer(?! index)|[<>]=? ?-?\d"
+    r"|in [\[(]-?\d|between)"
+)
+
+
+def _range_strings(path: Path) -> list[str]:
+    import ast
+
+    return [
+        f"{path.name}:{node.lineno}: {node.value.strip()[:80]}"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and RANGE_WORDS.search(node.value)
+    ]
+
+
+def test_the_range_words_are_found() -> None:  # the scan below cannot pass by matching nothing
+    found = (
+        "batch_size must be >= 1, got ",
+        "val_fraction must be in [0, 1), got",
+        " must be a positive integer",
+        "mask_ratio must be a number in (0, 1)",
+        "x must be a finite number > 0",
+        "n must be >= 0 or -1",
+    )
+    for text in found:
+        assert RANGE_WORDS.search(text), text
+    for text in ("layer must be an integer index, got", "data must be a DataSpec", "must be a multiple of 4"):
+        assert not RANGE_WORDS.search(text), text
+
+
+def test_one_numeric_range_implementation() -> None:
+    """Every numeric range check of the package words its error through ``Range`` (``config_utils``): no module
+    writes "must be >= 1" or "must be in (0, 1)" itself, so the API and the command line say the same thing."""
+    import crate_transformer
+
+    src = Path(crate_transformer.__file__).parent
+    found = [s for p in sorted(src.rglob("*.py")) if p.name != "config_utils.py" for s in _range_strings(p)]
+    assert not found, "\n".join(found)
+
+
+def _erase() -> None:
+    from crate_transformer.train.mix import random_erasing
+
+    random_erasing(float("nan"))
+
+
+def _batches() -> None:
+    from crate_transformer.analysis._common import iter_batches
+
+    next(iter_batches(torch.zeros(2, 1, 8, 8), float("nan"), None))
+
+
+def _top_k() -> None:
+    sample_next(torch.zeros(1, 5), top_k=float("nan"))
+
+
+def _seed() -> None:
+    from crate_transformer.theory.runner import run_experiment
+
+    run_experiment("tweedie", seed=1.5)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [  # a NaN batch size or top_k got past the hand-written "< 1" checks (a TypeError later); now Range refuses it
+        (_batches, r"^batch_size must be a positive integer, got nan$"),
+        (_top_k, r"^top_k must be a positive integer, got nan$"),
+        (_erase, r"^p must be a finite number in \[0, 1\], got nan; p is the probability of erasing a box$"),
+        (_seed, r"^seed must be a non-negative integer, got 1.5$"),
+    ],
+)
+def test_range_checks_refuse_non_finite_values_in_ranges_words(call, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        call()

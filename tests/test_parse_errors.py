@@ -145,7 +145,7 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_names_both_sizes(tmp_path
 
 
 # --------------------------------------------------------------------------- the token cache
-@pytest.mark.parametrize("damage", ["truncated_bin", "invalid_meta", "meta_number"])
+@pytest.mark.parametrize("damage", ["truncated_bin", "invalid_meta", "meta_number", "id_outside_the_vocabulary"])
 def test_a_damaged_token_cache_is_named_and_rebuilt(
     damage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -164,6 +164,10 @@ def test_a_damaged_token_cache_is_named_and_rebuilt(
     meta_path = bin_path.with_suffix(".json")
     if damage == "truncated_bin":
         bin_path.write_bytes(bin_path.read_bytes()[:100])
+    elif damage == "id_outside_the_vocabulary":  # a same-size flip of a high bit: an id no tokenizer gave
+        data = bytearray(bin_path.read_bytes())
+        data[11] ^= 0x80
+        bin_path.write_bytes(bytes(data))
     else:
         meta_path.write_text('{"dtype": "uint16", "tok' if damage == "invalid_meta" else "3")
     with pytest.warns(UserWarning, match=rf"token cache {bin_path} is damaged \(.+\); rebuilding it from {corpus}"):
@@ -242,6 +246,9 @@ def test_words_a_wordpiece_vocabulary_lacks_are_warned_once_and_shown_as_unk(
     model.tokenizer = tok
     folder = model.save_pretrained(tmp_path / "m")
     capsys.readouterr()
-    with pytest.warns(UserWarning, match=r"1 word\(s\) of the text"):
-        assert cli.main(["generate", str(folder), "--prompt", "the ñandú", "--max-new-tokens", "1"]) == 0
-    assert capsys.readouterr().out.startswith("the [UNK]")
+    assert cli.main(["generate", str(folder), "--prompt", "the ñandú", "--max-new-tokens", "1"]) == 0
+    shown = capsys.readouterr()
+    assert shown.out.startswith("the [UNK]")
+    warned = [line for line in shown.err.splitlines() if "warning" in line]
+    assert len(warned) == 1 and warned[0].startswith("crate generate: warning: 1 word(s) of the text"), shown.err
+    assert "--tokenizer bpe" in warned[0]  # the CLI words the fix as its flag

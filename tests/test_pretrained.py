@@ -309,7 +309,7 @@ def test_hub_folder_and_model_card(tmp_path):
     assert f"{n:,} parameters" in text
     # the card credits the authors' code as theirs, not as this package's home
     assert "saved by the `crate_transformer` package" in text and "[crate_transformer](" not in text
-    assert "the authors' code is https://github.com/Ma-Lab-Berkeley/CRATE" in text
+    assert "the authors' code, https://github.com/Ma-Lab-Berkeley/CRATE, is the reference" in text
 
 
 def test_model_card_without_metrics_and_for_other_model_kinds():

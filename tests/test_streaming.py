@@ -254,7 +254,11 @@ def test_bad_input_is_a_one_line_error(tmp_path: Path, folder: Path, shards: Pat
         ((shards, "train"), {"mode": "memory"}, "always streamed; pass data_mode='stream'"),
         ((tmp_path / "nolabels", "train"), {}, "has no label"),
         ((folder, "val"), {"mode": "stream"}, "pass val_fraction=0.1"),
-        ((folder, "train"), {"mode": "stream", "num_workers": -2}, "num_workers must be >= 0"),
+        (
+            (folder, "train"),
+            {"mode": "stream", "num_workers": -2},
+            "num_workers must be an integer >= -1 (-1 = auto, 0 = in the main process), got -2",
+        ),
         ((str(tmp_path / "none-{0..3}.tar"), "train"), {}, "no .tar shards match"),
     ]
     for args, kw, msg in cases:

@@ -69,7 +69,7 @@ def test_auto_uses_free_cpus_and_respects_omp_num_threads(monkeypatch: pytest.Mo
     assert th.auto_threads() == 2  # the user's OMP_NUM_THREADS wins over the load
     assert th.resolve_threads(3) == 3 and th.resolve_threads("3") == 3
     for bad in (-1, "abc", "auto"):
-        with pytest.raises(ValueError, match="^threads must be a positive integer or 0"):
+        with pytest.raises(ValueError, match=r"^threads must be a non-negative integer \(0 = auto\)"):
             th.resolve_threads(bad)
 
 
@@ -120,7 +120,7 @@ def test_eval_analyze_generate_take_threads(command: str, tmp_path: Path, capsys
     assert not hasattr(cli.build_parser(command).parse_args([command, str(tmp_path)]), "threads")  # absent = auto
     assert cli.main([command, str(tmp_path / "missing"), "--threads", "-2"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "--threads must be a positive integer or 0 (auto), got '-2'" in err and "\n" not in err
+    assert "--threads must be a non-negative integer (0 = auto), got '-2'" in err and "\n" not in err
 
 
 def test_apply_threads_sets_torch() -> None:

@@ -49,7 +49,7 @@ def test_the_classifier_trains_is_analysed_gives_features_and_loads(tmp_path: Pa
     assert report["figures"]["attention.png"]["title"].startswith("Attention maps (memberships)")
     assert len(report["attention"]["maps"][0]) == 4  # heads, each a 6x6 map over the patches
     assert crate("features", run, "--top-k", 2, "--num-images", 10, "--threads", 1) == 0
-    features = json.loads((run / "features.json").read_text())
+    features = json.loads((run / "features" / "features.json").read_text())
     assert [(layer["layer"], layer["summary"]["kind"]) for layer in features["layers"]] == [(1, "mlp"), (2, "mlp")]
 
 
@@ -68,7 +68,8 @@ def test_the_language_model_trains_is_analysed_generates_and_gives_features(tmp_
     assert crate("generate", run, "--prompt", "def ", "--max-new-tokens", 8, "--seed", 1) == 0
     assert capsys.readouterr().out.startswith("def ")
     assert crate("features", run, "--top-k", 2, "--threads", 1) == 0
-    assert {layer["summary"]["kind"] for layer in json.loads((run / "features.json").read_text())["layers"]} == {"mlp"}
+    layers = json.loads((run / "features" / "features.json").read_text())["layers"]
+    assert {layer["summary"]["kind"] for layer in layers} == {"mlp"}
 
 
 @pytest.fixture

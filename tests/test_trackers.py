@@ -101,3 +101,87 @@ def test_a_resumed_run_continues_the_same_tracker_runs(tmp_path: Path, offline: 
 def test_an_unknown_logger_is_one_line(capsys: pytest.CaptureFixture) -> None:
     err = one_line_error(capsys, "train", "--logger", "neptune")
     assert "unknown logger 'neptune'; choose one of ('tensorboard', 'wandb', 'mlflow', 'csv')" in err
+
+
+def _csv_rows(run: Path) -> list[tuple[int, str, str, str]]:
+    with open(run / "metrics.csv", newline="") as f:
+        return [(int(r["step"]), r["split"], r["layer"], r["metric"]) for r in csv.DictReader(f)]
+
+
+def test_each_step_reaches_mlflow_and_the_csv_once_after_a_kill_and_after_resuming_a_finished_run(
+    tmp_path: Path, offline: None
+) -> None:
+    import shutil
+
+    import mlflow
+
+    run = tmp_path / "run"
+    train(small_cfg(run, max_steps=2, log_every=1, logger=["csv", "mlflow"], epochs=2))
+    step2 = tmp_path / "step2.pt"
+    shutil.copy(run / "checkpoints" / "last.pt", step2)
+    assert crate("train", "--resume", run, "--no-progress", "--max-steps", 4) == 0
+    shutil.copy(step2, run / "checkpoints" / "last.pt")  # killed after logging steps 3-4, before their checkpoint
+    assert crate("train", "--resume", run, "--no-progress", "--max-steps", 4) == 0  # steps 3 and 4 are redone
+    assert crate("train", "--resume", run, "--no-progress") == 0  # a finished run: its final evaluation again
+    records = _records(run)
+    train_steps = [r["step"] for r in records if r["split"] == "train"]
+    assert train_steps == [1, 2, 3, 4]
+    ids = json.loads((run / "trackers.json").read_text())
+    client = mlflow.tracking.MlflowClient(tracking_uri=(run / "mlruns").resolve().as_uri())
+    assert sorted(m.step for m in client.get_metric_history(ids["mlflow"], "train.loss")) == train_steps
+    (final,) = [r for r in records if r.get("final")]
+    tested = sorted(m.step for m in client.get_metric_history(ids["mlflow"], f"{final['split']}.loss"))
+    assert tested == [2, 4]  # the first run's end, then this one's: never a step twice (4 was logged three times)
+    rows = _csv_rows(run)
+    assert len(rows) == len(set(rows))  # no row twice (the final test rows were appended on every resume)
+    expected = sorted((r["step"], r["split"], str(r.get("layer", "")), k.rsplit("/", 1)[-1])
+                      for r in records for k in scalars(r))  # fmt: skip
+    assert sorted(rows) == expected
+
+
+def test_a_tracker_that_cannot_start_is_one_line_and_one_that_fails_mid_run_is_warned_about(
+    tmp_path: Path, offline: None, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Answer500(BaseHTTPRequestHandler):
+        def _500(self) -> None:
+            self.send_response(500)
+            self.end_headers()
+
+        do_GET = do_POST = _500
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Answer500)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{server.server_port}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    argv = ["train", "--data", "digits", "--image-size", 8, "--threads", 1, "--no-progress", "--max-steps", 1,
+            "--model-args", "dim=16", "depth=1", "heads=2", "patch_size=4", "--logger", "mlflow"]  # fmt: skip
+    try:
+        err = one_line_error(capsys, *argv, "--out", tmp_path / "a", after_output=True)
+    finally:
+        server.shutdown()
+    assert "the mlflow logger cannot start: MlflowException: the server answered HTTP 500" in err, err
+    assert f"check MLFLOW_TRACKING_URI={uri}, or train without the mlflow logger" in err
+    assert not (tmp_path / "a").exists()
+    # a file store named by its URI is a file store asked for (MLflow 3 refuses one unless told)
+    store = tmp_path / "store"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store.as_uri())
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    assert crate(*argv, "--out", tmp_path / "b") == 0 and any(store.rglob("meta.yaml"))
+    # mid-run: the run goes on without the tracker, warned once; metrics.jsonl keeps every record
+    from crate_transformer.train.trackers import CSVTracker
+
+    def broken(self: CSVTracker, record: dict) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(CSVTracker, "log", broken)
+    with pytest.warns(UserWarning, match=r"the csv logger failed at step 1 \(OSError: \[Errno 28\]") as seen:
+        train(small_cfg(tmp_path / "c", max_steps=3, log_every=1, logger=["csv"]))
+    assert sum("csv logger failed" in str(w.message) for w in seen) == 1
+    assert [r["step"] for r in _records(tmp_path / "c") if r["split"] == "train"] == [1, 2, 3]

@@ -314,7 +314,7 @@ def test_finetune_from_official_state_dict(pretrained: Path, tmp_path: Path, cap
     official = {"state_dict": {"module." + k: v for k, v in native_to_official(src.state_dict()).items()}}
     torch.save(official, tmp_path / "official.pth")
     assert crate("finetune", "--from", tmp_path / "official.pth", "--data", "digits") == 2
-    assert "name its architecture" in capsys.readouterr().err
+    assert "which does not store its architecture; pass --model crate_" in capsys.readouterr().err
     steps, lr = 4, 5e-5
     rc = crate("finetune", "--from", tmp_path / "official.pth", "--model", "crate_mnist", "--model-args", *ARCH,
                "image_size=8", "--data", "digits", "--max-steps", steps, "--lr", lr, "--threads", "1",

@@ -31,6 +31,8 @@ __all__ = [
     "resolve_hub",
     "hub_offline",
     "hub_failure",
+    "hub_answer",
+    "unreachable",
     "verify_cached",
     "CITATION",
     "model_card",
@@ -104,6 +106,7 @@ def hub_failure(e: BaseException, what: str, fix: str, *, cache: bool = True) ->
     have answered (a download, not an upload).  None when ``e`` is no Hub or network failure (re-raise it)."""
     from huggingface_hub import errors
 
+    e = hub_answer(e) or e  # a failed lookup wraps the Hub's HTTP answer: the answer, not "offline", is the reason
     first = (str(e).strip().splitlines() or [type(e).__name__])[0]
     if isinstance(e, (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled)) or _network_error(e):
         why = "HF_HUB_OFFLINE=1" if _offline_setting() else "no network" if hub_offline() else first
@@ -118,9 +121,37 @@ def hub_failure(e: BaseException, what: str, fix: str, *, cache: bool = True) ->
         )
     if isinstance(e, errors.HfHubHTTPError):
         status = getattr(getattr(e, "response", None), "status_code", None)
+        if isinstance(status, int) and status >= 500:
+            cached = " is not in the Hugging Face cache, and" if cache else ":"
+            return CheckpointError(
+                f"{what}{cached} the Hub answered HTTP {status}, a server error (it is reachable but failing: try "
+                f"again later); {fix}"
+            )
         answered = f"the Hub answered {status}" if status else "the Hub refused"
         return CheckpointError(f"{what}: {answered} ({first}); {fix}")
     return None
+
+
+def hub_answer(e: BaseException) -> BaseException | None:
+    """The Hub's HTTP answer (an ``HfHubHTTPError``) in ``e``'s chain — ``e``, what it was raised from or while
+    handling — or None: huggingface_hub reports a lookup the Hub answered with an error (HTTP 500, 401) as a
+    missing cache entry, and ``datasets`` wraps that again."""
+    from huggingface_hub import errors
+
+    return next((x for x in _chain(e) if isinstance(x, errors.HfHubHTTPError)), None)
+
+
+def unreachable(e: BaseException) -> bool:
+    """Whether ``e``'s chain holds a network failure (no answer at all: no DNS, refused, timed out)."""
+    return any(_network_error(x) for x in _chain(e))
+
+
+def _chain(e: BaseException | None) -> list[BaseException]:
+    out: list[BaseException] = []
+    while e is not None and all(e is not x for x in out):
+        out.append(e)
+        e = e.__cause__ or e.__context__
+    return out
 
 
 # the length of a cache blob's name → the hash it is: huggingface_hub stores each file under its etag, the SHA-256 of
@@ -243,7 +274,8 @@ def model_card(
         f"A `{config.arch}` model (dim {config.dim}, depth {config.depth}, heads {config.heads}, "
         f"{n_params:,} parameters) saved by the `crate_transformer` package's `push_to_hub`. CRATE is the "
         "white-box transformer of Yu et al. (JMLR 2024), whose layers are unrolled steps on the sparse rate "
-        "reduction objective; the authors' code is https://github.com/Ma-Lab-Berkeley/CRATE.", "",
+        "reduction objective; the authors' code, https://github.com/Ma-Lab-Berkeley/CRATE, is the reference "
+        "the package's layers are checked against.", "",
         "## Use", "", "```python", "import crate_transformer as ct", "",
         f'model = ct.from_pretrained("{HUB_PREFIX}{repo_id}")', "```", "",
         "## Configuration", "", "```json", json.dumps(config.to_dict(), indent=2, default=str), "```", "",

@@ -82,8 +82,10 @@ def register_arch(arch: str, model_class: type[Model], *, official: OfficialForm
 def arch_info(arch: object) -> Arch:
     """The :class:`Arch` of an architecture name (one-line error naming the known ones)."""
     arch = DEFAULT_ARCH if arch is None else arch
-    if arch not in _ARCHS:
-        raise ValueError(f"unknown arch {arch!r}; choose one of {tuple(_ARCHS)}")
+    if not isinstance(arch, str) or arch not in _ARCHS:
+        close = difflib.get_close_matches(str(arch), list(_ARCHS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown arch {str(arch)[:40]!r}{hint}; choose one of {tuple(_ARCHS)}")
     return _ARCHS[arch]
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .config_utils import POSITIVE
 from .errors import Opt, OptionError
 
 __all__ = ["Row", "Table", "TABLES", "RECIPE", "resolve_tables", "plan", "run_ablation", "write_report"]
@@ -215,7 +216,7 @@ def _key(opts: Mapping[str, Any]) -> str:
 def plan(tables: Sequence[Table], seeds: int, out: str | Path, base: Mapping[str, Any]) -> list[Run]:
     """Every run the tables need, in table order, with shared rows (equal options) listed once."""
     if seeds < 1:
-        raise OptionError(Opt("seeds"), f" must be a positive number of seeds, got {seeds}")
+        raise OptionError(Opt("seeds"), POSITIVE.requirement(seeds))
     runs: dict[tuple[str, int], Run] = {}
     for table in tables:
         for row in table.rows:

@@ -290,6 +290,10 @@ class Model(nn.Module):
     def load_extra_files(self, directory: Path, meta: Mapping[str, str]) -> None:
         """Read back what :meth:`extra_files` wrote (``meta``: the weights' header, holding the checksums)."""
 
+    def attach_files(self, files: Mapping[str, str], source: str) -> None:
+        """Take back the texts of :meth:`extra_files` that a training state carries beside its weights (a language
+        model's ``tokenizer.json``); ``source`` names the state in errors.  The default: none to take."""
+
     def size_hint(self, state: Mapping[str, Tensor]) -> str:
         """When ``state`` does not fit this model: the overrides that would build a model it fits, read off its
         shapes (``"; pass dim=768"``), or ``""``."""

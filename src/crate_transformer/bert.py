@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .io import CheckpointError
 from .lm import LanguageModel, LMConfig, check_ids
-from .official import HEADS_NOT_STORED, OfficialFormat, rename, unwrap
+from .official import HEADS_NOT_STORED, OfficialFormat, index_count, rename, unwrap
 
 __all__ = [
     "CRATEBert",
@@ -306,9 +306,8 @@ def bert_checkpoint_fields(raw: object) -> dict[str, Any]:
     ``num_labels``.  The width is left to ``config.json`` or the model name: the tensors do not store the head
     count that goes with it (a different width is a shape error)."""
     state = _with_prefix(unwrap(raw))
-    prefix = "crate.encoder.layer."
-    layers = {int(k[len(prefix) :].split(".")[0]) for k in state if k.startswith(prefix)}
-    out: dict[str, Any] = {"depth": max(layers) + 1} if layers else {}
+    depth = index_count(state, r"crate\.encoder\.layer\.(\d+)\.")
+    out: dict[str, Any] = {"depth": depth} if depth else {}
     for key, field in (
         ("crate.embeddings.word_embeddings.weight", "vocab_size"),
         ("crate.embeddings.token_type_embeddings.weight", "type_vocab_size"),

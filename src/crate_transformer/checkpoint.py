@@ -26,11 +26,12 @@ from torch import Tensor
 from ._hub import resolve_hub
 from ._registry import ZOO, arch_info, build, config_class, model_config, official_formats, registered_fields
 from .base import Model, apply_overrides, load_backbone, load_folder, load_weights, timm_overrides
-from .config import LANGUAGE_MODEL, Config
+from .config import Config
 from .config_utils import coerce_fields
 from .io import (
     CONFIG_NAME,
     FILE_DIGESTS,
+    TOKENIZER_NAME,
     WEIGHTS_NAME,
     CheckpointError,
     atomic_write,
@@ -61,9 +62,9 @@ from .runfiles import (
     state_model,
     state_tokenizer,
 )
-from .tokenizer import Tokenizer
 
 __all__ = [
+    "ArchitectureNeeded",
     "CheckpointError",
     "atomic_write",
     "load_pickle",
@@ -220,8 +221,7 @@ def _sidecar(folder: Path) -> dict | None:
     """The JSON object of ``folder/config.json`` (a Hugging Face config saved beside the weights), or None."""
     if not (folder / CONFIG_NAME).is_file():
         return None
-    _, data = read_model_json(folder, CONFIG_NAME)
-    return data if isinstance(data, dict) else None
+    return read_model_json(folder, CONFIG_NAME)[1]
 
 
 def _require_unstored(fmt: OfficialFormat, config: Config, name: str, given: Mapping[str, object], source: str) -> None:
@@ -347,10 +347,7 @@ def _load_any(
         return _from_state(raw, exported, path, name, overrides, check, new_head)
     if name is None:
         kind = "a nanoGPT / crate-lm" if isinstance(raw, Mapping) and "model_args" in raw else "an authors'"
-        raise CheckpointError(
-            f"{source} looks like {kind} checkpoint, which does not store its architecture; name its architecture: "
-            f"pass the model name, e.g. {_example(raw)}"
-        )
+        raise ArchitectureNeeded(source, f"{kind} checkpoint", *_examples(raw))
     return _official_model(raw, source, folder, name, overrides, new_head)
 
 
@@ -386,23 +383,37 @@ def _from_state(
             check_stored_config(config, path, name, overrides)
         model = build(config)
         load_weights(model, exported[1], source=str(path))
-    if model.kind == LANGUAGE_MODEL and state_tokenizer(raw) is not None:  # a language-model state's tokenizer
-        model.tokenizer = Tokenizer.from_str(state_tokenizer(raw))
+    if state_tokenizer(raw) is not None:  # a language-model state's tokenizer: the family takes its files back
+        model.attach_files({TOKENIZER_NAME: state_tokenizer(raw)}, str(path))
     return model
 
 
-def _example(raw: object) -> str:
-    """The example model name of the registered official format that recognises ``raw`` (else crate_small)."""
+class ArchitectureNeeded(CheckpointError):
+    """An authors' file that does not store its architecture, loaded without a model name: the name is the fix.
+    ``examples`` are model names that fit it; whoever shows the error says how its caller takes a name (the
+    command line: whether the command takes a model name)."""
+
+    def __init__(self, source: object, what: str, *examples: str) -> None:
+        self.path, self.what, self.examples = source, what, examples
+        super().__init__(
+            f"{source} looks like {what}, which does not store its architecture; name its architecture: pass the "
+            f"model name, e.g. {' or '.join(examples)}"
+        )
+
+
+def _examples(raw: object) -> tuple[str, ...]:
+    """Model names of the registered official formats that recognise ``raw`` (else crate_small): one, or for a
+    nanoGPT file no CRATE format recognises, the two families it may be."""
     try:
         state = unwrap(raw)
     except ValueError:
-        return "crate_small"
+        return ("crate_small",)
     if isinstance(raw, Mapping) and "model_args" in raw:
         lm = [
             a.official.example for a in official_formats() if a.official.fields is not None and a.official.detect(state)
         ]
-        return f"{lm[0]} (CRATE) or gpt2_base (GPT-2)" if not lm else lm[0]
-    return next((a.official.example for a in official_formats() if a.official.detect(state)), "crate_small")
+        return (lm[0],) if lm else ("crate_gpt_12l_pile", "gpt2_base")
+    return (next((a.official.example for a in official_formats() if a.official.detect(state)), "crate_small"),)
 
 
 def check_stored_config(

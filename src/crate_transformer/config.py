@@ -38,6 +38,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 from .config_utils import POSITIVE, Range, coerce_fields
+from .errors import short_repr
 
 __all__ = ["Config", "check_option", "KINDS", "IMAGE_CLASSIFIER", "MASKED_AUTOENCODER", "LANGUAGE_MODEL"]
 
@@ -62,7 +63,7 @@ def check_option(cls: type, name: str, value: Any) -> None:
         if x is None:
             continue
         if choices is not None and x not in choices:
-            raise ValueError(f"unknown {name} {x!r}; choose one of {tuple(choices)}")
+            raise ValueError(f"unknown {name} {short_repr(x)}; choose one of {tuple(choices)}")
         if isinstance(x, bool) or not isinstance(x, (int, float)):
             continue
         r = rule or (Range() if isinstance(x, float) else None)  # every float is at least finite
@@ -150,7 +151,7 @@ class Config:
         belong in :attr:`CHOICES` or the field's ``metadata["choices"]``)."""
         allowed = tuple(allowed)
         if getattr(self, name) not in allowed:
-            raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {allowed}")
+            raise ValueError(f"unknown {name} {short_repr(getattr(self, name))}; choose one of {allowed}")
 
     def check_positive(self, *names: str) -> None:
         """Each named integer field is > 0 (:data:`~crate_transformer.config_utils.POSITIVE`)."""

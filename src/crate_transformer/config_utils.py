@@ -3,7 +3,7 @@
 YAML 1.1 reads ``5e-2`` and ``1e-3`` as strings, and ``--model-args dim=64`` may arrive as ``"64"``;
 :func:`coerce_fields` turns such values into what the dataclass declares, or raises one ``ValueError``
 naming the field, the value and a valid example.  It works for any dataclass (``ModelConfig``,
-``TrainConfig``, ...) and imports nothing from the rest of the package::
+``TrainConfig``, ...) and imports nothing from the rest of the package but :mod:`.errors`::
 
     coerce_fields(ModelConfig, {"lambd": "5e-2", "dim": "64", "dim_head": "none"})
     # -> {"lambd": 0.05, "dim": 64, "dim_head": None}
@@ -34,7 +34,11 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["coerce_fields", "coerce_value", "field_types", "Range", "POSITIVE", "NON_NEGATIVE", "option"]
+from .errors import short_repr
+
+__all__ = ["coerce_fields", "coerce_value", "field_types", "Range", "POSITIVE", "NON_NEGATIVE", "option", "load_yaml"]
+
+YAML_VALUES = 100_000  # values an options document may expand to (with its aliases repeated); far above any config
 
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
@@ -85,7 +89,7 @@ def coerce_fields(cls: type, mapping: Mapping[str, Any], *, allow_unknown: bool 
         except _CoerceError as e:
             example = f"; e.g. {key}={defaults[key]!r}" if defaults.get(key) is not None else ""
             raise ValueError(
-                f"{cls.__name__}.{key} must be {e.expected}, got {value!r} ({type(value).__name__}){example}"
+                f"{cls.__name__}.{key} must be {e.expected}, got {short_repr(value)} ({type(value).__name__}){example}"
             ) from None
     return out
 
@@ -95,7 +99,7 @@ def coerce_value(value: Any, annotation: Any) -> Any:
     try:
         return _coerce(value, annotation)
     except _CoerceError as e:
-        raise ValueError(f"expected {e.expected}, got {value!r} ({type(value).__name__})") from None
+        raise ValueError(f"expected {e.expected}, got {short_repr(value)} ({type(value).__name__})") from None
 
 
 # --------------------------------------------------------------------------- internals
@@ -217,8 +221,8 @@ def _to_sequence(value: Any, tp: Any, kind: type) -> list | tuple:
             import yaml
 
             try:
-                value = yaml.safe_load(text)
-            except yaml.YAMLError:
+                value = load_yaml(text)
+            except (yaml.YAMLError, ValueError):
                 raise _CoerceError("a list") from None
         else:
             value = [part.strip() for part in text.split(",")] if text else []
@@ -279,17 +283,46 @@ class Range:
     def message(self, name: str, value: Any) -> str:
         """``top_p must be a finite number in (0, 1] (1 = off), got 1.5``; ``depth must be a positive integer,
         got 0``."""
+        return name + self.requirement(value)
+
+    def requirement(self, value: Any) -> str:
+        """What follows the name in :meth:`message`, `` must be a positive integer, got 0`` (an ``OptionError``
+        puts the option, ``Opt(name)``, before it, so the command line names the flag)."""
         kind, words = ("an integer" if self.integer else "a finite number"), self.words()
         if self.integer and self.lo == 0 and self.hi is None:
             kind, words = ("a positive integer" if self.lo_open else "a non-negative integer"), ""
         note = f" ({self.note})" if self.note else ""
-        return f"{name} must be {kind}{words}{note}, got {value!r}"
+        return f" must be {kind}{words}{note}, got {short_repr(value)}"
 
-    def check(self, name: str, value: Any) -> None:
-        """Raise a one-line ``ValueError`` (:meth:`message`) unless :meth:`ok`."""
+    def check(self, name: str, value: Any, fix: str = "") -> None:
+        """Raise a one-line ``ValueError`` (:meth:`message`, then ``; fix`` when given) unless :meth:`ok`."""
         if not self.ok(value):
-            raise ValueError(self.message(name, value))
+            raise ValueError(self.message(name, value) + (f"; {fix}" if fix else ""))
 
 
 POSITIVE = Range(0, lo_open=True, integer=True)  # counts and sizes: 1, 2, ...
 NON_NEGATIVE = Range(0, integer=True)  # counts where 0 means none or off
+
+
+def load_yaml(text: str, where: str = "the YAML") -> Any:
+    """``yaml.safe_load(text)`` (``yaml.YAMLError`` for malformed text), refused in one line when its aliases
+    expand it to more than :data:`YAML_VALUES` values or make it refer to itself: a 1 KB file of nested
+    aliases is 10**8 strings to anything that walks or prints it."""
+    import yaml
+
+    data = yaml.safe_load(text)
+    stack, seen = [data], 0
+    while stack:
+        value = stack.pop()
+        seen += 1
+        if seen > YAML_VALUES:
+            raise ValueError(
+                f"{where} expands to more than {YAML_VALUES:,} values (its aliases, *name, repeat what an anchor "
+                "&name holds, or refer to themselves); write the values out"
+            )
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+    return data

@@ -207,9 +207,10 @@ class DINOModel(nn.Module):
         return pool_tokens(self.backbone.forward_features(x), self.pool)
 
     def no_weight_decay(self) -> set[str]:
-        """The backbone's (position table, class token, vectors) and the head's vectors, with their prefixes."""
-        skip = {f"backbone.{n}" for n in self.backbone.no_weight_decay()}
-        return skip | {f"head.{n}" for n, p in self.head.named_parameters() if p.ndim < 2}
+        """DINO's rule (``utils.get_params_groups``): weight decay skips the biases and vectors only, so the
+        backbone's position table and class token (tensors of 2+ dimensions) are decayed, as in DINO's
+        training, unlike the backbone's own rule for supervised training (``Model.no_weight_decay``)."""
+        return {n for n, p in self.named_parameters() if n.endswith(".bias") or p.ndim < 2}
 
     def forward(self, views: Tensor | Sequence[Tensor]) -> Tensor:
         """Head outputs of every view, concatenated in the order given: ``(len(views) · b, out_dim)``."""

@@ -138,12 +138,24 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
     except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if isinstance(e, OSError):
-            err = _write_error(e, path)
-            if err is not e:
+        cause = _os_error_in(e)  # torch's zip writer raises RuntimeError while the disk-full OSError is handled
+        if cause is not None:
+            err = _write_error(cause, path)
+            if err is not cause:
                 raise err from None
         raise
     return path
+
+
+def _os_error_in(e: BaseException) -> OSError | None:
+    """``e`` if it is an OSError, else the first OSError it was raised while handling (or from), if any."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def _new_temp_file(path: Path) -> str:
@@ -459,6 +471,9 @@ def load_safetensors(path: str | Path, verify: bool = True) -> tuple[dict[str, T
     return tensors, dict(metadata)
 
 
+_JSON_KINDS = {list: "list", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
 def read_model_json(directory: str | Path, name: str) -> tuple[str, Any]:
     """The text and parsed content of ``directory/name`` (``config.json`` or ``tokenizer.json`` of a saved
     model), verified against the :func:`json_sha256` stored in the header of ``directory/model.safetensors``.
@@ -475,6 +490,11 @@ def read_model_json(directory: str | Path, name: str) -> tuple[str, Any]:
         raise CheckpointError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}); the file is corrupt") from None
     except (OSError, UnicodeDecodeError) as e:
         raise CheckpointError(f"cannot read {path} ({e}); the file is corrupt or unreadable") from None
+    if not isinstance(data, dict):  # every model file of this name holds settings by name; a list is no config
+        raise CheckpointError(
+            f"{path} holds a JSON {_JSON_KINDS.get(type(data), type(data).__name__)}, not an object of settings by "
+            f"name as a {name} does; restore the file that came with the model"
+        )
     weights = Path(directory) / WEIGHTS_NAME
     meta = read_safetensors_metadata(weights) if weights.is_file() else {}
     expected = meta.get(digest_key(name))
@@ -518,8 +538,6 @@ def read_config_dict(directory: str | Path) -> dict:
             f"no {CONFIG_NAME} in {directory}; expected a directory written by model.save_pretrained(...)"
         )
     _, data = read_model_json(directory, CONFIG_NAME)  # verified against the checksum beside the weights
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} does not hold a JSON object of model settings; the file is corrupt")
     data.pop("crate_transformer_version", None)
     return data
 

@@ -37,12 +37,12 @@ from torch import Tensor, nn
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .base import Model, Trace
 from .config import LANGUAGE_MODEL, Config
-from .config_utils import Range
+from .config_utils import NON_NEGATIVE, POSITIVE, Range
 from .errors import Opt, TaskError, Use
 from .io import FILE_DIGESTS, TOKENIZER_NAME, CheckpointError, read_model_json
 from .model import ViTBlock
-from .official import HEADS_NOT_STORED, OfficialFormat, rename, unwrap
-from .operators import MLP, EncoderLayer, LayerConfig
+from .official import HEADS_NOT_STORED, OfficialFormat, index_count, rename, unwrap
+from .operators import DIM_HEAD, MLP, EncoderLayer, LayerConfig
 from .tokenizer import Tokenizer
 
 __all__ = [
@@ -134,10 +134,9 @@ class LMConfig(LayerConfig, Config):
         self.check_positive("vocab_size", "block_size", "dim", "depth", "heads", "odl_ratio", "type_vocab_size")
         if self.arch == "crate_lm":
             self.check_layer()
-        if self.num_labels < 0:
-            raise ValueError(f"num_labels must be >= 0 (0 = no classification head), got {self.num_labels}")
-        if self.dim_head is not None and self.dim_head <= 0:
-            raise ValueError(f"dim_head must be a positive integer or None (= dim // heads), got {self.dim_head!r}")
+        Range(0, integer=True, note="0 = no classification head").check("num_labels", self.num_labels)
+        if self.dim_head is not None:
+            DIM_HEAD.check("dim_head", self.dim_head)
         if self.dim_head is None and self.dim % self.heads:
             raise ValueError(f"dim {self.dim} is not divisible by heads {self.heads}; set dim_head or change heads")
         if self.arch == "gpt" and self.dim % self.heads:
@@ -266,15 +265,21 @@ class LanguageModel(Model):
                     f"no {TOKENIZER_NAME} in {directory}, but the model was saved with one; re-save it"
                 )
             return
-        text, _ = read_model_json(directory, TOKENIZER_NAME)
+        self.attach_files({TOKENIZER_NAME: read_model_json(directory, TOKENIZER_NAME)[0]}, str(path))
+
+    def attach_files(self, files: Mapping[str, str], source: str) -> None:
+        """Attach the tokenizer whose ``tokenizer.json`` text ``files`` holds (a training state's, or the one read
+        by :meth:`load_extra_files`); nothing when it holds none."""
+        if TOKENIZER_NAME not in files:
+            return
         try:
-            tokenizer = Tokenizer.from_str(text, source=str(path))
+            tokenizer = Tokenizer.from_str(files[TOKENIZER_NAME], source=source)
         except ValueError as e:
             raise CheckpointError(str(e)) from None
         try:
             self.tokenizer = tokenizer
         except TaskError as e:  # a vocabulary larger than the embedding (its fix names a task: the CLI words it)
-            raise TaskError(f"{path}: ", *e.parts) from None
+            raise TaskError(f"{source}: ", *e.parts) from None
 
     def size_hint(self, state: Mapping[str, Tensor]) -> str:
         """A checkpoint of another width: the ``dim`` to pass."""
@@ -306,8 +311,7 @@ class LanguageModel(Model):
                 if getattr(m, "bias", None) is not None:
                     nn.init.zeros_(m.bias)
         for layer in self.layers:
-            mlp = getattr(layer, "mlp", None)
-            for out in (getattr(layer.attn, "proj", None), mlp[3] if isinstance(mlp, MLP) else None):
+            for out in (getattr(layer.attn, "proj", None), layer.block[3] if isinstance(layer.block, MLP) else None):
                 if out is not None:
                     nn.init.normal_(out.weight, std=0.02 / math.sqrt(2 * self.config.depth))
 
@@ -480,8 +484,7 @@ class LanguageModel(Model):
         c = self.config
         if not c.causal:
             raise ValueError("generation needs a causal (GPT) model; this one is a masked LM (objective mlm)")
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        NON_NEGATIVE.check("max_new_tokens", max_new_tokens)
         self.check_tokens(idx[:, -c.block_size :])
         was_training = self.training
         if was_training:  # a switch drops what the layers keep between forwards (ISTA's step matrix)
@@ -575,8 +578,7 @@ def mask_tokens(
     """BERT masking for eq. (85): choose each non-special token with probability ``prob`` (the set Ω);
     of those, 80 % become ``[MASK]``, 10 % a random token, 10 % stay.  Returns ``(inputs, labels)`` with
     ``labels = -100`` outside Ω (ignored by the cross-entropy)."""
-    if not 0 < prob < 1:
-        raise ValueError(f"the masking probability must be in (0, 1), got {prob}")
+    Range(0, 1, lo_open=True, hi_open=True, note="the share of tokens masked").check("prob", prob)
     dev = idx.device
 
     def uniform() -> Tensor:
@@ -609,8 +611,8 @@ def sample_next(
     ``softmax(logits / T)`` restricted to the ``top_k`` most likely tokens and to the smallest set whose
     probability reaches ``top_p`` (nucleus sampling)."""
     TEMPERATURE.check("temperature", temperature)
-    if top_k is not None and top_k <= 0:
-        raise ValueError(f"top_k must be a positive integer, got {top_k}")
+    if top_k is not None:
+        POSITIVE.check("top_k", top_k)
     if top_p is not None:
         TOP_P.check("top_p", top_p)
     logits = logits.float()
@@ -685,6 +687,17 @@ def lm_state(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
+def _model_arg(model_args: Mapping[str, Any], arg: str) -> int:
+    """A size in nanoGPT's ``model_args`` as an integer, or a one-line error naming the entry."""
+    value = model_args[arg]
+    if isinstance(value, bool) or not isinstance(value, int) and not (isinstance(value, str) and value.isdigit()):
+        raise ValueError(
+            f"the checkpoint's model_args hold {arg}={str(value)[:40]!r}, not a whole number; the file is damaged or "
+            "was not written by nanoGPT / crate-lm"
+        )
+    return int(value)
+
+
 def lm_checkpoint_fields(raw: object) -> dict[str, Any]:
     """The :class:`LMConfig` values a crate-lm / nanoGPT / GPT-2 file fixes (``OfficialFormat.fields``).
 
@@ -698,17 +711,21 @@ def lm_checkpoint_fields(raw: object) -> dict[str, Any]:
     state = lm_state(unwrap(raw))
     if "wte.weight" not in state or "wpe.weight" not in state:
         raise ValueError("not a GPT-style language model: no wte.weight / wpe.weight (token and position tables)")
-    layers = {int(k.split(".")[1]) for k in state if k.startswith("h.") and k.split(".")[1].isdigit()}
     (vocab, dim), block = state["wte.weight"].shape, state["wpe.weight"].shape[0]
-    found: dict[str, Any] = {"vocab_size": vocab, "dim": dim, "block_size": block, "depth": max(layers, default=-1) + 1}
+    found: dict[str, Any] = {
+        "vocab_size": vocab,
+        "dim": dim,
+        "block_size": block,
+        "depth": index_count(state, r"h\.(\d+)\."),
+    }
     for arg, name in _NANOGPT_ARGS.items():
-        if model_args.get(arg) is not None and int(model_args[arg]) != found[name]:
+        if model_args.get(arg) is not None and _model_arg(model_args, arg) != found[name]:
             raise ValueError(
                 f"the checkpoint's model_args say {arg}={model_args[arg]} but its tensors have {name}={found[name]}; "
                 "the file is inconsistent"
             )
     if model_args.get("n_head") is not None:
-        found["heads"] = int(model_args["n_head"])
+        found["heads"] = _model_arg(model_args, "n_head")
     else:
         del found["dim"]  # without the head count the name's width and heads apply (a mismatch is a shape error)
     ista = state.get("h.0.ista.weight")

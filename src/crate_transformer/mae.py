@@ -29,7 +29,6 @@ parameter totals (Table 9): :meth:`CRATEMAE.num_params` with ``layout="official"
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -65,6 +64,7 @@ __all__ = [
 ]
 
 MAE_ARCH = "crate_mae"
+MASK_RATIO = Range(0, 1, lo_open=True, hi_open=True)  # the share of patches masked
 
 
 @dataclass
@@ -106,6 +106,7 @@ class MAEConfig(ImageEncoderGeometry, LayerConfig, Config):
     RULES = {
         "norm_eps": Range(0, lo_open=True),
         "drop_path": Range(0, 1, hi_open=True),
+        "mask_ratio": MASK_RATIO,
     }
 
     @property
@@ -133,10 +134,7 @@ class MAEConfig(ImageEncoderGeometry, LayerConfig, Config):
 
 def check_mask_ratio(ratio: float, num_patches: int) -> int:
     """Validate a mask ratio for ``num_patches`` patches; returns the number of kept (visible) patches."""
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio):
-        raise ValueError(f"mask_ratio must be a number in (0, 1), got {ratio!r}; e.g. mask_ratio=0.75")
-    if not 0.0 < ratio < 1.0:
-        raise ValueError(f"mask_ratio must be in (0, 1), got {ratio!r}; e.g. mask_ratio=0.75 (the paper's)")
+    MASK_RATIO.check("mask_ratio", ratio, "e.g. mask_ratio=0.75 (the paper's)")
     keep = int(num_patches * (1 - ratio))
     if keep < 1 or keep >= num_patches:
         raise ValueError(

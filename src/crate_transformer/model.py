@@ -23,7 +23,7 @@ from .base import POOLS, Model, Trace, pool_name, pool_tokens, take_indices
 from .config import IMAGE_CLASSIFIER, Config
 from .config_utils import Range
 from .official import HEADS_NOT_STORED, OfficialFormat, official_to_native
-from .operators import EncoderLayer, LayerConfig, drop_path_rates
+from .operators import DIM_HEAD, EncoderLayer, LayerConfig, drop_path_rates
 from .spec import DEFAULT_NORMALIZATION, IMAGENET_MEAN, IMAGENET_STD, DataSpec, fit_normalization
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 ARCHS = ("crate", "vit")
+NUM_CLASSES = Range(0, integer=True, note="0: no classifier, the model returns its pooled features")
 
 
 class ImageEncoderGeometry:
@@ -69,8 +70,8 @@ class ImageEncoderGeometry:
     def check_geometry(self, positive: tuple[str, ...] = ()) -> None:
         """One-line ValueErrors for bad sizes (``positive`` names further positive-integer fields)."""
         self.check_positive("image_size", "patch_size", "in_chans", *positive, "dim", "depth", "heads")
-        if self.dim_head is not None and self.dim_head <= 0:
-            raise ValueError(f"dim_head must be a positive integer or None (= dim // heads), got {self.dim_head!r}")
+        if self.dim_head is not None:
+            DIM_HEAD.check("dim_head", self.dim_head)
         if self.dim_head is None and self.dim % self.heads:
             raise ValueError(
                 f"dim={self.dim} is not divisible by heads={self.heads}; "
@@ -145,11 +146,7 @@ class ModelConfig(ImageEncoderGeometry, LayerConfig, Config):
         if self.arch == "crate":
             self.check_layer()
         self.check_geometry()
-        if self.num_classes < 0:
-            raise ValueError(
-                f"num_classes must be >= 0 (0: no classifier, the model returns its pooled features), got "
-                f"{self.num_classes}"
-            )
+        NUM_CLASSES.check("num_classes", self.num_classes)
         if self.arch == "vit" and self.dim % self.heads:
             raise ValueError(
                 f"dim={self.dim} is not divisible by heads={self.heads}; the ViT baseline needs dim % heads == 0"

@@ -154,9 +154,12 @@ def membership_coding_rate(
     d = Z.shape[-1]
     if labels.shape != Z.shape[:-1]:
         raise ValueError(f"labels must have shape {tuple(Z.shape[:-1])} (one per token), got {tuple(labels.shape)}")
-    K = int(labels.max()) + 1 if num_classes is None else num_classes
+    present = labels.unique()  # empty classes add logdet(I) = 0: no loop over labels that never occur
+    if len(present) and (present[0] < 0 or (num_classes is not None and present[-1] >= num_classes)):
+        bad = int(present[0]) if present[0] < 0 else int(present[-1])
+        raise ValueError(f"label {bad} is not a class index in [0, {num_classes or 'num_classes'})")
     total = torch.zeros(Z.shape[:-2], dtype=Z.dtype, device=Z.device)
-    for k in range(K):
+    for k in present.tolist():
         mask = (labels == k).to(Z.dtype)
         n_k = mask.sum(-1)
         gamma = d / (n_k.clamp(min=1) * eps**2)

@@ -23,6 +23,7 @@ __all__ = [
     "HEADS_NOT_STORED",
     "rename",
     "unwrap",
+    "index_count",
     "conv_to_linear",
     "linear_to_conv",
     "CLASSIFIER_KEY_MAP",
@@ -144,6 +145,22 @@ def rename(state: Mapping[str, Tensor], key_map: list[tuple[str, str]], forward:
                 break
         out[key] = value
     return out
+
+
+def index_count(state: Mapping[str, object], pattern: str, step: int = 1) -> int:
+    """One more than the last index of the numbered blocks (layers, convolutions) whose keys match ``pattern`` (a
+    regex whose first group is the index); 0 when none.  The indices must be ``0, step, 2·step, …``, each present:
+    a size read from key names is bounded by the keys themselves (one key ``h.1000000000.…`` would otherwise build
+    a billion layers before any weight is compared); a gap is a one-line ``ValueError``."""
+    found = sorted({int(m.group(1)) for k in state if (m := re.match(pattern, k))})
+    if found != list(range(0, step * len(found), step)):
+        gap = next(i * step for i, n in enumerate(found) if n != i * step)
+        shown = pattern.replace("(\\d+)", "N").replace("\\", "")
+        raise ValueError(
+            f"the file's keys {shown}… number {len(found)} blocks up to index {found[-1]:,}, and block {gap} is "
+            "missing; the file is damaged or not of this format"
+        )
+    return found[-1] + 1 if found else 0
 
 
 def unwrap(obj: object) -> dict[str, Tensor]:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .config_utils import Range
@@ -56,6 +57,8 @@ LAYER_FORMS = ("official", "jmlr")
 ATTENTIONS = ("mssa", "mhsa")  # the layer's first block: CRATE's MSSA | standard attention (Table 17)
 # the second block: CRATE's ISTA | GELU MLP (Table 17) | CRATE-α's ODL | the crate-lm overcomplete ISTA
 MLPS = ("ista", "mlp", "odl", "ista_overcomplete")
+# a head's width p where a config may give it (dim_head); None there means dim // heads
+DIM_HEAD = Range(0, lo_open=True, integer=True, note="or None = dim // heads")
 GELUS = ("exact", "tanh")  # the MLP's GELU: erf (nanoGPT, timm) | tanh approximation (OpenAI / HF GPT-2)
 
 
@@ -120,7 +123,10 @@ def attend(
     """
     m, s = q.shape[-2], k.shape[-2]
     if key_mask is None and (not causal or m == s or m == 1):  # one new query sees every cached key
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal and m == s, scale=scale)
+        # bool(): lengths traced by torch.export compare to a symbolic bool, which the kernel's flag refuses
+        return F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout_p, is_causal=bool(causal and m == s), scale=scale
+        )
     mask = torch.ones(m, s, dtype=torch.bool, device=q.device)
     if causal:
         mask = mask.tril(s - m)
@@ -499,7 +505,10 @@ class ISTA(nn.Module):
         A = self.kept_step_matrix()
         if A is None and torch.is_grad_enabled() and D.requires_grad:
             self._kept = None  # D is being trained: what was kept may be stepped past unseen
-        if A is None and rows.shape[0] < D.shape[0]:  # thin is cheaper (class docstring)
+        thin = rows.shape[0] < D.shape[0]  # thin is cheaper (class docstring)
+        if isinstance(thin, torch.SymBool):  # a row count torch.export keeps dynamic: the fused form holds for
+            thin = statically_known_true(thin)  # every count, where a guard on the count would fail the export
+        if A is None and thin:
             pre = torch.addmm(rows + bias, rows - F.linear(rows, D), D, alpha=self.eta).view_as(x)
         else:
             pre = torch.addmm(x.new_full((1,), bias), rows, self.step_matrix() if A is None else A).view_as(x)
@@ -640,8 +649,7 @@ class DropPath(nn.Module):
 
     def __init__(self, p: float = 0.0) -> None:
         super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"drop path rate must be in [0, 1), got {p}")
+        Range(0, 1, hi_open=True, note="the drop path rate").check("p", p)
         self.p = float(p)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -32,6 +32,7 @@ __all__ = [
     "extract_features",
     "knn_classify",
     "knn_sweep",
+    "usable_ks",
     "linear_probe",
     "sgd_linear_probe",
     "ProbeResult",
@@ -104,26 +105,44 @@ def knn_sweep(
     """Weighted k-NN top-1 accuracy for each k of ``ks`` (one similarity search for all of them).
 
     Cosine similarities ``s`` of l2-normalised features; the k nearest training samples vote for their
-    class with weight ``exp(s / temperature)``; ties go to the lower class index.  k larger than the
-    training set is clipped to it.
+    class with weight ``exp(s / temperature)``; ties go to the lower class index.  A k larger than the
+    training set is refused (every sample would vote: not a k-NN score); :func:`usable_ks` keeps the others.
+    Votes are counted over the classes that occur in ``train_y`` only, so no label sizes an allocation.
     """
     _check_features(train_x, train_y, test_x, test_y)
     if not ks or min(ks) < 1:
         raise ValueError(f"k must be positive integers, got {list(ks)}")
+    if max(ks) > len(train_x):
+        raise ValueError(f"k={max(ks)} is more than the {len(train_x)} training samples; use k <= {len(train_x)}")
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
-    num_classes = num_classes or int(max(train_y.max(), test_y.max())) + 1
+    _check_labels(train_y, test_y, num_classes)
+    classes, train_c = torch.unique(train_y, return_inverse=True)  # sorted: ties still go to the lower label
     train_n, test_n = F.normalize(train_x.float(), dim=1), F.normalize(test_x.float(), dim=1)
-    kmax = min(max(ks), len(train_n))
     correct = {k: 0 for k in ks}
     for start in range(0, len(test_n), chunk):
-        sim, idx = (test_n[start : start + chunk] @ train_n.T).topk(kmax, dim=1)  # sorted, nearest first
-        votes = F.one_hot(train_y[idx], num_classes).float() * (sim / temperature).exp().unsqueeze(-1)
+        sim, idx = (test_n[start : start + chunk] @ train_n.T).topk(max(ks), dim=1)  # sorted, nearest first
+        votes = F.one_hot(train_c[idx], len(classes)).float() * (sim / temperature).exp().unsqueeze(-1)
         truth = test_y[start : start + chunk]
         for k in ks:
-            pred = votes[:, : min(k, kmax)].sum(dim=1).argmax(dim=1)
+            pred = classes[votes[:, :k].sum(dim=1).argmax(dim=1)]
             correct[k] += int((pred == truth).sum())
     return {k: correct[k] / len(test_n) for k in ks}
+
+
+def usable_ks(ks: Sequence[int], num_train: int) -> tuple[list[int], list[int]]:
+    """``(ks that a k-NN over num_train samples can use, the ks above num_train)``."""
+    return [k for k in ks if k <= num_train], [k for k in ks if k > num_train]
+
+
+def _check_labels(train_y: Tensor, test_y: Tensor, num_classes: int | None) -> None:
+    """Class labels are indices ``0..num_classes-1`` (``num_classes`` when given)."""
+    lo = int(min(train_y.min(), test_y.min()))
+    hi = int(max(train_y.max(), test_y.max()))
+    if lo < 0 or (num_classes is not None and hi >= num_classes):
+        bad = lo if lo < 0 else hi
+        within = f"0..{num_classes - 1}" if num_classes is not None else "0, 1, 2, ..."
+        raise ValueError(f"label {bad} is not a class index {within}; check the labels")
 
 
 def knn_classify(
@@ -136,7 +155,7 @@ def knn_classify(
     temperature: float = 0.07,
     num_classes: int | None = None,
 ) -> float:
-    """Weighted k-NN top-1 accuracy for one ``k`` (see :func:`knn_sweep`)."""
+    """Weighted k-NN top-1 accuracy for one ``k`` (see :func:`knn_sweep`; ``k`` at most the training samples)."""
     return knn_sweep(train_x, train_y, test_x, test_y, ks=(k,), temperature=temperature, num_classes=num_classes)[k]
 
 

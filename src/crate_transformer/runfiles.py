@@ -20,7 +20,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from .io import CONFIG_NAME
+from .io import CONFIG_NAME, FILE_DIGESTS, WEIGHTS_NAME, read_safetensors_metadata
 
 __all__ = [
     "CHECKPOINT",
@@ -48,8 +48,24 @@ def is_saved_model_dir(path: str | os.PathLike) -> bool:
     try:
         data = json.loads((path / CONFIG_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
+        return _saved_weights(path)
+    if not isinstance(data, dict):
+        return _saved_weights(path)
+    return not any(k in data for k in _HF_CONFIG_KEYS)
+
+
+def _saved_weights(path: Path) -> bool:
+    """Whether a folder whose ``config.json`` cannot tell (unreadable, or no JSON object) is this package's, by its
+    weights: ``save_pretrained`` never writes ``pytorch_model.bin`` and records the config's checksum in the header
+    of ``model.safetensors``; without weights it counts as ours, so its own loader names what is missing."""
+    if (path / "pytorch_model.bin").is_file():
+        return False
+    if not (path / WEIGHTS_NAME).is_file():
         return True
-    return not (isinstance(data, dict) and any(k in data for k in _HF_CONFIG_KEYS))
+    try:
+        return FILE_DIGESTS[CONFIG_NAME] in read_safetensors_metadata(path / WEIGHTS_NAME)
+    except ValueError:  # a damaged header: the package's own loader reports it
+        return True
 
 
 def is_run_dir(path: str | os.PathLike) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .config import Config
+from .config_utils import Range
 
 __all__ = [
     "DataSpec",
@@ -39,6 +40,8 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 DEFAULT_NORMALIZATION = "ImageNet's (none recorded)"
 # how images are resized (``pretrained_cfg["interpolation"]``)
 INTERPOLATIONS = ("bilinear", "bicubic")
+# the centre crop's share of the resized shorter side (timm's crop_pct)
+CROP_PCT = Range(0, 1, lo_open=True, note="the crop's share of the resized shorter side")
 # timm's data-config keys, which resolve_data_config takes as overrides
 _DATA_KEYS = ("input_size", "img_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
 
@@ -216,8 +219,5 @@ def resolve_data_config(model: Any, **args: Any) -> dict[str, Any]:
     out["mean"], out["std"] = tuple(fit[0]), tuple(fit[1])
     if out["interpolation"] not in INTERPOLATIONS:
         raise ValueError(f"unknown interpolation {out['interpolation']!r}; choose one of {INTERPOLATIONS}")
-    if not 0 < float(out["crop_pct"]) <= 1:
-        raise ValueError(
-            f"crop_pct must be in (0, 1] (the crop's share of the resized shorter side), got {out['crop_pct']}"
-        )
+    CROP_PCT.check("crop_pct", float(out["crop_pct"]))
     return out

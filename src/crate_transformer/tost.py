@@ -34,9 +34,9 @@ every model here has dropout 0 by default); in training the classifier returns i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -50,9 +50,9 @@ from .base import Model, Trace
 from .config import IMAGE_CLASSIFIER, Config
 from .config_utils import Range
 from .lm import EMBED_KEY_MAP, LanguageModel, LMConfig, lm_checkpoint_fields, lm_state
-from .model import ImageEncoderGeometry, ImageInput, classifier_layer
-from .official import OfficialFormat, rename, unwrap
-from .operators import MLP, TSSA, DropPath
+from .model import NUM_CLASSES, ImageEncoderGeometry, ImageInput, classifier_layer
+from .official import OfficialFormat, index_count, rename, unwrap
+from .operators import DIM_HEAD, MLP, TSSA, DropPath
 from .spec import DataSpec
 
 __all__ = [
@@ -125,8 +125,7 @@ class ToSTConfig(ImageEncoderGeometry, Config):
 
     def validate(self) -> None:
         self.check_geometry(positive=("cls_layers",))
-        if self.num_classes < 0:
-            raise ValueError(f"num_classes must be >= 0 (0: no classifier), got {self.num_classes}")
+        NUM_CLASSES.check("num_classes", self.num_classes)
         self.check_data()
         p = self.patch_size
         if p < 2 or p & (p - 1):
@@ -173,8 +172,8 @@ class ToSTLMConfig(LMConfig):
                 f"a ToST language model is a causal GPT with learned positions and a final LayerNorm, not "
                 f"{', '.join(wrong)}; drop those overrides"
             )
-        if self.dim_head is not None and self.dim_head <= 0:
-            raise ValueError(f"dim_head must be a positive integer or None (= dim // heads), got {self.dim_head!r}")
+        if self.dim_head is not None:
+            DIM_HEAD.check("dim_head", self.dim_head)
         if self.dim_head is None and self.dim % self.heads:
             raise ValueError(f"dim {self.dim} is not divisible by heads {self.heads}; set dim_head or change heads")
         if int(self.dim * self.mlp_ratio) < 1:
@@ -224,6 +223,12 @@ class ToSTBlock(nn.Module):
         self.gamma1 = nn.Parameter(torch.full((dim,), float(layer_scale)))
         self.gamma2 = nn.Parameter(torch.full((dim,), float(layer_scale)))
         self.drop_path = DropPath(drop_path)
+
+    @property
+    def block(self) -> nn.Module:
+        """The second block, its MLP, under the name every layer gives it
+        (:attr:`~crate_transformer.operators.EncoderLayer.block`)."""
+        return self.mlp
 
     def code_site(self) -> tuple[nn.Module, str]:
         """The MLP's GELU units (what ``crate features`` reads)."""
@@ -441,7 +446,9 @@ class ToST(ImageInput, Model):
         c, found = self.config, {}
         if "cls_token" in state:
             found["dim"] = state["cls_token"].shape[-1]
-        found["depth"], found["cls_layers"] = _count(state, r"layers\.(\d+)\."), _count(state, r"cls_layers\.(\d+)\.")
+        with contextlib.suppress(ValueError):  # numbered with gaps: the hint leaves the depth out
+            found["depth"] = index_count(state, r"layers\.(\d+)\.")
+            found["cls_layers"] = index_count(state, r"cls_layers\.(\d+)\.")
         if "layers.0.attn.temp" in state:
             found["heads"] = state["layers.0.attn.temp"].shape[0]
         if "head.weight" in state:
@@ -515,12 +522,6 @@ def _tost_state(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return {k.removeprefix("module."): v for k, v in state.items()}
 
 
-def _count(state: Mapping[str, Tensor], pattern: str) -> int:
-    """How many indices ``{i}`` the keys matching ``pattern`` (a regex with one group) have."""
-    found = {int(m.group(1)) for k in state if (m := re.match(pattern, k))}
-    return max(found, default=-1) + 1
-
-
 def tost_fields(raw: object) -> dict[str, Any]:
     """The :class:`ToSTConfig` values a ``tost_vision`` file fixes (``OfficialFormat.fields``): the sizes from the
     tensors, and the image size from ``args.input_size`` of the container ``main.py`` writes."""
@@ -528,11 +529,11 @@ def tost_fields(raw: object) -> dict[str, Any]:
     if "cls_token" not in state or "blocks.0.attn.temp" not in state:
         raise ValueError("not a ToST classifier: no cls_token / blocks.0.attn.temp")
     dim = state["cls_token"].shape[-1]
-    convs = _count(state, r"patch_embed\.proj\.(\d+)\.0\.weight")
+    convs = index_count(state, r"patch_embed\.proj\.(\d+)\.0\.weight", step=2)
     found: dict[str, Any] = {
         "dim": dim,
-        "depth": _count(state, r"blocks\.(\d+)\."),
-        "cls_layers": _count(state, r"cls_attn_blocks\.(\d+)\."),
+        "depth": index_count(state, r"blocks\.(\d+)\."),
+        "cls_layers": index_count(state, r"cls_attn_blocks\.(\d+)\."),
         "heads": state["blocks.0.attn.temp"].shape[0],
         "patch_size": 2 ** ((convs + 1) // 2),  # convolutions at indices 0, 2, 4, ... with GELUs between
         "in_chans": state["patch_embed.proj.0.0.weight"].shape[1],

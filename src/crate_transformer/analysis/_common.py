@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..config_utils import POSITIVE
 from ..data import fit_normalization, match_channels, normalize
 from ..model import ImageClassifier, Trace
 from ..objectives import subspaces_from_qkv
@@ -133,8 +134,7 @@ def iter_batches(
     is divided by 255 first); a dataset gives [0, 1] images, which are converted to ``channels``
     channels (grey ↔ RGB, as training does) and normalised with ``normalization``.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    POSITIVE.check("batch_size", batch_size)
     if isinstance(images, Tensor):
         if images.dim() == 3:
             images = images.unsqueeze(0)

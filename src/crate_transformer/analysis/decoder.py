@@ -147,6 +147,7 @@ def reconstruction_recognition(
     finally:
         model.train(was)
     ref, labels = pixels(train_x), train_y.long().cpu()
+    k = min(k, len(ref))  # fewer training images than k: every one votes, and the result says which k was used
     acc = lambda x: knn_classify(ref, labels, x, test_y.long().cpu(), k=k)  # noqa: E731
     return {"original": acc(pixels(test_x)), "mean_fill": acc(torch.cat(mean_fill)),
             "reconstruction": acc(torch.cat(recon)), "k": k, "images": len(test_x)}  # fmt: skip

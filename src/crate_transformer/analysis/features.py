@@ -40,6 +40,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..config_utils import POSITIVE
+
 __all__ = [
     "ALWAYS_ON",
     "UnitStats",
@@ -143,8 +145,7 @@ def collect(
 ) -> dict[int, UnitStats]:
     """One streaming pass over ``batches`` (model inputs, in evaluation-set order) → ``{layer: UnitStats}``
     (0-based layers, default all), codes read by forward hooks during ``model.forward_features``."""
-    if k < 1:
-        raise ValueError(f"k (top-activating inputs per unit) must be >= 1, got {k}")
+    POSITIVE.check("k", k, "k counts the top-activating inputs kept per unit")
     sites = code_sites(model)
     chosen = sorted(set(range(len(sites)) if layers is None else layers))
     skip = prefix_tokens(model)
@@ -311,6 +312,7 @@ def image_features(
     """Features of an image classifier on ``images`` ((N, C, H, W) in [0, 1]) labelled ``labels`` (N,):
     ``(report, assets)``, the report JSON-ready (per layer: the summary row and every unit's record, purity
     against the image's class), the assets what the dashboard shows (the top images as PNG data URLs)."""
+    from ..data.base import class_count
     from ._common import model_device, normalize_images
 
     if images.dim() != 4 or len(images) != len(labels):
@@ -321,7 +323,10 @@ def image_features(
     st = next(iter(stats.values()))
     y = labels.cpu().numpy().astype(np.int64)
     token_labels = np.repeat(y, st.tokens_per_sample)
-    classes = classes or [str(c) for c in range(int(y.max()) + 1)]
+    if not classes:
+        classes = [str(c) for c in range(class_count(y, "the labels", "pass class indices or name the classes"))]
+    elif (bad := next((int(c) for c in y if not 0 <= c < len(classes)), None)) is not None:
+        raise ValueError(f"label {bad} is not one of the {len(classes)} classes {classes[:5]}; check the labels")
     report = _report(model, stats, ["class"], len(images))
     report["layers"] = _layer_reports(
         stats, {"class": token_labels}, {"class": len(classes)}, {"class": lambda c: classes[c]}, seed

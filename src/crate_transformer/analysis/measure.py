@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..config_utils import POSITIVE
 from ..errors import Opt, OptionError
 from ..model import ImageClassifier
 from ..objectives import coding_rate, l1_per_entry, rate_reduction, sparsity, variational_coding_rate
@@ -374,8 +375,8 @@ def measure_hook(
     which the loop appends to its metrics log; :func:`load_measure_records` reads them back and
     :func:`~crate_transformer.analysis.plots.plot_measure_history` plots them.
     """
-    if not isinstance(every, int) or every < 1:
-        raise OptionError(Opt("measure_every"), f" must be a positive number of steps, got {every!r}")
+    if isinstance(every, float) or not POSITIVE.ok(every):
+        raise OptionError(Opt("measure_every"), POSITIVE.requirement(every) + " (steps)")
 
     def hook(ctx: object) -> list[dict] | None:
         step = int(ctx.step)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from scipy import ndimage
 from torch import Tensor
 
-from ..config_utils import Range
+from ..config_utils import POSITIVE, Range
 from ..model import ImageClassifier
 from ._common import eval_trace, head_projections, layer_index
 
@@ -153,8 +153,7 @@ def maskcut(
     feats = np.asarray(features, dtype=np.float64)
     if feats.ndim != 2 or feats.shape[0] != h * w:
         raise ValueError(f"features must be (h*w, D) = ({h * w}, D) for grid {h}x{w}, got shape {feats.shape}")
-    if n_masks < 1:
-        raise ValueError(f"n_masks must be >= 1, got {n_masks}")
+    POSITIVE.check("n_masks", n_masks)
     W_full = cosine_affinity(feats, tau)
     active = np.ones(h * w, dtype=bool)
     masks: list[np.ndarray] = []

@@ -89,10 +89,23 @@ def cli_words(place: object) -> str:
     return str(place)
 
 
-def error_message(e: BaseException) -> str:
-    """``e`` as the CLI says it: a :class:`~crate_transformer.errors.Worded` error names commands and flags."""
+def error_message(e: BaseException, args: argparse.Namespace | None = None, takes_model: bool = False) -> str:
+    """``e`` as the CLI says it: a :class:`~crate_transformer.errors.Worded` error names commands and flags; a file
+    that needs a model name says how the command at hand (``args``; ``takes_model``: it has ``--model``) takes
+    one."""
+    from ..checkpoint import ArchitectureNeeded  # the loaders, imported on this error path only
     from ..errors import Worded
 
+    if args is not None and isinstance(e, ArchitectureNeeded):
+        names = " or ".join(f"--model {n}" for n in e.examples)
+        if takes_model:
+            return f"{e.path} looks like {e.what}, which does not store its architecture; pass {names}"
+        return (
+            f"{e.path} looks like {e.what}, which does not store its architecture, and crate {args.command} takes "
+            f"no --model; load it in Python with ct.from_official(PATH, {e.examples[0]!r}), attach the tokenizer "
+            "it was trained with where it is a language model (model.tokenizer = ct.Tokenizer.from_file(...)), "
+            f"save it with model.save_pretrained(DIR) and pass DIR"
+        )
     return e.words(cli_words) if isinstance(e, Worded) else str(e)
 
 
@@ -177,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
         if os.environ.get("CRATE_DEBUG"):
             raise
-        print(f"crate {args.command}: error: {error_message(e)}", file=sys.stderr)
+        takes_model = "--model" in command_parser(parser, args)._option_string_actions
+        print(f"crate {args.command}: error: {error_message(e, args, takes_model)}", file=sys.stderr)
         return 2
     except OSError as e:
         if os.environ.get("CRATE_DEBUG") or e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):

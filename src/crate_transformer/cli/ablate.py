@@ -47,13 +47,15 @@ def configure_ablate(parser: argparse.ArgumentParser) -> None:
 def _train_args(items: list[str]) -> dict:
     import yaml
 
+    from ..config_utils import load_yaml
+
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--train-args expects KEY=VALUE pairs (e.g. batch_size=64), got {item!r}")
         try:
-            out[key.strip().replace("-", "_")] = yaml.safe_load(value)
+            out[key.strip().replace("-", "_")] = load_yaml(value, f"--train-args {key.strip()}")
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             at = f" at column {len(key) + 2 + mark.column}" if mark is not None else ""

@@ -182,12 +182,14 @@ def _run_task(checkpoint: str) -> str | None:
     """The training task recorded in a run directory's config.yaml (e.g. "dino"), or None."""
     import yaml
 
+    from ..config_utils import load_yaml
+
     path = Path(checkpoint)
     cfg = (path if path.is_dir() else path.parent.parent) / "config.yaml"  # RUN or RUN/checkpoints/last.pt
     if not cfg.is_file():
         return None
     try:
-        saved = yaml.safe_load(cfg.read_text())
+        saved = load_yaml(cfg.read_text(), str(cfg))
     except yaml.YAMLError:
         return None
     return saved.get("task") if isinstance(saved, dict) else None

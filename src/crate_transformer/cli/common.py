@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config_utils import Range
+from ..config_utils import POSITIVE, Range, load_yaml
 
 __all__ = [
     "parse_model_args",
@@ -49,7 +49,7 @@ def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
             raise ValueError(f"--model-args expects KEY=VALUE pairs (e.g. dim=64 depth=4), got {item!r}")
         name = key.strip().replace("-", "_")
         try:
-            parsed = yaml.safe_load(value)
+            parsed = load_yaml(value, f"--model-args {name}")
         except yaml.YAMLError:
             parsed = value
         if name in out and out[name] != parsed:
@@ -116,8 +116,8 @@ def refuse_given(args: argparse.Namespace, names: Sequence[str], why: str) -> No
 def positive(name: str, value: int | None, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
-    if value is None or value < 1:
-        raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    if value is None or not POSITIVE.ok(value):
+        raise ValueError(POSITIVE.message(f"--{name.replace('_', '-')}", value))
 
 
 def check_out_dir(path: str | Path) -> Path:

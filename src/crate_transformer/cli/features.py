@@ -11,21 +11,27 @@ import argparse
 import datetime
 from pathlib import Path
 
+from ..config_utils import NON_NEGATIVE
 from .common import (
+    add_report_arguments,
     apply_threads,
-    check_out_dir,
     dataset_columns,
     held_out_corpus,
     layer_number,
     positive,
+    refuse_given,
+    remember_defaults,
+    report_dir,
     report_home,
 )
 from .options import add_report_options
 
+OWNED = ("features.json", "features.html")  # what --overwrite replaces in a named --out
+
 
 def configure_features(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "run", help="a crate train / crate train-lm run directory (or a save_pretrained model directory)"
+        "run", help="a crate train / crate train-lm run directory, a save_pretrained model directory or hf-hub:ORG/NAME"
     )
     parser.add_argument(
         "--data",
@@ -42,17 +48,19 @@ def configure_features(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-blocks", type=int, default=64, help="language models: held-out token blocks measured")
     parser.add_argument("--context", type=int, default=12, help="language models: tokens shown either side")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument(
-        "--out",
-        default=None,
-        help="folder of features.json / features.html (default: RUN itself; for a checkpoint file, a folder "
-        "beside it named after it)",
-    )
+    add_report_arguments(parser, "features/ inside the model's folder (see crate eval)")
     add_report_options(parser, "features", "system")
+    remember_defaults(parser)
+
+
+IMAGE_ONLY = ("num_images",)  # what a language model's features cannot use, and the reverse
+TEXT_ONLY = ("num_blocks", "context")
 
 
 def _check_run(path: Path) -> None:
     """A one-line error, before anything is loaded, for a path that holds no model."""
+    if str(path).startswith("hf-hub:"):
+        return  # a pushed model: the loader names what is wrong with it
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist; pass a run directory written by crate train or crate train-lm")
     found = [p for p in ("config.json", "model/config.json", "checkpoints/last.pt") if (path / p).is_file()]
@@ -111,34 +119,40 @@ def run_features(args: argparse.Namespace) -> int:
     from ..analysis import features as F
     from ..checkpoint import load_model
     from ..config import LANGUAGE_MODEL
-    from ..io import write_json
+    from ..io import atomic_write, write_json
     from ..train.runtime import resolve_device
 
     for name in ("top_k", "num_images", "num_blocks", "batch_size"):
         positive(name, getattr(args, name))
-    if args.context < 0:
-        raise ValueError(f"--context must be >= 0, got {args.context}")
-    run = Path(args.run)
+    if not NON_NEGATIVE.ok(args.context):
+        raise ValueError(NON_NEGATIVE.message("--context", args.context))
+    run = Path(args.run)  # hf-hub:ORG/NAME is no folder: report_home names one
     _check_run(run)
     apply_threads(args)
-    model = load_model(run).to(resolve_device(args.device)).eval()
+    model = load_model(args.run).to(resolve_device(args.device)).eval()
+    language = model.kind == LANGUAGE_MODEL
+    if language:
+        refuse_given(args, IMAGE_ONLY, f"to a language model ({args.run}); it measures --num-blocks of text")
+    else:
+        refuse_given(args, TEXT_ONLY, f"to an image model ({args.run}); it is for language models")
     F.code_sites(model)  # a model without codes or MLP units fails here, before any data is read
     layers = _layers(model, args.layer)
-    out = check_out_dir(args.out if args.out else report_home(run))
+    out = report_dir(args.out, report_home(args.run) / "features", args.overwrite, "features", OWNED)
     common = dict(k=args.top_k, batch_size=args.batch_size, layers=layers, seed=args.seed)
-    if model.kind == LANGUAGE_MODEL:
+    if language:
         blocks, desc = _text_inputs(model, args, run)
         report, assets = F.text_features(model, blocks, tokenizer=model.tokenizer, context=args.context, **common)
     else:
         x, y, classes, norm, desc = _image_inputs(model, args)
         report, assets = F.image_features(model, x, y, classes=classes, normalization=norm, **common)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    report["source"] = {"run": str(run), "data": desc, "date": when}
+    report["source"] = {"run": args.run, "data": desc, "date": when}
     write_json(out / "features.json", report)
     title = f"{model.config.arch} features: {run.name}"
     description = f"{desc}; top {args.top_k} inputs per unit; {when}"
-    (out / "features.html").write_text(F.render_dashboard({**report, **assets, "description": description}, title))
-    print(f"features of {run} ({model.config.arch}) on {desc}, top-{args.top_k}:")
+    page = F.render_dashboard({**report, **assets, "description": description}, title)
+    atomic_write(out / "features.html", lambda tmp: Path(tmp).write_text(page))
+    print(f"features of {args.run} ({model.config.arch}) on {desc}, top-{args.top_k}:")
     print(F.summary_table(report))
     print(f"wrote {out / 'features.html'} and {out / 'features.json'}")
     return 0

@@ -223,7 +223,7 @@ def _write_eval(args: argparse.Namespace, r: object, name: str, data: str, src: 
 def _frozen_eval(args: argparse.Namespace, model, train_ds, test_ds, norm, out: Path, src: str, data: str) -> int:
     """``crate eval --knn / --linear-probe``: frozen features of the train split classify the evaluated split."""
     from ..io import atomic_write
-    from ..probe import KNN_KS, extract_features, knn_sweep, linear_probe, sgd_linear_probe
+    from ..probe import KNN_KS, extract_features, knn_sweep, linear_probe, sgd_linear_probe, usable_ks
     from ..train.evaluation import plot_knn
 
     args.pool = args.pool or getattr(model.config, "pool", "cls")
@@ -235,10 +235,20 @@ def _frozen_eval(args: argparse.Namespace, model, train_ds, test_ds, norm, out: 
     lines = [f"{test_ds.name} {args.split}: {len(test_y)} images, {args.pool} features ({train_x.shape[1]}-d) "
              f"of {len(train_y)} train images"]  # fmt: skip
     if args.knn:
-        accs = knn_sweep(train_x, train_y, test_x, test_y, ks=KNN_KS, num_classes=len(train_ds.classes))
+        ks, above = usable_ks(KNN_KS, len(train_y))
+        if not ks:
+            raise ValueError(
+                f"--knn needs at least k={KNN_KS[0]} train images and {train_ds.name} has {len(train_y)}; "
+                "evaluate with more training data or use --linear-probe"
+            )
+        accs = knn_sweep(train_x, train_y, test_x, test_y, ks=ks, num_classes=len(train_ds.classes))
         report["knn"] = {str(k): a for k, a in accs.items()}
         report["knn_temperature"] = 0.07
-        lines.append("k-NN (T=0.07): " + ", ".join(f"k={k} {100 * a:.2f}%" for k, a in accs.items()))
+        skipped = f" (k={', '.join(map(str, above))} not run: more than the {len(train_y)} train images)"
+        lines.append("k-NN (T=0.07): " + ", ".join(f"k={k} {100 * a:.2f}%" for k, a in accs.items())
+                     + (skipped if above else ""))  # fmt: skip
+        if above:
+            report["knn_not_run"] = above
         plot_knn(accs, out / "knn.png", title=f"{Path(data).name} {args.split}: weighted k-NN on {args.pool} features")
     if args.linear_probe:
         if args.probe == "logistic":

@@ -17,7 +17,41 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["ImageSource", "epoch_generator", "epoch_permutation", "global_batches", "local_batches", "rank_slice"]
+__all__ = [
+    "MAX_CLASSES",
+    "ImageSource",
+    "class_count",
+    "epoch_generator",
+    "epoch_permutation",
+    "global_batches",
+    "local_batches",
+    "rank_slice",
+]
+
+
+MAX_CLASSES = 100_000  # integer labels 0..max name at most this many classes unless every one of them occurs
+
+
+def class_count(labels: Sequence[int] | Tensor, where: str, fix: str) -> int:
+    """The number of classes ``0..max`` that integer ``labels`` imply, checked before anything is sized by it.
+
+    A label is a class index: negative labels are refused, and so is a maximum that would make more than
+    :data:`MAX_CLASSES` classes while most of them never occur (one label of 10**9 would otherwise make a
+    billion class names, one-hot rows and classifier outputs).  ``where`` names the data, ``fix`` the remedy.
+    """
+    values = labels.tolist() if hasattr(labels, "tolist") else list(labels)
+    if not values:
+        return 0
+    lo, hi = min(values), max(values)
+    if lo < 0:
+        raise ValueError(f"{where}: the label {lo} is not a class index (0, 1, 2, ...); {fix}")
+    distinct = len(set(values))
+    if hi >= MAX_CLASSES and distinct < hi + 1:
+        raise ValueError(
+            f"{where}: the label {hi:,} would make {hi + 1:,} classes for {distinct:,} distinct labels "
+            f"(more than {MAX_CLASSES:,} classes are accepted only when every index 0..max occurs); {fix}"
+        )
+    return hi + 1
 
 
 def epoch_generator(seed: int, epoch: int) -> torch.Generator:

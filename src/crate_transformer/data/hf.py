@@ -12,11 +12,12 @@ label column the one with a ``ClassLabel`` feature (its names are the classes), 
 ``label``/``labels``/``target``/``cls``/``fine_label`` of integers (classes ``0..max``).  ``image_column`` /
 ``label_column`` (``--image-column`` / ``--label-column``) name them instead.
 
-Splits: a ``DatasetDict``'s ``train`` and ``test`` (or ``validation``/``val``) splits; a single dataset
-holds out every fifth row of each class as the test split, as image folders do, and ``val_fraction``
-carves the same stratified val split out of the rest.  Batching, resume, DDP sharding, statistics and
-unreadable images work as for :class:`~crate_transformer.data.streaming.StreamingImageFolder` (it
-shares their code).  Needs the optional extra: ``pip install crate-transformer[hf]``.
+Splits: a ``DatasetDict``'s ``train`` and ``test`` (or ``validation``/``val``) splits; a single dataset (or
+data file: ``x.parquet``) holds out every fifth row of each class as the test split, as image folders do,
+and ``val_fraction`` carves the same stratified val split out of the rest.  Batching, resume, DDP sharding,
+statistics and unreadable images work as for
+:class:`~crate_transformer.data.streaming.StreamingImageFolder` (it shares their code).  Needs the optional
+extra: ``pip install crate-transformer[hf]``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from ..errors import Opt, OptionError
+from ..errors import Opt, OptionError, short_repr
+from .base import class_count
 from .hub import require_datasets
 from .memory import HF_MARKERS, check_load_args, holdout_every_fifth, split_members
 from .streaming import MapStreamSource
@@ -57,8 +59,57 @@ def _columns(ds: object, where: str, image: str = "", label: str = "") -> tuple[
             f"{where} has no label column (columns: {list(feats)}); name it with ", Opt("label_column"),
             " (a ClassLabel or integer column)",
         )  # fmt: skip
+    twice = [c for c in (image, label) if f"{c}.1" in feats]  # pandas renames a repeated CSV column
+    if twice:
+        raise ValueError(
+            f"{where} names the column {twice[0]!r} twice (the second read as '{twice[0]}.1'); give every column "
+            "its own name"
+        )
+    _check_kinds(feats, image, label, where)
     names = list(feats[label].names) if isinstance(feats[label], datasets.ClassLabel) else None
     return image, label, names
+
+
+def _holds_images(feature: object) -> bool:
+    """Whether a column's feature can hold images: an ``Image``, encoded bytes, file paths, {bytes, path}."""
+    datasets = require_datasets()
+    if isinstance(feature, dict):
+        return "bytes" in feature or "path" in feature
+    return isinstance(feature, datasets.Image) or (
+        isinstance(feature, datasets.Value) and feature.dtype in ("binary", "large_binary", "string", "large_string")
+    )
+
+
+def _check_kinds(feats: dict, image: str, label: str, where: str) -> None:
+    """The image column holds images and the label column class labels (not images, not lists)."""
+    datasets = require_datasets()
+    columns = f"columns: {', '.join(f'{c} ({_kind(f)})' for c, f in feats.items())}"
+    f = feats[label]
+    numeric = isinstance(f, datasets.Value) and (f.dtype.startswith(("int", "uint", "float")) or "string" in f.dtype)
+    if not (isinstance(f, datasets.ClassLabel) or numeric):
+        raise OptionError(
+            f"{where}: column {label!r} holds {_kind(f)}, not class labels; name the label column with ",
+            Opt("label_column"), f" (a ClassLabel or integer column; {columns})",
+        )  # fmt: skip
+    if not _holds_images(feats[image]):
+        raise OptionError(
+            f"{where}: column {image!r} holds {_kind(feats[image])}, not images (an Image feature, encoded bytes or "
+            "file paths); name the image column with ", Opt("image_column"), f" ({columns})",
+        )  # fmt: skip
+    if image == label:
+        raise ValueError(f"{where}: {image!r} cannot be both the image and the label column; name the other one")
+
+
+def _kind(feature: object) -> str:
+    """A column's feature in a few words: ``int64``, ``images``, ``ClassLabel``, ``a list``, ``a struct``."""
+    datasets = require_datasets()
+    if _holds_images(feature) and not isinstance(feature, datasets.Value):
+        return "images"
+    if isinstance(feature, datasets.Value):
+        return feature.dtype
+    if isinstance(feature, dict):
+        return "a struct"
+    return type(feature).__name__ if not isinstance(feature, (list, datasets.Sequence)) else "a list"
 
 
 def _int_labels(values: Sequence[object], where: str, column: str) -> list[int]:
@@ -71,7 +122,7 @@ def _int_labels(values: Sequence[object], where: str, column: str) -> list[int]:
                 if y is None
                 else f"encode the names as classes: ds = ds.class_encode_column({column!r}), then save_to_disk again"
             )
-            raise ValueError(f"row {i} of {where}: {column!r} is {y!r}, not a class index; {fix}")
+            raise ValueError(f"row {i} of {where}: {column!r} is {short_repr(y)}, not a class index; {fix}")
         out.append(int(y))
     return out
 
@@ -84,6 +135,23 @@ def _open(path: str | os.PathLike) -> tuple[str, object]:
     from .hub import load_hub_dataset
 
     return (str(local.resolve()) if local.exists() else os.fspath(path)), load_hub_dataset(os.fspath(path))
+
+
+def _splits(loaded: object, root: str) -> tuple[object, object | None]:
+    """(training pool, test split or None) of a ``Dataset`` / ``DatasetDict``: its ``train`` and ``test`` (else
+    ``validation`` / ``val``) splits; a dataset or dict with a ``train`` split only (one data file) has no test
+    split of its own, so every fifth row of each class is held out."""
+    if not isinstance(loaded, require_datasets().DatasetDict):
+        return loaded, None
+    if "train" not in loaded:
+        if len(loaded) == 1:
+            return next(iter(loaded.values())), None
+        raise ValueError(
+            f"{root} has the splits {list(loaded)} and no 'train' split; name the training split 'train' (data files "
+            "train.parquet and test.parquet, or folders train/ and test/, name their splits)"
+        )
+    test_key = next((k for k in ("test", "validation", "val") if k in loaded), None)
+    return loaded["train"], None if test_key is None else loaded[test_key]
 
 
 class HFImageDataset(MapStreamSource):
@@ -110,15 +178,7 @@ class HFImageDataset(MapStreamSource):
         check_load_args(split, val_fraction, on_bad_image, image_size)
         datasets = require_datasets()
         root, loaded = _open(path)
-        if isinstance(loaded, datasets.DatasetDict):
-            test_key = next((k for k in ("test", "validation", "val") if k in loaded), None)
-            if "train" not in loaded or test_key is None:
-                raise ValueError(
-                    f"{root} has splits {list(loaded)}; a DatasetDict needs 'train' and 'test' (or 'validation')"
-                )
-            pool_ds, test_ds = loaded["train"], loaded[test_key]
-        else:
-            pool_ds, test_ds = loaded, None
+        pool_ds, test_ds = _splits(loaded, root)
         image_col, label_col, names = _columns(pool_ds, root, image_column, label_column)
         parts = {"train": pool_ds} if test_ds is None else {"train": pool_ds, "test": test_ds}
         part_y = {k: _int_labels(d[label_col], f"the {k} split of {root}", label_col) for k, d in parts.items()}
@@ -129,7 +189,8 @@ class HFImageDataset(MapStreamSource):
             test_rows = [r for r, t in zip(pool_rows, flags) if t]
             pool_rows = [r for r, t in zip(pool_rows, flags) if not t]
         all_y = [y for ys in part_y.values() for y in ys]
-        self.classes = names or [str(i) for i in range(max(all_y, default=-1) + 1)]
+        fix = f"number the classes 0..K-1 (datasets' ds.class_encode_column({label_col!r}) maps any labels to them)"
+        self.classes = names or [str(i) for i in range(class_count(all_y, f"the {label_col!r} column of {root}", fix))]
         if any(not 0 <= y < len(self.classes) for y in all_y):
             raise ValueError(f"{root} has labels outside 0..{len(self.classes) - 1}; fix the '{label_col}' column")
         if split == "test":

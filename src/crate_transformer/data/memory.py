@@ -44,8 +44,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..config_utils import POSITIVE, Range
 from ..errors import Opt, OptionError, OptionWarning
-from .base import ImageSource, local_batches
+from ..spec import CROP_PCT
+from .base import ImageSource, class_count, local_batches
 from .hub import DATA_FILE_SUFFIXES, is_dataset_name
 from .transforms import BUILTIN_DATASETS, match_channels, resize_tensor
 
@@ -188,14 +190,13 @@ def check_load_args(split: str, val_fraction: float, on_bad_image: str, image_si
     """The arguments every loader shares (split, val_fraction, on_bad_image, image_size), checked once."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose one of {SPLITS}")
-    if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    Range(0, 1, hi_open=True).check("val_fraction", val_fraction)
     if split == "val" and val_fraction == 0.0:
         raise OptionError("split='val' needs a validation split; pass ", Opt("val_fraction", 0.1), " (> 0)")
     if on_bad_image not in ("skip", "error"):
         raise ValueError(f"on_bad_image must be 'skip' or 'error', got {on_bad_image!r}")
-    if image_size is not None and (not isinstance(image_size, int) or isinstance(image_size, bool) or image_size <= 0):
-        raise ValueError(f"image_size must be a positive integer or None, got {image_size!r}")
+    if image_size is not None and (isinstance(image_size, float) or not POSITIVE.ok(image_size)):
+        raise ValueError(f"{POSITIVE.message('image_size', image_size)}; pass a size in pixels or None (as stored)")
 
 
 def split_members(pool_labels: Tensor, split: str, val_fraction: float, seed: int) -> Tensor:
@@ -277,7 +278,18 @@ def resolve_source(name_or_path: str | os.PathLike) -> tuple[str, str]:
             return "shards", str(path.resolve())
     if any(p.suffix in (".parquet", ".arrow") for p in (*path.glob("*"), *path.glob("*/*"))):
         return "hf", str(path.resolve())  # Parquet / Arrow files, e.g. a Hub dataset repository downloaded as is
+    if _data_files_without_images(path):
+        return "hf", str(path.resolve())  # train.csv + test.csv, validation/x.jsonl, ...
     return "folder", str(path.resolve())
+
+
+def _data_files_without_images(path: Path) -> bool:
+    """Whether a folder holds CSV/JSON data files (at its top or one level down) and no class subfolders of
+    images: a folder of tables, read as a dataset, not an image folder missing its classes."""
+    if not any(p.suffix.lower() in DATA_FILE_SUFFIXES for p in (*path.glob("*"), *path.glob("*/*"))):
+        return False
+    images = (p for pattern in ("*/*", "*/*/*") for p in path.glob(pattern) if p.suffix.lower() in IMAGE_EXTENSIONS)
+    return next(images, None) is None
 
 
 def _folder_signature(root: str) -> tuple:
@@ -466,7 +478,8 @@ def _cifar_arrays(root: Path, kind: str) -> tuple[list[str], Tensor, Tensor, Ten
         classes = [c.decode() if isinstance(c, bytes) else str(c) for c in names]
         source = f"the {len(classes)} class names in {meta_path}"
     else:  # no meta file: the training labels define the classes
-        n = max((int(y.max()) + 1 for _, _, y in train if y.size), default=0)
+        fix = f"add the archive's {meta_file} (the class names) or re-extract the archive"
+        n = class_count(np.concatenate([y for _, _, y in train]), f"the training files of {root}", fix)
         classes = [str(i) for i in range(n)]
         source = f"the {n} classes of the training files (no {meta_file} in {root})"
     for path, _, y in train + test:
@@ -673,10 +686,9 @@ def load_image_folder(
         raise ValueError(f"image folder not found: {folder}")
     if not root.is_dir():
         raise ValueError(f"{folder} is a file, not a folder; pass a folder of images")
-    if not isinstance(image_size, int) or image_size <= 0:
-        raise ValueError(f"image_size must be a positive integer, got {image_size!r}")
-    if not 0 < crop_pct <= 1:
-        raise ValueError(f"crop_pct must be in (0, 1] (the crop's share of the resized shorter side), got {crop_pct}")
+    if isinstance(image_size, float) or not POSITIVE.ok(image_size):
+        raise ValueError(POSITIVE.message("image_size", image_size))
+    CROP_PCT.check("crop_pct", crop_pct)
     files = _image_files(root)[:limit]
     if not files:
         raise ValueError(f"no images found in {folder} (looked for {', '.join(IMAGE_EXTENSIONS)} files, recursively)")

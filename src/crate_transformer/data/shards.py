@@ -63,7 +63,7 @@ import torch
 from torch import Tensor
 
 from ..errors import Opt, OptionError, OptionWarning
-from .base import ImageSource, epoch_permutation, rank_slice
+from .base import ImageSource, class_count, epoch_permutation, rank_slice
 from .memory import (
     SPLITS,
     channel_stats,
@@ -229,13 +229,14 @@ def _index(shards: Sequence[Path]) -> dict[str, dict]:
             cache = json.loads(cache_path.read_text())
         except (OSError, ValueError):
             cache = {}
+        cache = cache if isinstance(cache, dict) else {}
         changed = False
         for f in files:
             st = f.stat()
             entry = cache.get(f.name) or _MEMORY_INDEX.get((str(f), st.st_size, st.st_mtime_ns))
-            current = entry and entry.get("size") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns
-            if not current or "damage" not in entry:  # entries of older versions were never checked for damage
-                entry = cache[f.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, **_read_labels(f)}
+            if not _index_entry_current(entry, st, cache_path, f.name):
+                entry = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, **_read_labels(f)}
+                entry = cache[f.name] = {**entry, "sha256": _entry_sha256(entry)}
                 _MEMORY_INDEX[(str(f), st.st_size, st.st_mtime_ns)] = entry  # read-only folders: count once per process
                 changed = True
             out[str(f)] = entry
@@ -247,6 +248,32 @@ def _index(shards: Sequence[Path]) -> dict[str, dict]:
             except Exception:  # noqa: BLE001 - WriteError or anything else: the index stays in memory
                 pass
     return out
+
+
+def _entry_sha256(entry: dict) -> str:
+    """The checksum of an index entry's content (everything but the checksum itself)."""
+    import hashlib
+
+    content = {k: v for k, v in entry.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
+def _index_entry_current(entry: object, st: os.stat_result, index: Path, name: str) -> bool:
+    """Whether an index entry describes the shard as it is: same size and mtime, and content that matches
+    its checksum.  An entry edited by hand (labels that disagree with the shard) is warned about and
+    re-read; entries of older versions (no checksum, never checked for damage) are re-read silently."""
+    if not isinstance(entry, dict) or (entry.get("size"), entry.get("mtime_ns")) != (st.st_size, st.st_mtime_ns):
+        return False
+    if "sha256" not in entry or "damage" not in entry:
+        return False
+    if entry["sha256"] != _entry_sha256(entry):
+        warnings.warn(
+            f"{index}: the entry of {name} does not match its checksum (edited or damaged); "
+            "reading the labels from the shard again",
+            stacklevel=4,
+        )
+        return False
+    return True
 
 
 def _read_labels(f: Path) -> dict:
@@ -303,7 +330,8 @@ def _class_names(folder: Path, texts: Sequence[str]) -> list[str]:
                 raise ValueError(f"{f} lists no class names; write one class name per line")
             return [str(n) for n in names]
     if all(t.lstrip("-").isdigit() for t in texts):
-        return [str(i) for i in range(max(int(t) for t in texts) + 1)]
+        fix = f"number the classes 0..K-1, or list the class names in {folder / 'classes.txt'} (one per line)"
+        return [str(i) for i in range(class_count([int(t) for t in texts], f"the shards in {folder}", fix))]
     return sorted(set(texts))
 
 

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from ..errors import Opt, OptionError
 from .base import ImageSource
 from .memory import check_load_args, list_image_folder, load_dataset, resolve_source
+from .streaming import NUM_WORKERS
 
 __all__ = ["DATA_MODES", "STREAM_ABOVE", "open_source"]
 
@@ -56,8 +57,8 @@ def open_source(
     if mode not in DATA_MODES:
         raise OptionError(f"unknown data mode {mode!r}; choose one of {DATA_MODES} (", Opt("data_mode"), ")")
     check_load_args(split, val_fraction, on_bad_image, image_size)
-    if not isinstance(num_workers, int) or num_workers < -1:
-        raise OptionError(f"num_workers must be >= 0 or -1 (auto), got {num_workers!r} (", Opt("workers"), ")")
+    if isinstance(num_workers, float) or not NUM_WORKERS.ok(num_workers):
+        raise OptionError("num_workers", NUM_WORKERS.requirement(num_workers), " (", Opt("workers"), ")")
     kind, source = resolve_source(name_or_path)
     if (image_column or label_column) and kind != "hf":
         option = Opt("image_column" if image_column else "label_column")

@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..config_utils import Range
 from ..errors import Opt, OptionError, OptionWarning
 from .base import ImageSource, local_batches
 from .memory import (
@@ -63,6 +64,8 @@ __all__ = [
     "checked",
 ]
 
+# the data-loading workers: -1 picks them per machine, 0 decodes in the main process
+NUM_WORKERS = Range(-1, integer=True, note="-1 = auto, 0 = in the main process")
 STATS_SAMPLE = 512  # files decoded to estimate mean/std and the channel count
 
 
@@ -70,8 +73,7 @@ def resolve_workers(num_workers: int) -> int:
     """``-1`` (auto) → the CPUs this process may use, shared by the training processes of the machine (torchrun's
     ``LOCAL_WORLD_SIZE``), one left to the process itself: between 1 and 16 (a GPU run that decodes images needs
     them all); otherwise the number given (0 decodes in the main process)."""
-    if num_workers < -1:
-        raise ValueError(f"num_workers must be >= 0 or -1 (auto), got {num_workers}")
+    NUM_WORKERS.check("num_workers", num_workers)
     if num_workers >= 0:
         return num_workers
     try:

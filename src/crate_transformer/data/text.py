@@ -19,8 +19,10 @@ batches of a ``(seed, epoch)`` order, each process taking its slice.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import math
 import os
 import sys
 import warnings
@@ -35,7 +37,7 @@ from torch import Tensor
 from ..errors import Opt, OptionError
 from ..io import WriteError, atomic_write
 from .base import epoch_generator, local_batches
-from .hub import DATA_FILE_SUFFIXES, is_dataset_name, load_hub_dataset
+from .hub import DATA_FILE_SUFFIXES, is_dataset_name, load_hub_dataset, local_read_errors
 
 __all__ = [
     "BUILTIN_CORPORA",
@@ -57,20 +59,32 @@ _CHUNK = 1 << 20  # characters per tokenizer call
 _COUNT_PIECE = 1 << 24  # tokens per bincount of TokenBlocks.token_counts
 
 
-def is_hub_corpus(source: str) -> bool:
-    """Whether ``source`` names a Hugging Face dataset (``wikitext:wikitext-2-raw-v1``) rather than a file."""
-    return source not in BUILTIN_CORPORA and is_dataset_name(source)
+TABLE_SUFFIXES = (".parquet", ".arrow")  # binary tables: always a dataset, never text to read as is
+
+
+def is_hub_corpus(source: str, columns: Sequence[str] = ()) -> bool:
+    """Whether ``source`` is read by ``datasets`` rather than as text files: a dataset id
+    (``wikitext:wikitext-2-raw-v1``), Parquet/Arrow files (or a folder of them), or CSV/JSON data files whose
+    text ``columns`` are named (without them a ``.csv`` / ``.json`` is a text file like any other)."""
+    if source in BUILTIN_CORPORA:
+        return False
+    if is_dataset_name(source):
+        return True
+    path = Path(source).expanduser()
+    files = [path] if path.is_file() else list(path.glob("*")) + list(path.glob("*/*")) if path.is_dir() else []
+    suffixes = {p.suffix.lower() for p in files}
+    return bool(suffixes & set(TABLE_SUFFIXES)) or bool(columns and suffixes & set(DATA_FILE_SUFFIXES))
 
 
 def corpus_files(source: str, columns: Sequence[str] = ()) -> list[Path]:
     """The text files of ``source`` (a file, or a folder searched recursively); [] for a built-in corpus or a
     dataset name (whose ``train`` split is then opened, so a missing dataset or column fails here with its fix).
     ``columns`` name a dataset's text columns (``--text-columns``); files and the built-in corpus have none."""
-    if columns and not is_hub_corpus(source):
+    if columns and not is_hub_corpus(source, columns):
         raise OptionError(Opt("text_columns"), f" names a dataset's columns and {source} is not a dataset; drop it")
     if source in BUILTIN_CORPORA:
         return []
-    if is_hub_corpus(source):
+    if is_hub_corpus(source, columns):
         _hub_text(source, columns)
         return []
     path = Path(source).expanduser()
@@ -84,6 +98,14 @@ def corpus_files(source: str, columns: Sequence[str] = ()) -> list[Path]:
             )
         return files
     raise ValueError(f"text corpus not found: {source}; pass 'python-docs' (built in), a text file or a folder")
+
+
+def _table_files(source: str) -> list[Path]:
+    """The data files of a local dataset corpus (whose size and modification time key its token cache)."""
+    path = Path(source).expanduser()
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in DATA_FILE_SUFFIXES)
 
 
 def _read_file(path: Path) -> Iterator[str]:
@@ -113,6 +135,8 @@ def _hub_text(source: str, columns: Sequence[str] = ()) -> tuple[Any, list[str]]
     ds = load_hub_dataset(source, split="train", streaming=True)
     feats = ds.features or {}
     missing = [c for c in columns if c not in feats]
+    if missing and not feats and Path(source).expanduser().is_file():  # [] or {}: nothing to name columns from
+        raise ValueError(f"{source} holds no rows; write rows into it or remove it")
     if missing:
         raise OptionError(
             f"dataset {source!r} has no column(s) {missing} (columns: {list(feats)}); fix ", Opt("text_columns")
@@ -123,6 +147,7 @@ def _hub_text(source: str, columns: Sequence[str] = ()) -> tuple[Any, list[str]]
         raise OptionError(
             f"dataset {source!r} has no text column (columns: {list(feats)}); name one with ", Opt("text_columns")
         )
+    _check_text_features(feats, list(columns) or [column], f"dataset {source!r}")
     return ds, list(columns) or [column]
 
 
@@ -135,10 +160,13 @@ def iter_documents(source: str, columns: Sequence[str] = ()) -> Iterator[Iterato
         for key in sorted(topics):
             yield iter([topics[key]])
         return
-    if is_hub_corpus(source):  # one document per row, streamed: the corpus is never held whole
+    if is_hub_corpus(source, columns):  # one document per row, streamed: the corpus is never held whole
         ds, cols = _hub_text(source, columns)
-        rows = ("\n".join(row[c] for c in cols if row[c]) for row in ds)
-        yield from (iter([text]) for text in rows if text)
+        files = _table_files(source) if Path(source).expanduser().exists() else []
+        kind = DATA_FILE_SUFFIXES.get(files[0].suffix.lower(), "dataset") if files else ""
+        with local_read_errors(source, kind, files) if files else contextlib.nullcontext():
+            rows = ("\n".join(row[c] for c in cols if row[c]) for row in ds)
+            yield from (iter([text]) for text in rows if text)
         return
     for path in corpus_files(source, columns):
         yield _read_file(path)
@@ -148,12 +176,15 @@ def _fingerprint(source: str, tokenizer_json: str, columns: Sequence[str] = ()) 
     h = hashlib.sha256(tokenizer_json.encode())
     if source in BUILTIN_CORPORA:
         h.update(f"{source}|{sys.version}".encode())
-    if is_hub_corpus(source):  # the dataset's recorded sizes and checksums change with its content
+    if is_hub_corpus(source, columns) and is_dataset_name(source):  # its recorded sizes and checksums change
         ds, cols = _hub_text(source, columns)
         info = ds.info
         h.update(f"{source}|{cols}|{info.splits}|{info.download_checksums}|{info.dataset_size}".encode())
         return h.hexdigest()[:24]  # no files: corpus_files would only open the dataset a second time
-    for p in corpus_files(source, columns):
+    files = _table_files(source) if is_hub_corpus(source, columns) else corpus_files(source, columns)
+    if columns:
+        h.update(f"{list(columns)}".encode())
+    for p in files:
         st = p.stat()
         h.update(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
     return h.hexdigest()[:24]
@@ -170,7 +201,7 @@ def load_tokens(source: str, tokenizer: object, columns: Sequence[str] = ()) -> 
     path = cache_dir() / f"{key}.bin"
     meta_path = path.with_suffix(".json")
     if path.is_file() and meta_path.is_file():
-        damage = _cache_damage(path, meta_path)
+        damage = _cache_damage(path, meta_path, tokenizer.vocab_size)
         if damage is None:
             meta = json.loads(meta_path.read_text())
             return np.memmap(path, dtype=meta["dtype"], mode="r", shape=(meta["tokens"],))
@@ -180,8 +211,9 @@ def load_tokens(source: str, tokenizer: object, columns: Sequence[str] = ()) -> 
     return np.memmap(path, dtype=meta["dtype"], mode="r", shape=(meta["tokens"],))
 
 
-def _cache_damage(path: Path, meta_path: Path) -> str | None:
-    """What is wrong with a cached token file and its ``.json`` (None when they agree)."""
+def _cache_damage(path: Path, meta_path: Path, vocab_size: int) -> str | None:
+    """What is wrong with a cached token file and its ``.json`` (None when they agree and every id is one of the
+    tokenizer's ``vocab_size``: a flipped bit that makes an id no tokenizer gave is damage to the cache)."""
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -193,6 +225,10 @@ def _cache_damage(path: Path, meta_path: Path) -> str | None:
     size = path.stat().st_size
     if size != n * np.dtype(dtype).itemsize:
         return f"{path.name} has {size:,} bytes, not the {n:,} {dtype} tokens its {meta_path.name} records"
+    tokens = np.memmap(path, dtype=dtype, mode="r", shape=(n,))
+    top = max((int(tokens[i : i + _CHUNK].max()) for i in range(0, n, _CHUNK)), default=0)
+    if top >= vocab_size:
+        return f"it holds the id {top:,}, and the tokenizer has {vocab_size:,} tokens"
     return None
 
 
@@ -237,11 +273,13 @@ def split_tokens(n_tokens: int, val_fraction: float, block_size: int) -> int:
         )
     cut = int(n_tokens * (1 - val_fraction))
     if cut < block_size + 1 or n_tokens - cut < block_size + 1:
+        fits = min(cut, n_tokens - cut) - 1  # the largest context whose window fits in both splits
+        need = math.ceil((block_size + 1) / min(val_fraction, 1 - val_fraction)) + 1
+        smaller = (f", or a context of at most {fits} tokens (", Opt("model_args", f"block_size={fits}"), ")")
         raise OptionError(
-            f"the corpus has {n_tokens:,} tokens, too few for a {block_size}-token context with "
-            f"{val_fraction:.0%} held out; use more text or a smaller context (",
-            Opt("model_args", "block_size=32"),
-            ")",
+            f"the corpus has {n_tokens:,} tokens, too few for a {block_size}-token context with {val_fraction:.0%} "
+            f"held out (about {need:,} are needed); use more text",
+            *(smaller if fits >= 2 else ()),
         )
     return cut
 
@@ -353,6 +391,9 @@ def read_labelled_table(
     header = [h.strip() for h in (reader.fieldnames or [])]
     if len(header) < 2:
         raise ValueError(f"{path}:1: needs a header row with a text column and a label column, got {header}")
+    twice = sorted({h for h in header if header.count(h) > 1})
+    if twice:  # csv.DictReader would keep the last of them without a word
+        raise ValueError(f"{path}:1: the header names {twice} more than once; give every column its own name")
     label, text_columns = _table_columns(path, header, text_columns, label_column)
     texts, labels = [], []
     while True:
@@ -389,15 +430,34 @@ def read_labelled(
     ds = load_hub_dataset(source, split=split)
     where = f"the {split} split of {source}"
     label, cols = _table_columns(where, list(ds.features), text_columns, label_column)
+    _check_text_features(ds.features, cols, where)
     names = getattr(ds.features[label], "names", None)  # a ClassLabel: its names are the labels
     raw = ds[label]
     if any(v is None or (names is not None and v < 0) for v in raw):
         raise ValueError(f"{where} has rows without a label ({label!r} is empty or -1); evaluate on another split")
+    if names is not None and (bad := next((v for v in raw if v >= len(names)), None)) is not None:
+        raise ValueError(
+            f"{where} has the label {bad}, but its {label!r} column names {len(names)} classes {names[:5]}; "
+            "fix the labels or the column's ClassLabel names"
+        )
     labels = [names[v] if names is not None else str(v) for v in raw]
     texts = list(zip(*(["" if t is None else t for t in ds[c]] for c in cols)))
     if not texts:
         raise ValueError(f"{where} has no rows")
     return texts, _check_labels(where, label, [(v, i + 1) for i, v in enumerate(labels)]), tuple(cols), label
+
+
+def _check_text_features(features: Any, columns: Sequence[str], where: str) -> None:
+    """Each text column of a dataset holds strings (not numbers, lists or structs), named in one line."""
+    for c in columns:
+        dtype = getattr(features[c], "dtype", None)
+        if dtype not in ("string", "large_string"):
+            kind = dtype or type(features[c]).__name__.lower()
+            strings = [k for k, f in features.items() if getattr(f, "dtype", None) in ("string", "large_string")]
+            raise ValueError(
+                f"{where}: column {c!r} holds {kind}, not text; name the text column(s) with text_columns "
+                f"(string columns: {strings or 'none'})"
+            )
 
 
 def eval_split_of(source: str) -> str | None:
@@ -426,6 +486,10 @@ def _table_columns(
         )
     if label not in header:
         raise ValueError(f"{path}:1: no column {label!r}; columns: {header}")
+    if f"{label}.1" in header:  # pandas (datasets' CSV reader) renames a second column of the same name
+        raise ValueError(
+            f"{path}: the header names {label!r} twice (the second read as '{label}.1'); give every column its own name"
+        )
     if not text_columns:
         pairs = (
             ("sentence1", "sentence2"),
@@ -441,6 +505,13 @@ def _table_columns(
     missing = [c for c in text_columns if c not in header]
     if missing or not text_columns:
         raise ValueError(f"{path}:1: no text column(s) {missing or text_columns}; columns: {header}")
+    if len(text_columns) > 2 or len(set(text_columns)) < len(text_columns):
+        raise ValueError(
+            f"{path}: text_columns names {list(text_columns)}; a text classifier reads one text or a pair of "
+            "different columns: name one or two"
+        )
+    if label in text_columns:
+        raise ValueError(f"{path}: {label!r} is the label column and cannot also be a text column; name another")
     return label, list(text_columns)
 
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..config_utils import NON_NEGATIVE
 from .approximation import run_approximation
 from .denoising import run_denoising
 from .diffusion import run_diffusion
@@ -51,8 +52,8 @@ def run_experiment(
 ) -> dict[str, Any]:
     """Run one experiment by name (``quick`` applies :data:`QUICK`; ``overrides`` win over both)."""
     _check_name(name)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    if isinstance(seed, float) or not NON_NEGATIVE.ok(seed):
+        raise ValueError(NON_NEGATIVE.message("seed", seed))
     kwargs = {**(QUICK[name] if quick else {}), **overrides}
     return EXPERIMENTS[name](out_dir, seed=seed, progress_bar=progress_bar, **kwargs)
 

@@ -18,6 +18,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from ..config_utils import POSITIVE, Range
+
 __all__ = [
     "SubspaceSample",
     "make_generator",
@@ -41,19 +43,20 @@ Convention = Literal["normalized", "isotropic"]
 
 # --------------------------------------------------------------------------- argument checks
 def check_positive_int(**values: int) -> None:
-    """Raise a one-line ``ValueError`` unless every keyword value is an integer ≥ 1."""
+    """Raise a one-line ``ValueError`` unless every keyword value is an integer ≥ 1 (the package's one range rule,
+    :data:`~crate_transformer.config_utils.POSITIVE`; a float such as ``8.0`` is refused too: these are sizes)."""
     for name, v in values.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}; pass e.g. {name}=8")
+        if isinstance(v, float) or not POSITIVE.ok(v):
+            raise ValueError(f"{POSITIVE.message(name, v)}; pass e.g. {name}=8")
 
 
 def check_positive(allow_zero: bool = False, **values: float) -> None:
-    """Raise a one-line ``ValueError`` unless every keyword value is a finite number > 0 (≥ 0 if allowed)."""
+    """Raise a one-line ``ValueError`` unless every keyword value is a finite number > 0 (≥ 0 if allowed), by the
+    package's one range rule (:class:`~crate_transformer.config_utils.Range`)."""
+    rule = Range(0, lo_open=not allow_zero)
     for name, v in values.items():
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
-        if not ok or v < 0 or (v == 0 and not allow_zero):
-            bound = "≥ 0" if allow_zero else "> 0"
-            raise ValueError(f"{name} must be a finite number {bound}, got {v!r}; pass e.g. {name}=0.1")
+        if not rule.ok(v):
+            raise ValueError(f"{rule.message(name, v)}; pass e.g. {name}=0.1")
 
 
 def check_positive_list(name: str, values: Sequence[float], example: str) -> list[float]:

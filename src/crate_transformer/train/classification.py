@@ -9,8 +9,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data import ImageSource, default_augmentation, to_device
-from ..errors import Step
+from ..errors import Opt, Step
 from ..operators import set_drop_path
+from .config import given_once
 from .evaluation import evaluate
 from .images import ImageData, image_classifier, load_splits
 from .mix import MixupCutmix, random_erasing, soft_target_cross_entropy
@@ -43,11 +44,19 @@ class ClassificationTask(Task):
         its config), mixup / cutmix, random erasing, a weight EMA (each None when off, so a run without them
         draws no extra random numbers)."""
         cfg = self.cfg
+        if cfg.optim.drop_path:
+            given_once(cfg.model_args, "drop_path", cfg.optim.drop_path, Opt("drop_path", cfg.optim.drop_path))
         if cfg.optim.drop_path and state is None:
             set_drop_path(self.model, cfg.optim.drop_path)
         self.mixer = self.eraser = self.ema = None
         if cfg.augmentation.mixup > 0 or cfg.augmentation.cutmix > 0:
-            aug = cfg.augmentation
+            aug, local = cfg.augmentation, cfg.optim.batch_size // self.rt.world
+            if local < 2:  # an image mixed with itself is the image: the option would do nothing
+                raise ValueError(
+                    f"mixup / cutmix mix the images of a batch, and each process's batch holds {local} image "
+                    f"(batch_size {cfg.optim.batch_size} over {self.rt.world} process(es)): nothing would be "
+                    "mixed; use a batch_size of at least 2 per process, or set mixup and cutmix to 0"
+                )
             self.mixer = MixupCutmix(num_classes, aug.mixup, aug.cutmix, aug.mixup_prob, aug.mixup_switch_prob,
                                      cfg.optim.label_smoothing)  # fmt: skip
         if cfg.augmentation.random_erasing > 0:

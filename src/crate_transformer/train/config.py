@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config, check_option
-from ..config_utils import NON_NEGATIVE, POSITIVE, Range, coerce_fields, option
+from ..config_utils import NON_NEGATIVE, POSITIVE, Range, coerce_fields, load_yaml, option
 from ..data import AUGMENTATIONS, DATA_MODES
-from ..errors import Opt, OptionError
+from ..errors import Opt, OptionError, Place, short_repr
 from .optim import OPTIMIZERS
 from .recipes import RECIPES, recipe_options
 from .sharding import STRATEGIES
@@ -45,6 +45,7 @@ __all__ = [
     "read_run_config",
     "nest_options",
     "flat_options",
+    "given_once",
 ]
 
 AMP_MODES = ("auto", "none", "bf16", "fp16")
@@ -397,6 +398,12 @@ def nest_options(d: Mapping[str, Any]) -> dict[str, Any]:
             out[group] = {**_as_mapping(out.get(group)), name: value}
         elif key in top:
             out[key] = value
+        elif key in GROUPS:  # a group's name with a single value: not an unknown option
+            example = dataclasses.fields(GROUPS[key])[0].name
+            raise ValueError(
+                f"{key} is a group of options, not one value (got {short_repr(value)}); write its options under it, "
+                f"e.g. {key}: {{{example}: ...}}, or each option on its own at the top"
+            )
         else:
             unknown.append(key)
     if unknown:
@@ -473,7 +480,7 @@ def read_options_file(path: str | os.PathLike) -> dict:
     if not path.is_file():
         raise ValueError(f"config file not found: {path}; pass a YAML or JSON file of training options")
     try:
-        data = yaml.safe_load(path.read_text()) or {}  # YAML is a superset of JSON
+        data = load_yaml(path.read_text(), str(path)) or {}  # YAML is a superset of JSON
     except yaml.YAMLError as e:
         raise ValueError(f"cannot parse config file {path}: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):
@@ -496,3 +503,22 @@ def read_run_config(path: str | os.PathLike) -> TrainConfig:
     path = Path(path)
     options = read_options_file(path / "config.yaml" if path.is_dir() else path)
     return TrainConfig.from_dict({k: v for k, v in options.items() if k not in RUN_EXTRAS})
+
+
+def given_once(model_args: Mapping[str, Any], field: str, value: object, *setter: str | Place) -> None:
+    """Refuse ``model_args[field]`` when a training option or the data (``setter``, which sets ``value``) gives the
+    model field another value: one of the two would win silently.  An equal value passes."""
+    if field not in model_args or value is None or _same(model_args[field], value):
+        return
+    given = model_args[field]
+    raise OptionError(
+        f"{field} is given twice: ", *setter, " and ", Opt("model_args", f"{field}={short_repr(given)}"),
+        "; keep one",
+    )  # fmt: skip
+
+
+def _same(given: object, value: object) -> bool:
+    try:
+        return float(given) == float(value)  # "0.1" from the command line is 0.1
+    except (TypeError, ValueError):
+        return str(given) == str(value)

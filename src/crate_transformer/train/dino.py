@@ -361,7 +361,7 @@ class DINOTask(Task):
         """Weighted k-NN (k = 20, T = 0.07) of the teacher's features: train split → ``split``."""
         from ..probe import knn_classify
 
-        if not self.labelled:
+        if not self.labelled or len(self.train_data) < 20:  # k = 20 needs 20 neighbours (finish says it is skipped)
             return {}
         tx, ty = self._features(self.teacher.backbone, "train")
         ex, ey = self._features(self.teacher.backbone, split)
@@ -393,7 +393,7 @@ class DINOTask(Task):
 
     def finish(self, run_dir: Path) -> TaskResult:
         """Save the teacher backbone as ``model/``; k-NN sweep and linear probe on the test split."""
-        from ..probe import KNN_KS, knn_sweep, linear_probe
+        from ..probe import KNN_KS, knn_sweep, linear_probe, usable_ks
 
         teacher = self.teacher.backbone
         if self.rt.main:
@@ -409,11 +409,16 @@ class DINOTask(Task):
             )
         tx, ty = self._features(teacher, "train")
         n_cls = len(self.train_data.classes)
-        knn = knn_sweep(tx, ty, ex, ey, ks=KNN_KS, temperature=0.07, num_classes=n_cls)
+        ks, above = usable_ks(KNN_KS, len(ty))
+        knn = knn_sweep(tx, ty, ex, ey, ks=ks, temperature=0.07, num_classes=n_cls) if ks else {}
         probe = linear_probe(tx, ty, ex, ey)
         record = {f"knn_{k}": float(v) for k, v in knn.items()}
-        record.update(knn=float(knn[20]), probe=float(probe.acc), feature_std=std)
+        record.update(probe=float(probe.acc), feature_std=std)
+        if 20 in knn:
+            record["knn"] = float(knn[20])
         shown = ", ".join(f"k={k} {100 * v:.2f}%" for k, v in knn.items())
+        if above:
+            shown += f"{', ' if knn else ''}k={', '.join(map(str, above))} not run (only {len(ty)} train images)"
         knn_accs = {int(k): float(v) for k, v in knn.items()}
         return TaskResult(
             record=record,

@@ -20,9 +20,9 @@ from torch import Tensor, nn
 
 from ..checkpoint import config_from_dict
 from ..config import LANGUAGE_MODEL, Config
-from ..config_utils import Range
+from ..config_utils import Range, coerce_fields
 from ..data import to_device
-from ..data.text import TokenBlocks, corpus_files, is_hub_corpus, iter_documents, load_tokens, split_tokens
+from ..data.text import TokenBlocks, corpus_files, iter_documents, load_tokens, split_tokens
 from ..errors import Opt, OptionError, OptionWarning, See, Step
 from ..lm import LanguageModel, LMConfig, mask_tokens
 from ..registry import build, model_config
@@ -72,6 +72,21 @@ class LMOptions(Config):
         "a new model starts by predicting the training tokens' frequencies (its head set to their log "
         "frequencies), so training does not first sit on the unigram plateau; off: the plain initialisation",
     )
+
+
+def _embedding_size(given: object, tokenizer: Tokenizer) -> int:
+    """The model's ``vocab_size``: the tokenizer's size, or a larger table the user asked for (nanoGPT rounds GPT-2's
+    50,257 up to 50,304); a smaller one could not embed the tokenizer's ids and is refused, not replaced."""
+    if given is None:
+        return tokenizer.vocab_size
+    size = coerce_fields(LMConfig, {"vocab_size": given})["vocab_size"]  # "300" from --model-args is 300
+    if size < tokenizer.vocab_size:
+        raise ValueError(
+            f"vocab_size={size} is smaller than the {tokenizer.kind} tokenizer's {tokenizer.vocab_size} tokens, so "
+            f"the model could not embed its ids; drop vocab_size (the tokenizer sets it) or give at least "
+            f"{tokenizer.vocab_size}"
+        )
+    return size
 
 
 def build_tokenizer(spec: str, source: str, vocab_size: int, columns: Sequence[str] = ()) -> Tokenizer:
@@ -158,7 +173,8 @@ class LMTask(Task):
             )
         corpus_files(source, cfg.data.text_columns)  # a missing corpus or column fails before tokenizer training
         if source != "python-docs":
-            source = source if is_hub_corpus(source) else str(Path(source).expanduser().resolve())
+            local = Path(source).expanduser()
+            source = str(local.resolve()) if local.exists() else source  # a dataset id stays as given
         config = self._config(state, source)
         _check_objective(config, cfg.model or config.arch, o.objective)  # a resumed run as a new one
         model = build(config)
@@ -202,7 +218,8 @@ class LMTask(Task):
             if model_config(cfg.model).kind != LANGUAGE_MODEL:
                 raise OptionError(f"{cfg.model} is not a language model; pick one (", See("models"), " lists them)")
             self.tokenizer = build_tokenizer(o.tokenizer, source, o.vocab_size, cfg.data.text_columns)
-            overrides = {**cfg.model_args, "vocab_size": self.tokenizer.vocab_size, "tokenizer": self.tokenizer.kind}
+            size = _embedding_size(cfg.model_args.get("vocab_size"), self.tokenizer)
+            overrides = {**cfg.model_args, "vocab_size": size, "tokenizer": self.tokenizer.kind}
             config = model_config(cfg.model, **overrides)
             if config.positions_skip_padding and "pad_token_id" not in cfg.model_args:
                 # the released CRATE-BERT's positions skip padding, which they recognise by its id

@@ -107,7 +107,9 @@ def train(
             # a new run that failed before its first checkpoint leaves nothing behind that would refuse the
             # corrected command on the same --out
             if not finished and resume is None:
-                run.discard_unfinished()
+                announced = (run.path / CONFIG_FILE).is_file()  # its "run directory:" line was printed
+                if run.discard_unfinished() and announced:
+                    rt.log(f"removed {run.path}: the run stopped before its first checkpoint, so it holds nothing")
             run.close()
         rt.close()
 
@@ -134,19 +136,20 @@ def _configure(
     cfg = TrainConfig.from_dict(overrides, cfg or TrainConfig())
     if task is not None:
         cfg = TrainConfig.from_dict({"task": task.name}, cfg)
+    if expect_task is not None and cfg.task != expect_task:  # first: the other checks are the other task's
+        use = Use(cfg.task, init_from=bool(cfg.init_from))
+        if resume is not None:
+            raise TaskError(f"{resume} is a {cfg.task} run, not {expect_task}; use: ", use, " ", Opt("resume", resume))
+        raise TaskError(
+            f"the options set task {cfg.task!r}, and this trains {expect_task}; train {cfg.task} with ", use,
+            f", or drop task: {cfg.task} from the options",
+        )  # fmt: skip
     task = task or make_task(cfg.task)
     task.parse_options(cfg)  # the task's options are checked before anything is written
     if saved is not None:
         _check_fixed_options(task, saved, cfg, state, given_task_args, resume)
     else:
         task.check_model(cfg)  # the right kind of model for the command, before a run folder is made
-    if expect_task is not None and cfg.task != expect_task:
-        where = (" ", Opt("resume", str(resume))) if resume is not None else ()
-        raise TaskError(
-            f"{resume or 'this configuration'} is a {cfg.task} run, not {expect_task}; use: ",
-            Use(cfg.task, init_from=bool(cfg.init_from)),
-            *where,
-        )
     return cfg, task, state
 
 

@@ -22,6 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config_utils import Range
+
+PROBABILITY = Range(0, 1)
+
 __all__ = ["MixupCutmix", "smooth_one_hot", "soft_target_cross_entropy", "random_erasing", "RandomErasing"]
 
 
@@ -61,8 +65,7 @@ class MixupCutmix(nn.Module):
         if mixup_alpha < 0 or cutmix_alpha < 0 or not (mixup_alpha > 0 or cutmix_alpha > 0):
             raise ValueError(f"need mixup_alpha >= 0, cutmix_alpha >= 0, one > 0; got {mixup_alpha}, {cutmix_alpha}")
         for name, p in (("prob", prob), ("switch_prob", switch_prob), ("smoothing", smoothing)):
-            if not 0.0 <= p <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {p}")
+            PROBABILITY.check(name, p)
         self.num_classes, self.smoothing = num_classes, smoothing
         self.mixup_alpha, self.cutmix_alpha, self.prob, self.switch_prob = mixup_alpha, cutmix_alpha, prob, switch_prob
         self.last: tuple[str, float, Tensor | None] = ("none", 1.0, None)
@@ -108,8 +111,7 @@ def random_erasing(p: float, value: float = 0.0) -> nn.Module:
     """timm / DeiT's random erasing (area fraction in [0.02, 1/3], aspect ratio in [0.3, 3.3]), applied per image
     with probability ``p`` to **normalised** images, filling ``value`` (0: the data mean; timm's ``mode="const"`` —
     timm's default "pixel" mode fills normal noise instead)."""
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"random erasing probability must be in [0, 1], got {p}")
+    PROBABILITY.check("p", p, "p is the probability of erasing a box")
     return RandomErasing(p, value)
 
 

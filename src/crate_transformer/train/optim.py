@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from ..base import BLOCKS, STEM
+from ..config_utils import Range
 from ..dino import ema_update
 from ..errors import Opt, OptionError
 
@@ -52,8 +53,7 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0
     ``param_groups_lrd`` creates them, each with ``lr_scale = layer_decay ** (L + 1 − layer_id)`` (``L`` =
     ``len(model.layers)``), which :func:`build_optimizer` multiplies into the group's learning rate.
     """
-    if not 0.0 < layer_decay <= 1.0:
-        raise ValueError(f"layer_decay must be in (0, 1], got {layer_decay}; e.g. 0.75 (MAE) or 1 (off)")
+    Range(0, 1, lo_open=True).check("layer_decay", layer_decay, "e.g. 0.75 (MAE) or 1 (off)")
     skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if layer_decay == 1.0:
@@ -205,8 +205,7 @@ class ModelEma(nn.Module):
 
     def __init__(self, model: nn.Module, decay: float) -> None:
         super().__init__()
-        if not 0.0 < decay < 1.0:
-            raise ValueError(f"EMA decay must be in (0, 1), got {decay}; e.g. 0.9999 (timm) or 0.99996 (DeiT)")
+        Range(0, 1, lo_open=True, hi_open=True).check("decay", decay, "e.g. 0.9999 (timm) or 0.99996 (DeiT)")
         self.decay = float(decay)
         self.module = copy.deepcopy(model).eval().requires_grad_(False)
 

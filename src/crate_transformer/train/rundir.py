@@ -15,14 +15,15 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import Opt, OptionError
 from ..io import atomic_write, load_state, save_state
 from ..runfiles import CHECKPOINT, MODEL_DIR, run_model_source, state_model, state_tokenizer
-from .trackers import Tracker, open_trackers
+from .trackers import Tracker, failure, open_trackers
 
 __all__ = [
     "run_model_source",
@@ -281,8 +282,8 @@ class RunDir:
                     tmp.unlink(missing_ok=True)
 
     def close(self) -> None:
-        for tracker in self._trackers:
-            tracker.finish()
+        for tracker in list(self._trackers):
+            self._send(tracker, -1, lambda t: t.finish())
         self._trackers = []
         if self._folder_lock is not None:
             self._folder_lock.close()
@@ -322,15 +323,29 @@ class RunDir:
             return rec
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(rec) + "\n")
-        for tracker in self._trackers:
-            tracker.log(rec)
+        for tracker in list(self._trackers):
+            self._send(tracker, step, lambda t: t.log(rec))
         return rec
 
     def log_figures(self, step: int) -> None:
         """Send the run's figures (``*.png`` in the run directory) to the trackers."""
         figures = sorted(self.path.glob("*.png"))
-        for tracker in self._trackers if self.writer else []:
-            tracker.log_figures(figures, step)
+        for tracker in list(self._trackers) if self.writer else []:
+            self._send(tracker, step, lambda t: t.log_figures(figures, step))
+
+    def _send(self, tracker: Tracker, step: int, send: Callable[[Tracker], None]) -> None:
+        """``send(tracker)``; a tracker that fails mid-run (a server gone, a full disk) is warned about once and
+        dropped, and the run goes on: metrics.jsonl holds every record."""
+        try:
+            send(tracker)
+        except Exception as e:  # noqa: BLE001 - any backend's error: the training run is worth more than a tracker
+            self._trackers.remove(tracker)
+            at = f"at step {step}" if step >= 0 else "while closing"
+            warnings.warn(
+                f"the {tracker.name} logger failed {at} ({failure(e)}); it gets no more records, "
+                f"and {self.metrics_path} keeps them all",
+                stacklevel=3,
+            )
 
     # ---------------------------------------------------------------- files
     def write_yaml(self, name: str, data: Mapping) -> None:

@@ -56,7 +56,8 @@ def check_strategy(strategy: str, world: int, task_name: str, shardable: bool = 
     if world < 2:
         raise OptionError(
             Opt("strategy", "fsdp"), " shards the model over processes and this is one process; start it with "
-            "torchrun (one process per GPU), or drop ", Opt("strategy", "fsdp"),
+            "torchrun (one process per GPU), or use ", Opt("strategy", "ddp"), " (also to resume an FSDP run in one "
+            "process: its checkpoint holds the full weights)",
         )  # fmt: skip
     if not shardable:
         raise OptionError(

@@ -139,14 +139,19 @@ class TextClassificationTask(Task):
     def _encode(self, texts: list[tuple[str, ...]], raw: list[str], name: str, split: str) -> LabelledTexts:
         """``[CLS] a [SEP] (b [SEP])`` truncated to the context; labels → class indices or float scores."""
         tok, n = self.tokenizer, self.model.config.block_size
-        self.truncated = 0
-        ids = []
+        ids, cut = [], 0
         for parts in texts:
             seq = [tok.cls_id]
             for enc in tok.encode_batch(list(parts)):
                 seq += enc + [tok.sep_id]
-            self.truncated += len(seq) > n
+            cut += len(seq) > n
             ids.append(seq[:n])
+        self.truncated = {**getattr(self, "truncated", {}), split: cut}
+        if cut:  # the end of a long row (a pair's second text, for one) is not seen: say how often
+            self.rt.log(
+                f"notice: {cut:,} of the {len(ids):,} rows of {name} are longer than the model's {n}-token context "
+                f"and are cut to their first {n} tokens"
+            )
         if self.regression:
             targets = torch.tensor([float(v) for v in raw], dtype=torch.float32)
         else:
@@ -206,6 +211,7 @@ class TextClassificationTask(Task):
             "label_column": self.columns[1],
             "train_rows": len(self.train_data),
             "eval_rows": len(self.eval_data),
+            "truncated_rows": self.truncated,
         }
         return RunSummary(
             model=f"{self.model.num_params():,} params, {self.model.config.arch}",

@@ -13,11 +13,13 @@ import math
 import os
 import statistics
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from ..config_utils import Range
 from ..errors import Opt, OptionError, OptionWarning
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "resolve_threads",
     "set_threads",
     "SlowdownWatch",
+    "usable_cpus",
 ]
 
 
@@ -35,11 +38,18 @@ def choose_threads(affinity: int, quota: float | None, runnable: float) -> int:
     """Threads for this process: the usable CPUs (``affinity``, capped by the cgroup ``quota`` in CPUs,
     ``None`` = no quota) minus ``runnable`` (other tasks running now, not counting this process),
     rounded to the nearest integer and kept in ``[1, usable]``."""
-    usable = max(1, affinity)
-    if quota is not None and quota > 0:
-        usable = min(usable, max(1, math.floor(quota)))  # a fractional quota throttles the extra thread
+    usable = usable_cpus(affinity, quota)
     free = math.floor(usable - max(0.0, runnable) + 0.5)
     return max(1, min(usable, free))
+
+
+def usable_cpus(affinity: int, quota: float | None) -> int:
+    """The CPUs this process may use: its ``affinity``, capped by the cgroup ``quota`` (a fractional quota is
+    rounded down: it throttles the extra thread)."""
+    usable = max(1, affinity)
+    if quota is not None and quota > 0:
+        usable = min(usable, max(1, math.floor(quota)))
+    return usable
 
 
 def cgroup_cpu_quota(root: str | os.PathLike = "/sys/fs/cgroup") -> float | None:
@@ -80,11 +90,15 @@ def _running_others(samples: int = 5, gap: float = 0.02) -> float:
 
 def free_cpu_inputs() -> tuple[int, float | None, float]:
     """``(affinity, quota, runnable)`` for :func:`choose_threads`, read from this process and machine."""
+    return _affinity(), cgroup_cpu_quota(), _running_others()
+
+
+def _affinity() -> int:
+    """The CPUs this process may run on (its affinity mask; all of them where there is none)."""
     try:
-        affinity = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # macOS, Windows
-        affinity = os.cpu_count() or 1
-    return affinity, cgroup_cpu_quota(), _running_others()
+        return os.cpu_count() or 1
 
 
 @functools.cache
@@ -109,7 +123,20 @@ def resolve_threads(threads: int | str | None) -> int:
     except (TypeError, ValueError):
         n = -1
     if n < 1:
-        raise OptionError(Opt("threads"), f" must be a positive integer or 0 (auto), got {threads!r}")
+        raise OptionError(Opt("threads"), Range(0, integer=True, note="0 = auto").requirement(threads))
+    if n > (usable := usable_cpus(_affinity(), cgroup_cpu_quota())):
+        warnings.warn(
+            OptionWarning(
+                Opt("threads", n),
+                f" is more than the {usable} CPUs this process may use: the extra threads only "
+                "wait for the others; use ",
+                Opt("threads", usable),
+                " or ",
+                Opt("threads", 0),
+                " (chosen from the CPUs free now)",
+            ),  # fmt: skip
+            stacklevel=2,
+        )
     return n
 
 

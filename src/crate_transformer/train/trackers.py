@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import csv
 import importlib
+import io
 import json
 import os
+import re
 import secrets
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -33,7 +35,7 @@ from typing import Any
 from ..errors import Opt, OptionError
 from ..io import atomic_write
 
-__all__ = ["LOGGERS", "Tracker", "open_trackers", "flat_params", "scalars"]
+__all__ = ["LOGGERS", "Tracker", "open_trackers", "flat_params", "scalars", "failure"]
 
 LOGGERS = ("tensorboard", "wandb", "mlflow", "csv")
 IDS_FILE = "trackers.json"
@@ -63,6 +65,22 @@ def scalars(record: Mapping[str, Any]) -> dict[str, float]:
         for k, v in record.items()
         if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool)
     }
+
+
+def failure(e: BaseException) -> str:
+    """A tracker's exception in one short line: its type, the HTTP status a server answered (where the message
+    names one) and the first line of its message, cut."""
+    first = (str(e).strip().splitlines() or [""])[0]
+    status = re.search(r"\b([45]\d\d) error responses|status code:? ([45]\d\d)|\bHTTP ([45]\d\d)\b", first)
+    said = f"the server answered HTTP {next(g for g in status.groups() if g)}; " if status else ""
+    first = first if len(first) <= 160 else first[:159] + "…"
+    return f"{type(e).__name__}: {said}{first}" if first else type(e).__name__
+
+
+def _where(name: str) -> str:
+    """Where the backend ``name`` was told to log, and how to log without it."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI") if name == "mlflow" else None
+    return (f"; check MLFLOW_TRACKING_URI={uri}" if uri else "") + f", or train without the {name} logger"
 
 
 def _backend(name: str) -> Any:
@@ -99,21 +117,38 @@ class CSVTracker(Tracker):
     name = "csv"
 
     def start(self, run_dir: Path, params: dict[str, Any], ids: dict[str, str], resume_step: int | None) -> None:
+        """A new file; on resume, the rows of the records ``metrics.jsonl`` keeps (written before the trackers
+        start), so steps to be redone and the final rows of a finished run are not there twice."""
         self.path = run_dir / CSV_FILE
-        kept = []
-        if resume_step is not None and self.path.is_file():
-            with open(self.path, newline="") as f:
-                kept = [row for row in csv.DictReader(f) if int(row["step"]) <= resume_step]
-        lines = [",".join(CSV_COLUMNS)] + [",".join(row[c] for c in CSV_COLUMNS) for row in kept]
-        text = "\n".join(lines) + "\n"
+        kept = _kept_records(run_dir) if resume_step is not None else []
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(CSV_COLUMNS)
+        for record in kept:
+            writer.writerows(_csv_rows(record))
+        text = buf.getvalue()
         atomic_write(self.path, lambda tmp: Path(tmp).write_text(text))
 
     def log(self, record: Mapping[str, Any]) -> None:
-        split, layer = record.get("split", "train"), record.get("layer", "")
         with open(self.path, "a", newline="") as f:
-            writer = csv.writer(f)
-            for key, value in scalars(record).items():
-                writer.writerow([record.get("step", 0), split, layer, key.rsplit("/", 1)[-1], repr(value)])
+            csv.writer(f).writerows(_csv_rows(record))
+
+
+def _csv_rows(record: Mapping[str, Any]) -> list[list[Any]]:
+    split, layer = record.get("split", "train"), record.get("layer", "")
+    return [[record.get("step", 0), split, layer, k.rsplit("/", 1)[-1], repr(v)] for k, v in scalars(record).items()]
+
+
+def _kept_records(run_dir: Path) -> list[dict]:
+    """The records of ``run_dir/metrics.jsonl`` (a line cut short by a kill is skipped)."""
+    path = run_dir / "metrics.jsonl"
+    out = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
 
 
 class TensorBoardTracker(Tracker):
@@ -187,18 +222,29 @@ class MLflowTracker(Tracker):
 
     def start(self, run_dir: Path, params: dict[str, Any], ids: dict[str, str], resume_step: int | None) -> None:
         self.mlflow = mlflow = _backend("mlflow")
-        if not os.environ.get("MLFLOW_TRACKING_URI"):
-            # MLflow 3 refuses a file store unless asked; a run directory is exactly where one belongs
+        uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+        if not uri or uri.startswith("file:") or "://" not in uri:
+            # MLflow 3 refuses a file store unless asked; the default one (the run directory) or one the user
+            # named by its file URI or path is asked for
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-            mlflow.set_tracking_uri((run_dir / "mlruns").resolve().as_uri())
+        # always set: an earlier run of this process set its own store, which would otherwise win over the variable
+        mlflow.set_tracking_uri(uri or (run_dir / "mlruns").resolve().as_uri())
         run = mlflow.start_run(run_id=ids.get("mlflow"), run_name=None if "mlflow" in ids else run_dir.name)
         ids["mlflow"] = run.info.run_id
+        self.logged: dict[str, int] = {}  # metric → last step the run held before this process (a resume)
         if resume_step is None:
             mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
+        else:  # MLflow cannot delete a step: a step logged before a kill and redone now is not sent again
+            client = mlflow.tracking.MlflowClient()
+            for key in run.data.metrics:
+                self.logged[key] = max((m.step for m in client.get_metric_history(run.info.run_id, key)), default=-1)
 
     def log(self, record: Mapping[str, Any]) -> None:
+        step = int(record.get("step", 0))
         values = {k.replace("/", "."): v for k, v in scalars(record).items()}
-        self.mlflow.log_metrics(values, step=int(record.get("step", 0)))
+        values = {k: v for k, v in values.items() if step > self.logged.get(k, -1)}
+        if values:
+            self.mlflow.log_metrics(values, step=step)
 
     def log_figures(self, figures: Iterable[Path], step: int) -> None:
         for path in figures:
@@ -231,7 +277,12 @@ def open_trackers(
     try:
         for name in names:
             tracker = TRACKERS[name]()
-            tracker.start(run_dir, params, ids, resume_step)
+            try:
+                tracker.start(run_dir, params, ids, resume_step)
+            except ValueError:
+                raise
+            except Exception as e:  # noqa: BLE001 - MlflowException, wandb errors, refused connections, ...
+                raise ValueError(f"the {name} logger cannot start: {failure(e)}{_where(name)}") from None
             trackers.append(tracker)
     except BaseException:
         for tracker in trackers:  # a backend that failed to start must not leave the others' writers running

@@ -1,0 +1,110 @@
+"""Every family through ``torch.export`` and to ONNX, as docs/export.md shows: the exported program and the ONNX
+graph (run by onnxruntime) give the PyTorch model's outputs at a batch size other than the one traced (and, for a
+language model, another sequence length): batch and length are dynamic.  CRATE-GPT's token check does not block
+the export: inside it the check is the device's assertion, not a host read, and the exported program keeps it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import crate_transformer as ct
+
+# one small model of every family: (registered name, overrides, what is exported)
+FAMILIES = {
+    "crate_mnist": dict(depth=2),
+    "vit_mnist": dict(depth=2),
+    "crate_alpha_base16": dict(image_size=32, patch_size=8, dim=32, depth=2, heads=2, num_classes=5),
+    "tost_mnist": dict(depth=2),
+    "crate_mae_mnist": dict(depth=2),  # its encoder (forward_features): MAE's forward draws a random mask
+    "crate_gpt_mini": dict(depth=1, dim=32, heads=2),
+    "crate_bert_mini": dict(depth=1, dim=32, heads=2),
+    "crate_bert_medium": dict(depth=1, dim=32, heads=2, vocab_size=300, block_size=32),
+    "gpt_mini": dict(depth=1, dim=32, heads=2),
+    "tost_gpt_mini": dict(depth=1),
+}
+
+
+class Encoder(nn.Module):
+    """A model's ``forward_features`` as a module's forward (what one exports of a masked autoencoder)."""
+
+    def __init__(self, model: ct.Model) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model.forward_features(x)
+
+
+def exported(name: str) -> tuple[nn.Module, torch.Tensor]:
+    model = ct.create_model(name, **FAMILIES[name]).eval()
+    if model.kind == "language model":
+        return model, torch.randint(0, model.config.vocab_size, (2, 8))
+    c = model.config
+    x = torch.randn(2, c.in_chans, c.image_size, c.image_size)
+    return (Encoder(model).eval() if model.kind == "masked autoencoder" else model), x
+
+
+def dynamic(module: nn.Module, x: torch.Tensor) -> tuple[dict, torch.Tensor]:
+    """The dynamic dimensions (batch; a language model's length too) and an input that changes them."""
+    batch = torch.export.Dim("batch", min=1, max=64)
+    if x.dtype != torch.long:
+        return {0: batch}, torch.cat([x, x[:1]])
+    tokens = torch.export.Dim("tokens", min=2, max=32)
+    return {0: batch, 1: tokens}, torch.randint(0, int(x.max()) + 1, (3, 13))
+
+
+def _out(y: object) -> torch.Tensor:
+    return y[0] if isinstance(y, tuple) else y
+
+
+def test_every_registered_family_is_covered() -> None:
+    archs = {ct.model_config(n).arch for n in ct.list_models()}
+    assert archs == {ct.model_config(n).arch for n in FAMILIES}
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_torch_export_gives_the_models_outputs(name: str) -> None:
+    module, x = exported(name)
+    dims, other = dynamic(module, x)
+    program = torch.export.export(module, (x,), dynamic_shapes=(dims,))
+    with torch.no_grad():
+        for inputs in (x, other):  # the traced shape, and another
+            torch.testing.assert_close(_out(program.module()(inputs)), _out(module(inputs)), rtol=1e-5, atol=1e-5)
+
+
+def _onnx_matches(name: str, tmp_path: Path) -> None:
+    ort = pytest.importorskip("onnxruntime", reason="the dev extra installs onnx, onnxscript and onnxruntime")
+    pytest.importorskip("onnxscript", reason="the dev extra installs onnx, onnxscript and onnxruntime")
+    module, x = exported(name)
+    path = tmp_path / f"{name}.onnx"
+    dims, other = dynamic(module, x)
+    torch.onnx.export(module, (x,), path, dynamic_shapes=(dims,), dynamo=True).save(path)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for inputs in (x, other):
+        (got, *_) = session.run(None, {session.get_inputs()[0].name: inputs.numpy()})
+        with torch.no_grad():
+            want = _out(module(inputs)).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_exported_language_model_keeps_its_token_check() -> None:
+    model, x = exported("crate_gpt_mini")
+    dims, _ = dynamic(model, x)
+    program = torch.export.export(model, (x,), dynamic_shapes=(dims,))
+    assert any("assert_async" in str(node.target) for node in program.graph.nodes)  # on the device, no host read
+    with pytest.raises(RuntimeError, match="outside the vocabulary"):
+        program.module()(torch.tensor([[1, 999]]))
+    with pytest.raises(ValueError, match="token id 999"):  # the eager model checks on the host
+        model(torch.tensor([[1, 999]]))
+
+
+# crate_mnist and crate_gpt_mini go through ONNX in the fast suite: tests/test_docs.py runs docs/export.md
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in FAMILIES if n not in ("crate_mnist", "crate_gpt_mini")])
+def test_every_family_runs_in_onnxruntime(name: str, tmp_path: Path) -> None:
+    _onnx_matches(name, tmp_path)
