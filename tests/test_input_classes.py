@@ -521,8 +521,30 @@ def test_drop_path_given_twice_with_two_values_is_refused(tmp_path: Path, capsys
             "--model-args", "dim=16", "depth=2", "heads=2", "patch_size=4"]  # fmt: skip
     err = one_line_error(capsys, *base, "drop_path=0.2", "--drop-path", 0.1, "--out", tmp_path / "a",
                          after_output=True)  # fmt: skip
-    assert "drop_path is given twice: 0.1 as a training option and 0.2 in model_args; keep one" in err
+    assert "drop_path is given twice: --drop-path 0.1 and --model-args drop_path=0.2; keep one" in err
     assert crate(*base, "drop_path=0.1", "--drop-path", 0.1, "--out", tmp_path / "b") == 0  # the same value passes
+
+
+@pytest.mark.parametrize(
+    "command, extra, expected",
+    [
+        ("train", ["--image-size", 8, "--model-args", "image_size=16"],
+         "image_size is given twice: --image-size 8 and --model-args image_size=16; keep one"),
+        ("train", ["--image-size", 8, "--model-args", "num_classes=5"],
+         "num_classes is given twice: the data's 10 classes and --model-args num_classes=5; keep one"),
+        ("pretrain mae", ["--image-size", 8, "--model-args", "image_size=16"],
+         "image_size is given twice: --image-size 8 and --model-args image_size=16; keep one"),
+        ("pretrain mae", ["--image-size", 8, "--mask-ratio", 0.5, "--model-args", "mask_ratio=0.75"],
+         "mask_ratio is given twice: --mask-ratio 0.5 and --model-args mask_ratio=0.75; keep one"),
+    ],
+)  # fmt: skip
+def test_a_model_field_set_by_an_option_or_the_data_and_in_model_args_is_refused(
+    command: str, extra: list, expected: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Before, the option (or the data) won and model_args' value was dropped without a word."""
+    one_line_error(capsys, *command.split(), "--data", "digits", *extra, "--threads", 1, "--no-progress",
+                   "--max-steps", 1, "--out", tmp_path / "r", match=re.escape(expected), after_output=True)  # fmt: skip
+    assert not (tmp_path / "r").exists()
 
 
 def test_features_refuses_options_that_cannot_apply_and_takes_hub_models(

@@ -246,6 +246,9 @@ def test_words_a_wordpiece_vocabulary_lacks_are_warned_once_and_shown_as_unk(
     model.tokenizer = tok
     folder = model.save_pretrained(tmp_path / "m")
     capsys.readouterr()
-    with pytest.warns(UserWarning, match=r"1 word\(s\) of the text"):
-        assert cli.main(["generate", str(folder), "--prompt", "the ñandú", "--max-new-tokens", "1"]) == 0
-    assert capsys.readouterr().out.startswith("the [UNK]")
+    assert cli.main(["generate", str(folder), "--prompt", "the ñandú", "--max-new-tokens", "1"]) == 0
+    shown = capsys.readouterr()
+    assert shown.out.startswith("the [UNK]")
+    warned = [line for line in shown.err.splitlines() if "warning" in line]
+    assert len(warned) == 1 and warned[0].startswith("crate generate: warning: 1 word(s) of the text"), shown.err
+    assert "--tokenizer bpe" in warned[0]  # the CLI words the fix as its flag

@@ -9,8 +9,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data import ImageSource, default_augmentation, to_device
-from ..errors import Step
+from ..errors import Opt, Step
 from ..operators import set_drop_path
+from .config import given_once
 from .evaluation import evaluate
 from .images import ImageData, image_classifier, load_splits
 from .mix import MixupCutmix, random_erasing, soft_target_cross_entropy
@@ -43,12 +44,8 @@ class ClassificationTask(Task):
         its config), mixup / cutmix, random erasing, a weight EMA (each None when off, so a run without them
         draws no extra random numbers)."""
         cfg = self.cfg
-        given = cfg.model_args.get("drop_path")
-        if cfg.optim.drop_path and given is not None and float(given) != cfg.optim.drop_path:  # one would win silently
-            raise ValueError(
-                f"drop_path is given twice: {cfg.optim.drop_path} as a training option and {given} in model_args; "
-                "keep one"
-            )
+        if cfg.optim.drop_path:
+            given_once(cfg.model_args, "drop_path", cfg.optim.drop_path, Opt("drop_path", cfg.optim.drop_path))
         if cfg.optim.drop_path and state is None:
             set_drop_path(self.model, cfg.optim.drop_path)
         self.mixer = self.eraser = self.ema = None

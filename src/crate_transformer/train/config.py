@@ -23,7 +23,7 @@ from typing import Any
 from ..config import Config, check_option
 from ..config_utils import NON_NEGATIVE, POSITIVE, Range, coerce_fields, load_yaml, option
 from ..data import AUGMENTATIONS, DATA_MODES
-from ..errors import Opt, OptionError, short_repr
+from ..errors import Opt, OptionError, Place, short_repr
 from .optim import OPTIMIZERS
 from .recipes import RECIPES, recipe_options
 from .sharding import STRATEGIES
@@ -45,6 +45,7 @@ __all__ = [
     "read_run_config",
     "nest_options",
     "flat_options",
+    "given_once",
 ]
 
 AMP_MODES = ("auto", "none", "bf16", "fp16")
@@ -502,3 +503,22 @@ def read_run_config(path: str | os.PathLike) -> TrainConfig:
     path = Path(path)
     options = read_options_file(path / "config.yaml" if path.is_dir() else path)
     return TrainConfig.from_dict({k: v for k, v in options.items() if k not in RUN_EXTRAS})
+
+
+def given_once(model_args: Mapping[str, Any], field: str, value: object, *setter: str | Place) -> None:
+    """Refuse ``model_args[field]`` when a training option or the data (``setter``, which sets ``value``) gives the
+    model field another value: one of the two would win silently.  An equal value passes."""
+    if field not in model_args or value is None or _same(model_args[field], value):
+        return
+    given = model_args[field]
+    raise OptionError(
+        f"{field} is given twice: ", *setter, " and ", Opt("model_args", f"{field}={short_repr(given)}"),
+        "; keep one",
+    )  # fmt: skip
+
+
+def _same(given: object, value: object) -> bool:
+    try:
+        return float(given) == float(value)  # "0.1" from the command line is 0.1
+    except (TypeError, ValueError):
+        return str(given) == str(value)

@@ -28,7 +28,7 @@ from ..data import (
 from ..errors import Opt, OptionError, See, TaskError, Use
 from ..model import ImageClassifier
 from ..registry import build, model_config
-from .config import TrainConfig
+from .config import TrainConfig, given_once
 from .evaluation import prepare_batch
 
 __all__ = ["ImageData", "image_classifier", "load_splits"]
@@ -107,6 +107,8 @@ def image_classifier(
             raise OptionError("no model given; pass ", Opt("model"), " (", See("models"), " lists them)")
         if model_config(cfg.model).kind == LANGUAGE_MODEL:
             raise TaskError(f"{cfg.model} is a language model; train it with ", Use("lm"), " ", Opt("model", cfg.model))
+        if cfg.data.image_size:
+            given_once(cfg.model_args, "image_size", cfg.data.image_size, Opt("image_size", cfg.data.image_size))
         image_size = cfg.data.image_size or model_config(cfg.model, **cfg.model_args).image_size
     data = load_data(image_size)
     classes = data.classes
@@ -116,6 +118,7 @@ def image_classifier(
         if model.config.image_size != image_size:
             model.resize_pos_embed(image_size)  # bicubic interpolation of the learned position grid
     elif state is None:
+        given_once(cfg.model_args, "num_classes", len(classes), f"the data's {len(classes)} classes")
         overrides = {"in_chans": data.train.channels, **cfg.model_args}
         overrides.update(num_classes=len(classes), image_size=image_size)
         model = build(model_config(cfg.model, **overrides))

@@ -36,6 +36,7 @@ from ..errors import Opt, OptionError, See, Step
 from ..io import atomic_write
 from ..mae import CRATEMAE
 from ..registry import build, model_config
+from .config import given_once
 from .evaluation import prepare_batch, require_evaluated
 from .images import ImageData
 from .runtime import Runtime
@@ -165,7 +166,9 @@ class MAETask(Task):
                 fields["in_chans"] = self.train_data.channels if "in_chans" not in cfg.model_args else config.in_chans
             fields.update(image_size=image_size)
             if self.options.mask_ratio is not None:
-                fields["mask_ratio"] = self.options.mask_ratio
+                ratio = self.options.mask_ratio
+                given_once(cfg.model_args, "mask_ratio", ratio, Opt("mask_ratio", ratio))
+                fields["mask_ratio"] = ratio
             config = type(config).from_dict(fields)
         model = build(config)
         if init is not None:
@@ -197,6 +200,8 @@ class MAETask(Task):
                     "no model given; pass ", Opt("model", "crate_mae_mnist"), " (", See("models"), " lists them)"
                 )
             config = model_config(cfg.model, **cfg.model_args)
+            if cfg.data.image_size:
+                given_once(cfg.model_args, "image_size", cfg.data.image_size, Opt("image_size", cfg.data.image_size))
             image_size = cfg.data.image_size or config.image_size
         if config.kind != MASKED_AUTOENCODER:
             raise OptionError(
