@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -12,6 +17,20 @@ from crate_transformer import cli
 def crate(*argv: object) -> int:
     """``crate ARGV`` in this process; its exit code."""
     return cli.main([str(a) for a in argv])
+
+
+@contextlib.contextmanager
+def warnings_shown() -> Iterator[None]:
+    """Inside the block warnings reach stderr as a user sees them: pytest records every warning instead, so the
+    CLI's one-line form of an ``OptionWarning`` (made by ``warnings.formatwarning``) would never be written."""
+
+    def show(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))  # Python's own display
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        warnings.showwarning = show
+        yield
 
 
 def one_line_error(

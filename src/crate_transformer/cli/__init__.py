@@ -8,13 +8,14 @@ one-line message and exit code 2; set ``CRATE_DEBUG=1`` for the full traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import importlib
 import os
 import shlex
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 from .._version import __version__
@@ -108,22 +109,29 @@ def error_message(e: BaseException, args: argparse.Namespace | None = None, take
     return e.words(cli_words) if isinstance(e, Worded) else str(e)
 
 
-def option_warnings(command: str) -> Callable[..., None]:
-    """A ``warnings.showwarning`` that writes an :class:`~crate_transformer.errors.OptionWarning` as one line
-    (worded by the current wording: flags inside the CLI), above any progress bar; other warnings as Python shows
-    them."""
+@contextlib.contextmanager
+def option_warnings(command: str) -> Iterator[None]:
+    """Inside the block, an :class:`~crate_transformer.errors.OptionWarning` Python shows is one line
+    (``crate train-lm: warning: ...``, worded by the current wording: flags inside the CLI) written above any
+    progress bar; other warnings as Python shows them. Only the formatting changes, so a caller recording warnings
+    (``warnings.catch_warnings(record=True)``, ``pytest.warns``) still gets every warning."""
     from ..errors import OptionWarning
 
-    python_way = warnings.showwarning
+    python_way = warnings.formatwarning
 
-    def show(message: Warning | str, category: type, filename: str, lineno: int, *rest: Any) -> None:
+    def one_line(message: Warning | str, category: type, filename: str, lineno: int, *rest: Any) -> str:
         if not isinstance(message, OptionWarning):
             return python_way(message, category, filename, lineno, *rest)
         from tqdm import tqdm
 
-        tqdm.write(f"crate {command}: warning: {message}", file=sys.stderr)
+        tqdm.write(f"crate {command}: warning: {message}", file=sys.stderr)  # above the bar, not through it
+        return ""  # written already: Python adds nothing
 
-    return show
+    warnings.formatwarning = one_line
+    try:
+        yield
+    finally:
+        warnings.formatwarning = python_way
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -177,8 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         from .common import check_argument_ranges
 
         check_argument_ranges(args)  # every numeric option, before the command does anything
-        with wording(cli_words), warnings.catch_warnings():  # the library's messages name commands and flags
-            warnings.showwarning = option_warnings(args.command)
+        with wording(cli_words), option_warnings(args.command):  # the library's messages name commands and flags
             return int(args._run(args) or 0)
     except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
         if os.environ.get("CRATE_DEBUG"):
