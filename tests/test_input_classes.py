@@ -551,6 +551,8 @@ def test_drop_path_given_twice_with_two_values_is_refused(tmp_path: Path, capsys
          "image_size is given twice: --image-size 8 and --model-args image_size=16; keep one"),
         ("pretrain mae", ["--image-size", 8, "--mask-ratio", 0.5, "--model-args", "mask_ratio=0.75"],
          "mask_ratio is given twice: --mask-ratio 0.5 and --model-args mask_ratio=0.75; keep one"),
+        ("pretrain dino", ["--image-size", 8, "--pool", "avg", "--model-args", "pool=cls"],
+         "pool is given twice: --pool avg and --model-args pool=cls; keep one"),
     ],
 )  # fmt: skip
 def test_a_model_field_set_by_an_option_or_the_data_and_in_model_args_is_refused(

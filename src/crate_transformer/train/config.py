@@ -511,8 +511,9 @@ def given_once(model_args: Mapping[str, Any], field: str, value: object, *setter
     if field not in model_args or value is None or _same(model_args[field], value):
         return
     given = model_args[field]
+    shown = given[:60] if isinstance(given, str) else short_repr(given)
     raise OptionError(
-        f"{field} is given twice: ", *setter, " and ", Opt("model_args", f"{field}={short_repr(given)}"),
+        f"{field} is given twice: ", *setter, " and ", Opt("model_args", f"{field}={shown}"),
         "; keep one",
     )  # fmt: skip
 
