@@ -48,7 +48,7 @@ from ._registry import register_arch, register_model
 from .base import Model, Trace
 from .config import IMAGE_CLASSIFIER, Config
 from .config_utils import Range
-from .lm import EMBED_KEY_MAP, LanguageModel, LMConfig, lm_checkpoint_fields, lm_state
+from .lm import GPT2_KEY_MAP, LanguageModel, LMConfig, lm_checkpoint_fields, lm_state
 from .model import NUM_CLASSES, ImageEncoderGeometry, ImageInput, classifier_layer
 from .official import OfficialFormat, index_count, rename, unwrap
 from .operators import DIM_HEAD, MLP, TSSA, DropPath
@@ -507,16 +507,9 @@ TOST_KEY_MAP = [
     ("cls_attn_blocks.{i}.", "cls_layers.{i}."),
     ("pos_embeder.", "pos_embed."),
 ]
-# tost_lang/model_TSSA.py, after lm_state strips the "transformer." / "module." / "_orig_mod." prefixes
-TOST_LM_KEY_MAP = EMBED_KEY_MAP + [
-    ("h.{i}.ln_1.", "layers.{i}.norm1."),
-    ("h.{i}.attn.c_attn.", "layers.{i}.attn.qkv."),
-    ("h.{i}.attn.c_proj.", "layers.{i}.attn.proj."),
-    ("h.{i}.ln_2.", "layers.{i}.norm2."),
-    ("h.{i}.mlp.c_fc.", "layers.{i}.mlp.0."),
-    ("h.{i}.mlp.c_proj.", "layers.{i}.mlp.3."),
-    ("h.{i}.", "layers.{i}."),  # attn.temp, attn.denom_bias, gamma1, gamma2
-]
+# tost_lang/model_TSSA.py, after lm_state strips the "transformer." / "module." / "_orig_mod." prefixes: nanoGPT's
+# names, then TSSA's and the block's own tensors under the layer's
+TOST_LM_KEY_MAP = GPT2_KEY_MAP + [("h.{i}.", "layers.{i}.")]  # attn.temp, attn.denom_bias, gamma1, gamma2
 
 
 def _tost_state(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
