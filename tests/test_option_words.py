@@ -108,3 +108,29 @@ def test_a_bad_value_in_a_file_is_named_as_the_file_names_it(tmp_path: Path, cap
     assert str(e.value) == expected
     err = one_line_error(capsys, "eval", d, "--data", "digits", "--threads", "1")
     assert err.endswith(f"error: {expected}"), err  # the file's key, not --model-args depth
+
+
+# --------------------------------------------------------------------------- 2. an integer is an int
+def test_an_integer_range_refuses_floats_and_bools_by_type() -> None:
+    from crate_transformer.config_utils import NON_NEGATIVE, POSITIVE, Range
+
+    for rule in (POSITIVE, NON_NEGATIVE, Range(0, 64, integer=True)):
+        assert rule.ok(8) and not rule.ok(8.0) and not rule.ok(True) and not rule.ok(2.5)
+    with pytest.raises(ValueError) as e:
+        POSITIVE.check("top_k", 8.0)
+    assert str(e.value) == "top_k must be a positive integer, got 8.0 (float)"
+    # a number given as text (the command line, YAML) still becomes the int it spells
+    assert TrainConfig(epochs="8", batch_size=8.0).optim.epochs == 8
+
+
+def test_an_api_size_given_as_a_float_is_one_line_not_a_traceback() -> None:
+    import torch
+
+    from crate_transformer.lm import LMConfig, build_lm
+
+    model = build_lm(LMConfig(**tiny.LM)).eval()
+    ids = torch.tensor([[1, 2, 3]])
+    assert model.generate(ids, max_new_tokens=2).shape == (1, 5)
+    for kwargs, name in [({"max_new_tokens": 2.0}, "max_new_tokens"), ({"max_new_tokens": 2, "top_k": 5.0}, "top_k")]:
+        with pytest.raises(ValueError, match=rf"^{name} must be a (positive|non-negative) integer, got .* \(float\)$"):
+            model.generate(ids, **kwargs)

@@ -306,10 +306,11 @@ class Range:
         return ""
 
     def ok(self, value: float) -> bool:
-        """Whether ``value`` is finite (an integer, for integer ranges) and within the bounds."""
+        """Whether ``value`` is finite (an ``int``, for integer ranges: ``8.0`` is a float, as torch and ``range``
+        see it; text such as ``"8"`` is coerced before it is checked) and within the bounds."""
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return False
-        if self.integer and value != int(value):
+        if self.integer and not isinstance(value, int):
             return False
         if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
             return False
@@ -327,7 +328,9 @@ class Range:
         if self.integer and self.lo == 0 and self.hi is None:
             kind, words = ("a positive integer" if self.lo_open else "a non-negative integer"), ""
         note = f" ({self.note})" if self.note else ""
-        return f" must be {kind}{words}{note}, got {short_repr(value)}"
+        looks_whole = isinstance(value, bool) or (isinstance(value, float) and value.is_integer())  # 8.0, True
+        of_type = f" ({type(value).__name__})" if self.integer and looks_whole else ""
+        return f" must be {kind}{words}{note}, got {short_repr(value)}{of_type}"
 
     def check(self, name: str, value: Any, fix: str = "") -> None:
         """Raise a one-line ``ValueError`` (:meth:`message`, then ``; fix`` when given) unless :meth:`ok`."""
