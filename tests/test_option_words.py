@@ -134,3 +134,27 @@ def test_an_api_size_given_as_a_float_is_one_line_not_a_traceback() -> None:
     for kwargs, name in [({"max_new_tokens": 2.0}, "max_new_tokens"), ({"max_new_tokens": 2, "top_k": 5.0}, "top_k")]:
         with pytest.raises(ValueError, match=rf"^{name} must be a (positive|non-negative) integer, got .* \(float\)$"):
             model.generate(ids, **kwargs)
+
+
+# --------------------------------------------------------------------------- 3. one way to choose the tokenizer
+LM_RUN = ["--threads", "1", "--no-progress", "--batch-size", "4", "--eval-every", "0", "--sample-tokens", "0",
+          "--max-steps", "1", "--model-args", *tiny.kv(tiny.LM)]  # fmt: skip
+
+
+def test_train_lm_refuses_a_tokenizer_in_model_args_naming_the_tokenizer_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``--model-args tokenizer=bpe`` was replaced by the tokenizer the run trained (byte), silently."""
+    from crate_transformer.train.lm import LMTask
+
+    out = tmp_path / "r"
+    err = one_line_error(capsys, "train-lm", *LM_RUN, "tokenizer=bpe", "--out", out)
+    assert "not --model-args tokenizer=bpe; pass --tokenizer bpe instead" in err, err
+    assert not out.exists()  # refused before the run folder (and before a vocabulary is trained)
+    err = one_line_error(capsys, "train-lm", *LM_RUN, "tokenizer=bpe", "--tokenizer", "wordpiece", "--out", out)
+    assert "(--tokenizer wordpiece), not --model-args tokenizer=bpe" in err, err
+    with pytest.raises(OptionError) as e:
+        LMTask().check_model(TrainConfig(task="lm", model="crate_gpt_mini", model_args={"tokenizer": "bpe"}))
+    assert str(e.value).endswith("(tokenizer='byte'), not model_args='tokenizer=bpe'; pass tokenizer='bpe' instead")
+    # the same tokenizer both ways is no contradiction
+    LMTask().check_model(TrainConfig(task="lm", model="crate_gpt_mini", model_args={"tokenizer": "byte"}))
