@@ -297,7 +297,7 @@ def test_load_model_refuses_overrides_it_cannot_apply(tmp_path):
         # values equal to the stored config are fine (a command line that always passes --model)
         assert load_model(path, "crate_tiny", **TINY).config == m.config
         assert load_model(path, num_classes="5").config == m.config
-    with pytest.raises(CheckpointError, match="ModelConfig.eta must be a number"):
+    with pytest.raises(CheckpointError, match="eta must be a number"):
         load_model(tmp_path / "run", eta="fast")
 
 

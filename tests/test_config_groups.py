@@ -76,7 +76,7 @@ def test_print_config_is_defaults_then_file_then_flags(tmp_path: Path, capsys: p
     assert (fine["optim"]["lr"], fine["init_from"], fine["model"]) == (5e-5, "some/run", None)
     mae = _printed(capsys, "pretrain", "mae", "--mask-ratio", "0.5", "--config", tmp_path / "flat.yaml")
     assert mae["task"] == "mae" and mae["task_args"] == {"mask_ratio": 0.5} and mae["optim"]["epochs"] == 3
-    assert "mask_ratio" in one_line_error(capsys, "pretrain", "mae", "--mask-ratio", "2", "--print-config")
+    assert "--mask-ratio must be" in one_line_error(capsys, "pretrain", "mae", "--mask-ratio", "2", "--print-config")
     err = one_line_error(capsys, "train", "--resume", tmp_path, "--print-config")
     assert "config.yaml" in err and "--resume" in err
 

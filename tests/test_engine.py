@@ -173,10 +173,10 @@ def test_corrupt_training_state_is_detected_and_temporaries_are_cleaned(
 
 # --------------------------------------------------------------------------- options
 def test_bad_options_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    assert "lr must be a finite number" in one_line_error(capsys, "train", "--lr", "inf")
-    assert "lr must be a number" in one_line_error(capsys, "train", "--lr", "fast")
+    assert "--lr must be a finite number" in one_line_error(capsys, "train", "--lr", "inf")
+    assert "--lr must be a number" in one_line_error(capsys, "train", "--lr", "fast")
     assert "unknown device 'tpu'" in one_line_error(capsys, "train", *TINY, "--device", "tpu")
-    assert "image_size must be a positive integer" in one_line_error(capsys, "train", "--image-size", "0")
+    assert "--image-size must be a positive integer" in one_line_error(capsys, "train", "--image-size", "0")
     one = tmp_path / "one" / "only"
     one.mkdir(parents=True)
     from PIL import Image

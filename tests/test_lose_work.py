@@ -173,7 +173,7 @@ def test_a_huge_num_samples_runs_in_batches_and_figure_images_is_capped(
         capsys, "pretrain", "mae", "--data", data, "--model", "crate_mae_mnist", *SSL, *SSL_ARCH,
         "--figure-images", 100000, "--out", tmp_path / "mae", after_output=True,
     )  # fmt: skip
-    assert "figure_images must be an integer in [0, 64], got 100000" in err, err
+    assert "--figure-images must be an integer in [0, 64], got 100000" in err, err
 
 
 KILLED_RUN = """

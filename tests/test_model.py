@@ -295,12 +295,12 @@ def test_model_config_coerces_strings_by_field_type():
 @pytest.mark.parametrize(
     "bad,msg",
     [
-        ({"lambd": "abc"}, r"ModelConfig.lambd must be a number, got 'abc' \(str\); e.g. lambd=0.1"),
-        ({"dim": True}, r"ModelConfig.dim must be an integer, got True \(bool\); e.g. dim=384"),
-        ({"dim": 2.5}, r"ModelConfig.dim must be an integer, got 2.5"),
-        ({"depth": "1.5"}, r"ModelConfig.depth must be an integer"),
-        ({"eta": True}, r"ModelConfig.eta must be a number, got True"),
-        ({"tied_output": "maybe"}, r"ModelConfig.tied_output must be a boolean"),
+        ({"lambd": "abc"}, r"lambd must be a number, got 'abc' \(str\); e.g. lambd=0.1"),
+        ({"dim": True}, r"dim must be an integer, got True \(bool\); e.g. dim=384"),
+        ({"dim": 2.5}, r"dim must be an integer, got 2.5"),
+        ({"depth": "1.5"}, r"depth must be an integer"),
+        ({"eta": True}, r"eta must be a number, got True"),
+        ({"tied_output": "maybe"}, r"tied_output must be a boolean"),
         ({"eta": float("nan")}, r"eta must be a finite number > 0, got nan; e.g. eta=0.1"),
         ({"eta": "nan"}, r"eta must be a finite number > 0, got nan"),
         ({"eta": 0}, r"eta must be a finite number > 0"),

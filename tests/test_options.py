@@ -47,17 +47,20 @@ def test_range_words_and_checks() -> None:
 @pytest.mark.parametrize(
     "argv, expected",
     [
-        (["pretrain", "mae", "--probe-c", "0"], "probe_c must be a finite number > 0, got 0.0"),
-        (["pretrain", "mae", "--probe-c", "-1"], "probe_c must be a finite number > 0, got -1.0"),
-        (["pretrain", "mae", "--mask-ratio", "nan"], "mask_ratio must be a finite number in (0, 1), got nan"),
-        (["train-lm", "--sample-tokens", "-5"], "sample_tokens must be a non-negative integer (0 = no sample), got -5"),
-        (["train-lm", "--model-args", "eta=inf"], "eta must be a finite number > 0, got inf"),
-        (["train", "--model-args", "eta=nan"], "eta must be a finite number > 0, got nan"),
+        (["pretrain", "mae", "--probe-c", "0"], "--probe-c must be a finite number > 0, got 0.0"),
+        (["pretrain", "mae", "--probe-c", "-1"], "--probe-c must be a finite number > 0, got -1.0"),
+        (["pretrain", "mae", "--mask-ratio", "nan"], "--mask-ratio must be a finite number in (0, 1), got nan"),
+        (
+            ["train-lm", "--sample-tokens", "-5"],
+            "--sample-tokens must be a non-negative integer (0 = no sample), got -5",
+        ),
+        (["train-lm", "--model-args", "eta=inf"], "--model-args eta must be a finite number > 0, got inf"),
+        (["train", "--model-args", "eta=nan"], "--model-args eta must be a finite number > 0, got nan"),
         (["pretrain", "dino", "--global-crops-scale", "0.5"], "global_crops_scale takes two area fractions LO HI"),
-        (["pretrain", "dino", "--global-crops-scale", "0.5", "nan"], "global_crops_scale must be a finite number"),
-        (["pretrain", "dino", "--teacher-temp", "nan"], "teacher_temp must be a finite number > 0, got nan"),
-        (["pretrain", "dino", "--flip", "2"], "flip must be a finite number in [0, 1], got 2.0"),
-        (["train", "--lr", "inf"], "lr must be a finite number > 0, got inf"),
+        (["pretrain", "dino", "--global-crops-scale", "0.5", "nan"], "--global-crops-scale must be a finite number"),
+        (["pretrain", "dino", "--teacher-temp", "nan"], "--teacher-temp must be a finite number > 0, got nan"),
+        (["pretrain", "dino", "--flip", "2"], "--flip must be a finite number in [0, 1], got 2.0"),
+        (["train", "--lr", "inf"], "--lr must be a finite number > 0, got inf"),
     ],
 )
 def test_training_options_are_refused_before_a_run_folder_exists(

@@ -222,16 +222,16 @@ def test_task_options_are_validated_before_anything_is_written(tmp_path: Path, c
     from crate_transformer.train import train
 
     for flag, value, msg in [
-        ("--eval-blocks", -1, "eval_blocks must be a non-negative integer (0 = every held-out block), got -1"),
-        ("--sample-tokens", -5, "sample_tokens must be a non-negative integer"),
-        ("--mask-prob", 1.5, "mask_prob must be a finite number in (0, 1)"),
-        ("--vocab-size", 0, "vocab_size must be an integer >= 1"),
+        ("--eval-blocks", -1, "--eval-blocks must be a non-negative integer (0 = every held-out block), got -1"),
+        ("--sample-tokens", -5, "--sample-tokens must be a non-negative integer"),
+        ("--mask-prob", 1.5, "--mask-prob must be a finite number in (0, 1)"),
+        ("--vocab-size", 0, "--vocab-size must be an integer >= 1"),
     ]:
         err = one_line_error(capsys, "train-lm", *LM_ARGS, flag, value, "--max-steps", 1, "--out", tmp_path / "r")
         assert msg in err, err
         assert not (tmp_path / "r").exists()
     err = one_line_error(capsys, "pretrain", "mae", "--probe-c", 0, "--out", tmp_path / "m")
-    assert "probe_c must be a finite number > 0" in err and not (tmp_path / "m").exists()
+    assert "--probe-c must be a finite number > 0" in err and not (tmp_path / "m").exists()
     # what argparse's choices check for flags, a config file (or a resumed run's stored options) meets here
     with pytest.raises(ValueError, match="unknown objective 'xyz'; choose one of \\('clm', 'mlm'\\)"):
         train(TrainConfig(task="lm", task_args={"objective": "xyz"}, out=str(tmp_path / "y")))

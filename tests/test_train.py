@@ -135,7 +135,7 @@ def test_bad_input_is_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixtu
     (tmp_path / "empty").mkdir()
     for argv, msg in (
         (["train", "--data", tmp_path / "missing"], "data folder not found"),
-        (["train", "--batch-size", "0"], "batch_size must be a positive integer"),
+        (["train", "--batch-size", "0"], "--batch-size must be a positive integer"),
         (["train", "--model-args", "dimm=3"], "unknown model argument(s) ['dimm']"),
         (["train", "--config", tmp_path / "none.yaml"], "config file not found"),
         (["train", "--resume", tmp_path / "empty"], "nothing to resume"),

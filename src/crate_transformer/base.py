@@ -58,6 +58,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ._hub import is_hub_spec, push_to_hub, resolve_hub
 from .config import Config
+from .errors import python_message
 from .io import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -463,8 +464,8 @@ def load_folder(
     try:
         target = choose(data.get("arch"))
         config = target.config_class.from_dict(data)
-    except ValueError as e:
-        raise CheckpointError(f"{directory / CONFIG_NAME}: {e}") from None
+    except ValueError as e:  # a value of the file, named as the file names it
+        raise CheckpointError(f"{directory / CONFIG_NAME}: {python_message(e)}") from None
     weights = directory / WEIGHTS_NAME
     if not weights.is_file():
         raise CheckpointError(f"no {WEIGHTS_NAME} in {directory}; the save was incomplete — re-save the model")

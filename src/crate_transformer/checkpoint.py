@@ -28,6 +28,7 @@ from ._registry import ZOO, arch_info, build, config_class, model_config, offici
 from .base import Model, apply_overrides, load_backbone, load_folder, load_weights, timm_overrides
 from .config import Config
 from .config_utils import coerce_fields
+from .errors import python_message
 from .io import (
     CONFIG_NAME,
     FILE_DIGESTS,
@@ -92,8 +93,8 @@ def read_config(directory: str | Path) -> Config:
         return config_from_dict(read_config_dict(directory))
     except CheckpointError:
         raise
-    except ValueError as e:
-        raise CheckpointError(f"{directory / CONFIG_NAME}: {e}") from None
+    except ValueError as e:  # a value of the file, named as the file names it
+        raise CheckpointError(f"{directory / CONFIG_NAME}: {python_message(e)}") from None
 
 
 def from_pretrained(
@@ -247,7 +248,7 @@ def _file_config(
         found = fmt.config_file(sidecar) if fmt.config_file is not None and sidecar is not None else {}
         tensors = fmt.fields(raw) if fmt.fields is not None else {}
     except ValueError as e:
-        raise CheckpointError(f"{source}: {e}") from None
+        raise CheckpointError(f"{source}: {python_message(e)}") from None
     clash = [
         f"{k}: {found[k]!r} in config.json, {v!r} in the tensors" for k, v in tensors.items() if found.get(k, v) != v
     ]
@@ -374,7 +375,7 @@ def _from_state(
     try:
         config = config_from_dict(dict(exported[0]))
     except ValueError as e:
-        raise CheckpointError(f"{path}: {e}") from None
+        raise CheckpointError(f"{path}: {python_message(e)}") from None
     if new_head:
         check_stored_config(config, path, name, {}, free=timm_overrides(overrides))
         model = apply_overrides(arch_info(config.arch).model_class, config, exported[1], str(path), overrides)

@@ -37,8 +37,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, TypeVar
 
-from .config_utils import POSITIVE, Range, coerce_fields
-from .errors import short_repr
+from .config_utils import POSITIVE, Range, coerce_fields, field_place
+from .errors import OptionError, short_repr
 
 __all__ = ["Config", "check_option", "KINDS", "IMAGE_CLASSIFIER", "MASKED_AUTOENCODER", "LANGUAGE_MODEL"]
 
@@ -68,7 +68,9 @@ def check_option(cls: type, name: str, value: Any) -> None:
             continue
         r = rule or (Range() if isinstance(x, float) else None)  # every float is at least finite
         if r is not None and not r.ok(x):
-            raise ValueError(f"{r.message(name, x)}; e.g. {name}={_field_default(cls, name, x)}")
+            default = _field_default(cls, name, x)
+            example = ("; e.g. ", field_place(cls, name, default)) if default not in (None, [], ()) else ()
+            raise OptionError(field_place(cls, name), r.requirement(x), *example)
 
 
 def _field_default(cls: type, name: str, fallback: Any) -> Any:
@@ -96,6 +98,9 @@ class Config:
     KEY_ORDER: ClassVar[tuple[str, ...]] = ()
     # what a model of this config is (one of KINDS; "" for option classes that describe no model)
     kind: ClassVar[str] = ""
+    # how messages name the fields (config_utils.field_place): "" options of their own (--epochs); a model
+    # config's are entries of "model_args" (--model-args dim=384); None for a record no option gives
+    GIVEN_IN: ClassVar[str | None] = ""
 
     # ---------------------------------------------------------------- the capability contract (module docstring)
     @property
@@ -158,7 +163,8 @@ class Config:
         for name in names:
             v = getattr(self, name)
             if not POSITIVE.ok(v):
-                raise ValueError(f"{POSITIVE.message(name, v)}; e.g. {name}={self._example(name)}")
+                example = field_place(type(self), name, self._example(name))
+                raise OptionError(field_place(type(self), name), POSITIVE.requirement(v), "; e.g. ", example)
 
     def _example(self, name: str) -> Any:
         return self._default(name, getattr(self, name))

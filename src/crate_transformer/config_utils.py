@@ -34,9 +34,20 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import short_repr
+from .errors import Opt, OptionError, short_repr
 
-__all__ = ["coerce_fields", "coerce_value", "field_types", "Range", "POSITIVE", "NON_NEGATIVE", "option", "load_yaml"]
+__all__ = [
+    "coerce_fields",
+    "coerce_value",
+    "field_types",
+    "field_place",
+    "option_name",
+    "Range",
+    "POSITIVE",
+    "NON_NEGATIVE",
+    "option",
+    "load_yaml",
+]
 
 YAML_VALUES = 100_000  # values an options document may expand to (with its aliases repeated); far above any config
 
@@ -58,6 +69,23 @@ def option(default: Any, help: str, **meta: Any) -> Any:
     return dataclasses.field(default=default, metadata=meta)
 
 
+def option_name(f: dataclasses.Field) -> str:
+    """A field's option name: its ``--flag`` (dashes for underscores) and its key in a flat config file."""
+    return f.metadata.get("name", f.name)
+
+
+def field_place(cls: type, name: str, *value: Any) -> str | Opt:
+    """How a message names field ``name`` of dataclass ``cls`` (suggesting ``value`` when given), by what
+    ``cls.GIVEN_IN`` says its fields are: ``""`` options of their own (``Opt("epochs")``: ``epochs`` to the Python
+    API, ``--epochs`` on the command line); an option's name, entries of that option (``Opt("dim",
+    within="model_args")``: ``dim`` / ``--model-args dim``); absent or None, no option (``DataSpec.mean``)."""
+    within = getattr(cls, "GIVEN_IN", None)
+    if within is None:
+        return f"{name}={value[0]!r}" if value else f"{cls.__name__}.{name}"
+    field = next((f for f in dataclasses.fields(cls) if f.name == name), None)
+    return Opt(option_name(field) if field is not None else name, *value, within=within)
+
+
 @functools.lru_cache(maxsize=64)
 def field_types(cls: type) -> dict[str, Any]:
     """The resolved type of every field of dataclass ``cls`` (string annotations evaluated)."""
@@ -71,8 +99,9 @@ def coerce_fields(cls: type, mapping: Mapping[str, Any], *, allow_unknown: bool 
     """A copy of ``mapping`` with every value coerced to the type of ``cls``'s field of that name.
 
     Unknown keys raise a ``ValueError`` listing the valid ones (or are passed through unchanged with
-    ``allow_unknown=True``).  A value that cannot be coerced raises a one-line ``ValueError`` such as
-    ``ModelConfig.dim must be an integer, got 'abc' (str); e.g. dim=384``.
+    ``allow_unknown=True``).  A value that cannot be coerced raises a one-line :class:`~.errors.OptionError`
+    naming the field as :func:`field_place` does, such as ``epochs must be an integer, got 'x' (str); e.g.
+    epochs=40`` (``--epochs`` on the command line).
     """
     types_ = field_types(cls)
     unknown = sorted(set(mapping) - set(types_))
@@ -87,10 +116,9 @@ def coerce_fields(cls: type, mapping: Mapping[str, Any], *, allow_unknown: bool 
         try:
             out[key] = _coerce(value, types_[key])
         except _CoerceError as e:
-            example = f"; e.g. {key}={defaults[key]!r}" if defaults.get(key) is not None else ""
-            raise ValueError(
-                f"{cls.__name__}.{key} must be {e.expected}, got {short_repr(value)} ({type(value).__name__}){example}"
-            ) from None
+            example = ("; e.g. ", field_place(cls, key, defaults[key])) if defaults.get(key) is not None else ()
+            got = f" must be {e.expected}, got {short_repr(value)} ({type(value).__name__})"
+            raise OptionError(field_place(cls, key), got, *example) from None
     return out
 
 
@@ -229,11 +257,18 @@ def _to_sequence(value: Any, tp: Any, kind: type) -> list | tuple:
     if not isinstance(value, (list, tuple)):
         raise _CoerceError("a list")
     args = typing.get_args(tp)
+    if kind is tuple and args and args[-1] is not Ellipsis and len(args) != len(value):
+        raise _CoerceError(f"a tuple of {len(args)} values")
+    try:
+        return _items(value, args, kind)
+    except _CoerceError as e:
+        raise _CoerceError(f"a list whose items are each {e.expected}") from None
+
+
+def _items(value: list | tuple, args: tuple, kind: type) -> list | tuple:
     if kind is tuple and len(args) == 2 and args[1] is Ellipsis:
         items = [_coerce(v, args[0]) for v in value]
     elif kind is tuple and args:
-        if len(args) != len(value):
-            raise _CoerceError(f"a tuple of {len(args)} values")
         items = [_coerce(v, a) for v, a in zip(value, args)]
     elif args:
         items = [_coerce(v, args[0]) for v in value]
@@ -271,10 +306,11 @@ class Range:
         return ""
 
     def ok(self, value: float) -> bool:
-        """Whether ``value`` is finite (an integer, for integer ranges) and within the bounds."""
+        """Whether ``value`` is finite (an ``int``, for integer ranges: ``8.0`` is a float, as torch and ``range``
+        see it; text such as ``"8"`` is coerced before it is checked) and within the bounds."""
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return False
-        if self.integer and value != int(value):
+        if self.integer and not isinstance(value, int):
             return False
         if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
             return False
@@ -292,7 +328,9 @@ class Range:
         if self.integer and self.lo == 0 and self.hi is None:
             kind, words = ("a positive integer" if self.lo_open else "a non-negative integer"), ""
         note = f" ({self.note})" if self.note else ""
-        return f" must be {kind}{words}{note}, got {short_repr(value)}"
+        looks_whole = isinstance(value, bool) or (isinstance(value, float) and value.is_integer())  # 8.0, True
+        of_type = f" ({type(value).__name__})" if self.integer and looks_whole else ""
+        return f" must be {kind}{words}{note}, got {short_repr(value)}{of_type}"
 
     def check(self, name: str, value: Any, fix: str = "") -> None:
         """Raise a one-line ``ValueError`` (:meth:`message`, then ``; fix`` when given) unless :meth:`ok`."""

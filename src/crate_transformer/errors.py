@@ -30,6 +30,7 @@ __all__ = [
     "wording",
     "words",
     "short_repr",
+    "python_message",
 ]
 
 _UNSET: Any = object()
@@ -47,10 +48,13 @@ class Use:
 @dataclass(frozen=True)
 class Opt:
     """A place naming the option ``name`` (its flat name, as ``TrainConfig(name=...)`` and config files take it),
-    with the ``value`` to give it when the message suggests one."""
+    with the ``value`` to give it when the message suggests one.  ``within``: the option whose ``KEY=VALUE``
+    entries hold it (``"model_args"`` for a model config's field): the Python API names the field alone
+    (``dim=384``), the command line the option that carries it."""
 
     name: str
     value: Any = _UNSET
+    within: str = ""
 
     @property
     def has_value(self) -> bool:
@@ -151,6 +155,12 @@ class OptionWarning(Worded, UserWarning):
         super().__init__(words(parts, python_words))
 
     __str__ = Worded.__str__
+
+
+def python_message(e: BaseException) -> str:
+    """``e``'s message in the Python API's words whatever the current wording: a value read from a file is named
+    as the file names it (``depth``), never as the option that would have given it."""
+    return e.words(python_words) if isinstance(e, Worded) else str(e)
 
 
 def task_words(use: Use) -> str:

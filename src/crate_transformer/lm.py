@@ -106,6 +106,7 @@ class LMConfig(LayerConfig, Config):
                  "mlp", "odl_ratio", "proj_bias", "type_vocab_size", "pad_token_id", "layer_norm_eps", "mlp_ratio",
                  "gelu", "tokenizer")  # fmt: skip
     kind = LANGUAGE_MODEL
+    GIVEN_IN = "model_args"  # a training takes these fields as model_args entries
     CHOICES = {"arch": LM_ARCHS, "pos_embed": POS_EMBEDS}
 
     @property

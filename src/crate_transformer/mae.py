@@ -100,6 +100,7 @@ class MAEConfig(ImageEncoderGeometry, LayerConfig, Config):
                  "norm_pix_loss", "eta", "lambd", "layer_form", "decoder_form", "visible_only", "norm_eps",
                  "drop_path", "data")  # fmt: skip
     kind = MASKED_AUTOENCODER
+    GIVEN_IN = "model_args"  # a training takes these fields as model_args entries
     CHOICES = {"decoder_form": LAYER_FORMS}
     pipeline_tag = "image-feature-extraction"
     white_box = True  # CRATE encoder layers

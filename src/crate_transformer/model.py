@@ -133,6 +133,7 @@ class ModelConfig(ImageEncoderGeometry, LayerConfig, Config):
                  "scale_scores", "tied_output", "tied_beta", "eps", "patch_norm", "attention", "mlp", "odl_ratio",
                  "mlp_ratio", "data")  # fmt: skip
     kind = IMAGE_CLASSIFIER
+    GIVEN_IN = "model_args"  # a training takes these fields as model_args entries
     pipeline_tag = "image-classification"
     # arch: the values this config class builds (a subclass names its own)
     CHOICES = {"arch": ARCHS, "pool": POOLS}

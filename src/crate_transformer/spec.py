@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -57,6 +57,8 @@ class DataSpec(Config):
     per-channel input normalisation on the [0, 1] scale, in the model's channel count; ``image_column`` /
     ``label_column`` a Hugging Face dataset's columns when they were named (``--image-column``), else empty.
     """
+
+    GIVEN_IN: ClassVar[str | None] = None  # a record of the data, not options: messages say DataSpec.mean
 
     source: str = ""
     kind: str = ""

@@ -109,6 +109,7 @@ class ToSTConfig(ImageEncoderGeometry, Config):
     data: DataSpec | None = None  # what it was trained on; training fills it in
 
     kind = IMAGE_CLASSIFIER
+    GIVEN_IN = "model_args"  # a training takes these fields as model_args entries
     pipeline_tag = "image-classification"
     white_box = True  # TSSA descends the variational compression term; the analysis measures it
     sparse_output = False  # the layers end with a GELU MLP: no exact zeros

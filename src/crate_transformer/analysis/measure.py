@@ -375,7 +375,7 @@ def measure_hook(
     which the loop appends to its metrics log; :func:`load_measure_records` reads them back and
     :func:`~crate_transformer.analysis.plots.plot_measure_history` plots them.
     """
-    if isinstance(every, float) or not POSITIVE.ok(every):
+    if not POSITIVE.ok(every):
         raise OptionError(Opt("measure_every"), POSITIVE.requirement(every) + " (steps)")
 
     def hook(ctx: object) -> list[dict] | None:

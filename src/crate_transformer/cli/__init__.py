@@ -78,6 +78,10 @@ def cli_words(place: object) -> str:
 
     if isinstance(place, Use):
         return f"crate {task_command(place.task, place.init_from)}"
+    if isinstance(place, Opt) and place.within:  # an entry of a KEY=VALUE option: --model-args dim=384
+        value = list(place.value) if isinstance(place.value, tuple) else place.value  # YAML reads [a, b]
+        entry = f"{place.name}={value}" if place.has_value else place.name
+        return f"{flag(place.within)} {shlex.quote(entry)}"
     if isinstance(place, Opt):
         return _option_words(place.name, place.value) if place.has_value else flag(place.name)
     if isinstance(place, See):

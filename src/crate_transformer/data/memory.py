@@ -195,7 +195,7 @@ def check_load_args(split: str, val_fraction: float, on_bad_image: str, image_si
         raise OptionError("split='val' needs a validation split; pass ", Opt("val_fraction", 0.1), " (> 0)")
     if on_bad_image not in ("skip", "error"):
         raise ValueError(f"on_bad_image must be 'skip' or 'error', got {on_bad_image!r}")
-    if image_size is not None and (isinstance(image_size, float) or not POSITIVE.ok(image_size)):
+    if image_size is not None and not POSITIVE.ok(image_size):
         raise ValueError(f"{POSITIVE.message('image_size', image_size)}; pass a size in pixels or None (as stored)")
 
 
@@ -686,7 +686,7 @@ def load_image_folder(
         raise ValueError(f"image folder not found: {folder}")
     if not root.is_dir():
         raise ValueError(f"{folder} is a file, not a folder; pass a folder of images")
-    if isinstance(image_size, float) or not POSITIVE.ok(image_size):
+    if not POSITIVE.ok(image_size):
         raise ValueError(POSITIVE.message("image_size", image_size))
     CROP_PCT.check("crop_pct", crop_pct)
     files = _image_files(root)[:limit]

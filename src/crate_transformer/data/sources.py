@@ -57,7 +57,7 @@ def open_source(
     if mode not in DATA_MODES:
         raise OptionError(f"unknown data mode {mode!r}; choose one of {DATA_MODES} (", Opt("data_mode"), ")")
     check_load_args(split, val_fraction, on_bad_image, image_size)
-    if isinstance(num_workers, float) or not NUM_WORKERS.ok(num_workers):
+    if not NUM_WORKERS.ok(num_workers):
         raise OptionError("num_workers", NUM_WORKERS.requirement(num_workers), " (", Opt("workers"), ")")
     kind, source = resolve_source(name_or_path)
     if (image_column or label_column) and kind != "hf":

@@ -52,7 +52,7 @@ def run_experiment(
 ) -> dict[str, Any]:
     """Run one experiment by name (``quick`` applies :data:`QUICK`; ``overrides`` win over both)."""
     _check_name(name)
-    if isinstance(seed, float) or not NON_NEGATIVE.ok(seed):
+    if not NON_NEGATIVE.ok(seed):
         raise ValueError(NON_NEGATIVE.message("seed", seed))
     kwargs = {**(QUICK[name] if quick else {}), **overrides}
     return EXPERIMENTS[name](out_dir, seed=seed, progress_bar=progress_bar, **kwargs)

@@ -46,7 +46,7 @@ def check_positive_int(**values: int) -> None:
     """Raise a one-line ``ValueError`` unless every keyword value is an integer ≥ 1 (the package's one range rule,
     :data:`~crate_transformer.config_utils.POSITIVE`; a float such as ``8.0`` is refused too: these are sizes)."""
     for name, v in values.items():
-        if isinstance(v, float) or not POSITIVE.ok(v):
+        if not POSITIVE.ok(v):
             raise ValueError(f"{POSITIVE.message(name, v)}; pass e.g. {name}=8")
 
 

@@ -18,10 +18,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ..config import Config, check_option
-from ..config_utils import NON_NEGATIVE, POSITIVE, Range, coerce_fields, load_yaml, option
+from ..config_utils import NON_NEGATIVE, POSITIVE, Range, coerce_fields, load_yaml, option, option_name
 from ..data import AUGMENTATIONS, DATA_MODES
 from ..errors import Opt, OptionError, Place, short_repr
 from .optim import OPTIMIZERS
@@ -158,7 +158,7 @@ class OptimOptions(Config):
     weight_decay: float = option(
         0.01, "decoupled weight decay (matrices only; norms, biases, embeddings excluded)", range=Range(0)
     )
-    betas: list = option(
+    betas: list[float] = option(
         [], "optimizer betas", shown="0.9 0.999 for AdamW, 0.9 0.99 for Lion", range=Range(0, 1, hi_open=True)
     )
     batch_size: int = option(
@@ -278,11 +278,6 @@ GROUPS: dict[str, type] = {
 }
 
 
-def option_name(f: dataclasses.Field) -> str:
-    """A field's option name: its ``--flag`` (dashes for underscores) and its key in a flat config file."""
-    return f.metadata.get("name", f.name)
-
-
 # flat option name → (group, field): how a flat (version 1) config file or a flag reaches its group
 FLAT: dict[str, tuple[str, str]] = {
     option_name(f): (group, f.name) for group, cls in GROUPS.items() for f in dataclasses.fields(cls)
@@ -298,6 +293,8 @@ class TrainConfig:
     :meth:`from_dict` take the groups (as dataclasses or mappings) and, as well, any option by its flat name
     (``TrainConfig(lr=0.01, data="digits")``), which is what flags and flat config files hold.
     """
+
+    GIVEN_IN: ClassVar[str] = ""  # each field is an option of its own (config_utils.field_place)
 
     # task (set by the command: train / finetune → classification, pretrain NAME → NAME)
     task: str = option("classification", "training objective")

@@ -147,9 +147,17 @@ class LMTask(Task):
     }
 
     def check_model(self, cfg: TrainConfig) -> None:
-        """Besides the model's kind: ``--vocab-size`` sizes a trained vocabulary only (bpe / wordpiece)."""
+        """Besides the model's kind: ``--vocab-size`` sizes a trained vocabulary only (bpe / wordpiece), and the
+        model's ``tokenizer`` (the kind it records) is the task's tokenizer option, never a model argument: the run
+        records the tokenizer it trains, so another value there would be replaced silently."""
         super().check_model(cfg)
         tokenizer = cfg.task_args.get("tokenizer", "byte")
+        given = cfg.model_args.get("tokenizer")
+        if given is not None and str(given) != str(tokenizer):
+            raise OptionError(
+                "the model's tokenizer is the one the training uses (", Opt("tokenizer", tokenizer), "), not ",
+                Opt("model_args", f"tokenizer={str(given)[:60]}"), "; pass ", Opt("tokenizer", given), " instead",
+            )  # fmt: skip
         if "vocab_size" in cfg.task_args and tokenizer not in ("bpe", "wordpiece"):
             raise OptionError(
                 Opt("vocab_size"), " applies to a tokenizer trained on the data (bpe, wordpiece), not ", tokenizer,
