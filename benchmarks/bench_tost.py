@@ -14,8 +14,11 @@ gradient, at n = 256 … 16,384 tokens:
   machine does to any per-token operator as its tensors outgrow the caches (and the memory allocator hands back
   and faults in fresh pages), the floor against which TSSA's slope is read.
 
-Tokens/s is the median of ``--repeats`` forwards, every operator at every length once in each repeat (load that
-drifts during the run hits all of them and all lengths alike).  Memory is the peak resident-set growth of one
+Tokens/s is the fastest of ``--repeats`` forwards, every operator at every length once in each repeat (load that
+drifts during the run hits all of them and all lengths alike).  The fastest, not the median: on a shared machine
+a longer forward is more likely to be preempted by other processes, which bends a median's slope upward, and the
+fastest run is the least disturbed (the advice of ``timeit``'s documentation); the slope of the medians is
+printed beside it.  Memory is the peak resident-set growth of one
 forward in a fresh process (Linux's ``VmHWM`` after it, reset just before, minus the resident size before it, the
 operator and its input already allocated), so allocator caches of other sizes do not blur it.  The log-log slope
 of time and memory against n is fitted over n ≥ 1,024 (below, the n-independent projections dominate), and the
@@ -107,9 +110,11 @@ def _probe(op: str, n: int, dim: int, heads: int) -> float:
     return (_status_kib("VmHWM") - base) / 1024
 
 
-def time_ops(pairs: list[tuple[str, int]], dim: int, heads: int, repeats: int) -> dict[tuple[str, int], float]:
-    """Median seconds per forward of each (operator, n), every pair once per repeat: load drifting during the run
-    hits every length alike, so it does not bend the slopes."""
+def time_ops(
+    pairs: list[tuple[str, int]], dim: int, heads: int, repeats: int
+) -> dict[tuple[str, int], tuple[float, float]]:
+    """The fastest and the median seconds per forward of each (operator, n), every pair once per repeat: load
+    drifting during the run hits every length alike, so it does not bend the slopes."""
     torch.manual_seed(0)
     modules = {op: build(op, dim, heads) for op in dict.fromkeys(op for op, _ in pairs)}
     xs = {n: torch.randn(1, n, dim) for n in dict.fromkeys(n for _, n in pairs)}
@@ -123,7 +128,7 @@ def time_ops(pairs: list[tuple[str, int]], dim: int, heads: int, repeats: int) -
                 forward(op, modules[op], xs[n])
                 times[op, n].append(time.perf_counter() - t0)
             print(f"  timing repeat {r + 1}/{repeats} done (load {_load()})", flush=True)
-    return {pair: statistics.median(v) for pair, v in times.items()}
+    return {pair: (min(v), statistics.median(v)) for pair, v in times.items()}
 
 
 def slope(ns: list[int], values: list[float], start: int) -> float:
@@ -140,29 +145,28 @@ def attention_table(args: argparse.Namespace) -> None:
     mib = {(op, n): peak_memory(op, n, args.dim, args.heads, args.threads) for op, n in pairs}
     print(f"  memory measured (load {_load()})", flush=True)
     secs = time_ops(pairs, args.dim, args.heads, args.repeats)
-    rows: dict[str, dict[int, tuple[float, float]]] = {op: {} for op in args.ops}
+    rows: dict[str, dict[int, tuple[float, float, float]]] = {op: {} for op in args.ops}
     for op, n in pairs:
-        rows[op][n] = (secs[op, n], mib[op, n])
+        rows[op][n] = (*secs[op, n], mib[op, n])
     threads = torch.get_num_threads()
     print(f"\nattention of width {args.dim}, {args.heads} heads, batch 1, no grad, {threads} thread(s), "
           f"torch {torch.__version__}; load average {_load()} (1 / 5 / 15 min)")  # fmt: skip
     head = f"{'operator':<12} {'n':>6} {'tokens/s':>11} {'ms':>9} {'MiB':>8} {'time/tssa':>10} {'mem/tssa':>9}"
     print(head)
     for op in args.ops:
-        for n, (sec, mib) in rows[op].items():
-            base_sec, base_mib = rows["tssa"][n]
+        for n, (sec, _, mib) in rows[op].items():
+            base_sec, _, base_mib = rows["tssa"][n]
             mem_ratio = f"{mib / base_mib:.2f}x" if base_mib > 0 else "-"
             print(f"{op:<12} {n:>6} {n / sec:>11,.0f} {1e3 * sec:>9.2f} {mib:>8.1f} {sec / base_sec:>9.2f}x "
                   f"{mem_ratio:>9}")  # fmt: skip
     start = 1024 if sum(n >= 1024 for n in args.lengths) >= 2 else min(args.lengths)
     print(f"\nlog-log slope over n >= {start} (1 = linear, 2 = quadratic)")
-    print(f"{'operator':<12} {'time':>6} {'memory':>7}")
+    print(f"{'operator':<12} {'time':>6} {'median':>7} {'memory':>7}   (time: of the fastest runs)")
     for op in args.ops:
         ns = list(rows[op])
         if len(ns) >= 2:
-            t = slope(ns, [rows[op][n][0] for n in ns], start)
-            m = slope(ns, [rows[op][n][1] for n in ns], start)
-            print(f"{op:<12} {t:>6.2f} {m:>7.2f}")
+            fast, median, mem = (slope(ns, [rows[op][n][i] for n in ns], start) for i in range(3))
+            print(f"{op:<12} {fast:>6.2f} {median:>7.2f} {mem:>7.2f}")
 
 
 def digits(args: argparse.Namespace) -> None:
