@@ -9,7 +9,10 @@ gradient, at n = 256 … 16,384 tokens:
   ``scaled_dot_product_attention``, whose CPU kernel never holds the n × n matrix);
 * ``mssa-matrix`` — MSSA computing the n × n score matrix, as the authors' CRATE code and ``return_attention`` do
   (measured up to 4,096 tokens: at 8,192 its K·n² scores alone take 2 GiB);
-* ``softmax`` — standard attention with separate Q, K, V (:class:`~crate_transformer.operators.MHSA`, SDPA).
+* ``softmax`` — standard attention with separate Q, K, V (:class:`~crate_transformer.operators.MHSA`, SDPA);
+* ``linear`` — one ``d → d`` linear layer, the control: nothing in it depends on n, so its slope is what the
+  machine does to any per-token operator as its tensors outgrow the caches (and the memory allocator hands back
+  and faults in fresh pages), the floor against which TSSA's slope is read.
 
 Tokens/s is the median of ``--repeats`` forwards, every operator at every length once in each repeat (load that
 drifts during the run hits all of them and all lengths alike).  Memory is the peak resident-set growth of one
@@ -44,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-OPS = ("tssa", "mssa", "mssa-matrix", "softmax")
+OPS = ("tssa", "mssa", "mssa-matrix", "softmax", "linear")
 MATRIX_LIMIT = 4096  # mssa-matrix beyond this: K·n² float32 scores of 1 GiB and more
 
 
@@ -56,6 +59,8 @@ def build(op: str, dim: int, heads: int) -> torch.nn.Module:
         return TSSA(dim, heads, p, qkv_bias=True).eval()
     if op == "softmax":
         return MHSA(dim, heads, 0.0, p).eval()
+    if op == "linear":
+        return torch.nn.Linear(dim, dim).eval()
     return MSSA(dim, heads, p).eval()
 
 
@@ -131,11 +136,11 @@ def slope(ns: list[int], values: list[float], start: int) -> float:
 
 
 def attention_table(args: argparse.Namespace) -> None:
-    pairs = [(op, n) for op in OPS for n in args.lengths if op != "mssa-matrix" or n <= args.matrix_limit]
+    pairs = [(op, n) for op in args.ops for n in args.lengths if op != "mssa-matrix" or n <= args.matrix_limit]
     mib = {(op, n): peak_memory(op, n, args.dim, args.heads, args.threads) for op, n in pairs}
     print(f"  memory measured (load {_load()})", flush=True)
     secs = time_ops(pairs, args.dim, args.heads, args.repeats)
-    rows: dict[str, dict[int, tuple[float, float]]] = {op: {} for op in OPS}
+    rows: dict[str, dict[int, tuple[float, float]]] = {op: {} for op in args.ops}
     for op, n in pairs:
         rows[op][n] = (secs[op, n], mib[op, n])
     threads = torch.get_num_threads()
@@ -143,7 +148,7 @@ def attention_table(args: argparse.Namespace) -> None:
           f"torch {torch.__version__}; load average {_load()} (1 / 5 / 15 min)")  # fmt: skip
     head = f"{'operator':<12} {'n':>6} {'tokens/s':>11} {'ms':>9} {'MiB':>8} {'time/tssa':>10} {'mem/tssa':>9}"
     print(head)
-    for op in OPS:
+    for op in args.ops:
         for n, (sec, mib) in rows[op].items():
             base_sec, base_mib = rows["tssa"][n]
             mem_ratio = f"{mib / base_mib:.2f}x" if base_mib > 0 else "-"
@@ -152,7 +157,7 @@ def attention_table(args: argparse.Namespace) -> None:
     start = 1024 if sum(n >= 1024 for n in args.lengths) >= 2 else min(args.lengths)
     print(f"\nlog-log slope over n >= {start} (1 = linear, 2 = quadratic)")
     print(f"{'operator':<12} {'time':>6} {'memory':>7}")
-    for op in OPS:
+    for op in args.ops:
         ns = list(rows[op])
         if len(ns) >= 2:
             t = slope(ns, [rows[op][n][0] for n in ns], start)
@@ -196,6 +201,8 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS), help="the operators to measure (with tssa: "
+                    "the table's ratios are against it)")  # fmt: skip
     ap.add_argument("--matrix-limit", type=int, default=MATRIX_LIMIT, help="longest n of mssa-matrix")
     ap.add_argument("--digits", action="store_true", help="also train tost_mnist and crate_mnist_p4 on the digits")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -205,6 +212,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="keep the digits runs here (default: a temp dir)")
     ap.add_argument("--probe", nargs=2, metavar=("OP", "N"), help=argparse.SUPPRESS)  # one memory measurement
     args = ap.parse_args()
+    if "tssa" not in args.ops:
+        ap.error("--ops must include tssa: the table's ratios are against it")
     if args.probe:
         torch.set_num_threads(args.threads)
         return print(_probe(args.probe[0], int(args.probe[1]), args.dim, args.heads))

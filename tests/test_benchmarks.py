@@ -68,7 +68,7 @@ def test_bench_generate_tiny():
 
 def test_bench_tost_tiny():
     lines = run("bench_tost.py")
-    ops = ("tssa", "mssa", "mssa-matrix", "softmax")
+    ops = ("tssa", "mssa", "mssa-matrix", "softmax", "linear")
     rows = [w for w in lines if len(w) == 7 and w[0] in ops and w[1].isdigit()]
     assert [(w[0], w[1]) for w in rows] == [(op, n) for op in ops for n in ("64", "256")]
     for w in rows:

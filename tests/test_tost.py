@@ -119,6 +119,48 @@ def test_tssa_is_a_gradient_step_on_the_variational_coding_rate():
     torch.testing.assert_close(op(x), step, rtol=1e-7, atol=1e-12)  # 1e-8 mass offset of the authors' code
 
 
+def _reference_forward(op: TSSA, x: torch.Tensor) -> torch.Tensor:
+    """The layer by :func:`tssa_reference`, sample by sample (differentiable: the parameters get gradients)."""
+    b, n, _ = x.shape
+    w = op.project(x)
+    outs = [tssa_reference(w[i], op.temp[:, 0])[0].transpose(0, 1).reshape(n, -1) for i in range(b)]
+    return op.proj(torch.stack(outs))
+
+
+@pytest.mark.parametrize("b", [1, 3])  # one sample: the factor folded into the output projection's weight
+@pytest.mark.parametrize("grad", [False, True])  # without gradients the product reuses the squares' memory
+def test_tssa_forms_equal_the_reference_in_values_and_gradients(b, grad):
+    op = _tssa(False, n=20)
+    x = torch.randn(b, 20, 12, dtype=torch.float64)
+    with torch.set_grad_enabled(grad):
+        out = op(x)
+    want = _reference_forward(op, x)
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+    if grad:
+        got = torch.autograd.grad(out.square().sum(), list(op.parameters()))
+        ref = torch.autograd.grad(want.square().sum(), list(op.parameters()))
+        for g, r in zip(got, ref):
+            torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float16, 0.005), (torch.bfloat16, 0.02)])
+def test_tssa_statistics_do_not_overflow_in_half_precision(dtype, tol):
+    """Projections of a few hundred square past float16's range (65,504), and their energies sum over every
+    token: the statistics run in float32, so half weights give the float64 layer's output to half rounding (in
+    float16 the squares overflowed, zeroing those coordinates' updates: 3% of the output's scale)."""
+    op = _tssa(False, dim=16, heads=4, n=600)
+    x = 150 * torch.randn(1, 600, 16, dtype=torch.float64)
+    assert op.project(x).abs().max() > 256
+    want = op(x)
+    scale = want.abs().max().item()
+    got = op.to(dtype)(x.to(dtype))
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=tol * scale)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # float32 weights under autocast: bf16 products
+        auto = op.float()(x.float())
+    torch.testing.assert_close(auto.double(), want, rtol=0, atol=0.02 * scale)
+
+
 def _copy_vision(ours: TSSA, theirs: tost_vision.AttentionTSSA) -> None:
     theirs.load_state_dict(
         {"qkv.weight": ours.qkv.weight, "qkv.bias": ours.qkv.bias, "temp": ours.temp}
@@ -179,7 +221,7 @@ def test_tssa_attention_is_the_membership_weights_each_token_reads(causal):
     torch.testing.assert_close(out, op(x))
     assert attn.shape == (2, 3, 7, 7)
     torch.testing.assert_close(attn.sum(-1), torch.ones(2, 3, 7, dtype=torch.float64), rtol=1e-6, atol=1e-6)
-    Pi = op._scores(op.project(x), None, 0)  # (b, K, n)
+    Pi = op.memberships(x).transpose(1, 2)  # (b, K, n)
     if causal:
         assert torch.equal(attn, attn.tril())
         torch.testing.assert_close(attn[..., -1, :], Pi / Pi.sum(-1, keepdim=True), rtol=1e-6, atol=1e-12)

@@ -23,6 +23,7 @@ Conventions
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import TypeVar
@@ -92,16 +93,22 @@ def _cast(Z: Tensor, dtype: torch.dtype | None) -> Tensor:
 _Fn = TypeVar("_Fn", bound=Callable[..., Tensor])
 
 
+def full_precision(x: object) -> contextlib.AbstractContextManager[object]:
+    """Autocast off on the device of the tensor ``x`` where it is on, for statistics whose dtype the caller chose
+    (float32 for half tokens: :func:`_cast`); a no-op elsewhere."""
+    device = x.device.type if isinstance(x, Tensor) else "cpu"
+    if device in ("cpu", "cuda", "mps") and torch.is_autocast_enabled(device):
+        return torch.autocast(device, enabled=False)
+    return contextlib.nullcontext()
+
+
 def _without_autocast(fn: _Fn) -> _Fn:
     """Run ``fn`` with autocast off on the tokens' device (its matmuls in the dtype :func:`_cast` chose)."""
 
     @functools.wraps(fn)
     def run(Z: Tensor, *args: object, **kwargs: object) -> Tensor:
-        device = Z.device.type if isinstance(Z, Tensor) else "cpu"
-        if device in ("cpu", "cuda", "mps") and torch.is_autocast_enabled(device):
-            with torch.autocast(device, enabled=False):
-                return fn(Z, *args, **kwargs)
-        return fn(Z, *args, **kwargs)
+        with full_precision(Z):
+            return fn(Z, *args, **kwargs)
 
     return run  # type: ignore[return-value]
 

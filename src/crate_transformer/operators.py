@@ -23,6 +23,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .config_utils import Range
+from .objectives import full_precision
 
 __all__ = [
     "ISTA_MODES",
@@ -331,11 +332,29 @@ class TSSA(nn.Module):
         b, n, _ = x.shape
         return self.qkv(x).view(b, n, self.heads, self.dim_head).transpose(1, 2)
 
+    def _statistics(self, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The non-causal form's token statistics from the projections ``y`` ``(b, n, K·p)``: their squares, Π
+        ``(b, n, K)`` and the factors ``−1/(1 + moment)`` ``(b, K·p)``, in float32 for half projections.
+
+        Each statistic is a pass over the squares in their ``(b, n, K·p)`` layout: a coordinate's energy is a sum
+        over the tokens, the membership scores ``Σ_i w_kji² / energy_ki`` a scaled sum per head, the Π-weighted
+        moments the diagonal blocks of one product ``Πᵀ · squares``.  No ``(b, K, n, p)`` copy of the
+        projections is made: few passes over few temporaries (``benchmarks/bench_tost.py``)."""
+        b, n, D = y.shape
+        K, p = self.heads, self.dim_head
+        with full_precision(y):
+            sq = (y.float() if y.dtype in (torch.float16, torch.bfloat16) else y).square()
+            # F.normalize's floor on the norm, as the authors' code: max(‖w‖, 1e-12)² = max(‖w‖², 1e-24)
+            inv = 1.0 / sq.sum(1, keepdim=True).clamp_min(_TSSA_ENERGY_FLOOR**2)
+            share = (sq * inv).view(b, n, K, p).sum(-1)
+            pi = torch.softmax(share * self.temp.view(1, 1, K).to(sq.dtype), dim=-1)
+            num = (pi.transpose(1, 2) @ sq).view(b, K, K, p).diagonal(dim1=1, dim2=2).transpose(1, 2)
+            moment = num / (pi.sum(1) + _TSSA_MASS_EPS).unsqueeze(-1)
+        shrink = F.dropout(1.0 / (1.0 + moment), self.attn_dropout, self.training)
+        return sq, pi, -shrink.reshape(b, D)
+
     def _scores(self, w: Tensor, cache: dict[str, Any] | None, start: int) -> Tensor:
-        """Π as ``(b, K, n)`` (softmax over the heads) from the projections ``w``."""
-        if not self.causal:
-            share = F.normalize(w, dim=-2, eps=_TSSA_ENERGY_FLOOR).square().sum(-1)
-            return torch.softmax(share * self.temp, dim=1)
+        """The causal form's Π as ``(b, K, n)`` (softmax over the heads) from the projections ``w``."""
         sq = w.square()
         energy = sq.cumsum(-2)
         if cache is not None and "sq" in cache:
@@ -345,13 +364,13 @@ class TSSA(nn.Module):
 
     def memberships(self, x: Tensor) -> Tensor:
         """Π, each token's membership in the heads (the paper's eq. (10); rows sum to 1): ``(b, n, K)``."""
+        if not self.causal:
+            return self._statistics(self.qkv(x))[1].to(x.dtype)
         return self._scores(self.project(x), None, 0).transpose(1, 2)
 
     def _moments(self, w: Tensor, pi: Tensor, cache: dict[str, Any] | None) -> Tensor:
-        """The Π-weighted second moments each token reads, ``(b, K, n or 1, p)``; running sums kept in ``cache``."""
-        if not self.causal:
-            weights = pi / (pi.sum(-1, keepdim=True) + _TSSA_MASS_EPS)
-            return weights.unsqueeze(-2) @ w.square()
+        """The causal form's Π-weighted second moments each token reads, ``(b, K, n, p)``; running sums kept in
+        ``cache``."""
         sq = w.square()
         num, mass = (sq * pi.unsqueeze(-1)).cumsum(-2), pi.cumsum(-1)
         if cache is not None:
@@ -389,14 +408,33 @@ class TSSA(nn.Module):
         start = 0 if cache is None else cache.get("length", 0)
         if self.causal and start + n > self.denom_bias.shape[1]:
             raise ValueError(f"{start + n} tokens exceed the context of {self.denom_bias.shape[1]} (block_size)")
-        w = self.project(x)
-        pi = self._scores(w, cache, start)
-        shrink = F.dropout(1.0 / (1.0 + self._moments(w, pi, cache)), self.attn_dropout, self.training)
-        if cache is not None:
-            cache["length"] = start + n
-        out = -(w * pi.unsqueeze(-1)) * shrink
-        out = F.dropout(self.proj(out.transpose(1, 2).reshape(b, n, -1)), self.dropout, self.training)
+        if not self.causal:
+            out, pi = self._global(x)
+        else:
+            w = self.project(x)
+            pi = self._scores(w, cache, start)
+            shrink = F.dropout(1.0 / (1.0 + self._moments(w, pi, cache)), self.attn_dropout, self.training)
+            if cache is not None:
+                cache["length"] = start + n
+            out = self.proj((-(w * pi.unsqueeze(-1)) * shrink).transpose(1, 2).reshape(b, n, -1))
+        out = F.dropout(out, self.dropout, self.training)
         return (out, self._attention(pi)) if return_attention else out
+
+    def _global(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The non-causal form: the projected output ``(b, n, d)`` and Π ``(b, K, n)``.  For one sample the
+        per-coordinate factor is folded into the output projection's weight (a ``(d, K·p)`` product instead of an
+        ``(n, K·p)`` one); without gradients the product ``Π ⊙ w`` reuses the squares' memory."""
+        y = self.qkv(x)
+        b, n, D = y.shape
+        sq, pi, shrink = self._statistics(y)
+        pi, shrink = pi.to(y.dtype), shrink.to(y.dtype)
+        y4, pi4 = y.view(b, n, self.heads, self.dim_head), pi.unsqueeze(-1)
+        in_place = not torch.is_grad_enabled() and sq.dtype == y.dtype
+        z = (torch.mul(y4, pi4, out=sq.view_as(y4)) if in_place else y4 * pi4).view(b, n, D)
+        if statically_known_true(b == 1):  # not a guard on a batch size that torch.export keeps dynamic
+            return F.linear(z, self.proj.weight * shrink, self.proj.bias), pi.transpose(1, 2)
+        z = z.mul_(shrink.unsqueeze(1)) if in_place else z * shrink.unsqueeze(1)
+        return F.linear(z, self.proj.weight, self.proj.bias), pi.transpose(1, 2)
 
 
 # --------------------------------------------------------------------------- ISTA
