@@ -215,3 +215,24 @@ def test_every_family_bounds_the_sizes_of_its_config_json(tmp_path: Path, family
             ct.from_pretrained(d)
         if field in ("depth", *counts):  # a count of blocks is named with the blocks the keys number
             assert f"their keys number {getattr(model.config, field)} blocks" in str(e.value)
+
+
+def test_ablate_names_a_training_option_as_its_train_args_entry(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``crate ablate`` takes most training options as ``--train-args KEY=VALUE``: a bad one is named so, not as a
+    flag it does not have; one of its own flags (``--epochs``) keeps its flag."""
+    out = ["--out", tmp_path / "sweep"]
+    err = one_line_error(capsys, "ablate", "13", "--train-args", "batch_size=0", *out)
+    assert "--train-args batch_size must be a positive integer, got 0; e.g. --train-args batch_size=64" in err, err
+    err = one_line_error(capsys, "ablate", "13", "--train-args", "lr=abc", *out)
+    assert "--train-args lr must be a number, got 'abc' (str)" in err, err
+    err = one_line_error(capsys, "ablate", "13", "--train-args", "epochs=x", *out)
+    assert "--train-args epochs must be an integer, got 'x' (str); e.g. --train-args epochs=40" in err, err
+    err = one_line_error(capsys, "ablate", "13", "--model-args", "depth=0", *out)
+    assert "--model-args depth must be a positive integer, got 0" in err, err
+    from crate_transformer.cli.ablate import _words
+    from crate_transformer.errors import Opt, See, Use
+
+    words = _words({"lr"})
+    assert [words(p) for p in (Opt("epochs", 3), Opt("lr", 0.1), Opt("max_steps"), Use("lm"), See("models"))] == [
+        "--epochs 3", "--train-args lr=0.1", "--train-args max_steps", "crate train-lm", "crate models"
+    ]  # fmt: skip
