@@ -75,12 +75,13 @@ def test_the_python_api_names_the_keyword() -> None:
 
 
 def test_every_model_config_names_its_fields_as_model_args_entries() -> None:
-    """A new family's config names its fields as ``--model-args`` entries on the command line (its class says so,
-    as its ``kind`` says what it is)."""
+    """A family's config names its fields as ``--model-args`` entries on the command line (its class says so, as its
+    ``kind`` says what it is) and says which numbered blocks its depth counts."""
     classes = config_classes()
     assert classes
     for cls in classes:
         assert (cls.GIVEN_IN == "model_args") == bool(cls.kind), cls
+        assert "depth" in cls.BLOCK_COUNTS, cls  # a config.json's depth is bounded by the weights' keys
 
 
 def _folder_saved_before_checksums(tmp_path: Path, **edits: object) -> Path:
@@ -158,3 +159,80 @@ def test_train_lm_refuses_a_tokenizer_in_model_args_naming_the_tokenizer_option(
     assert str(e.value).endswith("(tokenizer='byte'), not model_args='tokenizer=bpe'; pass tokenizer='bpe' instead")
     # the same tokenizer both ways is no contradiction
     LMTask().check_model(TrainConfig(task="lm", model="crate_gpt_mini", model_args={"tokenizer": "byte"}))
+
+
+# --------------------------------------------------------------------------- 4. sizes of config.json bounded
+def _without_file_checksums(d: Path, **edits: object) -> Path:
+    """``d`` (a ``save_pretrained`` folder) as a release before file checksums wrote it, ``config.json`` edited."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from crate_transformer.io import load_safetensors
+
+    tensors, meta = load_safetensors(d / "model.safetensors")
+    save_file(tensors, d / "model.safetensors", metadata={"format": "pt", "sha256": meta["sha256"]})
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, **edits}))
+    return d
+
+
+HUGE = [
+    ({"depth": 10**9}, "depth=1,000,000,000 does not fit the weights beside it: their keys number 1 block layers.N"),
+    ({"dim": 10**6}, "dim=1,000,000 does not fit the weights beside it ("),
+    ({"num_classes": 10**8}, "num_classes=100,000,000 does not fit the weights beside it (head.1.weight: [10, 16]"),
+    ({"image_size": 800_000}, "image_size=800,000 does not fit the weights beside it (pos_embed: [1, 5, 16] in model"),
+]
+
+
+@pytest.mark.parametrize(("edits", "expected"), HUGE)
+def test_a_huge_size_in_an_unverified_config_json_is_refused_before_building(
+    tmp_path: Path, capsys: pytest.CaptureFixture, edits: dict, expected: str
+) -> None:
+    """A folder saved before checksums, whose config.json was edited by hand, built a billion layers (or a
+    10**12-weight matrix) before any weight was compared."""
+    model = ct.create_model("crate_mnist", **tiny.DIGITS_ONE_LAYER)
+    d = _without_file_checksums(model.save_pretrained(tmp_path / "m"), **edits)
+    with pytest.raises(ValueError) as e:
+        ct.from_pretrained(d)
+    assert str(e.value).startswith(f"{d / 'config.json'}: ") and expected in str(e.value), e.value
+    assert str(e.value).endswith("restore the file saved with them") and "\n" not in str(e.value)
+    err = one_line_error(capsys, "eval", d, "--data", "digits", "--threads", "1")
+    assert expected in err, err
+
+
+@pytest.mark.parametrize("family", ["crate_mae", "crate_gpt", "crate_bert", "tost", "tost_lm", "crate_alpha", "vit"])
+def test_every_family_bounds_the_sizes_of_its_config_json(tmp_path: Path, family: str) -> None:
+    model = tiny.family_builders()[family]()
+    d = _without_file_checksums(model.save_pretrained(tmp_path / "m"))
+    saved = (d / "config.json").read_text()
+    assert ct.from_pretrained(d).state_dict().keys() == model.state_dict().keys()  # an intact folder loads
+    counts = {"tost": ["cls_layers"]}.get(family, [])
+    for field in ("depth", *counts, "dim", *(["block_size"] if model.config.kind == "language model" else [])):
+        (d / "config.json").write_text(saved)
+        _without_file_checksums(d, **{field: 10**9})
+        with pytest.raises(ValueError, match=rf"config\.json: {field}=1,000,000,000 does not fit the weights") as e:
+            ct.from_pretrained(d)
+        if field in ("depth", *counts):  # a count of blocks is named with the blocks the keys number
+            assert f"their keys number {getattr(model.config, field)} blocks" in str(e.value)
+
+
+def test_ablate_names_a_training_option_as_its_train_args_entry(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``crate ablate`` takes most training options as ``--train-args KEY=VALUE``: a bad one is named so, not as a
+    flag it does not have; one of its own flags (``--epochs``) keeps its flag."""
+    out = ["--out", tmp_path / "sweep"]
+    err = one_line_error(capsys, "ablate", "13", "--train-args", "batch_size=0", *out)
+    assert "--train-args batch_size must be a positive integer, got 0; e.g. --train-args batch_size=64" in err, err
+    err = one_line_error(capsys, "ablate", "13", "--train-args", "lr=abc", *out)
+    assert "--train-args lr must be a number, got 'abc' (str)" in err, err
+    err = one_line_error(capsys, "ablate", "13", "--train-args", "epochs=x", *out)
+    assert "--train-args epochs must be an integer, got 'x' (str); e.g. --train-args epochs=40" in err, err
+    err = one_line_error(capsys, "ablate", "13", "--model-args", "depth=0", *out)
+    assert "--model-args depth must be a positive integer, got 0" in err, err
+    from crate_transformer.cli.ablate import _words
+    from crate_transformer.errors import Opt, See, Use
+
+    words = _words({"lr"})
+    assert [words(p) for p in (Opt("epochs", 3), Opt("lr", 0.1), Opt("max_steps"), Use("lm"), See("models"))] == [
+        "--epochs 3", "--train-args lr=0.1", "--train-args max_steps", "crate train-lm", "crate models"
+    ]  # fmt: skip

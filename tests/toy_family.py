@@ -48,6 +48,8 @@ class ToyConfig(ImageEncoderGeometry, Config):
     white_box = True
     sparse_output = True
     layer_blocks = ("mssa", "ista")
+    GIVEN_IN = "model_args"
+    BLOCK_COUNTS = {"depth": "layers"}
     RULES = {"eta": Range(0, lo_open=True), "lambd": Range(0)}
 
     def validate(self) -> None:

@@ -46,7 +46,9 @@ Pooling has one vocabulary (:data:`POOLS`, :func:`pool_tokens`) for the classifi
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +70,7 @@ from .io import (
     read_config_dict,
     save_pretrained,
 )
+from .official import index_count
 
 __all__ = [
     "Model",
@@ -84,6 +87,7 @@ __all__ = [
     "check_values",
     "load_backbone",
     "apply_overrides",
+    "check_sizes",
     "timm_overrides",
     "TIMM_ARGS",
 ]
@@ -421,6 +425,53 @@ def _non_finite(t: Tensor) -> int:
     return 0 if bool(torch.isfinite(lo) & torch.isfinite(hi)) else int((~torch.isfinite(t)).sum())
 
 
+def check_sizes(target: type[Model], config: Config, state: Mapping[str, Tensor], path: Path) -> None:
+    """The sizes ``path`` (a ``config.json``) gives, bounded by the weights beside it before anything is allocated
+    (an edited file of a folder saved before its checksum was stored is read as it is): each count of numbered
+    blocks (``config.BLOCK_COUNTS``, ``depth`` → ``layers.N``) is the number of blocks their keys number
+    (:func:`~crate_transformer.official.index_count`, the rule for a size read from key names); then the model
+    built on the meta device (no memory) has the weights' shapes.  A size no stored tensor holds (the context of a
+    sinusoidal position table, which is not saved) is not bounded here."""
+    fix = "the file was edited, or is not the one saved with these weights: restore the file saved with them"
+    for field, prefix in config.BLOCK_COUNTS.items():
+        try:
+            count = index_count(state, rf"{re.escape(prefix)}\.(\d+)\.")
+        except ValueError as e:
+            raise CheckpointError(f"{path.parent / WEIGHTS_NAME}: {e}") from None
+        if getattr(config, field) != count:
+            raise CheckpointError(
+                f"{path}: {field}={getattr(config, field):,} does not fit the weights beside it: their keys number "
+                f"{count} block{'s' * (count != 1)} {prefix}.N; {fix}"
+            )
+    widest = max((n for t in state.values() for n in t.shape), default=0)
+    try:
+        with torch.device("meta"):
+            probe = target(config)
+    except (RuntimeError, OverflowError):  # a tensor too large to describe ("storage size calculation overflowed")
+        raise CheckpointError(f"{path}: {_named(config, widest)} not fit the weights beside it; {fix}") from None
+    own = probe.state_dict()
+    bad = [k for k, t in own.items() if k in state and state[k].shape != t.shape]  # missing keys: load_weights'
+    if bad:
+        key, shape, there = bad[0], list(own[bad[0]].shape), list(state[bad[0]].shape)
+        raise CheckpointError(
+            f"{path}: {_named(config, widest, shape, there)} not fit the weights beside it ({key}: {there} in "
+            f"{WEIGHTS_NAME}, {shape} by {path.name}); {fix}"
+        )
+
+
+def _named(config: Config, widest: int, shape: Sequence[int] = (), there: Sequence[int] = ()) -> str:
+    """``dim=1,000,000 does``: the integer fields whose values are the offending sizes of ``shape`` (not of the
+    weights' ``there``), else those larger than every size of the weights (``widest``); ``its sizes do``."""
+    ints = {
+        f.name: v
+        for f in dataclasses.fields(config)
+        if isinstance(v := getattr(config, f.name), int) and not isinstance(v, bool) and v > 1
+    }
+    sizes = [f"{n}={v:,}" for n, v in ints.items() if v in shape and v not in there]
+    sizes = sizes or [f"{n}={v:,}" for n, v in ints.items() if v > widest]
+    return f"{', '.join(sizes)} {'does' if len(sizes) == 1 else 'do'}" if sizes else "its sizes do"
+
+
 def _first(items: list[str], n: int = 6) -> str:
     return ", ".join(items[:n]) + (f", … (+{len(items) - n} more)" if len(items) > n else "")
 
@@ -470,6 +521,7 @@ def load_folder(
     if not weights.is_file():
         raise CheckpointError(f"no {WEIGHTS_NAME} in {directory}; the save was incomplete — re-save the model")
     state, meta = load_safetensors(weights)
+    check_sizes(target, config, state, directory / CONFIG_NAME)
     model = apply_overrides(target, config, state, str(weights), overrides)
     _keep_dtypes(model, state)
     model.load_extra_files(directory, meta)

@@ -101,6 +101,9 @@ class Config:
     # how messages name the fields (config_utils.field_place): "" options of their own (--epochs); a model
     # config's are entries of "model_args" (--model-args dim=384); None for a record no option gives
     GIVEN_IN: ClassVar[str | None] = ""
+    # a model config's counts of numbered blocks → the blocks' key prefix in its weights ({"depth": "layers"}): a
+    # count read from a file is bounded by the keys of the weights beside it (base.check_sizes)
+    BLOCK_COUNTS: ClassVar[Mapping[str, str]] = {}
 
     # ---------------------------------------------------------------- the capability contract (module docstring)
     @property

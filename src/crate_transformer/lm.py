@@ -107,6 +107,7 @@ class LMConfig(LayerConfig, Config):
                  "gelu", "tokenizer")  # fmt: skip
     kind = LANGUAGE_MODEL
     GIVEN_IN = "model_args"  # a training takes these fields as model_args entries
+    BLOCK_COUNTS = {"depth": "layers"}  # the numbered blocks of the weights these fields count
     CHOICES = {"arch": LM_ARCHS, "pos_embed": POS_EMBEDS}
 
     @property

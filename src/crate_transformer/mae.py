@@ -101,6 +101,7 @@ class MAEConfig(ImageEncoderGeometry, LayerConfig, Config):
                  "drop_path", "data")  # fmt: skip
     kind = MASKED_AUTOENCODER
     GIVEN_IN = "model_args"  # a training takes these fields as model_args entries
+    BLOCK_COUNTS = {"depth": "layers"}  # the numbered blocks of the weights these fields count
     CHOICES = {"decoder_form": LAYER_FORMS}
     pipeline_tag = "image-feature-extraction"
     white_box = True  # CRATE encoder layers

@@ -134,6 +134,7 @@ class ModelConfig(ImageEncoderGeometry, LayerConfig, Config):
                  "mlp_ratio", "data")  # fmt: skip
     kind = IMAGE_CLASSIFIER
     GIVEN_IN = "model_args"  # a training takes these fields as model_args entries
+    BLOCK_COUNTS = {"depth": "layers"}  # the numbered blocks of the weights these fields count
     pipeline_tag = "image-classification"
     # arch: the values this config class builds (a subclass names its own)
     CHOICES = {"arch": ARCHS, "pool": POOLS}

@@ -110,6 +110,7 @@ class ToSTConfig(ImageEncoderGeometry, Config):
 
     kind = IMAGE_CLASSIFIER
     GIVEN_IN = "model_args"  # a training takes these fields as model_args entries
+    BLOCK_COUNTS = {"depth": "layers", "cls_layers": "cls_layers"}  # the numbered blocks these fields count
     pipeline_tag = "image-classification"
     white_box = True  # TSSA descends the variational compression term; the analysis measures it
     sparse_output = False  # the layers end with a GELU MLP: no exact zeros

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
+from collections.abc import Callable, Collection
+from typing import Any
 
+from ..errors import Opt, OptionError, wording
 from .common import parse_model_args, positive
+
+FLAGS = ("epochs", "data", "model", "threads")  # the training options ablate takes as flags; the rest: --train-args
 
 
 def configure_ablate(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +76,7 @@ def _train_args(items: list[str]) -> dict:
 def _command(args: argparse.Namespace) -> str:
     """The command line that reproduces this sweep (recorded in the report)."""
     parts = ["crate", "ablate", *args.tables, "--seeds", str(args.seeds)]
-    for name in ("epochs", "data", "model", "threads"):
+    for name in FLAGS:
         if getattr(args, name) is not None:
             parts += [f"--{name}", str(getattr(args, name))]
     for name in ("model_args", "train_args"):
@@ -81,30 +87,52 @@ def _command(args: argparse.Namespace) -> str:
 
 
 def run_ablate(args: argparse.Namespace) -> int:
-    from ..ablate import run_ablation
-
     positive("seeds", args.seeds)
     positive("epochs", args.epochs, allow_none=True)
     positive("measure_images", args.measure_images)
     overrides = _train_args(args.train_args)
-    for name in ("epochs", "data", "model", "threads"):
+    words = _words(set(overrides))
+    for name in FLAGS:
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
     if args.model_args:
         overrides["model_args"] = parse_model_args(args.model_args)
     try:
-        written = run_ablation(
-            args.tables,
-            out=args.out,
-            seeds=args.seeds,
-            overrides=overrides,
-            report_only=args.report_only,
-            measure_images=args.measure_images,
-            progress=args.progress,
-            command=_command(args),
-        )
+        with wording(words):
+            written = _run(args, overrides)
+    except OptionError as e:  # named as this command takes the option (the CLI words the rest as flags)
+        raise ValueError(e.words(words)) from None
     except KeyboardInterrupt as e:
         print(f"crate ablate: {e or 'interrupted'}; run the same command again to resume", file=sys.stderr)
         return 130
     print("\n".join(f"{k}: {v}" for k, v in written.items()))
     return 0
+
+
+def _words(train_args: Collection[str]) -> Callable[[Any], str]:
+    """The CLI's wording, but a training option given in ``--train-args``, or without a flag of ablate's, as its
+    ``--train-args`` entry (``--train-args batch_size=64``)."""
+    from . import cli_words
+
+    def words(place: object) -> str:
+        if isinstance(place, Opt) and not place.within:
+            flagged = place.name in (*FLAGS, "model_args") and place.name not in train_args
+            place = place if flagged else dataclasses.replace(place, within="train_args")
+        return cli_words(place)
+
+    return words
+
+
+def _run(args: argparse.Namespace, overrides: dict) -> dict:
+    from ..ablate import run_ablation
+
+    return run_ablation(
+        args.tables,
+        out=args.out,
+        seeds=args.seeds,
+        overrides=overrides,
+        report_only=args.report_only,
+        measure_images=args.measure_images,
+        progress=args.progress,
+        command=_command(args),
+    )
