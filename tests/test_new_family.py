@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,24 @@ def test_no_consumer_dispatches_on_a_family_class_or_arch_name() -> None:
         if hits:
             wrong[str(rel)] = hits
     assert not wrong, wrong
+
+
+def _names_mentioning(path: Path, pattern: str) -> list[str]:
+    """The identifiers of a module's code (not its strings or comments) that match ``pattern``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = {getattr(n, "id", None) or getattr(n, "attr", None) or getattr(n, "name", None) for n in ast.walk(tree)}
+    names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom | ast.Import) for a in n.names}
+    names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    return sorted(n for n in names if isinstance(n, str) and re.search(pattern, n, re.IGNORECASE))
+
+
+def test_the_tost_family_is_one_module_on_the_contract() -> None:
+    """ToST was the test of the model contract: outside its module only its operator (TSSA, beside MSSA), the
+    registry's import and the package's exports name it in code; every consumer reaches it through the contract."""
+    src = Path(ct.__file__).parent
+    assert "ToSTBlock" in _names_mentioning(src / "tost.py", "tost")  # the scan sees a module's identifiers
+    named = {str(p.relative_to(src)) for p in src.rglob("*.py") if _names_mentioning(p, "tost|tssa")}
+    assert named == {"tost.py", "operators.py", "registry.py", "__init__.py"}, named
+    assert _names_mentioning(src / "operators.py", "tost|tssa") == [
+        "TSSA", "_TSSA_ENERGY_FLOOR", "_TSSA_MASS_EPS", "tssa_reference"
+    ]  # fmt: skip
