@@ -300,6 +300,8 @@ def test_training_hook_records_metrics_log_and_history_plot(tmp_path, trained, b
     """--measure-every N: the hook's records go to metrics.jsonl, are read back and plotted (Fig. 15)."""
     from types import SimpleNamespace
 
+    with pytest.raises(ValueError, match=r"^measure_every must be a positive integer \(steps\), got 8.0 \(float\)$"):
+        analysis.measure_hook(every=8.0)
     hook = analysis.measure_hook(every=2)
     log = tmp_path / "metrics.jsonl"
     with log.open("w") as f:

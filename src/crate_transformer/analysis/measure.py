@@ -40,6 +40,7 @@ means/stds, records and JSON.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -376,7 +377,7 @@ def measure_hook(
     :func:`~crate_transformer.analysis.plots.plot_measure_history` plots them.
     """
     if not POSITIVE.ok(every):
-        raise OptionError(Opt("measure_every"), POSITIVE.requirement(every) + " (steps)")
+        raise OptionError(Opt("measure_every"), dataclasses.replace(POSITIVE, note="steps").requirement(every))
 
     def hook(ctx: object) -> list[dict] | None:
         step = int(ctx.step)
