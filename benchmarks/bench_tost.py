@@ -18,11 +18,11 @@ Tokens/s is the fastest of ``--repeats`` forwards, every operator at every lengt
 drifts during the run hits all of them and all lengths alike).  The fastest, not the median: on a shared machine
 a longer forward is more likely to be preempted by other processes, which bends a median's slope upward, and the
 fastest run is the least disturbed (the advice of ``timeit``'s documentation); the slope of the medians is
-printed beside it.  Memory is the peak resident-set growth of one
-forward in a fresh process (Linux's ``VmHWM`` after it, reset just before, minus the resident size before it, the
-operator and its input already allocated), so allocator caches of other sizes do not blur it.  The log-log slope
-of time and memory against n is fitted over n ≥ 1,024 (below, the n-independent projections dominate), and the
-table gives each operator's time and memory relative to TSSA at every n.
+printed beside it.  Memory is the peak resident-set growth of one forward in a fresh process (Linux's ``VmHWM``
+after it, reset just before, minus the resident size before it, the operator and its input already allocated), so
+allocator caches of other sizes do not blur it; the probes run side by side, one per CPU, each reading only its own
+peak.  The log-log slope of time and memory against n is fitted over n ≥ 1,024 (below, the n-independent
+projections dominate), and the table gives each operator's time and memory relative to TSSA at every n.
 
 **Digits.**  ``--digits`` trains ``tost_mnist`` and ``crate_mnist_p4`` with the same recipe (``crate train``'s
 defaults: the 4,000 / 1,000 bundled MNIST digits at 24 px), one at a time, for each seed, and prints test accuracy,
@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -142,7 +143,10 @@ def slope(ns: list[int], values: list[float], start: int) -> float:
 
 def attention_table(args: argparse.Namespace) -> None:
     pairs = [(op, n) for op in args.ops for n in args.lengths if op != "mssa-matrix" or n <= args.matrix_limit]
-    mib = {(op, n): peak_memory(op, n, args.dim, args.heads, args.threads) for op, n in pairs}
+    # each probe is its own process and reads only its own peak, so they run side by side (one per CPU)
+    with ThreadPoolExecutor(max(1, (os.cpu_count() or 1) // args.threads)) as pool:
+        peaks = pool.map(lambda pair: peak_memory(*pair, args.dim, args.heads, args.threads), pairs)
+        mib = dict(zip(pairs, peaks))
     print(f"  memory measured (load {_load()})", flush=True)
     secs = time_ops(pairs, args.dim, args.heads, args.repeats)
     rows: dict[str, dict[int, tuple[float, float, float]]] = {op: {} for op in args.ops}
