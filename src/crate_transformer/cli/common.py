@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config_utils import POSITIVE, Range, load_yaml
+from ..config_utils import POSITIVE, Range, load_yaml, option_name
 
 __all__ = [
     "parse_model_args",
@@ -268,7 +268,7 @@ def given_options(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     (``model_args`` merged, not replaced)."""
     from ..train.config import FLAT, GROUPS, TrainConfig, read_options_file
 
-    names = {f.metadata.get("name", f.name) for f in dataclasses.fields(cls)}
+    names = {option_name(f) for f in dataclasses.fields(cls)}
     if cls is TrainConfig:  # the groups' options, as their flags name them (a task's --augmentation is its own)
         names = (names - set(GROUPS)) | set(FLAT)
     options = read_options_file(args.config) if getattr(args, "config", None) else {}

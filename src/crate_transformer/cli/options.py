@@ -117,11 +117,11 @@ def add_options(
     checked before the command runs, except the options in ``passed_on`` (as with ``typed=False``).  ``defaults``
     replace field defaults (a command's own recipe).
     """
-    from ..config_utils import field_types
+    from ..config_utils import field_types, option_name
     from .common import register_range
 
     defaults, types = dict(defaults or {}), field_types(cls)
-    fields = {f.metadata.get("name", f.name): f for f in dataclasses.fields(cls) if "help" in f.metadata}
+    fields = {option_name(f): f for f in dataclasses.fields(cls) if "help" in f.metadata}
     for name in names if names is not None else fields:
         f, meta = fields[name], fields[name].metadata
         default = defaults.get(name, f.default if f.default is not dataclasses.MISSING else f.default_factory())
