@@ -83,11 +83,15 @@ def _logdet_i_plus(Z: Tensor, c: float | Tensor) -> Tensor:
     return 2.0 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
 
 
-def _cast(Z: Tensor, dtype: torch.dtype | None) -> Tensor:
-    """``Z`` in the dtype its linear algebra runs in: ``dtype`` when given, float32 for half types, else its own."""
-    if dtype is not None:
-        return Z.to(dtype)
+def at_least_float32(Z: Tensor) -> Tensor:
+    """``Z`` in float32 when it is a half type (float16, bfloat16), else as it is: the precision statistics of
+    tokens run in (these functions, TSSA's token statistics)."""
     return Z.float() if Z.dtype in (torch.float16, torch.bfloat16) else Z
+
+
+def _cast(Z: Tensor, dtype: torch.dtype | None) -> Tensor:
+    """``Z`` in the dtype its linear algebra runs in: ``dtype`` when given, else :func:`at_least_float32`."""
+    return Z.to(dtype) if dtype is not None else at_least_float32(Z)
 
 
 _Fn = TypeVar("_Fn", bound=Callable[..., Tensor])
@@ -95,7 +99,7 @@ _Fn = TypeVar("_Fn", bound=Callable[..., Tensor])
 
 def full_precision(x: object) -> contextlib.AbstractContextManager[object]:
     """Autocast off on the device of the tensor ``x`` where it is on, for statistics whose dtype the caller chose
-    (float32 for half tokens: :func:`_cast`); a no-op elsewhere."""
+    (float32 for half tokens: :func:`at_least_float32`); a no-op elsewhere."""
     device = x.device.type if isinstance(x, Tensor) else "cpu"
     if device in ("cpu", "cuda", "mps") and torch.is_autocast_enabled(device):
         return torch.autocast(device, enabled=False)

@@ -23,7 +23,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .config_utils import Range
-from .objectives import full_precision
+from .objectives import at_least_float32, full_precision
 
 __all__ = [
     "ISTA_MODES",
@@ -343,7 +343,7 @@ class TSSA(nn.Module):
         b, n, D = y.shape
         K, p = self.heads, self.dim_head
         with full_precision(y):
-            sq = (y.float() if y.dtype in (torch.float16, torch.bfloat16) else y).square()
+            sq = at_least_float32(y).square()
             # F.normalize's floor on the norm, as the authors' code: max(‖w‖, 1e-12)² = max(‖w‖², 1e-24)
             inv = 1.0 / sq.sum(1, keepdim=True).clamp_min(_TSSA_ENERGY_FLOOR**2)
             share = (sq * inv).view(b, n, K, p).sum(-1)
