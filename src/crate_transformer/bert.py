@@ -296,8 +296,10 @@ def bert_config_file(hf: Mapping[str, Any]) -> dict[str, Any]:
     if hf.get("model_type") != "crate":
         return {}
     out = {ours: hf[theirs] for theirs, ours in _CONFIG_FIELDS.items() if hf.get(theirs) is not None}
-    if "max_position_embeddings" in hf:
-        out["block_size"] = int(hf["max_position_embeddings"]) - int(hf.get("pad_token_id", 1)) - 1
+    positions, pad = hf.get("max_position_embeddings"), hf.get("pad_token_id", 1)
+    if positions is not None:  # as stored (the loader types and bounds it: file_fields); a non-number is named
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (positions, pad))
+        out["block_size"] = positions - pad - 1 if numbers else positions
     return out
 
 
@@ -338,6 +340,7 @@ BERT_FORMAT = OfficialFormat(
     config_file=bert_config_file,
     optional=("lm_head.",),
     unstored=HEADS_NOT_STORED,
+    file_names={**{ours: theirs for theirs, ours in _CONFIG_FIELDS.items()}, "block_size": "max_position_embeddings"},
 )
 
 

@@ -743,6 +743,16 @@ def lm_checkpoint_fields(raw: object) -> dict[str, Any]:
     return found
 
 
+# the attention tensors of a GPT-2 block (nanoGPT's and Hugging Face's names, the causal-mask buffers included): a
+# block whose attention holds others (ToST's TSSA temperature and denominator bias) is another format
+_GPT2_ATTENTION = tuple(f".attn.{n}" for n in ("c_attn.weight", "c_attn.bias", "c_proj.weight", "c_proj.bias", "bias",
+                                                "masked_bias"))  # fmt: skip
+
+
+def _only_gpt2_attention(state: Mapping[str, Tensor]) -> bool:
+    return all(k.endswith(_GPT2_ATTENTION) for k in state if ".attn." in k)
+
+
 def _has_token_table(state: Mapping[str, Tensor]) -> bool:
     return any(k.endswith("wte.weight") for k in state)
 
@@ -786,17 +796,19 @@ CRATE_LM_FORMAT = OfficialFormat(
     check=check_official_lm,
     fields=lm_checkpoint_fields,
     unstored=HEADS_NOT_STORED,
+    file_names={"heads": "model_args.n_head"},
 )
 GPT2_FORMAT = OfficialFormat(
     name="GPT-2",
     origin="karpathy/nanoGPT ckpt.pt, or Hugging Face GPT2LMHeadModel / GPT2Model weights",
     to_native=gpt2_to_native,
-    detect=lambda state: any(k.endswith(".mlp.c_fc.weight") for k in state),
+    detect=lambda state: any(k.endswith(".mlp.c_fc.weight") for k in state) and _only_gpt2_attention(state),
     example="gpt2_base",
     check=check_official_lm,
     fields=lm_checkpoint_fields,
     overridable=("gelu",),
     unstored=HEADS_NOT_STORED,
+    file_names={"heads": "model_args.n_head"},
 )
 
 

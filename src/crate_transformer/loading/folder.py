@@ -124,7 +124,8 @@ def build(source: Source, overrides: Mapping[str, Any] = {}, fresh_head: bool = 
         probe = config if size is None else type(config).from_dict({**config.to_dict(), "image_size": size})
     except ValueError as e:
         raise CheckpointError(f"{source.where}: {e}") from None
-    check_build(target, probe, {**overrides, **({} if size is None else {"image_size": size})}, source.where)
+    given = {**overrides, **({} if size is None else {"image_size": size})}
+    check_build(target, probe, source.config, given, source.where)
     model = target(config)
     state = source.state
     fresh = source.extras.get("fresh", ())

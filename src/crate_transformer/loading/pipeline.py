@@ -55,7 +55,7 @@ from ..runfiles import (
     state_tokenizer,
 )
 from .folder import Mode, Source, build, checked, read_folder
-from .values import file_fields
+from .values import check_build, file_fields
 
 __all__ = [
     "Mode",
@@ -191,6 +191,8 @@ def convert(source: Source, name: str, overrides: Mapping[str, object]) -> Sourc
     if fmt.fields is not None or (fmt.config_file is not None and sidecar is not None):
         config, found = _file_config(fmt, raw, sidecar, name, overrides, where)
     _require_unstored(fmt, config, name, {**found, **overrides}, where)
+    target = arch_info(config.arch).model_class
+    check_build(target, config, config, {k: getattr(config, k) for k in overrides if hasattr(config, k)}, where)
     native = fmt.to_native(state, config)
     missing = sorted({p for p in fmt.optional if not any(k.startswith(p) for k in native)})
     if missing:
@@ -200,7 +202,7 @@ def convert(source: Source, name: str, overrides: Mapping[str, object]) -> Sourc
         )
     record = {"name": name, **ZOO[name].preprocessing()} if name in ZOO else None  # what the release states
     extras = {"fresh": tuple(missing), "pretrained_cfg": record}
-    return Source("authors", where, native, config, arch_info(config.arch).model_class, extras)
+    return Source("authors", where, native, config, target, extras)
 
 
 def _sidecar(folder: Path) -> dict | None:

@@ -97,18 +97,24 @@ def _memory() -> int | None:
 
 
 def check_build(
-    target: Callable[[Config], nn.Module], config: Config, given: Mapping[str, object], source: str
+    target: Callable[[Config], nn.Module], config: Config, stored: Config, given: Mapping[str, object], source: str
 ) -> None:
     """Refuse, before anything is allocated, a model ``target(config)`` whose sizes come from the caller (``given``:
-    the overrides, by config field): an integer above :func:`size_limit`, or weights larger than this machine's
-    memory (the model built on the meta device, which allocates nothing).  No overrides: nothing to check (a file's
-    own sizes are bounded by its weights)."""
+    the overrides of the ``stored`` config, by field): an integer above :func:`size_limit`, a count of numbered
+    blocks other than the file's (``Config.BLOCK_COUNTS``: the weights number them), or weights larger than this
+    machine's memory (the model built on the meta device, which allocates nothing).  No integer overrides: nothing
+    to check (a file's own sizes are bounded by its weights)."""
     ints = {k: v for k, v in given.items() if isinstance(v, int) and not isinstance(v, bool)}
     for key, value in ints.items():
         if value > size_limit(key):
             raise CheckpointError(
                 f"{source}: {key}={value:,} is more than {size_limit(key):,}, the largest {key} a loader builds; "
                 "pass a smaller value"
+            )
+        if key in stored.BLOCK_COUNTS and value != getattr(stored, key):
+            raise CheckpointError(
+                f"{source}: {key}={value:,} does not fit the file, whose weights hold {getattr(stored, key)} "
+                f"{stored.BLOCK_COUNTS[key]} blocks; drop {key}"
             )
     if not ints:
         return
