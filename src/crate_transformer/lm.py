@@ -745,8 +745,8 @@ def lm_checkpoint_fields(raw: object) -> dict[str, Any]:
 
 # the attention tensors of a GPT-2 block (nanoGPT's and Hugging Face's names, the causal-mask buffers included): a
 # block whose attention holds others (ToST's TSSA temperature and denominator bias) is another format
-_GPT2_ATTENTION = tuple(f".attn.{n}" for n in ("c_attn.weight", "c_attn.bias", "c_proj.weight", "c_proj.bias", "bias",
-                                                "masked_bias"))  # fmt: skip
+_GPT2_ATTENTION = tuple(f".attn.{n}" for n in ("c_attn.weight", "c_attn.bias", "c_proj.weight", "c_proj.bias"))
+_GPT2_ATTENTION += (".attn.bias", ".attn.masked_bias")
 
 
 def _only_gpt2_attention(state: Mapping[str, Tensor]) -> bool:

@@ -90,7 +90,7 @@ def read_folder(path: str | Path, choose: Callable[[object], type[nn.Module]], r
     verified (the weights' SHA-256 in the safetensors header, the JSON files' beside it); the stored sizes are
     bounded by the weights (:func:`~crate_transformer.loading.weights.check_sizes`)."""
     directory = model_dir(resolve_hub(path, revision))
-    for name in (CONFIG_NAME, WEIGHTS_NAME, *FILE_DIGESTS):
+    for name in dict.fromkeys((CONFIG_NAME, WEIGHTS_NAME, *FILE_DIGESTS)):
         checked(directory / name)
     data = read_config_dict(directory)
     try:

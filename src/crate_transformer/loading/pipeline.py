@@ -300,8 +300,9 @@ def materialize(source: Source, name: str | None, overrides: Mapping[str, object
             raise ArchitectureNeeded(source.where, f"{kind} checkpoint", *_examples(raw))
         model = build(convert(source, name, overrides), fresh_head=mode is Mode.APPLY and "num_classes" in overrides)
     elif mode is Mode.APPLY:
-        check_stored_config(source.config, named, name, {}, free=timm_overrides(overrides))
-        model = build(source, timm_overrides(overrides))
+        overrides = timm_overrides(overrides)
+        check_stored_config(source.config, named, name, {}, free=overrides)
+        model = build(source, overrides)
     else:
         if mode is Mode.CHECK:
             check_stored_config(source.config, named, name, overrides)

@@ -113,8 +113,8 @@ def check_build(
             )
         if key in stored.BLOCK_COUNTS and value != getattr(stored, key):
             raise CheckpointError(
-                f"{source}: {key}={value:,} does not fit the file, whose weights hold {getattr(stored, key)} "
-                f"{stored.BLOCK_COUNTS[key]} blocks; drop {key}"
+                f"{source}: {key}={value:,} does not fit the file, whose weights number {getattr(stored, key)} "
+                f"blocks {stored.BLOCK_COUNTS[key]}.N; drop {key}"
             )
     if not ints:
         return
