@@ -580,7 +580,7 @@ def test_features_refuses_options_that_cannot_apply_and_takes_hub_models(
     image.save_pretrained(tmp_path / "img")
     err = one_line_error(capsys, "features", tmp_path / "img", "--context", 3, "--data", "digits")
     assert "--context does not apply to an image model" in err
-    import crate_transformer.checkpoint as load
+    import crate_transformer.loading.pipeline as load
 
     seen = []
     real = load.resolve_hub
