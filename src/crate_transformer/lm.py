@@ -37,12 +37,14 @@ from torch import Tensor, nn
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .base import Model, Trace
 from .config import LANGUAGE_MODEL, Config
-from .config_utils import NON_NEGATIVE, POSITIVE, Range
+from .config_utils import Range
 from .errors import Opt, TaskError, Use
+from .generation import TEMPERATURE, TOP_P, cache_nbytes, cached_length, generate, mask_tokens, sample_next
 from .io import FILE_DIGESTS, TOKENIZER_NAME, CheckpointError, read_model_json
 from .model import ViTBlock
 from .official import HEADS_NOT_STORED, OfficialFormat, index_count, rename, unwrap
 from .operators import DIM_HEAD, MLP, EncoderLayer, LayerConfig
+from .static_cache import StaticLayerCache
 from .tokenizer import Tokenizer
 
 __all__ = [
@@ -55,6 +57,8 @@ __all__ = [
     "mask_tokens",
     "sample_next",
     "cache_nbytes",
+    "TEMPERATURE",
+    "TOP_P",
     "sinusoidal_positions",
     "check_official_lm",
     "lm_checkpoint_fields",
@@ -189,11 +193,6 @@ def sinusoidal_positions(n: int, d: int) -> Tensor:
     pe = torch.zeros(n, d, dtype=torch.float64)
     pe[:, 0::2], pe[:, 1::2] = torch.sin(t * freq), torch.cos(t * freq)
     return pe.float()
-
-
-def cache_nbytes(cache: list[dict[str, Any]]) -> int:
-    """Bytes held by a key-value cache (every layer's tensors; a ``"length"`` count is not a tensor)."""
-    return sum(t.numel() * t.element_size() for layer in cache for t in layer.values() if isinstance(t, Tensor))
 
 
 class LanguageModel(Model):
@@ -376,8 +375,9 @@ class LanguageModel(Model):
             self.train(was)
 
     # ---------------------------------------------------------------- embedding
-    def check_tokens(self, idx: Tensor, start: int = 0) -> None:
-        """One-line ValueError for ids the model cannot take (type, rank, range, longer than the context)."""
+    def check_tokens(self, idx: Tensor, start: int | Tensor = 0) -> None:
+        """One-line ValueError for ids the model cannot take (type, rank, range, longer than the context).  A
+        tensor ``start`` (compiled decoding's position) is not read: its length was checked before decoding."""
         c = self.config
         if not isinstance(idx, Tensor) or idx.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"expected a LongTensor of token ids, got {getattr(idx, 'dtype', type(idx).__name__)}")
@@ -389,7 +389,7 @@ class LanguageModel(Model):
         n = idx.shape[1]
         if n == 0:
             raise ValueError("empty token sequence; pass at least one token")
-        if start + n > c.block_size:
+        if not isinstance(start, Tensor) and start + n > c.block_size:
             raise ValueError(
                 f"sequence of {start + n} tokens is longer than the model's context of {c.block_size} "
                 f"(block_size); pass at most {c.block_size} tokens, e.g. idx[:, -{c.block_size}:]"
@@ -398,10 +398,15 @@ class LanguageModel(Model):
             idx, c.vocab_size, "token id", "is outside the vocabulary", "encode the text with the model's own tokenizer"
         )
 
-    def embed(self, idx: Tensor, start: int = 0) -> Tensor:
-        """``f_pre`` of eqs. (83)/(88): ``f_embed(X) + E_pos`` for positions ``start .. start + n − 1``."""
+    def embed(self, idx: Tensor, start: int | Tensor = 0) -> Tensor:
+        """``f_pre`` of eqs. (83)/(88): ``f_embed(X) + E_pos`` for positions ``start .. start + n − 1`` (``start``
+        a Python int, or a 0-d tensor on the device: compiled decoding's position)."""
         self.check_tokens(idx, start)
-        pos = torch.arange(start, start + idx.shape[1], device=idx.device)
+        n = idx.shape[1]
+        if isinstance(start, Tensor):
+            pos = start + torch.arange(n, device=idx.device)
+        else:
+            pos = torch.arange(start, start + n, device=idx.device)
         e_pos = self.wpe(pos) if self.wpe is not None else self.pos_table[pos]
         return self.drop(self.wte(idx) + e_pos)
 
@@ -410,11 +415,13 @@ class LanguageModel(Model):
         self, idx: Tensor, cache: list[dict[str, Tensor]] | None = None, key_mask: Tensor | None = None
     ) -> Tensor:
         """The last layer's tokens (b, n, d); ``key_mask`` (b, n) False at padding, which no token attends to."""
-        z = self.embed(idx, _cached_length(cache))
+        z = self.embed(idx, cached_length(cache))
         if cache is None:
             return self.norm(self.run_layers(z, key_mask=key_mask))
         for layer, layer_cache in zip(self.layers, cache):
-            z = layer(z, cache=layer_cache, key_mask=key_mask)[0]
+            # a fixed-size buffer (compiled decoding) hides its positions not yet filled
+            mask = layer_cache.key_mask if isinstance(layer_cache, StaticLayerCache) else key_mask
+            z = layer(z, cache=layer_cache, key_mask=mask)[0]
         return self.norm(z)
 
     def forward_head(self, z: Tensor, pre_logits: bool = False) -> Tensor:
@@ -459,7 +466,6 @@ class LanguageModel(Model):
         """An empty key-value cache (one dict per layer) for :meth:`forward`."""
         return [{} for _ in self.layers]
 
-    @torch.no_grad()
     def generate(
         self,
         idx: Tensor,
@@ -473,6 +479,7 @@ class LanguageModel(Model):
         eos_id: int | None = None,
         return_logits: bool = False,
         on_token: Callable[[Tensor], None] | None = None,
+        compile: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Append ``max_new_tokens`` sampled tokens to ``idx`` (b, n) (causal models only).
 
@@ -482,43 +489,14 @@ class LanguageModel(Model):
         cached earlier ones; once the context is full, the window slides and the cache is rebuilt from the
         last ``block_size`` tokens, exactly what the uncached path computes.  ``return_logits`` also returns
         every step's ``(b, steps, V)`` logits (the cached and uncached paths agree to float rounding).
+
+        ``compile=True`` decodes on fixed-size cache buffers with one compiled step per token (a CUDA graph on a
+        GPU; :mod:`crate_transformer.generation`): the same tokens, the first call slower while it compiles;
+        prompt + new tokens must fit the context.
         """
-        c = self.config
-        if not c.causal:
-            raise ValueError("generation needs a causal (GPT) model; this one is a masked LM (objective mlm)")
-        NON_NEGATIVE.check("max_new_tokens", max_new_tokens)
-        self.check_tokens(idx[:, -c.block_size :])
-        was_training = self.training
-        if was_training:  # a switch drops what the layers keep between forwards (ISTA's step matrix)
-            self.eval()
-        cache, steps = None, []
-
-        def next_logits(ids: Tensor, cache: list[dict[str, Tensor]] | None) -> Tensor:
-            return self.forward_head(self.forward_features(ids, cache)[:, -1])  # the head on the last token only
-
-        try:
-            for _ in range(max_new_tokens):
-                window = idx[:, -c.block_size :]
-                if not use_cache:
-                    logits = next_logits(window, None)
-                elif cache is None or _cached_length(cache) >= c.block_size:
-                    cache = self.new_cache()
-                    logits = next_logits(window, cache)
-                else:
-                    logits = next_logits(idx[:, -1:], cache)
-                steps.append(logits)
-                nxt = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
-                idx = torch.cat([idx, nxt], dim=1)
-                if on_token is not None:
-                    on_token(nxt)
-                if eos_id is not None and bool((nxt == eos_id).all()):
-                    break
-        finally:
-            if was_training:
-                self.train()
-        if return_logits:
-            return idx, torch.stack(steps, 1) if steps else idx.new_zeros(idx.shape[0], 0, c.vocab_size).float()
-        return idx
+        options = dict(temperature=temperature, top_k=top_k, top_p=top_p, use_cache=use_cache, generator=generator)
+        options.update(eos_id=eos_id, keep_logits=return_logits, on_token=on_token)
+        return generate(self, idx, max_new_tokens, compile=compile, **options)
 
     # ---------------------------------------------------------------- utilities
     def num_params(self, trainable_only: bool = False, exclude_positions: bool = False) -> int:
@@ -556,81 +534,6 @@ def build_lm(config: LMConfig) -> LanguageModel:
     """The language model ``config.arch`` names: this class or the subclass that builds it (CRATE-BERT's
     :class:`~crate_transformer.bert.CRATEBert` once ``bert.py`` is imported, as ``import crate_transformer`` does)."""
     return LanguageModel.class_for(config.arch)(config)
-
-
-def _cached_length(cache: list[dict[str, Any]] | None) -> int:
-    """Tokens a cache holds: its ``"length"`` entry where a layer keeps a constant-size state (ToST's running
-    sums), else the token axis of its first tensor (keys and values)."""
-    if not cache or not cache[0]:
-        return 0
-    first = cache[0]
-    return first["length"] if "length" in first else next(iter(first.values())).shape[-2]
-
-
-# --------------------------------------------------------------------------- objectives and sampling
-def mask_tokens(
-    idx: Tensor,
-    *,
-    mask_id: int,
-    vocab_size: int,
-    special_ids: Tensor | list[int] = (),
-    prob: float = 0.15,
-    generator: torch.Generator | None = None,
-) -> tuple[Tensor, Tensor]:
-    """BERT masking for eq. (85): choose each non-special token with probability ``prob`` (the set Ω);
-    of those, 80 % become ``[MASK]``, 10 % a random token, 10 % stay.  Returns ``(inputs, labels)`` with
-    ``labels = -100`` outside Ω (ignored by the cross-entropy)."""
-    Range(0, 1, lo_open=True, hi_open=True, note="the share of tokens masked").check("prob", prob)
-    dev = idx.device
-
-    def uniform() -> Tensor:
-        return torch.rand(idx.shape, generator=generator, device=dev)
-
-    chosen = uniform() < prob
-    if len(special_ids):
-        chosen &= ~torch.isin(idx, torch.as_tensor(special_ids, device=dev))
-    labels = torch.where(chosen, idx, torch.full_like(idx, -100))
-    u = uniform()
-    inputs = torch.where(chosen & (u < 0.8), torch.full_like(idx, mask_id), idx)
-    rand = torch.randint(vocab_size, idx.shape, generator=generator, device=dev)
-    inputs = torch.where(chosen & (u >= 0.8) & (u < 0.9), rand, inputs)
-    return inputs, labels
-
-
-TEMPERATURE = Range(0, note="0 = greedy")  # of sample_next / generate / crate generate --temperature
-TOP_P = Range(0, 1, lo_open=True, note="1 = off")  # nucleus threshold, likewise
-
-
-def sample_next(
-    logits: Tensor,
-    *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """One token per row of ``logits`` (b, V) → (b, 1): greedy at temperature 0, else sample from
-    ``softmax(logits / T)`` restricted to the ``top_k`` most likely tokens and to the smallest set whose
-    probability reaches ``top_p`` (nucleus sampling)."""
-    TEMPERATURE.check("temperature", temperature)
-    if top_k is not None:
-        POSITIVE.check("top_k", top_k)
-    if top_p is not None:
-        TOP_P.check("top_p", top_p)
-    logits = logits.float()
-    if temperature == 0:
-        return logits.argmax(-1, keepdim=True)
-    logits = logits / temperature
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        drop = probs.cumsum(-1) - probs >= top_p  # tokens after the nucleus is complete
-        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)
 
 
 # --------------------------------------------------------------------------- the authors' and GPT-2 checkpoints
