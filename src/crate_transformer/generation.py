@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from .config_utils import NON_NEGATIVE, POSITIVE, Range
+from .errors import Opt, OptionError
 from .static_cache import LENGTH, StaticCache
 
 __all__ = [
@@ -233,11 +234,17 @@ def check_compiled(model: nn.Module, idx: Tensor, new: int, use_cache: bool) -> 
     buffers hold prompt + new tokens; the eager path slides the window instead)."""
     block = model.config.block_size
     if not use_cache:
-        raise ValueError("compiled decoding runs on a cache of fixed size; drop use_cache=False (or compile)")
+        raise OptionError(
+            "compiled decoding runs on a cache of fixed size; drop ", Opt("compile"), " or keep the cache"
+        )
     if isinstance(idx, Tensor) and idx.dim() == 2 and idx.shape[1] + new > block:
-        raise ValueError(
+        raise OptionError(
             f"compiled decoding holds prompt + new tokens in the context of {block} (block_size), got "
-            f"{idx.shape[1]} + {new} = {idx.shape[1] + new}; pass fewer tokens, or drop compile to slide the window"
+            f"{idx.shape[1]} + {new} = {idx.shape[1] + new}; pass fewer tokens (",
+            Opt("max_new_tokens"),
+            "), or drop ",
+            Opt("compile"),
+            " to slide the window",
         )
 
 
@@ -271,6 +278,7 @@ def compiled_step(compile_step: bool = True) -> Callable:
     return _COMPILED["step"]
 
 
+@torch.no_grad()
 def decode_compiled(
     model: nn.Module, idx: Tensor, new: int, how: Decoding, compile_step: bool = True
 ) -> tuple[Tensor, list[Tensor]]:
