@@ -364,14 +364,10 @@ class TSSA(nn.Module):
         energy = sq.cumsum(-2)
         if cache is not None and "sq" in cache:
             energy = energy + cache["sq"]
-        # a tensor start (compiled decoding's position) indexes; a Python one slices (torch.export keeps it)
-        n = w.shape[-2]
-        bias = (
-            self.denom_bias[:, start + torch.arange(n, device=w.device)]
-            if isinstance(start, Tensor)
-            else self.denom_bias[:, start : start + n]
-        )
-        share = (sq / energy.clamp_min(_TSSA_ENERGY_FLOOR) + bias).sum(-1)
+        # gathered, not sliced: a start that is a tensor (compiled decoding's position) cannot slice, and a slice's
+        # view guards on the length against the context, which torch.export refuses for a dynamic length
+        positions = start + torch.arange(w.shape[-2], device=w.device)
+        share = (sq / energy.clamp_min(_TSSA_ENERGY_FLOOR) + self.denom_bias.index_select(1, positions)).sum(-1)
         return torch.softmax(share * self.temp, dim=1)
 
     def memberships(self, x: Tensor) -> Tensor:
