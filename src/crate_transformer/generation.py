@@ -179,17 +179,43 @@ class Decoding:
 
 
 @torch.no_grad()
-def generate(model: nn.Module, idx: Tensor, max_new_tokens: int, *, compile: bool = False, **options: Any) -> Any:
-    """:meth:`LanguageModel.generate <crate_transformer.lm.LanguageModel.generate>` (see its docstring);
-    ``options`` are :class:`Decoding`'s fields (``return_logits`` is ``keep_logits``)."""
+def generate(
+    model: nn.Module,
+    idx: Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+    eos_id: int | None = None,
+    return_logits: bool = False,
+    on_token: Callable[[Tensor], None] | None = None,
+    compile: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Append ``max_new_tokens`` sampled tokens to ``idx`` (b, n) (causal models only): the method
+    :meth:`LanguageModel.generate <crate_transformer.lm.LanguageModel.generate>`.
+
+    ``on_token`` is called with each step's new tokens (b, 1) as they are sampled (to stream the text).
+
+    ``temperature`` 0 is greedy.  With ``use_cache`` each step runs the newest token only, against the
+    cached earlier ones; once the context is full, the window slides and the cache is rebuilt from the
+    last ``block_size`` tokens, exactly what the uncached path computes.  ``return_logits`` also returns
+    every step's ``(b, steps, V)`` logits (the cached and uncached paths agree to float rounding).
+
+    ``compile=True`` decodes on fixed-size cache buffers with one compiled step per token (a CUDA graph on a
+    GPU; the module docstring): the same tokens, the first call slower while it compiles; prompt + new tokens
+    must fit the context.
+    """
     c = model.config
     if not c.causal:
         raise ValueError("generation needs a causal (GPT) model; this one is a masked LM (objective mlm)")
     NON_NEGATIVE.check("max_new_tokens", max_new_tokens)
-    how = Decoding(**options)
-    check_sampling(how.temperature, how.top_k, how.top_p)
+    how = Decoding(temperature, top_k, top_p, generator, eos_id, on_token, use_cache, return_logits)
+    check_sampling(temperature, top_k, top_p)
     if compile:
-        check_compiled(model, idx, max_new_tokens, how.use_cache)
+        check_compiled(model, idx, max_new_tokens, use_cache)
     model.check_tokens(idx[:, -c.block_size :])
     was_training = model.training
     if was_training:  # a switch drops what the layers keep between forwards (ISTA's step matrix)
@@ -200,7 +226,7 @@ def generate(model: nn.Module, idx: Tensor, max_new_tokens: int, *, compile: boo
     finally:
         if was_training:
             model.train()
-    if how.keep_logits:
+    if return_logits:
         return idx, torch.stack(steps, 1) if steps else idx.new_zeros(idx.shape[0], 0, c.vocab_size).float()
     return idx
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ from .model import ViTBlock
 from .official import HEADS_NOT_STORED, OfficialFormat, index_count, rename, unwrap
 from .operators import DIM_HEAD, MLP, EncoderLayer, LayerConfig
 from .static_cache import StaticLayerCache
+from .token_prior import TokenPrior
 from .tokenizer import Tokenizer
 
 __all__ = [
@@ -195,7 +196,7 @@ def sinusoidal_positions(n: int, d: int) -> Tensor:
     return pe.float()
 
 
-class LanguageModel(Model):
+class LanguageModel(TokenPrior, Model):
     """Token + position embedding → L layers → (LayerNorm) → tied head; see the module docstring.
 
     ``forward(idx)`` maps token ids ``(b, n)`` to logits ``(b, n, V)``.  The :class:`~crate_transformer.base.Model`
@@ -316,64 +317,6 @@ class LanguageModel(Model):
                 if out is not None:
                     nn.init.normal_(out.weight, std=0.02 / math.sqrt(2 * self.config.depth))
 
-    # ---------------------------------------------------------------- the token prior
-    def _logit_bias(self) -> Tensor | None:
-        """A bias on the token logits ``(V,)``, or None: the tied head of eq. (84) has none."""
-        return None
-
-    def _feature_bias(self) -> Tensor | None:
-        """A bias adding a constant vector to the features the head reads: the final LayerNorm's, else the last
-        layer's ``output_bias()`` (None when the last layer replaces the tokens, as CRATE's ISTA does, or says
-        nothing of one)."""
-        bias = getattr(self.norm, "bias", None)
-        if bias is not None:
-            return bias
-        output_bias = getattr(self.layers[-1], "output_bias", None)
-        return output_bias() if output_bias is not None else None
-
-    @torch.no_grad()
-    def init_token_prior(self, log_prior: Tensor, idx: Tensor) -> bool:
-        """Make the untrained model predict the token distribution ``softmax(log_prior)`` (``(V,)``, e.g. the
-        training tokens' log frequencies), measured on the token ids ``idx`` ``(b, n)``; True when done.
-
-        Without it, training first learns the token frequencies, and a model whose head has no bias learns them by
-        making its features the same for every token: in CRATE-GPT the first layer's MSSA output outgrows the token
-        embedding, each later LayerNorm passes a nearly token-independent vector and the lower layers' gradients
-        shrink, so the loss sits near the unigram entropy (docs/language-models.md; this is the "initialise the
-        output bias to the log prior" advice of Karpathy's "A Recipe for Training Neural Networks", 2019).
-
-        A logit bias is set to the centred log prior.  A tied head gets ``ℓ_v / s`` added to every coordinate of
-        row ``v`` of the embedding, ``s`` the mean over ``idx``'s tokens of the head's features summed over
-        coordinates: the logits move by ``ℓ_v`` while the layers, which read the embedding through LayerNorm (it
-        removes a constant vector), are unchanged.  When the features have no such constant part (a final
-        LayerNorm, a residual last layer), the bias that adds one is set to 1 first; False (nothing changed) when
-        there is none (CRATE-α's ODL).
-        """
-        ell = torch.log_softmax(log_prior.double(), 0)
-        ell = (ell - (ell.exp() * ell).sum()).float()  # centred on the prior's mean: frequent tokens move least
-        bias = self._logit_bias()
-        if bias is not None:
-            bias.copy_(ell.to(bias))
-            return True
-        s = self._feature_sums(idx)
-        if not s.mean() > 4 * s.std(correction=0):  # no part of the features constant over tokens to carry the prior
-            channel = self._feature_bias()
-            if channel is None:
-                return False
-            channel.fill_(1.0)
-            s = self._feature_sums(idx)
-        self.wte.weight.add_((ell / s.mean()).to(self.wte.weight)[:, None])
-        return True
-
-    def _feature_sums(self, idx: Tensor) -> Tensor:
-        """The head's features of every token of ``idx`` summed over coordinates (eval mode: no dropout)."""
-        was = self.training
-        self.eval()
-        try:
-            return self.forward_features(idx).float().sum(-1).flatten()
-        finally:
-            self.train(was)
-
     # ---------------------------------------------------------------- embedding
     def check_tokens(self, idx: Tensor, start: int | Tensor = 0) -> None:
         """One-line ValueError for ids the model cannot take (type, rank, range, longer than the context).  A
@@ -466,37 +409,7 @@ class LanguageModel(Model):
         """An empty key-value cache (one dict per layer) for :meth:`forward`."""
         return [{} for _ in self.layers]
 
-    def generate(
-        self,
-        idx: Tensor,
-        max_new_tokens: int,
-        *,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        use_cache: bool = True,
-        generator: torch.Generator | None = None,
-        eos_id: int | None = None,
-        return_logits: bool = False,
-        on_token: Callable[[Tensor], None] | None = None,
-        compile: bool = False,
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        """Append ``max_new_tokens`` sampled tokens to ``idx`` (b, n) (causal models only).
-
-        ``on_token`` is called with each step's new tokens (b, 1) as they are sampled (to stream the text).
-
-        ``temperature`` 0 is greedy.  With ``use_cache`` each step runs the newest token only, against the
-        cached earlier ones; once the context is full, the window slides and the cache is rebuilt from the
-        last ``block_size`` tokens, exactly what the uncached path computes.  ``return_logits`` also returns
-        every step's ``(b, steps, V)`` logits (the cached and uncached paths agree to float rounding).
-
-        ``compile=True`` decodes on fixed-size cache buffers with one compiled step per token (a CUDA graph on a
-        GPU; :mod:`crate_transformer.generation`): the same tokens, the first call slower while it compiles;
-        prompt + new tokens must fit the context.
-        """
-        options = dict(temperature=temperature, top_k=top_k, top_p=top_p, use_cache=use_cache, generator=generator)
-        options.update(eos_id=eos_id, keep_logits=return_logits, on_token=on_token)
-        return generate(self, idx, max_new_tokens, compile=compile, **options)
+    generate = generate  # generation.generate: the tokens after idx (its docstring)
 
     # ---------------------------------------------------------------- utilities
     def num_params(self, trainable_only: bool = False, exclude_positions: bool = False) -> int:
