@@ -155,7 +155,7 @@ def main() -> None:
 
 def print_kernels(args: argparse.Namespace) -> None:
     """Kernels per token of each model of each shape, eager and compiled (batch: the first of ``--batches``)."""
-    print(f"{'shape':20} {'model':10} {'eager':>8} {'compiled':>9}  kernels per token (profiler leaf events)")
+    print(f"{'shape':20} {'model':10} {'eager':>8} {'compiled':>9}  kernels per token (profiler)")
     for key in args.models:
         models = pair(MODELS[key], args.tiny)
         prompt = torch.randint(0, models["GPT"].config.vocab_size, (args.batches[0], args.prompt))
