@@ -18,6 +18,7 @@ Two decoding paths give the same tokens:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -304,6 +305,24 @@ def compiled_step(compile_step: bool = True) -> Callable:
     return _COMPILED["step"]
 
 
+# per model, the buffers of its last compiled generation: the next one of the same shapes writes into the same
+# addresses, so a CUDA graph is replayed, not recorded again (a new address makes cudagraph trees re-record)
+_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _buffers(model: nn.Module, cache: list[Any], capacity: int, idx: Tensor) -> tuple[StaticCache, Tensor]:
+    """The :class:`StaticCache` holding ``cache`` and the token buffer ``(b, capacity + 1)``, reused when the last
+    generation of ``model`` had the same :meth:`StaticCache.signature` and token buffer."""
+    key = (StaticCache.signature(cache, capacity), idx.shape[0], idx.dtype, idx.device)
+    kept = _KEPT.get(model)
+    if kept is not None and kept[0] == key:
+        return kept[1].load(cache), kept[2]
+    out = idx.new_zeros(idx.shape[0], capacity + 1)
+    torch._dynamo.mark_static_address(out)
+    _KEPT[model] = (key, StaticCache.from_dynamic(cache, capacity), out)
+    return _KEPT[model][1], out
+
+
 @torch.no_grad()
 def decode_compiled(
     model: nn.Module, idx: Tensor, new: int, how: Decoding, compile_step: bool = True
@@ -314,9 +333,7 @@ def decode_compiled(
     b, n = idx.shape
     cache = model.new_cache()
     logits = _next_logits(model, idx, cache)
-    capacity = capacity_for(n + new - 1, model.config.block_size)
-    static = StaticCache.from_dynamic(cache, capacity)
-    out = idx.new_zeros(b, capacity + 1)
+    static, out = _buffers(model, cache, capacity_for(n + new - 1, model.config.block_size), idx)
     out[:, :n] = idx
     out[:, n : n + 1] = first = how.first(logits)
     steps, step, done = [logits], compiled_step(compile_step), 1

@@ -76,29 +76,46 @@ class StaticCache(list):
 
     @classmethod
     def from_dynamic(cls, cache: list[Mapping[str, object]], capacity: int) -> StaticCache:
-        """The buffers of ``capacity`` positions holding what the growing dict ``cache`` holds (after a prompt's
-        pass), with ``pos`` at the number of tokens it holds.  Every buffer is marked as a static address, so
-        a CUDA graph writes into it in place."""
-        first = next(iter(cache[0].values()))
-        held = cache[0][LENGTH] if LENGTH in cache[0] else first.shape[-2]
+        """Buffers of ``capacity`` positions holding what the growing dict ``cache`` holds (after a prompt's pass),
+        with ``pos`` at the number of tokens it holds.  Every buffer is marked as a static address, so a CUDA graph
+        writes into it in place."""
         tensors = [t for layer in cache for t in layer.values() if isinstance(t, Tensor)]
-        pos = torch.full((), held, dtype=torch.long, device=tensors[0].device)
+        pos = torch.zeros((), dtype=torch.long, device=tensors[0].device)
         layers = []
         for layer in cache:
             per_token = LENGTH not in layer
-            buffers = {}
-            for key, t in layer.items():
-                if not isinstance(t, Tensor):
-                    continue
-                if per_token:
-                    buffers[key] = t.new_zeros(*t.shape[:-2], capacity, t.shape[-1])
-                    buffers[key][..., : t.shape[-2], :] = t
-                else:
-                    buffers[key] = t.clone()
-                torch._dynamo.mark_static_address(buffers[key])
+            buffers = {
+                key: t.new_zeros(*t.shape[:-2], capacity, t.shape[-1]) if per_token else torch.zeros_like(t)
+                for key, t in layer.items()
+                if isinstance(t, Tensor)
+            }
+            for buf in (*buffers.values(), pos):
+                torch._dynamo.mark_static_address(buf)
             layers.append(StaticLayerCache(buffers, pos, per_token))
-        torch._dynamo.mark_static_address(pos)
-        return cls(layers, pos)
+        return cls(layers, pos).load(cache)
+
+    @staticmethod
+    def signature(cache: list[Mapping[str, object]], capacity: int) -> tuple:
+        """What the buffers for ``cache`` look like (shapes but the token axis, dtypes, device): a cache of the
+        same signature loads into the same buffers (:meth:`load`)."""
+        return capacity, tuple(
+            (key, t.shape[:-2] + t.shape[-1:] if LENGTH not in layer else t.shape, t.dtype, t.device)
+            for layer in cache
+            for key, t in layer.items()
+            if isinstance(t, Tensor)
+        )
+
+    def load(self, cache: list[Mapping[str, object]]) -> StaticCache:
+        """Copy what the growing dict ``cache`` holds into these buffers (same :meth:`signature`) and set ``pos``:
+        the same addresses again, which a captured CUDA graph replays on without recording anew."""
+        first = next(iter(cache[0].values()))
+        self.pos.fill_(cache[0][LENGTH] if LENGTH in cache[0] else first.shape[-2])
+        for static, layer in zip(self, cache):
+            for key, t in layer.items():
+                if isinstance(t, Tensor):
+                    buf = static.buffers[key]
+                    (buf[..., : t.shape[-2], :] if static.per_token else buf).copy_(t)
+        return self
 
     def advance(self, n: int = 1) -> None:
         """Move the position past ``n`` tokens (in place: the same tensor, whatever a compiled step captured)."""
