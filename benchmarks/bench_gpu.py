@@ -277,7 +277,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="CPU-sized shapes (32 px, patch 8, depth 1), few steps")
     ap.add_argument("--device", default="auto", help="auto (cuda when present) | cpu | cuda | cuda:N")
-    ap.add_argument("--sizes", nargs="+", default=None, choices=list(SIZES), help="CRATE sizes (default T S B L)")
+    ap.add_argument("--sizes", nargs="*", default=None, choices=list(SIZES), help="CRATE sizes (default T S B L)")
     ap.add_argument("--compile", nargs="*", default=None, choices=list(SIZES), help="sizes also timed compiled")
     ap.add_argument("--backend", default="inductor", help="torch.compile backend (aot_eager: no code generation)")
     ap.add_argument("--batch", type=int, default=0, help="batch per step (default: by size)")
@@ -292,7 +292,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         nargs="*",
         default=None,
         choices=list(DECODE_MODELS),
-        help="decoding pairs (default: small base; none: no decoding rows)",
+        help="decoding pairs (default: base; none: no decoding rows)",
     )
     ap.add_argument(
         "--decode-modes",
@@ -307,16 +307,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     args.amp = torch.bfloat16 if args.amp == "bf16" else None
     if args.tiny:
-        args.sizes = args.sizes or ["T"]
+        args.sizes = ["T"] if args.sizes is None else args.sizes
         args.compile = [] if args.compile is None else args.compile
         args.batch, args.steps, args.rounds = args.batch or 8, min(args.steps, 2), min(args.rounds, 2)
         args.e2e = "T" if args.e2e == "B" else args.e2e
         args.decode = ["small"] if args.decode is None else args.decode
         args.decode_modes = args.decode_modes or ["eager"]  # a compiled step costs inductor's C++ build here
         args.decode_prompt, args.decode_new = min(args.decode_prompt, 4), min(args.decode_new, 8)
-    args.decode = ["small", "base"] if args.decode is None else args.decode
+    args.decode = ["base"] if args.decode is None else args.decode  # each pair compiles 8 steps (batch x dtype)
     args.decode_modes = args.decode_modes or ["eager", "compiled"]
-    args.sizes = args.sizes or list(SIZES)
+    args.sizes = list(SIZES) if args.sizes is None else args.sizes  # --sizes alone: no training rows
     args.compile = ["B"] if args.compile is None else args.compile
     try:
         import timm  # noqa: F401

@@ -43,6 +43,9 @@ __all__ = [
 
 TEMPERATURE = Range(0, note="0 = greedy")  # of sample_next / generate / crate generate --temperature
 TOP_P = Range(0, 1, lo_open=True, note="1 = off")  # nucleus threshold, likewise
+# graphs the compiled step may hold in a process (torch's default of 8 per function would make a benchmark of two
+# model pairs at two batch sizes and two dtypes fall back to eager without a word)
+STEP_GRAPHS = 64
 CAPACITY_STEP = 128  # compiled decoding's buffers hold a multiple of this (capped at the context): few shapes
 
 
@@ -342,7 +345,11 @@ def decode_compiled(
     ended = how.all_ended(first)
     while done < new and not ended:
         noise = None if how.temperature == 0 else _noise((b, model.config.vocab_size), idx.device, how.generator)
-        logits = step(model, static, out, noise, how.sampling)
+        if done == 1:  # the step that may compile: a graph per model, batch, buffer length, dtype and sampling
+            with torch._dynamo.config.patch(recompile_limit=STEP_GRAPHS):
+                logits = step(model, static, out, noise, how.sampling)
+        else:
+            logits = step(model, static, out, noise, how.sampling)
         done += 1
         if how.keep_logits:
             steps.append(logits.clone())  # a CUDA graph's output is overwritten by its next replay
