@@ -172,7 +172,7 @@ class Decoding:
         """``(temperature, top_k, top_p)``: what a compiled step needs (constants of its graph)."""
         return self.temperature, self.top_k, self.top_p
 
-    def first(self, logits: Tensor) -> Tensor:
+    def draw(self, logits: Tensor) -> Tensor:
         """The next token from ``logits`` drawn eagerly (:func:`sample_next`)."""
         t, k, p = self.sampling
         return sample_next(logits, temperature=t, top_k=k, top_p=p, generator=self.generator)
@@ -249,7 +249,7 @@ def decode_eager(model: nn.Module, idx: Tensor, new: int, how: Decoding) -> tupl
         else:
             logits = _next_logits(model, idx[:, -1:], cache)
         steps.append(logits)
-        nxt = how.first(logits)
+        nxt = how.draw(logits)
         idx = torch.cat([idx, nxt], dim=1)
         if how.on_token is not None:
             how.on_token(nxt)
@@ -338,7 +338,7 @@ def decode_compiled(
     logits = _next_logits(model, idx, cache)
     static, out = _buffers(model, cache, capacity_for(n + new - 1, model.config.block_size), idx)
     out[:, :n] = idx
-    out[:, n : n + 1] = first = how.first(logits)
+    out[:, n : n + 1] = first = how.draw(logits)
     steps, step, done = [logits], compiled_step(compile_step), 1
     if how.on_token is not None:
         how.on_token(first)
