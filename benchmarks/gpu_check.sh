@@ -17,11 +17,14 @@
 #            failures in $OUT/pytest_fast.txt and $OUT/pytest_fast.xml
 #   [bench]  benchmarks/bench_gpu.py: CRATE-T/S/B/L training steps in bf16 against the official formulation and a
 #            ViT, eager and compiled (B), MFU, and crate train against the model alone; $OUT/bench_gpu.json
+#   [decode] benchmarks/bench_gpu.py's decoding rows: crate_gpt_base-sized CRATE-GPT vs GPT, batch 1 and 8, fp32 and
+#            bf16, eager and compiled (static cache, a CUDA graph per token); $OUT/bench_decode.json
 #   [train]  `crate train --device cuda` (the documented value) on the digits, timed
 #   [lm]     `crate train-lm --device cuda` on the built-in corpus, timed
 #   [slow]   CRATE_TEST_DEVICE=cuda python -m pytest -m slow, in the time that is left; $OUT/pytest_slow.txt
 # Environment: OUT, GPU_CHECK_BUDGET, GPU_CHECK_PY, GPU_CHECK_VENV (/tmp/crate-gpu-venv), GPU_CHECK_STAGES (default
-# "info fast bench train lm slow"), BENCH_ARGS (extra bench_gpu.py arguments, e.g. "--sizes B --compile B").
+# "info fast bench decode train lm slow"), BENCH_ARGS (extra bench_gpu.py arguments, e.g. "--sizes B --compile B"),
+# DECODE_ARGS (extra arguments of the decode stage, e.g. "--decode-batches 1 --decode-new 64").
 
 set -u
 DEPS=(kornia kornia-rs lion-pytorch mlxtend webdataset braceexpand)
@@ -46,7 +49,7 @@ T0=$(date +%s)
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 MPLBACKEND=Agg TORCHINDUCTOR_CACHE_DIR=$WORK/inductor
 SUMMARY=()
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
-want() { [[ " ${GPU_CHECK_STAGES:-info fast bench train lm slow} " == *" $1 "* ]]; }
+want() { [[ " ${GPU_CHECK_STAGES:-info fast bench decode train lm slow} " == *" $1 "* ]]; }
 
 # stage NAME CAP CMD...: run CMD under min(CAP, what is left of the budget), record ok / FAILED / TIMEOUT and the time
 stage() {
@@ -153,8 +156,11 @@ main() {
   want info && stage info 40 info
   want fast && stage fast 110 run_pytest fast "not slow" ${tests[@]+"${tests[@]}"}
   # shellcheck disable=SC2086
-  want bench && stage bench 220 "$PY" benchmarks/bench_gpu.py ${bench[@]+"${bench[@]}"} \
+  want bench && stage bench 220 "$PY" benchmarks/bench_gpu.py ${bench[@]+"${bench[@]}"} --decode \
     --json "$LOGDIR/bench_gpu.json" ${BENCH_ARGS:-}
+  # shellcheck disable=SC2086
+  want decode && stage decode 120 "$PY" benchmarks/bench_gpu.py ${bench[@]+"${bench[@]}"} --sizes --compile \
+    --e2e none --decode base --json "$LOGDIR/bench_decode.json" ${DECODE_ARGS:-}
   want train && stage train 40 timed "crate train --device $dev" "$PY" -m crate_transformer.cli train \
     --data digits --device "$dev" --no-progress --out "$WORK/train" "${train[@]}"
   want lm && stage lm 40 timed "crate train-lm --device $dev" "$PY" -m crate_transformer.cli train-lm \

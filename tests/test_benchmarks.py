@@ -107,6 +107,11 @@ def test_bench_gpu_runs_at_tiny_sizes(tmp_path: Path) -> None:
     e2e = result["e2e"]
     assert e2e["e2e_img_s"] > 0 and e2e["model_img_s"] > 0 and math.isfinite(e2e["ratio"])
     assert json.loads((tmp_path / "out.json").read_text())["rows"] == json.loads(json.dumps(result["rows"]))
+    decode = result["decode"]  # the decoding pairs, eager at --tiny (compiled: test_decode.py, and the GPU run)
+    assert [(r["model"], r["batch"], r["dtype"]) for r in decode] == [
+        (m, b, d) for b in (1, 8) for d in ("fp32", "bf16") for m in ("CRATE-GPT", "GPT")
+    ]
+    assert all(r["mode"] == "eager" and r["tok_s"] > 0 and r["ms_token"] > 0 for r in decode)
 
 
 @pytest.mark.slow

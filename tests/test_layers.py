@@ -130,6 +130,9 @@ LAYERS = [  # lowest first; a module may import its own layer and the ones befor
         "io",
         "objectives",
         "operators",
+        "static_cache",  # compiled decoding's cache (the attention layers write into it)
+        "generation",  # generation and sampling (a language model's generate calls it)
+        "token_prior",  # a language model's mixin
         "official",
         "spec",
         "tokenizer",
