@@ -54,6 +54,7 @@ from torch import Tensor
 
 from ..config_utils import POSITIVE
 from ..errors import Opt, OptionError
+from ..io import read_side_file
 from ..model import ImageClassifier
 from ..objectives import coding_rate, l1_per_entry, rate_reduction, sparsity, variational_coding_rate
 from ..progress import progress_bar
@@ -400,15 +401,9 @@ def load_measure_records(path: str | Path, split: str | None = MEASURE_SPLIT) ->
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"metrics log not found: {path}")
-    out = []
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a killed run
-        if isinstance(r, dict) and "layer" in r and "rc_in" in r and (split is None or r.get("split") == split):
-            out.append(r)
-    return out
+    fix = "restore it, or delete it (the measurements it held are lost)"
+    return [
+        r
+        for r in read_side_file(path, fix, form="jsonl")
+        if "layer" in r and "rc_in" in r and (split is None or r.get("split") == split)
+    ]

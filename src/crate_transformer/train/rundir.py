@@ -23,7 +23,7 @@ from typing import Any
 from ..errors import Opt, OptionError
 from ..io import atomic_write, load_state, save_state
 from ..runfiles import CHECKPOINT, MODEL_DIR, run_model_source, state_model, state_tokenizer
-from .trackers import Tracker, failure, open_trackers
+from .trackers import Tracker, failure, open_trackers, read_metrics
 
 __all__ = [
     "run_model_source",
@@ -37,11 +37,14 @@ __all__ = [
     "MODEL_DIR",
     "METRICS_FILE",
     "CONFIG_FILE",
+    "CONFIG_FIX",
 ]
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 LOCK_FILE = ".lock"
+# how to recover a damaged config.yaml: the checkpoint holds the options, and a resumed run writes them again
+CONFIG_FIX = "restore it from a backup, or delete it and resume the run, which writes it again from its checkpoint"
 
 
 # Windows locks a byte range, and a locked range cannot be read by other processes; the lock therefore sits
@@ -89,21 +92,6 @@ def _unlock(fd: int) -> None:
         os.lseek(fd, 0, os.SEEK_SET)
         return
     fcntl.flock(fd, fcntl.LOCK_UN)
-
-
-def read_metrics(path: str | os.PathLike) -> list[dict]:
-    """The records of a ``metrics.jsonl`` file (a line cut short by a kill is skipped)."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return records
 
 
 def load_training_state(path: str | os.PathLike) -> dict:
@@ -161,7 +149,7 @@ class FolderLock:
             raise OptionError(f"cannot create {what} {self.path} ({e.strerror}); choose another ", Opt("out")) from None
         if not _try_lock(fd):
             os.close(fd)
-            owner = (self.path / LOCK_FILE).read_text().strip() or "another process"
+            owner = (self.path / LOCK_FILE).read_text(errors="replace").strip() or "another process"
             raise OptionError(
                 f"{what} {self.path} is in use by {owner}; wait for it to finish or use another ", Opt("out")
             )
@@ -312,7 +300,10 @@ class RunDir:
                 r for r in read_metrics(self.metrics_path) if r.get("step", 0) <= resume_step and not r.get("final")
             ]
             text = "".join(json.dumps(r) + "\n" for r in kept)
-            atomic_write(self.metrics_path, lambda tmp: Path(tmp).write_text(text))
+            if text:
+                atomic_write(self.metrics_path, lambda tmp: Path(tmp).write_text(text))
+            else:  # no records: no file (an empty one reads as damaged)
+                self.metrics_path.unlink(missing_ok=True)
         names = [*loggers, *(["tensorboard"] if tensorboard else [])]
         self._trackers = open_trackers(names, self.path, params or {}, resume_step)
 
