@@ -37,7 +37,7 @@ from typing import Any
 
 from .config_utils import POSITIVE
 from .errors import Opt, OptionError
-from .io import DamagedFileError, read_side_file, write_json
+from .io import DamagedFileError, make_folder, read_side_file, write_json
 
 __all__ = ["Row", "Table", "TABLES", "RECIPE", "resolve_tables", "plan", "run_ablation", "write_report"]
 
@@ -305,7 +305,7 @@ def _train_one(run: Run, log_path: Path) -> dict:
 
 def _logged(log_path: Path, fn: Callable[[], dict]) -> dict:
     """``fn()`` with its stdout and stderr appended to ``log_path``."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(log_path.parent, "log folder")
     with open(log_path, "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         return fn()
 

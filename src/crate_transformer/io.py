@@ -684,7 +684,7 @@ def save_pretrained(model: Any, directory: str | Path) -> Path:
     that this model does not write (a ``tokenizer.json`` beside a model without one) is removed: it would
     describe another model.
     """
-    directory = Path(directory)
+    directory = make_folder(directory, "model folder")
     meta = {"crate_transformer_version": __version__, "config_version": model.config.VERSION}
     files = {CONFIG_NAME: json.dumps({**meta, **model.config.to_dict()}, indent=2) + "\n", **model.extra_files()}
     for name in FILE_DIGESTS:

@@ -54,7 +54,7 @@ from torch import Tensor
 
 from ..config_utils import POSITIVE
 from ..errors import Opt, OptionError
-from ..io import read_side_file
+from ..io import read_side_file, write_json
 from ..model import ImageClassifier
 from ..objectives import coding_rate, l1_per_entry, rate_reduction, sparsity, variational_coding_rate
 from ..progress import progress_bar
@@ -241,7 +241,7 @@ class LayerTable:
     def to_json(self, path: str | Path | None = None, per_sample: bool = False) -> str:
         text = json.dumps(self.to_dict(per_sample), indent=2)
         if path is not None:
-            Path(path).write_text(text + "\n")
+            write_json(path, self.to_dict(per_sample))
         return text
 
     @classmethod

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Opt, OptionError
-from ..io import atomic_write, load_state, save_state
+from ..io import atomic_write, load_state, make_folder, save_state
 from ..runfiles import CHECKPOINT, MODEL_DIR, run_model_source, state_model, state_tokenizer
 from .trackers import Tracker, failure, open_trackers, read_metrics
 
@@ -139,9 +139,8 @@ class FolderLock:
     """
 
     def __init__(self, path: str | os.PathLike, what: str = "run directory") -> None:
-        self.path = Path(path)
+        self.path = make_folder(path, what)
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         except PermissionError:
             raise OptionError(f"cannot write to {self.path} (permission denied); choose another ", Opt("out")) from None
