@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import tiny
+import torch
 from clitools import crate
 
 import crate_transformer as ct
@@ -103,9 +103,9 @@ def _writers() -> dict[str, Callable[[Path], Any]]:
 
     digits = ct.create_model("crate_mnist", **tiny.DIGITS_ONE_LAYER)
     writers: dict[str, Callable[[Path], Any]] = {
-        f"{name}.save_pretrained": (lambda build: lambda t: build().save_pretrained(t))(build)
-        for name, build in tiny.family_builders().items()
-        if hasattr(build(), "save_pretrained")
+        f"{name}.save_pretrained": model.save_pretrained
+        for name, model in ((name, build()) for name, build in tiny.family_builders().items())
+        if hasattr(model, "save_pretrained")
     }
     writers |= {
         "write_hub_folder": lambda t: write_hub_folder(digits, t, "me/model"),
