@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import colorsys
 import io
+import os
 from pathlib import Path
 
 import numpy as np
@@ -135,3 +136,29 @@ def test_samples_no_scale_fits_are_one_line(tmp_path: Path) -> None:
         buf = io.BytesIO()
         im.save(buf, format="TIFF")
         assert decode_image(buf.getvalue(), "x.tif", "skip") is None  # an unreadable image, by the one rule
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="no symbolic links")
+def test_a_broken_link_among_images_is_an_unreadable_image_by_the_one_rule(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Skipped with the unreadable images (``--on-bad-image skip``) or refused in one line naming it (``error``),
+    in memory and streamed: never a raw ``[Errno 2]`` from listing the folder."""
+    from clitools import crate, one_line_error, warnings_shown
+
+    data = tmp_path / "data"
+    for c in "ab":
+        (data / c).mkdir(parents=True)
+        for i in range(5):
+            Image.fromarray(RNG.integers(0, 256, (8, 8), dtype=np.uint8)).save(data / c / f"{i}.png")
+    os.symlink(tmp_path / "gone.png", data / "a" / "link.png")
+    for mode in ("memory", "stream"):
+        argv = ["train", "--data", data, "--data-mode", mode, "--workers", 0, "--image-size", 8, "--batch-size", 4, "--max-steps", 4,
+                "--threads", 1, "--no-progress", "--model-args", "dim=16", "depth=1", "heads=2", "patch_size=4"]  # fmt: skip
+        capsys.readouterr()
+        with warnings_shown():
+            assert crate(*argv, "--on-bad-image", "skip", "--out", tmp_path / f"s{mode}") == 0
+        err = capsys.readouterr().err
+        assert "link.png" in err, (mode, err)
+        one_line_error(capsys, *argv, "--on-bad-image", "error", "--out", tmp_path / f"e{mode}", after_output=True,
+                       match=r"cannot read image .*link\.png.*--on-bad-image skip")  # fmt: skip

@@ -299,8 +299,9 @@ def _folder_signature(root: str) -> tuple:
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         for f in sorted(filenames):
-            st = os.stat(os.path.join(dirpath, f))
-            sig.append((os.path.relpath(os.path.join(dirpath, f), root), st.st_size, st.st_mtime_ns))
+            path = os.path.join(dirpath, f)
+            st = os.stat(path) if os.path.exists(path) else os.lstat(path)  # a broken link: read (and skipped) later
+            sig.append((os.path.relpath(path, root), st.st_size, st.st_mtime_ns))
     return tuple(sig)
 
 
@@ -507,7 +508,8 @@ def _class_dirs(root: Path) -> list[Path]:
 
 
 def _image_files(folder: Path) -> list[Path]:
-    files = (p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+    # a broken link is listed like any file, so it is an unreadable image (skipped or refused by on_bad_image)
+    files = (p for p in folder.rglob("*") if (p.is_file() or p.is_symlink()) and not p.name.startswith("."))
     return sorted(p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS)
 
 

@@ -37,9 +37,9 @@ def picture(im: Any) -> tuple[np.ndarray, bool]:
     table; a ``ValueError`` for samples no fixed scale maps, naming their range)."""
     mode = im.mode
     if mode not in GRAY_MODES:
-        return np.asarray(im.convert("RGB"), dtype=np.uint8), False
+        return np.array(im.convert("RGB"), dtype=np.uint8), False
     if mode in ("1", "L", "LA", "La"):  # La (grey premultiplied by alpha): back to LA first, as PIL converts it
-        return np.asarray((im.convert("LA") if mode == "La" else im).convert("L"), dtype=np.uint8), True
+        return np.array((im.convert("LA") if mode == "La" else im).convert("L"), dtype=np.uint8), True
     a = np.asarray(im).astype(np.float64)
     lo, hi = (float(a.min()), float(a.max())) if a.size else (0.0, 0.0)
     if mode == "F":
