@@ -153,8 +153,9 @@ def test_a_broken_link_among_images_is_an_unreadable_image_by_the_one_rule(
             Image.fromarray(RNG.integers(0, 256, (8, 8), dtype=np.uint8)).save(data / c / f"{i}.png")
     os.symlink(tmp_path / "gone.png", data / "a" / "link.png")
     for mode in ("memory", "stream"):
-        argv = ["train", "--data", data, "--data-mode", mode, "--workers", 0, "--image-size", 8, "--batch-size", 4, "--max-steps", 4,
-                "--threads", 1, "--no-progress", "--model-args", "dim=16", "depth=1", "heads=2", "patch_size=4"]  # fmt: skip
+        argv = ["train", "--data", data, "--data-mode", mode, "--workers", 0, "--image-size", 8, "--batch-size", 4,
+                "--max-steps", 4, "--threads", 1, "--no-progress", "--model-args", "dim=16", "depth=1", "heads=2",
+                "patch_size=4"]  # fmt: skip
         capsys.readouterr()
         with warnings_shown():
             assert crate(*argv, "--on-bad-image", "skip", "--out", tmp_path / f"s{mode}") == 0
@@ -162,3 +163,19 @@ def test_a_broken_link_among_images_is_an_unreadable_image_by_the_one_rule(
         assert "link.png" in err, (mode, err)
         one_line_error(capsys, *argv, "--on-bad-image", "error", "--out", tmp_path / f"e{mode}", after_output=True,
                        match=r"cannot read image .*link\.png.*--on-bad-image skip")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "key, value", [("std", 0.0), ("std", float("nan")), ("std", float("inf")), ("std", -0.2), ("std", 2.0),
+                   ("mean", float("nan")), ("mean", float("-inf")), ("mean", -0.5), ("mean", 1.5)],
+)  # fmt: skip
+def test_a_mean_or_std_that_makes_non_finite_inputs_is_refused_by_its_range(key: str, value: float) -> None:
+    """``resolve_data_config`` bounds them by the one ``Range`` rule: never an ``image_transform`` that divides by 0
+    or carries a NaN into every input."""
+    import crate_transformer as ct
+
+    model = ct.create_model("crate_mnist", image_size=8, patch_size=4, in_chans=1, dim=16, depth=1, heads=2)
+    with pytest.raises(ValueError, match=rf"^{key} must be a finite number in .*got {value}"):
+        ct.resolve_data_config(model, **{key: (value,)})
+    x = image_transform(ct.resolve_data_config(model))(Image.new("L", (8, 8), 128))
+    assert torch.isfinite(x).all()
