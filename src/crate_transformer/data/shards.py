@@ -306,16 +306,18 @@ def _report_damage(index: dict[str, dict], on_bad_image: str) -> None:
             what = f"shard {shard} is truncated or corrupt: {entry['damage']}"
             if on_bad_image == "error":
                 raise OptionError(
-                    f"{what}; re-create or re-download it, or pass ", Opt("on_bad_image", "skip"),
+                    f"{what}; re-create or re-download it, or pass ",
+                    Opt("on_bad_image", "skip"),
                     f" to use its {n} complete samples",
-                )  # fmt: skip
+                )
             warnings.warn(
                 OptionWarning(
-                    f"{what}; only its first {n} complete samples are read (pass ", Opt("on_bad_image", "error"),
+                    f"{what}; only its first {n} complete samples are read (pass ",
+                    Opt("on_bad_image", "error"),
                     " to fail instead)",
                 ),
                 stacklevel=3,
-            )  # fmt: skip
+            )
 
 
 def _class_names(folder: Path, texts: Sequence[str]) -> list[str]:
@@ -493,10 +495,13 @@ class WebDatasetShards(ImageSource):
         )
         workers = streams if resolve_workers(self.num_workers) > 0 else 0
         loader = torch.utils.data.DataLoader(
-            plan, batch_size=None, num_workers=workers, pin_memory=torch.cuda.is_available(),
+            plan,
+            batch_size=None,
+            num_workers=workers,
+            pin_memory=torch.cuda.is_available(),
             prefetch_factor=4 if workers else None,
             generator=torch.Generator(),  # its own: iterating must not draw from the training RNG
-        )  # fmt: skip
+        )
         yield from checked(loader)
 
     def decode(self, sample: dict, shard: str) -> tuple[Tensor | None, int, str]:
