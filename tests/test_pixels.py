@@ -28,10 +28,12 @@ def _srgb_from_lab(lab: np.ndarray) -> np.ndarray:
     fx, fz = fy + a / 500, fy - b / 200
     inv = lambda f: np.where(f**3 > 216 / 24389, f**3, (116 * f - 16) / (24389 / 27))  # noqa: E731
     xyz50 = np.stack([inv(fx) * 0.96422, inv(fy) * 1.0, inv(fz) * 0.82521], -1)
-    bradford = np.array([[0.9555766, -0.0230393, 0.0631636], [-0.0282895, 1.0099416, 0.0210077],
-                         [0.0122982, -0.0204830, 1.3299098]])  # fmt: skip
-    to_rgb = np.array([[3.2404542, -1.5371385, -0.4985314], [-0.9692660, 1.8760108, 0.0415560],
-                       [0.0556434, -0.2040259, 1.0572252]])  # fmt: skip
+    bradford = np.array(
+        [[0.9555766, -0.0230393, 0.0631636], [-0.0282895, 1.0099416, 0.0210077], [0.0122982, -0.0204830, 1.3299098]]
+    )
+    to_rgb = np.array(
+        [[3.2404542, -1.5371385, -0.4985314], [-0.9692660, 1.8760108, 0.0415560], [0.0556434, -0.2040259, 1.0572252]]
+    )
     lin = np.clip(xyz50 @ bradford.T @ to_rgb.T, 0, 1)
     return 255 * np.where(lin <= 0.0031308, 12.92 * lin, 1.055 * lin ** (1 / 2.4) - 0.055)
 
@@ -99,8 +101,13 @@ def test_every_pil_mode_is_its_picture_scaled_not_clipped(mode: str) -> None:
     assert got.dtype == np.uint8 and got.shape == expected.shape
     assert np.abs(got.astype(float) - expected).max() <= tol, (mode, got, expected.round())
     channels = 1 if grey else 3  # the evaluation path: image_transform, unscaled, centre crop
-    config = {"input_size": (channels, H, H), "mean": (0.0,) * channels, "std": (1.0,) * channels, "crop_pct": 1.0,
-              "interpolation": "bilinear"}  # fmt: skip
+    config = {
+        "input_size": (channels, H, H),
+        "mean": (0.0,) * channels,
+        "std": (1.0,) * channels,
+        "crop_pct": 1.0,
+        "interpolation": "bilinear",
+    }
     x = image_transform(config)(im).numpy().astype(float) * 255
     centre = expected[:, (W - H) // 2 : (W - H) // 2 + H]
     assert np.abs(x - (centre if grey else centre.transpose(2, 0, 1))).max() <= tol + 1e-3
@@ -153,22 +160,60 @@ def test_a_broken_link_among_images_is_an_unreadable_image_by_the_one_rule(
             Image.fromarray(RNG.integers(0, 256, (8, 8), dtype=np.uint8)).save(data / c / f"{i}.png")
     os.symlink(tmp_path / "gone.png", data / "a" / "link.png")
     for mode in ("memory", "stream"):
-        argv = ["train", "--data", data, "--data-mode", mode, "--workers", 0, "--image-size", 8, "--batch-size", 4,
-                "--max-steps", 4, "--threads", 1, "--no-progress", "--model-args", "dim=16", "depth=1", "heads=2",
-                "patch_size=4"]  # fmt: skip
+        argv = [
+            "train",
+            "--data",
+            data,
+            "--data-mode",
+            mode,
+            "--workers",
+            0,
+            "--image-size",
+            8,
+            "--batch-size",
+            4,
+            "--max-steps",
+            4,
+            "--threads",
+            1,
+            "--no-progress",
+            "--model-args",
+            "dim=16",
+            "depth=1",
+            "heads=2",
+            "patch_size=4",
+        ]
         capsys.readouterr()
         with warnings_shown():
             assert crate(*argv, "--on-bad-image", "skip", "--out", tmp_path / f"s{mode}") == 0
         err = capsys.readouterr().err
         assert "link.png" in err, (mode, err)
-        one_line_error(capsys, *argv, "--on-bad-image", "error", "--out", tmp_path / f"e{mode}", after_output=True,
-                       match=r"cannot read image .*link\.png.*--on-bad-image skip")  # fmt: skip
+        one_line_error(
+            capsys,
+            *argv,
+            "--on-bad-image",
+            "error",
+            "--out",
+            tmp_path / f"e{mode}",
+            after_output=True,
+            match=r"cannot read image .*link\.png.*--on-bad-image skip",
+        )
 
 
 @pytest.mark.parametrize(
-    "key, value", [("std", 0.0), ("std", float("nan")), ("std", float("inf")), ("std", -0.2), ("std", 2.0),
-                   ("mean", float("nan")), ("mean", float("-inf")), ("mean", -0.5), ("mean", 1.5)],
-)  # fmt: skip
+    "key, value",
+    [
+        ("std", 0.0),
+        ("std", float("nan")),
+        ("std", float("inf")),
+        ("std", -0.2),
+        ("std", 2.0),
+        ("mean", float("nan")),
+        ("mean", float("-inf")),
+        ("mean", -0.5),
+        ("mean", 1.5),
+    ],
+)
 def test_a_mean_or_std_that_makes_non_finite_inputs_is_refused_by_its_range(key: str, value: float) -> None:
     """``resolve_data_config`` bounds them by the one ``Range`` rule: never an ``image_transform`` that divides by 0
     or carries a NaN into every input."""

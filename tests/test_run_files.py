@@ -75,7 +75,7 @@ def _commands(run: Path, work: Path) -> dict[str, list[object]]:
             "--threads",
             1,
             "--no-progress",
-        ],  # fmt: skip
+        ],
         "features": ["features", run, "--out", work / "features", "--overwrite", "--threads", 1],
     }
 
@@ -91,9 +91,31 @@ def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
         loggers.append("wandb")
     os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true")
-    argv = ["train", "--data", "digits", "--image-size", 8, "--threads", 1, "--no-progress", "--max-steps", 2,
-            "--log-every", 1, "--measure-every", 2, "--logger", *loggers, "--model-args", "dim=16", "depth=1",
-            "heads=2", "patch_size=4", "--out", root / "run"]  # fmt: skip
+    argv = [
+        "train",
+        "--data",
+        "digits",
+        "--image-size",
+        8,
+        "--threads",
+        1,
+        "--no-progress",
+        "--max-steps",
+        2,
+        "--log-every",
+        1,
+        "--measure-every",
+        2,
+        "--logger",
+        *loggers,
+        "--model-args",
+        "dim=16",
+        "depth=1",
+        "heads=2",
+        "patch_size=4",
+        "--out",
+        root / "run",
+    ]
     rc, err, _ = _run(argv)
     assert rc == 0, err
     return root / "run"
