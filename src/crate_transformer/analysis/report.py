@@ -511,15 +511,8 @@ def analyze(
         raise ValueError("no images to analyse: pass at least one split of images")
     attn_li, seg_li = layer_index(model, attn_layer), layer_index(model, seg_layer)
     t0 = time.perf_counter()
-    ctx = _Context(
-        model,
-        make_folder(out, "report folder"),
-        splits,
-        normalization,
-        eps,
-        batch_size,
-        section or default_section(model),
-    )
+    out, section = make_folder(out, "report folder"), section or default_section(model)  # the target first
+    ctx = _Context(model, out, splits, normalization, eps, batch_size, section)
     if isinstance(initial, str) and initial != "fresh":
         raise ValueError(f"initial must be 'fresh', the run's step-0 measurement records or None, got {initial!r}")
     if initial is not None:
