@@ -26,6 +26,7 @@ from torch import Tensor
 
 from .._version import __version__
 from ..data import match_channels
+from ..io import make_folder
 from ..model import ImageClassifier
 from ._common import (
     Normalization,
@@ -510,13 +511,14 @@ def analyze(
         raise ValueError("no images to analyse: pass at least one split of images")
     attn_li, seg_li = layer_index(model, attn_layer), layer_index(model, seg_layer)
     t0 = time.perf_counter()
-    ctx = _Context(model, Path(out), splits, normalization, eps, batch_size, section or default_section(model))
+    out, section = make_folder(out, "report folder"), section or default_section(model)  # the target first
+    ctx = _Context(model, out, splits, normalization, eps, batch_size, section)
     if isinstance(initial, str) and initial != "fresh":
         raise ValueError(f"initial must be 'fresh', the run's step-0 measurement records or None, got {initial!r}")
     if initial is not None:
         ctx.initial = initial_model(model)
         ctx.initial_records = None if isinstance(initial, str) else [dict(r) for r in initial]
-    ctx.fig_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(ctx.fig_dir, "figure folder")
     report = _header(model, source, normalization, eps)
     parts = [
         _layerwise_section(ctx, progress),

@@ -192,19 +192,14 @@ def _dataset_splits(model: object, data: str, image_size: int, args: argparse.Na
 
 def _run_task(checkpoint: str) -> str | None:
     """The training task recorded in a run directory's config.yaml (e.g. "dino"), or None."""
-    import yaml
-
-    from ..config_utils import load_yaml
+    from ..io import read_side_file
+    from ..train.rundir import CONFIG_FIX
 
     path = Path(checkpoint)
     cfg = (path if path.is_dir() else path.parent.parent) / "config.yaml"  # RUN or RUN/checkpoints/last.pt
     if not cfg.is_file():
         return None
-    try:
-        saved = load_yaml(cfg.read_text(), str(cfg))
-    except yaml.YAMLError:
-        return None
-    return saved.get("task") if isinstance(saved, dict) else None
+    return read_side_file(cfg, CONFIG_FIX, form="yaml").get("task")
 
 
 def _initial_records(checkpoint: str) -> list[dict] | str:

@@ -63,6 +63,7 @@ import torch
 from torch import Tensor
 
 from ..errors import Opt, OptionError, OptionWarning
+from ..io import DamagedFileError, read_side_file
 from .base import ImageSource, class_count, epoch_permutation, rank_slice
 from .memory import (
     SPLITS,
@@ -225,11 +226,10 @@ def _index(shards: Sequence[Path]) -> dict[str, dict]:
         by_dir.setdefault(s.parent, []).append(s)
     for folder, files in by_dir.items():
         cache_path = folder / INDEX_FILE
-        try:
-            cache = json.loads(cache_path.read_text())
-        except (OSError, ValueError):
+        try:  # a cache: a damaged one is counted again (and rewritten when the folder is writable)
+            cache = read_side_file(cache_path, "it is rebuilt") if cache_path.is_file() else {}
+        except DamagedFileError:
             cache = {}
-        cache = cache if isinstance(cache, dict) else {}
         changed = False
         for f in files:
             st = f.stat()
