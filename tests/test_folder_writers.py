@@ -97,9 +97,9 @@ def _writers() -> dict[str, Callable[[Path], Any]]:
     from crate_transformer.train.rundir import FolderLock, RunDir
 
     def figure() -> Any:
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure  # not pyplot's: no figure left open in its registry
 
-        return plt.figure()
+        return Figure()
 
     digits = ct.create_model("crate_mnist", **tiny.DIGITS_ONE_LAYER)
     writers: dict[str, Callable[[Path], Any]] = {
