@@ -717,14 +717,25 @@ def drop_path_rates(rate: float, depth: int) -> list[float]:
 
 
 def set_drop_path(model: nn.Module, rate: float) -> None:
-    """Give ``model.layers`` the drop path rates of :func:`drop_path_rates` (e.g. before fine-tuning a loaded
-    model) and record ``rate`` in ``model.config.drop_path`` where the config has that field."""
-    layers = list(model.layers)
-    for layer, r in zip(layers, drop_path_rates(rate, len(layers))):
-        layer.drop_path = DropPath(r)
+    """Record ``rate`` as ``model.config.drop_path`` and give every :class:`DropPath` of ``model`` the rate that the
+    model's own constructor gives it for that config (e.g. before fine-tuning a loaded model).
+
+    The rates are read from the model built from the new config (once, on the meta device), not recomputed here:
+    each family keeps its own rule (timm's and DeiT's linear rise for CRATE, ViT, CRATE-MAE and CRATE-α; one rate
+    for every block in ToST, as XCiT), so a model rebuilt from its saved config — a resumed run,
+    ``from_pretrained`` — is the model that was trained."""
     config = getattr(model, "config", None)
-    if config is not None and hasattr(config, "drop_path"):
-        model.config = config.replace(drop_path=rate)
+    if config is None or not hasattr(config, "drop_path"):
+        raise ValueError(f"{type(model).__name__} has no drop_path setting; drop path applies to the image encoders")
+    config = config.replace(drop_path=rate)
+    with torch.device("meta"):
+        rates = {name: m.p for name, m in type(model)(config).named_modules() if isinstance(m, DropPath)}
+    mine = {name: m for name, m in model.named_modules() if isinstance(m, DropPath)}
+    if mine.keys() != rates.keys():
+        raise ValueError(f"{type(model).__name__}'s drop path modules differ from those its config builds")
+    for name, module in mine.items():
+        module.p = float(rates[name])
+    model.config = config
 
 
 # --------------------------------------------------------------------------- layers
