@@ -55,3 +55,33 @@ def test_set_drop_path_refuses_a_model_without_the_setting():
     lm = tiny.family_builders()["crate_gpt"]()
     with pytest.raises(ValueError, match="no drop_path setting"):
         set_drop_path(lm, 0.1)
+
+
+REGISTERED = {a.model_class for a in _registry._ARCHS.values()}
+
+
+@pytest.mark.parametrize("family", sorted(tiny.family_builders()))
+@pytest.mark.parametrize("pool", [None, "avg", "token", "last"])
+def test_reset_classifier_takes_timms_signature_in_every_family(family, pool):
+    """timm's ``reset_classifier(num_classes, global_pool)``, positionally: a family applies the pooling or refuses it
+    in one line naming the pooling; a model without a classifier says so; never a TypeError."""
+    model = tiny.family_builders()[family]()
+    if type(model) not in REGISTERED:
+        pytest.skip("not a registered model class")
+    try:
+        model.reset_classifier(3, pool)
+    except ValueError as e:
+        assert "\n" not in str(e)
+        assert any(w in str(e) for w in ("pool", "classifier", "num_labels")), str(e)  # names what cannot apply
+        return
+    if hasattr(model.config, "num_classes"):
+        assert model.config.num_classes == 3
+        assert model(tiny.family_inputs(model)).shape[-1] == 3
+
+
+def test_tost_pools_by_its_class_token_and_refuses_avg_in_one_line():
+    model = tiny.family_builders()["tost"]()
+    model.reset_classifier(5, "token")
+    assert model(tiny.family_inputs(model)).shape[-1] == 5
+    with pytest.raises(ValueError, match="global_pool='avg'"):
+        model.reset_classifier(5, "avg")

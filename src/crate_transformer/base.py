@@ -319,8 +319,18 @@ class Model(nn.Module):
         """The final linear map to classes (None for a model without one)."""
         return None
 
-    def reset_classifier(self, num_classes: int) -> None:
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """timm's signature: a fresh head for ``num_classes`` classes, ``global_pool`` the pooling before it (a family
+        that pools one way only refuses another in one line)."""
         raise ValueError(f"{type(self).__name__} has no classifier to reset")
+
+    def refuse_pool(self, global_pool: str | None, kept: str) -> None:
+        """One line for a ``global_pool`` that this family's head cannot read (it pools as ``kept`` only)."""
+        if global_pool not in (None, "", kept):
+            raise ValueError(
+                f"{type(self).__name__} pools its features as {kept!r} only, got global_pool={global_pool!r}; "
+                f"leave global_pool out (or pass {kept!r})"
+            )
 
     def num_params(self, trainable_only: bool = False) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)

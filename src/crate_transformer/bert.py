@@ -192,8 +192,10 @@ class CRATEBert(LanguageModel):
         z = self.forward_features(idx, key_mask=real, token_type_ids=token_type_ids)
         return self.classifier(z)
 
-    def reset_classifier(self, num_classes: int) -> None:
-        """A fresh first-token classification head for ``num_classes`` labels (1 = regression)."""
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A fresh first-token classification head for ``num_classes`` labels (1 = regression); ``global_pool`` can
+        only be ``"token"`` (the first token's features)."""
+        self.refuse_pool(global_pool, "token")
         self.config = dataclasses.replace(self.config, num_labels=num_classes)
         ref = self.wte.weight
         head = ClassificationHead(self.config.dim, num_classes, self.config.dropout)

@@ -422,8 +422,11 @@ class LanguageModel(TokenPrior, Model):
         """The sequence-classification head (None when the model has none)."""
         return self.classifier
 
-    def reset_classifier(self, num_classes: int) -> None:
-        """A fresh sequence-classification head for ``num_classes`` labels (1 = regression)."""
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A fresh sequence-classification head for ``num_classes`` labels (1 = regression); it reads the features
+        of the last real token when causal, the mean of the real tokens when not (:meth:`classify`), so
+        ``global_pool`` can only be that (``"last"`` / ``"avg"``)."""
+        self.refuse_pool(global_pool, "last" if self.config.causal else "avg")
         self.config = dataclasses.replace(self.config, num_labels=num_classes)
         ref = self.wte.weight
         self.classifier = nn.Linear(self.config.dim, num_classes).to(ref.device, ref.dtype)

@@ -432,9 +432,11 @@ class ToST(ImageInput, Model):
     def get_classifier(self) -> nn.Module:
         return self.head
 
-    def reset_classifier(self, num_classes: int) -> None:
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """A fresh head (truncated normal, std 0.02) for ``num_classes`` classes (0: none, the class token's
-        features)."""
+        features); the features are the class token's after the class-attention blocks, so ``global_pool`` can
+        only be ``"token"`` (timm's name for it)."""
+        self.refuse_pool(global_pool, "token")
         self.config = dataclasses.replace(self.config, num_classes=num_classes)
         ref = self.norm.weight
         self.head = classifier_layer(self.config.dim, num_classes).to(ref.device, ref.dtype)

@@ -289,7 +289,8 @@ class DINOTask(Task):
                 f"notice: {self.train_data.name} has a single class; DINO trains without labels, but its k-NN and "
                 "linear-probe evaluations need two or more classes and are skipped"
             )
-        backbone.config = dataclasses.replace(backbone.config, pool=opts.pool)  # the DINO feature, saved with it
+        if "pool" in {f.name for f in dataclasses.fields(backbone.config)}:  # the DINO feature, saved with it
+            backbone.config = dataclasses.replace(backbone.config, pool=opts.pool)
         self.student = DINOModel(backbone, self._head(backbone.config.dim), pool=opts.pool)
         self.teacher = copy.deepcopy(self.student).requires_grad_(False)  # θ_t = θ_s at the start (DINO)
         self.model = self.student
