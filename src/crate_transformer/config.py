@@ -143,6 +143,25 @@ class Config:
         or ``metadata["range"]``, lists element-wise); every other float is finite.  One-line ``ValueError``."""
         for f in dataclasses.fields(self):
             self._check_value(f.name, getattr(self, f.name))
+        self.check_applicable()
+
+    def check_applicable(self) -> None:
+        """A field declared ``option(..., applies={"other": values})`` is read only while field ``other`` holds one
+        of ``values``; set away from its default while ``other`` holds another, it is refused in one line rather
+        than accepted and ignored (``--momentum 0.5`` with ``--optimizer adamw``).  Every option class goes
+        through here, whether its values came from flags, a config file or Python."""
+        for f in dataclasses.fields(self):
+            applies = f.metadata.get("applies")
+            if not applies or getattr(self, f.name) == _default(f):
+                continue
+            for other, allowed in applies.items():
+                now = getattr(self, other)
+                if now not in allowed:
+                    raise OptionError(
+                        field_place(type(self), f.name),
+                        f" applies only with {other} {' / '.join(allowed)}, not {now!r}: drop it, or pass ",
+                        field_place(type(self), other, allowed[0]),
+                    )
 
     @classmethod
     def check_field(cls, name: str, value: Any) -> None:
@@ -217,3 +236,10 @@ class Config:
     def replace(self: C, **changes: Any) -> C:
         """A validated copy with ``changes`` applied (``dataclasses.replace``)."""
         return dataclasses.replace(self, **changes)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    """A field's default value (a fresh one for a default factory)."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default

@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 1
+    args._options = {a.dest for a in command_parser(parser, args)._actions}  # what a --config file may set
     try:
         from ..errors import wording
         from .common import check_argument_ranges

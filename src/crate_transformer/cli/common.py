@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config_utils import POSITIVE, Range, load_yaml, option_name
+from ..config_utils import POSITIVE, Range, load_yaml, option_name, short_repr
+from ..errors import OptionError
 from ..io import make_folder
 
 __all__ = [
@@ -267,13 +268,17 @@ def apply_threads(args: argparse.Namespace) -> int:
 def given_options(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     """The options the user set: ``--config FILE`` first (nested or flat), then the flags by option name
     (``model_args`` merged, not replaced)."""
-    from ..train.config import FLAT, GROUPS, TrainConfig, read_options_file
+    from ..train.config import FLAT, GROUPS, TrainConfig, nest_options, read_options_file
 
     names = {option_name(f) for f in dataclasses.fields(cls)}
     if cls is TrainConfig:  # the groups' options, as their flags name them (a task's --augmentation is its own)
         names = (names - set(GROUPS)) | set(FLAT)
     options = read_options_file(args.config) if getattr(args, "config", None) else {}
     options = {str(k).replace("-", "_"): v for k, v in options.items()}
+    if cls is TrainConfig and options:
+        options = nest_options(options)  # typed, before anything merges them
+        if hasattr(args, "_options"):  # every option of this command's parser, given or not (cli.main)
+            _refuse_unread(options, args._options, args.config)
     flags = {k: v for k, v in vars(args).items() if k in names}
     if "model_args" in flags:
         flags["model_args"] = {**(options.get("model_args") or {}), **parse_model_args(flags["model_args"])}
@@ -284,3 +289,20 @@ def given_options(args: argparse.Namespace, cls: type) -> dict[str, Any]:
         else:
             options[name] = value
     return options
+
+
+def _refuse_unread(options: dict[str, Any], accepted: set[str], path: object) -> None:
+    """A key of a ``--config`` file that this command has no option for, set away from its default, is refused in
+    one line (the flag itself is refused by the parser): nothing in a file is recorded and left unread.  Keys at
+    their defaults pass, so a run's whole config.yaml can serve as the file of another command."""
+    from ..train.config import TrainConfig, flat_options
+
+    defaults, given = TrainConfig().flat(), flat_options(options)
+    unread = sorted(
+        k for k, v in given.items() if k not in accepted and k not in ("task", "task_args") and v != defaults.get(k)
+    )
+    if unread:
+        raise OptionError(
+            f"{path} sets {', '.join(f'{k}: {short_repr(given[k])}' for k in unread)}, which this "
+            "command does not read (it has no such option); remove it from the file"
+        )

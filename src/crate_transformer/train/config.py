@@ -152,14 +152,23 @@ class OptimOptions(Config):
         "lamb (You et al. 2019)",
         choices=OPTIMIZERS,
     )
-    momentum: float = option(0.9, "momentum of `optimizer` sgd / lars", range=Range(0, 1, hi_open=True))
+    momentum: float = option(
+        0.9,
+        "momentum of `optimizer` sgd / lars",
+        range=Range(0, 1, hi_open=True),
+        applies={"optimizer": ("sgd", "lars")},
+    )
     lr: float = option(4e-3, "peak learning rate", range=Range(0, lo_open=True))
     min_lr: float = option(1e-5, "learning rate at the end of the cosine decay", range=Range(0))
     weight_decay: float = option(
         0.01, "decoupled weight decay (matrices only; norms, biases, embeddings excluded)", range=Range(0)
     )
     betas: list[float] = option(
-        [], "optimizer betas", shown="0.9 0.999 for AdamW, 0.9 0.99 for Lion", range=Range(0, 1, hi_open=True)
+        [],
+        "optimizer betas",
+        shown="0.9 0.999 for AdamW, 0.9 0.99 for Lion",
+        range=Range(0, 1, hi_open=True),
+        applies={"optimizer": ("adamw", "lion", "lamb")},
     )
     batch_size: int = option(
         64, "global batch size per optimizer step (split over processes and `accum_steps`)", range=POSITIVE
@@ -406,7 +415,19 @@ def nest_options(d: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         valid = sorted({*top, *FLAT, *GROUPS})
         raise ValueError(f"unknown training option(s) {sorted(unknown)}; valid options: {valid}")
-    return _one_warmup(_moved_task_options(out))
+    return _one_warmup(_moved_task_options(_typed(out)))
+
+
+def _typed(out: dict[str, Any]) -> dict[str, Any]:
+    """``out`` with every value coerced to its field's declared type, groups' fields included: the one check every
+    flag, config file and keyword goes through before any value is used (``model_args: "dim=32"`` in a file is a
+    one-line error naming the key, not a TypeError where it is first merged)."""
+    top = {k: v for k, v in out.items() if k not in GROUPS}
+    typed = coerce_fields(TrainConfig, top)
+    for key, value in out.items():
+        if key in GROUPS:
+            typed[key] = value if isinstance(value, GROUPS[key]) else coerce_fields(GROUPS[key], _as_mapping(value))
+    return typed
 
 
 def _one_warmup(out: dict[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from torch import nn
 
 from ..errors import Opt, OptionError
 from . import sharding
-from .config import TrainConfig
+from .config import TrainConfig, nest_options
 from .optim import build_optimizer, param_groups
 from .rundir import CHECKPOINT, CONFIG_FILE, RunDir, load_training_state
 from .runtime import Interrupt, ProcessSettings, Runtime, StopVote, rng_state, seed_everything, set_rng_state
@@ -124,7 +124,7 @@ def _configure(
     """The run's configuration, its task (options checked) and the training state resumed, before anything is
     written (see :func:`train`)."""
     state = saved = None
-    overrides = dict(overrides or {})
+    overrides = nest_options(overrides or {})  # every value typed before it is merged
     given_task_args = set(overrides.get("task_args") or {})
     if resume is not None:
         state = load_training_state(resume)
