@@ -3,8 +3,9 @@
 :func:`prefetch` wraps a batch iterator (tensors, or tuples/lists/dicts of them, on the host).  On a GPU it copies
 batch ``i + 1`` into page-locked host buffers that are reused from batch to batch (no page-locked allocation per
 batch), then onto the device on a side CUDA stream with ``non_blocking`` copies, while the step of batch ``i`` is
-queued on the main stream; the step waits for its batch's copy (``wait_event``) and each device tensor is marked as used by
-the main stream (``record_stream``), so the caching allocator does not hand its memory out before the step is done.
+queued on the main stream; the step waits for its batch's copy (``wait_event``) and each device tensor is marked as
+used by the main stream (``record_stream``), so the caching allocator does not hand its memory out before the step is
+done.
 The batches are the same values in the same order as the iterator's; nothing random is drawn, so a resumed run is
 unchanged.  On a CPU it yields the iterator's own batches (nothing changes).
 """
@@ -74,7 +75,7 @@ def prefetch(
     for batch in batches:
         buffers.wait(slot)
         with torch.cuda.stream(side) if cuda else nullcontext():
-            moved = _map(batch, lambda t, i: _copy(t, i, slot, buffers, device), [0])
+            moved = _map(batch, lambda t, i, s=slot: _copy(t, i, s, buffers, device), [0])
             event = side.record_event() if cuda else None
             buffers.done[slot] = event
         if pending is not None:
