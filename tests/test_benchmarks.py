@@ -107,6 +107,8 @@ def test_bench_gpu_runs_at_tiny_sizes(tmp_path: Path) -> None:
     e2e = result["e2e"]
     assert e2e["e2e_img_s"] > 0 and e2e["model_img_s"] > 0 and math.isfinite(e2e["ratio"])
     assert json.loads((tmp_path / "out.json").read_text())["rows"] == json.loads(json.dumps(result["rows"]))
+    attention = {(r["op"], r["tokens"]) for r in result["attention"] if r["ms"] > 0}
+    assert attention == {(op, n) for op in ("tssa", "mssa", "softmax") for n in (64, 128)}
 
 
 @pytest.mark.slow
