@@ -11,6 +11,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -118,3 +119,19 @@ def test_bench_gpu_compiled_rows_at_tiny_sizes() -> None:
     args = ["--tiny", "--threads", "1", "--compile", "T", "--backend", "aot_eager", "--e2e", "none"]
     result = _load("bench_gpu").main(args)
     _check(result, {"CRATE-T", "official CRATE-T", "ViT d=384"}, {"eager", "compiled"})
+
+
+def test_gpu_check_dry_run_keeps_each_stages_share_of_the_budget(tmp_path: Path) -> None:
+    """``gpu_check.sh --dry-run`` on a CPU (the info and lm stages only, to stay fast): both run, and with a budget
+    of 62 s the info stage is given 62 - 5 - lm's 40 s share at most, so a long stage cannot starve the lm stage
+    as it did on the first GPU run (lm cut to 16 s)."""
+    env = {**os.environ, "GPU_CHECK_PY": sys.executable, "GPU_CHECK_STAGES": "info lm", "GPU_CHECK_BUDGET": "62"}
+    env["OUT"] = str(tmp_path)
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.sh"
+    done = subprocess.run(["bash", str(script), "--dry-run"], capture_output=True, text=True, env=env, timeout=240)
+    log = done.stdout
+    assert done.returncode == 0, log[-2000:]
+    info = re.search(r"===== \[info\] \(timeout (\d+)s", log)
+    assert info and int(info.group(1)) <= 62 - 5 - 40, log[-2000:]
+    lm = re.search(r"===== \[lm\] \(timeout (\d+)s", log)
+    assert lm and int(lm.group(1)) == 40, log[-2000:]  # its whole share (how it ends depends on the machine's load)
