@@ -1,11 +1,14 @@
 """Training-step throughput on a GPU: CRATE-T/S/B/L at 224/16 in bf16 autocast, eager and torch.compile, against
 the official formulation (``tests/official/crate.py``, the same weights) and a ViT of equal width and depth (ours;
 timm's ``vit_base_patch16_224`` beside CRATE-B where timm imports), interleaved in one run; then ``crate train`` end
-to end against the model alone (the data path's share).
+to end against the model alone (the data path's share); then greedy decoding, CRATE-GPT against a GPT of the same
+width, depth, heads and vocabulary (``benchmarks/bench_generate.py``'s pairs), batch 1 and 8, eager and compiled
+(``generate(compile=True)``: static cache, one CUDA graph per token), fp32 and bf16 autocast.
 
     python benchmarks/bench_gpu.py                      # on a GPU: the full table (about 4 minutes on an H100)
     python benchmarks/bench_gpu.py --sizes B --compile B  # one size
     python benchmarks/bench_gpu.py --tiny                # CPU, tiny shapes: keeps the script alive (the tests run it)
+    python benchmarks/bench_gpu.py --sizes --compile --e2e none --decode base   # decoding rows only
 
 Each row: one optimizer step (forward + backward + AdamW) on a batch already on the device; images/s is the median
 over interleaved rounds, TFLOP/s counts the step's FLOPs with ``torch.utils.flop_counter`` (each model's own
@@ -14,7 +17,9 @@ is the median ``samples_per_s`` of its logged windows (after the first) on in-me
 augmented on the device, against the same model's compute alone (fwd + bwd + clip + AdamW, same batch and amp).
 
 Targets (issue 28, on a GPU): CRATE-B/16 bf16 ≥ 1.3x the official formulation's images/s and ≥ 1.8x a ViT-B/16's;
-compiled MFU ≥ 35%; data path ≥ 0.9 of the model alone.  Printed beside the numbers, never asserted.
+compiled MFU ≥ 35%; data path ≥ 0.9 of the model alone.  Decoding (issue 42): crate_gpt_base compiled ≥ 2,000
+tokens/s at batch 1 and ≥ 10,000 at batch 8, bf16 no slower than fp32, ≥ 1.3x the GPT.  Printed beside the numbers,
+never asserted.
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ import crate_transformer as ct
 from crate_transformer.official import native_to_official
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the transcribed official code
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_generate's pairs
+from bench_generate import MODELS as DECODE_MODELS  # noqa: E402
+from bench_generate import pair  # noqa: E402
 from official.crate import OfficialCRATE  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_tost's operator builder
@@ -269,11 +277,66 @@ def attention_rows(args: argparse.Namespace, device: torch.device) -> list[dict]
     return rows
 
 
+def decode_once(model: torch.nn.Module, prompt: torch.Tensor, new: int, dtype: str, mode: str) -> None:
+    """``new`` greedy tokens, in bf16 autocast or fp32, eager or compiled."""
+    with torch.autocast(prompt.device.type, dtype=torch.bfloat16, enabled=dtype == "bf16"):
+        model.generate(prompt, new, temperature=0, compile=mode == "compiled")
+
+
+def decode_times(models: dict, prompt: torch.Tensor, dtype: str, args: argparse.Namespace) -> dict[tuple, float]:
+    """Median seconds per (model, mode) of one batch and dtype, interleaved in alternating order after a warm-up
+    generation each (which compiles a compiled mode's step)."""
+    runs = [(name, mode) for name in models for mode in args.decode_modes]
+    for name, mode in runs:
+        decode_once(models[name], prompt, args.decode_new, dtype, mode)
+    times: dict[tuple, list[float]] = {k: [] for k in runs}
+    for r in range(args.rounds):
+        for name, mode in runs if r % 2 == 0 else runs[::-1]:
+            sync(prompt.device)
+            t = time.perf_counter()
+            decode_once(models[name], prompt, args.decode_new, dtype, mode)
+            sync(prompt.device)
+            times[name, mode].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def decoding(key: str, args: argparse.Namespace, device: torch.device) -> list[dict]:
+    """Greedy decoding tokens/s of the CRATE-GPT / GPT pair of ``key``: every batch x dtype x mode."""
+    models = {k: m.to(device) for k, m in pair(DECODE_MODELS[key], args.tiny).items()}
+    rows = []
+    for batch in args.decode_batches:
+        prompt = torch.randint(0, models["GPT"].config.vocab_size, (batch, args.decode_prompt), device=device)
+        for dtype in ("fp32", "bf16"):
+            for (name, mode), dt in decode_times(models, prompt, dtype, args).items():
+                row = dict(shape=DECODE_MODELS[key], model=name, batch=batch, dtype=dtype, mode=mode)
+                rows.append(dict(row, tok_s=batch * args.decode_new / dt, ms_token=1e3 * dt / args.decode_new))
+    return rows
+
+
+def print_decoding(rows: list[dict]) -> None:
+    """The rows with CRATE-GPT / GPT (same batch, dtype, mode) and compiled / eager (same model)."""
+    by = {(r["model"], r["batch"], r["dtype"], r["mode"]): r["tok_s"] for r in rows}
+    for r in rows:
+        gpt = by.get(("GPT", r["batch"], r["dtype"], r["mode"]))
+        eager = by.get((r["model"], r["batch"], r["dtype"], "eager"))
+        vs_gpt = f"{r['tok_s'] / gpt:.2f}x" if r["model"] != "GPT" and gpt else ""
+        vs_eager = f"{r['tok_s'] / eager:.2f}x" if r["mode"] != "eager" and eager else ""
+        print(
+            f"{r['shape']:16} {r['model']:10} {r['batch']:>5} {r['dtype']:>5} {r['mode']:>9} {r['tok_s']:>10.1f} "
+            f"{r['ms_token']:>9.3f} {vs_gpt:>9} {vs_eager:>14}",
+            flush=True,
+        )
+
+
+DECODE_HEAD = f"{'decoding':16} {'model':10} {'batch':>5} {'dtype':>5} {'mode':>9} {'tokens/s':>10} {'ms/token':>9} "
+DECODE_HEAD += f"{'CRATE/GPT':>9} {'compiled/eager':>14}"
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="CPU-sized shapes (32 px, patch 8, depth 1), few steps")
     ap.add_argument("--device", default="auto", help="auto (cuda when present) | cpu | cuda | cuda:N")
-    ap.add_argument("--sizes", nargs="+", default=None, choices=list(SIZES), help="CRATE sizes (default T S B L)")
+    ap.add_argument("--sizes", nargs="*", default=None, choices=list(SIZES), help="CRATE sizes (default T S B L)")
     ap.add_argument("--compile", nargs="*", default=None, choices=list(SIZES), help="sizes also timed compiled")
     ap.add_argument("--backend", default="inductor", help="torch.compile backend (aot_eager: no code generation)")
     ap.add_argument("--batch", type=int, default=0, help="batch per step (default: by size)")
@@ -293,15 +356,37 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--attention-repeats", type=int, default=5, help="timings per attention row (the best is kept)")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0 = auto)")
     ap.add_argument("--json", default="", help="also write the numbers to this file")
+    ap.add_argument(
+        "--decode",
+        nargs="*",
+        default=None,
+        choices=list(DECODE_MODELS),
+        help="decoding pairs (default: base; none: no decoding rows)",
+    )
+    ap.add_argument(
+        "--decode-modes",
+        nargs="+",
+        default=None,
+        choices=("eager", "compiled"),
+        help="decoding modes (default: eager compiled; --tiny: eager)",
+    )
+    ap.add_argument("--decode-batches", nargs="+", type=int, default=[1, 8], help="decoding batch sizes")
+    ap.add_argument("--decode-prompt", type=int, default=32, help="decoding prompt tokens")
+    ap.add_argument("--decode-new", type=int, default=128, help="greedy tokens generated per timing")
     args = ap.parse_args(argv)
     args.amp = torch.bfloat16 if args.amp == "bf16" else None
     if args.tiny:
-        args.sizes = args.sizes or ["T"]
+        args.sizes = ["T"] if args.sizes is None else args.sizes
         args.compile = [] if args.compile is None else args.compile
         args.batch, args.steps, args.rounds = args.batch or 8, min(args.steps, 2), min(args.rounds, 2)
         args.e2e = "T" if args.e2e == "B" else args.e2e
         args.attention_tokens, args.attention_batch, args.attention_repeats = [64, 128], 2, 2
-    args.sizes = args.sizes or list(SIZES)
+        args.decode = ["small"] if args.decode is None else args.decode
+        args.decode_modes = args.decode_modes or ["eager"]  # a compiled step costs inductor's C++ build here
+        args.decode_prompt, args.decode_new = min(args.decode_prompt, 4), min(args.decode_new, 8)
+    args.decode = ["base"] if args.decode is None else args.decode  # each pair compiles 8 steps (batch x dtype)
+    args.decode_modes = args.decode_modes or ["eager", "compiled"]
+    args.sizes = list(SIZES) if args.sizes is None else args.sizes  # --sizes alone: no training rows
     args.compile = ["B"] if args.compile is None else args.compile
     try:
         import timm  # noqa: F401
@@ -351,12 +436,20 @@ def main(argv: list[str] | None = None) -> dict:
             flush=True,
         )
         save()
+    if args.attention_tokens:
+        result["attention"] = attention_rows(args, device)
+        save()
     for size in args.compile:
         result["rows"] += (rows := throughput(size, "compiled", args, shape, device))
         print_rows(rows)
         save()
-    if args.attention_tokens:
-        result["attention"] = attention_rows(args, device)
+    result["decode"] = []
+    if args.decode:
+        what = f"{args.decode_prompt}-token prompt + {args.decode_new} new tokens, median of {args.rounds} rounds"
+        print(f"\ngreedy decoding, {what}\n{DECODE_HEAD}\n{'-' * len(DECODE_HEAD)}", flush=True)
+    for key in args.decode:
+        result["decode"] += (rows := decoding(key, args, device))
+        print_decoding(rows)
         save()
     print(f"load average at the end: {os.getloadavg()}")
     return result

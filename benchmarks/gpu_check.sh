@@ -19,11 +19,14 @@
 #   [bench]  benchmarks/bench_gpu.py: CRATE-T/S/B/L training steps in bf16 against the official formulation and a
 #            ViT, eager and compiled (B), MFU, crate train against the model alone (eager and compiled), and the
 #            attention operators (TSSA / MSSA / softmax, 1k-64k tokens); $OUT/bench_gpu.json
+#   [decode] benchmarks/bench_gpu.py's decoding rows: crate_gpt_base-sized CRATE-GPT vs GPT, batch 1 and 8, fp32 and
+#            bf16, eager and compiled (static cache, a CUDA graph per token); $OUT/bench_decode.json
 #   [train]  `crate train --device cuda` (the documented value) on the digits, timed
 #   [lm]     `crate train-lm --device cuda` on the built-in corpus, timed
 #   [slow]   CRATE_TEST_DEVICE=cuda python -m pytest -m slow, in the time that is left; $OUT/pytest_slow.txt
 # Environment: OUT, GPU_CHECK_BUDGET, GPU_CHECK_PY, GPU_CHECK_VENV (/tmp/crate-gpu-venv), GPU_CHECK_STAGES (default
-# "info fast bench train lm slow"), BENCH_ARGS (extra bench_gpu.py arguments, e.g. "--sizes B --compile B").
+# "info fast bench decode train lm slow"), BENCH_ARGS (extra bench_gpu.py arguments, e.g. "--sizes B --compile B"),
+# DECODE_ARGS (extra arguments of the decode stage, e.g. "--decode-batches 1 --decode-new 64").
 
 set -u
 DEPS=(kornia kornia-rs lion-pytorch mlxtend webdataset braceexpand)
@@ -48,11 +51,11 @@ T0=$(date +%s)
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 MPLBACKEND=Agg TORCHINDUCTOR_CACHE_DIR=$WORK/inductor
 SUMMARY=()
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
-want() { [[ " ${GPU_CHECK_STAGES:-info fast bench train lm slow} " == *" $1 "* ]]; }
+want() { [[ " ${GPU_CHECK_STAGES:-info fast bench decode train lm slow} " == *" $1 "* ]]; }
 
-# Each stage's share of the budget in seconds (the last run measured info 5, fast 84, bench 173 + the compiled
-# crate-train row and the attention rows, train 18, lm 12 + start-up); slow gets what is left.
-SHARES=(info:25 fast:100 bench:240 train:30 lm:40)
+# Each stage's share of the budget in seconds (the first run measured set-up 22, info 5, fast 84, bench 173 before
+# the compiled crate-train row and the attention rows, train 18, lm 12 + start-up); slow gets what is left.
+SHARES=(info:15 fast:90 bench:200 decode:90 train:25 lm:30)
 # kept_after NAME: the shares of the wanted stages after NAME, which NAME must leave untouched
 kept_after() {
   local kv seen=0 sum=0
@@ -166,14 +169,17 @@ main() {
     TEST_DEVICE=cpu; dev=cpu; tests=(tests/test_on_device.py -k "float64 or bf16"); bench=(--tiny --threads 1)
     train=(--epochs 1 --max-steps 5 --threads 1); lm=(--epochs 1 --max-steps 5 --threads 1 --sample-tokens 8)
   fi
-  want info && stage info 25 info
-  want fast && stage fast 100 run_pytest fast "not slow" ${tests[@]+"${tests[@]}"}
+  want info && stage info 15 info
+  want fast && stage fast 90 run_pytest fast "not slow" ${tests[@]+"${tests[@]}"}
   # shellcheck disable=SC2086
-  want bench && stage bench 240 "$PY" benchmarks/bench_gpu.py ${bench[@]+"${bench[@]}"} \
+  want bench && stage bench 200 "$PY" benchmarks/bench_gpu.py ${bench[@]+"${bench[@]}"} --decode \
     --json "$LOGDIR/bench_gpu.json" ${BENCH_ARGS:-}
-  want train && stage train 30 timed "crate train --device $dev" "$PY" -m crate_transformer.cli train \
+  # shellcheck disable=SC2086
+  want decode && stage decode 90 "$PY" benchmarks/bench_gpu.py ${bench[@]+"${bench[@]}"} --sizes --compile \
+    --e2e none --attention-tokens --decode base --json "$LOGDIR/bench_decode.json" ${DECODE_ARGS:-}
+  want train && stage train 25 timed "crate train --device $dev" "$PY" -m crate_transformer.cli train \
     --data digits --device "$dev" --no-progress --out "$WORK/train" "${train[@]}"
-  want lm && stage lm 40 timed "crate train-lm --device $dev" "$PY" -m crate_transformer.cli train-lm \
+  want lm && stage lm 30 timed "crate train-lm --device $dev" "$PY" -m crate_transformer.cli train-lm \
     --device "$dev" --no-progress --out "$WORK/lm" "${lm[@]}"
   want slow && [ "$DRY" = 0 ] && stage slow 400 run_pytest slow slow
   echo; echo "===== summary ($(( $(date +%s) - T0 ))s of ${BUDGET}s; load average $(cut -d' ' -f1-3 /proc/loadavg))"

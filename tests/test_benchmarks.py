@@ -110,6 +110,11 @@ def test_bench_gpu_runs_at_tiny_sizes(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "out.json").read_text())["rows"] == json.loads(json.dumps(result["rows"]))
     attention = {(r["op"], r["tokens"]) for r in result["attention"] if r["ms"] > 0}
     assert attention == {(op, n) for op in ("tssa", "mssa", "softmax") for n in (64, 128)}
+    decode = result["decode"]  # the decoding pairs, eager at --tiny (compiled: test_decode.py, and the GPU run)
+    assert [(r["model"], r["batch"], r["dtype"]) for r in decode] == [
+        (m, b, d) for b in (1, 8) for d in ("fp32", "bf16") for m in ("CRATE-GPT", "GPT")
+    ]
+    assert all(r["mode"] == "eager" and r["tok_s"] > 0 and r["ms_token"] > 0 for r in decode)
 
 
 @pytest.mark.slow
@@ -122,16 +127,15 @@ def test_bench_gpu_compiled_rows_at_tiny_sizes() -> None:
 
 
 def test_gpu_check_dry_run_keeps_each_stages_share_of_the_budget(tmp_path: Path) -> None:
-    """``gpu_check.sh --dry-run`` on a CPU (the info and lm stages only, to stay fast): both run, and with a budget
-    of 62 s the info stage is given 62 - 5 - lm's 40 s share at most, so a long stage cannot starve the lm stage
-    as it did on the first GPU run (lm cut to 16 s)."""
-    env = {**os.environ, "GPU_CHECK_PY": sys.executable, "GPU_CHECK_STAGES": "info lm", "GPU_CHECK_BUDGET": "62"}
+    """``gpu_check.sh --dry-run`` on a CPU (the train and lm stages only): with a budget of 56 s the train stage is
+    given at most 56 - 5 - lm's 30 s share (21 s, not its own 25 s cap), so a long stage cannot starve the lm stage
+    as it did on the first GPU run (lm cut to 16 s); lm then runs."""
+    env = {**os.environ, "GPU_CHECK_PY": sys.executable, "GPU_CHECK_STAGES": "train lm", "GPU_CHECK_BUDGET": "56"}
     env["OUT"] = str(tmp_path)
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.sh"
     done = subprocess.run(["bash", str(script), "--dry-run"], capture_output=True, text=True, env=env, timeout=240)
     log = done.stdout
     assert done.returncode == 0, log[-2000:]
-    info = re.search(r"===== \[info\] \(timeout (\d+)s", log)
-    assert info and int(info.group(1)) <= 62 - 5 - 40, log[-2000:]
-    lm = re.search(r"===== \[lm\] \(timeout (\d+)s", log)
-    assert lm and int(lm.group(1)) == 40, log[-2000:]  # its whole share (how it ends depends on the machine's load)
+    train = re.search(r"===== \[train\] \(timeout (\d+)s", log)
+    assert train and int(train.group(1)) <= 56 - 5 - 30, log[-2000:]
+    assert re.search(r"===== \[lm\] \(timeout (\d+)s", log), log[-2000:]  # how it ends depends on the load

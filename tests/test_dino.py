@@ -390,3 +390,15 @@ def test_the_dino_student_decays_what_dinos_get_params_groups_decays(model: str)
     assert id(backbone.pos_embed) in decayed and id(backbone.cls_token) in decayed
     assert ours[0]["weight_decay"] == 0.04 and ours[1]["weight_decay"] == 0.0
     assert id(backbone.pos_embed) not in {id(p) for p in param_groups(backbone, 0.04)[0]["params"]}  # supervised
+
+
+def test_dino_pretrains_a_backbone_whose_config_has_no_pooling(tmp_path: Path) -> None:
+    """ToST pools by class attention and records no pooling in its config: DINO pools its features itself and
+    leaves the config alone (it raised a TypeError on the unknown field)."""
+    common = TINY[: TINY.index("--model-args")]
+    arch = ["--model-args", "dim=32", "depth=1", "heads=2"]
+    run = tmp_path / "run"
+    assert (
+        crate("pretrain", "dino", *common, *arch, *HEAD, "--model", "tost_mnist", "--max-steps", 2, "--out", run) == 0
+    )
+    assert (run / "model" / "config.json").is_file()

@@ -92,6 +92,20 @@ def _onnx_matches(name: str, tmp_path: Path) -> None:
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", [n for n in FAMILIES if ct.model_config(n).kind == "language model"])
+def test_the_documented_language_model_recipe_takes_lengths_up_to_the_context(name: str) -> None:
+    """docs/export.md's recipe, ``Dim("tokens", min=2, max=block_size)``, exports every language-model family (a
+    slice of ToST's per-position offsets once guarded the length against the context: "Constraints violated"),
+    and the program runs a whole context."""
+    model, x = exported(name)
+    c = model.config
+    batch, tokens = torch.export.Dim("batch", min=1, max=256), torch.export.Dim("tokens", min=2, max=c.block_size)
+    program = torch.export.export(model, (x,), dynamic_shapes=({0: batch, 1: tokens},))
+    full = torch.randint(0, c.vocab_size, (1, c.block_size))
+    with torch.no_grad():
+        torch.testing.assert_close(_out(program.module()(full)), _out(model(full)), rtol=1e-5, atol=1e-5)
+
+
 def test_the_exported_language_model_keeps_its_token_check() -> None:
     model, x = exported("crate_gpt_mini")
     dims, _ = dynamic(model, x)

@@ -130,16 +130,22 @@ LAYERS = [  # lowest first; a module may import its own layer and the ones befor
         "io",
         "objectives",
         "operators",
+        "static_cache",  # compiled decoding's cache (the attention layers write into it)
+        "generation",  # generation and sampling (a language model's generate calls it)
+        "token_prior",  # a language model's mixin
         "official",
         "spec",
         "tokenizer",
         "runfiles",
+        "loading",
+        "loading.values",
+        "loading.weights",
     },
-    {"_hub"},
+    {"_hub", "loading.folder"},
     {"base"},
     {"_registry"},
     FAMILY_MODULES,
-    {"checkpoint"},
+    {"loading.pipeline", "checkpoint"},
     {"pretrained"},
     {"registry"},
 ]

@@ -173,4 +173,4 @@ def test_the_classifier_refuses_sizes_its_embedding_cannot_build():
 def test_a_checkpoint_of_other_sizes_names_the_overrides_that_fit_it():
     small = ct.create_model("tost_mnist", dim=32, depth=2, heads=2, num_classes=7)
     with pytest.raises(CheckpointError, match=r"pass dim=32, depth=2, heads=2, num_classes=7"):
-        ct.base.load_weights(ct.create_model("tost_mnist"), small.state_dict())
+        ct.loading.weights.load_weights(ct.create_model("tost_mnist"), small.state_dict())

@@ -19,9 +19,10 @@ from ._version import __version__
 from .alpha import AlphaConfig, CRATEAlpha
 from .base import Model, Trace
 from .bert import CRATEBert
-from .checkpoint import CheckpointError, from_official, from_pretrained, load_model
 from .config import Config
+from .io import CheckpointError
 from .lm import GPT, CRATELanguageModel, LanguageModel, LMConfig
+from .loading.pipeline import from_official, from_pretrained, load_model
 from .mae import CRATEMAE, MAEConfig
 from .model import CRATE, ImageClassifier, ModelConfig, ViT
 from .objectives import (

@@ -160,6 +160,19 @@ _BLOB_DIGESTS = {64: "sha256", 40: "git-sha1"}
 REFETCH = "delete it and load again to download it anew"
 
 
+# (file, size, modification time, algorithm) → digest: a file checked by the download and again by the loader that reads
+# it is hashed once (a release is hundreds of MB); any rewrite of the file changes the key
+_DIGESTS: dict[tuple[str, int, int, str], str] = {}
+
+
+def _digest(path: Path, algorithm: str) -> str:
+    stat = path.stat()
+    key = (str(path), stat.st_size, stat.st_mtime_ns, algorithm)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = file_digest(path, algorithm)
+    return _DIGESTS[key]
+
+
 def verify_cached(path: str | Path, what: str, sha256: str = "", fix: str = REFETCH) -> Path:
     """``path`` (a file huggingface_hub returned from its cache) after checking its content before anything reads it.
 
@@ -174,9 +187,8 @@ def verify_cached(path: str | Path, what: str, sha256: str = "", fix: str = REFE
         checks.append((_BLOB_DIGESTS[len(blob.name)], blob.name, "the Hub's"))
     if sha256:
         checks.append(("sha256", sha256.lower(), "the published one"))
-    digests: dict[str, str] = {}
     for algorithm, want, whose in checks:
-        got = digests.setdefault(algorithm, file_digest(blob, algorithm))
+        got = _digest(blob, algorithm)
         if got != want:
             raise CheckpointError(
                 f"{what} in the Hugging Face cache is corrupt: {blob} has {algorithm} {got[:12]}…, {whose} is "

@@ -29,6 +29,7 @@ import math
 import re
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ from typing import Any
 
 from .config_utils import POSITIVE
 from .errors import Opt, OptionError
+from .io import DamagedFileError, make_folder, read_side_file, write_json
 
 __all__ = ["Row", "Table", "TABLES", "RECIPE", "resolve_tables", "plan", "run_ablation", "write_report"]
 
@@ -235,10 +237,9 @@ def _row_keys(tables: Sequence[Table], base: Mapping[str, Any]) -> dict[str, dic
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    """The dict lines of a JSON-lines file (a line cut short by a kill is skipped); [] when absent."""
-    from .train import read_metrics
-
-    return [r for r in read_metrics(path) if isinstance(r, dict)]
+    """The records of a sweep's JSON-lines file (``results.jsonl``, ``sweeps.jsonl``); [] when absent."""
+    fix = "correct or delete the damaged line (a deleted run is trained again), or delete the file to start over"
+    return read_side_file(path, fix, form="jsonl") if path.is_file() else []
 
 
 def read_results(out: str | Path) -> dict[tuple[str, int], dict]:
@@ -248,13 +249,8 @@ def read_results(out: str | Path) -> dict[tuple[str, int], dict]:
     definition changes (e.g. an option declared not to change what is trained).
     """
     path, results = Path(out) / RESULTS_FILE, {}
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
-    for number, line in enumerate(lines, start=1):
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a kill: that run is trained again
-        if isinstance(r, dict) and "seed" in r and ("options" in r or "key" in r):
+    for number, r in enumerate(_read_jsonl(path), start=1):
+        if "seed" in r and ("options" in r or "key" in r):
             _check_result(r, f"{path}:{number}")
             results[_key(r["options"]) if "options" in r else r["key"], r["seed"]] = r
     return results
@@ -309,7 +305,7 @@ def _train_one(run: Run, log_path: Path) -> dict:
 
 def _logged(log_path: Path, fn: Callable[[], dict]) -> dict:
     """``fn()`` with its stdout and stderr appended to ``log_path``."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(log_path.parent, "log folder")
     with open(log_path, "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         return fn()
 
@@ -423,10 +419,13 @@ def _fmt_delta(x: float | None, ref: float | None) -> str:
 def _layerwise(run_dir: Path, images: int) -> list[dict] | None:
     """The layer-wise measurement records of a run's final model on held-out images (cached in the run dir)."""
     cache = run_dir / "layerwise.json"
-    if cache.is_file():
-        d = json.loads(cache.read_text())
-        if d.get("images") == images:
-            return d["layers"]
+    try:
+        d = read_side_file(cache, "it is rebuilt") if cache.is_file() else {}
+    except DamagedFileError as e:  # a cache: measured again
+        warnings.warn(str(e), stacklevel=2)
+        d = {}
+    if d.get("images") == images and isinstance(d.get("layers"), list):
+        return d["layers"]
     if not (run_dir / "model").is_dir():
         return None
     from .analysis import measure
@@ -446,7 +445,7 @@ def _layerwise(run_dir: Path, images: int) -> list[dict] | None:
         x = F.interpolate(x, size=(c.image_size, c.image_size), mode="bilinear", align_corners=False)
     table = measure(model, x, normalize=None, progress=False)
     records = table.to_records()
-    cache.write_text(json.dumps({"images": images, "meta": table.meta, "layers": records}) + "\n")
+    write_json(cache, {"images": images, "meta": table.meta, "layers": records}, indent=None)
     return records
 
 

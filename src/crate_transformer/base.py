@@ -46,9 +46,6 @@ Pooling has one vocabulary (:data:`POOLS`, :func:`pool_tokens`) for the classifi
 
 from __future__ import annotations
 
-import dataclasses
-import logging
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,19 +55,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ._hub import is_hub_spec, push_to_hub, resolve_hub
+from ._hub import push_to_hub
 from .config import Config
-from .errors import python_message
-from .io import (
-    CONFIG_NAME,
-    WEIGHTS_NAME,
-    CheckpointError,
-    load_safetensors,
-    model_dir,
-    read_config_dict,
-    save_pretrained,
-)
-from .official import index_count
+from .io import CheckpointError, save_pretrained
+from .loading.folder import load_folder
 
 __all__ = [
     "Model",
@@ -82,12 +70,6 @@ __all__ = [
     "take_indices",
     "STEM",
     "BLOCKS",
-    "load_folder",
-    "load_weights",
-    "check_values",
-    "load_backbone",
-    "apply_overrides",
-    "check_sizes",
     "timm_overrides",
     "TIMM_ARGS",
 ]
@@ -110,6 +92,24 @@ def pool_name(pool: str) -> str:
         timm = ", ".join(f"{k!r} ({v})" for k, v in TIMM_POOLS.items())
         raise ValueError(f"unknown pooling {pool!r}; choose one of {POOLS} or timm's {timm}")
     return pool
+
+
+# timm's ``create_model`` arguments under this package's config names
+TIMM_ARGS = {"img_size": "image_size", "drop_path_rate": "drop_path", "drop_rate": "dropout", "global_pool": "pool"}
+
+
+def timm_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``overrides`` with timm's names (:data:`TIMM_ARGS`: ``img_size``, ``drop_path_rate``, ``drop_rate``,
+    ``global_pool`` with its words ``"token"``/``"avg"``) as this package's config fields; one name given both
+    ways is a one-line error."""
+    out = dict(overrides)
+    for timm, ours in TIMM_ARGS.items():
+        if timm in out:
+            if ours in out:
+                raise ValueError(f"{timm} and {ours} name the same option; pass one of them")
+            value = out.pop(timm)
+            out[ours] = pool_name(str(value)) if ours == "pool" else value
+    return out
 
 
 def take_indices(depth: int, indices: int | Sequence[int] | None) -> list[int]:
@@ -205,8 +205,9 @@ class Model(nn.Module):
         """Load a folder (or its ``model.safetensors`` / ``config.json``) or ``hf-hub:ORG/NAME`` written by
         :meth:`save_pretrained`; it must hold this class's ``arch`` (or a
         subclass's).  ``revision``: a branch, tag or commit of a Hub repository; ``overrides``: config changes,
-        e.g. ``num_classes=3`` for a fresh head on the loaded backbone.  See :func:`load_folder`."""
-        return load_folder(path, cls.class_for, map_location=map_location, revision=revision, **overrides)
+        e.g. ``num_classes=3`` for a fresh head on the loaded backbone (timm's names too).  See
+        :func:`~crate_transformer.loading.folder.load_folder`."""
+        return load_folder(path, cls.class_for, map_location, revision, **timm_overrides(overrides))
 
     @classmethod
     def class_for(cls, arch: object) -> type[Model]:
@@ -318,8 +319,18 @@ class Model(nn.Module):
         """The final linear map to classes (None for a model without one)."""
         return None
 
-    def reset_classifier(self, num_classes: int) -> None:
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """timm's signature: a fresh head for ``num_classes`` classes, ``global_pool`` the pooling before it (a family
+        that pools one way only refuses another in one line)."""
         raise ValueError(f"{type(self).__name__} has no classifier to reset")
+
+    def refuse_pool(self, global_pool: str | None, kept: str) -> None:
+        """One line for a ``global_pool`` that this family's head cannot read (it pools as ``kept`` only)."""
+        if global_pool not in (None, "", kept):
+            raise ValueError(
+                f"{type(self).__name__} pools its features as {kept!r} only, got global_pool={global_pool!r}; "
+                f"leave global_pool out (or pass {kept!r})"
+            )
 
     def num_params(self, trainable_only: bool = False) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
@@ -368,240 +379,3 @@ def _output_of(layer: nn.Module) -> Callable[..., Tensor]:
         return out[0] if isinstance(out, tuple) else out
 
     return run
-
-
-def load_weights(model: nn.Module, state: Mapping[str, Tensor], source: str = "checkpoint") -> None:
-    """Strictly load ``state`` into ``model``; any missing, unexpected or mis-shaped key is one clear error
-    (with the model's :meth:`Model.size_hint`), and so is a tensor of the wrong kind or with NaN / inf values
-    (:func:`check_values`): every loader goes through here."""
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    shapes = sorted(
-        f"{k}: checkpoint {list(state[k].shape)} vs model {list(own[k].shape)}"
-        for k in set(own) & set(state)
-        if tuple(state[k].shape) != tuple(own[k].shape)
-    )
-    if missing or unexpected or shapes:
-        parts = []
-        for label, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)):
-            if items:
-                parts.append(f"{label}: {_first(items)}")
-        hint = model.size_hint(state) if isinstance(model, Model) else ""
-        raise CheckpointError(f"{source} does not fit the model ({'; '.join(parts)}){hint}")
-    check_values(own, state, source)
-    model.load_state_dict(state, strict=True)
-
-
-def check_values(own: Mapping[str, Tensor], state: Mapping[str, Tensor], source: str) -> None:
-    """Refuse what ``load_state_dict`` would silently convert or keep: a tensor of another kind than the model's
-    (integers or booleans for floating-point weights, and the reverse) and NaN or ±inf in floating-point weights.
-    One line naming the tensors; float16/bfloat16/float64 weights are cast as usual."""
-    kinds = [
-        f"{k} ({state[k].dtype}; the model's is {own[k].dtype})"
-        for k in own
-        if state[k].is_floating_point() != own[k].is_floating_point() or state[k].is_complex() != own[k].is_complex()
-    ]
-    if kinds:
-        raise CheckpointError(
-            f"{source} holds tensors of the wrong kind: {_first(kinds)}; it is not this model's weights, or was "
-            "converted wrongly — save the weights as floating-point tensors"
-        )
-    bad = [f"{k} ({n} of {state[k].numel()})" for k in own if (n := _non_finite(state[k]))]
-    if bad:
-        raise CheckpointError(
-            f"{source} holds NaN or infinite weights: {_first(bad)}; the file is corrupt or the run that wrote it "
-            "diverged — use an earlier checkpoint"
-        )
-
-
-def _non_finite(t: Tensor) -> int:
-    """How many NaN / ±inf values ``t`` holds; one ``aminmax`` pass (NaN and ±inf reach its ends), counted only
-    when it finds one (a count of every tensor costs 30 times more)."""
-    if not (t.is_floating_point() or t.is_complex()) or not t.numel():
-        return 0
-    t = torch.view_as_real(t) if t.is_complex() else t
-    lo, hi = torch.aminmax(t)
-    return 0 if bool(torch.isfinite(lo) & torch.isfinite(hi)) else int((~torch.isfinite(t)).sum())
-
-
-def check_sizes(target: type[Model], config: Config, state: Mapping[str, Tensor], path: Path) -> None:
-    """The sizes ``path`` (a ``config.json``) gives, bounded by the weights beside it before anything is allocated
-    (an edited file of a folder saved before its checksum was stored is read as it is): each count of numbered
-    blocks (``config.BLOCK_COUNTS``, ``depth`` → ``layers.N``) is the number of blocks their keys number
-    (:func:`~crate_transformer.official.index_count`, the rule for a size read from key names); then the model
-    built on the meta device (no memory) has the weights' shapes.  A size no stored tensor holds (the context of a
-    sinusoidal position table, which is not saved) is not bounded here."""
-    fix = "the file was edited, or is not the one saved with these weights: restore the file saved with them"
-    for field, prefix in config.BLOCK_COUNTS.items():
-        try:
-            count = index_count(state, rf"{re.escape(prefix)}\.(\d+)\.")
-        except ValueError as e:
-            raise CheckpointError(f"{path.parent / WEIGHTS_NAME}: {e}") from None
-        if getattr(config, field) != count:
-            raise CheckpointError(
-                f"{path}: {field}={getattr(config, field):,} does not fit the weights beside it: their keys number "
-                f"{count} block{'s' * (count != 1)} {prefix}.N; {fix}"
-            )
-    widest = max((n for t in state.values() for n in t.shape), default=0)
-    try:
-        with torch.device("meta"):
-            probe = target(config)
-    except (RuntimeError, OverflowError):  # a tensor too large to describe ("storage size calculation overflowed")
-        raise CheckpointError(f"{path}: {_named(config, widest)} not fit the weights beside it; {fix}") from None
-    own = probe.state_dict()
-    bad = [k for k, t in own.items() if k in state and state[k].shape != t.shape]  # missing keys: load_weights'
-    if bad:
-        key, shape, there = bad[0], list(own[bad[0]].shape), list(state[bad[0]].shape)
-        raise CheckpointError(
-            f"{path}: {_named(config, widest, shape, there)} not fit the weights beside it ({key}: {there} in "
-            f"{WEIGHTS_NAME}, {shape} by {path.name}); {fix}"
-        )
-
-
-def _named(config: Config, widest: int, shape: Sequence[int] = (), there: Sequence[int] = ()) -> str:
-    """``dim=1,000,000 does``: the integer fields whose values are the offending sizes of ``shape`` (not of the
-    weights' ``there``), else those larger than every size of the weights (``widest``); ``its sizes do``."""
-    ints = {
-        f.name: v
-        for f in dataclasses.fields(config)
-        if isinstance(v := getattr(config, f.name), int) and not isinstance(v, bool) and v > 1
-    }
-    sizes = [f"{n}={v:,}" for n, v in ints.items() if v in shape and v not in there]
-    sizes = sizes or [f"{n}={v:,}" for n, v in ints.items() if v > widest]
-    return f"{', '.join(sizes)} {'does' if len(sizes) == 1 else 'do'}" if sizes else "its sizes do"
-
-
-def _first(items: list[str], n: int = 6) -> str:
-    return ", ".join(items[:n]) + (f", … (+{len(items) - n} more)" if len(items) > n else "")
-
-
-def _keep_dtypes(model: nn.Module, state: Mapping[str, Tensor]) -> None:
-    """Give ``model`` the floating dtypes of the weights it was loaded from (``load_state_dict`` casts to the
-    model's float32): a model saved in float16 or bfloat16 comes back in it, non-persistent buffers included;
-    weights saved in several dtypes keep each its own."""
-    dtypes = {t.dtype for t in state.values() if t.is_floating_point()}
-    if len(dtypes) == 1:
-        model.to(dtypes.pop())
-        return
-    for name, t in [*model.named_parameters(), *model.named_buffers()]:
-        if name in state and state[name].is_floating_point() and t.dtype != state[name].dtype:
-            t.data = t.data.to(state[name].dtype)
-
-
-def load_folder(
-    path: str | Path,
-    choose: Callable[[object], type[Model]],
-    map_location: str | torch.device = "cpu",
-    revision: str | None = None,
-    **overrides: object,
-) -> Model:
-    """A model written by :meth:`Model.save_pretrained`, built by ``choose(arch)`` (the class for the stored
-    ``arch``: :meth:`Model.class_for` of the class asked, or the registry's for ``ct.from_pretrained``).
-
-    ``path`` is that folder, or its ``model.safetensors`` or ``config.json``, or ``"hf-hub:ORG/NAME"``: a Hub
-    repository written by ``model.push_to_hub`` (``revision``: a
-    branch, tag or commit), fetched through the Hugging Face cache.  The weights' SHA-256 (stored in the
-    safetensors header since 0.2) and the checksums of ``config.json`` and the extra files stored beside it are
-    verified: a flipped byte in any of them raises :class:`~crate_transformer.io.CheckpointError` ("... is
-    corrupt"); older files without a checksum load.  ``overrides`` change the stored config as
-    :func:`apply_overrides` does (timm's names too): a new ``num_classes`` gives a fresh head on the loaded
-    backbone, a new ``image_size`` re-grids the position embedding, others (``drop_path``, ``dropout``) just apply.
-    The model comes back in eval mode, as from every loader, and in the floating dtypes it was saved in (a
-    float16 or bfloat16 model stays one).
-    """
-    directory = model_dir(resolve_hub(path, revision))
-    data = read_config_dict(directory)
-    try:
-        target = choose(data.get("arch"))
-        config = target.config_class.from_dict(data)
-    except ValueError as e:  # a value of the file, named as the file names it
-        raise CheckpointError(f"{directory / CONFIG_NAME}: {python_message(e)}") from None
-    weights = directory / WEIGHTS_NAME
-    if not weights.is_file():
-        raise CheckpointError(f"no {WEIGHTS_NAME} in {directory}; the save was incomplete — re-save the model")
-    state, meta = load_safetensors(weights)
-    check_sizes(target, config, state, directory / CONFIG_NAME)
-    model = apply_overrides(target, config, state, str(weights), overrides)
-    _keep_dtypes(model, state)
-    model.load_extra_files(directory, meta)
-    if is_hub_spec(path):
-        model.pretrained_cfg = {"source": path, "revision": revision, "folder": str(directory)}
-    return model.to(map_location).eval()
-
-
-# timm's ``create_model`` arguments under this package's config names
-TIMM_ARGS = {"img_size": "image_size", "drop_path_rate": "drop_path", "drop_rate": "dropout", "global_pool": "pool"}
-# what ``ct.create_model`` / ``ct.from_pretrained`` log to (a fresh head on a loaded backbone)
-logger = logging.getLogger("crate_transformer")
-
-
-def timm_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """``overrides`` with timm's names (:data:`TIMM_ARGS`: ``img_size``, ``drop_path_rate``, ``drop_rate``,
-    ``global_pool`` with its words ``"token"``/``"avg"``) as this package's config fields; one name given both
-    ways is a one-line error."""
-    out = dict(overrides)
-    for timm, ours in TIMM_ARGS.items():
-        if timm in out:
-            if ours in out:
-                raise ValueError(f"{timm} and {ours} name the same option; pass one of them")
-            value = out.pop(timm)
-            out[ours] = pool_name(str(value)) if ours == "pool" else value
-    return out
-
-
-def apply_overrides(
-    target: type[Model], config: Config, state: Mapping[str, Tensor], source: str, overrides: Mapping[str, Any]
-) -> Model:
-    """``target`` built from ``config`` with ``overrides`` and loaded from ``state`` (the file's weights for
-    ``config``).  A ``num_classes`` other than the file's keeps the file's backbone and gives the model a fresh
-    classifier, with one logged line (timm's and Hugging Face's fine-tuning start); a new ``image_size`` re-grids
-    the position embedding (``resize_pos_embed``); any other override must fit the file's weights."""
-    overrides = timm_overrides(overrides)
-    size = overrides.pop("image_size", None)
-    try:
-        config = type(config).from_dict({**config.to_dict(), **overrides})
-    except ValueError as e:
-        raise CheckpointError(f"{source}: {e}") from None
-    model = target(config)
-    if "num_classes" in overrides:
-        load_backbone(model, state, source)
-    else:
-        load_weights(model, state, source=source)
-    if size is not None and size != getattr(config, "image_size", size):
-        if not callable(getattr(model, "resize_pos_embed", None)):
-            raise CheckpointError(f"{source}: this {config.arch} model cannot change its image_size; drop it")
-        model.resize_pos_embed(int(size))
-    return model
-
-
-def load_backbone(model: Model, state: Mapping[str, Tensor], source: str) -> list[str]:
-    """:func:`load_weights` of every weight but the classifier's (``model.get_classifier()``) when those do not
-    fit (another number of classes): the model keeps its fresh classifier and a line is logged.  Returns the
-    names of the classifier weights left fresh."""
-    head = model.get_classifier()
-    prefix = next((f"{name}." for name, m in model.named_modules() if head is not None and m is head and name), None)
-    own = model.state_dict()
-    if prefix is None:
-        load_weights(model, state, source=source)
-        return []
-    mine = {k for k in own if k.startswith(prefix)}
-    theirs = {k for k in state if k.startswith(prefix)}
-    if mine == theirs and all(state[k].shape == own[k].shape for k in mine):
-        load_weights(model, state, source=source)
-        return []
-    kept = {k: v for k, v in state.items() if not k.startswith(prefix)}
-    load_weights(model, {**kept, **{k: own[k] for k in mine}}, source=source)
-    weight = state.get(f"{prefix}weight")
-    was = f"{weight.shape[0]} classes" if weight is not None and weight.dim() == 2 else "another classifier"
-    classes = getattr(model.get_classifier(), "out_features", 0)
-    now, then = (
-        (f"a fresh {classes}-class", "train the new head before using its outputs")
-        if classes
-        else ("no", "the model returns its pooled features")
-    )
-    logger.warning(
-        f"{source}: {now} classifier ({prefix.rstrip('.')}) instead of the file's ({was}); every other weight is "
-        f"loaded from the file — {then}"
-    )
-    return sorted(mine)

@@ -192,8 +192,10 @@ class CRATEBert(LanguageModel):
         z = self.forward_features(idx, key_mask=real, token_type_ids=token_type_ids)
         return self.classifier(z)
 
-    def reset_classifier(self, num_classes: int) -> None:
-        """A fresh first-token classification head for ``num_classes`` labels (1 = regression)."""
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A fresh first-token classification head for ``num_classes`` labels (1 = regression); ``global_pool`` can
+        only be ``"token"`` (the first token's features)."""
+        self.refuse_pool(global_pool, "token")
         self.config = dataclasses.replace(self.config, num_labels=num_classes)
         ref = self.wte.weight
         head = ClassificationHead(self.config.dim, num_classes, self.config.dropout)
@@ -296,8 +298,10 @@ def bert_config_file(hf: Mapping[str, Any]) -> dict[str, Any]:
     if hf.get("model_type") != "crate":
         return {}
     out = {ours: hf[theirs] for theirs, ours in _CONFIG_FIELDS.items() if hf.get(theirs) is not None}
-    if "max_position_embeddings" in hf:
-        out["block_size"] = int(hf["max_position_embeddings"]) - int(hf.get("pad_token_id", 1)) - 1
+    positions, pad = hf.get("max_position_embeddings"), hf.get("pad_token_id", 1)
+    if positions is not None:  # as stored (the loader types and bounds it: file_fields); a non-number is named
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (positions, pad))
+        out["block_size"] = positions - pad - 1 if numbers else positions
     return out
 
 
@@ -338,6 +342,7 @@ BERT_FORMAT = OfficialFormat(
     config_file=bert_config_file,
     optional=("lm_head.",),
     unstored=HEADS_NOT_STORED,
+    file_names={**{ours: theirs for theirs, ours in _CONFIG_FIELDS.items()}, "block_size": "max_position_embeddings"},
 )
 
 

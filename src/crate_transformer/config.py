@@ -102,7 +102,7 @@ class Config:
     # config's are entries of "model_args" (--model-args dim=384); None for a record no option gives
     GIVEN_IN: ClassVar[str | None] = ""
     # a model config's counts of numbered blocks → the blocks' key prefix in its weights ({"depth": "layers"}): a
-    # count read from a file is bounded by the keys of the weights beside it (base.check_sizes)
+    # count read from a file is bounded by the keys of the weights beside it (loading.weights.check_sizes)
     BLOCK_COUNTS: ClassVar[Mapping[str, str]] = {}
 
     # ---------------------------------------------------------------- the capability contract (module docstring)

@@ -16,6 +16,13 @@ imports it for ``save_pretrained``, ``checkpoint.py`` for the readers), so there
 * :func:`save_safetensors` / :func:`load_safetensors` — tensors plus ``{"format": "pt", "sha256": ...}``
   metadata; the reader verifies the checksum when present (older files without one still load).
 * :func:`tree_sha256` — SHA-256 of nested dicts / lists / tuples of tensors, arrays and plain values.
+* :func:`make_folder` — the one writer of folders: every save and export (and :func:`atomic_write`, for the folder
+  of each file) checks its target with it first, so a target that is a file, lies inside a file or cannot be
+  written is a one-line :class:`WriteError` naming that target.
+* :func:`read_side_file` — the one reader of the small files a run folder, a sweep or a cache holds beside the
+  weights (``config.yaml``, ``metrics.jsonl``, ``trackers.json``, indexes, caches): a file that is unreadable,
+  empty, not UTF-8, malformed or of the wrong kind is a one-line :class:`DamagedFileError` naming it, what is
+  wrong and how to recover.
 * :func:`write_json` and :func:`save_pretrained` (what ``model.save_pretrained(dir)`` calls): the weights'
   header also stores :func:`json_sha256` of ``config.json`` and ``tokenizer.json``, which
   :func:`read_model_json` verifies, so every file that defines the computation is covered by a checksum.
@@ -31,6 +38,7 @@ import json
 import os
 import re
 import secrets
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -47,7 +55,10 @@ __all__ = [
     "WEIGHTS_NAME",
     "TOKENIZER_NAME",
     "CheckpointError",
+    "DamagedFileError",
     "WriteError",
+    "make_folder",
+    "read_side_file",
     "atomic_write",
     "write_json",
     "save_torch",
@@ -90,6 +101,11 @@ class CheckpointError(OptionError):
     name options, worded where it is shown: :class:`~crate_transformer.errors.OptionError`)."""
 
 
+class DamagedFileError(CheckpointError):
+    """A file beside the weights (a run's ``config.yaml``, ``metrics.jsonl``, ``trackers.json``, a cache) is
+    unreadable, empty, malformed or of the wrong kind; the message names it and how to recover."""
+
+
 class WriteError(OSError, ValueError):
     """A file could not be written (disk full, quota exceeded, folder not writable).
 
@@ -127,8 +143,8 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
     umask-derived permissions (not ``mkstemp``'s private 0600).
     """
     path = Path(path)
+    make_folder(path.parent)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = _new_temp_file(path)
     except OSError as e:
         raise _write_error(e, path) from None
@@ -144,6 +160,43 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
             if err is not cause:
                 raise err from None
         raise
+    return path
+
+
+def _failed(number: int | None, message: str) -> WriteError:
+    err = WriteError(message)
+    err.errno = number
+    return err
+
+
+def make_folder(path: str | Path, what: str = "folder") -> Path:
+    """Create the folder ``path`` (and its parents) for a save or an export, or check the existing one: the one
+    check of every writer's target, done before anything is written.
+
+    A target that is a file, a path inside a file, or a folder that cannot be written (permissions, a read-only
+    file system) is a one-line :class:`WriteError` naming the target (``what`` says what it is for, e.g.
+    "model folder"), not an error about some file inside it.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise _failed(errno.ENOTDIR, f"{what} {path} is a file, not a folder; pass a folder path (or remove the file)")
+    blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None and not path.exists():
+        raise _failed(
+            errno.ENOTDIR, f"cannot create {what} {path}: {blocker} is a file, not a folder; pass another path"
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        why = "permission denied" if e.errno in _NO_PERMISSION else (e.strerror or str(e))
+        raise _failed(
+            e.errno, f"cannot create {what} {path} ({why}); pass another path or fix its permissions"
+        ) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise _failed(
+            errno.EACCES,
+            f"cannot write into {what} {path} (permission denied); pass another path or fix its permissions",
+        )
     return path
 
 
@@ -483,18 +536,9 @@ def read_model_json(directory: str | Path, name: str) -> tuple[str, Any]:
     stored (no ``config_sha256``) are read unverified, as before.
     """
     path = Path(directory) / name
-    try:
-        text = path.read_text(encoding="utf-8")
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}); the file is corrupt") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"cannot read {path} ({e}); the file is corrupt or unreadable") from None
-    if not isinstance(data, dict):  # every model file of this name holds settings by name; a list is no config
-        raise CheckpointError(
-            f"{path} holds a JSON {_JSON_KINDS.get(type(data), type(data).__name__)}, not an object of settings by "
-            f"name as a {name} does; restore the file that came with the model"
-        )
+    # every model file of this name holds settings by name (a JSON object): a list is no config
+    data = read_side_file(path, f"restore the {name} that came with the model (re-save or re-download the folder)")
+    text = path.read_text(encoding="utf-8")
     weights = Path(directory) / WEIGHTS_NAME
     meta = read_safetensors_metadata(weights) if weights.is_file() else {}
     expected = meta.get(digest_key(name))
@@ -509,6 +553,93 @@ def read_model_json(directory: str | Path, name: str) -> tuple[str, Any]:
             "re-download the model folder (after editing it by hand, load the model, change it and save it again)"
         )
     return text, data
+
+
+# --------------------------------------------------------------------------- side files
+SIDE_FORMS = ("json", "jsonl", "yaml", "text")
+
+
+def read_side_file(path: str | Path, fix: str, form: str = "json", expect: type | None = dict) -> Any:
+    """The content of a file a run folder, a sweep or a cache holds beside the weights: the one reader of them all.
+
+    ``form``: ``"json"`` (one value), ``"jsonl"`` (a list of values, one a line), ``"yaml"`` or ``"text"`` (the
+    text itself); ``expect``: the kind of the value (of each line's value for ``"jsonl"``), ``None`` for any.
+    An unreadable, empty, non-UTF-8, malformed or wrongly kinded file is a one-line :class:`DamagedFileError`
+    ``"<path> is damaged: <what>; <fix>"`` — ``fix`` is how to recover (restore it, delete it and what that
+    costs).  The one thing tolerated is a ``"jsonl"`` file's last line cut short by a killed writer (no final
+    newline): it is skipped with a warning naming the file.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise DamagedFileError(f"cannot read {path} ({e.strerror or e}); {fix}") from None
+    if not data.strip():
+        raise DamagedFileError(f"{path} is damaged: it is empty ({len(data)} bytes); {fix}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DamagedFileError(
+            f"{path} is damaged: it is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); {fix}"
+        ) from None
+    if form == "text":
+        return text
+    try:
+        value = _PARSERS[form](text, path)
+    except (ValueError, ImportError) as e:  # json.JSONDecodeError, yaml.YAMLError (re-raised as ValueError)
+        raise DamagedFileError(f"{path} is damaged: {str(e).splitlines()[0]}; {fix}") from None
+    for where, item in enumerate(value if form == "jsonl" else [value], start=1):
+        if expect is not None and not isinstance(item, expect):
+            at = f" line {where}" if form == "jsonl" else ""
+            raise DamagedFileError(f"{path}{at} holds a JSON {_kind(type(item))}, not {_kind(expect, 'a')}; {fix}")
+    return value
+
+
+def _kind(t: type, article: str = "") -> str:
+    """A JSON / YAML kind by its Python type, in words (``article="a"``: with "a" or "an" before it)."""
+    word = {dict: "object", **_JSON_KINDS}.get(t, t.__name__)
+    return f"{'an' if word[0] in 'aeiou' else 'a'} {word}" if article else word
+
+
+def _parse_json(text: str, path: Path) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"it is not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+def _parse_jsonl(text: str, path: Path) -> list:
+    lines = text.split("\n")
+    values = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            values.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if number == len(lines):  # no newline after it: a write cut short by a kill
+                warnings.warn(
+                    f"{path}: its last line is cut short (a killed run?); that record is skipped", stacklevel=4
+                )
+                break
+            raise ValueError(f"line {number} is not valid JSON ({e.msg})") from None
+    return values
+
+
+def _parse_yaml(text: str, path: Path) -> Any:
+    import yaml
+
+    from .config_utils import load_yaml
+
+    try:
+        return load_yaml(text, str(path))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ValueError(f"it is not valid YAML ({getattr(e, 'problem', None) or type(e).__name__}{at})") from None
+
+
+_PARSERS: dict[str, Callable[[str, Path], Any]] = {"json": _parse_json, "jsonl": _parse_jsonl, "yaml": _parse_yaml}
 
 
 # --------------------------------------------------------------------------- save_pretrained
@@ -553,7 +684,7 @@ def save_pretrained(model: Any, directory: str | Path) -> Path:
     that this model does not write (a ``tokenizer.json`` beside a model without one) is removed: it would
     describe another model.
     """
-    directory = Path(directory)
+    directory = make_folder(directory, "model folder")
     meta = {"crate_transformer_version": __version__, "config_version": model.config.VERSION}
     files = {CONFIG_NAME: json.dumps({**meta, **model.config.to_dict()}, indent=2) + "\n", **model.extra_files()}
     for name in FILE_DIGESTS:

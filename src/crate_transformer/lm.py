@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,12 +37,15 @@ from torch import Tensor, nn
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .base import Model, Trace
 from .config import LANGUAGE_MODEL, Config
-from .config_utils import NON_NEGATIVE, POSITIVE, Range
+from .config_utils import Range
 from .errors import Opt, TaskError, Use
+from .generation import TEMPERATURE, TOP_P, cache_nbytes, cached_length, generate, mask_tokens, sample_next
 from .io import FILE_DIGESTS, TOKENIZER_NAME, CheckpointError, read_model_json
 from .model import ViTBlock
 from .official import HEADS_NOT_STORED, OfficialFormat, index_count, rename, unwrap
 from .operators import DIM_HEAD, MLP, EncoderLayer, LayerConfig
+from .static_cache import StaticLayerCache
+from .token_prior import TokenPrior
 from .tokenizer import Tokenizer
 
 __all__ = [
@@ -55,6 +58,8 @@ __all__ = [
     "mask_tokens",
     "sample_next",
     "cache_nbytes",
+    "TEMPERATURE",
+    "TOP_P",
     "sinusoidal_positions",
     "check_official_lm",
     "lm_checkpoint_fields",
@@ -191,12 +196,7 @@ def sinusoidal_positions(n: int, d: int) -> Tensor:
     return pe.float()
 
 
-def cache_nbytes(cache: list[dict[str, Any]]) -> int:
-    """Bytes held by a key-value cache (every layer's tensors; a ``"length"`` count is not a tensor)."""
-    return sum(t.numel() * t.element_size() for layer in cache for t in layer.values() if isinstance(t, Tensor))
-
-
-class LanguageModel(Model):
+class LanguageModel(TokenPrior, Model):
     """Token + position embedding → L layers → (LayerNorm) → tied head; see the module docstring.
 
     ``forward(idx)`` maps token ids ``(b, n)`` to logits ``(b, n, V)``.  The :class:`~crate_transformer.base.Model`
@@ -317,67 +317,10 @@ class LanguageModel(Model):
                 if out is not None:
                     nn.init.normal_(out.weight, std=0.02 / math.sqrt(2 * self.config.depth))
 
-    # ---------------------------------------------------------------- the token prior
-    def _logit_bias(self) -> Tensor | None:
-        """A bias on the token logits ``(V,)``, or None: the tied head of eq. (84) has none."""
-        return None
-
-    def _feature_bias(self) -> Tensor | None:
-        """A bias adding a constant vector to the features the head reads: the final LayerNorm's, else the last
-        layer's ``output_bias()`` (None when the last layer replaces the tokens, as CRATE's ISTA does, or says
-        nothing of one)."""
-        bias = getattr(self.norm, "bias", None)
-        if bias is not None:
-            return bias
-        output_bias = getattr(self.layers[-1], "output_bias", None)
-        return output_bias() if output_bias is not None else None
-
-    @torch.no_grad()
-    def init_token_prior(self, log_prior: Tensor, idx: Tensor) -> bool:
-        """Make the untrained model predict the token distribution ``softmax(log_prior)`` (``(V,)``, e.g. the
-        training tokens' log frequencies), measured on the token ids ``idx`` ``(b, n)``; True when done.
-
-        Without it, training first learns the token frequencies, and a model whose head has no bias learns them by
-        making its features the same for every token: in CRATE-GPT the first layer's MSSA output outgrows the token
-        embedding, each later LayerNorm passes a nearly token-independent vector and the lower layers' gradients
-        shrink, so the loss sits near the unigram entropy (docs/language-models.md; this is the "initialise the
-        output bias to the log prior" advice of Karpathy's "A Recipe for Training Neural Networks", 2019).
-
-        A logit bias is set to the centred log prior.  A tied head gets ``ℓ_v / s`` added to every coordinate of
-        row ``v`` of the embedding, ``s`` the mean over ``idx``'s tokens of the head's features summed over
-        coordinates: the logits move by ``ℓ_v`` while the layers, which read the embedding through LayerNorm (it
-        removes a constant vector), are unchanged.  When the features have no such constant part (a final
-        LayerNorm, a residual last layer), the bias that adds one is set to 1 first; False (nothing changed) when
-        there is none (CRATE-α's ODL).
-        """
-        ell = torch.log_softmax(log_prior.double(), 0)
-        ell = (ell - (ell.exp() * ell).sum()).float()  # centred on the prior's mean: frequent tokens move least
-        bias = self._logit_bias()
-        if bias is not None:
-            bias.copy_(ell.to(bias))
-            return True
-        s = self._feature_sums(idx)
-        if not s.mean() > 4 * s.std(correction=0):  # no part of the features constant over tokens to carry the prior
-            channel = self._feature_bias()
-            if channel is None:
-                return False
-            channel.fill_(1.0)
-            s = self._feature_sums(idx)
-        self.wte.weight.add_((ell / s.mean()).to(self.wte.weight)[:, None])
-        return True
-
-    def _feature_sums(self, idx: Tensor) -> Tensor:
-        """The head's features of every token of ``idx`` summed over coordinates (eval mode: no dropout)."""
-        was = self.training
-        self.eval()
-        try:
-            return self.forward_features(idx).float().sum(-1).flatten()
-        finally:
-            self.train(was)
-
     # ---------------------------------------------------------------- embedding
-    def check_tokens(self, idx: Tensor, start: int = 0) -> None:
-        """One-line ValueError for ids the model cannot take (type, rank, range, longer than the context)."""
+    def check_tokens(self, idx: Tensor, start: int | Tensor = 0) -> None:
+        """One-line ValueError for ids the model cannot take (type, rank, range, longer than the context).  A
+        tensor ``start`` (compiled decoding's position) is not read: its length was checked before decoding."""
         c = self.config
         if not isinstance(idx, Tensor) or idx.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"expected a LongTensor of token ids, got {getattr(idx, 'dtype', type(idx).__name__)}")
@@ -389,7 +332,7 @@ class LanguageModel(Model):
         n = idx.shape[1]
         if n == 0:
             raise ValueError("empty token sequence; pass at least one token")
-        if start + n > c.block_size:
+        if not isinstance(start, Tensor) and start + n > c.block_size:
             raise ValueError(
                 f"sequence of {start + n} tokens is longer than the model's context of {c.block_size} "
                 f"(block_size); pass at most {c.block_size} tokens, e.g. idx[:, -{c.block_size}:]"
@@ -398,10 +341,15 @@ class LanguageModel(Model):
             idx, c.vocab_size, "token id", "is outside the vocabulary", "encode the text with the model's own tokenizer"
         )
 
-    def embed(self, idx: Tensor, start: int = 0) -> Tensor:
-        """``f_pre`` of eqs. (83)/(88): ``f_embed(X) + E_pos`` for positions ``start .. start + n − 1``."""
+    def embed(self, idx: Tensor, start: int | Tensor = 0) -> Tensor:
+        """``f_pre`` of eqs. (83)/(88): ``f_embed(X) + E_pos`` for positions ``start .. start + n − 1`` (``start``
+        a Python int, or a 0-d tensor on the device: compiled decoding's position)."""
         self.check_tokens(idx, start)
-        pos = torch.arange(start, start + idx.shape[1], device=idx.device)
+        n = idx.shape[1]
+        if isinstance(start, Tensor):
+            pos = start + torch.arange(n, device=idx.device)
+        else:
+            pos = torch.arange(start, start + n, device=idx.device)
         e_pos = self.wpe(pos) if self.wpe is not None else self.pos_table[pos]
         return self.drop(self.wte(idx) + e_pos)
 
@@ -410,11 +358,13 @@ class LanguageModel(Model):
         self, idx: Tensor, cache: list[dict[str, Tensor]] | None = None, key_mask: Tensor | None = None
     ) -> Tensor:
         """The last layer's tokens (b, n, d); ``key_mask`` (b, n) False at padding, which no token attends to."""
-        z = self.embed(idx, _cached_length(cache))
+        z = self.embed(idx, cached_length(cache))
         if cache is None:
             return self.norm(self.run_layers(z, key_mask=key_mask))
         for layer, layer_cache in zip(self.layers, cache):
-            z = layer(z, cache=layer_cache, key_mask=key_mask)[0]
+            # a fixed-size buffer (compiled decoding) hides its positions not yet filled
+            mask = layer_cache.key_mask if isinstance(layer_cache, StaticLayerCache) else key_mask
+            z = layer(z, cache=layer_cache, key_mask=mask)[0]
         return self.norm(z)
 
     def forward_head(self, z: Tensor, pre_logits: bool = False) -> Tensor:
@@ -459,66 +409,7 @@ class LanguageModel(Model):
         """An empty key-value cache (one dict per layer) for :meth:`forward`."""
         return [{} for _ in self.layers]
 
-    @torch.no_grad()
-    def generate(
-        self,
-        idx: Tensor,
-        max_new_tokens: int,
-        *,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        use_cache: bool = True,
-        generator: torch.Generator | None = None,
-        eos_id: int | None = None,
-        return_logits: bool = False,
-        on_token: Callable[[Tensor], None] | None = None,
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        """Append ``max_new_tokens`` sampled tokens to ``idx`` (b, n) (causal models only).
-
-        ``on_token`` is called with each step's new tokens (b, 1) as they are sampled (to stream the text).
-
-        ``temperature`` 0 is greedy.  With ``use_cache`` each step runs the newest token only, against the
-        cached earlier ones; once the context is full, the window slides and the cache is rebuilt from the
-        last ``block_size`` tokens, exactly what the uncached path computes.  ``return_logits`` also returns
-        every step's ``(b, steps, V)`` logits (the cached and uncached paths agree to float rounding).
-        """
-        c = self.config
-        if not c.causal:
-            raise ValueError("generation needs a causal (GPT) model; this one is a masked LM (objective mlm)")
-        NON_NEGATIVE.check("max_new_tokens", max_new_tokens)
-        self.check_tokens(idx[:, -c.block_size :])
-        was_training = self.training
-        if was_training:  # a switch drops what the layers keep between forwards (ISTA's step matrix)
-            self.eval()
-        cache, steps = None, []
-
-        def next_logits(ids: Tensor, cache: list[dict[str, Tensor]] | None) -> Tensor:
-            return self.forward_head(self.forward_features(ids, cache)[:, -1])  # the head on the last token only
-
-        try:
-            for _ in range(max_new_tokens):
-                window = idx[:, -c.block_size :]
-                if not use_cache:
-                    logits = next_logits(window, None)
-                elif cache is None or _cached_length(cache) >= c.block_size:
-                    cache = self.new_cache()
-                    logits = next_logits(window, cache)
-                else:
-                    logits = next_logits(idx[:, -1:], cache)
-                steps.append(logits)
-                nxt = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
-                idx = torch.cat([idx, nxt], dim=1)
-                if on_token is not None:
-                    on_token(nxt)
-                if eos_id is not None and bool((nxt == eos_id).all()):
-                    break
-        finally:
-            if was_training:
-                self.train()
-        if return_logits:
-            return idx, torch.stack(steps, 1) if steps else idx.new_zeros(idx.shape[0], 0, c.vocab_size).float()
-        return idx
+    generate = generate  # generation.generate: the tokens after idx (its docstring)
 
     # ---------------------------------------------------------------- utilities
     def num_params(self, trainable_only: bool = False, exclude_positions: bool = False) -> int:
@@ -531,8 +422,11 @@ class LanguageModel(Model):
         """The sequence-classification head (None when the model has none)."""
         return self.classifier
 
-    def reset_classifier(self, num_classes: int) -> None:
-        """A fresh sequence-classification head for ``num_classes`` labels (1 = regression)."""
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A fresh sequence-classification head for ``num_classes`` labels (1 = regression); it reads the features
+        of the last real token when causal, the mean of the real tokens when not (:meth:`classify`), so
+        ``global_pool`` can only be that (``"last"`` / ``"avg"``)."""
+        self.refuse_pool(global_pool, "last" if self.config.causal else "avg")
         self.config = dataclasses.replace(self.config, num_labels=num_classes)
         ref = self.wte.weight
         self.classifier = nn.Linear(self.config.dim, num_classes).to(ref.device, ref.dtype)
@@ -556,81 +450,6 @@ def build_lm(config: LMConfig) -> LanguageModel:
     """The language model ``config.arch`` names: this class or the subclass that builds it (CRATE-BERT's
     :class:`~crate_transformer.bert.CRATEBert` once ``bert.py`` is imported, as ``import crate_transformer`` does)."""
     return LanguageModel.class_for(config.arch)(config)
-
-
-def _cached_length(cache: list[dict[str, Any]] | None) -> int:
-    """Tokens a cache holds: its ``"length"`` entry where a layer keeps a constant-size state (ToST's running
-    sums), else the token axis of its first tensor (keys and values)."""
-    if not cache or not cache[0]:
-        return 0
-    first = cache[0]
-    return first["length"] if "length" in first else next(iter(first.values())).shape[-2]
-
-
-# --------------------------------------------------------------------------- objectives and sampling
-def mask_tokens(
-    idx: Tensor,
-    *,
-    mask_id: int,
-    vocab_size: int,
-    special_ids: Tensor | list[int] = (),
-    prob: float = 0.15,
-    generator: torch.Generator | None = None,
-) -> tuple[Tensor, Tensor]:
-    """BERT masking for eq. (85): choose each non-special token with probability ``prob`` (the set Ω);
-    of those, 80 % become ``[MASK]``, 10 % a random token, 10 % stay.  Returns ``(inputs, labels)`` with
-    ``labels = -100`` outside Ω (ignored by the cross-entropy)."""
-    Range(0, 1, lo_open=True, hi_open=True, note="the share of tokens masked").check("prob", prob)
-    dev = idx.device
-
-    def uniform() -> Tensor:
-        return torch.rand(idx.shape, generator=generator, device=dev)
-
-    chosen = uniform() < prob
-    if len(special_ids):
-        chosen &= ~torch.isin(idx, torch.as_tensor(special_ids, device=dev))
-    labels = torch.where(chosen, idx, torch.full_like(idx, -100))
-    u = uniform()
-    inputs = torch.where(chosen & (u < 0.8), torch.full_like(idx, mask_id), idx)
-    rand = torch.randint(vocab_size, idx.shape, generator=generator, device=dev)
-    inputs = torch.where(chosen & (u >= 0.8) & (u < 0.9), rand, inputs)
-    return inputs, labels
-
-
-TEMPERATURE = Range(0, note="0 = greedy")  # of sample_next / generate / crate generate --temperature
-TOP_P = Range(0, 1, lo_open=True, note="1 = off")  # nucleus threshold, likewise
-
-
-def sample_next(
-    logits: Tensor,
-    *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """One token per row of ``logits`` (b, V) → (b, 1): greedy at temperature 0, else sample from
-    ``softmax(logits / T)`` restricted to the ``top_k`` most likely tokens and to the smallest set whose
-    probability reaches ``top_p`` (nucleus sampling)."""
-    TEMPERATURE.check("temperature", temperature)
-    if top_k is not None:
-        POSITIVE.check("top_k", top_k)
-    if top_p is not None:
-        TOP_P.check("top_p", top_p)
-    logits = logits.float()
-    if temperature == 0:
-        return logits.argmax(-1, keepdim=True)
-    logits = logits / temperature
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        drop = probs.cumsum(-1) - probs >= top_p  # tokens after the nucleus is complete
-        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)
 
 
 # --------------------------------------------------------------------------- the authors' and GPT-2 checkpoints
@@ -743,6 +562,16 @@ def lm_checkpoint_fields(raw: object) -> dict[str, Any]:
     return found
 
 
+# the attention tensors of a GPT-2 block (nanoGPT's and Hugging Face's names, the causal-mask buffers included): a
+# block whose attention holds others (ToST's TSSA temperature and denominator bias) is another format
+_GPT2_ATTENTION = tuple(f".attn.{n}" for n in ("c_attn.weight", "c_attn.bias", "c_proj.weight", "c_proj.bias"))
+_GPT2_ATTENTION += (".attn.bias", ".attn.masked_bias")
+
+
+def _only_gpt2_attention(state: Mapping[str, Tensor]) -> bool:
+    return all(k.endswith(_GPT2_ATTENTION) for k in state if ".attn." in k)
+
+
 def _has_token_table(state: Mapping[str, Tensor]) -> bool:
     return any(k.endswith("wte.weight") for k in state)
 
@@ -786,17 +615,19 @@ CRATE_LM_FORMAT = OfficialFormat(
     check=check_official_lm,
     fields=lm_checkpoint_fields,
     unstored=HEADS_NOT_STORED,
+    file_names={"heads": "model_args.n_head"},
 )
 GPT2_FORMAT = OfficialFormat(
     name="GPT-2",
     origin="karpathy/nanoGPT ckpt.pt, or Hugging Face GPT2LMHeadModel / GPT2Model weights",
     to_native=gpt2_to_native,
-    detect=lambda state: any(k.endswith(".mlp.c_fc.weight") for k in state),
+    detect=lambda state: any(k.endswith(".mlp.c_fc.weight") for k in state) and _only_gpt2_attention(state),
     example="gpt2_base",
     check=check_official_lm,
     fields=lm_checkpoint_fields,
     overridable=("gelu",),
     unstored=HEADS_NOT_STORED,
+    file_names={"heads": "model_args.n_head"},
 )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
@@ -54,6 +54,11 @@ class OfficialFormat:
     off the tensors, must agree with it).  ``optional`` lists native key prefixes a checkpoint may lack (a
     fine-tuned classifier's file without the LM head): those weights keep their initialisation, with a warning.
 
+    ``file_names`` says how the file names a field it stores outside the tensors (``{"image_size":
+    "args.input_size"}``), for the one-line error when the value is not of the field's type or size
+    (:func:`~crate_transformer.loading.values.file_fields`, which every value ``fields`` / ``config_file`` read
+    passes).
+
     ``unstored`` lists the config fields the files cannot determine that change the computation, each with the fields
     that fix the shapes it splits (:data:`HEADS_NOT_STORED`: the head count, with the width).  Unless ``fields`` /
     ``config_file`` read one off the file, the registered model's value is used only while the file has the
@@ -71,6 +76,7 @@ class OfficialFormat:
     config_file: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
     optional: tuple[str, ...] = ()
     unstored: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    file_names: Mapping[str, str] = field(default_factory=dict)
 
 
 # The head count of MSSA: U = [U_1, ..., U_K] is stored as one (K·p × d) matrix, so no shape tells K from p when K·p

@@ -24,6 +24,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .config_utils import Range
 from .objectives import at_least_float32, full_precision
+from .static_cache import StaticLayerCache
 
 __all__ = [
     "ISTA_MODES",
@@ -96,10 +97,14 @@ def cache_append(cache: dict[str, Tensor] | None, key: str, new: Tensor) -> Tens
     """``new`` (b, K, n, p) appended along the token axis to ``cache[key]`` (stored back), or ``new`` itself.
 
     A layer's key-value cache is a plain dict: CRATE's MSSA keeps one tensor ``"w"`` (``U_kᵀ z`` serves as
-    query, key and value, eq. (35)), a standard attention ``"k"`` and ``"v"``.
+    query, key and value, eq. (35)), a standard attention ``"k"`` and ``"v"``.  A
+    :class:`~crate_transformer.static_cache.StaticLayerCache` (compiled decoding) writes ``new`` into its
+    fixed-size buffer in place and returns the whole buffer (its ``key_mask`` hides the unfilled positions).
     """
     if cache is None:
         return new
+    if isinstance(cache, StaticLayerCache):
+        return cache.append(key, new)
     old = cache.get(key)
     cache[key] = new if old is None else torch.cat([old, new], dim=-2)
     return cache[key]
@@ -353,13 +358,16 @@ class TSSA(nn.Module):
         shrink = F.dropout(1.0 / (1.0 + moment), self.attn_dropout, self.training)
         return sq, pi, -shrink.reshape(b, D)
 
-    def _scores(self, w: Tensor, cache: dict[str, Any] | None, start: int) -> Tensor:
+    def _scores(self, w: Tensor, cache: dict[str, Any] | None, start: int | Tensor) -> Tensor:
         """The causal form's Π as ``(b, K, n)`` (softmax over the heads) from the projections ``w``."""
         sq = w.square()
         energy = sq.cumsum(-2)
         if cache is not None and "sq" in cache:
             energy = energy + cache["sq"]
-        share = (sq / energy.clamp_min(_TSSA_ENERGY_FLOOR) + self.denom_bias[:, start : start + w.shape[-2]]).sum(-1)
+        # gathered, not sliced: a start that is a tensor (compiled decoding's position) cannot slice, and a slice's
+        # view guards on the length against the context, which torch.export refuses for a dynamic length
+        positions = start + torch.arange(w.shape[-2], device=w.device)
+        share = (sq / energy.clamp_min(_TSSA_ENERGY_FLOOR) + self.denom_bias.index_select(1, positions)).sum(-1)
         return torch.softmax(share * self.temp, dim=1)
 
     def memberships(self, x: Tensor) -> Tensor:
@@ -406,7 +414,8 @@ class TSSA(nn.Module):
             raise ValueError("a key-value cache needs a causal TSSA without return_attention")
         b, n, _ = x.shape
         start = 0 if cache is None else cache.get("length", 0)
-        if self.causal and start + n > self.denom_bias.shape[1]:
+        # a tensor start is compiled decoding's position, whose length was checked before decoding began
+        if self.causal and not isinstance(start, Tensor) and start + n > self.denom_bias.shape[1]:
             raise ValueError(f"{start + n} tokens exceed the context of {self.denom_bias.shape[1]} (block_size)")
         if not self.causal:
             out, pi = self._global(x)
@@ -708,14 +717,25 @@ def drop_path_rates(rate: float, depth: int) -> list[float]:
 
 
 def set_drop_path(model: nn.Module, rate: float) -> None:
-    """Give ``model.layers`` the drop path rates of :func:`drop_path_rates` (e.g. before fine-tuning a loaded
-    model) and record ``rate`` in ``model.config.drop_path`` where the config has that field."""
-    layers = list(model.layers)
-    for layer, r in zip(layers, drop_path_rates(rate, len(layers))):
-        layer.drop_path = DropPath(r)
+    """Record ``rate`` as ``model.config.drop_path`` and give every :class:`DropPath` of ``model`` the rate that the
+    model's own constructor gives it for that config (e.g. before fine-tuning a loaded model).
+
+    The rates are read from the model built from the new config (once, on the meta device), not recomputed here:
+    each family keeps its own rule (timm's and DeiT's linear rise for CRATE, ViT, CRATE-MAE and CRATE-α; one rate
+    for every block in ToST, as XCiT), so a model rebuilt from its saved config — a resumed run,
+    ``from_pretrained`` — is the model that was trained."""
     config = getattr(model, "config", None)
-    if config is not None and hasattr(config, "drop_path"):
-        model.config = config.replace(drop_path=rate)
+    if config is None or not hasattr(config, "drop_path"):
+        raise ValueError(f"{type(model).__name__} has no drop_path setting; drop path applies to the image encoders")
+    config = config.replace(drop_path=rate)
+    with torch.device("meta"):
+        rates = {name: m.p for name, m in type(model)(config).named_modules() if isinstance(m, DropPath)}
+    mine = {name: m for name, m in model.named_modules() if isinstance(m, DropPath)}
+    if mine.keys() != rates.keys():
+        raise ValueError(f"{type(model).__name__}'s drop path modules differ from those its config builds")
+    for name, module in mine.items():
+        module.p = float(rates[name])
+    model.config = config
 
 
 # --------------------------------------------------------------------------- layers

@@ -36,8 +36,8 @@ from ._hub import (
     write_hub_folder,
 )
 from ._registry import ZOO, PretrainedSource, list_pretrained, official_formats, pretrained_source
-from .checkpoint import load_model
 from .io import CheckpointError
+from .loading.pipeline import load_model
 from .spec import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = [

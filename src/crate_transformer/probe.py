@@ -78,9 +78,13 @@ def extract_features(
     try:
         for images, y in source.batches(batch_size, shuffle=False):
             x = prepare_batch(
-                images, device=device, image_size=image_size or config.image_size,
-                channels=channels or config.in_chans, mean=mean, std=std,
-            )  # fmt: skip
+                images,
+                device=device,
+                image_size=image_size or config.image_size,
+                channels=channels or config.in_chans,
+                mean=mean,
+                std=std,
+            )
             feats.append(pool_tokens(model.forward_features(x), pool).float().cpu())
             labels.append(y.cpu())
     finally:
@@ -246,8 +250,9 @@ def sgd_linear_probe(
 
     _check_features(train_x, train_y, test_x, test_y)
     if optimizer not in ("lars", "sgd") or epochs < 1 or batch_size < 1:
-        raise ValueError(f"need optimizer lars | sgd, epochs >= 1, batch_size >= 1; got {optimizer!r}, {epochs}, "
-                         f"{batch_size}")  # fmt: skip
+        raise ValueError(
+            f"need optimizer lars | sgd, epochs >= 1, batch_size >= 1; got {optimizer!r}, {epochs}, {batch_size}"
+        )
     gen = torch.Generator().manual_seed(seed)
     classes = int(max(train_y.max(), test_y.max())) + 1
     bn = nn.BatchNorm1d(train_x.shape[1], affine=False, eps=1e-6)
@@ -270,13 +275,28 @@ def sgd_linear_probe(
             opt.zero_grad()
             loss.backward()
             opt.step()
+    return _folded_result(bn, head, train_x, train_y, test_x, test_y, optimizer)
+
+
+def _folded_result(
+    bn: nn.BatchNorm1d, head: nn.Linear, train_x: Tensor, train_y: Tensor, test_x: Tensor, test_y: Tensor, protocol: str
+) -> ProbeResult:
+    """The probe's result with the BatchNorm's running statistics folded into the linear head."""
     with torch.no_grad():
         scale = (bn.running_var + bn.eps).rsqrt()
         w = head.weight * scale
         b = head.bias - w @ bn.running_mean
     acc = lambda fx, fy: float(((fx.float() @ w.T + b).argmax(1) == fy).float().mean())  # noqa: E731
-    return ProbeResult(acc=acc(test_x, test_y), train_acc=acc(train_x, train_y), C=0.0, num_train=len(train_y),
-                       num_test=len(test_y), weight=w.detach(), bias=b.detach(), protocol=optimizer)  # fmt: skip
+    return ProbeResult(
+        acc=acc(test_x, test_y),
+        train_acc=acc(train_x, train_y),
+        C=0.0,
+        num_train=len(train_y),
+        num_test=len(test_y),
+        weight=w.detach(),
+        bias=b.detach(),
+        protocol=protocol,
+    )
 
 
 def _warmup_cosine(lr: float, epoch: float, warmup: int, epochs: int) -> float:

@@ -42,6 +42,9 @@ DEFAULT_NORMALIZATION = "ImageNet's (none recorded)"
 INTERPOLATIONS = ("bilinear", "bicubic")
 # the centre crop's share of the resized shorter side (timm's crop_pct)
 CROP_PCT = Range(0, 1, lo_open=True, note="the crop's share of the resized shorter side")
+# a channel's normalisation, on pixel values scaled to [0, 1]: a mean among them, a spread no wider than they are
+MEAN = Range(0, 1, note="a channel's mean pixel value, pixels scaled to [0, 1]")
+STD = Range(0, 1, lo_open=True, note="a channel's standard deviation, pixels scaled to [0, 1]")
 # timm's data-config keys, which resolve_data_config takes as overrides
 _DATA_KEYS = ("input_size", "img_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
 
@@ -219,6 +222,9 @@ def resolve_data_config(model: Any, **args: Any) -> dict[str, Any]:
     if fit is None:
         raise ValueError(f"mean/std of {len(np.ravel(out['mean']))} values cannot feed {channels}-channel images")
     out["mean"], out["std"] = tuple(fit[0]), tuple(fit[1])
+    for name, rule in (("mean", MEAN), ("std", STD)):
+        for value in out[name]:
+            rule.check(name, value)
     if out["interpolation"] not in INTERPOLATIONS:
         raise ValueError(f"unknown interpolation {out['interpolation']!r}; choose one of {INTERPOLATIONS}")
     CROP_PCT.check("crop_pct", float(out["crop_pct"]))

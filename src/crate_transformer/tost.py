@@ -432,9 +432,11 @@ class ToST(ImageInput, Model):
     def get_classifier(self) -> nn.Module:
         return self.head
 
-    def reset_classifier(self, num_classes: int) -> None:
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """A fresh head (truncated normal, std 0.02) for ``num_classes`` classes (0: none, the class token's
-        features)."""
+        features); the features are the class token's after the class-attention blocks, so ``global_pool`` can
+        only be ``"token"`` (timm's name for it)."""
+        self.refuse_pool(global_pool, "token")
         self.config = dataclasses.replace(self.config, num_classes=num_classes)
         ref = self.norm.weight
         self.head = classifier_layer(self.config.dim, num_classes).to(ref.device, ref.dtype)
@@ -542,9 +544,8 @@ def tost_fields(raw: object) -> dict[str, Any]:
     if "head.weight" in state:
         found["num_classes"] = state["head.weight"].shape[0]
     args = raw.get("args") if isinstance(raw, Mapping) else None
-    size = getattr(args, "input_size", None)
-    if isinstance(size, int) and not isinstance(size, bool):
-        found["image_size"] = size
+    if getattr(args, "input_size", None) is not None:  # as stored: the loader types and bounds it (file_fields)
+        found["image_size"] = args.input_size
     return found
 
 
@@ -575,6 +576,7 @@ TOST_FORMAT = OfficialFormat(
     example="tost_cab_small_12_p16",
     fields=tost_fields,
     overridable=("image_size",),
+    file_names={"image_size": "args.input_size"},
 )
 TOST_LM_FORMAT = OfficialFormat(
     name="ToST language model",
@@ -583,6 +585,7 @@ TOST_LM_FORMAT = OfficialFormat(
     detect=lambda state: any(k.endswith("attn.denom_bias") for k in state),
     example="tost_gpt_base",
     fields=tost_lm_fields,
+    file_names={"heads": "model_args.n_head"},
 )
 
 

@@ -31,6 +31,7 @@ import torch
 from matplotlib import colormaps
 from torch import Tensor
 
+from ..io import make_folder
 from ..model import ImageClassifier
 from ._common import Normalization, eval_trace, layer_index, normalize_images
 from .attention import summary_rows
@@ -232,7 +233,7 @@ def explorer_section(payload: dict) -> str:
 def write_explorer(payload: dict, path: str | Path, title: str = "CRATE explorer") -> Path:
     """A standalone HTML page holding only the explorer of ``payload``; returns its path."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     page = (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
         f"<body style='font-family:sans-serif'>{explorer_section(payload)}</body></html>\n"

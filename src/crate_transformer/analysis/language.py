@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from ..figures import InlineFigure
-from ..io import write_json
+from ..io import make_folder, write_json
 from .explorer import explorer_section, text_payload
 from .measure import LayerTable, measure_batch
 from .plots import plot_layerwise, save_figure
@@ -166,7 +166,7 @@ def analyze_text(
     from .verdicts import layer_claims
 
     t0, LM = time.time(), LM_SECTION
-    out = Path(out_dir)
+    out = make_folder(out_dir, "report folder")
     table = measure_text(model, blocks, eps=eps, batch_size=batch_size)
     initial, base = _initial_text(model, blocks, eps, batch_size)
     plot_layerwise(

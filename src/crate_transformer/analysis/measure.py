@@ -54,6 +54,7 @@ from torch import Tensor
 
 from ..config_utils import POSITIVE
 from ..errors import Opt, OptionError
+from ..io import read_side_file, write_json
 from ..model import ImageClassifier
 from ..objectives import coding_rate, l1_per_entry, rate_reduction, sparsity, variational_coding_rate
 from ..progress import progress_bar
@@ -240,7 +241,7 @@ class LayerTable:
     def to_json(self, path: str | Path | None = None, per_sample: bool = False) -> str:
         text = json.dumps(self.to_dict(per_sample), indent=2)
         if path is not None:
-            Path(path).write_text(text + "\n")
+            write_json(path, self.to_dict(per_sample))
         return text
 
     @classmethod
@@ -400,15 +401,9 @@ def load_measure_records(path: str | Path, split: str | None = MEASURE_SPLIT) ->
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"metrics log not found: {path}")
-    out = []
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a killed run
-        if isinstance(r, dict) and "layer" in r and "rc_in" in r and (split is None or r.get("split") == split):
-            out.append(r)
-    return out
+    fix = "restore it, or delete it (the measurements it held are lost)"
+    return [
+        r
+        for r in read_side_file(path, fix, form="jsonl")
+        if "layer" in r and "rc_in" in r and (split is None or r.get("split") == split)
+    ]

@@ -28,6 +28,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from ..figures import InlineFigure
+from ..io import make_folder
 from .measure import METRICS, LayerTable
 
 __all__ = [
@@ -78,7 +79,7 @@ MASK_COLORS = np.array(
 def save_figure(fig: Figure, path: str | Path | None, dpi: int = 100) -> Figure:
     """Write ``fig`` as a PNG at ``path`` (when given; folders created) and return it."""
     if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        make_folder(Path(path).parent)
         fig.savefig(path, dpi=dpi, bbox_inches="tight")
     return fig
 
@@ -331,7 +332,7 @@ def save_mask_png(masks: np.ndarray, size: tuple[int, int], path: str | Path) ->
     palette = np.zeros((256, 3), dtype=np.uint8)
     palette[: len(MASK_COLORS)] = MASK_COLORS
     im.putpalette(palette.ravel().tolist())
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    make_folder(Path(path).parent)
     im.save(path)
     return Path(path)
 

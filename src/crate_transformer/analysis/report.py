@@ -26,6 +26,7 @@ from torch import Tensor
 
 from .._version import __version__
 from ..data import match_channels
+from ..io import make_folder
 from ..model import ImageClassifier
 from ._common import (
     Normalization,
@@ -155,9 +156,14 @@ def _initial_measurements(ctx: _Context, progress: bool) -> tuple[dict[str, Base
     baselines, curves = {}, {}
     for name, imgs in ctx.splits.items():
         t = measure(
-            ctx.initial, imgs, eps=ctx.eps, batch_size=ctx.batch_size, normalize=ctx.normalization,
-            progress=progress, desc=f"{name} {INITIAL}",
-        )  # fmt: skip
+            ctx.initial,
+            imgs,
+            eps=ctx.eps,
+            batch_size=ctx.batch_size,
+            normalize=ctx.normalization,
+            progress=progress,
+            desc=f"{name} {INITIAL}",
+        )
         baselines[name] = baseline_from_table(t, f"a freshly initialised model of the same architecture, {name} images")
         curves[f"{name} {INITIAL}"] = t
     return baselines, curves
@@ -175,28 +181,57 @@ def rate_notes(model: torch.nn.Module, tables: Mapping[str, LayerTable]) -> list
 def _layerwise_section(ctx: _Context, progress: bool) -> Part:
     for name, imgs in ctx.splits.items():
         ctx.tables[name] = measure(
-            ctx.model, imgs, eps=ctx.eps, batch_size=ctx.batch_size, normalize=ctx.normalization,
-            progress=progress, desc=name,
-        )  # fmt: skip
-    tables, eps, fig_dir = ctx.tables, ctx.eps, ctx.fig_dir
+            ctx.model,
+            imgs,
+            eps=ctx.eps,
+            batch_size=ctx.batch_size,
+            normalize=ctx.normalization,
+            progress=progress,
+            desc=name,
+        )
+    tables, fig_dir = ctx.tables, ctx.fig_dir
     baselines, initial = _initial_measurements(ctx, progress)
-    split_names = " vs ".join(tables)
-    plot_layerwise(tables, fig_dir / "layerwise.png", metrics=("rc_in", "nonzero"), references=initial)
-    plot_layerwise(
-        tables, fig_dir / "layerwise_all.png", metrics=("rc_in", "rc_half", "rc_out"),
-        title="R^c at the MSSA input, the MSSA output and the layer output", references=initial,
-    )  # fmt: skip
-    plot_layerwise(
-        tables, fig_dir / "layerwise_rate.png", metrics=("l1", "rate", "rate_reduction"),
-        title="l1 norm, coding rate and rate reduction of the layer outputs", references=initial,
-    )  # fmt: skip
+    _plot_layerwise_figures(tables, fig_dir, initial)
     against = (
         f" Dashed: the same architecture at initialisation ({next(iter(baselines.values())).source}), the reference "
         "of the verdicts."
         if baselines
         else ""
     )
-    figures = [
+    figures = _layerwise_captions(tables, ctx.eps, against)
+    figures += variational_figure(tables, initial, fig_dir, against)
+    return Part(
+        figures,
+        {
+            "measure": {k: t.to_dict(per_sample=True) for k, t in tables.items()},
+            "initialisation": {k: v if isinstance(v, list) else v.to_records() for k, v in initial.items()},
+        },
+        layer_verdicts(tables, ctx.section, baselines),
+        rate_notes(ctx.model, tables),
+    )
+
+
+def _plot_layerwise_figures(tables: dict[str, LayerTable], fig_dir: Path, initial: dict[str, object]) -> None:
+    plot_layerwise(tables, fig_dir / "layerwise.png", metrics=("rc_in", "nonzero"), references=initial)
+    plot_layerwise(
+        tables,
+        fig_dir / "layerwise_all.png",
+        metrics=("rc_in", "rc_half", "rc_out"),
+        title="R^c at the MSSA input, the MSSA output and the layer output",
+        references=initial,
+    )
+    plot_layerwise(
+        tables,
+        fig_dir / "layerwise_rate.png",
+        metrics=("l1", "rate", "rate_reduction"),
+        title="l1 norm, coding rate and rate reduction of the layer outputs",
+        references=initial,
+    )
+
+
+def _layerwise_captions(tables: dict[str, LayerTable], eps: float, against: str) -> list[tuple[str, str, str]]:
+    split_names = " vs ".join(tables)
+    return [
         (
             "layerwise.png",
             "Compression and sparsity versus layer (JMLR Fig. 14; Fig. 21, Fig. 26 for ViT)",
@@ -221,16 +256,6 @@ def _layerwise_section(ctx: _Context, progress: bool) -> Part:
             + against,
         ),
     ]
-    figures += variational_figure(tables, initial, fig_dir, against)
-    return Part(
-        figures,
-        {
-            "measure": {k: t.to_dict(per_sample=True) for k, t in tables.items()},
-            "initialisation": {k: v if isinstance(v, list) else v.to_records() for k, v in initial.items()},
-        },
-        layer_verdicts(tables, ctx.section, baselines),
-        rate_notes(ctx.model, tables),
-    )
 
 
 def variational_figure(
@@ -242,9 +267,12 @@ def variational_figure(
         return []
     refs = {k: v for k, v in initial.items() if isinstance(v, LayerTable) or (v and "rvar_in" in v[0])}
     plot_layerwise(
-        tables, fig_dir / "layerwise_variational.png", metrics=VARIATIONAL, references=refs,
+        tables,
+        fig_dir / "layerwise_variational.png",
+        metrics=VARIATIONAL,
+        references=refs,
         title="Variational compression term R^c_var at the TSSA input, after TSSA and at the layer output",
-    )  # fmt: skip
+    )
     caption = (
         "The variational compression term that ToST's attention descends (Wu et al., ICLR 2025; "
         "objectives.variational_coding_rate) of each layer's input Z^l, of Z^(l+1/2) after its TSSA step and of its "
@@ -269,18 +297,23 @@ def _pick_vis_images(ctx: _Context, vis_images: Tensor | None, num_vis: int) -> 
     ctx.x = normalize_images(ctx.vis_images, ctx.normalization).to(model_device(ctx.model))
     p = ctx.model.config.patch_size
     ctx.grid = (ctx.x.shape[-2] // p, ctx.x.shape[-1] // p)
-    return Part(json={"visual": {"num_images": int(ctx.x.shape[0]), "image_size": list(ctx.x.shape[-2:]),
-                                 "grid": list(ctx.grid)}})  # fmt: skip
+    return Part(
+        json={
+            "visual": {"num_images": int(ctx.x.shape[0]), "image_size": list(ctx.x.shape[-2:]), "grid": list(ctx.grid)}
+        }
+    )
 
 
 def _attention_section(ctx: _Context, attn_li: int) -> Part:
     maps = cls_attention(ctx.model, ctx.x, attn_li)
     L = ctx.depth
     plot_attention(
-        ctx.vis_images, maps, ctx.fig_dir / "attention.png",
+        ctx.vis_images,
+        maps,
+        ctx.fig_dir / "attention.png",
         title=f"{'Class-token attention' if ctx.model.trace_prefix_tokens else 'Memberships'} per head, layer "
         f"{attn_li + 1} of {L}",
-    )  # fmt: skip
+    )
     ent = attention_entropy(maps)
     fig = ("attention.png", *_attention_words(ctx.model.trace_prefix_tokens, attn_li + 1, L))
     return Part(
@@ -478,13 +511,14 @@ def analyze(
         raise ValueError("no images to analyse: pass at least one split of images")
     attn_li, seg_li = layer_index(model, attn_layer), layer_index(model, seg_layer)
     t0 = time.perf_counter()
-    ctx = _Context(model, Path(out), splits, normalization, eps, batch_size, section or default_section(model))
+    out, section = make_folder(out, "report folder"), section or default_section(model)  # the target first
+    ctx = _Context(model, out, splits, normalization, eps, batch_size, section)
     if isinstance(initial, str) and initial != "fresh":
         raise ValueError(f"initial must be 'fresh', the run's step-0 measurement records or None, got {initial!r}")
     if initial is not None:
         ctx.initial = initial_model(model)
         ctx.initial_records = None if isinstance(initial, str) else [dict(r) for r in initial]
-    ctx.fig_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(ctx.fig_dir, "figure folder")
     report = _header(model, source, normalization, eps)
     parts = [
         _layerwise_section(ctx, progress),

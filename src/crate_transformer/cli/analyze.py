@@ -23,9 +23,18 @@ from .options import add_report_options
 
 # options of one kind of model only: given for the other kind they are refused, not ignored
 IMAGE_ONLY = (
-    "images", "num_images", "num_vis", "image_size", "on_bad_image", "seg_layer", "masks", "tau", "seed", "normalize",
+    "images",
+    "num_images",
+    "num_vis",
+    "image_size",
+    "on_bad_image",
+    "seg_layer",
+    "masks",
+    "tau",
+    "seed",
+    "normalize",
     "crop_pct",
-)  # fmt: skip
+)
 TEXT_ONLY = ("num_blocks", "attn_tokens")
 # what crate analyze writes (image models: figures/, masks/; language models: PNGs beside report.json)
 ANALYZE_FILES = ("report.json", "report.html", "figures", "masks", "*.png")
@@ -66,10 +75,13 @@ def configure_analyze(parser: argparse.ArgumentParser) -> None:
         "the photos' own statistics",
     )
     number_argument(
-        parser, "--crop-pct", Range(0, 1, lo_open=True), None,
+        parser,
+        "--crop-pct",
+        Range(0, 1, lo_open=True),
+        None,
         "--images: resize the shorter side to image-size / crop-pct, then crop the centre (0.875: 256 -> 224; "
         "default: the model's pretrained_cfg, 1.0 unless its release states one)",
-    )  # fmt: skip
+    )
     add_report_options(parser, "analyze", "data")
     number_argument(parser, "--eps", Range(0, lo_open=True), 0.1, "coding precision eps (the official eps^2 = 0.01)")
     layers = "1..L, or -1 the last, -2 the one before"
@@ -180,19 +192,14 @@ def _dataset_splits(model: object, data: str, image_size: int, args: argparse.Na
 
 def _run_task(checkpoint: str) -> str | None:
     """The training task recorded in a run directory's config.yaml (e.g. "dino"), or None."""
-    import yaml
-
-    from ..config_utils import load_yaml
+    from ..io import read_side_file
+    from ..train.rundir import CONFIG_FIX
 
     path = Path(checkpoint)
     cfg = (path if path.is_dir() else path.parent.parent) / "config.yaml"  # RUN or RUN/checkpoints/last.pt
     if not cfg.is_file():
         return None
-    try:
-        saved = load_yaml(cfg.read_text(), str(cfg))
-    except yaml.YAMLError:
-        return None
-    return saved.get("task") if isinstance(saved, dict) else None
+    return read_side_file(cfg, CONFIG_FIX, form="yaml").get("task")
 
 
 def _initial_records(checkpoint: str) -> list[dict] | str:
@@ -272,9 +279,14 @@ def _folder_splits(model: object, args: argparse.Namespace, size: int) -> tuple:
     cfg = model.pretrained_cfg
     crop = args.crop_pct if args.crop_pct is not None else cfg["crop_pct"]
     imgs, files = load_image_folder(
-        args.images, size, model.config.in_chans, limit=args.num_images, on_bad_image=args.on_bad_image,
-        crop_pct=crop, interpolation=cfg["interpolation"],
-    )  # grey/RGB converted as in training  # fmt: skip
+        args.images,
+        size,
+        model.config.in_chans,
+        limit=args.num_images,
+        on_bad_image=args.on_bad_image,
+        crop_pct=crop,
+        interpolation=cfg["interpolation"],
+    )  # grey/RGB converted as in training
     norm, norm_src = _folder_normalization(args.normalize, model, imgs)
     resize = f"shorter side to {round(size / crop)} px ({cfg['interpolation']}), centre crop {size}"
     data = f"{args.images} ({len(files)} images; {resize})"
@@ -317,19 +329,31 @@ def run_analyze(args: argparse.Namespace) -> int:
     size = args.image_size or c.image_size
     if size % c.patch_size:
         raise ValueError(f"--image-size {size} is not a multiple of the model's patch size {c.patch_size}")
-    attn_layer, seg_layer = (layer_number(model, args.attn_layer, "--attn-layer"),
-                             layer_number(model, args.seg_layer, "--seg-layer"))  # fmt: skip
+    attn_layer, seg_layer = (
+        layer_number(model, args.attn_layer, "--attn-layer"),
+        layer_number(model, args.seg_layer, "--seg-layer"),
+    )
     splits, norm, source = (_folder_splits if args.images else _data_splits)(model, args, size)
     source["checkpoint"] = str(args.checkpoint)
     home = report_home(args.checkpoint)
     args.out = report_dir(args.out, home / "analysis", args.overwrite, "analyze", ANALYZE_FILES)  # after every check
     report = analyze(
-        model, args.out, splits, normalization=norm, eps=args.eps, batch_size=args.batch_size,
-        attn_layer=attn_layer, seg_layer=seg_layer, n_masks=args.masks, tau=args.tau,
-        num_vis=args.num_vis, progress=not args.no_progress, source=source,
+        model,
+        args.out,
+        splits,
+        normalization=norm,
+        eps=args.eps,
+        batch_size=args.batch_size,
+        attn_layer=attn_layer,
+        seg_layer=seg_layer,
+        n_masks=args.masks,
+        tau=args.tau,
+        num_vis=args.num_vis,
+        progress=not args.no_progress,
+        source=source,
         section="DINO backbone" if _run_task(args.checkpoint) == "dino" else None,
         initial=_initial_records(args.checkpoint),
-    )  # fmt: skip
+    )
     out = Path(args.out)
     print_layerwise(next(iter(report["measure"].values()))["layers"])
     print_verdicts(report)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config_utils import POSITIVE, Range, load_yaml, option_name
+from ..io import make_folder
 
 __all__ = [
     "parse_model_args",
@@ -125,8 +126,8 @@ def check_out_dir(path: str | Path) -> Path:
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ValueError(f"--out {path} is a file; pass a folder for the outputs")
+    make_folder(path, "--out folder")
     try:
-        path.mkdir(parents=True, exist_ok=True)
         probe = path / ".crate-write-test"
         probe.write_text("")
         probe.unlink()

@@ -108,7 +108,7 @@ def run_generate(args: argparse.Namespace) -> int:
     prefix = ids if args.prompt else []  # the end-of-text start token is not shown
     g = torch.Generator(device=device).manual_seed(args.seed)
     kw = dict(temperature=args.temperature, top_k=args.top_k or None, top_p=args.top_p if args.top_p < 1 else None,
-              use_cache=not args.no_cache, generator=g)  # fmt: skip
+              use_cache=not args.no_cache, generator=g, compile=args.compile)  # fmt: skip
     samples, done = None, 0
     try:
         while done < args.num_samples:

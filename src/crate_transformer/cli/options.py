@@ -79,7 +79,15 @@ COMMAND_OPTIONS: dict[str, dict[str, Any]] = {
         },
         "system": {"seed": "seed of the measured image subset", "device": None, "threads": None},
     },
-    "generate": {"system": {"seed": "random seed: the same seed gives the same text", "device": None, "threads": None}},
+    "generate": {
+        "system": {
+            "seed": "random seed: the same seed gives the same text",
+            "device": None,
+            "threads": None,
+            "compile": "decode with one compiled step per token on a fixed-size cache (a CUDA graph on a GPU): the "
+            "same text, faster once compiled; prompt + new tokens must fit the context",
+        }
+    },
     "features": {
         "system": {"seed": "seed of the image subset and of the chance purity", "device": None, "threads": None}
     },

@@ -135,10 +135,12 @@ def configure_eval(parser: argparse.ArgumentParser) -> None:
         "momentum, DINO-style) (default: logistic)",
     )
     frozen.add_argument(
-        "--pool", default=None, choices=POOLS,
+        "--pool",
+        default=None,
+        choices=POOLS,
         help="feature: class token | avg of the patch tokens | mean of all tokens (default: the model's pool, "
         "e.g. avg for a digits DINO run)",
-    )  # fmt: skip
+    )
 
 
 def _eval_model(args: argparse.Namespace) -> object:
@@ -161,10 +163,17 @@ def _eval_split(args: argparse.Namespace, model: object, data: str, split: str, 
     from .common import dataset_columns
 
     return open_source(
-        data, split, image_size=model.config.image_size, val_fraction=args.val_fraction, seed=args.seed,
-        on_bad_image=args.on_bad_image, mode=args.data_mode, num_workers=args.workers, stats=stats,
+        data,
+        split,
+        image_size=model.config.image_size,
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        on_bad_image=args.on_bad_image,
+        mode=args.data_mode,
+        num_workers=args.workers,
+        stats=stats,
         **dataset_columns(args, model, data),
-    )  # fmt: skip
+    )
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -193,9 +202,15 @@ def run_eval(args: argparse.Namespace) -> int:
         train_ds = ds if args.split == "train" else _eval_split(args, model, data, "train", norm)
         return _frozen_eval(args, model.to(device), train_ds, ds, norm, out, str(src), data)
     r = evaluate(
-        model.to(device), ds, mean=norm[0], std=norm[1], image_size=c.image_size, channels=c.in_chans,
-        batch_size=args.batch_size, device=device,
-    )  # fmt: skip
+        model.to(device),
+        ds,
+        mean=norm[0],
+        std=norm[1],
+        image_size=c.image_size,
+        channels=c.in_chans,
+        batch_size=args.batch_size,
+        device=device,
+    )
     _write_eval(args, r, ds.name, data, str(src), out, norm)
     return 0
 
@@ -232,8 +247,10 @@ def _frozen_eval(args: argparse.Namespace, model, train_ds, test_ds, norm, out: 
     test_x, test_y = extract_features(model, test_ds, **kw)
     report: dict = {"checkpoint": src, "data": data, "split": args.split, "pool": args.pool}
     report.update(num_train=len(train_y), num_test=len(test_y), dim=train_x.shape[1])
-    lines = [f"{test_ds.name} {args.split}: {len(test_y)} images, {args.pool} features ({train_x.shape[1]}-d) "
-             f"of {len(train_y)} train images"]  # fmt: skip
+    lines = [
+        f"{test_ds.name} {args.split}: {len(test_y)} images, {args.pool} features ({train_x.shape[1]}-d) "
+        f"of {len(train_y)} train images"
+    ]
     if args.knn:
         ks, above = usable_ks(KNN_KS, len(train_y))
         if not ks:
@@ -245,8 +262,9 @@ def _frozen_eval(args: argparse.Namespace, model, train_ds, test_ds, norm, out: 
         report["knn"] = {str(k): a for k, a in accs.items()}
         report["knn_temperature"] = 0.07
         skipped = f" (k={', '.join(map(str, above))} not run: more than the {len(train_y)} train images)"
-        lines.append("k-NN (T=0.07): " + ", ".join(f"k={k} {100 * a:.2f}%" for k, a in accs.items())
-                     + (skipped if above else ""))  # fmt: skip
+        lines.append(
+            "k-NN (T=0.07): " + ", ".join(f"k={k} {100 * a:.2f}%" for k, a in accs.items()) + (skipped if above else "")
+        )
         if above:
             report["knn_not_run"] = above
         plot_knn(accs, out / "knn.png", title=f"{Path(data).name} {args.split}: weighted k-NN on {args.pool} features")

@@ -56,9 +56,10 @@ def _columns(ds: object, where: str, image: str = "", label: str = "") -> tuple[
     label = label or next((c for c in LABEL_COLUMNS if c in feats), None)
     if label is None:
         raise OptionError(
-            f"{where} has no label column (columns: {list(feats)}); name it with ", Opt("label_column"),
+            f"{where} has no label column (columns: {list(feats)}); name it with ",
+            Opt("label_column"),
             " (a ClassLabel or integer column)",
-        )  # fmt: skip
+        )
     twice = [c for c in (image, label) if f"{c}.1" in feats]  # pandas renames a repeated CSV column
     if twice:
         raise ValueError(
@@ -89,13 +90,16 @@ def _check_kinds(feats: dict, image: str, label: str, where: str) -> None:
     if not (isinstance(f, datasets.ClassLabel) or numeric):
         raise OptionError(
             f"{where}: column {label!r} holds {_kind(f)}, not class labels; name the label column with ",
-            Opt("label_column"), f" (a ClassLabel or integer column; {columns})",
-        )  # fmt: skip
+            Opt("label_column"),
+            f" (a ClassLabel or integer column; {columns})",
+        )
     if not _holds_images(feats[image]):
         raise OptionError(
             f"{where}: column {image!r} holds {_kind(feats[image])}, not images (an Image feature, encoded bytes or "
-            "file paths); name the image column with ", Opt("image_column"), f" ({columns})",
-        )  # fmt: skip
+            "file paths); name the image column with ",
+            Opt("image_column"),
+            f" ({columns})",
+        )
     if image == label:
         raise ValueError(f"{where}: {image!r} cannot be both the image and the label column; name the other one")
 

@@ -49,6 +49,7 @@ from ..spec import CROP_PCT
 from .base import ImageSource, local_batches
 from .cifar import cifar_arrays
 from .hub import DATA_FILE_SUFFIXES, is_dataset_name
+from .pixels import picture
 from .transforms import BUILTIN_DATASETS, match_channels, resize_tensor
 
 __all__ = [
@@ -298,8 +299,9 @@ def _folder_signature(root: str) -> tuple:
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         for f in sorted(filenames):
-            st = os.stat(os.path.join(dirpath, f))
-            sig.append((os.path.relpath(os.path.join(dirpath, f), root), st.st_size, st.st_mtime_ns))
+            path = os.path.join(dirpath, f)
+            st = os.stat(path) if os.path.exists(path) else os.lstat(path)  # a broken link: read (and skipped) later
+            sig.append((os.path.relpath(path, root), st.st_size, st.st_mtime_ns))
     return tuple(sig)
 
 
@@ -388,7 +390,8 @@ def _class_dirs(root: Path) -> list[Path]:
 
 
 def _image_files(folder: Path) -> list[Path]:
-    files = (p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+    # a broken link is listed like any file, so it is an unreadable image (skipped or refused by on_bad_image)
+    files = (p for p in folder.rglob("*") if (p.is_file() or p.is_symlink()) and not p.name.startswith("."))
     return sorted(p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS)
 
 
@@ -516,8 +519,7 @@ def decode_image(
             im = Image.open(io.BytesIO(data) if isinstance(data, bytes) else data)
         with im:
             im.load()
-            is_gray = im.mode in ("1", "L", "I", "I;16", "F", "LA")
-            return np.array(im.convert("L" if is_gray else "RGB"), dtype=np.uint8), is_gray
+            return picture(im)  # every mode scaled to 8 bits, never clipped
     except Exception as e:  # noqa: BLE001 - whatever a decoder raises, the file is unreadable (see above)
         if on_bad_image == "error":
             reason = (str(e).strip().splitlines() or [""])[0][:160]
@@ -619,7 +621,7 @@ def image_transform(data_config: Mapping[str, Any]) -> Callable[[Any], Tensor]:
     crop_pct, interpolation = float(data_config["crop_pct"]), data_config["interpolation"]
 
     def transform(image: Any) -> Tensor:
-        a = np.array(image.convert("RGB") if hasattr(image, "convert") and image.mode not in ("L", "RGB") else image)
+        a = picture(image)[0] if hasattr(image, "mode") else np.asarray(image)
         if a.dtype != np.uint8:
             raise ValueError(f"expected a PIL image or a uint8 array, got an array of {a.dtype}")
         return (to_chw(a, channels, height, crop_pct, interpolation).float() / 255.0 - mean) / std

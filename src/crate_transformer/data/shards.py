@@ -63,6 +63,7 @@ import torch
 from torch import Tensor
 
 from ..errors import Opt, OptionError, OptionWarning
+from ..io import DamagedFileError, read_side_file
 from .base import ImageSource, class_count, epoch_permutation, rank_slice
 from .memory import (
     SPLITS,
@@ -225,11 +226,10 @@ def _index(shards: Sequence[Path]) -> dict[str, dict]:
         by_dir.setdefault(s.parent, []).append(s)
     for folder, files in by_dir.items():
         cache_path = folder / INDEX_FILE
-        try:
-            cache = json.loads(cache_path.read_text())
-        except (OSError, ValueError):
+        try:  # a cache: a damaged one is counted again (and rewritten when the folder is writable)
+            cache = read_side_file(cache_path, "it is rebuilt") if cache_path.is_file() else {}
+        except DamagedFileError:
             cache = {}
-        cache = cache if isinstance(cache, dict) else {}
         changed = False
         for f in files:
             st = f.stat()
@@ -306,16 +306,18 @@ def _report_damage(index: dict[str, dict], on_bad_image: str) -> None:
             what = f"shard {shard} is truncated or corrupt: {entry['damage']}"
             if on_bad_image == "error":
                 raise OptionError(
-                    f"{what}; re-create or re-download it, or pass ", Opt("on_bad_image", "skip"),
+                    f"{what}; re-create or re-download it, or pass ",
+                    Opt("on_bad_image", "skip"),
                     f" to use its {n} complete samples",
-                )  # fmt: skip
+                )
             warnings.warn(
                 OptionWarning(
-                    f"{what}; only its first {n} complete samples are read (pass ", Opt("on_bad_image", "error"),
+                    f"{what}; only its first {n} complete samples are read (pass ",
+                    Opt("on_bad_image", "error"),
                     " to fail instead)",
                 ),
                 stacklevel=3,
-            )  # fmt: skip
+            )
 
 
 def _class_names(folder: Path, texts: Sequence[str]) -> list[str]:
@@ -493,10 +495,13 @@ class WebDatasetShards(ImageSource):
         )
         workers = streams if resolve_workers(self.num_workers) > 0 else 0
         loader = torch.utils.data.DataLoader(
-            plan, batch_size=None, num_workers=workers, pin_memory=torch.cuda.is_available(),
+            plan,
+            batch_size=None,
+            num_workers=workers,
+            pin_memory=torch.cuda.is_available(),
             prefetch_factor=4 if workers else None,
             generator=torch.Generator(),  # its own: iterating must not draw from the training RNG
-        )  # fmt: skip
+        )
         yield from checked(loader)
 
     def decode(self, sample: dict, shard: str) -> tuple[Tensor | None, int, str]:

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from ..errors import Opt, OptionError
-from ..io import WriteError, atomic_write
+from ..io import DamagedFileError, WriteError, atomic_write, read_side_file
 from .base import epoch_generator, local_batches
 from .hub import DATA_FILE_SUFFIXES, is_dataset_name, load_hub_dataset, local_read_errors
 
@@ -215,10 +215,9 @@ def _cache_damage(path: Path, meta_path: Path, vocab_size: int) -> str | None:
     """What is wrong with a cached token file and its ``.json`` (None when they agree and every id is one of the
     tokenizer's ``vocab_size``: a flipped bit that makes an id no tokenizer gave is damage to the cache)."""
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        return f"{meta_path.name} is unreadable: {str(e).splitlines()[0]}"
-    meta = meta if isinstance(meta, dict) else {}
+        meta = read_side_file(meta_path, "it is rebuilt")
+    except DamagedFileError as e:
+        return str(e).removesuffix("; it is rebuilt")
     dtype, n = meta.get("dtype"), meta.get("tokens")
     if dtype not in ("uint16", "uint32") or isinstance(n, bool) or not isinstance(n, int) or n < 2:
         return f"{meta_path.name} holds no valid dtype and token count"

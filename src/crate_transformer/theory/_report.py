@@ -13,7 +13,6 @@ not an error.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -26,6 +25,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ..figures import InlineFigure
+from ..io import make_folder, write_json
 from ..progress import progress_bar
 
 T = TypeVar("T")
@@ -152,12 +152,9 @@ def finish(
         "runtime_s": round(time.perf_counter() - start, 3),
     }
     if out_dir is not None:
-        out = Path(out_dir)
-        if out.exists() and not out.is_dir():
-            raise NotADirectoryError(f"{out} exists and is not a directory; choose another output folder")
-        out.mkdir(parents=True, exist_ok=True)
+        out = make_folder(out_dir, "theory results folder")
         png, js = out / f"{name}.png", out / f"{name}.json"
         _save_png(fig, png)
         report["files"] = {"figure": str(png), "json": str(js)}
-        js.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+        write_json(js, report)
     return report

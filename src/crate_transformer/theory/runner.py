@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config_utils import NON_NEGATIVE
+from ..io import make_folder
 from .approximation import run_approximation
 from .denoising import run_denoising
 from .diffusion import run_diffusion
@@ -55,6 +56,8 @@ def run_experiment(
     if not NON_NEGATIVE.ok(seed):
         raise ValueError(NON_NEGATIVE.message("seed", seed))
     kwargs = {**(QUICK[name] if quick else {}), **overrides}
+    if out_dir is not None:  # checked before the experiment runs, not after
+        make_folder(out_dir, "theory results folder")
     return EXPERIMENTS[name](out_dir, seed=seed, progress_bar=progress_bar, **kwargs)
 
 

@@ -57,8 +57,9 @@ class ClassificationTask(Task):
                     f"(batch_size {cfg.optim.batch_size} over {self.rt.world} process(es)): nothing would be "
                     "mixed; use a batch_size of at least 2 per process, or set mixup and cutmix to 0"
                 )
-            self.mixer = MixupCutmix(num_classes, aug.mixup, aug.cutmix, aug.mixup_prob, aug.mixup_switch_prob,
-                                     cfg.optim.label_smoothing)  # fmt: skip
+            self.mixer = MixupCutmix(
+                num_classes, aug.mixup, aug.cutmix, aug.mixup_prob, aug.mixup_switch_prob, cfg.optim.label_smoothing
+            )
         if cfg.augmentation.random_erasing > 0:
             self.eraser = random_erasing(cfg.augmentation.random_erasing).to(self.rt.device)
         if cfg.optim.ema > 0:
@@ -99,8 +100,14 @@ class ClassificationTask(Task):
     def evaluate(self, split: str, *, dataset: ImageSource | None = None) -> dict[str, float]:
         """Loss, top-1 and top-5 of the model on ``split`` (and ``ema_*`` of the EMA weights, when kept)."""
         ds = dataset or (self.test_data if split == "test" else self.eval_data)
-        kw = dict(mean=self.mean, std=self.std, image_size=self.image_size, channels=self.model.config.in_chans,
-                  batch_size=self.cfg.logging.eval_batch_size, runtime=self.rt)  # fmt: skip
+        kw = dict(
+            mean=self.mean,
+            std=self.std,
+            image_size=self.image_size,
+            channels=self.model.config.in_chans,
+            batch_size=self.cfg.logging.eval_batch_size,
+            runtime=self.rt,
+        )
         r = evaluate(self.model, ds, **kw)
         self.last_result = r
         out = {"loss": r.loss, "acc": r.top1, **({"top5": r.top5} if r.has_top_k else {})}

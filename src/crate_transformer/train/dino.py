@@ -150,12 +150,32 @@ class DINOOptions(DINOHeadConfig):
 # C.3 sets DINO's --weight_decay (the start of its cosine weight-decay schedule) and leaves --weight_decay_end
 # at DINO's default 0.4, so the schedule stays on: 0.005 → 0.4.
 PAPER: dict[str, Any] = dict(
-    out_dim=65536, hidden_dim=2048, bottleneck_dim=256, head_layers=3, use_bn_in_head=False, norm_last_layer=True,
-    pool="cls", student_temp=0.1, teacher_temp=0.04, warmup_teacher_temp=0.04, warmup_teacher_temp_epochs=0,
-    center_momentum=0.9, momentum_teacher=0.996, freeze_last_layer=1, weight_decay_end=0.4, global_crop_size=0,
-    local_crop_size=0, local_crops_number=8, global_crops_scale=[0.4, 1.0], local_crops_scale=[0.05, 0.4], flip=0.5,
-    color_jitter=0.8, grayscale=0.2, blur=[1.0, 0.1, 0.5], solarize=0.2,
-)  # fmt: skip
+    out_dim=65536,
+    hidden_dim=2048,
+    bottleneck_dim=256,
+    head_layers=3,
+    use_bn_in_head=False,
+    norm_last_layer=True,
+    pool="cls",
+    student_temp=0.1,
+    teacher_temp=0.04,
+    warmup_teacher_temp=0.04,
+    warmup_teacher_temp_epochs=0,
+    center_momentum=0.9,
+    momentum_teacher=0.996,
+    freeze_last_layer=1,
+    weight_decay_end=0.4,
+    global_crop_size=0,
+    local_crop_size=0,
+    local_crops_number=8,
+    global_crops_scale=[0.4, 1.0],
+    local_crops_scale=[0.05, 0.4],
+    flip=0.5,
+    color_jitter=0.8,
+    grayscale=0.2,
+    blur=[1.0, 0.1, 0.5],
+    solarize=0.2,
+)
 # The built-in 28x28 digits on 2 CPU cores: a small head with BatchNorm (without it the small CRATE's teacher
 # drifted to the uniform collapse on the digits: entropy -> log K; with it the teacher stays sharp), mean-pooled
 # features, no local crops (a 14-px crop of a digit rarely shows which digit it is), no flips, milder crops,
@@ -163,9 +183,19 @@ PAPER: dict[str, Any] = dict(
 # student too long (k-NN after 5 epochs: 84.3% with 0.996 in a 12-epoch run, 86.7% with 0.99 in a 10-epoch one).
 DIGITS: dict[str, Any] = {
     **PAPER,
-    **dict(out_dim=1024, hidden_dim=256, bottleneck_dim=64, use_bn_in_head=True, pool="avg", local_crops_number=0,
-           global_crops_scale=[0.6, 1.0], flip=0.0, blur=[0.5, 0.1, 0.5], momentum_teacher=0.99),
-}  # fmt: skip
+    **dict(
+        out_dim=1024,
+        hidden_dim=256,
+        bottleneck_dim=64,
+        use_bn_in_head=True,
+        pool="avg",
+        local_crops_number=0,
+        global_crops_scale=[0.6, 1.0],
+        flip=0.0,
+        blur=[0.5, 0.1, 0.5],
+        momentum_teacher=0.99,
+    ),
+}
 PRESETS: dict[str, dict[str, Any]] = {"digits": DIGITS, "paper": PAPER}
 
 
@@ -225,9 +255,18 @@ class DINOTask(Task):
     shardable = False  # the EMA teacher follows the student's full weights every step
     # the task's defaults: the digits recipe on 2 CPU cores (the paper's recipe: see PAPER in dino.py)
     defaults: dict[str, Any] = dict(
-        model="crate_mnist", lr=1e-3, min_lr=1e-5, weight_decay=0.04, epochs=10, warmup_epochs=3.0,
-        batch_size=128, grad_clip=3.0, measure_every=0, eval_every=5, label_smoothing=0.0,
-    )  # fmt: skip
+        model="crate_mnist",
+        lr=1e-3,
+        min_lr=1e-5,
+        weight_decay=0.04,
+        epochs=10,
+        warmup_epochs=3.0,
+        batch_size=128,
+        grad_clip=3.0,
+        measure_every=0,
+        eval_every=5,
+        label_smoothing=0.0,
+    )
 
     # ------------------------------------------------------------------ setup
     def parse_options(self, cfg: TrainConfig) -> DINOOptions:
@@ -246,9 +285,12 @@ class DINOTask(Task):
         backbone = backbone.to(rt.device)
         self.labelled = len(self.train_data.classes) >= 2
         if not self.labelled:
-            rt.log(f"notice: {self.train_data.name} has a single class; DINO trains without labels, but its k-NN and "
-                   "linear-probe evaluations need two or more classes and are skipped")  # fmt: skip
-        backbone.config = dataclasses.replace(backbone.config, pool=opts.pool)  # the DINO feature, saved with it
+            rt.log(
+                f"notice: {self.train_data.name} has a single class; DINO trains without labels, but its k-NN and "
+                "linear-probe evaluations need two or more classes and are skipped"
+            )
+        if "pool" in {f.name for f in dataclasses.fields(backbone.config)}:  # the DINO feature, saved with it
+            backbone.config = dataclasses.replace(backbone.config, pool=opts.pool)
         self.student = DINOModel(backbone, self._head(backbone.config.dim), pool=opts.pool)
         self.teacher = copy.deepcopy(self.student).requires_grad_(False)  # θ_t = θ_s at the start (DINO)
         self.model = self.student
@@ -354,9 +396,16 @@ class DINOTask(Task):
         ds = {"train": self.train_data, "test": self.test_data}.get(split, self.eval_data)
         c = model.config
         return extract_features(
-            model, ds, mean=self.data.mean, std=self.data.std, image_size=self.image_size, channels=c.in_chans,
-            pool=self.options.pool, batch_size=self.cfg.logging.eval_batch_size, device=self.rt.device,
-        )  # fmt: skip
+            model,
+            ds,
+            mean=self.data.mean,
+            std=self.data.std,
+            image_size=self.image_size,
+            channels=c.in_chans,
+            pool=self.options.pool,
+            batch_size=self.cfg.logging.eval_batch_size,
+            device=self.rt.device,
+        )
 
     def evaluate(self, split: str) -> dict[str, float]:
         """Weighted k-NN (k = 20, T = 0.07) of the teacher's features: train split → ``split``."""

@@ -128,8 +128,10 @@ def evaluate(
         if logits.shape[-1] != n_cls:
             raise OptionError(
                 f"the model predicts {logits.shape[-1]} classes but the data has {n_cls}; fine-tune it on this data "
-                "first (", Use("classification", init_from=True), ")",
-            )  # fmt: skip
+                "first (",
+                Use("classification", init_from=True),
+                ")",
+            )
         sums[0] += F.cross_entropy(logits, y, reduction="sum")
         sums[1] += (logits.topk(k, dim=-1).indices == y[:, None]).any(-1).sum()
         confusion.view(-1).index_add_(0, y * n_cls + logits.argmax(-1), torch.ones_like(y, dtype=torch.float64))
@@ -222,8 +224,14 @@ def plot_knn(accuracy: Mapping[int, float], out_png: str | os.PathLike, title: s
     fig, ax = subplots(figsize=(4.5, 3.2))
     ax.plot(ks, [100 * accuracy[k] for k in ks], "o-")
     for k in ks:
-        ax.annotate(f"{100 * accuracy[k]:.1f}", (k, 100 * accuracy[k]), textcoords="offset points", xytext=(0, 5),
-                    ha="center", fontsize=8)  # fmt: skip
+        ax.annotate(
+            f"{100 * accuracy[k]:.1f}",
+            (k, 100 * accuracy[k]),
+            textcoords="offset points",
+            xytext=(0, 5),
+            ha="center",
+            fontsize=8,
+        )
     ax.set(xscale="log", xlabel="k", ylabel="top-1 accuracy (%)", title=title or "weighted k-NN")
     ax.set_xticks(ks, [str(k) for k in ks])
     fig.tight_layout()

@@ -61,10 +61,15 @@ class ImageData:
         self.mean, self.std, self.channels = norm[0], norm[1], channels
         cfg = self.cfg
         model.config.data = DataSpec(
-            source=canonical_source(cfg.data.source), kind=getattr(self.train, "kind", ""), name=self.train.name,
-            classes=self.classes, mean=self.mean, std=self.std,
-            image_column=cfg.data.image_column, label_column=cfg.data.label_column,
-        )  # fmt: skip
+            source=canonical_source(cfg.data.source),
+            kind=getattr(self.train, "kind", ""),
+            name=self.train.name,
+            classes=self.classes,
+            mean=self.mean,
+            std=self.std,
+            image_column=cfg.data.image_column,
+            label_column=cfg.data.label_column,
+        )
 
     def augmentation(self, kind: str, min_crop_scale: float = 0.0) -> nn.Module:
         """The batched augmentation ``kind`` on the device, with the ``--translate`` / ``--crop-scale`` /
@@ -72,17 +77,26 @@ class ImageData:
         cfg = self.cfg
         native = getattr(self.train, "image_size", None) or self.image_size  # translations act before resizing
         return build_augmentation(
-            kind, self.image_size, translate=round(cfg.augmentation.translate * native),
-            crop_scale=(max(cfg.augmentation.crop_scale, min_crop_scale), 1.0), hflip=cfg.augmentation.hflip,
-            randaugment_n=cfg.augmentation.randaugment_n, randaugment_m=cfg.augmentation.randaugment_m,
-        ).to(self.device)  # fmt: skip
+            kind,
+            self.image_size,
+            translate=round(cfg.augmentation.translate * native),
+            crop_scale=(max(cfg.augmentation.crop_scale, min_crop_scale), 1.0),
+            hflip=cfg.augmentation.hflip,
+            randaugment_n=cfg.augmentation.randaugment_n,
+            randaugment_m=cfg.augmentation.randaugment_m,
+        ).to(self.device)
 
     def inputs(self, images: Tensor, augment: nn.Module | None = None, image_size: int | None = None) -> Tensor:
         """uint8 images → normalised float inputs on the device (augmented, then resized, when asked)."""
         return prepare_batch(
-            images, device=self.device, image_size=image_size or self.image_size, channels=self.channels,
-            mean=self.mean, std=self.std, augment=augment,
-        )  # fmt: skip
+            images,
+            device=self.device,
+            image_size=image_size or self.image_size,
+            channels=self.channels,
+            mean=self.mean,
+            std=self.std,
+            augment=augment,
+        )
 
 
 def image_classifier(
@@ -142,16 +156,24 @@ def load_splits(cfg: TrainConfig, image_size: int) -> tuple[ImageSource, ImageSo
             Opt("text_columns"), " names the text of a language-model corpus or table; images need no text"
         )
     kw = dict(
-        image_size=image_size, val_fraction=cfg.data.val_fraction, seed=cfg.system.seed,
-        on_bad_image=cfg.data.on_bad_image, mode=cfg.data.data_mode, num_workers=cfg.data.workers,
-        image_column=cfg.data.image_column, label_column=cfg.data.label_column,
-    )  # fmt: skip
+        image_size=image_size,
+        val_fraction=cfg.data.val_fraction,
+        seed=cfg.system.seed,
+        on_bad_image=cfg.data.on_bad_image,
+        mode=cfg.data.data_mode,
+        num_workers=cfg.data.workers,
+        image_column=cfg.data.image_column,
+        label_column=cfg.data.label_column,
+    )
     train_set = open_source(cfg.data.source, "train", **kw)
     if cfg.data.train_subset and not isinstance(train_set, ImageDataset):
         raise OptionError(
-            Opt("train_subset"), f" works on in-memory data only and {cfg.data.source} is streamed; pass ",
-            Opt("data_mode", "memory"), " (image folders) or drop ", Opt("train_subset"),
-        )  # fmt: skip
+            Opt("train_subset"),
+            f" works on in-memory data only and {cfg.data.source} is streamed; pass ",
+            Opt("data_mode", "memory"),
+            " (image folders) or drop ",
+            Opt("train_subset"),
+        )
     kw["stats"] = (train_set.mean, train_set.std)  # streamed splits: the training pool's, not a new estimate
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a skipped-images warning was already shown for the train split

@@ -50,23 +50,28 @@ class LMOptions(Config):
         choices=OBJECTIVES,
     )
     tokenizer: str = task_option(
-        "byte", "byte (no training) | bpe | wordpiece (trained on `data`) | a tokenizer.json file", fixed=True,
-    )  # fmt: skip
+        "byte",
+        "byte (no training) | bpe | wordpiece (trained on `data`) | a tokenizer.json file",
+        fixed=True,
+    )
     vocab_size: int = task_option(
         4096, "vocabulary size of a bpe / wordpiece tokenizer", range=Range(1, integer=True), fixed=True
     )
     mask_prob: float = task_option(
-        0.15, "mlm: fraction of tokens predicted (of them 0.8 become [MASK], 0.1 random, 0.1 stay)",
+        0.15,
+        "mlm: fraction of tokens predicted (of them 0.8 become [MASK], 0.1 random, 0.1 stay)",
         range=Range(0, 1, lo_open=True, hi_open=True),
-    )  # fmt: skip
+    )
     eval_blocks: int = task_option(
-        0, "evaluate on at most this many held-out blocks (0 = all)",
+        0,
+        "evaluate on at most this many held-out blocks (0 = all)",
         range=Range(0, integer=True, note="0 = every held-out block"),
-    )  # fmt: skip
+    )
     sample_tokens: int = task_option(
-        200, "clm: tokens of the sample written to sample.txt at the end (0 = none)",
+        200,
+        "clm: tokens of the sample written to sample.txt at the end (0 = none)",
         range=Range(0, integer=True, note="0 = no sample"),
-    )  # fmt: skip
+    )
     token_prior: bool = task_option(
         True,
         "a new model starts by predicting the training tokens' frequencies (its head set to their log "
@@ -105,9 +110,15 @@ def plateau_warning(loss: float, entropy: float, step: int, total: int, token_pr
     return OptionWarning(
         f"held-out loss {loss:.3f} per token after {step} of {total} steps ({step / total:.0%}) is not yet "
         f"{PLATEAU_MARGIN:.0%} below the unigram entropy of the training tokens ({entropy:.3f}): the model predicts "
-        "little beyond token frequencies; try ", *first, "a longer warm-up (", Opt("warmup_fraction"),
-        "), a lower ", Opt("lr"), " or more ", Opt("epochs"),
-    )  # fmt: skip
+        "little beyond token frequencies; try ",
+        *first,
+        "a longer warm-up (",
+        Opt("warmup_fraction"),
+        "), a lower ",
+        Opt("lr"),
+        " or more ",
+        Opt("epochs"),
+    )
 
 
 def _check_objective(config: LMConfig, name: str, objective: str) -> None:
@@ -116,9 +127,12 @@ def _check_objective(config: LMConfig, name: str, objective: str) -> None:
         kind = "causal (GPT)" if config.causal else "bidirectional (BERT)"
         other = "clm" if config.causal else "mlm"
         raise OptionError(
-            f"{name} is a {kind} model; use ", Opt("objective", other), f" or a {objective} model (e.g. ",
-            Opt("model", DEFAULT_MODELS[objective]), ")",
-        )  # fmt: skip
+            f"{name} is a {kind} model; use ",
+            Opt("objective", other),
+            f" or a {objective} model (e.g. ",
+            Opt("model", DEFAULT_MODELS[objective]),
+            ")",
+        )
 
 
 class LMTask(Task):
@@ -155,14 +169,22 @@ class LMTask(Task):
         given = cfg.model_args.get("tokenizer")
         if given is not None and str(given) != str(tokenizer):
             raise OptionError(
-                "the model's tokenizer is the one the training uses (", Opt("tokenizer", tokenizer), "), not ",
-                Opt("model_args", f"tokenizer={str(given)[:60]}"), "; pass ", Opt("tokenizer", given), " instead",
-            )  # fmt: skip
+                "the model's tokenizer is the one the training uses (",
+                Opt("tokenizer", tokenizer),
+                "), not ",
+                Opt("model_args", f"tokenizer={str(given)[:60]}"),
+                "; pass ",
+                Opt("tokenizer", given),
+                " instead",
+            )
         if "vocab_size" in cfg.task_args and tokenizer not in ("bpe", "wordpiece"):
             raise OptionError(
-                Opt("vocab_size"), " applies to a tokenizer trained on the data (bpe, wordpiece), not ", tokenizer,
-                "; drop it, or add ", Opt("tokenizer", "bpe"),
-            )  # fmt: skip
+                Opt("vocab_size"),
+                " applies to a tokenizer trained on the data (bpe, wordpiece), not ",
+                tokenizer,
+                "; drop it, or add ",
+                Opt("tokenizer", "bpe"),
+            )
 
     def resolve(self, cfg: TrainConfig) -> dict[str, Any]:
         """The default model of the objective (recorded in config.yaml) when ``--model`` is not given."""
@@ -219,8 +241,9 @@ class LMTask(Task):
             if o.tokenizer in TOKENIZER_KINDS and o.tokenizer != self.tokenizer.kind:
                 raise OptionError(
                     f"this run was trained with the {self.tokenizer.kind} tokenizer, not {o.tokenizer}; drop ",
-                    Opt("tokenizer", o.tokenizer), " to continue it, or start a new run",
-                )  # fmt: skip
+                    Opt("tokenizer", o.tokenizer),
+                    " to continue it, or start a new run",
+                )
             return config_from_dict(dict(state["model_config"]))  # by its arch: CRATE-GPT, GPT, ToST, ...
         else:
             if model_config(cfg.model).kind != LANGUAGE_MODEL:
@@ -356,7 +379,7 @@ class LMTask(Task):
                 "heldout_ppl": m["ppl"],
                 "heldout_acc": m["acc"],
                 "params": model.num_params(),
-            },  # fmt: skip
+            },
             next=(*generate, Step("analyze", str(run_dir))),
         )
 

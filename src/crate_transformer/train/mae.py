@@ -56,9 +56,11 @@ class MAEOptions(Config):
         fixed="mask_ratio",
     )
     augmentation: str = task_option(
-        "auto", "augmentation of the pre-training images: auto (none for the built-in digits, crop-flip otherwise, "
-        "as in MAE) | none | translate | crop-flip", choices=("auto", "none", "translate", "crop-flip"),
-    )  # fmt: skip
+        "auto",
+        "augmentation of the pre-training images: auto (none for the built-in digits, crop-flip otherwise, "
+        "as in MAE) | none | translate | crop-flip",
+        choices=("auto", "none", "translate", "crop-flip"),
+    )
     probe: bool = task_option(True, "at the end, linear-probe the encoder and a random-init encoder (probe.json)")
     probe_pool: str = task_option(
         "avg", "probe features: avg of the patch tokens (eq. (72)) | cls | mean of all tokens", choices=POOLS
@@ -124,8 +126,10 @@ def _per_image_losses(model: CRATEMAE, x: Tensor, pred: Tensor, mask: Tensor) ->
 def recognition_text(rec: dict[str, Any], fmt: str) -> str:
     """How recognisable the reconstructions are, in words (``fmt``: the format of the percentages)."""
     pct = {key: format(100 * rec[key], fmt) + "%" for key in ("reconstruction", "original", "mean_fill")}
-    return (f"{pct['reconstruction']} of {rec['images']:,} held-out reconstructions (originals {pct['original']}, "
-            f"the mean image in the masked patches {pct['mean_fill']})")  # fmt: skip
+    return (
+        f"{pct['reconstruction']} of {rec['images']:,} held-out reconstructions (originals {pct['original']}, "
+        f"the mean image in the masked patches {pct['mean_fill']})"
+    )
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -143,8 +147,17 @@ class MAETask(Task):
     metric = "visible_loss"
     # The digits default (≤ 5 min on 2 CPU cores), chosen by measurement (docs/results.md).  AdamW (0.9, 0.95)
     # as MAE; small batches and a high learning rate because the model is under-trained at this budget.
-    defaults = {"model": "crate_mae_mnist", "lr": 4e-3, "min_lr": 1e-5, "weight_decay": 0.05, "epochs": 40,
-                "warmup_epochs": 2.0, "batch_size": 32, "betas": [0.9, 0.95], "eval_every": 4}  # fmt: skip
+    defaults = {
+        "model": "crate_mae_mnist",
+        "lr": 4e-3,
+        "min_lr": 1e-5,
+        "weight_decay": 0.05,
+        "epochs": 40,
+        "warmup_epochs": 2.0,
+        "batch_size": 32,
+        "betas": [0.9, 0.95],
+        "eval_every": 4,
+    }
     Options = MAEOptions
     model_kind = MASKED_AUTOENCODER
 
@@ -158,8 +171,10 @@ class MAETask(Task):
         if self.options.probe and len(self.train_data.classes) < 2:  # checked before training, not after it
             raise OptionError(
                 f"{self.train_data.name} has a single class; the final linear probe needs two or more "
-                "(one folder per class): pass ", Opt("probe", False), " to pre-train without it",
-            )  # fmt: skip
+                "(one folder per class): pass ",
+                Opt("probe", False),
+                " to pre-train without it",
+            )
         if state is None:
             fields = config.to_dict()
             if cfg.init_from is None:
@@ -205,9 +220,10 @@ class MAETask(Task):
             image_size = cfg.data.image_size or config.image_size
         if config.kind != MASKED_AUTOENCODER:
             raise OptionError(
-                f"{cfg.model!r} is not a masked autoencoder; pass ", Opt("model", "crate_mae_mnist"),
+                f"{cfg.model!r} is not a masked autoencoder; pass ",
+                Opt("model", "crate_mae_mnist"),
                 " (or crate_mae_small, ...)",
-            )  # fmt: skip
+            )
         return config, image_size, init
 
     def prepare(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor]:
@@ -225,9 +241,15 @@ class MAETask(Task):
     def evaluate(self, split: str) -> dict[str, float]:
         ds = self.test_data if split == "test" else self.eval_data
         return masked_eval(
-            self.model, ds, mean=self.mean, std=self.std, image_size=self.image_size,
-            batch_size=self.cfg.logging.eval_batch_size, seed=self.cfg.system.seed, runtime=self.rt,
-        )  # fmt: skip
+            self.model,
+            ds,
+            mean=self.mean,
+            std=self.std,
+            image_size=self.image_size,
+            batch_size=self.cfg.logging.eval_batch_size,
+            seed=self.cfg.system.seed,
+            runtime=self.rt,
+        )
 
     def describe(self) -> RunSummary:
         c, m = self.model.config, self.model
@@ -249,8 +271,11 @@ class MAETask(Task):
 
     def finish(self, run_dir: Path) -> TaskResult:
         metrics = self.evaluate("test")
-        numbers: dict[str, Any] = {"test_loss": metrics["loss"], "test_visible_loss": metrics["visible_loss"],
-                                   "params": self.model.num_params()}  # fmt: skip
+        numbers: dict[str, Any] = {
+            "test_loss": metrics["loss"],
+            "test_visible_loss": metrics["visible_loss"],
+            "params": self.model.num_params(),
+        }
         msg = f"held-out masked-patch loss {metrics['loss']:.4f} (visible patches {metrics['visible_loss']:.4f})"
         if self.rt.main:
             msg += self._artefacts(run_dir, numbers)
@@ -277,8 +302,10 @@ class MAETask(Task):
             probe = self.probe()
             _write_json(run_dir / "probe.json", probe)
             numbers["probe_acc"], numbers["probe_random_acc"] = probe["encoder"]["acc"], probe["random_init"]["acc"]
-            msg += (f"; linear probe {100 * numbers['probe_acc']:.2f}% (random-init encoder "
-                    f"{100 * numbers['probe_random_acc']:.2f}%)")  # fmt: skip
+            msg += (
+                f"; linear probe {100 * numbers['probe_acc']:.2f}% (random-init encoder "
+                f"{100 * numbers['probe_random_acc']:.2f}%)"
+            )
         return msg
 
     # ---------------------------------------------------------------- artefacts
@@ -305,8 +332,10 @@ class MAETask(Task):
         orig, recon = x * std + mean, recon * std + mean
         masked = orig * (1 - mask_img) + 0.5 * mask_img
         c = self.model.config
-        title = (f"CRATE-MAE on held-out {self.test_data.name} ({100 * c.mask_ratio:.0f}% of {n} patches masked; "
-                 "masked-patch MSE under each)")  # fmt: skip
+        title = (
+            f"CRATE-MAE on held-out {self.test_data.name} ({100 * c.mask_ratio:.0f}% of {n} patches masked; "
+            "masked-patch MSE under each)"
+        )
         if recognition is not None:
             title += f"\na raw-pixel k-NN recognises {recognition_text(recognition, '.0f')}"
         plot_reconstructions(orig.cpu(), masked.cpu(), recon.cpu(), path, title=title, losses=losses.tolist())
@@ -324,18 +353,35 @@ class MAETask(Task):
             data.first(k) for data, k in ((self.train_data, train_images), (self.test_data, test_images))
         )
         inputs = self.data.inputs
-        result = reconstruction_recognition(self.model, inputs(train_x), train_y, inputs(test_x), test_y,
-                                            mean=self.mean, std=self.std, seed=self.cfg.system.seed)  # fmt: skip
+        result = reconstruction_recognition(
+            self.model,
+            inputs(train_x),
+            train_y,
+            inputs(test_x),
+            test_y,
+            mean=self.mean,
+            std=self.std,
+            seed=self.cfg.system.seed,
+        )
         return {**result, "mask_ratio": self.model.config.mask_ratio, "train_images": len(train_x)}
 
     def probe(self) -> dict[str, Any]:
         """Linear probe on pooled features of the trained encoder and of a random-init one (same architecture)."""
         from ..probe import extract_features, linear_probe
 
-        kw = dict(pool=self.options.probe_pool, mean=self.mean, std=self.std, image_size=self.image_size,
-                  batch_size=self.cfg.logging.eval_batch_size)  # fmt: skip
-        result: dict[str, Any] = {"pool": self.options.probe_pool, "C": self.options.probe_c,
-                                  "train": self.train_data.name, "test_images": len(self.test_data)}  # fmt: skip
+        kw = dict(
+            pool=self.options.probe_pool,
+            mean=self.mean,
+            std=self.std,
+            image_size=self.image_size,
+            batch_size=self.cfg.logging.eval_batch_size,
+        )
+        result: dict[str, Any] = {
+            "pool": self.options.probe_pool,
+            "C": self.options.probe_c,
+            "train": self.train_data.name,
+            "test_images": len(self.test_data),
+        }
         with torch.random.fork_rng():
             torch.manual_seed(self.cfg.system.seed + 1)
             random_init = build(self.model.config).to(self.rt.device)

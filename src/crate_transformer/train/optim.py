@@ -62,16 +62,23 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0
         return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
     layers = getattr(model, "layers", None)
     if not isinstance(layers, nn.ModuleList):
-        raise OptionError(f"layer-wise lr decay needs a model with encoder layers `layers`; {type(model).__name__} "
-                          "has none; use ", Opt("layer_decay", 1))  # fmt: skip
+        raise OptionError(
+            f"layer-wise lr decay needs a model with encoder layers `layers`; {type(model).__name__} has none; use ",
+            Opt("layer_decay", 1),
+        )
     num = len(layers)
     groups: dict[tuple[int, bool], dict[str, Any]] = {}
     for n, p in named:
         no_decay = p.ndim < 2 or n in skip
         lid = layer_id(n, num)
-        group = groups.setdefault((lid, no_decay), {
-            "params": [], "weight_decay": 0.0 if no_decay else weight_decay, "lr_scale": layer_decay ** (num + 1 - lid)
-        })  # fmt: skip
+        group = groups.setdefault(
+            (lid, no_decay),
+            {
+                "params": [],
+                "weight_decay": 0.0 if no_decay else weight_decay,
+                "lr_scale": layer_decay ** (num + 1 - lid),
+            },
+        )
         group["params"].append(p)
     return list(groups.values())
 

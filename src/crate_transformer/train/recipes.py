@@ -54,7 +54,7 @@ RECIPES: dict[str, Recipe] = {
             randaugment_n=2,
             randaugment_m=14,
         ),
-    ),  # fmt: skip
+    ),
     "crate-alpha-finetune": Recipe(
         "crate-alpha-finetune",
         "UCSC-VLAA/CRATE-alpha configs/crate/classification/fine_tuning_in1k.py "
@@ -76,7 +76,7 @@ RECIPES: dict[str, Recipe] = {
             drop_path=0.0,
         ),
         notes=["lr = base_lr 1e-5 x batch 4096 // 256", "big_vision mixup p=0.8 is the Beta concentration"],
-    ),  # fmt: skip
+    ),
     "mae-finetune": Recipe(
         "mae-finetune",
         "facebookresearch/mae FINETUNE.md and main_finetune.py (commit efb2a8062c206524e35e47d04501ed4f544c0ae8), "
@@ -98,7 +98,7 @@ RECIPES: dict[str, Recipe] = {
             **_MIX,
         ),
         notes=["lr = blr 5e-4 x batch 1024 / 256", "ViT-L/H: layer_decay 0.75, drop_path 0.2/0.3, epochs 50"],
-    ),  # fmt: skip
+    ),
     "deit": Recipe(
         "deit",
         "facebookresearch/deit main.py defaults (commit 7e160fe43f0252d17191b71cbb5826254114ea5b), batch 1024",
@@ -119,7 +119,7 @@ RECIPES: dict[str, Recipe] = {
             **_MIX,
         ),
         notes=["lr = 5e-4 x batch 1024 / 512", "repeated augmentation and colour jitter are not reproduced"],
-    ),  # fmt: skip
+    ),
 }
 
 

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Opt, OptionError
-from ..io import atomic_write, load_state, save_state
+from ..io import atomic_write, load_state, make_folder, save_state
 from ..runfiles import CHECKPOINT, MODEL_DIR, run_model_source, state_model, state_tokenizer
-from .trackers import Tracker, failure, open_trackers
+from .trackers import Tracker, failure, open_trackers, read_metrics
 
 __all__ = [
     "run_model_source",
@@ -37,11 +37,14 @@ __all__ = [
     "MODEL_DIR",
     "METRICS_FILE",
     "CONFIG_FILE",
+    "CONFIG_FIX",
 ]
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 LOCK_FILE = ".lock"
+# how to recover a damaged config.yaml: the checkpoint holds the options, and a resumed run writes them again
+CONFIG_FIX = "restore it from a backup, or delete it and resume the run, which writes it again from its checkpoint"
 
 
 # Windows locks a byte range, and a locked range cannot be read by other processes; the lock therefore sits
@@ -91,21 +94,6 @@ def _unlock(fd: int) -> None:
     fcntl.flock(fd, fcntl.LOCK_UN)
 
 
-def read_metrics(path: str | os.PathLike) -> list[dict]:
-    """The records of a ``metrics.jsonl`` file (a line cut short by a kill is skipped)."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return records
-
-
 def load_training_state(path: str | os.PathLike) -> dict:
     """Read a training state (``last.pt``, or a run directory holding one), its checksum verified by
     :func:`crate_transformer.io.load_state` (the reader ``load_model`` and every command use too)."""
@@ -151,9 +139,8 @@ class FolderLock:
     """
 
     def __init__(self, path: str | os.PathLike, what: str = "run directory") -> None:
-        self.path = Path(path)
+        self.path = make_folder(path, what)
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         except PermissionError:
             raise OptionError(f"cannot write to {self.path} (permission denied); choose another ", Opt("out")) from None
@@ -161,7 +148,7 @@ class FolderLock:
             raise OptionError(f"cannot create {what} {self.path} ({e.strerror}); choose another ", Opt("out")) from None
         if not _try_lock(fd):
             os.close(fd)
-            owner = (self.path / LOCK_FILE).read_text().strip() or "another process"
+            owner = (self.path / LOCK_FILE).read_text(errors="replace").strip() or "another process"
             raise OptionError(
                 f"{what} {self.path} is in use by {owner}; wait for it to finish or use another ", Opt("out")
             )
@@ -312,7 +299,10 @@ class RunDir:
                 r for r in read_metrics(self.metrics_path) if r.get("step", 0) <= resume_step and not r.get("final")
             ]
             text = "".join(json.dumps(r) + "\n" for r in kept)
-            atomic_write(self.metrics_path, lambda tmp: Path(tmp).write_text(text))
+            if text:
+                atomic_write(self.metrics_path, lambda tmp: Path(tmp).write_text(text))
+            else:  # no records: no file (an empty one reads as damaged)
+                self.metrics_path.unlink(missing_ok=True)
         names = [*loggers, *(["tensorboard"] if tensorboard else [])]
         self._trackers = open_trackers(names, self.path, params or {}, resume_step)
 

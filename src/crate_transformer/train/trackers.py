@@ -33,14 +33,18 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Opt, OptionError
-from ..io import atomic_write
+from ..io import DamagedFileError, atomic_write, read_side_file
 
-__all__ = ["LOGGERS", "Tracker", "open_trackers", "flat_params", "scalars", "failure"]
+__all__ = ["read_metrics", "METRICS_FIX", "LOGGERS", "Tracker", "open_trackers", "flat_params", "scalars", "failure"]
 
 LOGGERS = ("tensorboard", "wandb", "mlflow", "csv")
 IDS_FILE = "trackers.json"
 CSV_FILE = "metrics.csv"
 CSV_COLUMNS = ("step", "split", "layer", "metric", "value")
+IDS_FIX = "restore it, or delete it to log the rest of the run to new tracker runs (W&B, MLflow)"
+METRICS_FIX = (
+    "restore it from a backup, or delete it (the run's earlier records are lost; its checkpoint and model are not)"
+)
 
 
 def flat_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -120,7 +124,7 @@ class CSVTracker(Tracker):
         """A new file; on resume, the rows of the records ``metrics.jsonl`` keeps (written before the trackers
         start), so steps to be redone and the final rows of a finished run are not there twice."""
         self.path = run_dir / CSV_FILE
-        kept = _kept_records(run_dir) if resume_step is not None else []
+        kept = read_metrics(run_dir / "metrics.jsonl") if resume_step is not None else []
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(CSV_COLUMNS)
@@ -139,16 +143,12 @@ def _csv_rows(record: Mapping[str, Any]) -> list[list[Any]]:
     return [[record.get("step", 0), split, layer, k.rsplit("/", 1)[-1], repr(v)] for k, v in scalars(record).items()]
 
 
-def _kept_records(run_dir: Path) -> list[dict]:
-    """The records of ``run_dir/metrics.jsonl`` (a line cut short by a kill is skipped)."""
-    path = run_dir / "metrics.jsonl"
-    out = []
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    """The records of a ``metrics.jsonl`` file (none when there is no file), read by
+    :func:`~crate_transformer.io.read_side_file`: a damaged file is a one-line error naming it (a last line cut
+    short by a kill is skipped with a warning)."""
+    path = Path(path)
+    return read_side_file(path, METRICS_FIX, form="jsonl") if path.is_file() else []
 
 
 class TensorBoardTracker(Tracker):
@@ -271,7 +271,10 @@ def open_trackers(
     if unknown:
         raise OptionError(f"unknown logger {unknown[0]!r}; choose from {', '.join(LOGGERS)} (", Opt("logger"), ")")
     ids_path = run_dir / IDS_FILE
-    ids = json.loads(ids_path.read_text()) if resume_step is not None and ids_path.is_file() else {}
+    ids = read_side_file(ids_path, IDS_FIX) if resume_step is not None and ids_path.is_file() else {}
+    bad = next((k for k, v in ids.items() if not isinstance(v, str)), None)
+    if bad is not None:
+        raise DamagedFileError(f"{ids_path} is damaged: the id of {bad!r} is not a string; {IDS_FIX}")
     params = flat_params(config)
     trackers: list[Tracker] = []
     try:
