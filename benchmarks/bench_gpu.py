@@ -46,6 +46,8 @@ from bench_generate import MODELS as DECODE_MODELS  # noqa: E402
 from bench_generate import pair  # noqa: E402
 from official.crate import OfficialCRATE  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_tost's operator builder
+
 SIZES = {"T": "crate_tiny", "S": "crate_small", "B": "crate_base", "L": "crate_large"}
 BATCH = {"T": 256, "S": 256, "B": 128, "L": 64}  # per optimizer step, on one GPU
 
@@ -182,8 +184,9 @@ def synthetic_cifar(root: Path, images: int) -> Path:
     return folder
 
 
-def data_path(args: argparse.Namespace, shape: dict, device: torch.device) -> dict:
-    """``crate train`` (the library's ``train``) end to end against the model's compute alone, same batch and amp."""
+def data_path(args: argparse.Namespace, shape: dict, device: torch.device, compiled: bool = False) -> dict:
+    """``crate train`` (the library's ``train``) end to end against the model's compute alone, same batch and amp,
+    both eager or both compiled (``--compile``)."""
     from crate_transformer.train import TrainConfig, train
 
     size, batch = args.e2e, args.batch or BATCH[args.e2e]
@@ -193,7 +196,7 @@ def data_path(args: argparse.Namespace, shape: dict, device: torch.device) -> di
         cfg = TrainConfig(model=SIZES[size], data=str(data), batch_size=batch, epochs=1, max_steps=steps,
                           log_every=max(1, steps // 4), eval_every=0, measure_every=0, device=str(device),
                           amp="bf16" if args.amp else "none", progress=False, out=str(Path(tmp) / "run"),
-                          model_args=shape, threads=args.threads, warmup_epochs=0)  # fmt: skip
+                          model_args=shape, threads=args.threads, warmup_epochs=0, compile=compiled)  # fmt: skip
         t = time.perf_counter()
         train(cfg)
         wall = time.perf_counter() - t
@@ -202,7 +205,12 @@ def data_path(args: argparse.Namespace, shape: dict, device: torch.device) -> di
     model = ct.create_model(SIZES[size], num_classes=10, **shape).to(device).train()
     c = model.config
     x = torch.randn(batch, 3, c.image_size, c.image_size, device=device)
-    step = train_step(model, x, torch.randint(0, 10, (batch,), device=device), args.amp)
+    step = train_step(
+        torch.compile(model, backend=args.backend) if compiled else model,
+        x,
+        torch.randint(0, 10, (batch,), device=device),
+        args.amp,
+    )
     for _ in range(3):
         step()
     times = []
@@ -215,7 +223,58 @@ def data_path(args: argparse.Namespace, shape: dict, device: torch.device) -> di
         times.append((time.perf_counter() - t0) / args.steps)
     alone = batch / statistics.median(times)
     e2e = statistics.median(rates) if rates else float("nan")
-    return dict(size=size, batch=batch, e2e_img_s=e2e, model_img_s=alone, ratio=e2e / alone, run_wall_s=wall)
+    return dict(
+        size=size,
+        batch=batch,
+        mode="compiled" if compiled else "eager",
+        e2e_img_s=e2e,
+        model_img_s=alone,
+        ratio=e2e / alone,
+        run_wall_s=wall,
+    )
+
+
+ATTENTION = ("tssa", "mssa", "softmax")
+
+
+def attention_rows(args: argparse.Namespace, device: torch.device) -> list[dict]:
+    """TSSA / MSSA / softmax attention alone (d=384, 8 heads, batch 8; ``bench_tost.build``), forward+backward under
+    the run's autocast at each length of ``--attention-tokens``: best of 5 and the peak memory above the input."""
+    from bench_tost import build
+
+    rows = []
+    for n in args.attention_tokens:
+        for op in ATTENTION:
+            module = build(op, 384, 8).to(device).train()
+            x = torch.randn(args.attention_batch, n, 384, device=device, requires_grad=True)
+
+            def run(module: torch.nn.Module = module, x: torch.Tensor = x) -> None:
+                with torch.autocast(device.type, dtype=args.amp, enabled=args.amp is not None):
+                    out = module(x)
+                out.float().sum().backward()
+
+            run()
+            sync(device)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+            times = []
+            for _ in range(args.attention_repeats):
+                x.grad = None
+                sync(device)
+                t0 = time.perf_counter()
+                run()
+                sync(device)
+                times.append(time.perf_counter() - t0)
+            peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20 if device.type == "cuda" else float("nan")
+            rows.append(dict(op=op, tokens=n, batch=args.attention_batch, ms=1e3 * min(times), peak_mib=peak))
+            print(
+                f"attention fwd+bwd {op:8s} b={args.attention_batch} n={n:6d}: {1e3 * min(times):9.2f} ms, "
+                f"peak +{peak:8.1f} MiB",
+                flush=True,
+            )
+            del module, x
+    return rows
 
 
 def decode_once(model: torch.nn.Module, prompt: torch.Tensor, new: int, dtype: str, mode: str) -> None:
@@ -285,6 +344,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (the median is reported)")
     ap.add_argument("--amp", default="bf16", choices=("bf16", "none"), help="autocast dtype")
     ap.add_argument("--e2e", default="B", choices=[*SIZES, "none"], help="the size of the crate-train comparison")
+    ap.add_argument("--e2e-compile", action="store_true", help="also time the crate-train comparison compiled")
+    ap.add_argument(
+        "--attention-tokens",
+        type=int,
+        nargs="*",
+        default=[1024, 4096, 16384, 65536],
+        help="token counts of the attention rows (none: no attention rows)",
+    )
+    ap.add_argument("--attention-batch", type=int, default=8, help="batch of the attention rows")
+    ap.add_argument("--attention-repeats", type=int, default=5, help="timings per attention row (the best is kept)")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0 = auto)")
     ap.add_argument("--json", default="", help="also write the numbers to this file")
     ap.add_argument(
@@ -311,6 +380,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.compile = [] if args.compile is None else args.compile
         args.batch, args.steps, args.rounds = args.batch or 8, min(args.steps, 2), min(args.rounds, 2)
         args.e2e = "T" if args.e2e == "B" else args.e2e
+        args.attention_tokens, args.attention_batch, args.attention_repeats = [64, 128], 2, 2
         args.decode = ["small"] if args.decode is None else args.decode
         args.decode_modes = args.decode_modes or ["eager"]  # a compiled step costs inductor's C++ build here
         args.decode_prompt, args.decode_new = min(args.decode_prompt, 4), min(args.decode_new, 8)
@@ -355,13 +425,19 @@ def main(argv: list[str] | None = None) -> dict:
         result["rows"] += (rows := throughput(size, "eager", args, shape, device))
         print_rows(rows)
         save()
-    if args.e2e != "none":
-        e2e = result["e2e"] = data_path(args, shape, device)
+    for compiled in (False, True) if args.e2e_compile else (False,):
+        if args.e2e == "none":
+            break
+        e2e = data_path(args, shape, device, compiled)
+        result["e2e" if not compiled else "e2e_compiled"] = e2e
         print(
-            f"\ncrate train CRATE-{e2e['size']} batch {e2e['batch']}: {e2e['e2e_img_s']:.1f} img/s end to end, "
-            f"{e2e['model_img_s']:.1f} img/s model alone: data path {e2e['ratio']:.2f} (target >= 0.9)\n",
+            f"\ncrate train CRATE-{e2e['size']} {e2e['mode']} batch {e2e['batch']}: {e2e['e2e_img_s']:.1f} img/s end "
+            f"to end, {e2e['model_img_s']:.1f} img/s model alone: data path {e2e['ratio']:.2f} (target >= 0.95)\n",
             flush=True,
         )
+        save()
+    if args.attention_tokens:
+        result["attention"] = attention_rows(args, device)
         save()
     for size in args.compile:
         result["rows"] += (rows := throughput(size, "compiled", args, shape, device))

@@ -6,8 +6,9 @@
 #   bash benchmarks/gpu_check.sh --fetch-wheels .gpu/wheels   # once, where PyPI is reachable: the deps a GPU image
 #                                                            # may lack, to carry along (the GPU machine is offline)
 #
-# Stages, each under its own timeout inside a total budget (GPU_CHECK_BUDGET, default 465 s); a stage that fails or
-# times out is reported and the script goes on (bench_gpu.py saves each row as it is measured).  Everything is
+# Stages, each under its own timeout inside a total budget (GPU_CHECK_BUDGET, default 465 s); each stage's share is
+# kept for it (a stage that runs long eats into the slow tests' time, not into the stages after it: SHARES below); a
+# stage that fails or times out is reported and the script goes on (bench_gpu.py saves each row as it is measured).  Everything is
 # printed and, when $OUT is set, kept there:
 #   [setup]  the python to use: GPU_CHECK_PY, else the machine's python3 when its torch sees a GPU (in a venv that
 #            sees its packages, with this package installed editable and missing deps from .gpu/wheels), else the
@@ -16,7 +17,8 @@
 #   [fast]   CRATE_TEST_DEVICE=cuda python -m pytest -m "not slow" (the device tests; the CPU tests skip, saying so);
 #            failures in $OUT/pytest_fast.txt and $OUT/pytest_fast.xml
 #   [bench]  benchmarks/bench_gpu.py: CRATE-T/S/B/L training steps in bf16 against the official formulation and a
-#            ViT, eager and compiled (B), MFU, and crate train against the model alone; $OUT/bench_gpu.json
+#            ViT, eager and compiled (B), MFU, crate train against the model alone (eager and compiled), and the
+#            attention operators (TSSA / MSSA / softmax, 1k-64k tokens); $OUT/bench_gpu.json
 #   [decode] benchmarks/bench_gpu.py's decoding rows: crate_gpt_base-sized CRATE-GPT vs GPT, batch 1 and 8, fp32 and
 #            bf16, eager and compiled (static cache, a CUDA graph per token); $OUT/bench_decode.json
 #   [train]  `crate train --device cuda` (the documented value) on the digits, timed
@@ -51,11 +53,25 @@ SUMMARY=()
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 want() { [[ " ${GPU_CHECK_STAGES:-info fast bench decode train lm slow} " == *" $1 "* ]]; }
 
-# stage NAME CAP CMD...: run CMD under min(CAP, what is left of the budget), record ok / FAILED / TIMEOUT and the time
+# Each stage's share of the budget in seconds (the first run measured set-up 22, info 5, fast 84, bench 173 before
+# the compiled crate-train row and the attention rows, train 18, lm 12 + start-up); slow gets what is left.
+SHARES=(info:15 fast:90 bench:200 decode:90 train:25 lm:30)
+# kept_after NAME: the shares of the wanted stages after NAME, which NAME must leave untouched
+kept_after() {
+  local kv seen=0 sum=0
+  for kv in "${SHARES[@]}"; do
+    [ "$seen" = 1 ] && want "${kv%%:*}" && sum=$(( sum + ${kv##*:} ))
+    [ "${kv%%:*}" = "$1" ] && seen=1
+  done
+  echo "$sum"
+}
+
+# stage NAME CAP CMD...: run CMD under min(CAP, what is left of the budget less the later stages' shares), record
+# ok / FAILED / TIMEOUT and the time
 stage() {
   local name=$1 cap=$2; shift 2
   local t s rc st
-  t=$(( $(left) - 5 )); [ "$cap" -lt "$t" ] && t=$cap
+  t=$(( $(left) - 5 - $(kept_after "$name") )); [ "$cap" -lt "$t" ] && t=$cap
   if [ "$t" -lt 15 ]; then
     echo; echo "===== [$name] skipped: the ${BUDGET}s budget is spent"; SUMMARY+=("$name: skipped (no time left)")
     return
@@ -148,22 +164,22 @@ main() {
   echo; echo "===== [setup]"
   setup_python || { echo "setup failed: nothing else can run"; return 1; }
   export PY WORK LOGDIR TEST_DEVICE=cuda
-  local dev=cuda tests=() bench=() train=(--epochs 3) lm=(--epochs 1 --max-steps 300)
+  local dev=cuda tests=() bench=(--e2e-compile) train=(--epochs 3) lm=(--epochs 1 --max-steps 300)
   if [ "$DRY" = 1 ]; then  # the same stages at CPU sizes: a handful of device tests, tiny shapes, a few steps
     TEST_DEVICE=cpu; dev=cpu; tests=(tests/test_on_device.py -k "float64 or bf16"); bench=(--tiny --threads 1)
     train=(--epochs 1 --max-steps 5 --threads 1); lm=(--epochs 1 --max-steps 5 --threads 1 --sample-tokens 8)
   fi
-  want info && stage info 40 info
-  want fast && stage fast 110 run_pytest fast "not slow" ${tests[@]+"${tests[@]}"}
+  want info && stage info 15 info
+  want fast && stage fast 90 run_pytest fast "not slow" ${tests[@]+"${tests[@]}"}
   # shellcheck disable=SC2086
-  want bench && stage bench 220 "$PY" benchmarks/bench_gpu.py ${bench[@]+"${bench[@]}"} --decode \
+  want bench && stage bench 200 "$PY" benchmarks/bench_gpu.py ${bench[@]+"${bench[@]}"} --decode \
     --json "$LOGDIR/bench_gpu.json" ${BENCH_ARGS:-}
   # shellcheck disable=SC2086
-  want decode && stage decode 120 "$PY" benchmarks/bench_gpu.py ${bench[@]+"${bench[@]}"} --sizes --compile \
-    --e2e none --decode base --json "$LOGDIR/bench_decode.json" ${DECODE_ARGS:-}
-  want train && stage train 40 timed "crate train --device $dev" "$PY" -m crate_transformer.cli train \
+  want decode && stage decode 90 "$PY" benchmarks/bench_gpu.py ${bench[@]+"${bench[@]}"} --sizes --compile \
+    --e2e none --attention-tokens --decode base --json "$LOGDIR/bench_decode.json" ${DECODE_ARGS:-}
+  want train && stage train 25 timed "crate train --device $dev" "$PY" -m crate_transformer.cli train \
     --data digits --device "$dev" --no-progress --out "$WORK/train" "${train[@]}"
-  want lm && stage lm 40 timed "crate train-lm --device $dev" "$PY" -m crate_transformer.cli train-lm \
+  want lm && stage lm 30 timed "crate train-lm --device $dev" "$PY" -m crate_transformer.cli train-lm \
     --device "$dev" --no-progress --out "$WORK/lm" "${lm[@]}"
   want slow && [ "$DRY" = 0 ] && stage slow 400 run_pytest slow slow
   echo; echo "===== summary ($(( $(date +%s) - T0 ))s of ${BUDGET}s; load average $(cut -d' ' -f1-3 /proc/loadavg))"

@@ -11,6 +11,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -107,6 +108,8 @@ def test_bench_gpu_runs_at_tiny_sizes(tmp_path: Path) -> None:
     e2e = result["e2e"]
     assert e2e["e2e_img_s"] > 0 and e2e["model_img_s"] > 0 and math.isfinite(e2e["ratio"])
     assert json.loads((tmp_path / "out.json").read_text())["rows"] == json.loads(json.dumps(result["rows"]))
+    attention = {(r["op"], r["tokens"]) for r in result["attention"] if r["ms"] > 0}
+    assert attention == {(op, n) for op in ("tssa", "mssa", "softmax") for n in (64, 128)}
     decode = result["decode"]  # the decoding pairs, eager at --tiny (compiled: test_decode.py, and the GPU run)
     assert [(r["model"], r["batch"], r["dtype"]) for r in decode] == [
         (m, b, d) for b in (1, 8) for d in ("fp32", "bf16") for m in ("CRATE-GPT", "GPT")
@@ -121,3 +124,18 @@ def test_bench_gpu_compiled_rows_at_tiny_sizes() -> None:
     args = ["--tiny", "--threads", "1", "--compile", "T", "--backend", "aot_eager", "--e2e", "none"]
     result = _load("bench_gpu").main(args)
     _check(result, {"CRATE-T", "official CRATE-T", "ViT d=384"}, {"eager", "compiled"})
+
+
+def test_gpu_check_dry_run_keeps_each_stages_share_of_the_budget(tmp_path: Path) -> None:
+    """``gpu_check.sh --dry-run`` on a CPU (the train and lm stages only): with a budget of 56 s the train stage is
+    given at most 56 - 5 - lm's 30 s share (21 s, not its own 25 s cap), so a long stage cannot starve the lm stage
+    as it did on the first GPU run (lm cut to 16 s); lm then runs."""
+    env = {**os.environ, "GPU_CHECK_PY": sys.executable, "GPU_CHECK_STAGES": "train lm", "GPU_CHECK_BUDGET": "56"}
+    env["OUT"] = str(tmp_path)
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.sh"
+    done = subprocess.run(["bash", str(script), "--dry-run"], capture_output=True, text=True, env=env, timeout=240)
+    log = done.stdout
+    assert done.returncode == 0, log[-2000:]
+    train = re.search(r"===== \[train\] \(timeout (\d+)s", log)
+    assert train and int(train.group(1)) <= 56 - 5 - 30, log[-2000:]
+    assert re.search(r"===== \[lm\] \(timeout (\d+)s", log), log[-2000:]  # how it ends depends on the load

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..data.prefetch import prefetch
 from ..errors import Opt, OptionError
 from . import sharding
 from .config import TrainConfig, nest_options
@@ -228,7 +229,8 @@ class _Loop:
         cfg, ts, rt = self.cfg, self.ts, self.rt
         where = dict(seed=cfg.system.seed, epoch=ts.epoch, start=ts.batch, rank=rt.rank, world=rt.world)
         self.watch.step_started()
-        for batch in self.task.train_data.batches(cfg.optim.batch_size, shuffle=True, **where):
+        batches = self.task.train_data.batches(cfg.optim.batch_size, shuffle=True, **where)
+        for batch in prefetch(batches, rt.device):  # the next batch's copy runs behind this step (data/prefetch.py)
             interrupted = self.iteration(batch)
             if interrupted or ts.step >= self.last:
                 return interrupted
