@@ -4,12 +4,12 @@ CRATE on the bundled digits.  Not a test: a test runs ``--tiny`` to keep it aliv
 **Attention.**  One attention operator of width d = 384 with 8 heads of 48 (ToST-S / CRATE widths), batch 1, no
 gradient, at n = 256 … 16,384 tokens:
 
-* ``tssa`` — :class:`~crate_transformer.operators.TSSA` (linear in n);
-* ``mssa`` — :class:`~crate_transformer.operators.MSSA` as the library runs it (PyTorch's
+* ``tssa`` — :class:`~crate_transformer.layers.TSSA` (linear in n);
+* ``mssa`` — :class:`~crate_transformer.layers.MSSA` as the library runs it (PyTorch's
   ``scaled_dot_product_attention``, whose CPU kernel never holds the n × n matrix);
 * ``mssa-matrix`` — MSSA computing the n × n score matrix, as the authors' CRATE code and ``return_attention`` do
   (measured up to 4,096 tokens: at 8,192 its K·n² scores alone take 2 GiB);
-* ``softmax`` — standard attention with separate Q, K, V (:class:`~crate_transformer.operators.MHSA`, SDPA);
+* ``softmax`` — standard attention with separate Q, K, V (:class:`~crate_transformer.layers.MHSA`, SDPA);
 * ``linear`` — one ``d → d`` linear layer, the control: nothing in it depends on n, so its slope is what the
   machine does to any per-token operator as its tensors outgrow the caches (and the memory allocator hands back
   and faults in fresh pages), the floor against which TSSA's slope is read.
@@ -56,7 +56,7 @@ MATRIX_LIMIT = 4096  # mssa-matrix beyond this: K·n² float32 scores of 1 GiB a
 
 
 def build(op: str, dim: int, heads: int) -> torch.nn.Module:
-    from crate_transformer.operators import MHSA, MSSA, TSSA
+    from crate_transformer.layers import MHSA, MSSA, TSSA
 
     p = dim // heads
     if op == "tssa":

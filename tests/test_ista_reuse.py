@@ -19,7 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import crate_transformer as ct
 from crate_transformer.dino import ema_update
-from crate_transformer.operators import ISTA, ista_reference
+from crate_transformer.layers import ISTA, ista_reference
 from crate_transformer.train.optim import ModelEma
 
 D_MODEL = 24

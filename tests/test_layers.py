@@ -129,7 +129,12 @@ LAYERS = [  # lowest first; a module may import its own layer and the ones befor
         "config",
         "io",
         "objectives",
-        "operators",
+        "layers",
+        "layers.reference",
+        "layers.attention",
+        "layers.tssa",
+        "layers.sparse",
+        "layers.block",
         "static_cache",  # compiled decoding's cache (the attention layers write into it)
         "generation",  # generation and sampling (a language model's generate calls it)
         "token_prior",  # a language model's mixin

@@ -148,7 +148,7 @@ def test_the_loaders_and_converters_import_from_their_former_paths():
 # module prefixes the docs use for this package's modules ("config.", "io." and "model." are also the names of
 # objects and of Python's io, so only their fully qualified forms are checked)
 _SHORT = {"official", "checkpoint", "pretrained", "registry", "base", "analysis", "mae", "lm", "alpha", "bert",
-          "loading", "runfiles", "_hub", "_registry", "data", "train", "probe", "dino", "theory", "operators",
+          "loading", "runfiles", "_hub", "_registry", "data", "train", "probe", "dino", "theory", "layers",
           "objectives", "spec", "tokenizer"}  # fmt: skip
 _NOT_NAMES = {"train.loss"}  # an MLflow metric name
 _NAME = re.compile(r"`((?:ct|crate_transformer|[a-z_]+)(?:\.[A-Za-z_]\w*)+)(?:\(|`)")

@@ -14,9 +14,9 @@ from official.crate_ae import OfficialCRATEMAE, sincos_2d
 
 import crate_transformer as ct
 from crate_transformer.checkpoint import CheckpointError
+from crate_transformer.layers import DecoderLayer
 from crate_transformer.mae import CRATEMAE, MAEConfig, mae_to_classifier, random_masking, sincos_pos_embed
 from crate_transformer.official import mae_native_to_official
-from crate_transformer.operators import DecoderLayer
 from crate_transformer.train.load import load_model
 
 SMALL = dict(image_size=32, patch_size=8, in_chans=3, dim=64, depth=2, heads=4)

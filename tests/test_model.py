@@ -196,8 +196,8 @@ def test_ablation_variants_run_and_differ():
 
 # --------------------------------------------------------------------------- CRATE / ViT build what they say
 def test_crate_and_vit_classes_fix_their_architecture():
+    from crate_transformer.layers import EncoderLayer
     from crate_transformer.model import ViTBlock, build_model
-    from crate_transformer.operators import EncoderLayer
 
     cfg = ct.ModelConfig(**{**TINY, "dim": 48, "heads": 3})  # arch defaults to "crate"
     vit = ct.ViT(cfg)
@@ -232,7 +232,7 @@ def test_model_modules_import_only_torch_and_the_core():
 
     model_modules = {a.model_class.__module__.rpartition(".")[2] for a in _registry._ARCHS.values()}
     assert {"model", "mae", "lm", "alpha", "bert", "tost"} <= model_modules
-    below = {"base", "config", "config_utils", "errors", "io", "official", "operators", "spec", "tokenizer"}
+    below = {"base", "config", "config_utils", "errors", "io", "official", "layers", "spec", "tokenizer"}
     below |= {"_registry", "_hub", "_version", "generation", "static_cache", "token_prior"}
     for name in model_modules:
         tree = ast.parse((src / f"{name}.py").read_text())

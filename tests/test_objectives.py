@@ -138,7 +138,7 @@ def test_sparsity_measures():
 
 
 def test_subspaces_from_qkv_matches_mssa():
-    from crate_transformer.operators import MSSA
+    from crate_transformer.layers import MSSA
 
     m = MSSA(12, heads=3, dim_head=4)
     U = ct.subspaces_from_qkv(m.qkv.weight, 3)

@@ -8,7 +8,7 @@ from official.crate import Attention as OfficialAttention
 from official.crate import FeedForward as OfficialISTA
 from tolerances import tol
 
-from crate_transformer.operators import (
+from crate_transformer.layers import (
     ISTA,
     MSSA,
     DecoderLayer,
@@ -179,8 +179,8 @@ def test_one_layer_config_is_read_whole_by_the_layer():
     import inspect
 
     import crate_transformer as ct
+    from crate_transformer.layers.block import _LAYER_KEYWORDS, LayerConfig
     from crate_transformer.mae import MAEConfig
-    from crate_transformer.operators import _LAYER_KEYWORDS, LayerConfig
 
     names = [f.name for f in dataclasses.fields(LayerConfig)]
     keywords = {

@@ -12,7 +12,7 @@ import torch
 
 import crate_transformer as ct
 from crate_transformer import _registry
-from crate_transformer.operators import DropPath, set_drop_path
+from crate_transformer.layers import DropPath, set_drop_path
 
 
 def _rates(model: torch.nn.Module) -> dict[str, float]:

@@ -17,9 +17,9 @@ from official import mae_optim
 from torch import nn
 
 from crate_transformer.alpha import AlphaConfig, CRATEAlpha
+from crate_transformer.layers import DropPath, drop_path_rates
 from crate_transformer.mae import CRATEMAE, MAEConfig
 from crate_transformer.model import ModelConfig, build_model
-from crate_transformer.operators import DropPath, drop_path_rates
 from crate_transformer.probe import sgd_linear_probe
 from crate_transformer.train import TrainConfig, load_training_state
 from crate_transformer.train.config import read_run_config

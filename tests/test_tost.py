@@ -12,7 +12,7 @@ import torch
 from official import tost_lang, tost_vision
 
 import crate_transformer as ct
-from crate_transformer.operators import TSSA, tssa_reference
+from crate_transformer.layers import TSSA, tssa_reference
 
 
 def _np_rvar(P: np.ndarray, Pi: np.ndarray, eps: float) -> float:

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 import crate_transformer as ct
 from crate_transformer.cli import main
+from crate_transformer.layers import ISTA, MHSA, MLP, MSSA, EncoderLayer, OvercompleteISTA, odl_reference
 from crate_transformer.model import ViTBlock
-from crate_transformer.operators import ISTA, MHSA, MLP, MSSA, EncoderLayer, OvercompleteISTA, odl_reference
 
 SMALL = dict(image_size=28, patch_size=7, in_chans=1, num_classes=10, dim=32, depth=2, heads=4)
 

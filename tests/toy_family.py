@@ -4,7 +4,7 @@ trains, analyses, reads the features of and reloads it through the unchanged pac
 
 The model is deliberately not an ``ImageClassifier`` subclass: a consumer that dispatched on the classes of the
 built-in families would not recognise it.  It is a small white-box classifier: a linear patch embedding, a class
-token and a learned position table, CRATE layers (MSSA + ISTA, :class:`~crate_transformer.operators.EncoderLayer`),
+token and a learned position table, CRATE layers (MSSA + ISTA, :class:`~crate_transformer.layers.EncoderLayer`),
 then the mean of the tokens through a LayerNorm and a linear head.
 """
 
@@ -20,8 +20,8 @@ from crate_transformer._registry import register_arch, register_model
 from crate_transformer.base import Model, Trace
 from crate_transformer.config import IMAGE_CLASSIFIER, Config
 from crate_transformer.config_utils import Range
+from crate_transformer.layers import EncoderLayer
 from crate_transformer.model import ImageEncoderGeometry, ImageInput
-from crate_transformer.operators import EncoderLayer
 from crate_transformer.spec import DataSpec
 
 ARCH = "toy_crate"

@@ -4,7 +4,7 @@ image-classifier family and the authors' PyTorch checkpoint format.
 CRATE-α is the CRATE classifier (JMLR eqs. (65)-(66)) with a different sparse-coding block, which is what let
 CRATE scale to ImageNet-21K: ODL — an overcomplete dictionary ``D ∈ R^{d×4d}``, two ISTA steps started from zero
 on the non-negative LASSO (JMLR eq. (42)), a separate decoder dictionary ``D1`` — plus a residual around it (see
-:class:`~crate_transformer.operators.OvercompleteISTA`).  The released PyTorch code (UCSC-VLAA/CRATE-alpha,
+:class:`~crate_transformer.layers.OvercompleteISTA`).  The released PyTorch code (UCSC-VLAA/CRATE-alpha,
 ``torch_inference/model/crate_alpha.py``) also embeds patches with a bare convolution (no LayerNorms around it),
 uses LayerNorm eps 1e-6 inside the layers and no bias on the attention output ``W`` (JMLR eq. (37)); its head is
 a LayerNorm (eps 1e-5) and a Linear on the class token.
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
+from .layers import EncoderLayer, LayerConfig, drop_path_rates
 from .model import ImageClassifier, ModelConfig
 from .official import HEADS_NOT_STORED, OfficialFormat, conv_to_linear, linear_to_conv, rename
-from .operators import EncoderLayer, LayerConfig, drop_path_rates
 from .spec import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = [
@@ -119,7 +119,7 @@ class CRATEAlpha(ImageClassifier):
     def build_encoder(self, c: AlphaConfig) -> tuple[nn.Module, nn.ModuleList, float]:
         """The authors' initialisation: PyTorch's default for the patch map (a p×p stride-p conv and the Linear
         on its flattened patch share the fan-in) and for every Linear and LayerNorm, kaiming-uniform ``D`` and
-        ``D1`` (:class:`~crate_transformer.operators.OvercompleteISTA`), ``torch.randn`` class token and
+        ``D1`` (:class:`~crate_transformer.layers.OvercompleteISTA`), ``torch.randn`` class token and
         position table (init std 1)."""
         patch_embed = nn.Sequential(nn.Linear(c.in_chans * c.patch_size**2, c.dim))
         rates = drop_path_rates(c.drop_path, c.depth)

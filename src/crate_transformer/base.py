@@ -260,7 +260,7 @@ class Model(nn.Module):
 
     def code_sites(self) -> list[tuple[nn.Module, str]]:
         """Per layer, where its sparse code (or MLP units) is read: the ``(module, unit kind)`` each of ``self.layers``
-        gives by its ``code_site()`` (:meth:`~crate_transformer.operators.EncoderLayer.code_site`; any layer class
+        gives by its ``code_site()`` (:meth:`~crate_transformer.layers.EncoderLayer.code_site`; any layer class
         may have one, e.g. ToST's blocks: their MLP units).  One-line
         ``ValueError`` for a layer without one; a family with other layers overrides this."""
         layers = getattr(self, "layers", None)

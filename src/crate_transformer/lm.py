@@ -7,7 +7,7 @@ GPT-2 baseline, in nanoGPT's layout (Karpathy 2022, which the paper's GPT code f
 * ``f_head(Z) = W_head Z`` (eq. (84)) with ``W_head`` tied to the token embedding (what Table 10's
   parameter counts imply); no final LayerNorm, as in the official CRATE-GPT code (``final_norm`` adds one).
 * ``mlp="ista_overcomplete"``: the sparsification step of the released crate-lm CRATE-GPT (Bai & Ma 2025),
-  a tied 4d-atom dictionary and two ISTA steps from zero, no residual (:class:`~.operators.OvercompleteISTA`).
+  a tied 4d-atom dictionary and two ISTA steps from zero, no residual (:class:`~.layers.OvercompleteISTA`).
 * :data:`CRATE_LM_FORMAT` and :data:`GPT2_FORMAT` read the authors' crate-lm checkpoints, nanoGPT ``ckpt.pt``
   files and Hugging Face GPT-2 state dicts (``ct.from_official(path, "crate_gpt_12l_pile")`` / ``"gpt2_base"``).
 * Losses: masked tokens (eq. (85), :func:`mask_tokens`: 15 %, 80/10/10) and next token (eq. (89)).
@@ -41,9 +41,9 @@ from .config_utils import Range
 from .errors import Opt, TaskError, Use
 from .generation import TEMPERATURE, TOP_P, cache_nbytes, cached_length, generate, mask_tokens, sample_next
 from .io import FILE_DIGESTS, TOKENIZER_NAME, CheckpointError, read_model_json
+from .layers import DIM_HEAD, MLP, EncoderLayer, LayerConfig
 from .model import ViTBlock
 from .official import HEADS_NOT_STORED, OfficialFormat, index_count, rename, unwrap
-from .operators import DIM_HEAD, MLP, EncoderLayer, LayerConfig
 from .static_cache import StaticLayerCache
 from .token_prior import TokenPrior
 from .tokenizer import Tokenizer
@@ -226,7 +226,7 @@ class LanguageModel(TokenPrior, Model):
     def build_layers(self, c: LMConfig) -> nn.ModuleList:
         """The ``depth`` layers between the embedding and the head: CRATE layers, or GPT-2 blocks for ``arch="gpt"``;
         a family that is this language model with other layers overrides it (ToST, ``tost.py``).  Each layer takes
-        ``(z, cache=, key_mask=)`` and returns ``(z, ...)``, as :class:`~crate_transformer.operators.EncoderLayer`."""
+        ``(z, cache=, key_mask=)`` and returns ``(z, ...)``, as :class:`~crate_transformer.layers.EncoderLayer`."""
         if c.arch != "gpt":
             return nn.ModuleList(EncoderLayer.from_config(c, causal=c.causal) for _ in range(c.depth))
         return nn.ModuleList(ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout, c.causal, c.gelu) for _ in range(c.depth))

@@ -1,7 +1,7 @@
 """CRATE-MAE: the white-box masked autoencoder (JMLR §3.6 and §4.2, eqs. (69)-(71), pp.38-40; Table 9, p.96).
 
 The encoder is CRATE layers (eq. (45), p.25), the decoder is CRATE *decoder* layers (structured
-diffusion, eqs. (62)-(64), p.34; :class:`~crate_transformer.operators.DecoderLayer`) with the same
+diffusion, eqs. (62)-(64), p.34; :class:`~crate_transformer.layers.DecoderLayer`) with the same
 ``L, d, K``.  The computation matches the official ``model/crate_ae/crate_ae.py`` (Ma-Lab-Berkeley/CRATE):
 
 1. patches → linear projection (the official ``PatchEmbed`` conv, here a Linear on the patches in
@@ -39,6 +39,7 @@ from ._registry import PretrainedSource, register_arch, register_model, register
 from .base import Model, Trace
 from .config import MASKED_AUTOENCODER, Config
 from .config_utils import Range
+from .layers import LAYER_FORMS, DecoderLayer, EncoderLayer, LayerConfig, drop_path_rates
 from .model import (
     ImageClassifier,
     ImageEncoderGeometry,
@@ -49,7 +50,6 @@ from .model import (
     unpatchify,
 )
 from .official import HEADS_NOT_STORED, OfficialFormat, mae_official_to_native
-from .operators import LAYER_FORMS, DecoderLayer, EncoderLayer, LayerConfig, drop_path_rates
 from .spec import IMAGENET_MEAN, IMAGENET_STD, DataSpec
 
 __all__ = [

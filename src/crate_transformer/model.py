@@ -22,8 +22,8 @@ from ._registry import PretrainedSource, register_arch, register_model, register
 from .base import POOLS, Model, Trace, pool_name, pool_tokens, take_indices
 from .config import IMAGE_CLASSIFIER, Config
 from .config_utils import Range
+from .layers import DIM_HEAD, EncoderLayer, LayerConfig, drop_path_rates
 from .official import HEADS_NOT_STORED, OfficialFormat, official_to_native
-from .operators import DIM_HEAD, EncoderLayer, LayerConfig, drop_path_rates
 from .spec import DEFAULT_NORMALIZATION, IMAGENET_MEAN, IMAGENET_STD, DataSpec, fit_normalization
 
 __all__ = [
@@ -120,7 +120,7 @@ class ModelConfig(ImageEncoderGeometry, LayerConfig, Config):
     emb_dropout: float = 0.0
     drop_path: float = 0.0  # stochastic depth of the last layer, rising linearly from 0 (timm / DeiT); 0 = off
     # the layers' settings (eta, lambd, ista_mode, layer_form, attention, mlp, odl_ratio, mlp_ratio, ...) are
-    # LayerConfig's (operators.py), the same fields for every family of CRATE layers; arch="vit" reads dropout and
+    # LayerConfig's (layers/block.py), the same fields for every family of CRATE layers; arch="vit" reads dropout and
     # mlp_ratio only.  LayerNorms around the patch projection (official classifier, Alg. 6); False: a plain linear
     # projection, the conv PatchEmbed of CRATE-MAE (a model fine-tuned from a CRATE-MAE encoder)
     patch_norm: bool = True
@@ -188,7 +188,7 @@ def _divisors_hint(n: int) -> str:
 
 # --------------------------------------------------------------------------- ViT baseline block
 class ViTBlock(EncoderLayer):
-    """The ViT block: pre-norm :class:`~crate_transformer.operators.MHSA` + GELU MLP, both residual (timm
+    """The ViT block: pre-norm :class:`~crate_transformer.layers.MHSA` + GELU MLP, both residual (timm
     layout).  The same layer as CRATE's with ``attention="mhsa", mlp="mlp"`` (Table 17's ViT row); with
     ``causal`` the GPT-2 block (``gelu="tanh"``: OpenAI GPT-2's GELU)."""
 

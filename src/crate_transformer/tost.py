@@ -2,7 +2,7 @@
 Variational Rate Reduction", ICLR 2025; code RobinWu218/ToST): the image classifiers and the language model, and
 the authors' checkpoint formats.
 
-ToST is a white-box transformer whose attention, TSSA (:class:`~crate_transformer.operators.TSSA`), is a
+ToST is a white-box transformer whose attention, TSSA (:class:`~crate_transformer.layers.TSSA`), is a
 gradient step on a variational form of CRATE's compression term
 (:func:`~crate_transformer.objectives.variational_coding_rate`): it reads per-head second moments of the
 tokens, weighted by each token's soft membership Π in the heads, instead of pairwise similarities, so its time
@@ -48,10 +48,10 @@ from ._registry import register_arch, register_model
 from .base import Model, Trace
 from .config import IMAGE_CLASSIFIER, Config
 from .config_utils import Range
+from .layers import DIM_HEAD, MLP, TSSA, DropPath
 from .lm import GPT2_KEY_MAP, LanguageModel, LMConfig, lm_checkpoint_fields, lm_state
 from .model import NUM_CLASSES, ImageEncoderGeometry, ImageInput, classifier_layer
 from .official import OfficialFormat, index_count, rename, unwrap
-from .operators import DIM_HEAD, MLP, TSSA, DropPath
 from .spec import DataSpec
 
 __all__ = [
@@ -192,7 +192,7 @@ class ToSTBlock(nn.Module):
 
     ``γ1, γ2`` are learned per-channel scales initialised to ``layer_scale``; ``drop_path`` drops both residual
     branches per sample in training.  Returns ``(Z_next, Z_half, attention or None)`` as
-    :class:`~crate_transformer.operators.EncoderLayer` does, so :class:`~crate_transformer.base.Trace` and the
+    :class:`~crate_transformer.layers.EncoderLayer` does, so :class:`~crate_transformer.base.Trace` and the
     analysis read it the same way; its features are the MLP's GELU units (:meth:`code_site`).
     """
 
@@ -228,7 +228,7 @@ class ToSTBlock(nn.Module):
     @property
     def block(self) -> nn.Module:
         """The second block, its MLP, under the name every layer gives it
-        (:attr:`~crate_transformer.operators.EncoderLayer.block`)."""
+        (:attr:`~crate_transformer.layers.EncoderLayer.block`)."""
         return self.mlp
 
     def code_site(self) -> tuple[nn.Module, str]:

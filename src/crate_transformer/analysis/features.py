@@ -7,7 +7,7 @@ find inside black-box models.  Here every coordinate is a *unit*:
 
 * CRATE (``mlp="ista"``): the ISTA output, ``d`` units per layer (eq. (44));
 * CRATE-α / crate-lm (``mlp="odl"`` / ``"ista_overcomplete"``): the overcomplete code ``A2`` of
-  :meth:`~crate_transformer.operators.OvercompleteISTA.code`, ``odl_ratio·d`` units;
+  :meth:`~crate_transformer.layers.OvercompleteISTA.code`, ``odl_ratio·d`` units;
 * ViT, GPT-2, CRATE-MLP (``mlp="mlp"``): the GELU hidden units of the MLP, ``mlp_ratio·d`` units.
 
 Codes are captured with forward hooks on those modules; no model module is changed.  With ``a_{t,u}`` the

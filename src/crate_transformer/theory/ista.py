@@ -25,7 +25,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import Lasso
 from torch import Tensor
 
-from ..operators import ISTA, ista_reference
+from ..layers import ISTA, ista_reference
 from ._report import check, finish, new_figure, progress, single_threaded, style_axis
 from .steps import ista_step, nonneg_lasso_objective
 from .synthetic import (
@@ -268,7 +268,7 @@ def _ista_checks(r: dict[str, Any], mults: list[float], trials: int, iterations:
             f"{max(gap[-1], 0.0):.2e}; solution non-zeros {float((Z_sk != 0).double().mean()):.3f}",
         ),
         check(
-            "the ISTA module (code form, operators.ISTA) equals the math form (44)",
+            "the ISTA module (code form, layers.ISTA) equals the math form (44)",
             code_vs_math < 1e-12,
             f"max |difference| = {code_vs_math:.2e}",
         ),

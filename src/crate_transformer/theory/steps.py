@@ -19,8 +19,8 @@ from typing import Literal
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..layers import mssa_reference
 from ..objectives import subspace_coding_rate_grad
-from ..operators import mssa_reference
 
 __all__ = [
     "beta_from_eps",

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from ..data import ImageSource, default_augmentation, to_device
 from ..errors import Opt, Step
-from ..operators import set_drop_path
+from ..layers import set_drop_path
 from .config import given_once
 from .evaluation import evaluate
 from .images import ImageData, image_classifier, load_splits
