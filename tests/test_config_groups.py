@@ -43,7 +43,7 @@ def test_flat_and_nested_layouts_are_the_same_config() -> None:
     assert TrainConfig.from_dict({"optim": {"lr": 0.5}}, cfg).optim == dataclasses.replace(cfg.optim, lr=0.5)
     # every option has exactly one place; the flat names are the flags
     assert len(FLAT) == sum(len(dataclasses.fields(c)) for c in GROUPS.values())
-    assert flat_options(nest_options({"lr": "1e-3"})) == {"lr": "1e-3"}
+    assert flat_options(nest_options({"lr": "1e-3"})) == {"lr": 1e-3}  # typed where every layout is read
 
 
 def test_bad_layouts_are_one_line_errors() -> None:

@@ -155,3 +155,23 @@ def test_the_default_of_a_conditional_option_never_refuses():
     TrainConfig(optimizer="adamw").validate()
     TrainConfig(optimizer="sgd").validate()
     assert Path  # the module's imports are used
+
+
+PATHS = [(g, f) for g, f in _fields() if f.metadata.get("path")]
+
+
+def test_path_options_are_declared():
+    assert {f.name for _, f in PATHS} >= {"out", "init_from"}
+
+
+@pytest.mark.parametrize(("group", "f"), PATHS, ids=lambda x: getattr(x, "name", x))
+def test_every_path_option_refuses_an_empty_path(group, f, tmp_path, capsys):
+    for blank in ("", "  "):
+        with pytest.raises(ValueError, match="empty path"):
+            TrainConfig(**{f.name: blank})
+        file = tmp_path / "c.yaml"
+        file.write_text(yaml.safe_dump({f.name: blank}))
+        with pytest.raises(ValueError, match="empty path"):
+            nest_options({group: {f.name: blank}} if group else {f.name: blank})
+    if f.name == "out":
+        one_line_error(capsys, "train", "--out", "", "--max-steps", 1, match="--out is an empty path")

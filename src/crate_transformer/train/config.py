@@ -254,7 +254,7 @@ class LoggingOptions(Config):
 
     CHOICES = {"logger": LOGGERS}  # each name of the list (checked here, not by the command line's parser)
 
-    out: str | None = option(None, "run directory", shown="runs/<model>-<data>-<date-time>")
+    out: str | None = option(None, "run directory", shown="runs/<model>-<data>-<date-time>", path=True)
     checkpoint_every: int = option(
         0, "also checkpoint every N steps (always at epoch ends, the end and on Ctrl-C)", range=NON_NEGATIVE
     )
@@ -319,7 +319,7 @@ class TrainConfig:
         choices=tuple(RECIPES),
     )
     # fine-tuning (set by `crate finetune`)
-    init_from: str | None = option(None, "checkpoint to fine-tune from")
+    init_from: str | None = option(None, "checkpoint to fine-tune from", path=True)
     keep_head: bool = option(False, "keep the pretrained head when the class count matches")
     # the option groups
     data: DataOptions = field(default_factory=DataOptions)
@@ -423,11 +423,22 @@ def _typed(out: dict[str, Any]) -> dict[str, Any]:
     flag, config file and keyword goes through before any value is used (``model_args: "dim=32"`` in a file is a
     one-line error naming the key, not a TypeError where it is first merged)."""
     top = {k: v for k, v in out.items() if k not in GROUPS}
-    typed = coerce_fields(TrainConfig, top)
+    typed = _no_empty_path(TrainConfig, coerce_fields(TrainConfig, top))
     for key, value in out.items():
-        if key in GROUPS:
-            typed[key] = value if isinstance(value, GROUPS[key]) else coerce_fields(GROUPS[key], _as_mapping(value))
+        if key in GROUPS and not isinstance(value, GROUPS[key]):
+            typed[key] = _no_empty_path(GROUPS[key], coerce_fields(GROUPS[key], _as_mapping(value)))
+        elif key in GROUPS:
+            typed[key] = value
     return typed
+
+
+def _no_empty_path(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """``values``, refusing an empty string for a field declared ``path=True`` (``--out ""`` would otherwise mean
+    an auto-named folder, silently)."""
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("path") and isinstance(values.get(f.name), str) and not values[f.name].strip():
+            raise OptionError(Opt(option_name(f)), " is an empty path; give a folder or file, or leave it out")
+    return values
 
 
 def _one_warmup(out: dict[str, Any]) -> dict[str, Any]:
