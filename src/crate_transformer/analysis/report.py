@@ -155,18 +155,17 @@ def _initial_measurements(ctx: _Context, progress: bool) -> tuple[dict[str, Base
         return {}, {}
     baselines, curves = {}, {}
     for name, imgs in ctx.splits.items():
-        t = measure(
-            ctx.initial,
-            imgs,
-            eps=ctx.eps,
-            batch_size=ctx.batch_size,
-            normalize=ctx.normalization,
-            progress=progress,
-            desc=f"{name} {INITIAL}",
-        )
+        t = _measure_split(ctx, ctx.initial, imgs, f"{name} {INITIAL}", progress)
         baselines[name] = baseline_from_table(t, f"a freshly initialised model of the same architecture, {name} images")
         curves[f"{name} {INITIAL}"] = t
     return baselines, curves
+
+
+def _measure_split(ctx: _Context, model: torch.nn.Module, imgs: Tensor, desc: str, progress: bool) -> LayerTable:
+    """One split's layer-by-layer measurement under the report's protocol (ε, batch size, normalisation)."""
+    return measure(
+        model, imgs, eps=ctx.eps, batch_size=ctx.batch_size, normalize=ctx.normalization, progress=progress, desc=desc
+    )
 
 
 def rate_notes(model: torch.nn.Module, tables: Mapping[str, LayerTable]) -> list[str]:
@@ -180,15 +179,7 @@ def rate_notes(model: torch.nn.Module, tables: Mapping[str, LayerTable]) -> list
 # --------------------------------------------------------------------------- measurement sections
 def _layerwise_section(ctx: _Context, progress: bool) -> Part:
     for name, imgs in ctx.splits.items():
-        ctx.tables[name] = measure(
-            ctx.model,
-            imgs,
-            eps=ctx.eps,
-            batch_size=ctx.batch_size,
-            normalize=ctx.normalization,
-            progress=progress,
-            desc=name,
-        )
+        ctx.tables[name] = _measure_split(ctx, ctx.model, imgs, name, progress)
     tables, fig_dir = ctx.tables, ctx.fig_dir
     baselines, initial = _initial_measurements(ctx, progress)
     _plot_layerwise_figures(tables, fig_dir, initial)
