@@ -72,27 +72,6 @@ class TSSA(nn.Module):
         b, n, _ = x.shape
         return self.qkv(x).view(b, n, self.heads, self.dim_head).transpose(1, 2)
 
-    def _statistics(self, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The non-causal form's token statistics from the projections ``y`` ``(b, n, K·p)``: their squares, Π
-        ``(b, n, K)`` and the factors ``−1/(1 + moment)`` ``(b, K·p)``, in float32 for half projections.
-
-        Each statistic is a pass over the squares in their ``(b, n, K·p)`` layout: a coordinate's energy is a sum
-        over the tokens, the membership scores ``Σ_i w_kji² / energy_ki`` a scaled sum per head, the Π-weighted
-        moments the diagonal blocks of one product ``Πᵀ · squares``.  No ``(b, K, n, p)`` copy of the
-        projections is made: few passes over few temporaries (``benchmarks/bench_tost.py``)."""
-        b, n, D = y.shape
-        K, p = self.heads, self.dim_head
-        with full_precision(y):
-            sq = at_least_float32(y).square()
-            # F.normalize's floor on the norm, as the authors' code: max(‖w‖, 1e-12)² = max(‖w‖², 1e-24)
-            inv = 1.0 / sq.sum(1, keepdim=True).clamp_min(_TSSA_ENERGY_FLOOR**2)
-            share = (sq * inv).view(b, n, K, p).sum(-1)
-            pi = torch.softmax(share * self.temp.view(1, 1, K).to(sq.dtype), dim=-1)
-            num = (pi.transpose(1, 2) @ sq).view(b, K, K, p).diagonal(dim1=1, dim2=2).transpose(1, 2)
-            moment = num / (pi.sum(1) + _TSSA_MASS_EPS).unsqueeze(-1)
-        shrink = F.dropout(1.0 / (1.0 + moment), self.attn_dropout, self.training)
-        return sq, pi, -shrink.reshape(b, D)
-
     def _scores(self, w: Tensor, cache: dict[str, Any] | None, start: int | Tensor) -> Tensor:
         """The causal form's Π as ``(b, K, n)`` (softmax over the heads) from the projections ``w``."""
         sq = w.square()
@@ -108,7 +87,7 @@ class TSSA(nn.Module):
     def memberships(self, x: Tensor) -> Tensor:
         """Π, each token's membership in the heads (the paper's eq. (10); rows sum to 1): ``(b, n, K)``."""
         if not self.causal:
-            return self._statistics(self.qkv(x))[1].to(x.dtype)
+            return _token_statistics(self.qkv(x), self.temp, self.heads)[2].to(x.dtype)
         return self._scores(self.project(x), None, 0).transpose(1, 2)
 
     def _moments(self, w: Tensor, pi: Tensor, cache: dict[str, Any] | None) -> Tensor:
@@ -165,17 +144,151 @@ class TSSA(nn.Module):
         return (out, self._attention(pi)) if return_attention else out
 
     def _global(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """The non-causal form: the projected output ``(b, n, d)`` and Π ``(b, K, n)``.  For one sample the
-        per-coordinate factor is folded into the output projection's weight (a ``(d, K·p)`` product instead of an
-        ``(n, K·p)`` one); without gradients the product ``Π ⊙ w`` reuses the squares' memory."""
+        """The non-causal form: the projected output ``(b, n, d)`` and Π ``(b, K, n)`` (:func:`_global_step`).
+        With gradients a :class:`_GlobalStep`, whose backward keeps only the projections and per-head statistics."""
         y = self.qkv(x)
-        b, n, D = y.shape
-        sq, pi, shrink = self._statistics(y)
-        pi, shrink = pi.to(y.dtype), shrink.to(y.dtype)
-        y4, pi4 = y.view(b, n, self.heads, self.dim_head), pi.unsqueeze(-1)
-        in_place = not torch.is_grad_enabled() and sq.dtype == y.dtype
-        z = (torch.mul(y4, pi4, out=sq.view_as(y4)) if in_place else y4 * pi4).view(b, n, D)
-        if statically_known_true(b == 1):  # not a guard on a batch size that torch.export keeps dynamic
-            return F.linear(z, self.proj.weight * shrink, self.proj.bias), pi.transpose(1, 2)
-        z = z.mul_(shrink.unsqueeze(1)) if in_place else z * shrink.unsqueeze(1)
-        return F.linear(z, self.proj.weight, self.proj.bias), pi.transpose(1, 2)
+        args = (y, self.temp, self.proj.weight, self.proj.bias, self.heads, self.attn_dropout, self.training)
+        out, pi = _GlobalStep.apply(*args) if torch.is_grad_enabled() else _global_step(*args)[:2]
+        return out, pi.to(y.dtype).transpose(1, 2)
+
+
+# --------------------------------------------------------------------------- the non-causal step and its backward
+def _block_columns(v: Tensor, heads: int) -> Tensor:
+    """``(b, K·p)`` → the block-diagonal ``(b, K·p, K)``: column ``k`` holds head ``k``'s ``p`` entries of ``v``,
+    so that ``t @ _block_columns(v)`` sums ``t ⊙ v`` over each head's coordinates (a product, no ``(n, K·p)``
+    temporary)."""
+    b, D = v.shape
+    eye = torch.eye(heads, dtype=v.dtype, device=v.device)
+    return (v.view(b, heads, D // heads, 1) * eye.view(1, heads, 1, heads)).view(b, D, heads)
+
+
+def _diagonal_blocks(m: Tensor, heads: int) -> Tensor:
+    """``(b, K, K·p)`` → ``(b, K·p)``: row ``k``'s block of head ``k``, e.g. ``Πᵀ · t`` → ``Σ_j Π_jk t_jc``."""
+    b, _, D = m.shape
+    return m.view(b, heads, heads, D // heads).diagonal(dim1=1, dim2=2).transpose(1, 2).reshape(b, D)
+
+
+def _token_statistics(y: Tensor, temp: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The non-causal form's token statistics from the projections ``y`` ``(b, n, K·p)``: their squares, the
+    energies ``Σ_i w_ki²`` ``(b, 1, K·p)``, Π ``(b, n, K)`` (eq. (10)) and the Π-weighted second moments
+    ``(b, K·p)``, in float32 for half projections.
+
+    Each statistic is a pass over the squares in their ``(b, n, K·p)`` layout: a coordinate's energy is a sum
+    over the tokens, the membership scores ``Σ_i w_kji² / energy_ki`` one product with the per-head
+    :func:`_block_columns`, the Π-weighted moments the diagonal blocks of one product ``Πᵀ · squares``.  No
+    ``(b, K, n, p)`` copy of the projections is made: few passes over few temporaries
+    (``benchmarks/bench_tost.py``)."""
+    b, n, D = y.shape
+    with full_precision(y):
+        sq = at_least_float32(y).square()
+        energy = sq.sum(1, keepdim=True)
+        # F.normalize's floor on the norm, as the authors' code: max(‖w‖, 1e-12)² = max(‖w‖², 1e-24)
+        share = sq @ _block_columns(1.0 / energy.clamp_min(_TSSA_ENERGY_FLOOR**2).view(b, D), heads)
+        pi = torch.softmax(share * temp.view(1, 1, heads).to(sq.dtype), dim=-1)
+        num = _diagonal_blocks(pi.transpose(1, 2) @ sq, heads)
+        mass = (pi.sum(1) + _TSSA_MASS_EPS).repeat_interleave(D // heads, dim=-1)
+    return sq, energy, pi, num / mass
+
+
+def _global_step(
+    y: Tensor, temp: Tensor, weight: Tensor, bias: Tensor | None, heads: int, attn_dropout: float, training: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """TSSA's non-causal output ``W (−Π_jk w_j ⊙ shrink) + bias`` from the projections ``y``, with Π, the energies,
+    the moments and the factors ``shrink = dropout(1 / (1 + moment))`` ``(b, K·p)``.
+
+    The product ``Π ⊙ w`` reuses the squares' memory (not needed after the statistics); for one sample the factor
+    is folded into the output projection's weight (a ``(d, K·p)`` product instead of an ``(n, K·p)`` one)."""
+    b, n, D = y.shape
+    sq, energy, pi, moment = _token_statistics(y, temp, heads)
+    shrink = F.dropout(1.0 / (1.0 + moment), attn_dropout, training)
+    y4, pi4 = y.view(b, n, heads, D // heads), pi.to(y.dtype).unsqueeze(-1)
+    in_place = sq.dtype == y.dtype
+    z = (torch.mul(y4, pi4, out=sq.view_as(y4)) if in_place else y4 * pi4).view(b, n, D)
+    factor = -shrink.to(y.dtype)
+    if statically_known_true(b == 1):  # not a guard on a batch size that torch.export keeps dynamic
+        out = F.linear(z, weight * factor, bias)
+    else:
+        out = F.linear(z.mul_(factor.unsqueeze(1)), weight, bias)
+    return out, pi, energy, moment, shrink
+
+
+class _GlobalStep(torch.autograd.Function):
+    """:func:`_global_step` whose backward keeps the projections ``y`` and per-head statistics (Π ``(b, n, K)``,
+    ``(b, K·p)`` energies, moments and factors) and recomputes the squares and the product ``Π ⊙ w ⊙ shrink``:
+    autograd's own graph of the step would keep the squares (float32 for half projections), that product and
+    its scaled copy, 1.7-2.6x the bytes MSSA's flash attention keeps (``tests/test_tost.py``)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, y: Tensor, temp: Tensor, weight: Tensor, bias: Tensor | None, heads: int, p: float, training: bool
+    ) -> tuple[Tensor, Tensor]:
+        out, pi, energy, moment, shrink = _global_step(y, temp, weight, bias, heads, p, training)
+        ctx.heads = heads
+        ctx.save_for_backward(y, temp, weight, energy, pi, moment, shrink)
+        return out, pi
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor, grad_pi: Tensor | None) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        y, temp, weight, energy, pi, moment, shrink = ctx.saved_tensors
+        with full_precision(y):
+            grad_w, grad_b, dz = _output_grads(grad_out, y, pi, shrink, weight, ctx.heads, ctx.needs_input_grad[3])
+            dy, grad_temp = _statistics_grads(dz, y, temp, energy, pi, moment, shrink, grad_pi, ctx.heads)
+        return dy.to(y.dtype), grad_temp.view_as(temp), grad_w, grad_b, None, None, None
+
+
+def _output_grads(
+    grad_out: Tensor, y: Tensor, pi: Tensor, shrink: Tensor, weight: Tensor, heads: int, with_bias: bool
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """The output projection's gradients (weight, bias) and the gradient of its input ``z = −Π ⊙ w ⊙ shrink``,
+    the product recomputed from the kept projections, in their dtype."""
+    b, n, D = y.shape
+    g = grad_out.reshape(b * n, -1).to(y.dtype)
+    z = (y.view(b, n, heads, D // heads) * pi.to(y.dtype).unsqueeze(-1)).view(b * n, D)
+    z = z.view(b, n, D).mul_(-shrink.to(y.dtype).unsqueeze(1)).view(b * n, D)
+    grad_w = g.t() @ z
+    del z
+    return grad_w, g.sum(0) if with_bias else None, (g @ weight.to(y.dtype)).view(b, n, D)
+
+
+def _statistics_grads(
+    dz: Tensor,
+    y: Tensor,
+    temp: Tensor,
+    energy: Tensor,
+    pi: Tensor,
+    moment: Tensor,
+    shrink: Tensor,
+    grad_pi: Tensor | None,
+    heads: int,
+) -> tuple[Tensor, Tensor]:
+    """The gradients of the projections ``y`` and the temperature through :func:`_token_statistics` and the
+    product ``z = −Π_jk w_j ⊙ shrink``, given ``dz``; the squares recomputed, per-head sums as products with
+    :func:`_block_columns` and :func:`_diagonal_blocks` (float32 for half projections)."""
+    b, n, D = y.shape
+    yf = at_least_float32(y)
+    a = at_least_float32(dz) * yf
+    d_shrink = -_diagonal_blocks(pi.transpose(1, 2) @ a, heads)
+    d_pi = a @ _block_columns(-shrink, heads)
+    del a
+    # shrink = mask / (1 + moment): d shrink / d moment = −shrink / (1 + moment)
+    d_moment = -d_shrink * shrink / (1.0 + moment)
+    mass = (pi.sum(1) + _TSSA_MASS_EPS).repeat_interleave(D // heads, dim=-1)
+    d_num = d_moment / mass  # moment = num / mass
+    d_pi = d_pi + (-(d_moment * moment / mass).view(b, heads, -1).sum(-1)).unsqueeze(1)
+    sq = yf.square()
+    d_pi = d_pi + sq @ _block_columns(d_num, heads)
+    if grad_pi is not None:
+        d_pi = d_pi + grad_pi
+    inv = 1.0 / energy.clamp_min(_TSSA_ENERGY_FLOOR**2).view(b, D)
+    share = sq @ _block_columns(inv, heads)
+    d_logit = pi * (d_pi - (d_pi * pi).sum(-1, keepdim=True))
+    grad_temp = (share * d_logit).sum((0, 1))
+    d_share = d_logit * temp.view(1, 1, heads).to(d_logit.dtype)
+    d_inv = _diagonal_blocks(d_share.transpose(1, 2) @ sq, heads)
+    del sq
+    d_energy = -d_inv * inv.square() * (energy.view(b, D) >= _TSSA_ENERGY_FLOOR**2)
+    # d squares = d_share_k inv_c + Π_k d_num_c + d_energy_c; dy = 2 y · d squares − dz Π_k shrink_c
+    rows = torch.cat([d_share, pi], dim=-1)
+    cols = torch.cat([_block_columns(inv, heads), _block_columns(d_num, heads)], dim=-1).transpose(1, 2)
+    dy = torch.baddbmm(d_energy.unsqueeze(1), rows, cols).mul_(yf).mul_(2.0)
+    return dy.addcmul_(pi @ _block_columns(shrink, heads).transpose(1, 2), dz, value=-1.0), grad_temp
