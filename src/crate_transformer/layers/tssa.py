@@ -153,13 +153,16 @@ class TSSA(nn.Module):
 
 
 # --------------------------------------------------------------------------- the non-causal step and its backward
-def _block_columns(v: Tensor, heads: int) -> Tensor:
-    """``(b, K·p)`` → the block-diagonal ``(b, K·p, K)``: column ``k`` holds head ``k``'s ``p`` entries of ``v``,
-    so that ``t @ _block_columns(v)`` sums ``t ⊙ v`` over each head's coordinates (a product, no ``(n, K·p)``
-    temporary)."""
-    b, D = v.shape
-    eye = torch.eye(heads, dtype=v.dtype, device=v.device)
-    return (v.view(b, heads, D // heads, 1) * eye.view(1, heads, 1, heads)).view(b, D, heads)
+def _head_sums(t: Tensor, v: Tensor, heads: int) -> Tensor:
+    """``(b, n, K·p)`` and ``(b, K·p)`` → ``(b, n, K)``: ``Σ_{c in head k} t_jc v_c``."""
+    b, n, D = t.shape
+    return (t.view(b, n, heads, D // heads) * v.view(b, 1, heads, -1)).sum(-1)
+
+
+def _outer(pi: Tensor, v: Tensor, heads: int) -> Tensor:
+    """``(b, n, K)`` and ``(b, K·p)`` → ``(b, n, K·p)``: ``Π_jk v_c`` for each coordinate ``c`` of head ``k``."""
+    b, n, _ = pi.shape
+    return (pi.unsqueeze(-1) * v.view(b, 1, heads, -1)).view(b, n, -1)
 
 
 def _diagonal_blocks(m: Tensor, heads: int) -> Tensor:
@@ -174,8 +177,7 @@ def _token_statistics(y: Tensor, temp: Tensor, heads: int) -> tuple[Tensor, Tens
     ``(b, K·p)``, in float32 for half projections.
 
     Each statistic is a pass over the squares in their ``(b, n, K·p)`` layout: a coordinate's energy is a sum
-    over the tokens, the membership scores ``Σ_i w_kji² / energy_ki`` one product with the per-head
-    :func:`_block_columns`, the Π-weighted moments the diagonal blocks of one product ``Πᵀ · squares``.  No
+    over the tokens, the membership scores ``Σ_i w_kji² / energy_ki`` a scaled sum per head, the Π-weighted moments the diagonal blocks of one product ``Πᵀ · squares``.  No
     ``(b, K, n, p)`` copy of the projections is made: few passes over few temporaries
     (``benchmarks/bench_tost.py``)."""
     b, n, D = y.shape
@@ -183,7 +185,7 @@ def _token_statistics(y: Tensor, temp: Tensor, heads: int) -> tuple[Tensor, Tens
         sq = at_least_float32(y).square()
         energy = sq.sum(1, keepdim=True)
         # F.normalize's floor on the norm, as the authors' code: max(‖w‖, 1e-12)² = max(‖w‖², 1e-24)
-        share = sq @ _block_columns(1.0 / energy.clamp_min(_TSSA_ENERGY_FLOOR**2).view(b, D), heads)
+        share = _head_sums(sq, 1.0 / energy.clamp_min(_TSSA_ENERGY_FLOOR**2).view(b, D), heads)
         pi = torch.softmax(share * temp.view(1, 1, heads).to(sq.dtype), dim=-1)
         num = _diagonal_blocks(pi.transpose(1, 2) @ sq, heads)
         mass = (pi.sum(1) + _TSSA_MASS_EPS).repeat_interleave(D // heads, dim=-1)
@@ -243,9 +245,8 @@ def _output_grads(
     the product recomputed from the kept projections, in their dtype."""
     b, n, D = y.shape
     g = grad_out.reshape(b * n, -1).to(y.dtype)
-    z = (y.view(b, n, heads, D // heads) * pi.to(y.dtype).unsqueeze(-1)).view(b * n, D)
-    z = z.view(b, n, D).mul_(-shrink.to(y.dtype).unsqueeze(1)).view(b * n, D)
-    grad_w = g.t() @ z
+    z = y * _outer(pi.to(y.dtype), -shrink.to(y.dtype), heads)
+    grad_w = g.t() @ z.view(b * n, D)
     del z
     return grad_w, g.sum(0) if with_bias else None, (g @ weight.to(y.dtype)).view(b, n, D)
 
@@ -263,12 +264,12 @@ def _statistics_grads(
 ) -> tuple[Tensor, Tensor]:
     """The gradients of the projections ``y`` and the temperature through :func:`_token_statistics` and the
     product ``z = −Π_jk w_j ⊙ shrink``, given ``dz``; the squares recomputed, per-head sums as products with
-    :func:`_block_columns` and :func:`_diagonal_blocks` (float32 for half projections)."""
+    :func:`_head_sums`, :func:`_outer` and :func:`_diagonal_blocks` (float32 for half projections)."""
     b, n, D = y.shape
     yf = at_least_float32(y)
     a = at_least_float32(dz) * yf
     d_shrink = -_diagonal_blocks(pi.transpose(1, 2) @ a, heads)
-    d_pi = a @ _block_columns(-shrink, heads)
+    d_pi = _head_sums(a, -shrink, heads)
     del a
     # shrink = mask / (1 + moment): d shrink / d moment = −shrink / (1 + moment)
     d_moment = -d_shrink * shrink / (1.0 + moment)
@@ -276,19 +277,18 @@ def _statistics_grads(
     d_num = d_moment / mass  # moment = num / mass
     d_pi = d_pi + (-(d_moment * moment / mass).view(b, heads, -1).sum(-1)).unsqueeze(1)
     sq = yf.square()
-    d_pi = d_pi + sq @ _block_columns(d_num, heads)
+    d_pi = d_pi + _head_sums(sq, d_num, heads)
     if grad_pi is not None:
         d_pi = d_pi + grad_pi
     inv = 1.0 / energy.clamp_min(_TSSA_ENERGY_FLOOR**2).view(b, D)
-    share = sq @ _block_columns(inv, heads)
+    share = _head_sums(sq, inv, heads)
     d_logit = pi * (d_pi - (d_pi * pi).sum(-1, keepdim=True))
     grad_temp = (share * d_logit).sum((0, 1))
     d_share = d_logit * temp.view(1, 1, heads).to(d_logit.dtype)
     d_inv = _diagonal_blocks(d_share.transpose(1, 2) @ sq, heads)
     del sq
     d_energy = -d_inv * inv.square() * (energy.view(b, D) >= _TSSA_ENERGY_FLOOR**2)
-    # d squares = d_share_k inv_c + Π_k d_num_c + d_energy_c; dy = 2 y · d squares − dz Π_k shrink_c
-    rows = torch.cat([d_share, pi], dim=-1)
-    cols = torch.cat([_block_columns(inv, heads), _block_columns(d_num, heads)], dim=-1).transpose(1, 2)
-    dy = torch.baddbmm(d_energy.unsqueeze(1), rows, cols).mul_(yf).mul_(2.0)
-    return dy.addcmul_(pi @ _block_columns(shrink, heads).transpose(1, 2), dz, value=-1.0), grad_temp
+    # dy = 2 y (d_share_k inv_c + Π_k d_num_c + d_energy_c) − dz Π_k shrink_c
+    dy = torch.addcmul((2 * d_energy).view(b, 1, heads, -1), d_share.unsqueeze(-1), (2 * inv).view(b, 1, heads, -1))
+    dy = dy.addcmul_(pi.unsqueeze(-1), (2 * d_num).view(b, 1, heads, -1)).view(b, n, D).mul_(yf)
+    return dy.addcmul_(at_least_float32(dz), _outer(pi, -shrink, heads)), grad_temp
