@@ -239,8 +239,9 @@ ATTENTION = ("tssa", "mssa", "softmax")
 
 def attention_rows(args: argparse.Namespace, device: torch.device) -> list[dict]:
     """TSSA / MSSA / softmax attention alone (d=384, 8 heads, batch 8; ``bench_tost.build``), forward+backward under
-    the run's autocast at each length of ``--attention-tokens``: best of 5 and the peak memory above the input."""
-    from bench_tost import build
+    the run's autocast at each length of ``--attention-tokens``: best of 5, the peak memory above the input and the
+    bytes kept for the backward (``bench_tost.saved_bytes``)."""
+    from bench_tost import build, saved_bytes
 
     rows = []
     for n in args.attention_tokens:
@@ -254,6 +255,8 @@ def attention_rows(args: argparse.Namespace, device: torch.device) -> list[dict]
                 out.float().sum().backward()
 
             run()
+            with torch.autocast(device.type, dtype=args.amp, enabled=args.amp is not None):
+                saved = saved_bytes(module, x) / 2**20
             sync(device)
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
@@ -267,10 +270,10 @@ def attention_rows(args: argparse.Namespace, device: torch.device) -> list[dict]
                 sync(device)
                 times.append(time.perf_counter() - t0)
             peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20 if device.type == "cuda" else float("nan")
-            rows.append(dict(op=op, tokens=n, batch=args.attention_batch, ms=1e3 * min(times), peak_mib=peak))
+            rows.append(dict(op=op, tokens=n, batch=args.attention_batch, ms=1e3 * min(times), peak_mib=peak, saved_mib=saved))
             print(
                 f"attention fwd+bwd {op:8s} b={args.attention_batch} n={n:6d}: {1e3 * min(times):9.2f} ms, "
-                f"peak +{peak:8.1f} MiB",
+                f"peak +{peak:8.1f} MiB, kept for the backward {saved:8.1f} MiB",
                 flush=True,
             )
             del module, x

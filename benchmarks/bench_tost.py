@@ -22,7 +22,9 @@ printed beside it.  Memory is the peak resident-set growth of one forward in a f
 after it, reset just before, minus the resident size before it, the operator and its input already allocated), so
 allocator caches of other sizes do not blur it; the probes run side by side, one per CPU, each reading only its own
 peak.  The log-log slope of time and memory against n is fitted over n ≥ 1,024 (below, the n-independent
-projections dominate), and the table gives each operator's time and memory relative to TSSA at every n.
+projections dominate), and the table gives each operator's time and memory relative to TSSA at every n.  A
+second table gives the bytes each operator keeps for its backward (:func:`saved_bytes`, training mode, at
+``--saved-lengths``), against MSSA's.
 
 **Digits.**  ``--digits`` trains ``tost_mnist`` and ``crate_mnist_p4`` with the same recipe (``crate train``'s
 defaults: the 4,000 / 1,000 bundled MNIST digits at 24 px), one at a time, for each seed, and prints test accuracy,
@@ -109,6 +111,37 @@ def _probe(op: str, n: int, dim: int, heads: int) -> float:
         base = _status_kib("VmRSS")
         forward(op, module, x)
     return (_status_kib("VmHWM") - base) / 1024
+
+
+def saved_bytes(module: torch.nn.Module, x: torch.Tensor) -> int:
+    """Bytes that autograd keeps for the backward of ``module(x)``: the distinct storages of its saved tensors,
+    the module's parameters left out.  The activation memory a training step holds between forward and backward,
+    the same on any device (a CPU measures what a GPU would hold), in the dtypes the current autocast gives."""
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    kept: dict[int, torch.Tensor] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in params:
+            kept[t.untyped_storage().data_ptr()] = t
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(x)
+    return sum(t.untyped_storage().nbytes() for t in kept.values())
+
+
+def saved_table(args: argparse.Namespace) -> None:
+    """MiB kept for the backward by each operator (batch 1, float32, training mode) at ``--saved-lengths``."""
+    ops = [op for op in args.ops if op in ("tssa", "mssa", "softmax")]
+    torch.manual_seed(0)
+    print(f"\nkept for the backward: width {args.dim}, {args.heads} heads, batch 1, float32 (autograd's saved tensors)")
+    print(f"{'operator':<12} {'n':>6} {'MiB':>8} {'vs mssa':>8}")
+    for n in args.saved_lengths:
+        x = torch.randn(1, n, args.dim, requires_grad=True)
+        mib = {op: saved_bytes(build(op, args.dim, args.heads).train(), x) / 2**20 for op in ops}
+        for op in ops:
+            versus = f"{mib[op] / mib['mssa']:.2f}x" if "mssa" in mib else "-"
+            print(f"{op:<12} {n:>6} {mib[op]:>8.2f} {versus:>8}")
 
 
 def time_ops(
@@ -211,6 +244,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS), help="the operators to measure (with tssa: "
                     "the table's ratios are against it)")  # fmt: skip
+    ap.add_argument("--saved-lengths", type=int, nargs="+", default=[1024, 4096], help="token counts of the "
+                    "table of bytes kept for the backward")  # fmt: skip
     ap.add_argument("--matrix-limit", type=int, default=MATRIX_LIMIT, help="longest n of mssa-matrix")
     ap.add_argument("--digits", action="store_true", help="also train tost_mnist and crate_mnist_p4 on the digits")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -227,11 +262,13 @@ def main() -> None:
         return print(_probe(args.probe[0], int(args.probe[1]), args.dim, args.heads))
     if args.tiny:
         args.dim, args.heads, args.lengths, args.repeats, args.seeds = 32, 4, [64, 256], 1, [0]
+        args.saved_lengths = [64, 256]
     torch.set_num_threads(args.threads)
     print(f"bench_tost: load average {_load()} (1 / 5 / 15 min), peak RSS of this process "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")  # fmt: skip
     if not args.no_attention:
         attention_table(args)
+        saved_table(args)
     if args.digits or args.tiny:
         digits(args)
 

@@ -4,7 +4,9 @@ the loop-by-token reference."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ import torch
 from official import tost_lang, tost_vision
 
 import crate_transformer as ct
-from crate_transformer.layers import TSSA, tssa_reference
+from crate_transformer.layers import MSSA, TSSA, tssa_reference
 
 
 def _np_rvar(P: np.ndarray, Pi: np.ndarray, eps: float) -> float:
@@ -143,6 +145,82 @@ def test_tssa_forms_equal_the_reference_in_values_and_gradients(b, grad):
             torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
 
 
+def _autograd_tssa(op: TSSA, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The non-causal layer and Π ``(b, n, K)`` as plain autograd operations (the authors' order: squares,
+    energies, memberships, moments, shrink with its dropout, output), for the hand-written backward to match."""
+    y = op.qkv(x)
+    b, n, D = y.shape
+    K = op.heads
+    sq = y.square()
+    share = (sq / sq.sum(1, keepdim=True).clamp_min(1e-24)).view(b, n, K, -1).sum(-1)
+    pi = torch.softmax(share * op.temp.view(1, 1, K), dim=-1)
+    num = torch.stack([pi[..., k].unsqueeze(1) @ sq.view(b, n, K, -1)[:, :, k] for k in range(K)], 1)  # (b, K, 1, p)
+    moment = (num.squeeze(2) / (pi.sum(1) + 1e-8).unsqueeze(-1)).reshape(b, D)
+    shrink = torch.nn.functional.dropout(1 / (1 + moment), op.attn_dropout, op.training)
+    z = -(y.view(b, n, K, -1) * pi.unsqueeze(-1)).view(b, n, D) * shrink.unsqueeze(1)
+    return op.proj(z), pi
+
+
+@pytest.mark.parametrize("b", [1, 3])
+def test_tssa_backward_is_autograd_of_the_step_with_dropout_and_the_attention(b):
+    """The non-causal step's hand-written backward (it keeps the projections, not the squares and products)
+    against autograd of the plain formulation: gradients of the input, the projections, the temperature and the
+    output projection, through the output and the attention weights, with the same dropout mask."""
+    op = TSSA(12, 3, 4, qkv_bias=True, attn_dropout=0.3).double().train()
+    with torch.no_grad():
+        op.temp.uniform_(0.5, 2.0)
+    x = torch.randn(b, 20, 12, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(b, 3, 20, 20, dtype=torch.float64)
+    grads = []
+    for forward in (lambda: op(x, return_attention=True), lambda: _autograd_tssa(op, x)):
+        torch.manual_seed(7)
+        out, attn = forward()
+        if attn.shape[-1] != 20:  # Π (b, n, K) as the layer's attention weights (b, K, n, n)
+            attn = (attn / (attn.sum(1, keepdim=True) + 1e-8)).transpose(1, 2).unsqueeze(-2).expand(b, 3, 20, 20)
+        loss = out.square().sum() + (attn * weights).sum()
+        grads.append((out, *torch.autograd.grad(loss, [x, *op.parameters()])))
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert (grads[0][0] != 0).any() and grads[0][3].abs().sum() > 0  # the temperature's gradient is not trivial
+
+
+def _bench_tost():  # noqa: ANN202
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_tost.py"
+    spec = importlib.util.spec_from_file_location("bench_tost", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("n", [1024, 4096])
+def test_tssa_keeps_fewer_bytes_for_the_backward_than_flash_attention(n):
+    """Activation memory: what autograd keeps between forward and backward, TSSA against MSSA on PyTorch's
+    fused attention (which keeps its input, output and log-sum-exp, never the n × n matrix), ToST-S widths.
+    Autograd of TSSA's own step kept the squares and two (n, K·p) products besides: 1.67x MSSA's bytes."""
+    saved_bytes = _bench_tost().saved_bytes
+    torch.manual_seed(0)
+    x = torch.randn(2, n, 384, requires_grad=True)
+    tssa = saved_bytes(TSSA(384, 8, 48, qkv_bias=True).train(), x)
+    mssa = saved_bytes(MSSA(384, 8, 48).train(), x)
+    unit = x.numel() * x.element_size()  # one (b, n, d) float32 tensor
+    assert mssa >= 3 * unit  # the counter sees MSSA's input, projections and output
+    assert tssa <= mssa, (tssa / 2**20, mssa / 2**20)
+    assert tssa <= 2.1 * unit  # the input and the projections, and per-head statistics
+
+
+def test_tssa_forward_and_backward_compile_to_one_graph():
+    """The hand-written backward traces (torch.compile with AOT autograd, no graph break) and gives eager's
+    gradients."""
+    op = TSSA(12, 3, 4, qkv_bias=True).train()
+    x = torch.randn(2, 10, 12, requires_grad=True)
+    grads = []
+    for module in (op, torch.compile(op, backend="aot_eager", fullgraph=True)):
+        out = module(x)
+        grads.append((out, *torch.autograd.grad(out.square().sum(), [x, *op.parameters()])))
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float16, 0.005), (torch.bfloat16, 0.02)])
 def test_tssa_statistics_do_not_overflow_in_half_precision(dtype, tol):
     """Projections of a few hundred square past float16's range (65,504), and their energies sum over every
@@ -159,6 +237,23 @@ def test_tssa_statistics_do_not_overflow_in_half_precision(dtype, tol):
     with torch.autocast("cpu", dtype=torch.bfloat16):  # float32 weights under autocast: bf16 products
         auto = op.float()(x.float())
     torch.testing.assert_close(auto.double(), want, rtol=0, atol=0.02 * scale)
+
+
+def test_tssa_gradients_under_autocast_are_the_float64_gradients_to_bf16_rounding():
+    """Training in bf16 autocast: the hand-written backward takes the output's bf16 gradient and gives float32
+    parameter gradients within 2% of the float64 layer's (the statistics' gradients in float32)."""
+    op = _tssa(False, dim=16, heads=4, n=30).train()
+    x = torch.randn(3, 30, 16, dtype=torch.float64, requires_grad=True)
+    want = torch.autograd.grad(op(x).square().sum(), [x, *op.parameters()])
+    op = op.float()
+    xf = x.detach().float().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = op(xf)
+    assert out.dtype == torch.bfloat16
+    got = torch.autograd.grad(out.float().square().sum(), [xf, *op.parameters()])
+    for g, w in zip(got, want):
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g.double(), w, rtol=0, atol=0.02 * w.abs().max().item())
 
 
 def _copy_vision(ours: TSSA, theirs: tost_vision.AttentionTSSA) -> None:
