@@ -270,7 +270,8 @@ def attention_rows(args: argparse.Namespace, device: torch.device) -> list[dict]
                 sync(device)
                 times.append(time.perf_counter() - t0)
             peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20 if device.type == "cuda" else float("nan")
-            rows.append(dict(op=op, tokens=n, batch=args.attention_batch, ms=1e3 * min(times), peak_mib=peak, saved_mib=saved))
+            ms = 1e3 * min(times)
+            rows.append(dict(op=op, tokens=n, batch=args.attention_batch, ms=ms, peak_mib=peak, saved_mib=saved))
             print(
                 f"attention fwd+bwd {op:8s} b={args.attention_batch} n={n:6d}: {1e3 * min(times):9.2f} ms, "
                 f"peak +{peak:8.1f} MiB, kept for the backward {saved:8.1f} MiB",

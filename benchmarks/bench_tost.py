@@ -135,13 +135,13 @@ def saved_table(args: argparse.Namespace) -> None:
     ops = [op for op in args.ops if op in ("tssa", "mssa", "softmax")]
     torch.manual_seed(0)
     print(f"\nkept for the backward: width {args.dim}, {args.heads} heads, batch 1, float32 (autograd's saved tensors)")
-    print(f"{'operator':<12} {'n':>6} {'MiB':>8} {'vs mssa':>8}")
+    print(f"{'operator':<12} {'n':>6} {'MiB':>8} {'KiB/token':>9} {'vs mssa':>8}")
     for n in args.saved_lengths:
         x = torch.randn(1, n, args.dim, requires_grad=True)
         mib = {op: saved_bytes(build(op, args.dim, args.heads).train(), x) / 2**20 for op in ops}
         for op in ops:
             versus = f"{mib[op] / mib['mssa']:.2f}x" if "mssa" in mib else "-"
-            print(f"{op:<12} {n:>6} {mib[op]:>8.2f} {versus:>8}")
+            print(f"{op:<12} {n:>6} {mib[op]:>8.2f} {1024 * mib[op] / n:>9.2f} {versus:>8}")
 
 
 def time_ops(

@@ -77,6 +77,9 @@ def test_bench_tost_tiny():
         ratio(w[5])
     slopes = [w for w in lines if len(w) == 4 and w[0] in ops]  # time (fastest), time (median), memory
     assert [w[0] for w in slopes] == list(ops) and all(math.isfinite(float(v)) for w in slopes for v in w[1:3])
+    kept = {(w[0], w[1]): ratio(w[4]) for w in lines if len(w) == 5 and w[0] in ops and w[1].isdigit()}
+    assert set(kept) == {(op, n) for op in ("tssa", "mssa", "softmax") for n in ("64", "256")}
+    assert kept["mssa", "256"] == 1.0 and kept["tssa", "256"] <= 1.0  # bytes kept for the backward, against MSSA's
     digits = [w for w in lines if len(w) == 6 and w[0] in ("tost_mnist", "crate_mnist_p4") and w[1] == "0"]
     assert [w[0] for w in digits] == ["tost_mnist", "crate_mnist_p4"]
     assert all(0 <= float(w[2]) <= 100 for w in digits)
@@ -110,6 +113,8 @@ def test_bench_gpu_runs_at_tiny_sizes(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "out.json").read_text())["rows"] == json.loads(json.dumps(result["rows"]))
     attention = {(r["op"], r["tokens"]) for r in result["attention"] if r["ms"] > 0}
     assert attention == {(op, n) for op in ("tssa", "mssa", "softmax") for n in (64, 128)}
+    kept = {(r["op"], r["tokens"]): r["saved_mib"] for r in result["attention"]}
+    assert all(0 < kept["tssa", n] <= kept["mssa", n] for n in (64, 128))  # bytes kept for the backward
     decode = result["decode"]  # the decoding pairs, eager at --tiny (compiled: test_decode.py, and the GPU run)
     assert [(r["model"], r["batch"], r["dtype"]) for r in decode] == [
         (m, b, d) for b in (1, 8) for d in ("fp32", "bf16") for m in ("CRATE-GPT", "GPT")

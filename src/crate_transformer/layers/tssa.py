@@ -177,9 +177,9 @@ def _token_statistics(y: Tensor, temp: Tensor, heads: int) -> tuple[Tensor, Tens
     ``(b, K·p)``, in float32 for half projections.
 
     Each statistic is a pass over the squares in their ``(b, n, K·p)`` layout: a coordinate's energy is a sum
-    over the tokens, the membership scores ``Σ_i w_kji² / energy_ki`` a scaled sum per head, the Π-weighted moments the diagonal blocks of one product ``Πᵀ · squares``.  No
-    ``(b, K, n, p)`` copy of the projections is made: few passes over few temporaries
-    (``benchmarks/bench_tost.py``)."""
+    over the tokens, the membership scores ``Σ_i w_kji² / energy_ki`` a scaled sum per head, the Π-weighted
+    moments the diagonal blocks of one product ``Πᵀ · squares``.  No ``(b, K, n, p)`` copy of the projections is
+    made: few passes over few temporaries (``benchmarks/bench_tost.py``)."""
     b, n, D = y.shape
     with full_precision(y):
         sq = at_least_float32(y).square()
