@@ -87,7 +87,7 @@ class TSSA(nn.Module):
     def memberships(self, x: Tensor) -> Tensor:
         """Π, each token's membership in the heads (the paper's eq. (10); rows sum to 1): ``(b, n, K)``."""
         if not self.causal:
-            return _token_statistics(self.qkv(x), self.temp, self.heads)[2].to(x.dtype)
+            return _token_statistics(self.qkv(x), self.temp, self.heads)[3].to(x.dtype)
         return self._scores(self.project(x), None, 0).transpose(1, 2)
 
     def _moments(self, w: Tensor, pi: Tensor, cache: dict[str, Any] | None) -> Tensor:
@@ -171,10 +171,10 @@ def _diagonal_blocks(m: Tensor, heads: int) -> Tensor:
     return m.view(b, heads, heads, D // heads).diagonal(dim1=1, dim2=2).transpose(1, 2).reshape(b, D)
 
 
-def _token_statistics(y: Tensor, temp: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _token_statistics(y: Tensor, temp: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The non-causal form's token statistics from the projections ``y`` ``(b, n, K·p)``: their squares, the
-    energies ``Σ_i w_ki²`` ``(b, 1, K·p)``, Π ``(b, n, K)`` (eq. (10)) and the Π-weighted second moments
-    ``(b, K·p)``, in float32 for half projections.
+    energies ``Σ_i w_ki²`` ``(b, 1, K·p)``, the membership scores and Π ``(b, n, K)`` (eq. (10)) and the
+    Π-weighted second moments ``(b, K·p)``, in float32 for half projections.
 
     Each statistic is a pass over the squares in their ``(b, n, K·p)`` layout: a coordinate's energy is a sum
     over the tokens, the membership scores ``Σ_i w_kji² / energy_ki`` a scaled sum per head, the Π-weighted
@@ -189,19 +189,20 @@ def _token_statistics(y: Tensor, temp: Tensor, heads: int) -> tuple[Tensor, Tens
         pi = torch.softmax(share * temp.view(1, 1, heads).to(sq.dtype), dim=-1)
         num = _diagonal_blocks(pi.transpose(1, 2) @ sq, heads)
         mass = (pi.sum(1) + _TSSA_MASS_EPS).repeat_interleave(D // heads, dim=-1)
-    return sq, energy, pi, num / mass
+    return sq, energy, share, pi, num / mass
 
 
 def _global_step(
     y: Tensor, temp: Tensor, weight: Tensor, bias: Tensor | None, heads: int, attn_dropout: float, training: bool
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """TSSA's non-causal output ``W (−Π_jk w_j ⊙ shrink) + bias`` from the projections ``y``, with Π, the energies,
-    the moments and the factors ``shrink = dropout(1 / (1 + moment))`` ``(b, K·p)``.
+) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
+    """TSSA's non-causal output ``W (−Π_jk w_j ⊙ shrink) + bias`` from the projections ``y``, with Π and the
+    statistics the backward needs: the energies, the membership scores, the moments and the factors
+    ``shrink = dropout(1 / (1 + moment))`` ``(b, K·p)``.
 
     The product ``Π ⊙ w`` reuses the squares' memory (not needed after the statistics); for one sample the factor
     is folded into the output projection's weight (a ``(d, K·p)`` product instead of an ``(n, K·p)`` one)."""
     b, n, D = y.shape
-    sq, energy, pi, moment = _token_statistics(y, temp, heads)
+    sq, energy, share, pi, moment = _token_statistics(y, temp, heads)
     shrink = F.dropout(1.0 / (1.0 + moment), attn_dropout, training)
     y4, pi4 = y.view(b, n, heads, D // heads), pi.to(y.dtype).unsqueeze(-1)
     in_place = sq.dtype == y.dtype
@@ -211,30 +212,31 @@ def _global_step(
         out = F.linear(z, weight * factor, bias)
     else:
         out = F.linear(z.mul_(factor.unsqueeze(1)), weight, bias)
-    return out, pi, energy, moment, shrink
+    return out, pi, (energy, share, moment, shrink)
 
 
 class _GlobalStep(torch.autograd.Function):
-    """:func:`_global_step` whose backward keeps the projections ``y`` and per-head statistics (Π ``(b, n, K)``,
-    ``(b, K·p)`` energies, moments and factors) and recomputes the squares and the product ``Π ⊙ w ⊙ shrink``:
-    autograd's own graph of the step would keep the squares (float32 for half projections), that product and
-    its scaled copy, 1.7-2.6x the bytes MSSA's flash attention keeps (``tests/test_tost.py``)."""
+    """:func:`_global_step` whose backward keeps the projections ``y`` and per-head statistics (Π and the scores
+    ``(b, n, K)``, ``(b, K·p)`` energies, moments and factors) and recomputes the squares and the product
+    ``Π ⊙ w ⊙ shrink``: autograd's own graph of the step would keep the squares (float32 for half projections),
+    that product and its scaled copy, 1.7-2.6x the bytes MSSA's flash attention keeps (``tests/test_tost.py``)."""
 
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: Any, y: Tensor, temp: Tensor, weight: Tensor, bias: Tensor | None, heads: int, p: float, training: bool
     ) -> tuple[Tensor, Tensor]:
-        out, pi, energy, moment, shrink = _global_step(y, temp, weight, bias, heads, p, training)
+        out, pi, stats = _global_step(y, temp, weight, bias, heads, p, training)
         ctx.heads = heads
-        ctx.save_for_backward(y, temp, weight, energy, pi, moment, shrink)
+        ctx.save_for_backward(y, temp, weight, pi, *stats)
         return out, pi
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor, grad_pi: Tensor | None) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        y, temp, weight, energy, pi, moment, shrink = ctx.saved_tensors
+        y, temp, weight, pi, energy, share, moment, shrink = ctx.saved_tensors
         with full_precision(y):
             grad_w, grad_b, dz = _output_grads(grad_out, y, pi, shrink, weight, ctx.heads, ctx.needs_input_grad[3])
-            dy, grad_temp = _statistics_grads(dz, y, temp, energy, pi, moment, shrink, grad_pi, ctx.heads)
+            stats = (energy, share, pi, moment, shrink)
+            dy, grad_temp = _statistics_grads(dz, y, temp, stats, grad_pi, ctx.heads)
         return dy.to(y.dtype), grad_temp.view_as(temp), grad_w, grad_b, None, None, None
 
 
@@ -255,10 +257,7 @@ def _statistics_grads(
     dz: Tensor,
     y: Tensor,
     temp: Tensor,
-    energy: Tensor,
-    pi: Tensor,
-    moment: Tensor,
-    shrink: Tensor,
+    stats: tuple[Tensor, ...],
     grad_pi: Tensor | None,
     heads: int,
 ) -> tuple[Tensor, Tensor]:
@@ -266,6 +265,7 @@ def _statistics_grads(
     product ``z = −Π_jk w_j ⊙ shrink``, given ``dz``; the squares recomputed, per-head sums as products with
     :func:`_head_sums`, :func:`_outer` and :func:`_diagonal_blocks` (float32 for half projections)."""
     b, n, D = y.shape
+    energy, share, pi, moment, shrink = stats
     yf = at_least_float32(y)
     a = at_least_float32(dz) * yf
     d_shrink = -_diagonal_blocks(pi.transpose(1, 2) @ a, heads)
@@ -281,7 +281,6 @@ def _statistics_grads(
     if grad_pi is not None:
         d_pi = d_pi + grad_pi
     inv = 1.0 / energy.clamp_min(_TSSA_ENERGY_FLOOR**2).view(b, D)
-    share = _head_sums(sq, inv, heads)
     d_logit = pi * (d_pi - (d_pi * pi).sum(-1, keepdim=True))
     grad_temp = (share * d_logit).sum((0, 1))
     d_share = d_logit * temp.view(1, 1, heads).to(d_logit.dtype)
