@@ -134,14 +134,25 @@ class TSSA(nn.Module):
         if not self.causal:
             out, pi = self._global(x)
         else:
-            w = self.project(x)
-            pi = self._scores(w, cache, start)
-            shrink = F.dropout(1.0 / (1.0 + self._moments(w, pi, cache)), self.attn_dropout, self.training)
-            if cache is not None:
-                cache["length"] = start + n
-            out = self.proj((-(w * pi.unsqueeze(-1)) * shrink).transpose(1, 2).reshape(b, n, -1))
+            out, pi = self._causal(x, cache, start)
         out = F.dropout(out, self.dropout, self.training)
         return (out, self._attention(pi)) if return_attention else out
+
+    def _causal(self, x: Tensor, cache: dict[str, Any] | None, start: int | Tensor) -> tuple[Tensor, Tensor]:
+        """The causal form: the projected output ``(b, n, d)`` and Π ``(b, K, n)``.  Training without a cache is a
+        :class:`_CausalStep`, whose backward keeps only the projections and Π."""
+        if cache is None and torch.is_grad_enabled():
+            y = self.qkv(x)
+            bias = (self.denom_bias, self.proj.weight, self.proj.bias)
+            out, pi = _CausalStep.apply(y, self.temp, *bias, self.heads, self.attn_dropout, self.training)
+            return out, pi.to(y.dtype).transpose(1, 2)
+        b, n, _ = x.shape
+        w = self.project(x)
+        pi = self._scores(w, cache, start)
+        shrink = F.dropout(1.0 / (1.0 + self._moments(w, pi, cache)), self.attn_dropout, self.training)
+        if cache is not None:
+            cache["length"] = start + n
+        return self.proj((-(w * pi.unsqueeze(-1)) * shrink).transpose(1, 2).reshape(b, n, -1)), pi
 
     def _global(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """The non-causal form: the projected output ``(b, n, d)`` and Π ``(b, K, n)`` (:func:`_global_step`).
@@ -291,3 +302,103 @@ def _statistics_grads(
     dy = torch.addcmul((2 * d_energy).view(b, 1, heads, -1), d_share.unsqueeze(-1), (2 * inv).view(b, 1, heads, -1))
     dy = dy.addcmul_(pi.unsqueeze(-1), (2 * d_num).view(b, 1, heads, -1)).view(b, n, D).mul_(yf)
     return dy.addcmul_(at_least_float32(dz), _outer(pi, -shrink, heads)), grad_temp
+
+
+# --------------------------------------------------------------------------- the causal step and its backward
+def _reverse_cumsum(t: Tensor) -> Tensor:
+    """``Σ_{j' ≥ j} t_j'`` along the tokens (dim 1): the backward of a prefix sum."""
+    return t.flip(1).cumsum(1).flip(1)
+
+
+def _causal_statistics(
+    y4: Tensor, temp: Tensor, denom_bias: Tensor, keep: Tensor | None, p: float
+) -> tuple[Tensor, ...]:
+    """The causal form's running statistics from the projections ``y4`` ``(b, n, K, p)`` (float32 for half):
+    squares, clamped energies, membership scores and Π ``(b, n, K)``, running masses ``(b, n, K)``, moments and
+    the factors ``shrink`` (``keep``: the dropout's kept entries, None without dropout)."""
+    sq = at_least_float32(y4).square()
+    energy = sq.cumsum(1)
+    bias = denom_bias[:, : y4.shape[1], 0].t().to(sq.dtype)  # (n, K)
+    share = (sq / energy.clamp_min(_TSSA_ENERGY_FLOOR)).sum(-1) + y4.shape[-1] * bias
+    pi = torch.softmax(share * temp.view(1, 1, -1).to(sq.dtype), dim=-1)
+    mass = pi.cumsum(1) + _TSSA_MASS_EPS
+    moment = (sq * pi.unsqueeze(-1)).cumsum(1) / mass.unsqueeze(-1)
+    shrink = 1.0 / (1.0 + moment)
+    if keep is not None:
+        shrink = shrink * keep / (1.0 - p)
+    return sq, energy, share, pi, mass, moment, shrink
+
+
+class _CausalStep(torch.autograd.Function):
+    """The causal form's step, ``W (−Π_jk w_j ⊙ shrink_j) + bias`` with running statistics, whose backward keeps the
+    projections and Π ``(b, n, K)`` (and the dropout's mask) and recomputes the running sums: autograd's own graph
+    kept six tensors of the projections' size besides."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        y: Tensor,
+        temp: Tensor,
+        denom_bias: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        heads: int,
+        p: float,
+        training: bool,
+    ) -> tuple[Tensor, Tensor]:
+        b, n, D = y.shape
+        y4 = y.view(b, n, heads, D // heads)
+        # the kept entries drawn as F.dropout draws them on the (b, K, n, p) factors of the cached form
+        ones = y.new_ones(b, heads, n, D // heads)
+        keep = (F.dropout(ones, p, True) != 0).transpose(1, 2) if training and p > 0 else None
+        with full_precision(y):
+            pi, shrink = _causal_statistics(y4, temp, denom_bias, keep, p)[3::3]
+            z = (y4 * pi.to(y.dtype).unsqueeze(-1)).mul_(shrink.to(y.dtype)).neg_().view(b, n, D)
+        ctx.heads, ctx.p = heads, p
+        ctx.save_for_backward(y, temp, denom_bias, weight, pi, keep)
+        return F.linear(z, weight, bias), pi
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor, grad_pi: Tensor | None) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        y, temp, denom_bias, weight, pi, keep = ctx.saved_tensors
+        b, n, D = y.shape
+        y4 = y.view(b, n, ctx.heads, D // ctx.heads)
+        with full_precision(y):
+            sq, energy, share, _, mass, moment, shrink = _causal_statistics(y4, temp, denom_bias, keep, ctx.p)
+            g = grad_out.reshape(b * n, -1).to(y.dtype)
+            z = (y4 * pi.to(y.dtype).unsqueeze(-1)).mul_(shrink.to(y.dtype)).neg_().view(b * n, D)
+            grad_w, grad_b = g.t() @ z, g.sum(0) if ctx.needs_input_grad[4] else None
+            del z
+            dz = at_least_float32((g @ weight.to(y.dtype)).view(y4.shape))
+            stats = (sq, energy, share, pi, mass, moment, shrink)
+            dy, grad_temp, d_share = _causal_grads(dz, at_least_float32(y4), temp, stats, grad_pi)
+        grad_bias = torch.zeros_like(denom_bias)
+        grad_bias[:, :n, 0] = (y4.shape[-1] * d_share.sum(0)).t().to(denom_bias.dtype)
+        return dy.view(b, n, D).to(y.dtype), grad_temp.view_as(temp), grad_bias, grad_w, grad_b, None, None, None
+
+
+def _causal_grads(
+    dz: Tensor, y4: Tensor, temp: Tensor, stats: tuple[Tensor, ...], grad_pi: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The gradients of the projections, the temperature and the membership scores through the causal form's
+    running statistics and ``z = −Π_jk w_j ⊙ shrink_j``, given ``dz`` ``(b, n, K, p)``."""
+    sq, energy, share, pi, mass, moment, shrink = stats
+    pi4 = pi.unsqueeze(-1)
+    d_shrink = -dz * y4 * pi4
+    d_pi = -(dz * y4 * shrink).sum(-1)
+    dy = -dz * pi4 * shrink
+    # shrink = keep / (1 + moment): d shrink / d moment = −shrink / (1 + moment)
+    d_moment = -d_shrink * shrink / (1.0 + moment)
+    del d_shrink
+    d_num = _reverse_cumsum(d_moment / mass.unsqueeze(-1))  # moment = Σ_{i≤j} Π_ik sq_i / mass_j
+    d_pi = d_pi + (d_num * sq).sum(-1) + _reverse_cumsum(-(d_moment * moment).sum(-1) / mass)
+    d_sq = d_num * pi4
+    if grad_pi is not None:
+        d_pi = d_pi + grad_pi
+    d_logit = pi * (d_pi - (d_pi * pi).sum(-1, keepdim=True))
+    grad_temp = (share * d_logit).sum((0, 1))
+    d_share = d_logit * temp.view(1, 1, -1).to(d_logit.dtype)
+    clamped = energy.clamp_min(_TSSA_ENERGY_FLOOR)
+    d_energy = -d_share.unsqueeze(-1) * sq / clamped.square() * (energy >= _TSSA_ENERGY_FLOOR)
+    d_sq = d_sq + d_share.unsqueeze(-1) / clamped + _reverse_cumsum(d_energy)
+    return dy.addcmul_(y4, d_sq, value=2.0), grad_temp, d_share
