@@ -184,6 +184,30 @@ def test_tssa_backward_is_autograd_of_the_step_with_dropout_and_the_attention(b)
     assert (grads[0][0] != 0).any() and grads[0][3].abs().sum() > 0  # the temperature's gradient is not trivial
 
 
+def test_causal_tssa_backward_is_autograd_of_the_cached_form_with_dropout_and_the_attention():
+    """The causal step's hand-written backward (training without a cache: it keeps the projections and Π and
+    recomputes the running sums) against autograd of the cached form's running sums (the decoding path, a fresh
+    cache), the same dropout mask drawn; gradients of the input and every parameter, denom_bias included."""
+    op = _tssa(True, n=20).train()
+    op.attn_dropout = 0.3
+    x = torch.randn(2, 20, 12, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(2, 3, 20, 20, dtype=torch.float64)
+    grads = []
+    for cache in (None, {}):
+        torch.manual_seed(7)
+        out = op(x, cache=cache)
+        attn = (
+            op._attention(op._scores(op.project(x), None, 0)) if cache is not None else op(x, return_attention=True)[1]
+        )
+        loss = out.square().sum() + (attn * weights).sum()
+        grads.append((out, *torch.autograd.grad(loss, [x, *op.parameters()])))
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert (
+        grads[0][3][:, 20:].abs().sum() == 0 and grads[0][3][:, :20].abs().sum() > 0
+    )  # denom_bias: the positions read
+
+
 def _bench_tost():  # noqa: ANN202
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_tost.py"
     spec = importlib.util.spec_from_file_location("bench_tost", path)
@@ -192,26 +216,29 @@ def _bench_tost():  # noqa: ANN202
     return module
 
 
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n", [1024, 4096])
-def test_tssa_keeps_fewer_bytes_for_the_backward_than_flash_attention(n):
+def test_tssa_keeps_fewer_bytes_for_the_backward_than_flash_attention(n, causal):
     """Activation memory: what autograd keeps between forward and backward, TSSA against MSSA on PyTorch's
     fused attention (which keeps its input, output and log-sum-exp, never the n × n matrix), ToST-S widths.
-    Autograd of TSSA's own step kept the squares and two (n, K·p) products besides: 1.67x MSSA's bytes."""
+    Autograd of TSSA's own step kept the squares and two (n, K·p) products besides: 1.67x MSSA's bytes (the
+    causal form its running sums too: 3.7x)."""
     saved_bytes = _bench_tost().saved_bytes
     torch.manual_seed(0)
     x = torch.randn(2, n, 384, requires_grad=True)
-    tssa = saved_bytes(TSSA(384, 8, 48, qkv_bias=True).train(), x)
-    mssa = saved_bytes(MSSA(384, 8, 48).train(), x)
+    tssa = saved_bytes(TSSA(384, 8, 48, qkv_bias=True, causal=causal, block_size=n).train(), x)
+    mssa = saved_bytes(MSSA(384, 8, 48, causal=causal).train(), x)
     unit = x.numel() * x.element_size()  # one (b, n, d) float32 tensor
     assert mssa >= 3 * unit  # the counter sees MSSA's input, projections and output
     assert tssa <= mssa, (tssa / 2**20, mssa / 2**20)
     assert tssa <= 2.1 * unit  # the input and the projections, and per-head statistics
 
 
-def test_tssa_forward_and_backward_compile_to_one_graph():
-    """The hand-written backward traces (torch.compile with AOT autograd, no graph break) and gives eager's
+@pytest.mark.parametrize("causal", [False, True])
+def test_tssa_forward_and_backward_compile_to_one_graph(causal):
+    """The hand-written backwards trace (torch.compile with AOT autograd, no graph break) and give eager's
     gradients."""
-    op = TSSA(12, 3, 4, qkv_bias=True).train()
+    op = TSSA(12, 3, 4, qkv_bias=True, causal=causal, block_size=10).train()
     x = torch.randn(2, 10, 12, requires_grad=True)
     grads = []
     for module in (op, torch.compile(op, backend="aot_eager", fullgraph=True)):
