@@ -318,7 +318,8 @@ def _causal_statistics(
     the factors ``shrink`` (``keep``: the dropout's kept entries, None without dropout)."""
     sq = at_least_float32(y4).square()
     energy = sq.cumsum(1)
-    bias = denom_bias[:, : y4.shape[1], 0].t().to(sq.dtype)  # (n, K)
+    # gathered, not sliced: a slice's view guards on the length against the context (see _scores)
+    bias = denom_bias.index_select(1, torch.arange(y4.shape[1], device=y4.device))[..., 0].t().to(sq.dtype)
     share = (sq / energy.clamp_min(_TSSA_ENERGY_FLOOR)).sum(-1) + y4.shape[-1] * bias
     pi = torch.softmax(share * temp.view(1, 1, -1).to(sq.dtype), dim=-1)
     mass = pi.cumsum(1) + _TSSA_MASS_EPS
@@ -372,8 +373,9 @@ class _CausalStep(torch.autograd.Function):
             dz = at_least_float32((g @ weight.to(y.dtype)).view(y4.shape))
             stats = (sq, energy, share, pi, mass, moment, shrink)
             dy, grad_temp, d_share = _causal_grads(dz, at_least_float32(y4), temp, stats, grad_pi)
-        grad_bias = torch.zeros_like(denom_bias)
-        grad_bias[:, :n, 0] = (y4.shape[-1] * d_share.sum(0)).t().to(denom_bias.dtype)
+        positions = torch.arange(n, device=y.device)
+        d_bias = (y4.shape[-1] * d_share.sum(0)).t().unsqueeze(-1).to(denom_bias.dtype)  # (K, n, 1)
+        grad_bias = torch.zeros_like(denom_bias).index_add_(1, positions, d_bias)
         return dy.view(b, n, D).to(y.dtype), grad_temp.view_as(temp), grad_bias, grad_w, grad_b, None, None, None
 
 
