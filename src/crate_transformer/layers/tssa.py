@@ -310,30 +310,29 @@ def _reverse_cumsum(t: Tensor) -> Tensor:
     return t.flip(1).cumsum(1).flip(1)
 
 
-def _causal_statistics(
-    y4: Tensor, temp: Tensor, denom_bias: Tensor, keep: Tensor | None, p: float
-) -> tuple[Tensor, ...]:
-    """The causal form's running statistics from the projections ``y4`` ``(b, n, K, p)`` (float32 for half):
-    squares, clamped energies, membership scores and Π ``(b, n, K)``, running masses ``(b, n, K)``, moments and
-    the factors ``shrink`` (``keep``: the dropout's kept entries, None without dropout)."""
+def _causal_scores(y4: Tensor, temp: Tensor, denom_bias: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The causal form's squares of the projections ``y4`` ``(b, n, K, p)`` (float32 for half), membership
+    scores and Π ``(b, n, K)``: each token's share of the running energies, plus its position's offset."""
     sq = at_least_float32(y4).square()
-    energy = sq.cumsum(1)
     # gathered, not sliced: a slice's view guards on the length against the context (see _scores)
     bias = denom_bias.index_select(1, torch.arange(y4.shape[1], device=y4.device))[..., 0].t().to(sq.dtype)
-    share = (sq / energy.clamp_min(_TSSA_ENERGY_FLOOR)).sum(-1) + y4.shape[-1] * bias
-    pi = torch.softmax(share * temp.view(1, 1, -1).to(sq.dtype), dim=-1)
+    share = (sq / sq.cumsum(1).clamp_min(_TSSA_ENERGY_FLOOR)).sum(-1) + y4.shape[-1] * bias
+    return sq, share, torch.softmax(share * temp.view(1, 1, -1).to(sq.dtype), dim=-1)
+
+
+def _causal_moments(sq: Tensor, pi: Tensor, keep: Tensor | None, p: float) -> tuple[Tensor, ...]:
+    """The running masses ``(b, n, K)`` and Π-weighted moments each token reads, the factors ``1 / (1 + moment)``
+    and the factors after dropout (``keep``: its kept entries, None without dropout)."""
     mass = pi.cumsum(1) + _TSSA_MASS_EPS
-    moment = (sq * pi.unsqueeze(-1)).cumsum(1) / mass.unsqueeze(-1)
-    shrink = 1.0 / (1.0 + moment)
-    if keep is not None:
-        shrink = shrink * keep / (1.0 - p)
-    return sq, energy, share, pi, mass, moment, shrink
+    moment = (sq * pi.unsqueeze(-1)).cumsum(1).div_(mass.unsqueeze(-1))
+    factor = 1.0 / (1.0 + moment)
+    return mass, moment, factor, factor if keep is None else factor * keep / (1.0 - p)
 
 
 class _CausalStep(torch.autograd.Function):
     """The causal form's step, ``W (−Π_jk w_j ⊙ shrink_j) + bias`` with running statistics, whose backward keeps the
-    projections and Π ``(b, n, K)`` (and the dropout's mask) and recomputes the running sums: autograd's own graph
-    kept six tensors of the projections' size besides."""
+    projections, Π and the scores ``(b, n, K)`` (and the dropout's mask) and recomputes the running sums:
+    autograd's own graph kept six tensors of the projections' size besides."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -350,29 +349,34 @@ class _CausalStep(torch.autograd.Function):
         b, n, D = y.shape
         y4 = y.view(b, n, heads, D // heads)
         # the kept entries drawn as F.dropout draws them on the (b, K, n, p) factors of the cached form
-        ones = y.new_ones(b, heads, n, D // heads)
-        keep = (F.dropout(ones, p, True) != 0).transpose(1, 2) if training and p > 0 else None
+        keep = None
+        if training and p > 0:
+            keep = (F.dropout(y.new_ones(b, heads, n, D // heads), p, True) != 0).transpose(1, 2)
         with full_precision(y):
-            pi, shrink = _causal_statistics(y4, temp, denom_bias, keep, p)[3::3]
+            sq, share, pi = _causal_scores(y4, temp, denom_bias)
+            shrink = _causal_moments(sq, pi, keep, p)[-1]
+            del sq
             z = (y4 * pi.to(y.dtype).unsqueeze(-1)).mul_(shrink.to(y.dtype)).neg_().view(b, n, D)
         ctx.heads, ctx.p = heads, p
-        ctx.save_for_backward(y, temp, denom_bias, weight, pi, keep)
+        ctx.save_for_backward(y, temp, denom_bias, weight, share, pi, keep)
         return F.linear(z, weight, bias), pi
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor, grad_pi: Tensor | None) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        y, temp, denom_bias, weight, pi, keep = ctx.saved_tensors
+        y, temp, denom_bias, weight, share, pi, keep = ctx.saved_tensors
         b, n, D = y.shape
         y4 = y.view(b, n, ctx.heads, D // ctx.heads)
         with full_precision(y):
-            sq, energy, share, _, mass, moment, shrink = _causal_statistics(y4, temp, denom_bias, keep, ctx.p)
+            yf = at_least_float32(y4)
+            sq = yf.square()
+            mass, moment, factor, shrink = _causal_moments(sq, pi, keep, ctx.p)
             g = grad_out.reshape(b * n, -1).to(y.dtype)
             z = (y4 * pi.to(y.dtype).unsqueeze(-1)).mul_(shrink.to(y.dtype)).neg_().view(b * n, D)
             grad_w, grad_b = g.t() @ z, g.sum(0) if ctx.needs_input_grad[4] else None
             del z
             dz = at_least_float32((g @ weight.to(y.dtype)).view(y4.shape))
-            stats = (sq, energy, share, pi, mass, moment, shrink)
-            dy, grad_temp, d_share = _causal_grads(dz, at_least_float32(y4), temp, stats, grad_pi)
+            stats = (sq, share, pi, mass, moment, factor, shrink)
+            dy, grad_temp, d_share = _causal_grads(dz, yf, temp, stats, grad_pi)
         positions = torch.arange(n, device=y.device)
         d_bias = (y4.shape[-1] * d_share.sum(0)).t().unsqueeze(-1).to(denom_bias.dtype)  # (K, n, 1)
         grad_bias = torch.zeros_like(denom_bias).index_add_(1, positions, d_bias)
@@ -384,23 +388,24 @@ def _causal_grads(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The gradients of the projections, the temperature and the membership scores through the causal form's
     running statistics and ``z = −Π_jk w_j ⊙ shrink_j``, given ``dz`` ``(b, n, K, p)``."""
-    sq, energy, share, pi, mass, moment, shrink = stats
+    sq, share, pi, mass, moment, factor, shrink = stats
     pi4 = pi.unsqueeze(-1)
-    d_shrink = -dz * y4 * pi4
-    d_pi = -(dz * y4 * shrink).sum(-1)
-    dy = -dz * pi4 * shrink
-    # shrink = keep / (1 + moment): d shrink / d moment = −shrink / (1 + moment)
-    d_moment = -d_shrink * shrink / (1.0 + moment)
-    del d_shrink
-    d_num = _reverse_cumsum(d_moment / mass.unsqueeze(-1))  # moment = Σ_{i≤j} Π_ik sq_i / mass_j
-    d_pi = d_pi + (d_num * sq).sum(-1) + _reverse_cumsum(-(d_moment * moment).sum(-1) / mass)
-    d_sq = d_num * pi4
+    a = dz * y4
+    d_pi = -(a * shrink).sum(-1)
+    # z = −w Π shrink and shrink = keep / (1 + moment): d moment = a Π shrink / (1 + moment)
+    d_moment = a.mul_(pi4).mul_(shrink).mul_(factor)
+    # moment = num / mass, num and mass running sums: their backward a sum over the later tokens
+    d_pi = d_pi + _reverse_cumsum(-(d_moment * moment).sum(-1) / mass)
+    d_num = _reverse_cumsum(d_moment.div_(mass.unsqueeze(-1)))
+    d_pi = d_pi + (d_num * sq).sum(-1)
     if grad_pi is not None:
         d_pi = d_pi + grad_pi
     d_logit = pi * (d_pi - (d_pi * pi).sum(-1, keepdim=True))
     grad_temp = (share * d_logit).sum((0, 1))
     d_share = d_logit * temp.view(1, 1, -1).to(d_logit.dtype)
-    clamped = energy.clamp_min(_TSSA_ENERGY_FLOOR)
-    d_energy = -d_share.unsqueeze(-1) * sq / clamped.square() * (energy >= _TSSA_ENERGY_FLOOR)
-    d_sq = d_sq + d_share.unsqueeze(-1) / clamped + _reverse_cumsum(d_energy)
-    return dy.addcmul_(y4, d_sq, value=2.0), grad_temp, d_share
+    # share = Σ_p sq / max(energy, floor), energy the running sum of the squares
+    energy = sq.cumsum(1)
+    inv = 1.0 / energy.clamp_min(_TSSA_ENERGY_FLOOR)
+    d_energy = (sq * inv).mul_(inv).mul_(-d_share.unsqueeze(-1)).mul_(energy >= _TSSA_ENERGY_FLOOR)
+    d_sq = torch.addcmul(d_num.mul_(pi4), d_share.unsqueeze(-1), inv).add_(_reverse_cumsum(d_energy))
+    return (dz * pi4).mul_(shrink).neg_().addcmul_(y4, d_sq, value=2.0), grad_temp, d_share
