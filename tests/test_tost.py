@@ -266,10 +266,11 @@ def test_tssa_statistics_do_not_overflow_in_half_precision(dtype, tol):
     torch.testing.assert_close(auto.double(), want, rtol=0, atol=0.02 * scale)
 
 
-def test_tssa_gradients_under_autocast_are_the_float64_gradients_to_bf16_rounding():
+@pytest.mark.parametrize("causal", [False, True])
+def test_tssa_gradients_under_autocast_are_the_float64_gradients_to_bf16_rounding(causal):
     """Training in bf16 autocast: the hand-written backward takes the output's bf16 gradient and gives float32
     parameter gradients within 2% of the float64 layer's (the statistics' gradients in float32)."""
-    op = _tssa(False, dim=16, heads=4, n=30).train()
+    op = _tssa(causal, dim=16, heads=4, n=30).train()
     x = torch.randn(3, 30, 16, dtype=torch.float64, requires_grad=True)
     want = torch.autograd.grad(op(x).square().sum(), [x, *op.parameters()])
     op = op.float()
