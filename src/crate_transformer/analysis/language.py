@@ -23,6 +23,7 @@ from torch import Tensor
 
 from ..figures import InlineFigure
 from ..io import make_folder, write_json
+from ..layers.inference import evaluating
 from .explorer import explorer_section, text_payload
 from .measure import LayerTable, measure_batch
 from .plots import plot_layerwise, save_figure
@@ -38,12 +39,8 @@ def measure_text(model: torch.nn.Module, blocks: Tensor, *, eps: float = 0.1, ba
     if blocks.dim() != 2 or not len(blocks):
         raise ValueError(f"expected a non-empty (blocks, tokens) tensor of token ids, got shape {tuple(blocks.shape)}")
     device = model.wte.weight.device
-    was = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         chunks = [measure_batch(model, x.to(device), eps=eps) for x in blocks.split(batch_size)]
-    finally:
-        model.train(was)
     values = {k: torch.cat([c[k] for c in chunks]).numpy() for k in chunks[0]}
     meta = {
         "eps": eps,
@@ -66,12 +63,8 @@ def token_attention(model: torch.nn.Module, ids: Tensor, layer: int = -1) -> Ten
     from ._common import layer_index
 
     layer = layer_index(model, layer)
-    was = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         trace = model.forward_trace(ids.reshape(1, -1).to(model.wte.weight.device), return_attention=True)
-    finally:
-        model.train(was)
     return trace.attention[layer][0].float().cpu()
 
 

@@ -27,6 +27,7 @@ from torch import Tensor
 from .._version import __version__
 from ..data import match_channels
 from ..io import make_folder
+from ..layers.inference import evaluating
 from ..model import ImageClassifier
 from ._common import (
     Normalization,
@@ -416,11 +417,8 @@ HEATMAP_SIZE = 50
 
 def _token_heatmap_section(ctx: _Context) -> Part:
     model = ctx.model
-    with torch.no_grad():
-        was = model.training
-        model.eval()
+    with torch.no_grad(), evaluating(model):
         trace = model.forward_trace(ctx.x[:1])
-        model.train(was)
     tokens = [t[0].cpu() for t in trace.tokens[1:]]
     plot_token_heatmaps(tokens, ctx.fig_dir / "token_heatmaps.png", size=HEATMAP_SIZE)
     n, d = tokens[0].shape
