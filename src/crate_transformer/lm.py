@@ -132,10 +132,6 @@ class LMConfig(LayerConfig, Config):
     def sparse_output(self) -> bool:
         return self.arch != "gpt" and self.mlp == "ista" and self.ista_mode != "none"
 
-    @property
-    def layer_blocks(self) -> tuple[str, str]:
-        return ("mhsa", "mlp") if self.arch == "gpt" else ("mssa", self.mlp)
-
     def layer_config(self) -> LayerConfig:
         """CRATE's layer settings, or GPT-2's block (MHSA + GELU MLP, both residual; ``gelu="tanh"``: OpenAI's)."""
         if self.arch != "gpt":

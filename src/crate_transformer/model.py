@@ -164,10 +164,6 @@ class ModelConfig(ImageEncoderGeometry, LayerConfig, Config):
     def sparse_output(self) -> bool:
         return self.arch == "crate" and self.mlp == "ista" and self.ista_mode != "none"
 
-    @property
-    def layer_blocks(self) -> tuple[str, str]:
-        return ("mhsa", "mlp") if self.arch == "vit" else (self.attention, self.mlp)
-
     def layer_config(self) -> LayerConfig:
         """CRATE's layer settings, or the ViT block's (MHSA + GELU MLP, both residual: Table 17's ViT row), which
         reads ``dropout`` and ``mlp_ratio`` only."""

@@ -65,6 +65,12 @@ class LayerConfig:
         """The name of the layer's second block: ``mlp``, or ``"none"`` where ISTA is switched off (Table 15)."""
         return "none" if self.mlp == "ista" and self.ista_mode == "none" else self.mlp
 
+    @property
+    def layer_blocks(self) -> tuple[str, str]:
+        """The names of the layer's two blocks, e.g. ``("mssa", "ista")`` or ``("mhsa", "mlp")`` (as built)."""
+        c = self.layer_config()
+        return (c.attention, c.mlp)
+
     def layer_config(self) -> LayerConfig:
         """The settings of this model's layers as a plain :class:`LayerConfig` (these fields; a family with fixed
         blocks overrides this: the ViT and GPT baselines are ``attention="mhsa", mlp="mlp"``)."""
