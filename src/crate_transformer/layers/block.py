@@ -150,6 +150,11 @@ class EncoderLayer(nn.Module):
         """The second block (ISTA, MLP, overcomplete ISTA, Skip), stored under its own ``state_key``."""
         return self._modules[self.block_key]
 
+    @property
+    def form(self) -> str:
+        """``"official"`` or ``"jmlr"`` (``layer_form``), fixed when the layer is built."""
+        return "jmlr" if self.skip_from_norm else "official"
+
     def forward(self, x: Tensor, cache: dict[str, Tensor] | None = None, key_mask: Tensor | None = None) -> Tensor:
         h = self.norm1(x)
         half = (h if self.skip_from_norm else x) + self.drop_path(self.attn(h, cache=cache, key_mask=key_mask))
@@ -227,6 +232,11 @@ class DecoderLayer(nn.Module):
         nn.init.kaiming_uniform_(self.weight)
         self.norm2 = nn.LayerNorm(dim)
         self.attn = MSSA(dim, heads, dim_head, dropout, scale_scores=scale_scores)
+
+    @property
+    def form(self) -> str:
+        """``"official"`` or ``"jmlr"`` (``layer_form``), fixed when the layer is built."""
+        return "jmlr" if self.skip_from_norm else "official"
 
     def forward(self, x: Tensor) -> Tensor:
         x_ = F.linear(self.norm1(x), self.weight)
