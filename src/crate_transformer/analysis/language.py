@@ -229,7 +229,7 @@ def _lm_info(report: dict) -> str:
 
 def lm_html(report: dict, explorer: dict | None = None) -> str:
     """``report.html`` of a language model: verdicts, model, layer table, figures (PNGs beside the page)."""
-    from .report import html_figures, html_layer_tables, html_verdicts, render_html
+    from .report_html import html_figures, html_layer_tables, html_verdicts, render_html
 
     page = {**report, "figures": report["captions"]}
     sections = [html_verdicts, _lm_info, html_layer_tables]
