@@ -223,3 +223,24 @@ def test_no_graph_breaks_in_eval_and_train(family):
         with torch.set_grad_enabled(grad):
             explained = torch._dynamo.explain(model)(x)
         assert explained.graph_break_count == 0, (mode, grad, explained.break_reasons)
+
+
+def test_a_sharded_model_keeps_nothing_and_computes_what_it_computed(tmp_path):
+    """FSDP's weights are DTensor shards, whole only inside each block's forward: frozen_weights holds nothing
+    for them, and the sharded model's outputs inside the context are its outputs outside it."""
+    import torch.distributed as dist
+
+    from crate_transformer.train.sharding import shard
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        model = ct.create_model("crate_tiny", image_size=32, patch_size=8, depth=2, dim=32, heads=2).eval()
+        x = torch.randn(2, 3, 32, 32)
+        with torch.no_grad():
+            want = model(x)
+            sharded = shard(model)
+            with frozen_weights(sharded):
+                assert all(layer.ista.frozen is None for layer in sharded.layers)
+                torch.testing.assert_close(sharded(x), want)
+    finally:
+        dist.destroy_process_group()

@@ -98,7 +98,10 @@ class ISTA(SecondBlock, nn.Module):
 
     def freeze(self) -> None:
         """Keep ``A`` for the forwards to come (:func:`~crate_transformer.layers.frozen_weights`), in ``D``'s precision
-        whatever the caller's autocast."""
+        whatever the caller's autocast.  A sharded weight (FSDP's ``DTensor``) is whole only inside its forward: nothing
+        is kept for it."""
+        if type(self.weight.data) is not torch.Tensor:
+            return
         kind = self.weight.device.type
         with (
             torch.no_grad(),
