@@ -155,7 +155,7 @@ def analyze_text(
     ``attention_layer{ℓ}.png`` to ``out_dir`` and returns the report; ``report.html`` holds the explorer of the
     first ``explorer_texts`` blocks (hover a token to see its attention, :mod:`.explorer`)."""
     from ._common import layer_index
-    from .report import INITIAL, rate_notes, variational_figure
+    from .report_sections import INITIAL, rate_notes, variational_figure
     from .verdicts import layer_claims
 
     t0, LM = time.time(), LM_SECTION
@@ -199,7 +199,7 @@ def analyze_text(
 
 def _initial_text(model: torch.nn.Module, blocks: Tensor, eps: float, batch_size: int) -> tuple[LayerTable, object]:
     """The reference of the verdicts: the same architecture freshly initialised, measured on the same blocks."""
-    from .report import initial_model
+    from .report_sections import initial_model
     from .verdicts import baseline_from_table
 
     initial = measure_text(initial_model(model), blocks, eps=eps, batch_size=batch_size)
