@@ -162,8 +162,31 @@ def test_crate_alpha_layer_residual_eps_and_bias_free_output():
     torch.testing.assert_close(layer(x), half + layer.mlp(layer.norm2(half)))
 
 
+def test_crate_tssa_is_tost_attention_then_ista():
+    """ToST's TSSA as CRATE's compression step: one class plus one entry of ``layers.ATTENTIONS``."""
+    from crate_transformer.layers import ATTENTIONS, TSSA
+
+    assert ATTENTIONS["tssa"] is TSSA
+    torch.manual_seed(0)
+    layer = EncoderLayer(32, 4, 8, attention="tssa").eval()
+    assert isinstance(layer.attn, TSSA) and isinstance(layer.block, ISTA)
+    x = torch.randn(2, 5, 32)
+    half = x + layer.attn(layer.norm1(x))
+    torch.testing.assert_close(layer(x), layer.ista(layer.norm2(half)))
+    with pytest.raises(ValueError, match="non-causal layers only"):
+        EncoderLayer(32, 4, 8, attention="tssa", causal=True)
+    with pytest.raises(ValueError, match="tied_output applies to MSSA only, but attention='tssa'"):
+        ct.model_config("crate_mnist", attention="tssa", tied_output=True)
+
+
 def test_variants_train_a_step_and_trace():
-    for overrides in ({"mlp": "mlp"}, {"attention": "mhsa"}, {"mlp": "odl"}, {"attention": "mhsa", "mlp": "mlp"}):
+    for overrides in (
+        {"mlp": "mlp"},
+        {"attention": "mhsa"},
+        {"mlp": "odl"},
+        {"attention": "mhsa", "mlp": "mlp"},
+        {"attention": "tssa"},
+    ):
         model = ct.create_model("crate_mnist", **SMALL, **overrides)
         x = torch.randn(2, 1, 28, 28)
         model(x).sum().backward()
@@ -197,7 +220,7 @@ def test_measure_on_the_hybrids():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"attention": "linear"}, "unknown attention 'linear'; choose one of ('mssa', 'mhsa')"),
+        ({"attention": "linear"}, "unknown attention 'linear'; choose one of ('mssa', 'mhsa', 'tssa')"),
         ({"mlp": "moe"}, "unknown mlp 'moe'; choose one of ('ista', 'mlp', 'odl', 'ista_overcomplete')"),
         ({"mlp": "mlp", "ista_mode": "soft"}, "ista_mode='soft' applies to the ISTA block only"),
         ({"attention": "mhsa", "tied_output": True}, "tied_output applies to MSSA only"),

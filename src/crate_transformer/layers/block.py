@@ -15,9 +15,10 @@ from ..config_utils import Range
 from .attention import MHSA, MSSA
 from .config import ATTENTION_NAMES, LAYER_FORMS, MLPS, LayerConfig
 from .sparse import ISTA, MLP, OvercompleteISTA, Skip, TiedOvercompleteISTA
+from .tssa import TSSA
 
 # the layer's first block, by LayerConfig.attention (as timm's ATTN_LAYERS, HF GPT-2's GPT2_ATTENTION_CLASSES)
-ATTENTIONS: dict[str, type[nn.Module]] = {"mssa": MSSA, "mhsa": MHSA}
+ATTENTIONS: dict[str, type[nn.Module]] = {"mssa": MSSA, "mhsa": MHSA, "tssa": TSSA}
 # the layer's second block, by LayerConfig.second_block ("none": ista_mode="none", Table 15)
 SECOND_BLOCKS: dict[str, type[nn.Module]] = {
     "ista": ISTA,

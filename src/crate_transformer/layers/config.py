@@ -11,7 +11,8 @@ from typing import Any
 from ..config_utils import Range
 
 LAYER_FORMS = ("official", "jmlr")
-ATTENTION_NAMES = ("mssa", "mhsa")  # the first block: CRATE's MSSA | standard attention (Table 17)
+# the first block: CRATE's MSSA | standard attention (Table 17) | ToST's token statistics attention (Wu et al. 2025)
+ATTENTION_NAMES = ("mssa", "mhsa", "tssa")
 # the second block: CRATE's ISTA | GELU MLP (Table 17) | CRATE-α's ODL | the crate-lm overcomplete ISTA
 MLPS = ("ista", "mlp", "odl", "ista_overcomplete")
 ISTA_MODES = ("relu", "soft", "mm", "none")
@@ -44,7 +45,9 @@ class LayerConfig:
     tied_beta: float = _layer_field(1.0, "β of the tied MSSA output")
     eps: float = _layer_field(0.1, "ε of the MM step (ista_mode='mm')", range=Range(0, lo_open=True))
     attention: str = _layer_field(
-        "mssa", "mssa | mhsa (standard attention: CRATE-MHSA, Table 17)", choices=ATTENTION_NAMES
+        "mssa",
+        "mssa | mhsa (standard attention: CRATE-MHSA, Table 17) | tssa (ToST's linear-time TSSA)",
+        choices=ATTENTION_NAMES,
     )
     mlp: str = _layer_field(
         "ista", "ista | mlp (CRATE-MLP) | odl (CRATE-α) | ista_overcomplete (the crate-lm release)", choices=MLPS
@@ -83,5 +86,5 @@ class LayerConfig:
                 f"ista_mode={self.ista_mode!r} applies to the ISTA block only, but mlp={self.mlp!r}; "
                 "use mlp=ista or drop ista_mode"
             )
-        if self.attention == "mhsa" and self.tied_output:
-            raise ValueError("tied_output applies to MSSA only, but attention='mhsa'; use attention=mssa")
+        if self.attention != "mssa" and self.tied_output:
+            raise ValueError(f"tied_output applies to MSSA only, but attention={self.attention!r}; use attention=mssa")

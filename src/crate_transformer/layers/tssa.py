@@ -11,6 +11,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..objectives import at_least_float32, full_precision
 from .attention import check_cache
+from .config import LayerConfig
 from .reference import _TSSA_ENERGY_FLOOR, _TSSA_MASS_EPS
 
 
@@ -62,6 +63,14 @@ class TSSA(nn.Module):
         self.temp = nn.Parameter(torch.ones(heads, 1))
         self.denom_bias = nn.Parameter(torch.zeros(heads, block_size, 1)) if causal else None
         self.proj = nn.Linear(heads * dim_head, dim, bias=proj_bias)
+
+    @classmethod
+    def from_config(cls, dim: int, heads: int, dim_head: int, c: LayerConfig, *, causal: bool, bias: bool) -> TSSA:
+        """TSSA as a CRATE layer's compression step (``attention="tssa"``); the causal form needs the context length
+        of its position offsets, which ToST's own language models give (``tost_gpt_*``)."""
+        if causal:
+            raise ValueError("attention='tssa' builds non-causal layers only; for text use ToST's language models")
+        return cls(dim, heads, dim_head, c.dropout, proj_bias=bias)
 
     def subspaces(self) -> Tensor:
         """The learned bases ``U`` as a ``(K, d, p)`` tensor (as :meth:`MSSA.subspaces`; the bias is not in them)."""
