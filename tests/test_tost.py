@@ -162,50 +162,46 @@ def _autograd_tssa(op: TSSA, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 
 
 @pytest.mark.parametrize("b", [1, 3])
-def test_tssa_backward_is_autograd_of_the_step_with_dropout_and_the_attention(b):
+def test_tssa_backward_is_autograd_of_the_step_with_dropout_and_the_memberships(b):
     """The non-causal step's hand-written backward (it keeps the projections, not the squares and products)
     against autograd of the plain formulation: gradients of the input, the projections, the temperature and the
-    output projection, through the output and the attention weights, with the same dropout mask."""
+    output projection, through the output and the memberships Π the step returns, with the same dropout mask."""
     op = TSSA(12, 3, 4, qkv_bias=True, attn_dropout=0.3).double().train()
     with torch.no_grad():
         op.temp.uniform_(0.5, 2.0)
     x = torch.randn(b, 20, 12, dtype=torch.float64, requires_grad=True)
-    weights = torch.randn(b, 3, 20, 20, dtype=torch.float64)
+    weights = torch.randn(b, 3, 20, dtype=torch.float64)
     grads = []
-    for forward in (lambda: op(x, return_attention=True), lambda: _autograd_tssa(op, x)):
+    for forward in (lambda: op._global(x), lambda: _autograd_tssa(op, x)):
         torch.manual_seed(7)
-        out, attn = forward()
-        if attn.shape[-1] != 20:  # Π (b, n, K) as the layer's attention weights (b, K, n, n)
-            attn = (attn / (attn.sum(1, keepdim=True) + 1e-8)).transpose(1, 2).unsqueeze(-2).expand(b, 3, 20, 20)
-        loss = out.square().sum() + (attn * weights).sum()
+        out, pi = forward()
+        pi = pi if pi.shape[1] == 3 else pi.transpose(1, 2)  # (b, K, n)
+        loss = out.square().sum() + (pi * weights).sum()
         grads.append((out, *torch.autograd.grad(loss, [x, *op.parameters()])))
     for got, want in zip(*grads):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     assert (grads[0][0] != 0).any() and grads[0][3].abs().sum() > 0  # the temperature's gradient is not trivial
 
 
-def test_causal_tssa_backward_is_autograd_of_the_cached_form_with_dropout_and_the_attention():
+def test_causal_tssa_backward_is_autograd_of_the_cached_form_with_dropout_and_the_memberships():
     """The causal step's hand-written backward (training without a cache: it keeps the projections and Π and
     recomputes the running sums) against autograd of the cached form's running sums (the decoding path, a fresh
-    cache), the same dropout mask drawn; gradients of the input and every parameter, denom_bias included."""
+    cache), the same dropout mask drawn; gradients of the input and every parameter, denom_bias included, through
+    the output and Π."""
     op = _tssa(True, n=20).train()
     op.attn_dropout = 0.3
     x = torch.randn(2, 20, 12, dtype=torch.float64, requires_grad=True)
-    weights = torch.randn(2, 3, 20, 20, dtype=torch.float64)
+    weights = torch.randn(2, 3, 20, dtype=torch.float64)
     grads = []
     for cache in (None, {}):
         torch.manual_seed(7)
-        out = op(x, cache=cache)
-        attn = (
-            op._attention(op._scores(op.project(x), None, 0)) if cache is not None else op(x, return_attention=True)[1]
-        )
-        loss = out.square().sum() + (attn * weights).sum()
+        out, pi = op._causal(x, cache, 0)
+        loss = out.square().sum() + (pi * weights).sum()
         grads.append((out, *torch.autograd.grad(loss, [x, *op.parameters()])))
     for got, want in zip(*grads):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
-    assert (
-        grads[0][3][:, 20:].abs().sum() == 0 and grads[0][3][:, :20].abs().sum() > 0
-    )  # denom_bias: the positions read
+    denom_bias = grads[0][3]
+    assert denom_bias[:, 20:].abs().sum() == 0 and denom_bias[:, :20].abs().sum() > 0  # the positions read
 
 
 def _bench_tost():  # noqa: ANN202
@@ -340,8 +336,7 @@ def test_causal_tssa_reads_no_future_token_and_its_cache_is_the_running_sums():
 def test_tssa_attention_is_the_membership_weights_each_token_reads(causal):
     op = _tssa(causal)
     x = torch.randn(2, 7, 12, dtype=torch.float64)
-    out, attn = op(x, return_attention=True)
-    torch.testing.assert_close(out, op(x))
+    attn = op.attention_map(x)
     assert attn.shape == (2, 3, 7, 7)
     torch.testing.assert_close(attn.sum(-1), torch.ones(2, 3, 7, dtype=torch.float64), rtol=1e-6, atol=1e-6)
     Pi = op.memberships(x).transpose(1, 2)  # (b, K, n)
