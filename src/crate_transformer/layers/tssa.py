@@ -180,6 +180,13 @@ def _outer(pi: Tensor, v: Tensor, heads: int) -> Tensor:
     return (pi.unsqueeze(-1) * v.view(b, 1, heads, -1)).view(b, n, -1)
 
 
+def _product(t: Tensor, u: Tensor) -> Tensor:
+    """``t ⊙ u`` in float32 for a half ``t`` (its one float32 copy multiplied in place: a mixed-dtype product
+    promotes ``u`` on the fly), else ``t * u``."""
+    f = at_least_float32(t)
+    return f.mul_(u) if f is not t else t * u
+
+
 def _diagonal_blocks(m: Tensor, heads: int) -> Tensor:
     """``(b, K, K·p)`` → ``(b, K·p)``: row ``k``'s block of head ``k``, e.g. ``Πᵀ · t`` → ``Σ_j Π_jk t_jc``."""
     b, _, D = m.shape
@@ -281,8 +288,9 @@ def _statistics_grads(
     :func:`_head_sums`, :func:`_outer` and :func:`_diagonal_blocks` (float32 for half projections)."""
     b, n, D = y.shape
     energy, share, pi, moment, shrink = stats
-    yf = at_least_float32(y)
-    a = at_least_float32(dz) * yf
+    # half projections: float32 copies made one at a time and worked on in place (mixed-dtype products promote
+    # on the fly), so the backward holds at most two float32 tensors of the projections' size at once
+    a = _product(dz, y)
     d_shrink = -_diagonal_blocks(pi.transpose(1, 2) @ a, heads)
     d_pi = _head_sums(a, -shrink, heads)
     del a
@@ -291,7 +299,7 @@ def _statistics_grads(
     mass = (pi.sum(1) + _TSSA_MASS_EPS).repeat_interleave(D // heads, dim=-1)
     d_num = d_moment / mass  # moment = num / mass
     d_pi = d_pi + (-(d_moment * moment / mass).view(b, heads, -1).sum(-1)).unsqueeze(1)
-    sq = yf.square()
+    sq = _product(y, y)
     d_pi = d_pi + _head_sums(sq, d_num, heads)
     if grad_pi is not None:
         d_pi = d_pi + grad_pi
@@ -304,8 +312,8 @@ def _statistics_grads(
     d_energy = -d_inv * inv.square() * (energy.view(b, D) >= _TSSA_ENERGY_FLOOR**2)
     # dy = 2 y (d_share_k inv_c + Π_k d_num_c + d_energy_c) − dz Π_k shrink_c
     dy = torch.addcmul((2 * d_energy).view(b, 1, heads, -1), d_share.unsqueeze(-1), (2 * inv).view(b, 1, heads, -1))
-    dy = dy.addcmul_(pi.unsqueeze(-1), (2 * d_num).view(b, 1, heads, -1)).view(b, n, D).mul_(yf)
-    return dy.addcmul_(at_least_float32(dz), _outer(pi, -shrink, heads)), grad_temp
+    dy = dy.addcmul_(pi.unsqueeze(-1), (2 * d_num).view(b, 1, heads, -1)).view(b, n, D).mul_(y)
+    return dy.addcmul_(dz, _outer(pi, -shrink, heads)), grad_temp
 
 
 # --------------------------------------------------------------------------- the causal step and its backward
@@ -371,8 +379,7 @@ class _CausalStep(torch.autograd.Function):
         b, n, D = y.shape
         y4 = y.view(b, n, ctx.heads, D // ctx.heads)
         with full_precision(y):
-            yf = at_least_float32(y4)
-            sq = yf.square()
+            sq = _product(y4, y4)
             mass, moment, factor, shrink = _causal_moments(sq, pi, keep, ctx.p)
             g = grad_out.reshape(b * n, -1).to(y.dtype)
             z = (y4 * pi.to(y.dtype).unsqueeze(-1)).mul_(shrink.to(y.dtype)).neg_().view(b * n, D)
@@ -380,7 +387,7 @@ class _CausalStep(torch.autograd.Function):
             del z
             dz = at_least_float32((g @ weight.to(y.dtype)).view(y4.shape))
             stats = (sq, share, pi, mass, moment, factor, shrink)
-            dy, grad_temp, d_share = _causal_grads(dz, yf, temp, stats, grad_pi)
+            dy, grad_temp, d_share = _causal_grads(dz, y4, temp, stats, grad_pi)
         positions = torch.arange(n, device=y.device)
         d_bias = (y4.shape[-1] * d_share.sum(0)).t().unsqueeze(-1).to(denom_bias.dtype)  # (K, n, 1)
         grad_bias = torch.zeros_like(denom_bias).index_add_(1, positions, d_bias)
