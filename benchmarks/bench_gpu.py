@@ -9,6 +9,7 @@ width, depth, heads and vocabulary (``benchmarks/bench_generate.py``'s pairs), b
     python benchmarks/bench_gpu.py --sizes B --compile B  # one size
     python benchmarks/bench_gpu.py --tiny                # CPU, tiny shapes: keeps the script alive (the tests run it)
     python benchmarks/bench_gpu.py --sizes --compile --e2e none --decode base   # decoding rows only
+    python benchmarks/bench_gpu.py --profile B          # where one training step's time goes, kernel by kernel
 
 Each row: one optimizer step (forward + backward + AdamW) on a batch already on the device; images/s is the median
 over interleaved rounds, TFLOP/s counts the step's FLOPs with ``torch.utils.flop_counter`` (each model's own
@@ -332,9 +333,77 @@ DECODE_HEAD = f"{'decoding':16} {'model':10} {'batch':>5} {'dtype':>5} {'mode':>
 DECODE_HEAD += f"{'CRATE/GPT':>9} {'compiled/eager':>14}"
 
 
+# kernel (CUDA) or operator (CPU) names by what they do: the step's time between its GEMMs is the rest
+KINDS = (
+    ("GEMM", ("gemm", "cutlass", "xmma", "sm90_", "sm80_", "aten::mm", "aten::addmm", "aten::bmm", "mkldnn", "_mm_")),
+    ("attention", ("flash", "fmha", "attention", "sdpa", "cudnn_sdp")),
+    ("norm", ("layer_norm", "layernorm", "native_layer_norm")),
+    ("optimizer", ("foreach", "multi_tensor", "adam")),
+)
+
+
+def kind_of(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, keys in KINDS if any(k in low for k in keys)), "elementwise / other")
+
+
+def profile_step(size: str, args: argparse.Namespace, shape: dict, device: torch.device) -> list[dict]:
+    """One optimizer step of CRATE and of the ViT of the same size, eager and compiled, under torch.profiler (after
+    three warm-up steps): per model and mode, the kernels (CUDA) or operators that do work (CPU) with their self
+    time, grouped into GEMM / attention / norm / optimizer / the rest, and the kernels per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    models = models_of(size, shape, False)
+    rows = []
+    for name in (f"CRATE-{size}", next(k for k in models if k.startswith("ViT"))):
+        model = models[name].to(device).train()
+        c = model.config
+        batch = args.batch or BATCH[size]
+        x = torch.randn(batch, 3, c.image_size, c.image_size, device=device)
+        y = torch.randint(0, c.num_classes, (batch,), device=device)
+        for mode in ("eager", "compiled"):
+            step = train_step(
+                torch.compile(model, backend=args.backend) if mode == "compiled" else model, x, y, args.amp
+            )
+            for _ in range(3):
+                step()
+            sync(device)
+            on_gpu = device.type == "cuda"
+            with profile(activities=[ProfilerActivity.CUDA] if on_gpu else [ProfilerActivity.CPU]) as prof:
+                step()
+                sync(device)
+            rows.append(dict(model=name, mode=mode, **kernel_table(prof, on_gpu)))
+    return rows
+
+
+def kernel_table(prof: object, on_gpu: bool) -> dict:
+    """Self time per kernel kind (ms) and the kernels per step, from one profiled step."""
+    times: dict[str, float] = {}
+    count = 0
+    for e in prof.key_averages():
+        us = e.self_device_time_total if on_gpu else e.self_cpu_time_total
+        if us <= 0 or (not on_gpu and not e.key.startswith(("aten::", "graph_", "cpp_fused", "mkldnn"))):
+            continue
+        kind = kind_of(e.key)
+        times[kind] = times.get(kind, 0.0) + us / 1e3
+        count += e.count
+    total = sum(times.values()) or 1.0
+    return {"ms": total, "kernels": count, "share": {k: v / total for k, v in sorted(times.items())}}
+
+
+def print_profile(rows: list[dict]) -> None:
+    kinds = [k for k, _ in KINDS] + ["elementwise / other"]
+    head = f"{'model':18} {'mode':9} {'kernels':>8} {'ms':>9} " + " ".join(f"{k:>20}" for k in kinds)
+    print(head + "\n" + "-" * len(head))
+    for r in rows:
+        shares = " ".join(f"{100 * r['share'].get(k, 0.0):>19.1f}%" for k in kinds)
+        print(f"{r['model']:18} {r['mode']:9} {r['kernels']:>8} {r['ms']:>9.1f} {shares}")
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="CPU-sized shapes (32 px, patch 8, depth 1), few steps")
+    ap.add_argument("--profile", default="", choices=["", *SIZES], help="profile one step of this size, then stop")
     ap.add_argument("--device", default="auto", help="auto (cuda when present) | cpu | cuda | cuda:N")
     ap.add_argument("--sizes", nargs="*", default=None, choices=list(SIZES), help="CRATE sizes (default T S B L)")
     ap.add_argument("--compile", nargs="*", default=None, choices=list(SIZES), help="sizes also timed compiled")
@@ -420,6 +489,11 @@ def main(argv: list[str] | None = None) -> dict:
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1))
 
+    if args.profile:
+        result["profile"] = profile_step(args.profile, args, shape, device)
+        print_profile(result["profile"])
+        save()
+        return result
     print(HEAD + "\n" + "-" * len(HEAD), flush=True)
     for size in args.sizes:  # eager first, every size; then the data path; then the compiled rows
         result["rows"] += (rows := throughput(size, "eager", args, shape, device))

@@ -6,7 +6,7 @@
 #   bash benchmarks/gpu_check.sh --fetch-wheels .gpu/wheels   # once, where PyPI is reachable: the deps a GPU image
 #                                                            # may lack, to carry along (the GPU machine is offline)
 #
-# Stages, each under its own timeout inside a total budget (GPU_CHECK_BUDGET, default 465 s); each stage's share is
+# Stages, each under its own timeout inside a total budget (GPU_CHECK_BUDGET, default 480 s); each stage's share is
 # kept for it (a stage that runs long eats into the slow tests' time, not into the stages after it: SHARES below); a
 # stage that fails or times out is reported and the script goes on (bench_gpu.py saves each row as it is measured).  Everything is
 # printed and, when $OUT is set, kept there:
@@ -21,11 +21,14 @@
 #            attention operators (TSSA / MSSA / softmax, 1k-64k tokens); $OUT/bench_gpu.json
 #   [decode] benchmarks/bench_gpu.py's decoding rows: crate_gpt_base-sized CRATE-GPT vs GPT, batch 1 and 8, fp32 and
 #            bf16, eager and compiled (static cache, a CUDA graph per token); $OUT/bench_decode.json
+#   [profile] benchmarks/bench_gpu.py --profile B: one training step of CRATE-B and ViT-B, eager and compiled, under
+#            torch.profiler: the step's GPU time split into GEMM / attention / norm / optimizer / the rest, kernels
+#            per step (where the time between the GEMMs goes); $OUT/bench_profile.json
 #   [train]  `crate train --device cuda` (the documented value) on the digits, timed
 #   [lm]     `crate train-lm --device cuda` on the built-in corpus, timed
 #   [slow]   CRATE_TEST_DEVICE=cuda python -m pytest -m slow, in the time that is left; $OUT/pytest_slow.txt
 # Environment: OUT, GPU_CHECK_BUDGET, GPU_CHECK_PY, GPU_CHECK_VENV (/tmp/crate-gpu-venv), GPU_CHECK_STAGES (default
-# "info fast bench decode train lm slow"), BENCH_ARGS (extra bench_gpu.py arguments, e.g. "--sizes B --compile B"),
+# "info fast bench decode profile train lm slow"), BENCH_ARGS (extra bench_gpu.py arguments, e.g. "--sizes B --compile B"),
 # DECODE_ARGS (extra arguments of the decode stage, e.g. "--decode-batches 1 --decode-new 64").
 
 set -u
@@ -46,16 +49,16 @@ cd "$ROOT" || exit 2
 WORK=$(mktemp -d /tmp/gpu_check.XXXXXX)
 LOGDIR=${OUT:-$WORK}
 mkdir -p "$LOGDIR"
-BUDGET=${GPU_CHECK_BUDGET:-465}
+BUDGET=${GPU_CHECK_BUDGET:-480}
 T0=$(date +%s)
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 MPLBACKEND=Agg TORCHINDUCTOR_CACHE_DIR=$WORK/inductor
 SUMMARY=()
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
-want() { [[ " ${GPU_CHECK_STAGES:-info fast bench decode train lm slow} " == *" $1 "* ]]; }
+want() { [[ " ${GPU_CHECK_STAGES:-info fast bench decode profile train lm slow} " == *" $1 "* ]]; }
 
 # Each stage's share of the budget in seconds (the first run measured set-up 22, info 5, fast 84, bench 173 before
 # the compiled crate-train row and the attention rows, train 18, lm 12 + start-up); slow gets what is left.
-SHARES=(info:15 fast:90 bench:200 decode:90 train:25 lm:30)
+SHARES=(info:15 fast:90 bench:180 decode:90 profile:45 train:25 lm:30)
 # kept_after NAME: the shares of the wanted stages after NAME, which NAME must leave untouched
 kept_after() {
   local kv seen=0 sum=0
@@ -164,19 +167,22 @@ main() {
   echo; echo "===== [setup]"
   setup_python || { echo "setup failed: nothing else can run"; return 1; }
   export PY WORK LOGDIR TEST_DEVICE=cuda
-  local dev=cuda tests=() bench=(--e2e-compile) train=(--epochs 3) lm=(--epochs 1 --max-steps 300)
+  local dev=cuda tests=() bench=(--e2e-compile) train=(--epochs 3) lm=(--epochs 1 --max-steps 300) size=B
   if [ "$DRY" = 1 ]; then  # the same stages at CPU sizes: a handful of device tests, tiny shapes, a few steps
     TEST_DEVICE=cpu; dev=cpu; tests=(tests/test_on_device.py -k "float64 or bf16"); bench=(--tiny --threads 1)
     train=(--epochs 1 --max-steps 5 --threads 1); lm=(--epochs 1 --max-steps 5 --threads 1 --sample-tokens 8)
+    size=T
   fi
   want info && stage info 15 info
   want fast && stage fast 90 run_pytest fast "not slow" ${tests[@]+"${tests[@]}"}
   # shellcheck disable=SC2086
-  want bench && stage bench 200 "$PY" benchmarks/bench_gpu.py ${bench[@]+"${bench[@]}"} --decode \
+  want bench && stage bench 180 "$PY" benchmarks/bench_gpu.py ${bench[@]+"${bench[@]}"} --decode \
     --json "$LOGDIR/bench_gpu.json" ${BENCH_ARGS:-}
   # shellcheck disable=SC2086
   want decode && stage decode 90 "$PY" benchmarks/bench_gpu.py ${bench[@]+"${bench[@]}"} --sizes --compile \
     --e2e none --attention-tokens --decode base --json "$LOGDIR/bench_decode.json" ${DECODE_ARGS:-}
+  want profile && stage profile 45 "$PY" benchmarks/bench_gpu.py ${bench[@]+"${bench[@]}"} --profile "$size" \
+    --json "$LOGDIR/bench_profile.json"
   want train && stage train 25 timed "crate train --device $dev" "$PY" -m crate_transformer.cli train \
     --data digits --device "$dev" --no-progress --out "$WORK/train" "${train[@]}"
   want lm && stage lm 30 timed "crate train-lm --device $dev" "$PY" -m crate_transformer.cli train-lm \

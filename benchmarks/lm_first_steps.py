@@ -38,6 +38,7 @@ import bench_lm_plateau as plateau  # noqa: E402
 
 from crate_transformer.cli.common import parse_model_args  # noqa: E402
 from crate_transformer.data.text import TokenBlocks  # noqa: E402
+from crate_transformer.layers import trace_layer  # noqa: E402
 from crate_transformer.train import TrainConfig, train  # noqa: E402
 from crate_transformer.train.lm import LMTask  # noqa: E402
 
@@ -63,7 +64,7 @@ def measure(model: torch.nn.Module, blocks: torch.Tensor) -> dict[str, Any]:
     halves = []
     z = zs[0]
     for layer in model.layers:
-        z, half, _ = layer(z)
+        z, half, _ = trace_layer(layer, z)
         z.retain_grad()
         zs.append(z)
         halves.append(half)

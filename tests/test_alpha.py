@@ -203,7 +203,7 @@ def test_the_model_contract_and_save_pretrained_round_trip(tmp_path):
 
 def test_crate_alpha_mnist_ablation_still_builds_and_trains_a_step():
     m = ct.create_model("crate_alpha_mnist", depth=1)
-    assert type(m) is ct.CRATE and m.config.patch_norm and m.layers[0].kind == "odl"
+    assert type(m) is ct.CRATE and m.config.patch_norm and m.config.layer_blocks[1] == "odl"
     loss = torch.nn.functional.cross_entropy(m(torch.randn(4, 1, 28, 28)), torch.tensor([0, 1, 2, 3]))
     loss.backward()
     assert all(p.grad is not None for p in m.parameters())

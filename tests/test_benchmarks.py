@@ -128,6 +128,19 @@ def test_bench_gpu_runs_at_tiny_sizes(tmp_path: Path) -> None:
     assert all(r["mode"] == "eager" and r["tok_s"] > 0 and r["ms_token"] > 0 for r in decode)
 
 
+def test_bench_gpu_profile_splits_a_step_by_kernel_kind() -> None:
+    """``--profile``: where one training step's time goes, for CRATE and the ViT, eager and compiled (compiled by
+    aot_eager here: no code generation on two cores), every share a fraction and the shares summing to 1."""
+    args = ["--tiny", "--threads", "1", "--profile", "T", "--backend", "aot_eager", "--device", "cpu"]
+    rows = _load("bench_gpu").main(args)["profile"]
+    assert [(r["model"], r["mode"]) for r in rows] == [
+        (m, mode) for m in ("CRATE-T", "ViT d=384") for mode in ("eager", "compiled")
+    ]
+    for r in rows:
+        assert r["ms"] > 0 and r["kernels"] > 10 and r["share"]["GEMM"] > 0
+        assert math.isclose(sum(r["share"].values()), 1.0, rel_tol=1e-9)
+
+
 @pytest.mark.slow
 def test_bench_gpu_compiled_rows_at_tiny_sizes() -> None:
     """The compiled rows' plumbing, traced by dynamo and AOT autograd without code generation (inductor's C++ build

@@ -54,7 +54,7 @@ def decoded() -> dict[str, Any]:
         first = _counts()
         with torch._dynamo.config.patch(error_on_recompile=True):
             again = model.generate(prompt[:, :3], NEW + 4, temperature=0, compile=True)
-        row = dict(eager=eager, compiled=compiled, again=again, prompt=prompt, after=_counts())
+        row = dict(eager=eager, compiled=compiled, again=again, prompt=prompt, after=_counts(), model=model)
         row.update(compiles=first["graphs"] - before["graphs"], breaks=first["breaks"] - before["breaks"])
         if name == "CRATE-GPT":
             kw = dict(temperature=0.9, top_k=20, top_p=0.9)
@@ -91,6 +91,22 @@ def test_the_step_compiles_once_without_graph_breaks(decoded: dict, name: str) -
     row = decoded[name]
     assert row["compiles"] == 1 and row["breaks"] == 0
     assert row["after"]["breaks"] == 0
+
+
+def test_a_compiled_crate_step_multiplies_by_the_held_step_matrix(decoded: dict) -> None:
+    """generate holds the weights (frozen_weights) before it compiles, so ISTA costs one d × d product per token in
+    the compiled step as in the eager one: three per layer with MSSA's U and W (the thin form would be four)."""
+    if TEST_DEVICE != "cpu":
+        pytest.skip("a CUDA graph replays its kernels unseen by the profiler's aten events")
+    row = decoded["CRATE-GPT"]
+    with torch.profiler.profile(record_shapes=True) as prof:
+        row["model"].generate(row["prompt"], NEW, temperature=0, compile=True)  # compiled already: the steps only
+    d = SIZE["dim"]
+    square = [e for e in prof.events() if e.name in ("aten::mm", "aten::addmm") and [d, d] in e.input_shapes]
+    depth = SIZE["depth"]
+    assert len(square) == 3 * depth * NEW + depth  # the prompt's pass, NEW - 1 steps, DᵀD once per layer on entry
+    ista = [e for e in square if e.name == "aten::addmm" and e.input_shapes[:3] == [[1], [2, d], [d, d]]]
+    assert len(ista) == depth * (NEW - 1)  # x A − ηλ: the held A (shape [1]: ISTA's scalar shift)
 
 
 def test_sample_next_draws_what_multinomial_draws() -> None:

@@ -291,6 +291,20 @@ def test_the_export_page_runs_block_by_block(
     assert {p.name for p in tmp_path.iterdir()} == {"crate_mnist.onnx", "crate_gpt_mini.onnx"}
 
 
+def test_the_reading_page_runs_and_checks_the_layer_against_the_equations(capsys: pytest.CaptureFixture) -> None:
+    """docs/reading-the-layer.md's Python blocks, in order as one program: the layer, MSSA and ISTA equal the paper's
+    equations (their assertions), and every commented print says what the comment says."""
+    blocks = [text for lang, text in code_blocks(ROOT / "docs" / "reading-the-layer.md") if lang == "python"]
+    assert len(blocks) == 6
+    namespace: dict = {}
+    for i, block in enumerate(blocks, 1):
+        exec(compile(block, f"docs/reading-the-layer.md, Python block {i}", "exec"), namespace)  # our own docs' code
+    said = capsys.readouterr().out.splitlines()
+    commented = [c.split("#")[1].strip() for b in blocks for c in b.splitlines() if "print(" in c and "#" in c]
+    assert [line for line in said if "exactly zero" not in line] == commented
+    assert 0 < float(next(line for line in said if "exactly zero" in line).split("%")[0]) < 100
+
+
 def test_the_readme_test_command_says_when_the_browser_tests_are_skipped() -> None:
     """The README's ``python -m pytest`` on a machine without Chromium: the session's last lines name the skipped
     browser tests and the install, not only a count among the dots."""

@@ -42,7 +42,7 @@ def _numpy_codes(model: torch.nn.Module, x: torch.Tensor) -> list[np.ndarray]:
     codes = []
     for layer, half in zip(model.layers, trace.half):
         h = _layer_norm(half.numpy(), layer.norm2)[:, 1:]  # patch tokens (the class token is not a patch)
-        if layer.kind == "ista":
+        if layer.code_site()[1] == "ista":
             D, eta, lam = layer.ista.weight.detach().numpy(), layer.ista.eta, layer.ista.lambd
             Z = h.reshape(-1, h.shape[-1]).T  # columns are tokens
             codes.append(np.maximum(Z + eta * D.T @ (Z - D @ Z) - eta * lam, 0).T)

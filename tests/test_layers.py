@@ -131,6 +131,8 @@ LAYERS = [  # lowest first; a module may import its own layer and the ones befor
         "objectives",
         "layers",
         "layers.reference",
+        "layers.config",
+        "layers.inference",
         "layers.attention",
         "layers.tssa",
         "layers.sparse",

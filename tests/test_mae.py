@@ -158,8 +158,11 @@ def test_decoder_layer_forms():
     x = torch.randn(2, 5, 16)
     x_ = torch.nn.functional.linear(layer.norm1(x), layer.weight)  # eq. (63): E·LN(X)
     torch.testing.assert_close(layer(x), x_ - layer.attn(layer.norm2(x_)))  # official crate_decoder
-    layer.form = "jmlr"
-    torch.testing.assert_close(layer(x), layer.norm2(x_) - layer.attn(layer.norm2(x_)))  # Alg. 5
+    jmlr = DecoderLayer(16, 2, 8, form="jmlr")
+    jmlr.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(jmlr(x), layer.norm2(x_) - layer.attn(layer.norm2(x_)))  # Alg. 5
+    with pytest.raises(AttributeError):  # set when built; an assignment afterwards would change nothing
+        layer.form = "jmlr"
 
 
 def test_native_grid_reuses_the_table_other_grids_compute_one():

@@ -81,9 +81,11 @@ def test_forward_trace_consistency():
     torch.testing.assert_close(tr.tokens[0], m.embed(x))
     assert tr.attention[0].shape == (3, 4, 17, 17)
     for ell in range(2):  # the trace's tokens are really the layers' inputs / outputs
-        out, half, _ = m.layers[ell](tr.tokens[ell])
-        torch.testing.assert_close(out, tr.tokens[ell + 1])
-        torch.testing.assert_close(half, tr.half[ell])
+        layer, z = m.layers[ell], tr.tokens[ell]
+        torch.testing.assert_close(layer(z), tr.tokens[ell + 1])
+        torch.testing.assert_close(z + layer.attn(layer.norm1(z)), tr.half[ell])
+        w = layer.attn.project(layer.norm1(z))  # eq. (35)'s scores, row-softmaxed
+        torch.testing.assert_close(tr.attention[ell], torch.softmax(w @ w.transpose(-1, -2) * layer.attn.scale, -1))
         assert (tr.tokens[ell + 1] >= 0).all()  # ISTA output is non-negative
 
 
@@ -196,13 +198,14 @@ def test_ablation_variants_run_and_differ():
 
 # --------------------------------------------------------------------------- CRATE / ViT build what they say
 def test_crate_and_vit_classes_fix_their_architecture():
-    from crate_transformer.layers import EncoderLayer
-    from crate_transformer.model import ViTBlock, build_model
+    from crate_transformer.layers import MHSA, MLP, EncoderLayer
+    from crate_transformer.model import build_model
 
     cfg = ct.ModelConfig(**{**TINY, "dim": 48, "heads": 3})  # arch defaults to "crate"
     vit = ct.ViT(cfg)
     assert isinstance(vit, ct.ViT) and isinstance(vit, ct.ImageClassifier) and vit.config.arch == "vit"
-    assert all(isinstance(layer, ViTBlock) for layer in vit.layers) and cfg.arch == "crate"  # caller's config kept
+    assert all(isinstance(layer.attn, MHSA) and isinstance(layer.block, MLP) for layer in vit.layers)
+    assert cfg.arch == "crate"  # caller's config kept
     crate = ct.CRATE(ct.ModelConfig(**{**TINY, "dim": 48, "heads": 3, "arch": "vit"}))
     assert crate.config.arch == "crate" and all(isinstance(layer, EncoderLayer) for layer in crate.layers)
     # the same modules, keys and sizes as the registry / build_model give for that architecture

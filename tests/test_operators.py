@@ -13,8 +13,10 @@ from crate_transformer.layers import (
     MSSA,
     DecoderLayer,
     EncoderLayer,
+    Skip,
     ista_reference,
     mssa_reference,
+    trace_layer,
 )
 
 
@@ -42,10 +44,11 @@ def test_mssa_fast_path_equals_official_attention(device):
     ours, off, x, t = ours.to(device), off.to(device), torch.randn(3, 17, d).to(device), tol(torch.float32, device)
     torch.testing.assert_close(ours(x), off(x), **t)
     torch.testing.assert_close(ours(x), explicit_mssa(ours, x), **t)
-    out, attn = ours(x, return_attention=True)
-    torch.testing.assert_close(out, off(x), **t)
+    attn = ours.attention_map(x)  # the map a trace shows is the one the kernel applies
     assert attn.shape == (3, K, 17, 17)
     torch.testing.assert_close(attn.sum(-1), torch.ones(3, K, 17, device=device))
+    mixed = (attn @ ours.project(x)).transpose(1, 2).reshape(3, 17, K * p)
+    torch.testing.assert_close(ours.proj(mixed), off(x), **t)
 
 
 def test_row_softmax_code_equals_paper_column_form(device):
@@ -56,7 +59,10 @@ def test_row_softmax_code_equals_paper_column_form(device):
     U = m.subspaces().detach()
     want = mssa_reference(x.T, U, beta=beta).T  # paper: columns are tokens, column softmax
     torch.testing.assert_close(m(x[None])[0], want, **tol(torch.float64, device))
-    torch.testing.assert_close(m(x[None], return_attention=True)[0][0], want, **tol(torch.float64, device))
+    for k in range(K):  # the row-softmax map is the paper's column softmax (eq. (35)), transposed
+        A = U[k].T @ x.T
+        want_k = torch.softmax(A.T @ A, dim=0).T
+        torch.testing.assert_close(m.attention_map(x[None])[0, k], want_k, **tol(torch.float64, device))
 
 
 def test_causal_mask_no_leakage_and_matches_explicit(device):
@@ -69,7 +75,9 @@ def test_causal_mask_no_leakage_and_matches_explicit(device):
     y2 = m(x2)
     torch.testing.assert_close(y2[:, :6], y[:, :6], **t)
     assert not torch.allclose(y2[:, 6:], y[:, 6:])
-    torch.testing.assert_close(m(x, return_attention=True)[0], y, **t)
+    attn = m.attention_map(x)
+    assert (attn.triu(1) == 0).all()
+    torch.testing.assert_close(attn.sum(-1), torch.ones(2, 4, 9, device=device))
 
 
 def test_attention_dropout_only_in_training():
@@ -126,22 +134,43 @@ def test_encoder_layer_forms():
     torch.manual_seed(3)
     layer = EncoderLayer(d, 4, 8)
     x = torch.randn(2, 6, d)
-    out, half, attn = layer(x)
+    out, half, attn = trace_layer(layer, x)
     assert attn is None
     torch.testing.assert_close(half, x + layer.attn(layer.norm1(x)))
     torch.testing.assert_close(out, layer.ista(layer.norm2(half)))
-    layer.form = "jmlr"
-    out_j, half_j, _ = layer(x)
+    torch.testing.assert_close(layer(x), out)
+    jmlr = EncoderLayer(d, 4, 8, layer_form="jmlr")
+    jmlr.load_state_dict(layer.state_dict())
+    out_j, half_j, _ = trace_layer(jmlr, x)
     h = layer.norm1(x)
     torch.testing.assert_close(half_j, h + layer.attn(h))
     torch.testing.assert_close(out_j, layer.ista(layer.norm2(half_j)))
     none = EncoderLayer(d, 4, 8, ista_mode="none")
-    o, hf, _ = none(x)
+    assert isinstance(none.block, Skip) and not any(k.startswith(("ista", "norm2")) for k in none.state_dict())
+    o, hf, _ = trace_layer(none, x)
     torch.testing.assert_close(o, hf)
-    with pytest.raises(ValueError, match="layer form"):
-        EncoderLayer(d, 4, 8, form="other")
+    with pytest.raises(ValueError, match="layer_form"):
+        EncoderLayer(d, 4, 8, layer_form="other")
+    with pytest.raises(ValueError, match="no setting 'form'"):
+        EncoderLayer(d, 4, 8, form="jmlr")
     with pytest.raises(ValueError, match="ISTA mode"):
         ISTA(d, mode="hard")
+
+
+def test_files_saved_with_the_unused_ista_of_ista_mode_none_still_load():
+    """Before Skip, ``ista_mode="none"`` layers kept a frozen ISTA block and LN2, whose keys are in saved files."""
+    import crate_transformer as ct
+    from crate_transformer.loading.weights import load_weights
+
+    model = ct.create_model("crate_mnist", dim=32, depth=2, heads=4, ista_mode="none")
+    old = dict(model.state_dict())
+    for i in range(2):
+        old |= {f"layers.{i}.ista.weight": torch.randn(32, 32), f"layers.{i}.norm2.weight": torch.ones(32)}
+        old[f"layers.{i}.norm2.bias"] = torch.zeros(32)
+    load_weights(model, old)  # the loaders' strict check
+    model.load_state_dict(old)  # a resumed run's
+    with pytest.raises(Exception, match="unexpected"):
+        load_weights(model, {**old, "layers.0.ista.bias": torch.zeros(32)})
 
 
 def test_decoder_layer_forms():
@@ -150,15 +179,16 @@ def test_decoder_layer_forms():
     x = torch.randn(2, 5, d)
     x_ = F.linear(dec.norm1(x), dec.weight)
     torch.testing.assert_close(dec(x), x_ - dec.attn(dec.norm2(x_)))
-    dec.form = "jmlr"
-    torch.testing.assert_close(dec(x), dec.norm2(x_) - dec.attn(dec.norm2(x_)))
+    jmlr = DecoderLayer(d, 3, 8, form="jmlr")
+    jmlr.load_state_dict(dec.state_dict())
+    torch.testing.assert_close(jmlr(x), dec.norm2(x_) - dec.attn(dec.norm2(x_)))
 
 
 def test_backward_through_fast_paths_matches_reference(device):
     d = 16
     layer = EncoderLayer(d, 2, 8).double().to(device)
     x = torch.randn(2, 5, d, dtype=torch.float64).to(device).requires_grad_()
-    layer(x)[0].sum().backward()
+    layer(x).sum().backward()
     g_fast = x.grad.clone()
     x.grad = None
     # the same layer written with the three-matmul ISTA and explicit attention
@@ -173,39 +203,40 @@ def test_backward_through_fast_paths_matches_reference(device):
 
 def test_one_layer_config_is_read_whole_by_the_layer():
     """The layer's settings are declared once (``LayerConfig``), inherited by every config of CRATE layers, and
-    ``EncoderLayer.from_config`` passes every one of them: a field the layer does not take, or a keyword no field
-    sets, fails here instead of being dropped."""
+    the layer is built from them given whole: every field, changed from CRATE's default (where it applies),
+    changes the layer built — its weights' names or shapes, or what it computes."""
     import dataclasses
-    import inspect
 
     import crate_transformer as ct
-    from crate_transformer.layers.block import _LAYER_KEYWORDS, LayerConfig
+    from crate_transformer.layers import LayerConfig
     from crate_transformer.mae import MAEConfig
 
     names = [f.name for f in dataclasses.fields(LayerConfig)]
-    keywords = {
-        p.name for p in inspect.signature(EncoderLayer.__init__).parameters.values() if p.kind == p.KEYWORD_ONLY
-    }
-    assert {_LAYER_KEYWORDS.get(n, n) for n in names} | {"causal", "drop_path"} == keywords
     for cls in (ct.ModelConfig, MAEConfig, ct.LMConfig):
         assert issubclass(cls, LayerConfig)
         own = {f.name: f for f in dataclasses.fields(cls)}
         for n in names:  # redeclared (a family's default) only with LayerConfig.default: help, range, choices kept
             assert own[n].metadata == {f.name: f for f in dataclasses.fields(LayerConfig)}[n].metadata, (cls, n)
     assert MAEConfig().lambd == 0.5 and ct.ModelConfig().lambd == 0.1
+    changes = {  # field: (its value, the settings it needs to apply)
+        "dropout": (0.5, {}), "eta": (0.3, {}), "lambd": (0.5, {}), "ista_mode": ("soft", {}),
+        "layer_form": ("jmlr", {}), "scale_scores": (False, {}), "tied_output": (True, {}),
+        "tied_beta": (0.5, {"tied_output": True}), "eps": (0.5, {"ista_mode": "mm"}), "attention": ("mhsa", {}),
+        "mlp": ("mlp", {}), "odl_ratio": (2, {"mlp": "odl"}), "mlp_ratio": (2.0, {"mlp": "mlp"}),
+        "gelu": ("tanh", {"mlp": "mlp"}), "proj_bias": (False, {}),
+    }  # fmt: skip
+    assert set(changes) == set(names)
+    x = torch.randn(2, 5, 32) * 3
 
-    captured = {}
+    def built(**settings):
+        torch.manual_seed(0)
+        layer = EncoderLayer.from_config(ct.ModelConfig(dim=32, heads=4, **settings)).train()
+        torch.manual_seed(1)
+        return {k: tuple(v.shape) for k, v in layer.state_dict().items()}, layer(x)
 
-    class Capture(EncoderLayer):
-        def __init__(self, dim, heads, dim_head, **kw):  # noqa: ANN001 - records what from_config passes
-            torch.nn.Module.__init__(self)
-            captured.update(kw)
-
-    values = dict(dropout=0.1, eta=0.3, lambd=0.2, ista_mode="soft", layer_form="jmlr", scale_scores=False,
-                  tied_output=True, tied_beta=0.5, eps=0.2, mlp_ratio=2.0, odl_ratio=2, gelu="tanh",
-                  proj_bias=False)  # fmt: skip
-    Capture.from_config(ct.ModelConfig(dim=32, heads=4, **values))
-    expected = {**values, "attention": "mssa", "mlp": "ista"}
-    assert captured == {_LAYER_KEYWORDS.get(k, k): v for k, v in expected.items()}
+    for field, (value, needs) in changes.items():
+        keys, out = built(**needs)
+        keys2, out2 = built(**needs, **{field: value})
+        assert keys != keys2 or not torch.allclose(out, out2), field
     with pytest.raises(ValueError, match="extends LayerConfig"):
         EncoderLayer.from_config(object())

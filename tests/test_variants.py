@@ -8,8 +8,7 @@ import torch.nn.functional as F
 
 import crate_transformer as ct
 from crate_transformer.cli import main
-from crate_transformer.layers import ISTA, MHSA, MLP, MSSA, EncoderLayer, OvercompleteISTA, odl_reference
-from crate_transformer.model import ViTBlock
+from crate_transformer.layers import ISTA, MHSA, MLP, MSSA, EncoderLayer, OvercompleteISTA, odl_reference, trace_layer
 
 SMALL = dict(image_size=28, patch_size=7, in_chans=1, num_classes=10, dim=32, depth=2, heads=4)
 
@@ -85,7 +84,7 @@ def test_defaults_keep_the_crate_and_vit_key_layouts():
         "layers.0.mlp.0.bias", "layers.0.mlp.0.weight", "layers.0.mlp.3.bias", "layers.0.mlp.3.weight",
         "layers.0.norm1.bias", "layers.0.norm1.weight", "layers.0.norm2.bias", "layers.0.norm2.weight",
     ]  # fmt: skip
-    assert all(isinstance(layer, ViTBlock) for layer in vit.layers)
+    assert all(isinstance(layer.attn, MHSA) and isinstance(layer.block, MLP) for layer in vit.layers)
 
 
 # --------------------------------------------------------------------------- the hybrids are what they say
@@ -106,7 +105,7 @@ def test_crate_mhsa_is_standard_attention_then_ista():
     D = layer.ista.weight
     z = layer.norm2(half)
     expected = F.relu(z + 0.1 * (z - z @ D.T) @ D - 0.1 * 0.1)  # eq. (44), row form: ReLU(Z + ηDᵀ(Z − DZ) − ηλ)
-    out, half_got, _ = layer(x)
+    out, half_got, _ = trace_layer(layer, x)
     torch.testing.assert_close(half_got, half, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
@@ -120,8 +119,7 @@ def test_crate_mlp_is_mssa_then_residual_gelu_mlp():
     fc1, fc2 = layer.mlp[0], layer.mlp[3]
     assert fc1.out_features == 128
     expected = half + fc2(F.gelu(fc1(layer.norm2(half))))
-    out, _, _ = layer(x)
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_odl_block_matches_the_crate_alpha_equations():
@@ -161,12 +159,34 @@ def test_crate_alpha_layer_residual_eps_and_bias_free_output():
     assert layer.norm1.eps == layer.norm2.eps == 1e-6 and layer.attn.proj.bias is None
     x = torch.randn(2, 5, 32)
     half = x + layer.attn(layer.norm1(x))
-    out, _, _ = layer(x)
-    torch.testing.assert_close(out, half + layer.mlp(layer.norm2(half)))
+    torch.testing.assert_close(layer(x), half + layer.mlp(layer.norm2(half)))
+
+
+def test_crate_tssa_is_tost_attention_then_ista():
+    """ToST's TSSA as CRATE's compression step: one class plus one entry of ``layers.ATTENTIONS``."""
+    from crate_transformer.layers import ATTENTIONS, TSSA
+
+    assert ATTENTIONS["tssa"] is TSSA
+    torch.manual_seed(0)
+    layer = EncoderLayer(32, 4, 8, attention="tssa").eval()
+    assert isinstance(layer.attn, TSSA) and isinstance(layer.block, ISTA)
+    x = torch.randn(2, 5, 32)
+    half = x + layer.attn(layer.norm1(x))
+    torch.testing.assert_close(layer(x), layer.ista(layer.norm2(half)))
+    with pytest.raises(ValueError, match="non-causal layers only"):
+        EncoderLayer(32, 4, 8, attention="tssa", causal=True)
+    with pytest.raises(ValueError, match="tied_output applies to MSSA only, but attention='tssa'"):
+        ct.model_config("crate_mnist", attention="tssa", tied_output=True)
 
 
 def test_variants_train_a_step_and_trace():
-    for overrides in ({"mlp": "mlp"}, {"attention": "mhsa"}, {"mlp": "odl"}, {"attention": "mhsa", "mlp": "mlp"}):
+    for overrides in (
+        {"mlp": "mlp"},
+        {"attention": "mhsa"},
+        {"mlp": "odl"},
+        {"attention": "mhsa", "mlp": "mlp"},
+        {"attention": "tssa"},
+    ):
         model = ct.create_model("crate_mnist", **SMALL, **overrides)
         x = torch.randn(2, 1, 28, 28)
         model(x).sum().backward()
@@ -200,7 +220,7 @@ def test_measure_on_the_hybrids():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"attention": "linear"}, "unknown attention 'linear'; choose one of ('mssa', 'mhsa')"),
+        ({"attention": "linear"}, "unknown attention 'linear'; choose one of ('mssa', 'mhsa', 'tssa')"),
         ({"mlp": "moe"}, "unknown mlp 'moe'; choose one of ('ista', 'mlp', 'odl', 'ista_overcomplete')"),
         ({"mlp": "mlp", "ista_mode": "soft"}, "ista_mode='soft' applies to the ISTA block only"),
         ({"attention": "mhsa", "tied_output": True}, "tied_output applies to MSSA only"),

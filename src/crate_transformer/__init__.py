@@ -13,6 +13,7 @@ Public API::
     lm = ct.create_model("crate_gpt_mini"); lm.generate(ids, 100)   # CRATE-GPT / CRATE-BERT (JMLR §4.1.4)
     mae = ct.create_model("crate_mae_small"); loss, pred, mask = mae(images)   # CRATE-MAE
     ct.coding_rate(Z), ct.subspace_coding_rate(Z, U), ...
+    with ct.frozen_weights(model): ...   # inference with the weights held: ISTA's step matrix computed once
 """
 
 from ._version import __version__
@@ -21,6 +22,7 @@ from .base import Model, Trace
 from .bert import CRATEBert
 from .config import Config
 from .io import CheckpointError
+from .layers import frozen_weights
 from .lm import GPT, CRATELanguageModel, LanguageModel, LMConfig
 from .loading.pipeline import from_official, from_pretrained, load_model
 from .mae import CRATEMAE, MAEConfig
@@ -67,6 +69,7 @@ __all__ = [
     "CRATEMAE",
     "MAEConfig",
     "Trace",
+    "frozen_weights",
     "LanguageModel",
     "CRATELanguageModel",
     "GPT",

@@ -46,7 +46,7 @@ Pooling has one vocabulary (:data:`POOLS`, :func:`pool_tokens`) for the classifi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -58,6 +58,7 @@ from torch.utils.checkpoint import checkpoint
 from ._hub import push_to_hub
 from .config import Config
 from .io import CheckpointError, save_pretrained
+from .layers import trace_layer
 from .loading.folder import load_folder
 
 __all__ = [
@@ -158,7 +159,7 @@ class Trace:
         """Run ``z`` (the embedded tokens) through ``layers`` and keep every layer's output."""
         tokens, half, attention = [z], [], [] if return_attention else None
         for layer in layers:
-            z, zh, attn = layer(z, return_attention=return_attention)
+            z, zh, attn = trace_layer(layer, z, return_attention)
             tokens.append(z)
             half.append(zh)
             if attention is not None:
@@ -360,22 +361,12 @@ class Model(nn.Module):
         self.grad_checkpointing = enable
 
     def run_layers(self, z: Tensor, layers: nn.ModuleList | None = None, **kwargs: Any) -> Tensor:
-        """``z`` through ``layers`` (default ``self.layers``), each returning ``(z, ...)``; checkpointed when
-        :meth:`set_grad_checkpointing` is on and gradients are being recorded."""
+        """``z`` through ``layers`` (default ``self.layers``); checkpointed when :meth:`set_grad_checkpointing` is
+        on and gradients are being recorded."""
         layers = self.layers if layers is None else layers
         for layer in layers:
             if self.grad_checkpointing and self.training and z.requires_grad:
-                z = checkpoint(_output_of(layer), z, use_reentrant=False, **kwargs)
+                z = checkpoint(layer, z, use_reentrant=False, **kwargs)
             else:
-                z = _output_of(layer)(z, **kwargs)
+                z = layer(z, **kwargs)
         return z
-
-
-def _output_of(layer: nn.Module) -> Callable[..., Tensor]:
-    """``layer`` as a map to its output tokens (encoder layers also return ``Z^{ℓ+1/2}`` and attention)."""
-
-    def run(z: Tensor, **kwargs: Any) -> Tensor:
-        out = layer(z, **kwargs)
-        return out[0] if isinstance(out, tuple) else out
-
-    return run

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from .config_utils import NON_NEGATIVE, POSITIVE, Range
 from .errors import Opt, OptionError
+from .layers.inference import evaluating
 from .static_cache import LENGTH, StaticCache
 
 __all__ = [
@@ -221,15 +222,9 @@ def generate(
     if compile:
         check_compiled(model, idx, max_new_tokens, use_cache)
     model.check_tokens(idx[:, -c.block_size :])
-    was_training = model.training
-    if was_training:  # a switch drops what the layers keep between forwards (ISTA's step matrix)
-        model.eval()
-    try:
+    with evaluating(model):
         run = decode_compiled if compile and max_new_tokens else decode_eager
         idx, steps = run(model, idx, max_new_tokens, how)
-    finally:
-        if was_training:
-            model.train()
     if return_logits:
         return idx, torch.stack(steps, 1) if steps else idx.new_zeros(idx.shape[0], 0, c.vocab_size).float()
     return idx

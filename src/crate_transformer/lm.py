@@ -42,7 +42,6 @@ from .errors import Opt, TaskError, Use
 from .generation import TEMPERATURE, TOP_P, cache_nbytes, cached_length, generate, mask_tokens, sample_next
 from .io import FILE_DIGESTS, TOKENIZER_NAME, CheckpointError, read_model_json
 from .layers import DIM_HEAD, MLP, EncoderLayer, LayerConfig
-from .model import ViTBlock
 from .official import HEADS_NOT_STORED, OfficialFormat, index_count, rename, unwrap
 from .static_cache import StaticLayerCache
 from .token_prior import TokenPrior
@@ -133,9 +132,11 @@ class LMConfig(LayerConfig, Config):
     def sparse_output(self) -> bool:
         return self.arch != "gpt" and self.mlp == "ista" and self.ista_mode != "none"
 
-    @property
-    def layer_blocks(self) -> tuple[str, str]:
-        return ("mhsa", "mlp") if self.arch == "gpt" else ("mssa", self.mlp)
+    def layer_config(self) -> LayerConfig:
+        """CRATE's layer settings, or GPT-2's block (MHSA + GELU MLP, both residual; ``gelu="tanh"``: OpenAI's)."""
+        if self.arch != "gpt":
+            return super().layer_config()
+        return LayerConfig(attention="mhsa", mlp="mlp", dropout=self.dropout, mlp_ratio=self.mlp_ratio, gelu=self.gelu)
 
     def validate(self) -> None:
         self.check_positive("vocab_size", "block_size", "dim", "depth", "heads", "odl_ratio", "type_vocab_size")
@@ -226,10 +227,8 @@ class LanguageModel(TokenPrior, Model):
     def build_layers(self, c: LMConfig) -> nn.ModuleList:
         """The ``depth`` layers between the embedding and the head: CRATE layers, or GPT-2 blocks for ``arch="gpt"``;
         a family that is this language model with other layers overrides it (ToST, ``tost.py``).  Each layer takes
-        ``(z, cache=, key_mask=)`` and returns ``(z, ...)``, as :class:`~crate_transformer.layers.EncoderLayer`."""
-        if c.arch != "gpt":
-            return nn.ModuleList(EncoderLayer.from_config(c, causal=c.causal) for _ in range(c.depth))
-        return nn.ModuleList(ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout, c.causal, c.gelu) for _ in range(c.depth))
+        ``(z, cache=, key_mask=)`` and returns the tokens, as :class:`~crate_transformer.layers.EncoderLayer`."""
+        return nn.ModuleList(EncoderLayer.from_config(c, causal=c.causal) for _ in range(c.depth))
 
     @property
     def tokenizer(self) -> object | None:
@@ -364,7 +363,7 @@ class LanguageModel(TokenPrior, Model):
         for layer, layer_cache in zip(self.layers, cache):
             # a fixed-size buffer (compiled decoding) hides its positions not yet filled
             mask = layer_cache.key_mask if isinstance(layer_cache, StaticLayerCache) else key_mask
-            z = layer(z, cache=layer_cache, key_mask=mask)[0]
+            z = layer(z, cache=layer_cache, key_mask=mask)
         return self.norm(z)
 
     def forward_head(self, z: Tensor, pre_logits: bool = False) -> Tensor:

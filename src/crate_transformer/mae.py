@@ -115,10 +115,6 @@ class MAEConfig(ImageEncoderGeometry, LayerConfig, Config):
     def sparse_output(self) -> bool:
         return self.mlp == "ista" and self.ista_mode != "none"
 
-    @property
-    def layer_blocks(self) -> tuple[str, str]:
-        return (self.attention, self.mlp)
-
     def validate(self) -> None:
         self.check_layer()
         if self.arch != MAE_ARCH:

@@ -33,7 +33,6 @@ __all__ = [
     "POOLS",
     "ImageInput",
     "ImageClassifier",
-    "ViTBlock",
     "CRATE",
     "ViT",
     "build_model",
@@ -165,9 +164,12 @@ class ModelConfig(ImageEncoderGeometry, LayerConfig, Config):
     def sparse_output(self) -> bool:
         return self.arch == "crate" and self.mlp == "ista" and self.ista_mode != "none"
 
-    @property
-    def layer_blocks(self) -> tuple[str, str]:
-        return ("mhsa", "mlp") if self.arch == "vit" else (self.attention, self.mlp)
+    def layer_config(self) -> LayerConfig:
+        """CRATE's layer settings, or the ViT block's (MHSA + GELU MLP, both residual: Table 17's ViT row), which
+        reads ``dropout`` and ``mlp_ratio`` only."""
+        if self.arch != "vit":
+            return super().layer_config()
+        return LayerConfig(attention="mhsa", mlp="mlp", dropout=self.dropout, mlp_ratio=self.mlp_ratio)
 
     @classmethod
     def upgrade(cls, d: dict) -> dict:
@@ -186,57 +188,23 @@ def _divisors_hint(n: int) -> str:
     return ", ".join(str(k) for k in range(1, n + 1) if n % k == 0 and k <= 32)
 
 
-# --------------------------------------------------------------------------- ViT baseline block
-class ViTBlock(EncoderLayer):
-    """The ViT block: pre-norm :class:`~crate_transformer.layers.MHSA` + GELU MLP, both residual (timm
-    layout).  The same layer as CRATE's with ``attention="mhsa", mlp="mlp"`` (Table 17's ViT row); with
-    ``causal`` the GPT-2 block (``gelu="tanh"``: OpenAI GPT-2's GELU)."""
-
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        mlp_ratio: float,
-        dropout: float,
-        causal: bool = False,
-        gelu: str = "exact",
-        drop_path: float = 0.0,
-    ) -> None:
-        super().__init__(
-            dim,
-            heads,
-            dim // heads,
-            dropout=dropout,
-            attention="mhsa",
-            mlp="mlp",
-            mlp_ratio=mlp_ratio,
-            causal=causal,
-            gelu=gelu,
-            drop_path=drop_path,
-        )
-
-
 # --------------------------------------------------------------------------- classifier
-def _crate_encoder(c: ModelConfig) -> tuple[nn.Module, nn.ModuleList, float]:
-    """CRATE: official patch order (p1 p2 c) flatten → LN → Linear → LN (Alg. 6), then CRATE layers."""
+def _crate_patch_embed(c: ModelConfig) -> tuple[nn.Module, float]:
+    """CRATE: official patch order (p1 p2 c) flatten → LN → Linear → LN (Alg. 6); class token and positions
+    ``torch.randn`` as the official code."""
     patch_dim = c.in_chans * c.patch_size**2
     if c.patch_norm:
-        patch_embed = nn.Sequential(nn.LayerNorm(patch_dim), nn.Linear(patch_dim, c.dim), nn.LayerNorm(c.dim))
-    else:  # CRATE-MAE's PatchEmbed (a conv ≡ a linear map of the flattened patch); same key patch_embed.1
-        patch_embed = nn.Sequential(nn.Identity(), nn.Linear(patch_dim, c.dim), nn.Identity())
-    layers = nn.ModuleList(EncoderLayer.from_config(c, drop_path=r) for r in drop_path_rates(c.drop_path, c.depth))
-    return patch_embed, layers, 1.0  # official: torch.randn
+        return nn.Sequential(nn.LayerNorm(patch_dim), nn.Linear(patch_dim, c.dim), nn.LayerNorm(c.dim)), 1.0
+    # CRATE-MAE's PatchEmbed (a conv ≡ a linear map of the flattened patch); same key patch_embed.1
+    return nn.Sequential(nn.Identity(), nn.Linear(patch_dim, c.dim), nn.Identity()), 1.0
 
 
-def _vit_encoder(c: ModelConfig) -> tuple[nn.Module, nn.ModuleList, float]:
-    """ViT: Linear patch embedding, then pre-norm MHSA + GELU-MLP blocks (timm layout)."""
-    patch_embed = nn.Sequential(nn.Linear(c.in_chans * c.patch_size**2, c.dim))
-    rates = drop_path_rates(c.drop_path, c.depth)
-    layers = nn.ModuleList(ViTBlock(c.dim, c.heads, c.mlp_ratio, c.dropout, drop_path=r) for r in rates)
-    return patch_embed, layers, 0.02  # timm ViT
+def _vit_patch_embed(c: ModelConfig) -> tuple[nn.Module, float]:
+    """ViT: a linear patch embedding; class token and positions at timm's std 0.02."""
+    return nn.Sequential(nn.Linear(c.in_chans * c.patch_size**2, c.dim)), 0.02
 
 
-_ENCODERS = {"crate": _crate_encoder, "vit": _vit_encoder}
+_PATCH_EMBEDS = {"crate": _crate_patch_embed, "vit": _vit_patch_embed}
 
 
 # --------------------------------------------------------------------------- patches and input checks
@@ -429,9 +397,12 @@ class ImageClassifier(ImageInput, Model):
         self.head = nn.Sequential(nn.LayerNorm(c.dim), classifier_layer(c.dim, c.num_classes))
 
     def build_encoder(self, c: ModelConfig) -> tuple[nn.Module, nn.ModuleList, float]:
-        """The patch embedding, the layers and the init std of the class token and position table, by
-        ``c.arch``; a family that is this classifier with other layers overrides it (CRATE-α, ``alpha.py``)."""
-        return _ENCODERS[c.arch](c)
+        """The patch embedding (by ``c.arch``), the layers (:meth:`ModelConfig.layer_config`: CRATE's, or the ViT
+        block) and the init std of the class token and position table; a family that is this classifier with other
+        layers overrides it (CRATE-α, ``alpha.py``)."""
+        patch_embed, init_std = _PATCH_EMBEDS[c.arch](c)
+        rates = drop_path_rates(c.drop_path, c.depth)
+        return patch_embed, nn.ModuleList(EncoderLayer.from_config(c, drop_path=r) for r in rates), init_std
 
     def interpolate_pos_embed(self, h: int, w: int) -> Tensor:
         """Position embedding for an ``h × w`` patch grid (bicubic interpolation of the learned grid).

@@ -191,9 +191,10 @@ class ToSTBlock(nn.Module):
         Z_half = Z + γ1 ⊙ TSSA(LN1(Z));   Z_next = Z_half + γ2 ⊙ MLP(LN2(Z_half))
 
     ``γ1, γ2`` are learned per-channel scales initialised to ``layer_scale``; ``drop_path`` drops both residual
-    branches per sample in training.  Returns ``(Z_next, Z_half, attention or None)`` as
-    :class:`~crate_transformer.layers.EncoderLayer` does, so :class:`~crate_transformer.base.Trace` and the
-    analysis read it the same way; its features are the MLP's GELU units (:meth:`code_site`).
+    branches per sample in training.  Like :class:`~crate_transformer.layers.EncoderLayer` it has ``attn`` and
+    ``norm2``, so :func:`~crate_transformer.layers.trace_layer` (and :class:`~crate_transformer.base.Trace`, the
+    analysis) reads its ``Z_half`` and attention the same way; its features are the MLP's GELU units
+    (:meth:`code_site`).
     """
 
     def __init__(
@@ -235,21 +236,9 @@ class ToSTBlock(nn.Module):
         """The MLP's GELU units (what ``crate features`` reads)."""
         return (self.mlp[1], "mlp")
 
-    def forward(
-        self,
-        x: Tensor,
-        return_attention: bool = False,
-        cache: dict[str, Any] | None = None,
-        key_mask: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        h = self.norm1(x)
-        attn = None
-        if return_attention:
-            m, attn = self.attn(h, return_attention=True)
-        else:
-            m = self.attn(h, cache=cache, key_mask=key_mask)
-        half = x + self.drop_path(self.gamma1 * m)
-        return half + self.drop_path(self.gamma2 * self.mlp(self.norm2(half))), half, attn
+    def forward(self, x: Tensor, cache: dict[str, Any] | None = None, key_mask: Tensor | None = None) -> Tensor:
+        half = x + self.drop_path(self.gamma1 * self.attn(self.norm1(x), cache=cache, key_mask=key_mask))
+        return half + self.drop_path(self.gamma2 * self.mlp(self.norm2(half)))
 
 
 class ClassAttention(nn.Module):

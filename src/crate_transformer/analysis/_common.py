@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from ..config_utils import POSITIVE
 from ..data import fit_normalization, match_channels, normalize
+from ..layers.inference import evaluating
 from ..model import ImageClassifier, Trace
 from ..objectives import subspaces_from_qkv
 from ..spec import resolve_normalization  # noqa: F401  (the one resolver; re-exported for the analysis modules)
@@ -68,12 +69,8 @@ def eval_trace(model: ImageClassifier, images: Tensor, return_attention: bool = 
     if isinstance(images, Tensor):
         images = (images.unsqueeze(0) if images.dim() == 3 else images).to(model_device(model))
     model.check_images(images)  # shape, channels and NaN/Inf, with a one-line error
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         return images, model.forward_trace(images, return_attention=return_attention)
-    finally:
-        model.train(was_training)
 
 
 def model_device(model: nn.Module) -> torch.device:

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import MASKED_AUTOENCODER
+from ..layers.inference import evaluating
 from ._common import eval_trace
 
 __all__ = ["decoder_inversion", "is_autoencoder", "reconstruction_recognition"]
@@ -80,9 +81,7 @@ def decoder_inversion(model: nn.Module, images: Tensor, per_image: bool = False)
     _, trace = eval_trace(model, images)
     Z = trace.tokens  # Z[ℓ] = input of encoder layer ℓ, Z[L] = encoder output
     L = len(model.layers)
-    was = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         D = model.decoder_trace(Z[L])  # D[j] = input of decoder layer j
         rows = []
         for layer in range(L):
@@ -96,8 +95,6 @@ def decoder_inversion(model: nn.Module, images: Tensor, per_image: bool = False)
             if per_image:
                 rows[-1]["cka_out_per_image"] = _cka_per_image(D[L - layer], Z[layer]).tolist()
                 rows[-1]["cka_in_per_image"] = _cka_per_image(D[L - layer - 1], Z[layer]).tolist()
-    finally:
-        model.train(was)
     return rows
 
 
@@ -135,17 +132,13 @@ def reconstruction_recognition(
     n = (test_x.shape[-2] // p) * (test_x.shape[-1] // p)
     noise = torch.rand(len(test_x), n, generator=torch.Generator().manual_seed(seed))
     mean_image = train_x.float().mean(0, keepdim=True)
-    was = model.training
-    model.eval()
     recon, mean_fill = [], []
-    try:
+    with evaluating(model):
         for s in range(0, len(test_x), batch_size):
             x = test_x[s : s + batch_size].to(dev)
             r, mask_img, _ = model.reconstruct(x, noise=noise[s : s + batch_size].to(dev))
             recon.append(pixels(r))
             mean_fill.append(pixels(x * (1 - mask_img) + mean_image.to(dev) * mask_img))
-    finally:
-        model.train(was)
     ref, labels = pixels(train_x), train_y.long().cpu()
     k = min(k, len(ref))  # fewer training images than k: every one votes, and the result says which k was used
     acc = lambda x: knn_classify(ref, labels, x, test_y.long().cpu(), k=k)  # noqa: E731

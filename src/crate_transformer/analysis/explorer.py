@@ -32,6 +32,7 @@ from matplotlib import colormaps
 from torch import Tensor
 
 from ..io import make_folder
+from ..layers.inference import evaluating
 from ..model import ImageClassifier
 from ._common import Normalization, eval_trace, layer_index, normalize_images
 from .attention import summary_rows
@@ -178,12 +179,8 @@ def text_payload(
         raise ValueError(f"blocks must be a non-empty (texts, tokens) tensor of token ids, got {tuple(blocks.shape)}")
     if len(tokens) != len(blocks) or any(len(t) != blocks.shape[1] for t in tokens):
         raise ValueError(f"tokens must give {blocks.shape[1]} strings for each of the {len(blocks)} blocks")
-    was = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         trace = model.forward_trace(blocks.to(model.wte.weight.device), return_attention=True)
-    finally:
-        model.train(was)
     T, K, n = trace.attention[0].shape[:3]
     chosen = _pick_layers(model, layers, T * K * n * n, max_bytes)
     attn = np.stack([quantize_rows(trace.attention[li].float().cpu()) for li in chosen], 1)

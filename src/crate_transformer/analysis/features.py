@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config_utils import POSITIVE
+from ..layers.inference import evaluating
 
 __all__ = [
     "ALWAYS_ON",
@@ -152,19 +153,17 @@ def collect(
     stores: dict[int, list[Tensor]] = {i: [] for i in chosen}
     handles = [_hook(sites[i][0], sites[i][1], stores[i]) for i in chosen]
     stats: dict[int, UnitStats] = {}
-    was = model.training
-    model.eval()
     try:
-        for x in batches:
-            model.forward_features(x)
-            for i in chosen:
-                code = stores[i].pop()[:, skip:]
-                st = stats.setdefault(i, UnitStats(sites[i][1], code.shape[1], k))
-                st.add(code.reshape(-1, code.shape[-1]))
+        with evaluating(model):
+            for x in batches:
+                model.forward_features(x)
+                for i in chosen:
+                    code = stores[i].pop()[:, skip:]
+                    st = stats.setdefault(i, UnitStats(sites[i][1], code.shape[1], k))
+                    st.add(code.reshape(-1, code.shape[-1]))
     finally:
         for h in handles:
             h.remove()
-        model.train(was)
     if not stats:
         raise ValueError("no inputs to measure: the evaluation set is empty")
     return stats

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from ..figures import InlineFigure
 from ..io import make_folder, write_json
+from ..layers.inference import evaluating
 from .explorer import explorer_section, text_payload
 from .measure import LayerTable, measure_batch
 from .plots import plot_layerwise, save_figure
@@ -38,12 +39,8 @@ def measure_text(model: torch.nn.Module, blocks: Tensor, *, eps: float = 0.1, ba
     if blocks.dim() != 2 or not len(blocks):
         raise ValueError(f"expected a non-empty (blocks, tokens) tensor of token ids, got shape {tuple(blocks.shape)}")
     device = model.wte.weight.device
-    was = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         chunks = [measure_batch(model, x.to(device), eps=eps) for x in blocks.split(batch_size)]
-    finally:
-        model.train(was)
     values = {k: torch.cat([c[k] for c in chunks]).numpy() for k in chunks[0]}
     meta = {
         "eps": eps,
@@ -66,12 +63,8 @@ def token_attention(model: torch.nn.Module, ids: Tensor, layer: int = -1) -> Ten
     from ._common import layer_index
 
     layer = layer_index(model, layer)
-    was = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         trace = model.forward_trace(ids.reshape(1, -1).to(model.wte.weight.device), return_attention=True)
-    finally:
-        model.train(was)
     return trace.attention[layer][0].float().cpu()
 
 
@@ -162,7 +155,7 @@ def analyze_text(
     ``attention_layer{ℓ}.png`` to ``out_dir`` and returns the report; ``report.html`` holds the explorer of the
     first ``explorer_texts`` blocks (hover a token to see its attention, :mod:`.explorer`)."""
     from ._common import layer_index
-    from .report import INITIAL, rate_notes, variational_figure
+    from .report_sections import INITIAL, rate_notes, variational_figure
     from .verdicts import layer_claims
 
     t0, LM = time.time(), LM_SECTION
@@ -206,7 +199,7 @@ def analyze_text(
 
 def _initial_text(model: torch.nn.Module, blocks: Tensor, eps: float, batch_size: int) -> tuple[LayerTable, object]:
     """The reference of the verdicts: the same architecture freshly initialised, measured on the same blocks."""
-    from .report import initial_model
+    from .report_sections import initial_model
     from .verdicts import baseline_from_table
 
     initial = measure_text(initial_model(model), blocks, eps=eps, batch_size=batch_size)
@@ -236,7 +229,7 @@ def _lm_info(report: dict) -> str:
 
 def lm_html(report: dict, explorer: dict | None = None) -> str:
     """``report.html`` of a language model: verdicts, model, layer table, figures (PNGs beside the page)."""
-    from .report import html_figures, html_layer_tables, html_verdicts, render_html
+    from .report_html import html_figures, html_layer_tables, html_verdicts, render_html
 
     page = {**report, "figures": report["captions"]}
     sections = [html_verdicts, _lm_info, html_layer_tables]

@@ -55,6 +55,7 @@ from torch import Tensor
 from ..config_utils import POSITIVE
 from ..errors import Opt, OptionError
 from ..io import read_side_file, write_json
+from ..layers.inference import evaluating
 from ..model import ImageClassifier
 from ..objectives import coding_rate, l1_per_entry, rate_reduction, sparsity, variational_coding_rate
 from ..progress import progress_bar
@@ -309,10 +310,8 @@ def measure(
     if total == 0:
         raise ValueError("no images to measure (empty tensor or dataset)")
     device = model_device(model)
-    was_training = model.training
-    model.eval()
     chunks: list[dict[str, Tensor]] = []
-    try:
+    with evaluating(model):
         bar = progress_bar(total=total, desc=desc, unit="img", enabled=progress, leave=False)
         for x in iter_batches(images, batch_size, normalization, model.config.in_chans):
             x = x.to(device)
@@ -320,8 +319,6 @@ def measure(
             chunks.append(measure_batch(model, x, eps=eps, include_cls=include_cls, thresholds=thresholds))
             bar.update(x.shape[0])
         bar.close()
-    finally:
-        model.train(was_training)
     if not chunks:
         raise ValueError("no images to measure (the iterable yielded no batches)")
     values = {k: torch.cat([c[k] for c in chunks]).numpy() for k in chunks[0]}

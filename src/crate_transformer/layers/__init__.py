@@ -8,9 +8,11 @@ Each module has a fast path (what ``forward`` runs) and the plain transcription 
 free function in :mod:`.reference` (:func:`mssa_reference`, :func:`ista_reference`, :func:`tssa_reference`), which
 the tests compare against and the theory lab uses directly.
 
-* :mod:`.reference` — the equations, column form; :mod:`.attention` — MSSA, MHSA, the cache;
-  :mod:`.tssa` — ToST's TSSA; :mod:`.sparse` — ISTA, the overcomplete ISTA, the MLP;
-  :mod:`.block` — the encoder and decoder layers, their options, stochastic depth.
+* :mod:`.reference` — the equations, column form; :mod:`.config` — :class:`LayerConfig`, the layer's settings;
+  :mod:`.attention` — MSSA, MHSA, the cache; :mod:`.tssa` — ToST's TSSA; :mod:`.sparse` — ISTA, the
+  overcomplete ISTA, the MLP, Skip; :mod:`.block` — the encoder layer built from the two tables
+  :data:`ATTENTIONS` and :data:`SECOND_BLOCKS`, the decoder layer, stochastic depth, :func:`trace_layer`;
+  :mod:`.inference` — :func:`frozen_weights`.
 """
 
 from __future__ import annotations
@@ -18,18 +20,18 @@ from __future__ import annotations
 from .attention import MHSA, MSSA, attend, cache_append
 from .block import (
     ATTENTIONS,
-    DIM_HEAD,
-    LAYER_FORMS,
-    MLPS,
+    SECOND_BLOCKS,
     DecoderLayer,
     DropPath,
     EncoderLayer,
-    LayerConfig,
     drop_path_rates,
     set_drop_path,
+    trace_layer,
 )
+from .config import DIM_HEAD, GELUS, ISTA_MODES, LAYER_FORMS, MLPS, LayerConfig
+from .inference import evaluating, frozen_weights
 from .reference import ista_reference, mssa_reference, odl_reference, ssa_reference, tssa_reference
-from .sparse import GELUS, ISTA, ISTA_MODES, MLP, OvercompleteISTA, reusable_weight
+from .sparse import ISTA, MLP, OvercompleteISTA, SecondBlock, Skip, TiedOvercompleteISTA
 from .tssa import TSSA
 
 __all__ = [
@@ -41,6 +43,9 @@ __all__ = [
     "MHSA",
     "MLP",
     "OvercompleteISTA",
+    "TiedOvercompleteISTA",
+    "Skip",
+    "SecondBlock",
     "EncoderLayer",
     "LayerConfig",
     "DecoderLayer",
@@ -48,15 +53,18 @@ __all__ = [
     "mssa_reference",
     "tssa_reference",
     "ista_reference",
-    "reusable_weight",
     "attend",
     "cache_append",
     "odl_reference",
     "ATTENTIONS",
+    "SECOND_BLOCKS",
     "MLPS",
     "GELUS",
     "DIM_HEAD",
     "DropPath",
     "drop_path_rates",
     "set_drop_path",
+    "trace_layer",
+    "frozen_weights",
+    "evaluating",
 ]

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..static_cache import StaticLayerCache
+from .config import LayerConfig
 
 
 # --------------------------------------------------------------------------- attention with a cache
@@ -26,6 +27,21 @@ def cache_append(cache: dict[str, Tensor] | None, key: str, new: Tensor) -> Tens
     old = cache.get(key)
     cache[key] = new if old is None else torch.cat([old, new], dim=-2)
     return cache[key]
+
+
+def check_cache(cache: dict | None, causal: bool, what: str) -> None:
+    """A key-value cache serves causal decoding only (one-line ``ValueError`` otherwise)."""
+    if cache is not None and not causal:
+        raise ValueError(f"a key-value cache needs a causal {what}; build the layer with causal=True")
+
+
+def causal_softmax(scores: Tensor, causal: bool) -> Tensor:
+    """The row softmax of ``(…, n, n)`` scores, with the causal mask of eqs. (86)-(87) where ``causal``: the
+    attention maps a trace shows (the forward passes go through :func:`attend`)."""
+    if causal:
+        n = scores.shape[-1]
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool, device=scores.device).triu(1), float("-inf"))
+    return torch.softmax(scores, dim=-1)
 
 
 def attend(
@@ -99,40 +115,45 @@ class MSSA(nn.Module):
         d = self.qkv.in_features
         return self.qkv.weight.reshape(self.heads, self.dim_head, d).transpose(1, 2)
 
-    def _project_out(self, out: Tensor) -> Tensor:
-        b, _, n, _ = out.shape
-        out = out.transpose(1, 2).reshape(b, n, self.heads * self.dim_head)
-        if self.proj is None:
-            return self.tied_beta * (out @ self.qkv.weight)  # β [U_1…U_K] applied to row tokens
-        return self.proj(out)
+    @classmethod
+    def from_config(cls, dim: int, heads: int, dim_head: int, c: LayerConfig, *, causal: bool, bias: bool) -> MSSA:
+        return cls(
+            dim,
+            heads,
+            dim_head,
+            c.dropout,
+            scale_scores=c.scale_scores,
+            tied_output=c.tied_output,
+            tied_beta=c.tied_beta,
+            causal=causal,
+            proj_bias=bias,
+        )
 
-    def forward(
-        self,
-        x: Tensor,
-        return_attention: bool = False,
-        cache: dict[str, Tensor] | None = None,
-        key_mask: Tensor | None = None,
-    ) -> Tensor | tuple[Tensor, Tensor]:
+    def project(self, x: Tensor) -> Tensor:
+        """Row tokens ``(b, n, d)`` → ``U_kᵀ z`` per head, ``(b, K, n, p)``: query, key and value at once."""
+        b, n, _ = x.shape
+        return self.qkv(x).view(b, n, self.heads, self.dim_head).transpose(1, 2)
+
+    def forward(self, x: Tensor, cache: dict[str, Tensor] | None = None, key_mask: Tensor | None = None) -> Tensor:
         """``x`` (b, n, d) → (b, n, d).  ``cache``: this layer's key-value cache for causal decoding —
         ``x`` holds the newest tokens and ``cache["w"]`` the projections ``U_kᵀ z`` of the earlier ones,
         the **single** tensor that plays query, key and value (a standard attention caches K and V).
         ``key_mask`` (b, n): True for real tokens, False for padding, which no token attends to."""
-        b, n, _ = x.shape
-        w = self.qkv(x).view(b, n, self.heads, self.dim_head).transpose(1, 2)  # (b, K, n, p)
+        check_cache(cache, self.causal, "MSSA")
+        w = self.project(x)  # (b, K, n, p)
+        kv = cache_append(cache, "w", w)  # (b, K, s, p): the cached tokens and these
         p_drop = self.dropout if self.training else 0.0
-        if cache is not None and (return_attention or not self.causal):
-            raise ValueError("a key-value cache needs a causal MSSA without return_attention")
-        if not return_attention:
-            kv = cache_append(cache, "w", w)
-            out = attend(w, kv, kv, causal=self.causal, scale=self.scale, dropout_p=p_drop, key_mask=key_mask)
-            return self._project_out(out)
-        scores = (w @ w.transpose(-1, -2)) * self.scale
-        if self.causal:
-            mask = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1)
-            scores = scores.masked_fill(mask, float("-inf"))
-        attn = torch.softmax(scores, dim=-1)
-        out = F.dropout(attn, p_drop, self.training) @ w
-        return self._project_out(out), attn
+        out = attend(w, kv, kv, causal=self.causal, scale=self.scale, dropout_p=p_drop, key_mask=key_mask)
+        b, _, n, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, n, self.heads * self.dim_head)  # heads side by side: [SSA_1; …; SSA_K]
+        if self.proj is None:
+            return self.tied_beta * (out @ self.qkv.weight)  # β [U_1…U_K] (eq. (36)) applied to row tokens
+        return self.proj(out)  # W (eq. (37))
+
+    def attention_map(self, x: Tensor) -> Tensor:
+        """The ``(b, K, n, n)`` row-softmax attention of each head on ``x`` (what the forward's kernel applies)."""
+        w = self.project(x)
+        return causal_softmax((w @ w.transpose(-1, -2)) * self.scale, self.causal)
 
 
 # --------------------------------------------------------------------------- hybrids' blocks (Table 17, CRATE-α)
@@ -155,27 +176,26 @@ class MHSA(nn.Module):
         self.qkv = nn.Linear(dim, 3 * inner)
         self.proj = nn.Linear(inner, dim)
 
-    def forward(
-        self,
-        x: Tensor,
-        return_attention: bool = False,
-        cache: dict[str, Tensor] | None = None,
-        key_mask: Tensor | None = None,
-    ) -> Tensor | tuple[Tensor, Tensor]:
+    @classmethod
+    def from_config(cls, dim: int, heads: int, dim_head: int, c: LayerConfig, *, causal: bool, bias: bool) -> MHSA:
+        return cls(dim, heads, c.dropout, dim_head, causal=causal)  # timm's layout: always biased
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Row tokens ``(b, n, d)`` → queries, keys, values, each ``(b, K, n, p)``."""
         b, n, _ = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.dim_head).permute(2, 0, 3, 1, 4)
+        return q, k, v
+
+    def forward(self, x: Tensor, cache: dict[str, Tensor] | None = None, key_mask: Tensor | None = None) -> Tensor:
+        check_cache(cache, self.causal, "attention")
+        q, k, v = self.project(x)
+        k, v = cache_append(cache, "k", k), cache_append(cache, "v", v)
         p_drop = self.dropout if self.training else 0.0
-        scale = self.dim_head**-0.5
-        if cache is not None and (return_attention or not self.causal):
-            raise ValueError("a key-value cache needs a causal attention without return_attention")
-        if return_attention:
-            scores = q @ k.transpose(-1, -2) * scale
-            if self.causal:
-                scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
-            attn = torch.softmax(scores, dim=-1)
-            out = F.dropout(attn, p_drop, self.training) @ v
-        else:
-            k, v = cache_append(cache, "k", k), cache_append(cache, "v", v)
-            out = attend(q, k, v, causal=self.causal, scale=scale, dropout_p=p_drop, key_mask=key_mask)
-        out = self.proj(out.transpose(1, 2).reshape(b, n, self.heads * self.dim_head))
-        return (out, attn) if return_attention else out
+        out = attend(q, k, v, causal=self.causal, scale=self.dim_head**-0.5, dropout_p=p_drop, key_mask=key_mask)
+        b, _, n, _ = out.shape
+        return self.proj(out.transpose(1, 2).reshape(b, n, self.heads * self.dim_head))
+
+    def attention_map(self, x: Tensor) -> Tensor:
+        """The ``(b, K, n, n)`` row-softmax attention of each head on ``x``."""
+        q, k, _ = self.project(x)
+        return causal_softmax(q @ k.transpose(-1, -2) * self.dim_head**-0.5, self.causal)

@@ -1,53 +1,49 @@
-"""The sparsification step: CRATE's ISTA (eq. (44)), CRATE-α's overcomplete ISTA, the transformer MLP."""
+"""The sparsification step: CRATE's ISTA (eq. (44)), CRATE-α's overcomplete ISTA, the transformer MLP, and
+:class:`Skip` (no sparsification, Table 15).
+
+Each is a *second block* of :class:`~crate_transformer.layers.EncoderLayer`: it declares (:class:`SecondBlock`)
+whether it adds to its input or replaces it, the attribute it is stored under (so state-dict keys never change) and
+where its code is read, and it builds itself from a :class:`~crate_transformer.layers.LayerConfig` given whole."""
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import nullcontext
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.fx.experimental.symbolic_shapes import statically_known_true
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
-ISTA_MODES = ("relu", "soft", "mm", "none")
-GELUS = ("exact", "tanh")  # the MLP's GELU: erf (nanoGPT, timm) | tanh approximation (OpenAI / HF GPT-2)
+from .config import GELUS, LayerConfig
+
+__all__ = ["SecondBlock", "ISTA", "Skip", "MLP", "OvercompleteISTA", "TiedOvercompleteISTA"]
+
+
+class SecondBlock:
+    """What the layer asks of its second block, declared by each class and read once when the layer is built."""
+
+    # Z_next = Z_half + f(LN2(Z_half)) (an MLP, CRATE-α's ODL), or f(LN2(Z_half)) (CRATE's ISTA, eq. (45))
+    residual: ClassVar[bool] = False
+    # the attribute the block is stored under, so the state-dict keys are the released ones (ista.* or mlp.*)
+    state_key: ClassVar[str] = "mlp"
+    # the eps of the layer's LayerNorms, and whether the block reads through LN2 at all
+    norm_eps: ClassVar[float] = 1e-5
+    normed: ClassVar[bool] = True
+    # the default bias of the attention's output W (eq. (37)) in a layer with this block
+    attention_bias: ClassVar[bool] = True
+
+    def code_site(self) -> tuple[nn.Module, str] | None:
+        """Where the block's sparse code (or its MLP's units) is read: ``(module, unit kind)``, or None."""
+        return None
+
+    def output_bias(self, before: Tensor | None) -> Tensor | None:
+        """The bias the layer adds unchanged to every output token, given the one added before this block."""
+        return None
+
 
 # --------------------------------------------------------------------------- ISTA
-# Optimizer steps taken in this process (every torch.optim optimizer).  A fused optimizer (``fused=True``) writes
-# the parameters without bumping their version counters, so a version alone cannot prove a weight unchanged.
-_optimizer_steps = 0
-
-
-def _count_optimizer_step(*_: Any) -> None:
-    global _optimizer_steps
-    _optimizer_steps += 1
-
-
-register_optimizer_step_post_hook(_count_optimizer_step)
-
-
-def reusable_weight(w: Tensor) -> bool:
-    """Whether a product of the parameter ``w`` computed in this forward may be kept for later ones.
-
-    Only where no gradient flows to ``w`` (grad mode off), on a trainable ``nn.Parameter`` of a real device,
-    outside compilation, tracing, CUDA-graph capture, ``torch.func`` transforms, dispatch modes (FakeTensorMode,
-    FLOP counters) and a process group (FSDP and DeepSpeed write gathered weights in place, unseen).  Frozen
-    parameters (``requires_grad=False``: EMA copies, DINO teachers) are excluded because EMA code commonly
-    updates them through ``.data``, which no version counter sees.
-    """
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.is_grad_enabled() or not w.requires_grad:
-        return False
-    if type(w) is not nn.Parameter or w.device.type == "meta" or w.is_inference():
-        return False
-    if w.is_cuda and torch.cuda.is_current_stream_capturing():  # a graph would replay the kept matrix, stale
-        return False
-    if torch._C._are_functorch_transforms_active() or torch._C._len_torch_dispatch_stack():
-        return False
-    return not (torch.distributed.is_available() and torch.distributed.is_initialized())
-
-
-class ISTA(nn.Module):
+class ISTA(SecondBlock, nn.Module):
     """The sparsification step: one proximal-gradient step on the non-negative LASSO (42).
 
     ``mode="relu"`` (default, eq. (44), JMLR p.25; Alg. 3): ``ReLU(Z + η Dᵀ(Z − D Z) − ηλ)``.  Row tokens
@@ -58,96 +54,113 @@ class ISTA(nn.Module):
     * **fused**: ``x A``, one matmul after the token-independent ``DᵀD``: ``2nd² + 2d³``, ``6nd² + 6d³`` with
       the backward — cheaper from ``n = d`` rows on, with or without the backward.
 
-    When no gradient flows to ``D`` (:func:`reusable_weight`: inference, generation, analysis) ``A`` is
-    computed once and reused by later forwards, so a decoded token or a single image pays ``2nd²``.  It is
-    rebuilt whenever ``D`` or η may have changed: an in-place write PyTorch tracks (version counter:
-    ``load_state_dict``, ``copy_``, optimizers, EMA updates), a new tensor or storage for ``D`` (``.to()``,
-    ``.half()``, ``assign=True`` loads), any optimizer step (fused ones bypass the version counter),
-    ``train()``/``eval()``, and any forward through which a gradient flows to ``D``.  Writes through ``.data``
-    are invisible to PyTorch; switch the mode (``model.eval()``) after one.  The matrix is a plain attribute:
-    not in ``state_dict``, not copied or pickled.
+    Inside :func:`~crate_transformer.layers.frozen_weights` (inference: generation, evaluation, the analysis) ``A``
+    is computed once on entry and every forward through which no gradient flows to ``D`` pays ``2nd²``: a decoded
+    token or a single image one matrix product.
 
     Ablations:
 
     * ``"soft"`` — soft threshold ``S_{ηλ}`` instead of ReLU (Table 13, JMLR p.100);
     * ``"mm"``   — the majorisation-minimisation step of eq. (123), JMLR p.62, with
       ``α = d/(n ε²)``: ``ReLU((1 + 4/(9(1+α))) Dᵀz − 4λ/(9α))``;
-    * ``"none"`` — no sparsification (Table 15); the layer skips this block.
+    * no sparsification (Table 15) is :class:`Skip`, the layer's block for ``ista_mode="none"``.
 
     ``D`` is ``d×d``, kaiming-uniform initialised as in the official code; η and λ are
     configuration (saved with the model), not parameters.
     """
 
+    state_key = "ista"
+    MODES: ClassVar[tuple[str, ...]] = ("relu", "soft", "mm")
+
     def __init__(self, dim: int, eta: float = 0.1, lambd: float = 0.1, mode: str = "relu", eps: float = 0.1) -> None:
         super().__init__()
-        if mode not in ISTA_MODES:
-            raise ValueError(f"unknown ISTA mode {mode!r}; choose one of {ISTA_MODES}")
+        if mode not in self.MODES:
+            hint = "; no sparsification is the layer's ista_mode='none' (Skip)" if mode == "none" else ""
+            raise ValueError(f"unknown ISTA mode {mode!r}; choose one of {self.MODES}{hint}")
         self.eta, self.lambd, self.mode, self.eps = eta, lambd, mode, eps
         self.weight = nn.Parameter(torch.empty(dim, dim))
         nn.init.kaiming_uniform_(self.weight)
-        self._kept: tuple | None = None  # (D, its key, A, D's storage) of the last reusable forward
+        self.frozen: Tensor | None = None  # A while a frozen_weights context holds this block
+
+    @classmethod
+    def from_config(cls, dim: int, c: LayerConfig) -> ISTA:
+        return cls(dim, c.eta, c.lambd, c.ista_mode, c.eps)
+
+    def code_site(self) -> tuple[nn.Module, str]:
+        return (self, "ista")
 
     def step_matrix(self) -> Tensor:
         """``A = I + η (D − DᵀD)`` such that the ISTA pre-activation of row tokens is ``x A − ηλ``."""
         D = self.weight
-        eye = torch.eye(D.shape[0], dtype=D.dtype, device=D.device)
-        return eye + self.eta * (D - D.T @ D)
+        # one product with its sum fused in (addmm): three kernels where I + η(D − DᵀD) written out takes five
+        start = torch.eye(D.shape[0], dtype=D.dtype, device=D.device).add_(D, alpha=self.eta)
+        return torch.addmm(start, D.T, D, alpha=-self.eta)
 
-    def kept_step_matrix(self) -> Tensor | None:
-        """``A`` for a forward through which no gradient flows, computed once and reused while ``D`` and η are
-        unchanged (see the class docstring); None where :func:`reusable_weight` says reuse is not safe."""
-        w = self.weight
-        if not reusable_weight(w):
-            return None
-        # the stream: a matrix computed on one CUDA stream is not ready on another without a synchronisation
-        stream = torch.cuda.current_stream(w.device).cuda_stream if w.is_cuda else None
-        key = (w._version, w.data_ptr(), w.dtype, w.device, stream, self.eta, _optimizer_steps)
-        kept = self._kept
-        if kept is not None and kept[0] is w and kept[1] == key:
-            return kept[2]
-        with torch.autocast(w.device.type, enabled=False):  # full precision whatever the caller's autocast
-            A = self.step_matrix()
-        self._kept = (w, key, A, w.detach())  # holding D's storage: no later tensor can take its address
-        return A
+    def freeze(self) -> None:
+        """Keep ``A`` for the forwards to come (:func:`~crate_transformer.layers.frozen_weights`), in ``D``'s precision
+        whatever the caller's autocast.  A sharded weight (FSDP's ``DTensor``) is whole only inside its forward: nothing
+        is kept for it."""
+        if type(self.weight.data) is not torch.Tensor:
+            return
+        kind = self.weight.device.type
+        with (
+            torch.no_grad(),
+            torch.autocast(kind, enabled=False) if torch.amp.is_autocast_available(kind) else nullcontext(),
+        ):
+            self.frozen = self.step_matrix()
+
+    def thaw(self) -> None:
+        self.frozen = None
 
     def forward(self, x: Tensor) -> Tensor:
         if self.mode == "mm":
             n, d = x.shape[-2], x.shape[-1]
             alpha = d / (n * self.eps**2)
             return F.relu((1 + 4 / (9 * (1 + alpha))) * (x @ self.weight) - 4 * self.lambd / (9 * alpha))
+        pre = self.preactivation(x)
+        if self.mode == "soft":
+            t = self.eta * self.lambd
+            return torch.sign(pre + t) * F.relu((pre + t).abs() - t)
+        return F.relu(pre)
+
+    def preactivation(self, x: Tensor) -> Tensor:
+        """``x A − ηλ`` (eq. (44) before the ReLU), by the kept ``A``, the thin or the fused product."""
         rows, D, bias = x.reshape(-1, x.shape[-1]), self.weight, -self.eta * self.lambd
-        A = self.kept_step_matrix()
-        if A is None and torch.is_grad_enabled() and D.requires_grad:
-            self._kept = None  # D is being trained: what was kept may be stepped past unseen
+        A = self.frozen
+        if A is not None and torch.is_grad_enabled() and D.requires_grad:
+            A = None  # a gradient flows to D: the product must be D's own
         thin = rows.shape[0] < D.shape[0]  # thin is cheaper (class docstring)
         if isinstance(thin, torch.SymBool):  # a row count torch.export keeps dynamic: the fused form holds for
             thin = statically_known_true(thin)  # every count, where a guard on the count would fail the export
         if A is None and thin:
-            pre = torch.addmm(rows + bias, rows - F.linear(rows, D), D, alpha=self.eta).view_as(x)
-        else:
-            pre = torch.addmm(x.new_full((1,), bias), rows, self.step_matrix() if A is None else A).view_as(x)
-        if self.mode == "soft":
-            return torch.sign(pre + self.eta * self.lambd) * F.relu(
-                (pre + self.eta * self.lambd).abs() - self.eta * self.lambd
-            )
-        return F.relu(pre)
-
-    def train(self, mode: bool = True) -> ISTA:
-        self._kept = None
-        return super().train(mode)
-
-    def _apply(self, fn: Any, recurse: bool = True) -> ISTA:
-        self._kept = None  # .to(), .half(), .cuda(), share_memory(): D gets new storage
-        return super()._apply(fn, recurse)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "_kept": None}  # copies and pickles recompute it
+            return torch.addmm(rows + bias, rows - F.linear(rows, D), D, alpha=self.eta).view_as(x)
+        return torch.addmm(x.new_full((1,), bias), rows, self.step_matrix() if A is None else A).view_as(x)
 
     def extra_repr(self) -> str:
         return f"dim={self.weight.shape[0]}, eta={self.eta}, lambd={self.lambd}, mode={self.mode!r}"
 
 
-class MLP(nn.Sequential):
+class Skip(SecondBlock, nn.Module):
+    """No sparsification (``ista_mode="none"``, Tables 15-16): ``Z_next = Z_half``.  The layer reads it without
+    a LayerNorm, and it has no parameters; files saved while the layer kept an unused ISTA block and LN2 still load
+    (their keys are dropped, :attr:`obsolete`)."""
+
+    state_key = "ista"
+    normed = False
+    obsolete: ClassVar[tuple[str, ...]] = ("ista.weight", "norm2.weight", "norm2.bias")
+
+    @classmethod
+    def from_config(cls, dim: int, c: LayerConfig) -> Skip:
+        return cls()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x
+
+    def output_bias(self, before: Tensor | None) -> Tensor | None:
+        return before
+
+
+class MLP(SecondBlock, nn.Sequential):
     """The transformer MLP ``Linear(d, h) → GELU → Dropout → Linear(h, d)``, ``h = int(d·mlp_ratio)``
     (ViT; CRATE-MLP of JMLR Table 17).  A ``Sequential``, so its keys are ``0.*`` and ``3.*`` (timm-like).
     ``gelu="tanh"`` is the tanh approximation OpenAI's GPT-2 was trained with (HF's ``gelu_new``); ``bias=False``
@@ -162,8 +175,20 @@ class MLP(nn.Sequential):
         act = nn.GELU(approximate="tanh" if gelu == "tanh" else "none")
         super().__init__(nn.Linear(dim, hidden, bias=bias), act, nn.Dropout(dropout), nn.Linear(hidden, dim, bias=bias))
 
+    residual = True
 
-class OvercompleteISTA(nn.Module):
+    @classmethod
+    def from_config(cls, dim: int, c: LayerConfig) -> MLP:
+        return cls(dim, c.mlp_ratio, c.dropout, c.gelu)
+
+    def code_site(self) -> tuple[nn.Module, str]:
+        return (self[1], "mlp")  # the GELU's output: the MLP's units
+
+    def output_bias(self, before: Tensor | None) -> Tensor | None:
+        return self[3].bias
+
+
+class OvercompleteISTA(SecondBlock, nn.Module):
     """CRATE-α's sparse-coding block (Yang et al. 2024, "Scaling White-Box Transformers for Vision", §3).
 
     Three changes to CRATE's ISTA, which is how CRATE was scaled to ImageNet-21K / CLIP sizes:
@@ -179,6 +204,10 @@ class OvercompleteISTA(nn.Module):
     ``crate_overcomplete.py`` (kaiming-uniform on the ``m × d`` matrix ``Dᵀ``).
     """
 
+    residual = True
+    norm_eps = 1e-6  # CRATE-α's PreNorm
+    attention_bias = False  # CRATE-α's to_out
+
     def __init__(self, dim: int, ratio: int = 4, eta: float = 0.1, lambd: float = 0.1, tied: bool = False) -> None:
         super().__init__()
         self.eta, self.lambd = eta, lambd
@@ -190,6 +219,13 @@ class OvercompleteISTA(nn.Module):
         self.D1 = nn.Parameter(torch.empty(dim, ratio * dim))
         nn.init.kaiming_uniform_(self.D)
         nn.init.kaiming_uniform_(self.D1)
+
+    @classmethod
+    def from_config(cls, dim: int, c: LayerConfig) -> OvercompleteISTA:
+        return cls(dim, c.odl_ratio, c.eta, c.lambd)
+
+    def code_site(self) -> tuple[nn.Module, str]:
+        return (self, "odl")
 
     def code(self, x: Tensor) -> Tensor:
         """The sparse code ``A2`` of row tokens ``x`` (…, d) → (…, m).
@@ -207,3 +243,18 @@ class OvercompleteISTA(nn.Module):
     def extra_repr(self) -> str:
         d, m = self.D.shape
         return f"dim={d}, atoms={m}, eta={self.eta}, lambd={self.lambd}, tied={self.D1 is None}"
+
+
+class TiedOvercompleteISTA(OvercompleteISTA):
+    """The crate-lm language models' sparsification step: :class:`OvercompleteISTA` with one tied dictionary
+    (``tied=True``) which, like CRATE's ISTA, **replaces** the tokens: ``Z_next = ODL(LN2(Z_half))``."""
+
+    residual = False
+    norm_eps = 1e-5
+    attention_bias = True
+
+    def __init__(self, dim: int, ratio: int = 4, eta: float = 0.1, lambd: float = 0.1) -> None:
+        super().__init__(dim, ratio, eta, lambd, tied=True)
+
+    def code_site(self) -> tuple[nn.Module, str]:
+        return (self, "ista_overcomplete")

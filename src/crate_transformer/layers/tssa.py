@@ -10,6 +10,8 @@ from torch import Tensor, nn
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..objectives import at_least_float32, full_precision
+from .attention import check_cache
+from .config import LayerConfig
 from .reference import _TSSA_ENERGY_FLOOR, _TSSA_MASS_EPS
 
 
@@ -28,7 +30,7 @@ class TSSA(nn.Module):
     ``causal=True`` is the form of ``tost_lang/model_TSSA.py``: token ``j`` reads running sums over tokens
     ``≤ j`` (prefix sums), plus a learned offset per head and position (``denom_bias``, ``(K, block_size, 1)``)
     in its membership score.  Its key-value cache is three running sums per layer, a constant size however long
-    the text (``cache["length"]`` counts the tokens seen).  ``return_attention`` gives the ``(b, K, n, n)``
+    the text (``cache["length"]`` counts the tokens seen).  :meth:`attention_map` gives the ``(b, K, n, n)``
     weights with which token ``j``'s statistics read token ``i`` (``Π_ik / Σ_{i'} Π_i'k`` over the tokens it
     reads: every row the same non-causally): the picture of the memberships that the analysis draws; they are
     built only when asked for.
@@ -61,6 +63,14 @@ class TSSA(nn.Module):
         self.temp = nn.Parameter(torch.ones(heads, 1))
         self.denom_bias = nn.Parameter(torch.zeros(heads, block_size, 1)) if causal else None
         self.proj = nn.Linear(heads * dim_head, dim, bias=proj_bias)
+
+    @classmethod
+    def from_config(cls, dim: int, heads: int, dim_head: int, c: LayerConfig, *, causal: bool, bias: bool) -> TSSA:
+        """TSSA as a CRATE layer's compression step (``attention="tssa"``); the causal form needs the context length
+        of its position offsets, which ToST's own language models give (``tost_gpt_*``)."""
+        if causal:
+            raise ValueError("attention='tssa' builds non-causal layers only; for text use ToST's language models")
+        return cls(dim, heads, dim_head, c.dropout, proj_bias=bias)
 
     def subspaces(self) -> Tensor:
         """The learned bases ``U`` as a ``(K, d, p)`` tensor (as :meth:`MSSA.subspaces`; the bias is not in them)."""
@@ -134,35 +144,30 @@ class TSSA(nn.Module):
         rows = pi.unsqueeze(-2) * mask
         return rows / (pi.cumsum(-1) + _TSSA_MASS_EPS).unsqueeze(-1)
 
-    def forward(
-        self,
-        x: Tensor,
-        return_attention: bool = False,
-        cache: dict[str, Any] | None = None,
-        key_mask: Tensor | None = None,
-    ) -> Tensor | tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, cache: dict[str, Any] | None = None, key_mask: Tensor | None = None) -> Tensor:
         """``x`` (b, n, d) → (b, n, d).  ``cache`` (causal only): this layer's running sums, ``x`` the newest tokens.
         ``key_mask`` is refused unless None: padding would enter the statistics every token reads."""
         if key_mask is not None:
             raise ValueError("TSSA has no padding mask (every token enters the token statistics); pad on the right")
-        if cache is not None and (return_attention or not self.causal):
-            raise ValueError("a key-value cache needs a causal TSSA without return_attention")
+        check_cache(cache, self.causal, "TSSA")
+        if not self.causal:
+            return F.dropout(self._global(x)[0], self.dropout, self.training)
         b, n, _ = x.shape
         start = 0 if cache is None else cache.get("length", 0)
         # a tensor start is compiled decoding's position, whose length was checked before decoding began
-        if self.causal and not isinstance(start, Tensor) and start + n > self.denom_bias.shape[1]:
+        if not isinstance(start, Tensor) and start + n > self.denom_bias.shape[1]:
             raise ValueError(f"{start + n} tokens exceed the context of {self.denom_bias.shape[1]} (block_size)")
-        if not self.causal:
-            out, pi = self._global(x)
-        else:
-            w = self.project(x)
-            pi = self._scores(w, cache, start)
-            shrink = F.dropout(1.0 / (1.0 + self._moments(w, pi, cache)), self.attn_dropout, self.training)
-            if cache is not None:
-                cache["length"] = start + n
-            out = self.proj((-(w * pi.unsqueeze(-1)) * shrink).transpose(1, 2).reshape(b, n, -1))
-        out = F.dropout(out, self.dropout, self.training)
-        return (out, self._attention(pi)) if return_attention else out
+        w = self.project(x)  # (b, K, n, p)
+        pi = self._scores(w, cache, start)  # (b, K, n)
+        shrink = F.dropout(1.0 / (1.0 + self._moments(w, pi, cache)), self.attn_dropout, self.training)
+        if cache is not None:
+            cache["length"] = start + n
+        out = self.proj((-(w * pi.unsqueeze(-1)) * shrink).transpose(1, 2).reshape(b, n, -1))
+        return F.dropout(out, self.dropout, self.training)
+
+    def attention_map(self, x: Tensor) -> Tensor:
+        """``(b, K, n, n)``: the weights with which each token's statistics read every token (class docstring)."""
+        return self._attention(self.memberships(x).transpose(1, 2))
 
     def _global(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """The non-causal form: the projected output ``(b, n, d)`` and Π ``(b, K, n)``.  For one sample the

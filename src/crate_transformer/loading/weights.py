@@ -35,6 +35,7 @@ def load_weights(model: nn.Module, state: Mapping[str, Tensor], source: str = "c
     """Strictly load ``state`` into ``model``; any missing, unexpected or mis-shaped key is one clear error
     (with the model's :meth:`~crate_transformer.base.Model.size_hint`), and so is a tensor of the wrong kind or
     with NaN / inf values (:func:`check_values`): every loader goes through here."""
+    state = _without_obsolete(model, state)
     own = model.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
@@ -53,6 +54,18 @@ def load_weights(model: nn.Module, state: Mapping[str, Tensor], source: str = "c
         raise CheckpointError(f"{source} does not fit the model ({'; '.join(parts)}){hint}")
     check_values(own, state, source)
     model.load_state_dict(state, strict=True)
+
+
+def _without_obsolete(model: nn.Module, state: Mapping[str, Tensor]) -> Mapping[str, Tensor]:
+    """``state`` without the keys earlier versions saved for modules that no longer have them (each module says
+    which: ``obsolete_keys()``, e.g. the unused ISTA of an ``ista_mode="none"`` layer)."""
+    drop = {
+        f"{name}.{key}" if name else key
+        for name, module in model.named_modules()
+        if callable(getattr(module, "obsolete_keys", None))
+        for key in module.obsolete_keys()
+    }
+    return {k: v for k, v in state.items() if k not in drop} if drop & set(state) else state
 
 
 def check_values(own: Mapping[str, Tensor], state: Mapping[str, Tensor], source: str) -> None:

@@ -18,6 +18,7 @@ from ..data import ImageSource, match_channels, normalize, to_device
 from ..errors import OptionError, Use
 from ..figures import subplots
 from ..io import atomic_write
+from ..layers.inference import evaluating
 from .rundir import read_metrics
 from .runtime import Runtime
 
@@ -113,8 +114,20 @@ def evaluate(
     Under torch.distributed each process evaluates its share of every batch and the counts are summed.
     """
     rt = runtime or Runtime(device=torch.device(device))
-    was_training = model.training
-    model.eval()
+    with evaluating(model):
+        return _evaluate(model, dataset, rt, batch_size, image_size, channels, mean, std)
+
+
+def _evaluate(
+    model: nn.Module,
+    dataset: ImageSource,
+    rt: Runtime,
+    batch_size: int,
+    image_size: int,
+    channels: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+) -> EvalResult:
     n_cls = len(dataset.classes)
     k = min(5, n_cls)
     confusion = torch.zeros(n_cls, n_cls, dtype=torch.float64, device=rt.device)
@@ -137,7 +150,6 @@ def evaluate(
         confusion.view(-1).index_add_(0, y * n_cls + logits.argmax(-1), torch.ones_like(y, dtype=torch.float64))
     rt.all_reduce(confusion)
     rt.all_reduce(sums)
-    model.train(was_training)
     confusion, (loss_sum, top_k) = confusion.cpu(), sums.tolist()
     n = int(confusion.sum().item())
     require_evaluated(n, "images", dataset)

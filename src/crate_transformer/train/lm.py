@@ -24,6 +24,7 @@ from ..config_utils import Range, coerce_fields
 from ..data import to_device
 from ..data.text import TokenBlocks, corpus_files, iter_documents, load_tokens, split_tokens
 from ..errors import Opt, OptionError, OptionWarning, See, Step
+from ..layers.inference import evaluating
 from ..lm import LanguageModel, LMConfig, mask_tokens
 from ..registry import build, model_config
 from ..tokenizer import TOKENIZER_KINDS, Tokenizer
@@ -297,17 +298,13 @@ class LMTask(Task):
     @torch.no_grad()
     def _evaluate(self, data: TokenBlocks) -> dict[str, float]:
         model, rt = self.model, self.rt
-        was = model.training
-        model.eval()
         g = torch.Generator(device=rt.device).manual_seed(1234)  # the same masks at every evaluation (mlm)
         total = torch.zeros(3, dtype=torch.float64, device=rt.device)
-        try:
+        with evaluating(model):
             for blocks in data.batches(self.cfg.logging.eval_batch_size, shuffle=False, rank=rt.rank, world=rt.world):
                 with rt.autocast():
                     _, s = self.loss(model, self._split(blocks, g))
                 total += torch.stack([s["loss"], s["acc"], s["n"]]).double()
-        finally:
-            model.train(was)
         loss_sum, correct, n = rt.all_reduce(total).tolist()
         require_evaluated(n, "tokens to predict", data)
         loss = loss_sum / n

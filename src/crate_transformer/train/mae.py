@@ -34,6 +34,7 @@ from ..data import BUILTIN_DATASETS, ImageSource
 from ..data.base import rank_slice
 from ..errors import Opt, OptionError, See, Step
 from ..io import atomic_write
+from ..layers.inference import evaluating
 from ..mae import CRATEMAE
 from ..registry import build, model_config
 from .config import given_once
@@ -98,18 +99,16 @@ def masked_eval(
     c = model.config
     n_patches = (image_size // c.patch_size) ** 2
     noise = torch.rand(len(dataset), n_patches, generator=torch.Generator().manual_seed(seed))
-    was = model.training
-    model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=rt.device)  # masked loss, visible loss, images
-    for b, (images, _) in enumerate(dataset.batches(batch_size, shuffle=False, rank=rt.rank, world=rt.world)):
-        idx = rank_slice(torch.arange(b * batch_size, min((b + 1) * batch_size, len(dataset))), rt.rank, rt.world)
-        x = prepare_batch(images, device=rt.device, image_size=image_size, channels=c.in_chans, mean=mean, std=std)
-        with rt.autocast():
-            pred, mask = model(x, noise=noise[idx].to(rt.device))[1:]
-        masked, visible = _per_image_losses(model, x, pred, mask)
-        sums += torch.stack([masked.sum(), visible.sum(), masked.new_full((), len(x))]).double()
+    with evaluating(model):
+        for b, (images, _) in enumerate(dataset.batches(batch_size, shuffle=False, rank=rt.rank, world=rt.world)):
+            idx = rank_slice(torch.arange(b * batch_size, min((b + 1) * batch_size, len(dataset))), rt.rank, rt.world)
+            x = prepare_batch(images, device=rt.device, image_size=image_size, channels=c.in_chans, mean=mean, std=std)
+            with rt.autocast():
+                pred, mask = model(x, noise=noise[idx].to(rt.device))[1:]
+            masked, visible = _per_image_losses(model, x, pred, mask)
+            sums += torch.stack([masked.sum(), visible.sum(), masked.new_full((), len(x))]).double()
     rt.all_reduce(sums)
-    model.train(was)
     n = float(sums[2])
     require_evaluated(n, "images", dataset)
     return {"loss": float(sums[0]) / n, "visible_loss": float(sums[1]) / n}

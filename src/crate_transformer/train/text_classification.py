@@ -21,6 +21,7 @@ from ..config import LANGUAGE_MODEL, Config
 from ..data import to_device
 from ..data.text import LabelledTexts, eval_split_of, read_labelled
 from ..errors import Opt, OptionError
+from ..layers.inference import evaluating
 from ..registry import build
 from ..tokenizer import Tokenizer
 from .evaluation import require_evaluated
@@ -182,10 +183,8 @@ class TextClassificationTask(Task):
     @torch.no_grad()
     def evaluate(self, split: str) -> dict[str, float]:
         model, rt = self.model, self.rt
-        was = model.training
-        model.eval()
         preds, targets, loss_sum = [], [], 0.0
-        try:
+        with evaluating(model):
             for batch in self.eval_data.batches(
                 self.cfg.logging.eval_batch_size, shuffle=False, rank=rt.rank, world=rt.world
             ):
@@ -195,8 +194,6 @@ class TextClassificationTask(Task):
                 preds.append((out[:, 0] if self.regression else out.argmax(-1)).cpu())
                 targets.append(y.cpu())
                 loss_sum += float(s["loss"])
-        finally:
-            model.train(was)
         mine = (torch.cat(preds), torch.cat(targets)) if preds else (torch.empty(0), torch.empty(0))
         parts = rt.gather((*mine, loss_sum))  # F1 and Spearman need every prediction
         pred, target = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])

@@ -1,0 +1,90 @@
+"""A CRATE layer's settings, declared once (:class:`LayerConfig`), and the names its options may take.
+
+The blocks (:mod:`.attention`, :mod:`.sparse`) read what they need from a :class:`LayerConfig` given whole
+(``from_config``); the layer (:mod:`.block`) picks its two blocks from name → class tables keyed by these names."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..config_utils import Range
+
+LAYER_FORMS = ("official", "jmlr")
+# the first block: CRATE's MSSA | standard attention (Table 17) | ToST's token statistics attention (Wu et al. 2025)
+ATTENTION_NAMES = ("mssa", "mhsa", "tssa")
+# the second block: CRATE's ISTA | GELU MLP (Table 17) | CRATE-α's ODL | the crate-lm overcomplete ISTA
+MLPS = ("ista", "mlp", "odl", "ista_overcomplete")
+ISTA_MODES = ("relu", "soft", "mm", "none")
+GELUS = ("exact", "tanh")  # the MLP's GELU: erf (nanoGPT, timm) | tanh approximation (OpenAI / HF GPT-2)
+# a head's width p where a config may give it (dim_head); None there means dim // heads
+DIM_HEAD = Range(0, lo_open=True, integer=True, note="or None = dim // heads")
+
+
+def _layer_field(default: Any, help: str, **meta: Any) -> Any:
+    return dataclasses.field(default=default, metadata={"help": help, **meta})
+
+
+@dataclasses.dataclass
+class LayerConfig:
+    """The hyperparameters of a CRATE layer (:class:`~crate_transformer.layers.EncoderLayer`), declared once: the
+    model configs whose layers are CRATE layers (the classifier's ``ModelConfig``, ``MAEConfig``, ``LMConfig``)
+    inherit these fields, their ranges and their choices, and the layer and its blocks read them from the config
+    given whole.  A family that wants another default redeclares the field with :meth:`default` (CRATE-MAE's
+    λ = 0.5); a family whose layers are fixed (the ViT and GPT baselines) says so in :meth:`layer_config`."""
+
+    dropout: float = _layer_field(0.0, "dropout of the attention and MLP outputs", range=Range(0, 1, hi_open=True))
+    eta: float = _layer_field(0.1, "ISTA step size η (eq. (44))", range=Range(0, lo_open=True))
+    lambd: float = _layer_field(0.1, "ISTA sparsity weight λ (eq. (44))", range=Range(0))
+    ista_mode: str = _layer_field("relu", "the ISTA step: relu | soft | mm | none", choices=ISTA_MODES)
+    layer_form: str = _layer_field(
+        "official", "official (skip from Z) | jmlr (skip from LN(Z), Alg. 4)", choices=LAYER_FORMS
+    )
+    scale_scores: bool = _layer_field(True, "MSSA scores × p^-1/2 (official) or unscaled (eq. (35))")
+    tied_output: bool = _layer_field(False, "MSSA output β[U_1..U_K] (eq. (36)) instead of a trainable W")
+    tied_beta: float = _layer_field(1.0, "β of the tied MSSA output")
+    eps: float = _layer_field(0.1, "ε of the MM step (ista_mode='mm')", range=Range(0, lo_open=True))
+    attention: str = _layer_field(
+        "mssa",
+        "mssa | mhsa (standard attention: CRATE-MHSA, Table 17) | tssa (ToST's linear-time TSSA)",
+        choices=ATTENTION_NAMES,
+    )
+    mlp: str = _layer_field(
+        "ista", "ista | mlp (CRATE-MLP) | odl (CRATE-α) | ista_overcomplete (the crate-lm release)", choices=MLPS
+    )
+    odl_ratio: int = _layer_field(4, "atoms per dimension of an overcomplete dictionary (m = odl_ratio · dim)")
+    mlp_ratio: float = _layer_field(4.0, "hidden width of the GELU MLP, × dim", range=Range(0, lo_open=True))
+    gelu: str = _layer_field("exact", "the MLP's GELU: exact (erf) | tanh (OpenAI GPT-2)", choices=GELUS)
+    proj_bias: bool | None = _layer_field(None, "a bias on MSSA's output W (eq. (37)); None: yes but with odl")
+
+    @staticmethod
+    def default(name: str, value: Any) -> Any:
+        """The field ``name`` with another default (its help, range and choices kept), for a family's config."""
+        meta = {f.name: f for f in dataclasses.fields(LayerConfig)}[name].metadata
+        return dataclasses.field(default=value, metadata=meta)
+
+    @property
+    def second_block(self) -> str:
+        """The name of the layer's second block: ``mlp``, or ``"none"`` where ISTA is switched off (Table 15)."""
+        return "none" if self.mlp == "ista" and self.ista_mode == "none" else self.mlp
+
+    @property
+    def layer_blocks(self) -> tuple[str, str]:
+        """The names of the layer's two blocks, e.g. ``("mssa", "ista")`` or ``("mhsa", "mlp")`` (as built)."""
+        c = self.layer_config()
+        return (c.attention, c.mlp)
+
+    def layer_config(self) -> LayerConfig:
+        """The settings of this model's layers as a plain :class:`LayerConfig` (these fields; a family with fixed
+        blocks overrides this: the ViT and GPT baselines are ``attention="mhsa", mlp="mlp"``)."""
+        return LayerConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LayerConfig)})
+
+    def check_layer(self) -> None:
+        """The combinations a CRATE layer cannot build (one-line ``ValueError``)."""
+        if self.mlp != "ista" and self.ista_mode != "relu":
+            raise ValueError(
+                f"ista_mode={self.ista_mode!r} applies to the ISTA block only, but mlp={self.mlp!r}; "
+                "use mlp=ista or drop ista_mode"
+            )
+        if self.attention != "mssa" and self.tied_output:
+            raise ValueError(f"tied_output applies to MSSA only, but attention={self.attention!r}; use attention=mssa")
