@@ -85,6 +85,17 @@ def test_bench_tost_tiny():
     assert all(0 <= float(w[2]) <= 100 for w in digits)
 
 
+def test_bench_datapath_tiny():
+    """The real loop, the model alone and the loader alone, each row timed over the steps it promises."""
+    lines = run("bench_datapath.py")
+    rows = [w for w in lines if len(w) >= 11 and w[-10] in ("crate_mnist_p4", "crate_tiny")]
+    assert [(" ".join(w[:-10]), w[-9], w[-7]) for w in rows] == [("digits", "32", "6"), ("folder 32px", "8", "4")]
+    for w in rows:
+        assert all(float(v.replace(",", "")) > 0 for v in w[-6:-3])  # e2e, model alone, loader alone: img/s
+        ratio(w[-3]), ratio(w[-2]), ratio(w[-1])
+    assert any(w[0] == "start:" for w in lines) and any(w[0] == "end:" for w in lines)  # the load beside the numbers
+
+
 # --------------------------------------------------------------------------- bench_gpu.py (in this process)
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 

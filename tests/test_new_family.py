@@ -182,13 +182,16 @@ def _names_mentioning(path: Path, pattern: str) -> list[str]:
 
 
 def test_the_tost_family_is_one_module_on_the_contract() -> None:
-    """ToST was the test of the model contract: outside its module only its operator (TSSA, beside MSSA), the
-    registry's import and the package's exports name it in code; every consumer reaches it through the contract."""
+    """ToST was the test of the model contract: outside its module only its operator (TSSA, beside MSSA, and its
+    entry in the layer's attention table), the registry's import and the package's exports name it in code; every
+    consumer reaches it through the contract."""
     src = Path(ct.__file__).parent
     assert "ToSTBlock" in _names_mentioning(src / "tost.py", "tost")  # the scan sees a module's identifiers
     named = {str(p.relative_to(src)) for p in src.rglob("*.py") if _names_mentioning(p, "tost|tssa")}
-    layers = {"layers/tssa.py", "layers/reference.py", "layers/__init__.py"}
+    layers = {"layers/tssa.py", "layers/reference.py", "layers/__init__.py", "layers/block.py"}
     assert named == {"tost.py", "registry.py", "__init__.py"} | layers, named
+    # the layer names TSSA in its attention table only (attention="tssa"), where every compression step is named
+    assert _names_mentioning(src / "layers" / "block.py", "tost|tssa") == ["TSSA", "tssa"]
     assert _names_mentioning(src / "layers" / "reference.py", "tost|tssa") == [
         "_TSSA_ENERGY_FLOOR", "_TSSA_MASS_EPS", "tssa_reference"
     ]  # fmt: skip
