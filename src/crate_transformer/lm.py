@@ -128,10 +128,6 @@ class LMConfig(LayerConfig, Config):
         must know the tokenizer's padding id (``pad_token_id``)."""
         return self.arch == "crate_bert"
 
-    @property
-    def sparse_output(self) -> bool:
-        return self.arch != "gpt" and self.mlp == "ista" and self.ista_mode != "none"
-
     def layer_config(self) -> LayerConfig:
         """CRATE's layer settings, or GPT-2's block (MHSA + GELU MLP, both residual; ``gelu="tanh"``: OpenAI's)."""
         if self.arch != "gpt":

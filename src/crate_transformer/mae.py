@@ -111,10 +111,6 @@ class MAEConfig(ImageEncoderGeometry, LayerConfig, Config):
         "mask_ratio": MASK_RATIO,
     }
 
-    @property
-    def sparse_output(self) -> bool:
-        return self.mlp == "ista" and self.ista_mode != "none"
-
     def validate(self) -> None:
         self.check_layer()
         if self.arch != MAE_ARCH:

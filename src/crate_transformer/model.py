@@ -160,10 +160,6 @@ class ModelConfig(ImageEncoderGeometry, LayerConfig, Config):
     def white_box(self) -> bool:
         return self.arch != "vit"  # CRATE, its Table 17 hybrids, CRATE-α
 
-    @property
-    def sparse_output(self) -> bool:
-        return self.arch == "crate" and self.mlp == "ista" and self.ista_mode != "none"
-
     def layer_config(self) -> LayerConfig:
         """CRATE's layer settings, or the ViT block's (MHSA + GELU MLP, both residual: Table 17's ViT row), which
         reads ``dropout`` and ``mlp_ratio`` only."""

@@ -69,6 +69,11 @@ class LayerConfig:
         return "none" if self.mlp == "ista" and self.ista_mode == "none" else self.mlp
 
     @property
+    def sparse_output(self) -> bool:
+        """Whether every layer ends with CRATE's ISTA step (outputs with exact zeros, JMLR Figs. 14-15)."""
+        return self.layer_config().second_block == "ista"
+
+    @property
     def layer_blocks(self) -> tuple[str, str]:
         """The names of the layer's two blocks, e.g. ``("mssa", "ista")`` or ``("mhsa", "mlp")`` (as built)."""
         c = self.layer_config()
