@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .base import POOLS, pool_tokens
+from .layers.inference import evaluating
 
 __all__ = [
     "POOLS",
@@ -72,10 +73,9 @@ def extract_features(
             raise ValueError("no normalisation known for this model or data; pass mean= and std=")
         mean, std = norm
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    was_training = model.training
-    model.eval().to(device)
+    model.to(device)
     feats, labels = [], []
-    try:
+    with evaluating(model):
         for images, y in source.batches(batch_size, shuffle=False):
             x = prepare_batch(
                 images,
@@ -87,8 +87,6 @@ def extract_features(
             )
             feats.append(pool_tokens(model.forward_features(x), pool).float().cpu())
             labels.append(y.cpu())
-    finally:
-        model.train(was_training)
     if not feats:
         raise ValueError(f"{getattr(source, 'name', 'the data')} has no images to extract features from")
     return torch.cat(feats), torch.cat(labels).long()

@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .layers.inference import evaluating
+
 __all__ = ["TokenPrior"]
 
 
@@ -63,9 +65,5 @@ class TokenPrior:
 
     def _feature_sums(self, idx: Tensor) -> Tensor:
         """The head's features of every token of ``idx`` summed over coordinates (eval mode: no dropout)."""
-        was = self.training
-        self.eval()
-        try:
+        with evaluating(self):
             return self.forward_features(idx).float().sum(-1).flatten()
-        finally:
-            self.train(was)

@@ -322,10 +322,8 @@ class MAETask(Task):
         x = self.data.inputs(images)
         n = (self.image_size // self.model.config.patch_size) ** 2
         noise = torch.rand(len(x), n, generator=torch.Generator().manual_seed(self.cfg.system.seed)).to(x.device)
-        was = self.model.training
-        self.model.eval()
-        recon, mask_img, losses = self.model.reconstruct(x, noise=noise)
-        self.model.train(was)
+        with evaluating(self.model):
+            recon, mask_img, losses = self.model.reconstruct(x, noise=noise)
         mean = torch.tensor(self.mean, device=x.device).view(1, -1, 1, 1)
         std = torch.tensor(self.std, device=x.device).view(1, -1, 1, 1)
         orig, recon = x * std + mean, recon * std + mean
