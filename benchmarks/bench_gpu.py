@@ -3,7 +3,11 @@ the official formulation (``tests/official/crate.py``, the same weights) and a V
 timm's ``vit_base_patch16_224`` beside CRATE-B where timm imports), interleaved in one run; then ``crate train`` end
 to end against the model alone (the data path's share); then greedy decoding, CRATE-GPT against a GPT of the same
 width, depth, heads and vocabulary (``benchmarks/bench_generate.py``'s pairs), batch 1 and 8, eager and compiled
-(``generate(compile=True)``: static cache, one CUDA graph per token), fp32 and bf16 autocast.
+(``generate(compile=True)``: static cache, one CUDA graph per token), fp32 and bf16 autocast.  The attention rows
+time TSSA / MSSA / softmax attention alone (1k-64k tokens), and TSSA and MSSA compiled (``tssa-compiled``,
+``mssa-compiled``: inductor's fused kernels against eager's launches) at the lengths up to 4,096 only, where TSSA
+lost to MSSA eager: their compilations (one per length, printed apart from the timing) run last, after the compiled
+training rows, so a stage's time limit that cuts them costs no other row.
 
     python benchmarks/bench_gpu.py                      # on a GPU: the full table (about 4 minutes on an H100)
     python benchmarks/bench_gpu.py --sizes B --compile B  # one size
@@ -235,19 +239,47 @@ def data_path(args: argparse.Namespace, shape: dict, device: torch.device, compi
     )
 
 
-ATTENTION = ("tssa", "mssa", "softmax")
+EAGER_ATTENTION = ("tssa", "mssa", "softmax")
+ATTENTION = (*EAGER_ATTENTION, "tssa-compiled", "mssa-compiled")
+COMPILED_ATTENTION_MAX = 4096  # the lengths at which TSSA lost to MSSA eager (kernel launches; issue 42)
 
 
-def attention_rows(args: argparse.Namespace, device: torch.device) -> list[dict]:
-    """TSSA / MSSA / softmax attention alone (d=384, 8 heads, batch 8; ``bench_tost.build``), forward+backward under
-    the run's autocast at each length of ``--attention-tokens``: best of 5, the peak memory above the input and the
-    bytes kept for the backward (``bench_tost.saved_bytes``)."""
+def best_and_peak(run: object, x: torch.Tensor, device: torch.device, repeats: int) -> tuple[float, float]:
+    """The fastest of ``repeats`` calls of ``run`` in ms, and the peak device memory above what was allocated
+    before them in MiB (NaN off a GPU)."""
+    sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    times = []
+    for _ in range(repeats):
+        x.grad = None
+        sync(device)
+        t0 = time.perf_counter()
+        run()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20 if device.type == "cuda" else float("nan")
+    return 1e3 * min(times), peak
+
+
+def attention_rows(
+    args: argparse.Namespace, device: torch.device, ops: tuple[str, ...], lengths: list[int]
+) -> list[dict]:
+    """Attention operators alone (d=384, 8 heads, batch 8; ``bench_tost.build``), forward+backward under the run's
+    autocast at each of ``lengths``: best of ``--attention-repeats``, the peak memory above the input and the bytes
+    kept for the backward (``bench_tost.saved_bytes``).  An op ``…-compiled`` is the operator under
+    ``torch.compile(fullgraph=True, dynamic=False)`` (``--backend``): its first call, which compiles, is the warm-up,
+    timed apart (``compile_s``), one compilation per length."""
     from bench_tost import build, saved_bytes
 
     rows = []
-    for n in args.attention_tokens:
-        for op in ATTENTION:
-            module = build(op, 384, 8).to(device).train()
+    for n in lengths:
+        for op in ops:
+            module = build(op.removesuffix("-compiled"), 384, 8).to(device).train()
+            if op.endswith("-compiled"):
+                torch._dynamo.reset()  # each length its own compilation, never the recompile limit's eager fallback
+                module = torch.compile(module, fullgraph=True, dynamic=False, backend=args.backend)
             x = torch.randn(args.attention_batch, n, 384, device=device, requires_grad=True)
 
             def run(module: torch.nn.Module = module, x: torch.Tensor = x) -> None:
@@ -255,27 +287,18 @@ def attention_rows(args: argparse.Namespace, device: torch.device) -> list[dict]
                     out = module(x)
                 out.float().sum().backward()
 
+            start = time.perf_counter()
             run()
+            sync(device)
+            compile_s = time.perf_counter() - start if op.endswith("-compiled") else 0.0
             with torch.autocast(device.type, dtype=args.amp, enabled=args.amp is not None):
                 saved = saved_bytes(module, x) / 2**20
-            sync(device)
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-            times = []
-            for _ in range(args.attention_repeats):
-                x.grad = None
-                sync(device)
-                t0 = time.perf_counter()
-                run()
-                sync(device)
-                times.append(time.perf_counter() - t0)
-            peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20 if device.type == "cuda" else float("nan")
-            ms = 1e3 * min(times)
-            rows.append(dict(op=op, tokens=n, batch=args.attention_batch, ms=ms, peak_mib=peak, saved_mib=saved))
+            ms, peak = best_and_peak(run, x, device, args.attention_repeats)
+            row = dict(op=op, tokens=n, batch=args.attention_batch, ms=ms, peak_mib=peak, saved_mib=saved)
+            rows.append({**row, "compile_s": compile_s})
             print(
-                f"attention fwd+bwd {op:8s} b={args.attention_batch} n={n:6d}: {1e3 * min(times):9.2f} ms, "
-                f"peak +{peak:8.1f} MiB, kept for the backward {saved:8.1f} MiB",
+                f"attention fwd+bwd {op:13s} b={args.attention_batch} n={n:6d}: {ms:9.2f} ms, peak +{peak:8.1f} MiB, "
+                f"kept for the backward {saved:8.1f} MiB" + (f" (compiled in {compile_s:.1f} s)" if compile_s else ""),
                 flush=True,
             )
             del module, x
@@ -425,6 +448,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=[1024, 4096, 16384, 65536],
         help="token counts of the attention rows (none: no attention rows)",
     )
+    ap.add_argument(
+        "--attention-compiled-tokens",
+        type=int,
+        nargs="*",
+        default=None,
+        help=f"token counts of the compiled attention rows (default: those of --attention-tokens up to "
+        f"{COMPILED_ATTENTION_MAX}; --tiny: none; none: no compiled rows)",
+    )
     ap.add_argument("--attention-batch", type=int, default=8, help="batch of the attention rows")
     ap.add_argument("--attention-repeats", type=int, default=5, help="timings per attention row (the best is kept)")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0 = auto)")
@@ -454,12 +485,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.batch, args.steps, args.rounds = args.batch or 8, min(args.steps, 2), min(args.rounds, 2)
         args.e2e = "T" if args.e2e == "B" else args.e2e
         args.attention_tokens, args.attention_batch, args.attention_repeats = [64, 128], 2, 2
+        args.attention_compiled_tokens = args.attention_compiled_tokens or []  # inductor's C++ build: minutes here
         args.decode = ["small"] if args.decode is None else args.decode
         args.decode_modes = args.decode_modes or ["eager"]  # a compiled step costs inductor's C++ build here
         args.decode_prompt, args.decode_new = min(args.decode_prompt, 4), min(args.decode_new, 8)
     args.decode = ["base"] if args.decode is None else args.decode  # each pair compiles 8 steps (batch x dtype)
     args.decode_modes = args.decode_modes or ["eager", "compiled"]
     args.sizes = list(SIZES) if args.sizes is None else args.sizes  # --sizes alone: no training rows
+    if args.attention_compiled_tokens is None:
+        args.attention_compiled_tokens = [n for n in args.attention_tokens if n <= COMPILED_ATTENTION_MAX]
     args.compile = ["B"] if args.compile is None else args.compile
     try:
         import timm  # noqa: F401
@@ -515,11 +549,17 @@ def main(argv: list[str] | None = None) -> dict:
         )
         save()
     if args.attention_tokens:
-        result["attention"] = attention_rows(args, device)
+        result["attention"] = attention_rows(args, device, EAGER_ATTENTION, args.attention_tokens)
         save()
     for size in args.compile:
         result["rows"] += (rows := throughput(size, "compiled", args, shape, device))
         print_rows(rows)
+        save()
+    if args.attention_compiled_tokens:  # last: compilations that a stage's time limit may cut cost no other row
+        compiled = tuple(op for op in ATTENTION if op not in EAGER_ATTENTION)
+        result.setdefault("attention", []).extend(
+            attention_rows(args, device, compiled, args.attention_compiled_tokens)
+        )
         save()
     result["decode"] = []
     if args.decode:

@@ -117,13 +117,17 @@ def _check(result: dict, models: set[str], modes: set[str]) -> None:
 
 
 def test_bench_gpu_runs_at_tiny_sizes(tmp_path: Path) -> None:
-    result = _load("bench_gpu").main(["--tiny", "--threads", "1", "--json", str(tmp_path / "out.json")])
+    # the compiled attention rows at one length, traced without code generation (inductor: test_tssa_compile.py)
+    args = ["--tiny", "--threads", "1", "--attention-compiled-tokens", "64", "--backend", "aot_eager"]
+    result = _load("bench_gpu").main([*args, "--json", str(tmp_path / "out.json")])
     _check(result, {"CRATE-T", "official CRATE-T", "ViT d=384"}, {"eager"})
     e2e = result["e2e"]
     assert e2e["e2e_img_s"] > 0 and e2e["model_img_s"] > 0 and math.isfinite(e2e["ratio"])
     assert json.loads((tmp_path / "out.json").read_text())["rows"] == json.loads(json.dumps(result["rows"]))
     attention = {(r["op"], r["tokens"]) for r in result["attention"] if r["ms"] > 0}
-    assert attention == {(op, n) for op in ("tssa", "mssa", "softmax") for n in (64, 128)}
+    eager = {(op, n) for op in ("tssa", "mssa", "softmax") for n in (64, 128)}
+    assert attention == eager | {("tssa-compiled", 64), ("mssa-compiled", 64)}
+    assert all((r["compile_s"] > 0) == r["op"].endswith("-compiled") for r in result["attention"])
     kept = {(r["op"], r["tokens"]): r["saved_mib"] for r in result["attention"]}
     assert all(0 < kept["tssa", n] <= kept["mssa", n] for n in (64, 128))  # bytes kept for the backward
     decode = result["decode"]  # the decoding pairs, eager at --tiny (compiled: test_decode.py, and the GPU run)
