@@ -14,6 +14,7 @@ training rows, so a stage's time limit that cuts them costs no other row.
     python benchmarks/bench_gpu.py --tiny                # CPU, tiny shapes: keeps the script alive (the tests run it)
     python benchmarks/bench_gpu.py --sizes --compile --e2e none --decode base   # decoding rows only
     python benchmarks/bench_gpu.py --profile B          # where one training step's time goes, kernel by kernel
+    python benchmarks/bench_gpu.py --sizes --compile --e2e none --decode --attention-tokens 1024 4096  # attention only
 
 Each row: one optimizer step (forward + backward + AdamW) on a batch already on the device; images/s is the median
 over interleaved rounds, TFLOP/s counts the step's FLOPs with ``torch.utils.flop_counter`` (each model's own
