@@ -11,10 +11,11 @@ rows).  Per operator (d=384, 8 heads, batch 2, n=256, training mode; TSSA non-ca
   graphs (``torch._inductor.utils.run_and_get_code``): the calls inside each module's ``call()`` of fused C++
   kernels (``cpp_fused_*``), of extern kernels (``extern_kernels.*``: the GEMMs) and of aten fallbacks.
 
-It also checks that the compiled outputs and gradients are eager's (float32; float64 with ``--float64``).
+It also checks that the compiled outputs and gradients are eager's (float32; float64 with ``--float64``; under bf16
+autocast, as a GPU run trains, with ``--bf16``).
 
     python benchmarks/attention_kernels.py            # the table (about a minute: inductor builds C++ kernels)
-    python benchmarks/attention_kernels.py --float64  # also float64 parity
+    python benchmarks/attention_kernels.py --float64 --bf16  # also float64 parity and bf16 autocast
 """
 
 from __future__ import annotations
@@ -65,21 +66,25 @@ def _composite(overload: torch._ops.OpOverload) -> bool:
         return False
 
 
-def step(module: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """One forward+backward from fresh gradients (no accumulation): the output and the gradients of ``x`` and of
-    every parameter."""
+def step(
+    module: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, amp: torch.dtype | None = None
+) -> tuple[torch.Tensor, ...]:
+    """One forward+backward from fresh gradients (no accumulation), the forward under autocast to ``amp`` when given
+    (as a training step runs it): the output and the gradients of ``x`` and of every parameter."""
     for t in (x, *module.parameters()):
         t.grad = None
-    out = module(x)
+    with torch.autocast(x.device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
+        out = module(x)
     out.backward(grad)
     return (out.detach(), x.grad, *(p.grad for p in module.parameters()))
 
 
-def eager_ops(module: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor) -> Counter:
-    """The computing aten operators (by name) one eager forward+backward dispatches (module docstring)."""
-    step(module, x, grad)  # warm: first-call work stays out of the count
+def eager_ops(module: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, amp: torch.dtype | None = None) -> Counter:
+    """The computing aten operators (by name) one eager forward+backward (:func:`step`) dispatches (module
+    docstring)."""
+    step(module, x, grad, amp)  # warm: first-call work stays out of the count
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        step(module, x, grad)
+        step(module, x, grad, amp)
     counted = Counter()
     for e in prof.events():
         if not e.name.startswith("aten::") or not _computes(e.name):
@@ -109,7 +114,7 @@ def generated_calls(code: str) -> Counter:
 
 
 def compiled_kernels(
-    module: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor
+    module: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, amp: torch.dtype | None = None
 ) -> tuple[Counter, tuple[torch.Tensor, ...], float, torch.nn.Module]:
     """Compile ``module`` (inductor, one graph, static shapes) and run one forward+backward: the kernel calls of its
     generated forward and backward modules (:func:`generated_calls`, summed), the outputs and gradients
@@ -119,7 +124,7 @@ def compiled_kernels(
     torch._dynamo.reset()
     compiled = torch.compile(module, fullgraph=True, dynamic=False)
     start = time.perf_counter()
-    result, codes = run_and_get_code(step, compiled, x, grad)
+    result, codes = run_and_get_code(step, compiled, x, grad, amp)
     seconds = time.perf_counter() - start
     if len(codes) < 2:
         raise RuntimeError(f"expected a forward and a backward module, inductor generated {len(codes)}")
@@ -138,24 +143,27 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--float64", action="store_true", help="also compare compiled and eager in float64")
+    ap.add_argument("--bf16", action="store_true", help="also count under bf16 autocast (what a GPU run uses)")
     args = ap.parse_args(argv)
     load = " / ".join(f"{v:.2f}" for v in os.getloadavg())
     print(f"{time.strftime('%Y-%m-%d %H:%M')} commit {_commit()}; torch {torch.__version__}; load {load}")
     rows = []
     for op in args.ops:
-        for dtype in (torch.float32, torch.float64) if args.float64 else (torch.float32,):
+        for mode in ["float32"] + ["float64"] * args.float64 + ["bf16-autocast"] * args.bf16:
             torch.manual_seed(0)
+            dtype = torch.float64 if mode == "float64" else torch.float32
+            amp = torch.bfloat16 if mode == "bf16-autocast" else None
             module = build(op, n=args.tokens).to(dtype)
             x = torch.randn(args.batch, args.tokens, 384, dtype=dtype, requires_grad=True)
             grad = torch.randn(args.batch, args.tokens, 384, dtype=dtype)
-            eager = eager_ops(module, x, grad)
-            want = step(module, x, grad)
-            kernels, got, seconds, _ = compiled_kernels(module, x, grad)
+            eager = eager_ops(module, x, grad, amp)
+            want = step(module, x, grad, amp)
+            kernels, got, seconds, _ = compiled_kernels(module, x, grad, amp)
             error = max(((g - w).abs().max() / w.abs().max().clamp_min(1e-30)).item() for g, w in zip(got, want))
             rows.append(
                 dict(
                     op=op,
-                    dtype=str(dtype),
+                    mode=mode,
                     eager=sum(eager.values()),
                     compiled=sum(kernels.values()),
                     kinds=dict(kernels),
@@ -164,7 +172,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 )
             )
             print(
-                f"{op:12s} {str(dtype)[6:]:8s} eager {sum(eager.values()):3d} aten ops; compiled "
+                f"{op:12s} {mode:13s} eager {sum(eager.values()):3d} aten ops; compiled "
                 f"{sum(kernels.values()):3d} kernels ({dict(kernels)}), compiled in {seconds:.1f} s; "
                 f"max relative difference from eager {error:.1e}",
                 flush=True,
