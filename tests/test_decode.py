@@ -105,8 +105,10 @@ def test_a_compiled_crate_step_multiplies_by_the_held_step_matrix(decoded: dict)
     square = [e for e in prof.events() if e.name in ("aten::mm", "aten::addmm") and [d, d] in e.input_shapes]
     depth = SIZE["depth"]
     assert len(square) == 3 * depth * NEW + depth  # the prompt's pass, NEW - 1 steps, DᵀD once per layer on entry
-    ista = [e for e in square if e.name == "aten::addmm" and e.input_shapes[:3] == [[1], [2, d], [d, d]]]
-    assert len(ista) == depth * (NEW - 1)  # x A − ηλ: the held A (shape [1]: ISTA's scalar shift)
+    ista = [e for e in square if e.name == "aten::addmm" and e.input_shapes[:3] == [[d], [2, d], [d, d]]]
+    # x A − ηλ by the held A and MSSA's output projection, each with a bias row (the thin form's second product
+    # would add the whole x instead)
+    assert len(ista) == 2 * depth * (NEW - 1)
 
 
 def test_sample_next_draws_what_multinomial_draws() -> None:

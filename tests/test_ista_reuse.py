@@ -103,7 +103,7 @@ def test_a_decoded_token_costs_one_matvec_inside_frozen_weights():
         A = m.frozen
         for _ in range(3):
             x = torch.randn(1, 1, d)
-            assert matmuls(m, x) == [("aten::addmm", [[1], [1, d], [d, d], [], []])]  # x A − ηλ, nothing else
+            assert matmuls(m, x) == [("aten::addmm", [[d], [1, d], [d, d], [], []])]  # x A − ηλ, nothing else
             assert_step(m, x)
         assert m.frozen is A  # computed once, on entry
     assert m.frozen is None
@@ -244,3 +244,64 @@ def test_a_sharded_model_keeps_nothing_and_computes_what_it_computed(tmp_path):
                 torch.testing.assert_close(sharded(x), want)
     finally:
         dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------- the GEMM's bias
+def _families() -> dict:
+    from tiny import family_builders
+
+    lm = dict(dim=32, depth=2, heads=4, block_size=8, vocab_size=50)
+    return {**family_builders(), "crate_lm_overcomplete": lambda: ct.create_model("crate_gpt_12l_pile", **lm)}
+
+
+def _addmm_biases(model: torch.nn.Module, x, amp: torch.dtype | None) -> list[tuple]:
+    """(bias shape, contiguous, output shape, the bias's value where constant) of every ``addmm`` over more token
+    rows than the model's width in a training step, an evaluation and an evaluation inside ``frozen_weights``."""
+    from tiny import family_loss
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls: list[tuple] = []
+    width = next(m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)).normalized_shape[0]
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket is torch.ops.aten.addmm and args[1].shape[0] > width:
+                bias = args[0]
+                first = bias.flatten()[0].item()  # the sparse step's bias is -ηλ everywhere
+                constant = first if bool((bias == first).all()) else None
+                calls.append((tuple(bias.shape), bias.is_contiguous(), tuple(out.shape), constant))
+            return out
+
+    for mode, held in (("train", False), ("eval", False), ("eval", True)):
+        getattr(model, mode)()
+        with frozen_weights(model) if held else torch.enable_grad(), Record():
+            with torch.autocast("cpu", dtype=amp or torch.float32, enabled=amp is not None):
+                out = model(x)
+            if mode == "train":
+                family_loss(out[0] if isinstance(out, tuple) else out).backward()
+    return calls
+
+
+@pytest.mark.parametrize("amp", [None, torch.bfloat16])
+def test_every_product_over_token_rows_takes_its_bias_as_a_row(amp):
+    """A GPU's GEMM adds a bias row of the output's width in its epilogue (cuBLASLt); any other broadcast bias
+    (ISTA's ``-ηλ`` and CRATE-α's shift as one-entry tensors did) is first expanded into the whole output and
+    read back by the GEMM.  In every family, every ``addmm`` over more token rows than the width, in training,
+    evaluation and inside ``frozen_weights``, with and without autocast, takes a contiguous bias row of the
+    output's width or a per-token term of the output's shape."""
+    from tiny import family_inputs
+
+    for family, build in _families().items():
+        torch.manual_seed(0)
+        model = build()
+        x = family_inputs(model)
+        if isinstance(model, ct.LanguageModel):  # more token rows than the width: ISTA's fused product
+            x = torch.randint(0, model.config.vocab_size, (6, 8))
+        calls = _addmm_biases(model, x, amp)
+        bad = [c for c in calls if not ((c[0] == c[2][-1:] and c[1]) or c[0] == c[2])]
+        assert not bad, (family, bad)
+        if family in ("crate", "crate_gpt", "crate_alpha"):  # the sparse step is among the products checked
+            shifts = {-m.eta * m.lambd for m in model.modules() if hasattr(m, "lambd")}
+            sparse = [c for c in calls if c[3] is not None and any(abs(c[3] - t) < 1e-3 for t in shifts)]
+            assert len(sparse) >= 2 * 3, (family, calls)  # each of the 2 layers in each of the 3 modes

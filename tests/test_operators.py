@@ -240,3 +240,48 @@ def test_one_layer_config_is_read_whole_by_the_layer():
         assert keys != keys2 or not torch.allclose(out, out2), field
     with pytest.raises(ValueError, match="extends LayerConfig"):
         EncoderLayer.from_config(object())
+
+
+# --------------------------------------------------------------------------- the layer's norms under autocast
+def test_the_layer_norms_bf16_tokens_in_bf16_as_float32_would_round_them():
+    """Under bf16 autocast CRATE's tokens between layers are bf16 (the sparse code replaces them). The layer's
+    norm gives what a float32 LayerNorm with bf16-cast γ and β gives, rounded once to bf16; float32 tokens as
+    ``nn.LayerNorm`` gives them; γ and β get float32 gradients."""
+    from crate_transformer.layers.block import LayerNorm
+
+    torch.manual_seed(0)
+    norm = LayerNorm(48, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.3, 0.3)
+    x = (torch.randn(3, 7, 48) * 4 + 1).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = norm(x)
+    want = F.layer_norm(x.double(), (48,), norm.weight.bfloat16().double(), norm.bias.bfloat16().double(), 1e-6)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.double(), want, rtol=2**-8, atol=2**-8)  # one bf16 rounding
+    y.float().square().sum().backward()
+    assert norm.weight.grad.dtype == torch.float32 and norm.bias.grad.abs().sum() > 0
+    x32 = x.float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.testing.assert_close(norm(x32), torch.nn.LayerNorm.forward(norm, x32), rtol=0, atol=0)
+
+
+def test_a_layer_normalises_bf16_tokens_outside_autocast(monkeypatch):
+    """CUDA's autocast runs layer_norm in float32 (a cast of the bf16 tokens in, a float32 result cast back at the
+    next product: three passes where one does). Every LayerNorm of CRATE's encoder and decoder layers that reads
+    bf16 tokens is called with autocast off, so no device's autocast policy applies to it; at least one per layer
+    past the first does (the first reads the float32 input)."""
+    calls: list[tuple] = []
+    layer_norm = F.layer_norm
+
+    def recording(x, *args, **kwargs):
+        calls.append((x.dtype, torch.is_autocast_enabled("cpu")))
+        return layer_norm(x, *args, **kwargs)
+
+    monkeypatch.setattr(F, "layer_norm", recording)
+    layers = torch.nn.Sequential(*(EncoderLayer(32, 4, 8) for _ in range(2)), DecoderLayer(32, 4, 8))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        layers(torch.randn(2, 9, 32))
+    low = [on for dtype, on in calls if dtype == torch.bfloat16]
+    assert len(low) >= 3 and not any(low), calls

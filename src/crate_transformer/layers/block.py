@@ -36,6 +36,26 @@ def _pick(table: Mapping[str, type[nn.Module]], name: str, field: str) -> type[n
     return table[name]
 
 
+# --------------------------------------------------------------------------- the layer's norms
+class LayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` that normalises the tokens in the precision they arrive in, under autocast as well.
+
+    CRATE's layer replaces its tokens by the sparse code (eq. (44)), so under bf16 autocast the tokens between layers
+    are bf16.  CUDA's autocast runs ``layer_norm`` in float32: it casts the tokens in, writes a float32 result and the
+    next matrix product casts it back, three passes over the tokens (and a float32 copy kept for the backward) where
+    one pass in bf16 computes the same normalisation (the kernel accumulates in float32; γ and β are cast as
+    autocast casts a product's weights).  Tokens in float32 (a ViT's residual stream) are normalised as before.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        kind = x.device.type
+        if x.dtype in (torch.float32, torch.float64) or not torch.is_autocast_enabled(kind):
+            return super().forward(x)
+        weight, bias = (None if p is None else p.to(x.dtype) for p in (self.weight, self.bias))
+        with torch.autocast(kind, enabled=False):
+            return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
+
+
 # --------------------------------------------------------------------------- stochastic depth
 class DropPath(nn.Module):
     """Stochastic depth (Huang et al. 2016) per sample, as timm's ``DropPath``: in training each sample's
@@ -129,9 +149,9 @@ class EncoderLayer(nn.Module):
         Attention = _pick(ATTENTIONS, c.attention, "attention")
         Block = _pick(SECOND_BLOCKS, c.second_block, "mlp")
         bias = Block.attention_bias if c.proj_bias is None else c.proj_bias
-        self.norm1 = nn.LayerNorm(dim, eps=Block.norm_eps)
+        self.norm1 = LayerNorm(dim, eps=Block.norm_eps)
         self.attn = Attention.from_config(dim, heads, dim_head, c, causal=causal, bias=bias)
-        self.norm2 = nn.LayerNorm(dim, eps=Block.norm_eps) if Block.normed else nn.Identity()
+        self.norm2 = LayerNorm(dim, eps=Block.norm_eps) if Block.normed else nn.Identity()
         self.add_module(Block.state_key, Block.from_config(dim, c))
         self.drop_path = DropPath(drop_path)  # no parameters: state dicts are unchanged
         self.block_key, self.skip_from_norm, self.config = Block.state_key, c.layer_form == "jmlr", c
@@ -228,10 +248,10 @@ class DecoderLayer(nn.Module):
         if form not in LAYER_FORMS:
             raise ValueError(f"unknown layer form {form!r}; choose one of {LAYER_FORMS}")
         self.skip_from_norm = form == "jmlr"
-        self.norm1 = nn.LayerNorm(dim)
+        self.norm1 = LayerNorm(dim)
         self.weight = nn.Parameter(torch.empty(dim, dim))  # E, the synthesis dictionary
         nn.init.kaiming_uniform_(self.weight)
-        self.norm2 = nn.LayerNorm(dim)
+        self.norm2 = LayerNorm(dim)
         self.attn = MSSA(dim, heads, dim_head, dropout, scale_scores=scale_scores)
 
     @property

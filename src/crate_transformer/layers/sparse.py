@@ -134,7 +134,10 @@ class ISTA(SecondBlock, nn.Module):
             thin = statically_known_true(thin)  # every count, where a guard on the count would fail the export
         if A is None and thin:
             return torch.addmm(rows + bias, rows - F.linear(rows, D), D, alpha=self.eta).view_as(x)
-        return torch.addmm(x.new_full((1,), bias), rows, self.step_matrix() if A is None else A).view_as(x)
+        # the bias as a row of d entries: a GPU's GEMM adds it in its epilogue (cuBLASLt); a (1,) bias would be
+        # expanded into the whole output first and read back by the GEMM, two passes over n x d
+        row = rows.new_full((D.shape[0],), bias)
+        return torch.addmm(row, rows, self.step_matrix() if A is None else A).view_as(x)
 
     def extra_repr(self) -> str:
         return f"dim={self.weight.shape[0]}, eta={self.eta}, lambd={self.lambd}, mode={self.mode!r}"
@@ -233,7 +236,7 @@ class OvercompleteISTA(SecondBlock, nn.Module):
         Four thin matmuls, each with its scaling and shift fused in (``addmm``); nothing here is independent of
         the tokens (a Gram matrix ``DᵀD`` would be ``m × m``, costlier than the two products it replaces)."""
         rows, D, shift = x.reshape(-1, x.shape[-1]), self.D, -self.eta * self.lambd
-        a1 = torch.addmm(rows.new_full((1,), shift), rows, D, alpha=self.eta).relu_()
+        a1 = torch.addmm(rows.new_full(D.shape[1:], shift), rows, D, alpha=self.eta).relu_()  # a row: the epilogue's
         residual = torch.addmm(rows, a1, D.T, beta=-1)  # D A1 − Z in row form
         return torch.addmm(a1 + shift, residual, D, alpha=-self.eta).relu_().view(*x.shape[:-1], -1)
 
