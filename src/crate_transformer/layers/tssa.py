@@ -187,9 +187,17 @@ def _product(t: Tensor, u: Tensor) -> Tensor:
     return f.mul_(u) if f is not t else t * u
 
 
-def _diagonal_blocks(m: Tensor, heads: int) -> Tensor:
-    """``(b, K, K·p)`` → ``(b, K·p)``: row ``k``'s block of head ``k``, e.g. ``Πᵀ · t`` → ``Σ_j Π_jk t_jc``."""
-    b, _, D = m.shape
+def _token_sums(pi: Tensor, t: Tensor, heads: int) -> Tensor:
+    """``(b, n, K)`` and ``(b, n, K·p)`` → ``(b, K·p)``: ``Σ_j Π_jk t_jc`` for each coordinate ``c`` of head ``k``.
+
+    Eager, the diagonal blocks of one product ``Πᵀ · t`` (a GEMM, no ``(b, n, K·p)`` temporary); under
+    torch.compile, the product and sum over the tokens, which inductor fuses with the kernel that makes ``t``
+    (a GEMM is an extern call it cannot fuse: 16 kernels per forward+backward instead of 10,
+    ``benchmarks/attention_kernels.py``)."""
+    b, n, D = t.shape
+    if torch.compiler.is_compiling():
+        return (t.view(b, n, heads, D // heads) * pi.unsqueeze(-1)).sum(1).view(b, D)
+    m = pi.transpose(1, 2) @ t
     return m.view(b, heads, heads, D // heads).diagonal(dim1=1, dim2=2).transpose(1, 2).reshape(b, D)
 
 
@@ -200,7 +208,7 @@ def _token_statistics(y: Tensor, temp: Tensor, heads: int) -> tuple[Tensor, Tens
 
     Each statistic is a pass over the squares in their ``(b, n, K·p)`` layout: a coordinate's energy is a sum
     over the tokens, the membership scores ``Σ_i w_kji² / energy_ki`` a scaled sum per head, the Π-weighted
-    moments the diagonal blocks of one product ``Πᵀ · squares``.  No ``(b, K, n, p)`` copy of the projections is
+    moments a Π-weighted sum over the tokens (:func:`_token_sums`).  No ``(b, K, n, p)`` copy of the projections is
     made: few passes over few temporaries (``benchmarks/bench_tost.py``)."""
     b, n, D = y.shape
     with full_precision(y):
@@ -209,7 +217,7 @@ def _token_statistics(y: Tensor, temp: Tensor, heads: int) -> tuple[Tensor, Tens
         # F.normalize's floor on the norm, as the authors' code: max(‖w‖, 1e-12)² = max(‖w‖², 1e-24)
         share = _head_sums(sq, 1.0 / energy.clamp_min(_TSSA_ENERGY_FLOOR**2).view(b, D), heads)
         pi = torch.softmax(share * temp.view(1, 1, heads).to(sq.dtype), dim=-1)
-        num = _diagonal_blocks(pi.transpose(1, 2) @ sq, heads)
+        num = _token_sums(pi, sq, heads)
         mass = (pi.sum(1) + _TSSA_MASS_EPS).repeat_interleave(D // heads, dim=-1)
     return sq, energy, share, pi, num / mass
 
@@ -285,13 +293,13 @@ def _statistics_grads(
 ) -> tuple[Tensor, Tensor]:
     """The gradients of the projections ``y`` and the temperature through :func:`_token_statistics` and the
     product ``z = −Π_jk w_j ⊙ shrink``, given ``dz``; the squares recomputed, per-head sums as products with
-    :func:`_head_sums`, :func:`_outer` and :func:`_diagonal_blocks` (float32 for half projections)."""
+    :func:`_head_sums`, :func:`_outer` and :func:`_token_sums` (float32 for half projections)."""
     b, n, D = y.shape
     energy, share, pi, moment, shrink = stats
     # half projections: float32 copies made one at a time and worked on in place (mixed-dtype products promote
     # on the fly), so the backward holds at most two float32 tensors of the projections' size at once
     a = _product(dz, y)
-    d_shrink = -_diagonal_blocks(pi.transpose(1, 2) @ a, heads)
+    d_shrink = -_token_sums(pi, a, heads)
     d_pi = _head_sums(a, -shrink, heads)
     del a
     # shrink = mask / (1 + moment): d shrink / d moment = −shrink / (1 + moment)
@@ -307,7 +315,7 @@ def _statistics_grads(
     d_logit = pi * (d_pi - (d_pi * pi).sum(-1, keepdim=True))
     grad_temp = (share * d_logit).sum((0, 1))
     d_share = d_logit * temp.view(1, 1, heads).to(d_logit.dtype)
-    d_inv = _diagonal_blocks(d_share.transpose(1, 2) @ sq, heads)
+    d_inv = _token_sums(d_share, sq, heads)
     del sq
     d_energy = -d_inv * inv.square() * (energy.view(b, D) >= _TSSA_ENERGY_FLOOR**2)
     # dy = 2 y (d_share_k inv_c + Π_k d_num_c + d_energy_c) − dz Π_k shrink_c
