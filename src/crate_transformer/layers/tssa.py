@@ -191,9 +191,8 @@ def _token_sums(pi: Tensor, t: Tensor, heads: int) -> Tensor:
     """``(b, n, K)`` and ``(b, n, K·p)`` → ``(b, K·p)``: ``Σ_j Π_jk t_jc`` for each coordinate ``c`` of head ``k``.
 
     Eager, the diagonal blocks of one product ``Πᵀ · t`` (a GEMM, no ``(b, n, K·p)`` temporary); under
-    torch.compile, the product and sum over the tokens, which inductor fuses with the kernel that makes ``t``
-    (a GEMM is an extern call it cannot fuse: 16 kernels per forward+backward instead of 10,
-    ``benchmarks/attention_kernels.py``)."""
+    torch.compile, the product and sum over the tokens, which inductor fuses with the kernel that makes ``t``, where
+    a GEMM would be an extern call it cannot fuse (``benchmarks/attention_kernels.py`` counts the kernels)."""
     b, n, D = t.shape
     if torch.compiler.is_compiling():
         return (t.view(b, n, heads, D // heads) * pi.unsqueeze(-1)).sum(1).view(b, D)
