@@ -236,7 +236,8 @@ class OvercompleteISTA(SecondBlock, nn.Module):
         Four thin matmuls, each with its scaling and shift fused in (``addmm``); nothing here is independent of
         the tokens (a Gram matrix ``DᵀD`` would be ``m × m``, costlier than the two products it replaces)."""
         rows, D, shift = x.reshape(-1, x.shape[-1]), self.D, -self.eta * self.lambd
-        a1 = torch.addmm(rows.new_full(D.shape[1:], shift), rows, D, alpha=self.eta).relu_()  # a row: the epilogue's
+        # the shift as a bias row: a GPU's GEMM adds it in its epilogue (ISTA.preactivation)
+        a1 = torch.addmm(rows.new_full(D.shape[1:], shift), rows, D, alpha=self.eta).relu_()
         residual = torch.addmm(rows, a1, D.T, beta=-1)  # D A1 − Z in row form
         return torch.addmm(a1 + shift, residual, D, alpha=-self.eta).relu_().view(*x.shape[:-1], -1)
 
