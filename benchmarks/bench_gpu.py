@@ -375,38 +375,44 @@ def kind_of(name: str) -> str:
     return next((kind for kind, keys in KINDS if any(k in low for k in keys)), "elementwise / other")
 
 
-def profile_step(size: str, args: argparse.Namespace, shape: dict, device: torch.device) -> list[dict]:
+def profile_step(size: str, args: argparse.Namespace, shape: dict, device: torch.device, report) -> list[dict]:
     """One optimizer step of CRATE and of the ViT of the same size, eager and compiled, under torch.profiler (after
     three warm-up steps): per model and mode, the kernels (CUDA) or operators that do work (CPU) with their self
-    time, grouped into GEMM / attention / norm / optimizer / the rest, and the kernels per step."""
+    time, grouped into GEMM / attention / norm / optimizer / the rest, the kernels per step and the heaviest
+    kernels by name.  Both eager rows come first, each handed to ``report`` as soon as it is measured: a stage's
+    time limit that cuts the compilations keeps them."""
     from torch.profiler import ProfilerActivity, profile
 
     models = models_of(size, shape, False)
+    names = (f"CRATE-{size}", next(k for k in models if k.startswith("ViT")))
+    batch = args.batch or BATCH[size]
+    on_gpu = device.type == "cuda"
     rows = []
-    for name in (f"CRATE-{size}", next(k for k in models if k.startswith("ViT"))):
-        model = models[name].to(device).train()
-        c = model.config
-        batch = args.batch or BATCH[size]
-        x = torch.randn(batch, 3, c.image_size, c.image_size, device=device)
-        y = torch.randint(0, c.num_classes, (batch,), device=device)
-        for mode in ("eager", "compiled"):
+    for mode in ("eager", "compiled"):
+        for name in names:
+            model = models[name].to(device).train()
+            c = model.config
+            x = torch.randn(batch, 3, c.image_size, c.image_size, device=device)
+            y = torch.randint(0, c.num_classes, (batch,), device=device)
             step = train_step(
                 torch.compile(model, backend=args.backend) if mode == "compiled" else model, x, y, args.amp
             )
             for _ in range(3):
                 step()
             sync(device)
-            on_gpu = device.type == "cuda"
             with profile(activities=[ProfilerActivity.CUDA] if on_gpu else [ProfilerActivity.CPU]) as prof:
                 step()
                 sync(device)
-            rows.append(dict(model=name, mode=mode, **kernel_table(prof, on_gpu)))
+            rows.append(dict(model=name, mode=mode, batch=batch, **kernel_table(prof, on_gpu)))
+            report(rows[-1])
     return rows
 
 
-def kernel_table(prof: object, on_gpu: bool) -> dict:
-    """Self time per kernel kind (ms) and the kernels per step, from one profiled step."""
+def kernel_table(prof: object, on_gpu: bool, top: int = 8) -> dict:
+    """Self time per kernel kind (ms), the kernels per step and the ``top`` heaviest kernels (name, ms, calls),
+    from one profiled step."""
     times: dict[str, float] = {}
+    heavy = []
     count = 0
     for e in prof.key_averages():
         us = e.self_device_time_total if on_gpu else e.self_cpu_time_total
@@ -414,18 +420,26 @@ def kernel_table(prof: object, on_gpu: bool) -> dict:
             continue
         kind = kind_of(e.key)
         times[kind] = times.get(kind, 0.0) + us / 1e3
+        heavy.append((e.key, us / 1e3, e.count))
         count += e.count
     total = sum(times.values()) or 1.0
-    return {"ms": total, "kernels": count, "share": {k: v / total for k, v in sorted(times.items())}}
+    heavy = sorted(heavy, key=lambda h: -h[1])[:top]
+    return {"ms": total, "kernels": count, "share": {k: v / total for k, v in sorted(times.items())}, "top": heavy}
 
 
-def print_profile(rows: list[dict]) -> None:
-    kinds = [k for k, _ in KINDS] + ["elementwise / other"]
-    head = f"{'model':18} {'mode':9} {'kernels':>8} {'ms':>9} " + " ".join(f"{k:>20}" for k in kinds)
-    print(head + "\n" + "-" * len(head))
-    for r in rows:
-        shares = " ".join(f"{100 * r['share'].get(k, 0.0):>19.1f}%" for k in kinds)
-        print(f"{r['model']:18} {r['mode']:9} {r['kernels']:>8} {r['ms']:>9.1f} {shares}")
+PROFILE_KINDS = [k for k, _ in KINDS] + ["elementwise / other"]
+
+
+def print_profile_row(r: dict, head: bool = False) -> None:
+    """One profiled step: its kernels, time and shares by kind, then its heaviest kernels."""
+    if head:
+        line = f"{'model':18} {'mode':9} {'kernels':>8} {'ms':>9} " + " ".join(f"{k:>20}" for k in PROFILE_KINDS)
+        print(line + "\n" + "-" * len(line))
+    shares = " ".join(f"{100 * r['share'].get(k, 0.0):>19.1f}%" for k in PROFILE_KINDS)
+    print(f"{r['model']:18} {r['mode']:9} {r['kernels']:>8} {r['ms']:>9.1f} {shares}")
+    for name, ms, calls in r["top"]:
+        print(f"    {ms:9.2f} ms {calls:5d}x  {kind_of(name):20} {name[:90]}")
+    print(flush=True)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -529,9 +543,14 @@ def main(argv: list[str] | None = None) -> dict:
             Path(args.json).write_text(json.dumps(result, indent=1))
 
     if args.profile:
-        result["profile"] = profile_step(args.profile, args, shape, device)
-        print_profile(result["profile"])
-        save()
+        result["profile"] = []
+
+        def report(row: dict) -> None:
+            print_profile_row(row, head=len(result["profile"]) == 0)
+            result["profile"].append(row)
+            save()
+
+        profile_step(args.profile, args, shape, device, report)
         return result
     print(HEAD + "\n" + "-" * len(HEAD), flush=True)
     for size in args.sizes:  # eager first, every size; then the data path; then the compiled rows

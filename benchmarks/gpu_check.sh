@@ -23,7 +23,8 @@
 #            bf16, eager and compiled (static cache, a CUDA graph per token); $OUT/bench_decode.json
 #   [profile] benchmarks/bench_gpu.py --profile B: one training step of CRATE-B and ViT-B, eager and compiled, under
 #            torch.profiler: the step's GPU time split into GEMM / attention / norm / optimizer / the rest, kernels
-#            per step (where the time between the GEMMs goes); $OUT/bench_profile.json
+#            per step and the heaviest kernels by name (where the time between the GEMMs goes), both eager rows
+#            first (two compilations follow, about 25 s each on an H200); $OUT/bench_profile.json
 #   [train]  `crate train --device cuda` (the documented value) on the digits, timed
 #   [lm]     `crate train-lm --device cuda` on the built-in corpus, timed
 #   [slow]   CRATE_TEST_DEVICE=cuda python -m pytest -m slow, in the time that is left; $OUT/pytest_slow.txt
@@ -57,8 +58,9 @@ left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 want() { [[ " ${GPU_CHECK_STAGES:-info fast bench decode profile train lm slow} " == *" $1 "* ]]; }
 
 # Each stage's share of the budget in seconds (the first run measured set-up 22, info 5, fast 84, bench 173 before
-# the compiled crate-train row and the attention rows, train 18, lm 12 + start-up); slow gets what is left.
-SHARES=(info:15 fast:90 bench:180 decode:90 profile:45 train:25 lm:30)
+# the compiled crate-train row and the attention rows, train 18, lm 12 + start-up; a compilation of CRATE-B or
+# ViT-B about 25 s, so profile gets 60); slow gets what is left.
+SHARES=(info:10 fast:90 bench:180 decode:90 profile:60 train:25 lm:20)
 # kept_after NAME: the shares of the wanted stages after NAME, which NAME must leave untouched
 kept_after() {
   local kv seen=0 sum=0
@@ -173,7 +175,7 @@ main() {
     train=(--epochs 1 --max-steps 5 --threads 1); lm=(--epochs 1 --max-steps 5 --threads 1 --sample-tokens 8)
     size=T
   fi
-  want info && stage info 15 info
+  want info && stage info 10 info
   want fast && stage fast 90 run_pytest fast "not slow" ${tests[@]+"${tests[@]}"}
   # shellcheck disable=SC2086
   want bench && stage bench 180 "$PY" benchmarks/bench_gpu.py ${bench[@]+"${bench[@]}"} --decode \
@@ -181,11 +183,11 @@ main() {
   # shellcheck disable=SC2086
   want decode && stage decode 90 "$PY" benchmarks/bench_gpu.py ${bench[@]+"${bench[@]}"} --sizes --compile \
     --e2e none --attention-tokens --decode base --json "$LOGDIR/bench_decode.json" ${DECODE_ARGS:-}
-  want profile && stage profile 45 "$PY" benchmarks/bench_gpu.py ${bench[@]+"${bench[@]}"} --profile "$size" \
+  want profile && stage profile 60 "$PY" benchmarks/bench_gpu.py ${bench[@]+"${bench[@]}"} --profile "$size" \
     --json "$LOGDIR/bench_profile.json"
   want train && stage train 25 timed "crate train --device $dev" "$PY" -m crate_transformer.cli train \
     --data digits --device "$dev" --no-progress --out "$WORK/train" "${train[@]}"
-  want lm && stage lm 30 timed "crate train-lm --device $dev" "$PY" -m crate_transformer.cli train-lm \
+  want lm && stage lm 20 timed "crate train-lm --device $dev" "$PY" -m crate_transformer.cli train-lm \
     --device "$dev" --no-progress --out "$WORK/lm" "${lm[@]}"
   want slow && [ "$DRY" = 0 ] && stage slow 400 run_pytest slow slow
   echo; echo "===== summary ($(( $(date +%s) - T0 ))s of ${BUDGET}s; load average $(cut -d' ' -f1-3 /proc/loadavg))"
