@@ -181,3 +181,17 @@ def test_gpu_check_dry_run_keeps_each_stages_share_of_the_budget(tmp_path: Path)
     train = re.search(r"===== \[train\] \(timeout (\d+)s", log)
     assert train and int(train.group(1)) <= 46 - 5 - 20, log[-2000:]
     assert re.search(r"===== \[lm\] \(timeout (\d+)s", log), log[-2000:]  # how it ends depends on the load
+
+
+@pytest.mark.slow
+def test_layer_kernels_counts_a_compiled_crate_layer_against_a_vit_layer() -> None:
+    """``layer_kernels.py --tiny``: per layer, CRATE's compiled forward and backward are no more fused kernels than
+    the ViT's, with the same GEMMs forward (four) and one attention kernel each way; every count is a difference of
+    two real inductor builds (a layer's share is positive); eager, a CRATE layer dispatches no more operators."""
+    rows = {r["model"]: r for r in _load("layer_kernels").main(["--tiny", "--depths", "1", "2"])}
+    crate, vit = rows["crate_base"], rows["vit_base"]
+    for part in ("forward", "backward"):
+        assert 0 < crate[part]["fused"] <= vit[part]["fused"], rows
+        assert crate[part].get("aten") == vit[part].get("aten") == 1, rows
+    assert crate["forward"]["extern"] == vit["forward"]["extern"] == 4, rows
+    assert 0 < crate["eager"] <= vit["eager"], rows
