@@ -285,3 +285,18 @@ def test_a_layer_normalises_bf16_tokens_outside_autocast(monkeypatch):
         layers(torch.randn(2, 9, 32))
     low = [on for dtype, on in calls if dtype == torch.bfloat16]
     assert len(low) >= 3 and not any(low), calls
+
+
+def test_every_family_runs_in_bf16_on_meta():
+    """Shapes of a half-precision model without a device: the layer's norm asks about autocast only where the
+    device has one (``meta`` has none; asking raised)."""
+    from tiny import family_builders, family_inputs
+
+    for name, build in family_builders().items():
+        model = build().to("meta", torch.bfloat16)
+        x = family_inputs(model, "meta")
+        x = [t.bfloat16() for t in x] if isinstance(x, list) else x.bfloat16() if x.is_floating_point() else x
+        out = model(x)
+        out = getattr(out, "logits", getattr(out, "loss", out))
+        out = out[0] if isinstance(out, tuple) else out
+        assert out.device.type == "meta", name

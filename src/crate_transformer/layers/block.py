@@ -49,7 +49,8 @@ class LayerNorm(nn.LayerNorm):
 
     def forward(self, x: Tensor) -> Tensor:
         kind = x.device.type
-        if x.dtype in (torch.float32, torch.float64) or not torch.is_autocast_enabled(kind):
+        autocast = torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind)  # meta has none
+        if x.dtype in (torch.float32, torch.float64) or not autocast:
             return super().forward(x)
         weight, bias = (None if p is None else p.to(x.dtype) for p in (self.weight, self.bias))
         with torch.autocast(kind, enabled=False):
