@@ -287,16 +287,20 @@ def test_a_layer_normalises_bf16_tokens_outside_autocast(monkeypatch):
     assert len(low) >= 3 and not any(low), calls
 
 
-def test_every_family_runs_in_bf16_on_meta():
-    """Shapes of a half-precision model without a device: the layer's norm asks about autocast only where the
-    device has one (``meta`` has none; asking raised)."""
+@pytest.mark.parametrize(
+    ("model_dtype", "input_dtype"), [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16)]
+)
+def test_every_family_runs_on_meta_in_half_precision(model_dtype, input_dtype):
+    """Shapes without a device: every question about autocast (the layer's norm, the image models' input cast)
+    goes through ``objectives.autocast_on``, which answers False where the device has no autocast (``meta``;
+    asking torch raised). Images of another dtype are cast to the model's."""
     from tiny import family_builders, family_inputs
 
     for name, build in family_builders().items():
-        model = build().to("meta", torch.bfloat16)
+        model = build().to("meta", model_dtype)
         x = family_inputs(model, "meta")
-        x = [t.bfloat16() for t in x] if isinstance(x, list) else x.bfloat16() if x.is_floating_point() else x
+        x = [t.to(input_dtype) for t in x] if isinstance(x, list) else x.to(input_dtype) if x.is_floating_point() else x
         out = model(x)
-        out = getattr(out, "logits", getattr(out, "loss", out))
+        loss = getattr(out, "loss", None)  # CRATE-MAE's loss is float32 by design
         out = out[0] if isinstance(out, tuple) else out
-        assert out.device.type == "meta", name
+        assert out.device.type == "meta" and (loss is not None or out.dtype == model_dtype), name

@@ -250,9 +250,7 @@ class CRATEMAE(ImageInput, Model):
         return sincos_pos_embed(self.config.dim, h, w).unsqueeze(0).to(self.pos_embed)
 
     def _patch_tokens(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        self.check_images(x, finite=False)
-        if x.dtype != self.cls_token.dtype and not torch.is_autocast_enabled(x.device.type):
-            x = x.to(self.cls_token.dtype)
+        x = self.model_images(x)
         p = self.config.patch_size
         return self.patch_embed(patchify(x, p)), self.position_embedding(x.shape[-2] // p, x.shape[-1] // p)
 

@@ -23,6 +23,7 @@ from .base import POOLS, Model, Trace, pool_name, pool_tokens, take_indices
 from .config import IMAGE_CLASSIFIER, Config
 from .config_utils import Range
 from .layers import DIM_HEAD, EncoderLayer, LayerConfig, drop_path_rates
+from .objectives import autocast_on
 from .official import HEADS_NOT_STORED, OfficialFormat, official_to_native
 from .spec import DEFAULT_NORMALIZATION, IMAGENET_MEAN, IMAGENET_STD, DataSpec, fit_normalization
 
@@ -307,6 +308,13 @@ class ImageInput:
         return x.shape[-2] // p, x.shape[-1] // p
 
     # ---------------------------------------------------------------- input checks
+    def model_images(self, x: Tensor) -> Tensor:
+        """Images ``x`` checked (metadata only: :meth:`check_images`) and in the parameters' floating dtype, unless
+        autocast is on for their device (it casts them); what each image model's embedding reads."""
+        self.check_images(x, finite=False)
+        dtype = self.cls_token.dtype
+        return x if x.dtype == dtype or autocast_on(x) else x.to(dtype)
+
     def check_images(self, x: Tensor, finite: bool = True) -> None:
         """Raise a one-line ValueError naming the problem (and the fix) for input the model cannot take.
 
@@ -423,11 +431,8 @@ class ImageClassifier(ImageInput, Model):
         under autocast it is left to autocast.  Only metadata is checked here (no NaN check: that
         would be a device sync per forward pass; see :meth:`check_images`).
         """
-        self.check_images(x, finite=False)
+        x = self.model_images(x)
         p = self.config.patch_size
-        dtype = self.cls_token.dtype
-        if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
-            x = x.to(dtype)
         tokens = self.patch_embed(self.patchify(x))
         tokens = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), tokens], dim=1)
         return self.emb_drop(tokens + self.interpolate_pos_embed(x.shape[-2] // p, x.shape[-1] // p))

@@ -97,12 +97,18 @@ def _cast(Z: Tensor, dtype: torch.dtype | None) -> Tensor:
 _Fn = TypeVar("_Fn", bound=Callable[..., Tensor])
 
 
+def autocast_on(x: object) -> bool:
+    """Whether autocast is on for the device of the tensor ``x`` (``cpu`` for anything else); False on a device
+    that has no autocast, such as ``meta``, where asking raises."""
+    device = x.device.type if isinstance(x, Tensor) else "cpu"
+    return torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+
+
 def full_precision(x: object) -> contextlib.AbstractContextManager[object]:
     """Autocast off on the device of the tensor ``x`` where it is on, for statistics whose dtype the caller chose
     (float32 for half tokens: :func:`at_least_float32`); a no-op elsewhere."""
-    device = x.device.type if isinstance(x, Tensor) else "cpu"
-    if device in ("cpu", "cuda", "mps") and torch.is_autocast_enabled(device):
-        return torch.autocast(device, enabled=False)
+    if autocast_on(x):
+        return torch.autocast(x.device.type if isinstance(x, Tensor) else "cpu", enabled=False)
     return contextlib.nullcontext()
 
 

@@ -382,11 +382,7 @@ class ToST(ImageInput, Model):
     def embed(self, x: Tensor) -> Tensor:
         """The patch tokens ``(b, N, d)``: convolutional embedding plus the Fourier position encoding.  Input of
         another floating dtype is cast to the parameters' (under autocast it is left to autocast)."""
-        self.check_images(x, finite=False)
-        dtype = self.cls_token.dtype
-        if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
-            x = x.to(dtype)
-        z = self.patch_embed(x)
+        z = self.patch_embed(self.model_images(x))
         h, w = z.shape[-2:]
         z = z.flatten(2).transpose(1, 2)
         if self.config.use_pos:

@@ -57,7 +57,14 @@ from ..errors import Opt, OptionError
 from ..io import read_side_file, write_json
 from ..layers.inference import evaluating
 from ..model import ImageClassifier
-from ..objectives import coding_rate, l1_per_entry, rate_reduction, sparsity, variational_coding_rate
+from ..objectives import (
+    coding_rate,
+    full_precision,
+    l1_per_entry,
+    rate_reduction,
+    sparsity,
+    variational_coding_rate,
+)
 from ..progress import progress_bar
 from ._common import (
     Normalization,
@@ -128,7 +135,7 @@ def measure_batch(
     The model must already be in eval mode (``measure`` takes care of that).  Autocast is off here: the trace
     runs in the model's own dtype and the rates in float64, also when called inside a mixed-precision step.
     """
-    with torch.autocast(x.device.type, enabled=False):
+    with full_precision(x):
         return _measure_batch(model, x, eps, include_cls, thresholds)
 
 

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config_utils import Range
+from ..objectives import autocast_on, full_precision
 from .attention import MHSA, MSSA
 from .config import ATTENTION_NAMES, LAYER_FORMS, MLPS, LayerConfig
 from .sparse import ISTA, MLP, OvercompleteISTA, Skip, TiedOvercompleteISTA
@@ -48,12 +49,10 @@ class LayerNorm(nn.LayerNorm):
     """
 
     def forward(self, x: Tensor) -> Tensor:
-        kind = x.device.type
-        autocast = torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind)  # meta has none
-        if x.dtype in (torch.float32, torch.float64) or not autocast:
+        if x.dtype in (torch.float32, torch.float64) or not autocast_on(x):
             return super().forward(x)
         weight, bias = (None if p is None else p.to(x.dtype) for p in (self.weight, self.bias))
-        with torch.autocast(kind, enabled=False):
+        with full_precision(x):  # autocast off: the norm in the tokens' dtype
             return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
 
 
