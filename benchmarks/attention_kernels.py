@@ -113,11 +113,11 @@ def generated_calls(code: str) -> Counter:
     return kinds
 
 
-def compiled_kernels(
+def compiled_calls(
     module: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, amp: torch.dtype | None = None
-) -> tuple[Counter, tuple[torch.Tensor, ...], float, torch.nn.Module]:
-    """Compile ``module`` (inductor, one graph, static shapes) and run one forward+backward: the kernel calls of its
-    generated forward and backward modules (:func:`generated_calls`, summed), the outputs and gradients
+) -> tuple[list[Counter], tuple[torch.Tensor, ...], float, torch.nn.Module]:
+    """Compile ``module`` (inductor, one graph, static shapes) and run one forward+backward: the kernel calls of
+    each module it generated, the forward's first (:func:`generated_calls`), the outputs and gradients
     (:func:`step`), the seconds the first call took (the compilation) and the compiled module."""
     from torch._inductor.utils import run_and_get_code
 
@@ -128,7 +128,15 @@ def compiled_kernels(
     seconds = time.perf_counter() - start
     if len(codes) < 2:
         raise RuntimeError(f"expected a forward and a backward module, inductor generated {len(codes)}")
-    return sum((generated_calls(c) for c in codes), Counter()), result, seconds, compiled
+    return [generated_calls(c) for c in codes], result, seconds, compiled
+
+
+def compiled_kernels(
+    module: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, amp: torch.dtype | None = None
+) -> tuple[Counter, tuple[torch.Tensor, ...], float, torch.nn.Module]:
+    """:func:`compiled_calls` with the forward's and the backward's kernel calls summed."""
+    calls, result, seconds, compiled = compiled_calls(module, x, grad, amp)
+    return sum(calls, Counter()), result, seconds, compiled
 
 
 def _commit() -> str:

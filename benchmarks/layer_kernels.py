@@ -6,7 +6,7 @@ ViT-B at 224/16 by default, batch 4, bf16 autocast as a GPU run trains) built at
 one layer's share:
 
 * eager: the aten operators one forward+backward dispatches (``attention_kernels.eager_ops``);
-* compiled: the kernel calls of inductor's forward and backward modules (``attention_kernels.generated_calls``):
+* compiled: the kernel calls of inductor's forward and backward modules (``attention_kernels.compiled_calls``):
   fused kernels it wrote, extern kernels (the GEMMs) and aten fallbacks (the attention kernels).
 
     python benchmarks/layer_kernels.py               # about five minutes on two cores (four inductor builds)
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention_kernels import _commit, eager_ops, generated_calls  # noqa: E402
+from attention_kernels import _commit, compiled_calls, eager_ops  # noqa: E402
 
 TINY = dict(image_size=32, patch_size=8, dim=32, heads=4)
 
@@ -34,7 +34,6 @@ def counts(name: str, depth: int, batch: int, amp: torch.dtype | None, **shape: 
     """Eager aten operators and compiled kernel calls (forward and backward modules apart) of one training step of
     ``name`` at ``depth`` layers (``shape``: other overrides of the model's configuration)."""
     import torch.nn.functional as F
-    from torch._inductor.utils import run_and_get_code
 
     import crate_transformer as ct
 
@@ -51,19 +50,9 @@ def counts(name: str, depth: int, batch: int, amp: torch.dtype | None, **shape: 
         def forward(self, images: torch.Tensor) -> torch.Tensor:
             return F.cross_entropy(self.model(images).float(), y)
 
-    loss = Loss()
-    out = {"eager": eager_ops(loss, x, torch.tensor(1.0), amp)}
-    torch._dynamo.reset()
-    compiled = torch.compile(loss, fullgraph=True, dynamic=False)
-
-    def step() -> None:
-        with torch.autocast("cpu", dtype=amp or torch.bfloat16, enabled=amp is not None):
-            value = compiled(x)
-        value.backward()
-
-    _, codes = run_and_get_code(step)
-    out["forward"], out["backward"] = generated_calls(codes[0]), sum(map(generated_calls, codes[1:]), Counter())
-    return out
+    loss, one = Loss(), torch.tensor(1.0)
+    calls = compiled_calls(loss, x, one, amp)[0]
+    return {"eager": eager_ops(loss, x, one, amp), "forward": calls[0], "backward": sum(calls[1:], Counter())}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

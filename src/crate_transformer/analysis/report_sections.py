@@ -185,22 +185,25 @@ def _layerwise_section(ctx: _Context, progress: bool) -> Part:
     )
 
 
+# the report's layer-wise figures: file, metrics, title (None: plot_layerwise's own)
+LAYERWISE_FIGURES = (
+    ("layerwise.png", ("rc_in", "nonzero"), None),
+    (
+        "layerwise_all.png",
+        ("rc_in", "rc_half", "rc_out"),
+        "R^c at the MSSA input, the MSSA output and the layer output",
+    ),
+    (
+        "layerwise_rate.png",
+        ("l1", "rate", "rate_reduction"),
+        "l1 norm, coding rate and rate reduction of the layer outputs",
+    ),
+)
+
+
 def _plot_layerwise_figures(tables: dict[str, LayerTable], fig_dir: Path, initial: dict[str, object]) -> None:
-    plot_layerwise(tables, fig_dir / "layerwise.png", metrics=("rc_in", "nonzero"), references=initial)
-    plot_layerwise(
-        tables,
-        fig_dir / "layerwise_all.png",
-        metrics=("rc_in", "rc_half", "rc_out"),
-        title="R^c at the MSSA input, the MSSA output and the layer output",
-        references=initial,
-    )
-    plot_layerwise(
-        tables,
-        fig_dir / "layerwise_rate.png",
-        metrics=("l1", "rate", "rate_reduction"),
-        title="l1 norm, coding rate and rate reduction of the layer outputs",
-        references=initial,
-    )
+    for name, metrics, title in LAYERWISE_FIGURES:
+        plot_layerwise(tables, fig_dir / name, metrics=metrics, title=title, references=initial)
 
 
 def _layerwise_captions(tables: dict[str, LayerTable], eps: float, against: str) -> list[tuple[str, str, str]]:

@@ -7,7 +7,6 @@ where its code is read, and it builds itself from a :class:`~crate_transformer.l
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import ClassVar
 
 import torch
@@ -15,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from ..objectives import full_precision
 from .config import GELUS, LayerConfig
 
 __all__ = ["SecondBlock", "ISTA", "Skip", "MLP", "OvercompleteISTA", "TiedOvercompleteISTA"]
@@ -102,11 +102,7 @@ class ISTA(SecondBlock, nn.Module):
         is kept for it."""
         if type(self.weight.data) is not torch.Tensor:
             return
-        kind = self.weight.device.type
-        with (
-            torch.no_grad(),
-            torch.autocast(kind, enabled=False) if torch.amp.is_autocast_available(kind) else nullcontext(),
-        ):
+        with torch.no_grad(), full_precision(self.weight):
             self.frozen = self.step_matrix()
 
     def thaw(self) -> None:
