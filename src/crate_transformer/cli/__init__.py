@@ -132,6 +132,16 @@ def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         parser = sub.choices[name]
 
 
+def flags_of(*names: str) -> Flags:
+    """The table of flags of the command ``names`` (``flags_of("pretrain", "mae")``), as ``main`` translates
+    that command's messages with it."""
+    parser = build_parser(names[0])
+    for name in names:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[name]
+    return command_flags(parser)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)  # the top level has no valued options
