@@ -153,8 +153,9 @@ class Tokenizer:
         warnings.warn(
             OptionWarning(
                 f"{len(unknown)} word(s) of the text are not in the {self.kind} tokenizer's vocabulary and become "
-                f"[UNK] (the first: {text[a:b]!r}); train the tokenizer on text holding them, or use "
-                "tokenizer='bpe' (byte-level: every text is kept); warned once"
+                f"[UNK] (the first: {text[a:b]!r}); retrain it on text holding them, or use tokenizer='bpe' "
+                "(byte-level: every text is kept); warned once",
+                option="tokenizer",
             ),
             stacklevel=3,
         )

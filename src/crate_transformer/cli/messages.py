@@ -10,7 +10,8 @@ rewrites, from a table of the command's own flags (:func:`command_flags`, derive
 * each ``name=value`` whose name is an option of the command → ``--flag value`` (a switch ``--flag`` /
   ``--no-flag``, a list space-separated, ``model_args={'dim': 384}`` → ``--model-args dim=384``); a field of a
   model config the message is about (``within="model_args"``) → ``--model-args name=value``;
-* each bare name the message is about (its ``option=``) → its flag (``--model-args dim`` for a model field).
+* each name the message is about (its ``option=``), bare or with a value, → its flag (``--model-args dim`` for
+  a model field), even in a command that does not take it (the flag of the command that does).
 
 Nothing else changes: words the message does not mark (no ``=``, not its subject) are left alone.
 """
@@ -120,7 +121,7 @@ def _pair(name: str, raw: str, flags: Flags, options: tuple[str, ...], within: s
         return None
     if within and name in options:
         return _entry(flags.flag(within), name, value)
-    if not flags.takes(name):
+    if not flags.takes(name) and name not in options:  # a subject is an option even where this command lacks it
         return None
     if name in flags.entry_names and name not in flags.actions:
         return _entry(flags.entries, name, value)

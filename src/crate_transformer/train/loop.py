@@ -384,7 +384,7 @@ def _check_architecture(state: Mapping[str, Any], overrides: Mapping[str, Any], 
     if overrides.get("model") is not None and overrides["model"] != saved.get("model"):
         diffs.append(f"model={overrides['model']!r} (run: {saved.get('model')!r})")
     given = coerce_fields(config_class(stored.get("arch")), dict(overrides.get("model_args") or {}))
-    diffs += [f"{k}={v!r} (run: {stored.get(k)!r})" for k, v in given.items() if stored.get(k) != v]
+    diffs += [f"model_args={ {k: v}!r} (run: {stored.get(k)!r})" for k, v in given.items() if stored.get(k) != v]
     if diffs:
         raise OptionError(
             f"{resume} keeps the architecture of its checkpoint, which differs from {', '.join(diffs)}; drop "
@@ -410,9 +410,9 @@ def _check_fixed_options(
         now = getattr(new, f.name)
         if now != was:
             raise OptionError(
-                f"{resume} keeps the {f.name} of its checkpoint ({was!r}), not {now!r}; drop {f.name} to continue "
-                "it, or start a new run with it (another out)",
-                option=(f.name, "out"),
+                f"{resume} keeps the {f.name} of its checkpoint ({was!r}), not {now!r}; drop {f.name}={now!r} to "
+                "continue it, or start a new run with it (another out)",
+                option="out",
             )
 
 
