@@ -55,7 +55,7 @@ def open_source(
     Bad input is a one-line ValueError naming the problem and the fix.
     """
     if mode not in DATA_MODES:
-        raise OptionError(f"data_mode={mode!r} is unknown; choose one of {DATA_MODES}")
+        raise OptionError(f"unknown data mode {mode!r}; choose one of {DATA_MODES} (data_mode)", option="data_mode")
     check_load_args(split, val_fraction, on_bad_image, image_size)
     if not NUM_WORKERS.ok(num_workers):
         raise OptionError(f"num_workers{NUM_WORKERS.requirement(num_workers)} (workers)", option="workers")
