@@ -271,8 +271,8 @@ class LanguageModel(TokenPrior, Model):
             raise CheckpointError(str(e)) from None
         try:
             self.tokenizer = tokenizer
-        except TaskError as e:  # a vocabulary larger than the embedding (its fix names a task: the CLI words it)
-            raise TaskError(f"{source}: ", *e.parts) from None
+        except TaskError as e:  # a vocabulary larger than the embedding (its fix names a task: the CLI translates it)
+            raise TaskError(f"{source}: {e}", option=e.options, within=e.within) from None
 
     def size_hint(self, state: Mapping[str, Tensor]) -> str:
         """A checkpoint of another width: the ``dim`` to pass."""
