@@ -125,8 +125,8 @@ def read_policy(on_bad_image: str, shuffle: bool) -> str:
 def checked(batches: Iterator) -> Iterator[tuple[Tensor, Tensor]]:
     """Raise the one-line error a worker reported (see :func:`collate_readable`); skip empty batches."""
     for images, labels in batches:
-        if images is None:
-            raise ValueError(labels)
+        if images is None:  # the worker's message (its on_bad_image=... fix: the CLI names the flag)
+            raise OptionError(labels)
         if len(labels):
             yield images, labels
 
