@@ -62,9 +62,8 @@ def open_source(
     kind, source = resolve_source(name_or_path)
     if (image_column or label_column) and kind != "hf":
         option = "image_column" if image_column else "label_column"
-        raise OptionError(
-            f"{option} names a Hugging Face dataset's column and {name_or_path} is not one; drop it", option=option
-        )
+        message = f"{option} names a Hugging Face dataset's column and {name_or_path} is not one; drop it"
+        raise OptionError(message, option=option)
     common = dict(val_fraction=val_fraction, seed=seed, on_bad_image=on_bad_image)
     streamed = dict(image_size=image_size, num_workers=num_workers, stats=stats, **common)
     if kind in ("shards", "hf"):
@@ -72,9 +71,7 @@ def open_source(
             what = "WebDataset shards" if kind == "shards" else "a Hugging Face dataset"
             raise OptionError(f"{name_or_path} is {what}, which is always streamed; pass data_mode='stream'")
         if image_size is None:
-            raise OptionError(
-                f"{name_or_path} is streamed and needs image_size to resize its images", option="image_size"
-            )
+            raise OptionError(f"{name_or_path} is streamed: pass image_size to resize its images", option="image_size")
         if kind == "shards":
             from .shards import WebDatasetShards
 
