@@ -3,15 +3,16 @@
 description saved with a model.
 
 An option class is a ``@dataclass`` that subclasses :class:`Config` and writes only what is its own — its
-fields (with their ranges and choices) and a :meth:`Config.validate` method for checks across fields.  The base
+fields, each declared once with :func:`~crate_transformer.config_utils.option` (default, type, help, range or
+choices, where it applies), and a :meth:`Config.validate` method for checks across fields.  The base
 does the rest, once for every class:
 
 * **coercion** — YAML, ``KEY=VALUE`` command-line pairs and JSON values become the declared types
   (``"5e-2"`` → 0.05, ``"64"`` → 64; :func:`~crate_transformer.config_utils.coerce_fields`);
-* **checks**, one rule for every option class — a field's choices (:attr:`Config.CHOICES` or
-  ``metadata["choices"]``) and range (:class:`~crate_transformer.config_utils.Range`, in :attr:`Config.RULES`
-  or ``metadata["range"]``), every float finite (``eta=nan`` fails here, not after training): each a one-line
-  ``ValueError`` naming the field, the value and a valid example (:meth:`Config.check_fields`);
+* **checks**, one rule for every option class — a field's declared choices and range
+  (:class:`~crate_transformer.config_utils.Range`), every float finite (``eta=nan`` fails here, not after
+  training): each a one-line ``ValueError`` naming the field, the value and a valid example
+  (:meth:`Config.check_fields`);
 * **serialisation** — :meth:`to_dict` / :meth:`from_dict` with the unknown-key check and a format
   version (``config_version``), so a ``config.json`` from a newer release is refused with the fix.
 
@@ -53,12 +54,12 @@ C = TypeVar("C", bound="Config")
 
 def check_option(cls: type, name: str, value: Any) -> None:
     """The one check of an option's value, for :class:`Config` and any dataclass of options (``TrainConfig``):
-    each value (lists element-wise; ``None`` = unset) is one of the field's choices (``cls.CHOICES`` or
-    ``metadata["choices"]``) and within its :class:`~crate_transformer.config_utils.Range` (``cls.RULES`` or
-    ``metadata["range"]``); a float without a range is finite.  A one-line ``ValueError`` with an example."""
+    each value (lists element-wise; ``None`` = unset) is one of the choices and within the
+    :class:`~crate_transformer.config_utils.Range` its declaration (``option(..., choices=, range=)``) gives, the
+    field's metadata and nothing else; a float without a range is finite.  A one-line ``ValueError`` with an
+    example."""
     meta = {f.name: f for f in dataclasses.fields(cls)}[name].metadata
-    choices = getattr(cls, "CHOICES", {}).get(name) or meta.get("choices")
-    rule = getattr(cls, "RULES", {}).get(name) or meta.get("range")
+    choices, rule = meta.get("choices"), meta.get("range")
     for x in value if isinstance(value, (list, tuple)) else [value]:
         if x is None:
             continue
@@ -85,11 +86,6 @@ class Config:
     description; see the module docstring.  Subclasses are ``@dataclass``es."""
 
     VERSION: ClassVar[int] = 1  # config.json format; bumped when a stored field changes meaning
-    # name -> Range for numeric fields with a range, e.g. {"eta": Range(0, lo_open=True)} (or a field's
-    # metadata["range"]); every other float field must merely be finite
-    RULES: ClassVar[Mapping[str, Range]] = {}
-    # name -> the values a field may take, e.g. {"pool": POOLS} (or a field's metadata["choices"])
-    CHOICES: ClassVar[Mapping[str, tuple]] = {}
     # fields added after their format was in use, left out of to_dict() while at their default: the files of
     # every model that does not use them (config.json, the checksums over it) stay byte-identical
     OMIT_AT_DEFAULT: ClassVar[tuple[str, ...]] = ()
@@ -139,8 +135,8 @@ class Config:
 
     # ---------------------------------------------------------------- checks: the one rule for every option class
     def check_fields(self) -> None:
-        """Every field obeys its choices (:attr:`CHOICES` or ``metadata["choices"]``) and its range (:attr:`RULES`
-        or ``metadata["range"]``, lists element-wise); every other float is finite.  One-line ``ValueError``."""
+        """Every field obeys its declared choices and range (lists element-wise); every other float is finite.
+        One-line ``ValueError``."""
         for f in dataclasses.fields(self):
             self._check_value(f.name, getattr(self, f.name))
         self.check_applicable()
@@ -175,7 +171,7 @@ class Config:
 
     def check_choice(self, name: str, allowed: Iterable[str]) -> None:
         """``getattr(self, name)`` is one of ``allowed`` (for choices that depend on other fields; fixed choices
-        belong in :attr:`CHOICES` or the field's ``metadata["choices"]``)."""
+        belong in the field's declaration, ``option(..., choices=...)``)."""
         allowed = tuple(allowed)
         if getattr(self, name) not in allowed:
             raise ValueError(f"unknown {name} {short_repr(getattr(self, name))}; choose one of {allowed}")

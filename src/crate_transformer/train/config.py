@@ -252,8 +252,6 @@ class SystemOptions(Config):
 class LoggingOptions(Config):
     """The run directory, checkpoints, evaluation and what is logged (``cfg.logging``)."""
 
-    CHOICES = {"logger": LOGGERS}  # each name of the list (checked here, not by the command line's parser)
-
     out: str | None = option(None, "run directory", shown="runs/<model>-<data>-<date-time>", path=True)
     checkpoint_every: int = option(
         0, "also checkpoint every N steps (always at epoch ends, the end and on Ctrl-C)", range=NON_NEGATIVE
@@ -271,6 +269,7 @@ class LoggingOptions(Config):
         [],
         "also send every record, the hyperparameters and the figures to: tensorboard | wandb | mlflow | csv "
         "(several at once: `logger` csv wandb)",
+        choices=LOGGERS,  # each name of the list (checked by the config, not by the command line's parser)
         metavar="NAME",
     )
     tensorboard: bool = option(False, "the same as `logger` tensorboard")
