@@ -74,11 +74,10 @@ def check_option(cls: type, name: str, value: Any) -> None:
             raise OptionError(field_place(cls, name), r.requirement(x), *example)
 
 
-def _field_default(cls: type, name: str, fallback: Any) -> Any:
-    field = {f.name: f for f in dataclasses.fields(cls)}[name]
-    if field.default is not dataclasses.MISSING:
-        return field.default
-    return field.default_factory() if field.default_factory is not dataclasses.MISSING else fallback
+def _field_default(cls: type, name: str, fallback: Any = None) -> Any:
+    """Field ``name``'s default (a fresh one for a default factory), else ``fallback``."""
+    value = _default({f.name: f for f in dataclasses.fields(cls)}[name])
+    return fallback if value is dataclasses.MISSING else value
 
 
 class Config:
@@ -138,7 +137,7 @@ class Config:
         """Every field obeys its declared choices and range (lists element-wise); every other float is finite.
         One-line ``ValueError``."""
         for f in dataclasses.fields(self):
-            self._check_value(f.name, getattr(self, f.name))
+            check_option(type(self), f.name, getattr(self, f.name))
         self.check_applicable()
 
     def check_applicable(self) -> None:
@@ -163,11 +162,7 @@ class Config:
     def check_field(cls, name: str, value: Any) -> None:
         """One value of field ``name`` alone (``--model-args eta=inf`` before any model or run folder exists),
         coerced to the field's type, then checked as :meth:`check_fields` checks it."""
-        cls._check_value(name, coerce_fields(cls, {name: value})[name])
-
-    @classmethod
-    def _check_value(cls, name: str, value: Any) -> None:
-        check_option(cls, name, value)
+        check_option(cls, name, coerce_fields(cls, {name: value})[name])
 
     def check_choice(self, name: str, allowed: Iterable[str]) -> None:
         """``getattr(self, name)`` is one of ``allowed`` (for choices that depend on other fields; fixed choices
@@ -181,15 +176,8 @@ class Config:
         for name in names:
             v = getattr(self, name)
             if not POSITIVE.ok(v):
-                example = field_place(type(self), name, self._example(name))
+                example = field_place(type(self), name, _field_default(type(self), name, v))
                 raise OptionError(field_place(type(self), name), POSITIVE.requirement(v), "; e.g. ", example)
-
-    def _example(self, name: str) -> Any:
-        return self._default(name, getattr(self, name))
-
-    @classmethod
-    def _default(cls, name: str, fallback: Any) -> Any:
-        return _field_default(cls, name, fallback)
 
     # ---------------------------------------------------------------- serialisation
     def to_dict(self) -> dict:
@@ -201,7 +189,7 @@ class Config:
             if dataclasses.is_dataclass(value) and hasattr(value, "to_dict"):
                 d[f.name] = value.to_dict()
         for name in self.OMIT_AT_DEFAULT:
-            if d[name] == self._default(name, None):
+            if d[name] == _field_default(type(self), name):
                 del d[name]
         if self.KEY_ORDER:
             rest = {k: v for k, v in d.items() if k not in self.KEY_ORDER}
