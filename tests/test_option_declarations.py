@@ -64,6 +64,7 @@ def test_no_class_keeps_a_second_table_of_choices_or_ranges(cls: type) -> None:
 def test_training_top_level_options_are_declared() -> None:
     top = [f for f in dataclasses.fields(TrainConfig) if f.name not in GROUPS]
     assert top and all(declared(f) for f in top), [f.name for f in top if not declared(f)]
+    assert not {"CHOICES", "RULES"} & set(vars(TrainConfig))
 
 
 def test_a_declared_range_and_choice_are_the_only_rule() -> None:

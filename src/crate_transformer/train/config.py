@@ -303,7 +303,7 @@ class TrainConfig:
     The task, the model and the checkpoint to start from are top-level; every other option is in a group:
     ``cfg.data``, ``cfg.augmentation``, ``cfg.optim``, ``cfg.system``, ``cfg.logging``.  The constructor and
     :meth:`from_dict` take the groups (as dataclasses or mappings) and, as well, any option by its flat name
-    (``TrainConfig(lr=0.01, data="digits")``), which is what flags and flat config files hold.
+    (``TrainConfig(lr=0.01, data="digits")``), as flags name them (:data:`FLAT` places each name in its group).
     """
 
     GIVEN_IN: ClassVar[str] = ""  # each field is an option of its own (config_utils.field_place)
