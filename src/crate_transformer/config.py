@@ -35,7 +35,7 @@ files); see :mod:`crate_transformer.base`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
 from .config_utils import POSITIVE, Range, coerce_fields, field_place
@@ -163,13 +163,6 @@ class Config:
         """One value of field ``name`` alone (``--model-args eta=inf`` before any model or run folder exists),
         coerced to the field's type, then checked as :meth:`check_fields` checks it."""
         check_option(cls, name, coerce_fields(cls, {name: value})[name])
-
-    def check_choice(self, name: str, allowed: Iterable[str]) -> None:
-        """``getattr(self, name)`` is one of ``allowed`` (for choices that depend on other fields; fixed choices
-        belong in the field's declaration, ``option(..., choices=...)``)."""
-        allowed = tuple(allowed)
-        if getattr(self, name) not in allowed:
-            raise ValueError(f"unknown {name} {short_repr(getattr(self, name))}; choose one of {allowed}")
 
     def check_positive(self, *names: str) -> None:
         """Each named integer field is > 0 (:data:`~crate_transformer.config_utils.POSITIVE`)."""

@@ -153,7 +153,7 @@ def coerce_fields(cls: type, mapping: Mapping[str, Any], *, allow_unknown: bool 
     unknown = sorted(set(mapping) - set(types_))
     if unknown and not allow_unknown:
         raise ValueError(f"unknown {cls.__name__} keys {unknown}; valid keys: {sorted(types_)}")
-    defaults = _defaults(cls)
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}  # an example for the message (not factories)
     out = {}
     for key, value in mapping.items():
         if key not in types_:
@@ -162,7 +162,8 @@ def coerce_fields(cls: type, mapping: Mapping[str, Any], *, allow_unknown: bool 
         try:
             out[key] = _coerce(value, types_[key])
         except _CoerceError as e:
-            example = ("; e.g. ", field_place(cls, key, defaults[key])) if defaults.get(key) is not None else ()
+            shown = defaults[key] not in (None, dataclasses.MISSING)
+            example = ("; e.g. ", field_place(cls, key, defaults[key])) if shown else ()
             got = f" must be {e.expected}, got {short_repr(value)} ({type(value).__name__})"
             raise OptionError(field_place(cls, key), got, *example) from None
     return out
@@ -181,14 +182,6 @@ class _CoerceError(Exception):
     def __init__(self, expected: str) -> None:
         super().__init__(expected)
         self.expected = expected
-
-
-def _defaults(cls: type) -> dict[str, Any]:
-    out = {}
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-    return out
 
 
 def _coerce(value: Any, tp: Any) -> Any:
