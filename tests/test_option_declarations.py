@@ -137,6 +137,8 @@ def test_upgrade_v1_is_the_one_flat_to_nested_conversion(tmp_path: Path) -> None
     assert upgrade_v1({"task_args": {"text_columns": ["a"]}}) == {"task_args": {}, "data": {"text_columns": ["a"]}}
     with pytest.raises(ValueError, match="config_version 3 is newer"):
         upgrade_v1({"config_version": 3})
+    with pytest.raises(ValueError, match="augmentation is a group of options, not one value"):
+        upgrade_v1({"augmentation": "crop-flip", "augment": "none"})  # refused as it is met, not merged into
     assert set(FLAT) >= {"lr", "data", "log_every"} and FLAT["data"] == ("data", "source")
     path = tmp_path / "flat.yaml"
     path.write_text(yaml.safe_dump(flat))

@@ -399,6 +399,12 @@ def upgrade_v1(d: Mapping[str, Any]) -> dict[str, Any]:
         elif key in FLAT:  # a flat option (version 1, a flag, a keyword)
             group, name = FLAT[key]
             out[group] = {**_as_mapping(out.get(group)), name: value}
+        elif key in GROUPS:  # a group's name with a single value: not an unknown option
+            example = dataclasses.fields(GROUPS[key])[0].name
+            raise ValueError(
+                f"{key} is a group of options, not one value (got {short_repr(value)}); write its options under it, "
+                f"e.g. {key}: {{{example}: ...}}, or each option on its own at the top"
+            )
         else:
             out[key] = value
     return _moved_task_options(out)
@@ -415,12 +421,6 @@ def nest_options(d: Mapping[str, Any]) -> dict[str, Any]:
     top = {f.name for f in dataclasses.fields(TrainConfig)} - set(GROUPS)
     unknown = [k for k in out if k not in top and k not in GROUPS]
     for key, value in out.items():
-        if key in GROUPS and not isinstance(value, Mapping):  # a group's name with a single value
-            example = dataclasses.fields(GROUPS[key])[0].name
-            raise ValueError(
-                f"{key} is a group of options, not one value (got {short_repr(value)}); write its options under it, "
-                f"e.g. {key}: {{{example}: ...}}, or each option on its own at the top"
-            )
         if key in GROUPS:
             unknown += [f"{key}.{b}" for b in sorted(set(value) - {f.name for f in dataclasses.fields(GROUPS[key])})]
     if unknown:
