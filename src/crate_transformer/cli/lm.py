@@ -33,14 +33,8 @@ def configure_finetune_text(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Fine-tune a language model on a CSV/TSV of texts (or text pairs) and labels (or scores), GLUE-style "
         "(JMLR Table 5): a fresh head on the pooled tokens; reports accuracy, F1 (two classes) or Spearman (scores)."
-    )
-    parser.add_argument(
-        "--from",
-        dest="init_from",
-        metavar="CHECKPOINT",
-        default=argparse.SUPPRESS,
-        help="a crate train-lm run dir, a save_pretrained language-model dir (with its tokenizer.json) or "
-        "hf-hub:ORG/NAME",
+        "\n\n--from takes a crate train-lm run dir, a save_pretrained language-model dir (with its tokenizer.json) or "
+        "hf-hub:ORG/NAME."
     )
     add_task_arguments(parser, "text-classification", "finetune-text")
 

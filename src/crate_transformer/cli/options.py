@@ -33,6 +33,7 @@ __all__ = [
     "add_training_options",
     "add_command_options",
     "add_config_file_options",
+    "add_resume_option",
     "print_config",
 ]
 
@@ -60,10 +61,14 @@ _LM = {**_UNSUPERVISED, "data": ("data", "val_fraction", "text_columns")}
 # fields) or a TrainConfig group.  The report commands declare their own options (.reports).
 COMMAND_OPTIONS: dict[str, dict[str, Any]] = {
     "train": _SUPERVISED,
-    "finetune": {**_SUPERVISED, "top": (*_MODEL, "recipe", "keep_head")},
+    "finetune": {**_SUPERVISED, "top": ("init_from", *_MODEL, "recipe", "keep_head")},
     "pretrain": _UNSUPERVISED,
     "train-lm": _LM,
-    "finetune-text": {**_UNSUPERVISED, "data": ("data", "val_fraction", "text_columns", "label_column")},
+    "finetune-text": {
+        **_UNSUPERVISED,
+        "top": ("init_from", *_MODEL),
+        "data": ("data", "val_fraction", "text_columns", "label_column"),
+    },
 }
 # a help section per TrainConfig group, named by what its options do
 SECTION_TITLES = {
@@ -90,6 +95,7 @@ def add_options(
     coerces and checks it.  An option without ``basic=True`` is shown by ``--help-all`` only.
     """
     from ..config_utils import option_name
+    from . import flag as cli_flag
 
     defaults = dict(defaults or {})
     fields = {option_name(f): f for f in dataclasses.fields(cls) if "help" in f.metadata}
@@ -100,7 +106,7 @@ def add_options(
         kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
         if "choices" in meta:
             kw["choices"] = meta["choices"]
-        flag = "--" + name.replace("_", "-")
+        flag = cli_flag(name)  # as messages name it: batch_size → --batch-size, init_from → --from
         if isinstance(f.default, bool):
             action = parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
         elif isinstance(default, dict) or meta.get("metavar") == "KEY=VALUE":  # pairs given twice are merged
@@ -179,6 +185,17 @@ def add_command_options(parser: argparse.ArgumentParser, cls: type) -> None:
         add_options(parser.add_argument_group(title) if title else parser, cls, tuple(names))
     parser.set_defaults(_declared=cls)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter  # the help texts state their defaults
+
+
+def add_resume_option(parser: argparse.ArgumentParser, what: str = "run") -> None:
+    """``--resume RUN_DIR`` of a training command (``what``: the run it continues, e.g. "interrupted mae run")."""
+    parser.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        default=argparse.SUPPRESS,
+        help=f"continue an interrupted {what} from RUN_DIR/checkpoints/last.pt (its configuration is reused; flags "
+        "override it)",
+    )
 
 
 def add_config_file_options(parser: argparse.ArgumentParser) -> None:

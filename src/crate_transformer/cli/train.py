@@ -21,7 +21,7 @@ from .common import (
     report_dir,
     report_home,
 )
-from .options import add_command_options, add_training_options, like, print_config
+from .options import add_command_options, add_resume_option, add_training_options, like, print_config
 
 EVAL_FILES = ("eval.json", "confusion.png", "knn.png")  # what crate eval writes (--overwrite removes them)
 
@@ -31,12 +31,7 @@ def configure_train(parser: argparse.ArgumentParser) -> None:
         "Train a classifier. With no arguments: CRATE (crate_mnist_p4) on the 4,000 built-in MNIST training digits, "
         "evaluated on the fixed 1,000 held-out digits. Works unchanged under torchrun --nproc_per_node=N."
     )
-    parser.add_argument(
-        "--resume",
-        metavar="RUN_DIR",
-        default=argparse.SUPPRESS,
-        help="continue a run from RUN_DIR/checkpoints/last.pt (its configuration is reused; flags override it)",
-    )
+    add_resume_option(parser)
     add_training_options(parser, "train")
 
 
@@ -72,19 +67,11 @@ def configure_finetune(parser: argparse.ArgumentParser) -> None:
 
     parser.description = (
         "Fine-tune all weights from a checkpoint on new data (JMLR Table 1 transfer protocol): a fresh head for the "
-        "new classes, position embeddings interpolated to the new image size, AdamW lr 5e-5, wd 0.01, RandAugment."
+        "new classes, position embeddings interpolated to the new image size, AdamW lr 5e-5, wd 0.01, RandAugment.\n\n"
+        "--from takes a save_pretrained dir or hf-hub:ORG/NAME, a crate train run dir, a training-state .pt, or an "
+        "official .pth (then also --model NAME and --model-args for its architecture)."
     )
-    parser.add_argument(
-        "--from",
-        dest="init_from",
-        metavar="CHECKPOINT",
-        default=argparse.SUPPRESS,
-        help="a save_pretrained dir or hf-hub:ORG/NAME, a crate train run dir, a training-state .pt, or an official "
-        ".pth (then also --model NAME and --model-args for its architecture)",
-    )
-    parser.add_argument(
-        "--resume", metavar="RUN_DIR", default=argparse.SUPPRESS, help="continue an interrupted fine-tuning run"
-    )
+    add_resume_option(parser, "fine-tuning run")
     add_training_options(parser, "finetune", {**FINETUNE_DEFAULTS, "data": "(required)", "model": "(from checkpoint)"})
 
 

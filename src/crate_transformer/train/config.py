@@ -336,7 +336,7 @@ class TrainConfig:
         basic=True,
     )
     # fine-tuning (set by `crate finetune`)
-    init_from: str | None = option(None, "checkpoint to fine-tune from", path=True)
+    init_from: str | None = option(None, "checkpoint to fine-tune from", path=True, metavar="CHECKPOINT", basic=True)
     keep_head: bool = option(False, "keep the pretrained head when the class count matches")
     # the option groups
     data: DataOptions = field(default_factory=DataOptions)
