@@ -19,7 +19,7 @@ from .common import (
     report_dir,
     report_home,
 )
-from .options import add_command_options, like
+from .options import MEASURED, REPORT, SYSTEM, add_command_options, like
 from .train import OUT_HELP, OVERWRITE_HELP, EvalOptions
 
 # options of one kind of model only: given for the other kind they are refused, not ignored
@@ -54,7 +54,7 @@ class AnalyzeOptions(Config):
     model_args: list[str] = like(EvalOptions, "model_args")
     images: str | None = option(
         None, "a folder of images (any format PIL reads), shorter side resized and centre-cropped (`crop_pct`)",
-        metavar="DIR", basic=True,
+        metavar="DIR", basic=True, group=MEASURED
     )  # fmt: skip
     data: str | None = option(
         None,
@@ -63,40 +63,45 @@ class AnalyzeOptions(Config):
         "models: a text corpus (python-docs, a file or folder) whose held-out tail is measured",
         metavar="NAME|DIR",
         basic=True,
+        group=MEASURED,
     )
     out: str | None = option(
         None, OUT_HELP, shown="analysis inside the checkpoint's folder, or analysis-2, -3, ... when that one is in use",
-        basic=True,
+        basic=True, group=REPORT
     )  # fmt: skip
-    overwrite: bool = option(False, OVERWRITE_HELP)
-    num_images: int = option(256, "images measured per split (seeded subset)", range=POSITIVE, basic=True)
-    num_vis: int = option(4, "images shown in the attention/PCA/MaskCut figures", range=POSITIVE)
+    overwrite: bool = option(False, OVERWRITE_HELP, group=REPORT)
+    num_images: int = option(
+        256, "images measured per split (seeded subset)", range=POSITIVE, basic=True, group=MEASURED
+    )
+    num_vis: int = option(4, "images shown in the attention/PCA/MaskCut figures", range=POSITIVE, group=MEASURED)
     normalize: str = option(
         "auto",
         "`images`: the mean/std applied to the photos: auto = the model config's, else ImageNet's; folder = the "
         "photos' own statistics",
         choices=NORMALIZE_CHOICES,
+        group=MEASURED,
     )
     crop_pct: float | None = option(
         None,
         "`images`: resize the shorter side to image-size / crop-pct, then crop the centre (0.875: 256 -> 224)",
         shown="the model's pretrained_cfg, 1.0 unless its release states one",
         range=Range(0, 1, lo_open=True),
+        group=MEASURED,
     )
-    image_size: int | None = like(DataOptions, "image_size", help="resize images to this square size")
-    on_bad_image: str = like(DataOptions, "on_bad_image")
-    image_column: str = like(DataOptions, "image_column")
-    label_column: str = like(DataOptions, "label_column")
+    image_size: int | None = like(DataOptions, "image_size", help="resize images to this square size", group=MEASURED)
+    on_bad_image: str = like(DataOptions, "on_bad_image", group=MEASURED)
+    image_column: str = like(DataOptions, "image_column", group=MEASURED)
+    label_column: str = like(DataOptions, "label_column", group=MEASURED)
     eps: float = option(0.1, "coding precision eps (the official eps^2 = 0.01)", range=Range(0, lo_open=True))
     attn_layer: int = option(-1, f"layer of the attention maps: {LAYERS}", basic=True)
     seg_layer: int = option(-1, f"layer of the PCA / MaskCut features: {LAYERS}")
     masks: int = option(3, "MaskCut: number of masks per image (S)", range=POSITIVE)
     tau: float = option(0.15, "MaskCut: affinity threshold on cosine similarity", range=TAU)
     batch_size: int = option(64, "batch size of the measurement", range=POSITIVE)
-    seed: int = option(0, "seed of the measured image subset")
-    device: str = like(SystemOptions, "device", basic=True)
-    threads: int = like(SystemOptions, "threads", basic=True)
-    progress: bool = option(True, "show the progress bars")
+    seed: int = option(0, "seed of the measured image subset", group=SYSTEM)
+    device: str = like(SystemOptions, "device", basic=True, group=SYSTEM)
+    threads: int = like(SystemOptions, "threads", basic=True, group=SYSTEM)
+    progress: bool = option(True, "show the progress bars", group=SYSTEM)
     num_blocks: int = option(64, "held-out token blocks measured", range=POSITIVE, group=TEXT, basic=True)
     attn_tokens: int = option(48, "tokens shown in the attention maps", range=POSITIVE, group=TEXT)
 

@@ -24,7 +24,7 @@ from .common import (
     report_dir,
     report_home,
 )
-from .options import add_command_options, like
+from .options import REPORT, SYSTEM, add_command_options, like
 from .train import OUT_HELP, OVERWRITE_HELP
 
 OWNED = ("features.json", "features.html")  # what --overwrite replaces in a named --out
@@ -49,12 +49,12 @@ class FeaturesOptions(Config):
     batch_size: int = option(64, "batch size of the measurement", range=POSITIVE)
     out: str | None = option(
         None, OUT_HELP, shown="features inside the model's folder, or features-2, -3, ... when that one is in use",
-        basic=True,
+        basic=True, group=REPORT
     )  # fmt: skip
-    overwrite: bool = option(False, OVERWRITE_HELP)
-    seed: int = option(0, "seed of the image subset and of the chance purity")
-    device: str = like(SystemOptions, "device", basic=True)
-    threads: int = like(SystemOptions, "threads", basic=True)
+    overwrite: bool = option(False, OVERWRITE_HELP, group=REPORT)
+    seed: int = option(0, "seed of the image subset and of the chance purity", group=SYSTEM)
+    device: str = like(SystemOptions, "device", basic=True, group=SYSTEM)
+    threads: int = like(SystemOptions, "threads", basic=True, group=SYSTEM)
 
 
 def configure_features(parser: argparse.ArgumentParser) -> None:

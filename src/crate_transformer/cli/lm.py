@@ -11,7 +11,7 @@ from ..config_utils import NON_NEGATIVE, POSITIVE, option
 from ..lm import TEMPERATURE, TOP_P
 from ..train.config import SystemOptions
 from .common import apply_threads
-from .options import add_command_options, like
+from .options import SAMPLING, SYSTEM, add_command_options, like
 from .pretrain import add_task_arguments, run_task
 
 
@@ -50,20 +50,23 @@ class GenerateOptions(Config):
 
     prompt: str = option("", "text to continue", shown="start from the end-of-text token", basic=True)
     max_new_tokens: int = option(200, "tokens to generate", range=POSITIVE, basic=True)
-    temperature: float = option(0.8, "softmax temperature; 0 = greedy", range=TEMPERATURE, basic=True)
-    top_k: int = option(50, "sample among the k most likely tokens (0 = all)", range=NON_NEGATIVE, basic=True)
-    top_p: float = option(0.95, "nucleus sampling threshold (1 = off)", range=TOP_P, basic=True)
-    num_samples: int = option(1, "independent samples", range=POSITIVE, basic=True)
+    temperature: float = option(0.8, "softmax temperature; 0 = greedy", range=TEMPERATURE, basic=True, group=SAMPLING)
+    top_k: int = option(
+        50, "sample among the k most likely tokens (0 = all)", range=NON_NEGATIVE, basic=True, group=SAMPLING
+    )
+    top_p: float = option(0.95, "nucleus sampling threshold (1 = off)", range=TOP_P, basic=True, group=SAMPLING)
+    num_samples: int = option(1, "independent samples", range=POSITIVE, basic=True, group=SAMPLING)
     cache: bool = option(True, "keep the keys and values of earlier tokens (KV cache); off: recompute the whole "
-                         "context at every step")  # fmt: skip
-    seed: int = option(0, "random seed: the same seed gives the same text", basic=True)
-    device: str = like(SystemOptions, "device", basic=True)
-    threads: int = like(SystemOptions, "threads")
+                         "context at every step", group=SYSTEM)  # fmt: skip
+    seed: int = option(0, "random seed: the same seed gives the same text", basic=True, group=SAMPLING)
+    device: str = like(SystemOptions, "device", basic=True, group=SYSTEM)
+    threads: int = like(SystemOptions, "threads", group=SYSTEM)
     compile: bool = like(
         SystemOptions,
         "compile",
         help="decode with one compiled step per token on a fixed-size cache (a CUDA graph on a GPU): the same text, "
         "faster once compiled; prompt + new tokens must fit the context",
+        group=SYSTEM,
     )
 
 

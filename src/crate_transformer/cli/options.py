@@ -70,6 +70,9 @@ COMMAND_OPTIONS: dict[str, dict[str, Any]] = {
         "data": ("data", "val_fraction", "text_columns", "label_column"),
     },
 }
+# the help sections of the report commands' own options (their fields' ``group``), named by what they do
+DATA, MEASURED, SAMPLING = "data", "what is measured", "sampling"
+REPORT, SYSTEM = "report folder", "system"
 # a help section per TrainConfig group, named by what its options do
 SECTION_TITLES = {
     "data": "data",

@@ -21,7 +21,16 @@ from .common import (
     report_dir,
     report_home,
 )
-from .options import add_command_options, add_resume_option, add_training_options, like, print_config
+from .options import (
+    DATA,
+    REPORT,
+    SYSTEM,
+    add_command_options,
+    add_resume_option,
+    add_training_options,
+    like,
+    print_config,
+)
 
 EVAL_FILES = ("eval.json", "confusion.png", "knn.png")  # what crate eval writes (--overwrite removes them)
 
@@ -105,29 +114,29 @@ OVERWRITE_HELP = "replace the earlier report of this command in a non-empty `out
 class EvalOptions(Config):
     """The options of ``crate eval`` (the checkpoint is its positional argument)."""
 
-    data: str | None = option(None, "dataset name or folder", shown="the one it was trained on", basic=True)
-    split: str = option("test", "split", choices=("train", "val", "test"), basic=True)
+    data: str | None = option(None, "dataset name or folder", shown="the one it was trained on", basic=True, group=DATA)
+    split: str = option("test", "split", choices=("train", "val", "test"), basic=True, group=DATA)
     model: str | None = option(None, "registered model name for an official .pth (e.g. crate_small)", basic=True)
     model_args: list[str] = option(
         [], "architecture overrides for an official .pth, e.g. `model_args` num_classes=10 image_size=32",
         metavar="KEY=VALUE", basic=True,
     )  # fmt: skip
     batch_size: int = option(500, "evaluation batch size", range=POSITIVE, basic=True)
-    seed: int = option(0, "seed of the val split, as in training")
-    device: str = like(SystemOptions, "device", basic=True)
-    threads: int = like(SystemOptions, "threads", basic=True)
-    val_fraction: float = like(DataOptions, "val_fraction", help="as in training, for `split` val")
-    on_bad_image: str = like(DataOptions, "on_bad_image")
-    data_mode: str = like(DataOptions, "data_mode")
-    workers: int = like(DataOptions, "workers")
-    image_column: str = like(DataOptions, "image_column")
-    label_column: str = like(DataOptions, "label_column")
+    seed: int = option(0, "seed of the val split, as in training", group=SYSTEM)
+    device: str = like(SystemOptions, "device", basic=True, group=SYSTEM)
+    threads: int = like(SystemOptions, "threads", basic=True, group=SYSTEM)
+    val_fraction: float = like(DataOptions, "val_fraction", help="as in training, for `split` val", group=DATA)
+    on_bad_image: str = like(DataOptions, "on_bad_image", group=DATA)
+    data_mode: str = like(DataOptions, "data_mode", group=DATA)
+    workers: int = like(DataOptions, "workers", group=DATA)
+    image_column: str = like(DataOptions, "image_column", group=DATA)
+    label_column: str = like(DataOptions, "label_column", group=DATA)
     out: str | None = option(
         None, OUT_HELP, basic=True,
         shown="eval-<data>-<split> inside the checkpoint's folder, or eval-<data>-<split>-2, -3, ... when that one is "
-        "in use",
+        "in use", group=REPORT
     )  # fmt: skip
-    overwrite: bool = option(False, OVERWRITE_HELP)
+    overwrite: bool = option(False, OVERWRITE_HELP, group=REPORT)
     knn: bool = option(
         False, "weighted k-NN (k = 10, 20, 100, 200; T = 0.07) on train-split features", group=FROZEN, basic=True
     )
