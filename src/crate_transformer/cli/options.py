@@ -107,7 +107,7 @@ def add_options(
         default = defaults.get(name, f.default if f.default is not dataclasses.MISSING else f.default_factory())
         help_text = _help_text(meta, default, name in defaults)
         kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
-        if "choices" in meta:
+        if "choices" in meta and not isinstance(default, list):  # a list's items: the config checks each
             kw["choices"] = meta["choices"]
         flag = cli_flag(name)  # as messages name it: batch_size → --batch-size, init_from → --from
         if isinstance(f.default, bool):
@@ -148,14 +148,15 @@ def help_flags(text: str) -> str:
 
 
 def like(cls: type, name: str, **meta: Any) -> Any:
-    """Field ``name`` of options class ``cls`` declared again for a command's own options class: the same
-    default, type rules (choices, range) and help, ``meta`` replacing entries (its own ``help``, ``basic``...)."""
-    from ..config_utils import option
+    """Field ``name`` of options class ``cls`` declared again for a command's own options class
+    (:func:`~crate_transformer.config_utils.override` with the field's own default): the same type rules (choices,
+    range) and help, ``meta`` replacing entries (its own ``help``); shown by ``--help`` only where ``meta`` says
+    ``basic=True`` — which options a command's people use first is the command's to say."""
+    from ..config_utils import override
 
     f = next(f for f in dataclasses.fields(cls) if f.name == name)
     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-    kept = {k: v for k, v in f.metadata.items() if k not in ("name", "group", "basic")}  # the command's to say
-    return option(default, **{**kept, **meta})
+    return override(cls, name, default, **{"basic": False, **meta})
 
 
 def add_training_options(
