@@ -200,3 +200,26 @@ def test_every_help_fits_a_screen_and_help_all_shows_every_flag(capsys, monkeypa
     train = _help_text(capsys, ["train"], "--help")
     for flag in ("--model", "--data", "--lr", "--epochs", "--batch-size", "--device", "--out", "--resume"):
         assert _shown(flag, train), flag
+
+
+def test_the_off_switches_of_earlier_releases_still_parse(capsys, tmp_path) -> None:
+    """``--no-cache`` and ``--no-progress`` are now the off forms of ``--cache`` / ``--progress`` (one declared
+    switch each): the same flags, the same meaning; two sources of images for ``crate analyze`` are one line."""
+    from clitools import one_line_error
+
+    from crate_transformer import cli
+    from crate_transformer.cli.common import resolve_options
+
+    cases = [
+        (["generate", "x", "--no-cache"], "cache"),
+        (["analyze", "x", "--no-progress"], "progress"),
+        (["theory", "all", "--no-progress"], "progress"),
+        (["ablate", "12", "--no-progress"], "progress"),
+    ]
+    for argv, dest in cases:
+        for given, value in ((argv, False), (argv[:2], True)):
+            args = cli.build_parser(argv[0]).parse_args(given)
+            resolve_options(args)
+            assert getattr(args, dest) is value, (given, dest)
+    err = one_line_error(capsys, "analyze", "x", "--images", tmp_path, "--data", "digits")
+    assert err.endswith("--images and --data both name what to measure; pass one"), err
