@@ -7,8 +7,9 @@ configurations.  What differs between commands is data:
 * :data:`COMMAND_OPTIONS`: which of the training options (:class:`~crate_transformer.train.TrainConfig` and its
   groups) each training command shows; a task's own defaults (``Task.defaults``, ``FINETUNE_DEFAULTS``) are the
   defaults its ``--help`` states;
-* a report command (``crate eval``, ``analyze``, ``generate``, ``features``, ``ablate``, ``theory``) declares its
-  own options class (:mod:`.reports`), handed to :func:`add_command_options`;
+* every other command (``crate eval``, ``analyze``, ``generate``, ``features``, ``ablate``, ``theory``,
+  ``models``) declares its own options class beside its code (``cli.train.EvalOptions``, ...; a training option it
+  shares is redeclared with :func:`like`), handed to :func:`add_command_options`;
 * two field metadata keys the command line reads: ``basic=True`` marks an option people use first — the
   command's ``--help`` shows those, ``--help-all`` every option; ``group`` names a report option's help section.
 
