@@ -59,7 +59,7 @@ _SUPERVISED = {
 _LM = {**_UNSUPERVISED, "data": ("data", "val_fraction", "text_columns")}
 
 # training command → {section: option names (or ALL)}; a section is "top" (the task, model and checkpoint
-# fields) or a TrainConfig group.  The report commands declare their own options (.reports).
+# fields) or a TrainConfig group.  The other commands declare their own options classes (add_command_options).
 COMMAND_OPTIONS: dict[str, dict[str, Any]] = {
     "train": _SUPERVISED,
     "finetune": {**_SUPERVISED, "top": ("init_from", *_MODEL, "recipe", "keep_head")},
