@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config_utils import POSITIVE, load_yaml, option_name, short_repr
+from ..config_utils import load_yaml, option_name, short_repr
 from ..errors import OptionError
 from ..io import make_folder
 
