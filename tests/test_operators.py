@@ -10,10 +10,12 @@ from tolerances import tol
 
 from crate_transformer.layers import (
     ISTA,
+    MMISTA,
     MSSA,
     DecoderLayer,
     EncoderLayer,
     Skip,
+    SoftISTA,
     ista_reference,
     mssa_reference,
     trace_layer,
@@ -115,12 +117,12 @@ def test_ista_eta_lambda_are_used():
 def test_ista_soft_threshold_and_mm_modes(device):
     d, eta, lambd = 12, 0.2, 0.4
     x = torch.randn(3, 7, d, dtype=torch.float64).to(device)
-    soft = ISTA(d, eta, lambd, mode="soft").double().to(device)
+    soft = SoftISTA(d, eta, lambd).double().to(device)
     D = soft.weight.detach()
     v = (x.reshape(-1, d).T + eta * D.T @ (x.reshape(-1, d).T - D @ x.reshape(-1, d).T)).T.reshape(x.shape)
     torch.testing.assert_close(soft(x), F.softshrink(v, eta * lambd))
     assert (soft(x) < 0).any()  # soft-threshold keeps negative codes
-    mm = ISTA(d, eta, lambd, mode="mm", eps=0.5).double().to(device)
+    mm = MMISTA(d, eta, lambd, eps=0.5).double().to(device)
     n = x.shape[1]
     alpha = d / (n * 0.5**2)
     D = mm.weight.detach()
@@ -153,8 +155,13 @@ def test_encoder_layer_forms():
         EncoderLayer(d, 4, 8, layer_form="other")
     with pytest.raises(ValueError, match="no setting 'form'"):
         EncoderLayer(d, 4, 8, form="jmlr")
-    with pytest.raises(ValueError, match="ISTA mode"):
-        ISTA(d, mode="hard")
+    # the ablations are the table's entries, picked by ista_mode once when the layer is built
+    for mode, block in (("relu", ISTA), ("soft", SoftISTA), ("mm", MMISTA), ("none", Skip)):
+        assert type(EncoderLayer(d, 4, 8, ista_mode=mode).block) is block
+        assert sorted(EncoderLayer(d, 4, 8, ista_mode=mode).state_dict()) == sorted((none if mode == "none" else
+                                                                                     layer).state_dict())  # fmt: skip
+    with pytest.raises(ValueError, match="unknown ista_mode 'hard'"):
+        EncoderLayer(d, 4, 8, ista_mode="hard")
 
 
 def test_files_saved_with_the_unused_ista_of_ista_mode_none_still_load():

@@ -14,26 +14,31 @@ from torch import Tensor, nn
 from ..config_utils import Range
 from ..objectives import autocast_on, full_precision
 from .attention import MHSA, MSSA
-from .config import ATTENTION_NAMES, LAYER_FORMS, MLPS, LayerConfig
-from .sparse import ISTA, MLP, OvercompleteISTA, Skip, TiedOvercompleteISTA
+from .config import ATTENTION_NAMES, ISTA_MODES, LAYER_FORMS, MLPS, LayerConfig
+from .sparse import ISTA, MLP, MMISTA, OvercompleteISTA, Skip, SoftISTA, TiedOvercompleteISTA
 from .tssa import TSSA
 
 # the layer's first block, by LayerConfig.attention (as timm's ATTN_LAYERS, HF GPT-2's GPT2_ATTENTION_CLASSES)
 ATTENTIONS: dict[str, type[nn.Module]] = {"mssa": MSSA, "mhsa": MHSA, "tssa": TSSA}
-# the layer's second block, by LayerConfig.second_block ("none": ista_mode="none", Table 15)
+# the layer's second block, by LayerConfig.second_block: LayerConfig.mlp, or for mlp="ista" an ablation of eq. (44)
+# by its ista_mode (JMLR Tables 13 and 15: "ista_soft", "ista_mm", and "none" for no sparsification)
 SECOND_BLOCKS: dict[str, type[nn.Module]] = {
     "ista": ISTA,
+    "ista_soft": SoftISTA,
+    "ista_mm": MMISTA,
     "mlp": MLP,
     "odl": OvercompleteISTA,
     "ista_overcomplete": TiedOvercompleteISTA,
     "none": Skip,
 }
-assert tuple(ATTENTIONS) == ATTENTION_NAMES and set(MLPS) < set(SECOND_BLOCKS)
+# the entries LayerConfig.second_block names for ista_mode (chosen by that option, not by mlp)
+_MODE_BLOCKS = ("ista_soft", "ista_mm", "none")
+assert tuple(ATTENTIONS) == ATTENTION_NAMES and set(MLPS) | set(_MODE_BLOCKS) <= set(SECOND_BLOCKS)
 
 
 def _pick(table: Mapping[str, type[nn.Module]], name: str, field: str) -> type[nn.Module]:
     if name not in table:
-        raise ValueError(f"unknown {field} {name!r}; choose one of {tuple(k for k in table if k != 'none')}")
+        raise ValueError(f"unknown {field} {name!r}; choose one of {tuple(k for k in table if k not in _MODE_BLOCKS)}")
     return table[name]
 
 
@@ -146,6 +151,8 @@ class EncoderLayer(nn.Module):
         c = dataclasses.replace(config or LayerConfig(), **fields)
         if c.layer_form not in LAYER_FORMS:
             raise ValueError(f"unknown layer_form {c.layer_form!r}; choose one of {LAYER_FORMS}")
+        if c.ista_mode not in ISTA_MODES:
+            raise ValueError(f"unknown ista_mode {c.ista_mode!r}; choose one of {ISTA_MODES}")
         Attention = _pick(ATTENTIONS, c.attention, "attention")
         Block = _pick(SECOND_BLOCKS, c.second_block, "mlp")
         bias = Block.attention_bias if c.proj_bias is None else c.proj_bias

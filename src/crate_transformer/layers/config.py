@@ -65,13 +65,18 @@ class LayerConfig:
 
     @property
     def second_block(self) -> str:
-        """The name of the layer's second block: ``mlp``, or ``"none"`` where ISTA is switched off (Table 15)."""
-        return "none" if self.mlp == "ista" and self.ista_mode == "none" else self.mlp
+        """The name of the layer's second block: ``mlp``, or for CRATE's ISTA its ablation by ``ista_mode``
+        (``"ista_soft"``, ``"ista_mm"``, and ``"none"`` where ISTA is switched off, Table 15)."""
+        if self.mlp != "ista" or self.ista_mode == "relu":
+            return self.mlp
+        return "none" if self.ista_mode == "none" else f"ista_{self.ista_mode}"
 
     @property
     def sparse_output(self) -> bool:
-        """Whether every layer ends with CRATE's ISTA step (outputs with exact zeros, JMLR Figs. 14-15)."""
-        return self.layer_config().second_block == "ista"
+        """Whether every layer ends with CRATE's ISTA step or an ablation of it (outputs with exact zeros, JMLR
+        Figs. 14-15)."""
+        c = self.layer_config()
+        return c.mlp == "ista" and c.ista_mode != "none"
 
     @property
     def layer_blocks(self) -> tuple[str, str]:
