@@ -72,6 +72,18 @@ class LayerConfig:
         return "none" if self.ista_mode == "none" else f"ista_{self.ista_mode}"
 
     @property
+    def ln_eps(self) -> float:
+        """The eps of the layer's two LayerNorms: CRATE-α's PreNorm's 1e-6 in its ODL layers (``mlp="odl"``), else
+        PyTorch's default 1e-5 (the official CRATE and crate-lm code)."""
+        return 1e-6 if self.mlp == "odl" else 1e-5
+
+    @property
+    def attention_bias(self) -> bool:
+        """Whether the attention's output ``W`` (eq. (37)) has a bias: ``proj_bias``, which by default (None) is yes
+        but in CRATE-α's ODL layers (its ``to_out`` has none)."""
+        return self.mlp != "odl" if self.proj_bias is None else self.proj_bias
+
+    @property
     def sparse_output(self) -> bool:
         """Whether every layer ends with CRATE's ISTA step or an ablation of it (outputs with exact zeros, JMLR
         Figs. 14-15)."""

@@ -27,11 +27,9 @@ class SecondBlock:
     residual: ClassVar[bool] = False
     # the attribute the block is stored under, so the state-dict keys are the released ones (ista.* or mlp.*)
     state_key: ClassVar[str] = "mlp"
-    # the eps of the layer's LayerNorms, and whether the block reads through LN2 at all
-    norm_eps: ClassVar[float] = 1e-5
+    # whether the block reads through LN2 at all (Skip has no LN2); the norms' eps and the attention's output bias
+    # are the layer's settings (LayerConfig.ln_eps, LayerConfig.attention_bias), not the block's
     normed: ClassVar[bool] = True
-    # the default bias of the attention's output W (eq. (37)) in a layer with this block
-    attention_bias: ClassVar[bool] = True
 
     def code_site(self) -> tuple[nn.Module, str] | None:
         """Where the block's sparse code (or its MLP's units) is read: ``(module, unit kind)``, or None."""
@@ -228,8 +226,6 @@ class OvercompleteISTA(SecondBlock, nn.Module):
     """
 
     residual = True
-    norm_eps = 1e-6  # CRATE-α's PreNorm
-    attention_bias = False  # CRATE-α's to_out
 
     def __init__(self, dim: int, ratio: int = 4, eta: float = 0.1, lambd: float = 0.1, tied: bool = False) -> None:
         super().__init__()
@@ -274,8 +270,6 @@ class TiedOvercompleteISTA(OvercompleteISTA):
     (``tied=True``) which, like CRATE's ISTA, **replaces** the tokens: ``Z_next = ODL(LN2(Z_half))``."""
 
     residual = False
-    norm_eps = 1e-5
-    attention_bias = True
 
     def __init__(self, dim: int, ratio: int = 4, eta: float = 0.1, lambd: float = 0.1) -> None:
         super().__init__(dim, ratio, eta, lambd, tied=True)
