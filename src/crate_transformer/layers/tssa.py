@@ -207,29 +207,6 @@ def _global_step(
     y: Tensor, temp: Tensor, weight: Tensor, bias: Tensor | None, heads: int, attn_dropout: float, training: bool
 ) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
     """TSSA's non-causal output ``W (−Π_jk w_j ⊙ shrink) + bias`` from the projections ``y``, with Π and the
-    statistics the backward needs: the energies, the membership scores, the moments and the factors
-    ``shrink = dropout(1 / (1 + moment))`` ``(b, K·p)``.
-
-    The product ``Π ⊙ w`` reuses the squares' memory (not needed after the statistics); for one sample the factor
-    is folded into the output projection's weight (a ``(d, K·p)`` product instead of an ``(n, K·p)`` one)."""
-    b, n, D = y.shape
-    sq, energy, share, pi, moment = _token_statistics(y, temp, heads)
-    shrink = F.dropout(1.0 / (1.0 + moment), attn_dropout, training)
-    y4, pi4 = y.view(b, n, heads, D // heads), pi.to(y.dtype).unsqueeze(-1)
-    in_place = sq.dtype == y.dtype
-    z = (torch.mul(y4, pi4, out=sq.view_as(y4)) if in_place else y4 * pi4).view(b, n, D)
-    factor = -shrink.to(y.dtype)
-    if statically_known_true(b == 1):  # not a guard on a batch size that torch.export keeps dynamic
-        out = F.linear(z, weight * factor, bias)
-    else:
-        out = F.linear(z.mul_(factor.unsqueeze(1)), weight, bias)
-    return out, pi, (energy, share, moment, shrink)
-
-
-def _global_step(
-    y: Tensor, temp: Tensor, weight: Tensor, bias: Tensor | None, heads: int, attn_dropout: float, training: bool
-) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
-    """TSSA's non-causal output ``W (−Π_jk w_j ⊙ shrink) + bias`` from the projections ``y``, with Π and the
     statistics the memory-saving backward needs: the energies, the membership scores, the moments and the factors
     ``shrink = dropout(1 / (1 + moment))`` ``(b, K·p)``.
 
