@@ -3,11 +3,11 @@
 ``layers/tssa.py`` writes it), at the sizes people train ToST at (width 384, 6 heads, batch 8-32, 197-1024 tokens).
 
 Each row times the two paths interleaved (``--repeats`` rounds of one step each, after a warm-up of each), so a
-change of the machine's load falls on both; the table prints the median seconds of each and their ratio (saving /
-plain: below 1 the hand-derived backward is faster), and the bytes autograd keeps between forward and backward for
-each (``bench_tost.saved_bytes``: the activation memory, the same on any device) with their ratio.  The load
-(``uptime``) is printed before and after.  ``python benchmarks/tssa_backward.py`` (defaults: the table in
-``docs/speed.md``); ``--quick`` one small row.
+change of the machine's load falls on both; the table prints the median seconds of each and the median of the
+rounds' ratios (saving / plain, each round's two steps side by side: below 1 the hand-derived backward is faster),
+and the bytes autograd keeps between forward and backward for each (``bench_tost.saved_bytes``: the activation
+memory, the same on any device) with their ratio.  The load (``uptime``) is printed before and after.
+``python benchmarks/tssa_backward.py`` (defaults: the table in ``docs/speed.md``); ``--quick`` one small row.
 """
 
 from __future__ import annotations
@@ -55,8 +55,11 @@ def row(b: int, n: int, causal: bool, dim: int, heads: int, repeats: int) -> dic
         for saving in (True, False):
             op.memory_saving = saving
             times[saving].append(step_seconds(op, x, grad))
+    # the ratio of each round's two steps, taken side by side: a change of load between rounds falls on both
+    ratio = statistics.median(s / p for s, p in zip(times[True], times[False], strict=True))
     t_save, t_plain = statistics.median(times[True]), statistics.median(times[False])
-    return {"saving_s": t_save, "plain_s": t_plain, "saving_mib": kept[True] / 2**20, "plain_mib": kept[False] / 2**20}
+    return {"saving_s": t_save, "plain_s": t_plain, "ratio": ratio, "saving_mib": kept[True] / 2**20,
+            "plain_mib": kept[False] / 2**20}  # fmt: skip
 
 
 def main() -> None:
@@ -75,9 +78,7 @@ def main() -> None:
     for b, n, causal in rows:
         r = row(b, n, causal, args.dim, args.heads, repeats)
         form = "causal" if causal else "global"
-        line = (
-            f"{form:<7} {b:>3} {n:>5} {r['saving_s']:>9.3f} {r['plain_s']:>9.3f} {r['saving_s'] / r['plain_s']:>10.2f}"
-        )
+        line = f"{form:<7} {b:>3} {n:>5} {r['saving_s']:>9.3f} {r['plain_s']:>9.3f} {r['ratio']:>10.2f}"
         print(line + f" {r['saving_mib']:>10.1f} {r['plain_mib']:>10.1f} {r['saving_mib'] / r['plain_mib']:>9.2f}")
     print("load after:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 
