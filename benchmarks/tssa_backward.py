@@ -7,7 +7,7 @@ change of the machine's load falls on both; the table prints the median seconds 
 rounds' ratios (saving / plain, each round's two steps side by side: below 1 the hand-derived backward is faster),
 and the bytes autograd keeps between forward and backward for each (``bench_tost.saved_bytes``: the activation
 memory, the same on any device) with their ratio.  The load (``uptime``) is printed before and after.
-``python benchmarks/tssa_backward.py`` (defaults: the table in ``docs/speed.md``); ``--quick`` one small row.
+``python benchmarks/tssa_backward.py`` (defaults: the table in ``docs/speed.md``); ``--tiny`` one small row.
 """
 
 from __future__ import annotations
@@ -67,10 +67,10 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=384)
     ap.add_argument("--heads", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--quick", action="store_true", help="one small row (batch 2, 64 tokens), 3 repeats")
+    ap.add_argument("--tiny", action="store_true", help="one small row (batch 2, 64 tokens), 3 repeats")
     args = ap.parse_args()
-    rows = ((2, 64, False),) if args.quick else ROWS
-    repeats = 3 if args.quick else args.repeats
+    rows = ((2, 64, False),) if args.tiny else ROWS
+    repeats = 3 if args.tiny else args.repeats
     print("load before:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, width {args.dim}, {args.heads} heads")
     head = f"{'form':<7} {'b':>3} {'n':>5} {'saving s':>9} {'plain s':>9} {'time ratio':>10}"
