@@ -45,9 +45,9 @@ class ISTA(SecondBlock, nn.Module):
     """The sparsification step: one proximal-gradient step on the non-negative LASSO (42), eq. (44) (JMLR p.25;
     Alg. 3)::
 
-        Z^{ℓ+1} = ReLU(Z + η Dᵀ(Z^{ℓ+1/2} − D Z) − ηλ 1),   Z = Z^{ℓ+1/2}
+        Z^{ℓ+1} = ReLU(Z + η Dᵀ(Z − D Z) − ηλ 1),   Z = Z^{ℓ+1/2}
 
-    the official code's form, one step from ``Z^{ℓ+1/2}`` itself.  Row tokens ``x`` get the pre-activation
+    the official code's form, one step started from ``Z^{ℓ+1/2}`` itself.  Row tokens ``x`` get the pre-activation
     ``x A − ηλ`` with ``A = I + η (D − DᵀD)`` (:meth:`step_matrix`), computed whichever way costs fewer FLOPs for
     the ``n`` token rows (the results agree to float rounding):
 
