@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 import crate_transformer as ct
-from crate_transformer.official import mae_native_to_official
+from crate_transformer.loading.official import mae_native_to_official
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the transcribed official code
 from official.crate_ae import EncoderISTA, OfficialCRATEMAE

@@ -13,13 +13,9 @@ import torch
 from official.crate import OfficialCRATE
 
 import crate_transformer as ct
-from crate_transformer.checkpoint import (
-    CheckpointError,
-    atomic_write,
-    load_pickle,
-)
-from crate_transformer.official import native_to_official, official_to_native
-from crate_transformer.train.load import load_model
+from crate_transformer.io import CheckpointError, atomic_write, load_pickle
+from crate_transformer.loading.official import native_to_official, official_to_native
+from crate_transformer.loading.pipeline import load_model
 
 TINY = tiny.IMAGE
 
@@ -460,8 +456,8 @@ def test_save_pretrained_on_a_full_disk_or_read_only_folder(tmp_path, monkeypatc
 
 
 def test_save_torch_and_io_reexports(tmp_path):
-    import crate_transformer.checkpoint as ck
     import crate_transformer.io as cio
+    import crate_transformer.loading.pipeline as ck
 
     assert ck.atomic_write is cio.atomic_write and ck.load_pickle is cio.load_pickle
     assert ck.CheckpointError is cio.CheckpointError and ct.CheckpointError is cio.CheckpointError

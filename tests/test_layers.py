@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import crate_transformer as ct
-from crate_transformer import _registry
+from crate_transformer.models import _registry
 
 SRC = Path(ct.__file__).parent
 PKG = "crate_transformer"

@@ -24,10 +24,9 @@ from test_bert_release import TINY as BERT_TINY
 from test_bert_release import _randomise, _save_as_port
 
 import crate_transformer as ct
-from crate_transformer import pretrained
-from crate_transformer.checkpoint import CheckpointError
 from crate_transformer.cli import main
-from crate_transformer.io import CONFIG_NAME, FILE_DIGESTS, WEIGHTS_NAME, json_sha256, save_safetensors
+from crate_transformer.io import CONFIG_NAME, FILE_DIGESTS, WEIGHTS_NAME, CheckpointError, json_sha256, save_safetensors
+from crate_transformer.loading import pretrained
 
 TINY = tiny.IMAGE
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,8 +134,9 @@ def test_a_file_under_another_formats_name_names_a_model_of_its_format(tmp_path)
 
 # --------------------------------------------------------------------------- old import paths
 def test_the_loaders_and_converters_import_from_their_former_paths():
-    from crate_transformer import checkpoint, official
-    from crate_transformer.train import load
+    from crate_transformer.loading import official
+    from crate_transformer.loading import pipeline as checkpoint
+    from crate_transformer.loading import pipeline as load
 
     assert checkpoint.load_model is load.load_model is ct.load_model
     for name in ("native_to_official", "official_to_native", "mae_native_to_official", "mae_official_to_native"):

@@ -13,11 +13,11 @@ from clitools import crate
 from official.crate_ae import OfficialCRATEMAE, sincos_2d
 
 import crate_transformer as ct
-from crate_transformer.checkpoint import CheckpointError
+from crate_transformer.io import CheckpointError
 from crate_transformer.layers import DecoderLayer
-from crate_transformer.mae import CRATEMAE, MAEConfig, mae_to_classifier, random_masking, sincos_pos_embed
-from crate_transformer.official import mae_native_to_official
-from crate_transformer.train.load import load_model
+from crate_transformer.loading.official import mae_native_to_official
+from crate_transformer.loading.pipeline import load_model
+from crate_transformer.models.mae import CRATEMAE, MAEConfig, mae_to_classifier, random_masking, sincos_pos_embed
 
 SMALL = dict(image_size=32, patch_size=8, in_chans=3, dim=64, depth=2, heads=4)
 
@@ -381,7 +381,7 @@ def test_analyze_reports_decoder_inversion(tmp_path):
 
 def test_reconstruction_recognition_against_pixels_written_directly(monkeypatch):
     from crate_transformer.analysis import reconstruction_recognition
-    from crate_transformer.probe import knn_classify
+    from crate_transformer.analysis.probe import knn_classify
 
     torch.manual_seed(0)
     m = perturbed(small_mae(in_chans=1, image_size=16, patch_size=4)).eval()  # 16 patches, 12 masked

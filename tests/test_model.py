@@ -199,7 +199,7 @@ def test_ablation_variants_run_and_differ():
 # --------------------------------------------------------------------------- CRATE / ViT build what they say
 def test_crate_and_vit_classes_fix_their_architecture():
     from crate_transformer.layers import MHSA, MLP, EncoderLayer
-    from crate_transformer.model import build_model
+    from crate_transformer.models.classifier import build_model
 
     cfg = ct.ModelConfig(**{**TINY, "dim": 48, "heads": 3})  # arch defaults to "crate"
     vit = ct.ViT(cfg)
@@ -231,7 +231,7 @@ def test_model_modules_import_only_torch_and_the_core():
     from pathlib import Path
 
     src = Path(ct.__file__).parent
-    from crate_transformer import _registry
+    from crate_transformer.models import _registry
 
     model_modules = {a.model_class.__module__.rpartition(".")[2] for a in _registry._ARCHS.values()}
     assert {"model", "mae", "lm", "alpha", "bert", "tost"} <= model_modules

@@ -16,7 +16,7 @@ import torch
 from clitools import crate
 
 import crate_transformer as ct
-from crate_transformer import _registry
+from crate_transformer.models import _registry
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ tasks, the analysis, the loaders and the CLI ask instead of checking a class or 
 * :attr:`Config.pipeline_tag` — the Hugging Face Hub task of its model card.
 
 The model adds what only the built model knows (``Model.code_sites``: where its sparse codes are, its extra
-files); see :mod:`crate_transformer.base`.
+files); see :mod:`crate_transformer.models.base`.
 """
 
 from __future__ import annotations

@@ -10,6 +10,6 @@
   before anything is built;
 * :mod:`~crate_transformer.loading.weights` — the strict weight load and its checks.
 
-This file imports nothing: the model contract (:mod:`crate_transformer.base`) uses the lower modules, and the
+This file imports nothing: the model contract (:mod:`crate_transformer.models.base`) uses the lower modules, and the
 pipeline sits above the registry's tables.
 """

@@ -1,0 +1,1 @@
+"""The model families and their contract."""
