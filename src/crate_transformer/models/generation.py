@@ -7,7 +7,7 @@ Two decoding paths give the same tokens:
   keeps ``"w"``, MHSA ``"k"`` and ``"v"``, ToST's causal TSSA three running sums and a ``"length"``); past the
   context the window slides and the cache is rebuilt.
 * **compiled** (``compile=True``): the prompt runs eagerly, then its cache moves into fixed-size buffers
-  (:class:`~crate_transformer.models.static_cache.StaticCache`, allocated once for prompt + new tokens) and one step —
+  (:class:`~crate_transformer.layers.static_cache.StaticCache`, allocated once for prompt + new tokens) and one step —
   the model on the token at the position tensor ``pos``, the next token chosen, ``pos`` advanced — is compiled
   once by ``torch.compile(mode="reduce-overhead")``: a CUDA graph replayed per token on a GPU, inductor's code
   on a CPU.  Nothing in the step is a Python number that changes per token, so it never recompiles, and
@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from ..config_utils import NON_NEGATIVE, POSITIVE, Range
 from ..errors import OptionError
 from ..layers.inference import evaluating
-from .static_cache import LENGTH, StaticCache
+from ..layers.static_cache import LENGTH, StaticCache
 
 __all__ = [
     "TEMPERATURE",

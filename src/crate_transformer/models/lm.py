@@ -39,11 +39,11 @@ from ..config_utils import Range, option
 from ..errors import TaskError
 from ..io import FILE_DIGESTS, TOKENIZER_NAME, CheckpointError, read_model_json
 from ..layers import DIM_HEAD, MLP, EncoderLayer, LayerConfig
+from ..layers.static_cache import StaticLayerCache
 from ..loading.official import HEADS_NOT_STORED, OfficialFormat, index_count, rename, unwrap
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .base import Model, Trace
 from .generation import TEMPERATURE, TOP_P, cache_nbytes, cached_length, generate, mask_tokens, sample_next
-from .static_cache import StaticLayerCache
 from .token_prior import TokenPrior
 from .tokenizer import Tokenizer
 
