@@ -33,7 +33,7 @@ CONFIGS = {
 }
 
 
-def pair(name: str, overrides: dict) -> tuple[ct.mae.CRATEMAE, OfficialCRATEMAE]:
+def pair(name: str, overrides: dict) -> tuple[ct.models.mae.CRATEMAE, OfficialCRATEMAE]:
     ours = ct.create_model(name, **overrides)
     c = ours.config
     official = OfficialCRATEMAE(img_size=c.image_size, patch_size=c.patch_size, in_chans=c.in_chans, embed_dim=c.dim,

@@ -168,7 +168,7 @@ def test_crate_caches_one_tensor_per_layer_and_gpt_two() -> None:
         cache = model.new_cache()
         model(x, cache)
         assert all(sorted(c) == keys for c in cache)
-        assert ct.lm.cache_nbytes(cache) == len(keys) * 2 * 10 * 32 * 4  # layers x tokens x d x fp32
+        assert ct.models.lm.cache_nbytes(cache) == len(keys) * 2 * 10 * 32 * 4  # layers x tokens x d x fp32
 
 
 def test_sampling_rules() -> None:

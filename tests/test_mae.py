@@ -59,14 +59,16 @@ def test_masked_pixels_do_not_reach_the_encoder_and_loss_uses_only_masked_patche
     _, mask = m.forward_encoder(x, noise=noise)
     masked_pixels = mask[:, :, None].bool().expand(-1, -1, 8 * 8 * 3)
     # 1. changing the masked pixels changes neither the encoder output nor the prediction (no leakage)
-    x2 = ct.model.unpatchify(torch.where(masked_pixels, torch.randn(2, 16, 192), ct.model.patchify(x, 8)), 8, 4, 4)
+    x2 = ct.models.classifier.unpatchify(
+        torch.where(masked_pixels, torch.randn(2, 16, 192), ct.models.classifier.patchify(x, 8)), 8, 4, 4
+    )
     assert not torch.equal(x, x2)
     z1, z2 = m.forward_encoder(x, noise=noise)[0], m.forward_encoder(x2, noise=noise)[0]
     torch.testing.assert_close(z1, z2, rtol=0, atol=0)
     # 2. the loss is the mean over masked patches only: changing a visible patch's target leaves it unchanged
     out = m(x, noise=noise)
     pred = out.pred.detach()
-    per_patch = (pred - ct.model.patchify(x, 8)).pow(2).mean(-1)
+    per_patch = (pred - ct.models.classifier.patchify(x, 8)).pow(2).mean(-1)
     torch.testing.assert_close(out.loss, per_patch[mask.bool()].mean())
     grad = torch.zeros_like(pred, requires_grad=True)
     m.forward_loss(x, pred + grad, mask).backward()
@@ -233,7 +235,7 @@ def test_from_official_reads_the_mae_codebase_checkpoint(tmp_path):
         loss, pred, _ = m.eval()(x, noise=noise)
         torch.testing.assert_close(pred, pred_o, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(loss, loss_o, rtol=1e-5, atol=1e-5)
-    raw = ct.checkpoint.load_pickle(path)  # ... ours reads it, Namespace and all, with nothing else allowed after
+    raw = ct.io.load_pickle(path)  # ... ours reads it, Namespace and all, with nothing else allowed after
     assert vars(raw["args"]) == vars(mae_codebase_args()) and raw["epoch"] == 799
     assert argparse.Namespace not in torch.serialization.get_safe_globals()
 

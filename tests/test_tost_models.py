@@ -133,7 +133,9 @@ def test_language_model_generation_with_its_constant_size_cache_equals_recomputi
     cache = model.new_cache()
     model(prompt, cache)
     model(prompt[:, :1], cache)
-    assert cache[0]["length"] == 6 and ct.lm.cache_nbytes(cache) == 2 * 2 * 4 * (8 + 8 + 1) * 4  # sq, wsq (p=8), pi
+    assert (
+        cache[0]["length"] == 6 and ct.models.lm.cache_nbytes(cache) == 2 * 2 * 4 * (8 + 8 + 1) * 4
+    )  # sq, wsq (p=8), pi
 
 
 def test_language_model_trains_the_authors_parameters_without_decaying_the_heads_statistics():
