@@ -205,7 +205,7 @@ def test_causal_tssa_backward_is_autograd_of_the_cached_form_with_dropout_and_th
 
 
 def _bench_tost():  # noqa: ANN202
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_tost.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_tost.py"
     spec = importlib.util.spec_from_file_location("bench_tost", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -24,7 +24,7 @@ class TSSA(nn.Module):
     moment of every coordinate over the tokens are computed once, and each token's projection is multiplied by
     ``−Π_jk / (1 + moment)``: a scalar per coordinate instead of a pairwise similarity, so time and memory grow
     linearly with the number of tokens.  This is a gradient step on the variational compression term of
-    :func:`~crate_transformer.objectives.variational_coding_rate` (Π held fixed; ``tests/test_tost.py``
+    :func:`~crate_transformer.objectives.variational_coding_rate` (Π held fixed; ``tests/layers/test_tssa.py``
     checks it by autograd), the counterpart of MSSA's step on ``R^c`` (eq. (13)).
 
     ``causal=True`` is the form of ``tost_lang/model_TSSA.py``: token ``j`` reads running sums over tokens
@@ -248,7 +248,8 @@ class _GlobalStep(torch.autograd.Function):
     """:func:`_global_step` whose backward keeps the projections ``y`` and per-head statistics (Π and the scores
     ``(b, n, K)``, ``(b, K·p)`` energies, moments and factors) and recomputes the squares and the product
     ``Π ⊙ w ⊙ shrink``: autograd's own graph of the step would keep the squares (float32 for half projections),
-    that product and its scaled copy, 1.7-2.6x the bytes MSSA's flash attention keeps (``tests/test_tost.py``)."""
+    that product and its scaled copy, 1.7-2.6x the bytes MSSA's flash attention keeps
+    (``tests/layers/test_tssa.py``)."""
 
     @staticmethod
     def forward(  # type: ignore[override]
