@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from crate_transformer._registry import register_arch, register_model
 from crate_transformer.base import Model, Trace
 from crate_transformer.config import IMAGE_CLASSIFIER, Config
-from crate_transformer.config_utils import Range
+from crate_transformer.config_utils import Range, option
 from crate_transformer.layers import EncoderLayer
 from crate_transformer.model import ImageEncoderGeometry, ImageInput
 from crate_transformer.spec import DataSpec
@@ -29,18 +29,18 @@ ARCH = "toy_crate"
 
 @dataclass
 class ToyConfig(ImageEncoderGeometry, Config):
-    arch: str = ARCH
-    image_size: int = 8
-    patch_size: int = 2
-    in_chans: int = 1
-    num_classes: int = 10
-    dim: int = 32
-    depth: int = 2
-    heads: int = 4
-    dim_head: int | None = None
-    eta: float = 0.1
-    lambd: float = 0.1
-    data: DataSpec | None = None
+    arch: str = option(ARCH, "the family: toy")
+    image_size: int = option(8, "image side in pixels")
+    patch_size: int = option(2, "patch side in pixels")
+    in_chans: int = option(1, "input channels")
+    num_classes: int = option(10, "classes")
+    dim: int = option(32, "token width")
+    depth: int = option(2, "layers")
+    heads: int = option(4, "attention heads")
+    dim_head: int | None = option(None, "head width (None: dim // heads)")
+    eta: float = option(0.1, "ISTA step size", range=Range(0, lo_open=True))
+    lambd: float = option(0.1, "ISTA sparsity weight", range=Range(0))
+    data: DataSpec | None = option(None, "what it was trained on")
 
     # the capability contract: what this model is, and what the analysis may measure in it
     kind = IMAGE_CLASSIFIER
@@ -50,7 +50,6 @@ class ToyConfig(ImageEncoderGeometry, Config):
     layer_blocks = ("mssa", "ista")
     GIVEN_IN = "model_args"
     BLOCK_COUNTS = {"depth": "layers"}
-    RULES = {"eta": Range(0, lo_open=True), "lambd": Range(0)}
 
     def validate(self) -> None:
         if self.arch != ARCH:

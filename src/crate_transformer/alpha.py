@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
-from .layers import EncoderLayer, LayerConfig, drop_path_rates
+from .config_utils import override
+from .layers import EncoderLayer, drop_path_rates
 from .model import ImageClassifier, ModelConfig
 from .official import HEADS_NOT_STORED, OfficialFormat, conv_to_linear, linear_to_conv, rename
 from .spec import IMAGENET_MEAN, IMAGENET_STD
@@ -64,14 +65,12 @@ class AlphaConfig(ModelConfig):
     (:data:`ALPHA_CHOICES`) fixed — another value for one of them is a one-line ``ValueError`` — and
     CRATE-α-B/16's sizes as the defaults.  ``odl_ratio`` (4), ``eta`` and ``lambd`` (0.1) are the ODL block's."""
 
-    CHOICES = {**ModelConfig.CHOICES, "arch": (ALPHA_ARCH,)}
-
-    arch: str = ALPHA_ARCH
-    dim: int = 768
-    depth: int = 12
-    heads: int = 12
-    patch_norm: bool = False
-    mlp: str = LayerConfig.default("mlp", "odl")
+    arch: str = override(ModelConfig, "arch", ALPHA_ARCH, help="the family: crate_alpha", choices=(ALPHA_ARCH,))
+    dim: int = override(ModelConfig, "dim", 768)
+    depth: int = override(ModelConfig, "depth", 12)
+    heads: int = override(ModelConfig, "heads", 12)
+    patch_norm: bool = override(ModelConfig, "patch_norm", False)
+    mlp: str = override(ModelConfig, "mlp", "odl")
 
     def validate(self) -> None:
         super().validate()

@@ -3,15 +3,16 @@
 description saved with a model.
 
 An option class is a ``@dataclass`` that subclasses :class:`Config` and writes only what is its own — its
-fields (with their ranges and choices) and a :meth:`Config.validate` method for checks across fields.  The base
+fields, each declared once with :func:`~crate_transformer.config_utils.option` (default, type, help, range or
+choices, where it applies), and a :meth:`Config.validate` method for checks across fields.  The base
 does the rest, once for every class:
 
 * **coercion** — YAML, ``KEY=VALUE`` command-line pairs and JSON values become the declared types
   (``"5e-2"`` → 0.05, ``"64"`` → 64; :func:`~crate_transformer.config_utils.coerce_fields`);
-* **checks**, one rule for every option class — a field's choices (:attr:`Config.CHOICES` or
-  ``metadata["choices"]``) and range (:class:`~crate_transformer.config_utils.Range`, in :attr:`Config.RULES`
-  or ``metadata["range"]``), every float finite (``eta=nan`` fails here, not after training): each a one-line
-  ``ValueError`` naming the field, the value and a valid example (:meth:`Config.check_fields`);
+* **checks**, one rule for every option class — a field's declared choices and range
+  (:class:`~crate_transformer.config_utils.Range`), every float finite (``eta=nan`` fails here, not after
+  training): each a one-line ``ValueError`` naming the field, the value and a valid example
+  (:meth:`Config.check_fields`);
 * **serialisation** — :meth:`to_dict` / :meth:`from_dict` with the unknown-key check and a format
   version (``config_version``), so a ``config.json`` from a newer release is refused with the fix.
 
@@ -34,7 +35,7 @@ files); see :mod:`crate_transformer.base`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
 from .config_utils import POSITIVE, Range, coerce_fields, field_place
@@ -53,12 +54,12 @@ C = TypeVar("C", bound="Config")
 
 def check_option(cls: type, name: str, value: Any) -> None:
     """The one check of an option's value, for :class:`Config` and any dataclass of options (``TrainConfig``):
-    each value (lists element-wise; ``None`` = unset) is one of the field's choices (``cls.CHOICES`` or
-    ``metadata["choices"]``) and within its :class:`~crate_transformer.config_utils.Range` (``cls.RULES`` or
-    ``metadata["range"]``); a float without a range is finite.  A one-line ``ValueError`` with an example."""
+    each value (lists element-wise; ``None`` = unset) is one of the choices and within the
+    :class:`~crate_transformer.config_utils.Range` its declaration (``option(..., choices=, range=)``) gives, the
+    field's metadata and nothing else; a float without a range is finite.  A one-line ``ValueError`` with an
+    example."""
     meta = {f.name: f for f in dataclasses.fields(cls)}[name].metadata
-    choices = getattr(cls, "CHOICES", {}).get(name) or meta.get("choices")
-    rule = getattr(cls, "RULES", {}).get(name) or meta.get("range")
+    choices, rule = meta.get("choices"), meta.get("range")
     for x in value if isinstance(value, (list, tuple)) else [value]:
         if x is None:
             continue
@@ -73,11 +74,10 @@ def check_option(cls: type, name: str, value: Any) -> None:
             raise OptionError(field_place(cls, name), r.requirement(x), *example)
 
 
-def _field_default(cls: type, name: str, fallback: Any) -> Any:
-    field = {f.name: f for f in dataclasses.fields(cls)}[name]
-    if field.default is not dataclasses.MISSING:
-        return field.default
-    return field.default_factory() if field.default_factory is not dataclasses.MISSING else fallback
+def _field_default(cls: type, name: str, fallback: Any = None) -> Any:
+    """Field ``name``'s default (a fresh one for a default factory), else ``fallback``."""
+    value = _default({f.name: f for f in dataclasses.fields(cls)}[name])
+    return fallback if value is dataclasses.MISSING else value
 
 
 class Config:
@@ -85,11 +85,6 @@ class Config:
     description; see the module docstring.  Subclasses are ``@dataclass``es."""
 
     VERSION: ClassVar[int] = 1  # config.json format; bumped when a stored field changes meaning
-    # name -> Range for numeric fields with a range, e.g. {"eta": Range(0, lo_open=True)} (or a field's
-    # metadata["range"]); every other float field must merely be finite
-    RULES: ClassVar[Mapping[str, Range]] = {}
-    # name -> the values a field may take, e.g. {"pool": POOLS} (or a field's metadata["choices"])
-    CHOICES: ClassVar[Mapping[str, tuple]] = {}
     # fields added after their format was in use, left out of to_dict() while at their default: the files of
     # every model that does not use them (config.json, the checksums over it) stay byte-identical
     OMIT_AT_DEFAULT: ClassVar[tuple[str, ...]] = ()
@@ -139,10 +134,10 @@ class Config:
 
     # ---------------------------------------------------------------- checks: the one rule for every option class
     def check_fields(self) -> None:
-        """Every field obeys its choices (:attr:`CHOICES` or ``metadata["choices"]``) and its range (:attr:`RULES`
-        or ``metadata["range"]``, lists element-wise); every other float is finite.  One-line ``ValueError``."""
+        """Every field obeys its declared choices and range (lists element-wise); every other float is finite.
+        One-line ``ValueError``."""
         for f in dataclasses.fields(self):
-            self._check_value(f.name, getattr(self, f.name))
+            check_option(type(self), f.name, getattr(self, f.name))
         self.check_applicable()
 
     def check_applicable(self) -> None:
@@ -167,33 +162,15 @@ class Config:
     def check_field(cls, name: str, value: Any) -> None:
         """One value of field ``name`` alone (``--model-args eta=inf`` before any model or run folder exists),
         coerced to the field's type, then checked as :meth:`check_fields` checks it."""
-        cls._check_value(name, coerce_fields(cls, {name: value})[name])
-
-    @classmethod
-    def _check_value(cls, name: str, value: Any) -> None:
-        check_option(cls, name, value)
-
-    def check_choice(self, name: str, allowed: Iterable[str]) -> None:
-        """``getattr(self, name)`` is one of ``allowed`` (for choices that depend on other fields; fixed choices
-        belong in :attr:`CHOICES` or the field's ``metadata["choices"]``)."""
-        allowed = tuple(allowed)
-        if getattr(self, name) not in allowed:
-            raise ValueError(f"unknown {name} {short_repr(getattr(self, name))}; choose one of {allowed}")
+        check_option(cls, name, coerce_fields(cls, {name: value})[name])
 
     def check_positive(self, *names: str) -> None:
         """Each named integer field is > 0 (:data:`~crate_transformer.config_utils.POSITIVE`)."""
         for name in names:
             v = getattr(self, name)
             if not POSITIVE.ok(v):
-                example = field_place(type(self), name, self._example(name))
+                example = field_place(type(self), name, _field_default(type(self), name, v))
                 raise OptionError(field_place(type(self), name), POSITIVE.requirement(v), "; e.g. ", example)
-
-    def _example(self, name: str) -> Any:
-        return self._default(name, getattr(self, name))
-
-    @classmethod
-    def _default(cls, name: str, fallback: Any) -> Any:
-        return _field_default(cls, name, fallback)
 
     # ---------------------------------------------------------------- serialisation
     def to_dict(self) -> dict:
@@ -205,7 +182,7 @@ class Config:
             if dataclasses.is_dataclass(value) and hasattr(value, "to_dict"):
                 d[f.name] = value.to_dict()
         for name in self.OMIT_AT_DEFAULT:
-            if d[name] == self._default(name, None):
+            if d[name] == _field_default(type(self), name):
                 del d[name]
         if self.KEY_ORDER:
             rest = {k: v for k, v in d.items() if k not in self.KEY_ORDER}

@@ -46,6 +46,9 @@ __all__ = [
     "POSITIVE",
     "NON_NEGATIVE",
     "option",
+    "override",
+    "declared",
+    "fields_applicability",
     "load_yaml",
 ]
 
@@ -56,17 +59,60 @@ _FALSE = {"false", "no", "off", "0"}
 _NONE = {"none", "null", "~"}
 
 
-def option(default: Any, help: str, **meta: Any) -> Any:
-    """A dataclass field that describes itself to users: ``help`` and, optionally, ``choices``, ``metavar``,
-    ``shown`` (the default in words, for ``--help``), ``range`` (a :class:`Range`), ``fixed`` (a task option the
-    checkpoint depends on: frozen on resume) and ``name`` (the option's name in flat config files and on the
-    command line, when it differs from the field's).  The library says nothing about commands: which command
-    shows which option is decided by the command line (``crate_transformer.cli.options``).
+def option(
+    default: Any,
+    help: str,
+    *,
+    choices: tuple | None = None,
+    range: Range | None = None,
+    applies: Mapping[str, tuple] | None = None,
+    metavar: str | None = None,
+    shown: str | None = None,
+    name: str | None = None,
+    path: bool = False,
+    fixed: bool | str = False,
+    **cli: Any,
+) -> Any:
+    """The one declaration of an option: a dataclass field with its default, its type (the annotation) and what
+    describes it to users, read by the checks (:func:`~crate_transformer.config.check_option`), the flags, the
+    config files, the Python keywords and ``config.json`` alike.
+
+    ``help`` says what it does; ``choices`` the values it may take; ``range`` (a :class:`Range`) the numbers;
+    ``applies`` where it applies (``{"optimizer": ("sgd", "lars")}``: read only while that field holds one of those;
+    absent: always, see :func:`fields_applicability`); ``metavar`` and ``shown`` (the default in words) are for
+    ``--help``; ``name`` its name in flat config files and on the command line, when it differs from the field's;
+    ``path`` a file or folder (an empty string is refused); ``fixed`` a task option the checkpoint depends on
+    (frozen on resume).  ``cli``: free-form entries for the command line (e.g. which commands show it); the
+    library does not read them.  A family's other default for an inherited option is :func:`override`.
     """
-    meta = {"help": help, **meta}
+    given = {"choices": choices, "range": range, "applies": applies, "metavar": metavar, "shown": shown}
+    given.update(name=name, path=path, fixed=fixed)
+    meta = {"help": help, **{k: v for k, v in given.items() if v is not None and v is not False}, **cli}
     if isinstance(default, (dict, list)):  # every instance gets its own copy
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def override(cls: type, name: str, default: Any, **changes: Any) -> Any:
+    """Option ``name`` of dataclass ``cls`` declared again with another default (and the entries of ``changes``,
+    e.g. ``choices``), its help, range and choices otherwise kept: a family's own default for an option it
+    inherits or shares (``lambd: float = override(LayerConfig, "lambd", 0.5)``, CRATE-MAE's λ)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if name not in fields or "help" not in fields[name].metadata:
+        raise ValueError(f"{cls.__name__} declares no option {name!r} to override; declare it with option()")
+    meta = dict(fields[name].metadata)
+    return option(default, **{**meta, **changes})
+
+
+def declared(f: dataclasses.Field) -> bool:
+    """Whether field ``f`` was declared through :func:`option` (it carries its ``help``)."""
+    return "help" in f.metadata
+
+
+def fields_applicability(cls: type) -> dict[str, Any]:
+    """Where each option of dataclass ``cls`` applies: ``"always"``, or its ``applies`` mapping (field → the values
+    under which it is read)."""
+    return {f.name: f.metadata.get("applies") or "always" for f in dataclasses.fields(cls)}
 
 
 def option_name(f: dataclasses.Field) -> str:
@@ -107,7 +153,7 @@ def coerce_fields(cls: type, mapping: Mapping[str, Any], *, allow_unknown: bool 
     unknown = sorted(set(mapping) - set(types_))
     if unknown and not allow_unknown:
         raise ValueError(f"unknown {cls.__name__} keys {unknown}; valid keys: {sorted(types_)}")
-    defaults = _defaults(cls)
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}  # an example for the message (not factories)
     out = {}
     for key, value in mapping.items():
         if key not in types_:
@@ -116,7 +162,8 @@ def coerce_fields(cls: type, mapping: Mapping[str, Any], *, allow_unknown: bool 
         try:
             out[key] = _coerce(value, types_[key])
         except _CoerceError as e:
-            example = ("; e.g. ", field_place(cls, key, defaults[key])) if defaults.get(key) is not None else ()
+            shown = defaults[key] not in (None, dataclasses.MISSING)
+            example = ("; e.g. ", field_place(cls, key, defaults[key])) if shown else ()
             got = f" must be {e.expected}, got {short_repr(value)} ({type(value).__name__})"
             raise OptionError(field_place(cls, key), got, *example) from None
     return out
@@ -135,14 +182,6 @@ class _CoerceError(Exception):
     def __init__(self, expected: str) -> None:
         super().__init__(expected)
         self.expected = expected
-
-
-def _defaults(cls: type) -> dict[str, Any]:
-    out = {}
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-    return out
 
 
 def _coerce(value: Any, tp: Any) -> Any:
@@ -282,8 +321,8 @@ def _items(value: list | tuple, args: tuple, kind: type) -> list | tuple:
 class Range:
     """The values a numeric option may take: finite, and within ``lo``/``hi`` (``None``: unbounded; a bound is
     excluded when ``lo_open``/``hi_open``).  The one rule behind every numeric option: a dataclass field carries
-    it as ``metadata["range"]`` (or its class's ``RULES`` entry; :class:`~crate_transformer.config.Config` checks
-    it when the dataclass is built, and the generated ``--help`` shows it), a plain command-line option as
+    it as ``option(..., range=...)`` (:class:`~crate_transformer.config.Config` checks it when the dataclass is
+    built, and the generated ``--help`` shows it), a plain command-line option as
     ``crate_transformer.cli.common.number_argument``, and an API function calls :meth:`check` itself, so the CLI
     and the API refuse the same values with the same words.
     """

@@ -59,10 +59,12 @@ class DINOHeadConfig(Config):
     the backbone feature it reads.  The training options (temperatures, momenta, multi-crop augmentation, presets)
     are the ``dino`` task's, :class:`crate_transformer.train.dino.DINOOptions`, which extends this class."""
 
-    out_dim: int = option(1024, "prototypes K: outputs of the weight-normalised last layer (DINO: 65536)", fixed=True)
-    hidden_dim: int = option(256, "hidden width of the head's 3-layer MLP (DINO: 2048)", fixed=True)
-    bottleneck_dim: int = option(64, "bottleneck before l2-normalisation (DINO: 256)", fixed=True)
-    head_layers: int = option(3, "MLP layers of the head (DINO: 3)", fixed=True)
+    out_dim: int = option(
+        1024, "prototypes K: outputs of the weight-normalised last layer (DINO: 65536)", range=POSITIVE, fixed=True
+    )
+    hidden_dim: int = option(256, "hidden width of the head's 3-layer MLP (DINO: 2048)", range=POSITIVE, fixed=True)
+    bottleneck_dim: int = option(64, "bottleneck before l2-normalisation (DINO: 256)", range=POSITIVE, fixed=True)
+    head_layers: int = option(3, "MLP layers of the head (DINO: 3)", range=POSITIVE, fixed=True)
     use_bn_in_head: bool = option(True, "BatchNorm in the head's MLP (DINO: off for ViTs; digits: on)", fixed=True)
     norm_last_layer: bool = option(True, "fix the weight norm of the last layer to 1 (DINO: on)", fixed=True)
     pool: str = option(
@@ -70,7 +72,6 @@ class DINOHeadConfig(Config):
         "backbone feature for the head and k-NN: cls token | avg of the patch tokens | mean of all tokens",
         choices=POOLS,
     )
-    RULES = {name: POSITIVE for name in ("out_dim", "hidden_dim", "bottleneck_dim", "head_layers")}
 
 
 # --------------------------------------------------------------------------- schedules

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .base import Model, Trace
 from .config import LANGUAGE_MODEL, Config
-from .config_utils import Range
+from .config_utils import Range, option
 from .errors import Opt, TaskError, Use
 from .generation import TEMPERATURE, TOP_P, cache_nbytes, cached_length, generate, mask_tokens, sample_next
 from .io import FILE_DIGESTS, TOKENIZER_NAME, CheckpointError, read_model_json
@@ -82,28 +82,38 @@ class LMConfig(LayerConfig, Config):
     coerced to the declared types and validated with one-line errors, as :class:`~crate_transformer.ModelConfig`.
     """
 
-    arch: str = "crate_lm"  # crate_lm (CRATE layers) | gpt (pre-norm MHSA + GELU MLP, GPT-2) | crate_bert (released)
-    causal: bool = True
-    vocab_size: int = 262  # the byte-level tokenizer's
-    block_size: int = 128  # context length n
-    dim: int = 128
-    depth: int = 4
-    heads: int = 4
-    dim_head: int | None = None  # None → dim // heads
-    pos_embed: str = "learned"  # learned (GPT-2, official CRATE-GPT) | sinusoidal (eq. (83), CRATE-BERT)
-    final_norm: bool = False  # LayerNorm before the head (GPT-2: yes; official CRATE-GPT: no)
-    num_labels: int = 0  # > 0: a sequence-classification head (GLUE fine-tuning, Table 5); 1 = regression
+    arch: str = option(
+        "crate_lm",
+        "crate_lm (CRATE layers) | gpt (pre-norm MHSA + GELU MLP, GPT-2) | crate_bert (the released CRATE-BERT)",
+        choices=LM_ARCHS,
+    )
+    causal: bool = option(True, "a GPT (next token, eq. (89)); False: a BERT (masked tokens, eq. (85))")
+    vocab_size: int = option(262, "tokens V of the embedding and the head (the byte-level tokenizer's: 262)")
+    block_size: int = option(128, "context length n")
+    dim: int = option(128, "token width d")
+    depth: int = option(4, "layers L")
+    heads: int = option(4, "attention heads K")
+    dim_head: int | None = option(None, "width p of a head (None: dim // heads)")
+    pos_embed: str = option(
+        "learned", "learned (GPT-2, official CRATE-GPT) | sinusoidal (eq. (83), CRATE-BERT)", choices=POS_EMBEDS
+    )
+    final_norm: bool = option(False, "a LayerNorm before the head (GPT-2: yes; official CRATE-GPT: no)")
+    num_labels: int = option(0, "> 0: a sequence-classification head (GLUE fine-tuning, Table 5); 1 = regression")
     # the CRATE layers' settings (ignored by arch="gpt" but dropout, mlp_ratio, gelu) are LayerConfig's: eta, lambd,
     # ista_mode (none: Table 16's CRATE-GPT without ISTA), layer_form, mlp (ista_overcomplete: the crate-lm release),
     # odl_ratio, proj_bias, mlp_ratio, gelu (tanh: OpenAI GPT-2, Hugging Face's gelu_new), ...
     # crate_bert only: RoBERTa's embedding and heads (the authors' Hugging Face port)
-    type_vocab_size: int = 2  # token-type (segment) embeddings
-    pad_token_id: int = 1  # padding: its position row; real tokens take positions pad_token_id + 1, + 2, ...
-    layer_norm_eps: float = 1e-12  # the embedding's and the LM head's LayerNorm (the CRATE layers' keep 1e-5)
-    # the tokenizer kind the model was trained with (its tokenizer.json is saved beside the weights)
-    tokenizer: str = ""
+    type_vocab_size: int = option(2, "crate_bert: token-type (segment) embeddings")
+    pad_token_id: int = option(
+        1, "crate_bert: the padding token, its position row; real tokens take positions pad_token_id + 1, + 2, ..."
+    )
+    layer_norm_eps: float = option(
+        1e-12,
+        "crate_bert: ε of the embedding's and the LM head's LayerNorm (the CRATE layers' keep 1e-5)",
+        range=Range(0, lo_open=True),
+    )
+    tokenizer: str = option("", "the tokenizer kind the model was trained with (its tokenizer.json is saved beside)")
 
-    RULES = {"layer_norm_eps": Range(0, lo_open=True)}
     OMIT_AT_DEFAULT = ("tied_output", "tied_beta", "eps", "attention")  # added later: the files stay byte-identical
     KEY_ORDER = ("arch", "causal", "vocab_size", "block_size", "dim", "depth", "heads", "dim_head", "pos_embed",
                  "dropout", "final_norm", "num_labels", "eta", "lambd", "ista_mode", "layer_form", "scale_scores",
@@ -112,7 +122,6 @@ class LMConfig(LayerConfig, Config):
     kind = LANGUAGE_MODEL
     GIVEN_IN = "model_args"  # a training takes these fields as model_args entries
     BLOCK_COUNTS = {"depth": "layers"}  # the numbered blocks of the weights these fields count
-    CHOICES = {"arch": LM_ARCHS, "pos_embed": POS_EMBEDS}
 
     @property
     def pipeline_tag(self) -> str:

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .base import Model, Trace
 from .config import MASKED_AUTOENCODER, Config
-from .config_utils import Range
+from .config_utils import Range, option, override
 from .layers import LAYER_FORMS, DecoderLayer, EncoderLayer, LayerConfig, drop_path_rates
 from .model import (
     ImageClassifier,
@@ -75,23 +75,31 @@ class MAEConfig(ImageEncoderGeometry, LayerConfig, Config):
     and validated with one-line errors, as :class:`~crate_transformer.model.ModelConfig`.
     """
 
-    arch: str = MAE_ARCH
-    image_size: int = 224
-    patch_size: int = 16
-    in_chans: int = 3
-    dim: int = 768
-    depth: int = 12  # L of the encoder and of the decoder (symmetric, Table 9)
-    heads: int = 12  # K of the encoder and of the decoder
-    dim_head: int | None = None  # None → dim // heads
-    mask_ratio: float = 0.75  # Fig. 11; |Ω| = N − int(N (1 − r))
-    norm_pix_loss: bool = False  # official default: raw pixels
+    arch: str = option(MAE_ARCH, "the family: crate_mae (checked by validate, which names the classifier's config)")
+    image_size: int = override(ModelConfig, "image_size", 224)
+    patch_size: int = override(ModelConfig, "patch_size", 16)
+    in_chans: int = override(ModelConfig, "in_chans", 3)
+    dim: int = override(ModelConfig, "dim", 768)
+    depth: int = option(12, "layers L of the encoder and of the decoder (symmetric, Table 9)")
+    heads: int = option(12, "attention heads K of the encoder and of the decoder")
+    dim_head: int | None = override(ModelConfig, "dim_head", None)
+    mask_ratio: float = option(0.75, "share of patches masked (Fig. 11); |Ω| = N − int(N (1 − r))", range=MASK_RATIO)
+    norm_pix_loss: bool = option(False, "the loss on per-patch normalised pixels (official default: raw pixels)")
     # the encoder layers' settings are LayerConfig's (eta, layer_form, ...); λ = 0.5 as the official crate_encoder.py
-    lambd: float = LayerConfig.default("lambd", 0.5)
-    decoder_form: str = "official"  # decoder layer: official (x_ − MSSA(LN(x_))) | jmlr (Alg. 5)
-    visible_only: bool = False  # encoder sees only visible tokens, positions re-added before the decoder (He et al.)
-    norm_eps: float = 1e-6  # final encoder / decoder LayerNorms
-    drop_path: float = 0.0  # stochastic depth of the encoder's last layer, rising linearly from 0; 0 = off
-    data: DataSpec | None = None
+    lambd: float = override(LayerConfig, "lambd", 0.5)
+    decoder_form: str = option(
+        "official", "decoder layer: official (x_ − MSSA(LN(x_))) | jmlr (Alg. 5)", choices=LAYER_FORMS
+    )
+    visible_only: bool = option(
+        False, "the encoder sees only the visible tokens, positions re-added before the decoder (He et al.)"
+    )
+    norm_eps: float = option(1e-6, "ε of the final encoder / decoder LayerNorms", range=Range(0, lo_open=True))
+    drop_path: float = option(
+        0.0,
+        "stochastic depth of the encoder's last layer, rising linearly from 0; 0 = off",
+        range=Range(0, 1, hi_open=True),
+    )
+    data: DataSpec | None = override(ModelConfig, "data", None)
 
     # added later: configs without them stay byte-identical (every layer field but eta, lambd, layer_form)
     OMIT_AT_DEFAULT = ("drop_path", "dropout", "ista_mode", "scale_scores", "tied_output", "tied_beta", "eps",
@@ -102,14 +110,8 @@ class MAEConfig(ImageEncoderGeometry, LayerConfig, Config):
     kind = MASKED_AUTOENCODER
     GIVEN_IN = "model_args"  # a training takes these fields as model_args entries
     BLOCK_COUNTS = {"depth": "layers"}  # the numbered blocks of the weights these fields count
-    CHOICES = {"decoder_form": LAYER_FORMS}
     pipeline_tag = "image-feature-extraction"
     white_box = True  # CRATE encoder layers
-    RULES = {
-        "norm_eps": Range(0, lo_open=True),
-        "drop_path": Range(0, 1, hi_open=True),
-        "mask_ratio": MASK_RATIO,
-    }
 
     def validate(self) -> None:
         self.check_layer()

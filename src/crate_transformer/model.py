@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .base import POOLS, Model, Trace, pool_name, pool_tokens, take_indices
 from .config import IMAGE_CLASSIFIER, Config
-from .config_utils import Range
+from .config_utils import Range, option
 from .layers import DIM_HEAD, EncoderLayer, LayerConfig, drop_path_rates
 from .objectives import autocast_on
 from .official import HEADS_NOT_STORED, OfficialFormat, official_to_native
@@ -107,25 +107,31 @@ class ModelConfig(ImageEncoderGeometry, LayerConfig, Config):
     normalisation, class names, data source); training fills it in.
     """
 
-    arch: str = "crate"
-    image_size: int = 224
-    patch_size: int = 16
-    in_chans: int = 3
-    num_classes: int = 1000
-    dim: int = 384
-    depth: int = 12
-    heads: int = 6
-    dim_head: int | None = None  # None → dim // heads (what every paper config uses)
-    pool: str = "cls"  # cls | mean (every token: official) | avg (patch tokens), see base.POOLS
-    emb_dropout: float = 0.0
-    drop_path: float = 0.0  # stochastic depth of the last layer, rising linearly from 0 (timm / DeiT); 0 = off
+    arch: str = option("crate", "the family: crate | vit (the ViT baseline, Table 17)", choices=ARCHS)
+    image_size: int = option(224, "side of the (square) input images in pixels")
+    patch_size: int = option(16, "side of a patch in pixels (image_size must be a multiple)")
+    in_chans: int = option(3, "input channels (1 for grey images)")
+    num_classes: int = option(1000, "classes of the head (0: no classifier, the model returns its pooled features)")
+    dim: int = option(384, "token width d")
+    depth: int = option(12, "layers L")
+    heads: int = option(6, "attention heads K")
+    dim_head: int | None = option(None, "width p of a head (None: dim // heads, what every paper config uses)")
+    pool: str = option("cls", "cls | mean (every token: official) | avg (patch tokens), see base.POOLS", choices=POOLS)
+    emb_dropout: float = option(0.0, "dropout of the embedded tokens", range=Range(0, 1, hi_open=True))
+    drop_path: float = option(
+        0.0,
+        "stochastic depth of the last layer, rising linearly from 0 (timm / DeiT); 0 = off",
+        range=Range(0, 1, hi_open=True),
+    )
     # the layers' settings (eta, lambd, ista_mode, layer_form, attention, mlp, odl_ratio, mlp_ratio, ...) are
-    # LayerConfig's (layers/block.py), the same fields for every family of CRATE layers; arch="vit" reads dropout and
-    # mlp_ratio only.  LayerNorms around the patch projection (official classifier, Alg. 6); False: a plain linear
-    # projection, the conv PatchEmbed of CRATE-MAE (a model fine-tuned from a CRATE-MAE encoder)
-    patch_norm: bool = True
-    # what the model was trained on (normalisation, classes, source); None when unknown
-    data: DataSpec | None = None
+    # LayerConfig's (layers/config.py), the same fields for every family of CRATE layers; arch="vit" reads dropout
+    # and mlp_ratio only
+    patch_norm: bool = option(
+        True,
+        "LayerNorms around the patch projection (official classifier, Alg. 6); False: a plain linear projection, "
+        "the conv PatchEmbed of CRATE-MAE (a model fine-tuned from a CRATE-MAE encoder)",
+    )
+    data: DataSpec | None = option(None, "what the model was trained on (normalisation, classes, source), or None")
 
     OMIT_AT_DEFAULT = ("drop_path", "gelu", "proj_bias")  # added later: configs without them stay byte-identical
     KEY_ORDER = ("arch", "image_size", "patch_size", "in_chans", "num_classes", "dim", "depth", "heads", "dim_head",
@@ -136,12 +142,6 @@ class ModelConfig(ImageEncoderGeometry, LayerConfig, Config):
     GIVEN_IN = "model_args"  # a training takes these fields as model_args entries
     BLOCK_COUNTS = {"depth": "layers"}  # the numbered blocks of the weights these fields count
     pipeline_tag = "image-classification"
-    # arch: the values this config class builds (a subclass names its own)
-    CHOICES = {"arch": ARCHS, "pool": POOLS}
-    RULES = {
-        "emb_dropout": Range(0, 1, hi_open=True),
-        "drop_path": Range(0, 1, hi_open=True),
-    }
 
     def validate(self) -> None:
         self.check_positive("odl_ratio")

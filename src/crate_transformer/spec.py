@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from .config import Config
-from .config_utils import Range
+from .config_utils import Range, option
 
 __all__ = [
     "DataSpec",
@@ -63,14 +63,14 @@ class DataSpec(Config):
 
     GIVEN_IN: ClassVar[str | None] = None  # a record of the data, not options: messages say DataSpec.mean
 
-    source: str = ""
-    kind: str = ""
-    name: str = ""
-    classes: list[str] = field(default_factory=list)
-    mean: list[float] = field(default_factory=list)
-    std: list[float] = field(default_factory=list)
-    image_column: str = ""
-    label_column: str = ""
+    source: str = option("", "what open_source takes to get the data back: a built-in name, a path or a dataset id")
+    kind: str = option("", "the resolved source type")
+    name: str = option("", "the data's name")
+    classes: list[str] = option([], "the class names, in label order")
+    mean: list[float] = option([], "per-channel input mean on the [0, 1] scale, in the model's channel count")
+    std: list[float] = option([], "per-channel input standard deviation, as mean")
+    image_column: str = option("", "a Hugging Face dataset's image column, when it was named")
+    label_column: str = option("", "a dataset's label column, when it was named")
 
     def __post_init__(self) -> None:
         for name in ("source", "kind", "name", "image_column", "label_column"):

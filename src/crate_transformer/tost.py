@@ -47,10 +47,10 @@ from torch import Tensor, nn
 from ._registry import register_arch, register_model
 from .base import Model, Trace
 from .config import IMAGE_CLASSIFIER, Config
-from .config_utils import Range
+from .config_utils import Range, option, override
 from .layers import DIM_HEAD, MLP, TSSA, DropPath
 from .lm import GPT2_KEY_MAP, LanguageModel, LMConfig, lm_checkpoint_fields, lm_state
-from .model import NUM_CLASSES, ImageEncoderGeometry, ImageInput, classifier_layer
+from .model import NUM_CLASSES, ImageEncoderGeometry, ImageInput, ModelConfig, classifier_layer
 from .official import OfficialFormat, index_count, rename, unwrap
 from .spec import DataSpec
 
@@ -88,25 +88,30 @@ class ToSTConfig(ImageEncoderGeometry, Config):
     yes).  ``patch_size`` is a power of two (one stride-2 convolution per halving).
     """
 
-    arch: str = TOST_ARCH
-    image_size: int = 224
-    patch_size: int = 16
-    in_chans: int = 3
-    num_classes: int = 1000
-    dim: int = 384
-    depth: int = 12
-    heads: int = 8
-    dim_head: int | None = None  # None → dim // heads
-    cls_layers: int = 2
-    mlp_ratio: float = 4.0
-    layer_scale: float = 1.0
-    qkv_bias: bool = True
-    dropout: float = 0.0
-    attn_dropout: float = 0.0
-    drop_path: float = 0.0
-    use_pos: bool = True
-    tokens_norm: bool = True
-    data: DataSpec | None = None  # what it was trained on; training fills it in
+    arch: str = option(TOST_ARCH, "the family: tost", choices=(TOST_ARCH,))
+    image_size: int = override(ModelConfig, "image_size", 224)
+    patch_size: int = option(16, "side of a patch in pixels: a power of two >= 2 (one stride-2 conv per halving)")
+    in_chans: int = override(ModelConfig, "in_chans", 3)
+    num_classes: int = override(ModelConfig, "num_classes", 1000)
+    dim: int = override(ModelConfig, "dim", 384)
+    depth: int = option(12, "TSSA layers L")
+    heads: int = override(ModelConfig, "heads", 8)
+    dim_head: int | None = override(ModelConfig, "dim_head", None)
+    cls_layers: int = option(2, "class-attention blocks after the TSSA layers")
+    mlp_ratio: float = option(4.0, "hidden width of the GELU MLPs, × dim", range=Range(0, lo_open=True))
+    layer_scale: float = option(
+        1.0, "initial per-channel scale of the blocks (the authors' eta: 1 at 12 layers, 1e-5 at 24)",
+        range=Range(0, lo_open=True),
+    )  # fmt: skip
+    qkv_bias: bool = option(True, "biases on the query / key / value projections")
+    dropout: float = option(0.0, "dropout of the blocks' outputs", range=Range(0, 1, hi_open=True))
+    attn_dropout: float = option(0.0, "dropout of the class-attention weights", range=Range(0, 1, hi_open=True))
+    drop_path: float = option(
+        0.0, "stochastic depth of every TSSA block (the authors use one rate for all)", range=Range(0, 1, hi_open=True)
+    )
+    use_pos: bool = option(True, "add the Fourier position encoding to the patch tokens")
+    tokens_norm: bool = option(True, "class-attention blocks normalise every token before their MLP (the authors')")
+    data: DataSpec | None = override(ModelConfig, "data", None)
 
     kind = IMAGE_CLASSIFIER
     GIVEN_IN = "model_args"  # a training takes these fields as model_args entries
@@ -115,14 +120,6 @@ class ToSTConfig(ImageEncoderGeometry, Config):
     white_box = True  # TSSA descends the variational compression term; the analysis measures it
     sparse_output = False  # the layers end with a GELU MLP: no exact zeros
     layer_blocks = ("tssa", "mlp")
-    CHOICES = {"arch": (TOST_ARCH,)}
-    RULES = {
-        "mlp_ratio": Range(0, lo_open=True),
-        "layer_scale": Range(0, lo_open=True),
-        "dropout": Range(0, 1, hi_open=True),
-        "attn_dropout": Range(0, 1, hi_open=True),
-        "drop_path": Range(0, 1, hi_open=True),
-    }
 
     def validate(self) -> None:
         self.check_geometry(positive=("cls_layers",))
@@ -149,13 +146,12 @@ class ToSTLMConfig(LMConfig):
     blocks' per-channel scales (the authors' 1e-5).  The CRATE fields of ``LMConfig`` (``eta``, ``mlp``, ...) are
     not used."""
 
-    arch: str = TOST_LM_ARCH
-    final_norm: bool = True
-    bias: bool = True
-    layer_scale: float = 1e-5
-
-    RULES = {**LMConfig.RULES, "layer_scale": Range(0, lo_open=True)}
-    CHOICES = {**LMConfig.CHOICES, "arch": (TOST_LM_ARCH,)}
+    arch: str = override(LMConfig, "arch", TOST_LM_ARCH, help="the family: tost_lm", choices=(TOST_LM_ARCH,))
+    final_norm: bool = override(LMConfig, "final_norm", True)
+    bias: bool = option(True, "biases in every Linear and LayerNorm (nanoGPT's bias)")
+    layer_scale: float = option(
+        1e-5, "initial per-channel scale of the blocks (the authors' 1e-5)", range=Range(0, lo_open=True)
+    )
 
     @property
     def sparse_output(self) -> bool:

@@ -145,7 +145,7 @@ def add_options(
             notes.append(meta["range"].words().strip() or "finite")
         kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
         kw["help"] += f" ({'; '.join(notes)})" if notes else ""
-        if "choices" in meta:
+        if "choices" in meta and not isinstance(default, list):  # a list's items: the config checks each
             kw["choices"] = meta["choices"]
         flag = "--" + name.replace("_", "-")
         if typed_here:  # the command reads args.<name>: a real default and a value of the field's type

@@ -6,9 +6,8 @@ The blocks (:mod:`.attention`, :mod:`.sparse`) read what they need from a :class
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
-from ..config_utils import Range
+from ..config_utils import Range, option
 
 LAYER_FORMS = ("official", "jmlr")
 # the first block: CRATE's MSSA | standard attention (Table 17) | ToST's token statistics attention (Wu et al. 2025)
@@ -21,47 +20,36 @@ GELUS = ("exact", "tanh")  # the MLP's GELU: erf (nanoGPT, timm) | tanh approxim
 DIM_HEAD = Range(0, lo_open=True, integer=True, note="or None = dim // heads")
 
 
-def _layer_field(default: Any, help: str, **meta: Any) -> Any:
-    return dataclasses.field(default=default, metadata={"help": help, **meta})
-
-
 @dataclasses.dataclass
 class LayerConfig:
     """The hyperparameters of a CRATE layer (:class:`~crate_transformer.layers.EncoderLayer`), declared once: the
     model configs whose layers are CRATE layers (the classifier's ``ModelConfig``, ``MAEConfig``, ``LMConfig``)
     inherit these fields, their ranges and their choices, and the layer and its blocks read them from the config
-    given whole.  A family that wants another default redeclares the field with :meth:`default` (CRATE-MAE's
-    λ = 0.5); a family whose layers are fixed (the ViT and GPT baselines) says so in :meth:`layer_config`."""
+    given whole.  A family that wants another default redeclares the field with
+    :func:`~crate_transformer.config_utils.override` (CRATE-MAE's λ = 0.5); a family whose layers are fixed (the
+    ViT and GPT baselines) says so in :meth:`layer_config`."""
 
-    dropout: float = _layer_field(0.0, "dropout of the attention and MLP outputs", range=Range(0, 1, hi_open=True))
-    eta: float = _layer_field(0.1, "ISTA step size η (eq. (44))", range=Range(0, lo_open=True))
-    lambd: float = _layer_field(0.1, "ISTA sparsity weight λ (eq. (44))", range=Range(0))
-    ista_mode: str = _layer_field("relu", "the ISTA step: relu | soft | mm | none", choices=ISTA_MODES)
-    layer_form: str = _layer_field(
-        "official", "official (skip from Z) | jmlr (skip from LN(Z), Alg. 4)", choices=LAYER_FORMS
-    )
-    scale_scores: bool = _layer_field(True, "MSSA scores × p^-1/2 (official) or unscaled (eq. (35))")
-    tied_output: bool = _layer_field(False, "MSSA output β[U_1..U_K] (eq. (36)) instead of a trainable W")
-    tied_beta: float = _layer_field(1.0, "β of the tied MSSA output")
-    eps: float = _layer_field(0.1, "ε of the MM step (ista_mode='mm')", range=Range(0, lo_open=True))
-    attention: str = _layer_field(
+    dropout: float = option(0.0, "dropout of the attention and MLP outputs", range=Range(0, 1, hi_open=True))
+    eta: float = option(0.1, "ISTA step size η (eq. (44))", range=Range(0, lo_open=True))
+    lambd: float = option(0.1, "ISTA sparsity weight λ (eq. (44))", range=Range(0))
+    ista_mode: str = option("relu", "the ISTA step: relu | soft | mm | none", choices=ISTA_MODES)
+    layer_form: str = option("official", "official (skip from Z) | jmlr (skip from LN(Z), Alg. 4)", choices=LAYER_FORMS)
+    scale_scores: bool = option(True, "MSSA scores × p^-1/2 (official) or unscaled (eq. (35))")
+    tied_output: bool = option(False, "MSSA output β[U_1..U_K] (eq. (36)) instead of a trainable W")
+    tied_beta: float = option(1.0, "β of the tied MSSA output")
+    eps: float = option(0.1, "ε of the MM step (ista_mode='mm')", range=Range(0, lo_open=True))
+    attention: str = option(
         "mssa",
         "mssa | mhsa (standard attention: CRATE-MHSA, Table 17) | tssa (ToST's linear-time TSSA)",
         choices=ATTENTION_NAMES,
     )
-    mlp: str = _layer_field(
+    mlp: str = option(
         "ista", "ista | mlp (CRATE-MLP) | odl (CRATE-α) | ista_overcomplete (the crate-lm release)", choices=MLPS
     )
-    odl_ratio: int = _layer_field(4, "atoms per dimension of an overcomplete dictionary (m = odl_ratio · dim)")
-    mlp_ratio: float = _layer_field(4.0, "hidden width of the GELU MLP, × dim", range=Range(0, lo_open=True))
-    gelu: str = _layer_field("exact", "the MLP's GELU: exact (erf) | tanh (OpenAI GPT-2)", choices=GELUS)
-    proj_bias: bool | None = _layer_field(None, "a bias on MSSA's output W (eq. (37)); None: yes but with odl")
-
-    @staticmethod
-    def default(name: str, value: Any) -> Any:
-        """The field ``name`` with another default (its help, range and choices kept), for a family's config."""
-        meta = {f.name: f for f in dataclasses.fields(LayerConfig)}[name].metadata
-        return dataclasses.field(default=value, metadata=meta)
+    odl_ratio: int = option(4, "atoms per dimension of an overcomplete dictionary (m = odl_ratio · dim)")
+    mlp_ratio: float = option(4.0, "hidden width of the GELU MLP, × dim", range=Range(0, lo_open=True))
+    gelu: str = option("exact", "the MLP's GELU: exact (erf) | tanh (OpenAI GPT-2)", choices=GELUS)
+    proj_bias: bool | None = option(None, "a bias on MSSA's output W (eq. (37)); None: yes but with odl")
 
     @property
     def second_block(self) -> str:

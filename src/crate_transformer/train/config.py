@@ -1,9 +1,12 @@
 """The training configuration: defaults < ``--recipe`` < ``--config`` YAML/JSON file < command-line flags.
 
 :class:`TrainConfig` holds the task, the model and the checkpoint to start from, and five groups of options
-(:data:`GROUPS`): ``data``, ``augmentation``, ``optim``, ``system`` and ``logging``.  ``config.yaml`` records it
-nested (``config_version`` 2); a flat mapping of options by name (version 1: earlier runs' ``config.yaml`` and
-checkpoints, flat ``--config`` files, flags, keyword arguments) is read into the groups by :func:`nest_options`.
+(:data:`GROUPS`): ``data``, ``augmentation``, ``optim``, ``system`` and ``logging``.  Each option is declared
+once, a field made by :func:`~crate_transformer.config_utils.option`; the flags, the config files, the keywords and
+``config.yaml`` all read that declaration.  One layout: ``config.yaml``, ``--config`` files and checkpoints are
+nested (``config_version`` 2); a file in the flat layout of version 1 (earlier runs' ``config.yaml`` and checkpoints,
+flat ``--config`` files) is converted where it is read, by :func:`upgrade_v1`.  Keywords and flags name options
+flat (``TrainConfig(lr=0.01)``, ``--lr``): :data:`FLAT`, derived from the declarations, places each name.
 
 The paper's ImageNet recipe (JMLR App. C.1): Lion, lr 2.4e-4, weight decay 0.5, batch 2048,
 5 warm-up epochs then cosine, label smoothing 0.1, random crop + flip.  Fine-tuning (C.1,
@@ -44,6 +47,7 @@ __all__ = [
     "load_config",
     "read_run_config",
     "nest_options",
+    "upgrade_v1",
     "flat_options",
     "given_once",
 ]
@@ -252,8 +256,6 @@ class SystemOptions(Config):
 class LoggingOptions(Config):
     """The run directory, checkpoints, evaluation and what is logged (``cfg.logging``)."""
 
-    CHOICES = {"logger": LOGGERS}  # each name of the list (checked here, not by the command line's parser)
-
     out: str | None = option(None, "run directory", shown="runs/<model>-<data>-<date-time>", path=True)
     checkpoint_every: int = option(
         0, "also checkpoint every N steps (always at epoch ends, the end and on Ctrl-C)", range=NON_NEGATIVE
@@ -271,6 +273,7 @@ class LoggingOptions(Config):
         [],
         "also send every record, the hyperparameters and the figures to: tensorboard | wandb | mlflow | csv "
         "(several at once: `logger` csv wandb)",
+        choices=LOGGERS,  # each name of the list (checked by the config, not by the command line's parser)
         metavar="NAME",
     )
     tensorboard: bool = option(False, "the same as `logger` tensorboard")
@@ -300,7 +303,7 @@ class TrainConfig:
     The task, the model and the checkpoint to start from are top-level; every other option is in a group:
     ``cfg.data``, ``cfg.augmentation``, ``cfg.optim``, ``cfg.system``, ``cfg.logging``.  The constructor and
     :meth:`from_dict` take the groups (as dataclasses or mappings) and, as well, any option by its flat name
-    (``TrainConfig(lr=0.01, data="digits")``), which is what flags and flat config files hold.
+    (``TrainConfig(lr=0.01, data="digits")``), as flags name them (:data:`FLAT` places each name in its group).
     """
 
     GIVEN_IN: ClassVar[str] = ""  # each field is an option of its own (config_utils.field_place)
@@ -372,14 +375,15 @@ class TrainConfig:
         return cls(**_update({k: v for k, v in base.to_dict().items() if k != "config_version"}, nested))
 
 
-def nest_options(d: Mapping[str, Any]) -> dict[str, Any]:
-    """Options in any accepted layout → the top-level fields and one mapping (or dataclass) per group.
+def upgrade_v1(d: Mapping[str, Any]) -> dict[str, Any]:
+    """Options in the flat layout of version 1 (every option at the top by its flat name, ``lr``, ``data: mnist``:
+    earlier runs' ``config.yaml`` and checkpoints, flat ``--config`` files) → the nested layout of version 2, the one
+    every reader downstream sees; the one conversion, called where a file's options are read (:func:`read_options_file`,
+    a checkpoint's ``train_config``) and by :func:`nest_options` for keywords and flags, which name options flat.
 
-    Accepted: the nested layout of ``config.yaml`` (version 2), the flat one of version 1 (every option at the top:
-    ``lr``, ``threads``, ``data: mnist``, ...), and a mix; dashes in keys read as underscores.  Unknown keys and a
-    newer ``config_version`` are one-line errors; extra keys of a run's config.yaml (``model_config``,
-    ``derived``) are not options and must be removed first (:func:`read_run_config` does).
-    """
+    Keys already nested pass (a file may mix both: the later key wins); dashes read as underscores; the
+    text-classification columns of older configs (task options then) move to ``data``; a newer ``config_version`` is
+    a one-line error.  Keys that are no option are left at the top for :func:`nest_options` to refuse."""
     d = {str(k).replace("-", "_"): v for k, v in d.items()}
     version = d.pop("config_version", 1)
     if not isinstance(version, int) or isinstance(version, bool) or version > VERSION:
@@ -387,23 +391,14 @@ def nest_options(d: Mapping[str, Any]) -> dict[str, Any]:
             f"config_version {version!r} is newer than this crate_transformer reads ({VERSION}); "
             "upgrade crate_transformer (pip install -U crate-transformer)"
         )
-    top = {f.name for f in dataclasses.fields(TrainConfig)} - set(GROUPS)
     out: dict[str, Any] = {}
-    unknown = []
     for key, value in d.items():
         if key in GROUPS and (isinstance(value, (Mapping, GROUPS[key])) or value is None):
-            if isinstance(value, GROUPS[key]):
-                out[key] = value if key not in out else {**out[key], **dataclasses.asdict(value)}
-            else:
-                group = {str(k).replace("-", "_"): v for k, v in (value or {}).items()}
-                bad = sorted(set(group) - {f.name for f in dataclasses.fields(GROUPS[key])})
-                unknown += [f"{key}.{b}" for b in bad]
-                out[key] = {**_as_mapping(out.get(key)), **group}
+            group = {str(k).replace("-", "_"): v for k, v in _as_mapping(value).items()}
+            out[key] = {**_as_mapping(out.get(key)), **group}
         elif key in FLAT:  # a flat option (version 1, a flag, a keyword)
             group, name = FLAT[key]
             out[group] = {**_as_mapping(out.get(group)), name: value}
-        elif key in top:
-            out[key] = value
         elif key in GROUPS:  # a group's name with a single value: not an unknown option
             example = dataclasses.fields(GROUPS[key])[0].name
             raise ValueError(
@@ -411,11 +406,27 @@ def nest_options(d: Mapping[str, Any]) -> dict[str, Any]:
                 f"e.g. {key}: {{{example}: ...}}, or each option on its own at the top"
             )
         else:
-            unknown.append(key)
+            out[key] = value
+    return _moved_task_options(out)
+
+
+def nest_options(d: Mapping[str, Any]) -> dict[str, Any]:
+    """Options by flat name or nested (keywords, flags, a file's mapping) → the top-level fields and one mapping
+    per group, every value coerced to its declared type (:func:`upgrade_v1` places the flat names).
+
+    Unknown keys and a newer ``config_version`` are one-line errors; extra keys of a run's config.yaml
+    (``model_config``, ``derived``) are not options and must be removed first (:func:`read_run_config` does).
+    """
+    out = upgrade_v1(d)
+    top = {f.name for f in dataclasses.fields(TrainConfig)} - set(GROUPS)
+    unknown = [k for k in out if k not in top and k not in GROUPS]
+    for key, value in out.items():
+        if key in GROUPS:
+            unknown += [f"{key}.{b}" for b in sorted(set(value) - {f.name for f in dataclasses.fields(GROUPS[key])})]
     if unknown:
         valid = sorted({*top, *FLAT, *GROUPS})
         raise ValueError(f"unknown training option(s) {sorted(unknown)}; valid options: {valid}")
-    return _one_warmup(_moved_task_options(_typed(out)))
+    return _one_warmup(_typed(out))
 
 
 def _typed(out: dict[str, Any]) -> dict[str, Any]:
@@ -425,10 +436,8 @@ def _typed(out: dict[str, Any]) -> dict[str, Any]:
     top = {k: v for k, v in out.items() if k not in GROUPS}
     typed = _no_empty_path(TrainConfig, coerce_fields(TrainConfig, top))
     for key, value in out.items():
-        if key in GROUPS and not isinstance(value, GROUPS[key]):
-            typed[key] = _no_empty_path(GROUPS[key], coerce_fields(GROUPS[key], _as_mapping(value)))
-        elif key in GROUPS:
-            typed[key] = value
+        if key in GROUPS:
+            typed[key] = _no_empty_path(GROUPS[key], coerce_fields(GROUPS[key], value))
     return typed
 
 
@@ -502,7 +511,8 @@ FINETUNE_DEFAULTS: dict[str, Any] = {
 
 
 def read_options_file(path: str | os.PathLike) -> dict:
-    """The mapping of options in a YAML or JSON file (values still as written; TrainConfig coerces them)."""
+    """The options in a YAML or JSON file, in the nested layout whichever the file holds (:func:`upgrade_v1`;
+    values still as written: TrainConfig coerces them)."""
     import yaml
 
     path = Path(path)
@@ -514,7 +524,7 @@ def read_options_file(path: str | os.PathLike) -> dict:
         raise ValueError(f"cannot parse config file {path}: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise ValueError(f"config file {path} must hold a mapping of option: value, got {type(data).__name__}")
-    return data
+    return upgrade_v1(data)
 
 
 def load_config(path: str | os.PathLike, base: TrainConfig | None = None) -> TrainConfig:

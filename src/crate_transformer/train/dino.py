@@ -70,13 +70,6 @@ class DINOOptions(DINOHeadConfig):
     App. C.3) or ``"digits"``.
     """
 
-    RULES = {
-        **DINOHeadConfig.RULES,
-        "weight_decay_end": Range(0, note="or none: constant weight decay"),
-        **{name: NON_NEGATIVE for name in ("local_crops_number", "global_crop_size", "local_crop_size")},
-        **{name: EPOCHS for name in ("warmup_teacher_temp_epochs", "freeze_last_layer")},  # whole epochs, as DINO
-    }
-
     preset: str = option(
         "digits",
         "start from this preset: digits (28 px, 2 CPU cores) | paper (DINO's defaults)",
@@ -87,21 +80,31 @@ class DINOOptions(DINOHeadConfig):
     teacher_temp: float = option(0.04, "teacher temperature tau_t after the warm-up", range=POS)
     warmup_teacher_temp: float = option(0.04, "teacher temperature at the start of the warm-up", range=POS)
     warmup_teacher_temp_epochs: int = option(
-        0, "epochs of linear teacher-temperature warm-up (per epoch, reaching `teacher_temp` in the last one)"
+        0,
+        "epochs of linear teacher-temperature warm-up (per epoch, reaching `teacher_temp` in the last one)",
+        range=EPOCHS,  # whole epochs, as DINO
     )
     center_momentum: float = option(0.9, "EMA momentum of the teacher centre", range=UNIT)
     # teacher EMA and the student's first epoch
     momentum_teacher: float = option(
         0.99, "teacher EMA momentum at the start; cosine schedule to 1 (DINO: 0.996)", range=UNIT
     )
-    freeze_last_layer: int = option(1, "epochs during which the head's last layer gets no gradient (nor AdamW step)")
+    freeze_last_layer: int = option(
+        1, "epochs during which the head's last layer gets no gradient (nor AdamW step)", range=EPOCHS
+    )
     weight_decay_end: float | None = option(
-        0.4, "cosine weight-decay schedule per step from `weight_decay` to this value (none = constant)"
+        0.4,
+        "cosine weight-decay schedule per step from `weight_decay` to this value (none = constant)",
+        range=Range(0, note="or none: constant weight decay"),
     )
     # multi-crop (sizes as fractions of the input side when <= 1, else pixels)
-    global_crop_size: int = option(0, "side of the 2 global views in pixels (0 = the model's image size)")
-    local_crop_size: int = option(0, "side of the local views in pixels (0 = 96/224 of the global side)")
-    local_crops_number: int = option(0, "number of local views (DINO: 8)")
+    global_crop_size: int = option(
+        0, "side of the 2 global views in pixels (0 = the model's image size)", range=NON_NEGATIVE
+    )
+    local_crop_size: int = option(
+        0, "side of the local views in pixels (0 = 96/224 of the global side)", range=NON_NEGATIVE
+    )
+    local_crops_number: int = option(0, "number of local views (DINO: 8)", range=NON_NEGATIVE)
     global_crops_scale: list[float] = option(
         [0.6, 1.0], "area fraction range of the global crops, LO HI (DINO: 0.4 1.0)", range=AREA
     )
