@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from crate_transformer import cli
-from crate_transformer.errors import wording
 from crate_transformer.train import TrainConfig, train
 from crate_transformer.train import threads as th
 
@@ -95,8 +94,8 @@ def test_slowdown_watch_warns_once_naming_threads_1() -> None:
     warnings = [str(w) for w in lines if w]
     assert len(warnings) == 1 and str(lines[5]) == warnings[0]
     assert "threads=1" in warnings[0] and "6x" in warnings[0] and "\n" not in warnings[0]
-    with wording(cli.cli_words):  # the training loop prints it while a command runs: the flag
-        assert "rerun or resume with --threads 1" in str(lines[5])
+    shown = cli.cli_message(str(lines[5]), cli.flags_of("train"))
+    assert "rerun or resume with --threads 1" in shown  # the training loop prints it while a command runs: the flag
     assert watch.add(0.0, 0) is None  # an empty window is ignored
 
 

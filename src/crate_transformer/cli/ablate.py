@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import shlex
 import sys
-from collections.abc import Callable, Collection
-from typing import Any
+from collections.abc import Collection, Mapping
 
-from ..errors import Opt, OptionError, wording
 from .common import parse_model_args, positive
+from .messages import Flags, command_flags
 
 FLAGS = ("epochs", "data", "model", "threads")  # the training options ablate takes as flags; the rest: --train-args
 
@@ -48,6 +46,7 @@ def configure_ablate(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--report-only", action="store_true", help="only rewrite the report from stored results")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    parser.set_defaults(_own_flags=command_flags(parser))  # run_ablate's table of how library messages name options
 
 
 def _train_args(items: list[str]) -> dict:
@@ -91,17 +90,14 @@ def run_ablate(args: argparse.Namespace) -> int:
     positive("epochs", args.epochs, allow_none=True)
     positive("measure_images", args.measure_images)
     overrides = _train_args(args.train_args)
-    words = _words(set(overrides))
+    args._flags = _flags(args._own_flags.actions, set(overrides))  # main words the library's messages with them
     for name in FLAGS:
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
     if args.model_args:
         overrides["model_args"] = parse_model_args(args.model_args)
     try:
-        with wording(words):
-            written = _run(args, overrides)
-    except OptionError as e:  # named as this command takes the option (the CLI words the rest as flags)
-        raise ValueError(e.words(words)) from None
+        written = _run(args, overrides)
     except KeyboardInterrupt as e:
         print(f"crate ablate: {e or 'interrupted'}; run the same command again to resume", file=sys.stderr)
         return 130
@@ -109,18 +105,14 @@ def run_ablate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _words(train_args: Collection[str]) -> Callable[[Any], str]:
-    """The CLI's wording, but a training option given in ``--train-args``, or without a flag of ablate's, as its
-    ``--train-args`` entry (``--train-args batch_size=64``)."""
-    from . import cli_words
+def _flags(actions: Mapping[str, argparse.Action], train_args: Collection[str]) -> Flags:
+    """How ``crate ablate`` takes options: its own flags (``--epochs``, ``--model-args``, ``--seeds``, ...), but a
+    training option given in ``--train-args``, or without a flag of ablate's, as its ``--train-args`` entry
+    (``--train-args batch_size=64``)."""
+    from ..train.config import TrainConfig
 
-    def words(place: object) -> str:
-        if isinstance(place, Opt) and not place.within:
-            flagged = place.name in (*FLAGS, "model_args") and place.name not in train_args
-            place = place if flagged else dataclasses.replace(place, within="train_args")
-        return cli_words(place)
-
-    return words
+    own = {name: a for name, a in actions.items() if name not in train_args and name != "train_args"}
+    return Flags(own, "--train-args", frozenset(TrainConfig().flat()) - set(own))
 
 
 def _run(args: argparse.Namespace, overrides: dict) -> dict:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..base import POOLS
 from ..config import LANGUAGE_MODEL, MASKED_AUTOENCODER
-from . import cli_words, task_command
+from . import task_command
 from .common import (
     add_report_arguments,
     apply_threads,
@@ -19,6 +19,7 @@ from .common import (
     report_dir,
     report_home,
 )
+from .messages import step_command
 from .options import add_report_options, add_training_options, print_config
 
 EVAL_FILES = ("eval.json", "confusion.png", "knn.png")  # what crate eval writes (--overwrite removes them)
@@ -49,7 +50,7 @@ def finished(result: dict) -> int:
     steps = result.get("next")
     if steps and os.environ.get("RANK", "0") == "0":
         steps = [steps] if isinstance(steps, str) else steps  # a task may give one line of its own
-        print("next: " + "    |    ".join(map(cli_words, steps)), flush=True)
+        print("next: " + "    |    ".join(str(s) if isinstance(s, str) else step_command(s) for s in steps), flush=True)
     return 0
 
 

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 from ..config import Config, check_option
 from ..config_utils import NON_NEGATIVE, POSITIVE, Range, coerce_fields, load_yaml, option, option_name
 from ..data import AUGMENTATIONS, DATA_MODES
-from ..errors import Opt, OptionError, Place, short_repr
+from ..errors import OptionError, short_repr
 from .optim import OPTIMIZERS
 from .recipes import RECIPES, recipe_options
 from .sharding import STRATEGIES
@@ -110,9 +110,7 @@ class DataOptions(Config):
 
     def validate(self) -> None:
         if self.eval_split == "val" and self.val_fraction <= 0:
-            raise OptionError(
-                "eval_split 'val' needs a validation split; pass ", Opt("val_fraction", 0.1), " (for example)"
-            )
+            raise OptionError("eval_split 'val' needs a validation split; pass val_fraction=0.1 (for example)")
 
 
 @dataclass
@@ -446,7 +444,8 @@ def _no_empty_path(cls: type, values: dict[str, Any]) -> dict[str, Any]:
     an auto-named folder, silently)."""
     for f in dataclasses.fields(cls):
         if f.metadata.get("path") and isinstance(values.get(f.name), str) and not values[f.name].strip():
-            raise OptionError(Opt(option_name(f)), " is an empty path; give a folder or file, or leave it out")
+            name = option_name(f)
+            raise OptionError(f"{name} is an empty path; give a folder or file, or leave it out", option=name)
     return values
 
 
@@ -544,17 +543,14 @@ def read_run_config(path: str | os.PathLike) -> TrainConfig:
     return TrainConfig.from_dict({k: v for k, v in options.items() if k not in RUN_EXTRAS})
 
 
-def given_once(model_args: Mapping[str, Any], field: str, value: object, *setter: str | Place) -> None:
-    """Refuse ``model_args[field]`` when a training option or the data (``setter``, which sets ``value``) gives the
-    model field another value: one of the two would win silently.  An equal value passes."""
+def given_once(model_args: Mapping[str, Any], field: str, value: object, setter: str) -> None:
+    """Refuse ``model_args[field]`` when a training option or the data (``setter``, which sets ``value``: a
+    ``name=value`` or words) gives the model field another value: one of the two would win silently.  An equal
+    value passes."""
     if field not in model_args or value is None or _same(model_args[field], value):
         return
-    given = model_args[field]
-    shown = given[:60] if isinstance(given, str) else short_repr(given)
-    raise OptionError(
-        f"{field} is given twice: ", *setter, " and ", Opt("model_args", f"{field}={shown}"),
-        "; keep one",
-    )  # fmt: skip
+    given = short_repr({field: model_args[field]})
+    raise OptionError(f"{field} is given twice: {setter} and model_args={given}; keep one")
 
 
 def _same(given: object, value: object) -> bool:

@@ -41,7 +41,7 @@ from ..dino import (
     ema_update,
     teacher_temperature,
 )
-from ..errors import Opt, Step
+from ..errors import Step
 from ..model import ImageClassifier
 from .config import TrainConfig, given_once
 from .evaluation import save_figure, subplots
@@ -280,7 +280,7 @@ class DINOTask(Task):
     def setup(self, state: dict | None) -> None:
         cfg, rt = self.cfg, self.rt
         self.options = opts = self.parse_options(cfg)
-        given_once(cfg.model_args, "pool", opts.pool, Opt("pool", opts.pool))  # the DINO feature sets the backbone's
+        given_once(cfg.model_args, "pool", opts.pool, f"pool={opts.pool!r}")  # the DINO feature sets the backbone's
         load = functools.partial(ImageData, cfg, device=rt.device)
         backbone, self.data = image_classifier(cfg, state, load)  # data, normalisation, the backbone (DataSpec)
         self.train_data, self.eval_data, self.test_data = self.data.train, self.data.eval, self.data.test
