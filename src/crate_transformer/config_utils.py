@@ -333,9 +333,8 @@ class Range:
     """The values a numeric option may take: finite, and within ``lo``/``hi`` (``None``: unbounded; a bound is
     excluded when ``lo_open``/``hi_open``).  The one rule behind every numeric option: a dataclass field carries
     it as ``option(..., range=...)`` (:class:`~crate_transformer.config.Config` checks it when the dataclass is
-    built, and the generated ``--help`` shows it), a plain command-line option as
-    ``crate_transformer.cli.common.number_argument``, and an API function calls :meth:`check` itself, so the CLI
-    and the API refuse the same values with the same words.
+    built, and the generated ``--help`` shows it; every command-line option is such a field), and an API function
+    calls :meth:`check` itself, so the CLI and the API refuse the same values with the same words.
     """
 
     lo: float | None = None

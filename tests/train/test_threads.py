@@ -114,12 +114,24 @@ def test_training_loop_prints_the_warning(tmp_path: Path, monkeypatch: pytest.Mo
 
 @pytest.mark.parametrize("command", ["eval", "analyze", "generate"])
 def test_eval_analyze_generate_take_threads(command: str, tmp_path: Path, capsys) -> None:
+    from crate_transformer.cli.common import resolve_options
+
     args = cli.build_parser(command).parse_args([command, str(tmp_path), "--threads", "1"])
-    assert args.threads == "1"
-    assert not hasattr(cli.build_parser(command).parse_args([command, str(tmp_path)]), "threads")  # absent = auto
-    assert cli.main([command, str(tmp_path / "missing"), "--threads", "-2"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "--threads must be a non-negative integer (0 = auto), got '-2'" in err and "\n" not in err
+    assert args.threads == "1"  # as typed; the command's options class types it
+    resolve_options(args)
+    assert args.threads == 1
+    args = cli.build_parser(command).parse_args([command, str(tmp_path)])
+    assert not hasattr(args, "threads")  # not given: absent, then the declared default 0 = auto
+    resolve_options(args)
+    assert args.threads == 0
+    errors = {}
+    for value in ("-2", "x"):  # refused before the checkpoint is looked at, in the words training uses
+        assert cli.main([command, str(tmp_path / "missing"), "--threads", value]) == 2
+        errors[value] = capsys.readouterr().err.strip()
+        assert "\n" not in errors[value] and "missing" not in errors[value], errors[value]
+        assert cli.main(["train", "--threads", value, "--out", str(tmp_path / "never")]) == 2
+        assert capsys.readouterr().err.strip().replace("crate train", f"crate {command}") == errors[value]
+    assert errors["-2"] == f"crate {command}: error: --threads must be a non-negative integer, got -2; e.g. --threads 0"
 
 
 def test_apply_threads_sets_torch() -> None:

@@ -107,6 +107,36 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+class _HelpAll(argparse.Action):
+    """``--help-all``: the help with every option, then exit (``--help`` shows the ``basic`` ones)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kw: Any) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        for action in parser._actions:
+            if hasattr(action, "help_all"):
+                action.help = action.help_all
+        parser.epilog = None
+        parser.print_help()
+        parser.exit()
+
+
+def add_help_all(parser: argparse.ArgumentParser) -> None:
+    """``--help-all`` on ``parser`` and on each of its sub-commands (``crate pretrain dino --help-all``), and a
+    last line of ``--help`` saying how many options it leaves to ``--help-all``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                add_help_all(sub)
+    parser.add_argument("--help-all", action=_HelpAll, help="show every option, not only the ones used first")
+    hidden = sum(hasattr(a, "help_all") for a in parser._actions)
+    if hidden:  # a usage line of every flag would fill a screen: the flags are listed below it
+        positionals = [a.metavar or a.dest for a in parser._actions if not a.option_strings]
+        parser.usage = " ".join(["%(prog)s [options]", *positionals])
+        parser.epilog = f"{hidden} more options: {parser.prog} --help-all"
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``crate`` parser; only ``command``'s module is imported and configured (fast start-up)."""
     parser = argparse.ArgumentParser(prog="crate", description="CRATE: white-box transformers")
@@ -118,6 +148,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             module = importlib.import_module(f"{__name__}.{module_name}")
             func = name.replace("-", "_")  # crate train-lm → configure_train_lm / run_train_lm
             getattr(module, f"configure_{func}")(p)
+            add_help_all(p)  # --help shows the options used first, --help-all every one
             p.set_defaults(_run=getattr(module, f"run_{func}"))
     return parser
 
@@ -159,9 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         return getattr(args, "_flags", None) or command_flags(chosen)
 
     try:
-        from .common import check_argument_ranges
+        from .common import resolve_options
 
-        check_argument_ranges(args)  # every numeric option, before the command does anything
+        resolve_options(args)  # a command's options coerced and checked, before it does anything
         with option_warnings(args.command, flags):  # the library's warnings name the command's flags
             return int(args._run(args) or 0)
     except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:

@@ -49,14 +49,16 @@ class LMOptions(Config):
         "clm",
         "clm: next token (CRATE-GPT, eq. (89)) | mlm: masked tokens (CRATE-BERT, eq. (85))",
         choices=OBJECTIVES,
+        basic=True,
     )
     tokenizer: str = task_option(
         "byte",
         "byte (no training) | bpe | wordpiece (trained on `data`) | a tokenizer.json file",
         fixed=True,
+        basic=True,
     )
     vocab_size: int = task_option(
-        4096, "vocabulary size of a bpe / wordpiece tokenizer", range=Range(1, integer=True), fixed=True
+        4096, "vocabulary size of a bpe / wordpiece tokenizer", range=Range(1, integer=True), fixed=True, basic=True
     )
     mask_prob: float = task_option(
         0.15,

@@ -55,6 +55,7 @@ class MAEOptions(Config):
         "fraction of patches masked (default: the model's, 0.75)",
         range=Range(0, 1, lo_open=True, hi_open=True),
         fixed="mask_ratio",
+        basic=True,
     )
     augmentation: str = task_option(
         "auto",
@@ -62,7 +63,9 @@ class MAEOptions(Config):
         "as in MAE) | none | translate | crop-flip",
         choices=("auto", "none", "translate", "crop-flip"),
     )
-    probe: bool = task_option(True, "at the end, linear-probe the encoder and a random-init encoder (probe.json)")
+    probe: bool = task_option(
+        True, "at the end, linear-probe the encoder and a random-init encoder (probe.json)", basic=True
+    )
     probe_pool: str = task_option(
         "avg", "probe features: avg of the patch tokens (eq. (72)) | cls | mean of all tokens", choices=POOLS
     )

@@ -32,11 +32,14 @@ __all__ = ["TextClassificationTask", "TextOptions", "text_metrics"]
 
 @dataclass
 class TextOptions(Config):
-    eval_data: str = task_option("", "a second table evaluated instead of a `val_fraction` split (GLUE dev.tsv)")
+    eval_data: str = task_option(
+        "", "a second table evaluated instead of a `val_fraction` split (GLUE dev.tsv)", basic=True
+    )
     regression: str = task_option(
         "auto",
         "auto (non-integer numbers are scores; integers and names are classes) | yes | no",
         choices=("auto", "yes", "no"),
+        basic=True,
     )
 
 
