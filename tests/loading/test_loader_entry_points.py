@@ -29,7 +29,7 @@ from crate_transformer.io import CONFIG_NAME, FILE_DIGESTS, WEIGHTS_NAME, Checkp
 from crate_transformer.loading import pretrained
 
 TINY = tiny.IMAGE
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def official_file(path: Path) -> tuple[OfficialCRATE, Path]:
