@@ -419,6 +419,9 @@ def test_cli_lists_the_zoo_with_its_cache_status(hub_cache, tmp_path):
         "crate_gpt_12l_pile": "download",
         "crate_mae_base": "manual",
         "crate_small": "manual",
+        "crate_base_demo": "manual",  # the emergence checkpoints: fetched by hand (the Colab, CRATE #30)
+        "crate_small_21k": "manual",
+        "crate_base_21k": "manual",
     }
     assert "torch/crate_alpha_B16.pth" in out and "ImageNet mean/std" in out
     assert f"download {pretrained.ZOO['crate_small'].url} and load it with create_model('crate_small'" in out
