@@ -279,3 +279,26 @@ def test_predict_masks_refuses_a_resolution_off_the_patch_grid(tmp_path):
         segment_eval.predict_masks(model, gt, resolution=30)
     with pytest.raises(ValueError, match="method must be one of maskcut, attention"):
         segment_eval.predict_masks(model, gt, "tokencut")
+
+
+def test_voc_jaccard_leaves_the_void_band_out(tmp_path):
+    root, idx = voc_fixture(tmp_path)
+    gt = read_voc(root)
+    assert (gt.void(1) == (idx == 255)).all() and gt.void(1).sum() == W
+    pred = np.zeros((H, W), bool)
+    pred[0:16, 2:12] = True  # object 0 plus part of the void row and some background
+    got = single_object_scores(gt, [Prediction(1, pred, 1.0)])
+    fg, keep = (idx == 1) | (idx == 2), idx != 255
+    assert got["jaccard"] == pytest.approx((fg & pred & keep).sum() / ((fg | pred) & keep).sum())
+    assert got["jaccard"] != pytest.approx((fg & pred).sum() / (fg | pred).sum())  # the void band matters here
+    assert got["corloc"] == 1.0  # its box [2, 0, 12, 16] against object 0's [2, 4, 12, 16]: IoU 0.75
+
+
+def test_evaluate_segmentation_takes_a_saved_model_folder(tmp_path):
+    gt = read_coco(*coco_fixture(tmp_path))
+    torch.manual_seed(0)
+    model = ct.create_model("crate_tiny", image_size=32, patch_size=8, dim=32, depth=2, heads=4, num_classes=5)
+    model.save_pretrained(tmp_path / "saved")
+    from_path = segment_eval.evaluate_segmentation(str(tmp_path / "saved"), gt, "attention", resolution=32)
+    from_object = segment_eval.evaluate_segmentation(model, gt, "attention", resolution=32)
+    assert from_path["coco"] == from_object["coco"] and from_path["predictions"] == from_object["predictions"] == 12

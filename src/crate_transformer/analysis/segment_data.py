@@ -50,6 +50,14 @@ class GroundTruth:
     files: dict[int, Path]
     source: Path
     unannotated: list[int] = field(default_factory=list)
+    voids: dict[int, dict] = field(default_factory=dict)  # image id → RLE of pixels neither object nor background
+
+    def void(self, image_id: int) -> np.ndarray:
+        """The image's void pixels ``(h, w)`` bool (VOC's 255 boundary band; none for COCO)."""
+        im = self.image(image_id)
+        if image_id not in self.voids:
+            return np.zeros((im["height"], im["width"]), dtype=bool)
+        return coco_tools().mask.decode(self.voids[image_id]).astype(bool)
 
     @property
     def image_ids(self) -> list[int]:
@@ -206,8 +214,9 @@ def _voc_boxes(xml: Path) -> tuple[int, int, list[list[float]]]:
     return h, w, boxes
 
 
-def _voc_masks(png: Path, h: int, w: int, n: int) -> list[np.ndarray | None]:
-    """The ``n`` objects' masks from a SegmentationObject PNG (palette index ``k + 1`` = object ``k``; 255 void)."""
+def _voc_masks(png: Path, h: int, w: int, n: int) -> tuple[list[np.ndarray | None], np.ndarray]:
+    """The ``n`` objects' masks from a SegmentationObject PNG (palette index ``k + 1`` = object ``k``), and its
+    void pixels (index 255)."""
     from PIL import Image
 
     with Image.open(png) as im:
@@ -216,7 +225,7 @@ def _voc_masks(png: Path, h: int, w: int, n: int) -> list[np.ndarray | None]:
         idx = np.asarray(im)
     if idx.ndim != 2:
         raise ValueError(f"{png}: a SegmentationObject mask must be a single-channel (palette) PNG of object indices")
-    return [(idx == k + 1) if (idx == k + 1).any() else None for k in range(n)]
+    return [(idx == k + 1) if (idx == k + 1).any() else None for k in range(n)], idx == 255
 
 
 def read_voc(root: str | Path, ids: list[str] | None = None, split: str | None = None) -> GroundTruth:
@@ -232,7 +241,7 @@ def read_voc(root: str | Path, ids: list[str] | None = None, split: str | None =
         ids = (root / "ImageSets" / "Segmentation" / f"{split}.txt").read_text().split()
     if ids is None:
         ids = sorted(p.stem for p in (root / "Annotations").glob("*.xml"))
-    recs, anns, files = [], [], {}
+    recs, anns, files, voids = [], [], {}, {}
     for i, name in enumerate(ids, start=1):
         xml = root / "Annotations" / f"{name}.xml"
         h, w, boxes = _voc_boxes(xml)
@@ -240,12 +249,16 @@ def read_voc(root: str | Path, ids: list[str] | None = None, split: str | None =
         if not img.is_file():
             raise FileNotFoundError(f"{xml}: its image {img} is missing from JPEGImages/")
         png = root / "SegmentationObject" / f"{name}.png"
-        masks = _voc_masks(png, h, w, len(boxes)) if png.is_file() else [None] * len(boxes)
+        masks, void = _voc_masks(png, h, w, len(boxes)) if png.is_file() else ([None] * len(boxes), None)
         recs.append({"id": i, "file_name": f"{name}.jpg", "height": h, "width": w})
         files[i] = img
+        if void is not None and void.any():
+            voids[i] = coco_tools().mask.encode(np.asfortranarray(void.astype(np.uint8)))
         for box, mask in zip(boxes, masks, strict=True):
             anns.append(_voc_annotation(len(anns) + 1, i, box, mask, h, w))
-    return _ground_truth(recs, anns, files, root / "Annotations")
+    gt = _ground_truth(recs, anns, files, root / "Annotations")
+    gt.voids = voids
+    return gt
 
 
 def _voc_annotation(ann_id: int, image_id: int, box: list[float], mask: np.ndarray | None, h: int, w: int) -> dict:

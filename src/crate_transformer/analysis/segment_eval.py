@@ -14,7 +14,7 @@
   ``main_tokencut.py``, YangtaoWANG95/TokenCut at fed52cd5b60891baefd8ec7110dafa73be816ee1: ``corloc[im_id] = 1 if
   any(bbox_iou(pred, gt_bbxs) >= 0.5)``, the predicted box spanning the mask's pixels ``[min, max + 1)``), and
   **Jaccard**, the mean IoU between the top mask and the union of the image's ground-truth objects (DINO, Caron
-  et al. 2021, Table 4's "Jaccard similarity" on VOC12).
+  et al. 2021, Table 4's "Jaccard similarity" on VOC12), VOC's void boundary pixels left out of both.
 * :func:`evaluate_segmentation` — all of it for one model and one ground truth.
 """
 
@@ -166,7 +166,7 @@ def coco_scores(data: GroundTruth, results: Sequence[dict] | str | Path) -> dict
     """Class-agnostic COCO scores by ``COCOeval``: ``{"segm": {...}, "bbox": {...}}``, each the twelve
     ``COCOeval.stats`` by name (AP, AP50, AP75, …, AR100, …), on every image of ``data`` (``-1``: undefined, e.g.
     no object of that size).  ``results``: COCO results records or a results JSON file."""
-    tools = coco_tools()
+    coco_tools()  # the install hint when pycocotools is absent
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
@@ -184,7 +184,6 @@ def coco_scores(data: GroundTruth, results: Sequence[dict] | str | Path) -> dict
         ev.params.imgIds = data.image_ids
         _quiet(ev)
         scores[iou_type] = dict(zip(STATS, (float(v) for v in ev.stats), strict=True))
-    del tools
     return scores
 
 
@@ -228,8 +227,9 @@ def single_object_scores(data: GroundTruth, predictions: Sequence[Prediction]) -
             continue
         hits += bool((box_iou(p.box(), gt_boxes) >= 0.5).any())
         fg = data.masks(image_id).any(0)
-        union = np.logical_or(fg, p.mask).sum()
-        jac += float(np.logical_and(fg, p.mask).sum() / union) if union else 0.0
+        keep = ~data.void(image_id)  # VOC's 255 boundary: neither object nor background, left out
+        union = (np.logical_or(fg, p.mask) & keep).sum()
+        jac += float((np.logical_and(fg, p.mask) & keep).sum() / union) if union else 0.0
     return {"corloc": hits / n if n else float("nan"), "jaccard": jac / n if n else float("nan"), "images": n}
 
 
