@@ -302,3 +302,28 @@ def test_evaluate_segmentation_takes_a_saved_model_folder(tmp_path):
     from_path = segment_eval.evaluate_segmentation(str(tmp_path / "saved"), gt, "attention", resolution=32)
     from_object = segment_eval.evaluate_segmentation(model, gt, "attention", resolution=32)
     assert from_path["coco"] == from_object["coco"] and from_path["predictions"] == from_object["predictions"] == 12
+
+
+def test_an_image_where_maskcut_finds_nothing_gives_no_prediction(tmp_path, monkeypatch):
+    gt = read_coco(*coco_fixture(tmp_path))
+    model = ct.create_model("crate_tiny", image_size=32, patch_size=8, dim=32, depth=2, heads=4, num_classes=5)
+    monkeypatch.setattr(segment_eval, "segment", lambda *a, **k: [np.zeros((0, 4, 4), bool)])
+    assert segment_eval.predict_masks(model, gt, "maskcut", resolution=32) == []
+    rep = segment_eval.evaluate_segmentation(model, gt, "maskcut", resolution=32)
+    assert rep["predictions"] == 0 and rep["coco"]["segm"]["AP"] == 0.0 and rep["single_object"]["corloc"] == 0.0
+
+
+def test_unreadable_or_malformed_annotation_files_are_one_line(tmp_path):
+    path, folder = coco_fixture(tmp_path)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match=r"instances.json: not a readable COCO JSON file") as e:
+        read_coco(path, folder)
+    assert "\n" not in str(e.value)
+    path.write_text(json.dumps({"images": [], "annotations": [[1, 2]]}))
+    with pytest.raises(ValueError, match=r"instances.json: annotation 0 is list, not a record"):
+        read_coco(path, folder)
+    path.write_text(json.dumps({"images": ["a.png"], "annotations": []}))
+    with pytest.raises(ValueError, match=r"instances.json: image record 0 is str, not a record"):
+        read_coco(path, folder)
+    with pytest.raises(FileNotFoundError, match="the images folder .*nowhere does not exist"):
+        read_coco(path, tmp_path / "nowhere")

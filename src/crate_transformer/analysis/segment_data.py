@@ -103,7 +103,9 @@ def _image_records(path: Path, images: Any, folder: Path) -> tuple[list[dict], d
     if not isinstance(images, list):
         raise ValueError(f"{path}: 'images' must be a list of image records")
     out, files = [], {}
-    for rec in images:
+    for n, rec in enumerate(images):
+        if not isinstance(rec, dict):
+            raise ValueError(f"{path}: image record {n} is {type(rec).__name__}, not a record (a JSON object)")
         where = f"{path}: image id={rec.get('id')!r} ({rec.get('file_name')!r})"
         if not isinstance(rec.get("id"), int) or not isinstance(rec.get("file_name"), str):
             raise ValueError(f"{where}: an image record needs an integer 'id' and a 'file_name'")
@@ -143,6 +145,8 @@ def _segmentation_rle(where: str, seg: Any, h: int, w: int) -> dict:
 
 
 def _annotation(path: Path, a: Any, images: dict[int, dict], n: int) -> dict:
+    if not isinstance(a, dict):
+        raise ValueError(f"{path}: annotation {n} is {type(a).__name__}, not a record (a JSON object)")
     where = f"{path}: annotation id={a.get('id', n)!r}"
     im = images.get(a.get("image_id"))
     if im is None:

@@ -94,9 +94,9 @@ def _image_masks(
 ) -> tuple[torch.Tensor, list[float]]:
     """``(masks (S, r, r) on the model's input, scores)`` for one normalised image ``x`` ``(1, C, r, r)``."""
     if method == "maskcut":
-        grid = torch.from_numpy(segment(model, x, layer, n_masks, tau)[0])
+        grid = torch.from_numpy(segment(model, x, layer, n_masks, tau)[0]).float()  # (S, h, w); S may be 0
         p = model.config.patch_size
-        up = F.interpolate(grid[None].float(), scale_factor=p, mode="nearest")[0]
+        up = grid.repeat_interleave(p, -2).repeat_interleave(p, -1)  # nearest upsampling (works for S = 0)
         return up, [1.0 / (k + 1) for k in range(up.shape[0])]
     maps, masks = head_masks(model, x, layer, mass)
     kept = (maps[0] * masks[0]).flatten(1).sum(1) / maps[0].flatten(1).sum(1).clamp_min(1e-30)
@@ -135,6 +135,8 @@ def predict_masks(
         im = data.image(image_id)
         x = normalize_images(_load_image(data.files[image_id], c.in_chans, r), norm).to(model_device(model))
         masks, scores = _image_masks(model, x, method, layer, n_masks, tau, mass)
+        if not len(masks):
+            continue
         full = F.interpolate(masks[None], size=(im["height"], im["width"]), mode="nearest")[0].bool().numpy()
         out += [Prediction(image_id, m, s) for m, s in zip(full, scores, strict=True) if m.any()]
     return out
