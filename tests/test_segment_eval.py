@@ -209,6 +209,8 @@ def _bad(raw, key, **change):
             "RLE size [16, 16] differs",
         ),
         (lambda r: _bad(r, "annotations", segmentation={"size": [H, W], "counts": [5, 3]}), "RLE counts sum to 8"),
+        (lambda r: _bad(r, "annotations", bbox=[10, 8, 35, 16]), "annotation id=12: bbox [10, 8, 35, 16] lies outside"),
+        (lambda r: _bad(r, "annotations", bbox=[10, 8]), "annotation id=12: 'bbox' must be [x, y, width, height]"),
         (lambda r: _bad(r, "images", file_name="gone.png"), "image id=1 ('gone.png'): "),
         (lambda r: _bad(r, "images", width=10**6, height=10**6), "exceeds the limit of 67108864"),
         (lambda r: _bad(r, "images", width=-3), "width/height must be positive integers"),

@@ -161,6 +161,18 @@ def _annotation(path: Path, a: Any, images: dict[int, dict], n: int) -> dict:
     except Exception as e:  # a corrupt compressed RLE string
         raise ValueError(f"{where}: the RLE does not decode ({e})") from None
     bbox = a.get("bbox", bbox)
+    if not (isinstance(bbox, list) and len(bbox) == 4 and all(isinstance(v, (int, float)) for v in bbox)):
+        raise ValueError(f"{where}: 'bbox' must be [x, y, width, height], got {str(bbox)[:60]}")
+    x, y, bw, bh = bbox
+    if (
+        bw < 0
+        or bh < 0
+        or x < -POLYGON_SLACK
+        or y < -POLYGON_SLACK
+        or x + bw > w + POLYGON_SLACK
+        or y + bh > h + POLYGON_SLACK
+    ):
+        raise ValueError(f"{where}: bbox {bbox} lies outside the {w} x {h} image")
     rle["counts"] = rle["counts"].decode()
     return {
         "id": a.get("id", n + 1),

@@ -20,6 +20,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -167,37 +169,29 @@ def write_results(predictions: Sequence[Prediction], path: str | Path) -> Path:
 def coco_scores(data: GroundTruth, results: Sequence[dict] | str | Path) -> dict[str, dict[str, float]]:
     """Class-agnostic COCO scores by ``COCOeval``: ``{"segm": {...}, "bbox": {...}}``, each the twelve
     ``COCOeval.stats`` by name (AP, AP50, AP75, …, AR100, …), on every image of ``data`` (``-1``: undefined, e.g.
-    no object of that size).  ``results``: COCO results records or a results JSON file."""
+    no object of that size).  ``results``: COCO results records or a results JSON file.  With no result at all
+    (``loadRes`` refuses an empty list) every score is 0."""
     coco_tools()  # the install hint when pycocotools is absent
+    records = json.loads(Path(results).read_text()) if isinstance(results, (str, Path)) else list(results)
+    if not records:
+        return {iou_type: dict.fromkeys(STATS, 0.0) for iou_type in ("segm", "bbox")}
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its progress and tables
+        return {iou_type: _cocoeval(data, records, iou_type) for iou_type in ("segm", "bbox")}
+
+
+def _cocoeval(data: GroundTruth, records: list[dict], iou_type: str) -> dict[str, float]:
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
-    records = json.loads(Path(results).read_text()) if isinstance(results, (str, Path)) else list(results)
     gt = COCO()
     gt.dataset = json.loads(json.dumps(data.dataset))  # COCO keeps a reference; give it its own copy
     gt.createIndex()
-    scores: dict[str, dict[str, float]] = {}
-    for iou_type in ("segm", "bbox"):
-        if not records:  # loadRes refuses an empty list; no prediction scores 0 wherever there is an object
-            scores[iou_type] = {k: 0.0 for k in STATS}
-            continue
-        dt = gt.loadRes([dict(r) for r in records])
-        ev = COCOeval(gt, dt, iou_type)
-        ev.params.imgIds = data.image_ids
-        _quiet(ev)
-        scores[iou_type] = dict(zip(STATS, (float(v) for v in ev.stats), strict=True))
-    return scores
-
-
-def _quiet(ev: object) -> None:
-    """``evaluate / accumulate / summarize`` without COCOeval's printed tables (the scores are returned)."""
-    import contextlib
-    import io
-
-    with contextlib.redirect_stdout(io.StringIO()):
-        ev.evaluate()
-        ev.accumulate()
-        ev.summarize()
+    ev = COCOeval(gt, gt.loadRes([dict(r) for r in records]), iou_type)
+    ev.params.imgIds = data.image_ids
+    ev.evaluate()
+    ev.accumulate()
+    ev.summarize()
+    return dict(zip(STATS, (float(v) for v in ev.stats), strict=True))
 
 
 def box_iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
