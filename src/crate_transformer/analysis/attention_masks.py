@@ -7,10 +7,11 @@ embedding to the image and returns ``get_last_selfattention``); per head the cla
 (:func:`~.attention.cls_attention`, eq. (437)); each map thresholded to keep a fraction ``mass`` of its attention
 mass and upsampled to pixels by nearest-neighbour repetition (``scale_factor = patch_size``).  The thresholding is
 DINO's ``visualize_attention.py`` (facebookresearch/dino at commit 7c446df5b9f45747937fb0d72314eb9f7b66930a,
-``--threshold``, 0.6 in DINO's figures), which the demo code's attention cells follow: sort each head's weights,
-normalise, and keep the patches whose cumulative sum exceeds ``1 − mass``; the stored snapshot of the notebooks
-repository holds no ``.ipynb``, so the cell itself could not be read (tests/official/dino_threshold.py holds the
-transcription the tests compare against).
+``--threshold``; the DINO paper's masks keep 60%): sort each head's weights, normalise, and keep the patches
+whose cumulative sum exceeds ``1 − mass``.  The demo code's ``get_last_selfattention`` is DINO's interface, but the notebooks
+themselves are not in the stored snapshot of that repository (only its ``.py`` files), so that their threshold
+cell is DINO's rule could not be checked; tests/official/dino_threshold.py holds the transcription the tests
+compare against.
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ def head_masks(
     """Fig. 20's per-head maps and masks of ``images`` (``[0, 1]``, ``(b, C, H, W)``, sides divisible by the patch).
 
     Returns ``(maps, masks)``, both ``(b, K, H, W)``: the class-token attention of each head at ``layer``
-    upsampled to pixels by repetition (nearest, ``scale_factor = patch_size`` as the demo code), and its keep-``mass``
-    mask (:func:`threshold_attention`, applied on the patch grid before the upsampling, as DINO).  The paper's
+    upsampled to pixels by repetition (nearest, ``scale_factor = patch_size`` as DINO's script), and its
+    keep-``mass`` mask (:func:`threshold_attention`, applied on the patch grid before the upsampling, as DINO).  The paper's
     figures use a model with 8×8 patches; any patch size works here.
     """
     p = model.config.patch_size
