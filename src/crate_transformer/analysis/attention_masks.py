@@ -8,10 +8,10 @@ embedding to the image and returns ``get_last_selfattention``); per head the cla
 mass and upsampled to pixels by nearest-neighbour repetition (``scale_factor = patch_size``).  The thresholding is
 DINO's ``visualize_attention.py`` (facebookresearch/dino at commit 7c446df5b9f45747937fb0d72314eb9f7b66930a,
 ``--threshold``; the DINO paper's masks keep 60%): sort each head's weights, normalise, and keep the patches
-whose cumulative sum exceeds ``1 − mass``.  The demo code's ``get_last_selfattention`` is DINO's interface, but the notebooks
-themselves are not in the stored snapshot of that repository (only its ``.py`` files), so that their threshold
-cell is DINO's rule could not be checked; tests/official/dino_threshold.py holds the transcription the tests
-compare against.
+whose cumulative sum exceeds ``1 − mass``.  The demo code's ``get_last_selfattention`` is DINO's interface,
+but the notebooks themselves are not in the stored snapshot of that repository (only its ``.py`` files), so
+that their threshold cell is DINO's rule could not be checked; tests/official/dino_threshold.py holds the
+transcription the tests compare against.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ def head_masks(
 
     Returns ``(maps, masks)``, both ``(b, K, H, W)``: the class-token attention of each head at ``layer``
     upsampled to pixels by repetition (nearest, ``scale_factor = patch_size`` as DINO's script), and its
-    keep-``mass`` mask (:func:`threshold_attention`, applied on the patch grid before the upsampling, as DINO).  The paper's
-    figures use a model with 8×8 patches; any patch size works here.
+    keep-``mass`` mask (:func:`threshold_attention`, applied on the patch grid before the upsampling, as DINO).
+    The paper's figures use a model with 8×8 patches; any patch size works here.
     """
     p = model.config.patch_size
     if images.dim() != 4 or images.shape[-1] % p or images.shape[-2] % p:
