@@ -329,3 +329,14 @@ def test_unreadable_or_malformed_annotation_files_are_one_line(tmp_path):
         read_coco(path, folder)
     with pytest.raises(FileNotFoundError, match="the images folder .*nowhere does not exist"):
         read_coco(path, tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("name", ["vit_tiny", "tost_mnist", "crate_alpha_mnist", "crate_mae_tiny"])
+@pytest.mark.parametrize("method", ["maskcut", "attention"])
+def test_every_family_with_attention_maps_is_scored(tmp_path, name, method):
+    gt = read_coco(*coco_fixture(tmp_path))
+    model = ct.create_model(name, image_size=32, patch_size=8, in_chans=3, dim=32, depth=2, heads=4)
+    rep = segment_eval.evaluate_segmentation(model, gt, method, resolution=32)
+    assert rep["images"] == 3 and 0 <= rep["coco"]["segm"]["AP"] <= 1 and rep["single_object"]["images"] == 2
+    if method == "attention":
+        assert rep["predictions"] <= 3 * 4
