@@ -196,7 +196,7 @@ def attention_table(args: argparse.Namespace) -> None:
         for n, (sec, _, mib) in rows[op].items():
             base_sec, _, base_mib = rows["tssa"][n]
             mem_ratio = f"{mib / base_mib:.2f}x" if base_mib > 0 else "-"
-            print(f"{op:<12} {n:>6} {n / sec:>11,.0f} {1e3 * sec:>9.2f} {mib:>8.1f} {sec / base_sec:>9.2f}x "
+            print(f"{op:<12} {n:>6} {n / sec:>11,.0f} {1e3 * sec:>9.2f} {mib:>8.1f} {sec / base_sec:>9.3g}x "
                   f"{mem_ratio:>9}")  # fmt: skip
     start = 1024 if sum(n >= 1024 for n in args.lengths) >= 2 else min(args.lengths)
     print(f"\nlog-log slope over n >= {start} (1 = linear, 2 = quadratic)")

@@ -138,7 +138,7 @@ def test_every_help_text_states_a_default_once_and_never_none(capsys, monkeypatc
         assert "(default: None)" not in text and "(default: none)" not in text, argv
         assert not re.search(r"\(default:[^()]*\)\s*\(default:", text), argv
     assert "--lr LR peak learning rate" in _help(capsys, "train") and "(default: 0.004" in _help(capsys, "train")
-    assert "(default: 500)" in _help(capsys, "eval")  # argparse's own default words where the text has none
+    assert "--batch-size SIZE evaluation batch size (default: 500; > 0)" in _help(capsys, "eval")  # and its range
 
 
 def test_an_unknown_option_prints_the_commands_usage(capsys) -> None:
@@ -154,3 +154,72 @@ def test_an_unknown_option_prints_the_commands_usage(capsys) -> None:
         err = capsys.readouterr().err.strip().splitlines()
         assert done.value.code == 2 and err[0].startswith(f"usage: {command} "), err[0]
         assert err[-1] == f"{command}: error: unrecognized arguments: {unknown}"
+
+
+def _help_text(capsys, argv: list[str], which: str) -> str:
+    import pytest
+
+    with pytest.raises(SystemExit) as done:
+        main([*argv, which])
+    assert done.value.code == 0
+    return capsys.readouterr().out
+
+
+def _shown(flag: str, text: str) -> bool:
+    """Whether ``flag`` has its own entry in a help text (not merely named inside another's)."""
+    import re
+
+    return re.search(rf"^  (?:-{{1,2}}[a-z0-9-]+, )?{re.escape(flag)}(?:[ ,]|$)", text, re.M) is not None
+
+
+def test_every_help_fits_a_screen_and_help_all_shows_every_flag(capsys, monkeypatch) -> None:
+    """``--help`` of each command (and of ``crate pretrain TASK``) is at most 100 lines at 80 columns and shows
+    the options declared ``basic``; ``--help-all`` shows every flag the command's parser accepts."""
+    import argparse
+
+    from crate_transformer import cli
+    from crate_transformer.cli.pretrain import pretraining_tasks
+
+    monkeypatch.setenv("COLUMNS", "80")
+    commands = [[c] for c in cli.COMMANDS] + [["pretrain", t] for t in pretraining_tasks()]
+    hidden_somewhere = 0
+    for argv in commands:
+        command = cli.build_parser(argv[0])
+        for name in argv:  # the (sub-)command's own parser
+            command = next(a for a in command._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+        short, full = _help_text(capsys, argv, "--help"), _help_text(capsys, argv, "--help-all")
+        assert len(short.splitlines()) <= 100, (argv, len(short.splitlines()))
+        hidden = [a for a in command._actions if hasattr(a, "help_all")]
+        for action in command._actions:
+            for flag in action.option_strings:
+                assert _shown(flag, full), (argv, flag)
+                assert _shown(flag, short) != (action in hidden), (argv, flag)  # basic: in --help; else not
+        assert (f"{len(hidden)} more options: crate {' '.join(argv)} --help-all" in short) == bool(hidden), argv
+        hidden_somewhere += len(hidden)
+    assert hidden_somewhere > 100  # the long commands do leave options to --help-all
+    train = _help_text(capsys, ["train"], "--help")
+    for flag in ("--model", "--data", "--lr", "--epochs", "--batch-size", "--device", "--out", "--resume"):
+        assert _shown(flag, train), flag
+
+
+def test_the_off_switches_of_earlier_releases_still_parse(capsys, tmp_path) -> None:
+    """``--no-cache`` and ``--no-progress`` are now the off forms of ``--cache`` / ``--progress`` (one declared
+    switch each): the same flags, the same meaning; two sources of images for ``crate analyze`` are one line."""
+    from clitools import one_line_error
+
+    from crate_transformer import cli
+    from crate_transformer.cli.common import resolve_options
+
+    cases = [
+        (["generate", "x", "--no-cache"], "cache"),
+        (["analyze", "x", "--no-progress"], "progress"),
+        (["theory", "all", "--no-progress"], "progress"),
+        (["ablate", "12", "--no-progress"], "progress"),
+    ]
+    for argv, dest in cases:
+        for given, value in ((argv, False), (argv[:2], True)):
+            args = cli.build_parser(argv[0]).parse_args(given)
+            resolve_options(args)
+            assert getattr(args, dest) is value, (given, dest)
+    err = one_line_error(capsys, "analyze", "x", "--images", tmp_path, "--data", "digits")
+    assert err.endswith("--images and --data both name what to measure; pass one"), err

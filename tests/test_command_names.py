@@ -1,7 +1,8 @@
 """The library names tasks, never the commands of the ``crate`` CLI: only ``cli/`` maps tasks to commands.
 
-A mistake whose fix is another task is a :class:`TaskError`: from Python it names the task, from the CLI
-the command (byte for byte the CLI's wording); an interrupted run's "continue with" line is the CLI's.
+A mistake whose fix is another task is a :class:`TaskError`: from Python it names the task (``task='lm'``), from
+the CLI the command (byte for byte the CLI's translation, :mod:`crate_transformer.cli.messages`); an interrupted
+run's "continue with" line is the CLI's.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import pytest
 
 import crate_transformer
 from crate_transformer import cli
+from crate_transformer.cli.messages import Flags, cli_message, step_command
 from crate_transformer.cli.pretrain import pretraining_tasks
 from crate_transformer.cli.train import finished
-from crate_transformer.errors import TaskError, Use
+from crate_transformer.errors import TaskError
 from crate_transformer.train import TrainConfig, train
 
 SRC = Path(crate_transformer.__file__).parent
@@ -79,17 +81,18 @@ def test_a_task_error_names_tasks_in_python_and_commands_in_the_cli(tmp_path: Pa
     with pytest.raises(TaskError) as info:
         train(TrainConfig.from_dict({"task": "mae", "model": "crate_gpt_mini", "out": str(tmp_path / "r")}))
     assert str(info.value) == (
-        "crate_gpt_mini is a language model, and the mae task trains a masked autoencoder (e.g. "
-        "model='crate_mae_mnist'); train crate_gpt_mini with the lm task model='crate_gpt_mini'"
+        "crate_gpt_mini is a language model, and task='mae' trains a masked autoencoder (e.g. "
+        "model='crate_mae_mnist'); train crate_gpt_mini with task='lm' model='crate_gpt_mini'"
     )
-    assert cli.error_message(info.value) == (
+    flags = cli.flags_of("pretrain", "mae")
+    assert cli.error_message(info.value, flags=flags) == (
         "crate_gpt_mini is a language model, and crate pretrain mae trains a masked autoencoder (e.g. --model "
         "crate_mae_mnist); train crate_gpt_mini with crate train-lm --model crate_gpt_mini"
     )
     assert not (tmp_path / "r").exists()
-    error = TaskError("R is a classification run, not mae; use: ", Use("classification", init_from=True), " --resume R")
-    assert str(error) == "R is a classification run, not mae; use: the classification task with init_from --resume R"
-    assert cli.error_message(error) == "R is a classification run, not mae; use: crate finetune --resume R"
+    error = TaskError("R is a classification run, not mae; use: task='classification' with init_from resume='R'")
+    flags = cli.flags_of("train")
+    assert cli.error_message(error, flags=flags) == "R is a classification run, not mae; use: crate finetune --resume R"
     assert cli.error_message(ValueError("plain")) == "plain"
 
 
@@ -114,22 +117,27 @@ def test_options_listings_and_next_steps_are_worded_by_who_shows_them(
 ) -> None:
     import warnings
 
-    from crate_transformer.errors import Opt, OptionError, OptionWarning, See, Step, wording
+    from crate_transformer.errors import OptionError, OptionWarning, Step
 
-    error = OptionError(
-        "lower ", Opt("lr"), ", use ", Opt("amp", "none"), " or ", Opt("probe", False), "; ", See("models")
-    )
-    assert str(error) == "lower lr, use amp='none' or probe=False; ct.list_models()"
-    assert cli.error_message(error) == "lower --lr, use --amp none or --no-probe; crate models"
-    with wording(cli.cli_words):  # what the CLI does while a command runs: messages, warnings, printed hints
-        assert str(error) == "lower --lr, use --amp none or --no-probe; crate models"
+    text = "lower lr, use amp='none' or probe=False; ct.list_models(); split='val', the lr option"
+    error = OptionError(text, option="lr")
+    assert str(error) == text  # the sentence as raised, the same everywhere: no wording context
+    flags = Flags({"probe": _switch("--probe"), "amp": _valued("--amp"), "lr": _valued("--lr")})
+    assert cli.error_message(error, flags=flags) == (
+        "lower --lr, use --amp none or --no-probe; crate models; split='val', the --lr option"
+    )  # split is no option of this command: left as Python wrote it
+    assert cli.error_message(error) == (
+        "lower --lr, use amp='none' or probe=False; crate models; split='val', the --lr option"
+    )  # without a table, only the subject (the message says it is an option) becomes a flag
+    with cli.option_warnings("train", lambda: Flags({"on_bad_image": _valued("--on-bad-image")})):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            warnings.warn(OptionWarning("pass ", Opt("on_bad_image", "error"), " to fail instead"), stacklevel=1)
-        assert str(caught[0].message) == "pass --on-bad-image error to fail instead"
-    assert str(error) == "lower lr, use amp='none' or probe=False; ct.list_models()"  # outside: Python's words again
+            warnings.warn(OptionWarning("pass on_bad_image='error' to fail instead"), stacklevel=1)
+        assert warnings.formatwarning(caught[0].message, OptionWarning, "f.py", 1) == ""  # as Python shows one
+    assert str(caught[0].message) == "pass on_bad_image='error' to fail instead"  # recorded as raised
+    assert capsys.readouterr().err == "crate train: warning: pass --on-bad-image error to fail instead\n"  # shown
     steps = (Step("fine-tune", "runs/x", (("data", "my data"),)), Step("evaluate", "runs/x", (("knn", True),)))
-    assert [cli.cli_words(s) for s in steps] == [
+    assert [step_command(s) for s in steps] == [
         "crate finetune --from runs/x --data 'my data'",
         "crate eval runs/x --knn",
     ]
@@ -141,3 +149,34 @@ def test_options_listings_and_next_steps_are_worded_by_who_shows_them(
         capsys.readouterr().out
         == "next: crate finetune --from runs/x --data 'my data'    |    crate eval runs/x --knn\n"
     )
+
+
+def _switch(flag: str):
+    import argparse
+
+    return argparse.BooleanOptionalAction([flag], dest=flag[2:])
+
+
+def _valued(flag: str):
+    import argparse
+
+    return argparse.Action([flag], dest=flag[2:])
+
+
+def test_the_translation_renders_values_as_flags_take_them() -> None:
+    """Lists space-separated, model fields as ``--model-args`` entries, ``model_args`` dicts as entries, values
+    quoted for the shell; a word that merely contains an option's name is not touched."""
+    flags = Flags({n: _valued("--" + n.replace("_", "-")) for n in ("logger", "model_args", "out", "betas")})
+    assert cli_message("logger=['wandb', 'tensorboard'] or betas=(0.9, 0.95)", flags) == (
+        "--logger wandb tensorboard or --betas 0.9 0.95"
+    )
+    assert cli_message("a context of 16 tokens (model_args={'block_size': 16})", flags) == (
+        "a context of 16 tokens (--model-args block_size=16)"
+    )
+    assert cli_message("depth must be positive; e.g. depth=12", flags, ("depth",), "model_args") == (
+        "--model-args depth must be positive; e.g. --model-args depth=12"
+    )
+    assert cli_message("out='my runs/x' is a file; output, outer, out_dir, without", flags, ("out",)) == (
+        "--out 'my runs/x' is a file; output, outer, out_dir, without"
+    )
+    assert cli_message("bad value out=[1, 2", flags) == "bad value out=[1, 2"  # no literal: left alone

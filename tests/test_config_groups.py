@@ -123,16 +123,22 @@ def test_the_command_table_names_real_options_and_the_library_no_commands() -> N
             assert "commands" not in f.metadata, (cls.__name__, f.name)
 
 
-@pytest.mark.parametrize("command", ["eval", "analyze", "generate"])
+@pytest.mark.parametrize("command", ["eval", "analyze", "generate", "features"])
 def test_report_commands_take_the_system_options(command: str, capsys: pytest.CaptureFixture) -> None:
+    from crate_transformer.cli.common import resolve_options
+
     args = cli.build_parser(command).parse_args([command, "x", "--threads", "2", "--seed", "7", "--device", "cpu"])
-    assert (args.seed, args.device) == (7, "cpu")  # typed, as the command reads them
-    assert args.threads == "2"  # handed to set_threads as given, which checks it as for the training commands
+    assert (args.seed, args.threads, args.device) == ("7", "2", "cpu")  # one parse mode: the text as given
+    resolve_options(args)  # what cli.main does: the command's options class coerces and checks
+    assert (args.seed, args.threads, args.device) == (7, 2, "cpu")  # typed, as the command reads them
     defaults = cli.build_parser(command).parse_args([command, "x"])
-    assert (defaults.seed, defaults.device, hasattr(defaults, "threads")) == (0, "auto", False)
-    with pytest.raises(SystemExit):
-        cli.build_parser(command).parse_args([command, "x", "--seed", "abc"])
-    assert "expected an integer" in capsys.readouterr().err
+    assert not {"seed", "device", "threads"} & set(vars(defaults))  # what was given is exactly the namespace
+    resolve_options(defaults)
+    assert (defaults.seed, defaults.device, defaults.threads) == (0, "auto", 0)  # then the declared defaults
+    err = one_line_error(capsys, command, "x", "--seed", "abc")
+    assert "--seed must be an integer, got 'abc' (str)" in err, err
+    err = one_line_error(capsys, command, "x", "--threads", "-1")  # the range of the training option it copies
+    assert "--threads must be a non-negative integer, got -1" in err, err
 
 
 def test_eval_checks_val_fraction_before_loading_anything(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -295,7 +295,7 @@ def test_the_reading_page_runs_and_checks_the_layer_against_the_equations(capsys
     """docs/reading-the-layer.md's Python blocks, in order as one program: the layer, MSSA and ISTA equal the paper's
     equations (their assertions), and every commented print says what the comment says."""
     blocks = [text for lang, text in code_blocks(ROOT / "docs" / "reading-the-layer.md") if lang == "python"]
-    assert len(blocks) == 6
+    assert len(blocks) == 7
     namespace: dict = {}
     for i, block in enumerate(blocks, 1):
         exec(compile(block, f"docs/reading-the-layer.md, Python block {i}", "exec"), namespace)  # our own docs' code

@@ -134,6 +134,7 @@ LAYERS = [  # lowest first; a module may import its own layer and the ones befor
         "layers.config",
         "layers.inference",
         "layers.attention",
+        "layers._tssa_functions",  # TSSA's memory-saving backward (its operator imports it)
         "layers.tssa",
         "layers.sparse",
         "layers.block",

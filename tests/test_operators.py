@@ -10,10 +10,12 @@ from tolerances import tol
 
 from crate_transformer.layers import (
     ISTA,
+    MMISTA,
     MSSA,
     DecoderLayer,
     EncoderLayer,
     Skip,
+    SoftISTA,
     ista_reference,
     mssa_reference,
     trace_layer,
@@ -115,12 +117,12 @@ def test_ista_eta_lambda_are_used():
 def test_ista_soft_threshold_and_mm_modes(device):
     d, eta, lambd = 12, 0.2, 0.4
     x = torch.randn(3, 7, d, dtype=torch.float64).to(device)
-    soft = ISTA(d, eta, lambd, mode="soft").double().to(device)
+    soft = SoftISTA(d, eta, lambd).double().to(device)
     D = soft.weight.detach()
     v = (x.reshape(-1, d).T + eta * D.T @ (x.reshape(-1, d).T - D @ x.reshape(-1, d).T)).T.reshape(x.shape)
     torch.testing.assert_close(soft(x), F.softshrink(v, eta * lambd))
     assert (soft(x) < 0).any()  # soft-threshold keeps negative codes
-    mm = ISTA(d, eta, lambd, mode="mm", eps=0.5).double().to(device)
+    mm = MMISTA(d, eta, lambd, eps=0.5).double().to(device)
     n = x.shape[1]
     alpha = d / (n * 0.5**2)
     D = mm.weight.detach()
@@ -153,8 +155,52 @@ def test_encoder_layer_forms():
         EncoderLayer(d, 4, 8, layer_form="other")
     with pytest.raises(ValueError, match="no setting 'form'"):
         EncoderLayer(d, 4, 8, form="jmlr")
-    with pytest.raises(ValueError, match="ISTA mode"):
-        ISTA(d, mode="hard")
+    # the ablations are the table's entries, picked by ista_mode once when the layer is built
+    for mode, block in (("relu", ISTA), ("soft", SoftISTA), ("mm", MMISTA), ("none", Skip)):
+        assert type(EncoderLayer(d, 4, 8, ista_mode=mode).block) is block
+        assert sorted(EncoderLayer(d, 4, 8, ista_mode=mode).state_dict()) == sorted((none if mode == "none" else
+                                                                                     layer).state_dict())  # fmt: skip
+    with pytest.raises(ValueError, match="unknown ista_mode 'hard'"):
+        EncoderLayer(d, 4, 8, ista_mode="hard")
+
+
+def test_the_layer_not_its_block_says_its_norms_and_the_attentions_bias():
+    """The LayerNorms' eps and the attention's output bias come from the layer's settings (LayerConfig.ln_eps,
+    .attention_bias: CRATE-α's 1e-6 and no bias with its ODL, as the blocks' class attributes said before) or the
+    model's keywords (norm_eps, norm_bias, proj_bias); the second block declares neither."""
+    d = 16
+    for mlp, eps, bias in (("ista", 1e-5, True), ("mlp", 1e-5, True), ("odl", 1e-6, False),
+                           ("ista_overcomplete", 1e-5, True)):  # fmt: skip
+        layer = EncoderLayer(d, 4, 4, mlp=mlp)
+        assert (layer.norm1.eps, layer.norm2.eps, layer.attn.proj.bias is not None) == (eps, eps, bias), mlp
+        assert not hasattr(type(layer.block), "norm_eps") and not hasattr(type(layer.block), "attention_bias")
+    assert EncoderLayer(d, 4, 4, mlp="odl", proj_bias=True).attn.proj.bias is not None  # the setting wins
+    layer = EncoderLayer(d, 4, 4, mlp="mlp", norm_eps=1e-3, norm_bias=False)
+    assert (layer.norm1.eps, layer.norm2.eps, layer.norm1.bias, layer.norm2.bias) == (1e-3, 1e-3, None, None)
+    assert not any(k.startswith(("norm1.bias", "norm2.bias")) for k in layer.state_dict())
+
+
+def test_layer_scale_scales_both_residual_branches_and_is_off_by_default():
+    """``layer_scale`` (LayerScale, CaiT/ToST): ``Z_half = Z + γ1 ⊙ Attn(LN1 Z)``, ``Z_next = Z_half + γ2 ⊙
+    f(LN2 Z_half)``, γ initialised to the value; off: no parameters, CRATE's keys; a block that replaces the tokens
+    refuses it; a block given built must be the class the table names."""
+    d = 16
+    torch.manual_seed(0)
+    plain = EncoderLayer(d, 4, 4, mlp="mlp")
+    scaled = EncoderLayer(d, 4, 4, mlp="mlp", layer_scale=0.25)
+    assert sorted(scaled.state_dict()) == sorted([*plain.state_dict(), "gamma1", "gamma2"])
+    assert plain.gamma1 is None and not any("gamma" in k for k in EncoderLayer(d, 4, 4).state_dict())
+    torch.testing.assert_close(scaled.gamma1.detach(), torch.full((d,), 0.25))
+    scaled.load_state_dict({**plain.state_dict(), "gamma1": torch.rand(d), "gamma2": torch.rand(d)})
+    x = torch.randn(2, 5, d)
+    half = x + scaled.gamma1 * plain.attn(plain.norm1(x))
+    want = half + scaled.gamma2 * plain.mlp(plain.norm2(half))
+    torch.testing.assert_close(scaled(x), want)
+    assert scaled.output_bias() is None and plain.output_bias() is plain.mlp[3].bias  # a scaled bias is not added
+    with pytest.raises(ValueError, match="layer_scale scales residual branches, but ISTA replaces the tokens"):
+        EncoderLayer(d, 4, 4, layer_scale=0.1)
+    with pytest.raises(ValueError, match="attn is a MSSA, but the layer's 'mhsa' is MHSA"):
+        EncoderLayer(d, 4, 4, attention="mhsa", attn=plain.attn)
 
 
 def test_files_saved_with_the_unused_ista_of_ista_mode_none_still_load():

@@ -149,7 +149,7 @@ MAE_ARGS = ["--data", "digits", "--threads", 1, "--no-progress", "--no-probe", "
 def test_mae_resume_refuses_another_mask_ratio(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     run = tmp_path / "mae"
     assert cli.main(["pretrain", "mae", *map(str, MAE_ARGS), "--max-steps", "1", "--out", str(run)]) == 0
-    msg = "keeps the mask_ratio of its checkpoint (0.75), not 0.5; drop --mask-ratio to continue it"
+    msg = "keeps the mask_ratio of its checkpoint (0.75), not 0.5; drop --mask-ratio 0.5 to continue it"
     _refused_on_resume(capsys, ["pretrain", "mae"], run, ["--mask-ratio", 0.5], msg)
     assert cli.main(["pretrain", "mae", "--resume", str(run), "--mask-ratio", "0.75", "--max-steps", "1"]) == 0
 
@@ -177,7 +177,7 @@ def test_dino_resume_refuses_another_head(tmp_path: Path, capsys: pytest.Capture
             "--train-subset", 128, "--model-args", "image_size=8", "patch_size=4", "dim=16", "depth=1", "heads=2",
             "--out-dim", 64, "--hidden-dim", 32, "--bottleneck-dim", 16]  # fmt: skip
     assert cli.main([str(a) for a in ["pretrain", "dino", *args, "--max-steps", 1, "--out", run]]) == 0
-    msg = "keeps the out_dim of its checkpoint (64), not 128; drop --out-dim to continue it"
+    msg = "keeps the out_dim of its checkpoint (64), not 128; drop --out-dim 128 to continue it"
     _refused_on_resume(capsys, ["pretrain", "dino"], run, ["--out-dim", 128], msg)
 
 

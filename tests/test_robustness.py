@@ -357,8 +357,8 @@ def test_resume_runs_the_checks_a_new_run_makes(tmp_path: Path, capsys: pytest.C
     for extra, msg in [
         (["--objective", "mlm"], "is a causal (GPT) model; use --objective clm"),
         (["--tokenizer", "bpe"], "keeps the tokenizer of its checkpoint ('byte'), not 'bpe'"),
-        (["--model", "crate_bert_mini"], "model='crate_bert_mini' (run: 'crate_gpt_mini')"),
-        (["--model-args", "dim=24"], "dim=24 (run: 16)"),
+        (["--model", "crate_bert_mini"], "--model crate_bert_mini (run: 'crate_gpt_mini')"),
+        (["--model-args", "dim=24"], "--model-args dim=24 (run: 16)"),
     ]:
         err = one_line_error(capsys, "train-lm", "--resume", run, "--max-steps", 3, *extra)
         assert msg in err, err

@@ -113,7 +113,7 @@ def test_fsdp_needs_several_processes(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_check_strategy() -> None:
     check_strategy("ddp", 1, "classification")
     check_strategy("fsdp", 2, "classification")
-    with pytest.raises(ValueError, match="the dino task cannot train with strategy='fsdp'; use strategy='ddp'"):
+    with pytest.raises(ValueError, match="task='dino' cannot train with strategy='fsdp'; use strategy='ddp'"):
         check_strategy("fsdp", 2, "dino", shardable=False)
     with pytest.raises(ValueError, match="one process"):
         check_strategy("fsdp", 1, "classification")

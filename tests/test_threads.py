@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from crate_transformer import cli
-from crate_transformer.errors import wording
 from crate_transformer.train import TrainConfig, train
 from crate_transformer.train import threads as th
 
@@ -95,8 +94,8 @@ def test_slowdown_watch_warns_once_naming_threads_1() -> None:
     warnings = [str(w) for w in lines if w]
     assert len(warnings) == 1 and str(lines[5]) == warnings[0]
     assert "threads=1" in warnings[0] and "6x" in warnings[0] and "\n" not in warnings[0]
-    with wording(cli.cli_words):  # the training loop prints it while a command runs: the flag
-        assert "rerun or resume with --threads 1" in str(lines[5])
+    shown = cli.cli_message(str(lines[5]), cli.flags_of("train"))
+    assert "rerun or resume with --threads 1" in shown  # the training loop prints it while a command runs: the flag
     assert watch.add(0.0, 0) is None  # an empty window is ignored
 
 
@@ -115,12 +114,24 @@ def test_training_loop_prints_the_warning(tmp_path: Path, monkeypatch: pytest.Mo
 
 @pytest.mark.parametrize("command", ["eval", "analyze", "generate"])
 def test_eval_analyze_generate_take_threads(command: str, tmp_path: Path, capsys) -> None:
+    from crate_transformer.cli.common import resolve_options
+
     args = cli.build_parser(command).parse_args([command, str(tmp_path), "--threads", "1"])
-    assert args.threads == "1"
-    assert not hasattr(cli.build_parser(command).parse_args([command, str(tmp_path)]), "threads")  # absent = auto
-    assert cli.main([command, str(tmp_path / "missing"), "--threads", "-2"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "--threads must be a non-negative integer (0 = auto), got '-2'" in err and "\n" not in err
+    assert args.threads == "1"  # as typed; the command's options class types it
+    resolve_options(args)
+    assert args.threads == 1
+    args = cli.build_parser(command).parse_args([command, str(tmp_path)])
+    assert not hasattr(args, "threads")  # not given: absent, then the declared default 0 = auto
+    resolve_options(args)
+    assert args.threads == 0
+    errors = {}
+    for value in ("-2", "x"):  # refused before the checkpoint is looked at, in the words training uses
+        assert cli.main([command, str(tmp_path / "missing"), "--threads", value]) == 2
+        errors[value] = capsys.readouterr().err.strip()
+        assert "\n" not in errors[value] and "missing" not in errors[value], errors[value]
+        assert cli.main(["train", "--threads", value, "--out", str(tmp_path / "never")]) == 2
+        assert capsys.readouterr().err.strip().replace("crate train", f"crate {command}") == errors[value]
+    assert errors["-2"] == f"crate {command}: error: --threads must be a non-negative integer, got -2; e.g. --threads 0"
 
 
 def test_apply_threads_sets_torch() -> None:

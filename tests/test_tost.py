@@ -204,6 +204,37 @@ def test_causal_tssa_backward_is_autograd_of_the_cached_form_with_dropout_and_th
     assert denom_bias[:, 20:].abs().sum() == 0 and denom_bias[:, :20].abs().sum() > 0  # the positions read
 
 
+@pytest.mark.parametrize(("causal", "b"), [(False, 1), (False, 3), (True, 2)])
+def test_memory_saving_backward_gives_autograds_gradients_of_the_operator(causal, b):
+    """The switch: ``memory_saving=True`` (the private module's hand-derived backward) and ``False`` (autograd of
+    the operator as :mod:`.tssa` writes it) give the same outputs, Π and gradients of the input and every
+    parameter, in float64, in training with dropout (the same mask drawn), through the output and Π."""
+    op = _tssa(causal, n=20).train()
+    op.attn_dropout = 0.3
+    with torch.no_grad():
+        op.temp.uniform_(0.5, 2.0)
+    x = torch.randn(b, 20, 12, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(b, 3, 20, dtype=torch.float64)
+    grads = []
+    for saving in (True, False):
+        op.memory_saving = saving
+        torch.manual_seed(7)
+        out, pi = op._causal(x, None, 0) if causal else op._global(x)
+        pi = pi if pi.shape[1] == 3 else pi.transpose(1, 2)  # (b, K, n)
+        loss = out.square().sum() + (pi * weights).sum()
+        grads.append((out, pi, *torch.autograd.grad(loss, [x, *op.parameters()])))
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert all(g.abs().sum() > 0 for g in grads[1][2:5])  # input, projections, temperature: not trivial
+    # the switch changes what the backward keeps: the operator's graph keeps more (the squares and products)
+    saved_bytes = _bench_tost().saved_bytes
+    kept = []
+    for saving in (True, False):
+        op.memory_saving = saving
+        kept.append(saved_bytes(op, x))
+    assert kept[0] < kept[1], kept
+
+
 def _bench_tost():  # noqa: ANN202
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_tost.py"
     spec = importlib.util.spec_from_file_location("bench_tost", path)

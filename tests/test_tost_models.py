@@ -174,3 +174,29 @@ def test_a_checkpoint_of_other_sizes_names_the_overrides_that_fit_it():
     small = ct.create_model("tost_mnist", dim=32, depth=2, heads=2, num_classes=7)
     with pytest.raises(CheckpointError, match=r"pass dim=32, depth=2, heads=2, num_classes=7"):
         ct.loading.weights.load_weights(ct.create_model("tost_mnist"), small.state_dict())
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_tost_layer_is_the_crate_layer_with_layer_scale_and_its_released_keys(bias):
+    """``ToSTBlock`` is an ``EncoderLayer`` (``attention="tssa"``, ``mlp="mlp"``, layer scale): the keys of the
+    authors' block in their order (``gamma1``, ``gamma2``, ``norm1``, ``attn``, ``norm2``, ``mlp``), the norms' eps
+    and biases the model gives, and its forward the two lines ``Z + γ1 ⊙ TSSA(LN1 Z)``, ``+ γ2 ⊙ MLP(LN2 ·)``."""
+    from crate_transformer.layers import MLP, TSSA, EncoderLayer
+    from crate_transformer.tost import ToSTBlock
+
+    torch.manual_seed(0)
+    block = ToSTBlock(16, 2, 8, layer_scale=0.5, qkv_bias=bias, bias=bias, ln_eps=1e-5, causal=True, block_size=6)
+    assert isinstance(block, EncoderLayer) and isinstance(block.attn, TSSA) and isinstance(block.block, MLP)
+    norms = ["norm{}.weight", "norm{}.bias"] if bias else ["norm{}.weight"]
+    mlp = ["mlp.0.weight", "mlp.0.bias", "mlp.3.weight", "mlp.3.bias"] if bias else ["mlp.0.weight", "mlp.3.weight"]
+    attn = ["attn.temp", "attn.denom_bias", "attn.qkv.weight", *(["attn.qkv.bias"] if bias else []), "attn.proj.weight"]
+    attn += ["attn.proj.bias"] if bias else []
+    want = ["gamma1", "gamma2", *(k.format(1) for k in norms), *attn, *(k.format(2) for k in norms), *mlp]
+    assert list(block.state_dict()) == want
+    assert block.norm1.eps == block.norm2.eps == 1e-5 and block.code_site() == (block.mlp[1], "mlp")
+    with torch.no_grad():
+        block.gamma1.uniform_()
+        block.gamma2.uniform_()
+    x = torch.randn(2, 6, 16)
+    half = x + block.gamma1 * block.attn(block.norm1(x))
+    torch.testing.assert_close(block(x), half + block.gamma2 * block.mlp(block.norm2(half)))

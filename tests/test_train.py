@@ -106,7 +106,7 @@ def test_config_validation_and_files(tmp_path: Path) -> None:
 
 def test_help_lists_every_option_with_its_default(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as e:
-        crate("train", "--help")
+        crate("train", "--help-all")
     assert e.value.code == 0
     out = capsys.readouterr().out
     for name in ("--optimizer", "--lr", "--weight-decay", "--batch-size", "--epochs", "--warmup-epochs",
@@ -114,6 +114,13 @@ def test_help_lists_every_option_with_its_default(capsys: pytest.CaptureFixture)
                  "--resume", "--config", "--checkpoint-every", "--augment", "--val-fraction"):  # fmt: skip
         assert name in out
     assert out.count("(default:") >= 35
+    with pytest.raises(SystemExit):
+        crate("train", "--help")  # the options used first, with their defaults; the others named by --help-all
+    out = capsys.readouterr().out
+    for name in ("--optimizer", "--lr", "--weight-decay", "--batch-size", "--epochs", "--resume", "--config"):
+        assert name in out
+    assert "--label-smoothing" not in out and "more options: crate train --help-all" in out
+    assert out.count("(default:") >= 15
 
 
 def test_default_job_is_crate_mnist_p4_under_1m_params_on_a_grid_of_4_pixel_patches() -> None:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from .config_utils import POSITIVE
-from .errors import Opt, OptionError
+from .errors import OptionError
 from .io import DamagedFileError, make_folder, read_side_file, write_json
 
 __all__ = ["Row", "Table", "TABLES", "RECIPE", "resolve_tables", "plan", "run_ablation", "write_report"]
@@ -218,7 +218,7 @@ def _key(opts: Mapping[str, Any]) -> str:
 def plan(tables: Sequence[Table], seeds: int, out: str | Path, base: Mapping[str, Any]) -> list[Run]:
     """Every run the tables need, in table order, with shared rows (equal options) listed once."""
     if seeds < 1:
-        raise OptionError(Opt("seeds"), POSITIVE.requirement(seeds))
+        raise OptionError(f"seeds{POSITIVE.requirement(seeds)}", option="seeds")
     runs: dict[tuple[str, int], Run] = {}
     for table in tables:
         for row in table.rows:

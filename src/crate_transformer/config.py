@@ -38,7 +38,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
-from .config_utils import POSITIVE, Range, coerce_fields, field_place
+from .config_utils import POSITIVE, Range, coerce_fields, field_about, field_place
 from .errors import OptionError, short_repr
 
 __all__ = ["Config", "check_option", "KINDS", "IMAGE_CLASSIFIER", "MASKED_AUTOENCODER", "LANGUAGE_MODEL"]
@@ -70,8 +70,8 @@ def check_option(cls: type, name: str, value: Any) -> None:
         r = rule or (Range() if isinstance(x, float) else None)  # every float is at least finite
         if r is not None and not r.ok(x):
             default = _field_default(cls, name, x)
-            example = ("; e.g. ", field_place(cls, name, default)) if default not in (None, [], ()) else ()
-            raise OptionError(field_place(cls, name), r.requirement(x), *example)
+            example = f"; e.g. {field_place(cls, name, default)}" if default not in (None, [], ()) else ""
+            raise OptionError(f"{field_place(cls, name)}{r.requirement(x)}{example}", **field_about(cls, name))
 
 
 def _field_default(cls: type, name: str, fallback: Any = None) -> Any:
@@ -153,9 +153,9 @@ class Config:
                 now = getattr(self, other)
                 if now not in allowed:
                     raise OptionError(
-                        field_place(type(self), f.name),
-                        f" applies only with {other} {' / '.join(allowed)}, not {now!r}: drop it, or pass ",
-                        field_place(type(self), other, allowed[0]),
+                        f"{field_place(type(self), f.name)} applies only with {other} {' / '.join(allowed)}, not "
+                        f"{now!r}: drop it, or pass {field_place(type(self), other, allowed[0])}",
+                        **field_about(type(self), f.name, other),
                     )
 
     @classmethod
@@ -170,7 +170,8 @@ class Config:
             v = getattr(self, name)
             if not POSITIVE.ok(v):
                 example = field_place(type(self), name, _field_default(type(self), name, v))
-                raise OptionError(field_place(type(self), name), POSITIVE.requirement(v), "; e.g. ", example)
+                message = f"{field_place(type(self), name)}{POSITIVE.requirement(v)}; e.g. {example}"
+                raise OptionError(message, **field_about(type(self), name))
 
     # ---------------------------------------------------------------- serialisation
     def to_dict(self) -> dict:

@@ -34,13 +34,14 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import Opt, OptionError, short_repr
+from .errors import OptionError, short_repr
 
 __all__ = [
     "coerce_fields",
     "coerce_value",
     "field_types",
     "field_place",
+    "field_about",
     "option_name",
     "Range",
     "POSITIVE",
@@ -120,16 +121,26 @@ def option_name(f: dataclasses.Field) -> str:
     return f.metadata.get("name", f.name)
 
 
-def field_place(cls: type, name: str, *value: Any) -> str | Opt:
+def field_place(cls: type, name: str, *value: Any) -> str:
     """How a message names field ``name`` of dataclass ``cls`` (suggesting ``value`` when given), by what
-    ``cls.GIVEN_IN`` says its fields are: ``""`` options of their own (``Opt("epochs")``: ``epochs`` to the Python
-    API, ``--epochs`` on the command line); an option's name, entries of that option (``Opt("dim",
-    within="model_args")``: ``dim`` / ``--model-args dim``); absent or None, no option (``DataSpec.mean``)."""
-    within = getattr(cls, "GIVEN_IN", None)
-    if within is None:
+    ``cls.GIVEN_IN`` says its fields are: ``""`` options of their own and an option's name, entries of that
+    option, both as their Python argument (``epochs``, ``dim=384``; :func:`field_about` tells the CLI which);
+    absent or None, no option (``DataSpec.mean``)."""
+    if getattr(cls, "GIVEN_IN", None) is None:
         return f"{name}={value[0]!r}" if value else f"{cls.__name__}.{name}"
     field = next((f for f in dataclasses.fields(cls) if f.name == name), None)
-    return Opt(option_name(field) if field is not None else name, *value, within=within)
+    name = option_name(field) if field is not None else name
+    return f"{name}={value[0]!r}" if value else name
+
+
+def field_about(cls: type, *names: str) -> dict[str, Any]:
+    """The ``option=`` / ``within=`` keywords of an :class:`~.errors.OptionError` naming fields ``names`` of
+    ``cls`` as :func:`field_place` does (``{}`` where they are no options)."""
+    within = getattr(cls, "GIVEN_IN", None)
+    if within is None:
+        return {}
+    fields = {f.name: option_name(f) for f in dataclasses.fields(cls)}
+    return {"option": tuple(fields.get(n, n) for n in names), "within": within}
 
 
 @functools.lru_cache(maxsize=64)
@@ -163,9 +174,9 @@ def coerce_fields(cls: type, mapping: Mapping[str, Any], *, allow_unknown: bool 
             out[key] = _coerce(value, types_[key])
         except _CoerceError as e:
             shown = defaults[key] not in (None, dataclasses.MISSING)
-            example = ("; e.g. ", field_place(cls, key, defaults[key])) if shown else ()
-            got = f" must be {e.expected}, got {short_repr(value)} ({type(value).__name__})"
-            raise OptionError(field_place(cls, key), got, *example) from None
+            example = f"; e.g. {field_place(cls, key, defaults[key])}" if shown else ""
+            got = f"must be {e.expected}, got {short_repr(value)} ({type(value).__name__})"
+            raise OptionError(f"{field_place(cls, key)} {got}{example}", **field_about(cls, key)) from None
     return out
 
 
@@ -322,9 +333,8 @@ class Range:
     """The values a numeric option may take: finite, and within ``lo``/``hi`` (``None``: unbounded; a bound is
     excluded when ``lo_open``/``hi_open``).  The one rule behind every numeric option: a dataclass field carries
     it as ``option(..., range=...)`` (:class:`~crate_transformer.config.Config` checks it when the dataclass is
-    built, and the generated ``--help`` shows it), a plain command-line option as
-    ``crate_transformer.cli.common.number_argument``, and an API function calls :meth:`check` itself, so the CLI
-    and the API refuse the same values with the same words.
+    built, and the generated ``--help`` shows it; every command-line option is such a field), and an API function
+    calls :meth:`check` itself, so the CLI and the API refuse the same values with the same words.
     """
 
     lo: float | None = None
@@ -362,7 +372,7 @@ class Range:
 
     def requirement(self, value: Any) -> str:
         """What follows the name in :meth:`message`, `` must be a positive integer, got 0`` (an ``OptionError``
-        puts the option, ``Opt(name)``, before it, so the command line names the flag)."""
+        puts the option's name before it and says ``option=name``, so the command line names the flag)."""
         kind, words = ("an integer" if self.integer else "a finite number"), self.words()
         if self.integer and self.lo == 0 and self.hi is None:
             kind, words = ("a positive integer" if self.lo_open else "a non-negative integer"), ""

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from .config_utils import NON_NEGATIVE, POSITIVE, Range
-from .errors import Opt, OptionError
+from .errors import OptionError
 from .layers.inference import evaluating
 from .static_cache import LENGTH, StaticCache
 
@@ -260,16 +260,14 @@ def check_compiled(model: nn.Module, idx: Tensor, new: int, use_cache: bool) -> 
     block = model.config.block_size
     if not use_cache:
         raise OptionError(
-            "compiled decoding runs on a cache of fixed size; drop ", Opt("compile"), " or keep the cache"
+            "compiled decoding runs on a cache of fixed size; drop compile or keep the cache", option="compile"
         )
     if isinstance(idx, Tensor) and idx.dim() == 2 and idx.shape[1] + new > block:
         raise OptionError(
             f"compiled decoding holds prompt + new tokens in the context of {block} (block_size), got "
-            f"{idx.shape[1]} + {new} = {idx.shape[1] + new}; pass fewer tokens (",
-            Opt("max_new_tokens"),
-            "), or drop ",
-            Opt("compile"),
-            " to slide the window",
+            f"{idx.shape[1]} + {new} = {idx.shape[1] + new}; pass fewer tokens (max_new_tokens), or drop compile to "
+            "slide the window",
+            option=("max_new_tokens", "compile"),
         )
 
 

@@ -98,7 +98,7 @@ _NO_PERMISSION = {errno.EACCES, errno.EPERM, errno.EROFS}
 
 class CheckpointError(OptionError):
     """A checkpoint is missing, unreadable, corrupt, or does not fit the model (a ``ValueError``; its message may
-    name options, worded where it is shown: :class:`~crate_transformer.errors.OptionError`)."""
+    name options as the Python API takes them, as :class:`~crate_transformer.errors.OptionError` does)."""
 
 
 class DamagedFileError(CheckpointError):

@@ -38,7 +38,7 @@ from ._registry import PretrainedSource, register_arch, register_model, register
 from .base import Model, Trace
 from .config import LANGUAGE_MODEL, Config
 from .config_utils import Range, option
-from .errors import Opt, TaskError, Use
+from .errors import TaskError
 from .generation import TEMPERATURE, TOP_P, cache_nbytes, cached_length, generate, mask_tokens, sample_next
 from .io import FILE_DIGESTS, TOKENIZER_NAME, CheckpointError, read_model_json
 from .layers import DIM_HEAD, MLP, EncoderLayer, LayerConfig
@@ -249,11 +249,7 @@ class LanguageModel(TokenPrior, Model):
             raise TaskError(
                 f"the tokenizer has {size} tokens but the model's embedding has {self.config.vocab_size} "
                 f"(vocab_size); use the tokenizer the model was trained with, or train a model with this "
-                "tokenizer (",
-                Use("lm"),
-                " and ",
-                Opt("tokenizer", "FILE"),
-                f": vocab_size={size})",
+                f"tokenizer (task='lm' and tokenizer='FILE': vocab_size={size})"
             )
         self.__dict__["_tokenizer"] = tok
 
@@ -284,8 +280,8 @@ class LanguageModel(TokenPrior, Model):
             raise CheckpointError(str(e)) from None
         try:
             self.tokenizer = tokenizer
-        except TaskError as e:  # a vocabulary larger than the embedding (its fix names a task: the CLI words it)
-            raise TaskError(f"{source}: ", *e.parts) from None
+        except TaskError as e:  # a vocabulary larger than the embedding (its fix names a task: the CLI translates it)
+            raise TaskError(f"{source}: {e}", option=e.options, within=e.within) from None
 
     def size_hint(self, state: Mapping[str, Tensor]) -> str:
         """A checkpoint of another width: the ``dim`` to pass."""

@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from .errors import Opt, OptionWarning
+from .errors import OptionWarning
 from .io import TOKENIZER_NAME, atomic_write
 
 __all__ = ["Tokenizer", "TOKENIZER_KINDS", "TOKENIZER_NAME", "SPECIAL_TOKENS"]
@@ -153,9 +153,9 @@ class Tokenizer:
         warnings.warn(
             OptionWarning(
                 f"{len(unknown)} word(s) of the text are not in the {self.kind} tokenizer's vocabulary and become "
-                f"[UNK] (the first: {text[a:b]!r}); train the tokenizer on text holding them, or use ",
-                Opt("tokenizer", "bpe"),
-                " (byte-level: every text is kept); warned once",
+                f"[UNK] (the first: {text[a:b]!r}); retrain it on text holding them, or use tokenizer='bpe' "
+                "(byte-level: every text is kept); warned once",
+                option="tokenizer",
             ),
             stacklevel=3,
         )

@@ -48,7 +48,7 @@ from ._registry import register_arch, register_model
 from .base import Model, Trace
 from .config import IMAGE_CLASSIFIER, Config
 from .config_utils import Range, option, override
-from .layers import DIM_HEAD, MLP, TSSA, DropPath
+from .layers import DIM_HEAD, MLP, TSSA, EncoderLayer, LayerConfig
 from .lm import GPT2_KEY_MAP, LanguageModel, LMConfig, lm_checkpoint_fields, lm_state
 from .model import NUM_CLASSES, ImageEncoderGeometry, ImageInput, ModelConfig, classifier_layer
 from .official import OfficialFormat, index_count, rename, unwrap
@@ -181,16 +181,17 @@ _LM_FIXED = {"causal": True, "pos_embed": "learned", "final_norm": True, "num_la
 
 
 # --------------------------------------------------------------------------- layers
-class ToSTBlock(nn.Module):
-    """One ToST layer (``Block`` of ``tost_vision/tost.py`` and of ``tost_lang/model_TSSA.py``)::
+class ToSTBlock(EncoderLayer):
+    """One ToST layer (``Block`` of ``tost_vision/tost.py`` and of ``tost_lang/model_TSSA.py``): the CRATE layer
+    :class:`~crate_transformer.layers.EncoderLayer` with ``attention="tssa"``, ``mlp="mlp"`` and layer scale::
 
         Z_half = Z + γ1 ⊙ TSSA(LN1(Z));   Z_next = Z_half + γ2 ⊙ MLP(LN2(Z_half))
 
     ``γ1, γ2`` are learned per-channel scales initialised to ``layer_scale``; ``drop_path`` drops both residual
-    branches per sample in training.  Like :class:`~crate_transformer.layers.EncoderLayer` it has ``attn`` and
-    ``norm2``, so :func:`~crate_transformer.layers.trace_layer` (and :class:`~crate_transformer.base.Trace`, the
-    analysis) reads its ``Z_half`` and attention the same way; its features are the MLP's GELU units
-    (:meth:`code_site`).
+    branches per sample in training.  What a :class:`~crate_transformer.layers.LayerConfig` does not hold is given
+    built: the TSSA with its qkv bias, attention dropout and causal context, the MLP and LayerNorms with or without
+    biases (``bias``, nanoGPT's), the norms' ``ln_eps``.  Its keys are the released ones (``gamma1``, ``norm1``,
+    ``attn``, ``norm2``, ``mlp``); its features are the MLP's GELU units (``code_site``).
     """
 
     def __init__(
@@ -210,31 +211,15 @@ class ToSTBlock(nn.Module):
         attn_dropout: float = 0.0,
         drop_path: float = 0.0,
     ) -> None:
-        super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=ln_eps, bias=bias)
-        self.attn = TSSA(
+        attn = TSSA(
             dim, heads, dim_head, dropout, attn_dropout=attn_dropout, qkv_bias=qkv_bias, proj_bias=bias,
             causal=causal, block_size=block_size,
         )  # fmt: skip
-        self.norm2 = nn.LayerNorm(dim, eps=ln_eps, bias=bias)
-        self.mlp = MLP(dim, mlp_ratio, dropout, bias=bias)
-        self.gamma1 = nn.Parameter(torch.full((dim,), float(layer_scale)))
-        self.gamma2 = nn.Parameter(torch.full((dim,), float(layer_scale)))
-        self.drop_path = DropPath(drop_path)
-
-    @property
-    def block(self) -> nn.Module:
-        """The second block, its MLP, under the name every layer gives it
-        (:attr:`~crate_transformer.layers.EncoderLayer.block`)."""
-        return self.mlp
-
-    def code_site(self) -> tuple[nn.Module, str]:
-        """The MLP's GELU units (what ``crate features`` reads)."""
-        return (self.mlp[1], "mlp")
-
-    def forward(self, x: Tensor, cache: dict[str, Any] | None = None, key_mask: Tensor | None = None) -> Tensor:
-        half = x + self.drop_path(self.gamma1 * self.attn(self.norm1(x), cache=cache, key_mask=key_mask))
-        return half + self.drop_path(self.gamma2 * self.mlp(self.norm2(half)))
+        settings = LayerConfig(attention="tssa", mlp="mlp", dropout=dropout, mlp_ratio=mlp_ratio)
+        super().__init__(
+            dim, heads, dim_head, settings, causal=causal, drop_path=drop_path, norm_eps=ln_eps, norm_bias=bias,
+            layer_scale=layer_scale, attn=attn, block=MLP(dim, mlp_ratio, dropout, bias=bias),
+        )  # fmt: skip
 
 
 class ClassAttention(nn.Module):

@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..config_utils import POSITIVE
-from ..errors import Opt, OptionError
+from ..errors import OptionError
 from ..io import read_side_file, write_json
 from ..layers.inference import evaluating
 from ..model import ImageClassifier
@@ -382,7 +382,8 @@ def measure_hook(
     :func:`~crate_transformer.analysis.plots.plot_measure_history` plots them.
     """
     if not POSITIVE.ok(every):
-        raise OptionError(Opt("measure_every"), dataclasses.replace(POSITIVE, note="steps").requirement(every))
+        requirement = dataclasses.replace(POSITIVE, note="steps").requirement(every)
+        raise OptionError(f"measure_every{requirement}", option="measure_every")
 
     def hook(ctx: object) -> list[dict] | None:
         step = int(ctx.step)

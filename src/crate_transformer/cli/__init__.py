@@ -12,13 +12,23 @@ import contextlib
 import errno
 import importlib
 import os
-import shlex
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._version import __version__
+from .messages import (  # noqa: F401 - the tables and names other cli modules and tests import from here
+    FLAGS,
+    LISTING_CALLS,
+    LISTINGS,
+    TASK_COMMANDS,
+    Flags,
+    cli_message,
+    command_flags,
+    flag,
+    task_command,
+)
 
 # name -> (module, help); the module provides configure_<name>(parser) and run_<name>(args) -> int | None
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -37,68 +47,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-# the commands that train each task (with `crate finetune` for classification from a checkpoint); any other
-# registered task is pre-trained by `crate pretrain TASK`.  The library names tasks only: the CLI words them here.
-TASK_COMMANDS: dict[str, str] = {"classification": "train", "lm": "train-lm", "text-classification": "finetune-text"}
-
-
-def task_command(task: str, init_from: bool = False) -> str:
-    """The ``crate`` command (without ``crate``) that trains ``task``, e.g. ``pretrain mae``."""
-    if task == "classification" and init_from:
-        return "finetune"
-    return TASK_COMMANDS.get(task, f"pretrain {task}")
-
-
-# options whose flag is not their name with dashes
-FLAGS: dict[str, str] = {"init_from": "--from"}
-# what a finished run suggests doing next (an errors.Step action) → the command that does it
-ACTIONS: dict[str, str] = {"analyze": "analyze", "evaluate": "eval", "fine-tune": "finetune", "generate": "generate"}
-LISTINGS: dict[str, str] = {"models": "crate models", "pretrained": "crate models --pretrained"}
-# the Python listings a library help text names → the commands that list the same
-LISTING_CALLS: dict[str, str] = {"ct.list_models()": LISTINGS["models"], "ct.list_pretrained()": LISTINGS["pretrained"]}
-
-
-def flag(name: str) -> str:
-    """The flag of the option ``name`` (``batch_size`` → ``--batch-size``)."""
-    return FLAGS.get(name, "--" + name.replace("_", "-"))
-
-
-def _option_words(name: str, value: object) -> str:
-    if isinstance(value, bool):
-        return flag(name) if value else "--no-" + flag(name)[2:]
-    if isinstance(value, (list, tuple)):
-        return " ".join([flag(name), *(shlex.quote(str(v)) for v in value)])
-    return f"{flag(name)} {shlex.quote(str(value))}"
-
-
-def cli_words(place: object) -> str:
-    """The CLI's wording of a place in a library message (:mod:`crate_transformer.errors`): a task as the command
-    that trains it, an option as its flag (with its value), a listing as its command, a next step as a command."""
-    from ..errors import Opt, See, Step, Use
-
-    if isinstance(place, Use):
-        return f"crate {task_command(place.task, place.init_from)}"
-    if isinstance(place, Opt) and place.within:  # an entry of a KEY=VALUE option: --model-args dim=384
-        value = list(place.value) if isinstance(place.value, tuple) else place.value  # YAML reads [a, b]
-        entry = f"{place.name}={value}" if place.has_value else place.name
-        return f"{flag(place.within)} {shlex.quote(entry)}"
-    if isinstance(place, Opt):
-        return _option_words(place.name, place.value) if place.has_value else flag(place.name)
-    if isinstance(place, See):
-        return LISTINGS.get(place.what, place.what)
-    if isinstance(place, Step):
-        where = [flag("init_from"), place.run] if place.action == "fine-tune" else [place.run]
-        return " ".join(["crate", ACTIONS.get(place.action, place.action), *where,
-                         *(_option_words(k, v) for k, v in place.options)])  # fmt: skip
-    return str(place)
-
-
-def error_message(e: BaseException, args: argparse.Namespace | None = None, takes_model: bool = False) -> str:
-    """``e`` as the CLI says it: a :class:`~crate_transformer.errors.Worded` error names commands and flags; a file
-    that needs a model name says how the command at hand (``args``; ``takes_model``: it has ``--model``) takes
-    one."""
+def error_message(e: BaseException, args: argparse.Namespace | None = None, takes_model: bool = False,
+                  flags: Flags | None = None) -> str:  # fmt: skip
+    """``e`` as the CLI says it: a library error's Python names as the flags of the command at hand (``flags``,
+    :func:`~.messages.cli_message`); a file that needs a model name says how the command (``args``;
+    ``takes_model``: it has ``--model``) takes one."""
     from ..checkpoint import ArchitectureNeeded  # the loaders, imported on this error path only
-    from ..errors import Worded
+    from ..errors import OptionError
 
     if args is not None and isinstance(e, ArchitectureNeeded):
         names = " or ".join(f"--model {n}" for n in e.examples)
@@ -110,13 +65,15 @@ def error_message(e: BaseException, args: argparse.Namespace | None = None, take
             "it was trained with where it is a language model (model.tokenizer = ct.Tokenizer.from_file(...)), "
             f"save it with model.save_pretrained(DIR) and pass DIR"
         )
-    return e.words(cli_words) if isinstance(e, Worded) else str(e)
+    if not isinstance(e, OptionError):
+        return str(e)
+    return cli_message(str(e), flags or Flags(), e.options, e.within)
 
 
 @contextlib.contextmanager
-def option_warnings(command: str) -> Iterator[None]:
+def option_warnings(command: str, flags: Callable[[], Flags] = Flags) -> Iterator[None]:
     """Inside the block, an :class:`~crate_transformer.errors.OptionWarning` Python shows is one line
-    (``crate train-lm: warning: ...``, worded by the current wording: flags inside the CLI) written above any
+    (``crate train-lm: warning: ...``, its Python names as the command's flags, ``flags()``) written above any
     progress bar; other warnings as Python shows them. Only the formatting changes, so a caller recording warnings
     (``warnings.catch_warnings(record=True)``, ``pytest.warns``) still gets every warning."""
     from ..errors import OptionWarning
@@ -128,7 +85,8 @@ def option_warnings(command: str) -> Iterator[None]:
             return python_way(message, category, filename, lineno, *rest)
         from tqdm import tqdm
 
-        tqdm.write(f"crate {command}: warning: {message}", file=sys.stderr)  # above the bar, not through it
+        text = cli_message(str(message), flags(), message.options, message.within)
+        tqdm.write(f"crate {command}: warning: {text}", file=sys.stderr)  # above the bar, not through it
         return ""  # written already: Python adds nothing
 
     warnings.formatwarning = one_line
@@ -149,6 +107,36 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+class _HelpAll(argparse.Action):
+    """``--help-all``: the help with every option, then exit (``--help`` shows the ``basic`` ones)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kw: Any) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        for action in parser._actions:
+            if hasattr(action, "help_all"):
+                action.help = action.help_all
+        parser.epilog = None
+        parser.print_help()
+        parser.exit()
+
+
+def add_help_all(parser: argparse.ArgumentParser) -> None:
+    """``--help-all`` on ``parser`` and on each of its sub-commands (``crate pretrain dino --help-all``), and a
+    last line of ``--help`` saying how many options it leaves to ``--help-all``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                add_help_all(sub)
+    parser.add_argument("--help-all", action=_HelpAll, help="show every option, not only the ones used first")
+    hidden = sum(hasattr(a, "help_all") for a in parser._actions)
+    if hidden:  # a usage line of every flag would fill a screen: the flags are listed below it
+        positionals = [a.metavar or a.dest for a in parser._actions if not a.option_strings]
+        parser.usage = " ".join(["%(prog)s [options]", *positionals])
+        parser.epilog = f"{hidden} more options: {parser.prog} --help-all"
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``crate`` parser; only ``command``'s module is imported and configured (fast start-up)."""
     parser = argparse.ArgumentParser(prog="crate", description="CRATE: white-box transformers")
@@ -160,6 +148,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             module = importlib.import_module(f"{__name__}.{module_name}")
             func = name.replace("-", "_")  # crate train-lm → configure_train_lm / run_train_lm
             getattr(module, f"configure_{func}")(p)
+            add_help_all(p)  # --help shows the options used first, --help-all every one
             p.set_defaults(_run=getattr(module, f"run_{func}"))
     return parser
 
@@ -174,6 +163,16 @@ def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         parser = sub.choices[name]
 
 
+def flags_of(*names: str) -> Flags:
+    """The table of flags of the command ``names`` (``flags_of("pretrain", "mae")``), as ``main`` translates
+    that command's messages with it."""
+    parser = build_parser(names[0])
+    for name in names:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[name]
+    return command_flags(parser)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)  # the top level has no valued options
@@ -184,19 +183,23 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 1
-    args._options = {a.dest for a in command_parser(parser, args)._actions}  # what a --config file may set
-    try:
-        from ..errors import wording
-        from .common import check_argument_ranges
+    chosen = command_parser(parser, args)
+    args._options = {a.dest for a in chosen._actions}  # what a --config file may set
 
-        check_argument_ranges(args)  # every numeric option, before the command does anything
-        with wording(cli_words), option_warnings(args.command):  # the library's messages name commands and flags
+    def flags() -> Flags:  # the command's flags (crate ablate sets its own table, with --train-args entries)
+        return getattr(args, "_flags", None) or command_flags(chosen)
+
+    try:
+        from .common import resolve_options
+
+        resolve_options(args)  # a command's options coerced and checked, before it does anything
+        with option_warnings(args.command, flags):  # the library's warnings name the command's flags
             return int(args._run(args) or 0)
     except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
         if os.environ.get("CRATE_DEBUG"):
             raise
-        takes_model = "--model" in command_parser(parser, args)._option_string_actions
-        print(f"crate {args.command}: error: {error_message(e, args, takes_model)}", file=sys.stderr)
+        takes_model = "--model" in chosen._option_string_actions
+        print(f"crate {args.command}: error: {error_message(e, args, takes_model, flags())}", file=sys.stderr)
         return 2
     except OSError as e:
         if os.environ.get("CRATE_DEBUG") or e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):

@@ -3,22 +3,44 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import shlex
 import sys
-from collections.abc import Callable, Collection
-from typing import Any
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 
-from ..errors import Opt, OptionError, wording
-from .common import parse_model_args, positive
+from ..ablate import RECIPE
+from ..config import Config
+from ..config_utils import NON_NEGATIVE, POSITIVE, option
+from .common import parse_model_args
+from .messages import Flags, command_flags
+from .options import add_command_options
 
 FLAGS = ("epochs", "data", "model", "threads")  # the training options ablate takes as flags; the rest: --train-args
 
 
-def configure_ablate(parser: argparse.ArgumentParser) -> None:
-    from ..ablate import RECIPE, TABLES
+@dataclass
+class AblateOptions(Config):
+    """The options of ``crate ablate`` (the tables are its positional arguments)."""
 
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter  # the help texts state their defaults
+    seeds: int = option(3, "seeds per row, 0..N-1", range=POSITIVE, basic=True)
+    epochs: int | None = option(None, "epochs per run", shown=RECIPE["epochs"], range=POSITIVE, basic=True)
+    data: str | None = option(None, "dataset name or folder", shown=RECIPE["data"], basic=True)
+    model: str | None = option(None, "base registered model", shown=RECIPE["model"], basic=True)
+    model_args: list[str] = option([], "base model overrides, e.g. dim=64 depth=4", metavar="KEY=VALUE", basic=True)
+    train_args: list[str] = option(
+        [], "any other `crate train` option for every run, e.g. batch_size=64 max_steps=100 device=cuda",
+        metavar="KEY=VALUE", basic=True,
+    )  # fmt: skip
+    threads: int | None = option(None, "torch CPU threads per run", shown="auto", range=NON_NEGATIVE, basic=True)
+    out: str = option("runs/ablate", "sweep folder", basic=True)
+    measure_images: int = option(256, "held-out images for the layer-wise figure", range=POSITIVE, basic=True)
+    report_only: bool = option(False, "only rewrite the report from stored results", basic=True)
+    progress: bool = option(True, "show the progress bar", basic=True)
+
+
+def configure_ablate(parser: argparse.ArgumentParser) -> None:
+    from ..ablate import TABLES
+
     parser.description = (
         "Train every row of the paper's ablation tables (JMLR Tables 11, 12, 13, 15, 17) for several seeds with "
         "the `crate train` engine, then write OUT/ablate.md (held-out accuracy mean ± std, parameters, images/s, "
@@ -27,27 +49,8 @@ def configure_ablate(parser: argparse.ArgumentParser) -> None:
         + "; ".join(f"{k}: {t.title.split(': ', 1)[1]}" for k, t in TABLES.items())
     )
     parser.add_argument("tables", nargs="+", metavar="TABLE", help=f"{' | '.join(TABLES)} | all")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per row, 0..N-1 (default: 3)")
-    parser.add_argument("--epochs", type=int, default=None, help=f"epochs per run (default: {RECIPE['epochs']})")
-    parser.add_argument("--data", default=None, help=f"dataset name or folder (default: {RECIPE['data']})")
-    parser.add_argument("--model", default=None, help=f"base registered model (default: {RECIPE['model']})")
-    parser.add_argument(
-        "--model-args", nargs="+", default=[], metavar="KEY=VALUE", help="base model overrides, e.g. dim=64 depth=4"
-    )
-    parser.add_argument(
-        "--train-args",
-        nargs="+",
-        default=[],
-        metavar="KEY=VALUE",
-        help="any other `crate train` option for every run, e.g. batch_size=64 max_steps=100 device=cuda",
-    )
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads per run (default: auto)")
-    parser.add_argument("--out", default="runs/ablate", help="sweep folder (default: runs/ablate)")
-    parser.add_argument(
-        "--measure-images", type=int, default=256, help="held-out images for the layer-wise figure (default: 256)"
-    )
-    parser.add_argument("--report-only", action="store_true", help="only rewrite the report from stored results")
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    add_command_options(parser, AblateOptions)
+    parser.set_defaults(_own_flags=command_flags(parser))  # run_ablate's table of how library messages name options
 
 
 def _train_args(items: list[str]) -> dict:
@@ -87,21 +90,15 @@ def _command(args: argparse.Namespace) -> str:
 
 
 def run_ablate(args: argparse.Namespace) -> int:
-    positive("seeds", args.seeds)
-    positive("epochs", args.epochs, allow_none=True)
-    positive("measure_images", args.measure_images)
     overrides = _train_args(args.train_args)
-    words = _words(set(overrides))
+    args._flags = _flags(args._own_flags.actions, set(overrides))  # main words the library's messages with them
     for name in FLAGS:
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
     if args.model_args:
         overrides["model_args"] = parse_model_args(args.model_args)
     try:
-        with wording(words):
-            written = _run(args, overrides)
-    except OptionError as e:  # named as this command takes the option (the CLI words the rest as flags)
-        raise ValueError(e.words(words)) from None
+        written = _run(args, overrides)
     except KeyboardInterrupt as e:
         print(f"crate ablate: {e or 'interrupted'}; run the same command again to resume", file=sys.stderr)
         return 130
@@ -109,18 +106,14 @@ def run_ablate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _words(train_args: Collection[str]) -> Callable[[Any], str]:
-    """The CLI's wording, but a training option given in ``--train-args``, or without a flag of ablate's, as its
-    ``--train-args`` entry (``--train-args batch_size=64``)."""
-    from . import cli_words
+def _flags(actions: Mapping[str, argparse.Action], train_args: Collection[str]) -> Flags:
+    """How ``crate ablate`` takes options: its own flags (``--epochs``, ``--model-args``, ``--seeds``, ...), but a
+    training option given in ``--train-args``, or without a flag of ablate's, as its ``--train-args`` entry
+    (``--train-args batch_size=64``)."""
+    from ..train.config import TrainConfig
 
-    def words(place: object) -> str:
-        if isinstance(place, Opt) and not place.within:
-            flagged = place.name in (*FLAGS, "model_args") and place.name not in train_args
-            place = place if flagged else dataclasses.replace(place, within="train_args")
-        return cli_words(place)
-
-    return words
+    own = {name: a for name, a in actions.items() if name not in train_args and name != "train_args"}
+    return Flags(own, "--train-args", frozenset(TrainConfig().flat()) - set(own))
 
 
 def _run(args: argparse.Namespace, overrides: dict) -> dict:

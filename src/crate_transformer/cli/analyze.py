@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
-from ..config_utils import Range
+from ..analysis.segmentation import TAU
+from ..config import Config
+from ..config_utils import POSITIVE, Range, option
+from ..train.config import DataOptions, SystemOptions
 from .common import (
-    add_report_arguments,
     apply_threads,
     held_out_corpus,
     layer_number,
-    number_argument,
     parse_model_args,
-    positive,
     refuse_given,
-    remember_defaults,
     report_dir,
     report_home,
 )
-from .options import add_report_options
+from .options import MEASURED, REPORT, SYSTEM, add_command_options, like
+from .train import OUT_HELP, OVERWRITE_HELP, EvalOptions
 
 # options of one kind of model only: given for the other kind they are refused, not ignored
 IMAGE_ONLY = (
@@ -40,62 +41,82 @@ TEXT_ONLY = ("num_blocks", "attn_tokens")
 ANALYZE_FILES = ("report.json", "report.html", "figures", "masks", "*.png")
 
 
-def configure_analyze(parser: argparse.ArgumentParser) -> None:
-    from ..analysis.segmentation import TAU
+NORMALIZE_CHOICES = ("auto", "imagenet", "folder", "none")
+LAYERS = "1..L, or -1 the last, -2 the one before"
+TEXT = "language models"
 
+
+@dataclass
+class AnalyzeOptions(Config):
+    """The options of ``crate analyze`` (the checkpoint is its positional argument)."""
+
+    model: str | None = like(EvalOptions, "model")
+    model_args: list[str] = like(EvalOptions, "model_args")
+    images: str | None = option(
+        None, "a folder of images (any format PIL reads), shorter side resized and centre-cropped (`crop_pct`)",
+        metavar="DIR", basic=True, group=MEASURED
+    )  # fmt: skip
+    data: str | None = option(
+        None,
+        "a dataset: mnist, digits, a CIFAR folder, a class-per-subfolder image folder, WebDataset shards or a saved "
+        "Hugging Face dataset (measures its train and test splits); default: the model config's dataset. Language "
+        "models: a text corpus (python-docs, a file or folder) whose held-out tail is measured",
+        metavar="NAME|DIR",
+        basic=True,
+        group=MEASURED,
+    )
+    out: str | None = option(
+        None, OUT_HELP, shown="analysis inside the checkpoint's folder, or analysis-2, -3, ... when that one is in use",
+        basic=True, group=REPORT
+    )  # fmt: skip
+    overwrite: bool = option(False, OVERWRITE_HELP, group=REPORT)
+    num_images: int = option(
+        256, "images measured per split (seeded subset)", range=POSITIVE, basic=True, group=MEASURED
+    )
+    num_vis: int = option(4, "images shown in the attention/PCA/MaskCut figures", range=POSITIVE, group=MEASURED)
+    normalize: str = option(
+        "auto",
+        "`images`: the mean/std applied to the photos: auto = the model config's, else ImageNet's; folder = the "
+        "photos' own statistics",
+        choices=NORMALIZE_CHOICES,
+        group=MEASURED,
+    )
+    crop_pct: float | None = option(
+        None,
+        "`images`: resize the shorter side to image-size / crop-pct, then crop the centre (0.875: 256 -> 224)",
+        shown="the model's pretrained_cfg, 1.0 unless its release states one",
+        range=Range(0, 1, lo_open=True),
+        group=MEASURED,
+    )
+    image_size: int | None = like(DataOptions, "image_size", help="resize images to this square size", group=MEASURED)
+    on_bad_image: str = like(DataOptions, "on_bad_image", group=MEASURED)
+    image_column: str = like(DataOptions, "image_column", group=MEASURED)
+    label_column: str = like(DataOptions, "label_column", group=MEASURED)
+    eps: float = option(0.1, "coding precision eps (the official eps^2 = 0.01)", range=Range(0, lo_open=True))
+    attn_layer: int = option(-1, f"layer of the attention maps: {LAYERS}", basic=True)
+    seg_layer: int = option(-1, f"layer of the PCA / MaskCut features: {LAYERS}")
+    masks: int = option(3, "MaskCut: number of masks per image (S)", range=POSITIVE)
+    tau: float = option(0.15, "MaskCut: affinity threshold on cosine similarity", range=TAU)
+    batch_size: int = option(64, "batch size of the measurement", range=POSITIVE)
+    seed: int = option(0, "seed of the measured image subset", group=SYSTEM)
+    device: str = like(SystemOptions, "device", basic=True, group=SYSTEM)
+    threads: int = like(SystemOptions, "threads", basic=True, group=SYSTEM)
+    progress: bool = option(True, "show the progress bars", group=SYSTEM)
+    num_blocks: int = option(64, "held-out token blocks measured", range=POSITIVE, group=TEXT, basic=True)
+    attn_tokens: int = option(48, "tokens shown in the attention maps", range=POSITIVE, group=TEXT)
+
+    def validate(self) -> None:
+        if self.images is not None and self.data is not None:
+            raise ValueError("--images and --data both name what to measure; pass one")
+
+
+def configure_analyze(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "checkpoint",
         help="a crate train run directory, a save_pretrained directory or hf-hub:ORG/NAME, a training-state file "
         "or an official .pth",
     )
-    add_report_options(parser, "analyze", "top")
-    src = parser.add_mutually_exclusive_group()
-    src.add_argument(
-        "--images",
-        default=None,
-        metavar="DIR",
-        help="a folder of images (any format PIL reads), shorter side resized and centre-cropped (--crop-pct)",
-    )
-    src.add_argument(
-        "--data",
-        default=None,
-        metavar="NAME|DIR",
-        help="a dataset: mnist, digits, a CIFAR folder, a class-per-subfolder image folder, WebDataset shards or "
-        "a saved Hugging Face dataset (measures its train and test splits); default: the model config's dataset. "
-        "Language models: a text corpus (python-docs, a file or folder) whose held-out tail is measured",
-    )
-    add_report_arguments(parser, "analysis")
-    parser.add_argument("--num-images", type=int, default=256, help="images measured per split (seeded subset)")
-    parser.add_argument("--num-vis", type=int, default=4, help="images shown in the attention/PCA/MaskCut figures")
-    parser.add_argument(
-        "--normalize",
-        default="auto",
-        choices=NORMALIZE_CHOICES,
-        help="--images: the mean/std applied to the photos: auto = the model config's, else ImageNet's; folder = "
-        "the photos' own statistics",
-    )
-    number_argument(
-        parser,
-        "--crop-pct",
-        Range(0, 1, lo_open=True),
-        None,
-        "--images: resize the shorter side to image-size / crop-pct, then crop the centre (0.875: 256 -> 224; "
-        "default: the model's pretrained_cfg, 1.0 unless its release states one)",
-    )
-    add_report_options(parser, "analyze", "data")
-    number_argument(parser, "--eps", Range(0, lo_open=True), 0.1, "coding precision eps (the official eps^2 = 0.01)")
-    layers = "1..L, or -1 the last, -2 the one before"
-    parser.add_argument("--attn-layer", type=int, default=-1, help=f"layer of the attention maps: {layers}")
-    parser.add_argument("--seg-layer", type=int, default=-1, help=f"layer of the PCA / MaskCut features: {layers}")
-    parser.add_argument("--masks", type=int, default=3, help="MaskCut: number of masks per image (S)")
-    number_argument(parser, "--tau", TAU, 0.15, "MaskCut: affinity threshold on cosine similarity")
-    parser.add_argument("--batch-size", type=int, default=64)
-    add_report_options(parser, "analyze", "system")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-    text = parser.add_argument_group("language models")
-    text.add_argument("--num-blocks", type=int, default=64, help="held-out token blocks measured")
-    text.add_argument("--attn-tokens", type=int, default=48, help="tokens shown in the attention maps")
-    remember_defaults(parser)
+    add_command_options(parser, AnalyzeOptions)
 
 
 def _analyze_language_model(model: object, args: argparse.Namespace) -> int:
@@ -105,8 +126,6 @@ def _analyze_language_model(model: object, args: argparse.Namespace) -> int:
     from ..analysis.language import analyze_text
     from ..data.text import TokenBlocks, load_tokens, split_tokens
 
-    positive("num_blocks", args.num_blocks)
-    positive("attn_tokens", args.attn_tokens)
     if model.tokenizer is None:
         raise ValueError(
             f"{args.checkpoint} has no tokenizer.json beside its weights; save the model with its tokenizer"
@@ -236,9 +255,6 @@ def print_verdicts(report: dict) -> None:
     print(format_verdicts(verdicts, report.get("notes", ())))
 
 
-NORMALIZE_CHOICES = ("auto", "imagenet", "folder", "none")
-
-
 def _folder_normalization(choice: str, model: object, imgs: object) -> tuple:
     """The (mean, std) that turn ``--images`` photos into model inputs, and where it came from: by default the
     model's own data config (``model.pretrained_cfg``: its training data's, else its released weights', else
@@ -315,9 +331,6 @@ def run_analyze(args: argparse.Namespace) -> int:
     from ..config import LANGUAGE_MODEL
     from ..train.runtime import resolve_device
 
-    for name in ("num_images", "num_vis", "masks", "batch_size"):
-        positive(name, getattr(args, name))
-    positive("image_size", args.image_size, allow_none=True)
     apply_threads(args)
     device = resolve_device(args.device)
     model = load_model(args.checkpoint, args.model, **parse_model_args(args.model_args)).to(device).eval()
@@ -349,7 +362,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         n_masks=args.masks,
         tau=args.tau,
         num_vis=args.num_vis,
-        progress=not args.no_progress,
+        progress=args.progress,
         source=source,
         section="DINO backbone" if _run_task(args.checkpoint) == "dino" else None,
         initial=_initial_records(args.checkpoint),

@@ -1,4 +1,4 @@
-"""What several commands share: ``--model-args``, threads, argument checks, the options the user gave.
+"""What several commands share: ``--model-args``, threads, report folders, the options the user gave.
 
 The flags generated from option dataclasses, and which command shows which, are in :mod:`.options`."""
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config_utils import POSITIVE, Range, load_yaml, option_name, short_repr
+from ..config_utils import load_yaml, option_name, short_repr
 from ..errors import OptionError
 from ..io import make_folder
 
@@ -22,14 +22,10 @@ __all__ = [
     "held_out_corpus",
     "layer_number",
     "dataset_columns",
-    "number_argument",
-    "register_range",
-    "check_argument_ranges",
-    "remember_defaults",
-    "add_report_arguments",
     "report_dir",
     "report_home",
     "refuse_given",
+    "resolve_options",
 ]
 
 
@@ -69,57 +65,32 @@ def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def number_argument(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
-    flag: str,
-    rng: Range,
-    default: float | int | None,
-    help: str,
-) -> None:
-    """A numeric ``flag`` whose value must obey ``rng`` (the same :class:`Range` the API checks); the range is
-    shown in ``--help`` and checked by :func:`check_argument_ranges` before the command does anything."""
-    dest = flag.lstrip("-").replace("-", "_")
-    kind = int if rng.integer else float
-    parser.add_argument(flag, type=kind, default=default, help=f"{help}; {rng.words().strip() or 'finite'}")
-    register_range(parser, dest, flag, rng)
+def resolve_options(args: argparse.Namespace) -> None:
+    """A command with an options class (:func:`add_command_options`): the class built from the flags given —
+    coerced and checked there, a bad value its one-line error naming the flag — and every option set on ``args``
+    (the given value, else the declared default).  ``args._defaults`` keeps the defaults (``refuse_given``)."""
+    from ..config_utils import option_name
 
-
-def register_range(parser: argparse.ArgumentParser | argparse._ArgumentGroup, dest: str, flag: str, rng: Range) -> None:
-    """Have :func:`check_argument_ranges` check ``args.<dest>`` (the value of ``flag``) against ``rng``."""
-    ranges = dict(parser.get_default("_ranges") or {})  # an argument group shares its parser's defaults
-    ranges[dest] = (flag, rng)
-    parser.set_defaults(_ranges=ranges)
-
-
-def check_argument_ranges(args: argparse.Namespace) -> None:
-    """Every :func:`number_argument` and ranged dataclass flag that was given obeys its :class:`Range`."""
-    for dest, (flag, rng) in (getattr(args, "_ranges", None) or {}).items():
-        value = getattr(args, dest, None)
-        for v in value if isinstance(value, list) else [value]:
-            if v is not None:
-                rng.check(flag, v)
-
-
-def remember_defaults(parser: argparse.ArgumentParser) -> None:
-    """Keep every option's default in ``args._defaults`` so :func:`refuse_given` can tell what was given."""
-    parser.set_defaults(_defaults={a.dest: a.default for a in parser._actions})
+    cls = getattr(args, "_declared", None)
+    if cls is None:
+        return
+    fields = {option_name(f): f for f in dataclasses.fields(cls)}
+    values = cls(**{f.name: getattr(args, name) for name, f in fields.items() if hasattr(args, name)})
+    defaults = cls()
+    for name, f in fields.items():
+        setattr(args, name, getattr(values, f.name))
+    args._defaults = {name: getattr(defaults, f.name) for name, f in fields.items()}
 
 
 def refuse_given(args: argparse.Namespace, names: Sequence[str], why: str) -> None:
     """A one-line error for the first option of ``names`` given with a non-default value: it cannot apply
-    (``why``, e.g. "for a language model"), so it is refused rather than silently ignored."""
+    (``why``, e.g. "for a language model"), so it is refused rather than silently ignored.  The defaults are the
+    command's declared ones (``args._defaults``, set by :func:`resolve_options`)."""
     defaults = getattr(args, "_defaults", {})
     for name in names:
         if name in defaults and getattr(args, name) != defaults[name]:
             flag = "--" + name.replace("_", "-")
             raise ValueError(f"{flag} does not apply {why}; drop it")
-
-
-def positive(name: str, value: int | None, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if value is None or not POSITIVE.ok(value):
-        raise ValueError(POSITIVE.message(f"--{name.replace('_', '-')}", value))
 
 
 def check_out_dir(path: str | Path) -> Path:
@@ -165,21 +136,6 @@ def report_home(checkpoint: str | Path) -> Path:
     if path.parent.name == CHECKPOINT.parent.name and (run / CONFIG_FILE).is_file():
         return run
     return path.with_suffix("")
-
-
-def add_report_arguments(parser: argparse.ArgumentParser, default: str) -> None:
-    """``--out`` and ``--overwrite`` of a command that writes a report folder (``crate eval``, ``crate analyze``)."""
-    parser.add_argument(
-        "--out",
-        default=None,
-        help=f"output folder; must be new or empty unless --overwrite (default: {default} inside the checkpoint's "
-        f"folder, or {default}-2, -3, ... when that one is in use)",
-    )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace the earlier report of this command in a non-empty --out (its files only; others stay)",
-    )
 
 
 def report_dir(out: str | Path | None, default: Path, overwrite: bool, command: str, owned: Sequence[str]) -> Path:

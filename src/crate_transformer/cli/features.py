@@ -9,48 +9,59 @@ from __future__ import annotations
 
 import argparse
 import datetime
+from dataclasses import dataclass
 from pathlib import Path
 
-from ..config_utils import NON_NEGATIVE
+from ..config import Config
+from ..config_utils import NON_NEGATIVE, POSITIVE, option
+from ..train.config import SystemOptions
 from .common import (
-    add_report_arguments,
     apply_threads,
     dataset_columns,
     held_out_corpus,
     layer_number,
-    positive,
     refuse_given,
-    remember_defaults,
     report_dir,
     report_home,
 )
-from .options import add_report_options
+from .options import REPORT, SYSTEM, add_command_options, like
+from .train import OUT_HELP, OVERWRITE_HELP
 
 OWNED = ("features.json", "features.html")  # what --overwrite replaces in a named --out
+
+
+@dataclass
+class FeaturesOptions(Config):
+    """The options of ``crate features`` (the run is its positional argument)."""
+
+    data: str | None = option(
+        None,
+        "image models: a dataset whose test split is measured, if not the one the model was trained on; language "
+        "models: a text corpus whose held-out tail is measured, if not the run's",
+        metavar="NAME|DIR",
+        basic=True,
+    )
+    layer: int | None = option(None, "only this layer (1-based; -1 = last)", shown="all layers", basic=True)
+    top_k: int = option(16, "top-activating inputs kept (and scored) per unit", range=POSITIVE, basic=True)
+    num_images: int = option(1000, "image models: images measured (test split)", range=POSITIVE, basic=True)
+    num_blocks: int = option(64, "language models: held-out token blocks measured", range=POSITIVE, basic=True)
+    context: int = option(12, "language models: tokens shown either side", range=NON_NEGATIVE)
+    batch_size: int = option(64, "batch size of the measurement", range=POSITIVE)
+    out: str | None = option(
+        None, OUT_HELP, shown="features inside the model's folder, or features-2, -3, ... when that one is in use",
+        basic=True, group=REPORT
+    )  # fmt: skip
+    overwrite: bool = option(False, OVERWRITE_HELP, group=REPORT)
+    seed: int = option(0, "seed of the image subset and of the chance purity", group=SYSTEM)
+    device: str = like(SystemOptions, "device", basic=True, group=SYSTEM)
+    threads: int = like(SystemOptions, "threads", basic=True, group=SYSTEM)
 
 
 def configure_features(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "run", help="a crate train / crate train-lm run directory, a save_pretrained model directory or hf-hub:ORG/NAME"
     )
-    parser.add_argument(
-        "--data",
-        default=None,
-        metavar="NAME|DIR",
-        help="image models: a dataset whose test split is measured, if not the one the model was trained on; "
-        "language models: a text corpus whose held-out tail is measured, if not the run's",
-    )
-    parser.add_argument(
-        "--layer", type=int, default=None, help="only this layer (1-based; -1 = last); all layers when not given"
-    )
-    parser.add_argument("--top-k", type=int, default=16, help="top-activating inputs kept (and scored) per unit")
-    parser.add_argument("--num-images", type=int, default=1000, help="image models: images measured (test split)")
-    parser.add_argument("--num-blocks", type=int, default=64, help="language models: held-out token blocks measured")
-    parser.add_argument("--context", type=int, default=12, help="language models: tokens shown either side")
-    parser.add_argument("--batch-size", type=int, default=64)
-    add_report_arguments(parser, "features/ inside the model's folder (see crate eval)")
-    add_report_options(parser, "features", "system")
-    remember_defaults(parser)
+    add_command_options(parser, FeaturesOptions)
 
 
 IMAGE_ONLY = ("num_images",)  # what a language model's features cannot use, and the reverse
@@ -122,10 +133,6 @@ def run_features(args: argparse.Namespace) -> int:
     from ..io import atomic_write, write_json
     from ..train.runtime import resolve_device
 
-    for name in ("top_k", "num_images", "num_blocks", "batch_size"):
-        positive(name, getattr(args, name))
-    if not NON_NEGATIVE.ok(args.context):
-        raise ValueError(NON_NEGATIVE.message("--context", args.context))
     run = Path(args.run)  # hf-hub:ORG/NAME is no folder: report_home names one
     _check_run(run)
     apply_threads(args)

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 
+from ..config import Config
+from ..config_utils import NON_NEGATIVE, POSITIVE, option
+from ..lm import TEMPERATURE, TOP_P
+from ..train.config import SystemOptions
 from .common import apply_threads
-from .options import add_report_options
+from .options import SAMPLING, SYSTEM, add_command_options, like
 from .pretrain import add_task_arguments, run_task
 
 
@@ -28,14 +33,8 @@ def configure_finetune_text(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Fine-tune a language model on a CSV/TSV of texts (or text pairs) and labels (or scores), GLUE-style "
         "(JMLR Table 5): a fresh head on the pooled tokens; reports accuracy, F1 (two classes) or Spearman (scores)."
-    )
-    parser.add_argument(
-        "--from",
-        dest="init_from",
-        metavar="CHECKPOINT",
-        default=argparse.SUPPRESS,
-        help="a crate train-lm run dir, a save_pretrained language-model dir (with its tokenizer.json) or "
-        "hf-hub:ORG/NAME",
+        "\n\n--from takes a crate train-lm run dir, a save_pretrained language-model dir (with its tokenizer.json) or "
+        "hf-hub:ORG/NAME."
     )
     add_task_arguments(parser, "text-classification", "finetune-text")
 
@@ -45,25 +44,37 @@ def run_finetune_text(args: argparse.Namespace) -> int:
     return run_task(args, "text-classification")
 
 
+@dataclass
+class GenerateOptions(Config):
+    """The options of ``crate generate`` (the checkpoint is its positional argument)."""
+
+    prompt: str = option("", "text to continue", shown="start from the end-of-text token", basic=True)
+    max_new_tokens: int = option(200, "tokens to generate", range=POSITIVE, basic=True)
+    temperature: float = option(0.8, "softmax temperature; 0 = greedy", range=TEMPERATURE, basic=True, group=SAMPLING)
+    top_k: int = option(
+        50, "sample among the k most likely tokens (0 = all)", range=NON_NEGATIVE, basic=True, group=SAMPLING
+    )
+    top_p: float = option(0.95, "nucleus sampling threshold (1 = off)", range=TOP_P, basic=True, group=SAMPLING)
+    num_samples: int = option(1, "independent samples", range=POSITIVE, basic=True, group=SAMPLING)
+    cache: bool = option(True, "keep the keys and values of earlier tokens (KV cache); off: recompute the whole "
+                         "context at every step", group=SYSTEM)  # fmt: skip
+    seed: int = option(0, "random seed: the same seed gives the same text", basic=True, group=SAMPLING)
+    device: str = like(SystemOptions, "device", basic=True, group=SYSTEM)
+    threads: int = like(SystemOptions, "threads", group=SYSTEM)
+    compile: bool = like(
+        SystemOptions,
+        "compile",
+        help="decode with one compiled step per token on a fixed-size cache (a CUDA graph on a GPU): the same text, "
+        "faster once compiled; prompt + new tokens must fit the context",
+        group=SYSTEM,
+    )
+
+
 def configure_generate(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument(
         "checkpoint", help="a crate train-lm run dir, a save_pretrained language-model dir or hf-hub:ORG/NAME"
     )
-    parser.add_argument("--prompt", default="", help="text to continue (default: start from the end-of-text token)")
-    from ..config_utils import Range
-    from ..lm import TEMPERATURE, TOP_P
-    from .common import number_argument
-
-    number_argument(parser, "--max-new-tokens", Range(1, integer=True), 200, "tokens to generate (default: 200)")
-    number_argument(parser, "--temperature", TEMPERATURE, 0.8, "softmax temperature; 0 = greedy (default: 0.8)")
-    number_argument(
-        parser, "--top-k", Range(0, integer=True), 50, "sample among the k most likely tokens (0 = all; 50)"
-    )
-    number_argument(parser, "--top-p", TOP_P, 0.95, "nucleus sampling threshold (1 = off; 0.95)")
-    number_argument(parser, "--num-samples", Range(1, integer=True), 1, "independent samples (default: 1)")
-    parser.add_argument("--no-cache", action="store_true", help="recompute the whole context at every step")
-    add_report_options(parser, "generate", "system")
+    add_command_options(parser, GenerateOptions)
 
 
 GENERATE_BATCH = 32  # samples generated together: a huge --num-samples runs in batches, never all at once
@@ -108,7 +119,7 @@ def run_generate(args: argparse.Namespace) -> int:
     prefix = ids if args.prompt else []  # the end-of-text start token is not shown
     g = torch.Generator(device=device).manual_seed(args.seed)
     kw = dict(temperature=args.temperature, top_k=args.top_k or None, top_p=args.top_p if args.top_p < 1 else None,
-              use_cache=not args.no_cache, generator=g, compile=args.compile)  # fmt: skip
+              use_cache=args.cache, generator=g, compile=args.compile)  # fmt: skip
     samples, done = None, 0
     try:
         while done < args.num_samples:
@@ -142,10 +153,7 @@ def _generation_model(args: argparse.Namespace) -> tuple:
     from ..checkpoint import load_model
     from ..config import LANGUAGE_MODEL
     from ..train import resolve_device
-    from .common import positive
 
-    positive("max_new_tokens", args.max_new_tokens)
-    positive("num_samples", args.num_samples)
     apply_threads(args)
     model = load_model(args.checkpoint)
     if model.kind != LANGUAGE_MODEL:

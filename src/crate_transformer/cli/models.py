@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+
+from ..config import Config
+from ..config_utils import option
+from .options import add_command_options
+
+
+@dataclass
+class ModelsOptions(Config):
+    """The options of ``crate models`` (the name pattern is its positional argument)."""
+
+    pretrained: bool = option(
+        False,
+        "list the models with released weights: source, file, input, normalisation, classes, licence, loader, and "
+        "whether the file is already in the Hugging Face cache",
+        basic=True,
+    )
 
 
 def configure_models(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pattern", nargs="?", default="*", help="shell-style filter, e.g. 'crate_*'")
-    parser.add_argument(
-        "--pretrained",
-        action="store_true",
-        help="list the models with released weights: source, file, input, normalisation, classes, licence, "
-        "loader, and whether the file is already in the Hugging Face cache",
-    )
+    add_command_options(parser, ModelsOptions)
 
 
 def run_models(args: argparse.Namespace) -> int:

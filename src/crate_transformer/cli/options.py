@@ -1,10 +1,22 @@
-"""Which command shows which option, and the one helper that turns dataclass fields into ``--flags``.
+"""Every option of the ``crate`` commands is generated here from its one declaration.
 
-The library's option dataclasses (:class:`~crate_transformer.train.TrainConfig` and its groups, a task's
-``Options`` such as DINO's or MAE's) describe each option once — help text, choices, metavar, range — and say
-nothing about commands.  :data:`COMMAND_OPTIONS` is the command line's single table of which command shows
-which of the training options; :func:`add_options` generates the flags, named as the options are
-(``--lr``, ``--threads``, ``--data``).
+An option is a dataclass field declared with :func:`~crate_transformer.config_utils.option`: its help, choices,
+metavar, range and default, read alike by the flags, ``--config`` files, Python keywords and saved
+configurations.  What differs between commands is data:
+
+* :data:`COMMAND_OPTIONS`: which of the training options (:class:`~crate_transformer.train.TrainConfig` and its
+  groups) each training command shows; a task's own defaults (``Task.defaults``, ``FINETUNE_DEFAULTS``) are the
+  defaults its ``--help`` states;
+* every other command (``crate eval``, ``analyze``, ``generate``, ``features``, ``ablate``, ``theory``,
+  ``models``) declares its own options class beside its code (``cli.train.EvalOptions``, ...; a training option it
+  shares is redeclared with :func:`like`), handed to :func:`add_command_options`;
+* two field metadata keys the command line reads: ``basic=True`` marks an option people use first — the
+  command's ``--help`` shows those, ``--help-all`` every option; ``group`` names a report option's help section.
+
+One parse mode: argparse only splits the command line — a flag's value stays the text typed (a switch a bool, a
+list a list of texts) and a flag not given is absent — and the options class coerces and checks what was given
+exactly as it does a config file or Python keywords, so a bad value (``--epochs x``) is that class's one-line
+error, naming the flag.
 """
 
 from __future__ import annotations
@@ -18,9 +30,11 @@ from typing import Any
 __all__ = [
     "COMMAND_OPTIONS",
     "add_options",
+    "like",
     "add_training_options",
-    "add_report_options",
+    "add_command_options",
     "add_config_file_options",
+    "add_resume_option",
     "print_config",
 ]
 
@@ -43,60 +57,24 @@ _SUPERVISED = {
     "logging": ALL,
 }
 _LM = {**_UNSUPERVISED, "data": ("data", "val_fraction", "text_columns")}
-_TEXT_TABLE = {**_UNSUPERVISED, "data": ("data", "val_fraction", "text_columns", "label_column")}
-_OFFICIAL = {  # a report command's --model / --model-args describe an official checkpoint's architecture
-    "model": "registered model name for an official .pth (e.g. crate_small)",
-    "model_args": "architecture overrides for an official .pth, e.g. --model-args num_classes=10 image_size=32",
-}
 
-# command → {section: option names (or ALL)}; a section is "top" (the task, model and checkpoint fields) or a
-# TrainConfig group.  Names may map to the command's own help text for the option (None: the option's).
+# training command → {section: option names (or ALL)}; a section is "top" (the task, model and checkpoint
+# fields) or a TrainConfig group.  The other commands declare their own options classes (add_command_options).
 COMMAND_OPTIONS: dict[str, dict[str, Any]] = {
     "train": _SUPERVISED,
-    "finetune": {**_SUPERVISED, "top": (*_MODEL, "recipe", "keep_head")},
+    "finetune": {**_SUPERVISED, "top": ("init_from", *_MODEL, "recipe", "keep_head")},
     "pretrain": _UNSUPERVISED,
     "train-lm": _LM,
-    "finetune-text": _TEXT_TABLE,
-    "eval": {
-        "top": _OFFICIAL,
-        "data": {
-            "val_fraction": "as in training, for --split val",
-            "on_bad_image": None,
-            "data_mode": None,
-            "workers": None,
-            "image_column": None,
-            "label_column": None,
-        },
-        "system": {"seed": "seed of the val split, as in training", "device": None, "threads": None},
-    },
-    "analyze": {
-        "top": _OFFICIAL,
-        "data": {
-            "image_size": "resize images to this square size",
-            "on_bad_image": None,
-            "image_column": None,
-            "label_column": None,
-        },
-        "system": {"seed": "seed of the measured image subset", "device": None, "threads": None},
-    },
-    "generate": {
-        "system": {
-            "seed": "random seed: the same seed gives the same text",
-            "device": None,
-            "threads": None,
-            "compile": "decode with one compiled step per token on a fixed-size cache (a CUDA graph on a GPU): the "
-            "same text, faster once compiled; prompt + new tokens must fit the context",
-        }
-    },
-    "features": {
-        "system": {"seed": "seed of the image subset and of the chance purity", "device": None, "threads": None}
+    "finetune-text": {
+        **_UNSUPERVISED,
+        "top": ("init_from", *_MODEL),
+        "data": ("data", "val_fraction", "text_columns", "label_column"),
     },
 }
-# the options of the report commands (eval, analyze, generate) whose default is not the training default
-REPORT_DEFAULTS: dict[str, Any] = {"model": None}
-# options a report command hands on as given, absent when not given: set_threads reads --threads itself (0 or
-# absent = auto) and refuses a bad value in its own words, as it does for the training commands
-PASSED_ON = ("threads",)
+# the help sections of the report commands' own options (their fields' ``group``), named by what they do
+DATA, MEASURED, SAMPLING = "data", "what is measured", "sampling"
+REPORT, SYSTEM = "report folder", "system"
+# a help section per TrainConfig group, named by what its options do
 SECTION_TITLES = {
     "data": "data",
     "augmentation": "augmentation",
@@ -109,61 +87,55 @@ SECTION_TITLES = {
 def add_options(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     cls: type,
-    names: Mapping[str, str | None] | None = None,
+    names: tuple[str, ...] | None = None,
     defaults: Mapping[str, Any] | None = None,
-    *,
-    typed: bool = False,
-    passed_on: tuple[str, ...] = (),
 ) -> None:
-    """One ``--flag`` per field of dataclass ``cls`` (``names``: option name → the command's own help, or None
-    for the field's; omitted: every field), named by the field's option name with dashes.
+    """One ``--flag`` per field of dataclass ``cls`` (``names``: the option names to show; omitted: every field
+    with a help text), named by the field's option name with dashes; ``defaults`` replace the field defaults in
+    the help (a command's own recipe).
 
-    The field metadata carries ``help`` (and optionally ``choices``, ``metavar``, ``shown``, ``range``).
-    ``typed=False`` (the training commands): flags not given stay absent (``given_options`` collects the rest)
-    and values stay strings, coerced and checked by the dataclass itself.  ``typed=True`` (a command that reads
-    ``args`` directly): every flag has its default, values are coerced to the field's type, and a ranged value is
-    checked before the command runs, except the options in ``passed_on`` (as with ``typed=False``).  ``defaults``
-    replace field defaults (a command's own recipe).
+    The field metadata carries ``help`` (and optionally ``choices``, ``metavar``, ``shown``, ``range``,
+    ``basic``).  The flag keeps what was typed and is absent when not given (the module docstring): ``cls``
+    coerces and checks it.  An option without ``basic=True`` is shown by ``--help-all`` only.
     """
-    from ..config_utils import field_types, option_name
-    from .common import register_range
+    from ..config_utils import option_name
+    from . import flag as cli_flag
 
-    defaults, types = dict(defaults or {}), field_types(cls)
+    defaults = dict(defaults or {})
     fields = {option_name(f): f for f in dataclasses.fields(cls) if "help" in f.metadata}
     for name in names if names is not None else fields:
         f, meta = fields[name], fields[name].metadata
         default = defaults.get(name, f.default if f.default is not dataclasses.MISSING else f.default_factory())
-        plain = " ".join(map(str, default)) if isinstance(default, list) else default
-        shown = plain if name in defaults else meta.get("shown", plain)  # a command's own default wins
-        help_text = help_flags((names or {}).get(name) or meta["help"])
-        typed_here = typed and name not in passed_on
-        if typed_here and "shown" not in meta and name not in defaults and not isinstance(default, (dict, list)):
-            shown = "%(default)s"  # argparse's own words (and no second "(default: ...)" from its formatters)
-        # an option unset by default says nothing of its default ("(default: none)" is noise)
-        notes = [f"default: {shown}"] if shown not in ({}, "", None, []) else []
-        if "range" in meta:
-            notes.append(meta["range"].words().strip() or "finite")
+        help_text = _help_text(meta, default, name in defaults)
         kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
-        kw["help"] += f" ({'; '.join(notes)})" if notes else ""
         if "choices" in meta and not isinstance(default, list):  # a list's items: the config checks each
             kw["choices"] = meta["choices"]
-        flag = "--" + name.replace("_", "-")
-        if typed_here:  # the command reads args.<name>: a real default and a value of the field's type
-            kw["default"] = [] if isinstance(default, dict) else default
-            if not isinstance(default, (bool, dict, list)):
-                kw["type"] = _converter(types[f.name])
-            if "range" in meta:
-                register_range(parser, name, flag, meta["range"])
+        flag = cli_flag(name)  # as messages name it: batch_size → --batch-size, init_from → --from
         if isinstance(f.default, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
-        elif isinstance(default, dict):  # given twice, the pairs are merged (parse_model_args refuses a clash)
-            parser.add_argument(flag, nargs="+", action="extend", metavar=meta.get("metavar", "KEY=VALUE"), **kw)
+            action = parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+        elif isinstance(default, dict) or meta.get("metavar") == "KEY=VALUE":  # pairs given twice are merged
+            kw["metavar"] = meta.get("metavar", "KEY=VALUE")  # (parse_model_args refuses a clash)
+            action = parser.add_argument(flag, nargs="+", action="extend", **kw)
         elif isinstance(default, list):
-            parser.add_argument(flag, nargs="+", metavar=meta.get("metavar", "V"), **kw)
+            action = parser.add_argument(flag, nargs="+", metavar=meta.get("metavar", "V"), **kw)
         else:
             if "choices" not in meta:
                 kw["metavar"] = meta.get("metavar", name.split("_")[-1].upper())
-            parser.add_argument(flag, **kw)
+            action = parser.add_argument(flag, **kw)
+        if not meta.get("basic"):  # shown by --help-all (add_help_all) only
+            action.help_all, action.help = action.help, argparse.SUPPRESS
+
+
+def _help_text(meta: Mapping[str, Any], default: Any, own_default: bool) -> str:
+    """A field's help as a flag shows it: the text with its options named as flags, then its default (the
+    command's own, ``own_default``, else the field's words for it, ``shown``) and its range."""
+    plain = " ".join(map(str, default)) if isinstance(default, list) else default
+    shown = plain if own_default else meta.get("shown", plain)
+    # an option unset by default says nothing of its default ("(default: none)" is noise)
+    notes = [f"default: {shown}"] if shown not in ({}, "", None, []) else []
+    if "range" in meta:
+        notes.append(meta["range"].words().strip() or "finite")
+    return help_flags(meta["help"]) + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def help_flags(text: str) -> str:
@@ -176,17 +148,16 @@ def help_flags(text: str) -> str:
     return re.sub(r"`([a-z][a-z0-9_]*)`", lambda m: flag(m.group(1)), text)
 
 
-def _converter(annotation: Any) -> Any:
-    """An argparse ``type``: the text coerced to ``annotation`` as config files are (a usage error if it cannot)."""
-    from ..config_utils import coerce_value
+def like(cls: type, name: str, **meta: Any) -> Any:
+    """Field ``name`` of options class ``cls`` declared again for a command's own options class
+    (:func:`~crate_transformer.config_utils.override` with the field's own default): the same type rules (choices,
+    range) and help, ``meta`` replacing entries (its own ``help``); shown by ``--help`` only where ``meta`` says
+    ``basic=True`` — which options a command's people use first is the command's to say."""
+    from ..config_utils import override
 
-    def convert(text: str) -> Any:
-        try:
-            return coerce_value(text, annotation)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    return convert
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return override(cls, name, default, **{"basic": False, **meta})
 
 
 def add_training_options(
@@ -194,31 +165,42 @@ def add_training_options(
 ) -> None:
     """``--config FILE``, ``--print-config`` and the :class:`TrainConfig` options :data:`COMMAND_OPTIONS` lists for
     ``command``, one help section per group (``defaults``: the command's own recipe, shown in ``--help``)."""
+    from ..config_utils import option_name
     from ..train.config import GROUPS, TrainConfig
 
     add_config_file_options(parser)
     for section, names in COMMAND_OPTIONS[command].items():
+        cls = TrainConfig if section == "top" else GROUPS[section]
         target = parser if section == "top" else parser.add_argument_group(f"{SECTION_TITLES[section]} options")
-        add_options(target, TrainConfig if section == "top" else GROUPS[section], _names(section, names), defaults)
+        every = tuple(option_name(f) for f in dataclasses.fields(cls) if "help" in f.metadata)
+        add_options(target, cls, every if names == ALL else tuple(names), defaults)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter  # the help texts state their defaults
 
 
-def add_report_options(parser: argparse.ArgumentParser, command: str, section: str) -> None:
-    """The :data:`COMMAND_OPTIONS` of ``section`` for a command that reads its options itself (typed, with
-    defaults): ``crate eval``, ``crate analyze``, ``crate generate``."""
-    from ..train.config import GROUPS, TrainConfig
+def add_command_options(parser: argparse.ArgumentParser, cls: type) -> None:
+    """The flags of a command that reads its options itself (``crate eval``, ``crate analyze``, ...): every field
+    of its options class ``cls``, in help sections by the fields' ``group`` metadata (none: the command's own
+    options).  :func:`.common.resolve_options` turns what was given into ``cls``'s values after parsing."""
+    from ..config_utils import option_name
 
-    cls = TrainConfig if section == "top" else GROUPS[section]
-    names = _names(section, COMMAND_OPTIONS[command][section])
-    add_options(parser, cls, names, REPORT_DEFAULTS, typed=True, passed_on=PASSED_ON)
+    sections: dict[str, list[str]] = {}
+    for f in dataclasses.fields(cls):
+        sections.setdefault(f.metadata.get("group", ""), []).append(option_name(f))
+    for title, names in sections.items():
+        add_options(parser.add_argument_group(title) if title else parser, cls, tuple(names))
+    parser.set_defaults(_declared=cls)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter  # the help texts state their defaults
 
 
-def _names(section: str, names: Any) -> dict[str, str | None]:
-    from ..train.config import GROUPS, option_name
-
-    if names == ALL:
-        return {option_name(f): None for f in dataclasses.fields(GROUPS[section])}
-    return dict(names) if isinstance(names, Mapping) else dict.fromkeys(names)
+def add_resume_option(parser: argparse.ArgumentParser, what: str = "run") -> None:
+    """``--resume RUN_DIR`` of a training command (``what``: the run it continues, e.g. "interrupted mae run")."""
+    parser.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        default=argparse.SUPPRESS,
+        help=f"continue an interrupted {what} from RUN_DIR/checkpoints/last.pt (its configuration is reused; flags "
+        "override it)",
+    )
 
 
 def add_config_file_options(parser: argparse.ArgumentParser) -> None:

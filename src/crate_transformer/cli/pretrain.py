@@ -14,7 +14,7 @@ import importlib
 
 from . import task_command
 from .common import given_options
-from .options import add_options, add_training_options, print_config
+from .options import add_options, add_resume_option, add_training_options, print_config
 
 
 def _task_class(name: str) -> type:
@@ -48,9 +48,7 @@ def add_task_arguments(parser: argparse.ArgumentParser, name: str, command: str)
     from ..train.config import FLAT, GROUPS
 
     cls = _task_class(name)
-    parser.add_argument(
-        "--resume", metavar="RUN_DIR", default=argparse.SUPPRESS, help=f"continue an interrupted {name} run"
-    )
+    add_resume_option(parser, f"{name} run")
     add_training_options(parser, command, cls.defaults)
     if cls.Options is not None:
         names = {f.name for f in dataclasses.fields(cls.Options)}

@@ -4,20 +4,30 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+from ..config import Config
+from ..config_utils import NON_NEGATIVE, option
+from .options import add_command_options
+
+
+@dataclass
+class TheoryOptions(Config):
+    """The options of ``crate theory`` (the experiment is its positional argument)."""
+
+    out: str = option("theory-results", "where <name>.png and <name>.json go", metavar="DIR", basic=True)
+    seed: int = option(0, "random seed of the synthetic data", range=NON_NEGATIVE, basic=True)
+    quick: bool = option(False, "reduced sizes (a few seconds in all)", basic=True)
+    progress: bool = option(True, "show progress bars", basic=True)
+    overwrite: bool = option(False, "replace the figure and JSON of an earlier run in `out`", basic=True)
 
 
 def configure_theory(parser: argparse.ArgumentParser) -> None:
     from ..theory import EXPERIMENTS
 
     parser.add_argument("experiment", metavar="EXPERIMENT", help=f"one of: all, {', '.join(EXPERIMENTS)}")
-    parser.add_argument("--out", default="theory-results", metavar="DIR", help="where <name>.png and <name>.json go")
-    parser.add_argument("--seed", type=int, default=0, help="random seed of the synthetic data")
-    parser.add_argument("--quick", action="store_true", help="reduced sizes (a few seconds in all)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    parser.add_argument(
-        "--overwrite", action="store_true", help="replace the figure and JSON of an earlier run in --out"
-    )
+    add_command_options(parser, TheoryOptions)
 
 
 def run_theory(args: argparse.Namespace) -> int:
@@ -37,7 +47,7 @@ def run_theory(args: argparse.Namespace) -> int:
         )
     start = time.perf_counter()
     for name in names:
-        rep = run_experiment(name, args.out, seed=args.seed, quick=args.quick, progress_bar=not args.no_progress)
+        rep = run_experiment(name, args.out, seed=args.seed, quick=args.quick, progress_bar=args.progress)
         held = sum(c["holds"] for c in rep["checks"])
         print(
             f"{name}: {held}/{len(rep['checks'])} claims hold ({rep['runtime_s']:.1f} s) -> "

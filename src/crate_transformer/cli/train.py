@@ -6,20 +6,32 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..base import POOLS
-from ..config import LANGUAGE_MODEL, MASKED_AUTOENCODER
-from . import cli_words, task_command
+from ..config import LANGUAGE_MODEL, MASKED_AUTOENCODER, Config
+from ..config_utils import POSITIVE, option
+from ..train.config import DataOptions, SystemOptions
+from . import task_command
 from .common import (
-    add_report_arguments,
     apply_threads,
     given_options,
     parse_model_args,
     report_dir,
     report_home,
 )
-from .options import add_report_options, add_training_options, print_config
+from .messages import step_command
+from .options import (
+    DATA,
+    REPORT,
+    SYSTEM,
+    add_command_options,
+    add_resume_option,
+    add_training_options,
+    like,
+    print_config,
+)
 
 EVAL_FILES = ("eval.json", "confusion.png", "knn.png")  # what crate eval writes (--overwrite removes them)
 
@@ -29,12 +41,7 @@ def configure_train(parser: argparse.ArgumentParser) -> None:
         "Train a classifier. With no arguments: CRATE (crate_mnist_p4) on the 4,000 built-in MNIST training digits, "
         "evaluated on the fixed 1,000 held-out digits. Works unchanged under torchrun --nproc_per_node=N."
     )
-    parser.add_argument(
-        "--resume",
-        metavar="RUN_DIR",
-        default=argparse.SUPPRESS,
-        help="continue a run from RUN_DIR/checkpoints/last.pt (its configuration is reused; flags override it)",
-    )
+    add_resume_option(parser)
     add_training_options(parser, "train")
 
 
@@ -49,7 +56,7 @@ def finished(result: dict) -> int:
     steps = result.get("next")
     if steps and os.environ.get("RANK", "0") == "0":
         steps = [steps] if isinstance(steps, str) else steps  # a task may give one line of its own
-        print("next: " + "    |    ".join(map(cli_words, steps)), flush=True)
+        print("next: " + "    |    ".join(str(s) if isinstance(s, str) else step_command(s) for s in steps), flush=True)
     return 0
 
 
@@ -70,19 +77,11 @@ def configure_finetune(parser: argparse.ArgumentParser) -> None:
 
     parser.description = (
         "Fine-tune all weights from a checkpoint on new data (JMLR Table 1 transfer protocol): a fresh head for the "
-        "new classes, position embeddings interpolated to the new image size, AdamW lr 5e-5, wd 0.01, RandAugment."
+        "new classes, position embeddings interpolated to the new image size, AdamW lr 5e-5, wd 0.01, RandAugment.\n\n"
+        "--from takes a save_pretrained dir or hf-hub:ORG/NAME, a crate train run dir, a training-state .pt, or an "
+        "official .pth (then also --model NAME and --model-args for its architecture)."
     )
-    parser.add_argument(
-        "--from",
-        dest="init_from",
-        metavar="CHECKPOINT",
-        default=argparse.SUPPRESS,
-        help="a save_pretrained dir or hf-hub:ORG/NAME, a crate train run dir, a training-state .pt, or an official "
-        ".pth (then also --model NAME and --model-args for its architecture)",
-    )
-    parser.add_argument(
-        "--resume", metavar="RUN_DIR", default=argparse.SUPPRESS, help="continue an interrupted fine-tuning run"
-    )
+    add_resume_option(parser, "fine-tuning run")
     add_training_options(parser, "finetune", {**FINETUNE_DEFAULTS, "data": "(required)", "model": "(from checkpoint)"})
 
 
@@ -107,40 +106,64 @@ def run_finetune(args: argparse.Namespace) -> int:
     return finished(result)
 
 
+FROZEN = "frozen-feature evaluation (any encoder: classifier, MAE, DINO); replaces the classifier's top-1"
+OUT_HELP = "output folder; must be new or empty unless `overwrite`"
+OVERWRITE_HELP = "replace the earlier report of this command in a non-empty `out` (its files only; others stay)"
+
+
+@dataclass
+class EvalOptions(Config):
+    """The options of ``crate eval`` (the checkpoint is its positional argument)."""
+
+    data: str | None = option(None, "dataset name or folder", shown="the one it was trained on", basic=True, group=DATA)
+    split: str = option("test", "split", choices=("train", "val", "test"), basic=True, group=DATA)
+    model: str | None = option(None, "registered model name for an official .pth (e.g. crate_small)", basic=True)
+    model_args: list[str] = option(
+        [], "architecture overrides for an official .pth, e.g. `model_args` num_classes=10 image_size=32",
+        metavar="KEY=VALUE", basic=True,
+    )  # fmt: skip
+    batch_size: int = option(500, "evaluation batch size", range=POSITIVE, basic=True)
+    seed: int = option(0, "seed of the val split, as in training", group=SYSTEM)
+    device: str = like(SystemOptions, "device", basic=True, group=SYSTEM)
+    threads: int = like(SystemOptions, "threads", basic=True, group=SYSTEM)
+    val_fraction: float = like(DataOptions, "val_fraction", help="as in training, for `split` val", group=DATA)
+    on_bad_image: str = like(DataOptions, "on_bad_image", group=DATA)
+    data_mode: str = like(DataOptions, "data_mode", group=DATA)
+    workers: int = like(DataOptions, "workers", group=DATA)
+    image_column: str = like(DataOptions, "image_column", group=DATA)
+    label_column: str = like(DataOptions, "label_column", group=DATA)
+    out: str | None = option(
+        None, OUT_HELP, basic=True,
+        shown="eval-<data>-<split> inside the checkpoint's folder, or eval-<data>-<split>-2, -3, ... when that one is "
+        "in use", group=REPORT
+    )  # fmt: skip
+    overwrite: bool = option(False, OVERWRITE_HELP, group=REPORT)
+    knn: bool = option(
+        False, "weighted k-NN (k = 10, 20, 100, 200; T = 0.07) on train-split features", group=FROZEN, basic=True
+    )
+    linear_probe: bool = option(False, "a linear probe on train-split features", group=FROZEN, basic=True)
+    probe: str = option(
+        "logistic",
+        "`linear_probe` protocol: logistic regression (scikit-learn; the paper) | lars (MAE main_linprobe.py: "
+        "BatchNorm without affine + linear head, LARS, 90 epochs, warm-up + cosine) | sgd (the same with SGD + "
+        "momentum, DINO-style)",
+        choices=("logistic", "lars", "sgd"),
+        group=FROZEN,
+    )
+    pool: str | None = option(
+        None,
+        "feature: class token | avg of the patch tokens | mean of all tokens",
+        choices=POOLS,
+        shown="the model's pool, e.g. avg for a digits DINO run",
+        group=FROZEN,
+    )
+
+
 def configure_eval(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter  # the help texts state their defaults
     parser.add_argument(
         "checkpoint", help="a run dir, save_pretrained dir, hf-hub:ORG/NAME, training-state .pt or official .pth"
     )
-    parser.add_argument("--data", default=None, help="dataset name or folder (default: the one it was trained on)")
-    parser.add_argument("--split", default="test", choices=("train", "val", "test"), help="split (default: test)")
-    add_report_options(parser, "eval", "top")
-    parser.add_argument("--batch-size", type=int, default=500, help="evaluation batch size (default: 500)")
-    add_report_options(parser, "eval", "system")
-    add_report_options(parser, "eval", "data")
-    add_report_arguments(parser, "eval-<data>-<split>")
-    frozen = parser.add_argument_group(
-        "frozen-feature evaluation (any encoder: classifier, MAE, DINO); replaces the classifier's top-1"
-    )
-    frozen.add_argument(
-        "--knn", action="store_true", help="weighted k-NN (k = 10, 20, 100, 200; T = 0.07) on train-split features"
-    )
-    frozen.add_argument("--linear-probe", action="store_true", help="a linear probe on train-split features")
-    frozen.add_argument(
-        "--probe",
-        default="logistic",
-        choices=("logistic", "lars", "sgd"),
-        help="--linear-probe protocol: logistic regression (scikit-learn; the paper) | lars (MAE main_linprobe.py: "
-        "BatchNorm without affine + linear head, LARS, 90 epochs, warm-up + cosine) | sgd (the same with SGD + "
-        "momentum, DINO-style) (default: logistic)",
-    )
-    frozen.add_argument(
-        "--pool",
-        default=None,
-        choices=POOLS,
-        help="feature: class token | avg of the patch tokens | mean of all tokens (default: the model's pool, "
-        "e.g. avg for a digits DINO run)",
-    )
+    add_command_options(parser, EvalOptions)
 
 
 def _eval_model(args: argparse.Namespace) -> object:
@@ -180,9 +203,7 @@ def run_eval(args: argparse.Namespace) -> int:
     """``crate eval``: top-1/top-5, per-class accuracy, ``confusion.png`` and ``eval.json``."""
     from ..data import resolve_normalization
     from ..train import evaluate, resolve_device
-    from .common import positive
 
-    positive("batch_size", args.batch_size)
     if args.probe != "logistic" and not args.linear_probe:
         raise ValueError(f"--probe {args.probe} chooses the protocol of --linear-probe; add --linear-probe")
     apply_threads(args)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import Opt, OptionError, short_repr
+from ..errors import OptionError, short_repr
 from .base import class_count
 from .hub import require_datasets
 from .memory import HF_MARKERS, check_load_args, holdout_every_fifth, split_members
@@ -47,18 +47,20 @@ def _columns(ds: object, where: str, image: str = "", label: str = "") -> tuple[
     feats = ds.features
     for given, option in ((image, "image_column"), (label, "label_column")):
         if given and given not in feats:
-            raise OptionError(f"{where} has no column {given!r} (columns: {list(feats)}); fix ", Opt(option))
+            raise OptionError(f"{where} has no column {given!r} (columns: {list(feats)}); fix {option}", option=option)
     image = image or next((c for c, f in feats.items() if isinstance(f, datasets.Image)), None)
     image = image or next((c for c in IMAGE_COLUMNS if c in feats), None)
     if image is None:
-        raise OptionError(f"{where} has no image column (columns: {list(feats)}); name it with ", Opt("image_column"))
+        raise OptionError(
+            f"{where} has no image column (columns: {list(feats)}); name it with image_column", option="image_column"
+        )
     label = label or next((c for c, f in feats.items() if isinstance(f, datasets.ClassLabel)), None)
     label = label or next((c for c in LABEL_COLUMNS if c in feats), None)
     if label is None:
         raise OptionError(
-            f"{where} has no label column (columns: {list(feats)}); name it with ",
-            Opt("label_column"),
-            " (a ClassLabel or integer column)",
+            f"{where} has no label column (columns: {list(feats)}); name it with label_column (a ClassLabel or "
+            "integer column)",
+            option="label_column",
         )
     twice = [c for c in (image, label) if f"{c}.1" in feats]  # pandas renames a repeated CSV column
     if twice:
@@ -89,16 +91,15 @@ def _check_kinds(feats: dict, image: str, label: str, where: str) -> None:
     numeric = isinstance(f, datasets.Value) and (f.dtype.startswith(("int", "uint", "float")) or "string" in f.dtype)
     if not (isinstance(f, datasets.ClassLabel) or numeric):
         raise OptionError(
-            f"{where}: column {label!r} holds {_kind(f)}, not class labels; name the label column with ",
-            Opt("label_column"),
-            f" (a ClassLabel or integer column; {columns})",
+            f"{where}: column {label!r} holds {_kind(f)}, not class labels; name the label column with label_column "
+            f"(a ClassLabel or integer column; {columns})",
+            option="label_column",
         )
     if not _holds_images(feats[image]):
         raise OptionError(
             f"{where}: column {image!r} holds {_kind(feats[image])}, not images (an Image feature, encoded bytes or "
-            "file paths); name the image column with ",
-            Opt("image_column"),
-            f" ({columns})",
+            f"file paths); name the image column with image_column ({columns})",
+            option="image_column",
         )
     if image == label:
         raise ValueError(f"{where}: {image!r} cannot be both the image and the label column; name the other one")
@@ -178,7 +179,9 @@ class HFImageDataset(MapStreamSource):
         label_column: str = "",
     ) -> None:
         if image_size is None:
-            raise OptionError("a Hugging Face dataset needs ", Opt("image_size"), ": its images are resized on read")
+            raise OptionError(
+                "a Hugging Face dataset needs image_size: its images are resized on read", option="image_size"
+            )
         check_load_args(split, val_fraction, on_bad_image, image_size)
         datasets = require_datasets()
         root, loaded = _open(path)

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..config_utils import POSITIVE, Range
-from ..errors import Opt, OptionError, OptionWarning
+from ..errors import OptionError, OptionWarning
 from ..spec import CROP_PCT
 from .base import ImageSource, local_batches
 from .cifar import cifar_arrays
@@ -171,9 +171,9 @@ def load_dataset(
     if kind in ("shards", "hf"):
         what = "WebDataset shards" if kind == "shards" else "a Hugging Face dataset"
         raise OptionError(
-            f"{name_or_path} is {what}, which is streamed, not loaded into memory; "
-            "open it with crate_transformer.data.open_source (or ", Opt("data_mode", "stream"), ")",
-        )  # fmt: skip
+            f"{name_or_path} is {what}, which is streamed, not loaded into memory; open it with "
+            "crate_transformer.data.open_source (or data_mode='stream')"
+        )
     pool = _load_pool(kind, source, image_size, on_bad_image, _folder_signature(source) if kind == "folder" else ())
     train_x, train_y = pool.train_images, pool.train_labels
     if split == "test":
@@ -193,7 +193,7 @@ def check_load_args(split: str, val_fraction: float, on_bad_image: str, image_si
         raise ValueError(f"unknown split {split!r}; choose one of {SPLITS}")
     Range(0, 1, hi_open=True).check("val_fraction", val_fraction)
     if split == "val" and val_fraction == 0.0:
-        raise OptionError("split='val' needs a validation split; pass ", Opt("val_fraction", 0.1), " (> 0)")
+        raise OptionError("split='val' needs a validation split; pass val_fraction=0.1 (> 0)")
     if on_bad_image not in ("skip", "error"):
         raise ValueError(f"on_bad_image must be 'skip' or 'error', got {on_bad_image!r}")
     if image_size is not None and not POSITIVE.ok(image_size):
@@ -455,11 +455,10 @@ def _folder_arrays(
         shown = ", ".join(str(p.relative_to(root)) for p in bad[:3]) + (", …" if len(bad) > 3 else "")
         warnings.warn(
             OptionWarning(
-                f"skipped {len(bad)} unreadable image(s) in {root} ({shown}); pass ", Opt("on_bad_image", "error"),
-                " to fail instead",
+                f"skipped {len(bad)} unreadable image(s) in {root} ({shown}); pass on_bad_image='error' to fail instead"
             ),
             stacklevel=4,
-        )  # fmt: skip
+        )
     if n_train == 0:
         raise ValueError(f"no readable training images in {root}; check the files (extensions {IMAGE_EXTENSIONS})")
     present = set(labels[:n_train])
@@ -473,9 +472,10 @@ def _folder_arrays(
     if len(sizes) > 1:
         a, b = sorted(sizes)[:2]
         raise OptionError(
-            f"images in {root} have different sizes (e.g. {a[1]}x{a[0]} and {b[1]}x{b[0]}); pass ", Opt("image_size"),
-            " to resize them to one square size",
-        )  # fmt: skip
+            f"images in {root} have different sizes (e.g. {a[1]}x{a[0]} and {b[1]}x{b[0]}); pass image_size to "
+            "resize them to one square size",
+            option="image_size",
+        )
     images = torch.stack(tensors)
     y = torch.tensor(labels, dtype=torch.int64)
     return classes, images[:n_train], y[:n_train], images[n_train:], y[n_train:]
@@ -525,8 +525,8 @@ def decode_image(
             reason = (str(e).strip().splitlines() or [""])[0][:160]
             raise OptionError(
                 f"cannot read image {what} ({type(e).__name__}{': ' + reason if reason else ''}); fix or delete it, "
-                "or pass ", Opt("on_bad_image", "skip"), " to skip unreadable images",
-            ) from None  # fmt: skip
+                "or pass on_bad_image='skip' to skip unreadable images"
+            ) from None
         return None
 
 

@@ -62,7 +62,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..errors import Opt, OptionError, OptionWarning
+from ..errors import OptionError, OptionWarning
 from ..io import DamagedFileError, read_side_file
 from .base import ImageSource, class_count, epoch_permutation, rank_slice
 from .memory import (
@@ -306,15 +306,11 @@ def _report_damage(index: dict[str, dict], on_bad_image: str) -> None:
             what = f"shard {shard} is truncated or corrupt: {entry['damage']}"
             if on_bad_image == "error":
                 raise OptionError(
-                    f"{what}; re-create or re-download it, or pass ",
-                    Opt("on_bad_image", "skip"),
-                    f" to use its {n} complete samples",
+                    f"{what}; re-create or re-download it, or pass on_bad_image='skip' to use its {n} complete samples"
                 )
             warnings.warn(
                 OptionWarning(
-                    f"{what}; only its first {n} complete samples are read (pass ",
-                    Opt("on_bad_image", "error"),
-                    " to fail instead)",
+                    f"{what}; only its first {n} complete samples are read (pass on_bad_image='error' to fail instead)"
                 ),
                 stacklevel=3,
             )
@@ -391,7 +387,9 @@ class WebDatasetShards(ImageSource):
         stats: tuple[Sequence[float], Sequence[float]] | None = None,
     ) -> None:
         if image_size is None:
-            raise OptionError("WebDataset shards need ", Opt("image_size"), ": their images are resized on read")
+            raise OptionError(
+                "WebDataset shards need image_size: their images are resized on read", option="image_size"
+            )
         check_load_args(split, val_fraction, on_bad_image, image_size)
         pool_shards, test_shards, folder = _find_shards(os.fspath(source))
         index = _index(pool_shards + test_shards)

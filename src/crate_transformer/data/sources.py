@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from ..errors import Opt, OptionError
+from ..errors import OptionError
 from .base import ImageSource
 from .memory import check_load_args, list_image_folder, load_dataset, resolve_source
 from .streaming import NUM_WORKERS
@@ -55,22 +55,23 @@ def open_source(
     Bad input is a one-line ValueError naming the problem and the fix.
     """
     if mode not in DATA_MODES:
-        raise OptionError(f"unknown data mode {mode!r}; choose one of {DATA_MODES} (", Opt("data_mode"), ")")
+        raise OptionError(f"unknown data mode {mode!r}; choose one of {DATA_MODES} (data_mode)", option="data_mode")
     check_load_args(split, val_fraction, on_bad_image, image_size)
     if not NUM_WORKERS.ok(num_workers):
-        raise OptionError("num_workers", NUM_WORKERS.requirement(num_workers), " (", Opt("workers"), ")")
+        raise OptionError(f"num_workers{NUM_WORKERS.requirement(num_workers)} (workers)", option="workers")
     kind, source = resolve_source(name_or_path)
     if (image_column or label_column) and kind != "hf":
-        option = Opt("image_column" if image_column else "label_column")
-        raise OptionError(option, f" names a Hugging Face dataset's column and {name_or_path} is not one; drop it")
+        option = "image_column" if image_column else "label_column"
+        message = f"{option} names a Hugging Face dataset's column and {name_or_path} is not one; drop it"
+        raise OptionError(message, option=option)
     common = dict(val_fraction=val_fraction, seed=seed, on_bad_image=on_bad_image)
     streamed = dict(image_size=image_size, num_workers=num_workers, stats=stats, **common)
     if kind in ("shards", "hf"):
         if mode == "memory":
             what = "WebDataset shards" if kind == "shards" else "a Hugging Face dataset"
-            raise OptionError(f"{name_or_path} is {what}, which is always streamed; pass ", Opt("data_mode", "stream"))
+            raise OptionError(f"{name_or_path} is {what}, which is always streamed; pass data_mode='stream'")
         if image_size is None:
-            raise OptionError(f"{name_or_path} is streamed and needs ", Opt("image_size"), " to resize its images")
+            raise OptionError(f"{name_or_path} is streamed: pass image_size to resize its images", option="image_size")
         if kind == "shards":
             from .shards import WebDatasetShards
 
@@ -84,6 +85,8 @@ def open_source(
             from .streaming import StreamingImageFolder
 
             if image_size is None:
-                raise OptionError(f"streaming {name_or_path} needs ", Opt("image_size"), " to resize its images")
+                raise OptionError(
+                    f"streaming {name_or_path} needs image_size to resize its images", option="image_size"
+                )
             return StreamingImageFolder.open(source, split, listing=listing, **streamed)
     return load_dataset(source, split, image_size=image_size if kind == "folder" else None, **common)

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from ..config_utils import Range
-from ..errors import Opt, OptionError, OptionWarning
+from ..errors import OptionError, OptionWarning
 from .base import ImageSource, local_batches
 from .memory import (
     FolderListing,
@@ -99,7 +99,7 @@ def collate_readable(
         return None, bad[0]
     for what in bad:
         warnings.warn(
-            OptionWarning(f"skipped unreadable image {what} (pass ", Opt("on_bad_image", "error"), " to fail instead)"),
+            OptionWarning(f"skipped unreadable image {what} (pass on_bad_image='error' to fail instead)"),
             stacklevel=2,
         )
     good = [i for i, (x, _, _) in enumerate(items) if x is not None]
@@ -125,8 +125,8 @@ def read_policy(on_bad_image: str, shuffle: bool) -> str:
 def checked(batches: Iterator) -> Iterator[tuple[Tensor, Tensor]]:
     """Raise the one-line error a worker reported (see :func:`collate_readable`); skip empty batches."""
     for images, labels in batches:
-        if images is None:
-            raise ValueError(labels)
+        if images is None:  # the worker's message (its on_bad_image=... fix: the CLI names the flag)
+            raise OptionError(labels)
         if len(labels):
             yield images, labels
 
@@ -318,7 +318,9 @@ class StreamingImageFolder(MapStreamSource):
         ``listing``: a :func:`.memory.list_image_folder` result already made for ``root`` (saves a second scan).
         """
         if image_size is None:
-            raise OptionError("a streamed image folder needs ", Opt("image_size"), ": its images are resized on read")
+            raise OptionError(
+                "a streamed image folder needs image_size: its images are resized on read", option="image_size"
+            )
         check_load_args(split, val_fraction, on_bad_image, image_size)
         listing = listing or list_image_folder(Path(root).expanduser().resolve())
         if split == "test":

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import Opt, OptionError
+from ..errors import OptionError
 from ..io import DamagedFileError, WriteError, atomic_write, read_side_file
 from .base import epoch_generator, local_batches
 from .hub import DATA_FILE_SUFFIXES, is_dataset_name, load_hub_dataset, local_read_errors
@@ -81,7 +81,9 @@ def corpus_files(source: str, columns: Sequence[str] = ()) -> list[Path]:
     dataset name (whose ``train`` split is then opened, so a missing dataset or column fails here with its fix).
     ``columns`` name a dataset's text columns (``--text-columns``); files and the built-in corpus have none."""
     if columns and not is_hub_corpus(source, columns):
-        raise OptionError(Opt("text_columns"), f" names a dataset's columns and {source} is not a dataset; drop it")
+        raise OptionError(
+            f"text_columns names a dataset's columns and {source} is not a dataset; drop it", option="text_columns"
+        )
     if source in BUILTIN_CORPORA:
         return []
     if is_hub_corpus(source, columns):
@@ -139,13 +141,15 @@ def _hub_text(source: str, columns: Sequence[str] = ()) -> tuple[Any, list[str]]
         raise ValueError(f"{source} holds no rows; write rows into it or remove it")
     if missing:
         raise OptionError(
-            f"dataset {source!r} has no column(s) {missing} (columns: {list(feats)}); fix ", Opt("text_columns")
+            f"dataset {source!r} has no column(s) {missing} (columns: {list(feats)}); fix text_columns",
+            option="text_columns",
         )
     strings = [c for c, f in feats.items() if getattr(f, "dtype", None) in ("string", "large_string")]
     column = "text" if "text" in feats else (strings[0] if strings else None)
     if not columns and column is None:
         raise OptionError(
-            f"dataset {source!r} has no text column (columns: {list(feats)}); name one with ", Opt("text_columns")
+            f"dataset {source!r} has no text column (columns: {list(feats)}); name one with text_columns",
+            option="text_columns",
         )
     _check_text_features(feats, list(columns) or [column], f"dataset {source!r}")
     return ds, list(columns) or [column]
@@ -268,17 +272,17 @@ def split_tokens(n_tokens: int, val_fraction: float, block_size: int) -> int:
     """The first held-out token: the last ``val_fraction`` of the stream is held out (at least one block)."""
     if not 0 < val_fraction < 1:
         raise OptionError(
-            "a language model needs a held-out split; pass ", Opt("val_fraction"), f" in (0, 1), got {val_fraction}"
+            f"a language model needs a held-out split; pass val_fraction in (0, 1), got {val_fraction}",
+            option="val_fraction",
         )
     cut = int(n_tokens * (1 - val_fraction))
     if cut < block_size + 1 or n_tokens - cut < block_size + 1:
         fits = min(cut, n_tokens - cut) - 1  # the largest context whose window fits in both splits
         need = math.ceil((block_size + 1) / min(val_fraction, 1 - val_fraction)) + 1
-        smaller = (f", or a context of at most {fits} tokens (", Opt("model_args", f"block_size={fits}"), ")")
+        smaller = f", or a context of at most {fits} tokens (model_args={{'block_size': {fits}}})" if fits >= 2 else ""
         raise OptionError(
             f"the corpus has {n_tokens:,} tokens, too few for a {block_size}-token context with {val_fraction:.0%} "
-            f"held out (about {need:,} are needed); use more text",
-            *(smaller if fits >= 2 else ()),
+            f"held out (about {need:,} are needed); use more text{smaller}"
         )
     return cut
 
@@ -480,8 +484,9 @@ def _table_columns(
     label = label_column or next((lower[k] for k in ("label", "score", "gold_label") if k in lower), "")
     if not label:
         raise OptionError(
-            f"{path}:1: no label column (label, score or gold_label) among the columns {header}; name it with ",
-            Opt("label_column"),
+            f"{path}:1: no label column (label, score or gold_label) among the columns {header}; name it with "
+            "label_column",
+            option="label_column",
         )
     if label not in header:
         raise ValueError(f"{path}:1: no column {label!r}; columns: {header}")

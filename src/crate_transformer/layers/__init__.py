@@ -9,7 +9,7 @@ free function in :mod:`.reference` (:func:`mssa_reference`, :func:`ista_referenc
 the tests compare against and the theory lab uses directly.
 
 * :mod:`.reference` — the equations, column form; :mod:`.config` — :class:`LayerConfig`, the layer's settings;
-  :mod:`.attention` — MSSA, MHSA, the cache; :mod:`.tssa` — ToST's TSSA; :mod:`.sparse` — ISTA, the
+  :mod:`.attention` — MSSA, MHSA, the cache; :mod:`.tssa` — ToST's TSSA; :mod:`.sparse` — ISTA and its ablations, the
   overcomplete ISTA, the MLP, Skip; :mod:`.block` — the encoder layer built from the two tables
   :data:`ATTENTIONS` and :data:`SECOND_BLOCKS`, the decoder layer, stochastic depth, :func:`trace_layer`;
   :mod:`.inference` — :func:`frozen_weights`.
@@ -31,7 +31,7 @@ from .block import (
 from .config import DIM_HEAD, GELUS, ISTA_MODES, LAYER_FORMS, MLPS, LayerConfig
 from .inference import evaluating, frozen_weights
 from .reference import ista_reference, mssa_reference, odl_reference, ssa_reference, tssa_reference
-from .sparse import ISTA, MLP, OvercompleteISTA, SecondBlock, Skip, TiedOvercompleteISTA
+from .sparse import ISTA, MLP, MMISTA, OvercompleteISTA, SecondBlock, Skip, SoftISTA, TiedOvercompleteISTA
 from .tssa import TSSA
 
 __all__ = [
@@ -40,6 +40,8 @@ __all__ = [
     "MSSA",
     "TSSA",
     "ISTA",
+    "SoftISTA",
+    "MMISTA",
     "MHSA",
     "MLP",
     "OvercompleteISTA",

@@ -14,27 +14,53 @@ from torch import Tensor, nn
 from ..config_utils import Range
 from ..objectives import autocast_on, full_precision
 from .attention import MHSA, MSSA
-from .config import ATTENTION_NAMES, LAYER_FORMS, MLPS, LayerConfig
-from .sparse import ISTA, MLP, OvercompleteISTA, Skip, TiedOvercompleteISTA
+from .config import ATTENTION_NAMES, ISTA_MODES, LAYER_FORMS, MLPS, LayerConfig
+from .sparse import ISTA, MLP, MMISTA, OvercompleteISTA, Skip, SoftISTA, TiedOvercompleteISTA
 from .tssa import TSSA
 
 # the layer's first block, by LayerConfig.attention (as timm's ATTN_LAYERS, HF GPT-2's GPT2_ATTENTION_CLASSES)
 ATTENTIONS: dict[str, type[nn.Module]] = {"mssa": MSSA, "mhsa": MHSA, "tssa": TSSA}
-# the layer's second block, by LayerConfig.second_block ("none": ista_mode="none", Table 15)
+# the layer's second block, by LayerConfig.second_block: LayerConfig.mlp, or for mlp="ista" an ablation of eq. (44)
+# by its ista_mode (JMLR Tables 13 and 15: "ista_soft", "ista_mm", and "none" for no sparsification)
 SECOND_BLOCKS: dict[str, type[nn.Module]] = {
     "ista": ISTA,
+    "ista_soft": SoftISTA,
+    "ista_mm": MMISTA,
     "mlp": MLP,
     "odl": OvercompleteISTA,
     "ista_overcomplete": TiedOvercompleteISTA,
     "none": Skip,
 }
-assert tuple(ATTENTIONS) == ATTENTION_NAMES and set(MLPS) < set(SECOND_BLOCKS)
+# the entries LayerConfig.second_block names for ista_mode (chosen by that option, not by mlp)
+_MODE_BLOCKS = ("ista_soft", "ista_mm", "none")
+assert tuple(ATTENTIONS) == ATTENTION_NAMES and set(MLPS) | set(_MODE_BLOCKS) <= set(SECOND_BLOCKS)
 
 
 def _pick(table: Mapping[str, type[nn.Module]], name: str, field: str) -> type[nn.Module]:
     if name not in table:
-        raise ValueError(f"unknown {field} {name!r}; choose one of {tuple(k for k in table if k != 'none')}")
+        raise ValueError(f"unknown {field} {name!r}; choose one of {tuple(k for k in table if k not in _MODE_BLOCKS)}")
     return table[name]
+
+
+def _settings(config: LayerConfig | None, fields: dict[str, Any]) -> LayerConfig:
+    """The layer's settings: ``config`` (default: CRATE's) with ``fields`` replacing its fields, checked."""
+    unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(LayerConfig)})
+    if unknown:
+        raise ValueError(f"EncoderLayer has no setting {unknown[0]!r}; the settings are LayerConfig's fields")
+    c = dataclasses.replace(config or LayerConfig(), **fields)
+    if c.layer_form not in LAYER_FORMS:
+        raise ValueError(f"unknown layer_form {c.layer_form!r}; choose one of {LAYER_FORMS}")
+    if c.ista_mode not in ISTA_MODES:
+        raise ValueError(f"unknown ista_mode {c.ista_mode!r}; choose one of {ISTA_MODES}")
+    return c
+
+
+def _given(module: nn.Module | None, cls: type[nn.Module], arg: str, name: str) -> nn.Module | None:
+    """A block the caller built (a family whose block takes settings LayerConfig does not hold), checked to be the
+    class the layer's table has for ``name``."""
+    if module is not None and not isinstance(module, cls):
+        raise ValueError(f"{arg} is a {type(module).__name__}, but the layer's {name!r} is {cls.__name__}; build that")
+    return module
 
 
 # --------------------------------------------------------------------------- the layer's norms
@@ -115,7 +141,8 @@ class EncoderLayer(nn.Module):
         Z_next = ISTA(LN2(Z_half))
 
     The two blocks are picked once, when the layer is built, from :data:`ATTENTIONS` (``config.attention``) and
-    :data:`SECOND_BLOCKS` (``config.mlp``), and each builds itself from the :class:`LayerConfig` given whole.  Each
+    :data:`SECOND_BLOCKS` (``config.second_block``: ``mlp``, or an ablation of ISTA by ``ista_mode``), and each
+    builds itself from the :class:`LayerConfig` given whole.  Each
     second block declares (:class:`~crate_transformer.layers.sparse.SecondBlock`) whether it adds to its input —
     ``Z_next = Z_half + f(LN2(Z_half))``: the GELU :class:`MLP` (CRATE-MLP, Table 17; with ``attention="mhsa"``
     the ViT block), CRATE-α's :class:`OvercompleteISTA` — or replaces it as CRATE's :class:`ISTA` does (and the
@@ -126,6 +153,14 @@ class EncoderLayer(nn.Module):
     attention's update and, where the second block adds to its input, its update.  ``causal`` is a language model's
     mask (eqs. (86)-(87)).  The settings come as a :class:`LayerConfig` (default: CRATE's), or as its fields by
     keyword (``EncoderLayer(64, 4, 16, mlp="odl")``), or both (the keywords win).
+
+    What the model says of its layer, not its blocks: the LayerNorms' eps (``norm_eps``, default
+    :attr:`LayerConfig.ln_eps`) and bias (``norm_bias``), the attention's output bias
+    (:attr:`LayerConfig.attention_bias`), and ``layer_scale`` (LayerScale, CaiT and ToST; off by default: no
+    parameters) — learned per-channel scales ``γ1, γ2`` initialised to it on both residual branches,
+    ``Z_half = Z + γ1 ⊙ Attn(LN1(Z))``, ``Z_next = Z_half + γ2 ⊙ f(LN2(Z_half))``.  A family whose block takes
+    settings a :class:`LayerConfig` does not hold gives it built (``attn``, ``block``: ToST's TSSA with its qkv
+    bias, attention dropout and causal context), of the class the tables name.
     """
 
     def __init__(
@@ -137,22 +172,29 @@ class EncoderLayer(nn.Module):
         *,
         causal: bool = False,
         drop_path: float = 0.0,
+        norm_eps: float | None = None,
+        norm_bias: bool = True,
+        layer_scale: float | None = None,
+        attn: nn.Module | None = None,
+        block: nn.Module | None = None,
         **fields: Any,
     ) -> None:
         super().__init__()
-        unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(LayerConfig)})
-        if unknown:
-            raise ValueError(f"EncoderLayer has no setting {unknown[0]!r}; the settings are LayerConfig's fields")
-        c = dataclasses.replace(config or LayerConfig(), **fields)
-        if c.layer_form not in LAYER_FORMS:
-            raise ValueError(f"unknown layer_form {c.layer_form!r}; choose one of {LAYER_FORMS}")
+        c = _settings(config, fields)
         Attention = _pick(ATTENTIONS, c.attention, "attention")
         Block = _pick(SECOND_BLOCKS, c.second_block, "mlp")
-        bias = Block.attention_bias if c.proj_bias is None else c.proj_bias
-        self.norm1 = LayerNorm(dim, eps=Block.norm_eps)
-        self.attn = Attention.from_config(dim, heads, dim_head, c, causal=causal, bias=bias)
-        self.norm2 = LayerNorm(dim, eps=Block.norm_eps) if Block.normed else nn.Identity()
-        self.add_module(Block.state_key, Block.from_config(dim, c))
+        if layer_scale is not None and not Block.residual:
+            raise ValueError(f"layer_scale scales residual branches, but {Block.__name__} replaces the tokens")
+        eps = c.ln_eps if norm_eps is None else norm_eps
+        self.norm1 = LayerNorm(dim, eps=eps, bias=norm_bias)
+        attn = _given(attn, Attention, "attn", c.attention)
+        self.attn = attn or Attention.from_config(dim, heads, dim_head, c, causal=causal, bias=c.attention_bias)
+        self.norm2 = LayerNorm(dim, eps=eps, bias=norm_bias) if Block.normed else nn.Identity()
+        self.add_module(Block.state_key, _given(block, Block, "block", c.second_block) or Block.from_config(dim, c))
+        self.gamma1 = self.gamma2 = None  # LayerScale (CaiT, ToST): per-channel scales of the residual branches
+        if layer_scale is not None:
+            self.gamma1 = nn.Parameter(torch.full((dim,), float(layer_scale)))
+            self.gamma2 = nn.Parameter(torch.full((dim,), float(layer_scale)))
         self.drop_path = DropPath(drop_path)  # no parameters: state dicts are unchanged
         self.block_key, self.skip_from_norm, self.config = Block.state_key, c.layer_form == "jmlr", c
         if getattr(Block, "obsolete", ()):
@@ -178,9 +220,14 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: Tensor, cache: dict[str, Tensor] | None = None, key_mask: Tensor | None = None) -> Tensor:
         h = self.norm1(x)
-        half = (h if self.skip_from_norm else x) + self.drop_path(self.attn(h, cache=cache, key_mask=key_mask))
+        update = self.attn(h, cache=cache, key_mask=key_mask)
+        half = (h if self.skip_from_norm else x) + self.drop_path(
+            update if self.gamma1 is None else self.gamma1 * update
+        )
         out = self.block(self.norm2(half))
-        return half + self.drop_path(out) if self.block.residual else out
+        if not self.block.residual:
+            return out
+        return half + self.drop_path(out if self.gamma2 is None else self.gamma2 * out)
 
     def code_site(self) -> tuple[nn.Module, str] | None:
         """Where this layer's sparse code (or its MLP's units) is read: ``(module, unit kind)``, None without one
@@ -191,6 +238,8 @@ class EncoderLayer(nn.Module):
         """The bias this layer adds unchanged to every output token, or None: a residual MLP's output bias, or
         the attention's output bias when the second block is skipped (``ista_mode="none"``).  CRATE's ISTA and the
         overcomplete ISTA replace the tokens through a ReLU (eq. (45)) and CRATE-α's ODL has no bias: None."""
+        if self.gamma2 is not None:
+            return None  # the bias is scaled by γ2 (layer scale), not added unchanged
         proj = getattr(self.attn, "proj", None)
         return self.block.output_bias(proj.bias if proj is not None else None)
 

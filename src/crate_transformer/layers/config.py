@@ -53,13 +53,30 @@ class LayerConfig:
 
     @property
     def second_block(self) -> str:
-        """The name of the layer's second block: ``mlp``, or ``"none"`` where ISTA is switched off (Table 15)."""
-        return "none" if self.mlp == "ista" and self.ista_mode == "none" else self.mlp
+        """The name of the layer's second block: ``mlp``, or for CRATE's ISTA its ablation by ``ista_mode``
+        (``"ista_soft"``, ``"ista_mm"``, and ``"none"`` where ISTA is switched off, Table 15)."""
+        if self.mlp != "ista" or self.ista_mode == "relu":
+            return self.mlp
+        return "none" if self.ista_mode == "none" else f"ista_{self.ista_mode}"
+
+    @property
+    def ln_eps(self) -> float:
+        """The eps of the layer's two LayerNorms: CRATE-α's PreNorm's 1e-6 in its ODL layers (``mlp="odl"``), else
+        PyTorch's default 1e-5 (the official CRATE and crate-lm code)."""
+        return 1e-6 if self.mlp == "odl" else 1e-5
+
+    @property
+    def attention_bias(self) -> bool:
+        """Whether the attention's output ``W`` (eq. (37)) has a bias: ``proj_bias``, which by default (None) is yes
+        but in CRATE-α's ODL layers (its ``to_out`` has none)."""
+        return self.mlp != "odl" if self.proj_bias is None else self.proj_bias
 
     @property
     def sparse_output(self) -> bool:
-        """Whether every layer ends with CRATE's ISTA step (outputs with exact zeros, JMLR Figs. 14-15)."""
-        return self.layer_config().second_block == "ista"
+        """Whether every layer ends with CRATE's ISTA step or an ablation of it (outputs with exact zeros, JMLR
+        Figs. 14-15)."""
+        c = self.layer_config()
+        return c.mlp == "ista" and c.ista_mode != "none"
 
     @property
     def layer_blocks(self) -> tuple[str, str]:

@@ -1,5 +1,5 @@
-"""The sparsification step: CRATE's ISTA (eq. (44)), CRATE-α's overcomplete ISTA, the transformer MLP, and
-:class:`Skip` (no sparsification, Table 15).
+"""The sparsification step: CRATE's ISTA (eq. (44)) and its ablations (:class:`SoftISTA`, :class:`MMISTA`;
+:class:`Skip`, no sparsification, Table 15), CRATE-α's overcomplete ISTA and the transformer MLP.
 
 Each is a *second block* of :class:`~crate_transformer.layers.EncoderLayer`: it declares (:class:`SecondBlock`)
 whether it adds to its input or replaces it, the attribute it is stored under (so state-dict keys never change) and
@@ -17,7 +17,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from ..objectives import full_precision
 from .config import GELUS, LayerConfig
 
-__all__ = ["SecondBlock", "ISTA", "Skip", "MLP", "OvercompleteISTA", "TiedOvercompleteISTA"]
+__all__ = ["SecondBlock", "ISTA", "SoftISTA", "MMISTA", "Skip", "MLP", "OvercompleteISTA", "TiedOvercompleteISTA"]
 
 
 class SecondBlock:
@@ -27,11 +27,9 @@ class SecondBlock:
     residual: ClassVar[bool] = False
     # the attribute the block is stored under, so the state-dict keys are the released ones (ista.* or mlp.*)
     state_key: ClassVar[str] = "mlp"
-    # the eps of the layer's LayerNorms, and whether the block reads through LN2 at all
-    norm_eps: ClassVar[float] = 1e-5
+    # whether the block reads through LN2 at all (Skip has no LN2); the norms' eps and the attention's output bias
+    # are the layer's settings (LayerConfig.ln_eps, LayerConfig.attention_bias), not the block's
     normed: ClassVar[bool] = True
-    # the default bias of the attention's output W (eq. (37)) in a layer with this block
-    attention_bias: ClassVar[bool] = True
 
     def code_site(self) -> tuple[nn.Module, str] | None:
         """Where the block's sparse code (or its MLP's units) is read: ``(module, unit kind)``, or None."""
@@ -44,11 +42,14 @@ class SecondBlock:
 
 # --------------------------------------------------------------------------- ISTA
 class ISTA(SecondBlock, nn.Module):
-    """The sparsification step: one proximal-gradient step on the non-negative LASSO (42).
+    """The sparsification step: one proximal-gradient step on the non-negative LASSO (42), eq. (44) (JMLR p.25;
+    Alg. 3)::
 
-    ``mode="relu"`` (default, eq. (44), JMLR p.25; Alg. 3): ``ReLU(Z + η Dᵀ(Z − D Z) − ηλ)``.  Row tokens
-    ``x`` get the pre-activation ``x A − ηλ`` with ``A = I + η (D − DᵀD)`` (:meth:`step_matrix`), computed
-    whichever way costs fewer FLOPs for the ``n`` token rows (the results agree to float rounding):
+        Z^{ℓ+1} = ReLU(Z + η Dᵀ(Z − D Z) − ηλ 1),   Z = Z^{ℓ+1/2}
+
+    the official code's form, one step started from ``Z^{ℓ+1/2}`` itself.  Row tokens ``x`` get the pre-activation
+    ``x A − ηλ`` with ``A = I + η (D − DᵀD)`` (:meth:`step_matrix`), computed whichever way costs fewer FLOPs for
+    the ``n`` token rows (the results agree to float rounding):
 
     * **thin**: ``x + η (x − x Dᵀ) D``, two ``n × d × d`` matmuls: ``4nd²`` FLOPs, ``12nd²`` with the backward;
     * **fused**: ``x A``, one matmul after the token-independent ``DᵀD``: ``2nd² + 2d³``, ``6nd² + 6d³`` with
@@ -58,33 +59,27 @@ class ISTA(SecondBlock, nn.Module):
     is computed once on entry and every forward through which no gradient flows to ``D`` pays ``2nd²``: a decoded
     token or a single image one matrix product.
 
-    Ablations:
-
-    * ``"soft"`` — soft threshold ``S_{ηλ}`` instead of ReLU (Table 13, JMLR p.100);
-    * ``"mm"``   — the majorisation-minimisation step of eq. (123), JMLR p.62, with
-      ``α = d/(n ε²)``: ``ReLU((1 + 4/(9(1+α))) Dᵀz − 4λ/(9α))``;
-    * no sparsification (Table 15) is :class:`Skip`, the layer's block for ``ista_mode="none"``.
+    The ablations of the step (``ista_mode``, JMLR Tables 13 and 15) are their own blocks, each its entry of the
+    layer's table :data:`~crate_transformer.layers.SECOND_BLOCKS`, picked once when the layer is built:
+    :class:`SoftISTA` (``"soft"``), :class:`MMISTA` (``"mm"``) and :class:`Skip` (``"none"``).
 
     ``D`` is ``d×d``, kaiming-uniform initialised as in the official code; η and λ are
     configuration (saved with the model), not parameters.
     """
 
     state_key = "ista"
-    MODES: ClassVar[tuple[str, ...]] = ("relu", "soft", "mm")
+    mode: ClassVar[str] = "relu"  # the layer's ista_mode this block is (LayerConfig.second_block)
 
-    def __init__(self, dim: int, eta: float = 0.1, lambd: float = 0.1, mode: str = "relu", eps: float = 0.1) -> None:
+    def __init__(self, dim: int, eta: float = 0.1, lambd: float = 0.1) -> None:
         super().__init__()
-        if mode not in self.MODES:
-            hint = "; no sparsification is the layer's ista_mode='none' (Skip)" if mode == "none" else ""
-            raise ValueError(f"unknown ISTA mode {mode!r}; choose one of {self.MODES}{hint}")
-        self.eta, self.lambd, self.mode, self.eps = eta, lambd, mode, eps
+        self.eta, self.lambd = eta, lambd
         self.weight = nn.Parameter(torch.empty(dim, dim))
         nn.init.kaiming_uniform_(self.weight)
         self.frozen: Tensor | None = None  # A while a frozen_weights context holds this block
 
     @classmethod
     def from_config(cls, dim: int, c: LayerConfig) -> ISTA:
-        return cls(dim, c.eta, c.lambd, c.ista_mode, c.eps)
+        return cls(dim, c.eta, c.lambd)
 
     def code_site(self) -> tuple[nn.Module, str]:
         return (self, "ista")
@@ -109,15 +104,8 @@ class ISTA(SecondBlock, nn.Module):
         self.frozen = None
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.mode == "mm":
-            n, d = x.shape[-2], x.shape[-1]
-            alpha = d / (n * self.eps**2)
-            return F.relu((1 + 4 / (9 * (1 + alpha))) * (x @ self.weight) - 4 * self.lambd / (9 * alpha))
-        pre = self.preactivation(x)
-        if self.mode == "soft":
-            t = self.eta * self.lambd
-            return torch.sign(pre + t) * F.relu((pre + t).abs() - t)
-        return F.relu(pre)
+        """Eq. (44): ``ReLU(x A − ηλ)`` of row tokens ``x`` (:meth:`preactivation`)."""
+        return F.relu(self.preactivation(x))
 
     def preactivation(self, x: Tensor) -> Tensor:
         """``x A − ηλ`` (eq. (44) before the ReLU), by the kept ``A``, the thin or the fused product."""
@@ -137,6 +125,40 @@ class ISTA(SecondBlock, nn.Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.weight.shape[0]}, eta={self.eta}, lambd={self.lambd}, mode={self.mode!r}"
+
+
+class SoftISTA(ISTA):
+    """The soft-threshold ablation (``ista_mode="soft"``, JMLR Table 13, p.100): eq. (44)'s pre-activation
+    through ``S_{ηλ}(u) = sign(u) max(|u| − ηλ, 0)`` instead of the ReLU, the threshold applied to
+    ``Z + η Dᵀ(Z − D Z)`` (:meth:`ISTA.preactivation` adds ``−ηλ``, added back here)."""
+
+    mode = "soft"
+
+    def forward(self, x: Tensor) -> Tensor:
+        t = self.eta * self.lambd
+        u = self.preactivation(x) + t
+        return torch.sign(u) * F.relu(u.abs() - t)
+
+
+class MMISTA(ISTA):
+    """The majorisation-minimisation ablation (``ista_mode="mm"``): the step of eq. (123), JMLR p.62, with
+    ``α = d/(n ε²)`` for ``n`` tokens of width ``d``: ``ReLU((1 + 4/(9(1+α))) Dᵀz − 4λ/(9α))`` (row tokens:
+    ``x D``).  ``eps`` is ε (the layer's ``eps``)."""
+
+    mode = "mm"
+
+    def __init__(self, dim: int, eta: float = 0.1, lambd: float = 0.1, eps: float = 0.1) -> None:
+        super().__init__(dim, eta, lambd)
+        self.eps = eps
+
+    @classmethod
+    def from_config(cls, dim: int, c: LayerConfig) -> MMISTA:
+        return cls(dim, c.eta, c.lambd, c.eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        n, d = x.shape[-2], x.shape[-1]
+        alpha = d / (n * self.eps**2)
+        return F.relu((1 + 4 / (9 * (1 + alpha))) * (x @ self.weight) - 4 * self.lambd / (9 * alpha))
 
 
 class Skip(SecondBlock, nn.Module):
@@ -204,8 +226,6 @@ class OvercompleteISTA(SecondBlock, nn.Module):
     """
 
     residual = True
-    norm_eps = 1e-6  # CRATE-α's PreNorm
-    attention_bias = False  # CRATE-α's to_out
 
     def __init__(self, dim: int, ratio: int = 4, eta: float = 0.1, lambd: float = 0.1, tied: bool = False) -> None:
         super().__init__()
@@ -250,8 +270,6 @@ class TiedOvercompleteISTA(OvercompleteISTA):
     (``tied=True``) which, like CRATE's ISTA, **replaces** the tokens: ``Z_next = ODL(LN2(Z_half))``."""
 
     residual = False
-    norm_eps = 1e-5
-    attention_bias = True
 
     def __init__(self, dim: int, ratio: int = 4, eta: float = 0.1, lambd: float = 0.1) -> None:
         super().__init__(dim, ratio, eta, lambd, tied=True)

@@ -28,7 +28,6 @@ from torch import Tensor, nn
 
 from .._hub import is_hub_spec, resolve_hub, verify_cached
 from ..config import Config
-from ..errors import python_message
 from ..io import CONFIG_NAME, FILE_DIGESTS, WEIGHTS_NAME, CheckpointError, load_safetensors, model_dir, read_config_dict
 from .values import check_build
 from .weights import check_sizes, keep_dtypes, load_backbone, load_weights
@@ -97,7 +96,7 @@ def read_folder(path: str | Path, choose: Callable[[object], type[nn.Module]], r
         target = choose(data.get("arch"))
         config = target.config_class.from_dict(data)
     except ValueError as e:  # a value of the file, named as the file names it
-        raise CheckpointError(f"{directory / CONFIG_NAME}: {python_message(e)}") from None
+        raise CheckpointError(f"{directory / CONFIG_NAME}: {e}") from None
     weights = directory / WEIGHTS_NAME
     if not weights.is_file():
         raise CheckpointError(f"no {WEIGHTS_NAME} in {directory}; the save was incomplete — re-save the model")

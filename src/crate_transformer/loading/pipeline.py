@@ -31,7 +31,6 @@ from .._registry import ZOO, arch_info, config_class, model_config, official_for
 from ..base import Model, timm_overrides
 from ..config import Config
 from ..config_utils import coerce_fields
-from ..errors import python_message
 from ..io import (
     CONFIG_NAME,
     FILE_DIGESTS,
@@ -90,7 +89,7 @@ def read_config(directory: str | Path) -> Config:
     except CheckpointError:
         raise
     except ValueError as e:  # a value of the file, named as the file names it
-        raise CheckpointError(f"{directory / CONFIG_NAME}: {python_message(e)}") from None
+        raise CheckpointError(f"{directory / CONFIG_NAME}: {e}") from None
 
 
 def _registered_class(arch: object) -> type[Model]:
@@ -115,7 +114,7 @@ def resolve(path: str | Path) -> Source:
     try:
         config = config_from_dict(dict(exported[0]))
     except ValueError as e:
-        raise CheckpointError(f"{path}: {python_message(e)}") from None
+        raise CheckpointError(f"{path}: {e}") from None
     tokenizer = state_tokenizer(raw)  # a language-model state's tokenizer: the family takes its files back
     files = {TOKENIZER_NAME: tokenizer} if tokenizer is not None else {}
     return Source("state", str(path), exported[1], config, _registered_class(config.arch), {"files": files})
@@ -237,7 +236,7 @@ def _file_values(
         found = fmt.config_file(sidecar) if fmt.config_file is not None and sidecar is not None else {}
         tensors = fmt.fields(raw) if fmt.fields is not None else {}
     except ValueError as e:
-        raise CheckpointError(f"{source}: {python_message(e)}") from None
+        raise CheckpointError(f"{source}: {e}") from None
     cls = config_class(registered_fields(name).get("arch"))
     kept = set(overrides) & set(fmt.overridable)
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data import ImageSource, default_augmentation, to_device
-from ..errors import Opt, Step
+from ..errors import Step
 from ..layers import set_drop_path
 from .config import given_once
 from .evaluation import evaluate
@@ -45,7 +45,7 @@ class ClassificationTask(Task):
         draws no extra random numbers)."""
         cfg = self.cfg
         if cfg.optim.drop_path:
-            given_once(cfg.model_args, "drop_path", cfg.optim.drop_path, Opt("drop_path", cfg.optim.drop_path))
+            given_once(cfg.model_args, "drop_path", cfg.optim.drop_path, f"drop_path={cfg.optim.drop_path!r}")
         if cfg.optim.drop_path and state is None:
             set_drop_path(self.model, cfg.optim.drop_path)
         self.mixer = self.eraser = self.ema = None

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 from ..config import Config, check_option
 from ..config_utils import NON_NEGATIVE, POSITIVE, Range, coerce_fields, load_yaml, option, option_name
 from ..data import AUGMENTATIONS, DATA_MODES
-from ..errors import Opt, OptionError, Place, short_repr
+from ..errors import OptionError, short_repr
 from .optim import OPTIMIZERS
 from .recipes import RECIPES, recipe_options
 from .sharding import STRATEGIES
@@ -67,6 +67,7 @@ class DataOptions(Config):
         "save_to_disk folder; language models: 'python-docs' (built in) | a UTF-8 text file or folder | a dataset id "
         "(wikitext:wikitext-103-raw-v1); text classification: a CSV/TSV file | a dataset id (glue:sst2)",
         name="data",
+        basic=True,
     )
     data_mode: str = option(
         "auto",
@@ -79,12 +80,13 @@ class DataOptions(Config):
         range=Range(-1, integer=True, note="-1 = auto"),
     )  # fmt: skip
     image_size: int | None = option(
-        None, "train at this image size; batches are resized", shown="the model's", range=POSITIVE
+        None, "train at this image size; batches are resized", shown="the model's", range=POSITIVE, basic=True
     )
     val_fraction: float = option(
         0.0,
         "hold out this fraction of the training pool as a 'val' split (stratified; language models: the corpus' tail)",
         range=Range(0, 1, hi_open=True),
+        basic=True,
     )
     eval_split: str = option(
         "test", "split evaluated after every `eval_every` epochs: test | val", choices=("test", "val")
@@ -110,9 +112,7 @@ class DataOptions(Config):
 
     def validate(self) -> None:
         if self.eval_split == "val" and self.val_fraction <= 0:
-            raise OptionError(
-                "eval_split 'val' needs a validation split; pass ", Opt("val_fraction", 0.1), " (for example)"
-            )
+            raise OptionError("eval_split 'val' needs a validation split; pass val_fraction=0.1 (for example)")
 
 
 @dataclass
@@ -124,6 +124,7 @@ class AugmentationOptions(Config):
         "augmentation: auto (translate for digits, crop-flip otherwise, + randaugment when fine-tuning) | "
         + " | ".join(AUGMENTATIONS),
         choices=("auto", *AUGMENTATIONS),
+        basic=True,
     )
     translate: float = option(
         0.07, "max shift of `augment` translate, as a fraction of the side (0.07: 2 px at 28 px)",
@@ -155,6 +156,7 @@ class OptimOptions(Config):
         "optimizer: adamw | lion (the paper pre-trains with Lion) | sgd (with `momentum`) | lars (MoCo v3 / MAE) | "
         "lamb (You et al. 2019)",
         choices=OPTIMIZERS,
+        basic=True,
     )
     momentum: float = option(
         0.9,
@@ -162,10 +164,10 @@ class OptimOptions(Config):
         range=Range(0, 1, hi_open=True),
         applies={"optimizer": ("sgd", "lars")},
     )
-    lr: float = option(4e-3, "peak learning rate", range=Range(0, lo_open=True))
+    lr: float = option(4e-3, "peak learning rate", range=Range(0, lo_open=True), basic=True)
     min_lr: float = option(1e-5, "learning rate at the end of the cosine decay", range=Range(0))
     weight_decay: float = option(
-        0.01, "decoupled weight decay (matrices only; norms, biases, embeddings excluded)", range=Range(0)
+        0.01, "decoupled weight decay (matrices only; norms, biases, embeddings excluded)", range=Range(0), basic=True
     )
     betas: list[float] = option(
         [],
@@ -175,13 +177,15 @@ class OptimOptions(Config):
         applies={"optimizer": ("adamw", "lion", "lamb")},
     )
     batch_size: int = option(
-        64, "global batch size per optimizer step (split over processes and `accum_steps`)", range=POSITIVE
+        64, "global batch size per optimizer step (split over processes and `accum_steps`)", range=POSITIVE, basic=True
     )
     accum_steps: int = option(
         1, "gradient accumulation: each process runs its share of a batch in this many chunks", range=POSITIVE
     )
-    epochs: int = option(40, "training epochs", range=POSITIVE)
-    warmup_epochs: float = option(2.0, "linear warm-up length in epochs (fractions allowed)", range=Range(0))
+    epochs: int = option(40, "training epochs", range=POSITIVE, basic=True)
+    warmup_epochs: float = option(
+        2.0, "linear warm-up length in epochs (fractions allowed)", range=Range(0), basic=True
+    )
     warmup_fraction: float = option(
         0.0,
         "linear warm-up as a share of the run's optimizer steps (0.05: the first twentieth; 0 = `warmup_epochs`); "
@@ -191,7 +195,10 @@ class OptimOptions(Config):
     label_smoothing: float = option(0.05, "label smoothing of the cross-entropy", range=Range(0, 1, hi_open=True))
     grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)", range=Range(0))
     max_steps: int = option(
-        0, "stop after this many optimizer steps (0 = all epochs; the schedule is unchanged)", range=NON_NEGATIVE
+        0,
+        "stop after this many optimizer steps (0 = all epochs; the schedule is unchanged)",
+        range=NON_NEGATIVE,
+        basic=True,
     )
     layer_decay: float = option(
         1.0,
@@ -226,9 +233,12 @@ class OptimOptions(Config):
 class SystemOptions(Config):
     """Where and how the run executes: device, precision, threads, seed (``cfg.system``)."""
 
-    device: str = option("auto", "auto | cpu | cuda | cuda:N | mps (under torchrun: cuda:LOCAL_RANK)")
+    device: str = option("auto", "auto | cpu | cuda | cuda:N | mps (under torchrun: cuda:LOCAL_RANK)", basic=True)
     amp: str = option(
-        "auto", "mixed precision: auto (bf16 or fp16 on GPU, none on CPU) | none | bf16 | fp16", choices=AMP_MODES
+        "auto",
+        "mixed precision: auto (bf16 or fp16 on GPU, none on CPU) | none | bf16 | fp16",
+        choices=AMP_MODES,
+        basic=True,
     )
     strategy: str = option(
         "ddp",
@@ -237,7 +247,7 @@ class SystemOptions(Config):
         choices=STRATEGIES,
     )
     compile: bool = option(False, "torch.compile the model (first steps are slow while it compiles)")
-    seed: int = option(0, "random seed (model init, data order, augmentation)")
+    seed: int = option(0, "random seed (model init, data order, augmentation)", basic=True)
     deterministic: bool = option(False, "deterministic algorithms (bitwise reproducible on CPU; slower on GPU)")
     tf32: bool = option(
         True,
@@ -249,6 +259,7 @@ class SystemOptions(Config):
         "torch CPU threads per process (0 = auto: the CPUs this process may use, minus the other work running "
         "now; 1 on a busy shared machine)",
         range=NON_NEGATIVE,
+        basic=True,
     )
 
 
@@ -256,7 +267,7 @@ class SystemOptions(Config):
 class LoggingOptions(Config):
     """The run directory, checkpoints, evaluation and what is logged (``cfg.logging``)."""
 
-    out: str | None = option(None, "run directory", shown="runs/<model>-<data>-<date-time>", path=True)
+    out: str | None = option(None, "run directory", shown="runs/<model>-<data>-<date-time>", path=True, basic=True)
     checkpoint_every: int = option(
         0, "also checkpoint every N steps (always at epoch ends, the end and on Ctrl-C)", range=NON_NEGATIVE
     )
@@ -275,6 +286,7 @@ class LoggingOptions(Config):
         "(several at once: `logger` csv wandb)",
         choices=LOGGERS,  # each name of the list (checked by the config, not by the command line's parser)
         metavar="NAME",
+        basic=True,
     )
     tensorboard: bool = option(False, "the same as `logger` tensorboard")
     progress: bool = option(True, "show progress: a bar on a terminal, a line at each tenth of the run in a log")
@@ -312,17 +324,20 @@ class TrainConfig:
     task: str = option("classification", "training objective")
     task_args: dict = option({}, "the task's own options (the fields of its Options)")
     # model
-    model: str | None = option("crate_mnist_p4", "registered model name (ct.list_models() lists them)")
-    model_args: dict = option({}, "model overrides as KEY=VALUE, e.g. dim=64 depth=4 patch_size=4", metavar="KEY=VALUE")
+    model: str | None = option("crate_mnist_p4", "registered model name (ct.list_models() lists them)", basic=True)
+    model_args: dict = option(
+        {}, "model overrides as KEY=VALUE, e.g. dim=64 depth=4 patch_size=4", metavar="KEY=VALUE", basic=True
+    )
     # a named published recipe: its values go under the options given with it (defaults < recipe < file < flags)
     recipe: str | None = option(
         None,
         "a named published recipe (its optimizer, lr, schedule, augmentation, ... values; docs/recipes.md): "
         "defaults < recipe < a config file < the options given",
         choices=tuple(RECIPES),
+        basic=True,
     )
     # fine-tuning (set by `crate finetune`)
-    init_from: str | None = option(None, "checkpoint to fine-tune from", path=True)
+    init_from: str | None = option(None, "checkpoint to fine-tune from", path=True, metavar="CHECKPOINT", basic=True)
     keep_head: bool = option(False, "keep the pretrained head when the class count matches")
     # the option groups
     data: DataOptions = field(default_factory=DataOptions)
@@ -446,7 +461,8 @@ def _no_empty_path(cls: type, values: dict[str, Any]) -> dict[str, Any]:
     an auto-named folder, silently)."""
     for f in dataclasses.fields(cls):
         if f.metadata.get("path") and isinstance(values.get(f.name), str) and not values[f.name].strip():
-            raise OptionError(Opt(option_name(f)), " is an empty path; give a folder or file, or leave it out")
+            name = option_name(f)
+            raise OptionError(f"{name} is an empty path; give a folder or file, or leave it out", option=name)
     return values
 
 
@@ -544,17 +560,14 @@ def read_run_config(path: str | os.PathLike) -> TrainConfig:
     return TrainConfig.from_dict({k: v for k, v in options.items() if k not in RUN_EXTRAS})
 
 
-def given_once(model_args: Mapping[str, Any], field: str, value: object, *setter: str | Place) -> None:
-    """Refuse ``model_args[field]`` when a training option or the data (``setter``, which sets ``value``) gives the
-    model field another value: one of the two would win silently.  An equal value passes."""
+def given_once(model_args: Mapping[str, Any], field: str, value: object, setter: str) -> None:
+    """Refuse ``model_args[field]`` when a training option or the data (``setter``, which sets ``value``: a
+    ``name=value`` or words) gives the model field another value: one of the two would win silently.  An equal
+    value passes."""
     if field not in model_args or value is None or _same(model_args[field], value):
         return
-    given = model_args[field]
-    shown = given[:60] if isinstance(given, str) else short_repr(given)
-    raise OptionError(
-        f"{field} is given twice: ", *setter, " and ", Opt("model_args", f"{field}={shown}"),
-        "; keep one",
-    )  # fmt: skip
+    given = short_repr({field: model_args[field]})
+    raise OptionError(f"{field} is given twice: {setter} and model_args={given}; keep one")
 
 
 def _same(given: object, value: object) -> bool:

@@ -41,7 +41,7 @@ from ..dino import (
     ema_update,
     teacher_temperature,
 )
-from ..errors import Opt, Step
+from ..errors import Step
 from ..model import ImageClassifier
 from .config import TrainConfig, given_once
 from .evaluation import save_figure, subplots
@@ -74,10 +74,11 @@ class DINOOptions(DINOHeadConfig):
         "digits",
         "start from this preset: digits (28 px, 2 CPU cores) | paper (DINO's defaults)",
         choices=("digits", "paper"),
+        basic=True,
     )
     # temperatures and centre
     student_temp: float = option(0.1, "student temperature tau_s", range=POS)
-    teacher_temp: float = option(0.04, "teacher temperature tau_t after the warm-up", range=POS)
+    teacher_temp: float = option(0.04, "teacher temperature tau_t after the warm-up", range=POS, basic=True)
     warmup_teacher_temp: float = option(0.04, "teacher temperature at the start of the warm-up", range=POS)
     warmup_teacher_temp_epochs: int = option(
         0,
@@ -104,7 +105,7 @@ class DINOOptions(DINOHeadConfig):
     local_crop_size: int = option(
         0, "side of the local views in pixels (0 = 96/224 of the global side)", range=NON_NEGATIVE
     )
-    local_crops_number: int = option(0, "number of local views (DINO: 8)", range=NON_NEGATIVE)
+    local_crops_number: int = option(0, "number of local views (DINO: 8)", range=NON_NEGATIVE, basic=True)
     global_crops_scale: list[float] = option(
         [0.6, 1.0], "area fraction range of the global crops, LO HI (DINO: 0.4 1.0)", range=AREA
     )
@@ -280,7 +281,7 @@ class DINOTask(Task):
     def setup(self, state: dict | None) -> None:
         cfg, rt = self.cfg, self.rt
         self.options = opts = self.parse_options(cfg)
-        given_once(cfg.model_args, "pool", opts.pool, Opt("pool", opts.pool))  # the DINO feature sets the backbone's
+        given_once(cfg.model_args, "pool", opts.pool, f"pool={opts.pool!r}")  # the DINO feature sets the backbone's
         load = functools.partial(ImageData, cfg, device=rt.device)
         backbone, self.data = image_classifier(cfg, state, load)  # data, normalisation, the backbone (DataSpec)
         self.train_data, self.eval_data, self.test_data = self.data.train, self.data.eval, self.data.test

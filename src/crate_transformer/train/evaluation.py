@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data import ImageSource, match_channels, normalize, to_device
-from ..errors import OptionError, Use
+from ..errors import OptionError
 from ..figures import subplots
 from ..io import atomic_write
 from ..layers.inference import evaluating
@@ -141,9 +141,7 @@ def _evaluate(
         if logits.shape[-1] != n_cls:
             raise OptionError(
                 f"the model predicts {logits.shape[-1]} classes but the data has {n_cls}; fine-tune it on this data "
-                "first (",
-                Use("classification", init_from=True),
-                ")",
+                "first (task='classification' with init_from)"
             )
         sums[0] += F.cross_entropy(logits, y, reduction="sum")
         sums[1] += (logits.topk(k, dim=-1).indices == y[:, None]).any(-1).sum()

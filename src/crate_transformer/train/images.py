@@ -25,7 +25,7 @@ from ..data import (
     fit_normalization,
     open_source,
 )
-from ..errors import Opt, OptionError, See, TaskError, Use
+from ..errors import OptionError, TaskError
 from ..model import ImageClassifier
 from ..registry import build, model_config
 from .config import TrainConfig, given_once
@@ -112,17 +112,17 @@ def image_classifier(
     elif cfg.init_from is not None:  # fine-tuning: the checkpoint fixes the architecture
         model = load_model(cfg.init_from, name=cfg.model, as_classifier=True, **cfg.model_args)
         if model.kind == LANGUAGE_MODEL:
-            raise TaskError(f"{cfg.init_from} is a language model; fine-tune it with ", Use("text-classification"))
+            raise TaskError(f"{cfg.init_from} is a language model; fine-tune it with task='text-classification'")
         if model.kind != IMAGE_CLASSIFIER:
             raise ValueError(f"{cfg.init_from} is {model.kind!r}, not an image classifier, and cannot be fine-tuned")
         image_size = cfg.data.image_size or model.config.image_size
     else:
         if cfg.model is None:
-            raise OptionError("no model given; pass ", Opt("model"), " (", See("models"), " lists them)")
+            raise OptionError("no model given; pass model='NAME' (ct.list_models() lists them)")
         if model_config(cfg.model).kind == LANGUAGE_MODEL:
-            raise TaskError(f"{cfg.model} is a language model; train it with ", Use("lm"), " ", Opt("model", cfg.model))
+            raise TaskError(f"{cfg.model} is a language model; train it with task='lm' model={cfg.model!r}")
         if cfg.data.image_size:
-            given_once(cfg.model_args, "image_size", cfg.data.image_size, Opt("image_size", cfg.data.image_size))
+            given_once(cfg.model_args, "image_size", cfg.data.image_size, f"image_size={cfg.data.image_size!r}")
         image_size = cfg.data.image_size or model_config(cfg.model, **cfg.model_args).image_size
     data = load_data(image_size)
     classes = data.classes
@@ -138,7 +138,7 @@ def image_classifier(
         model = build(model_config(cfg.model, **overrides))
         if model.kind != IMAGE_CLASSIFIER:
             raise OptionError(
-                f"{cfg.model} is not an image classifier; ", See("models"), " lists the models and their kinds"
+                f"{cfg.model} is not an image classifier; ct.list_models() lists the models and their kinds"
             )
     data.fit(model)
     return model, data
@@ -153,7 +153,8 @@ def load_splits(cfg: TrainConfig, image_size: int) -> tuple[ImageSource, ImageSo
     """
     if cfg.data.text_columns:
         raise OptionError(
-            Opt("text_columns"), " names the text of a language-model corpus or table; images need no text"
+            "text_columns names the text of a language-model corpus or table; images need no text",
+            option="text_columns",
         )
     kw = dict(
         image_size=image_size,
@@ -168,11 +169,9 @@ def load_splits(cfg: TrainConfig, image_size: int) -> tuple[ImageSource, ImageSo
     train_set = open_source(cfg.data.source, "train", **kw)
     if cfg.data.train_subset and not isinstance(train_set, ImageDataset):
         raise OptionError(
-            Opt("train_subset"),
-            f" works on in-memory data only and {cfg.data.source} is streamed; pass ",
-            Opt("data_mode", "memory"),
-            " (image folders) or drop ",
-            Opt("train_subset"),
+            f"train_subset works on in-memory data only and {cfg.data.source} is streamed; pass "
+            "data_mode='memory' (image folders) or drop train_subset",
+            option="train_subset",
         )
     kw["stats"] = (train_set.mean, train_set.std)  # streamed splits: the training pool's, not a new estimate
     with warnings.catch_warnings():

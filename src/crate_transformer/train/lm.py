@@ -23,7 +23,7 @@ from ..config import LANGUAGE_MODEL, Config
 from ..config_utils import Range, coerce_fields
 from ..data import to_device
 from ..data.text import TokenBlocks, corpus_files, iter_documents, load_tokens, split_tokens
-from ..errors import Opt, OptionError, OptionWarning, See, Step
+from ..errors import OptionError, OptionWarning, Step, short_repr
 from ..layers.inference import evaluating
 from ..lm import LanguageModel, LMConfig, mask_tokens
 from ..registry import build, model_config
@@ -49,14 +49,16 @@ class LMOptions(Config):
         "clm",
         "clm: next token (CRATE-GPT, eq. (89)) | mlm: masked tokens (CRATE-BERT, eq. (85))",
         choices=OBJECTIVES,
+        basic=True,
     )
     tokenizer: str = task_option(
         "byte",
         "byte (no training) | bpe | wordpiece (trained on `data`) | a tokenizer.json file",
         fixed=True,
+        basic=True,
     )
     vocab_size: int = task_option(
-        4096, "vocabulary size of a bpe / wordpiece tokenizer", range=Range(1, integer=True), fixed=True
+        4096, "vocabulary size of a bpe / wordpiece tokenizer", range=Range(1, integer=True), fixed=True, basic=True
     )
     mask_prob: float = task_option(
         0.15,
@@ -107,18 +109,12 @@ def build_tokenizer(spec: str, source: str, vocab_size: int, columns: Sequence[s
 def plateau_warning(loss: float, entropy: float, step: int, total: int, token_prior: bool) -> OptionWarning:
     """The one line saying the held-out ``loss`` after ``step`` of ``total`` steps is still near the unigram
     ``entropy`` of the training tokens, and what to try."""
-    first = [Opt("token_prior"), " (it is off), "] if not token_prior else []
+    first = "token_prior (it is off), " if not token_prior else ""
     return OptionWarning(
         f"held-out loss {loss:.3f} per token after {step} of {total} steps ({step / total:.0%}) is not yet "
         f"{PLATEAU_MARGIN:.0%} below the unigram entropy of the training tokens ({entropy:.3f}): the model predicts "
-        "little beyond token frequencies; try ",
-        *first,
-        "a longer warm-up (",
-        Opt("warmup_fraction"),
-        "), a lower ",
-        Opt("lr"),
-        " or more ",
-        Opt("epochs"),
+        f"little beyond token frequencies; try {first}a longer warm-up (warmup_fraction), a lower lr or more epochs",
+        option=("token_prior", "warmup_fraction", "lr", "epochs"),
     )
 
 
@@ -128,11 +124,8 @@ def _check_objective(config: LMConfig, name: str, objective: str) -> None:
         kind = "causal (GPT)" if config.causal else "bidirectional (BERT)"
         other = "clm" if config.causal else "mlm"
         raise OptionError(
-            f"{name} is a {kind} model; use ",
-            Opt("objective", other),
-            f" or a {objective} model (e.g. ",
-            Opt("model", DEFAULT_MODELS[objective]),
-            ")",
+            f"{name} is a {kind} model; use objective={other!r} or a {objective} model (e.g. "
+            f"model={DEFAULT_MODELS[objective]!r})"
         )
 
 
@@ -170,21 +163,14 @@ class LMTask(Task):
         given = cfg.model_args.get("tokenizer")
         if given is not None and str(given) != str(tokenizer):
             raise OptionError(
-                "the model's tokenizer is the one the training uses (",
-                Opt("tokenizer", tokenizer),
-                "), not ",
-                Opt("model_args", f"tokenizer={str(given)[:60]}"),
-                "; pass ",
-                Opt("tokenizer", given),
-                " instead",
+                f"the model's tokenizer is the one the training uses (tokenizer={tokenizer!r}), not "
+                f"model_args={short_repr({'tokenizer': given})}; pass tokenizer={short_repr(given)} instead"
             )
         if "vocab_size" in cfg.task_args and tokenizer not in ("bpe", "wordpiece"):
             raise OptionError(
-                Opt("vocab_size"),
-                " applies to a tokenizer trained on the data (bpe, wordpiece), not ",
-                tokenizer,
-                "; drop it, or add ",
-                Opt("tokenizer", "bpe"),
+                f"vocab_size applies to a tokenizer trained on the data (bpe, wordpiece), not {tokenizer}; drop it, "
+                "or add tokenizer='bpe'",
+                option="vocab_size",
             )
 
     def resolve(self, cfg: TrainConfig) -> dict[str, Any]:
@@ -197,10 +183,8 @@ class LMTask(Task):
         source = cfg.data.source
         if cfg.data.image_column or cfg.data.label_column:
             raise OptionError(
-                Opt("image_column"),
-                " / ",
-                Opt("label_column"),
-                " name an image dataset's columns; a corpus has text only",
+                "image_column / label_column name an image dataset's columns; a corpus has text only",
+                option=("image_column", "label_column"),
             )
         corpus_files(source, cfg.data.text_columns)  # a missing corpus or column fails before tokenizer training
         if source != "python-docs":
@@ -241,14 +225,13 @@ class LMTask(Task):
             self.tokenizer = Tokenizer.from_str(state["task"]["tokenizer"])
             if o.tokenizer in TOKENIZER_KINDS and o.tokenizer != self.tokenizer.kind:
                 raise OptionError(
-                    f"this run was trained with the {self.tokenizer.kind} tokenizer, not {o.tokenizer}; drop ",
-                    Opt("tokenizer", o.tokenizer),
-                    " to continue it, or start a new run",
+                    f"this run was trained with the {self.tokenizer.kind} tokenizer, not {o.tokenizer}; drop "
+                    f"tokenizer={o.tokenizer!r} to continue it, or start a new run"
                 )
             return config_from_dict(dict(state["model_config"]))  # by its arch: CRATE-GPT, GPT, ToST, ...
         else:
             if model_config(cfg.model).kind != LANGUAGE_MODEL:
-                raise OptionError(f"{cfg.model} is not a language model; pick one (", See("models"), " lists them)")
+                raise OptionError(f"{cfg.model} is not a language model; pick one (ct.list_models() lists them)")
             self.tokenizer = build_tokenizer(o.tokenizer, source, o.vocab_size, cfg.data.text_columns)
             size = _embedding_size(cfg.model_args.get("vocab_size"), self.tokenizer)
             overrides = {**cfg.model_args, "vocab_size": size, "tokenizer": self.tokenizer.kind}

@@ -24,13 +24,13 @@ import torch
 from torch import nn
 
 from ..data.prefetch import prefetch
-from ..errors import Opt, OptionError
+from ..errors import OptionError
 from . import sharding
 from .config import TrainConfig, nest_options, upgrade_v1
 from .optim import build_optimizer, param_groups
 from .rundir import CHECKPOINT, CONFIG_FILE, RunDir, load_training_state
 from .runtime import Interrupt, ProcessSettings, Runtime, StopVote, rng_state, seed_everything, set_rng_state
-from .task import Hook, StepContext, Task, TaskError, Use, make_task
+from .task import Hook, StepContext, Task, TaskError, make_task
 from .threads import SlowdownWatch
 
 __all__ = ["train", "TrainState", "WarmupCosine"]
@@ -100,9 +100,8 @@ def train(
         kept = run is not None and (run.path / CHECKPOINT).is_file()
         saved = f"the last good checkpoint is kept in {run.path / CHECKPOINT}" if kept else "no checkpoint was saved"
         raise OptionError(
-            f"{e}; {saved}; lower ", Opt("lr"), ", keep ", Opt("grad_clip"), " on (e.g. 1.0) or use ",
-            Opt("amp", "none"),
-        ) from None  # fmt: skip
+            f"{e}; {saved}; lower lr, keep grad_clip on (e.g. 1.0) or use amp='none'", option=("lr", "grad_clip")
+        ) from None
     finally:
         if run is not None:
             # a new run that failed before its first checkpoint leaves nothing behind that would refuse the
@@ -138,13 +137,13 @@ def _configure(
     if task is not None:
         cfg = TrainConfig.from_dict({"task": task.name}, cfg)
     if expect_task is not None and cfg.task != expect_task:  # first: the other checks are the other task's
-        use = Use(cfg.task, init_from=bool(cfg.init_from))
+        use = f"task={cfg.task!r}" + (" with init_from" if cfg.init_from else "")
         if resume is not None:
-            raise TaskError(f"{resume} is a {cfg.task} run, not {expect_task}; use: ", use, " ", Opt("resume", resume))
+            raise TaskError(f"{resume} is a {cfg.task} run, not {expect_task}; use: {use} resume={str(resume)!r}")
         raise TaskError(
-            f"the options set task {cfg.task!r}, and this trains {expect_task}; train {cfg.task} with ", use,
-            f", or drop task: {cfg.task} from the options",
-        )  # fmt: skip
+            f"the options set task {cfg.task!r}, and this trains {expect_task}; train {cfg.task} with {use}, or "
+            f"drop task: {cfg.task} from the options"
+        )
     task = task or make_task(cfg.task)
     task.parse_options(cfg)  # the task's options are checked before anything is written
     if saved is not None:
@@ -385,12 +384,13 @@ def _check_architecture(state: Mapping[str, Any], overrides: Mapping[str, Any], 
     if overrides.get("model") is not None and overrides["model"] != saved.get("model"):
         diffs.append(f"model={overrides['model']!r} (run: {saved.get('model')!r})")
     given = coerce_fields(config_class(stored.get("arch")), dict(overrides.get("model_args") or {}))
-    diffs += [f"{k}={v!r} (run: {stored.get(k)!r})" for k, v in given.items() if stored.get(k) != v]
+    diffs += [f"model_args={ {k: v}!r} (run: {stored.get(k)!r})" for k, v in given.items() if stored.get(k) != v]
     if diffs:
         raise OptionError(
             f"{resume} keeps the architecture of its checkpoint, which differs from {', '.join(diffs)}; drop "
-            "these options to continue it, or start a new run with them (another ", Opt("out"), ")",
-        )  # fmt: skip
+            "these options to continue it, or start a new run with them (another out)",
+            option="out",
+        )
 
 
 def _check_fixed_options(
@@ -410,9 +410,10 @@ def _check_fixed_options(
         now = getattr(new, f.name)
         if now != was:
             raise OptionError(
-                f"{resume} keeps the {f.name} of its checkpoint ({was!r}), not {now!r}; drop ", Opt(f.name),
-                " to continue it, or start a new run with it (another ", Opt("out"), ")",
-            )  # fmt: skip
+                f"{resume} keeps the {f.name} of its checkpoint ({was!r}), not {now!r}; drop {f.name}={now!r} to "
+                "continue it, or start a new run with it (another out)",
+                option="out",
+            )
 
 
 def _default_dir(cfg: TrainConfig) -> Path:
@@ -430,8 +431,9 @@ def _steps_per_epoch(cfg: TrainConfig, task: Task, rt: Runtime) -> int:
     steps = task.train_data.steps_per_epoch(cfg.optim.batch_size)
     if steps == 0:
         raise OptionError(
-            f"batch_size {cfg.optim.batch_size} is larger than the {len(task.train_data)} training samples; lower ",
-            Opt("batch_size"),
+            f"batch_size {cfg.optim.batch_size} is larger than the {len(task.train_data)} training samples; lower "
+            "batch_size",
+            option="batch_size",
         )
     return steps
 
@@ -504,8 +506,8 @@ def _restore(state: dict, task: Task, opt: _Optimization, cfg: TrainConfig, n: i
     if data["num_samples"] != n or data["global_batch"] != cfg.optim.batch_size:
         raise OptionError(
             f"the training data or batch size changed since the checkpoint ({data['num_samples']} samples, batch "
-            f"{data['global_batch']}; now {n}, {cfg.optim.batch_size}); resume with the same data and ",
-            Opt("batch_size"),
+            f"{data['global_batch']}; now {n}, {cfg.optim.batch_size}); resume with the same data and batch_size",
+            option="batch_size",
         )
     if sharding.is_sharded(task.model):  # its weights were loaded before sharding (see _Loop)
         state = {**state, "optimizer": sharding.load_optimizer_state(task.model, opt.optimizer, state["optimizer"])}

@@ -32,7 +32,7 @@ from ..config import MASKED_AUTOENCODER, Config
 from ..config_utils import Range
 from ..data import BUILTIN_DATASETS, ImageSource
 from ..data.base import rank_slice
-from ..errors import Opt, OptionError, See, Step
+from ..errors import OptionError, Step
 from ..io import atomic_write
 from ..layers.inference import evaluating
 from ..mae import CRATEMAE
@@ -41,7 +41,7 @@ from .config import given_once
 from .evaluation import prepare_batch, require_evaluated
 from .images import ImageData
 from .runtime import Runtime
-from .task import RunSummary, Task, TaskError, TaskResult, Use, task_option
+from .task import RunSummary, Task, TaskError, TaskResult, task_option
 
 __all__ = ["MAETask", "MAEOptions", "masked_eval"]
 
@@ -55,6 +55,7 @@ class MAEOptions(Config):
         "fraction of patches masked (default: the model's, 0.75)",
         range=Range(0, 1, lo_open=True, hi_open=True),
         fixed="mask_ratio",
+        basic=True,
     )
     augmentation: str = task_option(
         "auto",
@@ -62,7 +63,9 @@ class MAEOptions(Config):
         "as in MAE) | none | translate | crop-flip",
         choices=("auto", "none", "translate", "crop-flip"),
     )
-    probe: bool = task_option(True, "at the end, linear-probe the encoder and a random-init encoder (probe.json)")
+    probe: bool = task_option(
+        True, "at the end, linear-probe the encoder and a random-init encoder (probe.json)", basic=True
+    )
     probe_pool: str = task_option(
         "avg", "probe features: avg of the patch tokens (eq. (72)) | cls | mean of all tokens", choices=POOLS
     )
@@ -170,9 +173,7 @@ class MAETask(Task):
         if self.options.probe and len(self.train_data.classes) < 2:  # checked before training, not after it
             raise OptionError(
                 f"{self.train_data.name} has a single class; the final linear probe needs two or more "
-                "(one folder per class): pass ",
-                Opt("probe", False),
-                " to pre-train without it",
+                "(one folder per class): pass probe=False to pre-train without it"
             )
         if state is None:
             fields = config.to_dict()
@@ -181,7 +182,7 @@ class MAETask(Task):
             fields.update(image_size=image_size)
             if self.options.mask_ratio is not None:
                 ratio = self.options.mask_ratio
-                given_once(cfg.model_args, "mask_ratio", ratio, Opt("mask_ratio", ratio))
+                given_once(cfg.model_args, "mask_ratio", ratio, f"mask_ratio={ratio!r}")
                 fields["mask_ratio"] = ratio
             config = type(config).from_dict(fields)
         model = build(config)
@@ -206,22 +207,18 @@ class MAETask(Task):
         elif cfg.init_from is not None:  # continue pre-training a CRATE-MAE checkpoint
             init = load_model(cfg.init_from)
             if init.kind != MASKED_AUTOENCODER:
-                raise TaskError(f"{cfg.init_from} is not a CRATE-MAE; ", Use("mae"), " continues only CRATE-MAEs")
+                raise TaskError(f"{cfg.init_from} is not a CRATE-MAE; task='mae' continues only CRATE-MAEs")
             config, image_size = init.config, cfg.data.image_size or init.config.image_size
         else:
             if cfg.model is None:
-                raise OptionError(
-                    "no model given; pass ", Opt("model", "crate_mae_mnist"), " (", See("models"), " lists them)"
-                )
+                raise OptionError("no model given; pass model='crate_mae_mnist' (ct.list_models() lists them)")
             config = model_config(cfg.model, **cfg.model_args)
             if cfg.data.image_size:
-                given_once(cfg.model_args, "image_size", cfg.data.image_size, Opt("image_size", cfg.data.image_size))
+                given_once(cfg.model_args, "image_size", cfg.data.image_size, f"image_size={cfg.data.image_size!r}")
             image_size = cfg.data.image_size or config.image_size
         if config.kind != MASKED_AUTOENCODER:
             raise OptionError(
-                f"{cfg.model!r} is not a masked autoencoder; pass ",
-                Opt("model", "crate_mae_mnist"),
-                " (or crate_mae_small, ...)",
+                f"{cfg.model!r} is not a masked autoencoder; pass model='crate_mae_mnist' (or crate_mae_small, ...)"
             )
         return config, image_size, init
 

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ..base import BLOCKS, STEM
 from ..config_utils import Range
 from ..dino import ema_update
-from ..errors import Opt, OptionError
+from ..errors import OptionError
 
 __all__ = ["OPTIMIZERS", "param_groups", "layer_id", "build_optimizer", "LARS", "LAMB", "ModelEma"]
 
@@ -63,8 +63,8 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0
     layers = getattr(model, "layers", None)
     if not isinstance(layers, nn.ModuleList):
         raise OptionError(
-            f"layer-wise lr decay needs a model with encoder layers `layers`; {type(model).__name__} has none; use ",
-            Opt("layer_decay", 1),
+            f"layer-wise lr decay needs a model with encoder layers `layers`; {type(model).__name__} has none; use "
+            "layer_decay=1"
         )
     num = len(layers)
     groups: dict[tuple[int, bool], dict[str, Any]] = {}

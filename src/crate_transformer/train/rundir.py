@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import Opt, OptionError
+from ..errors import OptionError
 from ..io import atomic_write, load_state, make_folder, save_state
 from ..runfiles import CHECKPOINT, MODEL_DIR, run_model_source, state_model, state_tokenizer
 from .trackers import Tracker, failure, open_trackers, read_metrics
@@ -143,14 +143,18 @@ class FolderLock:
         try:
             fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         except PermissionError:
-            raise OptionError(f"cannot write to {self.path} (permission denied); choose another ", Opt("out")) from None
+            raise OptionError(
+                f"cannot write to {self.path} (permission denied); choose another out", option="out"
+            ) from None
         except OSError as e:
-            raise OptionError(f"cannot create {what} {self.path} ({e.strerror}); choose another ", Opt("out")) from None
+            raise OptionError(
+                f"cannot create {what} {self.path} ({e.strerror}); choose another out", option="out"
+            ) from None
         if not _try_lock(fd):
             os.close(fd)
             owner = (self.path / LOCK_FILE).read_text(errors="replace").strip() or "another process"
             raise OptionError(
-                f"{what} {self.path} is in use by {owner}; wait for it to finish or use another ", Opt("out")
+                f"{what} {self.path} is in use by {owner}; wait for it to finish or use another out", option="out"
             )
         os.ftruncate(fd, 0)
         os.write(fd, f"crate process {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
@@ -187,18 +191,19 @@ class RunDir:
         """Claim a new run directory: refuse files, non-empty folders (not this run's) and unwritable places."""
         path = Path(path)
         if path.exists() and not path.is_dir():
-            raise OptionError(Opt("out", str(path)), " is a file; pass a directory path for the run")
+            raise OptionError(f"out={str(path)!r} is a file; pass a directory path for the run")
         if path.is_dir() and any(p.name != LOCK_FILE for p in path.iterdir()):
             if (path / CHECKPOINT).is_file():
                 raise OptionError(
-                    f"run directory {path} already holds a run; continue it with ", Opt("resume", str(path)),
-                    " or use another ", Opt("out"),
-                )  # fmt: skip
+                    f"run directory {path} already holds a run; continue it with resume={str(path)!r} or use another "
+                    "out",
+                    option="out",
+                )
             shown = ", ".join(sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE)[:4])
             raise OptionError(
-                Opt("out", str(path)), f" is not empty ({shown}, …) and holds no resumable run; "
-                "pass a new or empty directory so nothing in it is overwritten",
-            )  # fmt: skip
+                f"out={str(path)!r} is not empty ({shown}, …) and holds no resumable run; pass a new or empty "
+                "directory so nothing in it is overwritten"
+            )
         new_folder = not path.exists()
         run = cls(path)
         run._lock()
@@ -250,9 +255,7 @@ class RunDir:
         path = Path(path)
         with FolderLock(path):
             if (path / CHECKPOINT).is_file():
-                raise OptionError(
-                    f"run directory {path} holds a checkpoint; continue it with ", Opt("resume", str(path))
-                )
+                raise OptionError(f"run directory {path} holds a checkpoint; continue it with resume={str(path)!r}")
             for entry in path.iterdir():
                 if entry.name == LOCK_FILE:
                     continue

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from ..errors import Opt, OptionError
+from ..errors import OptionError
 from .threads import resolve_threads
 
 __all__ = ["Runtime", "resolve_device", "rng_state", "set_rng_state", "seed_everything", "Interrupt", "StopVote"]
@@ -45,13 +45,11 @@ def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
         raise ValueError(f"unsupported device {name!r}; use auto, cpu, cuda, cuda:N or mps")
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise OptionError(
-                Opt("device", name), " was requested but no CUDA GPU is available; use ", Opt("device", "cpu")
-            )
+            raise OptionError(f"device={name!r} was requested but no CUDA GPU is available; use device='cpu'")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise OptionError(Opt("device", name), f": only {torch.cuda.device_count()} GPU(s) present")
+            raise OptionError(f"device={name!r}: only {torch.cuda.device_count()} GPU(s) present")
     if device.type == "mps" and not (torch.backends.mps.is_available()):
-        raise OptionError(Opt("device", "mps"), " was requested but MPS is not available; use ", Opt("device", "cpu"))
+        raise OptionError("device='mps' was requested but MPS is not available; use device='cpu'")
     return device
 
 
@@ -173,9 +171,7 @@ def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
     if mode == "none":
         return None
     if mode == "fp16" and device.type != "cuda":
-        raise OptionError(
-            Opt("amp", "fp16"), " needs a CUDA GPU; use ", Opt("amp", "bf16"), " or ", Opt("amp", "none"), " on CPU"
-        )
+        raise OptionError("amp='fp16' needs a CUDA GPU; use amp='bf16' or amp='none' on CPU")
     return torch.bfloat16 if mode == "bf16" else torch.float16
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..errors import Opt, OptionError
+from ..errors import OptionError
 
 __all__ = [
     "STRATEGIES",
@@ -55,14 +55,12 @@ def check_strategy(strategy: str, world: int, task_name: str, shardable: bool = 
         return
     if world < 2:
         raise OptionError(
-            Opt("strategy", "fsdp"), " shards the model over processes and this is one process; start it with "
-            "torchrun (one process per GPU), or use ", Opt("strategy", "ddp"), " (also to resume an FSDP run in one "
-            "process: its checkpoint holds the full weights)",
-        )  # fmt: skip
-    if not shardable:
-        raise OptionError(
-            f"the {task_name} task cannot train with ", Opt("strategy", "fsdp"), "; use ", Opt("strategy", "ddp")
+            "strategy='fsdp' shards the model over processes and this is one process; start it with torchrun (one "
+            "process per GPU), or use strategy='ddp' (also to resume an FSDP run in one process: its checkpoint "
+            "holds the full weights)"
         )
+    if not shardable:
+        raise OptionError(f"task={task_name!r} cannot train with strategy='fsdp'; use strategy='ddp'")
 
 
 def shard(model: nn.Module, *, methods: Iterable[str] = (), amp_dtype: torch.dtype | None = None) -> nn.Module:

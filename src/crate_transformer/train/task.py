@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from ..config import IMAGE_CLASSIFIER, LANGUAGE_MODEL, MASKED_AUTOENCODER
 from ..config_utils import option
-from ..errors import Opt, TaskError, Use
+from ..errors import TaskError
 from .config import TrainConfig
 from .evaluation import plot_curves
 from .runtime import Runtime
@@ -37,7 +37,6 @@ __all__ = [
     "make_task",
     "task_option",
     "TaskError",
-    "Use",
 ]
 
 # name → "module:Class"; ``TrainConfig.task`` names one, so a resumed run rebuilds its own task.
@@ -181,13 +180,12 @@ class Task:
         kind = model_config(cfg.model, **cfg.model_args).kind
         if kind != self.model_kind:
             example = KIND_EXAMPLES.get(self.model_kind, "")
-            other = [f"; train {cfg.model} with ", Use(KIND_TASKS[kind]), " ", Opt("model", cfg.model)]
+            eg = f" (e.g. model={example!r})" if example else ""
+            other = (
+                f"; train {cfg.model} with task={KIND_TASKS[kind]!r} model={cfg.model!r}" if kind in KIND_TASKS else ""
+            )
             raise TaskError(
-                f"{cfg.model} is {_a(kind)}, and ",
-                Use(self.name),
-                f" trains {_a(self.model_kind)}",
-                *([" (e.g. ", Opt("model", example), ")"] if example else []),
-                *(other if kind in KIND_TASKS else []),
+                f"{cfg.model} is {_a(kind)}, and task={self.name!r} trains {_a(self.model_kind)}{eg}{other}"
             )
 
     def resolve(self, cfg: TrainConfig) -> dict[str, Any]:

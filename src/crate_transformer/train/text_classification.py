@@ -20,23 +20,26 @@ from ..checkpoint import config_from_dict, load_model
 from ..config import LANGUAGE_MODEL, Config
 from ..data import to_device
 from ..data.text import LabelledTexts, eval_split_of, read_labelled
-from ..errors import Opt, OptionError
+from ..errors import OptionError
 from ..layers.inference import evaluating
 from ..registry import build
 from ..tokenizer import Tokenizer
 from .evaluation import require_evaluated
-from .task import RunSummary, Task, TaskError, TaskResult, Use, task_option
+from .task import RunSummary, Task, TaskError, TaskResult, task_option
 
 __all__ = ["TextClassificationTask", "TextOptions", "text_metrics"]
 
 
 @dataclass
 class TextOptions(Config):
-    eval_data: str = task_option("", "a second table evaluated instead of a `val_fraction` split (GLUE dev.tsv)")
+    eval_data: str = task_option(
+        "", "a second table evaluated instead of a `val_fraction` split (GLUE dev.tsv)", basic=True
+    )
     regression: str = task_option(
         "auto",
         "auto (non-integer numbers are scores; integers and names are classes) | yes | no",
         choices=("auto", "yes", "no"),
+        basic=True,
     )
 
 
@@ -84,10 +87,7 @@ class TextClassificationTask(Task):
         self.options = o = self.parse_options(cfg)
         if not cfg.data.source:
             raise TaskError(
-                Use("text-classification"),
-                " needs ",
-                Opt("data", "TABLE"),
-                " (a CSV or TSV with a text and a label column)",
+                "task='text-classification' needs data='TABLE' (a CSV or TSV with a text and a label column)"
             )
         texts, raw, cols, label = read_labelled(cfg.data.source, "train", cfg.data.text_columns, cfg.data.label_column)
         self.columns = (cols, label)
@@ -98,16 +98,11 @@ class TextClassificationTask(Task):
         else:
             if not cfg.init_from:
                 raise TaskError(
-                    Use("text-classification"),
-                    " needs ",
-                    Opt("init_from", "CHECKPOINT"),
-                    " (a ",
-                    Use("lm"),
-                    " run or model dir)",
+                    "task='text-classification' needs init_from='CHECKPOINT' (a task='lm' run or model dir)"
                 )
             model = load_model(cfg.init_from)
             if model.kind != LANGUAGE_MODEL or model.tokenizer is None:
-                raise TaskError(f"{cfg.init_from} is not a language model with a tokenizer; pretrain with ", Use("lm"))
+                raise TaskError(f"{cfg.init_from} is not a language model with a tokenizer; pretrain with task='lm'")
             tok = model.tokenizer
             scores = not all(_is_int(v) for v in raw) and all(_is_number(v) for v in raw)  # names are classes
             self.regression = o.regression == "yes" or (o.regression == "auto" and scores)
@@ -126,11 +121,7 @@ class TextClassificationTask(Task):
         else:
             if not 0 < cfg.data.val_fraction < 1:
                 raise OptionError(
-                    "pass ",
-                    Opt("eval_data", "TABLE"),
-                    " or a ",
-                    Opt("val_fraction"),
-                    " in (0, 1) for the evaluation split",
+                    "pass eval_data='TABLE' or a val_fraction in (0, 1) for the evaluation split", option="val_fraction"
                 )
             g = torch.Generator().manual_seed(cfg.system.seed)
             order = torch.randperm(len(data), generator=g).tolist()

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ..config_utils import Range
-from ..errors import Opt, OptionError, OptionWarning
+from ..errors import OptionError, OptionWarning
 
 __all__ = [
     "choose_threads",
@@ -123,18 +123,13 @@ def resolve_threads(threads: int | str | None) -> int:
     except (TypeError, ValueError):
         n = -1
     if n < 1:
-        raise OptionError(Opt("threads"), Range(0, integer=True, note="0 = auto").requirement(threads))
+        raise OptionError(f"threads{Range(0, integer=True, note='0 = auto').requirement(threads)}", option="threads")
     if n > (usable := usable_cpus(_affinity(), cgroup_cpu_quota())):
         warnings.warn(
             OptionWarning(
-                Opt("threads", n),
-                f" is more than the {usable} CPUs this process may use: the extra threads only "
-                "wait for the others; use ",
-                Opt("threads", usable),
-                " or ",
-                Opt("threads", 0),
-                " (chosen from the CPUs free now)",
-            ),  # fmt: skip
+                f"threads={n} is more than the {usable} CPUs this process may use: the extra threads only wait "
+                f"for the others; use threads={usable} or threads=0 (chosen from the CPUs free now)"
+            ),
             stacklevel=2,
         )
     return n
@@ -170,11 +165,11 @@ class SlowdownWatch:
             return None
         self.warned = True
         best, now = min(self.times[: -self.run]), statistics.median(self.times[-self.run :])
-        fix = ("rerun or resume with ", Opt("threads", 1)) if torch.get_num_threads() > 1 else ("free some CPU",)
+        fix = "rerun or resume with threads=1" if torch.get_num_threads() > 1 else "free some CPU"
         return OptionWarning(
             f"warning: training slowed {now / best:.0f}x ({now:.3g} s/step, best {best:.3g} s/step); other "
-            "processes are competing for the CPUs: ", *fix,
-        )  # fmt: skip
+            f"processes are competing for the CPUs: {fix}"
+        )
 
 
 def collapsed(seconds_per_step: Sequence[float], k: float = 3.0, run: int = 3) -> bool:

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import Opt, OptionError
+from ..errors import OptionError
 from ..io import DamagedFileError, atomic_write, read_side_file
 
 __all__ = ["read_metrics", "METRICS_FIX", "LOGGERS", "Tracker", "open_trackers", "flat_params", "scalars", "failure"]
@@ -93,7 +93,7 @@ def _backend(name: str) -> Any:
         return importlib.import_module(name)
     except ImportError:
         raise OptionError(
-            Opt("logger", name), f" needs the {name} package: pip install crate-transformer[trackers]"
+            f"logger={name!r} needs the {name} package: pip install crate-transformer[trackers]"
         ) from None
 
 
@@ -160,9 +160,7 @@ class TensorBoardTracker(Tracker):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise OptionError(
-                Opt("logger", "tensorboard"), " needs the tensorboard package: pip install tensorboard"
-            ) from None
+            raise OptionError("logger='tensorboard' needs the tensorboard package: pip install tensorboard") from None
         self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step)
         if resume_step is None:
             table = "\n".join(f"| {k} | {v} |" for k, v in params.items())
@@ -194,7 +192,7 @@ class WandbTracker(Tracker):
             import wandb
         except ImportError:
             raise OptionError(
-                Opt("logger", "wandb"), " needs the wandb package: pip install crate-transformer[trackers]"
+                "logger='wandb' needs the wandb package: pip install crate-transformer[trackers]"
             ) from None
         self.wandb = wandb
         ids.setdefault("wandb", secrets.token_hex(4))  # W&B run ids: short, lowercase, unique
@@ -269,7 +267,7 @@ def open_trackers(
     names = list(dict.fromkeys(names))
     unknown = [n for n in names if n not in TRACKERS]
     if unknown:
-        raise OptionError(f"unknown logger {unknown[0]!r}; choose from {', '.join(LOGGERS)} (", Opt("logger"), ")")
+        raise OptionError(f"logger={unknown[0]!r} is unknown; choose from {', '.join(LOGGERS)}")
     ids_path = run_dir / IDS_FILE
     ids = read_side_file(ids_path, IDS_FIX) if resume_step is not None and ids_path.is_file() else {}
     bad = next((k for k, v in ids.items() if not isinstance(v, str)), None)
