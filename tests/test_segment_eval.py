@@ -340,3 +340,26 @@ def test_every_family_with_attention_maps_is_scored(tmp_path, name, method):
     assert rep["images"] == 3 and 0 <= rep["coco"]["segm"]["AP"] <= 1 and rep["single_object"]["images"] == 2
     if method == "attention":
         assert rep["predictions"] <= 3 * 4
+
+
+def test_crate_segment_eval_command_writes_the_scores_the_function_computes(tmp_path, capsys):
+    from clitools import crate, one_line_error
+
+    gt_file, folder = coco_fixture(tmp_path)
+    torch.manual_seed(0)
+    model = ct.create_model("crate_tiny", image_size=32, patch_size=8, dim=32, depth=2, heads=4, num_classes=5)
+    model.save_pretrained(tmp_path / "saved")
+    out = tmp_path / "ev"
+    argv = ["segment-eval", tmp_path / "saved", "--data", gt_file, "--images", folder, "--method", "attention"]
+    assert crate(*argv, "--out", out, "--threads", 1, "--layer", 2) == 0
+    said = capsys.readouterr().out
+    assert "3 images (1 without annotations), 12 masks" in said and "CorLoc" in said
+    saved = json.loads((out / "segment_eval_attention.json").read_text())
+    direct = segment_eval.evaluate_segmentation(model, read_coco(gt_file, folder), "attention", layer=1)
+    assert saved["coco"] == direct["coco"] and f"AP50 {direct['coco']['segm']['AP50']:.3f}" in said
+    assert saved["single_object"] == pytest.approx(direct["single_object"]) and direct["single_object"]["jaccard"] > 0
+    assert f"Jaccard {direct['single_object']['jaccard']:.3f}" in said
+    one_line_error(capsys, "segment-eval", tmp_path / "saved", match="pass --data: a COCO instances JSON")
+    one_line_error(capsys, "segment-eval", tmp_path / "saved", "--data", gt_file, match="pass its images folder")
+    one_line_error(capsys, *argv, "--layer", 5, match="--layer 5 does not exist: the model has 2 layers")
+    one_line_error(capsys, *argv, "--mass", 0, match="mass")
