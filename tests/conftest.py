@@ -18,6 +18,18 @@ if TEST_DEVICE == "cpu":
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    """pyproject's ``addopts`` spread the run over the cores with pytest-xdist (the ``dev`` extra).  Where it is not
+    installed (a GPU image's python, ``-p no:xdist``) the three options ``addopts`` gives are taken and ignored, so
+    the same command runs every test in one process instead of failing on them; the session's last lines say so."""
+    if pluginmanager.hasplugin("xdist"):
+        return
+    group = parser.getgroup("xdist absent", "pytest-xdist's options, ignored: it is not installed")
+    group.addoption("--numprocesses", dest="numprocesses", default=None, help="ignored (no pytest-xdist)")
+    group.addoption("--maxprocesses", dest="maxprocesses", default=None, help="ignored (no pytest-xdist)")
+    group.addoption("--dist", dest="dist", default="no", help="ignored (no pytest-xdist)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: runs on CRATE_TEST_DEVICE without taking the device fixture")
     if TEST_DEVICE != "cpu" and TEST_DEVICE != "cuda" and not TEST_DEVICE.startswith("cuda:"):
@@ -50,6 +62,9 @@ def pytest_terminal_summary(terminalreporter):
         reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
         reason = reason.removeprefix("Skipped: ")
         reasons[reason] = reasons.get(reason, 0) + 1
+    config = terminalreporter.config
+    if config.getoption("numprocesses", None) not in (None, 0, "0") and not config.pluginmanager.hasplugin("xdist"):
+        terminalreporter.write_line("one process: pytest-xdist is not installed (pip install -e '.[dev]')", yellow=True)
     if reasons:
         terminalreporter.write_sep("=", "not tested on this machine", yellow=True, bold=True)
         for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):

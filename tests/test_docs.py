@@ -310,7 +310,7 @@ def test_the_readme_test_command_says_when_the_browser_tests_are_skipped() -> No
     browser tests and the install, not only a count among the dots."""
     import subprocess
 
-    test = "tests/test_explorer.py::test_hovering_a_token_colours_the_tokens_it_attends_to"
+    test = "tests/analysis/test_explorer.py::test_hovering_a_token_colours_the_tokens_it_attends_to"
     env = {**os.environ, "CRATE_CHROMIUM": str(ROOT / "no-chromium-here")}
     done = subprocess.run([sys.executable, "-m", "pytest", test, "-p", "no:cacheprovider"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip

@@ -1,5 +1,5 @@
 """A model family written outside the package, as a user (or a new family module) would: one file on the
-contract of ``docs/adding_a_model.md`` and its registry lines, nothing else.  ``tests/test_new_family.py``
+contract of ``docs/adding_a_model.md`` and its registry lines, nothing else.  ``tests/models/test_new_family.py``
 trains, analyses, reads the features of and reloads it through the unchanged package and ``crate`` command.
 
 The model is deliberately not an ``ImageClassifier`` subclass: a consumer that dispatched on the classes of the

@@ -235,7 +235,7 @@ def variational_coding_rate(
     equality when ``M_k`` is diagonal, so this bounds the Π-weighted ``R^c`` from above and needs only ``p``
     numbers per head: its cost is linear in ``n``.  TSSA's output before its projection,
     ``−Π_jk w_kj / (1 + m_kj)``, is ``−n`` times the gradient of this function in ``w_kj`` at ``p/ε² = 1`` with Π
-    held fixed (the authors' code absorbs the scale into the learned projection; ``tests/test_tost.py``).
+    held fixed (the authors' code absorbs the scale into the learned projection; ``tests/layers/test_tssa.py``).
 
     ``Z`` is ``(..., n, d)`` row tokens and ``U`` is ``(K, d, p)``; or ``U=None`` and ``Z`` already holds each
     head's projections ``(..., K, n, p)`` (a layer's own, bias included).  ``Pi`` is ``(..., n, K)``, each token's

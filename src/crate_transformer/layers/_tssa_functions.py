@@ -2,7 +2,7 @@
 ``memory_saving=True`` (the default) runs its step as one of these autograd Functions, whose backward, derived by
 hand, keeps the projections and per-head statistics and recomputes the rest, where autograd's own graph of the
 operator (``memory_saving=False``, the code in :mod:`.tssa`) keeps the squares and the products besides.  Both give
-the same gradients (``tests/test_tost.py``, float64); ``benchmarks/tssa_backward.py`` measures the two.
+the same gradients (``tests/layers/test_tssa.py``, float64); ``benchmarks/tssa_backward.py`` measures the two.
 
 The per-head sums the statistics are made of (:func:`_head_sums`, :func:`_token_sums`) are here too: the forward in
 :mod:`.tssa` and these backwards both use them."""
@@ -62,7 +62,8 @@ class _GlobalStep(torch.autograd.Function):
     whose backward keeps the projections ``y`` and per-head statistics (Π and the scores
     ``(b, n, K)``, ``(b, K·p)`` energies, moments and factors) and recomputes the squares and the product
     ``Π ⊙ w ⊙ shrink``: autograd's own graph of the step would keep the squares (float32 for half projections),
-    that product and its scaled copy, 1.7-2.6x the bytes MSSA's flash attention keeps (``tests/test_tost.py``)."""
+    that product and its scaled copy, 1.7-2.6x the bytes MSSA's flash attention keeps
+    (``tests/layers/test_tssa.py``)."""
 
     @staticmethod
     def forward(  # type: ignore[override]

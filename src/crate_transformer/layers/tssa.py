@@ -25,7 +25,7 @@ class TSSA(nn.Module):
     moment of every coordinate over the tokens are computed once, and each token's projection is multiplied by
     ``−Π_jk / (1 + moment)``: a scalar per coordinate instead of a pairwise similarity, so time and memory grow
     linearly with the number of tokens.  This is a gradient step on the variational compression term of
-    :func:`~crate_transformer.objectives.variational_coding_rate` (Π held fixed; ``tests/test_tost.py``
+    :func:`~crate_transformer.objectives.variational_coding_rate` (Π held fixed; ``tests/layers/test_tssa.py``
     checks it by autograd), the counterpart of MSSA's step on ``R^c`` (eq. (13)).
 
     ``causal=True`` is the form of ``tost_lang/model_TSSA.py``: token ``j`` reads running sums over tokens

@@ -236,7 +236,7 @@ def test_memory_saving_backward_gives_autograds_gradients_of_the_operator(causal
 
 
 def _bench_tost():  # noqa: ANN202
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_tost.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_tost.py"
     spec = importlib.util.spec_from_file_location("bench_tost", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -30,7 +30,7 @@ from crate_transformer.cli import main
 from crate_transformer.io import CONFIG_NAME, FILE_DIGESTS, WEIGHTS_NAME, json_sha256, save_safetensors
 
 TINY = tiny.IMAGE
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def official_file(path: Path) -> tuple[OfficialCRATE, Path]:

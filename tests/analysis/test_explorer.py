@@ -274,7 +274,7 @@ def test_report_html_embeds_the_explorer_of_its_images(browser, model, images, t
 def test_the_javascript_and_css_ship_with_the_package():
     """pyproject's package-data names every non-Python file of the package (the explorer's JavaScript and CSS
     among them), so `pip install .` installs them."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     table = (root / "pyproject.toml").read_text().split("[tool.setuptools.package-data]")[1]
     globs = json.loads(re.search(r"^crate_transformer = (\[.*\])$", table, re.M).group(1))
     pkg = root / "src" / "crate_transformer"

@@ -226,7 +226,7 @@ def test_crate_and_vit_classes_fix_their_architecture():
 def test_model_modules_import_only_torch_and_the_core():
     """A model module imports torch and the layers below it (the objectives, the core, ``base``, the registry's
     tables, other model modules) and nothing above it (data, train, analysis, cli, the loaders, the factory),
-    anywhere in the file; the package's whole import graph is checked for cycles in tests/test_layers.py."""
+    anywhere in the file; the package's whole import graph is checked for cycles in tests/test_import_layering.py."""
     import ast
     from pathlib import Path
 

@@ -21,7 +21,7 @@ from test_bert_release import TINY as BERT_TINY
 from test_bert_release import _randomise, _save_as_port
 from test_lm_release import TINY as LM_TINY
 from test_lm_release import _nanogpt_ckpt, _randomize
-from test_tost_models import _lm_container, _main_py_container, _official_vision
+from test_tost_release import _lm_container, _main_py_container, _official_vision
 
 import crate_transformer as ct
 from crate_transformer import pretrained

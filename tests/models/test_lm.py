@@ -43,7 +43,7 @@ def _gpt2_params(L: int, d: int, V: int, n_pos: int) -> int:
 @pytest.mark.parametrize(
     "name, L, d, V, n_pos, paper",
     [
-        ("crate_bert_eq83_medium", 8, 512, 50265, 0, 33e6),  # the released crate_bert_*: tests/test_bert_release.py
+        ("crate_bert_eq83_medium", 8, 512, 50265, 0, 33e6),  # the released ones: tests/loading/test_bert_release.py
         ("crate_bert_eq83_base", 12, 768, 50265, 0, 61e6),
         ("crate_bert_eq83_large", 24, 1024, 50265, 0, 129e6),
         ("crate_gpt_base", 12, 768, 50304, 1024, 60e6),

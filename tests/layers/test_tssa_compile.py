@@ -1,7 +1,7 @@
 """TSSA fused by torch.compile's inductor backend on the CPU (issue 42: TSSA lost to MSSA on a GPU below 4k tokens
 by kernel launches): one graph for the forward and the hand-written backward, eager's outputs and gradients, one
 compilation for repeated calls, and fewer kernels than eager dispatches operators (``benchmarks/attention_kernels.py``
-counts both; ``aot_eager``'s tracing alone is ``test_tost.py``'s)."""
+counts both; ``aot_eager``'s tracing alone is ``tests/layers/test_tssa.py``'s)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _kernels():  # noqa: ANN202

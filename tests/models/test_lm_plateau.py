@@ -30,7 +30,7 @@ from crate_transformer.train.lm import PLATEAU_BLOCKS, PLATEAU_MARGIN, PLATEAU_S
 from crate_transformer.train.load import load_model
 from crate_transformer.train.loop import warmup_steps
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = {**tiny.LM, "dim": 32, "depth": 2}
 
 
