@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from ..config import Config
 from ..config_utils import POSITIVE, Range, option
+from ..io import make_folder
 from ..train.config import SystemOptions
 from .common import apply_threads, layer_number, parse_model_args
 from .options import SYSTEM, add_command_options, like
@@ -78,6 +79,8 @@ def _ground_truth(args: argparse.Namespace) -> GroundTruth:
     if not args.data:
         raise ValueError("pass --data: a COCO instances JSON (with --images DIR) or a VOC root folder")
     data = Path(args.data)
+    if not data.exists():
+        raise FileNotFoundError(f"--data {data} does not exist; pass a COCO instances JSON or a VOC root folder")
     if data.is_dir():
         return read_voc(data)
     if not args.images:
@@ -91,6 +94,7 @@ def run_segment_eval(args: argparse.Namespace) -> int:
     from ..checkpoint import load_model
     from ..train.runtime import resolve_device
 
+    make_folder(args.out, "segment-eval results")  # the target first: nothing is computed for an unwritable one
     gt = _ground_truth(args)  # the annotations are checked before the model is loaded
     apply_threads(args)
     model = load_model(args.checkpoint, args.model, **parse_model_args(args.model_args))

@@ -363,3 +363,4 @@ def test_crate_segment_eval_command_writes_the_scores_the_function_computes(tmp_
     one_line_error(capsys, "segment-eval", tmp_path / "saved", "--data", gt_file, match="pass its images folder")
     one_line_error(capsys, *argv, "--layer", 5, match="--layer 5 does not exist: the model has 2 layers")
     one_line_error(capsys, *argv, "--mass", 0, match="mass")
+    one_line_error(capsys, "segment-eval", tmp_path / "saved", "--data", tmp_path / "nope.json", match="does not exist")
