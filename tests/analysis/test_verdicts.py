@@ -1,7 +1,6 @@
 """Verdicts on the paper's claims: the rules on constructed token sets that must hold and must fail, the numbers
 against float64 formulas written here, and `crate analyze` writing and printing the verdict table."""
 
-import argparse
 import html
 import json
 import math
@@ -344,7 +343,7 @@ def test_verdict_record():
 
 # --------------------------------------------------------------------------- end to end
 def test_crate_analyze_writes_and_prints_the_verdict_table(tmp_path, capsys):
-    from crate_transformer.cli import analyze as analyze_cmd
+    from crate_transformer.cli import main as cli_main
     from crate_transformer.data import DataSpec, load_dataset, normalize
 
     torch.manual_seed(0)
@@ -369,11 +368,9 @@ def test_crate_analyze_writes_and_prints_the_verdict_table(tmp_path, capsys):
         loss.backward()
         opt.step()
     model.eval().save_pretrained(tmp_path / "run" / "model")
-    parser = argparse.ArgumentParser()
-    analyze_cmd.configure_analyze(parser)
     out = tmp_path / "an"
     argv = [str(tmp_path / "run"), "--num-images", "16", "--num-vis", "1", "--no-progress", "--out", str(out)]
-    assert analyze_cmd.run_analyze(parser.parse_args(argv)) == 0
+    assert cli_main(["analyze", *argv]) == 0  # as `crate analyze` runs it: options resolved, then the command
     printed = capsys.readouterr().out
     report = json.loads((out / "report.json").read_text())
     verdicts = report["verdicts"]
@@ -405,17 +402,15 @@ def test_crate_analyze_writes_and_prints_the_verdict_table(tmp_path, capsys):
 def test_crate_analyze_on_an_external_checkpoint_compares_with_a_fresh_model(tmp_path, capsys):
     """A checkpoint without a run (no step-0 record): the reference is a freshly initialised model of the same
     architecture measured on the same images; the layer figure draws both curves."""
-    from crate_transformer.cli import analyze as analyze_cmd
+    from crate_transformer.cli import main as cli_main
 
     model = ct.create_model(
         "crate_tiny", image_size=8, patch_size=2, in_chans=1, num_classes=10, dim=32, depth=2, heads=4
     )
     model.eval().save_pretrained(tmp_path / "m")
-    parser = argparse.ArgumentParser()
-    analyze_cmd.configure_analyze(parser)
     out = tmp_path / "an"
     argv = [str(tmp_path / "m"), "--data", "digits", "--num-images", "8", "--num-vis", "1", "--no-progress"]
-    assert analyze_cmd.run_analyze(parser.parse_args([*argv, "--out", str(out)])) == 0
+    assert cli_main(["analyze", *argv, "--out", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
     assert set(report["initialisation"]) == {"train at initialisation", "test at initialisation"}
     init = analysis.report.initial_model(model)  # what the report compared with, measured here on the same images

@@ -336,6 +336,39 @@ def test_push_to_hub_offline_is_one_line(hub_cache):
 # Zoo entries whose reader is not in this checkout yet, with the format their name resolves to today.  When one
 # lands, the test below fails until its entry is removed here.
 NOT_YET_WIRED: dict[str, str] = {}
+EMERGENCE = ("crate_base_demo", "crate_small_21k", "crate_base_21k")
+EMERGENCE_COLAB = "https://colab.research.google.com/drive/1rYn_NlepyW7Fu5LDliyBDmFZylHco7ss?usp=sharing"
+
+
+def test_emergence_checkpoints_are_the_demo_codes_models_with_their_sizes():
+    """The emergence zoo entries build the models of the demo code's factories (crate.py: CRATE_base_demo with
+    mlp_head 768 -> 768, CRATE_small_21k, CRATE_base_21k; 8x8 patches) and state the sizes their tensors imply."""
+    shapes = {"crate_base_demo": (768, 6, 768), "crate_small_21k": (384, 6, 21842), "crate_base_21k": (768, 12, 21842)}
+    for name, (dim, heads, classes) in shapes.items():
+        c = ct.model_config(name)
+        assert (c.patch_size, c.dim, c.depth, c.heads, c.num_classes, c.image_size) == (8, dim, 12, heads, classes, 224)
+        with torch.device("meta"):
+            n = sum(p.numel() for p in ct.create_model(name).parameters())
+        extra = 768 * 21842 + 21842 if name == "crate_base_demo" else 0  # the demo file's unused head
+        assert f"{(n + extra) / 1e6:.1f}M float32 values" in pretrained.ZOO[name].size, (name, n)
+        assert f"{(n + extra) * 4 / 1e6:.0f} MB" in pretrained.ZOO[name].size, name
+    assert pretrained.ZOO["crate_base_demo"].filename == "crate-demo.pth"
+    assert "issues/30" in pretrained.ZOO["crate_small"].status and "dead" in pretrained.ZOO["crate_small"].status
+
+
+def test_the_demo_file_loads_without_its_unused_21k_head(tmp_path):
+    """crate-demo.pth's layout: {'model': ...} of the official classes with mlp_head LN + Linear(d, d) and a
+    ``head`` Linear(d, 21842) its forward never calls; the loaded model computes the demo's forward."""
+    torch.manual_seed(0)
+    off = OfficialCRATE(image_size=32, patch_size=8, num_classes=32, dim=32, depth=2, heads=4).eval()
+    state = {**off.state_dict(), "head.weight": torch.randn(7, 32), "head.bias": torch.randn(7)}
+    torch.save({"model": state, "epoch": 90}, tmp_path / "crate-demo.pth")
+    model = ct.from_official(
+        tmp_path / "crate-demo.pth", "crate_base_demo", image_size=32, dim=32, depth=2, heads=4, num_classes=32
+    )
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(model.eval()(x), off(x), rtol=1e-5, atol=1e-5)
+    assert model.config.num_classes == 32 and model.config.patch_size == 8
 
 
 def _registered_format(name: str) -> str | None:
@@ -358,6 +391,8 @@ def test_every_zoo_entry_is_consistent():
         if s.on_hub:
             assert s.filename and not s.url and re.fullmatch(r"[\w.-]+/[\w.-]+", s.repo_id)
             assert s.page == f"https://huggingface.co/{s.repo_id}/resolve/main/{s.filename}"  # the file, not a viewer
+        elif name in EMERGENCE:  # fetched by the official README's emergence Colab, not a Drive file page
+            assert s.url == EMERGENCE_COLAB and s.page == s.url and s.sources and s.size and s.status
         else:
             assert s.url.startswith("https://drive.google.com/file/d/") and s.page == s.url
     assert pretrained.ZOO["crate_small"].url.split("/")[5] == "1hYgDJl4EKHYfKprwhEjmWmWHuxnK6_h8"
@@ -384,6 +419,9 @@ def test_cli_lists_the_zoo_with_its_cache_status(hub_cache, tmp_path):
         "crate_gpt_12l_pile": "download",
         "crate_mae_base": "manual",
         "crate_small": "manual",
+        "crate_base_demo": "manual",  # the emergence checkpoints: fetched by hand (the Colab, CRATE #30)
+        "crate_small_21k": "manual",
+        "crate_base_21k": "manual",
     }
     assert "torch/crate_alpha_B16.pth" in out and "ImageNet mean/std" in out
     assert f"download {pretrained.ZOO['crate_small'].url} and load it with create_model('crate_small'" in out

@@ -44,6 +44,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "features": ("features", "sparse codes as features: per-unit statistics, top inputs, purity; features.html"),
     "ablate": ("ablate", "the paper's ablation tables (11, 12, 13, 15, 17) at laptop scale, several seeds each"),
     "theory": ("theory", "reproduce the paper's mathematical claims on synthetic data"),
+    "segment-eval": ("segment_eval", "score MaskCut / attention masks on COCO or VOC ground truth: AP, AR, CorLoc"),
 }
 
 

@@ -178,6 +178,9 @@ class PretrainedSource:
     classes: str = ""
     licence: str = ""
     reference: str = ""  # where these facts were read
+    size: str = ""  # the file's size where known, or what its tensors imply (saying which)
+    sources: tuple[str, ...] = ()  # every other known place the file was offered (pages, issues, mirrors)
+    status: str = ""  # what is known about the source's availability, e.g. a link reported dead (with the report)
 
     @property
     def on_hub(self) -> bool:

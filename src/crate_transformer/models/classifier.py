@@ -544,10 +544,24 @@ def _check_classifier(config: Any) -> None:
         )
 
 
+def classifier_to_native(state: Mapping[str, Tensor], config: Any = None) -> dict[str, Tensor]:
+    """An official ``model/crate.py`` state dict → this library's keys (:func:`~.official.official_to_native`).
+
+    The emergence demo's ``crate-demo.pth`` (``CRATEFeat(crate_arch="demo")`` in crate.py of
+    LeslieTrue/crate-emergence-notebooks, commit d62ec79) stores besides ``mlp_head`` (LN + Linear(768, 768)) a
+    ``head`` Linear(768, 21842) that its ``forward`` never calls (it returns ``mlp_head(x)``): that ``head`` is
+    dropped, so the file loads as ``crate_base_demo`` whose output is the demo's (768 values)."""
+    state = dict(state)
+    if "head.weight" in state and "mlp_head.1.weight" in state:  # the demo's unused 21K projection
+        state.pop("head.weight")
+        state.pop("head.bias", None)
+    return official_to_native(state)
+
+
 CLASSIFIER_FORMAT = OfficialFormat(
     name="CRATE classifier",
     origin="Ma-Lab-Berkeley/CRATE model/crate.py",
-    to_native=lambda state, config: official_to_native(state),
+    to_native=classifier_to_native,
     detect=lambda state: any(k.startswith("to_patch_embedding.") for k in state),
     example="crate_small",
     check=_check_classifier,
@@ -564,6 +578,12 @@ register_model("crate_tiny", arch="crate", dim=384, depth=12, heads=6)
 register_model("crate_small", arch="crate", dim=576, depth=12, heads=12)
 register_model("crate_base", arch="crate", dim=768, depth=12, heads=12)
 register_model("crate_large", arch="crate", dim=1024, depth=24, heads=16)
+# The emergence paper's models (Yu et al., CPAL 2024; CRATE_base_demo, CRATE_small_21k, CRATE_base_21k in crate.py of
+# LeslieTrue/crate-emergence-notebooks, commit d62ec79): 8x8 patches, ImageNet-21K.  crate_base_demo is the demo's
+# crate-demo.pth: 6 heads of 128, and its forward returns mlp_head's 768 values (LN + Linear(768, 768)).
+register_model("crate_base_demo", arch="crate", patch_size=8, dim=768, depth=12, heads=6, num_classes=768)
+register_model("crate_small_21k", arch="crate", patch_size=8, dim=384, depth=12, heads=6, num_classes=21842)
+register_model("crate_base_21k", arch="crate", patch_size=8, dim=768, depth=12, heads=12, num_classes=21842)
 # ViT baselines (paper Table 1/8: 5.72M, 22.05M, 86.5M, 304M with a 1000-class head).
 register_model("vit_tiny", arch="vit", dim=192, depth=12, heads=3)
 register_model("vit_small", arch="vit", dim=384, depth=12, heads=6)
@@ -616,5 +636,55 @@ register_pretrained(
         classes="ImageNet-1K (1000)",
         licence="MIT (the repository's)",
         reference="github.com/Ma-Lab-Berkeley/CRATE README.md, main.py (commit 674408f)",
+        status="reported dead since 2025-04 (github.com/Ma-Lab-Berkeley/CRATE/issues/30, open)",
     )
 )
+
+# The emergence paper's checkpoints: the official README's Colab demo (crate-emergence.ipynb) fetches them; its
+# code is LeslieTrue/crate-emergence-notebooks (no weights in the repository).  Sizes are what the tensors imply.
+EMERGENCE_COLAB = "https://colab.research.google.com/drive/1rYn_NlepyW7Fu5LDliyBDmFZylHco7ss?usp=sharing"
+_EMERGENCE_SOURCES = (
+    "github.com/Ma-Lab-Berkeley/CRATE README, 'Demo: Emergent segmentation in CRATE' (the Colab above)",
+    "github.com/Ma-Lab-Berkeley/CRATE/issues/30 (a user re-hosts the Colab's files; the address is in the thread)",
+)
+for _name, _title, _file, _size, _classes in (
+    (
+        "crate_base_demo",
+        "CRATE-B/8 (6 heads), ImageNet-21K supervised: the emergence demo's",
+        "crate-demo.pth",
+        "about 158 MB: 39.4M float32 values (22.6M model + the unused 768 x 21842 head)",
+        "768 features (mlp_head)",
+    ),
+    (
+        "crate_small_21k",
+        "CRATE-S/8 (d 384, 6 heads), ImageNet-21K supervised",
+        "",
+        "about 56 MB: 14.1M float32 values",
+        "ImageNet-21K (21842)",
+    ),
+    (
+        "crate_base_21k",
+        "CRATE-B/8 (12 heads), ImageNet-21K supervised",
+        "",
+        "about 155 MB: 38.8M float32 values",
+        "ImageNet-21K (21842)",
+    ),
+):
+    register_pretrained(
+        PretrainedSource(
+            name=_name,
+            title=_title,
+            loader=CLASSIFIER_FORMAT.name,
+            filename=_file,
+            url=EMERGENCE_COLAB,
+            input="image 224 (any multiple of 8: the position embedding is interpolated)",
+            mean=IMAGENET_MEAN,
+            std=IMAGENET_STD,
+            classes=_classes,
+            licence="not stated (the demo code's repository has no licence file)",
+            reference="crate.py of LeslieTrue/crate-emergence-notebooks (commit d62ec79); Ma-Lab-Berkeley/CRATE README",
+            size=_size,
+            sources=_EMERGENCE_SOURCES,
+            status="fetched by the Colab notebook; not on the Hugging Face Hub",
+        )
+    )
