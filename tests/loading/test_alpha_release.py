@@ -233,5 +233,5 @@ def test_the_family_module_imports_only_torch_and_the_core():
     tree = ast.parse(Path(alpha.__file__).read_text())
     imported = {(n.module or "") if isinstance(n, ast.ImportFrom) else a.name for n in ast.walk(tree)
                 if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}  # fmt: skip
-    core = {"model", "layers", "official", "io", "base", "config", "config_utils", "spec", "_registry"}
+    core = {"classifier", "layers", "loading.official", "io", "base", "config", "config_utils", "spec", "_registry"}
     assert imported - {"__future__", "dataclasses", "collections.abc", "typing", "torch"} <= core, imported
