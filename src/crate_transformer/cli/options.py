@@ -33,7 +33,6 @@ __all__ = [
     "like",
     "add_training_options",
     "add_command_options",
-    "add_config_file_options",
     "add_resume_option",
     "print_config",
 ]
@@ -168,7 +167,14 @@ def add_training_options(
     from ..config_utils import option_name
     from ..train.config import GROUPS, TrainConfig
 
-    add_config_file_options(parser)
+    parser.add_argument(
+        "--config", metavar="FILE", default=argparse.SUPPRESS, help="YAML or JSON file of options (flags override)"
+    )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved configuration (defaults < --config < flags) as YAML and exit without training",
+    )
     for section, names in COMMAND_OPTIONS[command].items():
         cls = TrainConfig if section == "top" else GROUPS[section]
         target = parser if section == "top" else parser.add_argument_group(f"{SECTION_TITLES[section]} options")
@@ -200,18 +206,6 @@ def add_resume_option(parser: argparse.ArgumentParser, what: str = "run") -> Non
         default=argparse.SUPPRESS,
         help=f"continue an interrupted {what} from RUN_DIR/checkpoints/last.pt (its configuration is reused; flags "
         "override it)",
-    )
-
-
-def add_config_file_options(parser: argparse.ArgumentParser) -> None:
-    """``--config FILE`` (nested or flat options; flags override) and ``--print-config``."""
-    parser.add_argument(
-        "--config", metavar="FILE", default=argparse.SUPPRESS, help="YAML or JSON file of options (flags override)"
-    )
-    parser.add_argument(
-        "--print-config",
-        action="store_true",
-        help="print the resolved configuration (defaults < --config < flags) as YAML and exit without training",
     )
 
 

@@ -310,13 +310,10 @@ FLAT: dict[str, tuple[str, str]] = {
 
 @dataclass(init=False)
 class TrainConfig:
-    """Everything that defines a training run; saved as ``config.yaml`` in the run directory.
+    """Everything that defines a training run (the module docstring); saved as ``config.yaml`` in the run directory.
 
-    The task, the model and the checkpoint to start from are top-level; every other option is in a group:
-    ``cfg.data``, ``cfg.augmentation``, ``cfg.optim``, ``cfg.system``, ``cfg.logging``.  The constructor and
-    :meth:`from_dict` take the groups (as dataclasses or mappings) and, as well, any option by its flat name
-    (``TrainConfig(lr=0.01, data="digits")``), as flags name them (:data:`FLAT` places each name in its group).
-    """
+    The constructor and :meth:`from_dict` take the groups (``cfg.optim``, ...: dataclasses or mappings) and any
+    option by its flat name (``TrainConfig(lr=0.01, data="digits")``), as flags name them (:data:`FLAT`)."""
 
     GIVEN_IN: ClassVar[str] = ""  # each field is an option of its own (config_utils.field_place)
 
@@ -355,13 +352,9 @@ class TrainConfig:
                 setattr(self, f.name, f.default if f.default_factory is dataclasses.MISSING else f.default_factory())
         for name, cls in GROUPS.items():
             setattr(self, name, cls(**_as_mapping(nested.get(name))))  # a copy: configs share no group
-        self.__post_init__()
-
-    def __post_init__(self) -> None:
-        top = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in GROUPS}
-        for name, value in coerce_fields(type(self), top).items():
-            setattr(self, name, value)
-            check_option(type(self), name, value)
+        for f in dataclasses.fields(self):  # the top-level values, coerced by nest_options, checked once built
+            if f.name not in GROUPS:
+                check_option(type(self), f.name, getattr(self, f.name))
 
     def validate(self) -> None:
         """Raise a one-line ValueError for any inconsistent setting."""
@@ -385,9 +378,8 @@ class TrainConfig:
         if nested.get("recipe"):  # the recipe's values go under the options given with it
             finetune = (nested.get("init_from") or (base.init_from if base is not None else None)) is not None
             nested = _update(nest_options(recipe_options(nested["recipe"], finetune)), nested)
-        if base is None:
-            return cls(**nested)
-        return cls(**_update({k: v for k, v in base.to_dict().items() if k != "config_version"}, nested))
+        under = {k: v for k, v in base.to_dict().items() if k != "config_version"} if base is not None else {}
+        return cls(**_update(under, nested))
 
 
 def upgrade_v1(d: Mapping[str, Any]) -> dict[str, Any]:
@@ -427,7 +419,9 @@ def upgrade_v1(d: Mapping[str, Any]) -> dict[str, Any]:
 
 def nest_options(d: Mapping[str, Any]) -> dict[str, Any]:
     """Options by flat name or nested (keywords, flags, a file's mapping) → the top-level fields and one mapping
-    per group, every value coerced to its declared type (:func:`upgrade_v1` places the flat names).
+    per group (:func:`upgrade_v1` places the flat names), every value coerced to its declared type: the one check
+    every flag, config file and keyword goes through before any value is used (``model_args: "dim=32"`` in a file
+    is a one-line error naming the key, not a TypeError where it is first merged).
 
     Unknown keys and a newer ``config_version`` are one-line errors; extra keys of a run's config.yaml
     (``model_config``, ``derived``) are not options and must be removed first (:func:`read_run_config` does).
@@ -441,19 +435,11 @@ def nest_options(d: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         valid = sorted({*top, *FLAT, *GROUPS})
         raise ValueError(f"unknown training option(s) {sorted(unknown)}; valid options: {valid}")
-    return _one_warmup(_typed(out))
-
-
-def _typed(out: dict[str, Any]) -> dict[str, Any]:
-    """``out`` with every value coerced to its field's declared type, groups' fields included: the one check every
-    flag, config file and keyword goes through before any value is used (``model_args: "dim=32"`` in a file is a
-    one-line error naming the key, not a TypeError where it is first merged)."""
-    top = {k: v for k, v in out.items() if k not in GROUPS}
-    typed = _no_empty_path(TrainConfig, coerce_fields(TrainConfig, top))
+    typed = _no_empty_path(TrainConfig, coerce_fields(TrainConfig, {k: v for k, v in out.items() if k not in GROUPS}))
     for key, value in out.items():
         if key in GROUPS:
             typed[key] = _no_empty_path(GROUPS[key], coerce_fields(GROUPS[key], value))
-    return typed
+    return _one_warmup(typed)
 
 
 def _no_empty_path(cls: type, values: dict[str, Any]) -> dict[str, Any]:
