@@ -351,7 +351,7 @@ class TrainConfig:
             elif f.name not in GROUPS:
                 setattr(self, f.name, f.default if f.default_factory is dataclasses.MISSING else f.default_factory())
         for name, cls in GROUPS.items():
-            setattr(self, name, cls(**_as_mapping(nested.get(name))))  # a copy: configs share no group
+            setattr(self, name, cls(**nested.get(name, {})))  # a copy: configs share no group
         for f in dataclasses.fields(self):  # the top-level values, coerced by nest_options, checked once built
             if f.name not in GROUPS:
                 check_option(type(self), f.name, getattr(self, f.name))
@@ -401,11 +401,11 @@ def upgrade_v1(d: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in d.items():
         if key in GROUPS and (isinstance(value, (Mapping, GROUPS[key])) or value is None):
-            group = {str(k).replace("-", "_"): v for k, v in _as_mapping(value).items()}
-            out[key] = {**_as_mapping(out.get(key)), **group}
+            value = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value or {}  # a group given whole
+            out[key] = {**out.get(key, {}), **{str(k).replace("-", "_"): v for k, v in value.items()}}
         elif key in FLAT:  # a flat option (version 1, a flag, a keyword)
             group, name = FLAT[key]
-            out[group] = {**_as_mapping(out.get(group)), name: value}
+            out[group] = {**out.get(group, {}), name: value}
         elif key in GROUPS:  # a group's name with a single value: not an unknown option
             example = dataclasses.fields(GROUPS[key])[0].name
             raise ValueError(
@@ -470,7 +470,7 @@ def _moved_task_options(out: dict[str, Any]) -> dict[str, Any]:
         return out
     moved = {k: v for k, v in task_args.items() if k in ("text_columns", "label_column")}
     out["task_args"] = {k: v for k, v in task_args.items() if k not in moved}
-    out["data"] = {**_as_mapping(out.get("data")), **moved}
+    out["data"] = {**out.get("data", {}), **moved}
     return out
 
 
@@ -478,12 +478,8 @@ def _update(under: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]
     """Nested options ``under`` updated with ``over``, group by group (an option ``over`` names wins)."""
     out = dict(under)
     for key, value in over.items():
-        out[key] = {**_as_mapping(out.get(key)), **_as_mapping(value)} if key in GROUPS else value
+        out[key] = {**out.get(key, {}), **value} if key in GROUPS else value
     return out
-
-
-def _as_mapping(value: Any) -> dict:
-    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else dict(value or {})
 
 
 def flat_options(d: Mapping[str, Any]) -> dict[str, Any]:
@@ -492,7 +488,7 @@ def flat_options(d: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in nest_options(d).items():
         if key in GROUPS:
             names = {f.name: option_name(f) for f in dataclasses.fields(GROUPS[key])}
-            out.update({names[k]: v for k, v in _as_mapping(value).items()})
+            out.update({names[k]: v for k, v in value.items()})
         else:
             out[key] = value
     return out
