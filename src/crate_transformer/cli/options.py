@@ -91,12 +91,8 @@ def add_options(
 ) -> None:
     """One ``--flag`` per field of dataclass ``cls`` (``names``: the option names to show; omitted: every field
     with a help text), named by the field's option name with dashes; ``defaults`` replace the field defaults in
-    the help (a command's own recipe).
-
-    The field metadata carries ``help`` (and optionally ``choices``, ``metavar``, ``shown``, ``range``,
-    ``basic``).  The flag keeps what was typed and is absent when not given (the module docstring): ``cls``
-    coerces and checks it.  An option without ``basic=True`` is shown by ``--help-all`` only.
-    """
+    the help (a command's own recipe).  The flag keeps what was typed and is absent when not given (the module
+    docstring); one without ``basic=True`` is shown by ``--help-all`` only."""
     from ..config_utils import option_name
     from . import flag as cli_flag
 
