@@ -58,7 +58,7 @@ _SUPERVISED = {
 _LM = {**_UNSUPERVISED, "data": ("data", "val_fraction", "text_columns")}
 
 # training command → {section: option names (or ALL)}; a section is "top" (the task, model and checkpoint
-# fields) or a TrainConfig group.  The other commands declare their own options classes (add_command_options).
+# fields) or a TrainConfig group
 COMMAND_OPTIONS: dict[str, dict[str, Any]] = {
     "train": _SUPERVISED,
     "finetune": {**_SUPERVISED, "top": ("init_from", *_MODEL, "recipe", "keep_head")},
@@ -160,7 +160,6 @@ def add_training_options(
 ) -> None:
     """``--config FILE``, ``--print-config`` and the :class:`TrainConfig` options :data:`COMMAND_OPTIONS` lists for
     ``command``, one help section per group (``defaults``: the command's own recipe, shown in ``--help``)."""
-    from ..config_utils import option_name
     from ..train.config import GROUPS, TrainConfig
 
     parser.add_argument(
@@ -174,8 +173,7 @@ def add_training_options(
     for section, names in COMMAND_OPTIONS[command].items():
         cls = TrainConfig if section == "top" else GROUPS[section]
         target = parser if section == "top" else parser.add_argument_group(f"{SECTION_TITLES[section]} options")
-        every = tuple(option_name(f) for f in dataclasses.fields(cls) if "help" in f.metadata)
-        add_options(target, cls, every if names == ALL else tuple(names), defaults)
+        add_options(target, cls, None if names == ALL else tuple(names), defaults)  # None: every declared option
     parser.formatter_class = argparse.RawDescriptionHelpFormatter  # the help texts state their defaults
 
 
