@@ -8,10 +8,9 @@ nested (``config_version`` 2); a file in the flat layout of version 1 (earlier r
 flat ``--config`` files) is converted where it is read, by :func:`upgrade_v1`.  Keywords and flags name options
 flat (``TrainConfig(lr=0.01)``, ``--lr``): :data:`FLAT`, derived from the declarations, places each name.
 
-The paper's ImageNet recipe (JMLR App. C.1): Lion, lr 2.4e-4, weight decay 0.5, batch 2048,
-5 warm-up epochs then cosine, label smoothing 0.1, random crop + flip.  Fine-tuning (C.1,
-Table 1): new head, AdamW lr 5e-5, weight decay 0.01, crop + flip + RandAugment(2, 14).  The
-defaults of a new classification run are instead tuned for the built-in MNIST digits on 2 CPU cores.
+The paper's ImageNet recipe and its fine-tuning (JMLR App. C.1, Table 1) are ``recipe="crate-paper"``
+(:data:`~.recipes.RECIPES`, which states their values); the defaults of a new classification run are instead tuned
+for the built-in MNIST digits on 2 CPU cores, and those of fine-tuning (``init_from``) :data:`FINETUNE_DEFAULTS`.
 """
 
 from __future__ import annotations
