@@ -18,18 +18,10 @@ does the rest, once for every class:
 
 A model config also says what its model is and what can be measured in it — the capability contract the
 tasks, the analysis, the loaders and the CLI ask instead of checking a class or an ``arch`` name:
-
-* :attr:`Config.kind` — one of :data:`KINDS` (``"image classifier"``, ``"masked autoencoder"``,
-  ``"language model"``): which task trains it and what its ``forward`` takes;
-* :attr:`Config.white_box` — its layers are CRATE layers (MSSA, then a sparsification step), whose compression
-  and sparsity the analysis measures;
-* :attr:`Config.sparse_output` — every layer ends with CRATE's ISTA step, so its outputs have exact zeros
-  (the sparsity curve of JMLR Figs. 14-15 counts them);
-* :attr:`Config.layer_blocks` — the layer's two blocks, e.g. ``("mssa", "ista")`` or ``("mhsa", "mlp")``;
-* :attr:`Config.pipeline_tag` — the Hugging Face Hub task of its model card.
-
-The model adds what only the built model knows (``Model.code_sites``: where its sparse codes are, its extra
-files); see :mod:`crate_transformer.models.base`.
+:attr:`Config.kind` (one of :data:`KINDS`), :attr:`~Config.white_box`, :attr:`~Config.sparse_output` (JMLR
+Figs. 14-15), :attr:`~Config.layer_blocks` and :attr:`~Config.pipeline_tag`, each described where it is
+defined.  The model adds what only the built model knows (``Model.code_sites``: where its sparse codes are, its
+extra files); see :mod:`crate_transformer.models.base`.
 """
 
 from __future__ import annotations

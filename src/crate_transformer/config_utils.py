@@ -38,7 +38,6 @@ from .errors import OptionError, short_repr
 
 __all__ = [
     "coerce_fields",
-    "coerce_value",
     "field_types",
     "field_place",
     "field_about",
@@ -180,14 +179,6 @@ def coerce_fields(cls: type, mapping: Mapping[str, Any], *, allow_unknown: bool 
     return out
 
 
-def coerce_value(value: Any, annotation: Any) -> Any:
-    """``value`` coerced to ``annotation`` by the rules in the module docstring (ValueError if impossible)."""
-    try:
-        return _coerce(value, annotation)
-    except _CoerceError as e:
-        raise ValueError(f"expected {e.expected}, got {short_repr(value)} ({type(value).__name__})") from None
-
-
 # --------------------------------------------------------------------------- internals
 class _CoerceError(Exception):
     def __init__(self, expected: str) -> None:
@@ -219,7 +210,7 @@ def _coerce(value: Any, tp: Any) -> Any:
     if tp is int:
         return _to_int(value)
     if tp is float:
-        return _to_float(value)
+        return float(_number(value, "a number"))
     if tp is str:
         if isinstance(value, str):
             return value
@@ -267,15 +258,9 @@ def _number(value: Any, what: str) -> float | int:
 
 def _to_int(value: Any) -> int:
     v = _number(value, "an integer")
-    if isinstance(v, float):
-        if not math.isfinite(v) or not v.is_integer():
-            raise _CoerceError("an integer")
-        return int(v)
+    if isinstance(v, float) and not (math.isfinite(v) and v.is_integer()):
+        raise _CoerceError("an integer")
     return int(v)
-
-
-def _to_float(value: Any) -> float:
-    return float(_number(value, "a number"))
 
 
 def _to_bool(value: Any) -> bool:

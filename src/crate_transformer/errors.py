@@ -13,6 +13,7 @@ catches the error (:mod:`crate_transformer.cli.messages`), so ``str(e)`` is the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import islice  # a container's first items, never listed whole
 from typing import Any
 
 __all__ = ["Step", "OptionError", "TaskError", "OptionWarning", "short_repr"]
@@ -39,11 +40,9 @@ class _About:
     """What a message is about: ``options``, the names (Python arguments) it names bare, and ``within``, the
     option whose ``KEY=VALUE`` entries hold them (``"model_args"`` for a model config's fields)."""
 
-    options: tuple[str, ...]
-    within: str
-
-    def _about(self, option: str | tuple[str, ...], within: str) -> None:
-        self.options = (option,) if isinstance(option, str) else tuple(option)
+    def __init__(self, message: str, *, option: str | tuple[str, ...] = (), within: str = "") -> None:
+        super().__init__(message)
+        self.options: tuple[str, ...] = (option,) if isinstance(option, str) else tuple(option)
         self.within = within
 
     @property
@@ -56,10 +55,6 @@ class OptionError(_About, ValueError):
     """A mistake whose fix names options (or tasks, or a listing), in one line: ``OptionError(f"lr must be
     positive, got {lr}", option="lr")``."""
 
-    def __init__(self, message: str, *, option: str | tuple[str, ...] = (), within: str = "") -> None:
-        super().__init__(message)
-        self._about(option, within)
-
 
 class TaskError(OptionError):
     """A mistake whose fix is another task (a model of another kind, a run of another task, a missing input)."""
@@ -67,10 +62,6 @@ class TaskError(OptionError):
 
 class OptionWarning(_About, UserWarning):
     """A warning whose advice names options (``warnings.warn(OptionWarning(f"...", option="threads"))``)."""
-
-    def __init__(self, message: str, *, option: str | tuple[str, ...] = (), within: str = "") -> None:
-        super().__init__(message)
-        self._about(option, within)
 
 
 def short_repr(value: object, limit: int = SHORT) -> str:
@@ -88,9 +79,9 @@ def _write(value: object, parts: list[str], limit: int, depth: int = 0) -> bool:
     if depth > limit:  # nested deeper than the message shows: each level wrote an opener already
         return True
     if isinstance(value, dict):
-        opener, closer, items = "{", "}", [(k, v) for k, v in _first(value.items(), limit)]
+        opener, closer, items = "{", "}", list(islice(value.items(), limit))
     elif isinstance(value, (list, tuple)):
-        opener, closer, items = "[("[isinstance(value, tuple)], "])"[isinstance(value, tuple)], _first(value, limit)
+        (opener, closer), items = "()" if isinstance(value, tuple) else "[]", list(islice(value, limit))
     else:
         text = repr(value) if not isinstance(value, (str, bytes)) or len(value) <= limit else repr(value[:limit])
         parts.append(text)
@@ -110,13 +101,3 @@ def _write(value: object, parts: list[str], limit: int, depth: int = 0) -> bool:
         return True
     parts.append("," + closer if isinstance(value, tuple) and len(value) == 1 else closer)
     return sum(map(len, parts)) > limit
-
-
-def _first(items: object, n: int) -> list:
-    """The first ``n`` of ``items`` (a container's items are never listed whole)."""
-    out = []
-    for item in items:
-        if len(out) == n:
-            break
-        out.append(item)
-    return out

@@ -257,7 +257,7 @@ def test_model_args_reach_each_variant_through_crate_train_options(args, expecte
     from crate_transformer.train import TrainConfig
 
     ns = build_parser("train").parse_args(["train", "--model-args", *args])
-    cfg = TrainConfig.from_dict(given_options(ns, TrainConfig))
+    cfg = TrainConfig.from_dict(given_options(ns))
     built = model_config(cfg.model, **cfg.model_args)  # what the classification task builds
     assert {k: getattr(built, k) for k in expected} == expected
 

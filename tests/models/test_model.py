@@ -334,7 +334,7 @@ def test_model_config_rejects_bad_values_in_one_line(bad, msg):
 def test_coerce_fields_is_generic_over_dataclasses():
     import dataclasses
 
-    from crate_transformer.config_utils import coerce_fields, coerce_value
+    from crate_transformer.config_utils import coerce_fields
 
     @dataclasses.dataclass
     class Cfg:  # string annotations, as under `from __future__ import annotations`
@@ -381,5 +381,5 @@ def test_coerce_fields_is_generic_over_dataclasses():
         coerce_fields(Cfg, {"limit": "x"})
     with pytest.raises(ValueError, match=r"Cfg.amp must be a boolean .*; e.g. amp=False"):
         coerce_fields(Cfg, {"amp": 2})
-    with pytest.raises(ValueError, match="expected an integer, got 1.5"):
-        coerce_value(1.5, int)
+    with pytest.raises(ValueError, match=r"^Cfg.epochs must be an integer, got 1.5 \(float\); e.g. epochs=10$"):
+        coerce_fields(Cfg, {"epochs": 1.5})

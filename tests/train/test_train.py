@@ -127,8 +127,8 @@ def test_default_job_is_crate_mnist_p4_under_1m_params_on_a_grid_of_4_pixel_patc
     from crate_transformer.cli.common import given_options
 
     args = cli.build_parser("train").parse_args(["train"])
-    assert given_options(args, TrainConfig) == {}  # no flag given: nothing overrides the defaults
-    cfg = TrainConfig.from_dict(given_options(args, TrainConfig))
+    assert given_options(args) == {}  # no flag given: nothing overrides the defaults
+    cfg = TrainConfig.from_dict(given_options(args))
     assert cfg == TrainConfig() and (cfg.model, cfg.data.source) == ("crate_mnist_p4", "mnist")
     model = create_model(cfg.model)
     assert model.num_params() < 1_000_000

@@ -97,17 +97,6 @@ def option_warnings(command: str, flags: Callable[[], Flags] = Flags) -> Iterato
         warnings.formatwarning = python_way
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """argparse's ``(default: X)`` only where it says something: not after a help text that states its default
-    already, and not for an option that is unset by default (``None``, an off switch, an empty list)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if "default" in text or action.default in (None, False, [], argparse.SUPPRESS):
-            return text
-        return super()._get_help_string(action)
-
-
 class _HelpAll(argparse.Action):
     """``--help-all``: the help with every option, then exit (``--help`` shows the ``basic`` ones)."""
 
@@ -144,7 +133,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"crate_transformer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
+        p = sub.add_parser(name, help=help_text, description=help_text)
         if name == command:
             module = importlib.import_module(f"{__name__}.{module_name}")
             func = name.replace("-", "_")  # crate train-lm → configure_train_lm / run_train_lm

@@ -69,8 +69,6 @@ def resolve_options(args: argparse.Namespace) -> None:
     """A command with an options class (:func:`add_command_options`): the class built from the flags given —
     coerced and checked there, a bad value its one-line error naming the flag — and every option set on ``args``
     (the given value, else the declared default).  ``args._defaults`` keeps the defaults (``refuse_given``)."""
-    from ..config_utils import option_name
-
     cls = getattr(args, "_declared", None)
     if cls is None:
         return
@@ -221,25 +219,21 @@ def apply_threads(args: argparse.Namespace) -> int:
     return set_threads(getattr(args, "threads", 0))
 
 
-def given_options(args: argparse.Namespace, cls: type) -> dict[str, Any]:
-    """The options the user set: ``--config FILE`` first (nested or flat), then the flags by option name
+def given_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The training options the user set: ``--config FILE`` first (nested or flat), then the flags by option name
     (``model_args`` merged, not replaced)."""
     from ..train.config import FLAT, GROUPS, TrainConfig, nest_options, read_options_file
 
-    names = {option_name(f) for f in dataclasses.fields(cls)}
-    if cls is TrainConfig:  # the groups' options, as their flags name them (a task's --augmentation is its own)
-        names = (names - set(GROUPS)) | set(FLAT)
-    options = read_options_file(args.config) if getattr(args, "config", None) else {}
-    options = {str(k).replace("-", "_"): v for k, v in options.items()}
-    if cls is TrainConfig and options:
-        options = nest_options(options)  # typed, before anything merges them
-        if hasattr(args, "_options"):  # every option of this command's parser, given or not (cli.main)
-            _refuse_unread(options, args._options, args.config)
+    # the top-level options and the groups' options, as their flags name them (a task's --augmentation is its own)
+    names = ({option_name(f) for f in dataclasses.fields(TrainConfig)} - set(GROUPS)) | set(FLAT)
+    options = nest_options(read_options_file(args.config)) if getattr(args, "config", None) else {}  # typed first
+    if options and hasattr(args, "_options"):  # every option of this command's parser, given or not (cli.main)
+        _refuse_unread(options, args._options, args.config)
     flags = {k: v for k, v in vars(args).items() if k in names}
     if "model_args" in flags:
         flags["model_args"] = {**(options.get("model_args") or {}), **parse_model_args(flags["model_args"])}
     for name, value in flags.items():
-        group, key = FLAT.get(name, (None, None)) if cls is TrainConfig else (None, None)
+        group, key = FLAT.get(name, (None, None))
         if isinstance(options.get(group), dict):  # the file nests this option's group: the flag goes inside
             options[group] = {**options[group], key: value}
         else:

@@ -33,7 +33,6 @@ __all__ = [
     "like",
     "add_training_options",
     "add_command_options",
-    "add_config_file_options",
     "add_resume_option",
     "print_config",
 ]
@@ -59,7 +58,7 @@ _SUPERVISED = {
 _LM = {**_UNSUPERVISED, "data": ("data", "val_fraction", "text_columns")}
 
 # training command → {section: option names (or ALL)}; a section is "top" (the task, model and checkpoint
-# fields) or a TrainConfig group.  The other commands declare their own options classes (add_command_options).
+# fields) or a TrainConfig group
 COMMAND_OPTIONS: dict[str, dict[str, Any]] = {
     "train": _SUPERVISED,
     "finetune": {**_SUPERVISED, "top": ("init_from", *_MODEL, "recipe", "keep_head")},
@@ -92,12 +91,8 @@ def add_options(
 ) -> None:
     """One ``--flag`` per field of dataclass ``cls`` (``names``: the option names to show; omitted: every field
     with a help text), named by the field's option name with dashes; ``defaults`` replace the field defaults in
-    the help (a command's own recipe).
-
-    The field metadata carries ``help`` (and optionally ``choices``, ``metavar``, ``shown``, ``range``,
-    ``basic``).  The flag keeps what was typed and is absent when not given (the module docstring): ``cls``
-    coerces and checks it.  An option without ``basic=True`` is shown by ``--help-all`` only.
-    """
+    the help (a command's own recipe).  The flag keeps what was typed and is absent when not given (the module
+    docstring); one without ``basic=True`` is shown by ``--help-all`` only."""
     from ..config_utils import option_name
     from . import flag as cli_flag
 
@@ -165,15 +160,20 @@ def add_training_options(
 ) -> None:
     """``--config FILE``, ``--print-config`` and the :class:`TrainConfig` options :data:`COMMAND_OPTIONS` lists for
     ``command``, one help section per group (``defaults``: the command's own recipe, shown in ``--help``)."""
-    from ..config_utils import option_name
     from ..train.config import GROUPS, TrainConfig
 
-    add_config_file_options(parser)
+    parser.add_argument(
+        "--config", metavar="FILE", default=argparse.SUPPRESS, help="YAML or JSON file of options (flags override)"
+    )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved configuration (defaults < --config < flags) as YAML and exit without training",
+    )
     for section, names in COMMAND_OPTIONS[command].items():
         cls = TrainConfig if section == "top" else GROUPS[section]
         target = parser if section == "top" else parser.add_argument_group(f"{SECTION_TITLES[section]} options")
-        every = tuple(option_name(f) for f in dataclasses.fields(cls) if "help" in f.metadata)
-        add_options(target, cls, every if names == ALL else tuple(names), defaults)
+        add_options(target, cls, None if names == ALL else tuple(names), defaults)  # None: every declared option
     parser.formatter_class = argparse.RawDescriptionHelpFormatter  # the help texts state their defaults
 
 
@@ -200,18 +200,6 @@ def add_resume_option(parser: argparse.ArgumentParser, what: str = "run") -> Non
         default=argparse.SUPPRESS,
         help=f"continue an interrupted {what} from RUN_DIR/checkpoints/last.pt (its configuration is reused; flags "
         "override it)",
-    )
-
-
-def add_config_file_options(parser: argparse.ArgumentParser) -> None:
-    """``--config FILE`` (nested or flat options; flags override) and ``--print-config``."""
-    parser.add_argument(
-        "--config", metavar="FILE", default=argparse.SUPPRESS, help="YAML or JSON file of options (flags override)"
-    )
-    parser.add_argument(
-        "--print-config",
-        action="store_true",
-        help="print the resolved configuration (defaults < --config < flags) as YAML and exit without training",
     )
 
 

@@ -72,7 +72,7 @@ def run_task(args: argparse.Namespace, name: str) -> int:
     from .train import finished
 
     cls = _task_class(name)
-    options = given_options(args, TrainConfig)  # --config file (all keys) + engine flags
+    options = given_options(args)  # --config file (all keys) + engine flags
     fields = {f.name for f in dataclasses.fields(cls.Options)} if cls.Options is not None else set()
     task_args = dict(options.pop("task_args", None) or {})
     for key in [k for k in options if k in fields and not (k in GROUPS and isinstance(options[k], dict))]:

@@ -65,7 +65,7 @@ def run_train(args: argparse.Namespace) -> int:
     from ..train import TrainConfig, train
 
     resume = getattr(args, "resume", None)
-    options = given_options(args, TrainConfig)
+    options = given_options(args)
     if print_config(args, TrainConfig(), options):
         return 0
     result = train(None if resume else TrainConfig(), resume=resume, overrides=options, expect_task="classification")
@@ -90,7 +90,7 @@ def run_finetune(args: argparse.Namespace) -> int:
     from ..train.config import flat_options
 
     resume = getattr(args, "resume", None)
-    options = given_options(args, TrainConfig)
+    options = given_options(args)
     # the checkpoint defines the architecture; --model only names an official checkpoint's
     base = TrainConfig.from_dict({**FINETUNE_DEFAULTS, "init_from": getattr(args, "init_from", None), "model": None})
     if print_config(args, base, options):

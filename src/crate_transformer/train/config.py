@@ -8,10 +8,9 @@ nested (``config_version`` 2); a file in the flat layout of version 1 (earlier r
 flat ``--config`` files) is converted where it is read, by :func:`upgrade_v1`.  Keywords and flags name options
 flat (``TrainConfig(lr=0.01)``, ``--lr``): :data:`FLAT`, derived from the declarations, places each name.
 
-The paper's ImageNet recipe (JMLR App. C.1): Lion, lr 2.4e-4, weight decay 0.5, batch 2048,
-5 warm-up epochs then cosine, label smoothing 0.1, random crop + flip.  Fine-tuning (C.1,
-Table 1): new head, AdamW lr 5e-5, weight decay 0.01, crop + flip + RandAugment(2, 14).  The
-defaults of a new classification run are instead tuned for the built-in MNIST digits on 2 CPU cores.
+The paper's ImageNet recipe and its fine-tuning (JMLR App. C.1, Table 1) are ``recipe="crate-paper"``
+(:data:`~.recipes.RECIPES`, which states their values); the defaults of a new classification run are instead tuned
+for the built-in MNIST digits on 2 CPU cores, and those of fine-tuning (``init_from``) :data:`FINETUNE_DEFAULTS`.
 """
 
 from __future__ import annotations
@@ -310,13 +309,10 @@ FLAT: dict[str, tuple[str, str]] = {
 
 @dataclass(init=False)
 class TrainConfig:
-    """Everything that defines a training run; saved as ``config.yaml`` in the run directory.
+    """Everything that defines a training run (the module docstring); saved as ``config.yaml`` in the run directory.
 
-    The task, the model and the checkpoint to start from are top-level; every other option is in a group:
-    ``cfg.data``, ``cfg.augmentation``, ``cfg.optim``, ``cfg.system``, ``cfg.logging``.  The constructor and
-    :meth:`from_dict` take the groups (as dataclasses or mappings) and, as well, any option by its flat name
-    (``TrainConfig(lr=0.01, data="digits")``), as flags name them (:data:`FLAT` places each name in its group).
-    """
+    The constructor and :meth:`from_dict` take the groups (``cfg.optim``, ...: dataclasses or mappings) and any
+    option by its flat name (``TrainConfig(lr=0.01, data="digits")``), as flags name them (:data:`FLAT`)."""
 
     GIVEN_IN: ClassVar[str] = ""  # each field is an option of its own (config_utils.field_place)
 
@@ -354,14 +350,10 @@ class TrainConfig:
             elif f.name not in GROUPS:
                 setattr(self, f.name, f.default if f.default_factory is dataclasses.MISSING else f.default_factory())
         for name, cls in GROUPS.items():
-            setattr(self, name, cls(**_as_mapping(nested.get(name))))  # a copy: configs share no group
-        self.__post_init__()
-
-    def __post_init__(self) -> None:
-        top = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in GROUPS}
-        for name, value in coerce_fields(type(self), top).items():
-            setattr(self, name, value)
-            check_option(type(self), name, value)
+            setattr(self, name, cls(**nested.get(name, {})))  # a copy: configs share no group
+        for f in dataclasses.fields(self):  # the top-level values, coerced by nest_options, checked once built
+            if f.name not in GROUPS:
+                check_option(type(self), f.name, getattr(self, f.name))
 
     def validate(self) -> None:
         """Raise a one-line ValueError for any inconsistent setting."""
@@ -385,9 +377,8 @@ class TrainConfig:
         if nested.get("recipe"):  # the recipe's values go under the options given with it
             finetune = (nested.get("init_from") or (base.init_from if base is not None else None)) is not None
             nested = _update(nest_options(recipe_options(nested["recipe"], finetune)), nested)
-        if base is None:
-            return cls(**nested)
-        return cls(**_update({k: v for k, v in base.to_dict().items() if k != "config_version"}, nested))
+        under = {k: v for k, v in base.to_dict().items() if k != "config_version"} if base is not None else {}
+        return cls(**_update(under, nested))
 
 
 def upgrade_v1(d: Mapping[str, Any]) -> dict[str, Any]:
@@ -409,11 +400,11 @@ def upgrade_v1(d: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in d.items():
         if key in GROUPS and (isinstance(value, (Mapping, GROUPS[key])) or value is None):
-            group = {str(k).replace("-", "_"): v for k, v in _as_mapping(value).items()}
-            out[key] = {**_as_mapping(out.get(key)), **group}
+            value = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value or {}  # a group given whole
+            out[key] = {**out.get(key, {}), **{str(k).replace("-", "_"): v for k, v in value.items()}}
         elif key in FLAT:  # a flat option (version 1, a flag, a keyword)
             group, name = FLAT[key]
-            out[group] = {**_as_mapping(out.get(group)), name: value}
+            out[group] = {**out.get(group, {}), name: value}
         elif key in GROUPS:  # a group's name with a single value: not an unknown option
             example = dataclasses.fields(GROUPS[key])[0].name
             raise ValueError(
@@ -427,7 +418,9 @@ def upgrade_v1(d: Mapping[str, Any]) -> dict[str, Any]:
 
 def nest_options(d: Mapping[str, Any]) -> dict[str, Any]:
     """Options by flat name or nested (keywords, flags, a file's mapping) → the top-level fields and one mapping
-    per group, every value coerced to its declared type (:func:`upgrade_v1` places the flat names).
+    per group (:func:`upgrade_v1` places the flat names), every value coerced to its declared type: the one check
+    every flag, config file and keyword goes through before any value is used (``model_args: "dim=32"`` in a file
+    is a one-line error naming the key, not a TypeError where it is first merged).
 
     Unknown keys and a newer ``config_version`` are one-line errors; extra keys of a run's config.yaml
     (``model_config``, ``derived``) are not options and must be removed first (:func:`read_run_config` does).
@@ -441,19 +434,11 @@ def nest_options(d: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         valid = sorted({*top, *FLAT, *GROUPS})
         raise ValueError(f"unknown training option(s) {sorted(unknown)}; valid options: {valid}")
-    return _one_warmup(_typed(out))
-
-
-def _typed(out: dict[str, Any]) -> dict[str, Any]:
-    """``out`` with every value coerced to its field's declared type, groups' fields included: the one check every
-    flag, config file and keyword goes through before any value is used (``model_args: "dim=32"`` in a file is a
-    one-line error naming the key, not a TypeError where it is first merged)."""
-    top = {k: v for k, v in out.items() if k not in GROUPS}
-    typed = _no_empty_path(TrainConfig, coerce_fields(TrainConfig, top))
+    typed = _no_empty_path(TrainConfig, coerce_fields(TrainConfig, {k: v for k, v in out.items() if k not in GROUPS}))
     for key, value in out.items():
         if key in GROUPS:
             typed[key] = _no_empty_path(GROUPS[key], coerce_fields(GROUPS[key], value))
-    return typed
+    return _one_warmup(typed)
 
 
 def _no_empty_path(cls: type, values: dict[str, Any]) -> dict[str, Any]:
@@ -484,7 +469,7 @@ def _moved_task_options(out: dict[str, Any]) -> dict[str, Any]:
         return out
     moved = {k: v for k, v in task_args.items() if k in ("text_columns", "label_column")}
     out["task_args"] = {k: v for k, v in task_args.items() if k not in moved}
-    out["data"] = {**_as_mapping(out.get("data")), **moved}
+    out["data"] = {**out.get("data", {}), **moved}
     return out
 
 
@@ -492,12 +477,8 @@ def _update(under: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]
     """Nested options ``under`` updated with ``over``, group by group (an option ``over`` names wins)."""
     out = dict(under)
     for key, value in over.items():
-        out[key] = {**_as_mapping(out.get(key)), **_as_mapping(value)} if key in GROUPS else value
+        out[key] = {**out.get(key, {}), **value} if key in GROUPS else value
     return out
-
-
-def _as_mapping(value: Any) -> dict:
-    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else dict(value or {})
 
 
 def flat_options(d: Mapping[str, Any]) -> dict[str, Any]:
@@ -506,7 +487,7 @@ def flat_options(d: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in nest_options(d).items():
         if key in GROUPS:
             names = {f.name: option_name(f) for f in dataclasses.fields(GROUPS[key])}
-            out.update({names[k]: v for k, v in _as_mapping(value).items()})
+            out.update({names[k]: v for k, v in value.items()})
         else:
             out[key] = value
     return out
