@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from crate_transformer.data import StreamingImageFolder, build_augmentation
-from crate_transformer.registry import create_model
+from crate_transformer.models.registry import create_model
 from crate_transformer.train import prepare_batch
 
 SIZES = [(256, 256), (500, 375), (375, 500), (320, 240), (400, 300)]

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from crate_transformer.registry import create_model
+from crate_transformer.models.registry import create_model
 from crate_transformer.train import TrainConfig, train
 from crate_transformer.train.images import ImageData
 from crate_transformer.train.optim import build_optimizer, param_groups

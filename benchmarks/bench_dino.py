@@ -7,7 +7,7 @@ measures on the fixed 1,000 held-out MNIST digits, with features of the 4,000 tr
 * the same architecture randomly initialised (same seed as the run: the teacher's starting point);
 * raw pixels (the normalised 784-d images);
 
-each by weighted k-NN (k = 10, 20, 100, 200; T = 0.07) and a linear probe (``crate_transformer.probe``).
+each by weighted k-NN (k = 10, 20, 100, 200; T = 0.07) and a linear probe (``crate_transformer.analysis.probe``).
 Prints the table docs/dino.md quotes and writes ``dino_knn.png`` (k-NN accuracy against k).  Not a test.
 
     python benchmarks/bench_dino.py --threads 1                    # pre-train (default run), then measure
@@ -24,13 +24,13 @@ from pathlib import Path
 
 import torch
 
+from crate_transformer.analysis.probe import KNN_KS, extract_features, knn_sweep, linear_probe
 from crate_transformer.data import load_dataset, normalize
-from crate_transformer.model import build_model
-from crate_transformer.probe import KNN_KS, extract_features, knn_sweep, linear_probe
+from crate_transformer.loading.pipeline import load_model
+from crate_transformer.models.classifier import build_model
 from crate_transformer.train import TrainConfig, load_training_state, train
 from crate_transformer.train.dino import DINOTask
 from crate_transformer.train.evaluation import save_figure, subplots
-from crate_transformer.train.load import load_model
 
 
 def _pixels(ds: object, mean: list[float], std: list[float]) -> tuple[torch.Tensor, torch.Tensor]:

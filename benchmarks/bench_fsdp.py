@@ -55,7 +55,7 @@ def worker(name: str, strategy: str) -> None:
     """One process of a 2-process job: build, shard or wrap, one AdamW step, print the measurements (rank 0)."""
     import torch.distributed as dist
 
-    from crate_transformer.registry import create_model
+    from crate_transformer.models.registry import create_model
     from crate_transformer.train.sharding import shard
 
     dist.init_process_group("gloo")
@@ -92,7 +92,7 @@ def measure(name: str, strategy: str) -> dict:
 
 
 def formula(name: str, strategy: str) -> dict:
-    from crate_transformer.registry import create_model
+    from crate_transformer.models.registry import create_model
 
     with torch.device("meta"):
         n = sum(p.numel() for p in create_model(name).parameters())

@@ -31,7 +31,7 @@ import time
 import torch
 
 import crate_transformer as ct
-from crate_transformer.lm import LMConfig, build_lm, cache_nbytes
+from crate_transformer.models.lm import LMConfig, build_lm, cache_nbytes
 
 MODELS = {"small": "crate_gpt_small", "base": "crate_gpt_base", "pile": "crate_gpt_12l_pile"}
 TINY = dict(dim=32, depth=2, heads=2, vocab_size=64, block_size=64)  # --tiny: every model at this size

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import crate_transformer as ct
-from crate_transformer.official import native_to_official
+from crate_transformer.loading.official import native_to_official
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the transcribed official code
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_generate's pairs

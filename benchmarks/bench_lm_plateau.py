@@ -42,7 +42,7 @@ import lm_corpora  # noqa: E402
 
 import crate_transformer as ct  # noqa: E402
 from crate_transformer.data.text import TokenBlocks, load_tokens, split_tokens  # noqa: E402
-from crate_transformer.tokenizer import Tokenizer  # noqa: E402
+from crate_transformer.models.tokenizer import Tokenizer  # noqa: E402
 from crate_transformer.train import TrainConfig, train  # noqa: E402
 from crate_transformer.train.lm import PLATEAU_MARGIN, LMOptions, LMTask  # noqa: E402
 

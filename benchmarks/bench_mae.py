@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 import crate_transformer as ct
-from crate_transformer.official import mae_native_to_official
+from crate_transformer.loading.official import mae_native_to_official
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the transcribed official code
 from official.crate_ae import EncoderISTA, OfficialCRATEMAE
@@ -33,7 +33,7 @@ CONFIGS = {
 }
 
 
-def pair(name: str, overrides: dict) -> tuple[ct.mae.CRATEMAE, OfficialCRATEMAE]:
+def pair(name: str, overrides: dict) -> tuple[ct.models.mae.CRATEMAE, OfficialCRATEMAE]:
     ours = ct.create_model(name, **overrides)
     c = ours.config
     official = OfficialCRATEMAE(img_size=c.image_size, patch_size=c.patch_size, in_chans=c.in_chans, embed_dim=c.dim,

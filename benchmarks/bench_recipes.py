@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from crate_transformer.model import ModelConfig, build_model
+from crate_transformer.models.classifier import ModelConfig, build_model
 from crate_transformer.train.mix import MixupCutmix, random_erasing, soft_target_cross_entropy
 from crate_transformer.train.optim import ModelEma, build_optimizer, param_groups
 

@@ -35,7 +35,7 @@ import torch
 
 import crate_transformer as ct
 from crate_transformer.layers import frozen_weights
-from crate_transformer.official import native_to_official
+from crate_transformer.loading.official import native_to_official
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the transcribed official code
 from official.crate import OfficialCRATE

@@ -34,7 +34,7 @@ def worker(threads: str, seconds: float) -> None:
     """One measurement: steps/s of the default training step, after two warm-up steps."""
     import torch
 
-    from crate_transformer.registry import create_model
+    from crate_transformer.models.registry import create_model
     from crate_transformer.train.threads import set_threads
 
     n = set_threads(0 if threads == "auto" else int(threads))

@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from crate_transformer.data import build_augmentation, load_dataset
-from crate_transformer.registry import create_model
+from crate_transformer.loading.pipeline import load_model
+from crate_transformer.models.registry import create_model
 from crate_transformer.train import TrainConfig, prepare_batch, train
-from crate_transformer.train.load import load_model
 
 
 def _synthetic_cifar(root: Path, n: int = 1000) -> Path:

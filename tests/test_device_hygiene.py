@@ -131,8 +131,8 @@ def _steady_steps(engine: Any, steps: int = 3) -> list:
 @pytest.fixture(scope="module")
 def lm_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A byte-level language model saved for fine-tuning, a small corpus and a labelled table."""
-    from crate_transformer.lm import LMConfig, build_lm
-    from crate_transformer.tokenizer import Tokenizer
+    from crate_transformer.models.lm import LMConfig, build_lm
+    from crate_transformer.models.tokenizer import Tokenizer
 
     root = tmp_path_factory.mktemp("lm")
     model = build_lm(LMConfig(dim=32, depth=1, heads=2, block_size=24))

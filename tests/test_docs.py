@@ -197,7 +197,7 @@ def test_the_readme_quick_start_runs_verbatim(tmp_path: Path, monkeypatch: pytes
 def test_adding_a_model_runs_block_by_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """docs/adding_a_model.md's Python blocks, run in order as one program, make a family that every entry point
     reaches (each block compiled alone, so a failure names it)."""
-    from crate_transformer import _registry
+    from crate_transformer.models import _registry
 
     for table in ("_ARCHS", "_MODELS", "ZOO"):
         monkeypatch.setattr(_registry, table, dict(getattr(_registry, table)))  # the example's lines are undone

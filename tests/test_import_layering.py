@@ -1,6 +1,8 @@
 """The package imports only downward: no import cycle among its modules (imports inside functions and under
 ``TYPE_CHECKING`` count), and the model stack keeps its layers — core → base → families → the registry's tables
-→ the loaders and the zoo (the hub layer) → the factory, as timm keeps ``_registry``, ``_hub`` and ``_factory``."""
+→ the loaders and the zoo (the hub layer) → the factory, as timm keeps ``_registry``, ``_hub`` and ``_factory``;
+and the folders show it: the core at the root, ``layers/`` below ``models/`` and ``loading/``, the library below the
+lab (``train/``, ``data/``, ``analysis/``, ``theory/``, ``cli/``)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import sys
 from pathlib import Path
 
 import crate_transformer as ct
-from crate_transformer import _registry
+from crate_transformer.models import _registry
 
 SRC = Path(ct.__file__).parent
 PKG = "crate_transformer"
@@ -117,10 +119,7 @@ def test_no_module_of_the_package_is_on_an_import_cycle():
 
 
 # the family modules: where the registered architectures' classes live (a new family is one more, with no edit here)
-FAMILY_MODULES = {a.model_class.__module__.rpartition(".")[2] for a in _registry._ARCHS.values()}
-# every registered family's module (a new family joins the layer by registering itself)
-FAMILIES = {a.model_class.__module__.split(".")[-1] for a in _registry._ARCHS.values()
-            if a.model_class.__module__.startswith(PKG + ".")}  # fmt: skip
+FAMILY_MODULES = {a.model_class.__module__.removeprefix(PKG + ".") for a in _registry._ARCHS.values()}
 LAYERS = [  # lowest first; a module may import its own layer and the ones before it
     {
         "_version",
@@ -138,30 +137,72 @@ LAYERS = [  # lowest first; a module may import its own layer and the ones befor
         "layers.tssa",
         "layers.sparse",
         "layers.block",
-        "static_cache",  # compiled decoding's cache (the attention layers write into it)
-        "generation",  # generation and sampling (a language model's generate calls it)
-        "token_prior",  # a language model's mixin
-        "official",
-        "spec",
-        "tokenizer",
-        "runfiles",
+        "layers.static_cache",  # compiled decoding's cache (the attention layers write into it)
+        "models",
+        "models.generation",  # generation and sampling (a language model's generate calls it)
+        "models.token_prior",  # a language model's mixin
+        "models.spec",
+        "models.tokenizer",
         "loading",
+        "loading.official",  # the authors' key maps and formats: what a family declares it reads
+        "loading.runfiles",
         "loading.values",
         "loading.weights",
     },
-    {"_hub", "loading.folder"},
-    {"base"},
-    {"_registry"},
-    FAMILY_MODULES,
-    {"loading.pipeline", "checkpoint"},
-    {"pretrained"},
-    {"registry"},
+    {"loading.hub", "loading.folder"},
+    {"models.base"},
+    {"models._registry"},
+    FAMILY_MODULES | {"models.dino"},  # the families, and DINO's heads around a backbone
+    {"loading.pipeline"},
+    {"loading.pretrained"},
+    {"models.registry"},
 ]
+# the folders: the core (the package's root modules) and the layers below the models and the loaders, and the
+# library (core, layers, models, loading) below the lab
+LIBRARY = ("layers", "models", "loading")
+LAB = ("train", "data", "analysis", "theory", "cli")
+
+
+def _folder(module: str) -> str:
+    """The top folder of a package module (``crate_transformer.models.lm`` → ``models``); ``""`` for the package
+    root's own modules (the core)."""
+    rest = module.removeprefix(PKG).removeprefix(".")
+    top = rest.partition(".")[0]
+    return top if top in LIBRARY + LAB else ""
+
+
+def test_the_root_holds_the_core_and_folders_say_what_they_hold():
+    """At most eight modules at the package root (the core: configs, errors, files, objectives, progress), every
+    registered family in ``models/``, and the lab's packages each a folder."""
+    root = sorted(p.stem for p in SRC.glob("*.py"))
+    assert len(root) <= 8, root
+    assert set(root) == {"__init__", "_version", "config", "config_utils", "errors", "io", "objectives", "progress"}
+    assert FAMILY_MODULES and all(m.startswith("models.") for m in FAMILY_MODULES), FAMILY_MODULES
+    assert all((SRC / d / "__init__.py").is_file() for d in LIBRARY + LAB)
+
+
+def test_the_folders_import_only_downward():
+    """The core imports no folder; the layers only the core; the library (core, layers, models, loading) nothing
+    of the lab (train, data, analysis, theory, cli), anywhere in a file (lazy imports count)."""
+    graph = import_graph()
+    assert _folder(f"{PKG}.io") == "" and _folder(f"{PKG}.models.lm") == "models" and _folder(f"{PKG}.cli") == "cli"
+    allowed = {"": {""}, "layers": {"", "layers"}}
+    allowed.update({d: {"", *LIBRARY} for d in ("models", "loading")})
+    wrong = [
+        f"{m} imports {t}"
+        for m in graph
+        if m != PKG and _folder(m) in allowed
+        for t in graph[m]
+        if t != PKG and _folder(t) not in allowed[_folder(m)]
+    ]
+    assert not wrong, wrong
 
 
 def test_the_model_stack_imports_only_downward():
     graph = import_graph()
     layer_of = {f"{PKG}.{m}": i for i, layer in enumerate(LAYERS) for m in layer}
+    unplaced = sorted(m for m in graph if _folder(m) in LIBRARY and m not in layer_of)
+    assert not unplaced, f"library modules missing from LAYERS: {unplaced}"
     wrong = [
         f"{m} (layer {layer_of[m]}) imports {t} (layer {layer_of.get(t, 'above the stack')})"
         for m in layer_of
@@ -170,4 +211,5 @@ def test_the_model_stack_imports_only_downward():
     ]
     assert not wrong, wrong
     # the tables and the families know no loader, zoo download or factory
-    assert not graph[f"{PKG}._registry"] - {f"{PKG}.config", f"{PKG}.official", f"{PKG}.base"}
+    tables = {f"{PKG}.config", f"{PKG}.loading.official", f"{PKG}.models.base"}
+    assert not graph[f"{PKG}.models._registry"] - tables

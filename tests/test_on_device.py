@@ -168,8 +168,8 @@ def test_a_resumed_run_on_the_device_continues_bitwise(device: torch.device, tmp
 
 def test_text_finetuning_runs_on_the_device_compiled(device: torch.device, tmp_path: Path) -> None:
     """finetune-text on the device; on a GPU with ``--compile`` (what the loss runs, ``classify``, compiled)."""
-    from crate_transformer.lm import LMConfig, build_lm
-    from crate_transformer.tokenizer import Tokenizer
+    from crate_transformer.models.lm import LMConfig, build_lm
+    from crate_transformer.models.tokenizer import Tokenizer
 
     lm = build_lm(LMConfig(dim=32, depth=1, heads=2, block_size=24))
     lm.tokenizer = Tokenizer.byte_level()

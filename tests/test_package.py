@@ -45,7 +45,7 @@ def test_every_family_is_exported_and_on_the_api_reference():
     import yaml
 
     import crate_transformer as ct
-    from crate_transformer import _registry
+    from crate_transformer.models import _registry
 
     root = Path(__file__).resolve().parents[1]
     nav = str(yaml.safe_load((root / "mkdocs.yml").read_text(encoding="utf-8"))["nav"])

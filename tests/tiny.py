@@ -39,7 +39,7 @@ ABLATE = {"model_args": {"dim": 16, "depth": 1, "heads": 2}, "train_subset": 64,
 # family iterate over (device hygiene, compilation, the device under test).
 def family_builders() -> dict[str, Any]:
     import crate_transformer as ct
-    from crate_transformer.dino import DINOHead, DINOModel
+    from crate_transformer.models.dino import DINOHead, DINOModel
 
     img = dict(image_size=16, patch_size=4, in_chans=1, dim=32, depth=2, heads=4)
     lm = dict(dim=32, depth=2, heads=4, block_size=8, vocab_size=50)
@@ -67,7 +67,7 @@ def family_inputs(model: Any, device: Any = "cpu") -> Any:
     import torch
 
     import crate_transformer as ct
-    from crate_transformer.dino import DINOModel
+    from crate_transformer.models.dino import DINOModel
 
     if isinstance(model, ct.LanguageModel):
         return torch.randint(0, model.config.vocab_size, (2, 8)).to(device)

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from crate_transformer._registry import register_arch, register_model
-from crate_transformer.base import Model, Trace
 from crate_transformer.config import IMAGE_CLASSIFIER, Config
 from crate_transformer.config_utils import Range, option
 from crate_transformer.layers import EncoderLayer
-from crate_transformer.model import ImageEncoderGeometry, ImageInput
-from crate_transformer.spec import DataSpec
+from crate_transformer.models._registry import register_arch, register_model
+from crate_transformer.models.base import Model, Trace
+from crate_transformer.models.classifier import ImageEncoderGeometry, ImageInput
+from crate_transformer.models.spec import DataSpec
 
 ARCH = "toy_crate"
 

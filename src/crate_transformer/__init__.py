@@ -17,16 +17,21 @@ Public API::
 """
 
 from ._version import __version__
-from .alpha import AlphaConfig, CRATEAlpha
-from .base import Model, Trace
-from .bert import CRATEBert
 from .config import Config
 from .io import CheckpointError
 from .layers import frozen_weights
-from .lm import GPT, CRATELanguageModel, LanguageModel, LMConfig
 from .loading.pipeline import from_official, from_pretrained, load_model
-from .mae import CRATEMAE, MAEConfig
-from .model import CRATE, ImageClassifier, ModelConfig, ViT
+from .loading.pretrained import list_pretrained
+from .models.alpha import AlphaConfig, CRATEAlpha
+from .models.base import Model, Trace
+from .models.bert import CRATEBert
+from .models.classifier import CRATE, ImageClassifier, ModelConfig, ViT
+from .models.lm import GPT, CRATELanguageModel, LanguageModel, LMConfig
+from .models.mae import CRATEMAE, MAEConfig
+from .models.registry import create_model, list_models, model_config
+from .models.spec import resolve_data_config
+from .models.tokenizer import Tokenizer
+from .models.tost import ToST, ToSTConfig, ToSTLanguageModel, ToSTLMConfig
 from .objectives import (
     coding_rate,
     coding_rate_grad,
@@ -40,21 +45,25 @@ from .objectives import (
     subspaces_from_qkv,
     variational_coding_rate,
 )
-from .pretrained import list_pretrained
-from .registry import create_model, list_models, model_config
-from .spec import resolve_data_config
-from .tokenizer import Tokenizer
-from .tost import ToST, ToSTConfig, ToSTLanguageModel, ToSTLMConfig
 
-_SUBMODULES = ("analysis", "theory", "data", "train", "probe", "dino")
+# the lab's packages and two modules users reach as ``ct.probe`` / ``ct.dino`` → where each lives
+_SUBMODULES = {
+    "analysis": ".analysis",
+    "theory": ".theory",
+    "data": ".data",
+    "train": ".train",
+    "probe": ".analysis.probe",
+    "dino": ".models.dino",
+}
 
 
 def __getattr__(name: str) -> object:
-    """``ct.analysis``, ``ct.theory``, ``ct.data`` and ``ct.train`` on first use (they import matplotlib etc.)."""
+    """``ct.analysis``, ``ct.theory``, ``ct.data``, ``ct.train``, ``ct.probe`` and ``ct.dino`` on first use (they
+    import matplotlib etc.)."""
     import importlib
 
     if name in _SUBMODULES:
-        return importlib.import_module(f".{name}", __name__)
+        return importlib.import_module(_SUBMODULES[name], __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -21,7 +21,7 @@ tasks, the analysis, the loaders and the CLI ask instead of checking a class or 
 :attr:`Config.kind` (one of :data:`KINDS`), :attr:`~Config.white_box`, :attr:`~Config.sparse_output` (JMLR
 Figs. 14-15), :attr:`~Config.layer_blocks` and :attr:`~Config.pipeline_tag`, each described where it is
 defined.  The model adds what only the built model knows (``Model.code_sites``: where its sparse codes are, its
-extra files); see :mod:`crate_transformer.base`.
+extra files); see :mod:`crate_transformer.models.base`.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ import crate_transformer as ct
 from crate_transformer import analysis
 from crate_transformer.cli import analyze as analyze_cmd
 from crate_transformer.data import DataSpec, load_dataset, load_image_folder, normalize
-from crate_transformer.official import native_to_official
-from crate_transformer.spec import resolve_normalization
+from crate_transformer.loading.official import native_to_official
+from crate_transformer.models.spec import resolve_normalization
 
 TINY = tiny.DIGITS
 
@@ -433,7 +433,7 @@ def test_crate_analyze_images_use_the_models_normalisation_not_the_photos(tmp_pa
     own statistics; the report's normalisation row says which, as numbers, not Python lists."""
     from PIL import Image
 
-    from crate_transformer.spec import IMAGENET_MEAN, IMAGENET_STD, fit_normalization
+    from crate_transformer.models.spec import IMAGENET_MEAN, IMAGENET_STD, fit_normalization
 
     folder = tmp_path / "photos"
     folder.mkdir()

@@ -26,7 +26,7 @@ from crate_transformer.analysis.explorer import (
     write_explorer,
 )
 from crate_transformer.data import load_dataset
-from crate_transformer.lm import LMConfig, build_lm
+from crate_transformer.models.lm import LMConfig, build_lm
 
 TINY = dict(image_size=8, patch_size=2, in_chans=1, num_classes=10, dim=32, depth=2, heads=4)
 

@@ -14,8 +14,8 @@ from clitools import crate, one_line_error
 
 from crate_transformer import LMConfig, ModelConfig
 from crate_transformer.analysis import features as F
-from crate_transformer.lm import build_lm
-from crate_transformer.model import build_model
+from crate_transformer.models.classifier import build_model
+from crate_transformer.models.lm import build_lm
 
 IMG = dict(image_size=8, patch_size=4, in_chans=1, num_classes=3, dim=16, depth=2, heads=2)
 

@@ -28,7 +28,7 @@ def test_console_script_entry_point(capsys):
     import torch
 
     from crate_transformer import cli
-    from crate_transformer.registry import create_model
+    from crate_transformer.models.registry import create_model
 
     (script,) = [e for e in entry_points(group="console_scripts") if e.name == "crate"]
     assert script.value == "crate_transformer.cli:main" and script.load() is main
@@ -53,7 +53,7 @@ def test_model_args_accept_every_config_family_and_the_model_rejects_foreign_one
     import pytest
 
     from crate_transformer.cli.common import parse_model_args
-    from crate_transformer.registry import model_config
+    from crate_transformer.models.registry import model_config
 
     args = parse_model_args(["visible_only=true", "mask_ratio=0.6", "dim=32"])  # MAEConfig fields
     assert args == {"visible_only": True, "mask_ratio": 0.6, "dim": 32}

@@ -87,13 +87,13 @@ def _options(words: list[str]) -> set[str]:
 
 def _writers() -> dict[str, Callable[[Path], Any]]:
     """Each library writer of a folder (or of a file, whose folder it makes), given its target."""
-    from crate_transformer._hub import write_hub_folder
     from crate_transformer.analysis import measure
     from crate_transformer.analysis.explorer import write_explorer
     from crate_transformer.analysis.plots import save_figure
     from crate_transformer.io import save_safetensors, save_torch, write_json
+    from crate_transformer.loading.hub import write_hub_folder
+    from crate_transformer.models.tokenizer import Tokenizer
     from crate_transformer.theory import run_experiment
-    from crate_transformer.tokenizer import Tokenizer
     from crate_transformer.train.rundir import FolderLock, RunDir
 
     def figure() -> Any:

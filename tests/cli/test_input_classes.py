@@ -116,10 +116,10 @@ def test_class_count_accepts_dense_labels_and_refuses_sparse_huge_or_negative_on
 def test_a_layer_count_read_from_key_names_is_bounded_by_the_keys(tmp_path: Path) -> None:
     """Depths an authors' file gives only by its key names: one key numbered 10**9 would build a billion layers
     before any weight is compared.  Every format that counts blocks by their keys refuses a numbering with gaps."""
-    from crate_transformer.bert import bert_checkpoint_fields
-    from crate_transformer.lm import lm_checkpoint_fields
-    from crate_transformer.official import index_count
-    from crate_transformer.tost import tost_fields
+    from crate_transformer.loading.official import index_count
+    from crate_transformer.models.bert import bert_checkpoint_fields
+    from crate_transformer.models.lm import lm_checkpoint_fields
+    from crate_transformer.models.tost import tost_fields
 
     assert index_count({"h.0.a": 1, "h.1.a": 1, "h.1.b": 1, "x": 1}, r"h\.(\d+)\.") == 2
     assert index_count({"c.0.w": 1, "c.2.w": 1}, r"c\.(\d+)\.", step=2) == 3  # convolutions between activations
@@ -142,7 +142,7 @@ def test_a_layer_count_read_from_key_names_is_bounded_by_the_keys(tmp_path: Path
 
 
 def test_knn_votes_only_over_the_classes_that_occur_and_refuses_k_above_the_training_set() -> None:
-    from crate_transformer.probe import knn_sweep, usable_ks
+    from crate_transformer.analysis.probe import knn_sweep, usable_ks
 
     g = torch.Generator().manual_seed(0)
     tx, qx = torch.randn(40, 6, generator=g), torch.randn(15, 6, generator=g)
@@ -202,8 +202,8 @@ def test_a_tampered_shard_index_is_warned_about_and_read_again_from_the_shards(t
 
 # --------------------------------------------------------------------------- 2. one line, never a traceback
 def _lm_folder(path: Path) -> Path:
-    from crate_transformer.lm import LMConfig, build_lm
-    from crate_transformer.tokenizer import Tokenizer
+    from crate_transformer.models.lm import LMConfig, build_lm
+    from crate_transformer.models.tokenizer import Tokenizer
 
     model = build_lm(LMConfig(dim=16, depth=1, heads=2, block_size=32))
     model.tokenizer = Tokenizer.byte_level()
@@ -416,8 +416,8 @@ def test_a_hub_that_answers_an_error_is_not_called_offline(
     import datasets
     import huggingface_hub
 
-    from crate_transformer.checkpoint import CheckpointError
     from crate_transformer.data.hub import load_hub_dataset
+    from crate_transformer.io import CheckpointError
 
     def failing(*args: object, **kwargs: object) -> None:
         raise _hub_error(status)
@@ -458,20 +458,20 @@ def test_an_authors_file_without_its_architecture_names_the_fix_the_command_take
 
 
 def test_a_nanogpt_size_that_is_not_a_number_and_a_misspelt_arch_are_named(tmp_path: Path) -> None:
-    from crate_transformer.lm import lm_checkpoint_fields
+    from crate_transformer.models.lm import lm_checkpoint_fields
 
     state = {"wte.weight": torch.zeros(8, 4), "wpe.weight": torch.zeros(6, 4), "h.0.ln_1.weight": torch.ones(4)}
     with pytest.raises(ValueError, match="model_args hold n_layer='two', not a whole number"):
         lm_checkpoint_fields({"model": state, "model_args": {"n_layer": "two", "n_head": 2}})
     assert lm_checkpoint_fields({"model": state, "model_args": {"n_layer": "1", "n_head": 2}})["depth"] == 1
-    from crate_transformer.registry import config_class
+    from crate_transformer.models.registry import config_class
 
     with pytest.raises(ValueError, match=r"unknown arch 'crate_lmm' \(did you mean 'crate_lm'\?\); choose one of "):
         config_class("crate_lmm")
     model = ct.create_model("crate_gpt_mini", **tiny_lm())
     model.save_pretrained(tmp_path / "m")
     saved = json.loads((tmp_path / "m" / "config.json").read_text())
-    from crate_transformer.checkpoint import config_from_dict
+    from crate_transformer.loading.pipeline import config_from_dict
 
     with pytest.raises(ValueError, match="did you mean 'crate_lm'"):
         config_from_dict({**saved, "arch": "crate_lmm"})  # an older folder's config.json, edited by hand
@@ -519,7 +519,7 @@ def test_a_resumed_fsdp_run_in_one_process_is_told_to_use_ddp_and_that_works(
 def test_a_vocab_size_smaller_than_the_tokenizer_is_refused_and_a_larger_one_kept(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from crate_transformer.train.load import load_model
+    from crate_transformer.loading.pipeline import load_model
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("the cat sat on the mat\n" * 200)
@@ -567,10 +567,10 @@ def test_a_model_field_set_by_an_option_or_the_data_and_in_model_args_is_refused
 def test_features_refuses_options_that_cannot_apply_and_takes_hub_models(
     tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from crate_transformer.lm import LMConfig, build_lm
+    from crate_transformer.models.lm import LMConfig, build_lm
 
     lm = build_lm(LMConfig(dim=16, depth=1, heads=2, block_size=16))
-    from crate_transformer.tokenizer import Tokenizer
+    from crate_transformer.models.tokenizer import Tokenizer
 
     lm.tokenizer = Tokenizer.byte_level()
     lm.save_pretrained(tmp_path / "lm")
@@ -675,8 +675,8 @@ def test_a_run_removed_after_its_run_directory_line_says_so(tmp_path: Path, caps
 def test_a_config_json_that_is_not_an_object_is_named_not_ignored(content: str, tmp_path: Path) -> None:
     """An authors' folder's config.json (read for the sizes the tensors do not give) and a save_pretrained folder's:
     a JSON value that is no object of settings is named, never skipped for the registered sizes."""
-    from crate_transformer.bert import bert_native_to_official
-    from crate_transformer.checkpoint import CheckpointError
+    from crate_transformer.io import CheckpointError
+    from crate_transformer.models.bert import bert_native_to_official
 
     model = ct.create_model("crate_bert_base", dim=32, depth=1, heads=4, vocab_size=50, block_size=18)
     port = tmp_path / "port"

@@ -21,7 +21,7 @@ from clitools import crate, one_line_error
 from PIL import Image
 
 from crate_transformer import cli
-from crate_transformer import generation as lm_module
+from crate_transformer.models import generation as lm_module
 from crate_transformer.train import RunDir, load_training_state
 
 IMG = ["--image-size", 8, "--model", "crate_mnist", "--threads", 1, "--no-progress", "--batch-size", 8,

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from crate_transformer import _registry
 from crate_transformer.config import Config, check_option
 from crate_transformer.config_utils import Range, declared, fields_applicability, option, override
-from crate_transformer.dino import DINOHeadConfig
 from crate_transformer.layers import LayerConfig
-from crate_transformer.spec import DataSpec
+from crate_transformer.models import _registry
+from crate_transformer.models.dino import DINOHeadConfig
+from crate_transformer.models.spec import DataSpec
 from crate_transformer.train.config import (
     FLAT,
     GROUPS,
@@ -86,8 +86,8 @@ def test_a_declared_range_and_choice_are_the_only_rule() -> None:
 
 
 def test_override_keeps_the_declaration_and_changes_the_default() -> None:
-    from crate_transformer.alpha import AlphaConfig
-    from crate_transformer.mae import MAEConfig
+    from crate_transformer.models.alpha import AlphaConfig
+    from crate_transformer.models.mae import MAEConfig
 
     base = {f.name: f for f in dataclasses.fields(LayerConfig)}["lambd"]
     mae = {f.name: f for f in dataclasses.fields(MAEConfig)}["lambd"]

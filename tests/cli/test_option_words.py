@@ -15,7 +15,7 @@ from clitools import one_line_error
 
 import crate_transformer as ct
 from crate_transformer.errors import OptionError
-from crate_transformer.registry import config_classes
+from crate_transformer.models.registry import config_classes
 from crate_transformer.train import TrainConfig
 
 TRAIN = ["--threads", "1", "--no-progress"]
@@ -127,7 +127,7 @@ def test_an_integer_range_refuses_floats_and_bools_by_type() -> None:
 def test_an_api_size_given_as_a_float_is_one_line_not_a_traceback() -> None:
     import torch
 
-    from crate_transformer.lm import LMConfig, build_lm
+    from crate_transformer.models.lm import LMConfig, build_lm
 
     model = build_lm(LMConfig(**tiny.LM)).eval()
     ids = torch.tensor([[1, 2, 3]])

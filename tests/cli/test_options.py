@@ -19,8 +19,8 @@ from clitools import one_line_error
 from crate_transformer import cli
 from crate_transformer.analysis.segmentation import cosine_affinity
 from crate_transformer.config_utils import Range
-from crate_transformer.lm import LMConfig, build_lm, sample_next
-from crate_transformer.tokenizer import Tokenizer
+from crate_transformer.models.lm import LMConfig, build_lm, sample_next
+from crate_transformer.models.tokenizer import Tokenizer
 from crate_transformer.train.dino import DINOOptions
 
 LM_TINY = tiny.LM
@@ -303,7 +303,7 @@ def test_the_wrong_kind_of_model_is_refused_before_a_run_folder_exists(
 
 
 def test_generate_reads_the_tokenizer_of_a_training_state(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from crate_transformer.train.load import load_model
+    from crate_transformer.loading.pipeline import load_model
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("".join(f"line {i}: the value of x is {i * i}.\n" for i in range(120)))

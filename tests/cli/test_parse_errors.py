@@ -130,8 +130,8 @@ def test_a_binary_or_invalid_tokenizer_file_is_named(
 
 
 def test_a_tokenizer_larger_than_the_models_vocabulary_names_both_sizes(tmp_path: Path) -> None:
-    from crate_transformer.lm import LMConfig, build_lm
-    from crate_transformer.tokenizer import Tokenizer
+    from crate_transformer.models.lm import LMConfig, build_lm
+    from crate_transformer.models.tokenizer import Tokenizer
 
     model = build_lm(LMConfig(vocab_size=262, block_size=16, dim=16, depth=1, heads=2))
     big = Tokenizer.train("bpe", ["the quick brown fox jumps over the lazy dog " * 20], vocab_size=300)
@@ -152,7 +152,7 @@ def test_a_damaged_token_cache_is_named_and_rebuilt(
     import numpy as np
 
     from crate_transformer.data.text import load_tokens
-    from crate_transformer.tokenizer import Tokenizer
+    from crate_transformer.models.tokenizer import Tokenizer
 
     monkeypatch.setenv("CRATE_CACHE_DIR", str(tmp_path / "cache"))
     corpus = tmp_path / "corpus.txt"
@@ -215,7 +215,7 @@ def test_a_results_line_of_the_wrong_type_names_its_line(
 def test_results_lines_of_the_right_types_are_read(tmp_path: Path) -> None:
     import json
 
-    from crate_transformer.ablate import read_results
+    from crate_transformer.train.ablate import read_results
 
     (tmp_path / "results.jsonl").write_text(json.dumps(GOOD) + "\n" + '{"key": "k", "se')  # a line cut by a kill
     assert read_results(tmp_path) == {("k", 0): GOOD}
@@ -225,8 +225,8 @@ def test_results_lines_of_the_right_types_are_read(tmp_path: Path) -> None:
 def test_words_a_wordpiece_vocabulary_lacks_are_warned_once_and_shown_as_unk(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from crate_transformer.lm import LMConfig, build_lm
-    from crate_transformer.tokenizer import Tokenizer
+    from crate_transformer.models.lm import LMConfig, build_lm
+    from crate_transformer.models.tokenizer import Tokenizer
 
     tok = Tokenizer.train("wordpiece", ["the quick brown fox jumps over the lazy dog " * 50], vocab_size=300)
     with pytest.warns(UserWarning, match=r"^2 word\(s\) of the text are not in the wordpiece tokenizer's vocabulary "

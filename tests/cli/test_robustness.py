@@ -22,12 +22,12 @@ from clitools import crate, one_line_error, warnings_shown
 from PIL import Image
 
 import crate_transformer as ct
-from crate_transformer.checkpoint import CheckpointError
 from crate_transformer.data import ImageDataset, load_dataset, open_source
-from crate_transformer.lm import LMConfig, build_lm
-from crate_transformer.tokenizer import Tokenizer
+from crate_transformer.io import CheckpointError
+from crate_transformer.loading.pipeline import load_model
+from crate_transformer.models.lm import LMConfig, build_lm
+from crate_transformer.models.tokenizer import Tokenizer
 from crate_transformer.train import RunDir, TrainConfig, load_training_state
-from crate_transformer.train.load import load_model
 
 TINY = tiny.DIGITS_ONE_LAYER
 LM_TINY = tiny.LM
@@ -187,7 +187,7 @@ ABLATE = tiny.ABLATE
 def test_a_second_ablate_never_deletes_a_live_run_and_a_sweep_folder_has_one_owner(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from crate_transformer.ablate import RECIPE, plan, resolve_tables, run_ablation
+    from crate_transformer.train.ablate import RECIPE, plan, resolve_tables, run_ablation
     from crate_transformer.train.rundir import FolderLock
 
     out = tmp_path / "sweep"
@@ -276,7 +276,7 @@ def test_no_evaluator_reports_a_score_for_zero_samples(evaluator: str) -> None:
         elif evaluator in ("lm", "text"):
             _lm_task(evaluator).evaluate("val")
         else:
-            from crate_transformer.probe import extract_features, knn_classify
+            from crate_transformer.analysis.probe import extract_features, knn_classify
 
             x, y = extract_features(ct.create_model("crate_mnist", **TINY), empty, mean=[0.5], std=[0.25])
             knn_classify(torch.randn(4, 16), torch.arange(4) % 2, x, y)

@@ -18,7 +18,7 @@ from crate_transformer.analysis.attention import cls_attention
 from crate_transformer.analysis.explorer import image_payload
 from crate_transformer.analysis.features import collect
 from crate_transformer.analysis.measure import measure_batch
-from crate_transformer.tost import ToST, ToSTLanguageModel
+from crate_transformer.models.tost import ToST, ToSTLanguageModel
 
 COMMON = ["--threads", 1, "--no-progress", "--epochs", 1, "--eval-every", 0]
 

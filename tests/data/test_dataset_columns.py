@@ -20,7 +20,7 @@ from hfcache import put_in_datasets_cache  # noqa: E402
 
 from crate_transformer.data import open_source  # noqa: E402
 from crate_transformer.data.text import iter_documents, load_tokens  # noqa: E402
-from crate_transformer.tokenizer import Tokenizer  # noqa: E402
+from crate_transformer.models.tokenizer import Tokenizer  # noqa: E402
 from crate_transformer.train.config import TrainConfig, read_run_config  # noqa: E402
 
 TINY = ["--threads", 1, "--no-progress", "--eval-every", 0]
@@ -85,7 +85,7 @@ def test_train_records_the_columns_and_eval_reads_them_back(views: dict, tmp_pat
 
 
 def test_a_model_without_named_columns_writes_the_config_it_always_wrote() -> None:
-    from crate_transformer.spec import DataSpec
+    from crate_transformer.models.spec import DataSpec
 
     assert "image_column" not in DataSpec(source="mnist").to_dict()
     assert DataSpec(source="lab/views", label_column="digit").columns_for("lab/views") == {"label_column": "digit"}

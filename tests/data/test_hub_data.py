@@ -20,8 +20,8 @@ from hfcache import put_in_datasets_cache  # noqa: E402
 
 from crate_transformer.data import canonical_source, open_source, resolve_source  # noqa: E402
 from crate_transformer.data.text import iter_documents, load_tokens, read_labelled  # noqa: E402
-from crate_transformer.tokenizer import Tokenizer  # noqa: E402
-from crate_transformer.train.load import load_model  # noqa: E402
+from crate_transformer.loading.pipeline import load_model  # noqa: E402
+from crate_transformer.models.tokenizer import Tokenizer  # noqa: E402
 
 TINY = ["--threads", 1, "--no-progress", "--eval-every", 0]
 
@@ -113,7 +113,7 @@ def test_finetune_text_on_glue_evaluates_on_the_validation_split(offline_cache: 
     assert labels == [["neg", "pos"][y] for y in splits["validation"]["label"]]
     with pytest.raises(ValueError, match="rows without a label"):
         read_labelled("glue:sst2", "test")
-    from crate_transformer.lm import LMConfig, build_lm
+    from crate_transformer.models.lm import LMConfig, build_lm
 
     lm = build_lm(LMConfig(dim=16, depth=1, heads=2, block_size=24))
     lm.tokenizer = Tokenizer.byte_level()

@@ -255,7 +255,7 @@ def test_one_layer_config_is_read_whole_by_the_layer():
 
     import crate_transformer as ct
     from crate_transformer.layers import LayerConfig
-    from crate_transformer.mae import MAEConfig
+    from crate_transformer.models.mae import MAEConfig
 
     names = [f.name for f in dataclasses.fields(LayerConfig)]
     for cls in (ct.ModelConfig, MAEConfig, ct.LMConfig):

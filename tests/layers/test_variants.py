@@ -253,7 +253,7 @@ def test_bad_variant_from_the_cli_is_one_line(capsys, tmp_path):
 def test_model_args_reach_each_variant_through_crate_train_options(args, expected):
     from crate_transformer.cli import build_parser
     from crate_transformer.cli.common import given_options
-    from crate_transformer.registry import model_config
+    from crate_transformer.models.registry import model_config
     from crate_transformer.train import TrainConfig
 
     ns = build_parser("train").parse_args(["train", "--model-args", *args])
@@ -263,7 +263,7 @@ def test_model_args_reach_each_variant_through_crate_train_options(args, expecte
 
 
 def test_a_variant_trains_end_to_end_from_the_cli(tmp_path):
-    from crate_transformer.train.load import load_model
+    from crate_transformer.loading.pipeline import load_model
 
     out = tmp_path / "run"
     argv = ["train", "--model-args", "dim=32", "depth=1", "heads=4", "mlp=odl", "odl_ratio=2", "--train-subset",

@@ -1,4 +1,4 @@
-"""CRATE-α (crate_transformer.alpha): the authors' released PyTorch checkpoints load and reproduce the authors'
+"""CRATE-α (crate_transformer.models.alpha): the authors' released PyTorch checkpoints load and reproduce the authors'
 model (tests/official/crate_alpha_official.py, transcribed from UCSC-VLAA/CRATE-alpha @ edbd624)."""
 
 import json
@@ -10,7 +10,10 @@ from official.crate_alpha_official import CRATE as OfficialCRATEAlpha
 from official.crate_alpha_official import CRATE_base, CRATE_large
 
 import crate_transformer as ct
-from crate_transformer.alpha import (
+from crate_transformer.io import CheckpointError
+from crate_transformer.loading.official import native_to_official
+from crate_transformer.loading.pipeline import load_model
+from crate_transformer.models.alpha import (
     AlphaConfig,
     CRATEAlpha,
     alpha_config,
@@ -18,9 +21,6 @@ from crate_transformer.alpha import (
     alpha_official_to_native,
     looks_like_alpha,
 )
-from crate_transformer.checkpoint import CheckpointError
-from crate_transformer.official import native_to_official
-from crate_transformer.train.load import load_model
 
 TINY = dict(image_size=32, patch_size=8, num_classes=10, dim=32, depth=2, heads=4)
 
@@ -228,10 +228,10 @@ def test_the_family_module_imports_only_torch_and_the_core():
     import ast
     from pathlib import Path
 
-    import crate_transformer.alpha as alpha
+    import crate_transformer.models.alpha as alpha
 
     tree = ast.parse(Path(alpha.__file__).read_text())
     imported = {(n.module or "") if isinstance(n, ast.ImportFrom) else a.name for n in ast.walk(tree)
                 if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}  # fmt: skip
-    core = {"model", "layers", "official", "io", "base", "config", "config_utils", "spec", "_registry"}
+    core = {"classifier", "layers", "loading.official", "io", "base", "config", "config_utils", "spec", "_registry"}
     assert imported - {"__future__", "dataclasses", "collections.abc", "typing", "torch"} <= core, imported

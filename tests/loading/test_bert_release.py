@@ -13,9 +13,9 @@ from official.crate_bert_hf import CrateConfig, CrateForMaskedLM, CrateForSequen
 from safetensors.torch import save_file
 
 import crate_transformer as ct
-from crate_transformer.bert import CRATEBert, bert_native_to_official, position_ids
-from crate_transformer.checkpoint import CheckpointError
-from crate_transformer.official import native_to_official
+from crate_transformer.io import CheckpointError
+from crate_transformer.loading.official import native_to_official
+from crate_transformer.models.bert import CRATEBert, bert_native_to_official, position_ids
 
 TINY = dict(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=20)
 # the same model in this package's terms (20 position rows − pad_token_id 1 − 1 = 18 tokens)
@@ -151,7 +151,7 @@ def test_zoo_entry_loads_from_the_hub_cache(hub_cache: Path, tmp_path: Path) -> 
     and the port's config.json, as transformers saves them) read offline from the Hub cache."""
     from hubcache import put_in_hub_cache
 
-    from crate_transformer import pretrained
+    from crate_transformer.loading import pretrained
 
     port = _randomise(CrateForMaskedLM(CrateConfig(**TINY)), seed=6)
     folder = _save_as_port(port, tmp_path / "hf", "bin")
@@ -262,7 +262,7 @@ def test_bad_inputs_are_one_line_errors() -> None:
 # --------------------------------------------------------------------------- training
 def test_masked_lm_training_uses_the_tokenizers_padding_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from crate_transformer import cli
-    from crate_transformer.train.load import load_model
+    from crate_transformer.loading.pipeline import load_model
 
     monkeypatch.setenv("CRATE_CACHE_DIR", str(tmp_path / "token-cache"))
     run = tmp_path / "run"

@@ -18,9 +18,9 @@ from safetensors.torch import save_file
 from torch import nn
 
 import crate_transformer as ct
-from crate_transformer.checkpoint import CheckpointError
+from crate_transformer.io import CheckpointError
 from crate_transformer.layers import OvercompleteISTA, odl_reference
-from crate_transformer.train.load import load_model
+from crate_transformer.loading.pipeline import load_model
 
 TINY = dict(block_size=16, vocab_size=61, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=True)
 

@@ -24,12 +24,11 @@ from test_lm_release import _nanogpt_ckpt, _randomize
 from test_tost_release import _lm_container, _main_py_container, _official_vision
 
 import crate_transformer as ct
-from crate_transformer import pretrained
-from crate_transformer._registry import model_config, official_formats
 from crate_transformer.config_utils import field_types
 from crate_transformer.io import CheckpointError
-from crate_transformer.loading import pipeline, values
-from crate_transformer.official import unwrap
+from crate_transformer.loading import pipeline, pretrained, values
+from crate_transformer.loading.official import unwrap
+from crate_transformer.models._registry import model_config, official_formats
 
 TINY = tiny.IMAGE
 

@@ -30,10 +30,10 @@ from test_lm_release import TINY as LM_TINY
 from test_lm_release import _nanogpt_ckpt, _randomize, _tokens
 
 import crate_transformer as ct
-from crate_transformer import pretrained
-from crate_transformer.checkpoint import CheckpointError
-from crate_transformer.registry import arch_info
-from crate_transformer.train.load import load_model
+from crate_transformer.io import CheckpointError
+from crate_transformer.loading import pretrained
+from crate_transformer.loading.pipeline import load_model
+from crate_transformer.models.registry import arch_info
 
 TINY = tiny.IMAGE
 
@@ -189,7 +189,7 @@ def test_an_unreachable_hub_fails_at_once_without_retries(unreachable_hub, tmp_p
     assert str(snapshot.value).startswith("hf-hub:me/not-downloaded is not in the Hugging Face cache and the Hub")
     assert str(push.value) == (
         "cannot push me/crate-tiny: the Hub cannot be reached (no network); write the files with "
-        "crate_transformer.pretrained.write_hub_folder(model, folder, repo_id) to upload later"
+        "crate_transformer.loading.pretrained.write_hub_folder(model, folder, repo_id) to upload later"
     )
     # the cache still answers: a downloaded file loads with the network down
     _, f = official_tiny_file(tmp_path / "b16.pth")

@@ -13,13 +13,9 @@ import torch
 from official.crate import OfficialCRATE
 
 import crate_transformer as ct
-from crate_transformer.checkpoint import (
-    CheckpointError,
-    atomic_write,
-    load_pickle,
-)
-from crate_transformer.official import native_to_official, official_to_native
-from crate_transformer.train.load import load_model
+from crate_transformer.io import CheckpointError, atomic_write, load_pickle
+from crate_transformer.loading.official import native_to_official, official_to_native
+from crate_transformer.loading.pipeline import load_model
 
 TINY = tiny.IMAGE
 
@@ -459,12 +455,11 @@ def test_save_pretrained_on_a_full_disk_or_read_only_folder(tmp_path, monkeypatc
         m.save_pretrained(tmp_path / "ro")
 
 
-def test_save_torch_and_io_reexports(tmp_path):
-    import crate_transformer.checkpoint as ck
+def test_save_torch_and_the_file_primitives_home(tmp_path):
     import crate_transformer.io as cio
 
-    assert ck.atomic_write is cio.atomic_write and ck.load_pickle is cio.load_pickle
-    assert ck.CheckpointError is cio.CheckpointError and ct.CheckpointError is cio.CheckpointError
+    assert load_pickle is cio.load_pickle and ct.CheckpointError is cio.CheckpointError  # one home: io
+    assert cio.atomic_write.__module__ == cio.load_pickle.__module__ == "crate_transformer.io"
     payload = {"model": {"w": torch.randn(3)}, "step": 4}
     cio.save_torch(payload, tmp_path / "last.pt")
     back = load_pickle(tmp_path / "last.pt")

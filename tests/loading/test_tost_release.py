@@ -15,7 +15,7 @@ from torch import nn
 
 import crate_transformer as ct
 from crate_transformer.io import CheckpointError
-from crate_transformer.tost import ToST, ToSTLanguageModel
+from crate_transformer.models.tost import ToST, ToSTLanguageModel
 
 
 def _randomise(model: nn.Module, seed: int = 0) -> None:
@@ -133,7 +133,9 @@ def test_language_model_generation_with_its_constant_size_cache_equals_recomputi
     cache = model.new_cache()
     model(prompt, cache)
     model(prompt[:, :1], cache)
-    assert cache[0]["length"] == 6 and ct.lm.cache_nbytes(cache) == 2 * 2 * 4 * (8 + 8 + 1) * 4  # sq, wsq (p=8), pi
+    assert (
+        cache[0]["length"] == 6 and ct.models.lm.cache_nbytes(cache) == 2 * 2 * 4 * (8 + 8 + 1) * 4
+    )  # sq, wsq (p=8), pi
 
 
 def test_language_model_trains_the_authors_parameters_without_decaying_the_heads_statistics():
@@ -182,7 +184,7 @@ def test_the_tost_layer_is_the_crate_layer_with_layer_scale_and_its_released_key
     authors' block in their order (``gamma1``, ``gamma2``, ``norm1``, ``attn``, ``norm2``, ``mlp``), the norms' eps
     and biases the model gives, and its forward the two lines ``Z + γ1 ⊙ TSSA(LN1 Z)``, ``+ γ2 ⊙ MLP(LN2 ·)``."""
     from crate_transformer.layers import MLP, TSSA, EncoderLayer
-    from crate_transformer.tost import ToSTBlock
+    from crate_transformer.models.tost import ToSTBlock
 
     torch.manual_seed(0)
     block = ToSTBlock(16, 2, 8, layer_scale=0.5, qkv_bias=bias, bias=bias, ln_eps=1e-5, causal=True, block_size=6)

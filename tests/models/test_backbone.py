@@ -15,7 +15,7 @@ from official.timm_manipulate import group_parameters
 from test_pretrained import official_tiny_file
 
 import crate_transformer as ct
-from crate_transformer.checkpoint import CheckpointError
+from crate_transformer.io import CheckpointError
 from crate_transformer.train.optim import layer_id
 
 # one small model of every image family, built from its registered name
@@ -191,9 +191,9 @@ def test_every_registered_model_has_a_data_config_or_says_it_takes_tokens() -> N
 
 
 def test_released_weights_state_their_preprocessing_and_the_loaders_use_it(tmp_path) -> None:
-    from crate_transformer.checkpoint import load_model
-    from crate_transformer.pretrained import ZOO
-    from crate_transformer.spec import IMAGENET_MEAN, IMAGENET_STD, resolve_normalization
+    from crate_transformer.loading.pipeline import load_model
+    from crate_transformer.loading.pretrained import ZOO
+    from crate_transformer.models.spec import IMAGENET_MEAN, IMAGENET_STD, resolve_normalization
 
     for name, entry in ZOO.items():
         if "resize 256, centre crop 224" in entry.input:  # the authors' evaluation transform, as their code has it
@@ -215,7 +215,7 @@ def test_released_weights_state_their_preprocessing_and_the_loaders_use_it(tmp_p
 
 
 def test_the_training_datas_statistics_come_before_everything(tmp_path) -> None:
-    from crate_transformer.spec import DataSpec
+    from crate_transformer.models.spec import DataSpec
 
     model = ct.create_model("crate_mnist", **tiny.DIGITS)
     model.pretrained_cfg = {"mean": (0.5,), "std": (0.5,), "crop_pct": 0.9}  # e.g. a zoo entry

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 import crate_transformer as ct
-from crate_transformer.base import POOLS, Model, pool_tokens
 from crate_transformer.config import Config
-from crate_transformer.dino import DINOHead, DINOModel
-from crate_transformer.lm import LMConfig
-from crate_transformer.mae import MAEConfig
-from crate_transformer.model import ModelConfig
+from crate_transformer.models.base import POOLS, Model, pool_tokens
+from crate_transformer.models.classifier import ModelConfig
+from crate_transformer.models.dino import DINOHead, DINOModel
+from crate_transformer.models.lm import LMConfig
+from crate_transformer.models.mae import MAEConfig
 from crate_transformer.train.dino import DINOOptions
 
 IMG = dict(image_size=16, patch_size=4, in_chans=1, dim=32, depth=2, heads=4)
@@ -211,7 +211,7 @@ def test_a_family_takes_its_files_back_through_one_hook():
     back through the family's hook; the loaders never set a tokenizer themselves, and a family without files
     ignores them."""
     from crate_transformer.io import TOKENIZER_NAME, CheckpointError
-    from crate_transformer.tokenizer import Tokenizer
+    from crate_transformer.models.tokenizer import Tokenizer
 
     text = Tokenizer.byte_level().to_str()
     lm = ct.create_model("crate_gpt_mini", dim=32, depth=1, heads=4, block_size=8)

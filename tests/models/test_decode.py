@@ -18,8 +18,8 @@ from conftest import TEST_DEVICE
 from devicecheck import DeviceWatch
 
 import crate_transformer as ct
-from crate_transformer.generation import Decoding, decode_compiled, sample_next, token_probs
-from crate_transformer.tokenizer import Tokenizer
+from crate_transformer.models.generation import Decoding, decode_compiled, sample_next, token_probs
+from crate_transformer.models.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.gpu
 SIZE = dict(dim=32, depth=2, heads=2, vocab_size=64, block_size=64)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from clitools import crate, one_line_error
 from official import dino as official
 
-from crate_transformer.dino import (
+from crate_transformer.models.dino import (
     DINOHead,
     DINOLoss,
     DINOModel,
@@ -23,7 +23,7 @@ from crate_transformer.dino import (
     ema_update,
     teacher_temperature,
 )
-from crate_transformer.registry import create_model
+from crate_transformer.models.registry import create_model
 from crate_transformer.train.dino import DINOOptions, MultiCropAugmentation
 
 TINY_ARCH = {**tiny.DIGITS, "heads": 2}
@@ -283,8 +283,8 @@ def test_pretraining_learns_without_collapse(dino_run: Path) -> None:
 
 
 def test_the_run_saves_the_teacher_backbone_as_a_classifier(dino_run: Path, capsys: pytest.CaptureFixture) -> None:
+    from crate_transformer.loading.pipeline import load_model
     from crate_transformer.train import load_training_state
-    from crate_transformer.train.load import load_model
 
     state = load_training_state(dino_run)
     teacher = state["task"]["export_model"]

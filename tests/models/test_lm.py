@@ -15,10 +15,10 @@ from clitools import crate, one_line_error
 import crate_transformer as ct
 from crate_transformer.data.text import TokenBlocks, load_tokens
 from crate_transformer.layers import attend, frozen_weights
-from crate_transformer.lm import GPT, CRATELanguageModel, LMConfig, build_lm, mask_tokens, sample_next
-from crate_transformer.tokenizer import Tokenizer
+from crate_transformer.loading.pipeline import load_model
+from crate_transformer.models.lm import GPT, CRATELanguageModel, LMConfig, build_lm, mask_tokens, sample_next
+from crate_transformer.models.tokenizer import Tokenizer
 from crate_transformer.train import load_training_state
-from crate_transformer.train.load import load_model
 
 TINY = {**tiny.LM, "dim": 32, "depth": 2}
 
@@ -168,7 +168,7 @@ def test_crate_caches_one_tensor_per_layer_and_gpt_two() -> None:
         cache = model.new_cache()
         model(x, cache)
         assert all(sorted(c) == keys for c in cache)
-        assert ct.lm.cache_nbytes(cache) == len(keys) * 2 * 10 * 32 * 4  # layers x tokens x d x fp32
+        assert ct.models.lm.cache_nbytes(cache) == len(keys) * 2 * 10 * 32 * 4  # layers x tokens x d x fp32
 
 
 def test_sampling_rules() -> None:

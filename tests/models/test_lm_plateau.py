@@ -23,11 +23,11 @@ import crate_transformer as ct
 from crate_transformer.data import text as text_data
 from crate_transformer.data.text import TokenBlocks, load_tokens, split_tokens
 from crate_transformer.errors import OptionWarning
-from crate_transformer.lm import crate_lm_to_native
-from crate_transformer.tokenizer import Tokenizer
+from crate_transformer.loading.pipeline import load_model
+from crate_transformer.models.lm import crate_lm_to_native
+from crate_transformer.models.tokenizer import Tokenizer
 from crate_transformer.train import TrainConfig
 from crate_transformer.train.lm import PLATEAU_BLOCKS, PLATEAU_MARGIN, PLATEAU_SHARE, plateau_warning
-from crate_transformer.train.load import load_model
 from crate_transformer.train.loop import warmup_steps
 
 ROOT = Path(__file__).resolve().parents[2]

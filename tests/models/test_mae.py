@@ -13,11 +13,11 @@ from clitools import crate
 from official.crate_ae import OfficialCRATEMAE, sincos_2d
 
 import crate_transformer as ct
-from crate_transformer.checkpoint import CheckpointError
+from crate_transformer.io import CheckpointError
 from crate_transformer.layers import DecoderLayer
-from crate_transformer.mae import CRATEMAE, MAEConfig, mae_to_classifier, random_masking, sincos_pos_embed
-from crate_transformer.official import mae_native_to_official
-from crate_transformer.train.load import load_model
+from crate_transformer.loading.official import mae_native_to_official
+from crate_transformer.loading.pipeline import load_model
+from crate_transformer.models.mae import CRATEMAE, MAEConfig, mae_to_classifier, random_masking, sincos_pos_embed
 
 SMALL = dict(image_size=32, patch_size=8, in_chans=3, dim=64, depth=2, heads=4)
 
@@ -59,14 +59,16 @@ def test_masked_pixels_do_not_reach_the_encoder_and_loss_uses_only_masked_patche
     _, mask = m.forward_encoder(x, noise=noise)
     masked_pixels = mask[:, :, None].bool().expand(-1, -1, 8 * 8 * 3)
     # 1. changing the masked pixels changes neither the encoder output nor the prediction (no leakage)
-    x2 = ct.model.unpatchify(torch.where(masked_pixels, torch.randn(2, 16, 192), ct.model.patchify(x, 8)), 8, 4, 4)
+    x2 = ct.models.classifier.unpatchify(
+        torch.where(masked_pixels, torch.randn(2, 16, 192), ct.models.classifier.patchify(x, 8)), 8, 4, 4
+    )
     assert not torch.equal(x, x2)
     z1, z2 = m.forward_encoder(x, noise=noise)[0], m.forward_encoder(x2, noise=noise)[0]
     torch.testing.assert_close(z1, z2, rtol=0, atol=0)
     # 2. the loss is the mean over masked patches only: changing a visible patch's target leaves it unchanged
     out = m(x, noise=noise)
     pred = out.pred.detach()
-    per_patch = (pred - ct.model.patchify(x, 8)).pow(2).mean(-1)
+    per_patch = (pred - ct.models.classifier.patchify(x, 8)).pow(2).mean(-1)
     torch.testing.assert_close(out.loss, per_patch[mask.bool()].mean())
     grad = torch.zeros_like(pred, requires_grad=True)
     m.forward_loss(x, pred + grad, mask).backward()
@@ -233,7 +235,7 @@ def test_from_official_reads_the_mae_codebase_checkpoint(tmp_path):
         loss, pred, _ = m.eval()(x, noise=noise)
         torch.testing.assert_close(pred, pred_o, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(loss, loss_o, rtol=1e-5, atol=1e-5)
-    raw = ct.checkpoint.load_pickle(path)  # ... ours reads it, Namespace and all, with nothing else allowed after
+    raw = ct.io.load_pickle(path)  # ... ours reads it, Namespace and all, with nothing else allowed after
     assert vars(raw["args"]) == vars(mae_codebase_args()) and raw["epoch"] == 799
     assert argparse.Namespace not in torch.serialization.get_safe_globals()
 
@@ -381,7 +383,7 @@ def test_analyze_reports_decoder_inversion(tmp_path):
 
 def test_reconstruction_recognition_against_pixels_written_directly(monkeypatch):
     from crate_transformer.analysis import reconstruction_recognition
-    from crate_transformer.probe import knn_classify
+    from crate_transformer.analysis.probe import knn_classify
 
     torch.manual_seed(0)
     m = perturbed(small_mae(in_chans=1, image_size=16, patch_size=4)).eval()  # 16 patches, 12 masked

@@ -199,7 +199,7 @@ def test_ablation_variants_run_and_differ():
 # --------------------------------------------------------------------------- CRATE / ViT build what they say
 def test_crate_and_vit_classes_fix_their_architecture():
     from crate_transformer.layers import MHSA, MLP, EncoderLayer
-    from crate_transformer.model import build_model
+    from crate_transformer.models.classifier import build_model
 
     cfg = ct.ModelConfig(**{**TINY, "dim": 48, "heads": 3})  # arch defaults to "crate"
     vit = ct.ViT(cfg)
@@ -231,16 +231,24 @@ def test_model_modules_import_only_torch_and_the_core():
     from pathlib import Path
 
     src = Path(ct.__file__).parent
-    from crate_transformer import _registry
+    from crate_transformer.models import _registry
 
-    model_modules = {a.model_class.__module__.rpartition(".")[2] for a in _registry._ARCHS.values()}
-    assert {"model", "mae", "lm", "alpha", "bert", "tost"} <= model_modules
-    below = {"base", "config", "config_utils", "errors", "io", "objectives", "official", "layers", "spec", "tokenizer"}
-    below |= {"_registry", "_hub", "_version", "generation", "static_cache", "token_prior"}
+    model_modules = {a.model_class.__module__.removeprefix("crate_transformer.") for a in _registry._ARCHS.values()}
+    assert {f"models.{m}" for m in ("classifier", "mae", "lm", "alpha", "bert", "tost")} <= model_modules
+    below = {"config", "config_utils", "errors", "io", "objectives", "_version", "layers"}
+    below |= {f"models.{m}" for m in ("base", "spec", "tokenizer", "_registry", "generation", "token_prior")}
+    below |= {"loading.official", "loading.hub"}
     for name in model_modules:
-        tree = ast.parse((src / f"{name}.py").read_text())
+        tree = ast.parse((src / f"{name.replace('.', '/')}.py").read_text())
         nodes = list(ast.walk(tree))
-        rel = {n.module.split(".")[0] for n in nodes if isinstance(n, ast.ImportFrom) and n.level and n.module}
+        # relative imports resolved from the module's package (models/): ``.x`` → models.x, ``..x`` → x
+        pkg = name.split(".")[:-1]
+        rel = {
+            ".".join(pkg[: len(pkg) - n.level + 1] + [n.module])
+            for n in nodes
+            if isinstance(n, ast.ImportFrom) and n.level and n.module
+        }
+        rel = {"layers" if t.startswith("layers.") else t for t in rel}  # any of the layers
         absolute = {a.name.split(".")[0] for n in nodes if isinstance(n, ast.Import) for a in n.names}
         absolute |= {n.module.split(".")[0] for n in nodes if isinstance(n, ast.ImportFrom) and not n.level}
         assert rel <= below | model_modules, (name, rel - below - model_modules)
@@ -248,7 +256,7 @@ def test_model_modules_import_only_torch_and_the_core():
             name,
             absolute,
         )
-    text = (src / "model.py").read_text()
+    text = (src / "models" / "classifier.py").read_text()
     io_calls = ("open(", "Path(", "import json", "json.", "safetensors", "torch.save", "torch.load", "write_", "read_")
     assert not [s for s in io_calls if s in text]
     assert "save_pretrained" in dir(ct.ImageClassifier)

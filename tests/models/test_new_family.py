@@ -16,7 +16,7 @@ import torch
 from clitools import crate
 
 import crate_transformer as ct
-from crate_transformer import _registry
+from crate_transformer.models import _registry
 
 
 @pytest.fixture
@@ -55,8 +55,13 @@ def test_a_family_from_one_file_trains_analyses_gives_features_and_loads(toy, tm
     assert {layer["summary"]["kind"] for layer in features["layers"]} == {"ista"}
 
 
-FAMILY_MODULES = {a.model_class.__module__.rpartition(".")[2] for a in _registry._ARCHS.values()}
-REGISTRY_MODULES = {"_registry", "registry"}
+def _module(cls: type) -> str:
+    """A class's module below the package (``crate_transformer.models.lm`` → ``models.lm``)."""
+    return cls.__module__.removeprefix("crate_transformer.")
+
+
+FAMILY_MODULES = {_module(a.model_class) for a in _registry._ARCHS.values()}
+REGISTRY_MODULES = {"models._registry", "models.registry"}
 
 
 def _owners() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
@@ -65,13 +70,11 @@ def _owners() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     classes: dict[str, set[str]] = {}
     archs: dict[str, set[str]] = {}
     for arch, info in _registry._ARCHS.items():
-        own = {info.model_class.__module__.rpartition(".")[2], info.config_class.__module__.rpartition(".")[2]}
+        own = {_module(info.model_class), _module(info.config_class)}
         archs[arch] = own | REGISTRY_MODULES
         for cls in (*info.model_class.__mro__, *info.config_class.__mro__):
-            if cls.__module__.rpartition(".")[2] in FAMILY_MODULES:
-                classes.setdefault(cls.__name__, set(REGISTRY_MODULES)).update(
-                    own | {cls.__module__.rpartition(".")[2]}
-                )
+            if _module(cls) in FAMILY_MODULES:
+                classes.setdefault(cls.__name__, set(REGISTRY_MODULES)).update(own | {_module(cls)})
     return classes, archs
 
 
@@ -158,14 +161,14 @@ def test_the_checker_finds_type_dispatch() -> None:
 def test_no_consumer_dispatches_on_a_family_class_or_arch_name() -> None:
     classes, archs = _owners()
     assert {"LMConfig", "MAEConfig", "ModelConfig", "CRATEMAE", "LanguageModel", "ImageClassifier"} <= set(classes)
-    assert {"model", "mae", "lm", "bert", "alpha", "tost"} <= FAMILY_MODULES
+    assert {f"models.{m}" for m in ("classifier", "mae", "lm", "bert", "alpha", "tost")} <= FAMILY_MODULES
     constants = _arch_constants()
     assert constants["MAE_ARCH"] == "crate_mae"
     src = Path(ct.__file__).parent
     wrong = {}
     for path in sorted(src.rglob("*.py")):
         rel = path.relative_to(src)
-        module = rel.stem if len(rel.parts) == 1 else ".".join(rel.with_suffix("").parts)
+        module = ".".join(rel.with_suffix("").parts)
         hits = _type_dispatch(ast.parse(path.read_text(encoding="utf-8")), module, classes, archs, constants)
         if hits:
             wrong[str(rel)] = hits
@@ -186,12 +189,12 @@ def test_the_tost_family_is_one_module_on_the_contract() -> None:
     entry in the layer's attention table), the registry's import and the package's exports name it in code; every
     consumer reaches it through the contract."""
     src = Path(ct.__file__).parent
-    assert "ToSTBlock" in _names_mentioning(src / "tost.py", "tost")  # the scan sees a module's identifiers
+    assert "ToSTBlock" in _names_mentioning(src / "models" / "tost.py", "tost")  # the scan sees a module's identifiers
     named = {str(p.relative_to(src)) for p in src.rglob("*.py") if _names_mentioning(p, "tost|tssa")}
     # the operator, its private memory-saving backward, its equations, the exports and the attention table
     layers = {"layers/tssa.py", "layers/_tssa_functions.py", "layers/reference.py", "layers/__init__.py"}
     layers |= {"layers/block.py"}
-    assert named == {"tost.py", "registry.py", "__init__.py"} | layers, named
+    assert named == {"models/tost.py", "models/registry.py", "__init__.py"} | layers, named
     # the layer names TSSA in its attention table only (attention="tssa"), where every compression step is named
     assert _names_mentioning(src / "layers" / "block.py", "tost|tssa") == ["TSSA", "tssa"]
     assert _names_mentioning(src / "layers" / "reference.py", "tost|tssa") == [

@@ -11,8 +11,8 @@ import tiny
 import torch
 
 import crate_transformer as ct
-from crate_transformer import _registry
 from crate_transformer.layers import DropPath, set_drop_path
+from crate_transformer.models import _registry
 
 
 def _rates(model: torch.nn.Module) -> dict[str, float]:

@@ -2,7 +2,7 @@
 ``model/crate.py`` (Ma-Lab-Berkeley/CRATE @ 674408f; JMLR Algs. 2-4, 6) with its module names, so
 its ``state_dict`` has the official keys.  Explicit attention matrix, three-matmul ISTA.
 
-Not the implementation to use — ``crate_transformer.model`` is.  This exists so the tests can
+Not the implementation to use — ``crate_transformer.models.classifier`` is.  This exists so the tests can
 check that ``ct.from_official`` reproduces the official logits and the benchmarks can time the
 official formulation beside ours in the same run.
 """

@@ -3,7 +3,7 @@
 commit 674408f) with its module names, so its ``state_dict`` has the official keys.  Conv patch
 embedding, gather/scatter masking, explicit attention matrices, three-matmul ISTA.
 
-Not the implementation to use — ``crate_transformer.mae`` is.  This exists so the tests can check
+Not the implementation to use — ``crate_transformer.models.mae`` is.  This exists so the tests can check
 that ``ct.from_official(..., "crate_mae_*")`` reproduces the official loss and predictions, and so the
 benchmark can time the official formulation beside ours in the same run.
 """

@@ -6,8 +6,8 @@ import statistics
 import pytest
 import tiny
 
-from crate_transformer.ablate import RECIPE, TABLES, plan, read_results, resolve_tables, run_ablation
 from crate_transformer.cli import main
+from crate_transformer.train.ablate import RECIPE, TABLES, plan, read_results, resolve_tables, run_ablation
 
 TINY_ARGS = ["--model-args", "dim=16", "depth=1", "heads=2", "--train-args", "train_subset=64", "batch_size=32",
              "max_steps=2", "eval_batch_size=1000", "--epochs", "1", "--threads", "1", "--measure-images", "16",

@@ -151,8 +151,8 @@ def test_every_option_class_is_a_config_checked_by_one_rule() -> None:
     one coercion, one choice check and one range rule (``config.check_option``), with the same words."""
     from crate_transformer import config_utils
     from crate_transformer.config import Config, check_option
-    from crate_transformer.dino import DINOHeadConfig
-    from crate_transformer.spec import DataSpec
+    from crate_transformer.models.dino import DINOHeadConfig
+    from crate_transformer.models.spec import DataSpec
     from crate_transformer.train.task import TASKS, make_task
 
     options = [type(make_task(name)).Options for name in TASKS]

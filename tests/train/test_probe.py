@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from crate_transformer import cli, create_model
+from crate_transformer.analysis.probe import extract_features, knn_classify, knn_sweep, linear_probe, pool_tokens
 from crate_transformer.data import load_dataset
-from crate_transformer.probe import extract_features, knn_classify, knn_sweep, linear_probe, pool_tokens
 from crate_transformer.train.evaluation import prepare_batch
 
 

@@ -16,14 +16,14 @@ from clitools import crate, one_line_error
 from official import mae_optim
 from torch import nn
 
-from crate_transformer.alpha import AlphaConfig, CRATEAlpha
+from crate_transformer.analysis.probe import sgd_linear_probe
 from crate_transformer.layers import DropPath, drop_path_rates
-from crate_transformer.mae import CRATEMAE, MAEConfig
-from crate_transformer.model import ModelConfig, build_model
-from crate_transformer.probe import sgd_linear_probe
+from crate_transformer.loading.pipeline import load_model
+from crate_transformer.models.alpha import AlphaConfig, CRATEAlpha
+from crate_transformer.models.classifier import ModelConfig, build_model
+from crate_transformer.models.mae import CRATEMAE, MAEConfig
 from crate_transformer.train import TrainConfig, load_training_state
 from crate_transformer.train.config import read_run_config
-from crate_transformer.train.load import load_model
 from crate_transformer.train.mix import MixupCutmix, random_erasing, smooth_one_hot, soft_target_cross_entropy
 from crate_transformer.train.optim import LAMB, LARS, ModelEma, build_optimizer, param_groups
 from crate_transformer.train.recipes import RECIPES, recipe_options

@@ -18,9 +18,9 @@ import torch
 from clitools import crate, one_line_error
 from safetensors.torch import load_file
 
-from crate_transformer.checkpoint import from_pretrained, load_pickle
+from crate_transformer.io import load_pickle
+from crate_transformer.loading.pipeline import from_pretrained, load_model
 from crate_transformer.train import TrainConfig
-from crate_transformer.train.load import load_model
 from crate_transformer.train.sharding import check_strategy
 
 # two blocks, so there are several FSDP units (one per block, and the root)

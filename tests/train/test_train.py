@@ -22,12 +22,12 @@ from clitools import crate, one_line_error
 from PIL import Image
 
 from crate_transformer import cli
-from crate_transformer.checkpoint import from_pretrained, load_pickle
 from crate_transformer.data import load_dataset
-from crate_transformer.official import native_to_official
-from crate_transformer.registry import create_model
+from crate_transformer.io import load_pickle
+from crate_transformer.loading.official import native_to_official
+from crate_transformer.loading.pipeline import from_pretrained, load_model
+from crate_transformer.models.registry import create_model
 from crate_transformer.train import TrainConfig, WarmupCosine, load_config, train
-from crate_transformer.train.load import load_model
 
 ARCH = tiny.kv(tiny.TRAIN_ARCH)
 TINY = tiny.TRAIN_CLI  # --model-args last

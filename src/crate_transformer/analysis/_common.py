@@ -15,9 +15,9 @@ from torch import Tensor, nn
 from ..config_utils import POSITIVE
 from ..data import fit_normalization, match_channels, normalize
 from ..layers.inference import evaluating
-from ..model import ImageClassifier, Trace
+from ..models.classifier import ImageClassifier, Trace
+from ..models.spec import resolve_normalization  # noqa: F401  (the one resolver; re-exported for the analysis modules)
 from ..objectives import subspaces_from_qkv
-from ..spec import resolve_normalization  # noqa: F401  (the one resolver; re-exported for the analysis modules)
 
 Normalization = tuple[Sequence[float], Sequence[float]]
 
@@ -64,7 +64,8 @@ def layer_subspaces(layer: nn.Module) -> Tensor:
 def eval_trace(model: ImageClassifier, images: Tensor, return_attention: bool = False) -> tuple[Tensor, Trace]:
     """Check a batch (or one image), trace it in eval mode and restore the model's mode.
 
-    Returns the batch as traced (batched, on the model's device) and its :class:`~crate_transformer.model.Trace`.
+    Returns the batch as traced (batched, on the model's device) and its
+    :class:`~crate_transformer.models.classifier.Trace`.
     """
     if isinstance(images, Tensor):
         images = (images.unsqueeze(0) if images.dim() == 3 else images).to(model_device(model))

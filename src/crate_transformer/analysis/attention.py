@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..model import ImageClassifier
+from ..models.classifier import ImageClassifier
 from ._common import eval_trace, layer_index
 
 __all__ = ["cls_attention", "summary_rows", "attention_entropy"]

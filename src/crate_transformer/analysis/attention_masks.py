@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from ..config_utils import Range
-from ..model import ImageClassifier
+from ..models.classifier import ImageClassifier
 from ._common import Normalization, model_device, normalize_images
 from .attention import cls_attention
 

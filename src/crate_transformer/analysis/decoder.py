@@ -114,14 +114,14 @@ def reconstruction_recognition(
 ) -> dict[str, float]:
     """How recognisable are the reconstructions?  A number for the reconstruction figure (Fig. 11, p.39).
 
-    A weighted k-NN classifier on raw pixels (:func:`~crate_transformer.probe.knn_classify`, fitted on
+    A weighted k-NN classifier on raw pixels (:func:`~crate_transformer.analysis.probe.knn_classify`, fitted on
     the training images ``train_x``) labels three versions of each held-out image, all with the same
     seeded mask: ``original``; ``mean_fill``, the do-nothing reconstruction (masked patches replaced by
     the mean training image there); and ``reconstruction``, the visible patches with the model's
-    predictions at the masked ones (:meth:`~crate_transformer.mae.CRATEMAE.reconstruct`).  Inputs are
+    predictions at the masked ones (:meth:`~crate_transformer.models.mae.CRATEMAE.reconstruct`).  Inputs are
     normalised images ``(b, c, h, w)``; the classifier sees pixel values (``x · std + mean``).
     """
-    from ..probe import knn_classify
+    from .probe import knn_classify
 
     if not is_autoencoder(model):
         raise ValueError("reconstruction_recognition needs a CRATE-MAE; e.g. crate_mae_mnist")

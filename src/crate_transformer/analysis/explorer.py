@@ -33,7 +33,7 @@ from torch import Tensor
 
 from ..io import make_folder
 from ..layers.inference import evaluating
-from ..model import ImageClassifier
+from ..models.classifier import ImageClassifier
 from ._common import Normalization, eval_trace, layer_index, normalize_images
 from .attention import summary_rows
 from .plots import MASK_COLORS

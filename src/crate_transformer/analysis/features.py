@@ -124,7 +124,7 @@ class UnitStats:
 
 def code_sites(model: nn.Module) -> list[tuple[nn.Module, str]]:
     """Per layer, the module whose forward pass holds the units, and their kind (``ista``, ``mlp``, ``odl``,
-    ``ista_overcomplete``): what the model says (:meth:`~crate_transformer.base.Model.code_sites`)."""
+    ``ista_overcomplete``): what the model says (:meth:`~crate_transformer.models.base.Model.code_sites`)."""
     return model.code_sites()
 
 

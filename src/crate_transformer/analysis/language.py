@@ -21,10 +21,10 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from ..figures import InlineFigure
 from ..io import make_folder, write_json
 from ..layers.inference import evaluating
 from .explorer import explorer_section, text_payload
+from .figures import InlineFigure
 from .measure import LayerTable, measure_batch
 from .plots import plot_layerwise, save_figure
 

@@ -56,7 +56,7 @@ from ..config_utils import POSITIVE
 from ..errors import OptionError
 from ..io import read_side_file, write_json
 from ..layers.inference import evaluating
-from ..model import ImageClassifier
+from ..models.classifier import ImageClassifier
 from ..objectives import (
     coding_rate,
     full_precision,
@@ -301,7 +301,7 @@ def measure(
     channels as in training), or a loader / iterable of model-ready batches.
 
     ``normalize``: ``"auto"`` normalises dataset images with the normalisation recorded in
-    ``model.config.data`` (see :func:`crate_transformer.spec.resolve_normalization`), falling back
+    ``model.config.data`` (see :func:`crate_transformer.models.spec.resolve_normalization`), falling back
     to the dataset's statistics, and leaves tensors / loaders untouched; pass ``(mean, std)`` to force
     a normalisation or ``None`` for none.  Every batch is checked (shape, channels, NaN/Inf) before use.
 

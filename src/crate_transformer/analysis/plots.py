@@ -27,8 +27,8 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from ..figures import InlineFigure
 from ..io import make_folder
+from .figures import InlineFigure
 from .measure import METRICS, LayerTable
 
 __all__ = [

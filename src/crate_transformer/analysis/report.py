@@ -24,7 +24,7 @@ from torch import Tensor
 
 from .._version import __version__
 from ..io import make_folder
-from ..model import ImageClassifier
+from ..models.classifier import ImageClassifier
 from ._common import Normalization, layer_index
 from .decoder import is_autoencoder
 from .measure import METRICS

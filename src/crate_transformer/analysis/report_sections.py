@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..data import match_channels
 from ..layers.inference import evaluating
-from ..model import ImageClassifier
+from ..models.classifier import ImageClassifier
 from ._common import (
     Normalization,
     dataset_images01,
@@ -116,7 +116,7 @@ def layer_verdicts(
 def initial_model(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     """The same architecture freshly initialised (seeded; the global RNG is left as it was), in eval mode on the
     model's device: the step-0 reference of a checkpoint whose own step 0 was not recorded."""
-    from ..registry import build
+    from ..models.registry import build
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

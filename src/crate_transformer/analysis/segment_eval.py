@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from ..io import make_folder
-from ..model import ImageClassifier
-from ..spec import resolve_normalization
+from ..models.classifier import ImageClassifier
+from ..models.spec import resolve_normalization
 from ._common import Normalization, model_device, normalize_images
 from .attention_masks import head_masks
 from .segment_data import GroundTruth, coco_tools

@@ -25,7 +25,7 @@ from scipy import ndimage
 from torch import Tensor
 
 from ..config_utils import POSITIVE, Range
-from ..model import ImageClassifier
+from ..models.classifier import ImageClassifier
 from ._common import eval_trace, head_projections, layer_index
 
 __all__ = [

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..model import ImageClassifier
+from ..models.classifier import ImageClassifier
 from ._common import layer_index, layer_subspaces
 
 __all__ = ["subspace_gram", "incoherence"]

@@ -53,8 +53,8 @@ def error_message(e: BaseException, args: argparse.Namespace | None = None, take
     """``e`` as the CLI says it: a library error's Python names as the flags of the command at hand (``flags``,
     :func:`~.messages.cli_message`); a file that needs a model name says how the command (``args``;
     ``takes_model``: it has ``--model``) takes one."""
-    from ..checkpoint import ArchitectureNeeded  # the loaders, imported on this error path only
     from ..errors import OptionError
+    from ..loading.pipeline import ArchitectureNeeded  # the loaders, imported on this error path only
 
     if args is not None and isinstance(e, ArchitectureNeeded):
         names = " or ".join(f"--model {n}" for n in e.examples)

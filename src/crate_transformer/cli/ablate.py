@@ -1,4 +1,4 @@
-"""``crate ablate TABLE ...``: the paper's ablation tables at laptop scale (:mod:`crate_transformer.ablate`)."""
+"""``crate ablate TABLE ...``: the paper's ablation tables at laptop scale (:mod:`crate_transformer.train.ablate`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import sys
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from ..ablate import RECIPE
 from ..config import Config
 from ..config_utils import NON_NEGATIVE, POSITIVE, option
+from ..train.ablate import RECIPE
 from .common import parse_model_args
 from .messages import Flags, command_flags
 from .options import add_command_options
@@ -39,7 +39,7 @@ class AblateOptions(Config):
 
 
 def configure_ablate(parser: argparse.ArgumentParser) -> None:
-    from ..ablate import TABLES
+    from ..train.ablate import TABLES
 
     parser.description = (
         "Train every row of the paper's ablation tables (JMLR Tables 11, 12, 13, 15, 17) for several seeds with "
@@ -117,7 +117,7 @@ def _flags(actions: Mapping[str, argparse.Action], train_args: Collection[str]) 
 
 
 def _run(args: argparse.Namespace, overrides: dict) -> dict:
-    from ..ablate import run_ablation
+    from ..train.ablate import run_ablation
 
     return run_ablation(
         args.tables,

@@ -261,7 +261,7 @@ def _folder_normalization(choice: str, model: object, imgs: object) -> tuple:
     ImageNet's); the photos' own statistics only when asked for (they would erase the very contrast and colour
     the model learned from)."""
     from ..data import fit_normalization
-    from ..spec import IMAGENET_MEAN, IMAGENET_STD
+    from ..models.spec import IMAGENET_MEAN, IMAGENET_STD
 
     channels = model.config.in_chans
     if choice == "auto":
@@ -327,8 +327,8 @@ def _data_splits(model: object, args: argparse.Namespace, size: int) -> tuple:
 
 def run_analyze(args: argparse.Namespace) -> int:
     from ..analysis import analyze
-    from ..checkpoint import load_model
     from ..config import LANGUAGE_MODEL
+    from ..loading.pipeline import load_model
     from ..train.runtime import resolve_device
 
     apply_threads(args)

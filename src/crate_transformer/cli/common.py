@@ -38,7 +38,7 @@ def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
     """
     import yaml
 
-    from ..registry import config_classes
+    from ..models.registry import config_classes
 
     out = {}
     for item in items:
@@ -119,8 +119,8 @@ def report_home(checkpoint: str | Path) -> Path:
       ``crate_small/``);
     * ``hf-hub:ORG/NAME`` → ``ORG--NAME/`` in the current folder (never inside the Hugging Face cache).
     """
-    from .._hub import is_hub_spec
     from ..io import CONFIG_NAME, WEIGHTS_NAME
+    from ..loading.hub import is_hub_spec
     from ..train.rundir import CHECKPOINT, CONFIG_FILE
 
     if is_hub_spec(checkpoint):

@@ -128,9 +128,9 @@ def _text_inputs(model: object, args: argparse.Namespace, run: Path) -> tuple:
 
 def run_features(args: argparse.Namespace) -> int:
     from ..analysis import features as F
-    from ..checkpoint import load_model
     from ..config import LANGUAGE_MODEL
     from ..io import atomic_write, write_json
+    from ..loading.pipeline import load_model
     from ..train.runtime import resolve_device
 
     run = Path(args.run)  # hf-hub:ORG/NAME is no folder: report_home names one

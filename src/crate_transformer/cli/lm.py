@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ..config import Config
 from ..config_utils import NON_NEGATIVE, POSITIVE, option
-from ..lm import TEMPERATURE, TOP_P
+from ..models.lm import TEMPERATURE, TOP_P
 from ..train.config import SystemOptions
 from .common import apply_threads
 from .options import SAMPLING, SYSTEM, add_command_options, like
@@ -150,8 +150,8 @@ def _print_samples(samples: _Samples, first: int) -> None:
 
 def _generation_model(args: argparse.Namespace) -> tuple:
     """The language model (on its device), its tokenizer and the device, or a one-line error."""
-    from ..checkpoint import load_model
     from ..config import LANGUAGE_MODEL
+    from ..loading.pipeline import load_model
     from ..train import resolve_device
 
     apply_threads(args)

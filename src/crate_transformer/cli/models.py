@@ -33,7 +33,7 @@ def run_models(args: argparse.Namespace) -> int:
     import torch
 
     from ..config import LANGUAGE_MODEL
-    from ..registry import build, list_models, model_config
+    from ..models.registry import build, list_models, model_config
 
     names = list_models(args.pattern)
     if not names:
@@ -66,7 +66,7 @@ def _run_zoo(pattern: str) -> int:
     """One row per released checkpoint; ``status`` is ``cached`` (in the cache, its content checked: loads
     offline), ``corrupt`` (in the cache but damaged: a line names the file and the fix), ``download`` (fetched on
     first use) or ``manual`` (a Google Drive page: download it and pass ``pretrained_file=``)."""
-    from ..pretrained import IMAGENET_MEAN, IMAGENET_STD, ZOO, cache_status, list_pretrained
+    from ..loading.pretrained import IMAGENET_MEAN, IMAGENET_STD, ZOO, cache_status, list_pretrained
 
     names = list_pretrained(pattern)
     if not names:

@@ -91,7 +91,7 @@ def _ground_truth(args: argparse.Namespace) -> GroundTruth:
 def run_segment_eval(args: argparse.Namespace) -> int:
     """Score the masks, write the COCO results and the scores into ``--out``, print the table."""
     from ..analysis import evaluate_segmentation
-    from ..checkpoint import load_model
+    from ..loading.pipeline import load_model
     from ..train.runtime import resolve_device
 
     make_folder(args.out, "segment-eval results")  # the target first: nothing is computed for an unwritable one

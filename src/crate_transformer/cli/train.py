@@ -9,9 +9,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..base import POOLS
 from ..config import LANGUAGE_MODEL, MASKED_AUTOENCODER, Config
 from ..config_utils import POSITIVE, option
+from ..models.base import POOLS
 from ..train.config import DataOptions, SystemOptions
 from . import task_command
 from .common import (
@@ -168,7 +168,7 @@ def configure_eval(parser: argparse.ArgumentParser) -> None:
 
 def _eval_model(args: argparse.Namespace) -> object:
     """The checkpoint's image model, refused with a one-line error when ``crate eval`` cannot score it."""
-    from ..checkpoint import load_model
+    from ..loading.pipeline import load_model
 
     model = load_model(args.checkpoint, name=args.model, **parse_model_args(args.model_args))
     if model.kind == LANGUAGE_MODEL:
@@ -258,8 +258,8 @@ def _write_eval(args: argparse.Namespace, r: object, name: str, data: str, src: 
 
 def _frozen_eval(args: argparse.Namespace, model, train_ds, test_ds, norm, out: Path, src: str, data: str) -> int:
     """``crate eval --knn / --linear-probe``: frozen features of the train split classify the evaluated split."""
+    from ..analysis.probe import KNN_KS, extract_features, knn_sweep, linear_probe, sgd_linear_probe, usable_ks
     from ..io import atomic_write
-    from ..probe import KNN_KS, extract_features, knn_sweep, linear_probe, sgd_linear_probe, usable_ks
     from ..train.evaluation import plot_knn
 
     args.pool = args.pool or getattr(model.config, "pool", "cls")

@@ -17,7 +17,7 @@ description saved with a model.
 * :mod:`.spec` — :class:`DataSpec`, what a model records about its training data.
 """
 
-from ..spec import DataSpec, fit_normalization, resolve_normalization
+from ..models.spec import DataSpec, fit_normalization, resolve_normalization
 from .base import ImageSource, epoch_permutation, global_batches, rank_slice
 from .memory import (
     IMAGE_EXTENSIONS,

@@ -174,7 +174,7 @@ def _root_reason(e: BaseException) -> str:
 
 def _not_found(text: str, error: Exception) -> ValueError:
     """The one-line error for a dataset that neither the cache nor the Hub has."""
-    from .._hub import hub_answer, hub_failure, unreachable
+    from ..loading.hub import hub_answer, hub_failure, unreachable
 
     offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
     name, config = parse_dataset_name(text)

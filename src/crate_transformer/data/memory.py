@@ -45,7 +45,7 @@ from torch import Tensor
 
 from ..config_utils import POSITIVE, Range
 from ..errors import OptionError, OptionWarning
-from ..spec import CROP_PCT
+from ..models.spec import CROP_PCT
 from .base import ImageSource, local_batches
 from .cifar import cifar_arrays
 from .hub import DATA_FILE_SUFFIXES, is_dataset_name

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..spec import fit_normalization  # noqa: F401  (re-exported)
+from ..models.spec import fit_normalization  # noqa: F401  (re-exported)
 
 BUILTIN_DATASETS = ("mnist", "digits")
 AUGMENTATIONS = ("none", "translate", "crop-flip", "randaugment")

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..static_cache import StaticLayerCache
 from .config import LayerConfig
+from .static_cache import StaticLayerCache
 
 
 # --------------------------------------------------------------------------- attention with a cache
@@ -17,7 +17,7 @@ def cache_append(cache: dict[str, Tensor] | None, key: str, new: Tensor) -> Tens
 
     A layer's key-value cache is a plain dict: CRATE's MSSA keeps one tensor ``"w"`` (``U_kᵀ z`` serves as
     query, key and value, eq. (35)), a standard attention ``"k"`` and ``"v"``.  A
-    :class:`~crate_transformer.static_cache.StaticLayerCache` (compiled decoding) writes ``new`` into its
+    :class:`~crate_transformer.layers.static_cache.StaticLayerCache` (compiled decoding) writes ``new`` into its
     fixed-size buffer in place and returns the whole buffer (its ``key_mask`` hides the unfilled positions).
     """
     if cache is None:

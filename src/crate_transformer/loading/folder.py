@@ -9,7 +9,7 @@ ends with.
 * :func:`build` — the model of a :class:`Source`, with overrides applied (a fresh head, a re-gridded position
   table) and the weights loaded strictly;
 * :func:`checked` — every file read from the Hugging Face cache is first checked against the hash the cache names
-  it by (:func:`~crate_transformer._hub.verify_cached`).
+  it by (:func:`~crate_transformer.loading.hub.verify_cached`).
 
 The registry-aware half (which class builds an ``arch``, the authors' formats, the run folders) is
 :mod:`crate_transformer.loading.pipeline`; this half needs only the class that builds the stored ``arch``.
@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._hub import is_hub_spec, resolve_hub, verify_cached
 from ..config import Config
 from ..io import CONFIG_NAME, FILE_DIGESTS, WEIGHTS_NAME, CheckpointError, load_safetensors, model_dir, read_config_dict
+from .hub import is_hub_spec, resolve_hub, verify_cached
 from .values import check_build
 from .weights import check_sizes, keep_dtypes, load_backbone, load_weights
 
@@ -109,7 +109,8 @@ def read_folder(path: str | Path, choose: Callable[[object], type[nn.Module]], r
 
 def build(source: Source, overrides: Mapping[str, Any] = {}, fresh_head: bool = False) -> nn.Module:
     """The model of ``source``, in eval mode: ``source.target`` built from its config with ``overrides`` (config
-    field names: :func:`~crate_transformer.base.timm_overrides` translates timm's) and loaded from its weights.  A
+    field names: :func:`~crate_transformer.models.base.timm_overrides` translates timm's) and loaded from its weights.
+    A
     ``num_classes`` other than the file's (or ``fresh_head``) keeps every weight but the classifier's, which stays
     fresh (logged); a new ``image_size`` re-grids the position embedding (``resize_pos_embed``); any other override
     must fit the weights.  Sizes given here are bounded before anything is allocated

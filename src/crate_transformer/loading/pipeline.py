@@ -9,7 +9,7 @@ step, one build.
   a ``.safetensors``, a downloaded Hub folder of one) → a :class:`~crate_transformer.loading.folder.Source`; every
   file of the Hugging Face cache is checked against its hash on the way;
 * :func:`convert` — an authors' source with a model name → this package's keys and config (the architecture's
-  :class:`~crate_transformer.official.OfficialFormat`; the values the file stores, typed and bounded by
+  :class:`~crate_transformer.loading.official.OfficialFormat`; the values the file stores, typed and bounded by
   :func:`~crate_transformer.loading.values.file_fields`);
 * :func:`materialize` — the model, by one :class:`~crate_transformer.loading.folder.Mode`.
 
@@ -26,9 +26,6 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .._hub import resolve_hub
-from .._registry import ZOO, arch_info, config_class, model_config, official_formats, registered_fields
-from ..base import Model, timm_overrides
 from ..config import Config
 from ..config_utils import coerce_fields
 from ..io import (
@@ -43,8 +40,12 @@ from ..io import (
     read_config_dict,
     read_model_json,
 )
-from ..official import OfficialFormat, unwrap
-from ..runfiles import (
+from ..models._registry import ZOO, arch_info, config_class, model_config, official_formats, registered_fields
+from ..models.base import Model, timm_overrides
+from .folder import Mode, Source, build, checked, read_folder
+from .hub import resolve_hub
+from .official import OfficialFormat, unwrap
+from .runfiles import (
     MODEL_DIR,
     is_run_dir,
     is_saved_model_dir,
@@ -53,7 +54,6 @@ from ..runfiles import (
     state_model,
     state_tokenizer,
 )
-from .folder import Mode, Source, build, checked, read_folder
 from .values import check_build, file_fields
 
 __all__ = [
@@ -327,8 +327,8 @@ def load_model(
     * a ``save_pretrained`` directory (has ``config.json``), or its ``model.safetensors`` / ``config.json``,
       or ``hf-hub:ORG/NAME`` (a pushed one) → :func:`from_pretrained`;
     * a run directory of the ``crate`` commands → its final model, or its latest training state while it
-      runs (:func:`~crate_transformer.runfiles.run_model_source`);
-    * a training-state file (the model it exports: :func:`~crate_transformer.runfiles.state_model`);
+      runs (:func:`~crate_transformer.loading.runfiles.run_model_source`);
+    * a training-state file (the model it exports: :func:`~crate_transformer.loading.runfiles.state_model`);
     * an authors' checkpoint (a ``.pth``, or a downloaded Hub folder of one) → :func:`from_official` with
       ``name`` (required) and ``overrides``.
 
@@ -337,7 +337,7 @@ def load_model(
     difference raises :class:`CheckpointError` instead of being ignored.
 
     With ``as_classifier`` (``Mode.CLASSIFIER``) the model becomes an image classifier to fine-tune where its
-    family can convert itself (:meth:`~crate_transformer.base.Model.as_classifier`: a CRATE-MAE's encoder with a
+    family can convert itself (:meth:`~crate_transformer.models.base.Model.as_classifier`: a CRATE-MAE's encoder with a
     fresh head, what the fine-tuning command uses), and ``name`` / ``overrides`` are then not checked against it.
 
     With ``new_head`` (``Mode.APPLY``; ``create_model(name, pretrained_file=...)``) the overrides change the loaded
@@ -373,7 +373,7 @@ def from_pretrained(
 def from_official(path_or_state: str | Path | Mapping, name: str, **overrides: object) -> Model:
     """Load the authors' checkpoint of a registered model as ``create_model(name, **overrides)``, in eval mode.
 
-    ``name`` decides the format: the architecture's :class:`~crate_transformer.official.OfficialFormat`
+    ``name`` decides the format: the architecture's :class:`~crate_transformer.loading.official.OfficialFormat`
     (``crate_*`` classifiers of the official ``model/crate.py``, ``crate_mae_*`` of ``model/crate_ae``,
     ``crate_bert_*`` of the authors' Hugging Face port, and whatever other families register); a file of another
     registered format is refused naming a model of that format.  Accepts the training containers

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ..config import Config
 from ..io import WEIGHTS_NAME, CheckpointError
-from ..official import index_count
+from .official import index_count
 
 __all__ = ["load_weights", "check_values", "load_backbone", "check_sizes", "keep_dtypes"]
 
@@ -33,7 +33,7 @@ logger = logging.getLogger("crate_transformer")
 
 def load_weights(model: nn.Module, state: Mapping[str, Tensor], source: str = "checkpoint") -> None:
     """Strictly load ``state`` into ``model``; any missing, unexpected or mis-shaped key is one clear error
-    (with the model's :meth:`~crate_transformer.base.Model.size_hint`), and so is a tensor of the wrong kind or
+    (with the model's :meth:`~crate_transformer.models.base.Model.size_hint`), and so is a tensor of the wrong kind or
     with NaN / inf values (:func:`check_values`): every loader goes through here."""
     state = _without_obsolete(model, state)
     own = model.state_dict()
@@ -104,7 +104,7 @@ def check_sizes(target: Callable[[Config], nn.Module], config: Config, state: Ma
     """The sizes ``path`` (a ``config.json``) gives, bounded by the weights beside it before anything is allocated
     (an edited file of a folder saved before its checksum was stored is read as it is): each count of numbered
     blocks (``config.BLOCK_COUNTS``, ``depth`` → ``layers.N``) is the number of blocks their keys number
-    (:func:`~crate_transformer.official.index_count`, the rule for a size read from key names); then the model
+    (:func:`~crate_transformer.loading.official.index_count`, the rule for a size read from key names); then the model
     built on the meta device (no memory) has the weights' shapes.  A size no stored tensor holds (the context of a
     sinusoidal position table, which is not saved) is not bounded here."""
     fix = "the file was edited, or is not the one saved with these weights: restore the file saved with them"

@@ -24,7 +24,7 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from ..figures import InlineFigure
+from ..analysis.figures import InlineFigure
 from ..io import make_folder, write_json
 from ..progress import progress_bar
 

@@ -15,8 +15,8 @@
 * :mod:`.evaluation` — accuracy, confusion matrix, curves.
 """
 
-from ..checkpoint import load_model
 from ..data import epoch_permutation
+from ..loading.pipeline import load_model
 from .classification import ClassificationTask
 from .config import FINETUNE_DEFAULTS, TrainConfig, load_config
 from .evaluation import EvalResult, evaluate, plot_confusion_matrix, plot_curves, prepare_batch

@@ -1,10 +1,10 @@
 """CRATE-DINO pre-training (JMLR §4.1.3, Table 4, App. C.3): the ``dino`` task.
 
-The student (:class:`~crate_transformer.dino.DINOModel`: a registry backbone + DINO head) is the model the
+The student (:class:`~crate_transformer.models.dino.DINOModel`: a registry backbone + DINO head) is the model the
 engine optimises; the teacher is its EMA, updated by a per-step hook after every optimizer step with
 DINO's cosine momentum schedule (Caron et al. 2021).  Centering, the per-epoch teacher-temperature warm-up,
 the cosine weight-decay schedule and the frozen last layer of the first epoch (no gradient, so no AdamW
-step) follow DINO's ``main_dino.py``; see :mod:`crate_transformer.dino`.
+step) follow DINO's ``main_dino.py``; see :mod:`crate_transformer.models.dino`.
 
 What a run saves: ``model/`` is the **teacher backbone** as an ordinary classifier (its classifier head is
 untrained; ``config.data`` records the data, ``config.pool`` the DINO feature), so ``crate eval --knn RUN``,
@@ -31,7 +31,9 @@ from torch import Tensor, nn
 from ..config import IMAGE_CLASSIFIER
 from ..config_utils import NON_NEGATIVE, Range, option
 from ..data import augment as A
-from ..dino import (
+from ..errors import Step
+from ..models.classifier import ImageClassifier
+from ..models.dino import (
     DINOHead,
     DINOHeadConfig,
     DINOLoss,
@@ -41,8 +43,6 @@ from ..dino import (
     ema_update,
     teacher_temperature,
 )
-from ..errors import Step
-from ..model import ImageClassifier
 from .config import TrainConfig, given_once
 from .evaluation import save_figure, subplots
 from .images import ImageData, image_classifier
@@ -64,7 +64,8 @@ PRESET_NAMES = ("digits", "paper")  # PRESETS below
 @dataclass
 class DINOOptions(DINOHeadConfig):
     """The ``dino`` task's options (names as in DINO's ``main_dino.py``): the model's head settings
-    (:class:`~crate_transformer.dino.DINOHeadConfig`, which this class extends) and the training's — temperatures,
+    (:class:`~crate_transformer.models.dino.DINOHeadConfig`, which this class extends) and the training's —
+    temperatures,
     centre, teacher momentum, the frozen last layer, the weight-decay schedule and the multi-crop augmentation.
     The defaults are the ``digits`` preset; :meth:`from_preset` starts from ``"paper"`` (DINO's defaults, JMLR
     App. C.3) or ``"digits"``.
@@ -395,7 +396,7 @@ class DINOTask(Task):
 
     # ------------------------------------------------------------------ evaluation
     def _features(self, model: ImageClassifier, split: str) -> tuple[Tensor, Tensor]:
-        from ..probe import extract_features
+        from ..analysis.probe import extract_features
 
         ds = {"train": self.train_data, "test": self.test_data}.get(split, self.eval_data)
         c = model.config
@@ -413,7 +414,7 @@ class DINOTask(Task):
 
     def evaluate(self, split: str) -> dict[str, float]:
         """Weighted k-NN (k = 20, T = 0.07) of the teacher's features: train split → ``split``."""
-        from ..probe import knn_classify
+        from ..analysis.probe import knn_classify
 
         if not self.labelled or len(self.train_data) < 20:  # k = 20 needs 20 neighbours (finish says it is skipped)
             return {}
@@ -447,7 +448,7 @@ class DINOTask(Task):
 
     def finish(self, run_dir: Path) -> TaskResult:
         """Save the teacher backbone as ``model/``; k-NN sweep and linear probe on the test split."""
-        from ..probe import KNN_KS, knn_sweep, linear_probe, usable_ks
+        from ..analysis.probe import KNN_KS, knn_sweep, linear_probe, usable_ks
 
         teacher = self.teacher.backbone
         if self.rt.main:

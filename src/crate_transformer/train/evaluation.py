@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..analysis.figures import subplots
 from ..data import ImageSource, match_channels, normalize, to_device
 from ..errors import OptionError
-from ..figures import subplots
 from ..io import atomic_write
 from ..layers.inference import evaluating
 from .rundir import read_metrics

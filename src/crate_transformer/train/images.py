@@ -14,7 +14,6 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from ..checkpoint import config_from_dict, load_model
 from ..config import IMAGE_CLASSIFIER, LANGUAGE_MODEL
 from ..data import (
     DataSpec,
@@ -26,8 +25,9 @@ from ..data import (
     open_source,
 )
 from ..errors import OptionError, TaskError
-from ..model import ImageClassifier
-from ..registry import build, model_config
+from ..loading.pipeline import config_from_dict, load_model
+from ..models.classifier import ImageClassifier
+from ..models.registry import build, model_config
 from .config import TrainConfig, given_once
 from .evaluation import prepare_batch
 

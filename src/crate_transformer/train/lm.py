@@ -18,16 +18,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checkpoint import config_from_dict
 from ..config import LANGUAGE_MODEL, Config
 from ..config_utils import Range, coerce_fields
 from ..data import to_device
 from ..data.text import TokenBlocks, corpus_files, iter_documents, load_tokens, split_tokens
 from ..errors import OptionError, OptionWarning, Step, short_repr
 from ..layers.inference import evaluating
-from ..lm import LanguageModel, LMConfig, mask_tokens
-from ..registry import build, model_config
-from ..tokenizer import TOKENIZER_KINDS, Tokenizer
+from ..loading.pipeline import config_from_dict
+from ..models.lm import LanguageModel, LMConfig, mask_tokens
+from ..models.registry import build, model_config
+from ..models.tokenizer import TOKENIZER_KINDS, Tokenizer
 from .config import TrainConfig
 from .evaluation import require_evaluated
 from .task import Hook, RunSummary, StepContext, Task, TaskResult, task_option

@@ -377,7 +377,7 @@ def _check_architecture(state: Mapping[str, Any], overrides: Mapping[str, Any], 
     """A resumed run's model is its checkpoint's: a ``model`` or ``model_args`` that differs is an error, not
     silently ignored (equal values, e.g. from the same config file, pass)."""
     from ..config_utils import coerce_fields
-    from ..registry import config_class
+    from ..models.registry import config_class
 
     saved, stored = state["train_config"], dict(state["model_config"])
     diffs = []

@@ -1,7 +1,7 @@
 """Masked autoencoding with CRATE-MAE (JMLR §3.6 and §4.2, pp.37-41): the ``mae`` task.
 
 The engine (:mod:`.loop`) owns the optimisation, checkpoints, resume, DDP, logging and the progress
-bar; this task builds a :class:`~crate_transformer.mae.CRATEMAE` and the data, turns a batch into the
+bar; this task builds a :class:`~crate_transformer.models.mae.CRATEMAE` and the data, turns a batch into the
 masked-patch loss (eq. (71) on Ω), and at the end writes
 
 * ``model/`` — the CRATE-MAE (``config.json`` with ``arch: crate_mae``);
@@ -9,7 +9,8 @@ masked-patch loss (eq. (71) on Ω), and at the end writes
 * ``recognition.json`` — how recognisable the reconstructions are: a raw-pixel k-NN fitted on the
   training images labels held-out originals, mean-filled masked images and reconstructions
   (:func:`~crate_transformer.analysis.reconstruction_recognition`);
-* ``probe.json`` — a linear probe (scikit-learn logistic regression, :func:`~crate_transformer.probe.linear_probe`)
+* ``probe.json`` — a linear probe (scikit-learn logistic regression,
+  :func:`~crate_transformer.analysis.probe.linear_probe`)
   on pooled encoder features of the unmasked images, for the trained encoder and for a randomly
   initialised encoder of the same architecture (the baseline).
 
@@ -26,8 +27,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..base import POOLS, Model
-from ..checkpoint import config_from_dict, load_model
 from ..config import MASKED_AUTOENCODER, Config
 from ..config_utils import Range
 from ..data import BUILTIN_DATASETS, ImageSource
@@ -35,8 +34,10 @@ from ..data.base import rank_slice
 from ..errors import OptionError, Step
 from ..io import atomic_write
 from ..layers.inference import evaluating
-from ..mae import CRATEMAE
-from ..registry import build, model_config
+from ..loading.pipeline import config_from_dict, load_model
+from ..models.base import POOLS, Model
+from ..models.mae import CRATEMAE
+from ..models.registry import build, model_config
 from .config import given_once
 from .evaluation import prepare_batch, require_evaluated
 from .images import ImageData
@@ -361,7 +362,7 @@ class MAETask(Task):
 
     def probe(self) -> dict[str, Any]:
         """Linear probe on pooled features of the trained encoder and of a random-init one (same architecture)."""
-        from ..probe import extract_features, linear_probe
+        from ..analysis.probe import extract_features, linear_probe
 
         kw = dict(
             pool=self.options.probe_pool,

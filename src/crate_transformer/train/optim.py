@@ -8,7 +8,7 @@
 * :class:`LARS` — MoCo v3 / MAE's LARS (the linear probe's optimizer), :class:`LAMB` — You et al. 2019,
   Algorithm 2; :func:`build_optimizer` picks them by name beside AdamW, Lion and SGD with momentum.
 * :class:`ModelEma` — an exponential moving average of the weights (timm's ``ModelEmaV2``), updated by
-  the same :func:`~crate_transformer.dino.ema_update` as the DINO teacher.
+  the same :func:`~crate_transformer.models.dino.ema_update` as the DINO teacher.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..base import BLOCKS, STEM
 from ..config_utils import Range
-from ..dino import ema_update
 from ..errors import OptionError
+from ..models.base import BLOCKS, STEM
+from ..models.dino import ema_update
 
 __all__ = ["OPTIMIZERS", "param_groups", "layer_id", "build_optimizer", "LARS", "LAMB", "ModelEma"]
 
@@ -34,10 +34,10 @@ OPTIMIZERS = ("adamw", "lion", "sgd", "lars", "lamb")
 
 def layer_id(name: str, num_layers: int) -> int:
     """The layer id of parameter ``name`` in a model with ``num_layers`` encoder layers ``layers.{i}``: 0 for
-    the embedding (``cls_token``, ``pos_embed``, ``patch_embed.*``: :data:`~crate_transformer.base.STEM`),
-    ``i + 1`` for ``layers.{i}.*`` (:data:`~crate_transformer.base.BLOCKS`), and ``num_layers + 1`` for the rest
+    the embedding (``cls_token``, ``pos_embed``, ``patch_embed.*``: :data:`~crate_transformer.models.base.STEM`),
+    ``i + 1`` for ``layers.{i}.*`` (:data:`~crate_transformer.models.base.BLOCKS`), and ``num_layers + 1`` for the rest
     (MAE's ``get_layer_id_for_vit``, with ``blocks`` named ``layers`` here; the groups of
-    :meth:`~crate_transformer.base.Model.group_matcher`)."""
+    :meth:`~crate_transformer.models.base.Model.group_matcher`)."""
     if re.match(STEM, name):
         return 0
     block = re.match(BLOCKS, name)
@@ -205,7 +205,7 @@ def _floor(x: float, digits: int = 4) -> str:
 class ModelEma(nn.Module):
     """An exponential moving average of a model's weights (timm's ``ModelEmaV2``): a frozen copy ``module``
     in eval mode, updated after each optimizer step by ``θ_ema ← d·θ_ema + (1 − d)·θ`` for every parameter
-    (:func:`~crate_transformer.dino.ema_update`, the DINO teacher's update) and a copy of every buffer.
+    (:func:`~crate_transformer.models.dino.ema_update`, the DINO teacher's update) and a copy of every buffer.
 
     After ``n`` updates from the initial weights ``θ_0`` the average is ``d^n θ_0 + (1 − d) Σ_k d^(n−k) θ_k``.
     """

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import OptionError
 from ..io import atomic_write, load_state, make_folder, save_state
-from ..runfiles import CHECKPOINT, MODEL_DIR, run_model_source, state_model, state_tokenizer
+from ..loading.runfiles import CHECKPOINT, MODEL_DIR, run_model_source, state_model, state_tokenizer
 from .trackers import Tracker, failure, open_trackers, read_metrics
 
 __all__ = [

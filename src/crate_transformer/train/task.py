@@ -175,7 +175,7 @@ class Task:
         (a language model given to the mae task) is a one-line :class:`TaskError` naming the task that trains it."""
         if self.model_kind is None or cfg.model is None or cfg.init_from is not None:
             return
-        from ..registry import model_config
+        from ..models.registry import model_config
 
         kind = model_config(cfg.model, **cfg.model_args).kind
         if kind != self.model_kind:

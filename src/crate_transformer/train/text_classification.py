@@ -2,7 +2,7 @@
 
 A CSV / TSV with a text (or a text pair) and a label (classification: cross-entropy) or a score (regression,
 STS-B: mean squared error on one output).  The pretrained model keeps its weights and gets a fresh head on the
-pooled representation (:meth:`~crate_transformer.lm.LanguageModel.classify`).  Metrics as in Table 5:
+pooled representation (:meth:`~crate_transformer.models.lm.LanguageModel.classify`).  Metrics as in Table 5:
 accuracy, F1 of the positive class (two classes, MRPC / QQP) and Spearman's rank correlation (scores).
 """
 
@@ -16,14 +16,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checkpoint import config_from_dict, load_model
 from ..config import LANGUAGE_MODEL, Config
 from ..data import to_device
 from ..data.text import LabelledTexts, eval_split_of, read_labelled
 from ..errors import OptionError
 from ..layers.inference import evaluating
-from ..registry import build
-from ..tokenizer import Tokenizer
+from ..loading.pipeline import config_from_dict, load_model
+from ..models.registry import build
+from ..models.tokenizer import Tokenizer
 from .evaluation import require_evaluated
 from .task import RunSummary, Task, TaskError, TaskResult, task_option
 

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import POOLS, pool_tokens
-from .layers.inference import evaluating
+from ..layers.inference import evaluating
+from ..models.base import POOLS, pool_tokens
 
 __all__ = [
     "POOLS",
@@ -61,8 +61,8 @@ def extract_features(
     in evaluation (to [0, 1], channels matched, resized to ``image_size``, normalised by ``mean``/``std``,
     which default to the model's recorded data normalisation, else the source's statistics).
     """
-    from .data import resolve_normalization
-    from .train.evaluation import prepare_batch
+    from ..data import resolve_normalization
+    from ..train.evaluation import prepare_batch
 
     if pool not in POOLS:
         raise ValueError(f"unknown pooling {pool!r}; choose one of {POOLS}")
@@ -244,7 +244,7 @@ def sgd_linear_probe(
 
     The returned ``weight``/``bias`` act on the raw features: the BatchNorm's running statistics are folded in.
     """
-    from .train.optim import LARS
+    from ..train.optim import LARS
 
     _check_features(train_x, train_y, test_x, test_y)
     if optimizer not in ("lars", "sgd") or epochs < 1 or batch_size < 1:

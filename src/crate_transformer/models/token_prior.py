@@ -1,5 +1,5 @@
 """The token prior of an untrained language model (:meth:`TokenPrior.init_token_prior`): a mixin of
-:class:`~crate_transformer.lm.LanguageModel`, which has the token embedding ``wte``, the ``layers``, the final
+:class:`~crate_transformer.models.lm.LanguageModel`, which has the token embedding ``wte``, the ``layers``, the final
 ``norm`` and ``forward_features`` it reads."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .layers.inference import evaluating
+from ..layers.inference import evaluating
 
 __all__ = ["TokenPrior"]
 

@@ -15,7 +15,7 @@ Around them it puts RoBERTa's pieces instead of the literal eqs. (83)-(84):
 Parameters: ``L(3d² + 4d) + (V + P + T + 2) d + d² + 3d + V`` with ``P = block_size + pad_token_id + 1``
 position rows and ``T`` token types, i.e. 32,621,657 / 60,912,729 / 128,697,433 for ``crate_bert_medium``
 / ``base`` / ``large`` (Table 10: 33M / 61M / 129M).  The literal eqs. (83)-(84) form is ``arch="crate_lm"``
-(:class:`~crate_transformer.lm.CRATELanguageModel`, the ``crate_bert_eq83_*`` models).
+(:class:`~crate_transformer.models.lm.CRATELanguageModel`, the ``crate_bert_eq83_*`` models).
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..io import CheckpointError
+from ..loading.official import HEADS_NOT_STORED, OfficialFormat, index_count, rename, unwrap
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
-from .io import CheckpointError
 from .lm import LanguageModel, LMConfig, check_ids
-from .official import HEADS_NOT_STORED, OfficialFormat, index_count, rename, unwrap
 
 __all__ = [
     "CRATEBert",
@@ -289,7 +289,8 @@ _CONFIG_FIELDS = {
 
 
 def bert_config_file(hf: Mapping[str, Any]) -> dict[str, Any]:
-    """The :class:`~crate_transformer.lm.LMConfig` fields of the port's ``config.json`` (``model_type: "crate"``):
+    """The :class:`~crate_transformer.models.lm.LMConfig` fields of the port's ``config.json`` (``model_type:
+    "crate"``):
     width, depth, heads, vocabulary, positions, token types, LayerNorm eps, padding id and dropout.
 
     ``max_position_embeddings`` rows hold ``max_position_embeddings − pad_token_id − 1`` tokens (``block_size``).

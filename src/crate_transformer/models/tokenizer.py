@@ -16,8 +16,8 @@ import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from .errors import OptionWarning
-from .io import TOKENIZER_NAME, atomic_write
+from ..errors import OptionWarning
+from ..io import TOKENIZER_NAME, atomic_write
 
 __all__ = ["Tokenizer", "TOKENIZER_KINDS", "TOKENIZER_NAME", "SPECIAL_TOKENS"]
 

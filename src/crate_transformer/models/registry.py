@@ -1,6 +1,6 @@
 """The model factory (timm's ``_factory``): ``create_model(name, **overrides)`` and ``list_models()``.
 
-The tables it reads are :mod:`crate_transformer._registry` (re-exported here under their familiar names:
+The tables it reads are :mod:`crate_transformer.models._registry` (re-exported here under their familiar names:
 ``register_arch``, ``register_model``, ``model_config``, ...), filled by the family modules this module
 imports: each family registers its architectures, its named models and its released weights at the bottom
 of its own module (``model.py``: CRATE and ViT classifiers; ``mae.py``: CRATE-MAE; ``lm.py``: CRATE-GPT,
@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import alpha, bert, lm, mae, model, tost  # noqa: F401  (each registers its family into the tables)
+from ..loading.pretrained import load_pretrained
+from . import alpha, bert, classifier, lm, mae, tost  # noqa: F401  (each registers its family into the tables)
 from ._registry import (
     Arch,
     arch_info,
@@ -32,7 +33,6 @@ from ._registry import (
     registered_fields,
 )
 from .base import Model, timm_overrides
-from .pretrained import load_pretrained
 
 __all__ = [
     "Arch",
@@ -67,7 +67,7 @@ def create_model(
     folder this package wrote (``save_pretrained``, a finished run).  With either, a ``num_classes`` other than the
     file's loads the backbone and gives a fresh head (logged).  timm's names work: ``img_size``,
     ``drop_path_rate``, ``drop_rate``, ``global_pool`` (``"token"``, ``"avg"``;
-    :data:`~crate_transformer.base.TIMM_ARGS`); ``num_classes=0`` builds the model without a classifier (its
+    :data:`~crate_transformer.models.base.TIMM_ARGS`); ``num_classes=0`` builds the model without a classifier (its
     pooled features).
     """
     overrides = timm_overrides(overrides)

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
+from ..config_utils import override
+from ..layers import EncoderLayer, drop_path_rates
+from ..loading.official import HEADS_NOT_STORED, OfficialFormat, conv_to_linear, linear_to_conv, rename
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
-from .config_utils import override
-from .layers import EncoderLayer, drop_path_rates
-from .model import ImageClassifier, ModelConfig
-from .official import HEADS_NOT_STORED, OfficialFormat, conv_to_linear, linear_to_conv, rename
+from .classifier import ImageClassifier, ModelConfig
 from .spec import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = [
@@ -61,7 +61,8 @@ ALPHA_CHOICES: dict[str, object] = {
 
 @dataclass
 class AlphaConfig(ModelConfig):
-    """A CRATE-α classifier: :class:`~crate_transformer.model.ModelConfig`'s fields, with the CRATE-α choices
+    """A CRATE-α classifier: :class:`~crate_transformer.models.classifier.ModelConfig`'s fields, with the CRATE-α
+    choices
     (:data:`ALPHA_CHOICES`) fixed — another value for one of them is a one-line ``ValueError`` — and
     CRATE-α-B/16's sizes as the defaults.  ``odl_ratio`` (4), ``eta`` and ``lambd`` (0.1) are the ODL block's."""
 

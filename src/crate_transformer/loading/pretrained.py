@@ -3,13 +3,13 @@
 * :data:`ZOO` — where the authors publish the weights of each registered model that has a release: the Hub
   repository and file (or the Google Drive page), the input and its normalisation, the classes, the licence
   and the ``from_official`` format that reads the file.  Each family registers its own releases
-  (:func:`~crate_transformer._registry.register_pretrained` in its module); entries name registry models and
+  (:func:`~crate_transformer.models._registry.register_pretrained` in its module); entries name registry models and
   loader formats by string.
 * :func:`load_pretrained` — what ``create_model(name, pretrained=True, pretrained_file=None)`` calls:
   ``huggingface_hub.hf_hub_download`` (its cache, ``HF_HUB_CACHE`` / ``HF_HOME``, offline with
-  ``HF_HUB_OFFLINE=1``), then :func:`~crate_transformer.checkpoint.from_official`.
+  ``HF_HUB_OFFLINE=1``), then :func:`~crate_transformer.loading.pipeline.from_official`.
 * This package's own format on the Hub (:func:`hub_snapshot`, :func:`push_to_hub`, :func:`write_hub_folder`,
-  :func:`model_card`) is :mod:`crate_transformer._hub`, below the models (``Model.push_to_hub`` and
+  :func:`model_card`) is :mod:`crate_transformer.loading.hub`, below the models (``Model.push_to_hub`` and
   ``Family.from_pretrained("hf-hub:...")`` need no registry); re-exported here.
 
 ``huggingface_hub`` is imported only inside the functions that use it (``import crate_transformer``
@@ -23,7 +23,10 @@ from pathlib import Path
 
 import torch
 
-from ._hub import (
+from ..io import CheckpointError
+from ..models._registry import ZOO, PretrainedSource, list_pretrained, official_formats, pretrained_source
+from ..models.spec import IMAGENET_MEAN, IMAGENET_STD
+from .hub import (
     CITATION,
     HUB_PREFIX,
     hub_failure,
@@ -35,10 +38,7 @@ from ._hub import (
     verify_cached,
     write_hub_folder,
 )
-from ._registry import ZOO, PretrainedSource, list_pretrained, official_formats, pretrained_source
-from .io import CheckpointError
-from .loading.pipeline import load_model
-from .spec import IMAGENET_MEAN, IMAGENET_STD
+from .pipeline import load_model
 
 __all__ = [
     "HUB_PREFIX",
@@ -62,8 +62,8 @@ __all__ = [
 
 
 def loader_formats() -> frozenset[str]:
-    """The names of the checkpoint formats :func:`~crate_transformer.checkpoint.from_official` reads (the
-    :class:`~crate_transformer.official.OfficialFormat` of each registered architecture that has one)."""
+    """The names of the checkpoint formats :func:`~crate_transformer.loading.pipeline.from_official` reads (the
+    :class:`~crate_transformer.loading.official.OfficialFormat` of each registered architecture that has one)."""
     return frozenset(a.official.name for a in official_formats())
 
 
@@ -74,7 +74,7 @@ def _manual_fix(src: PretrainedSource) -> str:
 def download(name: str, cache_dir: str | Path | None = None, force_download: bool = False) -> Path:
     """The local path of ``name``'s released file, downloaded into the Hugging Face cache if needed (again with
     ``force_download``), its content checked against the hash the cache names it by and the published checksum
-    (:func:`~crate_transformer._hub.verify_cached`) — the same for the files read beside it (``also``).
+    (:func:`~crate_transformer.loading.hub.verify_cached`) — the same for the files read beside it (``also``).
 
     Offline (``HF_HUB_OFFLINE=1`` or no network) and not cached, or a Google-Drive-only file, is one
     :class:`CheckpointError` line naming the address and the ``pretrained_file=`` fix; a corrupt cached file is one
@@ -101,8 +101,8 @@ def download(name: str, cache_dir: str | Path | None = None, force_download: boo
 
 def _refetch(src: PretrainedSource) -> str:
     return (
-        f"delete it and load again to download it anew, or call crate_transformer.pretrained.download({src.name!r}, "
-        "force_download=True)"
+        "delete it and load again to download it anew, or call "
+        f"crate_transformer.loading.pretrained.download({src.name!r}, force_download=True)"
     )
 
 
@@ -142,7 +142,7 @@ def load_pretrained(
 ) -> torch.nn.Module:
     """``create_model(name, **overrides)`` with released weights, in eval mode: the zoo's file (:func:`download`)
     or ``pretrained_file`` (an authors' file, a downloaded Hub folder of one, or this package's own model: a
-    ``save_pretrained`` folder, a run, a training state), read by :func:`~crate_transformer.checkpoint.load_model`
+    ``save_pretrained`` folder, a run, a training state), read by :func:`~crate_transformer.loading.pipeline.load_model`
     with ``new_head``: the overrides apply as timm's do — a ``num_classes`` other than the file's keeps the
     backbone and gives a fresh head (logged); a stored config must otherwise agree with ``name``'s."""
     if pretrained_file is None:

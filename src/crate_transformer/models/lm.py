@@ -18,7 +18,7 @@ Parameter counts (Table 10, p.97): a CRATE layer has ``3d² + 5d`` parameters, s
 LM has ``L(3d² + 5d) + V d`` plus ``n_ctx d`` for a learned position table; with the overcomplete ISTA
 (``m = 4d`` atoms) a layer has ``(2 + 4)d² + 5d`` parameters.  The CRATE-BERT the authors released
 (Table 10's 33M / 61M / 129M) puts RoBERTa's embedding and heads around the CRATE layers: ``arch="crate_bert"``,
-:class:`~crate_transformer.bert.CRATEBert`.
+:class:`~crate_transformer.models.bert.CRATEBert`.
 """
 
 from __future__ import annotations
@@ -34,16 +34,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config import LANGUAGE_MODEL, Config
+from ..config_utils import Range, option
+from ..errors import TaskError
+from ..io import FILE_DIGESTS, TOKENIZER_NAME, CheckpointError, read_model_json
+from ..layers import DIM_HEAD, MLP, EncoderLayer, LayerConfig
+from ..layers.static_cache import StaticLayerCache
+from ..loading.official import HEADS_NOT_STORED, OfficialFormat, index_count, rename, unwrap
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .base import Model, Trace
-from .config import LANGUAGE_MODEL, Config
-from .config_utils import Range, option
-from .errors import TaskError
 from .generation import TEMPERATURE, TOP_P, cache_nbytes, cached_length, generate, mask_tokens, sample_next
-from .io import FILE_DIGESTS, TOKENIZER_NAME, CheckpointError, read_model_json
-from .layers import DIM_HEAD, MLP, EncoderLayer, LayerConfig
-from .official import HEADS_NOT_STORED, OfficialFormat, index_count, rename, unwrap
-from .static_cache import StaticLayerCache
 from .token_prior import TokenPrior
 from .tokenizer import Tokenizer
 
@@ -205,11 +205,11 @@ def sinusoidal_positions(n: int, d: int) -> Tensor:
 class LanguageModel(TokenPrior, Model):
     """Token + position embedding → L layers → (LayerNorm) → tied head; see the module docstring.
 
-    ``forward(idx)`` maps token ids ``(b, n)`` to logits ``(b, n, V)``.  The :class:`~crate_transformer.base.Model`
-    contract: ``forward_features`` returns the last layer's tokens after the final LayerNorm (when the model
-    has one), ``forward_head`` maps them to token logits, ``forward_trace`` returns every layer's (for
-    ``crate analyze``); ``classify`` gives the sequence-classification logits.  :class:`CRATELanguageModel`
-    and :class:`GPT` fix ``config.arch``.
+    ``forward(idx)`` maps token ids ``(b, n)`` to logits ``(b, n, V)``.  The
+    :class:`~crate_transformer.models.base.Model` contract: ``forward_features`` returns the last layer's tokens
+    after the final LayerNorm (when the model has one), ``forward_head`` maps them to token logits,
+    ``forward_trace`` returns every layer's (for ``crate analyze``); ``classify`` gives the sequence-classification
+    logits.  :class:`CRATELanguageModel` and :class:`GPT` fix ``config.arch``.
     """
 
     config_class = LMConfig
@@ -448,7 +448,8 @@ class GPT(LanguageModel):
 
 def build_lm(config: LMConfig) -> LanguageModel:
     """The language model ``config.arch`` names: this class or the subclass that builds it (CRATE-BERT's
-    :class:`~crate_transformer.bert.CRATEBert` once ``bert.py`` is imported, as ``import crate_transformer`` does)."""
+    :class:`~crate_transformer.models.bert.CRATEBert` once ``bert.py`` is imported, as ``import crate_transformer``
+    does)."""
     return LanguageModel.class_for(config.arch)(config)
 
 

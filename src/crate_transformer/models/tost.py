@@ -17,7 +17,7 @@ GELU MLP, each residual and scaled by a learned per-channel factor (LayerScale, 
   ``forward_features`` returns the class-attention output after that norm, class token first; ``forward_trace``
   the TSSA blocks' tokens, which hold no class token (:attr:`Model.trace_prefix_tokens` is 0).
 * :class:`ToSTLanguageModel` — ``tost_lang/model_TSSA.py`` (nanoGPT with ``CausalSelfAttention_TSSA``): the
-  language-model family of :mod:`crate_transformer.lm` with causal TSSA blocks; generation caches three running
+  language-model family of :mod:`crate_transformer.models.lm` with causal TSSA blocks; generation caches three running
   sums per layer, a constant size whatever the length of the text.
 * :data:`TOST_FORMAT` reads the container ``tost_vision/main.py`` writes (``{'model': state_dict, 'args':
   Namespace, ...}``, the Namespace allow-listed by :func:`~crate_transformer.io.load_pickle`) or a bare state
@@ -44,14 +44,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config import IMAGE_CLASSIFIER, Config
+from ..config_utils import Range, option, override
+from ..layers import DIM_HEAD, MLP, TSSA, EncoderLayer, LayerConfig
+from ..loading.official import OfficialFormat, index_count, rename, unwrap
 from ._registry import register_arch, register_model
 from .base import Model, Trace
-from .config import IMAGE_CLASSIFIER, Config
-from .config_utils import Range, option, override
-from .layers import DIM_HEAD, MLP, TSSA, EncoderLayer, LayerConfig
+from .classifier import NUM_CLASSES, ImageEncoderGeometry, ImageInput, ModelConfig, classifier_layer
 from .lm import GPT2_KEY_MAP, LanguageModel, LMConfig, lm_checkpoint_fields, lm_state
-from .model import NUM_CLASSES, ImageEncoderGeometry, ImageInput, ModelConfig, classifier_layer
-from .official import OfficialFormat, index_count, rename, unwrap
 from .spec import DataSpec
 
 __all__ = [
@@ -140,7 +140,7 @@ class ToSTConfig(ImageEncoderGeometry, Config):
 
 @dataclass
 class ToSTLMConfig(LMConfig):
-    """A ToST language model (``tost_lang/model_TSSA.py``): :class:`~crate_transformer.lm.LMConfig`'s sizes, a
+    """A ToST language model (``tost_lang/model_TSSA.py``): :class:`~crate_transformer.models.lm.LMConfig`'s sizes, a
     causal GPT with a learned position table and a final LayerNorm; ``bias`` puts biases in every Linear and
     LayerNorm (nanoGPT's ``bias``; ``tost_lang/train.py`` defaults to none); ``layer_scale`` initialises the
     blocks' per-channel scales (the authors' 1e-5).  The CRATE fields of ``LMConfig`` (``eta``, ``mlp``, ...) are
@@ -436,7 +436,7 @@ class ToST(ImageInput, Model):
 
 # --------------------------------------------------------------------------- the language model
 class ToSTLanguageModel(LanguageModel):
-    """The ToST language model (``tost_lang/model_TSSA.py``): :class:`~crate_transformer.lm.LanguageModel`'s
+    """The ToST language model (``tost_lang/model_TSSA.py``): :class:`~crate_transformer.models.lm.LanguageModel`'s
     embedding, tied head, generation and files around causal :class:`ToSTBlock` layers."""
 
     config_class = ToSTLMConfig

@@ -1,4 +1,4 @@
-"""Generation from a causal language model (:meth:`~crate_transformer.lm.LanguageModel.generate`), sampling, the
+"""Generation from a causal language model (:meth:`~crate_transformer.models.lm.LanguageModel.generate`), sampling, the
 key-value cache's helpers, and BERT's token masking (eq. (85)).
 
 Two decoding paths give the same tokens:
@@ -7,7 +7,7 @@ Two decoding paths give the same tokens:
   keeps ``"w"``, MHSA ``"k"`` and ``"v"``, ToST's causal TSSA three running sums and a ``"length"``); past the
   context the window slides and the cache is rebuilt.
 * **compiled** (``compile=True``): the prompt runs eagerly, then its cache moves into fixed-size buffers
-  (:class:`~crate_transformer.static_cache.StaticCache`, allocated once for prompt + new tokens) and one step —
+  (:class:`~crate_transformer.layers.static_cache.StaticCache`, allocated once for prompt + new tokens) and one step —
   the model on the token at the position tensor ``pos``, the next token chosen, ``pos`` advanced — is compiled
   once by ``torch.compile(mode="reduce-overhead")``: a CUDA graph replayed per token on a GPU, inductor's code
   on a CPU.  Nothing in the step is a Python number that changes per token, so it never recompiles, and
@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .config_utils import NON_NEGATIVE, POSITIVE, Range
-from .errors import OptionError
-from .layers.inference import evaluating
-from .static_cache import LENGTH, StaticCache
+from ..config_utils import NON_NEGATIVE, POSITIVE, Range
+from ..errors import OptionError
+from ..layers.inference import evaluating
+from ..layers.static_cache import LENGTH, StaticCache
 
 __all__ = [
     "TEMPERATURE",
@@ -200,7 +200,7 @@ def generate(
     compile: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Append ``max_new_tokens`` sampled tokens to ``idx`` (b, n) (causal models only): the method
-    :meth:`LanguageModel.generate <crate_transformer.lm.LanguageModel.generate>`.
+    :meth:`LanguageModel.generate <crate_transformer.models.lm.LanguageModel.generate>`.
 
     ``on_token`` is called with each step's new tokens (b, 1) as they are sampled (to stream the text).
 

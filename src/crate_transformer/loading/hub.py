@@ -3,8 +3,8 @@
 ``save_pretrained`` files plus a generated model card).
 
 It knows no model family: the card reads what the model says of itself (``model.config.pipeline_tag``,
-``model.config.to_dict()``), so :class:`~crate_transformer.base.Model` can push and load without the registry.
-The authors' releases (the zoo) are :mod:`crate_transformer.pretrained`, above the registry.
+``model.config.to_dict()``), so :class:`~crate_transformer.models.base.Model` can push and load without the registry.
+The authors' releases (the zoo) are :mod:`crate_transformer.loading.pretrained`, above the registry.
 ``huggingface_hub`` is imported only inside the functions that use it.
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .io import CONFIG_NAME, FILE_DIGESTS, WEIGHTS_NAME, CheckpointError, atomic_write, file_digest
+from ..io import CONFIG_NAME, FILE_DIGESTS, WEIGHTS_NAME, CheckpointError, atomic_write, file_digest
 
 __all__ = [
     "HUB_PREFIX",
@@ -344,7 +344,10 @@ def push_to_hub(
     from huggingface_hub.errors import OfflineModeIsEnabled
 
     api = HfApi(token=token)
-    fix = "write the files with crate_transformer.pretrained.write_hub_folder(model, folder, repo_id) to upload later"
+    fix = (
+        "write the files with crate_transformer.loading.pretrained.write_hub_folder(model, folder, repo_id) "
+        "to upload later"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_hub_folder(model, tmp, repo_id, metrics=metrics, dataset=dataset, license=license)
         try:

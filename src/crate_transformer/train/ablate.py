@@ -1,6 +1,6 @@
 """The paper's ablations at laptop scale: ``crate ablate TABLE`` (JMLR §4.1 "Ablations", Tables 11-13, 15, 17).
 
-A table is a list of rows; a row is a name, the :class:`~crate_transformer.model.ModelConfig` and
+A table is a list of rows; a row is a name, the :class:`~crate_transformer.models.classifier.ModelConfig` and
 :class:`~crate_transformer.train.TrainConfig` changes that define it (relative to a base recipe), and
 the paper's ImageNet-1K top-1 for that row.  :func:`run_ablation` trains every row of the requested
 tables for several seeds with the one training engine (:func:`crate_transformer.train.train`), each
@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config_utils import POSITIVE
-from .errors import OptionError
-from .io import DamagedFileError, make_folder, read_side_file, write_json
+from ..config_utils import POSITIVE
+from ..errors import OptionError
+from ..io import DamagedFileError, make_folder, read_side_file, write_json
 
 __all__ = ["Row", "Table", "TABLES", "RECIPE", "resolve_tables", "plan", "run_ablation", "write_report"]
 
@@ -187,8 +187,8 @@ def _slug(text: str) -> str:
 
 def _resolve(row: Row, base: Mapping[str, Any]) -> dict[str, Any]:
     """The TrainConfig options of ``row`` on top of ``base`` (recipe + user overrides), validated."""
-    from .registry import model_config
-    from .train import TrainConfig
+    from ..models.registry import model_config
+    from . import TrainConfig
 
     opts = dict(base)
     opts["model_args"] = {**dict(base.get("model_args") or {}), **row.model_args}
@@ -284,7 +284,7 @@ def _check_result(r: dict, where: str) -> None:
 
 def _images_per_s(run_dir: Path) -> float:
     """Median training throughput (images/s) over the run's logged windows, the first (warm-up) dropped."""
-    from .train import read_metrics
+    from . import read_metrics
 
     rates = [r["samples_per_s"] for r in read_metrics(run_dir / "metrics.jsonl") if r.get("split") == "train"]
     rates = [r for r in (rates[1:] if len(rates) > 1 else rates) if isinstance(r, (int, float))]
@@ -293,8 +293,8 @@ def _images_per_s(run_dir: Path) -> float:
 
 def _train_one(run: Run, log_path: Path) -> dict:
     """Train (or continue) one run with the engine; stdout/stderr go to ``log_path``."""
-    from .train import TrainConfig, train
-    from .train.rundir import CHECKPOINT, RunDir
+    from . import TrainConfig, train
+    from .rundir import CHECKPOINT, RunDir
 
     if (run.run_dir / CHECKPOINT).is_file():
         return _logged(log_path, lambda: train(resume=run.run_dir, expect_task="classification"))
@@ -329,7 +329,7 @@ def run_ablation(
     the stored results (rows without results are marked as missing).  ``trainer`` replaces the call
     of the engine (tests).  Returns the paths written (``report``, ``figure:<table>``).
     """
-    from .train.rundir import FolderLock
+    from .rundir import FolderLock
 
     resolved = resolve_tables(tables)
     out = Path(out)
@@ -352,7 +352,7 @@ def _sweep(
     trainer: Callable[[Run, Path], dict] | None,
 ) -> dict[str, Path]:
     """The body of :func:`run_ablation`, run while holding the sweep folder's lock."""
-    from .progress import progress_bar
+    from ..progress import progress_bar
 
     done = read_results(out)
     todo = [r for r in runs if (r.key, r.seed) not in done]
@@ -428,10 +428,10 @@ def _layerwise(run_dir: Path, images: int) -> list[dict] | None:
         return d["layers"]
     if not (run_dir / "model").is_dir():
         return None
-    from .analysis import measure
-    from .analysis._common import dataset_images01, normalize_images
-    from .checkpoint import load_model
-    from .data import load_dataset, match_channels, resolve_normalization, resolve_source
+    from ..analysis import measure
+    from ..analysis._common import dataset_images01, normalize_images
+    from ..data import load_dataset, match_channels, resolve_normalization, resolve_source
+    from ..loading.pipeline import load_model
 
     model = load_model(run_dir)
     c = model.config
@@ -523,7 +523,7 @@ def _layerwise_figure(
     table: Table, stats: Mapping[str, dict[str, Any] | None], out: Path, measure_images: int
 ) -> Path | None:
     """``layerwise-<table>.png`` of the seed-0 models of the rows that were run (None when none was)."""
-    from .analysis.plots import plot_layerwise
+    from ..analysis.plots import plot_layerwise
 
     layerwise = {}
     for row in table.rows:

@@ -37,9 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config import Config
+from ..config_utils import POSITIVE, option
 from .base import POOLS, pool_tokens
-from .config import Config
-from .config_utils import POSITIVE, option
 
 __all__ = [
     "DINOHeadConfig",
@@ -187,7 +187,8 @@ class DINOHead(nn.Module):
 
 
 class DINOModel(nn.Module):
-    """Backbone (an :class:`~crate_transformer.model.ImageClassifier`; its classifier head is frozen and unused)
+    """Backbone (an :class:`~crate_transformer.models.classifier.ImageClassifier`; its classifier head is frozen and
+    unused)
     and :class:`DINOHead` applied to a list of views, views of one size batched together (DINO's
     ``MultiCropWrapper``).  ``config`` is the backbone's, so the engine records the backbone's architecture."""
 
@@ -204,7 +205,7 @@ class DINOModel(nn.Module):
 
     def features(self, x: Tensor) -> Tensor:
         """The backbone feature of each image: class token (JMLR eq. (80)) or a mean of tokens
-        (:func:`~crate_transformer.base.pool_tokens`, the feature ``crate eval --knn --pool`` reads)."""
+        (:func:`~crate_transformer.models.base.pool_tokens`, the feature ``crate eval --knn --pool`` reads)."""
         return pool_tokens(self.backbone.forward_features(x), self.pool)
 
     def no_weight_decay(self) -> set[str]:

@@ -5,7 +5,7 @@ diffusion, eqs. (62)-(64), p.34; :class:`~crate_transformer.layers.DecoderLayer`
 ``L, d, K``.  The computation matches the official ``model/crate_ae/crate_ae.py`` (Ma-Lab-Berkeley/CRATE):
 
 1. patches → linear projection (the official ``PatchEmbed`` conv, here a Linear on the patches in
-   the (p1, p2, c) order of :func:`~crate_transformer.model.patchify`);
+   the (p1, p2, c) order of :func:`~crate_transformer.models.classifier.patchify`);
 2. per-sample random masking (``mask_ratio`` = 0.75 by default: argsort of uniform noise, the
    first ``int(N·(1 − r))`` positions kept) — masked patch tokens are **replaced by a learned mask
    token before the encoder**, so the encoder sees all ``N + 1`` tokens (official; unlike He et al.);
@@ -35,12 +35,13 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from ..config import MASKED_AUTOENCODER, Config
+from ..config_utils import Range, option, override
+from ..layers import LAYER_FORMS, DecoderLayer, EncoderLayer, LayerConfig, drop_path_rates
+from ..loading.official import HEADS_NOT_STORED, OfficialFormat, mae_official_to_native
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .base import Model, Trace
-from .config import MASKED_AUTOENCODER, Config
-from .config_utils import Range, option, override
-from .layers import LAYER_FORMS, DecoderLayer, EncoderLayer, LayerConfig, drop_path_rates
-from .model import (
+from .classifier import (
     ImageClassifier,
     ImageEncoderGeometry,
     ImageInput,
@@ -49,7 +50,6 @@ from .model import (
     patchify,
     unpatchify,
 )
-from .official import HEADS_NOT_STORED, OfficialFormat, mae_official_to_native
 from .spec import IMAGENET_MEAN, IMAGENET_STD, DataSpec
 
 __all__ = [
@@ -72,7 +72,7 @@ class MAEConfig(ImageEncoderGeometry, LayerConfig, Config):
     """Every hyperparameter of a CRATE-MAE; round-trips through ``config.json`` (``arch == "crate_mae"``).
 
     Values are coerced to the declared types (:func:`~crate_transformer.config_utils.coerce_fields`)
-    and validated with one-line errors, as :class:`~crate_transformer.model.ModelConfig`.
+    and validated with one-line errors, as :class:`~crate_transformer.models.classifier.ModelConfig`.
     """
 
     arch: str = option(MAE_ARCH, "the family: crate_mae (checked by validate, which names the classifier's config)")
@@ -199,9 +199,9 @@ class CRATEMAE(ImageInput, Model):
 
     * ``forward(x, mask_ratio=None, noise=None)`` → :class:`MAEOutput` ``(loss, pred, mask)``;
     * ``forward_features(x)`` → the encoder's output ``LN(Z^{L+1})`` ``(b, 1+N, d)`` of the **unmasked**
-      image (after the encoder's final LayerNorm, the :class:`~crate_transformer.base.Model` contract), for
+      image (after the encoder's final LayerNorm, the :class:`~crate_transformer.models.base.Model` contract), for
       probes and analysis; ``forward_head(z)`` → the decoder's predicted patches ``(b, N, p·p·c)``;
-    * ``forward_trace(x)`` → every encoder layer's tokens (:class:`~crate_transformer.base.Trace`);
+    * ``forward_trace(x)`` → every encoder layer's tokens (:class:`~crate_transformer.models.base.Trace`);
     * ``decoder_trace(z)`` → every decoder layer's tokens from encoder output ``z``;
     * ``reconstruct(x)`` → (reconstructed images, mask as an image) for figures.
     """
@@ -391,7 +391,7 @@ def mae_to_classifier(model: CRATEMAE, num_classes: int | None = None, pool: str
     What maps to what (the rest of the MAE — mask token, decoder, ``decoder_pred`` — is dropped):
 
     ============================== =========================================================
-    CRATE-MAE                      classifier (:class:`~crate_transformer.model.CRATE`)
+    CRATE-MAE                      classifier (:class:`~crate_transformer.models.classifier.CRATE`)
     ============================== =========================================================
     ``patch_embed`` (Linear)       ``patch_embed.1`` (``patch_norm=False``: no LayerNorms)
     ``cls_token``                  ``cls_token``

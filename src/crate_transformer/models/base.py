@@ -39,7 +39,7 @@ and implements the forward methods, each with one meaning across families:
 * ``get_classifier()`` / ``reset_classifier(num_classes)`` — the final linear map, and a fresh one (0 classes:
   none, the model returns the pooled features, as timm's ``reset_classifier(0)``);
 * ``num_features``, ``group_matcher()`` and, for image models, ``forward_intermediates()``: timm's backbone
-  names (:mod:`crate_transformer.model`).
+  names (:mod:`crate_transformer.models.classifier`).
 
 Pooling has one vocabulary (:data:`POOLS`, :func:`pool_tokens`) for the classifiers, the probes and DINO.
 """
@@ -55,11 +55,11 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ._hub import push_to_hub
-from .config import Config
-from .io import CheckpointError, save_pretrained
-from .layers import trace_layer
-from .loading.folder import load_folder
+from ..config import Config
+from ..io import CheckpointError, save_pretrained
+from ..layers import trace_layer
+from ..loading.folder import load_folder
+from ..loading.hub import push_to_hub
 
 __all__ = [
     "Model",
@@ -226,7 +226,7 @@ class Model(nn.Module):
     def push_to_hub(self, repo_id: str, **kwargs: Any) -> str:
         """Upload this model (the :meth:`save_pretrained` files and a generated model card) to the Hugging
         Face Hub repository ``repo_id``; ``metrics``, ``dataset``, ``license``, ``private``, ``token``,
-        ``revision``: see :func:`crate_transformer.pretrained.push_to_hub`.  Returns the commit URL."""
+        ``revision``: see :func:`crate_transformer.loading.pretrained.push_to_hub`.  Returns the commit URL."""
         return push_to_hub(self, repo_id, **kwargs)
 
     # ---------------------------------------------------------------- where the weights came from, how to feed them
@@ -242,7 +242,8 @@ class Model(nn.Module):
         self._weights_cfg = dict(value or {})
 
     def data_cfg(self) -> dict[str, Any]:
-        """The preprocessing this model expects (image models: :meth:`~crate_transformer.model.ImageInput.data_cfg`);
+        """The preprocessing this model expects (image models:
+        :meth:`~crate_transformer.models.classifier.ImageInput.data_cfg`);
         none for a model of tokens."""
         return {}
 

@@ -9,7 +9,7 @@ tells this package's own files from the authors' (the layout, not the trainer).
   ``model_type``) and ``model.safetensors``.
 
 The trainer (:mod:`crate_transformer.train.rundir`) writes these files; the loaders
-(:func:`crate_transformer.checkpoint.load_model`, ``from_official``'s refusal of this package's own files) read
+(:func:`crate_transformer.loading.pipeline.load_model`, ``from_official``'s refusal of this package's own files) read
 them through the functions here, so the layout is stated once and sits below both.
 """
 
@@ -20,7 +20,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from .io import CONFIG_NAME, FILE_DIGESTS, WEIGHTS_NAME, read_safetensors_metadata
+from ..io import CONFIG_NAME, FILE_DIGESTS, WEIGHTS_NAME, read_safetensors_metadata
 
 __all__ = [
     "CHECKPOINT",

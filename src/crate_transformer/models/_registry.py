@@ -5,15 +5,16 @@ module fills the tables when it is imported (its :func:`register_arch`, :func:`r
 :func:`register_pretrained` lines sit at the bottom of the module), so a new family is one file plus those
 lines.  Three tables:
 
-* **architectures** — an ``arch`` name (a config's ``arch`` value) → the :class:`~crate_transformer.base.Model`
+* **architectures** — an ``arch`` name (a config's ``arch`` value) → the :class:`~crate_transformer.models.base.Model`
   subclass that builds it (its ``config_class`` parses the config) and the authors' checkpoint format, if any
-  (:class:`~crate_transformer.official.OfficialFormat`, read by ``ct.from_official``);
+  (:class:`~crate_transformer.loading.official.OfficialFormat`, read by ``ct.from_official``);
 * **models** — a name → the config fields that define it (``create_model(name, **overrides)``);
 * **released weights** — a model name → where its authors published the weights (:class:`PretrainedSource`,
   what ``create_model(name, pretrained=True)`` downloads).
 
-The layers above read these tables: :mod:`~crate_transformer.checkpoint` (the loaders by ``arch``),
-:mod:`~crate_transformer.pretrained` (the zoo downloads) and :mod:`~crate_transformer.registry` (the factory,
+The layers above read these tables: :mod:`~crate_transformer.loading.pipeline` (the loaders by ``arch``),
+:mod:`~crate_transformer.loading.pretrained` (the zoo downloads) and :mod:`~crate_transformer.models.registry` (the
+factory,
 ``create_model``, which imports every family so the tables are full).
 """
 
@@ -24,8 +25,8 @@ import fnmatch
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
-from .config import Config
-from .official import OfficialFormat
+from ..config import Config
+from ..loading.official import OfficialFormat
 
 if TYPE_CHECKING:  # annotations only: the tables hold classes, they never need the base module's code
     from .base import Model

@@ -18,13 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config import IMAGE_CLASSIFIER, Config
+from ..config_utils import Range, option
+from ..layers import DIM_HEAD, EncoderLayer, LayerConfig, drop_path_rates
+from ..loading.official import HEADS_NOT_STORED, OfficialFormat, official_to_native
+from ..objectives import autocast_on
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .base import POOLS, Model, Trace, pool_name, pool_tokens, take_indices
-from .config import IMAGE_CLASSIFIER, Config
-from .config_utils import Range, option
-from .layers import DIM_HEAD, EncoderLayer, LayerConfig, drop_path_rates
-from .objectives import autocast_on
-from .official import HEADS_NOT_STORED, OfficialFormat, official_to_native
 from .spec import DEFAULT_NORMALIZATION, IMAGENET_MEAN, IMAGENET_STD, DataSpec, fit_normalization
 
 __all__ = [
@@ -373,7 +373,7 @@ class ImageClassifier(ImageInput, Model):
     """Patch embedding → class token + position embedding → L layers → pool → LayerNorm + Linear.
 
     ``forward(x)`` takes float images ``(b, c, h, w)`` (any size divisible by the patch size; the
-    position embedding is interpolated) and returns logits.  The :class:`~crate_transformer.base.Model`
+    position embedding is interpolated) and returns logits.  The :class:`~crate_transformer.models.base.Model`
     contract: ``forward_features`` returns the last layer's tokens (the official head normalises after
     pooling, so its LayerNorm is part of the head), ``forward_head`` pools and maps them to logits,
     ``forward_trace`` returns every layer's tokens in one pass.

@@ -19,8 +19,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .config import Config
-from .config_utils import Range, option
+from ..config import Config
+from ..config_utils import Range, option
 
 __all__ = [
     "DataSpec",
@@ -202,7 +202,7 @@ def resolve_normalization(config_or_model: Any, dataset: Any = None) -> tuple[li
 
 def resolve_data_config(model: Any, **args: Any) -> dict[str, Any]:
     """timm's ``resolve_data_config(model=model)``: how to turn images into this model's inputs, from its
-    ``pretrained_cfg`` (:meth:`~crate_transformer.model.ImageInput.data_cfg`) with ``args`` (timm's names:
+    ``pretrained_cfg`` (:meth:`~crate_transformer.models.classifier.ImageInput.data_cfg`) with ``args`` (timm's names:
     ``input_size``, ``img_size``, ``interpolation``, ``mean``, ``std``, ``crop_pct``, ``crop_mode``) overriding.
     Returns ``{"input_size": (C, H, W), "interpolation", "mean", "std", "crop_pct", "crop_mode"}``;
     :func:`crate_transformer.data.image_transform` turns it into a transform (aspect-preserving resize, centre
