@@ -364,3 +364,19 @@ def test_crate_segment_eval_command_writes_the_scores_the_function_computes(tmp_
     one_line_error(capsys, *argv, "--layer", 5, match="--layer 5 does not exist: the model has 2 layers")
     one_line_error(capsys, *argv, "--mass", 0, match="mass")
     one_line_error(capsys, "segment-eval", tmp_path / "saved", "--data", tmp_path / "nope.json", match="does not exist")
+
+
+def test_images_are_decoded_as_every_image_path_decodes_them(tmp_path):
+    """A 16-bit greyscale PNG is scored as the picture it shows (data.pixels.picture scales it to 8 bits), not
+    clipped at 255 as PIL's own convert("L") does: the same input as its 8-bit copy."""
+    from PIL import Image
+
+    from crate_transformer.analysis.segment_eval import _load_image
+
+    eight = (np.arange(32 * 32).reshape(32, 32) % 256).astype(np.uint8)
+    Image.fromarray(eight).save(tmp_path / "a8.png")
+    Image.fromarray(eight.astype(np.uint16) * 257).save(tmp_path / "a16.png")  # 0..65535, the same picture
+    assert Image.open(tmp_path / "a16.png").mode.startswith("I")
+    x8, x16 = _load_image(tmp_path / "a8.png", 1, 16), _load_image(tmp_path / "a16.png", 1, 16)
+    assert x8.shape == (1, 1, 16, 16) and torch.equal(x8, x16)
+    assert 0.2 < float(x8.mean()) < 0.8  # neither black nor clipped white

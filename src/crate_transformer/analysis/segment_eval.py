@@ -31,7 +31,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..io import make_folder
+from ..data.memory import to_chw
+from ..data.pixels import picture
+from ..data.transforms import resize_tensor
+from ..io import make_folder, write_json
 from ..models.classifier import ImageClassifier
 from ..models.spec import resolve_normalization
 from ._common import Normalization, model_device, normalize_images
@@ -83,12 +86,14 @@ class Prediction:
 
 
 def _load_image(path: Path, channels: int, resolution: int) -> torch.Tensor:
+    """The image at ``path`` as the model's ``(1, C, r, r)`` input in [0, 1]: decoded as every image path decodes
+    (``data.pixels.picture``: 16-bit and float samples scaled, never clipped), its channels matched as in training,
+    the whole image resized to the square (no crop: the masks are scored on the whole image)."""
     from PIL import Image
 
     with Image.open(path) as im:
-        im = im.convert("L" if channels == 1 else "RGB").resize((resolution, resolution), Image.BICUBIC)
-        x = torch.from_numpy(np.asarray(im, dtype=np.float32) / 255.0)
-    return (x[None] if x.dim() == 2 else x.permute(2, 0, 1))[None]
+        a, _ = picture(im)
+    return resize_tensor(to_chw(a, channels, None)[None], resolution).float() / 255.0
 
 
 def _image_masks(
@@ -162,7 +167,7 @@ def write_results(predictions: Sequence[Prediction], path: str | Path) -> Path:
     """Write the predictions as a COCO results JSON (a list of records, :func:`results_records`); returns the path."""
     path = Path(path)
     make_folder(path.parent)
-    path.write_text(json.dumps(results_records(predictions)))
+    write_json(path, results_records(predictions), indent=None)
     return path
 
 
@@ -278,6 +283,6 @@ def evaluate_segmentation(
     }
     if out is not None:
         folder = make_folder(out)
-        (Path(folder) / f"results_{method}.json").write_text(json.dumps(records))
-        (Path(folder) / f"segment_eval_{method}.json").write_text(json.dumps(report, indent=1))
+        write_json(Path(folder) / f"results_{method}.json", records, indent=None)
+        write_json(Path(folder) / f"segment_eval_{method}.json", report, indent=1)
     return report

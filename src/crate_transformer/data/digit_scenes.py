@@ -14,13 +14,12 @@ category per digit class, masks as uncompressed RLE, boxes ``[x, y, w, h]``), wh
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from ..config_utils import POSITIVE, Range
-from ..io import make_folder
+from ..io import make_folder, write_json
 from .memory import _mnist_arrays
 
 __all__ = ["DIGIT_SCALE", "digit_scene", "write_digit_scenes"]
@@ -128,5 +127,5 @@ def write_digit_scenes(out: str | Path, n: int = 64, size: int = 80, seed: int =
     cats = [{"id": d + 1, "name": str(d), "supercategory": "digit"} for d in range(10)]
     path = Path(out) / "instances.json"
     info = {"description": f"digit scenes: n={n}, size={size}, seed={seed}, max_digits={max_digits}"}
-    path.write_text(json.dumps({"info": info, "images": images, "annotations": anns, "categories": cats}))
+    write_json(path, {"info": info, "images": images, "annotations": anns, "categories": cats}, indent=None)
     return path
