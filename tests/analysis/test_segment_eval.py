@@ -369,8 +369,6 @@ def test_crate_segment_eval_command_writes_the_scores_the_function_computes(tmp_
 def test_images_are_decoded_as_every_image_path_decodes_them(tmp_path):
     """A 16-bit greyscale PNG is scored as the picture it shows (data.pixels.picture scales it to 8 bits), not
     clipped at 255 as PIL's own convert("L") does: the same input as its 8-bit copy."""
-    from PIL import Image
-
     from crate_transformer.analysis.segment_eval import _load_image
 
     eight = (np.arange(32 * 32).reshape(32, 32) % 256).astype(np.uint8)
