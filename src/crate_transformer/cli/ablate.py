@@ -12,7 +12,7 @@ from ..config import Config
 from ..config_utils import NON_NEGATIVE, POSITIVE, option
 from ..train.ablate import RECIPE
 from .common import parse_model_args
-from .messages import Flags, command_flags
+from .messages import Flags, command_flags, flag
 from .options import add_command_options
 
 FLAGS = ("epochs", "data", "model", "threads")  # the training options ablate takes as flags; the rest: --train-args
@@ -81,10 +81,10 @@ def _command(args: argparse.Namespace) -> str:
     parts = ["crate", "ablate", *args.tables, "--seeds", str(args.seeds)]
     for name in FLAGS:
         if getattr(args, name) is not None:
-            parts += [f"--{name}", str(getattr(args, name))]
+            parts += [flag(name), str(getattr(args, name))]
     for name in ("model_args", "train_args"):
         if getattr(args, name):
-            parts += [f"--{name.replace('_', '-')}", *getattr(args, name)]
+            parts += [flag(name), *getattr(args, name)]
     parts += ["--out", args.out]
     return " ".join(shlex.quote(p) for p in parts)
 

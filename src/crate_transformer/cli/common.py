@@ -13,6 +13,7 @@ from typing import Any
 from ..config_utils import load_yaml, option_name, short_repr
 from ..errors import OptionError
 from ..io import make_folder
+from .messages import flag
 
 __all__ = [
     "parse_model_args",
@@ -87,8 +88,7 @@ def refuse_given(args: argparse.Namespace, names: Sequence[str], why: str) -> No
     defaults = getattr(args, "_defaults", {})
     for name in names:
         if name in defaults and getattr(args, name) != defaults[name]:
-            flag = "--" + name.replace("_", "-")
-            raise ValueError(f"{flag} does not apply {why}; drop it")
+            raise ValueError(f"{flag(name)} does not apply {why}; drop it")
 
 
 def check_out_dir(path: str | Path) -> Path:
