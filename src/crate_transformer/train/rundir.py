@@ -21,8 +21,17 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OptionError
-from ..io import atomic_write, load_state, make_folder, save_state
-from ..loading.runfiles import CHECKPOINT, MODEL_DIR, run_model_source, state_model, state_tokenizer
+from ..io import DamagedFileError, atomic_write, check_kind, load_state, make_folder, save_state
+from ..loading.runfiles import (
+    CHECKPOINT,
+    CONFIG_FIX,
+    MODEL_DIR,
+    RUN_FILES,
+    check_run_folder,
+    run_model_source,
+    state_model,
+    state_tokenizer,
+)
 from .trackers import Tracker, failure, open_trackers, read_metrics
 
 __all__ = [
@@ -43,8 +52,6 @@ __all__ = [
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 LOCK_FILE = ".lock"
-# how to recover a damaged config.yaml: the checkpoint holds the options, and a resumed run writes them again
-CONFIG_FIX = "restore it from a backup, or delete it and resume the run, which writes it again from its checkpoint"
 
 
 # Windows locks a byte range, and a locked range cannot be read by other processes; the lock therefore sits
@@ -99,6 +106,7 @@ def load_training_state(path: str | os.PathLike) -> dict:
     :func:`crate_transformer.io.load_state` (the reader ``load_model`` and every command use too)."""
     path = Path(path)
     if path.is_dir():
+        check_run_folder(path)  # by what each file is, before any is read: a FIFO or /dev/zero is named, not read
         if not (path / CHECKPOINT).is_file():
             raise ValueError(f"nothing to resume in {path}: no {CHECKPOINT}; pass the run directory of a crate run")
         path = path / CHECKPOINT
@@ -140,6 +148,7 @@ class FolderLock:
 
     def __init__(self, path: str | os.PathLike, what: str = "run directory") -> None:
         self.path = make_folder(path, what)
+        check_kind(self.path / LOCK_FILE, "file", RUN_FILES[LOCK_FILE].fix, DamagedFileError)
         try:
             fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         except PermissionError:
@@ -236,7 +245,7 @@ class RunDir:
     @classmethod
     def reopen(cls, path: str | os.PathLike) -> RunDir:
         """Lock an existing run directory to continue it."""
-        run = cls(path)
+        run = cls(check_run_folder(path))  # before the lock file is opened: it is one of the files checked
         run._lock()
         return run
 
