@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OptionError
-from ..io import DamagedFileError, atomic_write, check_kind, load_state, make_folder, save_state
+from ..io import (
+    DamagedFileError,
+    atomic_write,
+    check_kind,
+    describe_path,
+    load_state,
+    make_folder,
+    path_kind,
+    save_state,
+)
 from ..loading.runfiles import (
     CHECKPOINT,
     CONFIG_FIX,
@@ -198,9 +207,13 @@ class RunDir:
     @classmethod
     def create(cls, path: str | os.PathLike) -> RunDir:
         """Claim a new run directory: refuse files, non-empty folders (not this run's) and unwritable places."""
+        if os.fspath(path) == "":  # Path("") would be the current folder
+            raise OptionError("out is an empty path; pass a folder for the run", option="out")
         path = Path(path)
-        if path.exists() and not path.is_dir():
-            raise OptionError(f"out={str(path)!r} is a file; pass a directory path for the run")
+        if path_kind(path) not in ("folder", "missing"):  # a file, a broken link, a FIFO, a device
+            raise OptionError(
+                f"run directory {path} {describe_path(path)}, not a folder; pass another out", option="out"
+            )
         if path.is_dir() and any(p.name != LOCK_FILE for p in path.iterdir()):
             if (path / CHECKPOINT).is_file():
                 raise OptionError(
