@@ -414,16 +414,22 @@ def read_labelled_table(
         value = (row.get(label) or "").strip()
         if not value:
             raise ValueError(f"{path}:{line}: empty {label!r}; every row needs a label or score")
-        short = next((c for c in text_columns if row.get(c) is None), None)  # csv gives None for a missing field
-        if short is not None:
-            raise ValueError(
-                f"{path}:{line}: no {short!r} (the row has fewer fields than the header); fill it in or drop the row"
-            )
-        texts.append(tuple(row[c] for c in text_columns))
+        texts.append(_row_texts(row, text_columns, f"{path}:{line}"))
         labels.append((value, line))
     if not texts:
         raise ValueError(f"{path} has a header but no rows")
     return texts, _check_labels(path, label, labels), tuple(text_columns), label
+
+
+def _row_texts(row: dict, columns: Sequence[str], where: str) -> tuple[str, ...]:
+    """The texts of one table row; a field the row lacks (``csv`` gives None: fewer fields than the header) is
+    refused, naming the line and the column — never read as an empty text."""
+    short = next((c for c in columns if row.get(c) is None), None)
+    if short is not None:
+        raise ValueError(
+            f"{where}: no {short!r} (the row has fewer fields than the header); fill it in or drop the row"
+        )
+    return tuple(row[c] for c in columns)
 
 
 def read_labelled(
