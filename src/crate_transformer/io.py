@@ -154,7 +154,7 @@ def path_kind(path: str | os.PathLike) -> str:
 
 def describe_path(path: str | os.PathLike) -> str:
     """What ``path`` is, as the rest of a sentence that names it: ``"is a FIFO (named pipe)"``, ``"is a broken
-    symbolic link (to /gone)"``, ``"is a character device (a symbolic link to /dev/zero)"``."""
+    symbolic link (to /gone, which does not exist)"``, ``"is a character device (a symbolic link to /dev/zero)"``."""
     kind = path_kind(path)
     if kind == "empty path":
         return "is an empty path"
