@@ -25,7 +25,7 @@ from torch import Tensor
 from .._version import __version__
 from ..io import make_folder
 from ..models.classifier import ImageClassifier
-from ._common import Normalization, layer_index
+from ._common import Normalization, finish_partial, layer_index, mark_partial
 from .decoder import is_autoencoder
 from .measure import METRICS
 from .report_html import HTML_SECTIONS, render_html
@@ -73,7 +73,10 @@ def analyze(
     progress: bool = True,
     source: Mapping | None = None,
     section: str | None = None,
-    initial: str | Sequence[Mapping] | None = "fresh",
+    initial: str | None = "fresh",
+    seed: int = 0,
+    seed_words: str | None = None,
+    start: Sequence[Mapping] | None = None,
 ) -> dict:
     """Write the full white-box report for ``model`` into ``out``; returns the ``report.json`` dict.
 
@@ -83,22 +86,29 @@ def analyze(
     segmentation figures (default: the first ``num_vis`` images of the last split).  ``section`` names the
     model in the verdict table (default: "classifier", "ViT classifier" or "CRATE-MAE encoder"; the CLI passes
     "DINO backbone" for a DINO run).  ``report["verdicts"]`` says whether the paper's claims held, each against
-    the same architecture at initialisation: ``initial`` is the run's own step-0 measurement records (per layer,
-    as :func:`~.measure.load_measure_records` reads them from ``metrics.jsonl``), ``"fresh"`` (a seeded freshly
-    initialised model measured on the same images) or None (no reference). The subspace verdict always uses
-    a fresh model for its initial coherence (unless ``initial`` is None).
+    an untrained network of the same architecture, whatever the checkpoint's origin: ``initial="fresh"`` builds it
+    from ``model.config`` with ``seed`` (``seed_words`` says whose seed it is, e.g. "seed 0, the run's seed") and
+    measures it on the same images; None: no reference.  ``start``: a fine-tuned run's own step-0 measurement
+    records (its starting checkpoint, as :func:`~.measure.load_measure_records` reads them from
+    ``metrics.jsonl``), whose drops each layer verdict states beside (labelled as the starting checkpoint).
+    While it runs, the folder holds :data:`~._common.PARTIAL_MARKER`, removed once ``report.html`` is written: a
+    report killed midway is recognisable, and ``crate analyze`` replaces it.
     """
     if not splits:
         raise ValueError("no images to analyse: pass at least one split of images")
+    if initial not in ("fresh", None):
+        raise ValueError(
+            f"initial must be 'fresh' or None, got {initial!r}; pass a fine-tuned run's step-0 records as start="
+        )
     attn_li, seg_li = layer_index(model, attn_layer), layer_index(model, seg_layer)
     t0 = time.perf_counter()
     out, section = make_folder(out, "report folder"), section or default_section(model)  # the target first
+    mark_partial(out)
     ctx = _Context(model, out, splits, normalization, eps, batch_size, section)
-    if isinstance(initial, str) and initial != "fresh":
-        raise ValueError(f"initial must be 'fresh', the run's step-0 measurement records or None, got {initial!r}")
     if initial is not None:
-        ctx.initial = initial_model(model)
-        ctx.initial_records = None if isinstance(initial, str) else [dict(r) for r in initial]
+        ctx.initial = initial_model(model, seed)
+        ctx.initial_words = seed_words or f"seed {seed}"
+    ctx.start_records = [dict(r) for r in start] if start else None
     make_folder(ctx.fig_dir, "figure folder")
     report = _header(model, source, normalization, eps)
     parts = [
@@ -147,4 +157,5 @@ def _finish(report: dict, parts: Sequence[Part], out: Path, t0: float) -> dict:
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     page = {**report, **{k: v for p in parts for k, v in p.page.items()}}
     (out / "report.html").write_text(render_html(page, HTML_SECTIONS))
+    finish_partial(out)
     return report

@@ -78,8 +78,9 @@ class _Context:
     eps: float
     batch_size: int
     section: str
-    initial: ImageClassifier | None = None  # the same architecture, freshly initialised
-    initial_records: Sequence[Mapping] | None = None  # the run's own measurement at step 0
+    initial: ImageClassifier | None = None  # an untrained network of the same architecture: the reference
+    initial_words: str = "seed 0"  # how it was built (its seed), as the verdicts name it
+    start_records: Sequence[Mapping] | None = None  # a fine-tuned run's own measurement at step 0 (its start)
     tables: dict[str, LayerTable] = field(default_factory=dict)
     vis_images: Tensor | None = None
     x: Tensor | None = None
@@ -102,20 +103,24 @@ def default_section(model: ImageClassifier) -> str:
 
 
 def layer_verdicts(
-    tables: Mapping[str, LayerTable], section: str, baselines: Mapping[str, Baseline] | None = None
+    tables: Mapping[str, LayerTable],
+    section: str,
+    baselines: Mapping[str, Baseline] | None = None,
+    start: Baseline | None = None,
 ) -> list[Verdict]:
     """Compression and sparsity verdicts (JMLR Figs. 14-15) for every measured split, each against that split's
-    :class:`~.verdicts.Baseline` (the architecture at initialisation) when given."""
+    :class:`~.verdicts.Baseline` (an untrained network of the same architecture) when given, and with the move
+    from ``start`` (a fine-tuned run's starting checkpoint) stated beside."""
     multi, baselines = len(tables) > 1, baselines or {}
     out = []
     for name, t in tables.items():
-        out += layer_claims(t, f"{section} ({name})" if multi else section, baselines.get(name))
+        out += layer_claims(t, f"{section} ({name})" if multi else section, baselines.get(name), start)
     return out
 
 
 def initial_model(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """The same architecture freshly initialised (seeded; the global RNG is left as it was), in eval mode on the
-    model's device: the step-0 reference of a checkpoint whose own step 0 was not recorded."""
+    """An untrained network of the same architecture (built from ``model.config`` with ``seed``; the global RNG is
+    left as it was), in eval mode on the model's device: the reference of every verdict."""
     from ..models.registry import build
 
     with torch.random.fork_rng(devices=[]):
@@ -124,24 +129,33 @@ def initial_model(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return fresh.to(model_device(model)).eval()
 
 
-INITIAL = "at initialisation"
+INITIAL = "untrained"  # the curves of the untrained network: "test untrained"
+START_CURVE = "starting checkpoint (step 0 of the run)"
 
 
-def _initial_measurements(ctx: _Context, progress: bool) -> tuple[dict[str, Baseline], dict[str, object]]:
-    """Per split: the baseline of the verdicts and what the figures draw (records or tables) for the same
-    architecture at step 0 — the run's recorded step 0 when there is one, else the fresh model on the same images."""
-    if ctx.initial_records:
-        n = ctx.initial_records[0].get("n_samples", "?")
-        base = baseline_from_records(ctx.initial_records, f"the run's own measurement at step 0 ({n} training images)")
-        return {name: base for name in ctx.tables}, {f"{INITIAL} (step 0 of the run)": list(ctx.initial_records)}
-    if ctx.initial is None:
-        return {}, {}
-    baselines, curves = {}, {}
-    for name, imgs in ctx.splits.items():
-        t = _measure_split(ctx, ctx.initial, imgs, f"{name} {INITIAL}", progress)
-        baselines[name] = baseline_from_table(t, f"a freshly initialised model of the same architecture, {name} images")
-        curves[f"{name} {INITIAL}"] = t
-    return baselines, curves
+def untrained_words(seed_words: str, samples: str = "images") -> str:
+    """How the verdicts name their reference: ``an untrained network of the same architecture (seed 0, the run's
+    seed) on the same images``."""
+    return f"an untrained network of the same architecture ({seed_words}) on the same {samples}"
+
+
+def _initial_measurements(
+    ctx: _Context, progress: bool
+) -> tuple[dict[str, Baseline], Baseline | None, dict[str, object]]:
+    """Per split: the reference of the verdicts (an untrained network of the same architecture on the same images),
+    a fine-tuned run's starting checkpoint (its step-0 records) when known, and what the figures draw for both."""
+    baselines, curves, start = {}, {}, None
+    if ctx.initial is not None:
+        for name, imgs in ctx.splits.items():
+            t = _measure_split(ctx, ctx.initial, imgs, f"{name} {INITIAL}", progress)
+            baselines[name] = baseline_from_table(t, untrained_words(ctx.initial_words))
+            curves[f"{name} {INITIAL}"] = t
+    if ctx.start_records:
+        n = ctx.start_records[0].get("n_samples", "?")
+        words = f"the starting checkpoint (step 0 of this fine-tuning run, measured on {n} training images)"
+        start = baseline_from_records(ctx.start_records, words, start=True)
+        curves[START_CURVE] = list(ctx.start_records)
+    return baselines, start, curves
 
 
 def _measure_split(ctx: _Context, model: torch.nn.Module, imgs: Tensor, desc: str, progress: bool) -> LayerTable:
@@ -164,25 +178,24 @@ def _layerwise_section(ctx: _Context, progress: bool) -> Part:
     for name, imgs in ctx.splits.items():
         ctx.tables[name] = _measure_split(ctx, ctx.model, imgs, name, progress)
     tables, fig_dir = ctx.tables, ctx.fig_dir
-    baselines, initial = _initial_measurements(ctx, progress)
-    _plot_layerwise_figures(tables, fig_dir, initial)
+    baselines, start, curves = _initial_measurements(ctx, progress)
+    _plot_layerwise_figures(tables, fig_dir, curves)
     against = (
-        f" Dashed: the same architecture at initialisation ({next(iter(baselines.values())).source}), the reference "
-        "of the verdicts."
+        f" Dashed: the reference of the verdicts, an untrained network of the same architecture "
+        f"({ctx.initial_words}) on the same images."
         if baselines
         else ""
     )
+    if start is not None:
+        against += f" Dashed and labelled '{START_CURVE}': {start.source}, reported beside the verdicts."
     figures = _layerwise_captions(tables, ctx.eps, against)
-    figures += variational_figure(tables, initial, fig_dir, against)
-    return Part(
-        figures,
-        {
-            "measure": {k: t.to_dict(per_sample=True) for k, t in tables.items()},
-            "initialisation": {k: v if isinstance(v, list) else v.to_records() for k, v in initial.items()},
-        },
-        layer_verdicts(tables, ctx.section, baselines),
-        rate_notes(ctx.model, tables),
-    )
+    figures += variational_figure(tables, curves, fig_dir, against)
+    untrained = {k: v.to_records() for k, v in curves.items() if isinstance(v, LayerTable)}
+    json = {"measure": {k: t.to_dict(per_sample=True) for k, t in tables.items()}, "initialisation": untrained}
+    if start is not None:
+        json["starting_checkpoint"] = {"source": start.source, "layers": list(ctx.start_records)}
+    verdicts = layer_verdicts(tables, ctx.section, baselines, start)
+    return Part(figures, json, verdicts, rate_notes(ctx.model, tables))
 
 
 # the report's layer-wise figures: file, metrics, title (None: plot_layerwise's own)
@@ -392,7 +405,9 @@ def _subspace_section(ctx: _Context, directions: int | None) -> Part:
     )
     rows = incoherence(model)
     initial = incoherence(ctx.initial) if ctx.initial is not None else None
-    verdict = incoherence_verdict(rows, ctx.section, initial)
+    verdict = incoherence_verdict(
+        rows, ctx.section, initial, initial_words=f"the untrained network ({ctx.initial_words})"
+    )
     return Part([fig], {"subspaces": rows, "subspaces_initialisation": initial}, [verdict])
 
 

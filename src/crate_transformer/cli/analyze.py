@@ -137,7 +137,10 @@ def _analyze_language_model(model: object, args: argparse.Namespace) -> int:
     held_out = TokenBlocks(tokens, block, cut, len(tokens), str(data), "held-out")
     n = min(args.num_blocks, len(held_out))
     blocks = held_out.get(torch.arange(n))[:, :-1]
-    args.out = report_dir(args.out, report_home(args.checkpoint) / "analysis", args.overwrite, "analyze", ANALYZE_FILES)
+    default = report_home(args.checkpoint) / "analysis"
+    replace_partial(args.out, default)
+    args.out = report_dir(args.out, default, args.overwrite, "analyze", ANALYZE_FILES)
+    ref = run_reference(args.checkpoint)
     source = {
         "data": f"{data}: the held-out last {val_fraction:.0%} of the tokens, {n} blocks of {block}",
         "checkpoint": str(args.checkpoint),
@@ -151,6 +154,8 @@ def _analyze_language_model(model: object, args: argparse.Namespace) -> int:
         attn_layers=(0, layer_number(model, args.attn_layer, "--attn-layer")),
         attn_tokens=min(args.attn_tokens, block),
         source=source,
+        seed=ref.seed,
+        seed_words=ref.seed_words,
     )
     print_layerwise(report["measure"]["held-out text"]["layers"], f" on {n} held-out blocks")
     print_verdicts(report)
@@ -209,30 +214,51 @@ def _dataset_splits(model: object, data: str, image_size: int, args: argparse.Na
     return splits, resolve_normalization(model, train), source
 
 
-def _run_task(checkpoint: str) -> str | None:
-    """The training task recorded in a run directory's config.yaml (e.g. "dino"), or None."""
+def _run_config(checkpoint: str) -> tuple[Path | None, dict]:
+    """The run directory of ``checkpoint`` (the folder itself, or RUN for RUN/checkpoints/last.pt or RUN/model) and
+    its config.yaml as a dict; (None, {}) for a checkpoint outside a run (a zoo name, an official .pth)."""
     from ..io import read_side_file
     from ..train.rundir import CONFIG_FIX
 
     path = Path(checkpoint)
-    cfg = (path if path.is_dir() else path.parent.parent) / "config.yaml"  # RUN or RUN/checkpoints/last.pt
-    if not cfg.is_file():
-        return None
-    return read_side_file(cfg, CONFIG_FIX, form="yaml").get("task")
+    for folder in (path, path.parent, path.parent.parent):
+        if (folder / "config.yaml").is_file():
+            return folder, read_side_file(folder / "config.yaml", CONFIG_FIX, form="yaml") or {}
+    return None, {}
 
 
-def _initial_records(checkpoint: str) -> list[dict] | str:
-    """The run's own per-layer measurement at step 0 (``metrics.jsonl``, written by training's measure hook) when
-    ``checkpoint`` is a run directory or a file inside one, else "fresh" (a freshly initialised model)."""
+def _run_task(checkpoint: str) -> str | None:
+    """The training task recorded in a run directory's config.yaml (e.g. "dino"), or None."""
+    return _run_config(checkpoint)[1].get("task")
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What the verdicts compare with: the seed of the untrained network (and whose seed it is, in words), and a
+    fine-tuned run's starting checkpoint (its step-0 measurement records), None for any other checkpoint."""
+
+    seed: int
+    seed_words: str
+    start: list[dict] | None
+
+
+def run_reference(checkpoint: str) -> Reference:
+    """The reference of ``crate analyze``'s verdicts for ``checkpoint``: an untrained network of the same
+    architecture with the run's seed (config.yaml's ``system.seed``; seed 0, stated so, for a checkpoint outside a
+    run), and, when the run was initialised from a checkpoint (``init_from``: fine-tuning, continued pre-training),
+    that starting checkpoint's step-0 records from ``metrics.jsonl``."""
     from ..analysis import load_measure_records
 
-    path = Path(checkpoint)
-    for folder in (path, path.parent, path.parent.parent):
-        log = folder / "metrics.jsonl"
-        if (folder / "config.yaml").is_file() and log.is_file():
-            records = [r for r in load_measure_records(log) if r.get("step") == 0]
-            return records or "fresh"
-    return "fresh"
+    run, cfg = _run_config(checkpoint)
+    if run is None:
+        return Reference(0, "seed 0; the checkpoint records no training seed", None)
+    seed = (cfg.get("system") or {}).get("seed")
+    words = f"seed {seed}, the run's seed" if isinstance(seed, int) else "seed 0; the run records no seed"
+    start = None
+    log = run / "metrics.jsonl"
+    if cfg.get("init_from") and log.is_file():
+        start = [r for r in load_measure_records(log) if r.get("step") == 0] or None
+    return Reference(seed if isinstance(seed, int) else 0, words, start)
 
 
 def print_layerwise(first: list[dict], where: str = "") -> None:
@@ -248,11 +274,40 @@ def print_layerwise(first: list[dict], where: str = "") -> None:
 
 
 def print_verdicts(report: dict) -> None:
-    """The verdicts (and notes) of a report, one line each, like the theory lab's checks."""
+    """The verdicts, one line each with their figures, the references they compared with, and where the rules are
+    (report.html, one click away), then the notes."""
+    from ..analysis.report_html import verdict_references
     from ..analysis.verdicts import Verdict, format_verdicts
 
     verdicts = [Verdict(**v) for v in report.get("verdicts", [])]
-    print(format_verdicts(verdicts, report.get("notes", ())))
+    print(format_verdicts(verdicts))
+    refs = verdict_references(report.get("verdicts", []))
+    if refs:
+        print("compared with: " + "; ".join(refs))
+    print("the rules and every number: report.html, 'The rules and every number of each verdict'")
+    for note in report.get("notes", ()):
+        print(f"note: {note}")
+
+
+def replace_partial(out: str | None, default: Path) -> None:
+    """A report that ``crate analyze`` was killed while writing (its folder holds the partial marker) is removed,
+    so that a plain rerun writes there again and ``--overwrite`` always works: the named ``--out``, else the
+    default folder and its numbered siblings.  Only what crate analyze writes is removed (and the marker)."""
+    import shutil
+
+    from ..analysis._common import PARTIAL_MARKER, is_partial
+
+    if out is not None:
+        candidates = [Path(out)]
+    else:
+        candidates = [default, *sorted(default.parent.glob(f"{default.name}-[0-9]*"))]
+    for folder in candidates:
+        if not is_partial(folder):
+            continue
+        for pattern in (*ANALYZE_FILES, PARTIAL_MARKER):
+            for p in folder.glob(pattern):
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+        print(f"{folder} held a report that crate analyze did not finish; it is replaced")
 
 
 def _folder_normalization(choice: str, model: object, imgs: object) -> tuple:
@@ -348,8 +403,10 @@ def run_analyze(args: argparse.Namespace) -> int:
     )
     splits, norm, source = (_folder_splits if args.images else _data_splits)(model, args, size)
     source["checkpoint"] = str(args.checkpoint)
-    home = report_home(args.checkpoint)
-    args.out = report_dir(args.out, home / "analysis", args.overwrite, "analyze", ANALYZE_FILES)  # after every check
+    default = report_home(args.checkpoint) / "analysis"
+    replace_partial(args.out, default)
+    args.out = report_dir(args.out, default, args.overwrite, "analyze", ANALYZE_FILES)  # after every check
+    ref = run_reference(args.checkpoint)
     report = analyze(
         model,
         args.out,
@@ -365,7 +422,9 @@ def run_analyze(args: argparse.Namespace) -> int:
         progress=args.progress,
         source=source,
         section="DINO backbone" if _run_task(args.checkpoint) == "dino" else None,
-        initial=_initial_records(args.checkpoint),
+        seed=ref.seed,
+        seed_words=ref.seed_words,
+        start=ref.start,
     )
     out = Path(args.out)
     print_layerwise(next(iter(report["measure"].values()))["layers"])
