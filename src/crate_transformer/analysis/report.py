@@ -42,6 +42,7 @@ from .report_sections import (
     _explorer_section,
     _layerwise_section,
     _pick_vis_images,
+    _segmentation_scores_section,
     _segmentation_section,
     _subspace_section,
     _token_heatmap_section,
@@ -77,6 +78,7 @@ def analyze(
     seed: int = 0,
     seed_words: str | None = None,
     start: Sequence[Mapping] | None = None,
+    ground_truth: object | None = None,
 ) -> dict:
     """Write the full white-box report for ``model`` into ``out``; returns the ``report.json`` dict.
 
@@ -91,6 +93,9 @@ def analyze(
     measures it on the same images; None: no reference.  ``start``: a fine-tuned run's own step-0 measurement
     records (its starting checkpoint, as :func:`~.measure.load_measure_records` reads them from
     ``metrics.jsonl``), whose drops each layer verdict states beside (labelled as the starting checkpoint).
+    ``ground_truth``: COCO ground truth of the images (:func:`~.segment_data.read_coco`): MaskCut's masks (the
+    report's layer, masks and tau) are scored by :func:`~.segment_eval.evaluate_segmentation` into
+    ``report["segmentation_scores"]`` (COCO mask / box AP, CorLoc, Jaccard; predictions under ``segment_eval/``).
     While it runs, the folder holds :data:`~._common.PARTIAL_MARKER`, removed once ``report.html`` is written: a
     report killed midway is recognisable, and ``crate analyze`` replaces it.
     """
@@ -122,6 +127,8 @@ def analyze(
     ]
     if is_autoencoder(model):
         parts.append(_decoder_section(ctx))
+    if ground_truth is not None:
+        parts.append(_segmentation_scores_section(ctx, ground_truth, seg_li, n_masks, tau))
     return _finish(report, parts, ctx.out, t0)
 
 

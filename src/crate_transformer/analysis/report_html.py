@@ -186,11 +186,34 @@ def html_attention_entropy(report: dict) -> str:
     )
 
 
+def html_segmentation_scores(report: dict) -> str:
+    """``--annotations``: MaskCut's COCO mask and box AP / AR and the single-object CorLoc / Jaccard."""
+    scores = report.get("segmentation_scores")
+    if not scores:
+        return ""
+    esc, coco, single = html.escape, scores["coco"], scores["single_object"]
+    stats = list(coco["segm"])
+    head = "".join(f"<th>{esc(k)}</th>" for k in stats)
+    rows = "".join(
+        f"<tr><td class='l'>{kind}</td>" + "".join(f"<td>{coco[kind][k]:.3f}</td>" for k in stats) + "</tr>"
+        for kind in ("segm", "bbox")
+    )
+    return (
+        f"<h2>Segmentation against the ground truth (MaskCut, layer {scores['layer']})</h2>"
+        f"<p>{esc(scores['annotations'])}: {scores['images']} images ({scores['unannotated']} without annotations), "
+        f"{scores['predictions']} predicted masks, class-agnostic; COCO metrics by pycocotools. Single object "
+        f"(TokenCut / DINO protocol, {single['images']} images): CorLoc {single['corloc']:.3f}, Jaccard "
+        f"{single['jaccard']:.3f}. Predictions in COCO results format: segment_eval/results_maskcut.json.</p>"
+        f"<table><tr><th>IoU type</th>{head}</tr>{rows}</table>"
+    )
+
+
 # the page of an image model, in order; a new section is one more function here
 HTML_SECTIONS: list[HtmlSection] = [
     html_verdicts,
     html_info,
     html_layer_tables,
+    html_segmentation_scores,
     html_explorer,
     html_figures,
     html_subspaces,

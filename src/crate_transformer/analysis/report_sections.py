@@ -460,3 +460,21 @@ def _decoder_section(ctx: _Context) -> Part:
     )
     inv = {"images": f"{xs.shape[0]} {name} images (unmasked)", "layers": rows}
     return Part([fig], {"decoder_inversion": inv}, [decoder_verdict(cka_out, cka_in)])
+
+
+def _segmentation_scores_section(ctx: _Context, data: object, seg_li: int, n_masks: int, tau: float | None) -> Part:
+    """``crate analyze --annotations``: MaskCut's masks of every annotated image scored against the ground truth
+    (:func:`~.segment_eval.evaluate_segmentation`: COCO mask / box AP through pycocotools, CorLoc and Jaccard)."""
+    from .segment_eval import evaluate_segmentation
+
+    scores = evaluate_segmentation(
+        ctx.model,
+        data,
+        "maskcut",
+        out=ctx.out / "segment_eval",
+        layer=seg_li,
+        n_masks=n_masks,
+        tau=tau,
+        normalization=ctx.normalization,
+    )
+    return Part(json={"segmentation_scores": {**scores, "layer": seg_li + 1, "tau": tau, "n_masks": n_masks}})

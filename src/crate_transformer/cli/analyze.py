@@ -25,6 +25,7 @@ from .train import OUT_HELP, OVERWRITE_HELP, EvalOptions
 # options of one kind of model only: given for the other kind they are refused, not ignored
 IMAGE_ONLY = (
     "images",
+    "annotations",
     "num_images",
     "num_vis",
     "image_size",
@@ -38,7 +39,7 @@ IMAGE_ONLY = (
 )
 TEXT_ONLY = ("num_blocks", "attn_tokens")
 # what crate analyze writes (image models: figures/, masks/; language models: PNGs beside report.json)
-ANALYZE_FILES = ("report.json", "report.html", "figures", "masks", "*.png")
+ANALYZE_FILES = ("report.json", "report.html", "figures", "masks", "segment_eval", "*.png")
 
 
 NORMALIZE_CHOICES = ("auto", "imagenet", "folder", "none")
@@ -70,6 +71,14 @@ class AnalyzeOptions(Config):
         basic=True, group=REPORT
     )  # fmt: skip
     overwrite: bool = option(False, OVERWRITE_HELP, group=REPORT)
+    annotations: str | None = option(
+        None,
+        "`images`: a COCO instances JSON of those images (matched by file name): the report adds the MaskCut masks' "
+        "COCO mask / box AP and CorLoc / Jaccard (analysis.segment_eval) and the explorer draws the ground truth",
+        metavar="FILE",
+        path=True,
+        group=MEASURED,
+    )
     num_images: int = option(
         256, "images measured per split (seeded subset)", range=POSITIVE, basic=True, group=MEASURED
     )
@@ -108,6 +117,8 @@ class AnalyzeOptions(Config):
     def validate(self) -> None:
         if self.images is not None and self.data is not None:
             raise ValueError("--images and --data both name what to measure; pass one")
+        if self.annotations is not None and self.images is None:
+            raise ValueError("--annotations scores the images of --images DIR; pass the folder its file names are in")
 
 
 def configure_analyze(parser: argparse.ArgumentParser) -> None:
@@ -380,6 +391,17 @@ def _data_splits(model: object, args: argparse.Namespace, size: int) -> tuple:
     return splits, norm, source
 
 
+def print_segmentation_scores(report: dict, annotations: str) -> None:
+    """The headline numbers of ``--annotations``: COCO mask AP / AP50 and the single-object CorLoc / Jaccard."""
+    scores = report["segmentation_scores"]
+    segm, single = scores["coco"]["segm"], scores["single_object"]
+    print(
+        f"segmentation against {annotations} ({scores['images']} images, {scores['unannotated']} without "
+        f"annotations): mask AP {segm['AP']:.3f}, AP50 {segm['AP50']:.3f}, CorLoc {single['corloc']:.3f}, "
+        f"Jaccard {single['jaccard']:.3f} (MaskCut, layer {scores['layer']})"
+    )
+
+
 def run_analyze(args: argparse.Namespace) -> int:
     from ..analysis import analyze
     from ..config import LANGUAGE_MODEL
@@ -402,6 +424,11 @@ def run_analyze(args: argparse.Namespace) -> int:
         layer_number(model, args.seg_layer, "--seg-layer"),
     )
     splits, norm, source = (_folder_splits if args.images else _data_splits)(model, args, size)
+    ground_truth = None
+    if args.annotations:  # read and checked before any work
+        from ..analysis.segment_data import read_coco
+
+        ground_truth = read_coco(args.annotations, args.images)
     source["checkpoint"] = str(args.checkpoint)
     default = report_home(args.checkpoint) / "analysis"
     replace_partial(args.out, default)
@@ -425,8 +452,11 @@ def run_analyze(args: argparse.Namespace) -> int:
         seed=ref.seed,
         seed_words=ref.seed_words,
         start=ref.start,
+        ground_truth=ground_truth,
     )
     out = Path(args.out)
+    if ground_truth is not None:
+        print_segmentation_scores(report, args.annotations)
     print_layerwise(next(iter(report["measure"].values()))["layers"])
     print_verdicts(report)
     print(f"wrote {out / 'report.html'} and {out / 'report.json'} ({report['wall_time_s']} s)")
