@@ -4,6 +4,7 @@ against float64 formulas written here, and `crate analyze` writing and printing 
 import html
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -102,6 +103,10 @@ def test_compression_holds_when_rc_falls_and_fails_when_it_rises_or_stays():
     assert rising.verdict == FAILS and "rises" in rising.explanation and "opposite" in rising.explanation
     flat = compression_verdict(rc_table([8, 8, 8], seed=3)[0], "classifier")
     assert flat.verdict == FAILS and "within the noise" in flat.explanation
+    # a change is a drop or a rise in words, never a signed number
+    assert f"rise {-rising.measured['drop']:.3g} ± " in rising.summary and "decompresses" in rising.summary
+    for v in (rising, flat):
+        assert not re.search(r"(drop|rise)( of)? -", v.summary + v.explanation)
     assert abs(flat.measured["drop"]) <= flat.measured["noise"]
 
 

@@ -248,6 +248,11 @@ def _versus(by: str, drop: float, ref: tuple[float, float], noise: float) -> tup
     return f"{by} {verb} the drop by {abs(delta):.3g}, {where} the joint noise {joint:.2g}", delta, joint
 
 
+def _change(drop: float, of: str = "") -> str:
+    """``"drop 0.12"`` or ``"rise 0.0067"``: a first-to-last change in words, never a signed number."""
+    return f"drop{of} {drop:.3g}" if drop >= 0 else f"rise{of} {-drop:.3g}"
+
+
 def _span(per_layer: Sequence[float]) -> str:
     return f"{per_layer[0]:.4g} -> {per_layer[-1]:.4g}"
 
@@ -261,7 +266,7 @@ def _compared(base: Baseline, metric: str, drop: float, noise: float, words: Wor
     if base.kind == UNTRAINED and ref[0] > ref[1]:  # the claim's direction without any training
         trend = f"already {trend}"
     sentence = (
-        f"{'Reference,' if base.kind == UNTRAINED else 'From'} {base.source}: {_span(layers)} (drop {ref[0]:.3g}, "
+        f"{'Reference,' if base.kind == UNTRAINED else 'From'} {base.source}: {_span(layers)} ({_change(ref[0])}, "
         f"noise {ref[1]:.2g}): {base.label} {trend}; {text}"
     )
     short = "untrained" if base.kind == UNTRAINED else "starting checkpoint"
@@ -298,8 +303,8 @@ def _drop_verdict(
     elif -drop > noise:
         why = f"{name} rises {span} from layer 1 to {L} (by {-drop:.3g}, noise {noise:.3g}): the opposite of the claim"
     else:
-        why = f"{name} changes {span} from layer 1 to {L}: a drop of {drop:.3g}, within the noise {noise:.3g}"
-    summary = f"{words.short} {span} ({_trend(words, drop, noise)}; drop {drop:.3g} ± {noise:.2g})"
+        why = f"{name} changes {span} from layer 1 to {L}: a {_change(drop, ' of')}, within the noise {noise:.3g}"
+    summary = f"{words.short} {span} ({_trend(words, drop, noise)}; {_change(drop)} ± {noise:.2g})"
     if rises and len(rises) < values.shape[1] - 1:  # some steps up, some down (all up: said above)
         steps = ", ".join(f"{j} -> {j + 1} (+{r:.3g}, noise {n:.2g})" for j, r, n in rises)
         why += f"; not monotone: it rises from layer {steps}"
