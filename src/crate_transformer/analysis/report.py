@@ -79,6 +79,7 @@ def analyze(
     seed_words: str | None = None,
     start: Sequence[Mapping] | None = None,
     ground_truth: object | None = None,
+    truth: Tensor | None = None,
 ) -> dict:
     """Write the full white-box report for ``model`` into ``out``; returns the ``report.json`` dict.
 
@@ -96,6 +97,8 @@ def analyze(
     ``ground_truth``: COCO ground truth of the images (:func:`~.segment_data.read_coco`): MaskCut's masks (the
     report's layer, masks and tau) are scored by :func:`~.segment_eval.evaluate_segmentation` into
     ``report["segmentation_scores"]`` (COCO mask / box AP, CorLoc, Jaccard; predictions under ``segment_eval/``).
+    ``truth``: ground-truth instance labels ``(N, H, W)`` of the last split's images
+    (:func:`~.segment_data.truth_labels`), whose outlines the explorer draws beside the predicted masks.
     While it runs, the folder holds :data:`~._common.PARTIAL_MARKER`, removed once ``report.html`` is written: a
     report killed midway is recognisable, and ``crate analyze`` replaces it.
     """
@@ -114,6 +117,7 @@ def analyze(
         ctx.initial = initial_model(model, seed)
         ctx.initial_words = seed_words or f"seed {seed}"
     ctx.start_records = [dict(r) for r in start] if start else None
+    ctx.truth = truth
     make_folder(ctx.fig_dir, "figure folder")
     report = _header(model, source, normalization, eps)
     parts = [

@@ -81,6 +81,8 @@ class _Context:
     initial: ImageClassifier | None = None  # an untrained network of the same architecture: the reference
     initial_words: str = "seed 0"  # how it was built (its seed), as the verdicts name it
     start_records: Sequence[Mapping] | None = None  # a fine-tuned run's own measurement at step 0 (its start)
+    truth: Tensor | None = None  # ground-truth labels (N, H, W) of the last split's images, for the explorer
+    vis_truth: Tensor | None = None  # those of the shown images
     tables: dict[str, LayerTable] = field(default_factory=dict)
     vis_images: Tensor | None = None
     x: Tensor | None = None
@@ -279,6 +281,8 @@ def _pick_vis_images(ctx: _Context, vis_images: Tensor | None, num_vis: int) -> 
         last = list(ctx.splits.values())[-1]
         n_last = last.shape[0] if isinstance(last, Tensor) else len(last)
         idx = np.unique(np.linspace(0, n_last - 1, min(num_vis, n_last)).round().astype(int)).tolist()
+        if ctx.truth is not None:
+            ctx.vis_truth = ctx.truth[idx][:num_vis]
         if isinstance(last, Tensor):
             vis_images = last[idx]
         else:  # a dataset: grey/RGB converted to the model's channels, as measure() does
@@ -382,9 +386,12 @@ def _segmentation_section(ctx: _Context, seg_li: int, n_masks: int, tau: float |
 
 def _explorer_section(ctx: _Context, n_masks: int, tau: float | None) -> Part:
     """The interactive explorer of the shown images (:mod:`.explorer`): every layer's attention per head, PCA
-    colours and MaskCut masks; its data goes into report.html only, report.json lists the layers it holds."""
-    payload = image_payload(ctx.model, ctx.vis_images, ctx.normalization, n_masks=n_masks, tau=tau)
+    colours and MaskCut masks (with the ground truth's outline when the report has annotations); its data goes into
+    report.html only, report.json lists the layers it holds."""
+    payload = image_payload(ctx.model, ctx.vis_images, ctx.normalization, n_masks=n_masks, tau=tau, truth=ctx.vis_truth)
     summary = {"layers": payload["layers"], "images": len(payload["images"])}
+    if "truth" in payload:
+        summary["ground_truth"] = True
     return Part(json={"explorer": summary}, page={"explorer_payload": payload})
 
 

@@ -372,7 +372,9 @@ def _folder_splits(model: object, args: argparse.Namespace, size: int) -> tuple:
     norm, norm_src = _folder_normalization(args.normalize, model, imgs)
     resize = f"shorter side to {round(size / crop)} px ({cfg['interpolation']}), centre crop {size}"
     data = f"{args.images} ({len(files)} images; {resize})"
-    return {"images": imgs}, norm, {"data": data, "normalization_source": norm_src}
+    source = {"data": data, "normalization_source": norm_src, "crop_pct": crop}
+    root = Path(args.images).expanduser()
+    return {"images": imgs}, norm, {**source, "files": [str(Path(f).relative_to(root)) for f in files]}
 
 
 def _data_splits(model: object, args: argparse.Namespace, size: int) -> tuple:
@@ -424,11 +426,13 @@ def run_analyze(args: argparse.Namespace) -> int:
         layer_number(model, args.seg_layer, "--seg-layer"),
     )
     splits, norm, source = (_folder_splits if args.images else _data_splits)(model, args, size)
-    ground_truth = None
+    ground_truth = truth = None
     if args.annotations:  # read and checked before any work
-        from ..analysis.segment_data import read_coco
+        from ..analysis.segment_data import read_coco, truth_labels
 
         ground_truth = read_coco(args.annotations, args.images)
+        files = [Path(args.images).expanduser() / f for f in source["files"]]
+        truth = truth_labels(ground_truth, files, size, source["crop_pct"])
     source["checkpoint"] = str(args.checkpoint)
     default = report_home(args.checkpoint) / "analysis"
     replace_partial(args.out, default)
@@ -453,6 +457,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         seed_words=ref.seed_words,
         start=ref.start,
         ground_truth=ground_truth,
+        truth=truth,
     )
     out = Path(args.out)
     if ground_truth is not None:
