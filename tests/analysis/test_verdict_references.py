@@ -113,6 +113,14 @@ def test_a_finetuned_run_compares_with_untrained_and_states_the_move_from_its_st
         # the untrained network decides; the start is a second, labelled comparison
         assert v["measured"]["initialisation"]["source"].startswith("an untrained network")
     assert "step 0 of this fine-tuning run" in report["figures"]["layerwise.png"]["caption"]
+    # the incoherence claim: the starting checkpoint's coherence (the scratch run's model, read here) beside
+    coh = next(v for v in report["verdicts"] if v["name"] == "incoherence")
+    start_rows = analysis.incoherence(load_model(str(runs / "scratch")))
+    want = [r["mean_cross_coherence"] for r in start_rows]
+    assert coh["measured"]["starting_checkpoint"]["per_layer"] == pytest.approx(want, rel=1e-9)
+    assert re.search(
+        r"starting checkpoint [0-9., ]+ \(fine-tuning (raised|lowered) the mean coherence by", coh["summary"]
+    )
 
 
 def test_an_mae_run_and_an_official_file_compare_with_an_untrained_network(runs, tmp_path, capsys):

@@ -80,6 +80,7 @@ def analyze(
     start: Sequence[Mapping] | None = None,
     ground_truth: object | None = None,
     truth: Tensor | None = None,
+    start_model: torch.nn.Module | None = None,
 ) -> dict:
     """Write the full white-box report for ``model`` into ``out``; returns the ``report.json`` dict.
 
@@ -93,7 +94,8 @@ def analyze(
     from ``model.config`` with ``seed`` (``seed_words`` says whose seed it is, e.g. "seed 0, the run's seed") and
     measures it on the same images; None: no reference.  ``start``: a fine-tuned run's own step-0 measurement
     records (its starting checkpoint, as :func:`~.measure.load_measure_records` reads them from
-    ``metrics.jsonl``), whose drops each layer verdict states beside (labelled as the starting checkpoint).
+    ``metrics.jsonl``), whose drops each layer verdict states beside (labelled as the starting checkpoint);
+    ``start_model``: that checkpoint itself, whose subspace coherence the incoherence verdict states beside.
     ``ground_truth``: COCO ground truth of the images (:func:`~.segment_data.read_coco`): MaskCut's masks (the
     report's layer, masks and tau) are scored by :func:`~.segment_eval.evaluate_segmentation` into
     ``report["segmentation_scores"]`` (COCO mask / box AP, CorLoc, Jaccard; predictions under ``segment_eval/``).
@@ -117,7 +119,7 @@ def analyze(
         ctx.initial = initial_model(model, seed)
         ctx.initial_words = seed_words or f"seed {seed}"
     ctx.start_records = [dict(r) for r in start] if start else None
-    ctx.truth = truth
+    ctx.truth, ctx.start_model = truth, start_model
     make_folder(ctx.fig_dir, "figure folder")
     report = _header(model, source, normalization, eps)
     parts = [

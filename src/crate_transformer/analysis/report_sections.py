@@ -81,6 +81,7 @@ class _Context:
     initial: ImageClassifier | None = None  # an untrained network of the same architecture: the reference
     initial_words: str = "seed 0"  # how it was built (its seed), as the verdicts name it
     start_records: Sequence[Mapping] | None = None  # a fine-tuned run's own measurement at step 0 (its start)
+    start_model: torch.nn.Module | None = None  # a fine-tuned run's starting checkpoint, when it still loads
     truth: Tensor | None = None  # ground-truth labels (N, H, W) of the last split's images, for the explorer
     vis_truth: Tensor | None = None  # those of the shown images
     tables: dict[str, LayerTable] = field(default_factory=dict)
@@ -412,9 +413,11 @@ def _subspace_section(ctx: _Context, directions: int | None) -> Part:
     )
     rows = incoherence(model)
     initial = incoherence(ctx.initial) if ctx.initial is not None else None
-    verdict = incoherence_verdict(
-        rows, ctx.section, initial, initial_words=f"the untrained network ({ctx.initial_words})"
-    )
+    start = None
+    if ctx.start_model is not None:
+        start = ("the starting checkpoint (the one this run was fine-tuned from)", incoherence(ctx.start_model))
+    words = f"the untrained network ({ctx.initial_words})"
+    verdict = incoherence_verdict(rows, ctx.section, initial, initial_words=words, start=start)
     return Part([fig], {"subspaces": rows, "subspaces_initialisation": initial}, [verdict])
 
 

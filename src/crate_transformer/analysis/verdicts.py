@@ -412,11 +412,13 @@ def incoherence_verdict(
     initial: Sequence[dict] | None = None,
     draws: int = RANDOM_DRAWS,
     initial_words: str = "the untrained network",
+    start: tuple[str, Sequence[dict]] | None = None,
 ) -> Verdict:
     """Incoherence (Fig. 17): at every layer the mean cross-head block coherence (rows of
     :func:`~crate_transformer.analysis.subspaces.incoherence`) is below that of random subspaces of the same
     sizes by more than twice its spread over ``draws`` seeded draws (the reference).  ``initial``: the same rows for
-    an untrained network of the same architecture (``initial_words`` names it), stated beside it."""
+    an untrained network of the same architecture (``initial_words`` names it), stated beside it; ``start``: (words,
+    rows) of a fine-tuned run's starting checkpoint, stated beside too."""
     rule = (
         "holds if at every layer the mean block coherence ||Q_i^T Q_j||_F/sqrt(p) between different heads is below "
         f"the mean for random subspaces of the same sizes by more than 2 x its std over {draws} seeded draws; "
@@ -445,6 +447,14 @@ def incoherence_verdict(
         init = ", ".join(f"{r['mean_cross_coherence']:.3f}" for r in initial)
         why += f"; {initial_words} {init}"
         summary += f", untrained {init}"
+    if start:
+        words, rows0 = start
+        begin = ", ".join(f"{r['mean_cross_coherence']:.3f}" for r in rows0)
+        measured["starting_checkpoint"] = {"source": words, "per_layer": [r["mean_cross_coherence"] for r in rows0]}
+        moved = np.mean([r["mean_cross_coherence"] for r in rows]) - np.mean([r["mean_cross_coherence"] for r in rows0])
+        how = f"fine-tuning {'raised' if moved > 0 else 'lowered'} the mean coherence by {abs(moved):.3g}"
+        why += f"; {words} {begin} ({how})"
+        summary += f", starting checkpoint {begin} ({how})"
     if not coherent:
         tail = ": below chance at every layer"
         return Verdict(

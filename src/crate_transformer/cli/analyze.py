@@ -251,6 +251,7 @@ class Reference:
     seed: int
     seed_words: str
     start: list[dict] | None
+    start_checkpoint: str | None = None
 
 
 def run_reference(checkpoint: str) -> Reference:
@@ -265,11 +266,27 @@ def run_reference(checkpoint: str) -> Reference:
         return Reference(0, "seed 0; the checkpoint records no training seed", None)
     seed = (cfg.get("system") or {}).get("seed")
     words = f"seed {seed}, the run's seed" if isinstance(seed, int) else "seed 0; the run records no seed"
-    start = None
+    start, init_from = None, cfg.get("init_from")
     log = run / "metrics.jsonl"
-    if cfg.get("init_from") and log.is_file():
+    if init_from and log.is_file():
         start = [r for r in load_measure_records(log) if r.get("step") == 0] or None
-    return Reference(seed if isinstance(seed, int) else 0, words, start)
+    return Reference(seed if isinstance(seed, int) else 0, words, start, init_from or None)
+
+
+def starting_model(ref: Reference, model: object) -> object | None:
+    """A fine-tuned run's starting checkpoint (config.yaml's ``init_from``) loaded as a model with the same layer
+    shapes as ``model``, for the incoherence verdict; None when it is gone, unreadable or of another architecture
+    (the report then states the layer claims' move from the run's step-0 records only)."""
+    from ..loading.pipeline import load_model
+
+    if not ref.start_checkpoint or not Path(ref.start_checkpoint).exists():
+        return None
+    try:
+        start = load_model(ref.start_checkpoint, as_classifier=True).eval()
+    except (ValueError, OSError, KeyError, TypeError):
+        return None
+    same = len(start.layers) == len(model.layers) and start.config.dim == model.config.dim
+    return start.to(next(model.parameters()).device) if same else None
 
 
 def print_layerwise(first: list[dict], where: str = "") -> None:
@@ -458,6 +475,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         start=ref.start,
         ground_truth=ground_truth,
         truth=truth,
+        start_model=starting_model(ref, model),
     )
     out = Path(args.out)
     if ground_truth is not None:
