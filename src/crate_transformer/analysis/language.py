@@ -158,7 +158,6 @@ def analyze_text(
     first ``explorer_texts`` blocks (hover a token to see its attention, :mod:`.explorer`).  The verdicts' reference:
     an untrained network of the same architecture built with ``seed`` (``seed_words`` says whose) on the same blocks;
     the folder holds :data:`~._common.PARTIAL_MARKER` until ``report.html`` is written."""
-    from ._common import layer_index
     from .report_sections import INITIAL, rate_notes, variational_figure
     from .verdicts import layer_claims
 
@@ -173,13 +172,7 @@ def analyze_text(
     )  # fmt: skip
     extra = variational_figure({"held-out text": table}, {f"held-out text {INITIAL}": initial}, out)
     ids = blocks[0, :attn_tokens]
-    tokens = _token_strings(model, ids)
-    attn = []
-    for layer in dict.fromkeys(attn_layers):
-        ell = layer_index(model, layer) + 1
-        path = out / f"attention_layer{ell}.png"
-        plot_token_attention(token_attention(model, ids, layer), tokens, path, title=f"layer {ell} attention")
-        attn.append((path.name, ell))
+    attn = _attention_figures(model, ids, attn_layers, out)
     c = model.config
     shown = blocks[:explorer_texts, :attn_tokens]
     explorer = text_payload(model, shown, [_token_strings(model, b) for b in shown])
@@ -201,6 +194,19 @@ def analyze_text(
     (out / "report.html").write_text(lm_html(report, explorer))
     finish_partial(out)
     return report
+
+
+def _attention_figures(model: torch.nn.Module, ids: Tensor, layers: Sequence[int], out: Path) -> list[tuple[str, int]]:
+    """``attention_layer{ℓ}.png`` of the tokens ``ids`` for each distinct layer of ``layers``: (file, ℓ) each."""
+    from ._common import layer_index
+
+    tokens, attn = _token_strings(model, ids), []
+    for layer in dict.fromkeys(layers):
+        ell = layer_index(model, layer) + 1
+        path = out / f"attention_layer{ell}.png"
+        plot_token_attention(token_attention(model, ids, layer), tokens, path, title=f"layer {ell} attention")
+        attn.append((path.name, ell))
+    return attn
 
 
 def _initial_text(

@@ -36,6 +36,7 @@ from .report_sections import INITIAL as INITIAL
 from .report_sections import Figure3 as Figure3
 from .report_sections import (
     Part,
+    Reference,
     _attention_section,
     _Context,
     _decoder_section,
@@ -53,7 +54,7 @@ from .report_sections import layer_verdicts as layer_verdicts
 from .report_sections import rate_notes as rate_notes
 from .report_sections import variational_figure as variational_figure
 
-__all__ = ["analyze", "Part", "HTML_SECTIONS"]
+__all__ = ["analyze", "Part", "HTML_SECTIONS", "Reference"]
 
 
 def analyze(
@@ -75,12 +76,9 @@ def analyze(
     source: Mapping | None = None,
     section: str | None = None,
     initial: str | None = "fresh",
-    seed: int = 0,
-    seed_words: str | None = None,
-    start: Sequence[Mapping] | None = None,
+    reference: Reference | None = None,
     ground_truth: object | None = None,
     truth: Tensor | None = None,
-    start_model: torch.nn.Module | None = None,
 ) -> dict:
     """Write the full white-box report for ``model`` into ``out``; returns the ``report.json`` dict.
 
@@ -90,37 +88,17 @@ def analyze(
     segmentation figures (default: the first ``num_vis`` images of the last split).  ``section`` names the
     model in the verdict table (default: "classifier", "ViT classifier" or "CRATE-MAE encoder"; the CLI passes
     "DINO backbone" for a DINO run).  ``report["verdicts"]`` says whether the paper's claims held, each against
-    an untrained network of the same architecture, whatever the checkpoint's origin: ``initial="fresh"`` builds it
-    from ``model.config`` with ``seed`` (``seed_words`` says whose seed it is, e.g. "seed 0, the run's seed") and
-    measures it on the same images; None: no reference.  ``start``: a fine-tuned run's own step-0 measurement
-    records (its starting checkpoint, as :func:`~.measure.load_measure_records` reads them from
-    ``metrics.jsonl``), whose drops each layer verdict states beside (labelled as the starting checkpoint);
-    ``start_model``: that checkpoint itself, whose subspace coherence the incoherence verdict states beside.
-    ``ground_truth``: COCO ground truth of the images (:func:`~.segment_data.read_coco`): MaskCut's masks (the
-    report's layer, masks and tau) are scored by :func:`~.segment_eval.evaluate_segmentation` into
-    ``report["segmentation_scores"]`` (COCO mask / box AP, CorLoc, Jaccard; predictions under ``segment_eval/``).
-    ``truth``: ground-truth instance labels ``(N, H, W)`` of the last split's images
-    (:func:`~.segment_data.truth_labels`), whose outlines the explorer draws beside the predicted masks.
-    While it runs, the folder holds :data:`~._common.PARTIAL_MARKER`, removed once ``report.html`` is written: a
-    report killed midway is recognisable, and ``crate analyze`` replaces it.
+    an untrained network of the same architecture, whatever the checkpoint's origin (``initial="fresh"``; None:
+    no reference), built with ``reference.seed`` (a :class:`~.report_sections.Reference`, which also carries a
+    fine-tuned run's starting checkpoint, stated beside).  ``ground_truth`` (:func:`~.segment_data.read_coco`):
+    MaskCut's masks scored by :func:`~.segment_eval.evaluate_segmentation` into ``report["segmentation_scores"]``;
+    ``truth``: instance labels ``(N, H, W)`` of the last split's images (:func:`~.segment_data.truth_labels`),
+    outlined in the explorer.  Until ``report.html`` is written the folder holds :data:`~._common.PARTIAL_MARKER`.
     """
-    if not splits:
-        raise ValueError("no images to analyse: pass at least one split of images")
-    if initial not in ("fresh", None):
-        raise ValueError(
-            f"initial must be 'fresh' or None, got {initial!r}; pass a fine-tuned run's step-0 records as start="
-        )
     attn_li, seg_li = layer_index(model, attn_layer), layer_index(model, seg_layer)
     t0 = time.perf_counter()
-    out, section = make_folder(out, "report folder"), section or default_section(model)  # the target first
-    mark_partial(out)
-    ctx = _Context(model, out, splits, normalization, eps, batch_size, section)
-    if initial is not None:
-        ctx.initial = initial_model(model, seed)
-        ctx.initial_words = seed_words or f"seed {seed}"
-    ctx.start_records = [dict(r) for r in start] if start else None
-    ctx.truth, ctx.start_model = truth, start_model
-    make_folder(ctx.fig_dir, "figure folder")
+    ctx = _context(model, out, splits, (normalization, eps, batch_size), section, initial, reference or Reference())
+    ctx.truth = truth
     report = _header(model, source, normalization, eps)
     parts = [
         _layerwise_section(ctx, progress),
@@ -136,6 +114,36 @@ def analyze(
     if ground_truth is not None:
         parts.append(_segmentation_scores_section(ctx, ground_truth, seg_li, n_masks, tau))
     return _finish(report, parts, ctx.out, t0)
+
+
+def _context(
+    model: ImageClassifier,
+    out: str | Path,
+    splits: Mapping[str, object],
+    protocol: tuple[Normalization | None, float, int],
+    section: str | None,
+    initial: str | None,
+    reference: Reference,
+) -> _Context:
+    """The sections' shared context, after the checks: the folder made (and marked partial), the untrained
+    reference built with the reference's seed, a fine-tuned run's starting checkpoint attached."""
+    if not splits:
+        raise ValueError("no images to analyse: pass at least one split of images")
+    if initial not in ("fresh", None):
+        raise ValueError(
+            f"initial must be 'fresh' or None, got {initial!r}; pass a fine-tuned run's step-0 records as "
+            "reference=Reference(start=...)"
+        )
+    out = make_folder(out, "report folder")  # the target first
+    mark_partial(out)
+    ctx = _Context(model, out, splits, *protocol, section or default_section(model))
+    if initial is not None:
+        ctx.initial = initial_model(model, reference.seed)
+        ctx.initial_words = reference.seed_words or f"seed {reference.seed}"
+    ctx.start_records = [dict(r) for r in reference.start] if reference.start else None
+    ctx.start_model = reference.start_model
+    make_folder(ctx.fig_dir, "figure folder")
+    return ctx
 
 
 def _header(model: ImageClassifier, source: Mapping | None, normalization: Normalization | None, eps: float) -> dict:

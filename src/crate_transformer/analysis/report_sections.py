@@ -67,6 +67,19 @@ class Part:
     page: dict = field(default_factory=dict)  # what only report.html uses (not written to report.json)
 
 
+@dataclass(frozen=True)
+class Reference:
+    """What the verdicts compare with besides the rule's noise: the seed of the untrained network of the same
+    architecture (``seed_words``: whose seed it is, e.g. "seed 3, the run's seed"), and a fine-tuned run's starting
+    checkpoint — its step-0 measurement records (``start``, as :func:`~.measure.load_measure_records` reads them)
+    and, when its file still loads, the model (``start_model``) — stated beside the verdicts."""
+
+    seed: int = 0
+    seed_words: str | None = None
+    start: Sequence[Mapping] | None = None
+    start_model: torch.nn.Module | None = None
+
+
 @dataclass
 class _Context:
     """Everything the sections share: the model, where figures go, the measured splits and the shown images."""

@@ -244,7 +244,7 @@ def _run_task(checkpoint: str) -> str | None:
 
 
 @dataclass(frozen=True)
-class Reference:
+class RunReference:
     """What the verdicts compare with: the seed of the untrained network (and whose seed it is, in words), and a
     fine-tuned run's starting checkpoint (its step-0 measurement records), None for any other checkpoint."""
 
@@ -254,7 +254,7 @@ class Reference:
     start_checkpoint: str | None = None
 
 
-def run_reference(checkpoint: str) -> Reference:
+def run_reference(checkpoint: str) -> RunReference:
     """The reference of ``crate analyze``'s verdicts for ``checkpoint``: an untrained network of the same
     architecture with the run's seed (config.yaml's ``system.seed``; seed 0, stated so, for a checkpoint outside a
     run), and, when the run was initialised from a checkpoint (``init_from``: fine-tuning, continued pre-training),
@@ -263,17 +263,17 @@ def run_reference(checkpoint: str) -> Reference:
 
     run, cfg = _run_config(checkpoint)
     if run is None:
-        return Reference(0, "seed 0; the checkpoint records no training seed", None)
+        return RunReference(0, "seed 0; the checkpoint records no training seed", None)
     seed = (cfg.get("system") or {}).get("seed")
     words = f"seed {seed}, the run's seed" if isinstance(seed, int) else "seed 0; the run records no seed"
     start, init_from = None, cfg.get("init_from")
     log = run / "metrics.jsonl"
     if init_from and log.is_file():
         start = [r for r in load_measure_records(log) if r.get("step") == 0] or None
-    return Reference(seed if isinstance(seed, int) else 0, words, start, init_from or None)
+    return RunReference(seed if isinstance(seed, int) else 0, words, start, init_from or None)
 
 
-def starting_model(ref: Reference, model: object) -> object | None:
+def starting_model(ref: RunReference, model: object) -> object | None:
     """A fine-tuned run's starting checkpoint (config.yaml's ``init_from``) loaded as a model with the same layer
     shapes as ``model``, for the incoherence verdict; None when it is gone, unreadable or of another architecture
     (the report then states the layer claims' move from the run's step-0 records only)."""
@@ -421,8 +421,21 @@ def print_segmentation_scores(report: dict, annotations: str) -> None:
     )
 
 
+def _annotations(args: argparse.Namespace, source: dict, size: int) -> tuple[object | None, object | None]:
+    """``--annotations``: the COCO ground truth of the ``--images`` folder and its instance labels under the
+    geometry of the analysed images (for the explorer's outline); (None, None) without the option."""
+    if not args.annotations:
+        return None, None
+    from ..analysis.segment_data import read_coco, truth_labels
+
+    ground_truth = read_coco(args.annotations, args.images)
+    files = [Path(args.images).expanduser() / f for f in source["files"]]
+    return ground_truth, truth_labels(ground_truth, files, size, source["crop_pct"])
+
+
 def run_analyze(args: argparse.Namespace) -> int:
     from ..analysis import analyze
+    from ..analysis.report import Reference
     from ..config import LANGUAGE_MODEL
     from ..loading.pipeline import load_model
     from ..train.runtime import resolve_device
@@ -443,13 +456,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         layer_number(model, args.seg_layer, "--seg-layer"),
     )
     splits, norm, source = (_folder_splits if args.images else _data_splits)(model, args, size)
-    ground_truth = truth = None
-    if args.annotations:  # read and checked before any work
-        from ..analysis.segment_data import read_coco, truth_labels
-
-        ground_truth = read_coco(args.annotations, args.images)
-        files = [Path(args.images).expanduser() / f for f in source["files"]]
-        truth = truth_labels(ground_truth, files, size, source["crop_pct"])
+    ground_truth, truth = _annotations(args, source, size)  # read and checked before any work
     source["checkpoint"] = str(args.checkpoint)
     default = report_home(args.checkpoint) / "analysis"
     replace_partial(args.out, default)
@@ -470,17 +477,14 @@ def run_analyze(args: argparse.Namespace) -> int:
         progress=args.progress,
         source=source,
         section="DINO backbone" if _run_task(args.checkpoint) == "dino" else None,
-        seed=ref.seed,
-        seed_words=ref.seed_words,
-        start=ref.start,
+        reference=Reference(ref.seed, ref.seed_words, ref.start, starting_model(ref, model)),
         ground_truth=ground_truth,
         truth=truth,
-        start_model=starting_model(ref, model),
     )
     out = Path(args.out)
-    if ground_truth is not None:
-        print_segmentation_scores(report, args.annotations)
     print_layerwise(next(iter(report["measure"].values()))["layers"])
     print_verdicts(report)
+    if ground_truth is not None:
+        print_segmentation_scores(report, args.annotations)
     print(f"wrote {out / 'report.html'} and {out / 'report.json'} ({report['wall_time_s']} s)")
     return 0
