@@ -190,6 +190,19 @@ def _one_of(ours: str, value: Any, hf: str, hf_value: Any) -> Any:
     return value if value is not None else hf_value
 
 
+def _prompt(idx: Tensor | None, input_ids: Tensor | None, max_new_tokens: int | None) -> Tensor:
+    """The prompt given as ``idx`` or Hugging Face's ``input_ids``, with a length to generate (both needed)."""
+    idx = _one_of("idx", idx, "input_ids", input_ids)
+    if idx is None or max_new_tokens is None:
+        raise OptionError(
+            "generate needs the prompt and a length: generate(idx, max_new_tokens) or generate(input_ids=idx, "
+            "max_new_tokens=n)",
+            option="max_new_tokens",
+        )
+    NON_NEGATIVE.check("max_new_tokens", max_new_tokens)
+    return idx
+
+
 def check_token_id(name: str, value: Any, vocab_size: int) -> None:
     """A token id in ``[0, vocab_size)`` (``eos_id``, ``pad_token_id``), else one line naming the vocabulary."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
@@ -318,24 +331,15 @@ def generate(
     GPU; the module docstring): the same tokens, the first call slower while it compiles; prompt + new tokens
     must fit the context.
 
-    Hugging Face's call works too, the same decoding: ``generate(input_ids=ids, max_new_tokens=20,
-    do_sample=True, top_k=50, attention_mask=mask, eos_token_id=e, pad_token_id=p)`` — ``input_ids`` is ``idx``,
-    ``eos_token_id`` is ``eos_id``, ``do_sample=False`` is greedy (:func:`resolve_sampling`), ``attention_mask``
-    must be all ones (unpadded prompts), ``pad_token_id`` replaces what a row produces after its end token.
-    Options that cannot apply (a filter under greedy decoding, an id outside the vocabulary, ``pad_token_id``
-    without an end token) are one-line errors.
+    Hugging Face's call is the same decoding: ``generate(input_ids=ids, max_new_tokens=20, do_sample=True,
+    attention_mask=mask, eos_token_id=e, pad_token_id=p)``; ``do_sample=False`` is greedy (:func:`resolve_sampling`),
+    ``attention_mask`` must be all ones, ``pad_token_id`` replaces what a row makes after its end token.  What
+    cannot apply (a filter under greedy decoding, an id outside the vocabulary) is a one-line error.
     """
     c = model.config
     if not c.causal:
         raise ValueError("generation needs a causal (GPT) model; this one is a masked LM (objective mlm)")
-    idx = _one_of("idx", idx, "input_ids", input_ids)
-    if idx is None or max_new_tokens is None:
-        raise OptionError(
-            "generate needs the prompt and a length: generate(idx, max_new_tokens) or generate(input_ids=idx, "
-            "max_new_tokens=n)",
-            option="max_new_tokens",
-        )
-    NON_NEGATIVE.check("max_new_tokens", max_new_tokens)
+    idx = _prompt(idx, input_ids, max_new_tokens)
     sampling = resolve_sampling(temperature, top_k, top_p, do_sample)
     eos = _end_tokens(_one_of("eos_id", eos_id, "eos_token_id", eos_token_id), pad_token_id, c.vocab_size)
     how = Decoding(*sampling, generator, eos, on_token, use_cache, return_logits)

@@ -122,6 +122,7 @@ class LMConfig(LayerConfig, Config):
                  "mlp", "odl_ratio", "proj_bias", "type_vocab_size", "pad_token_id", "layer_norm_eps", "mlp_ratio",
                  "gelu", "tokenizer")  # fmt: skip
     kind = LANGUAGE_MODEL
+    MODEL_TYPE = "crate_transformer_lm"  # config.json's model_type: transformers' AutoConfig (loading.transformers_hf)
     GIVEN_IN = "model_args"  # a training takes these fields as model_args entries
     BLOCK_COUNTS = {"depth": "layers"}  # the numbered blocks of the weights these fields count
 
@@ -486,6 +487,11 @@ class LanguageModel(TokenPrior, Model):
         table, as GPT-2 / nanoGPT report and Table 10's CRATE-GPT count does."""
         n = super().num_params(trainable_only)
         return n - (self.wpe.weight.numel() if exclude_positions and self.wpe is not None else 0)
+
+    @property
+    def num_classes(self) -> int:
+        """The labels of the sequence-classification head (timm's name for ``num_labels``; 0: none)."""
+        return int(self.config.num_labels)
 
     def get_classifier(self) -> nn.Module | None:
         """The sequence-classification head (None when the model has none)."""
