@@ -129,3 +129,17 @@ def test_an_old_folder_without_model_type_still_loads_in_the_package(tmp_path):
     save_safetensors(state, folder / "model.safetensors", metadata=meta)
     ids = torch.randint(0, 256, (1, 4))
     assert torch.equal(ct.from_pretrained(folder)(ids), model(ids))
+
+
+def test_the_released_crate_bert_architecture_with_its_attention_mask_and_token_types(tmp_path):
+    bert, folder = _saved(tmp_path, "crate_bert_base", depth=1, dim=32, heads=2, vocab_size=300, block_size=16)
+    hf = AutoModelForMaskedLM.from_pretrained(folder)
+    ids = torch.randint(3, 256, (2, 7))
+    mask = torch.ones_like(ids)
+    mask[0, 5:] = 0  # padding: masked out of the attention
+    types = torch.zeros_like(ids)
+    logits = bert(ids, key_mask=mask, token_type_ids=types)
+    assert torch.equal(hf(input_ids=ids, attention_mask=mask, token_type_ids=types).logits, logits)
+    assert not torch.equal(hf(input_ids=ids).logits[0], logits[0])  # the mask reached the model
+    base = AutoModel.from_pretrained(folder)(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert torch.equal(base, bert.forward_features(ids, key_mask=mask.bool()))
