@@ -106,6 +106,10 @@ def test_wrappers_refuse_what_they_cannot_honour(tmp_path):
     assert torch.equal(hf(input_ids=ids, attention_mask=right).logits, model(ids))
     with pytest.raises(ValueError, match="takes the folder and dtype"):
         AutoModelForCausalLM.from_pretrained(folder, device_map="cpu")
+    with pytest.raises(ValueError, match=r"\['id2label', 'label2id', 'num_labels'\] differ from its config.json"):
+        AutoModelForCausalLM.from_pretrained(folder, num_labels=3)  # a config setting would not reach the weights
+    with pytest.raises(ValueError, match=r"got \['dim'\]"):
+        AutoModelForCausalLM.from_pretrained(folder, dim=64)
     with pytest.raises(ValueError, match="AutoModelForMaskedLM"):
         th.CrateForCausalLM.wrap(ct.create_model("crate_bert_mini", **LM))
     with pytest.raises(ValueError, match="wraps a language model, and this is a image classifier"):

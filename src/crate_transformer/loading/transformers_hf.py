@@ -189,6 +189,7 @@ class _CrateWrapper(PreTrainedModel):
                 "and wrap it with hf_model(model)"
             )
         model = crate_from_pretrained(path, revision=revision)
+        _config_unchanged(config, cls.config_class(model.config))
         if dtype not in (None, "auto"):
             model = model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
         return cls.wrap(model, config)
@@ -211,6 +212,24 @@ class _CrateWrapper(PreTrainedModel):
         if ignored or kwargs.get("state_dict") is not None:
             raise ValueError(f"save_pretrained writes the package's folder and takes no {ignored or ['state_dict']}")
         self.crate.save_pretrained(directory)
+
+
+# what transformers records on a config it read (where from, its version), not a setting of the model
+_READ_KEYS = ("_name_or_path", "_commit_hash", "transformers_version", "architectures")
+
+
+def _config_unchanged(given: _CrateConfig | None, stored: _CrateConfig) -> None:
+    """One line when the config ``from_pretrained`` was handed differs from the folder's (a setting passed to the
+    Auto class, ``num_labels=3``, which the stored weights would not follow)."""
+    if given is None:
+        return
+    a, b = given.to_dict(), stored.to_dict()
+    changed = sorted(k for k in set(a) | set(b) if k not in _READ_KEYS and a.get(k) != b.get(k))
+    if changed:
+        raise ValueError(
+            f"the folder's model is loaded as saved, and {changed} differ from its config.json; change the model "
+            "with ct.from_pretrained(folder, **overrides) (num_classes=..., ...) and wrap it with hf_model(model)"
+        )
 
 
 def _no_extras(kwargs: Mapping[str, Any], allowed: tuple[str, ...] = ()) -> None:
