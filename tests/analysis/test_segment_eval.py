@@ -215,6 +215,7 @@ def _bad(raw, key, **change):
         (lambda r: _bad(r, "images", width=10**6, height=10**6), "exceeds the limit of 67108864"),
         (lambda r: _bad(r, "images", width=-3), "width/height must be positive integers"),
         (lambda r: r.pop("annotations"), "needs 'images' and 'annotations' lists"),
+        (lambda r: _bad(r, "annotations", id=r["annotations"][0]["id"]), "annotation id=10 is repeated"),
     ],
 )
 def test_bad_coco_records_are_one_line_naming_file_and_record(tmp_path, mutate, words):

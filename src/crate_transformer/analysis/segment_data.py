@@ -204,7 +204,18 @@ def read_coco(annotations: str | Path, images: str | Path) -> GroundTruth:
     recs, files = _image_records(path, raw.get("images"), folder)
     by_id = {r["id"]: r for r in recs}
     anns = [_annotation(path, a, by_id, n) for n, a in enumerate(raw["annotations"])]
+    _unique_ids(path, anns)
     return _ground_truth(recs, anns, files, path)
+
+
+def _unique_ids(path: Path, anns: list[dict]) -> None:
+    """Refuse a repeated annotation id: pycocotools indexes annotations by id, so a repeat silently drops all
+    but one of them from the ground truth (and from AP)."""
+    seen: set = set()
+    for a in anns:
+        if a["id"] in seen:
+            raise ValueError(f"{path}: annotation id={a['id']!r} is repeated; give every annotation its own id")
+        seen.add(a["id"])
 
 
 def _ground_truth(recs: list[dict], anns: list[dict], files: dict[int, Path], path: Path) -> GroundTruth:

@@ -2,7 +2,9 @@
 
 MaskCut masks or the per-head attention masks of Fig. 20 against ground truth, class-agnostic: COCO mask and box
 AP / AP50 / AP75 / AR by pycocotools, CorLoc and Jaccard (:func:`crate_transformer.analysis.evaluate_segmentation`).
-``--data`` is a COCO instances JSON (with ``--images`` its images folder) or a VOC root folder.
+``--data`` is a COCO instances JSON (with ``--images`` its images folder), a VOC root folder, or ``digit-scenes``:
+the 1,000 test scenes of :mod:`crate_transformer.data.digit_scenes` (written once into the cache, every digit's
+exact mask as ground truth).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ class SegmentEvalOptions(Config):
 
     data: str | None = option(
         None,
-        "ground truth: a COCO instances JSON, or a PASCAL VOC root (Annotations/, JPEGImages/, SegmentationObject/)",
+        "ground truth: a COCO instances JSON, a PASCAL VOC root (Annotations/, JPEGImages/, SegmentationObject/), "
+        "or digit-scenes (the built-in benchmark's test scenes)",
         metavar="FILE|DIR",
         basic=True,
     )
@@ -75,9 +78,15 @@ def configure_segment_eval(parser: argparse.ArgumentParser) -> None:
 
 def _ground_truth(args: argparse.Namespace) -> GroundTruth:
     from ..analysis import read_coco, read_voc
+    from ..data.digit_scenes import NAME, scenes_folder
 
     if not args.data:
-        raise ValueError("pass --data: a COCO instances JSON (with --images DIR) or a VOC root folder")
+        raise ValueError("pass --data: a COCO instances JSON (with --images DIR), a VOC root folder or digit-scenes")
+    if args.data.lower() == NAME:
+        if args.images:
+            raise ValueError(f"--data {NAME} brings its own images; drop --images")
+        folder = scenes_folder("test")
+        return read_coco(folder / "instances.json", folder / "images")
     data = Path(args.data)
     if not data.exists():
         raise FileNotFoundError(f"--data {data} does not exist; pass a COCO instances JSON or a VOC root folder")

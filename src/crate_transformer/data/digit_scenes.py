@@ -14,15 +14,28 @@ category per digit class, masks as uncompressed RLE, boxes ``[x, y, w, h]``), wh
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..config_utils import POSITIVE, Range
 from ..io import make_folder, write_json
-from .memory import _mnist_arrays
+from .memory import _TEST_EVERY, _mnist_arrays
 
-__all__ = ["DIGIT_SCALE", "digit_scene", "write_digit_scenes"]
+if TYPE_CHECKING:
+    from .memory import ImageDataset
+
+__all__ = ["DIGIT_SCALE", "NAME", "SPLITS", "digit_scene", "write_digit_scenes", "scenes_folder", "load_digit_scenes"]
+
+NAME = "digit-scenes"  # the --data name of the source
+# split -> (scenes, seed, digit pool); 64 px canvases (resized per batch to the model's image_size)
+SPLITS = {"train": (4000, 0, "train"), "test": (1000, 1, "test")}
+SCENE_SIZE = 64
+DIGIT_POOLS = ("all", "train", "test")
 
 DIGIT_SCALE = (0.25, 0.5)  # a digit's side as a fraction of the canvas side
 MAX_DIGITS = Range(1, 3, integer=True)
@@ -103,19 +116,34 @@ def _annotation(ann_id: int, image_id: int, label: int, mask: np.ndarray) -> dic
     }
 
 
-def write_digit_scenes(out: str | Path, n: int = 64, size: int = 80, seed: int = 0, max_digits: int = 3) -> Path:
+def _digit_pool(pool: str) -> tuple[np.ndarray, np.ndarray]:
+    """The bundled digits ``(n, 28, 28)`` and labels: all, or the built-in ``mnist`` train / test split (the test
+    digits are every fifth)."""
+    if pool not in DIGIT_POOLS:
+        raise ValueError(f"unknown digit pool {pool!r}; choose one of {DIGIT_POOLS}")
+    digits, labels = (t.numpy() for t in _mnist_arrays())
+    if pool != "all":
+        test = np.arange(len(labels)) % _TEST_EVERY == _TEST_EVERY - 1
+        keep = test if pool == "test" else ~test
+        digits, labels = digits[keep], labels[keep]
+    return digits[:, 0], labels
+
+
+def write_digit_scenes(
+    out: str | Path, n: int = 64, size: int = 80, seed: int = 0, max_digits: int = 3, pool: str = "all"
+) -> Path:
     """Write ``n`` digit scenes into ``out`` (``images/`` + ``instances.json``); returns the JSON's path.
 
     Categories are the digits 0-9 as ids 1-10 (COCO ids start at 1); a scene whose digits found no free spot keeps
-    the ones placed (at least the first always fits)."""
+    the ones placed (at least the first always fits).  ``pool``: the digits drawn from — ``all`` 5,000, or the
+    built-in ``mnist`` ``train`` (4,000) / ``test`` (1,000, every fifth) split."""
     from PIL import Image
 
     POSITIVE.check("n", n)
     SIZE.check("size", size)
     MAX_DIGITS.check("max_digits", max_digits)
+    digits, labels = _digit_pool(pool)
     folder = make_folder(Path(out) / "images")
-    digits, labels = (t.numpy() for t in _mnist_arrays())
-    digits = digits[:, 0]
     rng = np.random.default_rng(seed)
     images, anns = [], []
     for i in range(n):
@@ -123,9 +151,79 @@ def write_digit_scenes(out: str | Path, n: int = 64, size: int = 80, seed: int =
         name = f"scene_{i:05d}.png"
         Image.fromarray(img).save(folder / name)
         images.append({"id": i + 1, "file_name": name, "height": size, "width": size})
-        anns += [_annotation(len(anns) + 1, i + 1, label, m) for label, m in objects if m.any()]
+        for label, m in objects:
+            if m.any():  # ids run over the whole file (COCO's annotation ids are unique: its index is keyed by them)
+                anns.append(_annotation(len(anns) + 1, i + 1, label, m))
     cats = [{"id": d + 1, "name": str(d), "supercategory": "digit"} for d in range(10)]
     path = Path(out) / "instances.json"
-    info = {"description": f"digit scenes: n={n}, size={size}, seed={seed}, max_digits={max_digits}"}
+    info = {"description": f"digit scenes: n={n}, size={size}, seed={seed}, max_digits={max_digits}, pool={pool}"}
     write_json(path, {"info": info, "images": images, "annotations": anns, "categories": cats}, indent=None)
     return path
+
+
+def cache_root() -> Path:
+    """Where the source's splits are written: ``$CRATE_CACHE_DIR/digit-scenes``, else
+    ``~/.cache/crate_transformer/digit-scenes``."""
+    base = os.environ.get("CRATE_CACHE_DIR")
+    return Path(base) / NAME if base else Path.home() / ".cache" / "crate_transformer" / NAME
+
+
+def scenes_folder(split: str = "test") -> Path:
+    """The folder of one split of the source (``images/`` + ``instances.json``), written on first use.
+
+    Written into a temporary sibling and renamed, so an interrupted run leaves no half split behind; the name
+    records what made it (``test-n1000-s64-seed1``), so changed settings never reuse stale files."""
+    if split not in SPLITS:
+        raise ValueError(f"{NAME} has the splits {tuple(SPLITS)}, not {split!r}")
+    n, seed, pool = SPLITS[split]
+    folder = cache_root() / f"{split}-n{n}-s{SCENE_SIZE}-seed{seed}"
+    if (folder / "instances.json").is_file():
+        return folder
+    make_folder(folder.parent, f"the {NAME} cache (CRATE_CACHE_DIR=FOLDER puts it elsewhere)")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    try:
+        write_digit_scenes(tmp, n=n, size=SCENE_SIZE, seed=seed, pool=pool)
+        if not (folder / "instances.json").is_file():  # another process may have finished first
+            shutil.rmtree(folder, ignore_errors=True)
+            tmp.rename(folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def largest_labels(instances: dict) -> dict[int, int]:
+    """Image id → the digit (0-9) of its largest annotation (most pixels; the first listed on a tie)."""
+    best: dict[int, tuple[int, int]] = {}
+    for a in instances["annotations"]:
+        if a["image_id"] not in best or a["area"] > best[a["image_id"]][0]:
+            best[a["image_id"]] = (a["area"], a["category_id"] - 1)
+    return {i: label for i, (_, label) in best.items()}
+
+
+def load_digit_scenes(split: str = "train", val_fraction: float = 0.0, seed: int = 0) -> ImageDataset:
+    """A split of the source as an in-memory :class:`~.memory.ImageDataset`: ``3 × 64 × 64`` uint8 scenes labelled
+    by their largest digit (:func:`largest_labels`); ``val`` / ``train`` with ``val_fraction`` split the training
+    scenes as every in-memory source does (stratified, by ``seed``); mean / std are the training scenes'."""
+    import torch
+    from PIL import Image
+
+    from ..io import read_side_file
+    from .memory import ImageDataset, channel_stats, split_members
+
+    def read(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        folder = scenes_folder(name)
+        fix = f"delete {folder} and it is written again"
+        instances = read_side_file(folder / "instances.json", fix)
+        labels = largest_labels(instances)
+        ims = [np.asarray(Image.open(folder / "images" / r["file_name"]).convert("RGB")) for r in instances["images"]]
+        x = torch.from_numpy(np.stack(ims)).permute(0, 3, 1, 2).contiguous()
+        return x, torch.tensor([labels[r["id"]] for r in instances["images"]])
+
+    train_x, train_y = read("train")
+    mean, std = channel_stats(train_x)
+    if split == "test":
+        x, y = read("test")
+    else:
+        keep = split_members(train_y, split, val_fraction, seed)
+        x, y = train_x[keep], train_y[keep]
+    return ImageDataset(x, y, [str(d) for d in range(10)], mean, std, name=NAME, split=split)

@@ -4,6 +4,8 @@
 ``--data``                                 source
 =========================================  ==========================================================
 ``mnist``, ``digits``, a CIFAR folder      :class:`.memory.ImageDataset` (always in memory)
+``digit-scenes``                           the same, of :mod:`.digit_scenes` (64 px scenes of 1-3 digits,
+                                           labelled by the largest; written once into a cache folder)
 an image folder (one subfolder per class)  in memory, or :class:`.streaming.StreamingImageFolder` with
                                            ``mode="stream"`` (``"auto"``: above :data:`STREAM_ABOVE` images)
 a folder / glob of WebDataset ``.tar``     :class:`.shards.WebDatasetShards` (always streamed)
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 
 from ..errors import OptionError
 from .base import ImageSource
+from .digit_scenes import NAME as DIGIT_SCENES
 from .memory import check_load_args, list_image_folder, load_dataset, resolve_source
 from .streaming import NUM_WORKERS
 
@@ -59,6 +62,10 @@ def open_source(
     check_load_args(split, val_fraction, on_bad_image, image_size)
     if not NUM_WORKERS.ok(num_workers):
         raise OptionError(f"num_workers{NUM_WORKERS.requirement(num_workers)} (workers)", option="workers")
+    if os.fspath(name_or_path).lower() == DIGIT_SCENES:
+        from .digit_scenes import load_digit_scenes
+
+        return load_digit_scenes(split, val_fraction=val_fraction, seed=seed)
     kind, source = resolve_source(name_or_path)
     if (image_column or label_column) and kind != "hf":
         option = "image_column" if image_column else "label_column"
