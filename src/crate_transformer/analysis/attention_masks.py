@@ -8,10 +8,19 @@ embedding to the image and returns ``get_last_selfattention``); per head the cla
 mass and upsampled to pixels by nearest-neighbour repetition (``scale_factor = patch_size``).  The thresholding is
 DINO's ``visualize_attention.py`` (facebookresearch/dino at commit 7c446df5b9f45747937fb0d72314eb9f7b66930a,
 ``--threshold``; the DINO paper's masks keep 60%): sort each head's weights, normalise, and keep the patches
-whose cumulative sum exceeds ``1 − mass``.  The demo code's ``get_last_selfattention`` is DINO's interface,
-but the notebooks themselves are not in the stored snapshot of that repository (only its ``.py`` files), so
-that their threshold cell is DINO's rule could not be checked; tests/official/dino_threshold.py holds the
-transcription the tests compare against.
+whose cumulative sum exceeds ``1 − mass``.
+
+The emergence notebooks' own threshold could not be checked, and this says why.  The stored copy of
+LeslieTrue/crate-emergence-notebooks (every commit of its history, ee0dbb2 of 2023-08-30 to d62ec79 of
+2024-03-29) holds no notebook (``.ipynb``): only ``crate.py``, ``crate_ae.py``, ``crate_encoder.py``,
+``crate_decoder.py``, ``pos_embed.py``, ``pca_visualization.py``, ``shared_extractor.py`` and
+images; the notebook that draws Fig. 20 is the Colab ``crate-emergence.ipynb`` the official
+README links, which no stored repository holds.  The one threshold in that repository is
+``pca_visualization.py``'s ``plot_pca_mask`` (commit d62ec79): a PCA component min-max scaled to [0, 1] and cut
+at ``th`` (default 0.5; 0.4 hard-coded at a86d21f, with ``[0.15, 0.2, 0.3, 0.4, 0.5, 0.6]`` commented out) — a
+mask of the PCA figure, not of the attention maps.  The demo code's ``get_last_selfattention`` is DINO's
+interface, so DINO's keep-mass rule with DINO's 60% is used until the notebook can be read;
+tests/official/dino_threshold.py holds the transcription the tests compare against.
 """
 
 from __future__ import annotations
