@@ -20,6 +20,12 @@ class ModelsOptions(Config):
         "whether the file is already in the Hugging Face cache",
         basic=True,
     )
+    check: bool = option(
+        False,
+        "with --pretrained: ask every known address of each release (a HEAD request, 5 s at most each) and say "
+        "which answered, and what to do when none does",
+        basic=True,
+    )
 
 
 def configure_models(parser: argparse.ArgumentParser) -> None:
@@ -28,8 +34,10 @@ def configure_models(parser: argparse.ArgumentParser) -> None:
 
 
 def run_models(args: argparse.Namespace) -> int:
+    if args.check and not args.pretrained:
+        raise ValueError("--check asks the sources of released weights: pass it with --pretrained")
     if args.pretrained:
-        return _run_zoo(args.pattern)
+        return _run_zoo(args.pattern, args.check)
     import torch
 
     from ..config import LANGUAGE_MODEL
@@ -62,10 +70,11 @@ def _print_table(header: tuple[str, ...], rows: list[tuple]) -> None:
         print("  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip())
 
 
-def _run_zoo(pattern: str) -> int:
+def _run_zoo(pattern: str, check: bool = False) -> int:
     """One row per released checkpoint; ``status`` is ``cached`` (in the cache, its content checked: loads
     offline), ``corrupt`` (in the cache but damaged: a line names the file and the fix), ``download`` (fetched on
-    first use) or ``manual`` (a Google Drive page: download it and pass ``pretrained_file=``)."""
+    first use) or ``manual`` (a Google Drive page: download it and pass ``pretrained_file=``).  ``check``: then
+    one line per release saying which of its addresses answered (:func:`_print_answers`)."""
     from ..loading.pretrained import IMAGENET_MEAN, IMAGENET_STD, ZOO, cache_status, list_pretrained
 
     names = list_pretrained(pattern)
@@ -84,4 +93,22 @@ def _run_zoo(pattern: str) -> int:
             print(f"{name}: download {ZOO[name].page} and load it with create_model({name!r}, pretrained_file=PATH)")
         elif status == "corrupt":
             print(detail)  # names the file and how to fetch it again
+    if check:
+        _print_answers(names)
     return 0
+
+
+def _print_answers(names: list[str]) -> None:
+    """Per release, the first address that answered (and the ones that did not), or what to do when none did."""
+    from ..loading.pretrained import no_source_fix, probe_sources
+
+    for name in names:
+        answers = probe_sources(name)
+        good = [a for a in answers if a.answered]
+        failed = "; ".join(f"{a.address}: {a.detail}" for a in answers if not a.answered)
+        if good:
+            more = f" (no answer from {failed})" if failed else ""
+            print(f"{name}: answered by {good[0].address} ({good[0].detail}){more}")
+        else:
+            print(f"{name}: no answer from {failed or 'any address (none is known)'}")
+            print(no_source_fix(name))

@@ -11,6 +11,8 @@
 * This package's own format on the Hub (:func:`hub_snapshot`, :func:`push_to_hub`, :func:`write_hub_folder`,
   :func:`model_card`) is :mod:`crate_transformer.loading.hub`, below the models (``Model.push_to_hub`` and
   ``Family.from_pretrained("hf-hub:...")`` need no registry); re-exported here.
+* :func:`probe_sources` — which of a release's known addresses answer now (``crate models --pretrained
+  --check``), and :func:`no_source_fix`, what to do when none does.
 
 ``huggingface_hub`` is imported only inside the functions that use it (``import crate_transformer``
 does not need it).
@@ -19,6 +21,8 @@ does not need it).
 from __future__ import annotations
 
 import dataclasses
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import torch
@@ -29,6 +33,7 @@ from ..models.spec import IMAGENET_MEAN, IMAGENET_STD
 from .hub import (
     CITATION,
     HUB_PREFIX,
+    _offline_setting,
     hub_failure,
     hub_offline,
     hub_snapshot,
@@ -51,6 +56,10 @@ __all__ = [
     "download",
     "cached_file",
     "cache_status",
+    "SourceAnswer",
+    "source_addresses",
+    "probe_sources",
+    "no_source_fix",
     "load_pretrained",
     "hub_snapshot",
     "parse_hub_spec",
@@ -160,3 +169,80 @@ def load_pretrained(
     entry = dataclasses.asdict(ZOO[name]) if name in ZOO and not recorded else {"name": name}
     model.pretrained_cfg = {**entry, "file": str(path)}
     return model
+
+
+PROBE_TIMEOUT = 5.0  # seconds one address may take to answer
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceAnswer:
+    """One known address of a release and whether it answered: ``detail`` is the HTTP status, the local file, or
+    why not (refused, timed out, offline, HTTP 404).  An address that answers serves a page or a file; a share
+    page (Google Drive, Colab) answering does not prove the file behind it is still shared."""
+
+    address: str
+    answered: bool
+    detail: str
+
+
+def source_addresses(src: PretrainedSource) -> list[str]:
+    """Every address a release is known at, in the order tried: the Hub download link (or the page), then each
+    entry of ``sources`` that starts with an address (``https://``, ``http://``, ``file://`` or ``github.com/``,
+    which is given ``https://``; the words after it are the entry's description)."""
+    out = [src.page] if src.page else []
+    for entry in src.sources:
+        first = entry.split()[0].rstrip(",;.") if entry.split() else ""
+        if first.startswith("github.com/"):
+            first = "https://" + first
+        if first.startswith(("https://", "http://", "file://")) and first not in out:
+            out.append(first)
+    return out
+
+
+def _ask(address: str, timeout: float) -> SourceAnswer:
+    """A HEAD request (a GET where HEAD is refused with 405); no body is read."""
+    for method in ("HEAD", "GET"):
+        try:
+            with urllib.request.urlopen(urllib.request.Request(address, method=method), timeout=timeout) as r:
+                status = getattr(r, "status", None)
+                return SourceAnswer(address, True, f"HTTP {status}" if status else "the file is there")
+        except urllib.error.HTTPError as e:
+            if e.code == 405 and method == "HEAD":
+                continue
+            return SourceAnswer(address, False, f"HTTP {e.code} {e.reason}")
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            reason = getattr(e, "reason", e)
+            return SourceAnswer(address, False, str(reason).splitlines()[0][:120] or type(e).__name__)
+    return SourceAnswer(address, False, "HEAD and GET refused")  # not reached: GET never continues
+
+
+def probe_sources(name: str, timeout: float = PROBE_TIMEOUT, offline: bool | None = None) -> list[SourceAnswer]:
+    """Ask each of ``name``'s addresses (:func:`source_addresses`) whether it answers, first the Hugging Face cache
+    for a Hub release (intact there: it answers without the network).  ``offline`` (default: ``HF_HUB_OFFLINE=1``)
+    tries local ``file://`` addresses only; the rest are reported as not tried."""
+    src = pretrained_source(name)
+    offline = _offline_setting() if offline is None else offline
+    answers = []
+    if src.on_hub:
+        status, detail = cache_status(name)
+        answers.append(SourceAnswer("the Hugging Face cache", status == "cached", detail or f"not cached ({status})"))
+    for address in source_addresses(src):
+        if offline and not address.startswith("file://"):
+            answers.append(SourceAnswer(address, False, "not tried: offline (HF_HUB_OFFLINE=1)"))
+        else:
+            answers.append(_ask(address, timeout))
+    return answers
+
+
+def no_source_fix(name: str) -> str:
+    """What to do when none of ``name``'s addresses answers, in one line: where else the file was offered, what is
+    known about it, and how to load a copy found elsewhere."""
+    src = pretrained_source(name)
+    file = src.filename or "the file"
+    where = "; ".join(src.sources) if src.sources else "no other source is known"
+    known = f" ({src.status})" if src.status else ""
+    return (
+        f"{name}: none of its sources answered{known}; other places it was offered: {where}. Find {file} "
+        f"(size {src.size or 'not stated'}) there or from someone who has it and load it with "
+        f"create_model({name!r}, pretrained=True, pretrained_file='PATH')"
+    )
