@@ -1,0 +1,157 @@
+"""Does a supervised CRATE's attention segment better than a ViT's?  Item 4 of issue 51, on digit scenes.
+
+The emergence claim (JMLR §4.3, Figs. 19-20; Yu et al., CPAL 2024, Table 1: MaskCut on COCO val2017, CRATE-B/8
+against ViT-B/8) at a scale a shared CPU runs: a CRATE and a ViT of about the same size, each trained by the same
+``crate train`` recipe on the ``digit-scenes`` source (64 px scenes of 1-3 digits over clutter, labelled by the
+largest digit, seen at 32 px on an 8 × 8 grid of 4 px patches) for every seed, then scored by
+``evaluate_segmentation`` (what ``crate segment-eval --data digit-scenes`` runs) on the 1,000 test scenes,
+whose masks are exact: MaskCut's masks and each head's attention mask (Fig. 20), class-agnostic COCO mask AP50 /
+box AP50 (pycocotools), CorLoc and Jaccard.  Beside each trained model: the untrained network of the same
+architecture and seed (the reference of ``crate analyze``'s verdicts), normalised with the same statistics.
+
+Verdict rule, on MaskCut mask AP50 (the metric of the paper's table): CRATE segments better when its mean over
+seeds exceeds the ViT's by more than the noise, twice the standard error of the difference of the seed means
+(``2·√(s_c²/n + s_v²/n)``), and training raised its score above its untrained network's by more than the same
+noise; otherwise the claim fails here (or the ViT wins, when the difference is as large the other way).
+
+    python benchmarks/bench_digit_scenes_segmentation.py --out runs/digit-scenes-seg    # 3 seeds, 4 epochs, 100 scenes
+    python benchmarks/bench_digit_scenes_segmentation.py --tiny                         # seconds: a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import crate_transformer as ct
+from crate_transformer.analysis import GroundTruth, evaluate_segmentation, read_coco
+from crate_transformer.data.digit_scenes import load_digit_scenes, scenes_folder
+from crate_transformer.train import TrainConfig, train
+
+# About the same size (the run prints both counts): CRATE d 64 with 4 heads of 16 and 3 layers; the ViT at half
+# the width with 2 heads of 16 and a 4x MLP, as crate_mnist / vit_mnist are paired (a CRATE layer holds about 3d²
+# weights, a ViT layer 12d²).  Small enough that 3 seeds of both train in minutes on a shared CPU.
+MODELS = {
+    "CRATE": ("crate_mnist_p4", dict(image_size=32, patch_size=4, in_chans=3, dim=64, depth=3, heads=4)),
+    "ViT": ("vit_mnist", dict(image_size=32, patch_size=4, in_chans=3, dim=32, depth=3, heads=2)),
+}
+METRICS = ("maskcut_AP50", "maskcut_boxAP50", "maskcut_corloc", "maskcut_jaccard", "attention_AP50")
+
+
+def _subset(gt: GroundTruth, n: int) -> GroundTruth:
+    """The first ``n`` test scenes (the smoke run)."""
+    keep = set(gt.image_ids[:n])
+    d = dict(gt.dataset, images=[im for im in gt.dataset["images"] if im["id"] in keep])
+    d["annotations"] = [a for a in gt.dataset["annotations"] if a["image_id"] in keep]
+    return GroundTruth(d, {i: gt.files[i] for i in keep}, gt.source)
+
+
+def _scores(model: torch.nn.Module, gt: GroundTruth, norm: tuple) -> dict[str, float]:
+    out = {}
+    for method in ("maskcut", "attention"):
+        r = evaluate_segmentation(model, gt, method, normalization=norm)
+        out[f"{method}_AP50"] = r["coco"]["segm"]["AP50"]
+        if method == "maskcut":
+            out["maskcut_boxAP50"] = r["coco"]["bbox"]["AP50"]
+            out["maskcut_corloc"] = r["single_object"]["corloc"]
+            out["maskcut_jaccard"] = r["single_object"]["jaccard"]
+    return out
+
+
+def _run(kind: str, seed: int, args: argparse.Namespace, gt: GroundTruth, norm: tuple, out: Path) -> list[dict]:
+    """Train one model, score it and its untrained twin; two rows."""
+    name, model_args = MODELS[kind]
+    torch.manual_seed(seed)
+    untrained = ct.create_model(name, **model_args).eval()
+    rows = [{"model": kind, "trained": False, "seed": seed, **_scores(untrained, gt, norm)}]
+    run = out / f"{kind}-seed{seed}"
+    cfg = TrainConfig(model=name, model_args=model_args, data="digit-scenes", augment="translate",
+                      epochs=args.epochs, warmup_epochs=1.0, max_steps=args.max_steps, seed=seed,
+                      threads=args.threads, progress=False, eval_every=0, out=str(run))  # fmt: skip
+    t0 = time.process_time()
+    summary = train(cfg)
+    cpu = time.process_time() - t0
+    model = ct.load_model(run).eval()
+    acc = summary.get("test_acc", float("nan"))
+    rows.append({"model": kind, "trained": True, "seed": seed, "test_acc": acc, "train_cpu_s": cpu,
+                 "params": model.num_params(), **_scores(model, gt, norm)})  # fmt: skip
+    return rows
+
+
+def _mean_sd(values: list[float]) -> tuple[float, float]:
+    a = np.asarray(values, dtype=float)
+    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+
+
+def verdict(rows: list[dict], metric: str = "maskcut_AP50") -> str:
+    """The rule of the module docstring, in one line with its numbers."""
+
+    def pick(kind: str, trained: bool) -> list[float]:
+        return [r[metric] for r in rows if r["model"] == kind and r["trained"] == trained]
+
+    (c, sc), (v, sv) = _mean_sd(pick("CRATE", True)), _mean_sd(pick("ViT", True))
+    (c0, sc0), n = _mean_sd(pick("CRATE", False)), len(pick("CRATE", True))
+    noise = 2 * math.sqrt((sc**2 + sv**2) / n)
+    gain_noise = 2 * math.sqrt((sc**2 + sc0**2) / n)
+    if c - v > noise and c - c0 > gain_noise:
+        word = "holds: CRATE's attention segments better than the ViT's"
+    elif v - c > noise:
+        word = "fails: the ViT's attention segments better than CRATE's"
+    else:
+        word = "fails: no difference beyond the noise (or CRATE no better than untrained)"
+    return (f"{word} ({metric}: CRATE {c:.3f} ± {sc:.3f}, ViT {v:.3f} ± {sv:.3f}, noise {noise:.3f}; "
+            f"untrained CRATE {c0:.3f}, gain noise {gain_noise:.3f}; {n} seeds)")  # fmt: skip
+
+
+def table(rows: list[dict]) -> str:
+    """Mean ± sd over seeds of each metric, per model and state (markdown)."""
+    lines = ["| model | state | test acc | " + " | ".join(METRICS) + " |", "|---" * (3 + len(METRICS)) + "|"]
+    for kind in MODELS:
+        for trained in (False, True):
+            sel = [r for r in rows if r["model"] == kind and r["trained"] == trained]
+            acc = "-" if not trained else "{:.3f} ± {:.3f}".format(*_mean_sd([r["test_acc"] for r in sel]))
+            cells = ["{:.3f} ± {:.3f}".format(*_mean_sd([r[m] for r in sel])) for m in METRICS]
+            lines.append(f"| {kind} | {'trained' if trained else 'untrained'} | {acc} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--epochs", type=int, default=4, help="the same budget for both models")
+    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0 = all epochs)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--images", type=int, default=100, help="score the first N test scenes (0 = all 1,000)")
+    p.add_argument("--out", default=None, help="run directories and results.json (default: a temp dir)")
+    p.add_argument("--tiny", action="store_true", help="smoke run: 1 seed, 2 steps, 8 test scenes")
+    args = p.parse_args()
+    if args.tiny:
+        args.seeds, args.max_steps, args.images, args.epochs = [0], 2, 8, 1
+    out = Path(args.out or tempfile.mkdtemp(prefix="bench_dss_"))
+    torch.set_num_threads(args.threads)
+    folder = scenes_folder("test")
+    gt = read_coco(folder / "instances.json", folder / "images")
+    gt = _subset(gt, args.images) if args.images else gt
+    train_set = load_digit_scenes("train")
+    norm = (train_set.mean, train_set.std)
+    rows: list[dict] = []
+    for seed in args.seeds:
+        for kind in MODELS:
+            rows += _run(kind, seed, args, gt, norm, out)
+            print(json.dumps(rows[-2]), json.dumps(rows[-1]), sep="\n", flush=True)
+            (out / "results.json").write_text(json.dumps(rows, indent=1))  # after each run: a partial result stays
+    print(table(rows))
+    print("verdict:", verdict(rows))
+    print("verdict (Jaccard):", verdict(rows, "maskcut_jaccard"))
+    print(f"-> {out / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()
