@@ -128,7 +128,7 @@ def _configure(
     given_task_args = set(overrides.get("task_args") or {})
     if resume is not None:
         state = load_training_state(resume)
-        cfg = saved = TrainConfig.from_dict(upgrade_v1(state["train_config"]))  # an earlier release's: flat
+        cfg = saved = TrainConfig.from_dict(upgrade_v1(state["train_config"]), saved=True)  # flat: an earlier release
         _check_architecture(state, overrides, resume)
     for key in ("task_args", "model_args"):  # a resumed run keeps the options not given again
         if cfg is not None and key in overrides:
