@@ -165,7 +165,8 @@ def test_lm_resume_refuses_another_tokenizer_or_vocabulary(tmp_path: Path, capsy
     for extra, msg in [
         (["--tokenizer", other], f"keeps the tokenizer of its checkpoint ('byte'), not '{other}'; drop --tokenizer"),
         (["--tokenizer", "bpe"], "keeps the tokenizer of its checkpoint ('byte'), not 'bpe'"),
-        (["--vocab-size", 512], "keeps the vocab_size of its checkpoint (4096), not 512; drop --vocab-size"),
+        # a byte-level run's vocab_size is read by no tokenizer: refused as an option that cannot apply
+        (["--vocab-size", 512], "--vocab-size applies only when --tokenizer is bpe or wordpiece; --tokenizer is byte"),
     ]:
         _refused_on_resume(capsys, ["train-lm"], run, extra, msg)
 

@@ -29,6 +29,7 @@ from ..config_utils import (
     ON,
     POSITIVE,
     Range,
+    applies_where,
     coerce_fields,
     default_of,
     load_yaml,
@@ -450,9 +451,20 @@ class TrainConfig:
             getattr(self, name).check_fields()
             getattr(self, name).validate()
 
-    def to_dict(self) -> dict:
-        """The nested mapping saved as ``config.yaml`` (with ``config_version``); :meth:`from_dict` reads it."""
-        return {"config_version": VERSION, **dataclasses.asdict(self)}
+    def to_dict(self, effective: bool = False) -> dict:
+        """The nested mapping saved as ``config.yaml`` (with ``config_version``); :meth:`from_dict` reads it.
+        ``effective``: only the options that take effect in this run, less those whose ``applies`` condition does
+        not hold (each at its default, since one given cannot be built: ``hflip`` where ``augment`` is translate), so
+        ``config.yaml`` records what was used; reading it back gives the same config."""
+        d = {"config_version": VERSION, **dataclasses.asdict(self)}
+        if effective:
+            values, owners, seen = _where(d)
+            for name, cls in owners.items():
+                applies = next(f for f in dataclasses.fields(cls) if f.name == name).metadata.get("applies")
+                if not isinstance(applies, str) and applies_where(applies, {**values, **seen}) is False:
+                    group = next((g for g, c in GROUPS.items() if c is cls), None)
+                    (d if group is None else d[group]).pop(name)
+        return d
 
     def flat(self) -> dict:
         """Every option by its flat name (``{"lr": ..., "data": ..., ...}``), as flags and version-1 files name them."""
