@@ -163,6 +163,19 @@ class Config:
         check_applicable({n: getattr(self, n) for n in names}, names)
 
     @classmethod
+    def applied(cls, values: Mapping[str, Any], given: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
+        """``values`` (field → value) less those that cannot apply there and are not in ``given``: a saved run's
+        option that the options given now leave unread goes back to its default, which changes nothing."""
+        out = dict(values)
+        while True:
+            owners = {f.name: cls for f in dataclasses.fields(cls)}
+            full = {n: out.get(n, default_of(f)) for n, f in _fields(cls).items()}
+            dropped = [n for n in inapplicable(full, owners) if n in out and n not in given]
+            if not dropped:
+                return out
+            out = {k: v for k, v in out.items() if k not in dropped}
+
+    @classmethod
     def check_field(cls, name: str, value: Any) -> None:
         """One value of field ``name`` alone (``--model-args eta=inf`` before any model or run folder exists),
         coerced to the field's type, then checked as :meth:`check_fields` checks it."""
@@ -250,7 +263,7 @@ def check_applicable(values: Mapping[str, Any], owners: Mapping[str, type], seen
 
     def now(k: str) -> str:
         shown = _plain(values[k])
-        return f"{shown} ({_plain(seen[k])} here)" if k in seen and seen[k] != values[k] else shown
+        return f"{shown} ({seen[k]!r} here)" if k in seen and seen[k] != values[k] else shown
 
     for name in inapplicable(values, owners, seen)[:1]:
         applies = _fields(owners[name])[name].metadata["applies"]
@@ -258,13 +271,15 @@ def check_applicable(values: Mapping[str, Any], owners: Mapping[str, type], seen
         keys = list(dict.fromkeys(k for alt in alternatives for k in alt))
         state = ", ".join(f"{place(k)} is {now(k)}" for k in keys)
         unmet = {k: v for k, v in alternatives[0].items() if applies_where({k: v}, {**values, **seen}) is False}
-        fix = [f"set {place(k)}" if v == ON else place(k, v[0]) for k, v in unmet.items()]
+        to_set = [place(k) for k, v in unmet.items() if v == ON]
+        to_pass = " ".join(place(k, v[0]) for k, v in unmet.items() if v != ON)
         message = f"{place(name)} applies only when {applies_words(applies, place)}; {state}: drop {place(name)}"
         about = field_about(owners[name], name)
         if about:
             about["option"] = tuple(field_about(owners[k], k).get("option", (k,))[0] for k in [name, *keys])
-        fix_words = " and ".join(fix) if all(f.startswith("set ") for f in fix) else "pass " + " ".join(fix)
-        raise OptionError(f"{message} or {fix_words}", **about)
+        if to_pass:
+            raise OptionError(f"{message} or pass {to_pass}", **about)
+        raise OptionError(f"{message} or set {' and '.join(to_set)}", **about)
 
 
 def _plain(value: Any) -> str:

@@ -144,11 +144,11 @@ def applies_where(applies: Any, values: Mapping[str, Any]) -> bool | None:
 
 
 def applies_words(applies: Any, name: Callable[[str], str] = str) -> str:
-    """A condition in words, fields named by ``name``: ``augment is crop-flip or randaugment, or task is mae``."""
+    """A condition in words, fields named by ``name``: ``augment is crop-flip / randaugment, or task is mae``."""
     alternatives = [applies] if isinstance(applies, Mapping) else applies
 
     def one(k: str, v: Any) -> str:
-        return f"{name(k)} is set" if v == ON else f"{name(k)} is {' or '.join(map(str, v))}"
+        return f"{name(k)} is set" if v == ON else f"{name(k)} is {' / '.join(map(str, v))}"
 
     return ", or ".join(" and ".join(one(k, v) for k, v in alt.items()) for alt in alternatives)
 

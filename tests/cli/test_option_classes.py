@@ -299,8 +299,8 @@ def _refusal(capsys: pytest.CaptureFixture, *argv: object) -> str:
         (dict(mixup_prob=0.5, mixup_switch_prob=0.2), "mixup_prob applies only when mixup is set, or cutmix is set"),
         (dict(val_fraction=0.2, eval_split="test"), "val_fraction applies only when eval_split is val"),
         (dict(task="lm", label_smoothing=0.3, mixup=0.8), "applies only when task is classification; task is lm"),
-        (dict(crop_scale=0.5), r"augment is auto \(translate here\)"),  # auto on the digits: translations
-        (dict(momentum=0.5), "momentum applies only when optimizer is sgd or lars; optimizer is adamw"),
+        (dict(crop_scale=0.5), r"augment is auto \('translate' here\)"),  # auto on the digits: translations
+        (dict(momentum=0.5), "momentum applies only when optimizer is sgd / lars; optimizer is adamw"),
     ],
 )
 def test_the_issues_examples_are_refused(options, refused):

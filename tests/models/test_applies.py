@@ -110,7 +110,7 @@ def test_every_field_a_build_never_reads_is_refused_and_was_inert(name):
 
 
 def test_the_issues_examples_are_refused_and_the_fields_read_are_taken():
-    with pytest.raises(OptionError, match=f"^eta {REFUSED}, and crate_mnist \\(mssa \\+ mlp layers\\) never"):
+    with pytest.raises(OptionError, match=f"^eta {REFUSED}, and crate_mnist \\(layers 'mssa \\+ mlp'\\) never"):
         ct.create_model("crate_mnist", mlp="mlp", eta=0.5)
     with pytest.raises(OptionError, match=f"^scale_scores {REFUSED}"):
         ct.create_model("crate_mnist", attention="tssa", scale_scores=False)

@@ -184,7 +184,7 @@ def build(config: Config) -> Model:
     unread = [k for k in given if seen is not None and k not in seen and where[k] == OBSERVED]
     if unread:
         blocks = " + ".join(b for b in getattr(config, "layer_blocks", ()) if b)
-        built = f"{name} ({blocks} layers)" if blocks else name
+        built = f"{name} (layers {blocks!r})" if blocks else name
         place = field_place(type(config), unread[0])
         raise OptionError(
             f"{place} applies only where the model built reads it, and {built} never reads it: drop {place} (or "

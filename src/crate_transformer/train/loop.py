@@ -145,6 +145,8 @@ def _configure(
             f"drop task: {cfg.task} from the options"
         )
     task = task or make_task(cfg.task)
+    if saved is not None and task.Options is not None:  # a saved option the ones given now leave unread: its default
+        cfg.task_args = task.Options.applied(cfg.task_args, given_task_args)
     task.parse_options(cfg)  # the task's options are checked before anything is written
     if saved is not None:
         _check_fixed_options(task, saved, cfg, state, given_task_args, resume)
