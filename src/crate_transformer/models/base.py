@@ -39,7 +39,9 @@ and implements the forward methods, each with one meaning across families:
 * ``get_classifier()`` / ``reset_classifier(num_classes)`` — the final linear map, and a fresh one (0 classes:
   none, the model returns the pooled features, as timm's ``reset_classifier(0)``);
 * ``num_features``, ``group_matcher()`` and, for image models, ``forward_intermediates()``: timm's backbone
-  names (:mod:`crate_transformer.models.classifier`).
+  names (:mod:`crate_transformer.models.classifier`);
+* ``hook_names()``, ``run_with_cache(x, names)``, ``with intervene({name: edit})`` — the layers' values read and
+  replaced by name (:mod:`crate_transformer.models.hooks`, ``docs/hooks.md``).
 
 Pooling has one vocabulary (:data:`POOLS`, :func:`pool_tokens`) for the classifiers, the probes and DINO.
 """
@@ -60,6 +62,7 @@ from ..io import CheckpointError, save_pretrained
 from ..layers import trace_layer
 from ..loading.folder import load_folder
 from ..loading.hub import push_to_hub
+from .hooks import Hooked
 
 __all__ = [
     "Model",
@@ -122,8 +125,15 @@ def take_indices(depth: int, indices: int | Sequence[int] | None) -> list[int]:
         if not 0 < indices <= depth:
             raise ValueError(f"indices={indices} asks for the last {indices} layers of {depth}; pass 1..{depth}")
         return list(range(depth - indices, depth))
+    if not isinstance(indices, Sequence):
+        raise ValueError(f"indices must be a layer count or a list of layer indices, got {indices!r}; e.g. [0, -1]")
     out = []
     for i in indices:
+        if isinstance(i, bool) or not hasattr(i, "__index__"):  # 0.5: timm takes no fractions of the depth
+            raise ValueError(
+                f"layer indices are whole numbers (0-based, negative from the end), got {i!r}; e.g. indices=[0, -1]"
+            )
+        i = i.__index__()
         if not -depth <= i < depth:
             raise ValueError(f"layer index {i} does not exist in a model of {depth} layers; pass 0..{depth - 1}")
         out.append(i % depth)
@@ -167,8 +177,9 @@ class Trace:
         return cls(tokens, half, attention)
 
 
-class Model(nn.Module):
-    """Base of every model family; see the module docstring for the contract."""
+class Model(Hooked, nn.Module):
+    """Base of every model family; see the module docstring for the contract, and :mod:`.hooks` for
+    ``hook_names`` / ``run_with_cache`` / ``intervene``."""
 
     config_class: ClassVar[type[Config]]
     # the config ``arch`` this class builds; None for a family's common base, whose subclasses each build one
@@ -328,7 +339,7 @@ class Model(nn.Module):
 
     def refuse_pool(self, global_pool: str | None, kept: str) -> None:
         """One line for a ``global_pool`` that this family's head cannot read (it pools as ``kept`` only)."""
-        if global_pool not in (None, "", kept):
+        if global_pool not in (None, kept):  # "" is timm's "no pooling": per-token outputs, which no head here gives
             raise ValueError(
                 f"{type(self).__name__} pools its features as {kept!r} only, got global_pool={global_pool!r}; "
                 f"leave global_pool out (or pass {kept!r})"
