@@ -163,19 +163,6 @@ class Config:
         check_applicable({n: getattr(self, n) for n in names}, names)
 
     @classmethod
-    def applied(cls, values: Mapping[str, Any], given: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
-        """``values`` (field → value) less those that cannot apply there and are not in ``given``: a saved run's
-        option that the options given now leave unread goes back to its default, which changes nothing."""
-        out = dict(values)
-        while True:
-            owners = {f.name: cls for f in dataclasses.fields(cls)}
-            full = {n: out.get(n, default_of(f)) for n, f in _fields(cls).items()}
-            dropped = [n for n in inapplicable(full, owners) if n in out and n not in given]
-            if not dropped:
-                return out
-            out = {k: v for k, v in out.items() if k not in dropped}
-
-    @classmethod
     def check_field(cls, name: str, value: Any) -> None:
         """One value of field ``name`` alone (``--model-args eta=inf`` before any model or run folder exists),
         coerced to the field's type, then checked as :meth:`check_fields` checks it."""
@@ -251,6 +238,18 @@ def inapplicable(values: Mapping[str, Any], owners: Mapping[str, type], seen: Ma
         if applies_where(applies, seen) is False:
             out.append(name)
     return out
+
+
+def applied(cls: type, values: Mapping[str, Any], given: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
+    """``values`` (field of dataclass ``cls`` → value) less those that cannot apply there and are not in ``given``: a
+    saved run's option that the options given now leave unread goes back to its default, which changes nothing."""
+    out, owners = dict(values), {f.name: cls for f in dataclasses.fields(cls)}
+    while True:
+        full = {n: out.get(n, default_of(f)) for n, f in _fields(cls).items()}
+        dropped = [n for n in inapplicable(full, owners) if n in out and n not in given]
+        if not dropped:
+            return out
+        out = {k: v for k, v in out.items() if k not in dropped}
 
 
 def check_applicable(values: Mapping[str, Any], owners: Mapping[str, type], seen: Mapping[str, Any] = {}) -> None:

@@ -459,11 +459,10 @@ class TrainConfig:
         d = {"config_version": VERSION, **dataclasses.asdict(self)}
         if effective:
             values, owners, seen = _where(d)
-            for name, cls in owners.items():
-                applies = next(f for f in dataclasses.fields(cls) if f.name == name).metadata.get("applies")
+            for name, f in FIELDS.items():
+                applies = f.metadata.get("applies")
                 if not isinstance(applies, str) and applies_where(applies, {**values, **seen}) is False:
-                    group = next((g for g, c in GROUPS.items() if c is cls), None)
-                    (d if group is None else d[group]).pop(name)
+                    (d if GROUP_OF[name] is None else d[GROUP_OF[name]]).pop(name)
         return d
 
     def flat(self) -> dict:
@@ -477,12 +476,22 @@ class TrainConfig:
         that cannot apply is refused; one of the layers below (``base``, the recipe), or of a ``saved`` run's
         ``d`` (which recorded every option, read or not), goes back to its default, which changes nothing."""
         nested = nest_options(d)
-        given = {} if saved else nested
+        recipe = {}
         if nested.get("recipe"):  # the recipe's values go under the options given with it
             finetune = (nested.get("init_from") or (base.init_from if base is not None else None)) is not None
-            nested = _update(nest_options(recipe_options(nested["recipe"], finetune)), nested)
+            recipe = recipe_options(nested["recipe"], finetune)
         under = {k: v for k, v in base.to_dict().items() if k != "config_version"} if base is not None else {}
-        return cls(**_applied(_update(under, nested), given))
+        return cls(**_applied(cls.merge(under, recipe, nested), {} if saved else nested))
+
+    @staticmethod
+    def merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
+        """Layers of options, lowest first (defaults < recipe < file < flags; each in any layout, typed by
+        :func:`nest_options`) → one nested mapping, each layer's options winning over those below, group by group."""
+        out: dict[str, Any] = {}
+        for layer in layers:
+            for key, value in nest_options(layer).items():
+                out[key] = {**out.get(key, {}), **value} if key in GROUPS else value
+        return out
 
 
 # each field's name → the class declaring it (TrainConfig or a group): where the conditions find the fields they name
@@ -490,13 +499,15 @@ OWNERS: dict[str, type] = {
     **{f.name: TrainConfig for f in dataclasses.fields(TrainConfig) if f.name not in GROUPS},
     **{f.name: cls for cls in GROUPS.values() for f in dataclasses.fields(cls)},
 }
+FIELDS = {f.name: f for cls in set(OWNERS.values()) for f in dataclasses.fields(cls) if f.name in OWNERS}
+GROUP_OF = {n: next((g for g, c in GROUPS.items() if c is cls), None) for n, cls in OWNERS.items()}
 
 
 def _where(nested: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, type], dict[str, Any]]:
     """What the ``applies`` conditions read (:func:`~crate_transformer.config.check_applicable`'s arguments): every
     field's value (its default where ``nested`` has none) by field name, their classes, and ``augment`` as ``auto``
     resolves it (JMLR App. C.1: translations for the built-in digits)."""
-    values = {n: default_of(next(f for f in dataclasses.fields(c) if f.name == n)) for n, c in OWNERS.items()}
+    values = {n: default_of(f) for n, f in FIELDS.items()}
     for key, value in nested.items():
         values.update(value if key in GROUPS else {key: value} if key in OWNERS else {})
     seen = {}
@@ -513,7 +524,7 @@ def _applied(nested: dict[str, Any], given: Mapping[str, Any]) -> dict[str, Any]
         if not dropped:
             return nested
         for name in dropped:
-            group = next((g for g, c in GROUPS.items() if c is OWNERS[name]), None)
+            group = GROUP_OF[name]
             if group is None:
                 nested.pop(name, None)
             else:
@@ -614,14 +625,6 @@ def _moved_task_options(out: dict[str, Any]) -> dict[str, Any]:
     moved = {k: v for k, v in task_args.items() if k in ("text_columns", "label_column")}
     out["task_args"] = {k: v for k, v in task_args.items() if k not in moved}
     out["data"] = {**out.get("data", {}), **moved}
-    return out
-
-
-def _update(under: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    """Nested options ``under`` updated with ``over``, group by group (an option ``over`` names wins)."""
-    out = dict(under)
-    for key, value in over.items():
-        out[key] = {**out.get(key, {}), **value} if key in GROUPS else value
     return out
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..config import applied
 from ..data.prefetch import prefetch
 from ..errors import OptionError
 from . import sharding
@@ -146,7 +147,7 @@ def _configure(
         )
     task = task or make_task(cfg.task)
     if saved is not None and task.Options is not None:  # a saved option the ones given now leave unread: its default
-        cfg.task_args = task.Options.applied(cfg.task_args, given_task_args)
+        cfg.task_args = applied(task.Options, cfg.task_args, given_task_args)
     task.parse_options(cfg)  # the task's options are checked before anything is written
     if saved is not None:
         _check_fixed_options(task, saved, cfg, state, given_task_args, resume)
