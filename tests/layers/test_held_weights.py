@@ -209,3 +209,39 @@ def test_weights_made_under_inference_mode_are_not_held() -> None:
             add_in_place(model, x)
             want = fresh_output(model, x)
             torch.testing.assert_close(model(x), want, rtol=1e-10, atol=1e-10)
+
+
+STALE = r"^ISTA's weight changed inside frozen_weights while compiled code kept reading the step matrix held for"
+
+
+def test_compiled_code_reads_the_held_product_and_a_change_past_it_is_refused() -> None:
+    """A graph cannot read a version counter: compiled forwards read the held product unchecked and say so, and a
+    weight changed after that is refused at the next eager forward, or on leaving the context, never used."""
+    model, x = build(), images()
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    block = model.layers[0].ista
+    with torch.no_grad():
+        with pytest.raises(RuntimeError, match=STALE), frozen_weights(model):
+            torch.testing.assert_close(compiled(x), fresh_output(model, x), rtol=1e-10, atol=1e-10)
+            assert block.held.compiled  # the graph read the held product
+            add_in_place(model, x)
+            model(x)  # the eager forward finds the change
+        with pytest.raises(RuntimeError, match=STALE), frozen_weights(model):
+            compiled(x)
+            add_in_place(model, x)  # found on leaving
+        assert all(b.frozen is None for b in blocks(model))
+        with frozen_weights(model):  # changed, then read eagerly first: recomputed, and the graph reads the new one
+            add_in_place(model, x)
+            assert_own_weights(model, x)
+            torch.testing.assert_close(compiled(x), fresh_output(model, x), rtol=1e-10, atol=1e-10)
+            assert block.held.compiled
+
+
+def test_an_exported_program_holds_nothing() -> None:
+    model, x = build(), images()
+    with frozen_weights(model):
+        program = torch.export.export(model, (x,))
+        add_in_place(model, x)
+    assert not program.constants  # no product baked in: its inputs are the parameters and the images
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(x), fresh_output(model, x), rtol=1e-10, atol=1e-10)

@@ -8,7 +8,7 @@ where its code is read, and it builds itself from a :class:`~crate_transformer.l
 from __future__ import annotations
 
 import weakref
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -42,17 +42,18 @@ class SecondBlock:
 
 
 # --------------------------------------------------------------------------- ISTA
-class Held(NamedTuple):
-    """ISTA's step matrix held by :func:`~crate_transformer.layers.frozen_weights`, with what says which weights it
-    is the product of: the parameter itself (a weak reference: a new ``Parameter`` is other weights), its version
+class Held:
+    """ISTA's step matrix ``A`` held by :func:`~crate_transformer.layers.frozen_weights`, with what says which weights
+    it is the product of: the parameter itself (a weak reference: a new ``Parameter`` is other weights), its version
     counter (bumped by every in-place change: ``add_``, ``copy_``, an optimizer's step, ``load_state_dict``) and
     its storage, kept alive so that a tensor put in its place (``param.data = …``, ``.to(dtype/device)``) cannot
-    take its address."""
+    take its address.  ``compiled``: whether compiled code read ``A`` (a graph cannot read a version counter)."""
 
-    weight: weakref.ref[Tensor]
-    version: int
-    storage: Tensor
-    A: Tensor
+    __slots__ = ("weight", "version", "storage", "A", "compiled")
+
+    def __init__(self, weight: Tensor, A: Tensor) -> None:
+        self.weight, self.version, self.storage, self.A = weakref.ref(weight), weight._version, weight.detach(), A
+        self.compiled = False
 
     def holds(self, weight: Tensor) -> bool:
         """Whether ``A`` is the product of ``weight`` as it is now: the same tensor, unchanged in place, on the
@@ -125,32 +126,48 @@ class ISTA(SecondBlock, nn.Module):
 
     def freeze(self) -> None:
         """Hold ``A`` for the forwards to come (:func:`~crate_transformer.layers.frozen_weights`), in ``D``'s precision
-        whatever the caller's autocast, with what ties it to ``D`` (``Held``).  Nothing is held for a weight
-        whose changes cannot be seen: a sharded one (FSDP's ``DTensor``, whole only inside its forward) or an
-        inference tensor (made under ``torch.inference_mode``: no version counter)."""
+        whatever the caller's autocast, with what ties it to ``D`` (``Held``).  Nothing is held for a weight whose
+        changes cannot be seen: a sharded one (FSDP's ``DTensor``, whole only inside its forward) or an inference
+        tensor (made under ``torch.inference_mode``: no version counter)."""
         D = self.weight
         if type(D.data) is not torch.Tensor or D.is_inference():
             self.held = None
             return
         with torch.no_grad(), full_precision(D):
-            self.held = Held(weakref.ref(D), D._version, D.detach(), self.step_matrix())
+            self.held = Held(D, self.step_matrix())
 
     def thaw(self) -> None:
         self.held = None
 
+    def stale_read(self) -> str | None:
+        """Why compiled code may have read a held ``A`` that is not ``D``'s own any more (None if it did not): it
+        cannot check ``D``'s version, so a change of ``D`` is found at the next eager forward or on leaving the
+        context, and refused then (:func:`~crate_transformer.layers.frozen_weights`)."""
+        held = self.held
+        if held is None or not held.compiled or held.holds(self.weight):
+            return None
+        return (
+            "ISTA's weight changed inside frozen_weights while compiled code kept reading the step matrix held for "
+            "the old weight (a compiled graph cannot check a weight's version), so its outputs since the change are "
+            "stale; change weights outside the context, or leave it and enter it again after the change"
+        )
+
     def held_product(self) -> Tensor | None:
         """The held ``A`` for ``D`` as it is now, recomputed where ``D`` changed since it was computed; None outside
-        the context, where a gradient flows to ``D`` (the product must be ``D``'s own), and inside compiled code
-        (torch.compile, torch.export), where the version counter cannot be read without breaking the graph: there
-        the forward computes its own product, as outside the context."""
-        if torch.compiler.is_compiling():
-            return None
+        the context and where a gradient flows to ``D`` (the product must be ``D``'s own).  Compiled code reads the
+        held ``A`` unchecked (a version counter is not traceable) and says so (``Held.compiled``), so that a change
+        of ``D`` after it is refused (:meth:`stale_read`) rather than used; an exported program never holds one."""
         held, D = self.held, self.weight
-        if held is None:
+        if held is None or (torch.is_grad_enabled() and D.requires_grad) or torch.compiler.is_exporting():
             return None
-        if torch.is_grad_enabled() and D.requires_grad:
-            return None
+        if torch.compiler.is_compiling():
+            if held.storage.dtype != D.dtype or held.storage.device != D.device:
+                return None  # a moved or cast model: its own product
+            held.compiled = True
+            return held.A
         if not held.holds(D):
+            if (stale := self.stale_read()) is not None:
+                raise RuntimeError(stale)
             self.freeze()
         return self.frozen
 
