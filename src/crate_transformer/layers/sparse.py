@@ -152,23 +152,28 @@ class ISTA(SecondBlock, nn.Module):
             "stale; change weights outside the context, or leave it and enter it again after the change"
         )
 
-    def held_product(self) -> Tensor | None:
-        """The held ``A`` for ``D`` as it is now, recomputed where ``D`` changed since it was computed; None outside
-        the context and where a gradient flows to ``D`` (the product must be ``D``'s own).  Compiled code reads the
-        held ``A`` unchecked (a version counter is not traceable) and says so (``Held.compiled``), so that a change
-        of ``D`` after it is refused (:meth:`stale_read`) rather than used; an exported program never holds one."""
-        held, D = self.held, self.weight
-        if held is None or (torch.is_grad_enabled() and D.requires_grad) or torch.compiler.is_exporting():
+    def held_product(self, D: Tensor | None = None) -> Tensor | None:
+        """The held ``A`` for ``D`` (the block's weight, passed by a forward that has read it) as it is now,
+        recomputed where ``D`` changed since it was computed; None outside the context and where a gradient flows to
+        ``D`` (the product must be ``D``'s own).  Compiled code reads the held ``A`` unchecked (a version counter is
+        not traceable) and says so (``Held.compiled``), so that a change of ``D`` after it is refused
+        (:meth:`stale_read`) rather than used; an exported program never holds one."""
+        held = self.held
+        if held is None:
+            return None
+        D = self.weight if D is None else D
+        if (torch.is_grad_enabled() and D.requires_grad) or torch.compiler.is_exporting():
             return None
         if torch.compiler.is_compiling():
             if held.storage.dtype != D.dtype or held.storage.device != D.device:
                 return None  # a moved or cast model: its own product
             held.compiled = True
             return held.A
-        if not held.holds(D):
-            if (stale := self.stale_read()) is not None:
-                raise RuntimeError(stale)
-            self.freeze()
+        if held.holds(D):
+            return held.A
+        if (stale := self.stale_read()) is not None:
+            raise RuntimeError(stale)
+        self.freeze()
         return self.frozen
 
     def __getstate__(self) -> dict[str, Any]:
@@ -190,7 +195,7 @@ class ISTA(SecondBlock, nn.Module):
     def preactivation(self, x: Tensor) -> Tensor:
         """``x A − ηλ`` (eq. (44) before the ReLU), by the kept ``A``, the thin or the fused product."""
         rows, D, bias = x.reshape(-1, x.shape[-1]), self.weight, -self.eta * self.lambd
-        A = self.held_product()
+        A = self.held_product(D)
         thin = rows.shape[0] < D.shape[0]  # thin is cheaper (class docstring)
         if isinstance(thin, torch.SymBool):  # a row count torch.export keeps dynamic: the fused form holds for
             thin = statically_known_true(thin)  # every count, where a guard on the count would fail the export
