@@ -162,7 +162,10 @@ class ClassificationTask(Task):
         naming the options to try when it is still near that chance level (:func:`.recipes.near_chance`)."""
         if ctx.step != self._chance_step():
             return None
-        images, labels = next(iter(self.train_data.batches(CHANCE_IMAGES, seed=self.cfg.system.seed)))  # a random draw
+        n = min(CHANCE_IMAGES, len(self.train_data))
+        draw = self.train_data.batches(n, seed=self.cfg.system.seed, drop_last=False)  # a random draw
+        images, labels = next(draw)
+        draw.close()  # a streamed source's workers stop here
         was = ctx.model.training
         ctx.model.eval()
         logits = ctx.model(self.data.inputs(images)).float()
@@ -172,7 +175,8 @@ class ClassificationTask(Task):
         low = near_chance(acc, chance)
         if low and ctx.is_main:
             warnings.warn(self._chance_warning(acc, chance), stacklevel=2)
-        return [{"split": "chance_check", "step": ctx.step, "train_acc": acc, "chance": chance, "near_chance": low}]
+        record = {"split": "chance_check", "step": ctx.step, "epoch": ctx.epoch}
+        return [{**record, "train_acc": acc, "chance": chance, "near_chance": low}]
 
     def _chance_step(self) -> int:
         """The last step of the first epoch that ends after the warm-up (during it the lr is not yet at its peak)."""
