@@ -61,8 +61,8 @@ class MAEOptions(Config):
     )
     augmentation: str = task_option(
         "auto",
-        "augmentation of the pre-training images: auto (none for the built-in digits, crop-flip otherwise, "
-        "as in MAE) | none | translate | crop-flip",
+        "augmentation of the pre-training images: auto (none for grey-scale images such as digits, crop-flip for "
+        "colour ones, as in MAE; the header says which) | none | translate | crop-flip",
         choices=("auto", "none", "translate", "crop-flip"),
     )
     probe: bool = task_option(
