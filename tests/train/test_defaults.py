@@ -16,6 +16,7 @@ import yaml
 from clitools import crate, warnings_shown
 from PIL import Image
 
+from crate_transformer.io import save_state
 from crate_transformer.train import FINETUNE_DEFAULTS, TrainConfig
 from crate_transformer.train.recipes import (
     RECIPES,
@@ -28,6 +29,7 @@ from crate_transformer.train.recipes import (
     near_chance,
     recipe_options,
 )
+from crate_transformer.train.rundir import load_training_state
 
 TINY = tiny.TRAIN_CLI
 
@@ -122,6 +124,26 @@ def test_train_on_grey_digits_chooses_shifts_says_why_and_records_it(
         ).augmentation.augment
         == "translate"
     )
+
+
+def test_a_run_that_recorded_auto_resumes_with_the_rule_it_started_with(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A run of an earlier release recorded augment 'auto' (resolved then by the data's name: crop-flip for a folder)
+    and resumes with that rule, not today's choice (translate for grey-scale), so a resumed run is the run it was."""
+    data = _folder(tmp_path / "grey", channels=1)
+    run = tmp_path / "run"
+    argv = ["--data", data, "--image-size", "8", "--threads", "1", "--no-progress", "--batch-size", "8",
+            "--model-args", *tiny.kv(tiny.TRAIN_ARCH)]  # fmt: skip
+    assert crate("train", *argv, "--epochs", "2", "--max-steps", "3", "--out", run) == 0
+    assert _run(run)[0]["augmentation"]["augment"] == "translate"  # today's choice for grey-scale images
+    state = load_training_state(run)
+    old = {**state["train_config"], "augmentation": {**state["train_config"]["augmentation"], "augment": "auto"}}
+    save_state({**state, "train_config": old}, run / "checkpoints" / "last.pt")  # as an earlier release saved it
+    capsys.readouterr()
+    assert crate("train", "--resume", run, "--max-steps", "4", "--no-progress") == 0
+    assert "  augmentation crop-flip: the rule the run started with" in capsys.readouterr().err
+    assert _run(run)[0]["augmentation"]["augment"] == "crop-flip"
 
 
 def test_train_on_colour_images_chooses_crop_flip(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
