@@ -18,17 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._version import __version__
-from .messages import (  # noqa: F401 - the tables and names other cli modules and tests import from here
-    FLAGS,
-    LISTING_CALLS,
-    LISTINGS,
-    TASK_COMMANDS,
-    Flags,
-    cli_message,
-    command_flags,
-    flag,
-    task_command,
-)
+from .messages import TASK_COMMANDS, Flags, cli_message, command_flags, task_command  # noqa: F401 (imported from here)
 
 # name -> (module, help); the module provides configure_<name>(parser) and run_<name>(args) -> int | None
 COMMANDS: dict[str, tuple[str, str]] = {

@@ -94,7 +94,7 @@ def add_options(
     the help (a command's own recipe).  The flag keeps what was typed and is absent when not given (the module
     docstring); one without ``basic=True`` is shown by ``--help-all`` only."""
     from ..config_utils import option_name
-    from . import flag as cli_flag
+    from .messages import flag as cli_flag
 
     defaults = dict(defaults or {})
     fields = {option_name(f): f for f in dataclasses.fields(cls) if "help" in f.metadata}
@@ -136,7 +136,7 @@ def _help_text(meta: Mapping[str, Any], default: Any, own_default: bool) -> str:
 def help_flags(text: str) -> str:
     """A library help text with its options named as flags: the library writes ```lr``` (backticked option
     names), the command line shows ``--lr``."""
-    from . import LISTING_CALLS, flag
+    from .messages import LISTING_CALLS, flag
 
     for call, command in LISTING_CALLS.items():
         text = text.replace(call, f"`{command}`")
