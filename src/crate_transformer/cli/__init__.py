@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._version import __version__
-from .messages import TASK_COMMANDS, Flags, cli_message, command_flags, task_command  # noqa: F401 (imported from here)
+from .messages import TASK_COMMANDS, Flags, cli_message, command_flags, task_command, unrecognized  # noqa: F401
 
 # name -> (module, help); the module provides configure_<name>(parser) and run_<name>(args) -> int | None
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -111,9 +111,10 @@ def add_help_all(parser: argparse.ArgumentParser) -> None:
                 add_help_all(sub)
     parser.add_argument("--help-all", action=_HelpAll, help="show every option, not only the ones used first")
     hidden = sum(hasattr(a, "help_all") for a in parser._actions)
-    if hidden:  # a usage line of every flag would fill a screen: the flags are listed below it
-        positionals = [a.metavar or a.dest for a in parser._actions if not a.option_strings]
+    if hidden or len(parser.format_usage().splitlines()) > 1:  # a usage of every flag: the help lists them below
+        positionals = [parser._get_formatter()._format_args(a, a.dest) for a in parser._get_positional_actions()]
         parser.usage = " ".join(["%(prog)s [options]", *positionals])
+    if hidden:
         parser.epilog = f"{hidden} more options: {parser.prog} --help-all"
 
 
@@ -158,12 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)  # the top level has no valued options
     parser = build_parser(command)
     args, unknown = parser.parse_known_args(argv)
+    chosen = command_parser(parser, args)
     if unknown:  # the command's own usage, not the top level's ("usage: crate [-h] [--version] COMMAND ...")
-        command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+        chosen.error(unrecognized(unknown, chosen))
     if not getattr(args, "_run", None):
         parser.print_help()
         return 1
-    chosen = command_parser(parser, args)
     args._options = {a.dest for a in chosen._actions}  # what a --config file may set
 
     def flags() -> Flags:  # the command's flags (crate ablate sets its own table, with --train-args entries)
