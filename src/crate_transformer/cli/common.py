@@ -7,9 +7,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from ..config_utils import load_yaml, option_name, short_repr
+from ..config_utils import coerce_fields, load_yaml, option_name, short_repr
 from ..errors import OptionError
 from .messages import flag
 
@@ -25,8 +26,6 @@ def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
     """
     import yaml
 
-    from ..models.registry import config_classes
-
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -40,16 +39,21 @@ def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
         if name in out and out[name] != parsed:
             raise ValueError(f"--model-args sets {name} twice ({out[name]!r} and {parsed!r}); keep one")
         out[name] = parsed
-    # any config's field here; the model's own config class rejects the ones it does not have
-    classes = config_classes()
-    valid = {f.name for cls in classes for f in dataclasses.fields(cls)} - {"data", "extra"}
-    bad = sorted(set(out) - valid)
+    fields = _model_fields()  # any family's; the model's own config class rejects the ones it does not have
+    bad = sorted(set(out) - set(fields))
     if bad:
-        raise ValueError(f"unknown model argument(s) {bad}; valid: {sorted(valid)}")
+        raise ValueError(f"unknown model argument(s) {bad}; valid: {sorted(fields)}")
     for key, value in out.items():  # ranges and finiteness now, not when the model is built inside a run
-        cls = next(c for c in classes if key in {f.name for f in dataclasses.fields(c)})
-        cls.check_field(key, value)
+        fields[key].check_field(key, value)
     return out
+
+
+def _model_fields() -> dict[str, type]:
+    """Every field a model argument may name → the first registered family's config class that has it."""
+    from ..models.registry import config_classes
+
+    fields = {f.name: cls for cls in reversed(config_classes()) for f in dataclasses.fields(cls)}  # the first wins
+    return {k: v for k, v in fields.items() if k not in ("data", "extra")}
 
 
 def resolve_options(args: argparse.Namespace) -> None:
@@ -60,8 +64,7 @@ def resolve_options(args: argparse.Namespace) -> None:
     if cls is None:
         return
     fields = {option_name(f): f for f in dataclasses.fields(cls)}
-    values = cls(**{f.name: getattr(args, name) for name, f in fields.items() if hasattr(args, name)})
-    defaults = cls()
+    values, defaults = cls(**{f.name: getattr(args, name) for name, f in fields.items() if hasattr(args, name)}), cls()
     for name, f in fields.items():
         setattr(args, name, getattr(values, f.name))
     args._defaults = {name: getattr(defaults, f.name) for name, f in fields.items()}
@@ -87,11 +90,11 @@ def apply_threads(args: argparse.Namespace) -> int:
 def given_options(args: argparse.Namespace) -> dict[str, Any]:
     """The training options the user set: ``--config FILE`` first (nested or flat), then the flags by option name
     (``model_args`` merged, not replaced)."""
-    from ..train.config import FLAT, GROUPS, TrainConfig, nest_options, read_options_file
+    from ..train.config import FLAT, GROUPS, TrainConfig
 
     # the top-level options and the groups' options, as their flags name them (a task's --augmentation is its own)
     names = ({option_name(f) for f in dataclasses.fields(TrainConfig)} - set(GROUPS)) | set(FLAT)
-    options = nest_options(read_options_file(args.config)) if getattr(args, "config", None) else {}  # typed first
+    options = _file_options(args.config) if getattr(args, "config", None) else {}  # typed first
     if options and hasattr(args, "_options"):  # every option of this command's parser, given or not (cli.main)
         _refuse_unread(options, args._options, args.config)
     flags = {k: v for k, v in vars(args).items() if k in names}
@@ -104,6 +107,44 @@ def given_options(args: argparse.Namespace) -> dict[str, Any]:
         else:
             options[name] = value
     return options
+
+
+def _file_options(path: str) -> dict[str, Any]:
+    """A ``--config`` file's options, nested and typed; each value is first checked alone against its declaration
+    (type, choices, range; a model argument by its family's config class), so a bad one is named as the file's key
+    where it is fixed (``config.yaml: optim.lr must be ..., got 'fast' (str); e.g. 0.004``), not as its flag."""
+    from ..config import check_option
+    from ..train.config import GROUPS, TrainConfig, nest_options, read_options_file
+
+    options = read_options_file(path)  # the nested layout (a flat file's keys placed in their groups), as written
+    for key, value in options.items():
+        if key in GROUPS:
+            entries = [(GROUPS[key], name, v, f"{key}.{name}") for name, v in value.items()]
+        elif key == "model_args" and isinstance(value, dict):
+            entries = [(c, name, v, f"{key}.{name}") for name, v in value.items() if (c := _model_fields().get(name))]
+        else:
+            entries = [(TrainConfig, key, value, key)]
+        for cls, name, v, where in entries:
+            field = next((f for f in dataclasses.fields(cls) if f.name == name), None)
+            try:
+                if field is not None:  # an unknown key: nest_options names it with the valid ones
+                    check_option(cls, name, coerce_fields(cls, {name: v})[name])
+            except ValueError as e:
+                raise ValueError(_keyed(str(e), option_name(field), where, path)) from None
+    return nest_options(options)
+
+
+def _keyed(message: str, said: str, where: str, path: str) -> str:
+    """``message``, about the option the library names ``said``, about key ``where`` of the file ``path`` as the
+    file writes it (a nested ``optim.lr``, a flat ``lr``): ``lr must be ..., got 'x' (str); e.g. lr=0.004`` →
+    ``config.yaml: optim.lr must be ..., got 'x' (str); e.g. 0.004``."""
+    from ..train.config import GROUPS
+
+    if where.split(".")[0] in GROUPS and said not in GROUPS:  # a group's option may be written flat, at the top
+        written = {str(k).replace("-", "_"): str(k) for k in load_yaml(Path(path).read_text()) or {}}
+        where = written.get(said, where)
+    message = message.replace(f"e.g. {said}=", "e.g. ")
+    return f"{path}: {where}{message[len(said) :]}" if message.startswith(f"{said} ") else f"{path}: {where}: {message}"
 
 
 def _refuse_unread(options: dict[str, Any], accepted: set[str], path: object) -> None:
