@@ -132,6 +132,8 @@ LAYERS = [  # lowest first; a module may import its own layer and the ones befor
         "layers.reference",
         "layers.config",
         "layers.inference",
+        "layers._hook_state",  # the hook key compiled graphs are guarded on
+        "layers.hooks",  # the hook sites the layers declare
         "layers.attention",
         "layers._tssa_functions",  # TSSA's memory-saving backward (its operator imports it)
         "layers.tssa",
@@ -143,6 +145,7 @@ LAYERS = [  # lowest first; a module may import its own layer and the ones befor
         "models.token_prior",  # a language model's mixin
         "models.spec",
         "models.tokenizer",
+        "models.hooks",  # hook_names / run_with_cache / intervene: the base model's mixin
         "loading",
         "loading.official",  # the authors' key maps and formats: what a family declares it reads
         "loading.runfiles",

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import LayerConfig
+from .hooks import HookPoint, Site, heads_site, hooked
 from .static_cache import StaticLayerCache
 
 
@@ -75,6 +76,33 @@ def attend(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 
 
+def attend_explicit(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    pattern: nn.Module,
+    *,
+    causal: bool,
+    scale: float,
+    dropout_p: float = 0.0,
+    key_mask: Tensor | None = None,
+) -> Tensor:
+    """:func:`attend` with the attention pattern written out and passed through ``pattern`` (a
+    :class:`~crate_transformer.layers.hooks.HookPoint`), where hooks read or replace it: the ``(b, K, m, s)``
+    row-softmax ``softmax(scale·q kᵀ + mask)`` (eqs. (86)-(87)), the same masks as :func:`attend`.  Run only while
+    the pattern is hooked; otherwise the fused kernel never forms the matrix."""
+    m, s = q.shape[-2], k.shape[-2]
+    scores = (q @ k.transpose(-1, -2)) * scale
+    mask = torch.ones(m, s, dtype=torch.bool, device=q.device).tril(s - m) if causal else None
+    if key_mask is not None:
+        keys = key_mask[:, None, None, :].to(torch.bool)
+        mask = keys if mask is None else mask & keys
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = pattern(torch.softmax(scores, dim=-1))
+    return F.dropout(weights, dropout_p, training=dropout_p > 0) @ v
+
+
 # --------------------------------------------------------------------------- MSSA
 class MSSA(nn.Module):
     """Multi-head subspace self-attention, the compression step (eqs. (36)-(37), JMLR pp.23-24; Alg. 2).
@@ -109,6 +137,7 @@ class MSSA(nn.Module):
         self.tied_output, self.tied_beta = tied_output, tied_beta
         self.qkv = nn.Linear(dim, heads * dim_head, bias=False)
         self.proj = None if tied_output else nn.Linear(heads * dim_head, dim, bias=proj_bias)
+        self.pattern = HookPoint()  # the attention pattern, formed only while hooked (attend_explicit)
 
     def subspaces(self) -> Tensor:
         """The learned bases ``U`` as a ``(K, d, p)`` tensor (the heads' projections ``U_k``)."""
@@ -143,7 +172,8 @@ class MSSA(nn.Module):
         w = self.project(x)  # (b, K, n, p)
         kv = cache_append(cache, "w", w)  # (b, K, s, p): the cached tokens and these
         p_drop = self.dropout if self.training else 0.0
-        out = attend(w, kv, kv, causal=self.causal, scale=self.scale, dropout_p=p_drop, key_mask=key_mask)
+        how = dict(causal=self.causal, scale=self.scale, dropout_p=p_drop, key_mask=key_mask)
+        out = attend_explicit(w, kv, kv, self.pattern, **how) if hooked(self.pattern) else attend(w, kv, kv, **how)
         b, _, n, _ = out.shape
         out = out.transpose(1, 2).reshape(b, n, self.heads * self.dim_head)  # heads side by side: [SSA_1; …; SSA_K]
         if self.proj is None:
@@ -154,6 +184,12 @@ class MSSA(nn.Module):
         """The ``(b, K, n, n)`` row-softmax attention of each head on ``x`` (what the forward's kernel applies)."""
         w = self.project(x)
         return causal_softmax((w @ w.transpose(-1, -2)) * self.scale, self.causal)
+
+    def hook_sites(self) -> dict[str, Site]:
+        """``qkv``: each head's ``U_kᵀ LN(Z)`` ``(b, K, n, p)`` (query, key and value at once, eq. (35));
+        ``pattern``: the ``(b, K, n, s)`` row softmax of eq. (35) / (86); ``out``: the block's output, ``W``
+        (eq. (37)) or ``β [U_1 … U_K]`` (eq. (36)) applied to the heads' outputs."""
+        return {"qkv": heads_site(self.qkv, self.heads), "pattern": Site(self.pattern), "out": Site(self)}
 
 
 # --------------------------------------------------------------------------- hybrids' blocks (Table 17, CRATE-α)
@@ -175,6 +211,7 @@ class MHSA(nn.Module):
         inner = heads * self.dim_head
         self.qkv = nn.Linear(dim, 3 * inner)
         self.proj = nn.Linear(inner, dim)
+        self.pattern = HookPoint()  # the attention pattern, formed only while hooked (attend_explicit)
 
     @classmethod
     def from_config(cls, dim: int, heads: int, dim_head: int, c: LayerConfig, *, causal: bool, bias: bool) -> MHSA:
@@ -191,7 +228,8 @@ class MHSA(nn.Module):
         q, k, v = self.project(x)
         k, v = cache_append(cache, "k", k), cache_append(cache, "v", v)
         p_drop = self.dropout if self.training else 0.0
-        out = attend(q, k, v, causal=self.causal, scale=self.dim_head**-0.5, dropout_p=p_drop, key_mask=key_mask)
+        how = dict(causal=self.causal, scale=self.dim_head**-0.5, dropout_p=p_drop, key_mask=key_mask)
+        out = attend_explicit(q, k, v, self.pattern, **how) if hooked(self.pattern) else attend(q, k, v, **how)
         b, _, n, _ = out.shape
         return self.proj(out.transpose(1, 2).reshape(b, n, self.heads * self.dim_head))
 
@@ -199,3 +237,9 @@ class MHSA(nn.Module):
         """The ``(b, K, n, n)`` row-softmax attention of each head on ``x``."""
         q, k, _ = self.project(x)
         return causal_softmax(q @ k.transpose(-1, -2) * self.dim_head**-0.5, self.causal)
+
+    def hook_sites(self) -> dict[str, Site]:
+        """``q``, ``k``, ``v``: the three projections ``(b, K, n, p)`` (TransformerLens' ``hook_q/k/v``);
+        ``pattern``: the ``(b, K, n, s)`` row softmax; ``out``: the output projection's output."""
+        sites = {name: heads_site(self.qkv, self.heads, i, 3) for i, name in enumerate("qkv")}
+        return {**sites, "pattern": Site(self.pattern), "out": Site(self)}

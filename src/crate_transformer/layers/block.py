@@ -13,8 +13,10 @@ from torch import Tensor, nn
 
 from ..config_utils import Range
 from ..objectives import autocast_on, full_precision
+from . import _hook_state
 from .attention import MHSA, MSSA
 from .config import ATTENTION_NAMES, ISTA_MODES, LAYER_FORMS, MLPS, LayerConfig
+from .hooks import HookPoint, Site, attention_sites, code_site
 from .sparse import ISTA, MLP, MMISTA, OvercompleteISTA, Skip, SoftISTA, TiedOvercompleteISTA
 from .tssa import TSSA
 
@@ -196,6 +198,7 @@ class EncoderLayer(nn.Module):
             self.gamma1 = nn.Parameter(torch.full((dim,), float(layer_scale)))
             self.gamma2 = nn.Parameter(torch.full((dim,), float(layer_scale)))
         self.drop_path = DropPath(drop_path)  # no parameters: state dicts are unchanged
+        self.z_half = HookPoint()  # Z^{ℓ+1/2}, where hooks read and replace it (hook_sites); no parameters either
         self.block_key, self.skip_from_norm, self.config = Block.state_key, c.layer_form == "jmlr", c
         if getattr(Block, "obsolete", ()):
             self.register_load_state_dict_pre_hook(_drop_obsolete)
@@ -219,10 +222,11 @@ class EncoderLayer(nn.Module):
         return "jmlr" if self.skip_from_norm else "official"
 
     def forward(self, x: Tensor, cache: dict[str, Tensor] | None = None, key_mask: Tensor | None = None) -> Tensor:
+        _hook_state.guard()  # a compiled graph is guarded on the hooks attached (_hook_state's docstring)
         h = self.norm1(x)
         update = self.attn(h, cache=cache, key_mask=key_mask)
-        half = (h if self.skip_from_norm else x) + self.drop_path(
-            update if self.gamma1 is None else self.gamma1 * update
+        half = self.z_half(
+            (h if self.skip_from_norm else x) + self.drop_path(update if self.gamma1 is None else self.gamma1 * update)
         )
         out = self.block(self.norm2(half))
         if not self.block.residual:
@@ -233,6 +237,20 @@ class EncoderLayer(nn.Module):
         """Where this layer's sparse code (or its MLP's units) is read: ``(module, unit kind)``, None without one
         (``ista_mode="none"``)."""
         return self.block.code_site()
+
+    def hook_sites(self) -> dict[str, Site]:
+        """The layer's named values, in the order they are formed (``model.hook_names()`` prefixes
+        ``layers.{i}.``): ``z_in`` (its input Z^ℓ), ``attn.*`` (:func:`.hooks.attention_sites`), ``z_half``
+        (Z^{ℓ+1/2}), ``code`` (ISTA's sparse code Z^{ℓ+1}, eq. (44); the overcomplete code A2) or ``mlp.hidden``
+        (an MLP's GELU units), and ``z_out`` (the layer's output)."""
+        sites = {"z_in": Site(self, "input")}
+        sites.update({f"attn.{name}": site for name, site in attention_sites(self.attn).items()})
+        sites["z_half"] = Site(self.z_half)
+        found = self.code_site()
+        if found is not None:
+            sites["mlp.hidden" if found[1] == "mlp" else "code"] = code_site(*found)
+        sites["z_out"] = Site(self)
+        return sites
 
     def output_bias(self) -> Tensor | None:
         """The bias this layer adds unchanged to every output token, or None: a residual MLP's output bias, or
@@ -302,6 +320,7 @@ class DecoderLayer(nn.Module):
         nn.init.kaiming_uniform_(self.weight)
         self.norm2 = LayerNorm(dim)
         self.attn = MSSA(dim, heads, dim_head, dropout, scale_scores=scale_scores)
+        self.z_half = HookPoint()  # X_ = E·LN1(X), where hooks read and replace it (hook_sites)
 
     @property
     def form(self) -> str:
@@ -309,6 +328,15 @@ class DecoderLayer(nn.Module):
         return "jmlr" if self.skip_from_norm else "official"
 
     def forward(self, x: Tensor) -> Tensor:
-        x_ = F.linear(self.norm1(x), self.weight)
+        _hook_state.guard()  # a compiled graph is guarded on the hooks attached (_hook_state's docstring)
+        x_ = self.z_half(F.linear(self.norm1(x), self.weight))
         h = self.norm2(x_)
         return (h if self.skip_from_norm else x_) - self.attn(h)
+
+    def hook_sites(self) -> dict[str, Site]:
+        """``z_in`` (X), ``z_half`` (``X_ = E·LN1(X)``, ISTA undone, eq. (62)), ``attn.*`` (the MSSA undone,
+        eq. (63)) and ``z_out``, in the order they are formed."""
+        sites = {"z_in": Site(self, "input"), "z_half": Site(self.z_half)}
+        sites.update({f"attn.{name}": site for name, site in attention_sites(self.attn).items()})
+        sites["z_out"] = Site(self)
+        return sites

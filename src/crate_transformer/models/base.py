@@ -39,7 +39,9 @@ and implements the forward methods, each with one meaning across families:
 * ``get_classifier()`` / ``reset_classifier(num_classes)`` — the final linear map, and a fresh one (0 classes:
   none, the model returns the pooled features, as timm's ``reset_classifier(0)``);
 * ``num_features``, ``group_matcher()`` and, for image models, ``forward_intermediates()``: timm's backbone
-  names (:mod:`crate_transformer.models.classifier`).
+  names (:mod:`crate_transformer.models.classifier`);
+* ``hook_names()``, ``run_with_cache(x, names)``, ``with intervene({name: edit})`` — the layers' values read and
+  replaced by name (:mod:`crate_transformer.models.hooks`, ``docs/hooks.md``).
 
 Pooling has one vocabulary (:data:`POOLS`, :func:`pool_tokens`) for the classifiers, the probes and DINO.
 """
@@ -60,6 +62,7 @@ from ..io import CheckpointError, save_pretrained
 from ..layers import trace_layer
 from ..loading.folder import load_folder
 from ..loading.hub import push_to_hub
+from .hooks import Hooked
 
 __all__ = [
     "Model",
@@ -167,8 +170,9 @@ class Trace:
         return cls(tokens, half, attention)
 
 
-class Model(nn.Module):
-    """Base of every model family; see the module docstring for the contract."""
+class Model(Hooked, nn.Module):
+    """Base of every model family; see the module docstring for the contract, and :mod:`.hooks` for
+    ``hook_names`` / ``run_with_cache`` / ``intervene``."""
 
     config_class: ClassVar[type[Config]]
     # the config ``arch`` this class builds; None for a family's common base, whose subclasses each build one
