@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from ..config import IMAGE_CLASSIFIER, Config
 from ..config_utils import Range, option
 from ..layers import DIM_HEAD, EncoderLayer, LayerConfig, drop_path_rates
+from ..layers.inference import traced_images
 from ..loading.official import HEADS_NOT_STORED, OfficialFormat, official_to_native
 from ..objectives import autocast_on
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
@@ -323,6 +324,8 @@ class ImageInput:
         autocast is on for their device (it casts them); what each image model's embedding reads."""
         self.check_images(x, finite=False)
         dtype = self.cls_token.dtype
+        if torch.compiler.is_exporting():  # the program casts and checks as the model does, whatever the traced dtype
+            return traced_images(x, dtype)
         return x if x.dtype == dtype or autocast_on(x) else x.to(dtype)
 
     def check_images(self, x: Tensor, finite: bool = True) -> None:
