@@ -12,7 +12,11 @@ eval mode inside ``evaluating`` and ``torch.inference_mode``.  A row's figure is
 ratio is this checkout's over the baseline's (1.00x: no cost), with the 1-minute load average beside it.  Benchmarks
 are not tests: absolute numbers depend on the machine and its load; the ratio is measured side by side.
 
-A last block times the same rows here with a hook attached (``run_with_cache`` of one value per layer), for scale.
+The ``hooked`` column times the same rows here with a hook attached (``run_with_cache`` of one value per layer), for
+scale.  A last block bounds the cost from below the noise of a loaded machine: the machinery a forward runs with
+nothing hooked — per layer one unhooked ``HookPoint`` call (``z_half``), the hook key's read (``_hook_state.guard``)
+and the attention's ``hooked(pattern)`` test — timed alone over many calls, times the number of layers, against the
+forward's time measured in the same process just before.
 """
 
 from __future__ import annotations
@@ -89,6 +93,37 @@ def side(src: Path, rows: list, repeats: int, mode: str = "plain") -> dict[str, 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def machinery(rows: list, repeats: int) -> None:
+    """The per-forward cost of the unhooked machinery (the module docstring's last block), here."""
+    import time
+
+    import torch
+
+    import crate_transformer as ct
+    from crate_transformer.layers import _hook_state, evaluating
+    from crate_transformer.layers.hooks import HookPoint, hooked
+
+    def per_call(fn, n: int = 20000) -> float:
+        fn()
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - t) / n
+
+    point, x = HookPoint(), torch.zeros(1)
+    cost = per_call(lambda: point(x)) + per_call(_hook_state.guard) + per_call(lambda: hooked(point))
+    print(f"\nUnhooked machinery: {cost * 1e6:.2f} us per layer (HookPoint call + key read + pattern test)")
+    print(f"{'row':24s} {'forward':>9s} {'layers':>6s} {'machinery':>9s} {'share':>7s}")
+    torch.manual_seed(0)
+    for label, name, over, (kind, b, n) in rows:
+        model = ct.create_model(name, **over).eval()
+        inp = torch.randn(b, 3, n, n) if kind == "image" else torch.randint(0, model.config.vocab_size, (b, n))
+        with evaluating(model), torch.inference_mode():
+            fwd = statistics.median(per_call(lambda m=model, i=inp: m(i), 1) for _ in range(repeats))
+        depth = model.config.depth
+        print(f"{label:24s} {fwd * 1e3:9.3f} {depth:6d} {depth * cost * 1e3:9.4f} {depth * cost / fwd:7.2%}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--baseline", default=None, help="the commit to compare against (default: before the hooks)")
@@ -114,6 +149,7 @@ def main() -> None:
         b = statistics.median(run[label] for run in runs["base"]) * 1e3
         o = statistics.median(run[label] for run in runs["ours"]) * 1e3
         print(f"{label:24s} {b:9.3f} {o:9.3f} {o / b:6.3f}x {hooked[label] * 1e3:9.3f} {load:>5s}")
+    machinery(rows, repeats)
 
 
 if __name__ == "__main__":
