@@ -16,9 +16,13 @@ imports it for ``save_pretrained``, ``checkpoint.py`` for the readers), so there
 * :func:`save_safetensors` / :func:`load_safetensors` — tensors plus ``{"format": "pt", "sha256": ...}``
   metadata; the reader verifies the checksum when present (older files without one still load).
 * :func:`tree_sha256` — SHA-256 of nested dicts / lists / tuples of tensors, arrays and plain values.
+* :func:`path_kind` / :func:`describe_path` — what a path is, decided without opening it (a regular file, a folder,
+  missing, an empty path, a broken symbolic link, a device, a FIFO, a socket): the reader and the writer below
+  decide by it, so a device or a FIFO is named, never read (``/dev/zero`` would never end, a FIFO would block).
 * :func:`make_folder` — the one writer of folders: every save and export (and :func:`atomic_write`, for the folder
   of each file) checks its target with it first, so a target that is a file, lies inside a file or cannot be
-  written is a one-line :class:`WriteError` naming that target.
+  written, is an empty path, a broken link, a device, a FIFO or a socket is a one-line :class:`WriteError` naming
+  that target.
 * :func:`read_side_file` — the one reader of the small files a run folder, a sweep or a cache holds beside the
   weights (``config.yaml``, ``metrics.jsonl``, ``trackers.json``, indexes, caches): a file that is unreadable,
   empty, not UTF-8, malformed or of the wrong kind is a one-line :class:`DamagedFileError` naming it, what is
@@ -38,6 +42,7 @@ import json
 import os
 import re
 import secrets
+import stat
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -57,6 +62,9 @@ __all__ = [
     "CheckpointError",
     "DamagedFileError",
     "WriteError",
+    "path_kind",
+    "describe_path",
+    "check_kind",
     "make_folder",
     "read_side_file",
     "atomic_write",
@@ -73,6 +81,7 @@ __all__ = [
     "read_safetensors_metadata",
     "read_model_json",
     "digest_key",
+    "MODEL_FILES",
     "model_dir",
     "read_config_dict",
     "save_pretrained",
@@ -84,6 +93,8 @@ TOKENIZER_NAME = "tokenizer.json"
 # the weights' metadata key holding json_sha256 of each JSON file of a saved model: the config and the extra files
 # the families write (``Model.extra_files``); a file named here that a save does not write is removed from the folder
 FILE_DIGESTS = {CONFIG_NAME: "config_sha256", TOKENIZER_NAME: "tokenizer_sha256"}
+# the files of a save_pretrained folder: each, where present, must be a regular file (checked by model_dir)
+MODEL_FILES = tuple(dict.fromkeys((CONFIG_NAME, WEIGHTS_NAME, *FILE_DIGESTS)))
 
 
 def digest_key(name: str) -> str:
@@ -114,6 +125,85 @@ class WriteError(OSError, ValueError):
     """
 
 
+# --------------------------------------------------------------------------- what a path is
+PATH_KINDS = ("file", "folder", "missing", "empty path", "broken link", "device", "FIFO", "socket", "other")
+
+
+def path_kind(path: str | os.PathLike) -> str:
+    """What ``path`` names, decided by ``stat`` without opening it: one of :data:`PATH_KINDS`.
+
+    A symbolic link is what it points to (a link to ``/dev/zero`` is a ``"device"``); one that points nowhere (or
+    into a loop) is a ``"broken link"``; ``""`` is an ``"empty path"`` (``Path("")`` would be the current folder); a
+    path under a file is ``"missing"`` (its first part that is no folder is what the callers name).
+    """
+    text = os.fspath(path)
+    if text == "":
+        return "empty path"
+    try:
+        mode = os.stat(text).st_mode
+    except OSError:  # FileNotFoundError, NotADirectoryError (a path under a file), ELOOP
+        return "broken link" if os.path.islink(text) else "missing"
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "folder"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device"
+    return "FIFO" if stat.S_ISFIFO(mode) else "socket" if stat.S_ISSOCK(mode) else "other"
+
+
+def describe_path(path: str | os.PathLike) -> str:
+    """What ``path`` is, as the rest of a sentence that names it: ``"is a FIFO (named pipe)"``, ``"is a broken
+    symbolic link (to /gone, which does not exist)"``, ``"is a character device (a symbolic link to /dev/zero)"``."""
+    kind = path_kind(path)
+    if kind == "empty path":
+        return "is an empty path"
+    if kind == "missing":
+        return "does not exist"
+    text = os.fspath(path)
+    link = os.readlink(text) if os.path.islink(text) else None
+    if kind == "broken link":
+        return f"is a broken symbolic link (to {link}, which does not exist)"
+    words = {
+        "file": "a file",
+        "folder": "a folder",
+        "FIFO": "a FIFO (named pipe)",
+        "socket": "a socket",
+        "other": "a special file",
+        "device": f"a {'block' if stat.S_ISBLK(os.stat(text).st_mode) else 'character'} device",
+    }[kind]
+    return f"is {words}" + (f" (a symbolic link to {link})" if link is not None else "")
+
+
+def check_kind(
+    path: str | os.PathLike, want: str, fix: str, error: type[Exception] = CheckpointError, missing_ok: bool = True
+) -> str:
+    """``path_kind(path)``, after refusing a path that is not what it should be: ``want`` (``"file"``: a regular
+    file, or ``"folder"``), or ``"missing"`` when ``missing_ok``.  Anything else is one line ``"<path> is a FIFO
+    (named pipe), not a file; <fix>"`` (an ``error``); the path is never opened, so a device or a FIFO is never
+    read."""
+    kind = path_kind(path)
+    if kind == want or (kind == "missing" and missing_ok):
+        return kind
+    raise error(f"{os.fspath(path) or repr('')} {describe_path(path)}, not a {want}; {fix}")
+
+
+def _read_regular(path: Path, fix: str, error: type[Exception]) -> bytes:
+    """The bytes of the regular file ``path``; anything else is one line (an ``error``) and is not read.
+
+    Opened without blocking (``O_NONBLOCK``: a FIFO swapped in after :func:`check_kind` cannot stall the open) and
+    checked again on the open descriptor, so no device or FIFO is ever read, whatever a race put there."""
+    check_kind(path, "file", fix, error)  # a missing file is named by the open below
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except OSError as e:
+        raise error(f"cannot read {path} ({e.strerror or e}); {fix}") from None
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise error(f"{path} is not a regular file (it changed while being opened); {fix}")
+        return f.read()
+
+
 # --------------------------------------------------------------------------- writing
 def _write_error(e: OSError, path: Path) -> OSError:
     """A one-line WriteError for a full disk or an unwritable folder; any other OSError is returned as is."""
@@ -142,8 +232,13 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
     :class:`WriteError`; other exceptions propagate unchanged.  The file gets the usual
     umask-derived permissions (not ``mkstemp``'s private 0600).
     """
+    if os.fspath(path) == "":
+        raise _failed(errno.ENOENT, "cannot write a file to an empty path; pass a file path")
     path = Path(path)
     make_folder(path.parent)
+    # the file replaces a regular file (or a link to one); a folder, a broken link, a device, a FIFO or a socket
+    # under its name is named instead of replaced or written into
+    check_kind(path, "file", "remove it or write to another path", WriteError)
     try:
         tmp = _new_temp_file(path)
     except OSError as e:
@@ -173,17 +268,24 @@ def make_folder(path: str | Path, what: str = "folder") -> Path:
     """Create the folder ``path`` (and its parents) for a save or an export, or check the existing one: the one
     check of every writer's target, done before anything is written.
 
-    A target that is a file, a path inside a file, or a folder that cannot be written (permissions, a read-only
-    file system) is a one-line :class:`WriteError` naming the target (``what`` says what it is for, e.g.
-    "model folder"), not an error about some file inside it.
+    Decided by what the path is (:func:`path_kind`): a folder is checked for writing, a missing one is created;
+    an empty path (``""``, which ``Path`` would take for the current folder), a file, a broken symbolic link, a
+    device, a FIFO or a socket — or a path under one of them — is a one-line :class:`WriteError` naming the target
+    (``what`` says what it is for, e.g. "model folder"), not an error about some file inside it; so is a folder
+    that cannot be written (permissions, a read-only file system).
     """
+    if os.fspath(path) == "":
+        raise _failed(errno.ENOENT, f"{what} is an empty path; pass a folder path ('.' for the current folder)")
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise _failed(errno.ENOTDIR, f"{what} {path} is a file, not a folder; pass a folder path (or remove the file)")
-    blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
-    if blocker is not None and not path.exists():
+    kind = path_kind(path)
+    if kind not in ("folder", "missing"):
+        fix = "pass a folder path (or remove the file)" if kind == "file" else "remove it or pass another path"
+        raise _failed(errno.ENOTDIR, f"{what} {path} {describe_path(path)}, not a folder; {fix}")
+    blocker = next((p for p in path.parents if path_kind(p) not in ("folder", "missing")), None)
+    if blocker is not None and kind == "missing":
         raise _failed(
-            errno.ENOTDIR, f"cannot create {what} {path}: {blocker} is a file, not a folder; pass another path"
+            errno.ENOTDIR,
+            f"cannot create {what} {path}: {blocker} {describe_path(blocker)}, not a folder; pass another path",
         )
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -271,9 +373,11 @@ def load_pickle(path: str | Path) -> object:
     pickles are never executed.
     """
     path = Path(path)
-    if not path.is_file():
-        what = "is a folder, not a file" if path.is_dir() else "not found"
+    kind = path_kind(path)
+    if kind in ("folder", "missing"):
+        what = "is a folder, not a file" if kind == "folder" else "not found"
         raise CheckpointError(f"checkpoint file {what}: {path}")
+    check_kind(path, "file", "pass the checkpoint file itself (restore it from a backup)")  # a device, a FIFO
     size = path.stat().st_size
     if size == 0:
         raise CheckpointError(
@@ -485,6 +589,7 @@ def _safetensors_header(data: bytes, size: int, path: Path) -> dict:
 def read_safetensors_metadata(path: str | Path) -> dict[str, str]:
     """The ``__metadata__`` of a safetensors file, reading only its header (a one-line error if malformed)."""
     path = Path(path)
+    check_kind(path, "file", "pass the model.safetensors file itself (re-save or re-download it)")
     try:
         with open(path, "rb") as f:
             head = f.read(8)
@@ -506,10 +611,7 @@ def load_safetensors(path: str | Path, verify: bool = True) -> tuple[dict[str, T
     from safetensors.torch import load
 
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise CheckpointError(f"cannot read {path} ({e.strerror}); check the path and its permissions") from None
+    data = _read_regular(path, "check the path and its permissions (re-save or re-download it)", CheckpointError)
     metadata = _safetensors_header(data, len(data), path).get("__metadata__") or {}
     try:
         tensors = load(data)
@@ -537,10 +639,11 @@ def read_model_json(directory: str | Path, name: str) -> tuple[str, Any]:
     """
     path = Path(directory) / name
     # every model file of this name holds settings by name (a JSON object): a list is no config
-    data = read_side_file(path, f"restore the {name} that came with the model (re-save or re-download the folder)")
-    text = path.read_text(encoding="utf-8")
+    fix = f"restore the {name} that came with the model (re-save or re-download the folder)"
+    text = read_side_file(path, fix, form="text")  # read once: the checksum covers what was parsed
+    data = _side_value(text, path, fix, "json", dict)
     weights = Path(directory) / WEIGHTS_NAME
-    meta = read_safetensors_metadata(weights) if weights.is_file() else {}
+    meta = read_safetensors_metadata(weights) if path_kind(weights) != "missing" else {}
     expected = meta.get(digest_key(name))
     if expected is None and FILE_DIGESTS[CONFIG_NAME] in meta:
         raise CheckpointError(
@@ -559,21 +662,27 @@ def read_model_json(directory: str | Path, name: str) -> tuple[str, Any]:
 SIDE_FORMS = ("json", "jsonl", "yaml", "text")
 
 
-def read_side_file(path: str | Path, fix: str, form: str = "json", expect: type | None = dict) -> Any:
+_REQUIRED = object()  # read_side_file's default ``missing``: a missing file is refused
+
+
+def read_side_file(
+    path: str | Path, fix: str, form: str = "json", expect: type | None = dict, missing: Any = _REQUIRED
+) -> Any:
     """The content of a file a run folder, a sweep or a cache holds beside the weights: the one reader of them all.
 
     ``form``: ``"json"`` (one value), ``"jsonl"`` (a list of values, one a line), ``"yaml"`` or ``"text"`` (the
-    text itself); ``expect``: the kind of the value (of each line's value for ``"jsonl"``), ``None`` for any.
-    An unreadable, empty, non-UTF-8, malformed or wrongly kinded file is a one-line :class:`DamagedFileError`
-    ``"<path> is damaged: <what>; <fix>"`` — ``fix`` is how to recover (restore it, delete it and what that
-    costs).  The one thing tolerated is a ``"jsonl"`` file's last line cut short by a killed writer (no final
-    newline): it is skipped with a warning naming the file.
+    text itself); ``expect``: the kind of the value (of each line's value for ``"jsonl"``), ``None`` for any;
+    ``missing``: what a file that does not exist reads as (by default it is refused).  What the path is comes
+    first (:func:`path_kind`): a folder, a broken link, a device, a FIFO or a socket is named and never opened (a
+    link to ``/dev/zero`` would never end, a FIFO would block).  An unreadable, empty, non-UTF-8, malformed or
+    wrongly kinded file is a one-line :class:`DamagedFileError` ``"<path> is damaged: <what>; <fix>"`` — ``fix``
+    is how to recover (restore it, delete it and what that costs).  The one thing tolerated is a ``"jsonl"``
+    file's last line cut short by a killed writer (no final newline): it is skipped with a warning naming the file.
     """
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise DamagedFileError(f"cannot read {path} ({e.strerror or e}); {fix}") from None
+    if missing is not _REQUIRED and path_kind(path) == "missing":
+        return missing
+    data = _read_regular(path, fix, DamagedFileError)
     if not data.strip():
         raise DamagedFileError(f"{path} is damaged: it is empty ({len(data)} bytes); {fix}")
     try:
@@ -582,8 +691,11 @@ def read_side_file(path: str | Path, fix: str, form: str = "json", expect: type 
         raise DamagedFileError(
             f"{path} is damaged: it is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); {fix}"
         ) from None
-    if form == "text":
-        return text
+    return text if form == "text" else _side_value(text, path, fix, form, expect)
+
+
+def _side_value(text: str, path: Path, fix: str, form: str, expect: type | None) -> Any:
+    """The value of a side file's ``text`` (see :func:`read_side_file`)."""
     try:
         value = _PARSERS[form](text, path)
     except (ValueError, ImportError) as e:  # json.JSONDecodeError, yaml.YAMLError (re-raised as ValueError)
@@ -647,16 +759,32 @@ def model_dir(path: str | Path) -> Path:
     """The ``save_pretrained`` folder of ``path``: the folder itself, or the folder of its
     ``model.safetensors`` / ``config.json`` when one of those files is given."""
     path = Path(path)
-    if path.is_file():
+    kind = path_kind(path)
+    if kind not in ("file", "folder", "missing"):
+        raise CheckpointError(
+            f"{path} {describe_path(path)}, not a model folder; pass the folder written by model.save_pretrained"
+        )
+    if kind == "file":
         if path.name in (WEIGHTS_NAME, CONFIG_NAME):
-            return path.parent
+            return _model_files(path.parent)
         raise CheckpointError(
             f"{path} is a file; pass the folder written by model.save_pretrained (with {CONFIG_NAME} and "
             f"{WEIGHTS_NAME}), or load an official .pth with from_official / load_model"
         )
-    if not path.is_dir():
+    if kind == "missing":
         raise CheckpointError(f"model directory not found: {path}")
-    return path
+    return _model_files(path)
+
+
+def _model_files(directory: Path, error: type[Exception] = CheckpointError) -> Path:
+    """``directory``, after checking that each of :data:`MODEL_FILES` it holds is a regular file (a folder, a
+    broken link, a device or a FIFO under such a name is one line, an ``error``, and never read)."""
+    for name in MODEL_FILES:
+        fix = f"restore the {name} that came with the model (re-save or re-download the folder)"
+        if error is WriteError:
+            fix = "remove it or save to another folder"
+        check_kind(directory / name, "file", fix, error)
+    return directory
 
 
 def read_config_dict(directory: str | Path) -> dict:
@@ -664,7 +792,7 @@ def read_config_dict(directory: str | Path) -> dict:
     package version it records; which config class reads it is the caller's (by its ``arch``)."""
     directory = Path(directory)
     path = directory / CONFIG_NAME
-    if not path.is_file():
+    if path_kind(path) == "missing":  # anything else but a file is named by the reader
         raise CheckpointError(
             f"no {CONFIG_NAME} in {directory}; expected a directory written by model.save_pretrained(...)"
         )
@@ -684,7 +812,7 @@ def save_pretrained(model: Any, directory: str | Path) -> Path:
     that this model does not write (a ``tokenizer.json`` beside a model without one) is removed: it would
     describe another model.
     """
-    directory = make_folder(directory, "model folder")
+    directory = _model_files(make_folder(directory, "model folder"), WriteError)  # no FIFO where a file goes
     meta = {"crate_transformer_version": __version__, "config_version": model.config.VERSION}
     files = {CONFIG_NAME: json.dumps({**meta, **model.config.to_dict()}, indent=2) + "\n", **model.extra_files()}
     for name in FILE_DIGESTS:

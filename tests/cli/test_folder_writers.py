@@ -15,6 +15,7 @@ import pytest
 import tiny
 import torch
 from clitools import crate
+from pathkinds import NOT_A_FOLDER, deadline, make
 
 import crate_transformer as ct
 from crate_transformer import cli
@@ -148,3 +149,39 @@ def test_an_unwritable_target_is_named(tmp_path: Path) -> None:
     for target in (locked, locked / "sub"):
         with pytest.raises(WriteError, match=f"{target}.*permission"):
             make_folder(target)
+
+
+# the writers that take the folder itself (the others are given a file inside it: "" / "x.json" is a file name)
+FOLDER_WRITERS = ("write_hub_folder", "run_experiment", "RunDir.create", "FolderLock", "make_folder")
+
+
+def test_every_library_writer_names_a_target_of_every_kind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each writer, given a target that is no folder — a broken link, a link to /dev/zero, a FIFO, a socket, a file
+    (tests/pathkinds.py) — or an empty path: one line naming the target and what it is, nothing written, no hang."""
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # "" would be this folder: it must stay empty
+    failures = []
+    writers = _writers()
+    for name, write in writers.items():
+        for kind, said in NOT_A_FOLDER.items():
+            target = folder = make(tmp_path / "target", kind)
+            try:
+                with deadline(60):
+                    write(target)
+            except ValueError as e:
+                if len(str(e).splitlines()) != 1 or f"{folder} {said}" not in str(e):
+                    failures.append(f"{name} into {kind}: {type(e).__name__}: {e}")
+            except Exception as e:  # noqa: BLE001 - what the test reports
+                failures.append(f"{name} into {kind}: {type(e).__name__}: {e}")
+            else:
+                failures.append(f"{name} into {kind}: nothing refused")
+        if name.endswith(".save_pretrained") or name in FOLDER_WRITERS:
+            try:
+                write("")
+            except ValueError as e:
+                if "empty path" not in str(e) or len(str(e).splitlines()) != 1:
+                    failures.append(f"{name} into '': {type(e).__name__}: {e}")
+            else:
+                failures.append(f"{name} into '': nothing refused")
+    assert not failures, "\n".join(failures)
+    assert list((tmp_path / "cwd").iterdir()) == []

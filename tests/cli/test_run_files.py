@@ -9,6 +9,7 @@ reading it is no input of that command).
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import io
 import os
 import shutil
@@ -18,8 +19,11 @@ from pathlib import Path
 
 import pytest
 from clitools import warnings_shown
+from pathkinds import NOT_A_FILE, NOT_A_FOLDER, deadline, make
 
+import crate_transformer as ct
 from crate_transformer import cli
+from crate_transformer.loading.runfiles import RUN_FILES
 
 # the tracker backends' own folders: their files are read by the backends, not by this package
 BACKEND_FOLDERS = ("wandb", "mlruns", "tensorboard")
@@ -172,6 +176,8 @@ def test_every_run_file_damaged_is_named_by_every_command_that_reads_it(run_fold
     if (run_folder / "trackers.json").is_file():
         expected.add("trackers.json")
     assert expected <= set(readers), readers  # what the walk below covers: at least the run's own files
+    undeclared = [rel for rel in readers if _declared(rel) is None]
+    assert not undeclared, f"files read that RUN_FILES does not declare: {undeclared}"
     failures = []
     for rel, names in sorted(readers.items()):
         for how, data in _damaged((run_folder / rel).read_bytes()):
@@ -185,4 +191,51 @@ def test_every_run_file_damaged_is_named_by_every_command_that_reads_it(run_fold
                     failures.append(f"{rel} ({how}) under {name}: rc={rc}, {lines[-1] if lines else 'nothing said'}")
                 elif rc == 2 and "; " not in lines[-1]:
                     failures.append(f"{rel} ({how}) under {name}: no recovery in {lines[-1]}")
+    assert not failures, "\n".join(failures)
+
+
+def _declared(rel: str) -> str | None:
+    """The entry of ``RUN_FILES`` that ``rel`` (a path in a run folder) is, or None."""
+    return next((name for name in RUN_FILES if fnmatch.fnmatchcase(rel, name)), None)
+
+
+def test_every_entry_of_a_run_folder_is_declared(run_folder: Path) -> None:
+    """The table the checks and the walk below take their files from holds every file a real run writes."""
+    entries = [p.relative_to(run_folder).as_posix() for p in run_folder.rglob("*")]
+    entries = [e for e in entries if e.split("/")[0] not in BACKEND_FOLDERS or "/" not in e]
+    undeclared = [e for e in entries if _declared(e) is None]
+    assert not undeclared, f"RUN_FILES does not declare {undeclared}"
+
+
+def _loaders(run: Path) -> dict[str, object]:
+    """The Python loaders that take a run folder."""
+    return {"load_model": lambda: ct.load_model(run), "from_pretrained": lambda: ct.from_pretrained(run)}
+
+
+def test_every_run_file_of_every_kind_is_named_before_any_command_reads_it(run_folder: Path, tmp_path: Path) -> None:
+    """Each declared file or folder of a run folder (``RUN_FILES``: the figures' ``*.png`` as ``curves.png``) made a
+    folder, a broken link, a link to ``/dev/zero``, a FIFO or a socket (a folder: a file instead of a folder), under
+    every command and loader that takes a run folder: one line naming it, before anything is trained or read —
+    never a hang (the deadline fails the test instead), a traceback or a run that goes on."""
+    failures = []
+    for name, entry in RUN_FILES.items():
+        rel = name.replace("*.png", "curves.png")
+        for kind, said in (NOT_A_FILE if entry.kind == "file" else NOT_A_FOLDER).items():
+            with _copy(run_folder, tmp_path / "run") as copy:
+                target = make(copy / rel, kind)
+                for command, argv in _commands(copy, tmp_path).items():
+                    with deadline(120):
+                        rc, err, _ = _run(argv)
+                    lines = err.strip().splitlines() or ["nothing said"]
+                    if rc != 2 or "Traceback" in err or f"{target} {said}" not in lines[-1]:
+                        failures.append(f"{rel} as {kind} under {command}: rc={rc}, {lines[-1]}")
+                for loader, load in _loaders(copy).items():
+                    try:
+                        with deadline(120):
+                            load()
+                    except ValueError as e:
+                        if f"{target} {said}" not in str(e) or len(str(e).splitlines()) != 1:
+                            failures.append(f"{rel} as {kind} under {loader}: {e}")
+                    else:
+                        failures.append(f"{rel} as {kind} under {loader}: loaded")
     assert not failures, "\n".join(failures)

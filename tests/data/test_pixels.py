@@ -224,3 +224,40 @@ def test_a_mean_or_std_that_makes_non_finite_inputs_is_refused_by_its_range(key:
         ct.resolve_data_config(model, **{key: (value,)})
     x = image_transform(ct.resolve_data_config(model))(Image.new("L", (8, 8), 128))
     assert torch.isfinite(x).all()
+
+
+# EXIF Orientation → how a viewer turns the stored pixels (the EXIF 2.3 table), as numpy does it: 3 half a turn,
+# 6 a quarter turn clockwise, 8 a quarter turn anticlockwise, 2 / 4 mirrored left-right / top-bottom
+_VIEWED = {
+    1: lambda a: a,
+    2: lambda a: a[:, ::-1],
+    3: lambda a: np.rot90(a, 2),
+    4: lambda a: a[::-1],
+    6: lambda a: np.rot90(a, -1),
+    8: lambda a: np.rot90(a, 1),
+}
+
+
+@pytest.mark.parametrize("orientation", sorted(_VIEWED))
+def test_a_jpeg_with_an_exif_orientation_is_decoded_upright(tmp_path: Path, orientation: int) -> None:
+    stored = np.zeros((16, 32, 3), dtype=np.uint8)  # wide, and no two corners alike
+    stored[:8, :16] = (250, 20, 20)
+    stored[:8, 16:] = (20, 250, 20)
+    stored[8:, :16] = (20, 20, 250)
+    stored[8:, 16:] = (250, 250, 250)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    path = tmp_path / "photo.jpg"
+    Image.fromarray(stored).save(path, quality=95, subsampling=0, exif=exif.tobytes())
+    with Image.open(path) as im:
+        assert im.getexif()[0x0112] == orientation and im.size == (32, 16)  # what the file holds
+    decoded, grey = decode_image(path, "photo.jpg", "error")
+    expected = _VIEWED[orientation](stored)
+    assert not grey and decoded.shape == expected.shape
+
+    def error(a: np.ndarray) -> float:
+        return float(np.abs(decoded.astype(int) - a.astype(int)).mean())
+
+    assert error(expected) < 4  # JPEG's error, at the colour edges
+    others = [v(stored) for k, v in _VIEWED.items() if k != orientation and v(stored).shape == expected.shape]
+    assert others and min(error(a) for a in others) > 50  # any other way of turning it is far off

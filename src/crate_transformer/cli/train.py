@@ -258,18 +258,27 @@ def _write_eval(args: argparse.Namespace, r: object, name: str, data: str, src: 
 
 def _frozen_eval(args: argparse.Namespace, model, train_ds, test_ds, norm, out: Path, src: str, data: str) -> int:
     """``crate eval --knn / --linear-probe``: frozen features of the train split classify the evaluated split."""
-    from ..analysis.probe import KNN_KS, extract_features, knn_sweep, linear_probe, sgd_linear_probe, usable_ks
+    from ..analysis.probe import (
+        KNN_KS,
+        default_probe_pool,
+        extract_features,
+        fit_probe,
+        knn_sweep,
+        pool_words,
+        usable_ks,
+    )
     from ..io import atomic_write
     from ..train.evaluation import plot_knn
 
-    args.pool = args.pool or getattr(model.config, "pool", "cls")
+    args.pool = args.pool or default_probe_pool(model, src)  # the features of the run's own summary probe
     kw = dict(pool=args.pool, batch_size=args.batch_size, mean=norm[0], std=norm[1])
     train_x, train_y = extract_features(model, train_ds, **kw)
     test_x, test_y = extract_features(model, test_ds, **kw)
     report: dict = {"checkpoint": src, "data": data, "split": args.split, "pool": args.pool}
+    report["features"] = words = pool_words(args.pool)
     report.update(num_train=len(train_y), num_test=len(test_y), dim=train_x.shape[1])
     lines = [
-        f"{test_ds.name} {args.split}: {len(test_y)} images, {args.pool} features ({train_x.shape[1]}-d) "
+        f"{test_ds.name} {args.split}: {len(test_y)} images, features: {words} ({train_x.shape[1]}-d) "
         f"of {len(train_y)} train images"
     ]
     if args.knn:
@@ -283,20 +292,16 @@ def _frozen_eval(args: argparse.Namespace, model, train_ds, test_ds, norm, out: 
         report["knn"] = {str(k): a for k, a in accs.items()}
         report["knn_temperature"] = 0.07
         skipped = f" (k={', '.join(map(str, above))} not run: more than the {len(train_y)} train images)"
-        lines.append(
-            "k-NN (T=0.07): " + ", ".join(f"k={k} {100 * a:.2f}%" for k, a in accs.items()) + (skipped if above else "")
-        )
+        shown = ", ".join(f"k={k} {100 * a:.2f}%" for k, a in accs.items())
+        lines.append(f"k-NN (T=0.07) on the {words}: {shown}" + (skipped if above else ""))
         if above:
             report["knn_not_run"] = above
-        plot_knn(accs, out / "knn.png", title=f"{Path(data).name} {args.split}: weighted k-NN on {args.pool} features")
+        plot_knn(accs, out / "knn.png", title=f"{Path(data).name} {args.split}: weighted k-NN on the {words}")
     if args.linear_probe:
-        if args.probe == "logistic":
-            probe = linear_probe(train_x, train_y, test_x, test_y)
-        else:
-            batch = min(256, len(train_y))
-            probe = sgd_linear_probe(train_x, train_y, test_x, test_y, optimizer=args.probe, batch_size=batch)
+        probe = fit_probe(train_x, train_y, test_x, test_y, args.probe)  # the one probe of MAE's summary too
         report["linear_probe"] = probe.to_dict()
-        lines.append(f"linear probe ({args.probe}): {100 * probe.acc:.2f}% (train {100 * probe.train_acc:.2f}%)")
+        acc = f"{100 * probe.acc:.2f}% (train {100 * probe.train_acc:.2f}%)"
+        lines.append(f"linear probe ({args.probe}) on the {words}: {acc}")
     atomic_write(out / "eval.json", lambda tmp: Path(tmp).write_text(json.dumps(report, indent=1) + "\n"))
     print("\n".join(lines) + f"\nreport: {out / 'eval.json'}")
     return 0

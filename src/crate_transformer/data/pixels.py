@@ -1,6 +1,9 @@
 """One decoder of a PIL image to its 8-bit picture, for every path an image takes (training folders, streamed
 samples, ``image_transform`` for ``eval`` and ``analyze --images``).
 
+The picture is upright: an EXIF ``Orientation`` tag (what a phone camera writes instead of rotating the pixels of a
+JPEG) is applied first, with ``PIL.ImageOps.exif_transpose``, as every image viewer shows the file.
+
 Every PIL mode is decoded to what it shows, scaled into 0…255, never clipped: PIL's own ``convert("L")`` clips
 16-bit and 32-bit samples at 255 (a 16-bit greyscale PNG becomes almost all white) and float samples likewise.
 
@@ -25,16 +28,30 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["GRAY_MODES", "picture"]
+__all__ = ["GRAY_MODES", "picture", "upright"]
 
 # the modes whose picture is one channel: 8-bit ones PIL converts exactly, and the wide ones scaled below
 GRAY_MODES = ("1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F")
 _SIXTEEN_BIT = 65535
 
 
+_ORIENTATION = 0x0112  # the EXIF tag: 1 upright, 2-8 the mirrorings and rotations a viewer applies
+
+
+def upright(im: Any) -> Any:
+    """``im`` as a viewer shows it: its EXIF orientation applied (``PIL.ImageOps.exif_transpose``, which also drops
+    the tag); an image without one (or upright: 1) is returned as is, without a copy."""
+    if im.getexif().get(_ORIENTATION, 1) in (1, None):
+        return im
+    from PIL import ImageOps
+
+    return ImageOps.exif_transpose(im)
+
+
 def picture(im: Any) -> tuple[np.ndarray, bool]:
-    """The 8-bit picture of the PIL image ``im`` → ``(HW or HWC uint8 array, is greyscale)`` (see the module's
-    table; a ``ValueError`` for samples no fixed scale maps, naming their range)."""
+    """The 8-bit picture of the PIL image ``im``, upright (:func:`upright`) → ``(HW or HWC uint8 array, is
+    greyscale)`` (see the module's table; a ``ValueError`` for samples no fixed scale maps, naming their range)."""
+    im = upright(im)
     mode = im.mode
     if mode not in GRAY_MODES:
         return np.array(im.convert("RGB"), dtype=np.uint8), False

@@ -414,11 +414,22 @@ def read_labelled_table(
         value = (row.get(label) or "").strip()
         if not value:
             raise ValueError(f"{path}:{line}: empty {label!r}; every row needs a label or score")
-        texts.append(tuple((row.get(c) or "") for c in text_columns))
+        texts.append(_row_texts(row, text_columns, f"{path}:{line}"))
         labels.append((value, line))
     if not texts:
         raise ValueError(f"{path} has a header but no rows")
     return texts, _check_labels(path, label, labels), tuple(text_columns), label
+
+
+def _row_texts(row: dict, columns: Sequence[str], where: str) -> tuple[str, ...]:
+    """The texts of one table row; a field the row lacks (``csv`` gives None: fewer fields than the header) is
+    refused, naming the line and the column — never read as an empty text."""
+    short = next((c for c in columns if row.get(c) is None), None)
+    if short is not None:
+        raise ValueError(
+            f"{where}: no {short!r} (the row has fewer fields than the header); fill it in or drop the row"
+        )
+    return tuple(row[c] for c in columns)
 
 
 def read_labelled(
@@ -444,10 +455,22 @@ def read_labelled(
             "fix the labels or the column's ClassLabel names"
         )
     labels = [names[v] if names is not None else str(v) for v in raw]
-    texts = list(zip(*(["" if t is None else t for t in ds[c]] for c in cols)))
+    texts = list(zip(*(_present(ds[c], c, where) for c in cols)))
     if not texts:
         raise ValueError(f"{where} has no rows")
     return texts, _check_labels(where, label, [(v, i + 1) for i, v in enumerate(labels)]), tuple(cols), label
+
+
+def _present(values: list, column: str, where: str) -> list:
+    """The texts of a dataset's ``column``; a row whose text is null (a Parquet / Arrow null) is refused, naming the
+    row and the column — never trained as an empty text."""
+    row = next((i for i, t in enumerate(values) if t is None), None)
+    if row is not None:
+        raise ValueError(
+            f"row {row} of {where}: {column!r} is null (no text); fill it in or drop the rows without one "
+            f"(ds.filter(lambda r: r[{column!r}] is not None))"
+        )
+    return values
 
 
 def _check_text_features(features: Any, columns: Sequence[str], where: str) -> None:
@@ -519,8 +542,15 @@ def _table_columns(
     return label, list(text_columns)
 
 
+# the largest label a table may hold as a number: a score's squared error, summed over a batch, must stay finite in
+# float32 (the loss's precision, at most 3.4e38): 1e15 squared is 1e30.  A larger number (one 1e308 in a 0/1 column)
+# is a damaged row, not a score.
+LABEL_LIMIT = 1e15
+
+
 def _check_labels(path: Path | str, column: str, labels: list[tuple[str, int]]) -> list[str]:
-    """The labels, refused when a number is not finite or numbers and names are mixed (naming the line)."""
+    """The labels, refused when a number is not finite or beyond ±:data:`LABEL_LIMIT`, or numbers and names are
+    mixed (naming the line)."""
 
     def number(v: str) -> float | None:
         try:
@@ -532,6 +562,11 @@ def _check_labels(path: Path | str, column: str, labels: list[tuple[str, int]]) 
     for v, line, x in values:
         if x is not None and not np.isfinite(x):
             raise ValueError(f"{path}:{line}: {column} {v!r} is not a finite number; give every row a real label")
+        if x is not None and abs(x) > LABEL_LIMIT:
+            raise ValueError(
+                f"{path}:{line}: {column} {v!r} is beyond ±{LABEL_LIMIT:.0e}, where a score's squared error "
+                "overflows float32; fix the row (or rescale the scores)"
+            )
     names = [(v, line) for v, line, x in values if x is None]
     if names and len(names) < len(values):
         (v, line), (n, nline) = names[0], next((v, line) for v, line, x in values if x is not None)

@@ -229,7 +229,10 @@ def hub_snapshot(spec: str, revision: str | None = None, cache_dir: str | Path |
 
 
 def resolve_hub(path: str | Path, revision: str | None = None) -> str | Path:
-    """``"hf-hub:ORG/NAME"`` → its local snapshot folder; any other path unchanged (``revision`` is Hub-only)."""
+    """``"hf-hub:ORG/NAME"`` → its local snapshot folder; any other path unchanged (``revision`` is Hub-only).  An
+    empty path is refused: ``Path("")`` would quietly be the current folder."""
+    if os.fspath(path) == "":
+        raise CheckpointError("an empty path names no model; pass a model folder, a run folder or a checkpoint file")
     if is_hub_spec(path):
         return hub_snapshot(path, revision=revision)
     if revision is not None:

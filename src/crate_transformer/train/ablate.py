@@ -239,7 +239,7 @@ def _row_keys(tables: Sequence[Table], base: Mapping[str, Any]) -> dict[str, dic
 def _read_jsonl(path: Path) -> list[dict]:
     """The records of a sweep's JSON-lines file (``results.jsonl``, ``sweeps.jsonl``); [] when absent."""
     fix = "correct or delete the damaged line (a deleted run is trained again), or delete the file to start over"
-    return read_side_file(path, fix, form="jsonl") if path.is_file() else []
+    return read_side_file(path, fix, form="jsonl", missing=[])
 
 
 def read_results(out: str | Path) -> dict[tuple[str, int], dict]:
@@ -420,7 +420,7 @@ def _layerwise(run_dir: Path, images: int) -> list[dict] | None:
     """The layer-wise measurement records of a run's final model on held-out images (cached in the run dir)."""
     cache = run_dir / "layerwise.json"
     try:
-        d = read_side_file(cache, "it is rebuilt") if cache.is_file() else {}
+        d = read_side_file(cache, "it is rebuilt", missing={})
     except DamagedFileError as e:  # a cache: measured again
         warnings.warn(str(e), stacklevel=2)
         d = {}

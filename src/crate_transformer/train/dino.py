@@ -448,14 +448,14 @@ class DINOTask(Task):
 
     def finish(self, run_dir: Path) -> TaskResult:
         """Save the teacher backbone as ``model/``; k-NN sweep and linear probe on the test split."""
-        from ..analysis.probe import KNN_KS, knn_sweep, linear_probe, usable_ks
+        from ..analysis.probe import KNN_KS, fit_probe, knn_sweep, pool_words, usable_ks
 
         teacher = self.teacher.backbone
         if self.rt.main:
             teacher.save_pretrained(run_dir / "model")
         ex, ey = self._features(teacher, "test")
         std = float(nn.functional.normalize(ex.float(), dim=-1).std(dim=0).mean())
-        said = f"teacher features on the {len(ey)} test images:"
+        said = f"teacher features ({pool_words(self.options.pool)}) on the {len(ey)} test images:"
         if not self.labelled:
             return TaskResult(
                 record={"feature_std": std},
@@ -466,7 +466,7 @@ class DINOTask(Task):
         n_cls = len(self.train_data.classes)
         ks, above = usable_ks(KNN_KS, len(ty))
         knn = knn_sweep(tx, ty, ex, ey, ks=ks, temperature=0.07, num_classes=n_cls) if ks else {}
-        probe = linear_probe(tx, ty, ex, ey)
+        probe = fit_probe(tx, ty, ex, ey)  # the probe of crate eval --linear-probe
         record = {f"knn_{k}": float(v) for k, v in knn.items()}
         record.update(probe=float(probe.acc), feature_std=std)
         if 20 in knn:

@@ -300,7 +300,7 @@ class MAETask(Task):
             _write_json(run_dir / "probe.json", probe)
             numbers["probe_acc"], numbers["probe_random_acc"] = probe["encoder"]["acc"], probe["random_init"]["acc"]
             msg += (
-                f"; linear probe {100 * numbers['probe_acc']:.2f}% (random-init encoder "
+                f"; linear probe on the {probe['features']} {100 * numbers['probe_acc']:.2f}% (random-init encoder "
                 f"{100 * numbers['probe_random_acc']:.2f}%)"
             )
         return msg
@@ -361,18 +361,16 @@ class MAETask(Task):
         return {**result, "mask_ratio": self.model.config.mask_ratio, "train_images": len(train_x)}
 
     def probe(self) -> dict[str, Any]:
-        """Linear probe on pooled features of the trained encoder and of a random-init one (same architecture)."""
-        from ..analysis.probe import extract_features, linear_probe
+        """Linear probe on pooled features of the trained encoder and of a random-init one (same architecture), by
+        the one frozen-feature probe (:func:`~crate_transformer.analysis.probe.frozen_probe`) that ``crate eval
+        --linear-probe`` runs too; the record names the pooling."""
+        from ..analysis.probe import frozen_probe, pool_words
 
-        kw = dict(
-            pool=self.options.probe_pool,
-            mean=self.mean,
-            std=self.std,
-            image_size=self.image_size,
-            batch_size=self.cfg.logging.eval_batch_size,
-        )
+        pool = self.options.probe_pool
+        kw = dict(mean=self.mean, std=self.std, image_size=self.image_size, batch_size=self.cfg.logging.eval_batch_size)
         result: dict[str, Any] = {
-            "pool": self.options.probe_pool,
+            "pool": pool,
+            "features": pool_words(pool),
             "C": self.options.probe_c,
             "train": self.train_data.name,
             "test_images": len(self.test_data),
@@ -381,7 +379,6 @@ class MAETask(Task):
             torch.manual_seed(self.cfg.system.seed + 1)
             random_init = build(self.model.config).to(self.rt.device)
         for key, model in (("encoder", self.model), ("random_init", random_init)):
-            tr = extract_features(model, self.train_data, **kw)
-            te = extract_features(model, self.test_data, **kw)
-            result[key] = linear_probe(*tr, *te, C=self.options.probe_c).to_dict()
+            probe, _ = frozen_probe(model, self.train_data, self.test_data, pool=pool, C=self.options.probe_c, **kw)
+            result[key] = probe.to_dict()
         return result

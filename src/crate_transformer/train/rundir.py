@@ -21,8 +21,26 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OptionError
-from ..io import atomic_write, load_state, make_folder, save_state
-from ..loading.runfiles import CHECKPOINT, MODEL_DIR, run_model_source, state_model, state_tokenizer
+from ..io import (
+    DamagedFileError,
+    atomic_write,
+    check_kind,
+    describe_path,
+    load_state,
+    make_folder,
+    path_kind,
+    save_state,
+)
+from ..loading.runfiles import (
+    CHECKPOINT,
+    CONFIG_FIX,
+    MODEL_DIR,
+    RUN_FILES,
+    check_run_folder,
+    run_model_source,
+    state_model,
+    state_tokenizer,
+)
 from .trackers import Tracker, failure, open_trackers, read_metrics
 
 __all__ = [
@@ -43,8 +61,6 @@ __all__ = [
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 LOCK_FILE = ".lock"
-# how to recover a damaged config.yaml: the checkpoint holds the options, and a resumed run writes them again
-CONFIG_FIX = "restore it from a backup, or delete it and resume the run, which writes it again from its checkpoint"
 
 
 # Windows locks a byte range, and a locked range cannot be read by other processes; the lock therefore sits
@@ -99,6 +115,7 @@ def load_training_state(path: str | os.PathLike) -> dict:
     :func:`crate_transformer.io.load_state` (the reader ``load_model`` and every command use too)."""
     path = Path(path)
     if path.is_dir():
+        check_run_folder(path)  # by what each file is, before any is read: a FIFO or /dev/zero is named, not read
         if not (path / CHECKPOINT).is_file():
             raise ValueError(f"nothing to resume in {path}: no {CHECKPOINT}; pass the run directory of a crate run")
         path = path / CHECKPOINT
@@ -140,6 +157,7 @@ class FolderLock:
 
     def __init__(self, path: str | os.PathLike, what: str = "run directory") -> None:
         self.path = make_folder(path, what)
+        check_kind(self.path / LOCK_FILE, "file", RUN_FILES[LOCK_FILE].fix, DamagedFileError)
         try:
             fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         except PermissionError:
@@ -189,9 +207,13 @@ class RunDir:
     @classmethod
     def create(cls, path: str | os.PathLike) -> RunDir:
         """Claim a new run directory: refuse files, non-empty folders (not this run's) and unwritable places."""
+        if os.fspath(path) == "":  # Path("") would be the current folder
+            raise OptionError("out is an empty path; pass a folder for the run", option="out")
         path = Path(path)
-        if path.exists() and not path.is_dir():
-            raise OptionError(f"out={str(path)!r} is a file; pass a directory path for the run")
+        if path_kind(path) not in ("folder", "missing"):  # a file, a broken link, a FIFO, a device
+            raise OptionError(
+                f"run directory {path} {describe_path(path)}, not a folder; pass another out", option="out"
+            )
         if path.is_dir() and any(p.name != LOCK_FILE for p in path.iterdir()):
             if (path / CHECKPOINT).is_file():
                 raise OptionError(
@@ -236,7 +258,7 @@ class RunDir:
     @classmethod
     def reopen(cls, path: str | os.PathLike) -> RunDir:
         """Lock an existing run directory to continue it."""
-        run = cls(path)
+        run = cls(check_run_folder(path))  # before the lock file is opened: it is one of the files checked
         run._lock()
         return run
 

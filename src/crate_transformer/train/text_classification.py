@@ -37,7 +37,8 @@ class TextOptions(Config):
     )
     regression: str = task_option(
         "auto",
-        "auto (non-integer numbers are scores; integers and names are classes) | yes | no",
+        "auto (scores when every label is a number and one is not written as an integer, e.g. 3.8; classes when "
+        "every label is an integer or a name) | yes | no",
         choices=("auto", "yes", "no"),
         basic=True,
     )
@@ -104,8 +105,7 @@ class TextClassificationTask(Task):
             if model.kind != LANGUAGE_MODEL or model.tokenizer is None:
                 raise TaskError(f"{cfg.init_from} is not a language model with a tokenizer; pretrain with task='lm'")
             tok = model.tokenizer
-            scores = not all(_is_int(v) for v in raw) and all(_is_number(v) for v in raw)  # names are classes
-            self.regression = o.regression == "yes" or (o.regression == "auto" and scores)
+            self.regression = self._scores(o.regression, raw, Path(cfg.data.source).name)
             self.classes = [] if self.regression else sorted(set(raw), key=lambda v: (not _is_int(v), _key(v)))
             model.reset_classifier(1 if self.regression else len(self.classes))
         if not self.regression and len(self.classes) < 2:
@@ -128,6 +128,23 @@ class TextClassificationTask(Task):
             n_val = max(1, round(cfg.data.val_fraction * len(data)))
             self.train_data, self.eval_data = data.subset(order[n_val:], "train"), data.subset(order[:n_val], "val")
 
+    def _scores(self, mode: str, raw: list[str], name: str) -> bool:
+        """Whether the labels are scores (regression), by the rule ``regression`` states: ``auto`` — scores when
+        every label is a number and one is not written as an integer (``3.8``, ``1e-3``), classes when every label
+        is an integer or a name.  The numbers were bounded when the table was read (``data.text.LABEL_LIMIT``), and
+        an ``auto`` choice of scores is said with the row that made it, so a stray number is never a silent switch
+        to regression."""
+        if mode != "auto":
+            return mode == "yes"
+        first = next((i for i, v in enumerate(raw) if not _is_int(v)), None)
+        if first is None or not all(_is_number(v) for v in raw):  # integers, or names among them: classes
+            return False
+        self.rt.log(
+            f"notice: the labels of {name} are read as scores (regression, mean squared error): row {first + 1} "
+            f"holds {raw[first]!r}, not an integer (regression=no reads them as classes)"
+        )
+        return True
+
     def _encode(self, texts: list[tuple[str, ...]], raw: list[str], name: str, split: str) -> LabelledTexts:
         """``[CLS] a [SEP] (b [SEP])`` truncated to the context; labels → class indices or float scores."""
         tok, n = self.tokenizer, self.model.config.block_size
@@ -145,6 +162,12 @@ class TextClassificationTask(Task):
                 f"and are cut to their first {n} tokens"
             )
         if self.regression:
+            bad = next((i for i, v in enumerate(raw) if not _is_number(v)), None)
+            if bad is not None:
+                raise ValueError(
+                    f"{name}: row {bad + 1}'s label {raw[bad]!r} is not a number, and regression needs scores; "
+                    "fix the row, or read the labels as classes (regression=auto or no)"
+                )
             targets = torch.tensor([float(v) for v in raw], dtype=torch.float32)
         else:
             unknown = sorted(set(raw) - set(self.classes))

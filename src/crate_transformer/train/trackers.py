@@ -34,6 +34,7 @@ from typing import Any
 
 from ..errors import OptionError
 from ..io import DamagedFileError, atomic_write, read_side_file
+from ..loading.runfiles import IDS_FIX, METRICS_FIX
 
 __all__ = ["read_metrics", "METRICS_FIX", "LOGGERS", "Tracker", "open_trackers", "flat_params", "scalars", "failure"]
 
@@ -41,10 +42,6 @@ LOGGERS = ("tensorboard", "wandb", "mlflow", "csv")
 IDS_FILE = "trackers.json"
 CSV_FILE = "metrics.csv"
 CSV_COLUMNS = ("step", "split", "layer", "metric", "value")
-IDS_FIX = "restore it, or delete it to log the rest of the run to new tracker runs (W&B, MLflow)"
-METRICS_FIX = (
-    "restore it from a backup, or delete it (the run's earlier records are lost; its checkpoint and model are not)"
-)
 
 
 def flat_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -148,7 +145,7 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     :func:`~crate_transformer.io.read_side_file`: a damaged file is a one-line error naming it (a last line cut
     short by a kill is skipped with a warning)."""
     path = Path(path)
-    return read_side_file(path, METRICS_FIX, form="jsonl") if path.is_file() else []
+    return read_side_file(path, METRICS_FIX, form="jsonl", missing=[])  # a FIFO or a folder is named, not read
 
 
 class TensorBoardTracker(Tracker):
@@ -269,7 +266,7 @@ def open_trackers(
     if unknown:
         raise OptionError(f"logger={unknown[0]!r} is unknown; choose from {', '.join(LOGGERS)}")
     ids_path = run_dir / IDS_FILE
-    ids = read_side_file(ids_path, IDS_FIX) if resume_step is not None and ids_path.is_file() else {}
+    ids = read_side_file(ids_path, IDS_FIX, missing={}) if resume_step is not None else {}
     bad = next((k for k, v in ids.items() if not isinstance(v, str)), None)
     if bad is not None:
         raise DamagedFileError(f"{ids_path} is damaged: the id of {bad!r} is not a string; {IDS_FIX}")
