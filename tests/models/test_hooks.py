@@ -333,6 +333,8 @@ def test_the_hooks_page_runs_block_by_block_and_prints_what_it_says(capsys: pyte
 
     from test_docs import code_blocks
 
+    # nnsight without its process-wide .save() on every object (tests/models/test_interop.py says why)
+    os.environ.setdefault("NNSIGHT_CONFIG", str(Path(__file__).resolve().parents[1] / "nnsight.yaml"))
     pytest.importorskip("nnsight", reason="the optional 'interp' extra installs nnsight and transformer-lens")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     page = Path(__file__).resolve().parents[2] / "docs" / "hooks.md"

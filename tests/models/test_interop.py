@@ -9,6 +9,7 @@ the same logits and, under the mapped names, the same cached values.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import tiny
@@ -18,6 +19,9 @@ import crate_transformer as ct
 from crate_transformer.models.hooks import patch, steer
 from crate_transformer.models.interop import TRANSFORMER_LENS_NAMES, to_transformer_lens, transformer_lens_name
 
+# nnsight mounts .save() on every Python object unless told not to (its PYMOUNT setting); process-wide, that shadows
+# other libraries' save (onnxscript's ir.save in the export tests): the tests call nnsight.save(value) instead
+os.environ.setdefault("NNSIGHT_CONFIG", str(Path(__file__).resolve().parents[1] / "nnsight.yaml"))
 nnsight = pytest.importorskip("nnsight", reason="the optional 'interp' extra installs nnsight")
 
 FAMILIES = [f for f in tiny.family_builders() if f != "dino"]
@@ -52,11 +56,11 @@ def test_nnsight_patching_z_half_equals_intervene_exactly(family: str) -> None:
     traced = nnsight.NNsight(model)
     torch.manual_seed(3)
     with traced.trace(b):
-        half_b = traced.layers[1].z_half.output.save()
+        half_b = nnsight.save(traced.layers[1].z_half.output)
     torch.manual_seed(3)
     with traced.trace(a):
         traced.layers[1].z_half.output[:] = half_b
-        theirs = traced.output.save()
+        theirs = nnsight.save(traced.output)
     theirs = theirs.pred if isinstance(model, ct.CRATEMAE) else theirs
     torch.testing.assert_close(half_b, cache["layers.1.z_half"], rtol=0, atol=0)
     torch.testing.assert_close(theirs, ours, rtol=0, atol=0)
@@ -72,7 +76,7 @@ def test_nnsight_steering_in_place_equals_steer() -> None:
     traced = nnsight.NNsight(model)
     with traced.trace(ids):
         traced.layers[0].z_half.output[:] += 3.0 * direction
-        theirs = traced.output.save()
+        theirs = nnsight.save(traced.output)
     torch.testing.assert_close(theirs, ours, rtol=0, atol=0)
 
 
