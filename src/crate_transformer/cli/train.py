@@ -14,13 +14,7 @@ from ..config_utils import POSITIVE, option
 from ..models.base import POOLS
 from ..train.config import DataOptions, SystemOptions
 from . import task_command
-from .common import (
-    apply_threads,
-    given_options,
-    parse_model_args,
-    report_dir,
-    report_home,
-)
+from .common import apply_threads, given_options, parse_model_args
 from .messages import step_command
 from .options import (
     DATA,
@@ -32,6 +26,7 @@ from .options import (
     like,
     print_config,
 )
+from .reports import report_dir, report_home
 
 EVAL_FILES = ("eval.json", "confusion.png", "knn.png")  # what crate eval writes (--overwrite removes them)
 
@@ -216,7 +211,7 @@ def _eval_model(args: argparse.Namespace) -> object:
 
 def _eval_split(args: argparse.Namespace, model: object, data: str, split: str, stats: object) -> object:
     from ..data import open_source
-    from .common import dataset_columns
+    from .reports import dataset_columns
 
     return open_source(
         data,
