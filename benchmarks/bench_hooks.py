@@ -30,6 +30,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _common import POSITIVE, Arguments
+
 ROOT = Path(__file__).resolve().parents[1]
 # (label, model, overrides, input): images (batch, size) or token ids (batch, length)
 ROWS = [
@@ -125,10 +127,10 @@ def machinery(rows: list, repeats: int) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = Arguments(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--baseline", default=None, help="the commit to compare against (default: before the hooks)")
-    p.add_argument("--rounds", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--rounds", type=int, range=POSITIVE, default=8)
+    p.add_argument("--repeats", type=int, range=POSITIVE, default=30)
     p.add_argument("--tiny", action="store_true", help="tiny models, 2 rounds of 3 calls (a smoke check)")
     a = p.parse_args()
     rows = [(lab, name, {**over, **(TINY if a.tiny else {})}, inp) for lab, name, over, inp in ROWS]
