@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from ..config import IMAGE_CLASSIFIER, Config
 from ..config_utils import Range, option
 from ..layers import DIM_HEAD, EncoderLayer, LayerConfig, drop_path_rates
+from ..layers.inference import traced_images
 from ..loading.official import HEADS_NOT_STORED, OfficialFormat, official_to_native
 from ..objectives import autocast_on
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
@@ -116,7 +117,12 @@ class ModelConfig(ImageEncoderGeometry, LayerConfig, Config):
     depth: int = option(12, "layers L")
     heads: int = option(6, "attention heads K")
     dim_head: int | None = option(None, "width p of a head (None: dim // heads, what every paper config uses)")
-    pool: str = option("cls", "cls | mean (every token: official) | avg (patch tokens), see base.POOLS", choices=POOLS)
+    pool: str = option(
+        "cls",
+        "cls | mean (every token: official) | avg (patch tokens), see base.POOLS",
+        choices=POOLS,
+        applies="always",
+    )
     emb_dropout: float = option(0.0, "dropout of the embedded tokens", range=Range(0, 1, hi_open=True))
     drop_path: float = option(
         0.0,
@@ -131,7 +137,9 @@ class ModelConfig(ImageEncoderGeometry, LayerConfig, Config):
         "LayerNorms around the patch projection (official classifier, Alg. 6); False: a plain linear projection, "
         "the conv PatchEmbed of CRATE-MAE (a model fine-tuned from a CRATE-MAE encoder)",
     )
-    data: DataSpec | None = option(None, "what the model was trained on (normalisation, classes, source), or None")
+    data: DataSpec | None = option(
+        None, "what the model was trained on (normalisation, classes, source), or None", applies="always"
+    )
 
     OMIT_AT_DEFAULT = ("drop_path", "gelu", "proj_bias")  # added later: configs without them stay byte-identical
     KEY_ORDER = ("arch", "image_size", "patch_size", "in_chans", "num_classes", "dim", "depth", "heads", "dim_head",
@@ -316,6 +324,8 @@ class ImageInput:
         autocast is on for their device (it casts them); what each image model's embedding reads."""
         self.check_images(x, finite=False)
         dtype = self.cls_token.dtype
+        if torch.compiler.is_exporting():  # the program casts and checks as the model does, whatever the traced dtype
+            return traced_images(x, dtype)
         return x if x.dtype == dtype or autocast_on(x) else x.to(dtype)
 
     def check_images(self, x: Tensor, finite: bool = True) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..config import applied
 from ..data.prefetch import prefetch
 from ..errors import OptionError
 from . import sharding
@@ -128,7 +129,7 @@ def _configure(
     given_task_args = set(overrides.get("task_args") or {})
     if resume is not None:
         state = load_training_state(resume)
-        cfg = saved = TrainConfig.from_dict(upgrade_v1(state["train_config"]))  # an earlier release's: flat
+        cfg = saved = TrainConfig.from_dict(upgrade_v1(state["train_config"]), saved=True)  # flat: an earlier release
         _check_architecture(state, overrides, resume)
     for key in ("task_args", "model_args"):  # a resumed run keeps the options not given again
         if cfg is not None and key in overrides:
@@ -145,6 +146,8 @@ def _configure(
             f"drop task: {cfg.task} from the options"
         )
     task = task or make_task(cfg.task)
+    if saved is not None and task.Options is not None:  # a saved option the ones given now leave unread: its default
+        cfg.task_args = applied(task.Options, cfg.task_args, given_task_args)
     task.parse_options(cfg)  # the task's options are checked before anything is written
     if saved is not None:
         _check_fixed_options(task, saved, cfg, state, given_task_args, resume)
@@ -175,6 +178,8 @@ class _Loop:
         self.cfg, self.task, self.rt, self.run = cfg, task, rt, run
         seed_everything(cfg.system.seed)  # identical initialisation on every process
         task.start(cfg, rt, state)
+        if settled := task.settled():  # what the task chose from its data: config.yaml records it
+            cfg = task.cfg = self.cfg = TrainConfig.from_dict(settled, cfg)
         self.raw, self.n_train = task.model, len(task.train_data)
         self.steps_per_epoch = _steps_per_epoch(cfg, task, rt)
         self.total = self.steps_per_epoch * cfg.optim.epochs
@@ -564,7 +569,7 @@ def _start_run(
         "accum_steps": cfg.optim.accum_steps,
     }
     derived.update(steps_per_epoch=steps, total_steps=total, warmup_steps=warmup_steps(cfg, steps, total))
-    derived.update(**about.facts, summary=line)
+    derived.update(**about.facts, summary=line, **({"chosen": about.notes} if about.notes else {}))
     run.write_yaml(CONFIG_FILE, {**cfg.to_dict(), "model_config": model_cfg, "derived": derived})
     run.start_log(ts.step if resumed else None, cfg.logging.tensorboard, cfg.logging.logger, cfg.flat())
     procs = f" ({rt.world} processes)" if rt.distributed else ""
@@ -573,7 +578,8 @@ def _start_run(
     rt.log(
         f"{line}, {cfg.optim.epochs} epochs x {steps} steps, batch {cfg.optim.batch_size}{procs}{accum}, "
         f"device {rt.device}, {threads} CPU thread" + ("s" if threads > 1 else "")
-        + (f", resuming at step {ts.step}" if resumed else "") + f"\nrun directory: {run.path}"
+        + (f", resuming at step {ts.step}" if resumed else "")
+        + "".join(f"\n  {note}" for note in about.notes) + f"\nrun directory: {run.path}"
     )  # fmt: skip
     for warning in task.warnings(last):
         rt.log(f"warning: {warning}")
