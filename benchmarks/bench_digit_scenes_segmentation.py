@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _common import NON_NEGATIVE, POSITIVE, Arguments
 
 import crate_transformer as ct
 from crate_transformer.analysis import GroundTruth, evaluate_segmentation, read_coco
@@ -123,12 +124,12 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--epochs", type=int, default=4, help="the same budget for both models")
-    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0 = all epochs)")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--images", type=int, default=100, help="score the first N test scenes (0 = all 1,000)")
+    p = Arguments(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], range=NON_NEGATIVE)
+    p.add_argument("--epochs", type=int, default=4, range=POSITIVE, help="the same budget for both models")
+    p.add_argument("--max-steps", type=int, default=0, range=NON_NEGATIVE, help="stop after N steps (0 = all)")
+    p.add_argument("--threads", type=int, default=2, range=POSITIVE)
+    p.add_argument("--images", type=int, default=100, range=NON_NEGATIVE, help="score N test scenes (0 = 1,000)")
     p.add_argument("--out", default=None, help="run directories and results.json (default: a temp dir)")
     p.add_argument("--tiny", action="store_true", help="smoke run: 1 seed, 2 steps, 8 test scenes")
     args = p.parse_args()
