@@ -309,3 +309,41 @@ def test_language_model_report_holds_a_token_explorer(browser, tmp_path):  # noq
     assert page.locator("#xp-tokens .xp-tok").count() == 10
     assert blocked == [] and errors == []
     page.close()
+
+
+def outline_pixels(labels: np.ndarray) -> int:
+    """The outline of instance label maps as the explorer draws it: an instance pixel with a 4-neighbour of another
+    label or on the image border."""
+    padded = np.pad(labels.astype(int), 1, constant_values=-1)
+    centre = padded[1:-1, 1:-1]
+    nb = [padded[:-2, 1:-1], padded[2:, 1:-1], padded[1:-1, :-2], padded[1:-1, 2:]]
+    return int(((centre > 0) & np.any([n != centre for n in nb], axis=0)).sum())
+
+
+def test_report_explorer_draws_the_ground_truth_outline_beside_the_predicted_mask(browser, model, images, tmp_path):  # noqa: F811
+    """Issue 51 §5: with ground truth, the explorer's segmentation panel draws the truth's outline (yellow) over
+    MaskCut's mask: exactly the outline pixels of the labels, scaled to the canvas; unticking hides it."""
+    imgs, norm = images
+    truth = torch.zeros(len(imgs), *imgs.shape[-2:], dtype=torch.uint8)
+    truth[:, 1:5, 2:6] = 1  # one square object per image (8 x 8 digits), and a second one in the first image
+    truth[0, 6:8, 0:3] = 2
+    rep = analysis.analyze(
+        model, tmp_path, {"test": imgs}, normalization=norm, num_vis=2, n_masks=2, progress=False, truth=truth
+    )
+    assert rep["explorer"]["ground_truth"] is True
+    page, blocked, errors = open_page(browser, tmp_path / "report.html")
+    page.check("#xp-masks")
+    shown = [0, len(imgs) - 1]  # the two evenly spaced images the report shows
+    for item, i in enumerate(shown):
+        page.select_option("#xp-item", str(item))
+        assert int(page.get_attribute("#xp-seg", "data-truth")) == outline_pixels(truth[i].numpy())
+    page.select_option("#xp-item", "0")
+    c = page.evaluate("""() => { const c = document.getElementById('xp-seg'); return [c.width, c.height]; }""")
+    x, y = int((2 + 0.5) * c[0] / imgs.shape[-1]), int((3 + 0.5) * c[1] / imgs.shape[-2])  # left edge of the square
+    px = page.evaluate("([x, y]) => Array.from(document.getElementById('xp-seg').getContext('2d')"
+                       ".getImageData(x, y, 1, 1).data)", [x, y])  # fmt: skip
+    assert px[:3] == [255, 235, 59]  # the outline's yellow, drawn over the mask
+    page.uncheck("#xp-truth")
+    assert page.get_attribute("#xp-seg", "data-truth") == "0"
+    assert blocked == [] and errors == []
+    page.close()

@@ -378,3 +378,52 @@ def test_images_are_decoded_as_every_image_path_decodes_them(tmp_path):
     x8, x16 = _load_image(tmp_path / "a8.png", 1, 16), _load_image(tmp_path / "a16.png", 1, 16)
     assert x8.shape == (1, 1, 16, 16) and torch.equal(x8, x16)
     assert 0.2 < float(x8.mean()) < 0.8  # neither black nor clipped white
+
+
+def test_crate_analyze_with_annotations_adds_the_scores_of_evaluate_segmentation(tmp_path, capsys):
+    """Issue 51 §5: ``crate analyze --images DIR --annotations FILE`` puts evaluate_segmentation's scores of the
+    report's own MaskCut settings into report.json and report.html, and prints the headline numbers."""
+    from crate_transformer.cli import main as cli_main
+
+    gt_file, folder = coco_fixture(tmp_path)
+    model = ct.create_model("crate_tiny", image_size=32, patch_size=8, dim=32, depth=2, heads=4, num_classes=5)
+    model.eval().save_pretrained(tmp_path / "m")
+    out = tmp_path / "an"
+    argv = ["analyze", str(tmp_path / "m"), "--images", str(folder), "--annotations", str(gt_file), "--masks", "2"]
+    assert cli_main([*argv, "--num-vis", "1", "--no-progress", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    scores = report["segmentation_scores"]
+    direct = segment_eval.evaluate_segmentation(
+        model, read_coco(gt_file, folder), "maskcut", n_masks=2, tau=0.15, normalization=report["normalization"]
+    )
+    assert scores["coco"] == direct["coco"] and scores["single_object"] == direct["single_object"]
+    assert scores["images"] == 3 and scores["unannotated"] == 1 and scores["layer"] == 2
+    segm = scores["coco"]["segm"]
+    assert f"mask AP {segm['AP']:.3f}, AP50 {segm['AP50']:.3f}" in capsys.readouterr().out
+    page = (out / "report.html").read_text()
+    assert "Segmentation against the ground truth (MaskCut, layer 2)" in page and f"{segm['AP']:.3f}" in page
+    dt = json.loads((out / "segment_eval" / "results_maskcut.json").read_text())
+    assert len(dt) == scores["predictions"]
+    assert report["explorer"]["ground_truth"] is True and report["source"]["files"] == ["a.png", "b.png", "c.png"]
+    # without --images there are no file names to match: a one-line error before any work
+    assert cli_main(["analyze", str(tmp_path / "m"), "--data", "digits", "--annotations", str(gt_file)]) == 2
+    assert "--annotations scores the images of --images DIR" in capsys.readouterr().err
+
+
+def test_truth_labels_follow_the_geometry_of_the_analysed_images(tmp_path):
+    """The explorer's ground truth is cropped and scaled as ``--images`` crops the photos (shorter side to
+    size / crop_pct, centre crop): here 32 x 40 images, so a centre crop of columns 4..35 at crop_pct 1, and
+    the centre 16 x 16 of the original upsampled twice at crop_pct 0.5."""
+    gt_file, folder = coco_fixture(tmp_path)
+    gt = read_coco(gt_file, folder)
+    files = [folder / "a.png", folder / "c.png", tmp_path / "elsewhere.png"]
+    labels = segment_data.truth_labels(gt, files, 32, 1.0).numpy()
+    sq, rect = gt.masks(1)
+    want = np.zeros((32, 32), np.uint8)
+    want[sq[:, 4:36]] = 1
+    want[rect[:, 4:36] & (want == 0)] = 2
+    assert (labels[0] == want).all()
+    assert not labels[1].any() and not labels[2].any()  # unannotated, and a file the annotations do not name
+    half = segment_data.truth_labels(gt, files[:1], 32, 0.5).numpy()[0]
+    sq_up = np.kron(sq[8:24, 12:28], np.ones((2, 2), bool))
+    assert ((half == 1) == sq_up).mean() > 0.98 and (half == 1).sum() > 0

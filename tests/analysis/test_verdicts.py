@@ -4,6 +4,7 @@ against float64 formulas written here, and `crate analyze` writing and printing 
 import html
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -102,28 +103,82 @@ def test_compression_holds_when_rc_falls_and_fails_when_it_rises_or_stays():
     assert rising.verdict == FAILS and "rises" in rising.explanation and "opposite" in rising.explanation
     flat = compression_verdict(rc_table([8, 8, 8], seed=3)[0], "classifier")
     assert flat.verdict == FAILS and "within the noise" in flat.explanation
+    # a change is a drop or a rise in words, never a signed number
+    assert f"rise {-rising.measured['drop']:.3g} ± " in rising.summary and "decompresses" in rising.summary
+    for v in (rising, flat):
+        assert not re.search(r"(drop|rise)( of)? -", v.summary + v.explanation)
     assert abs(flat.measured["drop"]) <= flat.measured["noise"]
 
 
-def test_against_initialisation_holds_only_beyond_what_the_initial_model_does():
+def test_against_the_untrained_network_holds_only_beyond_what_it_does():
     trained, direct = rc_table([16, 8, 2])
     means = direct.mean(0)
-    # an initial model that already falls as much: the claim is not what training did
-    same = baseline_from_table(rc_table([16, 8, 2], seed=5)[0], "fresh")
+    # an untrained network that already falls as much: the claim is not what training did
+    same = baseline_from_table(rc_table([16, 8, 2], seed=5)[0], "an untrained network (seed 5)")
     v = compression_verdict(trained, "classifier", baseline=same)
-    assert v.verdict == FAILS and "not beyond the joint noise" in v.explanation and "At initialisation" in v.explanation
-    # an initial model that stays flat: the trained drop is beyond it
+    delta = v.measured["drop"] - v.measured["initialisation"]["drop"]
+    joint = math.hypot(v.measured["noise"], v.measured["initialisation"]["noise"])
+    assert abs(delta) <= joint
+    verb = "increased" if delta > 0 else "reduced"
+    assert v.verdict == FAILS and "Reference, an untrained network (seed 5): " in v.explanation
+    assert "the untrained network already compresses" in v.explanation
+    assert f"training {verb} the drop by {abs(delta):.3g}, within the joint noise {joint:.2g}" in v.explanation
+    assert v.reference == "an untrained network (seed 5)" and "At initialisation" not in v.explanation
+    first, last = same.per_layer["rc_in"][0], same.per_layer["rc_in"][-1]
+    assert f"; untrained {first:.4g} -> {last:.4g} (already compresses): training {verb} the drop" in v.summary
+    # an untrained network that stays flat: the trained drop is beyond it
     flat_table, flat_direct = rc_table([8, 8, 8], seed=3)
     flat = baseline_from_table(flat_table, "fresh")
     v = compression_verdict(trained, "classifier", baseline=flat)
-    assert v.verdict == HOLDS and "training added" in v.explanation
     init = v.measured["initialisation"]
+    joint = math.hypot(v.measured["noise"], init["noise"])
+    added = v.measured["drop"] - init["drop"]
+    assert v.verdict == HOLDS and f"training increased the drop by {added:.3g}, beyond the joint noise" in v.explanation
+    assert "the untrained network stays flat within its noise" in v.explanation
+    assert v.summary.startswith(f"R^c {means[0]:.4g} -> {means[-1]:.4g} (compresses; drop ")
     fm = flat_direct.mean(0)
     assert init["drop"] == pytest.approx(fm[0] - fm[-1], rel=1e-9)  # the float64 formula's drop
     assert init["per_layer_mean"] == pytest.approx(list(fm), rel=1e-9)
-    joint = math.hypot(v.measured["noise"], init["noise"])
-    assert v.measured["drop"] - init["drop"] > joint
+    assert init["change"] == pytest.approx(added, rel=1e-12) and added > joint
     assert v.measured["drop"] == pytest.approx(means[0] - means[-1], rel=1e-10)
+
+
+def test_sparsity_that_training_reduced_says_so_in_words():
+    """Issue 49's case: the non-zero fraction falls after training, but the untrained network falls further: the
+    verdict fails and says training *reduced* the drop (no signed number), the untrained one already gets sparser."""
+    rng = np.random.default_rng(4)
+    trained = sparsity_table(relu_codes(rng, [0.1, 0.55]))  # 0.46 -> 0.29
+    untrained = baseline_from_table(sparsity_table(relu_codes(rng, [0.0, 1.2])), "an untrained network (seed 0)")
+    v = sparsity_verdict(trained, "classifier", baseline=untrained)
+    drop, init = v.measured["drop"], v.measured["initialisation"]["drop"]
+    assert drop > v.measured["noise"] and init > drop  # both fall, the untrained one by more
+    assert v.verdict == FAILS and v.name == "sparsity"
+    assert f"training reduced the drop by {init - drop:.3g}, beyond the joint noise" in v.explanation
+    assert "the untrained network already gets sparser" in v.explanation
+    assert "the non-zero fraction falls" in v.explanation and "-" + f"{init - drop:.3g}" not in v.explanation
+    assert v.line() == f"[FAILS] classifier, sparsity: {v.summary}"
+    assert v.summary.startswith("non-zero fraction 0.4") and "(gets sparser; drop" in v.summary
+    assert "untrained 0.5" in v.summary and "(already gets sparser): training reduced the drop by" in v.summary
+
+
+def test_a_starting_checkpoint_is_stated_beside_the_untrained_reference_not_decided_by():
+    trained = rc_table([16, 8, 2])[0]
+    flat = baseline_from_table(rc_table([8, 8, 8], seed=3)[0], "an untrained network (seed 0)")
+    # the checkpoint it was fine-tuned from fell further than the fine-tuned model does
+    recs = [
+        {"layer": ell, "n_samples": 64, "rc_in": rc, "rc_in_std": 0.5} for ell, rc in ((1, 60.0), (2, 40.0), (3, 9.0))
+    ]
+    start = baseline_from_records(recs, "the starting checkpoint (step 0 of this fine-tuning run)", start=True)
+    v = compression_verdict(trained, "classifier", baseline=flat, start=start)
+    assert v.verdict == HOLDS  # as without the start: the untrained network decides
+    assert v.verdict == compression_verdict(trained, "classifier", baseline=flat).verdict
+    moved = v.measured["drop"] - 51.0
+    joint = math.hypot(v.measured["noise"], start.drop["rc_in"][1])
+    assert "From the starting checkpoint (step 0 of this fine-tuning run): 60 -> 9 (drop 51" in v.explanation
+    assert f"fine-tuning reduced the drop by {-moved:.3g}, beyond the joint noise {joint:.2g}" in v.explanation
+    assert "; starting checkpoint 60 -> 9 (compresses): fine-tuning reduced the drop by" in v.summary
+    assert v.measured["starting_checkpoint"]["per_layer_mean"] == [60.0, 40.0, 9.0]
+    assert "At initialisation" not in v.explanation and "untrained" in v.summary
 
 
 def test_baseline_from_logged_records_uses_the_noise_of_two_independent_means():
@@ -133,6 +188,7 @@ def test_baseline_from_logged_records_uses_the_noise_of_two_independent_means():
         {"layer": 3, "n_samples": 25, "rc_in": 7.0, "rc_in_std": 4.0, "nonzero": 0.45, "nonzero_std": 0.05},
     ]
     b = baseline_from_records(list(reversed(recs)), "the run's step 0")  # any order
+    assert b.kind == "untrained" and baseline_from_records(recs, "x", start=True).label == "the starting checkpoint"
     assert b.per_layer["rc_in"] == [10.0, 9.0, 7.0]
     assert b.drop["rc_in"][0] == pytest.approx(3.0) and b.drop["rc_in"][1] == pytest.approx(2 * 5.0 / 5.0)
     assert b.drop["nonzero"][0] == pytest.approx(0.05)
@@ -161,7 +217,8 @@ def test_incoherence_holds_for_orthogonal_subspaces_and_fails_for_random_ones():
     assert orth[0]["mean_cross_coherence"] == pytest.approx(0.0, abs=1e-12)
     random_rows = [_coherence_rows(rng.standard_normal((K, D, P)), layer) for layer in (1, 2)]
     v = incoherence_verdict(orth, "classifier", initial=random_rows)
-    assert v.verdict == HOLDS and "at initialisation" in v.explanation
+    assert v.verdict == HOLDS and "the untrained network 0." in v.explanation and "untrained 0." in v.summary
+    assert v.reference.startswith("random subspaces of the same sizes") and v.name == "incoherence"
     assert v.measured["initialisation"] == [r["mean_cross_coherence"] for r in random_rows]
     w = incoherence_verdict([orth[0], random_rows[1]], "classifier")
     assert w.verdict == FAILS and "layer(s) 2" in w.explanation
@@ -180,7 +237,7 @@ def test_not_applicable_with_one_layer_or_too_few_samples():
     assert one_layer.verdict == NOT_APPLICABLE and "1 layer" in one_layer.explanation
     few = compression_verdict(rc_table([16, 2], samples=3)[0], "classifier")
     assert few.verdict == NOT_APPLICABLE and "3 sample" in few.explanation
-    assert few.tag == "[n/a]" and one_layer.line().startswith("[n/a] classifier: ")
+    assert few.tag == "[n/a]" and one_layer.line() == "[n/a] classifier, compression: " + one_layer.summary
 
 
 def relu_codes(rng: np.random.Generator, shifts: list[float], samples: int = 10) -> np.ndarray:
@@ -339,6 +396,9 @@ def test_verdict_record():
         Verdict("classifier", "claim", "maybe", "rule", "why")
     v = Verdict("classifier", "claim", FAILS, "rule", "why.", {"drop": 1.0})
     assert v.line() == "[FAILS] classifier: claim. why." and v.to_dict()["measured"] == {"drop": 1.0}
+    named = Verdict("classifier", "claim", HOLDS, "rule", "why.", name="compression", summary="R^c 3 -> 1")
+    assert named.line() == "[holds] classifier, compression: R^c 3 -> 1"
+    assert Verdict(**named.to_dict()) == named  # report.json's verdicts read back
 
 
 # --------------------------------------------------------------------------- end to end
@@ -359,7 +419,8 @@ def test_crate_analyze_writes_and_prints_the_verdict_table(tmp_path, capsys):
         {"split": "measure", "step": 0, **r} for r in analysis.measure(model, x_all[:32], progress=False).to_records()
     ]
     (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "config.yaml").write_text("task: classification\n")
+    # a fine-tuning run (init_from): its step 0 is the checkpoint it started from
+    (tmp_path / "run" / "config.yaml").write_text("task: classification\ninit_from: base\nsystem: {seed: 2}\n")
     (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in step0))
     for step in range(40):  # a tiny trained run
         idx = torch.arange(step * 64, step * 64 + 64) % len(train)
@@ -377,13 +438,24 @@ def test_crate_analyze_writes_and_prints_the_verdict_table(tmp_path, capsys):
     sections = ["classifier (train)"] * 2 + ["classifier (test)"] * 2 + ["classifier"]
     assert [v["section"] for v in verdicts] == sections
     assert all(v["verdict"] in (HOLDS, FAILS, NOT_APPLICABLE) for v in verdicts)
-    # every layer verdict is stated against the run's own step 0, and the figures draw it
+    # every layer verdict is decided against the untrained network (the run's seed) and states the move from the
+    # run's own step 0 (its starting checkpoint) beside it; the figures draw both
     for v in verdicts[:4]:
         metric = "rc_in" if "R^c" in v["claim"] else "nonzero"
-        assert v["measured"]["initialisation"]["per_layer_mean"] == pytest.approx([r[metric] for r in step0])
-        assert "At initialisation" in v["explanation"]
-    assert report["initialisation"]["at initialisation (step 0 of the run)"][0]["rc_in"] == step0[0]["rc_in"]
-    assert "the run's own measurement at step 0 (32 training images)" in report["figures"]["layerwise.png"]["caption"]
+        assert v["measured"]["starting_checkpoint"]["per_layer_mean"] == pytest.approx([r[metric] for r in step0])
+        assert "From the starting checkpoint (step 0 of this fine-tuning run" in v["explanation"]
+        assert (
+            v["reference"]
+            == "an untrained network of the same architecture (seed 2, the run's seed) on the same images"
+        )
+        split = v["section"].split("(")[1].rstrip(")")
+        untrained = [r[metric] for r in report["initialisation"][f"{split} untrained"]]
+        assert v["measured"]["initialisation"]["per_layer_mean"] == pytest.approx(untrained)
+        assert "At initialisation" not in v["explanation"]
+    assert report["starting_checkpoint"]["layers"][0]["rc_in"] == step0[0]["rc_in"]
+    caption = report["figures"]["layerwise.png"]["caption"]
+    assert "step 0 of this fine-tuning run, measured on 32 training images" in caption
+    assert "an untrained network of the same architecture (seed 2, the run's seed)" in caption
     assert "subspaces U_k of different heads are incoherent" in verdicts[4]["claim"]
     assert len(verdicts[4]["measured"]["initialisation"]) == 2
     # the verdict's numbers are the report's own layer table
@@ -392,11 +464,15 @@ def test_crate_analyze_writes_and_prints_the_verdict_table(tmp_path, capsys):
     assert comp["measured"]["drop"] == pytest.approx(test_layers[0]["rc_in"] - test_layers[-1]["rc_in"], rel=1e-9)
     for v in verdicts:
         tag = {"holds": "[holds]", "fails": "[FAILS]"}.get(v["verdict"], "[n/a]")
-        assert f"{tag} {v['section']}: {v['claim']}" in printed
+        assert f"{tag} {v['section']}, {v['name']}: {v['summary']}" in printed
     page = (out / "report.html").read_text()
     first_table = page.index("<table>")
-    assert page.index("Did the paper's claims hold?") < first_table < page.index("Layer-wise measurements")
-    assert all(html.escape(v["explanation"]) in page and html.escape(v["rule"]) in page for v in verdicts)
+    claims, rules = page.index("<ul class='claims'>"), page.index("<details class='rules'>")
+    assert page.index("Did the paper's claims hold?") < claims < rules < first_table < page.index("Layer-wise")
+    assert all(html.escape(v["summary"]) in page[claims:rules] for v in verdicts)  # one line each, first
+    assert all(
+        html.escape(v["explanation"]) in page[rules:] and html.escape(v["rule"]) in page[rules:] for v in verdicts
+    )
 
 
 def test_crate_analyze_on_an_external_checkpoint_compares_with_a_fresh_model(tmp_path, capsys):
@@ -412,15 +488,17 @@ def test_crate_analyze_on_an_external_checkpoint_compares_with_a_fresh_model(tmp
     argv = [str(tmp_path / "m"), "--data", "digits", "--num-images", "8", "--num-vis", "1", "--no-progress"]
     assert cli_main(["analyze", *argv, "--out", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
-    assert set(report["initialisation"]) == {"train at initialisation", "test at initialisation"}
+    assert set(report["initialisation"]) == {"train untrained", "test untrained"}
     init = analysis.report.initial_model(model)  # what the report compared with, measured here on the same images
     assert all(
         torch.equal(a, b)
         for a, b in zip(init.state_dict().values(), analysis.report.initial_model(model).state_dict().values())
     )
     comp = report["verdicts"][2]
-    assert comp["section"] == "classifier (test)" and "At initialisation" in comp["explanation"]
-    fresh_rc = [r["rc_in"] for r in report["initialisation"]["test at initialisation"]]
+    ref = "an untrained network of the same architecture (seed 0; the checkpoint records no training seed)"
+    assert comp["section"] == "classifier (test)" and f"Reference, {ref} on the same images" in comp["explanation"]
+    fresh_rc = [r["rc_in"] for r in report["initialisation"]["test untrained"]]
     assert comp["measured"]["initialisation"]["per_layer_mean"] == pytest.approx(fresh_rc)
-    assert "freshly initialised model of the same architecture" in report["figures"]["layerwise.png"]["caption"]
-    assert "At initialisation" in capsys.readouterr().out
+    assert ref in report["figures"]["layerwise.png"]["caption"]
+    printed = capsys.readouterr().out
+    assert f"compared with: {ref}" in printed and "At initialisation" not in printed

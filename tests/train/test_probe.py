@@ -111,3 +111,32 @@ def test_crate_eval_knn_and_linear_probe(tmp_path: Path) -> None:
     # a random encoder's features of the 8x8 digits still separate the classes far above chance (10%)
     assert report["knn"]["20"] > 0.5 and report["linear_probe"]["acc"] > 0.5
     assert (out / "knn.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_crate_eval_on_an_mae_run_reports_its_summarys_probe_with_the_pooling_named(tmp_path: Path, capsys) -> None:
+    """Issue 49 §3: one number per quantity.  ``crate eval --linear-probe`` on a ``crate pretrain mae`` run uses the
+    features of the run's own summary probe (probe.json, mean of the patch tokens) and says so; the class token is
+    another number, labelled as such."""
+    import tiny
+
+    from crate_transformer.analysis.probe import POOL_WORDS, default_probe_pool, pool_words
+    from crate_transformer.loading.pipeline import load_model
+
+    run = tmp_path / "mae"
+    mae = ["pretrain", "mae", "--data", "digits", "--max-steps", "2", "--epochs", "1", "--threads", "1"]
+    assert cli.main([*mae, "--no-progress", "--no-recognition", "--model-args", *tiny.SSL_ARCH, "--out", str(run)]) == 0
+    summary = json.loads((run / "probe.json").read_text())
+    assert summary["pool"] == "avg" and summary["features"] == "mean of the patch tokens (pool=avg)"
+    assert f"linear probe on the {pool_words('avg')} {100 * summary['encoder']['acc']:.2f}%" in capsys.readouterr().out
+    assert cli.main(["eval", str(run), "--linear-probe", "--out", str(tmp_path / "ev")]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((tmp_path / "ev" / "eval.json").read_text())
+    assert report["pool"] == "avg" and report["features"] == pool_words("avg")
+    assert report["linear_probe"]["acc"] == pytest.approx(summary["encoder"]["acc"], abs=1e-12)  # the same number
+    assert f"linear probe (logistic) on the {pool_words('avg')}: {100 * summary['encoder']['acc']:.2f}%" in printed
+    assert cli.main(["eval", str(run), "--linear-probe", "--pool", "cls", "--out", str(tmp_path / "cls")]) == 0
+    assert f"on the {POOL_WORDS['cls']} (pool=cls)" in capsys.readouterr().out
+    # outside a run: the model's own pooling, else the patch-token mean of eq. (72)
+    model = create_model("crate_mnist", dim=32, depth=1, heads=2, patch_size=4, image_size=8, in_chans=1)
+    assert default_probe_pool(model) == model.config.pool
+    assert default_probe_pool(load_model(str(run / "model"))) == "avg"

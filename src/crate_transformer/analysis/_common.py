@@ -7,6 +7,7 @@ Nothing here re-implements the model: projections are computed by the layer's ow
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -151,3 +152,25 @@ def iter_batches(
         if not isinstance(x, Tensor):
             raise ValueError(f"expected batches of image tensors, got {type(x).__name__}")
         yield normalize_images(x, normalization)
+
+
+# written first into a report folder and removed after its last file: a folder that holds it is a report killed
+# midway, which `crate analyze` replaces (a plain rerun and --overwrite alike) instead of refusing
+PARTIAL_MARKER = ".crate-analyze-incomplete"
+
+
+def mark_partial(out: Path) -> None:
+    """Mark ``out`` as a report being written (:data:`PARTIAL_MARKER`)."""
+    (out / PARTIAL_MARKER).write_text(
+        "this report was being written and did not finish; analysing again into this folder replaces it\n"
+    )
+
+
+def finish_partial(out: Path) -> None:
+    """The report in ``out`` is complete: remove its :data:`PARTIAL_MARKER`."""
+    (out / PARTIAL_MARKER).unlink(missing_ok=True)
+
+
+def is_partial(out: Path) -> bool:
+    """Whether ``out`` holds a report that was killed before its last file."""
+    return (Path(out) / PARTIAL_MARKER).is_file()

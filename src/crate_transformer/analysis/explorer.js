@@ -6,7 +6,8 @@
   var P = JSON.parse(document.getElementById("xp-data").textContent);
   var root = document.getElementById("xp-root");
   var nl = P.layers.length, K = P.heads, cmap = P.colormap;
-  var state = { item: 0, layer: nl - 1, head: 0, query: -1, alpha: 0.7, pca: false, masks: false, noself: false };
+  var state = { item: 0, layer: nl - 1, head: 0, query: -1, alpha: 0.7, pca: false, masks: false, noself: false,
+    truth: !!P.truth };
 
   function bytes(s) {
     var b = atob(s), a = new Uint8Array(b.length);
@@ -64,6 +65,8 @@
     checkbox(bar, "xp-noself", "hide the query's own patch", "noself");
     checkbox(bar, "xp-pca", "PCA colours", "pca");
     checkbox(bar, "xp-masks", "MaskCut masks", "masks");
+    var T = P.truth ? bytes(P.truth) : null;
+    if (T) checkbox(bar, "xp-truth", "ground-truth outline", "truth").checked = true;
     status = el("div", { id: "xp-status" }, root);
     var panels = el("div", { class: "xp-panels" }, root);
     function panel(id, caption) {
@@ -81,7 +84,8 @@
       return c;
     }
     var ca = panel("xp-attn", "attention of the hovered patch (class token when none) over the patches");
-    var cs = panel("xp-seg", "input, PCA colours (RGB = PC1-3) and MaskCut masks of this layer's features");
+    var cs = panel("xp-seg", "input, PCA colours (RGB = PC1-3) and MaskCut masks of this layer's features" +
+      (P.truth ? "; yellow: the outline of the ground truth" : ""));
     var images = P.images.map(function (src) { var im = new Image(); im.src = src; return im; });
     var loaded = 0;
     images.forEach(function (im) {
@@ -100,6 +104,25 @@
       ctx.imageSmoothingEnabled = false;
       ctx.clearRect(0, 0, W, H);
       ctx.drawImage(images[state.item], 0, 0, W, H);
+    }
+    // the ground truth's outline: the pixels of an instance with a 4-neighbour of another label (or the image
+    // border), drawn at the canvas scale over the predicted masks; returns how many it drew (data-truth, for tests)
+    function truthOutline(ctx) {
+      if (!T || !state.truth) return 0;
+      var th = P.truth_size[0], tw = P.truth_size[1], off = state.item * th * tw, sx = W / tw, sy = H / th;
+      var drawn = 0, y, x, v;
+      function at(yy, xx) { return yy < 0 || xx < 0 || yy >= th || xx >= tw ? -1 : T[off + yy * tw + xx]; }
+      ctx.fillStyle = "#ffeb3b";
+      for (y = 0; y < th; y++) {
+        for (x = 0; x < tw; x++) {
+          v = at(y, x);
+          if (v > 0 && (at(y - 1, x) !== v || at(y + 1, x) !== v || at(y, x - 1) !== v || at(y, x + 1) !== v)) {
+            ctx.fillRect(x * sx, y * sy, Math.max(1, sx), Math.max(1, sy));
+            drawn++;
+          }
+        }
+      }
+      return drawn;
     }
     function outline(ctx) {
       if (state.query < 0) return;
@@ -130,6 +153,7 @@
           seg.fillStyle = rgb(c, 0.55); seg.fillRect(x, y, cell, cell);
         }
       }
+      cs.setAttribute("data-truth", String(truthOutline(seg)));
       outline(seg);
       var peak = argmax(row, 0, N);
       ca.setAttribute("data-query", String(state.query)); ca.setAttribute("data-peak", String(peak));

@@ -121,12 +121,15 @@ def image_payload(
     tau: float | None = 0.15,
     max_bytes: int = MAX_BYTES,
     captions: Sequence[str] | None = None,
+    truth: Tensor | None = None,
 ) -> dict:
     """The explorer's data for an image model and a few ``images`` ``(b, C, H, W)`` in [0, 1].
 
     ``normalization`` (mean, std) turns the images into model inputs.  ``layers`` are Python indices into
     ``model.layers`` (default: every layer, or evenly spaced ones when the attention would exceed
-    ``max_bytes``).  ``n_masks`` and ``tau`` are MaskCut's (:func:`~.segmentation.maskcut`).
+    ``max_bytes``).  ``n_masks`` and ``tau`` are MaskCut's (:func:`~.segmentation.maskcut`).  ``truth``: ground-truth
+    instance labels ``(b, H, W)`` uint8 of the images (0 = background; :func:`~.segment_data.truth_labels`), whose
+    outlines the explorer draws over the predicted masks.
     """
     if images.dim() != 4 or not len(images):
         raise ValueError(f"images must be a non-empty (b, C, H, W) batch in [0, 1], got shape {tuple(images.shape)}")
@@ -143,7 +146,11 @@ def image_payload(
     chosen = _pick_layers(model, layers, b * K * (N + 1) * N, max_bytes)
     attn = np.stack([quantize_rows(_summary_first(trace.attention[li].float(), prefix).cpu()) for li in chosen], 1)
     segs = [_segmentation(model, x, li, grid, n_masks, tau) for li in chosen]
+    if truth is not None and tuple(truth.shape) != (b, *images.shape[-2:]):
+        raise ValueError(f"truth must be (b, H, W) = {(b, *images.shape[-2:])} labels, got {tuple(truth.shape)}")
+    extra = {} if truth is None else {"truth": _b64(truth.cpu().numpy()), "truth_size": list(images.shape[-2:])}
     return {
+        **extra,
         "kind": "image",
         "grid": list(grid),
         "heads": K,

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from ..io import make_folder, write_json
 from ..layers.inference import evaluating
+from ._common import finish_partial, mark_partial
 from .explorer import explorer_section, text_payload
 from .figures import InlineFigure
 from .measure import LayerTable, measure_batch
@@ -116,8 +117,7 @@ def _lm_figures(table: LayerTable, attn: Sequence[tuple[str, int]], n_tokens: in
             "caption": f"R^c of each layer's MSSA input against its subspaces U^l (official protocol, eps^2 = "
             f"{table.meta['eps'] ** 2:g}), the non-zero fraction of the ISTA output and the rate reduction R - R^c "
             f"(eq. (14)) of the layer output; mean over {table.num_samples} held-out token blocks, band = 1 std. "
-            "Dashed: a freshly initialised model of the same architecture on the same blocks, the reference of the "
-            "verdicts.",
+            "Dashed: the reference of the verdicts, an untrained network of the same architecture on the same blocks.",
         }
     }
     for f, ell in attn:
@@ -148,33 +148,31 @@ def analyze_text(
     attn_tokens: int = 48,
     source: dict | None = None,
     explorer_texts: int = 4,
+    seed: int = 0,
+    seed_words: str | None = None,
 ) -> dict:
     """Measure ``blocks`` (held-out token ids), plot layer-wise compression / sparsity and the attention of the
     first ``attn_tokens`` tokens of the first block; decide the compression and sparsity claims
     (:mod:`~crate_transformer.analysis.verdicts`); writes ``report.json``, ``report.html``, ``layerwise.png`` and
     ``attention_layer{ℓ}.png`` to ``out_dir`` and returns the report; ``report.html`` holds the explorer of the
-    first ``explorer_texts`` blocks (hover a token to see its attention, :mod:`.explorer`)."""
-    from ._common import layer_index
+    first ``explorer_texts`` blocks (hover a token to see its attention, :mod:`.explorer`).  The verdicts' reference:
+    an untrained network of the same architecture built with ``seed`` (``seed_words`` says whose) on the same blocks;
+    the folder holds :data:`~._common.PARTIAL_MARKER` until ``report.html`` is written."""
     from .report_sections import INITIAL, rate_notes, variational_figure
     from .verdicts import layer_claims
 
     t0, LM = time.time(), LM_SECTION
     out = make_folder(out_dir, "report folder")
+    mark_partial(out)
     table = measure_text(model, blocks, eps=eps, batch_size=batch_size)
-    initial, base = _initial_text(model, blocks, eps, batch_size)
+    initial, base = _initial_text(model, blocks, (eps, batch_size), seed, seed_words or f"seed {seed}")
     plot_layerwise(
         {"held-out text": table}, out / "layerwise.png", metrics=("rc_in", "nonzero", "rate_reduction"),
         references={f"held-out text {INITIAL}": initial},
     )  # fmt: skip
     extra = variational_figure({"held-out text": table}, {f"held-out text {INITIAL}": initial}, out)
     ids = blocks[0, :attn_tokens]
-    tokens = _token_strings(model, ids)
-    attn = []
-    for layer in dict.fromkeys(attn_layers):
-        ell = layer_index(model, layer) + 1
-        path = out / f"attention_layer{ell}.png"
-        plot_token_attention(token_attention(model, ids, layer), tokens, path, title=f"layer {ell} attention")
-        attn.append((path.name, ell))
+    attn = _attention_figures(model, ids, attn_layers, out)
     c = model.config
     shown = blocks[:explorer_texts, :attn_tokens]
     explorer = text_payload(model, shown, [_token_strings(model, b) for b in shown])
@@ -194,18 +192,34 @@ def analyze_text(
     report = json.loads(json.dumps(report, default=float))
     write_json(out / "report.json", report)
     (out / "report.html").write_text(lm_html(report, explorer))
+    finish_partial(out)
     return report
 
 
-def _initial_text(model: torch.nn.Module, blocks: Tensor, eps: float, batch_size: int) -> tuple[LayerTable, object]:
-    """The reference of the verdicts: the same architecture freshly initialised, measured on the same blocks."""
-    from .report_sections import initial_model
+def _attention_figures(model: torch.nn.Module, ids: Tensor, layers: Sequence[int], out: Path) -> list[tuple[str, int]]:
+    """``attention_layer{ℓ}.png`` of the tokens ``ids`` for each distinct layer of ``layers``: (file, ℓ) each."""
+    from ._common import layer_index
+
+    tokens, attn = _token_strings(model, ids), []
+    for layer in dict.fromkeys(layers):
+        ell = layer_index(model, layer) + 1
+        path = out / f"attention_layer{ell}.png"
+        plot_token_attention(token_attention(model, ids, layer), tokens, path, title=f"layer {ell} attention")
+        attn.append((path.name, ell))
+    return attn
+
+
+def _initial_text(
+    model: torch.nn.Module, blocks: Tensor, protocol: tuple[float, int], seed: int, seed_words: str
+) -> tuple[LayerTable, object]:
+    """The reference of the verdicts: an untrained network of the same architecture (``seed``), measured on the same
+    blocks under the report's ``protocol`` (eps, batch size)."""
+    from .report_sections import initial_model, untrained_words
     from .verdicts import baseline_from_table
 
-    initial = measure_text(initial_model(model), blocks, eps=eps, batch_size=batch_size)
-    return initial, baseline_from_table(
-        initial, "a freshly initialised model of the same architecture, the same blocks"
-    )
+    eps, batch_size = protocol
+    initial = measure_text(initial_model(model, seed), blocks, eps=eps, batch_size=batch_size)
+    return initial, baseline_from_table(initial, untrained_words(seed_words, "held-out blocks"))
 
 
 def _lm_info(report: dict) -> str:
@@ -231,7 +245,7 @@ def lm_html(report: dict, explorer: dict | None = None) -> str:
     """``report.html`` of a language model: verdicts, model, layer table, figures (PNGs beside the page)."""
     from .report_html import html_figures, html_layer_tables, html_verdicts, render_html
 
-    page = {**report, "figures": report["captions"]}
+    page = {**report, "figures": report["captions"], "figure_folder": ""}
     sections = [html_verdicts, _lm_info, html_layer_tables]
     if explorer is not None:  # hover a token: its attention over the tokens (.explorer)
         sections.append(lambda r: explorer_section(explorer))

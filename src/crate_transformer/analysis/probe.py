@@ -37,9 +37,73 @@ __all__ = [
     "linear_probe",
     "sgd_linear_probe",
     "ProbeResult",
+    "POOL_WORDS",
+    "pool_words",
+    "default_probe_pool",
+    "frozen_probe",
+    "fit_probe",
 ]
 
 KNN_KS = (10, 20, 100, 200)
+# what each pooling of POOLS feeds a probe or a k-NN, as every printed figure names it
+POOL_WORDS = {
+    "cls": "class token",
+    "avg": "mean of the patch tokens",
+    "mean": "mean of all tokens, class token included",
+}
+
+
+def pool_words(pool: str) -> str:
+    """``"mean of the patch tokens (pool=avg)"``: the features a probe or k-NN figure was computed on."""
+    return f"{POOL_WORDS[pool]} (pool={pool})"
+
+
+def default_probe_pool(model: nn.Module, run: str | None = None) -> str:
+    """The pooling a frozen-feature evaluation of ``model`` uses unless told: the one the run's own summary probe
+    used (``probe.json``'s ``pool`` in the run directory ``run``: MAE pre-training), else the model config's
+    ``pool`` (a classifier's head, a DINO run's feature), else the mean of the patch tokens (the paper's global
+    average pooling, eq. (72), p.40), so that ``crate eval`` on a pre-trained run reports the number its summary
+    printed."""
+    import json
+    from pathlib import Path
+
+    if run is not None:
+        for folder in (Path(run), Path(run).parent, Path(run).parent.parent):
+            if (folder / "probe.json").is_file() and (folder / "config.yaml").is_file():
+                pool = json.loads((folder / "probe.json").read_text()).get("pool")
+                if pool in POOLS:
+                    return pool
+    return getattr(model.config, "pool", None) or "avg"
+
+
+def frozen_probe(
+    model: nn.Module,
+    train: object,
+    test: object,
+    *,
+    pool: str,
+    protocol: str = "logistic",
+    C: float = 1.0,
+    **features: object,
+) -> tuple[ProbeResult, dict]:
+    """The one linear probe of frozen features (MAE's and DINO's summaries, ``crate eval --linear-probe``):
+    ``pool``-ed features of ``train`` and ``test`` (:func:`extract_features` with ``features``), then
+    :func:`linear_probe` (``protocol="logistic"``, inverse L2 strength ``C``) or :func:`sgd_linear_probe`
+    (``"lars"`` / ``"sgd"``).  Returns the result and its record, which names the pooling (``pool``, ``features``)."""
+    tx, ty = extract_features(model, train, pool=pool, **features)
+    ex, ey = extract_features(model, test, pool=pool, **features)
+    result = fit_probe(tx, ty, ex, ey, protocol, C)
+    return result, {**result.to_dict(), "pool": pool, "features": pool_words(pool), "dim": int(tx.shape[1])}
+
+
+def fit_probe(
+    train_x: Tensor, train_y: Tensor, test_x: Tensor, test_y: Tensor, protocol: str = "logistic", C: float = 1.0
+) -> ProbeResult:
+    """The probe of :func:`frozen_probe` on features already extracted: logistic regression (``C``), or MAE's LARS /
+    DINO's SGD protocol (:func:`sgd_linear_probe`, batches of at most 256)."""
+    if protocol == "logistic":
+        return linear_probe(train_x, train_y, test_x, test_y, C=C)
+    return sgd_linear_probe(train_x, train_y, test_x, test_y, optimizer=protocol, batch_size=min(256, len(train_y)))
 
 
 @torch.no_grad()

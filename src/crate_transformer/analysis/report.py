@@ -25,7 +25,7 @@ from torch import Tensor
 from .._version import __version__
 from ..io import make_folder
 from ..models.classifier import ImageClassifier
-from ._common import Normalization, layer_index
+from ._common import Normalization, finish_partial, layer_index, mark_partial
 from .decoder import is_autoencoder
 from .measure import METRICS
 from .report_html import HTML_SECTIONS, render_html
@@ -36,12 +36,14 @@ from .report_sections import INITIAL as INITIAL
 from .report_sections import Figure3 as Figure3
 from .report_sections import (
     Part,
+    Reference,
     _attention_section,
     _Context,
     _decoder_section,
     _explorer_section,
     _layerwise_section,
     _pick_vis_images,
+    _segmentation_scores_section,
     _segmentation_section,
     _subspace_section,
     _token_heatmap_section,
@@ -52,7 +54,7 @@ from .report_sections import layer_verdicts as layer_verdicts
 from .report_sections import rate_notes as rate_notes
 from .report_sections import variational_figure as variational_figure
 
-__all__ = ["analyze", "Part", "HTML_SECTIONS"]
+__all__ = ["analyze", "Part", "HTML_SECTIONS", "Reference"]
 
 
 def analyze(
@@ -73,7 +75,10 @@ def analyze(
     progress: bool = True,
     source: Mapping | None = None,
     section: str | None = None,
-    initial: str | Sequence[Mapping] | None = "fresh",
+    initial: str | None = "fresh",
+    reference: Reference | None = None,
+    ground_truth: object | None = None,
+    truth: Tensor | None = None,
 ) -> dict:
     """Write the full white-box report for ``model`` into ``out``; returns the ``report.json`` dict.
 
@@ -83,23 +88,17 @@ def analyze(
     segmentation figures (default: the first ``num_vis`` images of the last split).  ``section`` names the
     model in the verdict table (default: "classifier", "ViT classifier" or "CRATE-MAE encoder"; the CLI passes
     "DINO backbone" for a DINO run).  ``report["verdicts"]`` says whether the paper's claims held, each against
-    the same architecture at initialisation: ``initial`` is the run's own step-0 measurement records (per layer,
-    as :func:`~.measure.load_measure_records` reads them from ``metrics.jsonl``), ``"fresh"`` (a seeded freshly
-    initialised model measured on the same images) or None (no reference). The subspace verdict always uses
-    a fresh model for its initial coherence (unless ``initial`` is None).
+    an untrained network of the same architecture, whatever the checkpoint's origin (``initial="fresh"``; None:
+    no reference), built with ``reference.seed`` (a :class:`~.report_sections.Reference`, which also carries a
+    fine-tuned run's starting checkpoint, stated beside).  ``ground_truth`` (:func:`~.segment_data.read_coco`):
+    MaskCut's masks scored by :func:`~.segment_eval.evaluate_segmentation` into ``report["segmentation_scores"]``;
+    ``truth``: instance labels ``(N, H, W)`` of the last split's images (:func:`~.segment_data.truth_labels`),
+    outlined in the explorer.  Until ``report.html`` is written the folder holds :data:`~._common.PARTIAL_MARKER`.
     """
-    if not splits:
-        raise ValueError("no images to analyse: pass at least one split of images")
     attn_li, seg_li = layer_index(model, attn_layer), layer_index(model, seg_layer)
     t0 = time.perf_counter()
-    out, section = make_folder(out, "report folder"), section or default_section(model)  # the target first
-    ctx = _Context(model, out, splits, normalization, eps, batch_size, section)
-    if isinstance(initial, str) and initial != "fresh":
-        raise ValueError(f"initial must be 'fresh', the run's step-0 measurement records or None, got {initial!r}")
-    if initial is not None:
-        ctx.initial = initial_model(model)
-        ctx.initial_records = None if isinstance(initial, str) else [dict(r) for r in initial]
-    make_folder(ctx.fig_dir, "figure folder")
+    ctx = _context(model, out, splits, (normalization, eps, batch_size), section, initial, reference or Reference())
+    ctx.truth = truth
     report = _header(model, source, normalization, eps)
     parts = [
         _layerwise_section(ctx, progress),
@@ -112,7 +111,39 @@ def analyze(
     ]
     if is_autoencoder(model):
         parts.append(_decoder_section(ctx))
+    if ground_truth is not None:
+        parts.append(_segmentation_scores_section(ctx, ground_truth, seg_li, n_masks, tau))
     return _finish(report, parts, ctx.out, t0)
+
+
+def _context(
+    model: ImageClassifier,
+    out: str | Path,
+    splits: Mapping[str, object],
+    protocol: tuple[Normalization | None, float, int],
+    section: str | None,
+    initial: str | None,
+    reference: Reference,
+) -> _Context:
+    """The sections' shared context, after the checks: the folder made (and marked partial), the untrained
+    reference built with the reference's seed, a fine-tuned run's starting checkpoint attached."""
+    if not splits:
+        raise ValueError("no images to analyse: pass at least one split of images")
+    if initial not in ("fresh", None):
+        raise ValueError(
+            f"initial must be 'fresh' or None, got {initial!r}; pass a fine-tuned run's step-0 records as "
+            "reference=Reference(start=...)"
+        )
+    out = make_folder(out, "report folder")  # the target first
+    mark_partial(out)
+    ctx = _Context(model, out, splits, *protocol, section or default_section(model))
+    if initial is not None:
+        ctx.initial = initial_model(model, reference.seed)
+        ctx.initial_words = reference.seed_words or f"seed {reference.seed}"
+    ctx.start_records = [dict(r) for r in reference.start] if reference.start else None
+    ctx.start_model = reference.start_model
+    make_folder(ctx.fig_dir, "figure folder")
+    return ctx
 
 
 def _header(model: ImageClassifier, source: Mapping | None, normalization: Normalization | None, eps: float) -> dict:
@@ -147,4 +178,5 @@ def _finish(report: dict, parts: Sequence[Part], out: Path, t0: float) -> dict:
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     page = {**report, **{k: v for p in parts for k, v in p.page.items()}}
     (out / "report.html").write_text(render_html(page, HTML_SECTIONS))
+    finish_partial(out)
     return report

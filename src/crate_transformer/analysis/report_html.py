@@ -22,6 +22,8 @@ STYLE = (
     "text-align:right}figure{margin:1.5em 0}img{max-width:100%;border:1px solid #eee}"
     "figcaption{font-size:14px;color:#444}h3{margin-bottom:.2em}"
     "td.holds{background:#e3f4e3}td.fails{background:#f9dede}td.na{background:#eee}td.l{text-align:left}"
+    "ul.claims{list-style:none;padding:0}ul.claims li{margin:.3em 0;padding:3px 6px}li.holds{background:#e3f4e3}"
+    "li.fails{background:#f9dede}li.na{background:#eee}img.lead{max-width:720px}details.rules{margin:.8em 0}"
 )
 HtmlSection = Callable[[dict], str]
 
@@ -32,20 +34,45 @@ def render_html(report: dict, sections: Sequence[HtmlSection], title: str = "CRA
     return "\n".join([head, f"<h1>{title}</h1>", *(s(report) for s in sections), "</body></html>\n"])
 
 
+def verdict_references(verdicts: Sequence[Mapping]) -> list[str]:
+    """The distinct references the verdicts compared with, in their order (the untrained network's words first)."""
+    return list(dict.fromkeys(v.get("reference") for v in verdicts if v.get("reference") not in (None, "", "none")))
+
+
+def _layerwise_png(report: dict) -> str | None:
+    """Where the page finds the layer-wise figure: ``figures/layerwise.png`` (image models), or beside the page
+    where ``report["figure_folder"]`` says so (language models: ""); None when the report has none."""
+    if "layerwise.png" not in (report.get("figures") or {}):
+        return None
+    return f"{report.get('figure_folder', 'figures/')}layerwise.png"
+
+
 def html_verdicts(report: dict) -> str:
-    """The verdict table (first screen of the page), then the notes on surprising numbers."""
-    esc = html.escape
+    """The first screen of the page: the layer-wise figure and one line per claim (its figures and its
+    reference), then the full table with every rule one click away (``<details>``), then the notes."""
+    esc, verdicts = html.escape, report.get("verdicts", [])
     klass = {"holds": "holds", "fails": "fails"}
+    lines = "".join(
+        f"<li class='{klass.get(v['verdict'], 'na')}'><b>{esc(v['verdict'])}</b> {esc(v['section'])}, "
+        f"{esc(v.get('name') or v['claim'])}: {esc(v.get('summary') or v['explanation'])}</li>"
+        for v in verdicts
+    )
+    refs = "".join(f"<li>{esc(r)}</li>" for r in verdict_references(verdicts))
+    png = _layerwise_png(report)
+    figure = f"<a href='{png}'><img class='lead' src='{png}' alt='layer-wise measurements'></a>" if png else ""
     rows = "".join(
         f"<tr><td class='l'>{esc(v['section'])}</td><td class='l'>{esc(v['claim'])}</td>"
         f"<td class='{klass.get(v['verdict'], 'na')}'><b>{esc(v['verdict'])}</b></td>"
         f"<td class='l'>{esc(v['explanation'])}</td><td class='l'><small>{esc(v['rule'])}</small></td></tr>"
-        for v in report.get("verdicts", [])
+        for v in verdicts
     )
     notes = "".join(f"<p><b>Note.</b> {esc(n)}</p>" for n in report.get("notes", []))
     return (
-        "<h2>Did the paper's claims hold?</h2><table><tr><th>model</th><th>claim (JMLR, Yu et al. 2024)</th>"
-        f"<th>verdict</th><th>measured</th><th>rule</th></tr>{rows}</table>{notes}"
+        f"<h2>Did the paper's claims hold?</h2>{figure}<ul class='claims'>{lines}</ul>"
+        + (f"<p>Compared with:</p><ul class='refs'>{refs}</ul>" if refs else "")
+        + "<details class='rules'><summary>The rules and every number of each verdict</summary><table><tr>"
+        "<th>model</th><th>claim (JMLR, Yu et al. 2024)</th><th>verdict</th><th>measured</th><th>rule</th></tr>"
+        f"{rows}</table></details>{notes}"
     )
 
 
@@ -159,11 +186,34 @@ def html_attention_entropy(report: dict) -> str:
     )
 
 
+def html_segmentation_scores(report: dict) -> str:
+    """``--annotations``: MaskCut's COCO mask and box AP / AR and the single-object CorLoc / Jaccard."""
+    scores = report.get("segmentation_scores")
+    if not scores:
+        return ""
+    esc, coco, single = html.escape, scores["coco"], scores["single_object"]
+    stats = list(coco["segm"])
+    head = "".join(f"<th>{esc(k)}</th>" for k in stats)
+    rows = "".join(
+        f"<tr><td class='l'>{kind}</td>" + "".join(f"<td>{coco[kind][k]:.3f}</td>" for k in stats) + "</tr>"
+        for kind in ("segm", "bbox")
+    )
+    return (
+        f"<h2>Segmentation against the ground truth (MaskCut, layer {scores['layer']})</h2>"
+        f"<p>{esc(scores['annotations'])}: {scores['images']} images ({scores['unannotated']} without annotations), "
+        f"{scores['predictions']} predicted masks, class-agnostic; COCO metrics by pycocotools. Single object "
+        f"(TokenCut / DINO protocol, {single['images']} images): CorLoc {single['corloc']:.3f}, Jaccard "
+        f"{single['jaccard']:.3f}. Predictions in COCO results format: segment_eval/results_maskcut.json.</p>"
+        f"<table><tr><th>IoU type</th>{head}</tr>{rows}</table>"
+    )
+
+
 # the page of an image model, in order; a new section is one more function here
 HTML_SECTIONS: list[HtmlSection] = [
     html_verdicts,
     html_info,
     html_layer_tables,
+    html_segmentation_scores,
     html_explorer,
     html_figures,
     html_subspaces,

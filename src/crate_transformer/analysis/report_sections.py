@@ -67,6 +67,19 @@ class Part:
     page: dict = field(default_factory=dict)  # what only report.html uses (not written to report.json)
 
 
+@dataclass(frozen=True)
+class Reference:
+    """What the verdicts compare with besides the rule's noise: the seed of the untrained network of the same
+    architecture (``seed_words``: whose seed it is, e.g. "seed 3, the run's seed"), and a fine-tuned run's starting
+    checkpoint — its step-0 measurement records (``start``, as :func:`~.measure.load_measure_records` reads them)
+    and, when its file still loads, the model (``start_model``) — stated beside the verdicts."""
+
+    seed: int = 0
+    seed_words: str | None = None
+    start: Sequence[Mapping] | None = None
+    start_model: torch.nn.Module | None = None
+
+
 @dataclass
 class _Context:
     """Everything the sections share: the model, where figures go, the measured splits and the shown images."""
@@ -78,8 +91,12 @@ class _Context:
     eps: float
     batch_size: int
     section: str
-    initial: ImageClassifier | None = None  # the same architecture, freshly initialised
-    initial_records: Sequence[Mapping] | None = None  # the run's own measurement at step 0
+    initial: ImageClassifier | None = None  # an untrained network of the same architecture: the reference
+    initial_words: str = "seed 0"  # how it was built (its seed), as the verdicts name it
+    start_records: Sequence[Mapping] | None = None  # a fine-tuned run's own measurement at step 0 (its start)
+    start_model: torch.nn.Module | None = None  # a fine-tuned run's starting checkpoint, when it still loads
+    truth: Tensor | None = None  # ground-truth labels (N, H, W) of the last split's images, for the explorer
+    vis_truth: Tensor | None = None  # those of the shown images
     tables: dict[str, LayerTable] = field(default_factory=dict)
     vis_images: Tensor | None = None
     x: Tensor | None = None
@@ -102,20 +119,24 @@ def default_section(model: ImageClassifier) -> str:
 
 
 def layer_verdicts(
-    tables: Mapping[str, LayerTable], section: str, baselines: Mapping[str, Baseline] | None = None
+    tables: Mapping[str, LayerTable],
+    section: str,
+    baselines: Mapping[str, Baseline] | None = None,
+    start: Baseline | None = None,
 ) -> list[Verdict]:
     """Compression and sparsity verdicts (JMLR Figs. 14-15) for every measured split, each against that split's
-    :class:`~.verdicts.Baseline` (the architecture at initialisation) when given."""
+    :class:`~.verdicts.Baseline` (an untrained network of the same architecture) when given, and with the move
+    from ``start`` (a fine-tuned run's starting checkpoint) stated beside."""
     multi, baselines = len(tables) > 1, baselines or {}
     out = []
     for name, t in tables.items():
-        out += layer_claims(t, f"{section} ({name})" if multi else section, baselines.get(name))
+        out += layer_claims(t, f"{section} ({name})" if multi else section, baselines.get(name), start)
     return out
 
 
 def initial_model(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """The same architecture freshly initialised (seeded; the global RNG is left as it was), in eval mode on the
-    model's device: the step-0 reference of a checkpoint whose own step 0 was not recorded."""
+    """An untrained network of the same architecture (built from ``model.config`` with ``seed``; the global RNG is
+    left as it was), in eval mode on the model's device: the reference of every verdict."""
     from ..models.registry import build
 
     with torch.random.fork_rng(devices=[]):
@@ -124,24 +145,33 @@ def initial_model(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return fresh.to(model_device(model)).eval()
 
 
-INITIAL = "at initialisation"
+INITIAL = "untrained"  # the curves of the untrained network: "test untrained"
+START_CURVE = "starting checkpoint (step 0 of the run)"
 
 
-def _initial_measurements(ctx: _Context, progress: bool) -> tuple[dict[str, Baseline], dict[str, object]]:
-    """Per split: the baseline of the verdicts and what the figures draw (records or tables) for the same
-    architecture at step 0 — the run's recorded step 0 when there is one, else the fresh model on the same images."""
-    if ctx.initial_records:
-        n = ctx.initial_records[0].get("n_samples", "?")
-        base = baseline_from_records(ctx.initial_records, f"the run's own measurement at step 0 ({n} training images)")
-        return {name: base for name in ctx.tables}, {f"{INITIAL} (step 0 of the run)": list(ctx.initial_records)}
-    if ctx.initial is None:
-        return {}, {}
-    baselines, curves = {}, {}
-    for name, imgs in ctx.splits.items():
-        t = _measure_split(ctx, ctx.initial, imgs, f"{name} {INITIAL}", progress)
-        baselines[name] = baseline_from_table(t, f"a freshly initialised model of the same architecture, {name} images")
-        curves[f"{name} {INITIAL}"] = t
-    return baselines, curves
+def untrained_words(seed_words: str, samples: str = "images") -> str:
+    """How the verdicts name their reference: ``an untrained network of the same architecture (seed 0, the run's
+    seed) on the same images``."""
+    return f"an untrained network of the same architecture ({seed_words}) on the same {samples}"
+
+
+def _initial_measurements(
+    ctx: _Context, progress: bool
+) -> tuple[dict[str, Baseline], Baseline | None, dict[str, object]]:
+    """Per split: the reference of the verdicts (an untrained network of the same architecture on the same images),
+    a fine-tuned run's starting checkpoint (its step-0 records) when known, and what the figures draw for both."""
+    baselines, curves, start = {}, {}, None
+    if ctx.initial is not None:
+        for name, imgs in ctx.splits.items():
+            t = _measure_split(ctx, ctx.initial, imgs, f"{name} {INITIAL}", progress)
+            baselines[name] = baseline_from_table(t, untrained_words(ctx.initial_words))
+            curves[f"{name} {INITIAL}"] = t
+    if ctx.start_records:
+        n = ctx.start_records[0].get("n_samples", "?")
+        words = f"the starting checkpoint (step 0 of this fine-tuning run, measured on {n} training images)"
+        start = baseline_from_records(ctx.start_records, words, start=True)
+        curves[START_CURVE] = list(ctx.start_records)
+    return baselines, start, curves
 
 
 def _measure_split(ctx: _Context, model: torch.nn.Module, imgs: Tensor, desc: str, progress: bool) -> LayerTable:
@@ -164,25 +194,24 @@ def _layerwise_section(ctx: _Context, progress: bool) -> Part:
     for name, imgs in ctx.splits.items():
         ctx.tables[name] = _measure_split(ctx, ctx.model, imgs, name, progress)
     tables, fig_dir = ctx.tables, ctx.fig_dir
-    baselines, initial = _initial_measurements(ctx, progress)
-    _plot_layerwise_figures(tables, fig_dir, initial)
+    baselines, start, curves = _initial_measurements(ctx, progress)
+    _plot_layerwise_figures(tables, fig_dir, curves)
     against = (
-        f" Dashed: the same architecture at initialisation ({next(iter(baselines.values())).source}), the reference "
-        "of the verdicts."
+        f" Dashed: the reference of the verdicts, an untrained network of the same architecture "
+        f"({ctx.initial_words}) on the same images."
         if baselines
         else ""
     )
+    if start is not None:
+        against += f" Dashed and labelled '{START_CURVE}': {start.source}, reported beside the verdicts."
     figures = _layerwise_captions(tables, ctx.eps, against)
-    figures += variational_figure(tables, initial, fig_dir, against)
-    return Part(
-        figures,
-        {
-            "measure": {k: t.to_dict(per_sample=True) for k, t in tables.items()},
-            "initialisation": {k: v if isinstance(v, list) else v.to_records() for k, v in initial.items()},
-        },
-        layer_verdicts(tables, ctx.section, baselines),
-        rate_notes(ctx.model, tables),
-    )
+    figures += variational_figure(tables, curves, fig_dir, against)
+    untrained = {k: v.to_records() for k, v in curves.items() if isinstance(v, LayerTable)}
+    json = {"measure": {k: t.to_dict(per_sample=True) for k, t in tables.items()}, "initialisation": untrained}
+    if start is not None:
+        json["starting_checkpoint"] = {"source": start.source, "layers": list(ctx.start_records)}
+    verdicts = layer_verdicts(tables, ctx.section, baselines, start)
+    return Part(figures, json, verdicts, rate_notes(ctx.model, tables))
 
 
 # the report's layer-wise figures: file, metrics, title (None: plot_layerwise's own)
@@ -266,6 +295,8 @@ def _pick_vis_images(ctx: _Context, vis_images: Tensor | None, num_vis: int) -> 
         last = list(ctx.splits.values())[-1]
         n_last = last.shape[0] if isinstance(last, Tensor) else len(last)
         idx = np.unique(np.linspace(0, n_last - 1, min(num_vis, n_last)).round().astype(int)).tolist()
+        if ctx.truth is not None:
+            ctx.vis_truth = ctx.truth[idx][:num_vis]
         if isinstance(last, Tensor):
             vis_images = last[idx]
         else:  # a dataset: grey/RGB converted to the model's channels, as measure() does
@@ -369,9 +400,12 @@ def _segmentation_section(ctx: _Context, seg_li: int, n_masks: int, tau: float |
 
 def _explorer_section(ctx: _Context, n_masks: int, tau: float | None) -> Part:
     """The interactive explorer of the shown images (:mod:`.explorer`): every layer's attention per head, PCA
-    colours and MaskCut masks; its data goes into report.html only, report.json lists the layers it holds."""
-    payload = image_payload(ctx.model, ctx.vis_images, ctx.normalization, n_masks=n_masks, tau=tau)
+    colours and MaskCut masks (with the ground truth's outline when the report has annotations); its data goes into
+    report.html only, report.json lists the layers it holds."""
+    payload = image_payload(ctx.model, ctx.vis_images, ctx.normalization, n_masks=n_masks, tau=tau, truth=ctx.vis_truth)
     summary = {"layers": payload["layers"], "images": len(payload["images"])}
+    if "truth" in payload:
+        summary["ground_truth"] = True
     return Part(json={"explorer": summary}, page={"explorer_payload": payload})
 
 
@@ -392,7 +426,11 @@ def _subspace_section(ctx: _Context, directions: int | None) -> Part:
     )
     rows = incoherence(model)
     initial = incoherence(ctx.initial) if ctx.initial is not None else None
-    verdict = incoherence_verdict(rows, ctx.section, initial)
+    start = None
+    if ctx.start_model is not None:
+        start = ("the starting checkpoint (the one this run was fine-tuned from)", incoherence(ctx.start_model))
+    words = f"the untrained network ({ctx.initial_words})"
+    verdict = incoherence_verdict(rows, ctx.section, initial, initial_words=words, start=start)
     return Part([fig], {"subspaces": rows, "subspaces_initialisation": initial}, [verdict])
 
 
@@ -445,3 +483,21 @@ def _decoder_section(ctx: _Context) -> Part:
     )
     inv = {"images": f"{xs.shape[0]} {name} images (unmasked)", "layers": rows}
     return Part([fig], {"decoder_inversion": inv}, [decoder_verdict(cka_out, cka_in)])
+
+
+def _segmentation_scores_section(ctx: _Context, data: object, seg_li: int, n_masks: int, tau: float | None) -> Part:
+    """``crate analyze --annotations``: MaskCut's masks of every annotated image scored against the ground truth
+    (:func:`~.segment_eval.evaluate_segmentation`: COCO mask / box AP through pycocotools, CorLoc and Jaccard)."""
+    from .segment_eval import evaluate_segmentation
+
+    scores = evaluate_segmentation(
+        ctx.model,
+        data,
+        "maskcut",
+        out=ctx.out / "segment_eval",
+        layer=seg_li,
+        n_masks=n_masks,
+        tau=tau,
+        normalization=ctx.normalization,
+    )
+    return Part(json={"segmentation_scores": {**scores, "layer": seg_li + 1, "tau": tau, "n_masks": n_masks}})

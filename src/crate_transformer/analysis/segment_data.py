@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["MAX_PIXELS", "GroundTruth", "read_coco", "read_voc", "coco_tools"]
 
@@ -296,3 +300,25 @@ def _voc_annotation(ann_id: int, image_id: int, box: list[float], mask: np.ndarr
         "bbox": box,
         "iscrowd": 0,
     }
+
+
+def truth_labels(data: GroundTruth, files: Sequence[str | Path], image_size: int, crop_pct: float = 1.0) -> Tensor:
+    """The ground truth of ``files`` (matched to ``data``'s images by path) as instance label maps ``(N, image_size,
+    image_size)`` uint8 (0 = background, s = instance s; an image without a record or an annotation is all 0),
+    under the very geometry of ``crate analyze --images`` (:func:`~crate_transformer.data.memory.to_chw`: shorter
+    side to ``image_size / crop_pct``, centre crop): each instance mask is resized like the image (antialiased
+    bilinear of 0/255) and kept where it covers at least half a pixel, so outline and prediction share pixels."""
+    import torch
+
+    from ..data.memory import to_chw
+
+    by_path = {Path(f).resolve(): i for i, f in data.files.items()}
+    out = torch.zeros(len(files), image_size, image_size, dtype=torch.uint8)
+    for n, f in enumerate(files):
+        image_id = by_path.get(Path(f).resolve())
+        if image_id is None:
+            continue
+        for s, m in enumerate(data.masks(image_id)):
+            scaled = to_chw((m * 255).astype(np.uint8), 1, image_size, crop_pct)[0]
+            out[n][(scaled >= 128) & (out[n] == 0)] = min(s + 1, 255)
+    return out

@@ -2,17 +2,20 @@
 
 The white-box report measures; this module decides.  Each rule compares a per-sample quantity at the first
 and at the last layer (or, for the CRATE-MAE decoder, a layer-wise inverse against a do-nothing baseline) and
-asks whether the change exceeds its noise, and whether it exceeds what **the same architecture at
-initialisation** does (a :class:`Baseline`: the run's own measurement at step 0, or a freshly initialised
-model measured on the same samples): a random network can already "compress" or "sparsify" with depth, and
-only the change beyond that is what training (the paper's objective) did.  A single run gives no seeds to
+asks whether the change exceeds its noise, and whether it exceeds what **an untrained network of the same
+architecture** does (a :class:`Baseline`: built from the checkpoint's config with a stated seed and measured on
+the same samples, whatever the checkpoint's origin — trained from scratch, fine-tuned, pre-trained by MAE or
+DINO, loaded from the authors' files): a random network can already "compress" or "sparsify" with depth, and
+only the change beyond that is what training (the paper's objective) did.  A fine-tuned run also says how each
+claim moved from its **starting checkpoint** (the run's own measurement at step 0), labelled as such; that
+comparison is reported, not part of the rule.  A single run gives no seeds to
 compare, so the noise is the spread of the mean over **bootstrap resamples of the evaluated samples** (images
 or token blocks): the paired per-sample differences are resampled with replacement ``n_boot`` times (seeded,
 so the report is reproducible) and the noise is twice the standard deviation of the resampled means (≈ 2
 standard errors).
 
 * **compression** (JMLR §4.2, Figs. 14-15; ``R^c`` of eq. (13)): ``R^c`` of the MSSA input falls from
-  layer 1 to layer L by more than its noise, and by more than at initialisation (beyond the joint noise
+  layer 1 to layer L by more than its noise, and by more than in the untrained network (beyond the joint noise
   ``√(noise² + noise₀²)``);
 * **sparsity** (Figs. 14-15, ``‖Z^{ℓ+1}‖₀/(d·n)``): the same rule for the non-zero fraction of the ISTA
   output (only where the layers end with ISTA: other outputs have no exact zeros);
@@ -28,6 +31,10 @@ standard errors).
 A verdict is ``holds``, ``fails`` or ``not applicable at this scale`` (fewer than :data:`MIN_SAMPLES`
 samples or fewer than 2 layers: nothing to compare or no noise estimate).  :func:`rate_reduction_note`
 explains, with the formula, why the rate reduction ``ΔR`` of eq. (14) is negative when it is.
+
+Every verdict says its direction in words ("training reduced the drop by 0.202; the untrained network already
+gets sparser"), names its reference (:attr:`Verdict.reference`) and has a one-line :attr:`Verdict.summary` with
+the figures, which the report and ``crate analyze`` print first (the rule one click away).
 """
 
 from __future__ import annotations
@@ -76,12 +83,23 @@ SPARSITY_CLAIM = "the ISTA outputs get sparser with depth: ||Z^(l+1)||_0/(d n) d
 DECODER_CLAIM = "decoder layer L-l undoes encoder layer l (§3.5, eqs. (62)-(64))"
 INCOHERENCE_CLAIM = "the subspaces U_k of different heads are incoherent, close to orthogonal (Fig. 17, eqs. (10)-(11))"
 RANDOM_DRAWS = 200
+CLAIM_NAMES = {
+    COMPRESSION_CLAIM: "compression",
+    VARIATIONAL_CLAIM: "variational compression",
+    SPARSITY_CLAIM: "sparsity",
+    DECODER_CLAIM: "decoder as inverse",
+    INCOHERENCE_CLAIM: "incoherence",
+}
 NOISE_WORDS = f"noise = 2 x the std of the mean over {N_BOOT} bootstrap resamples of the samples (seed 0)"
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """One claim of the paper, the numbers measured for it and whether it held (``verdict``) by ``rule``."""
+    """One claim of the paper, the numbers measured for it and whether it held (``verdict``) by ``rule``.
+
+    ``name``: the claim in one word ("compression"); ``summary``: one line with the figures (what the report and
+    ``crate analyze`` show first); ``reference``: what the claim was compared with, in words (the untrained network
+    of the same architecture, with its seed)."""
 
     section: str
     claim: str
@@ -89,6 +107,9 @@ class Verdict:
     rule: str
     explanation: str
     measured: dict = field(default_factory=dict)
+    name: str = ""
+    summary: str = ""
+    reference: str = ""
 
     def __post_init__(self) -> None:
         if self.verdict not in (HOLDS, FAILS, NOT_APPLICABLE):
@@ -100,6 +121,9 @@ class Verdict:
         return {HOLDS: "[holds]", FAILS: "[FAILS]"}.get(self.verdict, "[n/a]")
 
     def line(self) -> str:
+        """One line: the tag, the model and the claim's name, then its figures (the full claim without a summary)."""
+        if self.summary:
+            return f"{self.tag} {self.section}, {self.name or 'claim'}: {self.summary}"
         return f"{self.tag} {self.section}: {self.claim}. {self.explanation}"
 
     def to_dict(self) -> dict:
@@ -121,20 +145,30 @@ def paired_drop(before: np.ndarray, after: np.ndarray, n_boot: int = N_BOOT, see
 
 @dataclass(frozen=True)
 class Baseline:
-    """The same measurement on the same architecture at initialisation (step 0), per metric: the per-layer means
-    and the first-to-last drop with its noise.  ``source`` says where it comes from, in words."""
+    """The same measurement on a reference network, per metric: the per-layer means and the first-to-last drop with
+    its noise.  ``source`` says where it comes from, in words; ``label`` names it in a sentence ("the untrained
+    network"), ``by`` what turned it into the measured model ("training", "fine-tuning").
+
+    ``kind``: :data:`UNTRAINED` — an untrained network of the same architecture, the reference every verdict's rule
+    compares with — or :data:`START` — a fine-tuned run's starting checkpoint (its step 0), which a verdict reports
+    beside it without deciding by it."""
 
     source: str
     per_layer: dict[str, list[float]]
     drop: dict[str, tuple[float, float]]
+    label: str = "the untrained network"
+    by: str = "training"
+    kind: str = "untrained"
 
 
-BASELINE_METRICS = ("rc_in", "rvar_in", "nonzero")  # what the verdicts compare with initialisation
+UNTRAINED, START = "untrained", "start"
+START_LABEL = "the starting checkpoint"
+BASELINE_METRICS = ("rc_in", "rvar_in", "nonzero")  # what the verdicts compare with the reference
 
 
 def baseline_from_table(table: LayerTable, source: str, metrics: Sequence[str] = BASELINE_METRICS) -> Baseline:
-    """From per-sample measurements (a freshly initialised model on the report's own samples): the drop and its
-    noise exactly as for the trained model (:func:`paired_drop`)."""
+    """From per-sample measurements (an untrained network on the report's own samples): the drop and its noise
+    exactly as for the measured model (:func:`paired_drop`)."""
     present = [m for m in metrics if m in table.values]
     return Baseline(
         source,
@@ -143,10 +177,13 @@ def baseline_from_table(table: LayerTable, source: str, metrics: Sequence[str] =
     )
 
 
-def baseline_from_records(records: Sequence[dict], source: str, metrics: Sequence[str] = BASELINE_METRICS) -> Baseline:
+def baseline_from_records(
+    records: Sequence[dict], source: str, metrics: Sequence[str] = BASELINE_METRICS, *, start: bool = False
+) -> Baseline:
     """From one logged measurement (per-layer mean, std and sample count, e.g. a run's step-0 records in
     ``metrics.jsonl``): the per-sample pairs are gone, so the noise of the drop is that of two independent means,
-    ``2·√((s₁² + s_L²)/n)`` (an upper bound when the layers are positively correlated, as they are)."""
+    ``2·√((s₁² + s_L²)/n)`` (an upper bound when the layers are positively correlated, as they are).
+    ``start``: the records are a fine-tuned run's starting checkpoint (:data:`START`), reported beside the verdict."""
     recs = sorted(records, key=lambda r: r["layer"])
     present = [m for m in metrics if recs and m in recs[0]]
     n = max(int(recs[0].get("n_samples", 1)), 1) if recs else 1
@@ -155,7 +192,25 @@ def baseline_from_records(records: Sequence[dict], source: str, metrics: Sequenc
         first, last = recs[0], recs[-1]
         noise = 2.0 * math.sqrt((first.get(f"{m}_std", 0.0) ** 2 + last.get(f"{m}_std", 0.0) ** 2) / n)
         drop[m] = (float(first[m]) - float(last[m]), noise)
-    return Baseline(source, {m: [float(r[m]) for r in recs] for m in present}, drop)
+    per_layer = {m: [float(r[m]) for r in recs] for m in present}
+    if start:
+        return Baseline(source, per_layer, drop, START_LABEL, "fine-tuning", START)
+    return Baseline(source, per_layer, drop)
+
+
+@dataclass(frozen=True)
+class Words:
+    """How a verdict speaks of one metric: its name, and what a fall and a rise of it mean."""
+
+    name: str
+    short: str
+    down: str
+    up: str
+
+
+RC_WORDS = Words("R^c (rc_in)", "R^c", "compresses", "decompresses")
+RVAR_WORDS = Words("R^c_var (rvar_in)", "R^c_var", "compresses", "decompresses")
+NONZERO_WORDS = Words("the non-zero fraction", "non-zero fraction", "gets sparser", "gets denser")
 
 
 def _rises(values: np.ndarray) -> list[tuple[int, float, float]]:
@@ -177,44 +232,97 @@ def _too_small(values: np.ndarray) -> str | None:
     return None
 
 
+def _trend(words: Words, drop: float, noise: float) -> str:
+    """What a first-to-last drop says, in words: the metric falls, rises or stays (within its noise)."""
+    if drop > noise:
+        return words.down
+    return words.up if -drop > noise else "stays flat within its noise"
+
+
+def _versus(by: str, drop: float, ref: tuple[float, float], noise: float) -> tuple[str, float, float]:
+    """``("training reduced the drop by 0.202, beyond the joint noise 0.0023", delta, joint)``: how the measured
+    drop compares with a reference's drop, the direction in words (never a signed number)."""
+    delta, joint = drop - ref[0], math.hypot(noise, ref[1])
+    verb = "increased" if delta > 0 else "reduced"
+    where = "beyond" if abs(delta) > joint else "within"
+    return f"{by} {verb} the drop by {abs(delta):.3g}, {where} the joint noise {joint:.2g}", delta, joint
+
+
+def _change(drop: float, of: str = "") -> str:
+    """``"drop 0.12"`` or ``"rise 0.0067"``: a first-to-last change in words, never a signed number."""
+    return f"drop{of} {drop:.3g}" if drop >= 0 else f"rise{of} {-drop:.3g}"
+
+
+def _span(per_layer: Sequence[float]) -> str:
+    return f"{per_layer[0]:.4g} -> {per_layer[-1]:.4g}"
+
+
+def _compared(base: Baseline, metric: str, drop: float, noise: float, words: Words) -> tuple[str, str, dict, float]:
+    """The sentence of the explanation, the clause of the summary, the ``measured`` entry and the change beyond the
+    joint noise (> 0: the measured drop exceeds the reference's) for one reference."""
+    layers, ref = base.per_layer[metric], base.drop[metric]
+    text, delta, joint = _versus(base.by, drop, ref, noise)
+    trend = _trend(words, *ref)
+    if base.kind == UNTRAINED and ref[0] > ref[1]:  # the claim's direction without any training
+        trend = f"already {trend}"
+    sentence = (
+        f"{'Reference,' if base.kind == UNTRAINED else 'From'} {base.source}: {_span(layers)} ({_change(ref[0])}, "
+        f"noise {ref[1]:.2g}): {base.label} {trend}; {text}"
+    )
+    short = "untrained" if base.kind == UNTRAINED else "starting checkpoint"
+    clause = f"{short} {_span(layers)} ({trend}): {text}"
+    entry = {"per_layer_mean": layers, "drop": ref[0], "noise": ref[1], "source": base.source, "change": delta}
+    return sentence, clause, entry, delta - joint
+
+
 def _drop_verdict(
-    section: str, claim: str, values: np.ndarray, name: str, rule: str, base: tuple[list, tuple] | None = None
+    section: str,
+    claim: str,
+    values: np.ndarray,
+    words: Words,
+    rule: str,
+    refs: tuple[tuple[Baseline | None, Baseline | None], str] = ((None, None), ""),
 ) -> Verdict:
     """``holds`` when the per-sample ``values`` (N, L) fall from layer 1 to layer L by more than their noise and,
-    given the initial model's ``base`` = (per-layer means, (drop, noise)), by more than it falls at
-    initialisation beyond the joint noise."""
-    values = np.asarray(values, dtype=np.float64)
+    given the untrained reference, by more than it falls there beyond the joint noise.  ``refs``: ((untrained
+    reference, starting checkpoint), metric); the starting checkpoint is reported, not decided by."""
+    (base, start), metric = refs
+    values, name = np.asarray(values, dtype=np.float64), words.name
     reason = _too_small(values)
     per_layer = [round(math.fsum(values[:, j]) / len(values), 6) for j in range(values.shape[1])]
     measured: dict = {"per_layer_mean": per_layer, "samples": int(values.shape[0])}
+    ref_words = base.source if base is not None else "none"
     if reason:
-        return Verdict(section, claim, NOT_APPLICABLE, rule, reason + ".", measured)
+        return Verdict(section, claim, NOT_APPLICABLE, rule, reason + ".", measured, _name(claim), reason, ref_words)
     drop, noise = paired_drop(values[:, 0], values[:, -1])
     rises = _rises(values)
     measured.update(first=per_layer[0], last=per_layer[-1], drop=drop, noise=noise, rises=[r[0] for r in rises])
-    L, span = values.shape[1], f"{per_layer[0]:.4g} -> {per_layer[-1]:.4g}"
+    L, span = values.shape[1], _span(per_layer)
     if drop > noise:
         why = f"{name} falls {span} from layer 1 to {L} (drop {drop:.3g} > noise {noise:.3g})"
     elif -drop > noise:
         why = f"{name} rises {span} from layer 1 to {L} (by {-drop:.3g}, noise {noise:.3g}): the opposite of the claim"
     else:
-        why = f"{name} changes {span} from layer 1 to {L}: a drop of {drop:.3g}, within the noise {noise:.3g}"
+        why = f"{name} changes {span} from layer 1 to {L}: a {_change(drop, ' of')}, within the noise {noise:.3g}"
+    summary = f"{words.short} {span} ({_trend(words, drop, noise)}; {_change(drop)} ± {noise:.2g})"
     if rises and len(rises) < values.shape[1] - 1:  # some steps up, some down (all up: said above)
         steps = ", ".join(f"{j} -> {j + 1} (+{r:.3g}, noise {n:.2g})" for j, r, n in rises)
         why += f"; not monotone: it rises from layer {steps}"
+        summary += f", rising at layer {', '.join(f'{j} -> {j + 1}' for j, _, _ in rises)}"
     holds = drop > noise
-    if base is not None:
-        (init_layers, (init_drop, init_noise)), joint = base, math.hypot(noise, base[1][1])
-        measured["initialisation"] = {"per_layer_mean": init_layers, "drop": init_drop, "noise": init_noise}
-        beyond = drop - init_drop > joint
-        holds = holds and beyond
-        init_span = f"{init_layers[0]:.4g} -> {init_layers[-1]:.4g}"
-        why += (
-            f". At initialisation: {init_span} (drop {init_drop:.3g}, noise {init_noise:.2g}); training "
-            + (f"added {drop - init_drop:.3g} > joint noise {joint:.2g}" if beyond else
-               f"changed the drop by {drop - init_drop:+.3g}, not beyond the joint noise {joint:.2g}")
-        )  # fmt: skip
-    return Verdict(section, claim, HOLDS if holds else FAILS, rule, why + ".", measured)
+    for ref in (base, start):
+        if ref is not None:
+            sentence, clause, entry, beyond = _compared(ref, metric, drop, noise, words)
+            why, summary = f"{why}. {sentence}", f"{summary}; {clause}"
+            measured["initialisation" if ref.kind == UNTRAINED else "starting_checkpoint"] = entry
+            holds = holds and (beyond > 0 or ref.kind != UNTRAINED)
+    verdict = HOLDS if holds else FAILS
+    return Verdict(section, claim, verdict, rule, why + ".", measured, _name(claim), summary, ref_words)
+
+
+def _name(claim: str) -> str:
+    """The claim in a word or two, as the one-line summary names it."""
+    return CLAIM_NAMES.get(claim, "claim")
 
 
 def _rule(what: str, with_base: bool) -> str:
@@ -223,51 +331,66 @@ def _rule(what: str, with_base: bool) -> str:
     )
     if with_base:
         rule += (
-            " and exceeds the same drop of the architecture at initialisation by more than the joint noise "
-            "sqrt(noise^2 + noise_init^2)"
+            " and exceeds the same drop of an untrained network of the same architecture (built from the "
+            "checkpoint's config with the stated seed, measured on the same samples) by more than the joint noise "
+            "sqrt(noise^2 + noise_ref^2); a fine-tuned run's starting checkpoint (its step 0) is reported beside it, "
+            "not decided by"
         )
     return rule + "; fails otherwise. Layers where it rises beyond the noise of that step are named"
 
 
 def compression_verdict(
-    table: LayerTable, section: str, metric: str = "rc_in", baseline: Baseline | None = None
+    table: LayerTable,
+    section: str,
+    metric: str = "rc_in",
+    baseline: Baseline | None = None,
+    start: Baseline | None = None,
 ) -> Verdict:
     """Compression (Figs. 14-15): the per-sample ``R^c`` (eq. (13); default the MSSA input, as the official
     measurement code and the report's plots) falls from the first to the last layer by more than its noise and,
-    given a ``baseline``, by more than at initialisation.  ``metric="rvar_in"``: ToST's claim, the same rule on the
-    variational term its TSSA layers descend."""
-    base = _base(baseline, metric)
-    name = f"R^c_var ({metric})" if metric.startswith("rvar") else f"R^c ({metric})"
+    given a ``baseline`` (the untrained network), by more than there; ``start``: a fine-tuned run's starting
+    checkpoint, whose drop is stated beside.  ``metric="rvar_in"``: ToST's claim, the same rule on the variational
+    term its TSSA layers descend."""
+    base, begin = _base(baseline, metric), _base(start, metric)
+    words = RVAR_WORDS if metric.startswith("rvar") else RC_WORDS
+    if metric not in ("rc_in", "rvar_in"):
+        words = Words(f"{words.short} ({metric})", words.short, words.down, words.up)
     claim = VARIATIONAL_CLAIM if metric.startswith("rvar") else COMPRESSION_CLAIM
-    return _drop_verdict(section, claim, table.values[metric], name, _rule(name, base is not None), base)
+    rule = _rule(words.name, base is not None)
+    return _drop_verdict(section, claim, table.values[metric], words, rule, ((base, begin), metric))
 
 
-def layer_claims(table: LayerTable, section: str, baseline: Baseline | None = None) -> list[Verdict]:
+def layer_claims(
+    table: LayerTable, section: str, baseline: Baseline | None = None, start: Baseline | None = None
+) -> list[Verdict]:
     """The layer-wise verdicts of one measured split: compression (``R^c``), ToST's variational compression where
-    it was measured (``rvar_in``), sparsity."""
-    out = [compression_verdict(table, section, baseline=baseline)]
+    it was measured (``rvar_in``), sparsity; each against ``baseline`` (the untrained network) and, for a
+    fine-tuned run, with the move from ``start`` (its starting checkpoint)."""
+    out = [compression_verdict(table, section, baseline=baseline, start=start)]
     if "rvar_in" in table.values:
-        out.append(compression_verdict(table, section, "rvar_in", baseline))
-    return out + [sparsity_verdict(table, section, baseline=baseline)]
+        out.append(compression_verdict(table, section, "rvar_in", baseline, start))
+    return out + [sparsity_verdict(table, section, baseline=baseline, start=start)]
 
 
-def sparsity_verdict(table: LayerTable, section: str, baseline: Baseline | None = None) -> Verdict:
+def sparsity_verdict(
+    table: LayerTable, section: str, baseline: Baseline | None = None, start: Baseline | None = None
+) -> Verdict:
     """Sparsity (Figs. 14-15): the non-zero fraction of the ISTA output falls from the first to the last layer by
-    more than its noise (and, given a ``baseline``, by more than at initialisation).  Not applicable where the
-    layers do not end with ISTA (no exact zeros to count)."""
-    base = _base(baseline, "nonzero")
-    rule = _rule("the non-zero fraction", base is not None)
+    more than its noise (and, given a ``baseline``, by more than in the untrained network).  Not applicable where
+    the layers do not end with ISTA (no exact zeros to count)."""
+    base, begin = _base(baseline, "nonzero"), _base(start, "nonzero")
+    rule = _rule(NONZERO_WORDS.name, base is not None)
     values = table.values["nonzero"]
     if not table.meta.get("ista_output", False) and float(np.min(values)) >= 1.0:
         why = "these layers do not end with an ISTA block, so their outputs have no exact zeros to count."
-        return Verdict(section, SPARSITY_CLAIM, NOT_APPLICABLE, rule, why, {"samples": int(values.shape[0])})
-    return _drop_verdict(section, SPARSITY_CLAIM, values, "the non-zero fraction", rule, base)
+        ref = base.source if base is not None else "none"
+        measured = {"samples": int(values.shape[0])}
+        return Verdict(section, SPARSITY_CLAIM, NOT_APPLICABLE, rule, why, measured, "sparsity", why, ref)
+    return _drop_verdict(section, SPARSITY_CLAIM, values, NONZERO_WORDS, rule, ((base, begin), "nonzero"))
 
 
-def _base(baseline: Baseline | None, metric: str) -> tuple[list, tuple] | None:
-    if baseline is None or metric not in baseline.drop:
-        return None
-    return baseline.per_layer[metric], baseline.drop[metric]
+def _base(baseline: Baseline | None, metric: str) -> Baseline | None:
+    return baseline if baseline is not None and metric in baseline.drop else None
 
 
 def random_coherence(
@@ -284,12 +407,18 @@ def random_coherence(
 
 
 def incoherence_verdict(
-    rows: Sequence[dict], section: str, initial: Sequence[dict] | None = None, draws: int = RANDOM_DRAWS
+    rows: Sequence[dict],
+    section: str,
+    initial: Sequence[dict] | None = None,
+    draws: int = RANDOM_DRAWS,
+    initial_words: str = "the untrained network",
+    start: tuple[str, Sequence[dict]] | None = None,
 ) -> Verdict:
     """Incoherence (Fig. 17): at every layer the mean cross-head block coherence (rows of
     :func:`~crate_transformer.analysis.subspaces.incoherence`) is below that of random subspaces of the same
-    sizes by more than twice its spread over ``draws`` seeded draws.  ``initial``: the same rows for the model at
-    initialisation, stated beside it."""
+    sizes by more than twice its spread over ``draws`` seeded draws (the reference).  ``initial``: the same rows for
+    an untrained network of the same architecture (``initial_words`` names it), stated beside it; ``start``: (words,
+    rows) of a fine-tuned run's starting checkpoint, stated beside too."""
     rule = (
         "holds if at every layer the mean block coherence ||Q_i^T Q_j||_F/sqrt(p) between different heads is below "
         f"the mean for random subspaces of the same sizes by more than 2 x its std over {draws} seeded draws; "
@@ -298,10 +427,14 @@ def incoherence_verdict(
     first = rows[0]
     K, d, p = first["heads"], first["dim"], first["dim_head"]
     measured: dict = {"per_layer": [r["mean_cross_coherence"] for r in rows]}
+    reference = f"random subspaces of the same sizes ({draws} seeded draws)"
     if initial:
         measured["initialisation"] = [r["mean_cross_coherence"] for r in initial]
+        reference += f"; beside it {initial_words}"
+    named = {"name": "incoherence", "reference": reference}
     if K < 2:
-        return Verdict(section, INCOHERENCE_CLAIM, NOT_APPLICABLE, rule, "one head: no pair of subspaces.", measured)
+        why = "one head: no pair of subspaces."
+        return Verdict(section, INCOHERENCE_CLAIM, NOT_APPLICABLE, rule, why, measured, summary=why, **named)
     mean, std = random_coherence(K, d, p, draws)
     measured.update(random_mean=mean, random_std=std)
     threshold = mean - 2 * std
@@ -309,12 +442,26 @@ def incoherence_verdict(
     values = ", ".join(f"{r['mean_cross_coherence']:.3f}" for r in rows)
     why = f"mean cross-head coherence per layer {values}; random subspaces {mean:.3f} ± {std:.2g}"
     why += f" (K = {K}, p = {p}, d = {d})"
+    summary = f"coherence {values} per layer, random subspaces {mean:.3f} ± {std:.2g}"
     if initial:
-        why += "; at initialisation " + ", ".join(f"{r['mean_cross_coherence']:.3f}" for r in initial)
+        init = ", ".join(f"{r['mean_cross_coherence']:.3f}" for r in initial)
+        why += f"; {initial_words} {init}"
+        summary += f", untrained {init}"
+    if start:
+        words, rows0 = start
+        begin = ", ".join(f"{r['mean_cross_coherence']:.3f}" for r in rows0)
+        measured["starting_checkpoint"] = {"source": words, "per_layer": [r["mean_cross_coherence"] for r in rows0]}
+        moved = np.mean([r["mean_cross_coherence"] for r in rows]) - np.mean([r["mean_cross_coherence"] for r in rows0])
+        how = f"fine-tuning {'raised' if moved > 0 else 'lowered'} the mean coherence by {abs(moved):.3g}"
+        why += f"; {words} {begin} ({how})"
+        summary += f", starting checkpoint {begin} ({how})"
     if not coherent:
-        return Verdict(section, INCOHERENCE_CLAIM, HOLDS, rule, why + ": below chance at every layer.", measured)
-    why += f": not below chance by 2 std at layer(s) {', '.join(map(str, coherent))}."
-    return Verdict(section, INCOHERENCE_CLAIM, FAILS, rule, why, measured)
+        tail = ": below chance at every layer"
+        return Verdict(
+            section, INCOHERENCE_CLAIM, HOLDS, rule, why + tail + ".", measured, summary=summary + tail, **named
+        )
+    tail = f": not below chance by 2 std at layer(s) {', '.join(map(str, coherent))}"
+    return Verdict(section, INCOHERENCE_CLAIM, FAILS, rule, why + tail + ".", measured, summary=summary + tail, **named)
 
 
 def decoder_verdict(sim_out: np.ndarray, sim_in: np.ndarray, section: str = "CRATE-MAE decoder") -> Verdict:
@@ -335,22 +482,24 @@ def decoder_verdict(sim_out: np.ndarray, sim_in: np.ndarray, section: str = "CRA
         "cka_in_per_layer": [round(float(v), 6) for v in inp.mean(0)],
         "samples": int(out.shape[0]),
     }
+    named = {"name": "decoder as inverse", "reference": "the do-nothing baseline (each decoder layer's own input)"}
     if out.shape[0] < MIN_SAMPLES:
         why = f"{out.shape[0]} image(s): at least {MIN_SAMPLES} are needed to estimate the noise."
-        return Verdict(section, DECODER_CLAIM, NOT_APPLICABLE, rule, why, measured)
+        return Verdict(section, DECODER_CLAIM, NOT_APPLICABLE, rule, why, measured, summary=why, **named)
     per_layer = [paired_drop(out[:, j], inp[:, j]) for j in range(out.shape[1])]
     measured.update(margin_per_layer=[m for m, _ in per_layer], noise_per_layer=[n for _, n in per_layer])
     closer = [j + 1 for j, (m, n) in enumerate(per_layer) if m > n]
     margins = ", ".join(f"{m:+.3g} (noise {n:.2g})" for m, n in per_layer)
+    summary = f"CKA gain over the do-nothing baseline per encoder layer {margins}"
     if len(closer) == len(per_layer):
         why = f"every decoder layer moves its input toward the encoder's Z^l; CKA gain per encoder layer: {margins}."
-        return Verdict(section, DECODER_CLAIM, HOLDS, rule, why, measured)
+        return Verdict(section, DECODER_CLAIM, HOLDS, rule, why, measured, summary=summary, **named)
     where = f"only at encoder layer(s) {', '.join(map(str, closer))}" if closer else "at no layer"
     why = (
         f"the decoder layers bring their input closer to the encoder's Z^l beyond the noise {where}; CKA gain per "
         f"encoder layer: {margins}."
     )
-    return Verdict(section, DECODER_CLAIM, FAILS, rule, why, measured)
+    return Verdict(section, DECODER_CLAIM, FAILS, rule, why, measured, summary=f"{summary}: closer {where}", **named)
 
 
 def rate_reduction_note(

@@ -10,21 +10,15 @@ from ..analysis.segmentation import TAU
 from ..config import Config
 from ..config_utils import POSITIVE, Range, option
 from ..train.config import DataOptions, SystemOptions
-from .common import (
-    apply_threads,
-    held_out_corpus,
-    layer_number,
-    parse_model_args,
-    refuse_given,
-    report_dir,
-    report_home,
-)
+from .common import apply_threads, parse_model_args, refuse_given
 from .options import MEASURED, REPORT, SYSTEM, add_command_options, like
+from .reports import held_out_corpus, layer_number, report_dir, report_home
 from .train import OUT_HELP, OVERWRITE_HELP, EvalOptions
 
 # options of one kind of model only: given for the other kind they are refused, not ignored
 IMAGE_ONLY = (
     "images",
+    "annotations",
     "num_images",
     "num_vis",
     "image_size",
@@ -38,7 +32,7 @@ IMAGE_ONLY = (
 )
 TEXT_ONLY = ("num_blocks", "attn_tokens")
 # what crate analyze writes (image models: figures/, masks/; language models: PNGs beside report.json)
-ANALYZE_FILES = ("report.json", "report.html", "figures", "masks", "*.png")
+ANALYZE_FILES = ("report.json", "report.html", "figures", "masks", "segment_eval", "*.png")
 
 
 NORMALIZE_CHOICES = ("auto", "imagenet", "folder", "none")
@@ -70,6 +64,14 @@ class AnalyzeOptions(Config):
         basic=True, group=REPORT
     )  # fmt: skip
     overwrite: bool = option(False, OVERWRITE_HELP, group=REPORT)
+    annotations: str | None = option(
+        None,
+        "`images`: a COCO instances JSON of those images (matched by file name): the report adds the MaskCut masks' "
+        "COCO mask / box AP and CorLoc / Jaccard (analysis.segment_eval) and the explorer draws the ground truth",
+        metavar="FILE",
+        path=True,
+        group=MEASURED,
+    )
     num_images: int = option(
         256, "images measured per split (seeded subset)", range=POSITIVE, basic=True, group=MEASURED
     )
@@ -108,6 +110,8 @@ class AnalyzeOptions(Config):
     def validate(self) -> None:
         if self.images is not None and self.data is not None:
             raise ValueError("--images and --data both name what to measure; pass one")
+        if self.annotations is not None and self.images is None:
+            raise ValueError("--annotations scores the images of --images DIR; pass the folder its file names are in")
 
 
 def configure_analyze(parser: argparse.ArgumentParser) -> None:
@@ -137,7 +141,10 @@ def _analyze_language_model(model: object, args: argparse.Namespace) -> int:
     held_out = TokenBlocks(tokens, block, cut, len(tokens), str(data), "held-out")
     n = min(args.num_blocks, len(held_out))
     blocks = held_out.get(torch.arange(n))[:, :-1]
-    args.out = report_dir(args.out, report_home(args.checkpoint) / "analysis", args.overwrite, "analyze", ANALYZE_FILES)
+    default = report_home(args.checkpoint) / "analysis"
+    replace_partial(args.out, default)
+    args.out = report_dir(args.out, default, args.overwrite, "analyze", ANALYZE_FILES)
+    ref = run_reference(args.checkpoint)
     source = {
         "data": f"{data}: the held-out last {val_fraction:.0%} of the tokens, {n} blocks of {block}",
         "checkpoint": str(args.checkpoint),
@@ -151,6 +158,8 @@ def _analyze_language_model(model: object, args: argparse.Namespace) -> int:
         attn_layers=(0, layer_number(model, args.attn_layer, "--attn-layer")),
         attn_tokens=min(args.attn_tokens, block),
         source=source,
+        seed=ref.seed,
+        seed_words=ref.seed_words,
     )
     print_layerwise(report["measure"]["held-out text"]["layers"], f" on {n} held-out blocks")
     print_verdicts(report)
@@ -184,7 +193,7 @@ def _split_images(ds: object, k: int, seed: int, size: int) -> object:
 
 def _dataset_splits(model: object, data: str, image_size: int, args: argparse.Namespace) -> tuple:
     from ..data import match_channels, open_source, resolve_normalization
-    from .common import dataset_columns
+    from .reports import dataset_columns
 
     k, seed = args.num_images, args.seed
     kw = dict(image_size=image_size, on_bad_image=args.on_bad_image, stats=resolve_normalization(model))
@@ -209,30 +218,68 @@ def _dataset_splits(model: object, data: str, image_size: int, args: argparse.Na
     return splits, resolve_normalization(model, train), source
 
 
-def _run_task(checkpoint: str) -> str | None:
-    """The training task recorded in a run directory's config.yaml (e.g. "dino"), or None."""
+def _run_config(checkpoint: str) -> tuple[Path | None, dict]:
+    """The run directory of ``checkpoint`` (the folder itself, or RUN for RUN/checkpoints/last.pt or RUN/model) and
+    its config.yaml as a dict; (None, {}) for a checkpoint outside a run (a zoo name, an official .pth)."""
     from ..io import read_side_file
     from ..train.rundir import CONFIG_FIX
 
     path = Path(checkpoint)
-    cfg = (path if path.is_dir() else path.parent.parent) / "config.yaml"  # RUN or RUN/checkpoints/last.pt
-    if not cfg.is_file():
-        return None
-    return read_side_file(cfg, CONFIG_FIX, form="yaml").get("task")
+    for folder in (path, path.parent, path.parent.parent):
+        if (folder / "config.yaml").is_file():
+            return folder, read_side_file(folder / "config.yaml", CONFIG_FIX, form="yaml") or {}
+    return None, {}
 
 
-def _initial_records(checkpoint: str) -> list[dict] | str:
-    """The run's own per-layer measurement at step 0 (``metrics.jsonl``, written by training's measure hook) when
-    ``checkpoint`` is a run directory or a file inside one, else "fresh" (a freshly initialised model)."""
+def _run_task(checkpoint: str) -> str | None:
+    """The training task recorded in a run directory's config.yaml (e.g. "dino"), or None."""
+    return _run_config(checkpoint)[1].get("task")
+
+
+@dataclass(frozen=True)
+class RunReference:
+    """What the verdicts compare with: the seed of the untrained network (and whose seed it is, in words), and a
+    fine-tuned run's starting checkpoint (its step-0 measurement records), None for any other checkpoint."""
+
+    seed: int
+    seed_words: str
+    start: list[dict] | None
+    start_checkpoint: str | None = None
+
+
+def run_reference(checkpoint: str) -> RunReference:
+    """The reference of ``crate analyze``'s verdicts for ``checkpoint``: an untrained network of the same
+    architecture with the run's seed (config.yaml's ``system.seed``; seed 0, stated so, for a checkpoint outside a
+    run), and, when the run was initialised from a checkpoint (``init_from``: fine-tuning, continued pre-training),
+    that starting checkpoint's step-0 records from ``metrics.jsonl``."""
     from ..analysis import load_measure_records
 
-    path = Path(checkpoint)
-    for folder in (path, path.parent, path.parent.parent):
-        log = folder / "metrics.jsonl"
-        if (folder / "config.yaml").is_file() and log.is_file():
-            records = [r for r in load_measure_records(log) if r.get("step") == 0]
-            return records or "fresh"
-    return "fresh"
+    run, cfg = _run_config(checkpoint)
+    if run is None:
+        return RunReference(0, "seed 0; the checkpoint records no training seed", None)
+    seed = (cfg.get("system") or {}).get("seed")
+    words = f"seed {seed}, the run's seed" if isinstance(seed, int) else "seed 0; the run records no seed"
+    start, init_from = None, cfg.get("init_from")
+    log = run / "metrics.jsonl"
+    if init_from and log.is_file():
+        start = [r for r in load_measure_records(log) if r.get("step") == 0] or None
+    return RunReference(seed if isinstance(seed, int) else 0, words, start, init_from or None)
+
+
+def starting_model(ref: RunReference, model: object) -> object | None:
+    """A fine-tuned run's starting checkpoint (config.yaml's ``init_from``) loaded as a model with the same layer
+    shapes as ``model``, for the incoherence verdict; None when it is gone, unreadable or of another architecture
+    (the report then states the layer claims' move from the run's step-0 records only)."""
+    from ..loading.pipeline import load_model
+
+    if not ref.start_checkpoint or not Path(ref.start_checkpoint).exists():
+        return None
+    try:
+        start = load_model(ref.start_checkpoint, as_classifier=True).eval()
+    except (ValueError, OSError, KeyError, TypeError):
+        return None
+    same = len(start.layers) == len(model.layers) and start.config.dim == model.config.dim
+    return start.to(next(model.parameters()).device) if same else None
 
 
 def print_layerwise(first: list[dict], where: str = "") -> None:
@@ -248,11 +295,40 @@ def print_layerwise(first: list[dict], where: str = "") -> None:
 
 
 def print_verdicts(report: dict) -> None:
-    """The verdicts (and notes) of a report, one line each, like the theory lab's checks."""
+    """The verdicts, one line each with their figures, the references they compared with, and where the rules are
+    (report.html, one click away), then the notes."""
+    from ..analysis.report_html import verdict_references
     from ..analysis.verdicts import Verdict, format_verdicts
 
     verdicts = [Verdict(**v) for v in report.get("verdicts", [])]
-    print(format_verdicts(verdicts, report.get("notes", ())))
+    print(format_verdicts(verdicts))
+    refs = verdict_references(report.get("verdicts", []))
+    if refs:
+        print("compared with: " + "; ".join(refs))
+    print("the rules and every number: report.html, 'The rules and every number of each verdict'")
+    for note in report.get("notes", ()):
+        print(f"note: {note}")
+
+
+def replace_partial(out: str | None, default: Path) -> None:
+    """A report that ``crate analyze`` was killed while writing (its folder holds the partial marker) is removed,
+    so that a plain rerun writes there again and ``--overwrite`` always works: the named ``--out``, else the
+    default folder and its numbered siblings.  Only what crate analyze writes is removed (and the marker)."""
+    import shutil
+
+    from ..analysis._common import PARTIAL_MARKER, is_partial
+
+    if out is not None:
+        candidates = [Path(out)]
+    else:
+        candidates = [default, *sorted(default.parent.glob(f"{default.name}-[0-9]*"))]
+    for folder in candidates:
+        if not is_partial(folder):
+            continue
+        for pattern in (*ANALYZE_FILES, PARTIAL_MARKER):
+            for p in folder.glob(pattern):
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+        print(f"{folder} held a report that crate analyze did not finish; it is replaced")
 
 
 def _folder_normalization(choice: str, model: object, imgs: object) -> tuple:
@@ -306,7 +382,9 @@ def _folder_splits(model: object, args: argparse.Namespace, size: int) -> tuple:
     norm, norm_src = _folder_normalization(args.normalize, model, imgs)
     resize = f"shorter side to {round(size / crop)} px ({cfg['interpolation']}), centre crop {size}"
     data = f"{args.images} ({len(files)} images; {resize})"
-    return {"images": imgs}, norm, {"data": data, "normalization_source": norm_src}
+    source = {"data": data, "normalization_source": norm_src, "crop_pct": crop}
+    root = Path(args.images).expanduser()
+    return {"images": imgs}, norm, {**source, "files": [str(Path(f).relative_to(root)) for f in files]}
 
 
 def _data_splits(model: object, args: argparse.Namespace, size: int) -> tuple:
@@ -325,8 +403,32 @@ def _data_splits(model: object, args: argparse.Namespace, size: int) -> tuple:
     return splits, norm, source
 
 
+def print_segmentation_scores(report: dict, annotations: str) -> None:
+    """The headline numbers of ``--annotations``: COCO mask AP / AP50 and the single-object CorLoc / Jaccard."""
+    scores = report["segmentation_scores"]
+    segm, single = scores["coco"]["segm"], scores["single_object"]
+    print(
+        f"segmentation against {annotations} ({scores['images']} images, {scores['unannotated']} without "
+        f"annotations): mask AP {segm['AP']:.3f}, AP50 {segm['AP50']:.3f}, CorLoc {single['corloc']:.3f}, "
+        f"Jaccard {single['jaccard']:.3f} (MaskCut, layer {scores['layer']})"
+    )
+
+
+def _annotations(args: argparse.Namespace, source: dict, size: int) -> tuple[object | None, object | None]:
+    """``--annotations``: the COCO ground truth of the ``--images`` folder and its instance labels under the
+    geometry of the analysed images (for the explorer's outline); (None, None) without the option."""
+    if not args.annotations:
+        return None, None
+    from ..analysis.segment_data import read_coco, truth_labels
+
+    ground_truth = read_coco(args.annotations, args.images)
+    files = [Path(args.images).expanduser() / f for f in source["files"]]
+    return ground_truth, truth_labels(ground_truth, files, size, source["crop_pct"])
+
+
 def run_analyze(args: argparse.Namespace) -> int:
     from ..analysis import analyze
+    from ..analysis.report import Reference
     from ..config import LANGUAGE_MODEL
     from ..loading.pipeline import load_model
     from ..train.runtime import resolve_device
@@ -347,9 +449,12 @@ def run_analyze(args: argparse.Namespace) -> int:
         layer_number(model, args.seg_layer, "--seg-layer"),
     )
     splits, norm, source = (_folder_splits if args.images else _data_splits)(model, args, size)
+    ground_truth, truth = _annotations(args, source, size)  # read and checked before any work
     source["checkpoint"] = str(args.checkpoint)
-    home = report_home(args.checkpoint)
-    args.out = report_dir(args.out, home / "analysis", args.overwrite, "analyze", ANALYZE_FILES)  # after every check
+    default = report_home(args.checkpoint) / "analysis"
+    replace_partial(args.out, default)
+    args.out = report_dir(args.out, default, args.overwrite, "analyze", ANALYZE_FILES)  # after every check
+    ref = run_reference(args.checkpoint)
     report = analyze(
         model,
         args.out,
@@ -365,10 +470,14 @@ def run_analyze(args: argparse.Namespace) -> int:
         progress=args.progress,
         source=source,
         section="DINO backbone" if _run_task(args.checkpoint) == "dino" else None,
-        initial=_initial_records(args.checkpoint),
+        reference=Reference(ref.seed, ref.seed_words, ref.start, starting_model(ref, model)),
+        ground_truth=ground_truth,
+        truth=truth,
     )
     out = Path(args.out)
     print_layerwise(next(iter(report["measure"].values()))["layers"])
     print_verdicts(report)
+    if ground_truth is not None:
+        print_segmentation_scores(report, args.annotations)
     print(f"wrote {out / 'report.html'} and {out / 'report.json'} ({report['wall_time_s']} s)")
     return 0

@@ -46,6 +46,7 @@ from ..models.dino import (
 from .config import TrainConfig, given_once
 from .evaluation import save_figure, subplots
 from .images import ImageData, image_classifier
+from .recipes import recipe_note
 from .rundir import read_metrics
 from .task import RunSummary, StepContext, Task, TaskResult
 
@@ -444,18 +445,29 @@ class DINOTask(Task):
             data=f"+ head {head:,} ({o.out_dim} prototypes), pool {o.pool}, views {views}; {self.train_data.name}: "
             f"{len(self.train_data)} train images (labels unused), {len(self.eval_data)} {self.cfg.data.eval_split}",
             facts=facts,
+            notes=[recipe_note(self.cfg, len(self.train_data), "the dino task's defaults"), self._views_note(views)],
         )
+
+    def _views_note(self, views: str) -> str:
+        """The header line on the multi-crop augmentation: the preset's views and flips, and why."""
+        o, channels = self.options, self.train_data.channels
+        line = f"augmentation: DINO multi-crop, preset {o.preset}: views {views}, flip p={o.flip:g}"
+        if o.preset != "digits":
+            return f"{line} (DINO's own, for natural images)"
+        why = "no flips and no local crops: a mirrored digit or a 14-px crop of one is often another digit"
+        other = "; preset='paper' (flips, 8 local crops) fits natural images" if channels == 3 else ""
+        return f"{line} ({why}{other})"
 
     def finish(self, run_dir: Path) -> TaskResult:
         """Save the teacher backbone as ``model/``; k-NN sweep and linear probe on the test split."""
-        from ..analysis.probe import KNN_KS, knn_sweep, linear_probe, usable_ks
+        from ..analysis.probe import KNN_KS, fit_probe, knn_sweep, pool_words, usable_ks
 
         teacher = self.teacher.backbone
         if self.rt.main:
             teacher.save_pretrained(run_dir / "model")
         ex, ey = self._features(teacher, "test")
         std = float(nn.functional.normalize(ex.float(), dim=-1).std(dim=0).mean())
-        said = f"teacher features on the {len(ey)} test images:"
+        said = f"teacher features ({pool_words(self.options.pool)}) on the {len(ey)} test images:"
         if not self.labelled:
             return TaskResult(
                 record={"feature_std": std},
@@ -466,7 +478,7 @@ class DINOTask(Task):
         n_cls = len(self.train_data.classes)
         ks, above = usable_ks(KNN_KS, len(ty))
         knn = knn_sweep(tx, ty, ex, ey, ks=ks, temperature=0.07, num_classes=n_cls) if ks else {}
-        probe = linear_probe(tx, ty, ex, ey)
+        probe = fit_probe(tx, ty, ex, ey)  # the probe of crate eval --linear-probe
         record = {f"knn_{k}": float(v) for k, v in knn.items()}
         record.update(probe=float(probe.acc), feature_std=std)
         if 20 in knn:

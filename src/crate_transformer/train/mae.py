@@ -41,6 +41,7 @@ from ..models.registry import build, model_config
 from .config import given_once
 from .evaluation import prepare_batch, require_evaluated
 from .images import ImageData
+from .recipes import Choice, choose_mae_augmentation, recipe_note
 from .runtime import Runtime
 from .task import RunSummary, Task, TaskError, TaskResult, task_option
 
@@ -60,8 +61,8 @@ class MAEOptions(Config):
     )
     augmentation: str = task_option(
         "auto",
-        "augmentation of the pre-training images: auto (none for the built-in digits, crop-flip otherwise, "
-        "as in MAE) | none | translate | crop-flip",
+        "augmentation of the pre-training images: auto (none for grey-scale images such as digits, crop-flip for "
+        "colour ones, as in MAE; the header says which) | none | translate | crop-flip",
         choices=("auto", "none", "translate", "crop-flip"),
     )
     probe: bool = task_option(
@@ -192,11 +193,26 @@ class MAETask(Task):
         self.data.fit(model)
         self.mean, self.std = self.data.mean, self.data.std
         self.model = model.to(self.rt.device)
-        kind = self.options.augmentation
-        if kind == "auto":
-            kind = "none" if self.train_data.name in BUILTIN_DATASETS else "crop-flip"  # short runs: no augmentation
-        self.augment_kind = kind
+        self.augment_choice = self._choose_augmentation(state)
+        self.augment_kind = kind = self.augment_choice.value
         self.augment = self.data.augmentation(kind, min_crop_scale=0.2)
+
+    def _choose_augmentation(self, state: dict | None) -> Choice:
+        """``augmentation``, or for ``'auto'`` the one that fits the data (:func:`.recipes.choose_mae_augmentation`);
+        a resumed run that recorded ``'auto'`` keeps the rule it started with (none for the built-in digits)."""
+        kind = self.options.augmentation
+        if kind != "auto":
+            return Choice(kind, "as given")
+        if state is not None:
+            legacy = "none" if self.train_data.name in BUILTIN_DATASETS else "crop-flip"
+            return Choice(legacy, "the rule the run started with")
+        return choose_mae_augmentation(self.train_data.channels)
+
+    def settled(self) -> dict:
+        """The augmentation chosen for ``'auto'``, recorded in config.yaml's task_args."""
+        if self.options.augmentation != "auto":
+            return {}
+        return {"task_args": {**self.cfg.task_args, "augmentation": self.augment_kind}}
 
     def _config(self, state: dict | None) -> tuple[Config, int, Model | None]:
         """The CRATE-MAE's configuration and the run's image size: the checkpoint's (resuming), those of the
@@ -264,6 +280,10 @@ class MAETask(Task):
             data=f"on {self.train_data.name}: {len(self.train_data)} train / {len(self.eval_data)} held-out images, "
             f"{self.image_size}px, augment={self.augment_kind}",
             facts=facts,
+            notes=[
+                recipe_note(self.cfg, len(self.train_data), "the mae task's defaults"),
+                f"augmentation {self.augment_kind}: {self.augment_choice.reason}",
+            ],
         )
 
     def finish(self, run_dir: Path) -> TaskResult:
@@ -300,7 +320,7 @@ class MAETask(Task):
             _write_json(run_dir / "probe.json", probe)
             numbers["probe_acc"], numbers["probe_random_acc"] = probe["encoder"]["acc"], probe["random_init"]["acc"]
             msg += (
-                f"; linear probe {100 * numbers['probe_acc']:.2f}% (random-init encoder "
+                f"; linear probe on the {probe['features']} {100 * numbers['probe_acc']:.2f}% (random-init encoder "
                 f"{100 * numbers['probe_random_acc']:.2f}%)"
             )
         return msg
@@ -361,18 +381,16 @@ class MAETask(Task):
         return {**result, "mask_ratio": self.model.config.mask_ratio, "train_images": len(train_x)}
 
     def probe(self) -> dict[str, Any]:
-        """Linear probe on pooled features of the trained encoder and of a random-init one (same architecture)."""
-        from ..analysis.probe import extract_features, linear_probe
+        """Linear probe on pooled features of the trained encoder and of a random-init one (same architecture), by
+        the one frozen-feature probe (:func:`~crate_transformer.analysis.probe.frozen_probe`) that ``crate eval
+        --linear-probe`` runs too; the record names the pooling."""
+        from ..analysis.probe import frozen_probe, pool_words
 
-        kw = dict(
-            pool=self.options.probe_pool,
-            mean=self.mean,
-            std=self.std,
-            image_size=self.image_size,
-            batch_size=self.cfg.logging.eval_batch_size,
-        )
+        pool = self.options.probe_pool
+        kw = dict(mean=self.mean, std=self.std, image_size=self.image_size, batch_size=self.cfg.logging.eval_batch_size)
         result: dict[str, Any] = {
-            "pool": self.options.probe_pool,
+            "pool": pool,
+            "features": pool_words(pool),
             "C": self.options.probe_c,
             "train": self.train_data.name,
             "test_images": len(self.test_data),
@@ -381,7 +399,6 @@ class MAETask(Task):
             torch.manual_seed(self.cfg.system.seed + 1)
             random_init = build(self.model.config).to(self.rt.device)
         for key, model in (("encoder", self.model), ("random_init", random_init)):
-            tr = extract_features(model, self.train_data, **kw)
-            te = extract_features(model, self.test_data, **kw)
-            result[key] = linear_probe(*tr, *te, C=self.options.probe_c).to_dict()
+            probe, _ = frozen_probe(model, self.train_data, self.test_data, pool=pool, C=self.options.probe_c, **kw)
+            result[key] = probe.to_dict()
         return result
