@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _common import NON_NEGATIVE, POSITIVE, Arguments
 
 import crate_transformer as ct
 from crate_transformer import cli
@@ -101,11 +102,12 @@ def _row(label: str, runs: list[dict], layer: int) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--k", type=int, default=8, help="units ablated together in (a)")
-    p.add_argument("--draws", type=int, default=50, help="random sets of k units in (a)")
+    p = Arguments(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, range=NON_NEGATIVE, nargs="+", default=[0, 1, 2])
+    p.add_argument("--k", type=int, range=POSITIVE, default=8, help="units ablated together in (a), at most 32")
+    p.add_argument("--draws", type=int, range=POSITIVE, default=50, help="random sets of k units in (a)")
     p.add_argument("--out", default="runs/effects", help="run directories (reused when present) and effects.json")
+    p.rule(lambda a: a.k <= SHAPE["dim"], f"--k: at most the {SHAPE['dim']} units of a layer; e.g. --k 8")
     args = p.parse_args()
     torch.set_num_threads(1)
     out, results = Path(args.out), {}
