@@ -91,7 +91,7 @@ def test_finetune_recipe_by_data_size() -> None:
     # the small-data fine-tuning differs from the transfer defaults in its learning rate (and floor) only
     same = {k: v for k, v in FINETUNE_DEFAULTS.items() if k not in ("lr", "min_lr", "batch_size")}
     assert {k: small[k] for k in same} == same
-    # its training values are crate train's defaults, named
+    # its training values are the training defaults, named
     defaults = TrainConfig().flat()
     assert all(defaults[k] == v for k, v in RECIPES["small-data"].train.items())
 
@@ -111,7 +111,7 @@ def test_train_on_grey_digits_chooses_shifts_says_why_and_records_it(
     run = tmp_path / "run"
     assert crate("train", *TINY, "--epochs", "1", "--max-steps", "3", "--out", run) == 0
     err = capsys.readouterr().err
-    assert "  recipe: crate train's defaults (adamw lr 0.004" in err
+    assert "  recipe: the training defaults (adamw lr 0.004" in err
     line = next(line for line in err.splitlines() if line.startswith("  augmentation "))
     assert line.startswith("  augmentation translate: 1,438 grey-scale training images") and "flip" in line
     saved, _ = _run(run)

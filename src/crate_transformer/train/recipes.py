@@ -146,7 +146,7 @@ RECIPES: dict[str, Recipe] = {
     "small-data": Recipe(
         "small-data",
         "this package, for a few thousand small images on a CPU (docs/finetuning.md: measured on scikit-learn's "
-        "digits and CIFAR-10 subsets): crate train's defaults; fine-tuning at lr 1e-3 without RandAugment",
+        "digits and patches of photographs): the training defaults; fine-tuning at lr 1e-3 without RandAugment",
         train=dict(optimizer="adamw", lr=4e-3, weight_decay=0.01, epochs=40, warmup_epochs=2.0, label_smoothing=0.05),
         finetune=dict(
             optimizer="adamw",
@@ -157,7 +157,7 @@ RECIPES: dict[str, Recipe] = {
             warmup_epochs=1.0,
             label_smoothing=0.0,
         ),
-        notes=["crate finetune chooses it for fewer than SMALL_DATA (20,000) training images"],
+        notes=["fine-tuning chooses it for fewer than SMALL_DATA (20,000) training images"],
     ),
 }
 
@@ -254,7 +254,7 @@ def _values(cfg: Any) -> str:
     return f"{o.optimizer} lr {o.lr:g}, weight decay {o.weight_decay:g}, batch {o.batch_size}, {epochs}"
 
 
-def recipe_note(cfg: Any, num_images: int, what: str = "crate train's defaults") -> str:
+def recipe_note(cfg: Any, num_images: int, what: str = "the training defaults") -> str:
     """The header line saying which recipe a run of ``cfg`` (a TrainConfig) on ``num_images`` training images
     follows, its main values and why; ``what`` names the defaults of a run without a recipe."""
     values = _values(cfg)
