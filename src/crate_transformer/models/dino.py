@@ -59,6 +59,8 @@ class DINOHeadConfig(Config):
     the backbone feature it reads.  The training options (temperatures, momenta, multi-crop augmentation, presets)
     are the ``dino`` task's, :class:`crate_transformer.train.dino.DINOOptions`, which extends this class."""
 
+    APPLIES = "always"  # every field (and DINOOptions') is read by the head's build or the dino task
+
     out_dim: int = option(
         1024, "prototypes K: outputs of the weight-normalised last layer (DINO: 65536)", range=POSITIVE, fixed=True
     )
