@@ -239,6 +239,22 @@ def test_the_backbone_page_runs_block_by_block(
     ]  # fmt: skip
 
 
+def test_the_hf_page_runs_block_by_block_and_prints_its_output_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """docs/hf.md's Python blocks, in order as one program (the real transformers), print what the text blocks
+    after them show."""
+    blocks = code_blocks(ROOT / "docs" / "hf.md")
+    code = [text for lang, text in blocks if lang == "python"]
+    shown = [line for lang, text in blocks if lang == "text" for line in text.splitlines()]
+    assert len(code) == 3 and shown
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    for i, block in enumerate(code, 1):
+        exec(compile(block, f"docs/hf.md, Python block {i}", "exec"), namespace)  # our own docs' code
+    assert capsys.readouterr().out.splitlines() == shown
+
+
 def test_no_file_cites_documents_outside_the_repository() -> None:
     # the names are joined here so that this file does not itself contain them
     pattern = re.compile("|".join(["paper" + "_spec", r"anchors\.md", "shared" + "/notes"]))

@@ -159,6 +159,7 @@ LAYERS = [  # lowest first; a module may import its own layer and the ones befor
     {"loading.pipeline"},
     {"loading.pretrained"},
     {"models.registry"},
+    {"loading.transformers_hf"},  # the transformers integration (the hf extra): wraps what the loaders load
 ]
 # the folders: the core (the package's root modules) and the layers below the models and the loaders, and the
 # library (core, layers, models, loading) below the lab

@@ -798,6 +798,7 @@ def read_config_dict(directory: str | Path) -> dict:
         )
     _, data = read_model_json(directory, CONFIG_NAME)  # verified against the checksum beside the weights
     data.pop("crate_transformer_version", None)
+    data.pop("model_type", None)  # transformers' name of the config class (save_pretrained), not a field
     return data
 
 
@@ -814,6 +815,8 @@ def save_pretrained(model: Any, directory: str | Path) -> Path:
     """
     directory = _model_files(make_folder(directory, "model folder"), WriteError)  # no FIFO where a file goes
     meta = {"crate_transformer_version": __version__, "config_version": model.config.VERSION}
+    if getattr(model.config, "MODEL_TYPE", None):  # transformers' AutoConfig reads the config class off it
+        meta["model_type"] = model.config.MODEL_TYPE
     files = {CONFIG_NAME: json.dumps({**meta, **model.config.to_dict()}, indent=2) + "\n", **model.extra_files()}
     for name in FILE_DIGESTS:
         if name not in files:

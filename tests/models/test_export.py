@@ -1,10 +1,14 @@
 """Every family through ``torch.export`` and to ONNX, as docs/export.md shows: the exported program and the ONNX
 graph (run by onnxruntime) give the PyTorch model's outputs at a batch size other than the one traced (and, for a
-language model, another sequence length): batch and length are dynamic.  CRATE-GPT's token check does not block
-the export: inside it the check is the device's assertion, not a host read, and the exported program keeps it."""
+language model, another sequence length): batch and length are dynamic.  The program is called as the docs call it,
+with gradients on (a traced in-place ``out=`` product once failed there: TSSA), and without.  CRATE-GPT's token
+check does not block the export: inside it the check is the device's assertion, not a host read, and the exported
+program keeps it; an image model's program casts floating images of any dtype as the model does and refuses
+integer ones in one line."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +31,10 @@ FAMILIES = {
     "gpt_mini": dict(depth=1, dim=32, heads=2),
     "tost_gpt_mini": dict(depth=1),
 }
+# the other forms of a family's layers that an export goes through differently: (registered name, overrides)
+VARIANTS = {"crate_mnist[attention=tssa]": ("crate_mnist", dict(depth=2, attention="tssa"))}
+CASES = {**{name: (name, kw) for name, kw in FAMILIES.items()}, **VARIANTS}
+IMAGE_CASES = [c for c, (name, _) in CASES.items() if ct.model_config(name).kind != "language model"]
 
 
 class Encoder(nn.Module):
@@ -40,8 +48,9 @@ class Encoder(nn.Module):
         return self.model.forward_features(x)
 
 
-def exported(name: str) -> tuple[nn.Module, torch.Tensor]:
-    model = ct.create_model(name, **FAMILIES[name]).eval()
+def exported(case: str) -> tuple[nn.Module, torch.Tensor]:
+    name, overrides = CASES[case]
+    model = ct.create_model(name, **overrides).eval()
     if model.kind == "language model":
         return model, torch.randint(0, model.config.vocab_size, (2, 8))
     c = model.config
@@ -67,14 +76,44 @@ def test_every_registered_family_is_covered() -> None:
     assert archs == {ct.model_config(n).arch for n in FAMILIES}
 
 
-@pytest.mark.parametrize("name", FAMILIES)
-def test_torch_export_gives_the_models_outputs(name: str) -> None:
-    module, x = exported(name)
+@functools.cache
+def program(case: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor, torch.export.ExportedProgram]:
+    """The case's module, its traced input, another input, and its program (exported once per session)."""
+    module, x = exported(case)
     dims, other = dynamic(module, x)
-    program = torch.export.export(module, (x,), dynamic_shapes=(dims,))
-    with torch.no_grad():
+    return module, x, other, torch.export.export(module, (x,), dynamic_shapes=(dims,))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_torch_export_gives_the_models_outputs(case: str) -> None:
+    module, x, other, exported_program = program(case)
+    run = exported_program.module()
+    for grad in (True, False):  # as docs/export.md calls it (gradients on), and under no_grad
         for inputs in (x, other):  # the traced shape, and another
-            torch.testing.assert_close(_out(program.module()(inputs)), _out(module(inputs)), rtol=1e-5, atol=1e-5)
+            with torch.no_grad():
+                want = _out(module(inputs))
+            with torch.set_grad_enabled(grad):
+                got = _out(run(inputs))
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", IMAGE_CASES)
+def test_an_exported_image_model_takes_the_images_the_model_takes(case: str) -> None:
+    """float64 (or half) images: the program casts them to the parameters' dtype as the eager model does, and
+    gives its outputs; integer images: the eager model's one-line refusal, raised by the program's assertion."""
+    module, _, other, exported_program = program(case)
+    run = exported_program.module()
+    with torch.no_grad():
+        for dtype in (torch.float64, torch.bfloat16):
+            images = other.to(dtype)
+            want = _out(module(images))
+            assert want.dtype == torch.float32
+            torch.testing.assert_close(_out(run(images)), want, rtol=1e-5, atol=1e-5)
+        pixels = (other * 255).clamp(0, 255).to(torch.uint8)
+        with pytest.raises(ValueError, match=r"^expected floating-point images, got dtype torch.uint8"):
+            module(pixels)
+        with pytest.raises(RuntimeError, match=r"^expected floating-point images, got integer ones; convert with"):
+            run(pixels)
 
 
 def _onnx_matches(name: str, tmp_path: Path) -> None:
@@ -119,6 +158,6 @@ def test_the_exported_language_model_keeps_its_token_check() -> None:
 
 # crate_mnist and crate_gpt_mini go through ONNX in the fast suite: tests/test_docs.py runs docs/export.md
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n in FAMILIES if n not in ("crate_mnist", "crate_gpt_mini")])
+@pytest.mark.parametrize("name", [n for n in CASES if n not in ("crate_mnist", "crate_gpt_mini")])
 def test_every_family_runs_in_onnxruntime(name: str, tmp_path: Path) -> None:
     _onnx_matches(name, tmp_path)

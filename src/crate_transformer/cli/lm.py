@@ -118,8 +118,10 @@ def run_generate(args: argparse.Namespace) -> int:
     ids = tok.encode(args.prompt) if args.prompt else [tok.eos_id]
     prefix = ids if args.prompt else []  # the end-of-text start token is not shown
     g = torch.Generator(device=device).manual_seed(args.seed)
-    kw = dict(temperature=args.temperature, top_k=args.top_k or None, top_p=args.top_p if args.top_p < 1 else None,
-              use_cache=args.cache, generator=g, compile=args.compile)  # fmt: skip
+    sampled = args.temperature > 0  # greedy decoding takes no filters (generate refuses them)
+    kw = dict(temperature=args.temperature, top_k=args.top_k or None if sampled else None,
+              top_p=args.top_p if args.top_p < 1 and sampled else None, use_cache=args.cache, generator=g,
+              compile=args.compile)  # fmt: skip
     samples, done = None, 0
     try:
         while done < args.num_samples:

@@ -7,7 +7,8 @@ where its code is read, and it builds itself from a :class:`~crate_transformer.l
 
 from __future__ import annotations
 
-from typing import ClassVar
+import weakref
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +42,32 @@ class SecondBlock:
 
 
 # --------------------------------------------------------------------------- ISTA
+class Held:
+    """ISTA's step matrix ``A`` held by :func:`~crate_transformer.layers.frozen_weights`, with what says which weights
+    it is the product of: the parameter itself (a weak reference: a new ``Parameter`` is other weights), its version
+    counter (bumped by every in-place change: ``add_``, ``copy_``, an optimizer's step, ``load_state_dict``) and
+    its storage, kept alive so that a tensor put in its place (``param.data = …``, ``.to(dtype/device)``) cannot
+    take its address.  ``compiled``: whether compiled code read ``A`` (a graph cannot read a version counter)."""
+
+    __slots__ = ("weight", "version", "storage", "A", "compiled")
+
+    def __init__(self, weight: Tensor, A: Tensor) -> None:
+        self.weight, self.version, self.storage, self.A = weakref.ref(weight), weight._version, weight.detach(), A
+        self.compiled = False
+
+    def holds(self, weight: Tensor) -> bool:
+        """Whether ``A`` is the product of ``weight`` as it is now: the same tensor, unchanged in place, on the
+        same memory, device and dtype."""
+        s = self.storage
+        return (
+            self.weight() is weight
+            and weight._version == self.version
+            and weight.data_ptr() == s.data_ptr()
+            and weight.dtype == s.dtype
+            and weight.device == s.device
+        )
+
+
 class ISTA(SecondBlock, nn.Module):
     """The sparsification step: one proximal-gradient step on the non-negative LASSO (42), eq. (44) (JMLR p.25;
     Alg. 3)::
@@ -57,7 +84,8 @@ class ISTA(SecondBlock, nn.Module):
 
     Inside :func:`~crate_transformer.layers.frozen_weights` (inference: generation, evaluation, the analysis) ``A``
     is computed once on entry and every forward through which no gradient flows to ``D`` pays ``2nd²``: a decoded
-    token or a single image one matrix product.
+    token or a single image one matrix product.  The held ``A`` is tied to ``D`` itself (``Held``): a forward
+    after ``D`` changed in any way recomputes it, and copies and pickles of the block never carry it.
 
     The ablations of the step (``ista_mode``, JMLR Tables 13 and 15) are their own blocks, each its entry of the
     layer's table :data:`~crate_transformer.layers.SECOND_BLOCKS`, picked once when the layer is built:
@@ -75,7 +103,7 @@ class ISTA(SecondBlock, nn.Module):
         self.eta, self.lambd = eta, lambd
         self.weight = nn.Parameter(torch.empty(dim, dim))
         nn.init.kaiming_uniform_(self.weight)
-        self.frozen: Tensor | None = None  # A while a frozen_weights context holds this block
+        self.held: Held | None = None  # A while a frozen_weights context holds this block (never copied)
 
     @classmethod
     def from_config(cls, dim: int, c: LayerConfig) -> ISTA:
@@ -91,17 +119,74 @@ class ISTA(SecondBlock, nn.Module):
         start = torch.eye(D.shape[0], dtype=D.dtype, device=D.device).add_(D, alpha=self.eta)
         return torch.addmm(start, D.T, D, alpha=-self.eta)
 
+    @property
+    def frozen(self) -> Tensor | None:
+        """The held ``A`` (None while no :func:`~crate_transformer.layers.frozen_weights` holds the block)."""
+        return None if self.held is None else self.held.A
+
     def freeze(self) -> None:
-        """Keep ``A`` for the forwards to come (:func:`~crate_transformer.layers.frozen_weights`), in ``D``'s precision
-        whatever the caller's autocast.  A sharded weight (FSDP's ``DTensor``) is whole only inside its forward: nothing
-        is kept for it."""
-        if type(self.weight.data) is not torch.Tensor:
+        """Hold ``A`` for the forwards to come (:func:`~crate_transformer.layers.frozen_weights`), in ``D``'s precision
+        whatever the caller's autocast, with what ties it to ``D`` (``Held``).  Nothing is held for a weight whose
+        changes cannot be seen: a sharded one (FSDP's ``DTensor``, whole only inside its forward) or an inference
+        tensor (made under ``torch.inference_mode``: no version counter)."""
+        D = self.weight
+        if type(D.data) is not torch.Tensor or D.is_inference():
+            self.held = None
             return
-        with torch.no_grad(), full_precision(self.weight):
-            self.frozen = self.step_matrix()
+        with torch.no_grad(), full_precision(D):
+            self.held = Held(D, self.step_matrix())
 
     def thaw(self) -> None:
-        self.frozen = None
+        self.held = None
+
+    def stale_read(self) -> str | None:
+        """Why compiled code may have read a held ``A`` that is not ``D``'s own any more (None if it did not): it
+        cannot check ``D``'s version, so a change of ``D`` is found at the next eager forward or on leaving the
+        context, and refused then (:func:`~crate_transformer.layers.frozen_weights`)."""
+        held = self.held
+        if held is None or not held.compiled or held.holds(self.weight):
+            return None
+        return (
+            "ISTA's weight changed inside frozen_weights while compiled code kept reading the step matrix held for "
+            "the old weight (a compiled graph cannot check a weight's version), so its outputs since the change are "
+            "stale; change weights outside the context, or leave it and enter it again after the change"
+        )
+
+    def held_product(self, D: Tensor | None = None) -> Tensor | None:
+        """The held ``A`` for ``D`` (the block's weight, passed by a forward that has read it) as it is now,
+        recomputed where ``D`` changed since it was computed; None outside the context and where a gradient flows to
+        ``D`` (the product must be ``D``'s own).  Compiled code reads the held ``A`` unchecked (a version counter is
+        not traceable) and says so (``Held.compiled``), so that a change of ``D`` after it is refused
+        (:meth:`stale_read`) rather than used; an exported program never holds one."""
+        held = self.held
+        if held is None:
+            return None
+        D = self.weight if D is None else D
+        if (torch.is_grad_enabled() and D.requires_grad) or torch.compiler.is_exporting():
+            return None
+        if torch.compiler.is_compiling():
+            if held.storage.dtype != D.dtype or held.storage.device != D.device:
+                return None  # a moved or cast model: its own product
+            held.compiled = True
+            return held.A
+        if held.holds(D):
+            return held.A
+        if (stale := self.stale_read()) is not None:
+            raise RuntimeError(stale)
+        self.freeze()
+        return self.frozen
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The module's state without the held ``A``: a copy or a pickle taken inside the context (an EMA or
+        best-model copy, ``torch.save(model)``) is not held, and computes its own product until it is."""
+        state = super().__getstate__()
+        state["held"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = {**state, "held": None}  # a whole-model pickle of an earlier version kept ``frozen`` (always None)
+        state.pop("frozen", None)
+        super().__setstate__(state)
 
     def forward(self, x: Tensor) -> Tensor:
         """Eq. (44): ``ReLU(x A − ηλ)`` of row tokens ``x`` (:meth:`preactivation`)."""
@@ -110,9 +195,7 @@ class ISTA(SecondBlock, nn.Module):
     def preactivation(self, x: Tensor) -> Tensor:
         """``x A − ηλ`` (eq. (44) before the ReLU), by the kept ``A``, the thin or the fused product."""
         rows, D, bias = x.reshape(-1, x.shape[-1]), self.weight, -self.eta * self.lambd
-        A = self.frozen
-        if A is not None and torch.is_grad_enabled() and D.requires_grad:
-            A = None  # a gradient flows to D: the product must be D's own
+        A = self.held_product(D)
         thin = rows.shape[0] < D.shape[0]  # thin is cheaper (class docstring)
         if isinstance(thin, torch.SymBool):  # a row count torch.export keeps dynamic: the fused form holds for
             thin = statically_known_true(thin)  # every count, where a guard on the count would fail the export

@@ -212,12 +212,14 @@ def _global_step(
 
     For one sample the factor is folded into the output projection's weight (a ``(d, K·p)`` product instead of an
     ``(n, K·p)`` one).  Without a graph to keep (inference, or inside the memory-saving Function) the product
-    ``Π ⊙ w`` reuses the squares' memory and is scaled in place; with one, autograd differentiates it as written."""
+    ``Π ⊙ w`` reuses the squares' memory and is scaled in place; with one, autograd differentiates it as written.
+    So is a traced export: an exported program is run with gradients on or off whatever the mode it was traced
+    in, and autograd refuses the ``out=`` product where an input requires a gradient."""
     b, n, D = y.shape
     sq, energy, share, pi, moment = _token_statistics(y, temp, heads)
     shrink = F.dropout(1.0 / (1.0 + moment), attn_dropout, training)
     y4, pi4 = y.view(b, n, heads, D // heads), pi.to(y.dtype).unsqueeze(-1)
-    graph = torch.is_grad_enabled() and (y.requires_grad or temp.requires_grad)
+    graph = (torch.is_grad_enabled() and (y.requires_grad or temp.requires_grad)) or torch.compiler.is_exporting()
     in_place = sq.dtype == y.dtype and not graph
     z = (torch.mul(y4, pi4, out=sq.view_as(y4)) if in_place else y4 * pi4).view(b, n, D)
     factor = -shrink.to(y.dtype)

@@ -19,6 +19,7 @@ and :func:`from_official`.  Every loader returns the model in evaluation mode, a
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Collection, Mapping
 from pathlib import Path
@@ -40,7 +41,14 @@ from ..io import (
     read_config_dict,
     read_model_json,
 )
-from ..models._registry import ZOO, arch_info, config_class, model_config, official_formats, registered_fields
+from ..models._registry import (
+    ZOO,
+    arch_info,
+    config_class,
+    model_config,
+    official_formats,
+    registered_fields,
+)
 from ..models.base import Model, timm_overrides
 from .folder import Mode, Source, build, checked, read_folder
 from .hub import resolve_hub
@@ -179,7 +187,7 @@ def convert(source: Source, name: str, overrides: Mapping[str, object]) -> Sourc
             if fmt
             else f"readable as {name!r} ({config.arch} has no authors' format)"
         )
-        raise CheckpointError(f"{where} is not {what}{_format_hint(state)}")
+        raise CheckpointError(f"{where} is not {what}{_format_hint(state, name, config)}")
     try:
         if fmt.check is not None:
             fmt.check(config)
@@ -278,12 +286,33 @@ def _file_config(
     return config, found
 
 
-def _format_hint(state: Mapping[str, Tensor]) -> str:
-    """Name the registered format(s) whose detector recognises ``state`` (or say that none does)."""
+def _format_hint(state: Mapping[str, Tensor], name: str, config: Config) -> str:
+    """Name the registered format(s) whose detector recognises ``state``, or the loader of this package's own
+    state dict of ``name`` (or say that none reads it)."""
     others = [a.official for a in official_formats() if a.official.detect(state)]
     if not others:
+        if is_native_state(state, config):  # model.state_dict() of this package: load_state_dict reads it
+            return (
+                f"; it is this package's own state dict of {name} (model.state_dict()): load it with "
+                f"ct.create_model({name!r}).load_state_dict(state), or save the model with save_pretrained and load "
+                "the folder with ct.from_pretrained"
+            )
         return "; it matches no format this package reads"
     return "".join(f"; it is a {f.name} checkpoint: pass a matching name, e.g. {f.example}" for f in others[:1])
+
+
+def _key_patterns(keys: Collection[str]) -> set[str]:
+    """State-dict keys with their layer numbers as ``#`` (``layers.3.attn.qkv.weight`` → ``layers.#.attn...``)."""
+    return {re.sub(r"\.\d+\.", ".#.", k) for k in keys}
+
+
+def is_native_state(state: Mapping[str, Tensor], config: Config) -> bool:
+    """Whether ``state`` holds this package's own keys (``model.state_dict()``) of the model ``config`` builds,
+    layer numbers aside: the model is built on the ``meta`` device (no memory) to read its keys."""
+    with torch.device("meta"):
+        keys = arch_info(getattr(config, "arch", None)).build(config).state_dict().keys()
+    wanted = _key_patterns([k.removeprefix("module.") for k in state])
+    return bool(wanted) and wanted <= _key_patterns(keys)
 
 
 # --------------------------------------------------------------------------- materialize: the one build

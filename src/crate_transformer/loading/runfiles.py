@@ -139,6 +139,8 @@ def _run_folder(path: Path) -> bool:
 
 # keys only Hugging Face's config.json has (transformers' PretrainedConfig): a folder holding one is an authors' port
 _HF_CONFIG_KEYS = ("model_type", "architectures")
+# the model_type save_pretrained writes (``Config.MODEL_TYPE``, what transformers' AutoConfig reads) starts with it
+MODEL_TYPE_PREFIX = "crate_transformer"
 
 
 def is_saved_model_dir(path: str | os.PathLike) -> bool:
@@ -154,7 +156,8 @@ def is_saved_model_dir(path: str | os.PathLike) -> bool:
         return _saved_weights(path)
     if not isinstance(data, dict):
         return _saved_weights(path)
-    return not any(k in data for k in _HF_CONFIG_KEYS)
+    ours = str(data.get("model_type", "")).startswith(MODEL_TYPE_PREFIX)  # save_pretrained's, for transformers
+    return ours or not any(k in data for k in _HF_CONFIG_KEYS)
 
 
 def _saved_weights(path: Path) -> bool:

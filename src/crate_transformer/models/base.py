@@ -125,8 +125,15 @@ def take_indices(depth: int, indices: int | Sequence[int] | None) -> list[int]:
         if not 0 < indices <= depth:
             raise ValueError(f"indices={indices} asks for the last {indices} layers of {depth}; pass 1..{depth}")
         return list(range(depth - indices, depth))
+    if not isinstance(indices, Sequence):
+        raise ValueError(f"indices must be a layer count or a list of layer indices, got {indices!r}; e.g. [0, -1]")
     out = []
     for i in indices:
+        if isinstance(i, bool) or not hasattr(i, "__index__"):  # 0.5: timm takes no fractions of the depth
+            raise ValueError(
+                f"layer indices are whole numbers (0-based, negative from the end), got {i!r}; e.g. indices=[0, -1]"
+            )
+        i = i.__index__()
         if not -depth <= i < depth:
             raise ValueError(f"layer index {i} does not exist in a model of {depth} layers; pass 0..{depth - 1}")
         out.append(i % depth)
@@ -332,7 +339,7 @@ class Model(Hooked, nn.Module):
 
     def refuse_pool(self, global_pool: str | None, kept: str) -> None:
         """One line for a ``global_pool`` that this family's head cannot read (it pools as ``kept`` only)."""
-        if global_pool not in (None, "", kept):
+        if global_pool not in (None, kept):  # "" is timm's "no pooling": per-token outputs, which no head here gives
             raise ValueError(
                 f"{type(self).__name__} pools its features as {kept!r} only, got global_pool={global_pool!r}; "
                 f"leave global_pool out (or pass {kept!r})"

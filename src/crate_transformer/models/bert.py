@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from ..io import CheckpointError
 from ..loading.official import HEADS_NOT_STORED, OfficialFormat, index_count, rename, unwrap
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
-from .lm import LanguageModel, LMConfig, check_ids
+from .lm import LanguageModel, LMConfig, LMOutput, check_ids, lm_input, lm_loss
 
 __all__ = [
     "CRATEBert",
@@ -169,14 +169,24 @@ class CRATEBert(LanguageModel):
 
     def forward(
         self,
-        idx: Tensor,
+        idx: Tensor | None = None,
         cache: list[dict[str, Tensor]] | None = None,
         *,
         key_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
-    ) -> Tensor:
-        """Masked-LM logits ``(b, n, V)``, the port's ``CrateForMaskedLM(ids, attention_mask, token_type_ids)``."""
-        return self.forward_head(self.forward_features(idx, cache, key_mask, token_type_ids))
+        labels: Tensor | None = None,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+    ) -> Tensor | LMOutput:
+        """Masked-LM logits ``(b, n, V)``, the port's ``CrateForMaskedLM(ids, attention_mask, token_type_ids)``;
+        Hugging Face's names (``input_ids``, ``attention_mask`` for ``key_mask``) work too, and with ``labels`` (the
+        masked tokens' ids, ``-100`` elsewhere) an :class:`~crate_transformer.models.lm.LMOutput` with the
+        masked-LM ``loss`` and the ``logits``."""
+        if key_mask is not None and attention_mask is not None:
+            raise ValueError("key_mask and attention_mask (Hugging Face's name) are the same mask; pass one")
+        mask = key_mask if key_mask is not None else attention_mask
+        logits = self.forward_head(self.forward_features(lm_input(idx, input_ids), cache, mask, token_type_ids))
+        return logits if labels is None else LMOutput(lm_loss(logits, labels, causal=False), logits)
 
     def classify(self, idx: Tensor, lengths: Tensor | None = None, token_type_ids: Tensor | None = None) -> Tensor:
         """Sequence-classification logits ``(b, num_labels)`` from the first token (``<s>`` / ``[CLS]``).

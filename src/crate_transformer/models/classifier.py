@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from ..config import IMAGE_CLASSIFIER, Config
 from ..config_utils import Range, option
 from ..layers import DIM_HEAD, EncoderLayer, LayerConfig, drop_path_rates
+from ..layers.inference import traced_images
 from ..loading.official import HEADS_NOT_STORED, OfficialFormat, official_to_native
 from ..objectives import autocast_on
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
@@ -139,6 +140,9 @@ class ModelConfig(ImageEncoderGeometry, LayerConfig, Config):
                  "scale_scores", "tied_output", "tied_beta", "eps", "patch_norm", "attention", "mlp", "odl_ratio",
                  "mlp_ratio", "data")  # fmt: skip
     kind = IMAGE_CLASSIFIER
+    MODEL_TYPE = (
+        "crate_transformer_image"  # config.json's model_type: transformers' AutoConfig (loading.transformers_hf)
+    )
     GIVEN_IN = "model_args"  # a training takes these fields as model_args entries
     BLOCK_COUNTS = {"depth": "layers"}  # the numbered blocks of the weights these fields count
     pipeline_tag = "image-classification"
@@ -313,6 +317,8 @@ class ImageInput:
         autocast is on for their device (it casts them); what each image model's embedding reads."""
         self.check_images(x, finite=False)
         dtype = self.cls_token.dtype
+        if torch.compiler.is_exporting():  # the program casts and checks as the model does, whatever the traced dtype
+            return traced_images(x, dtype)
         return x if x.dtype == dtype or autocast_on(x) else x.to(dtype)
 
     def check_images(self, x: Tensor, finite: bool = True) -> None:
@@ -484,10 +490,20 @@ class ImageClassifier(ImageInput, Model):
     def get_classifier(self) -> nn.Module:
         return self.head[1]
 
+    @property
+    def num_classes(self) -> int:
+        """The classes of the head (timm's attribute; 0: no classifier)."""
+        return int(self.config.num_classes)
+
     def reset_classifier(self, num_classes: int, pool: str | None = None, global_pool: str | None = None) -> None:
         """A freshly initialised head (LayerNorm + Linear) for ``num_classes`` classes — 0: no Linear, the model
         returns the normalised pooled features (timm's headless ``reset_classifier(0)``); ``pool`` (or timm's
         ``global_pool``: ``"token"``, ``"avg"``) changes the pooling."""
+        if pool == "" or global_pool == "":
+            raise ValueError(
+                "global_pool='' is timm's no pooling (a logit per token), and this head reads one pooled vector; pass "
+                f"one of {POOLS} (timm's 'token', 'avg'), or leave it out to keep {self.config.pool!r}"
+            )
         pool = pool_name(pool or global_pool or self.config.pool)
         self.config = dataclasses.replace(self.config, num_classes=num_classes, pool=pool)
         ref = self.head[0].weight

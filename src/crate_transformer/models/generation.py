@@ -163,7 +163,7 @@ class Decoding:
     top_k: int | None = None
     top_p: float | None = None
     generator: torch.Generator | None = None
-    eos_id: int | None = None
+    eos_id: tuple[int, ...] | None = None  # the end tokens (any of them ends a row)
     on_token: Callable[[Tensor], None] | None = None
     use_cache: bool = True
     keep_logits: bool = False
@@ -179,52 +179,180 @@ class Decoding:
         return sample_next(logits, temperature=t, top_k=k, top_p=p, generator=self.generator)
 
     def all_ended(self, nxt: Tensor) -> bool:
-        """Whether every row has just produced ``eos_id`` (a host read, only when one is given)."""
-        return self.eos_id is not None and bool((nxt == self.eos_id).all())
+        """Whether every row has just produced an end token (a host read, only when one is given)."""
+        return self.eos_id is not None and bool(torch.isin(nxt, torch.tensor(self.eos_id, device=nxt.device)).all())
+
+
+def _one_of(ours: str, value: Any, hf: str, hf_value: Any) -> Any:
+    """The value given under this package's name or Hugging Face's; both is a one-line error."""
+    if value is not None and hf_value is not None:
+        raise OptionError(f"{ours} and {hf} (Hugging Face's name) are the same argument; pass one", option=ours)
+    return value if value is not None else hf_value
+
+
+def _prompt(idx: Tensor | None, input_ids: Tensor | None, max_new_tokens: int | None) -> Tensor:
+    """The prompt given as ``idx`` or Hugging Face's ``input_ids``, with a length to generate (both needed)."""
+    idx = _one_of("idx", idx, "input_ids", input_ids)
+    if idx is None or max_new_tokens is None:
+        raise OptionError(
+            "generate needs the prompt and a length: generate(idx, max_new_tokens) or generate(input_ids=idx, "
+            "max_new_tokens=n)",
+            option="max_new_tokens",
+        )
+    NON_NEGATIVE.check("max_new_tokens", max_new_tokens)
+    return idx
+
+
+def check_token_id(name: str, value: Any, vocab_size: int) -> None:
+    """A token id in ``[0, vocab_size)`` (``eos_id``, ``pad_token_id``), else one line naming the vocabulary."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
+        raise OptionError(
+            f"{name}={value!r} is not a token of this model's vocabulary [0, {vocab_size}); pass an id its tokenizer "
+            "gives (e.g. tokenizer.eos_id)",
+            option=name,
+        )
+
+
+def resolve_sampling(
+    temperature: float | None, top_k: int | None, top_p: float | None, do_sample: bool | None
+) -> tuple[float, int | None, float | None]:
+    """``(temperature, top_k, top_p)`` from this package's and Hugging Face's arguments, one line for what cannot
+    apply.  ``do_sample=None`` (this package's call): ``temperature`` defaults to 1 (sampling); ``do_sample=False``
+    (Hugging Face's default): greedy; ``do_sample=True``: sampling at ``temperature`` (default 1).  Under greedy
+    decoding (``temperature=0`` or ``do_sample=False``) the most likely token is taken, so a ``temperature``,
+    ``top_k`` or ``top_p`` given with it would change nothing: refused."""
+    if do_sample is not None and not isinstance(do_sample, bool):
+        raise OptionError(f"do_sample must be True or False, got {do_sample!r}", option="do_sample")
+    if do_sample is False and temperature not in (None, 0):
+        raise OptionError(
+            f"temperature={temperature} applies to sampling, and do_sample=False decodes greedily; pass do_sample=True "
+            "or drop temperature",
+            option=("temperature", "do_sample"),
+        )
+    if do_sample is True and temperature == 0:
+        raise OptionError(
+            "do_sample=True samples at a temperature > 0, got temperature=0 (greedy); pass temperature > 0, or "
+            "do_sample=False for greedy decoding",
+            option=("temperature", "do_sample"),
+        )
+    temperature = 0.0 if do_sample is False else 1.0 if temperature is None else temperature
+    check_sampling(temperature, top_k, top_p)
+    given = [f"{n}={v}" for n, v in (("top_k", top_k), ("top_p", top_p)) if v is not None]
+    if temperature == 0 and given:
+        why = "do_sample=False" if do_sample is False else "temperature=0"
+        raise OptionError(
+            f"{' and '.join(given)} {'filters' if len(given) == 1 else 'filter'} the tokens sampled from, and {why} "
+            "decodes greedily (the most likely token); drop them, or sample (temperature > 0, do_sample=True)",
+            option=tuple(g.split("=")[0] for g in given),
+        )
+    return temperature, top_k, top_p
+
+
+def check_prompt_mask(attention_mask: Tensor | None, idx: Tensor) -> None:
+    """Hugging Face's ``attention_mask`` (1 = a token, 0 = padding) for an unpadded prompt: the ones a tokenizer
+    returns for prompts of one length.  Padding is refused in one line: positions here count every token, so a
+    padded row would be read at other positions than the same prompt alone."""
+    if attention_mask is None:
+        return
+    if not isinstance(attention_mask, Tensor) or tuple(attention_mask.shape) != tuple(idx.shape):
+        shape = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
+        raise OptionError(
+            f"attention_mask must have the prompt's shape {tuple(idx.shape)}, got {shape}", option="attention_mask"
+        )
+    if not bool((attention_mask == 1).all()):
+        raise OptionError(
+            "attention_mask marks padding, and generate takes unpadded prompts; generate each prompt on its own (or "
+            "prompts of one length, attention_mask all ones)",
+            option="attention_mask",
+        )
+
+
+def _end_tokens(
+    eos: int | list[int] | tuple[int, ...] | None, pad_token_id: int | None, vocab_size: int
+) -> tuple[int, ...] | None:
+    """``eos_id`` / Hugging Face's ``eos_token_id`` (an id or a list of ids) as a tuple, each checked, and
+    ``pad_token_id`` checked: a token, and given with an end token (it fills what follows one)."""
+    ids = None if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
+    for i in () if ids is None else ids or (None,):
+        check_token_id("eos_id", i, vocab_size)
+    if pad_token_id is not None:
+        check_token_id("pad_token_id", pad_token_id, vocab_size)
+        if ids is None:
+            raise OptionError(
+                "pad_token_id fills the rows that ended at an end token, and none is given; pass eos_token_id "
+                "(eos_id) too, or drop pad_token_id",
+                option="pad_token_id",
+            )
+    return ids
+
+
+def pad_after_eos(idx: Tensor, start: int, eos: tuple[int, ...], pad: int) -> Tensor:
+    """Hugging Face's ``pad_token_id``: every token a row produced after its first end-of-sequence token (among the
+    new tokens from ``start``) becomes ``pad``.  Rows are independent, so this is what stopping each row would give."""
+    new = idx[:, start:]
+    is_end = torch.isin(new, torch.tensor(eos, device=idx.device)).long()
+    after = is_end.cumsum(1) - is_end > 0  # an end token before this one (the first end token itself is kept)
+    return torch.cat([idx[:, :start], new.masked_fill(after, pad)], dim=1)
 
 
 @torch.no_grad()
 def generate(
     model: nn.Module,
-    idx: Tensor,
-    max_new_tokens: int,
+    idx: Tensor | None = None,
+    max_new_tokens: int | None = None,
     *,
-    temperature: float = 1.0,
+    temperature: float | None = None,
     top_k: int | None = None,
     top_p: float | None = None,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
-    eos_id: int | None = None,
+    eos_id: int | list[int] | None = None,
     return_logits: bool = False,
     on_token: Callable[[Tensor], None] | None = None,
     compile: bool = False,
+    input_ids: Tensor | None = None,
+    do_sample: bool | None = None,
+    attention_mask: Tensor | None = None,
+    eos_token_id: int | list[int] | None = None,
+    pad_token_id: int | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Append ``max_new_tokens`` sampled tokens to ``idx`` (b, n) (causal models only): the method
     :meth:`LanguageModel.generate <crate_transformer.models.lm.LanguageModel.generate>`.
 
     ``on_token`` is called with each step's new tokens (b, 1) as they are sampled (to stream the text).
 
-    ``temperature`` 0 is greedy.  With ``use_cache`` each step runs the newest token only, against the
-    cached earlier ones; once the context is full, the window slides and the cache is rebuilt from the
-    last ``block_size`` tokens, exactly what the uncached path computes.  ``return_logits`` also returns
-    every step's ``(b, steps, V)`` logits (the cached and uncached paths agree to float rounding).
+    ``temperature`` 0 is greedy (the default is 1: sampling).  With ``use_cache`` each step runs the newest token
+    only, against the cached earlier ones; once the context is full, the window slides and the cache is rebuilt
+    from the last ``block_size`` tokens, exactly what the uncached path computes.  ``return_logits`` also returns
+    every step's ``(b, steps, V)`` logits (the cached and uncached paths agree to float rounding).  ``eos_id``
+    (an id or a list): stop once every row has produced one.
 
     ``compile=True`` decodes on fixed-size cache buffers with one compiled step per token (a CUDA graph on a
     GPU; the module docstring): the same tokens, the first call slower while it compiles; prompt + new tokens
     must fit the context.
+
+    Hugging Face's call is the same decoding: ``generate(input_ids=ids, max_new_tokens=20, do_sample=True,
+    attention_mask=mask, eos_token_id=e, pad_token_id=p)``; ``do_sample=False`` is greedy (:func:`resolve_sampling`),
+    ``attention_mask`` must be all ones, ``pad_token_id`` replaces what a row makes after its end token.  What
+    cannot apply (a filter under greedy decoding, an id outside the vocabulary) is a one-line error.
     """
     c = model.config
     if not c.causal:
         raise ValueError("generation needs a causal (GPT) model; this one is a masked LM (objective mlm)")
-    NON_NEGATIVE.check("max_new_tokens", max_new_tokens)
-    how = Decoding(temperature, top_k, top_p, generator, eos_id, on_token, use_cache, return_logits)
-    check_sampling(temperature, top_k, top_p)
+    idx = _prompt(idx, input_ids, max_new_tokens)
+    sampling = resolve_sampling(temperature, top_k, top_p, do_sample)
+    eos = _end_tokens(_one_of("eos_id", eos_id, "eos_token_id", eos_token_id), pad_token_id, c.vocab_size)
+    how = Decoding(*sampling, generator, eos, on_token, use_cache, return_logits)
     if compile:
         check_compiled(model, idx, max_new_tokens, use_cache)
     model.check_tokens(idx[:, -c.block_size :])
+    check_prompt_mask(attention_mask, idx)
+    start = idx.shape[1]
     with evaluating(model):
         run = decode_compiled if compile and max_new_tokens else decode_eager
         idx, steps = run(model, idx, max_new_tokens, how)
+    if pad_token_id is not None:
+        idx = pad_after_eos(idx, start, eos, pad_token_id)
     if return_logits:
         return idx, torch.stack(steps, 1) if steps else idx.new_zeros(idx.shape[0], 0, c.vocab_size).float()
     return idx

@@ -49,6 +49,8 @@ from .tokenizer import Tokenizer
 
 __all__ = [
     "LM_ARCHS",
+    "LMOutput",
+    "lm_loss",
     "LMConfig",
     "LanguageModel",
     "CRATELanguageModel",
@@ -120,6 +122,7 @@ class LMConfig(LayerConfig, Config):
                  "mlp", "odl_ratio", "proj_bias", "type_vocab_size", "pad_token_id", "layer_norm_eps", "mlp_ratio",
                  "gelu", "tokenizer")  # fmt: skip
     kind = LANGUAGE_MODEL
+    MODEL_TYPE = "crate_transformer_lm"  # config.json's model_type: transformers' AutoConfig (loading.transformers_hf)
     GIVEN_IN = "model_args"  # a training takes these fields as model_args entries
     BLOCK_COUNTS = {"depth": "layers"}  # the numbered blocks of the weights these fields count
 
@@ -193,6 +196,13 @@ def check_ids(ids: Tensor, size: int, what: str, problem: str, fix: str) -> None
         torch._assert_async(((ids >= 0) & (ids < size)).all(), f"a {what} {problem} [0, {size}); {fix}")
 
 
+def lm_input(idx: Tensor | None, input_ids: Tensor | None) -> Tensor:
+    """The token ids given as ``idx`` or as Hugging Face's ``input_ids`` (one of them)."""
+    if (idx is None) == (input_ids is None):
+        raise ValueError("pass the token ids once: model(idx) or model(input_ids=idx) (Hugging Face's name)")
+    return idx if idx is not None else input_ids
+
+
 def sinusoidal_positions(n: int, d: int) -> Tensor:
     """``E_pos`` of eq. (83) (Vaswani et al. 2017): ``sin(t / 10000^{2i/d})`` and ``cos(·)`` interleaved, (n, d)."""
     t = torch.arange(n, dtype=torch.float64)[:, None]
@@ -200,6 +210,54 @@ def sinusoidal_positions(n: int, d: int) -> Tensor:
     pe = torch.zeros(n, d, dtype=torch.float64)
     pe[:, 0::2], pe[:, 1::2] = torch.sin(t * freq), torch.cos(t * freq)
     return pe.float()
+
+
+@dataclass
+class LMOutput:
+    """What ``forward(idx, labels=...)`` returns: the ``loss`` and the ``logits`` by name, and indexable like
+    Hugging Face's ``ModelOutput`` (``out[0]`` is the loss, ``out["logits"]``, ``out.to_tuple()``; fields that are
+    None are left out, so without a loss ``out[0]`` is the logits)."""
+
+    loss: Tensor | None = None
+    logits: Tensor | None = None
+
+    def keys(self) -> list[str]:
+        """The fields that hold a value, in order (as ``ModelOutput.keys()``)."""
+        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None]
+
+    def to_tuple(self) -> tuple[Tensor, ...]:
+        return tuple(getattr(self, k) for k in self.keys())
+
+    def __getitem__(self, key: int | slice | str) -> Any:
+        if isinstance(key, str):
+            if key not in self.keys():
+                raise KeyError(f"{key!r} is not in this output; it holds {self.keys()}")
+            return getattr(self, key)
+        return self.to_tuple()[key]
+
+    def __iter__(self):  # noqa: ANN204  (the keys, as a ModelOutput, which is a dict)
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+
+def lm_loss(logits: Tensor, labels: Tensor, causal: bool) -> Tensor:
+    """The mean cross-entropy of ``logits`` (b, n, V) against ``labels`` (b, n), ``-100`` ignored (Hugging Face's
+    convention).  Causal: position ``t`` predicts ``labels[t + 1]`` (the shift is inside, so ``labels = idx`` gives
+    the next-token loss of eq. (89)); masked: position ``t`` predicts ``labels[t]`` (eq. (85), the masked tokens
+    labelled and the rest ``-100``, as :func:`mask_tokens` returns them)."""
+    b, n, vocab = logits.shape
+    if not isinstance(labels, Tensor) or tuple(labels.shape) != (b, n) or labels.is_floating_point():
+        shape = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
+        raise ValueError(f"labels must be token ids of the input's shape {(b, n)}, got {shape}; e.g. labels=idx")
+    real = labels[labels != -100]
+    if real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab):
+        bad = int(real.max()) if int(real.max()) >= vocab else int(real.min())
+        raise ValueError(f"label {bad} is outside the vocabulary [0, {vocab}) and is not -100 (ignored)")
+    if causal:
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    return F.cross_entropy(logits.reshape(-1, vocab).float(), labels.reshape(-1).long(), ignore_index=-100)
 
 
 class LanguageModel(TokenPrior, Model):
@@ -371,12 +429,24 @@ class LanguageModel(TokenPrior, Model):
         """``f_head(Z) = W_head Z`` (eq. (84)) with ``W_head`` = the token embedding (tied)."""
         return z if pre_logits else F.linear(z, self.wte.weight)
 
-    def forward(self, idx: Tensor, cache: list[dict[str, Tensor]] | None = None) -> Tensor:
+    def forward(
+        self,
+        idx: Tensor | None = None,
+        cache: list[dict[str, Tensor]] | None = None,
+        *,
+        labels: Tensor | None = None,
+        input_ids: Tensor | None = None,
+    ) -> Tensor | LMOutput:
         """Logits ``(b, n, V)``.  With ``cache`` (from :meth:`new_cache`, causal models), ``idx`` holds only
-        the tokens after those already cached, which are appended to it."""
+        the tokens after those already cached, which are appended to it.
+
+        Hugging Face's call: ``input_ids`` is ``idx``; with ``labels`` (b, n) the result is an :class:`LMOutput`
+        holding ``loss`` (:func:`lm_loss`: next token when causal, ``labels = idx``; masked tokens otherwise) and
+        ``logits``.  Without ``labels`` the logits tensor itself, as always."""
         if cache is not None and not self.config.causal:
             raise ValueError("a key-value cache needs a causal (GPT) model; this one is bidirectional (BERT)")
-        return self.forward_head(self.forward_features(idx, cache))
+        logits = self.forward_head(self.forward_features(lm_input(idx, input_ids), cache))
+        return logits if labels is None else LMOutput(lm_loss(logits, labels, self.config.causal), logits)
 
     def forward_trace(self, idx: Tensor, return_attention: bool = False) -> Trace:
         """Every layer's tokens (``tokens[0]`` = ``f_pre(X)``), MSSA outputs and attention maps in one pass."""
@@ -417,6 +487,11 @@ class LanguageModel(TokenPrior, Model):
         table, as GPT-2 / nanoGPT report and Table 10's CRATE-GPT count does."""
         n = super().num_params(trainable_only)
         return n - (self.wpe.weight.numel() if exclude_positions and self.wpe is not None else 0)
+
+    @property
+    def num_classes(self) -> int:
+        """The labels of the sequence-classification head (timm's name for ``num_labels``; 0: none)."""
+        return int(self.config.num_labels)
 
     def get_classifier(self) -> nn.Module | None:
         """The sequence-classification head (None when the model has none)."""

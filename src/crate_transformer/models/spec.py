@@ -200,6 +200,34 @@ def resolve_normalization(config_or_model: Any, dataset: Any = None) -> tuple[li
     return None
 
 
+def _whole(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value > 0
+
+
+def _check_given(args: Mapping[str, Any], channels: int) -> None:
+    """One line for an override that cannot feed this model: an ``input_size`` that is not ``(C, H, W)`` of
+    positive whole numbers with the model's ``C`` channels, an ``img_size`` that is not a positive whole number, a
+    ``mean`` / ``std`` of another channel count (one value, or one per channel; none is averaged)."""
+    size = args.get("input_size")
+    if size is not None:
+        if not isinstance(size, Sequence) or len(size) != 3 or not all(_whole(v) for v in size):
+            raise ValueError(f"input_size must be (channels, height, width) of positive whole numbers, got {size!r}")
+        if size[0] != channels:
+            raise ValueError(
+                f"input_size has {size[0]} channels and the model takes {channels}; pass ({channels}, H, W)"
+            )
+    if args.get("img_size") is not None and not _whole(args["img_size"]):
+        raise ValueError(f"img_size must be a positive whole number (pixels), got {args['img_size']!r}")
+    for name in ("mean", "std"):
+        given = args.get(name)
+        n = None if given is None else len(np.ravel(given))
+        if n is not None and n not in (1, channels):
+            raise ValueError(
+                f"{name} has {n} values and the model takes {channels}-channel images; pass one value per channel "
+                f"({channels})"
+            )
+
+
 def resolve_data_config(model: Any, **args: Any) -> dict[str, Any]:
     """timm's ``resolve_data_config(model=model)``: how to turn images into this model's inputs, from its
     ``pretrained_cfg`` (:meth:`~crate_transformer.models.classifier.ImageInput.data_cfg`) with ``args`` (timm's names:
@@ -214,10 +242,11 @@ def resolve_data_config(model: Any, **args: Any) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"unknown data config key(s) {unknown}; valid: {list(_DATA_KEYS)}")
     out = {k: cfg[k] for k in ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")}
-    if args.get("img_size") is not None:
-        out["input_size"] = (out["input_size"][0], int(args["img_size"]), int(args["img_size"]))
-    out.update({k: v for k, v in args.items() if k != "img_size" and v is not None})
     channels = out["input_size"][0]
+    _check_given(args, channels)
+    if args.get("img_size") is not None:
+        out["input_size"] = (channels, int(args["img_size"]), int(args["img_size"]))
+    out.update({k: tuple(v) if k == "input_size" else v for k, v in args.items() if k != "img_size" and v is not None})
     fit = fit_normalization(out["mean"], out["std"], channels)
     if fit is None:
         raise ValueError(f"mean/std of {len(np.ravel(out['mean']))} values cannot feed {channels}-channel images")

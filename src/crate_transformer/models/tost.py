@@ -114,6 +114,9 @@ class ToSTConfig(ImageEncoderGeometry, Config):
     data: DataSpec | None = override(ModelConfig, "data", None)
 
     kind = IMAGE_CLASSIFIER
+    MODEL_TYPE = (
+        "crate_transformer_image"  # config.json's model_type: transformers' AutoConfig (loading.transformers_hf)
+    )
     GIVEN_IN = "model_args"  # a training takes these fields as model_args entries
     BLOCK_COUNTS = {"depth": "layers", "cls_layers": "cls_layers"}  # the numbered blocks these fields count
     pipeline_tag = "image-classification"
@@ -397,6 +400,11 @@ class ToST(ImageInput, Model):
 
     def get_classifier(self) -> nn.Module:
         return self.head
+
+    @property
+    def num_classes(self) -> int:
+        """The classes of the head (timm's attribute; 0: no classifier)."""
+        return int(self.config.num_classes)
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """A fresh head (truncated normal, std 0.02) for ``num_classes`` classes (0: none, the class token's
