@@ -210,3 +210,17 @@ def test_simdino_pretrains_crate_vit_and_tost(tmp_path: Path, model: str, capsys
     assert train and keys <= set(train[-1]) and all(math.isfinite(train[-1][k]) for k in keys)
     assert -1.0 <= train[-1]["compression"] <= 1.0 and train[-1]["expansion"] > 0
     assert (run / "model" / "config.json").is_file() and (run / "curves.png").is_file()
+
+
+def test_dino_logs_the_same_collapse_monitors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """DINO's runs carry the effective rank and coding rate too (and keep their entropy and temperature)."""
+    run = tmp_path / "run"
+    head = ["--out-dim", "64"]
+    assert crate("pretrain", "dino", *TINY, *head, "--max-steps", 2, "--log-every", 1, "--out", run) == 0
+    out = capsys.readouterr()
+    assert "(collapse below" in out.out + out.err
+    records = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r.get("split") == "train"][-1]
+    assert {"effective_rank", "coding_rate", "feature_std", "teacher_entropy"} <= set(train)
+    assert 1.0 <= train["effective_rank"] <= 32 and train["coding_rate"] > 0
+    assert all("teacher_temp" in r for r in records if r.get("split") == "schedule")

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from ..config import Config
 from ..config_utils import POSITIVE, option
-from ..objectives import at_least_float32, coding_rate, covariance_coding_rate, effective_rank, full_precision
+from ..objectives import at_least_float32, covariance_coding_rate, effective_rank, full_precision
 from .base import POOLS, pool_tokens
 
 __all__ = [
@@ -403,8 +403,12 @@ def feature_health(features: Tensor, eps: float) -> dict[str, Tensor]:
     least for unit features, at a collapse to one point).
     Of the process's own batch: monitors, not the loss."""
     z = F.normalize(features.float(), dim=-1)
-    return {"feature_std": z.std(dim=0).mean(), "effective_rank": effective_rank(z).float(),
-            "coding_rate": coding_rate(z, eps).float()}  # fmt: skip
+    n, d = z.shape
+    with full_precision(z):  # no host sync (a monitor of every step): the Cholesky's status is not read
+        G = z @ z.T if n <= d else z.T @ z
+        L = torch.linalg.cholesky_ex(torch.eye(len(G), device=z.device) + d / (n * eps**2) * G)[0]
+        rate = torch.log(torch.diagonal(L)).sum()  # ½ logdet, eq. (8)
+    return {"feature_std": z.std(dim=0).mean(), "effective_rank": effective_rank(z).float(), "coding_rate": rate}
 
 
 def collapse_words(rank: float, n: int, d: int) -> str:
