@@ -224,3 +224,19 @@ def test_dino_logs_the_same_collapse_monitors(tmp_path: Path, capsys: pytest.Cap
     assert {"effective_rank", "coding_rate", "feature_std", "teacher_entropy"} <= set(train)
     assert 1.0 <= train["effective_rank"] <= 32 and train["coding_rate"] > 0
     assert all("teacher_temp" in r for r in records if r.get("split") == "schedule")
+
+
+def test_simdino_resume_continues_exactly(tmp_path: Path) -> None:
+    """10 steps in one go == 5 steps, stop, resume: the student and the teacher (backbone and head) bit for bit, with
+    no DINO centre in the state."""
+    from crate_transformer.train import load_training_state
+
+    common = [*TINY, "--epochs", 1, "--train-subset", 640, "--deterministic", "--patch-coding-rate", 0.05]
+    assert crate("pretrain", "simdino", *common, "--out", tmp_path / "full") == 0
+    assert crate("pretrain", "simdino", *common, "--max-steps", 5, "--out", tmp_path / "part") == 0
+    assert crate("pretrain", "simdino", "--resume", tmp_path / "part", "--max-steps", 0) == 0
+    a, b = load_training_state(tmp_path / "full"), load_training_state(tmp_path / "part")
+    assert a["step"] == b["step"] == 10 and "center" not in a["task"]
+    assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items())
+    for key in ("export_model", "teacher_head"):
+        assert all(torch.equal(v, b["task"][key][k]) for k, v in a["task"][key].items()), key
