@@ -29,6 +29,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from _common import POSITIVE, Arguments
 from torch.profiler import ProfilerActivity, profile
 
 OPS = ("tssa", "tssa-causal", "mssa")
@@ -146,10 +147,10 @@ def _commit() -> str:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Arguments(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
-    ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--tokens", type=int, range=POSITIVE, default=256)
+    ap.add_argument("--batch", type=int, range=POSITIVE, default=2)
     ap.add_argument("--float64", action="store_true", help="also compare compiled and eager in float64")
     ap.add_argument("--bf16", action="store_true", help="also count under bf16 autocast (what a GPU run uses)")
     args = ap.parse_args(argv)

@@ -17,16 +17,19 @@ import time
 from pathlib import Path
 
 import torch
+from _common import NON_NEGATIVE, POSITIVE, Arguments
 
 from crate_transformer.train import TrainConfig, train
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--epochs", type=int, default=TrainConfig().optim.epochs, help="budget for both models")
+    p = Arguments(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--epochs", type=int, range=POSITIVE, default=TrainConfig().optim.epochs, help="budget for both models"
+    )
     p.add_argument("--models", nargs=2, default=["crate_mnist", "vit_mnist"], metavar=("CRATE", "BASELINE"))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    p.add_argument("--seed", type=int, range=NON_NEGATIVE, default=0)
+    p.add_argument("--threads", type=int, range=NON_NEGATIVE, default=0, help="torch threads (0 = default)")
     p.add_argument("--out", default=None, help="keep the run directories here (default: a temp dir)")
     args = p.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="bench_cvv_"))

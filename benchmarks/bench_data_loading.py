@@ -12,7 +12,6 @@ The folder is generated: ``--images`` JPEGs of photo-like sizes (256×256 to 500
 
 from __future__ import annotations
 
-import argparse
 import io
 import itertools
 import os
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _common import NON_NEGATIVE, POSITIVE, Arguments
 
 from crate_transformer.data import StreamingImageFolder, build_augmentation
 from crate_transformer.models.registry import create_model
@@ -81,13 +81,21 @@ def timed(batches, step: Step, steps: int) -> float:  # noqa: ANN001
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--images", type=int, default=256)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--steps", type=int, default=6, help="timed steps per configuration (after one warm-up)")
-    p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--threads", type=int, default=0, help="torch threads of the training process (0: all cores)")
+    p = Arguments(description=__doc__.split("\n")[0])
+    p.add_argument("--images", type=int, range=POSITIVE, default=256)
+    p.add_argument("--batch-size", type=int, range=POSITIVE, default=32)
+    p.add_argument(
+        "--steps", type=int, range=POSITIVE, default=6, help="timed steps per configuration (after one warm-up)"
+    )
+    p.add_argument("--workers", type=int, range=NON_NEGATIVE, nargs="+", default=[0, 1, 2])
+    p.add_argument("--image-size", type=int, range=POSITIVE, default=224)
+    p.add_argument(
+        "--threads",
+        type=int,
+        range=NON_NEGATIVE,
+        default=0,
+        help="torch threads of the training process (0: all cores)",
+    )
     p.add_argument("--folder", default=None, help="reuse this JPEG folder instead of generating one")
     args = p.parse_args()
     if args.threads:

@@ -25,7 +25,6 @@ DataLoader worker processes).  Threads: ``crate train``'s auto choice unless ``-
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import io
@@ -42,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _common import NON_NEGATIVE, POSITIVE, Arguments
 
 from crate_transformer.models.registry import create_model
 from crate_transformer.train import TrainConfig, train
@@ -231,13 +231,19 @@ HEAD = (
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = Arguments(description=__doc__.splitlines()[0])
     p.add_argument("--tiny", action="store_true", help="one-layer models, a few steps (seconds)")
     p.add_argument(
         "--rows", nargs="*", help="rows by their first word: digits, folder, stream (default: digits folder)"
     )
-    p.add_argument("--steps", type=int, help="timed steps per row (default: the row's)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads for every part (0: crate train's auto)")
+    p.add_argument("--steps", type=int, range=POSITIVE, help="timed steps per row (default: the row's)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        range=NON_NEGATIVE,
+        default=0,
+        help="torch threads for every part (0: crate train's auto)",
+    )
     args = p.parse_args(argv)
     threads = resolve_threads(args.threads)
     torch.set_num_threads(threads)  # train() keeps it for its run

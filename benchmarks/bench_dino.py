@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from _common import NON_NEGATIVE, Arguments
 
 from crate_transformer.analysis.probe import KNN_KS, extract_features, knn_sweep, linear_probe
 from crate_transformer.data import load_dataset, normalize
@@ -42,9 +43,9 @@ def _pixels(ds: object, mean: list[float], std: list[float]) -> tuple[torch.Tens
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Arguments(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", default=None, help="an existing DINO run directory (default: pre-train one now)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    p.add_argument("--threads", type=int, range=NON_NEGATIVE, default=0, help="torch threads (0 = default)")
     p.add_argument("--out", default=None, help="run directory for the pre-training (default: a temp dir)")
     p.add_argument("--figure", default=None, help="where to write dino_knn.png (default: in the run directory)")
     args = p.parse_args()

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from _common import NON_NEGATIVE, Arguments
 
 from crate_transformer import cli
 
@@ -59,9 +60,9 @@ def _table(reports: dict[str, list[dict]], columns: list[str]) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Arguments(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", choices=sorted(TASKS), default="images")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--seeds", type=int, range=NON_NEGATIVE, nargs="+", default=[0, 1, 2])
     p.add_argument("--out", default="runs/features", help="run directories (reused when present)")
     args = p.parse_args()
     task = TASKS[args.task]

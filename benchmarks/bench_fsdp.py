@@ -28,6 +28,7 @@ import subprocess
 import sys
 
 import torch
+from _common import Arguments
 
 WORLD = 2
 
@@ -102,7 +103,7 @@ def formula(name: str, strategy: str) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Arguments(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="*", default=["crate_large", "crate_mae_large"], help="measured")
     p.add_argument("--formula", nargs="*", default=["gpt2_large"], help="computed from the parameter count")
     p.add_argument("--worker", nargs=2, metavar=("MODEL", "STRATEGY"), help=argparse.SUPPRESS)

@@ -29,6 +29,7 @@ import statistics
 import time
 
 import torch
+from _common import POSITIVE, Arguments
 
 import crate_transformer as ct
 from crate_transformer.models.lm import LMConfig, build_lm, cache_nbytes
@@ -101,13 +102,13 @@ def kernels_per_token(model: torch.nn.Module, prompt: torch.Tensor, new: int, co
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Arguments(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
-    ap.add_argument("--batches", nargs="+", type=int, default=[1, 8])
-    ap.add_argument("--prompt", type=int, default=32, help="prompt tokens")
-    ap.add_argument("--new", type=int, default=64, help="generated tokens")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--batches", nargs="+", type=int, range=POSITIVE, default=[1, 8])
+    ap.add_argument("--prompt", type=int, range=POSITIVE, default=32, help="prompt tokens")
+    ap.add_argument("--new", type=int, range=POSITIVE, default=64, help="generated tokens")
+    ap.add_argument("--repeats", type=int, range=POSITIVE, default=3)
+    ap.add_argument("--threads", type=int, range=POSITIVE, default=1)
     ap.add_argument("--uncached", action="store_true", help="also time generation without the key-value cache")
     ap.add_argument("--compile", action="store_true", help="also time compiled static-cache decoding")
     ap.add_argument("--kernels", action="store_true", help="count kernels per token, eager vs compiled, and stop")

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _common import NON_NEGATIVE, POSITIVE, Arguments
 from torch.utils.flop_counter import FlopCounterMode
 
 import crate_transformer as ct
@@ -443,22 +444,25 @@ def print_profile_row(r: dict, head: bool = False) -> None:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Arguments(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="CPU-sized shapes (32 px, patch 8, depth 1), few steps")
     ap.add_argument("--profile", default="", choices=["", *SIZES], help="profile one step of this size, then stop")
     ap.add_argument("--device", default="auto", help="auto (cuda when present) | cpu | cuda | cuda:N")
     ap.add_argument("--sizes", nargs="*", default=None, choices=list(SIZES), help="CRATE sizes (default T S B L)")
     ap.add_argument("--compile", nargs="*", default=None, choices=list(SIZES), help="sizes also timed compiled")
     ap.add_argument("--backend", default="inductor", help="torch.compile backend (aot_eager: no code generation)")
-    ap.add_argument("--batch", type=int, default=0, help="batch per step (default: by size)")
-    ap.add_argument("--steps", type=int, default=10, help="steps per timing")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (the median is reported)")
+    ap.add_argument("--batch", type=int, range=NON_NEGATIVE, default=0, help="batch per step (default: by size)")
+    ap.add_argument("--steps", type=int, range=POSITIVE, default=10, help="steps per timing")
+    ap.add_argument(
+        "--rounds", type=int, range=POSITIVE, default=3, help="interleaved timing rounds (the median is reported)"
+    )
     ap.add_argument("--amp", default="bf16", choices=("bf16", "none"), help="autocast dtype")
     ap.add_argument("--e2e", default="B", choices=[*SIZES, "none"], help="the size of the crate-train comparison")
     ap.add_argument("--e2e-compile", action="store_true", help="also time the crate-train comparison compiled")
     ap.add_argument(
         "--attention-tokens",
         type=int,
+        range=POSITIVE,
         nargs="*",
         default=[1024, 4096, 16384, 65536],
         help="token counts of the attention rows (none: no attention rows)",
@@ -466,14 +470,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--attention-compiled-tokens",
         type=int,
+        range=POSITIVE,
         nargs="*",
         default=None,
         help=f"token counts of the compiled attention rows (default: those of --attention-tokens up to "
         f"{COMPILED_ATTENTION_MAX}; --tiny: none; none: no compiled rows)",
     )
-    ap.add_argument("--attention-batch", type=int, default=8, help="batch of the attention rows")
-    ap.add_argument("--attention-repeats", type=int, default=5, help="timings per attention row (the best is kept)")
-    ap.add_argument("--threads", type=int, default=0, help="CPU threads (0 = auto)")
+    ap.add_argument("--attention-batch", type=int, range=POSITIVE, default=8, help="batch of the attention rows")
+    ap.add_argument(
+        "--attention-repeats", type=int, range=POSITIVE, default=5, help="timings per attention row (the best is kept)"
+    )
+    ap.add_argument("--threads", type=int, range=NON_NEGATIVE, default=0, help="CPU threads (0 = auto)")
     ap.add_argument("--json", default="", help="also write the numbers to this file")
     ap.add_argument(
         "--decode",
@@ -489,9 +496,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         choices=("eager", "compiled"),
         help="decoding modes (default: eager compiled; --tiny: eager)",
     )
-    ap.add_argument("--decode-batches", nargs="+", type=int, default=[1, 8], help="decoding batch sizes")
-    ap.add_argument("--decode-prompt", type=int, default=32, help="decoding prompt tokens")
-    ap.add_argument("--decode-new", type=int, default=128, help="greedy tokens generated per timing")
+    ap.add_argument(
+        "--decode-batches", nargs="+", type=int, range=POSITIVE, default=[1, 8], help="decoding batch sizes"
+    )
+    ap.add_argument("--decode-prompt", type=int, range=POSITIVE, default=32, help="decoding prompt tokens")
+    ap.add_argument("--decode-new", type=int, range=POSITIVE, default=128, help="greedy tokens generated per timing")
     args = ap.parse_args(argv)
     args.amp = torch.bfloat16 if args.amp == "bf16" else None
     if args.tiny:

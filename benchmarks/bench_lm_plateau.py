@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _common import NON_NEGATIVE, POSITIVE, Arguments, Range
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -194,13 +195,21 @@ def report(results: dict, models: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = Arguments(description=__doc__.split("\n\n")[0])
     p.add_argument("--corpora", nargs="+", default=["python-docs", *lm_corpora.CORPORA])
     p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS[:3]))
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--chars", type=int, default=500_000, help="characters of the stdlib / english corpora")
-    p.add_argument("--curve-every", type=float, default=0.02, help="share of the steps between held-out points")
+    p.add_argument("--seeds", nargs="+", type=int, range=NON_NEGATIVE, default=[0, 1, 2])
+    p.add_argument("--threads", type=int, range=NON_NEGATIVE, default=1)
+    p.add_argument(
+        "--chars", type=int, range=POSITIVE, default=500_000, help="characters of the stdlib / english corpora"
+    )
+    p.add_argument(
+        "--curve-every",
+        type=float,
+        range=Range(0, 1, lo_open=True),
+        default=0.02,
+        help="share of the steps between held-out points",
+    )
     p.add_argument(
         "--recipe",
         type=json.loads,

@@ -14,12 +14,12 @@ paper's) is timed as a third column for reference; it is a different computation
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
 import torch
+from _common import POSITIVE, Arguments
 
 import crate_transformer as ct
 from crate_transformer.loading.official import mae_native_to_official
@@ -81,9 +81,9 @@ def best_rate(fn, batch: int, rounds: int, seconds: float) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap = Arguments(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, range=POSITIVE, default=1)
+    ap.add_argument("--rounds", type=int, range=POSITIVE, default=3)
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

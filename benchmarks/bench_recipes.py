@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from _common import NON_NEGATIVE, POSITIVE, Arguments
 
 from crate_transformer.models.classifier import ModelConfig, build_model
 from crate_transformer.train.mix import MixupCutmix, random_erasing, soft_target_cross_entropy
@@ -97,17 +98,17 @@ ROWS = ["plain (AdamW)", "mixup", "cutmix", "random erasing", "drop path 0.1", "
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Arguments(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--image-size", type=int, default=32)
-    p.add_argument("--patch-size", type=int, default=4)
-    p.add_argument("--dim", type=int, default=192)
-    p.add_argument("--depth", type=int, default=4)
-    p.add_argument("--heads", type=int, default=3)
-    p.add_argument("--steps", type=int, default=15)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, range=NON_NEGATIVE, default=0, help="torch threads (0 = default)")
+    p.add_argument("--batch", type=int, range=POSITIVE, default=32)
+    p.add_argument("--image-size", type=int, range=POSITIVE, default=32)
+    p.add_argument("--patch-size", type=int, range=POSITIVE, default=4)
+    p.add_argument("--dim", type=int, range=POSITIVE, default=192)
+    p.add_argument("--depth", type=int, range=POSITIVE, default=4)
+    p.add_argument("--heads", type=int, range=POSITIVE, default=3)
+    p.add_argument("--steps", type=int, range=POSITIVE, default=15)
+    p.add_argument("--warmup", type=int, range=NON_NEGATIVE, default=3)
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -32,6 +32,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from _common import POSITIVE, Arguments
 
 import crate_transformer as ct
 from crate_transformer.layers import frozen_weights
@@ -134,13 +135,13 @@ def training(setups: list[tuple[str, int, int, int]], repeats: int, tiny: bool, 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Arguments(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", choices=("inference", "training", "both"), default="both")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile(ours) in the training part")
     ap.add_argument("--quick", action="store_true", help="3 repeats, batches 1 and 8, CRATE-T and CRATE-S")
     ap.add_argument("--tiny", action="store_true", help="tiny models (d=32, one layer, 32 px), one repeat")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, range=POSITIVE, default=5)
+    ap.add_argument("--threads", type=int, range=POSITIVE, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     names, batches, repeats = list(SIZES), [1, 2, 8, 32, 128], args.repeats

@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 
+from _common import POSITIVE, Arguments, Range
+
 # (row name, --threads, environment): auto and 1 as `crate` runs them; 2 with libgomp's own default wait (spin,
 # then sleep) and with OMP_WAIT_POLICY=PASSIVE (sleep at once: frees the core, costs a wake-up per parallel region)
 SETTINGS = [
@@ -69,9 +71,11 @@ def measure(threads: str, env: dict, seconds: float) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seconds", type=float, default=4.0, help="timed seconds per measurement")
-    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the best round is shown")
+    p = Arguments(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--seconds", type=float, range=Range(0, lo_open=True), default=4.0, help="timed seconds per measurement"
+    )
+    p.add_argument("--rounds", type=int, range=POSITIVE, default=2, help="interleaved rounds; the best round is shown")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:

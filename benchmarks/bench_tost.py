@@ -52,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _common import NON_NEGATIVE, POSITIVE, Arguments
 
 OPS = ("tssa", "mssa", "mssa-matrix", "softmax", "linear")
 MATRIX_LIMIT = 4096  # mssa-matrix beyond this: K·n² float32 scores of 1 GiB and more
@@ -236,29 +237,28 @@ def digits(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Arguments(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="width 32, 64 and 256 tokens, one repeat; digits: one "
                     "step on the small digits set, seed 0")  # fmt: skip
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--dim", type=int, default=384)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192, 16384])
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, range=POSITIVE, default=1)
+    ap.add_argument("--dim", type=int, range=POSITIVE, default=384)
+    ap.add_argument("--heads", type=int, range=POSITIVE, default=8)
+    ap.add_argument("--lengths", type=int, range=POSITIVE, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--repeats", type=int, range=POSITIVE, default=5)
     ap.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS), help="the operators to measure (with tssa: "
                     "the table's ratios are against it)")  # fmt: skip
-    ap.add_argument("--saved-lengths", type=int, nargs="+", default=[1024, 4096], help="token counts of the "
-                    "table of bytes kept for the backward")  # fmt: skip
-    ap.add_argument("--matrix-limit", type=int, default=MATRIX_LIMIT, help="longest n of mssa-matrix")
+    ap.add_argument("--saved-lengths", type=int, range=POSITIVE, nargs="+", default=[1024, 4096],
+                    help="token counts of the table of bytes kept for the backward")  # fmt: skip
+    ap.add_argument("--matrix-limit", type=int, range=POSITIVE, default=MATRIX_LIMIT, help="longest n of mssa-matrix")
     ap.add_argument("--digits", action="store_true", help="also train tost_mnist and crate_mnist_p4 on the digits")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--epochs", type=int, default=0, help="digits: train this many epochs, the warm-up scaled "
-                    "with them (default: crate train's 40, warm-up 2)")  # fmt: skip
+    ap.add_argument("--seeds", type=int, range=NON_NEGATIVE, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--epochs", type=int, range=NON_NEGATIVE, default=0, help="digits: train this many epochs, the "
+                    "warm-up scaled with them (default: crate train's 40, warm-up 2)")  # fmt: skip
     ap.add_argument("--no-attention", action="store_true", help="skip the attention table (digits only)")
     ap.add_argument("--out", default=None, help="keep the digits runs here (default: a temp dir)")
     ap.add_argument("--probe", nargs=2, metavar=("OP", "N"), help=argparse.SUPPRESS)  # one memory measurement
+    ap.rule(lambda a: "tssa" in a.ops, "--ops must include tssa: the table's ratios are against it")
     args = ap.parse_args()
-    if "tssa" not in args.ops:
-        ap.error("--ops must include tssa: the table's ratios are against it")
     if args.probe:
         torch.set_num_threads(args.threads)
         return print(_probe(args.probe[0], int(args.probe[1]), args.dim, args.heads))

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _common import NON_NEGATIVE, Arguments
 
 from crate_transformer.data import build_augmentation, load_dataset
 from crate_transformer.loading.pipeline import load_model
@@ -94,9 +95,9 @@ def _data_only(cfg: TrainConfig, kind: str, steps: int) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Arguments(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer steps")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    p.add_argument("--threads", type=int, range=NON_NEGATIVE, default=0, help="torch threads (0 = default)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

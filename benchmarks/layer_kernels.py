@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from _common import POSITIVE, Arguments
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention_kernels import _commit, compiled_calls, eager_ops  # noqa: E402
@@ -56,17 +57,24 @@ def counts(name: str, depth: int, batch: int, amp: torch.dtype | None, **shape: 
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Arguments(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["crate_base", "vit_base"])
-    ap.add_argument("--depths", nargs=2, type=int, default=[3, 4], help="two depths; their difference is a layer")
+    ap.add_argument(
+        "--depths", nargs=2, type=int, range=POSITIVE, default=[3, 4], help="two depths; their difference is a layer"
+    )
     ap.add_argument(
         "--batch",
         type=int,
+        range=POSITIVE,
         default=4,
         help="images per step (CRATE's ISTA takes its fused product from as many token rows as the width on)",
     )
     ap.add_argument("--amp", default="bf16", choices=("bf16", "none"))
     ap.add_argument("--tiny", action="store_true", help="32 px, patch 8, width 32 (what the tests run)")
+    ap.rule(
+        lambda a: a.depths[0] < a.depths[1],
+        "--depths: the second depth must be larger than the first (a layer is their difference); e.g. --depths 3 4",
+    )
     args = ap.parse_args(argv)
     amp = torch.bfloat16 if args.amp == "bf16" else None
     load = " / ".join(f"{v:.2f}" for v in os.getloadavg())

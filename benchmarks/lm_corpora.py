@@ -17,7 +17,6 @@ another selection of the same kinds of text.  ``python-docs`` (Python's referenc
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import hashlib
 import random
@@ -25,6 +24,8 @@ import re
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
+
+from _common import NON_NEGATIVE, POSITIVE, Arguments
 
 CORPORA = ("stdlib", "english")
 LICENCES, DOCS = Path("/usr/share/common-licenses"), Path("/usr/share/doc")
@@ -133,10 +134,12 @@ def build(name: str, out: Path, chars: int, seed: int = 0) -> Path:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = Arguments(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("corpora"))
-    p.add_argument("--chars", type=int, default=500_000, help="characters per corpus (whole files up to it)")
-    p.add_argument("--seed", type=int, default=0, help="the file order")
+    p.add_argument(
+        "--chars", type=int, range=POSITIVE, default=500_000, help="characters per corpus (whole files up to it)"
+    )
+    p.add_argument("--seed", type=int, range=NON_NEGATIVE, default=0, help="the file order")
     p.add_argument("--corpora", nargs="+", choices=CORPORA, default=list(CORPORA))
     args = p.parse_args()
     for name in args.corpora:

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _common import NON_NEGATIVE, POSITIVE, Arguments
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -137,16 +138,16 @@ def run(source: str, name: str, args: dict, prior: bool, opts: argparse.Namespac
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = Arguments(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default="english", help="python-docs | stdlib | english (built by lm_corpora.py)")
     p.add_argument(
         "--models", nargs="+", choices=("crate", "crate_plain", "gpt"), default=["crate", "crate_plain", "gpt"]
     )
-    p.add_argument("--steps", type=int, default=120)
-    p.add_argument("--every", type=int, default=20)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--chars", type=int, default=500_000)
+    p.add_argument("--steps", type=int, range=POSITIVE, default=120)
+    p.add_argument("--every", type=int, range=POSITIVE, default=20)
+    p.add_argument("--seed", type=int, range=NON_NEGATIVE, default=0)
+    p.add_argument("--threads", type=int, range=NON_NEGATIVE, default=1)
+    p.add_argument("--chars", type=int, range=POSITIVE, default=500_000)
     p.add_argument("--model-args", nargs="*", default=[], metavar="KEY=VALUE", help="e.g. lambd=0 final_norm=true")
     p.add_argument("--recipe", type=json.loads, default=None, help='options over the defaults, e.g. {"lr": 1e-3}')
     p.add_argument("--init", nargs="*", default=[], help="ista=normal | ista=zero | embed=STD (see reinitialise)")

@@ -12,7 +12,6 @@ memory, the same on any device) with their ratio.  The load (``uptime``) is prin
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import statistics
 import subprocess
@@ -20,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+from _common import POSITIVE, Arguments
 
 from crate_transformer.layers import TSSA
 
@@ -63,10 +63,10 @@ def row(b: int, n: int, causal: bool, dim: int, heads: int, repeats: int) -> dic
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dim", type=int, default=384)
-    ap.add_argument("--heads", type=int, default=6)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap = Arguments(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dim", type=int, range=POSITIVE, default=384)
+    ap.add_argument("--heads", type=int, range=POSITIVE, default=6)
+    ap.add_argument("--repeats", type=int, range=POSITIVE, default=5)
     ap.add_argument("--tiny", action="store_true", help="one small row (batch 2, 64 tokens), 3 repeats")
     args = ap.parse_args()
     rows = ((2, 64, False),) if args.tiny else ROWS

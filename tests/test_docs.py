@@ -28,6 +28,19 @@ def code_blocks(page: Path) -> list[tuple[str, str]]:
     return [(m.group(1), m.group(2)) for m in FENCE.finditer(page.read_text())]
 
 
+def printed_outputs(page: Path) -> list[str]:
+    """The lines of the output blocks (```text) that directly follow a Python block: what it prints, in order."""
+    matches = list(FENCE.finditer(page.read_text()))
+    return [
+        line
+        for before, m in zip(matches, matches[1:])
+        if before.group(1) == "python"
+        and m.group(1) == "text"
+        and not page.read_text()[before.end() : m.start()].strip()
+        for line in m.group(2).splitlines()
+    ]
+
+
 def shell_commands(text: str) -> list[list[str]]:
     """Each simple command of a shell block as argv (continuations joined, comments and prompts dropped)."""
     commands = []
@@ -219,7 +232,7 @@ def test_adding_a_model_runs_block_by_block(tmp_path: Path, monkeypatch: pytest.
 def test_the_backbone_page_runs_block_by_block(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    """docs/backbone.md's Python blocks, in order as one program, print what their comments say."""
+    """docs/backbone.md's Python blocks, in order as one program, print exactly what the page's output blocks show."""
     blocks = [text for lang, text in code_blocks(ROOT / "docs" / "backbone.md") if lang == "python"]
     assert len(blocks) >= 2
     monkeypatch.chdir(tmp_path)
@@ -227,16 +240,14 @@ def test_the_backbone_page_runs_block_by_block(
     for i, block in enumerate(blocks, 1):
         exec(compile(block, f"docs/backbone.md, Python block {i}", "exec"), namespace)  # our own docs' code
     said = capsys.readouterr().out.splitlines()
-    assert said[:4] == [
+    shown = printed_outputs(ROOT / "docs" / "backbone.md")  # the page's output blocks, not trailing comments
+    assert shown == [
         "torch.Size([2, 17, 128]) [(2, 128, 4, 4), (2, 128, 4, 4)]",
         "torch.Size([2, 128]) 128",
         "3 torch.Size([1, 3])",
         "(1, 28, 28) (1, 28, 28)",
     ]
-    commented = [c.split("#")[1].strip() for b in blocks for c in b.splitlines() if "print(" in c and "#" in c]
-    assert commented == [
-        "(2, 17, 128) [(2, 128, 4, 4), (2, 128, 4, 4)]", "(2, 128) 128", "3 (1, 3)", "(1, 28, 28) (1, 28, 28)"
-    ]  # fmt: skip
+    assert said == shown
 
 
 def test_the_hf_page_runs_block_by_block_and_prints_its_output_blocks(
@@ -316,8 +327,19 @@ def test_the_reading_page_runs_and_checks_the_layer_against_the_equations(capsys
     for i, block in enumerate(blocks, 1):
         exec(compile(block, f"docs/reading-the-layer.md, Python block {i}", "exec"), namespace)  # our own docs' code
     said = capsys.readouterr().out.splitlines()
-    commented = [c.split("#")[1].strip() for b in blocks for c in b.splitlines() if "print(" in c and "#" in c]
-    assert [line for line in said if "exactly zero" not in line] == commented
+    # what the page says a block prints: its output block, else the comments of its short prints, in page order
+    page = (ROOT / "docs" / "reading-the-layer.md").read_text()
+    matches = list(FENCE.finditer(page))
+    shown = []
+    for before, after in zip(matches, [*matches[1:], None]):
+        if before.group(1) != "python":
+            continue
+        if after is not None and after.group(1) == "text" and not page[before.end() : after.start()].strip():
+            shown += after.group(2).splitlines()
+        else:
+            shown += [c.split("#")[1].strip() for c in before.group(2).splitlines() if "print(" in c and "#" in c]
+    assert "CRATE 2 EncoderLayer" in shown and "MSSA ISTA False" in shown and len(shown) == 5
+    assert [line for line in said if "exactly zero" not in line] == shown
     assert 0 < float(next(line for line in said if "exactly zero" in line).split("%")[0]) < 100
 
 

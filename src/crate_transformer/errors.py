@@ -45,11 +45,6 @@ class _About:
         self.options: tuple[str, ...] = (option,) if isinstance(option, str) else tuple(option)
         self.within = within
 
-    @property
-    def option(self) -> str:
-        """The first option the message is about (``""``: none)."""
-        return self.options[0] if self.options else ""
-
 
 class OptionError(_About, ValueError):
     """A mistake whose fix names options (or tasks, or a listing), in one line: ``OptionError(f"lr must be
@@ -78,19 +73,15 @@ def _write(value: object, parts: list[str], limit: int, depth: int = 0) -> bool:
     """Append ``repr(value)`` to ``parts`` piece by piece; True once more than ``limit`` characters are written."""
     if depth > limit:  # nested deeper than the message shows: each level wrote an opener already
         return True
-    if isinstance(value, dict):
-        opener, closer, items = "{", "}", list(islice(value.items(), limit))
-    elif isinstance(value, (list, tuple)):
-        (opener, closer), items = "()" if isinstance(value, tuple) else "[]", list(islice(value, limit))
-    else:
-        text = repr(value) if not isinstance(value, (str, bytes)) or len(value) <= limit else repr(value[:limit])
-        parts.append(text)
+    if not isinstance(value, (dict, list, tuple)):
+        parts.append(repr(value if not isinstance(value, (str, bytes)) or len(value) <= limit else value[:limit]))
         return sum(map(len, parts)) > limit
+    opener, closer = "{}" if isinstance(value, dict) else "()" if isinstance(value, tuple) else "[]"
+    items = list(islice(value.items() if isinstance(value, dict) else value, limit))
     parts.append(opener)
     for n, item in enumerate(items):
-        if n:
-            parts.append(", ")
-        if isinstance(item, tuple) and isinstance(value, dict):
+        parts.append(", " if n else "")
+        if isinstance(value, dict):  # a (key, value) item
             if _write(item[0], parts, limit, depth + 1):
                 return True
             parts.append(": ")

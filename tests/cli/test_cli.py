@@ -141,19 +141,29 @@ def test_every_help_text_states_a_default_once_and_never_none(capsys, monkeypatc
     assert "--batch-size SIZE evaluation batch size (default: 500; > 0)" in _help(capsys, "eval")  # and its range
 
 
-def test_an_unknown_option_prints_the_commands_usage(capsys) -> None:
+def test_an_unknown_option_prints_the_commands_short_usage_and_the_nearest_flag(capsys) -> None:
+    """A typo of a flag, through the real parser of each command: two lines, the command's one-line usage (not
+    every flag) and the error naming what was typed and the command's nearest flag; nothing near, no guess."""
     import pytest
 
-    for argv, command, unknown in [
-        (["eval", "RUN", "--top-k", "5"], "crate eval", "--top-k 5"),
-        (["pretrain", "mae", "--bogus"], "crate pretrain mae", "--bogus"),
+    for argv, command, said in [
+        (["train", "--lrr", "0.1"], "crate train", "--lrr 0.1 (did you mean --lr?)"),
+        (["finetune", "--form", "run"], "crate finetune", "--form run (did you mean --from?)"),
+        (["pretrain", "dino", "--epohcs", "3"], "crate pretrain dino", "--epohcs 3 (did you mean --epochs?)"),
+        (["train-lm", "--vocab-sise", "64"], "crate train-lm", "--vocab-sise 64 (did you mean --vocab-size?)"),
+        (["analyze", "RUN", "--attn-layr", "2"], "crate analyze", "--attn-layr 2 (did you mean --attn-layer?)"),
+        (["ablate", "11", "--seedz", "2"], "crate ablate", "--seedz 2 (did you mean --seeds?)"),
+        (["models", "--pretrianed"], "crate models", "--pretrianed (did you mean --pretrained?)"),
+        (["train", "--lrr=0.1", "--bogus", "-3"], "crate train", "--lrr=0.1 (did you mean --lr?), --bogus -3"),
+        (["eval", "RUN", "--top-k", "5"], "crate eval", "--top-k 5"),  # --no-knn is no guess
         (["train", "--lr", "1e-3", "stray"], "crate train", "stray"),
     ]:
         with pytest.raises(SystemExit) as done:
             main(argv)
         err = capsys.readouterr().err.strip().splitlines()
-        assert done.value.code == 2 and err[0].startswith(f"usage: {command} "), err[0]
-        assert err[-1] == f"{command}: error: unrecognized arguments: {unknown}"
+        assert done.value.code == 2 and len(err) == 2, err
+        assert err[0].startswith(f"usage: {command} [options]"), err[0]
+        assert err[1] == f"{command}: error: unrecognized arguments: {said}", err[1]
 
 
 def _help_text(capsys, argv: list[str], which: str) -> str:

@@ -264,7 +264,7 @@ def test_analyze_never_replaces_an_earlier_report_without_overwrite(
 
 
 def test_reports_go_inside_what_they_describe(tmp_path: Path) -> None:
-    from crate_transformer.cli.common import report_home
+    from crate_transformer.cli.reports import report_home
 
     run, model = tmp_path / "run", tmp_path / "run" / "model"
     model.mkdir(parents=True)

@@ -72,8 +72,15 @@ def test_print_config_is_defaults_then_file_then_flags(tmp_path: Path, capsys: p
     again = _printed(capsys, "train", "--config", tmp_path / "nested.yaml", "--data", "digits")
     assert again == {**out, "data": {**out["data"], "source": "digits"}}
     # each command prints its own recipe: fine-tuning's, a task's defaults and options
-    fine = _printed(capsys, "finetune", "--from", "some/run", "--data", "digits")
-    assert (fine["optim"]["lr"], fine["init_from"], fine["model"]) == (5e-5, "some/run", None)
+    fine = _printed(capsys, "finetune", "--from", "some/run", "--data", "digits")  # 1,438 images: small-data
+    assert (fine["optim"]["lr"], fine["init_from"], fine["model"], fine["recipe"]) == (
+        1e-3,
+        "some/run",
+        None,
+        "small-data",
+    )
+    fine = _printed(capsys, "finetune", "--from", "some/run", "--data", "digits", "--recipe", "crate-paper")
+    assert (fine["optim"]["lr"], fine["optim"]["batch_size"], fine["recipe"]) == (5e-5, 512, "crate-paper")
     mae = _printed(capsys, "pretrain", "mae", "--mask-ratio", "0.5", "--config", tmp_path / "flat.yaml")
     assert mae["task"] == "mae" and mae["task_args"] == {"mask_ratio": 0.5} and mae["optim"]["epochs"] == 3
     assert "--mask-ratio must be" in one_line_error(capsys, "pretrain", "mae", "--mask-ratio", "2", "--print-config")

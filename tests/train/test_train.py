@@ -313,7 +313,10 @@ def test_finetune_from_pretrained_dir_new_classes_and_size(pretrained: Path, tmp
     assert "layers.0.ista.weight" in changed and "patch_embed.1.weight" in changed  # all weights trained
     import yaml
 
-    assert yaml.safe_load((out / "config.yaml").read_text())["derived"]["augment"] == "randaugment"
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    # 30 colour images: the small-data recipe (its lr overridden by --lr) with crops and flips, no RandAugment
+    assert (saved["recipe"], saved["optim"]["lr"]) == ("small-data", 1e-3)
+    assert saved["derived"]["augment"] == saved["augmentation"]["augment"] == "crop-flip"
 
 
 def test_finetune_from_official_state_dict(pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

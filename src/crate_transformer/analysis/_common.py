@@ -162,7 +162,7 @@ PARTIAL_MARKER = ".crate-analyze-incomplete"
 def mark_partial(out: Path) -> None:
     """Mark ``out`` as a report being written (:data:`PARTIAL_MARKER`)."""
     (out / PARTIAL_MARKER).write_text(
-        "crate analyze was writing this report and did not finish; rerun it to replace this folder\n"
+        "this report was being written and did not finish; analysing again into this folder replaces it\n"
     )
 
 

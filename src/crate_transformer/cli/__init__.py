@@ -18,17 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._version import __version__
-from .messages import (  # noqa: F401 - the tables and names other cli modules and tests import from here
-    FLAGS,
-    LISTING_CALLS,
-    LISTINGS,
-    TASK_COMMANDS,
-    Flags,
-    cli_message,
-    command_flags,
-    flag,
-    task_command,
-)
+from .messages import TASK_COMMANDS, Flags, cli_message, command_flags, task_command, unrecognized  # noqa: F401
 
 # name -> (module, help); the module provides configure_<name>(parser) and run_<name>(args) -> int | None
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -57,14 +47,13 @@ def error_message(e: BaseException, args: argparse.Namespace | None = None, take
     from ..loading.pipeline import ArchitectureNeeded  # the loaders, imported on this error path only
 
     if args is not None and isinstance(e, ArchitectureNeeded):
-        names = " or ".join(f"--model {n}" for n in e.examples)
+        said = f"{e.path} looks like {e.what}, which does not store its architecture"
         if takes_model:
-            return f"{e.path} looks like {e.what}, which does not store its architecture; pass {names}"
+            return f"{said}; pass {' or '.join(f'--model {n}' for n in e.examples)}"
         return (
-            f"{e.path} looks like {e.what}, which does not store its architecture, and crate {args.command} takes "
-            f"no --model; load it in Python with ct.from_official(PATH, {e.examples[0]!r}), attach the tokenizer "
-            "it was trained with where it is a language model (model.tokenizer = ct.Tokenizer.from_file(...)), "
-            f"save it with model.save_pretrained(DIR) and pass DIR"
+            f"{said}, and crate {args.command} takes no --model; load it in Python with ct.from_official(PATH, "
+            f"{e.examples[0]!r}), attach the tokenizer it was trained with where it is a language model "
+            "(model.tokenizer = ct.Tokenizer.from_file(...)), save it with model.save_pretrained(DIR) and pass DIR"
         )
     if not isinstance(e, OptionError):
         return str(e)
@@ -100,9 +89,6 @@ def option_warnings(command: str, flags: Callable[[], Flags] = Flags) -> Iterato
 class _HelpAll(argparse.Action):
     """``--help-all``: the help with every option, then exit (``--help`` shows the ``basic`` ones)."""
 
-    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kw: Any) -> None:
-        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, **kw)
-
     def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
         for action in parser._actions:
             if hasattr(action, "help_all"):
@@ -115,15 +101,15 @@ class _HelpAll(argparse.Action):
 def add_help_all(parser: argparse.ArgumentParser) -> None:
     """``--help-all`` on ``parser`` and on each of its sub-commands (``crate pretrain dino --help-all``), and a
     last line of ``--help`` saying how many options it leaves to ``--help-all``."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                add_help_all(sub)
-    parser.add_argument("--help-all", action=_HelpAll, help="show every option, not only the ones used first")
+    for sub in _subcommands(parser).values():
+        add_help_all(sub)
+    kw = {"nargs": 0, "dest": argparse.SUPPRESS, "default": argparse.SUPPRESS}
+    parser.add_argument("--help-all", action=_HelpAll, help="show every option, not only the ones used first", **kw)
     hidden = sum(hasattr(a, "help_all") for a in parser._actions)
-    if hidden:  # a usage line of every flag would fill a screen: the flags are listed below it
-        positionals = [a.metavar or a.dest for a in parser._actions if not a.option_strings]
+    if hidden or len(parser.format_usage().splitlines()) > 1:  # a usage of every flag: the help lists them below
+        positionals = [parser._get_formatter()._format_args(a, a.dest) for a in parser._get_positional_actions()]
         parser.usage = " ".join(["%(prog)s [options]", *positionals])
+    if hidden:
         parser.epilog = f"{hidden} more options: {parser.prog} --help-all"
 
 
@@ -143,14 +129,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """``parser``'s sub-commands by name (``{}``: none)."""
+    return next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+
+
 def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
     """The parser of the (sub-)command ``args`` chose, e.g. ``crate pretrain mae``'s; ``parser`` without one."""
-    while True:
-        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
-        name = getattr(args, sub.dest, None) if sub is not None else None
-        if name not in (sub.choices if sub is not None else {}):
-            return parser
-        parser = sub.choices[name]
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    name = getattr(args, sub.dest, None) if sub is not None else None
+    return command_parser(sub.choices[name], args) if name in _subcommands(parser) else parser
 
 
 def flags_of(*names: str) -> Flags:
@@ -158,8 +146,7 @@ def flags_of(*names: str) -> Flags:
     that command's messages with it."""
     parser = build_parser(names[0])
     for name in names:
-        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        parser = sub.choices[name]
+        parser = _subcommands(parser)[name]
     return command_flags(parser)
 
 
@@ -168,12 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)  # the top level has no valued options
     parser = build_parser(command)
     args, unknown = parser.parse_known_args(argv)
+    chosen = command_parser(parser, args)
     if unknown:  # the command's own usage, not the top level's ("usage: crate [-h] [--version] COMMAND ...")
-        command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+        chosen.error(unrecognized(unknown, chosen))
     if not getattr(args, "_run", None):
         parser.print_help()
         return 1
-    chosen = command_parser(parser, args)
     args._options = {a.dest for a in chosen._actions}  # what a --config file may set
 
     def flags() -> Flags:  # the command's flags (crate ablate sets its own table, with --train-args entries)

@@ -10,16 +10,9 @@ from ..analysis.segmentation import TAU
 from ..config import Config
 from ..config_utils import POSITIVE, Range, option
 from ..train.config import DataOptions, SystemOptions
-from .common import (
-    apply_threads,
-    held_out_corpus,
-    layer_number,
-    parse_model_args,
-    refuse_given,
-    report_dir,
-    report_home,
-)
+from .common import apply_threads, parse_model_args, refuse_given
 from .options import MEASURED, REPORT, SYSTEM, add_command_options, like
+from .reports import held_out_corpus, layer_number, report_dir, report_home
 from .train import OUT_HELP, OVERWRITE_HELP, EvalOptions
 
 # options of one kind of model only: given for the other kind they are refused, not ignored
@@ -200,7 +193,7 @@ def _split_images(ds: object, k: int, seed: int, size: int) -> object:
 
 def _dataset_splits(model: object, data: str, image_size: int, args: argparse.Namespace) -> tuple:
     from ..data import match_channels, open_source, resolve_normalization
-    from .common import dataset_columns
+    from .reports import dataset_columns
 
     k, seed = args.num_images, args.seed
     kw = dict(image_size=image_size, on_bad_image=args.on_bad_image, stats=resolve_normalization(model))

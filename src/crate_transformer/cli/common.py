@@ -1,6 +1,6 @@
-"""What several commands share: ``--model-args``, threads, report folders, the options the user gave.
+"""What the training and report commands share: ``--model-args``, threads, the options the user gave.
 
-The flags generated from option dataclasses, and which command shows which, are in :mod:`.options`."""
+The flags generated from option dataclasses are in :mod:`.options`; the report commands' folders in :mod:`.reports`."""
 
 from __future__ import annotations
 
@@ -10,24 +10,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config_utils import load_yaml, option_name, short_repr
+from ..config_utils import coerce_fields, load_yaml, option_name, short_repr
 from ..errors import OptionError
-from ..io import make_folder
 from .messages import flag
 
-__all__ = [
-    "parse_model_args",
-    "given_options",
-    "check_out_dir",
-    "apply_threads",
-    "held_out_corpus",
-    "layer_number",
-    "dataset_columns",
-    "report_dir",
-    "report_home",
-    "refuse_given",
-    "resolve_options",
-]
+__all__ = ["parse_model_args", "given_options", "apply_threads", "refuse_given", "resolve_options"]
 
 
 def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
@@ -38,8 +25,6 @@ def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
     type, so ``5e-2`` (a string to YAML 1.1) is a float and ``eta=abc`` is a one-line error.
     """
     import yaml
-
-    from ..models.registry import config_classes
 
     out = {}
     for item in items:
@@ -54,16 +39,21 @@ def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
         if name in out and out[name] != parsed:
             raise ValueError(f"--model-args sets {name} twice ({out[name]!r} and {parsed!r}); keep one")
         out[name] = parsed
-    # any config's field here; the model's own config class rejects the ones it does not have
-    classes = config_classes()
-    valid = {f.name for cls in classes for f in dataclasses.fields(cls)} - {"data", "extra"}
-    bad = sorted(set(out) - valid)
+    fields = _model_fields()  # any family's; the model's own config class rejects the ones it does not have
+    bad = sorted(set(out) - set(fields))
     if bad:
-        raise ValueError(f"unknown model argument(s) {bad}; valid: {sorted(valid)}")
+        raise ValueError(f"unknown model argument(s) {bad}; valid: {sorted(fields)}")
     for key, value in out.items():  # ranges and finiteness now, not when the model is built inside a run
-        cls = next(c for c in classes if key in {f.name for f in dataclasses.fields(c)})
-        cls.check_field(key, value)
+        fields[key].check_field(key, value)
     return out
+
+
+def _model_fields() -> dict[str, type]:
+    """Every field a model argument may name → the first registered family's config class that has it."""
+    from ..models.registry import config_classes
+
+    fields = {f.name: cls for cls in reversed(config_classes()) for f in dataclasses.fields(cls)}  # the first wins
+    return {k: v for k, v in fields.items() if k not in ("data", "extra")}
 
 
 def resolve_options(args: argparse.Namespace) -> None:
@@ -74,8 +64,7 @@ def resolve_options(args: argparse.Namespace) -> None:
     if cls is None:
         return
     fields = {option_name(f): f for f in dataclasses.fields(cls)}
-    values = cls(**{f.name: getattr(args, name) for name, f in fields.items() if hasattr(args, name)})
-    defaults = cls()
+    values, defaults = cls(**{f.name: getattr(args, name) for name, f in fields.items() if hasattr(args, name)}), cls()
     for name, f in fields.items():
         setattr(args, name, getattr(values, f.name))
     args._defaults = {name: getattr(defaults, f.name) for name, f in fields.items()}
@@ -91,127 +80,6 @@ def refuse_given(args: argparse.Namespace, names: Sequence[str], why: str) -> No
             raise ValueError(f"{flag(name)} does not apply {why}; drop it")
 
 
-def check_out_dir(path: str | Path) -> Path:
-    """Create ``path`` (a folder for outputs) now, so a bad --out fails before any work is done."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"--out {path} is a file; pass a folder for the outputs")
-    make_folder(path, "--out folder")
-    try:
-        probe = path / ".crate-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except PermissionError:
-        raise ValueError(f"cannot write to {path} (permission denied); choose another --out") from None
-    except OSError as e:
-        raise ValueError(f"cannot write to {path} ({e.strerror}); choose another --out") from None
-    return path
-
-
-def report_home(checkpoint: str | Path) -> Path:
-    """The folder where the reports of ``checkpoint`` go unless ``--out`` says otherwise: the one rule of
-    ``crate eval``, ``crate analyze`` and ``crate features`` (docs/analysis.md, "Where the outputs go").
-
-    * a folder (a run, a ``save_pretrained`` model) → the folder itself; its ``config.json`` /
-      ``model.safetensors`` → their folder;
-    * a training state inside a run (``RUN/checkpoints/last.pt``) → the run;
-    * any other file (an official ``.pth``) → a folder beside it named after it (``crate_small.pth`` →
-      ``crate_small/``);
-    * ``hf-hub:ORG/NAME`` → ``ORG--NAME/`` in the current folder (never inside the Hugging Face cache).
-    """
-    from ..io import CONFIG_NAME, WEIGHTS_NAME
-    from ..loading.hub import is_hub_spec
-    from ..train.rundir import CHECKPOINT, CONFIG_FILE
-
-    if is_hub_spec(checkpoint):
-        return Path(str(checkpoint).split(":", 1)[1].replace("/", "--"))
-    path = Path(checkpoint)
-    if path.is_dir():
-        return path
-    if path.name in (CONFIG_NAME, WEIGHTS_NAME):
-        return path.parent
-    run = path.parent.parent
-    if path.parent.name == CHECKPOINT.parent.name and (run / CONFIG_FILE).is_file():
-        return run
-    return path.with_suffix("")
-
-
-def report_dir(out: str | Path | None, default: Path, overwrite: bool, command: str, owned: Sequence[str]) -> Path:
-    """The folder a report command writes, created now: earlier outputs are never replaced without asking.
-
-    Without ``--out``: ``default``, or the first of ``default-2``, ``default-3``, ... that is new or empty.  A
-    named ``--out`` must be new or empty; with ``overwrite`` it may instead hold an earlier report of
-    ``command`` (its first ``owned`` file), whose files (``owned``: names or glob patterns) are removed here so
-    that nothing stale (a confusion matrix of an earlier top-1 evaluation) is left beside the new report.
-    """
-    import shutil
-
-    def used(p: Path) -> bool:
-        return p.exists() and (not p.is_dir() or any(p.iterdir()))
-
-    if out is None:
-        path, n = default, 1
-        while used(path):
-            n += 1
-            path = default.with_name(f"{default.name}-{n}")
-        return check_out_dir(path)
-    path = Path(out)
-    if path.is_dir() and used(path):
-        if not overwrite:
-            raise ValueError(
-                f"--out {path} is not empty; pass --overwrite to replace the earlier crate {command} report in it, "
-                "or choose a new --out"
-            )
-        if not (path / owned[0]).is_file():
-            raise ValueError(
-                f"--out {path} holds no earlier crate {command} report ({owned[0]}), and --overwrite replaces only "
-                "that; choose a new or empty --out"
-            )
-        for pattern in owned:
-            for p in path.glob(pattern):
-                if p.is_dir():
-                    shutil.rmtree(p)
-                else:
-                    p.unlink()
-    return check_out_dir(path)
-
-
-def held_out_corpus(run: Path, data: str | None) -> tuple[str, float, list[str]]:
-    """The corpus a language-model report measures, the fraction held out at its end and its text columns:
-    ``data`` if given, else the one a ``crate train-lm`` run directory ``run`` trained on (its config.yaml, of any
-    release), else python-docs; the held-out tail is the run's ``--val-fraction``, or 0.1; the columns are the
-    run's ``--text-columns`` when the corpus is its own."""
-    from ..train.config import read_run_config
-
-    val_fraction, columns = 0.1, []
-    if (Path(run) / "config.yaml").is_file():
-        saved = read_run_config(Path(run) / "config.yaml").data
-        if not data or data == saved.source:
-            columns = list(saved.text_columns)
-        data, val_fraction = data or saved.source, saved.val_fraction or val_fraction
-    return str(data or "python-docs"), val_fraction, columns
-
-
-def dataset_columns(args: argparse.Namespace, model: Any, data: str) -> dict[str, str]:
-    """``open_source``'s ``image_column`` / ``label_column`` for a report on ``data``: those the model recorded
-    for its own dataset, overridden by ``--image-column`` / ``--label-column`` where the command has them."""
-    spec = getattr(model.config, "data", None)
-    out = spec.columns_for(data) if spec is not None else {}
-    out.update({k: v for k in ("image_column", "label_column") if (v := getattr(args, k, ""))})
-    return out
-
-
-def layer_number(model: Any, layer: int, flag: str) -> int:
-    """A layer as the command line numbers it (1..L, or negative from the end: -1 the last) → its 0-based index,
-    or a one-line error naming ``flag`` and the valid range."""
-    depth = len(model.layers)
-    if isinstance(layer, bool) or not isinstance(layer, int) or layer == 0 or not -depth <= layer <= depth:
-        raise ValueError(
-            f"{flag} {layer} does not exist: the model has {depth} layers; pass 1..{depth} (or -1 for the last)"
-        )
-    return layer - 1 if layer > 0 else depth + layer
-
-
 def apply_threads(args: argparse.Namespace) -> int:
     """Set torch's CPU threads from ``args.threads`` (absent = 0 = auto); returns the count used."""
     from ..train.threads import set_threads
@@ -222,11 +90,11 @@ def apply_threads(args: argparse.Namespace) -> int:
 def given_options(args: argparse.Namespace) -> dict[str, Any]:
     """The training options the user set: ``--config FILE`` first (nested or flat), then the flags by option name
     (``model_args`` merged, not replaced)."""
-    from ..train.config import FLAT, GROUPS, TrainConfig, nest_options, read_options_file
+    from ..train.config import FLAT, GROUPS, TrainConfig
 
     # the top-level options and the groups' options, as their flags name them (a task's --augmentation is its own)
     names = ({option_name(f) for f in dataclasses.fields(TrainConfig)} - set(GROUPS)) | set(FLAT)
-    options = nest_options(read_options_file(args.config)) if getattr(args, "config", None) else {}  # typed first
+    options = _file_options(args.config) if getattr(args, "config", None) else {}  # typed first
     if options and hasattr(args, "_options"):  # every option of this command's parser, given or not (cli.main)
         _refuse_unread(options, args._options, args.config)
     flags = {k: v for k, v in vars(args).items() if k in names}
@@ -239,6 +107,44 @@ def given_options(args: argparse.Namespace) -> dict[str, Any]:
         else:
             options[name] = value
     return options
+
+
+def _file_options(path: str) -> dict[str, Any]:
+    """A ``--config`` file's options, nested and typed; each value is first checked alone against its declaration
+    (type, choices, range; a model argument by its family's config class), so a bad one is named as the file's key
+    where it is fixed (``config.yaml: optim.lr must be ..., got 'fast' (str); e.g. 0.004``), not as its flag."""
+    from ..config import check_option
+    from ..train.config import GROUPS, TrainConfig, nest_options, read_options_file
+
+    options = read_options_file(path)  # the nested layout (a flat file's keys placed in their groups), as written
+    for key, value in options.items():
+        if key in GROUPS:
+            entries = [(GROUPS[key], name, v, f"{key}.{name}") for name, v in value.items()]
+        elif key == "model_args" and isinstance(value, dict):
+            entries = [(c, name, v, f"{key}.{name}") for name, v in value.items() if (c := _model_fields().get(name))]
+        else:
+            entries = [(TrainConfig, key, value, key)]
+        for cls, name, v, where in entries:
+            field = next((f for f in dataclasses.fields(cls) if f.name == name), None)
+            try:
+                if field is not None:  # an unknown key: nest_options names it with the valid ones
+                    check_option(cls, name, coerce_fields(cls, {name: v})[name])
+            except ValueError as e:
+                raise ValueError(_keyed(str(e), option_name(field), where, path)) from None
+    return nest_options(options)
+
+
+def _keyed(message: str, said: str, where: str, path: str) -> str:
+    """``message``, about the option the library names ``said``, about key ``where`` of the file ``path`` as the
+    file writes it (a nested ``optim.lr``, a flat ``lr``): ``lr must be ..., got 'x' (str); e.g. lr=0.004`` →
+    ``config.yaml: optim.lr must be ..., got 'x' (str); e.g. 0.004``."""
+    from ..train.config import GROUPS
+
+    if where.split(".")[0] in GROUPS and said not in GROUPS:  # a group's option may be written flat, at the top
+        written = {str(k).replace("-", "_"): str(k) for k in load_yaml(Path(path).read_text()) or {}}
+        where = written.get(said, where)
+    message = message.replace(f"e.g. {said}=", "e.g. ")
+    return f"{path}: {where}{message[len(said) :]}" if message.startswith(f"{said} ") else f"{path}: {where}: {message}"
 
 
 def _refuse_unread(options: dict[str, Any], accepted: set[str], path: object) -> None:

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Flags", "command_flags", "cli_message", "step_command", "flag", "task_command"]
+__all__ = ["Flags", "command_flags", "cli_message", "step_command", "flag", "task_command", "unrecognized"]
 
 # the commands that train each task (with `crate finetune` for classification from a checkpoint); any other
 # registered task is pre-trained by `crate pretrain TASK`.  The library names tasks only: the CLI words them here.
@@ -186,3 +186,24 @@ def step_command(step: Any) -> str:
     where = [flags.flag("init_from"), step.run] if step.action == "fine-tune" else [step.run]
     options = [_option(flags, k, v) for k, v in step.options]
     return " ".join(["crate", ACTIONS.get(step.action, step.action), *where, *options])
+
+
+def unrecognized(words: list[str], parser: argparse.ArgumentParser) -> str:
+    """argparse's ``unrecognized arguments`` for ``words`` (each flag with the values typed after it) naming, for
+    each unknown flag, the nearest of ``parser``'s own (difflib on the names without dashes; a switch's ``--no-``
+    form only for a word typed so): ``unrecognized arguments: --lrr 0.1 (did you mean --lr?)``."""
+    import difflib
+
+    known = {s[2:]: s for a in parser._actions for s in a.option_strings if s.startswith("--")}
+    groups: list[list[str]] = []
+    for word in words:  # a flag starts a group; the values after it (a negative number too) join it
+        if not groups or (word.startswith("-") and not word[1:2].isdigit()):
+            groups.append([])
+        groups[-1].append(word)
+    said = []
+    for group in groups:
+        name = group[0].split("=")[0].lstrip("-")
+        names = [k for k in known if name.startswith("no-") or not k.startswith("no-")]
+        near = difflib.get_close_matches(name, names, n=1, cutoff=0.7) if group[0].startswith("-") else []
+        said.append(" ".join(group) + (f" (did you mean {known[near[0]]}?)" if near else ""))
+    return "unrecognized arguments: " + ", ".join(said)

@@ -24,18 +24,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import sys
 from collections.abc import Mapping
 from typing import Any
 
+from ..config_utils import option_name, override
+from .messages import LISTING_CALLS, flag
+
 __all__ = [
-    "COMMAND_OPTIONS",
-    "add_options",
-    "like",
-    "add_training_options",
-    "add_command_options",
-    "add_resume_option",
-    "print_config",
-]
+    "COMMAND_OPTIONS", "add_options", "like", "add_training_options", "add_command_options", "add_resume_option",
+    "print_config"
+]  # fmt: skip
 
 ALL = "*"  # every option of the group, including any added later
 _MODEL = ("model", "model_args")
@@ -73,29 +72,16 @@ COMMAND_OPTIONS: dict[str, dict[str, Any]] = {
 # the help sections of the report commands' own options (their fields' ``group``), named by what they do
 DATA, MEASURED, SAMPLING = "data", "what is measured", "sampling"
 REPORT, SYSTEM = "report folder", "system"
-# a help section per TrainConfig group, named by what its options do
-SECTION_TITLES = {
-    "data": "data",
-    "augmentation": "augmentation",
-    "optim": "optimisation",
-    "system": "system",
-    "logging": "run directory and logging",
-}
+# a help section per TrainConfig group, named by what its options do where its name does not say it
+SECTION_TITLES = {"optim": "optimisation", "logging": "run directory and logging"}
 
 
-def add_options(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
-    cls: type,
-    names: tuple[str, ...] | None = None,
-    defaults: Mapping[str, Any] | None = None,
-) -> None:
+def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type,
+                names: tuple[str, ...] | None = None, defaults: Mapping[str, Any] | None = None) -> None:  # fmt: skip
     """One ``--flag`` per field of dataclass ``cls`` (``names``: the option names to show; omitted: every field
     with a help text), named by the field's option name with dashes; ``defaults`` replace the field defaults in
     the help (a command's own recipe).  The flag keeps what was typed and is absent when not given (the module
     docstring); one without ``basic=True`` is shown by ``--help-all`` only."""
-    from ..config_utils import option_name
-    from . import flag as cli_flag
-
     defaults = dict(defaults or {})
     fields = {option_name(f): f for f in dataclasses.fields(cls) if "help" in f.metadata}
     for name in names if names is not None else fields:
@@ -105,18 +91,18 @@ def add_options(
         kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
         if "choices" in meta and not isinstance(default, list):  # a list's items: the config checks each
             kw["choices"] = meta["choices"]
-        flag = cli_flag(name)  # as messages name it: batch_size → --batch-size, init_from → --from
+        option = flag(name)  # as messages name it: batch_size → --batch-size, init_from → --from
         if isinstance(f.default, bool):
-            action = parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+            action = parser.add_argument(option, action=argparse.BooleanOptionalAction, **kw)
         elif isinstance(default, dict) or meta.get("metavar") == "KEY=VALUE":  # pairs given twice are merged
             kw["metavar"] = meta.get("metavar", "KEY=VALUE")  # (parse_model_args refuses a clash)
-            action = parser.add_argument(flag, nargs="+", action="extend", **kw)
+            action = parser.add_argument(option, nargs="+", action="extend", **kw)
         elif isinstance(default, list):
-            action = parser.add_argument(flag, nargs="+", metavar=meta.get("metavar", "V"), **kw)
+            action = parser.add_argument(option, nargs="+", metavar=meta.get("metavar", "V"), **kw)
         else:
             if "choices" not in meta:
                 kw["metavar"] = meta.get("metavar", name.split("_")[-1].upper())
-            action = parser.add_argument(flag, **kw)
+            action = parser.add_argument(option, **kw)
         if not meta.get("basic"):  # shown by --help-all (add_help_all) only
             action.help_all, action.help = action.help, argparse.SUPPRESS
 
@@ -136,8 +122,6 @@ def _help_text(meta: Mapping[str, Any], default: Any, own_default: bool) -> str:
 def help_flags(text: str) -> str:
     """A library help text with its options named as flags: the library writes ```lr``` (backticked option
     names), the command line shows ``--lr``."""
-    from . import LISTING_CALLS, flag
-
     for call, command in LISTING_CALLS.items():
         text = text.replace(call, f"`{command}`")
     return re.sub(r"`([a-z][a-z0-9_]*)`", lambda m: flag(m.group(1)), text)
@@ -148,8 +132,6 @@ def like(cls: type, name: str, **meta: Any) -> Any:
     (:func:`~crate_transformer.config_utils.override` with the field's own default): the same type rules (choices,
     range) and help, ``meta`` replacing entries (its own ``help``); shown by ``--help`` only where ``meta`` says
     ``basic=True`` — which options a command's people use first is the command's to say."""
-    from ..config_utils import override
-
     f = next(f for f in dataclasses.fields(cls) if f.name == name)
     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
     return override(cls, name, default, **{"basic": False, **meta})
@@ -172,7 +154,9 @@ def add_training_options(
     )
     for section, names in COMMAND_OPTIONS[command].items():
         cls = TrainConfig if section == "top" else GROUPS[section]
-        target = parser if section == "top" else parser.add_argument_group(f"{SECTION_TITLES[section]} options")
+        target = (
+            parser if section == "top" else parser.add_argument_group(f"{SECTION_TITLES.get(section, section)} options")
+        )
         add_options(target, cls, None if names == ALL else tuple(names), defaults)  # None: every declared option
     parser.formatter_class = argparse.RawDescriptionHelpFormatter  # the help texts state their defaults
 
@@ -181,8 +165,6 @@ def add_command_options(parser: argparse.ArgumentParser, cls: type) -> None:
     """The flags of a command that reads its options itself (``crate eval``, ``crate analyze``, ...): every field
     of its options class ``cls``, in help sections by the fields' ``group`` metadata (none: the command's own
     options).  :func:`.common.resolve_options` turns what was given into ``cls``'s values after parsing."""
-    from ..config_utils import option_name
-
     sections: dict[str, list[str]] = {}
     for f in dataclasses.fields(cls):
         sections.setdefault(f.metadata.get("group", ""), []).append(option_name(f))
@@ -205,14 +187,10 @@ def add_resume_option(parser: argparse.ArgumentParser, what: str = "run") -> Non
 
 def print_config(args: argparse.Namespace, base: Any, options: Mapping[str, Any]) -> bool:
     """With ``--print-config``: print the configuration that ``base`` (a :class:`TrainConfig`: the command's
-    defaults) updated with ``options`` (``--config`` file, then flags) resolves to, as YAML; returns whether it did.
-
-    The YAML is what ``config.yaml`` records and what ``--config`` reads back.
-    """
+    defaults) updated with ``options`` (``--config`` file, then flags) resolves to, as YAML (what ``config.yaml``
+    records and ``--config`` reads back); returns whether it did."""
     if not getattr(args, "print_config", False):
         return False
-    import sys
-
     import yaml
 
     if getattr(args, "resume", None):

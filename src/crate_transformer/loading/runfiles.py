@@ -86,7 +86,7 @@ RUN_FILES: dict[str, RunFile] = {
     "trackers.json": RunFile("file", IDS_FIX),
     ".lock": RunFile("file", "delete it: it only marks the folder in use while a command runs"),
     "*.png": RunFile("file", _REDRAWN),
-    "layerwise.json": RunFile("file", "delete it: crate ablate measures it again"),
+    "layerwise.json": RunFile("file", "delete it: the ablation measures it again"),
     "checkpoints": RunFile("folder", "restore the run's checkpoints/ folder from a backup"),
     str(CHECKPOINT.as_posix()): RunFile(
         "file", "restore it from a backup (it is the run's training state: without it the run cannot be resumed)"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import warnings
 from pathlib import Path
 
 import torch
@@ -9,14 +11,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data import ImageSource, default_augmentation, to_device
-from ..errors import Step
+from ..errors import OptionWarning, Step
 from ..layers import set_drop_path
 from .config import given_once
 from .evaluation import evaluate
 from .images import ImageData, image_classifier, load_splits
 from .mix import MixupCutmix, random_erasing, soft_target_cross_entropy
 from .optim import ModelEma
+from .recipes import Choice, chance_level, changed_settings, choose_augmentation, near_chance, recipe_note
 from .task import RunSummary, StepContext, Task, TaskResult
+
+CHANCE_IMAGES = 512  # training images the first epoch after the warm-up is checked on (against chance)
 
 __all__ = ["ClassificationTask", "load_splits"]
 
@@ -32,12 +37,32 @@ class ClassificationTask(Task):
         self.train_data, self.eval_data, self.test_data = self.data.train, self.data.eval, self.data.test
         self.image_size, self.mean, self.std = self.data.image_size, self.data.mean, self.data.std
         self.model = model.to(self.rt.device)
-        kind = cfg.augmentation.augment
-        if kind == "auto":
-            kind = default_augmentation(self.data.name, finetune=cfg.init_from is not None)
-        self.augment_kind = kind
+        self.augment_choice = self._choose_augmentation(state)
+        self.augment_kind = kind = self.augment_choice.value
         self.augment = self.data.augmentation(kind)
         self._setup_recipe(len(self.data.classes), state)
+
+    def _choose_augmentation(self, state: dict | None) -> Choice:
+        """``augment``, or for ``'auto'`` the choice that fits the data (:func:`.recipes.choose_augmentation`); a
+        resumed run that recorded ``'auto'`` (started before the choice was written to config.yaml) keeps the
+        rule it started with."""
+        cfg, finetune = self.cfg, self.cfg.init_from is not None
+        kind = cfg.augmentation.augment
+        if kind != "auto":
+            return Choice(kind, "as given")
+        if state is not None:
+            return Choice(default_augmentation(self.data.name, finetune=finetune), "the rule the run started with")
+        return choose_augmentation(
+            channels=self.train_data.channels,
+            num_images=len(self.train_data),
+            finetune=finetune,
+            recipe=cfg.recipe,
+            changed=changed_settings(cfg.augmentation),
+        )
+
+    def settled(self) -> dict:
+        """The augmentation chosen for ``'auto'``, which config.yaml then records (with what it reads)."""
+        return {"augment": self.augment_kind} if self.cfg.augmentation.augment == "auto" else {}
 
     def _setup_recipe(self, num_classes: int, state: dict | None) -> None:
         """The recipe pieces the options turn on: drop path on a new or fine-tuned model (a resumed one has it in
@@ -118,6 +143,7 @@ class ClassificationTask(Task):
 
     def hooks(self) -> list:
         hooks = [self._update_ema] if self.ema is not None else []
+        hooks.append(self._chance_check)
         if not self.cfg.logging.measure_every:
             return hooks
         from ..analysis import measure_hook
@@ -128,6 +154,51 @@ class ClassificationTask(Task):
         """The weight EMA after optimizer step ``ctx.step`` (the engine also calls the hooks once before step 1)."""
         if ctx.step > 0:
             self.ema.update(ctx.model)
+
+    @torch.no_grad()
+    def _chance_check(self, ctx: StepContext) -> list[dict] | None:
+        """At the end of the first epoch after the warm-up, the accuracy on (at most :data:`CHANCE_IMAGES`) training
+        images against always answering the most frequent class; an :class:`~crate_transformer.errors.OptionWarning`
+        naming the options to try when it is still near that chance level (:func:`.recipes.near_chance`)."""
+        if ctx.step != self._chance_step():
+            return None
+        n = min(CHANCE_IMAGES, len(self.train_data))
+        draw = self.train_data.batches(n, seed=self.cfg.system.seed, drop_last=False)  # a random draw
+        images, labels = next(draw)
+        draw.close()  # a streamed source's workers stop here
+        was = ctx.model.training
+        ctx.model.eval()
+        logits = ctx.model(self.data.inputs(images)).float()
+        ctx.model.train(was)
+        acc = float((logits.argmax(-1).cpu() == labels).float().mean())
+        chance = chance_level(labels)
+        low = near_chance(acc, chance)
+        if low and ctx.is_main:
+            warnings.warn(self._chance_warning(acc, chance), stacklevel=2)
+        record = {"split": "chance_check", "step": ctx.step, "epoch": ctx.epoch}
+        return [{**record, "train_acc": acc, "chance": chance, "near_chance": low}]
+
+    def _chance_step(self) -> int:
+        """The last step of the first epoch that ends after the warm-up (during it the lr is not yet at its peak)."""
+        o = self.cfg.optim
+        per_epoch = self.train_data.steps_per_epoch(o.batch_size)
+        total = per_epoch * o.epochs
+        warm = max(1, round(o.warmup_fraction * total)) if o.warmup_fraction > 0 else round(o.warmup_epochs * per_epoch)
+        return per_epoch * max(1, math.ceil(warm / per_epoch))
+
+    def _chance_warning(self, acc: float, chance: float) -> OptionWarning:
+        cfg, epoch = self.cfg, self._chance_step() // self.train_data.steps_per_epoch(self.cfg.optim.batch_size)
+        when = "the first epoch" if epoch == 1 else f"epoch {epoch}, the first after the warm-up,"
+        tries = ["a higher lr", "more epochs"]
+        if self.augment_kind in ("randaugment", "crop-flip"):
+            tries.insert(1, "augment='translate' (or 'none')")
+        if cfg.init_from is not None and cfg.recipe != "small-data":
+            tries.insert(0, "recipe='small-data'")
+        return OptionWarning(
+            f"training accuracy {100 * acc:.1f}% after {when} is near chance ({100 * chance:.1f}%, the most "
+            f"frequent class) at lr {cfg.optim.lr:g} with augment {self.augment_kind}: try " + ", ".join(tries),
+            option=("recipe", "lr", "augment", "epochs"),
+        )
 
     def warnings(self, steps: int) -> list[str]:
         warning = self.ema.warmup_warning(steps) if self.ema is not None else None
@@ -159,6 +230,10 @@ class ClassificationTask(Task):
             f"{self.cfg.data.eval_split} images, {self.image_size}px, augment={self.augment_kind}",
             facts=facts,
             verb="fine-tuning" if self.cfg.init_from else "training",
+            notes=[
+                recipe_note(self.cfg, len(self.train_data)),
+                f"augmentation {self.augment_kind}: {self.augment_choice.reason}",
+            ],
         )
 
     def finish(self, run_dir: Path) -> TaskResult:

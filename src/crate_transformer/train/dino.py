@@ -52,6 +52,7 @@ from ..models.dino import (
 from .config import TrainConfig, given_once
 from .evaluation import save_figure, subplots
 from .images import ImageData, image_classifier
+from .recipes import recipe_note
 from .rundir import read_metrics
 from .task import RunSummary, StepContext, Task, TaskResult
 
@@ -543,7 +544,18 @@ class DINOTask(Task):
             data=f"+ head {head:,} ({what}), pool {o.pool}, views {views}; {self.train_data.name}: "
             f"{len(self.train_data)} train images (labels unused), {len(self.eval_data)} {self.cfg.data.eval_split}",
             facts=facts,
+            notes=[recipe_note(self.cfg, len(self.train_data), "the dino task's defaults"), self._views_note(views)],
         )
+
+    def _views_note(self, views: str) -> str:
+        """The header line on the multi-crop augmentation: the preset's views and flips, and why."""
+        o, channels = self.options, self.train_data.channels
+        line = f"augmentation: DINO multi-crop, preset {o.preset}: views {views}, flip p={o.flip:g}"
+        if o.preset != "digits":
+            return f"{line} (DINO's own, for natural images)"
+        why = "no flips and no local crops: a mirrored digit or a 14-px crop of one is often another digit"
+        other = "; preset='paper' (flips, 8 local crops) fits natural images" if channels == 3 else ""
+        return f"{line} ({why}{other})"
 
     def finish(self, run_dir: Path) -> TaskResult:
         """Save the teacher backbone as ``model/``; k-NN sweep and linear probe on the test split."""

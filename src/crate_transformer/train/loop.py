@@ -175,6 +175,8 @@ class _Loop:
         self.cfg, self.task, self.rt, self.run = cfg, task, rt, run
         seed_everything(cfg.system.seed)  # identical initialisation on every process
         task.start(cfg, rt, state)
+        if settled := task.settled():  # what the task chose from its data: config.yaml records it
+            cfg = task.cfg = self.cfg = TrainConfig.from_dict(settled, cfg)
         self.raw, self.n_train = task.model, len(task.train_data)
         self.steps_per_epoch = _steps_per_epoch(cfg, task, rt)
         self.total = self.steps_per_epoch * cfg.optim.epochs
@@ -564,7 +566,7 @@ def _start_run(
         "accum_steps": cfg.optim.accum_steps,
     }
     derived.update(steps_per_epoch=steps, total_steps=total, warmup_steps=warmup_steps(cfg, steps, total))
-    derived.update(**about.facts, summary=line)
+    derived.update(**about.facts, summary=line, **({"chosen": about.notes} if about.notes else {}))
     run.write_yaml(CONFIG_FILE, {**cfg.to_dict(), "model_config": model_cfg, "derived": derived})
     run.start_log(ts.step if resumed else None, cfg.logging.tensorboard, cfg.logging.logger, cfg.flat())
     procs = f" ({rt.world} processes)" if rt.distributed else ""
@@ -573,7 +575,8 @@ def _start_run(
     rt.log(
         f"{line}, {cfg.optim.epochs} epochs x {steps} steps, batch {cfg.optim.batch_size}{procs}{accum}, "
         f"device {rt.device}, {threads} CPU thread" + ("s" if threads > 1 else "")
-        + (f", resuming at step {ts.step}" if resumed else "") + f"\nrun directory: {run.path}"
+        + (f", resuming at step {ts.step}" if resumed else "")
+        + "".join(f"\n  {note}" for note in about.notes) + f"\nrun directory: {run.path}"
     )  # fmt: skip
     for warning in task.warnings(last):
         rt.log(f"warning: {warning}")

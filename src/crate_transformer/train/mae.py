@@ -41,6 +41,7 @@ from ..models.registry import build, model_config
 from .config import given_once
 from .evaluation import prepare_batch, require_evaluated
 from .images import ImageData
+from .recipes import Choice, choose_mae_augmentation, recipe_note
 from .runtime import Runtime
 from .task import RunSummary, Task, TaskError, TaskResult, task_option
 
@@ -60,8 +61,8 @@ class MAEOptions(Config):
     )
     augmentation: str = task_option(
         "auto",
-        "augmentation of the pre-training images: auto (none for the built-in digits, crop-flip otherwise, "
-        "as in MAE) | none | translate | crop-flip",
+        "augmentation of the pre-training images: auto (none for grey-scale images such as digits, crop-flip for "
+        "colour ones, as in MAE; the header says which) | none | translate | crop-flip",
         choices=("auto", "none", "translate", "crop-flip"),
     )
     probe: bool = task_option(
@@ -192,11 +193,26 @@ class MAETask(Task):
         self.data.fit(model)
         self.mean, self.std = self.data.mean, self.data.std
         self.model = model.to(self.rt.device)
-        kind = self.options.augmentation
-        if kind == "auto":
-            kind = "none" if self.train_data.name in BUILTIN_DATASETS else "crop-flip"  # short runs: no augmentation
-        self.augment_kind = kind
+        self.augment_choice = self._choose_augmentation(state)
+        self.augment_kind = kind = self.augment_choice.value
         self.augment = self.data.augmentation(kind, min_crop_scale=0.2)
+
+    def _choose_augmentation(self, state: dict | None) -> Choice:
+        """``augmentation``, or for ``'auto'`` the one that fits the data (:func:`.recipes.choose_mae_augmentation`);
+        a resumed run that recorded ``'auto'`` keeps the rule it started with (none for the built-in digits)."""
+        kind = self.options.augmentation
+        if kind != "auto":
+            return Choice(kind, "as given")
+        if state is not None:
+            legacy = "none" if self.train_data.name in BUILTIN_DATASETS else "crop-flip"
+            return Choice(legacy, "the rule the run started with")
+        return choose_mae_augmentation(self.train_data.channels)
+
+    def settled(self) -> dict:
+        """The augmentation chosen for ``'auto'``, recorded in config.yaml's task_args."""
+        if self.options.augmentation != "auto":
+            return {}
+        return {"task_args": {**self.cfg.task_args, "augmentation": self.augment_kind}}
 
     def _config(self, state: dict | None) -> tuple[Config, int, Model | None]:
         """The CRATE-MAE's configuration and the run's image size: the checkpoint's (resuming), those of the
@@ -264,6 +280,10 @@ class MAETask(Task):
             data=f"on {self.train_data.name}: {len(self.train_data)} train / {len(self.eval_data)} held-out images, "
             f"{self.image_size}px, augment={self.augment_kind}",
             facts=facts,
+            notes=[
+                recipe_note(self.cfg, len(self.train_data), "the mae task's defaults"),
+                f"augmentation {self.augment_kind}: {self.augment_choice.reason}",
+            ],
         )
 
     def finish(self, run_dir: Path) -> TaskResult:

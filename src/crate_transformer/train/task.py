@@ -113,6 +113,8 @@ class RunSummary:
     data: str  # after them: the data (and anything else the task trains beside the model)
     facts: dict[str, Any] = field(default_factory=dict)  # derived numbers recorded in config.yaml
     verb: str = ""  # how the line starts ("" = the task's name)
+    notes: list[str] = field(default_factory=list)  # what the run chose and why (recipe, augmentation): printed
+    # one per line below the start line and recorded in config.yaml
 
 
 @dataclass
@@ -192,6 +194,12 @@ class Task:
     def resolve(self, cfg: TrainConfig) -> dict[str, Any]:
         """``TrainConfig`` values this task derives from the others (e.g. the LM's default model for its
         objective); the engine applies them before :meth:`start`, so config.yaml records them."""
+        return {}
+
+    def settled(self) -> dict[str, Any]:
+        """``TrainConfig`` values the task chose in :meth:`setup`, once its data was read (e.g. ``augment='auto'``
+        → ``'translate'`` for grey-scale images); the engine applies them before building the optimizer, so
+        config.yaml records what took effect."""
         return {}
 
     def start(self, cfg: TrainConfig, rt: Runtime, state: dict | None) -> None:
