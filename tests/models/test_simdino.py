@@ -141,7 +141,7 @@ def test_non_finite_features_give_one_line_naming_eps_and_the_batch() -> None:
 
 
 def test_eps_and_a_batch_too_small_are_refused() -> None:
-    with pytest.raises(ValueError, match="eps .* must be > 0, got 0"):
+    with pytest.raises(ValueError, match=r"needs a positive eps \(the precision ε of the coding rate\), got 0.0"):
         SimDINOLoss(eps=0.0)
     with pytest.raises(ValueError, match="eps must be a finite number > 0, got -1"):
         SimDINOOptions(eps=-1.0)

@@ -359,7 +359,9 @@ class SimDINOLoss(nn.Module):
     def __init__(self, *, eps: float, coeff: float = 1.0, smooth: bool = True) -> None:
         super().__init__()
         if not eps > 0:
-            raise ValueError(f"SimDINO's eps (the precision ε of the coding rate) must be > 0, got {eps}; e.g. 0.7071")
+            raise ValueError(
+                f"SimDINO needs a positive eps (the precision ε of the coding rate), got {eps}; e.g. 0.7071"
+            )
         self.eps, self.coeff, self.smooth = float(eps), float(coeff), smooth
 
     def compression(self, student: Sequence[Tensor], teacher: Sequence[Tensor]) -> Tensor:

@@ -544,7 +544,10 @@ class DINOTask(Task):
             data=f"+ head {head:,} ({what}), pool {o.pool}, views {views}; {self.train_data.name}: "
             f"{len(self.train_data)} train images (labels unused), {len(self.eval_data)} {self.cfg.data.eval_split}",
             facts=facts,
-            notes=[recipe_note(self.cfg, len(self.train_data), "the dino task's defaults"), self._views_note(views)],
+            notes=[
+                recipe_note(self.cfg, len(self.train_data), f"the {self.name} task's defaults"),
+                self._views_note(views),
+            ],
         )
 
     def _views_note(self, views: str) -> str:
