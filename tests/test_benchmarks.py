@@ -207,3 +207,19 @@ def test_layer_kernels_counts_a_compiled_crate_layer_against_a_vit_layer() -> No
         assert crate[part].get("aten") == vit[part].get("aten") == 1, rows
     assert crate["forward"]["extern"] == vit["forward"]["extern"] == 4, rows
     assert 0 < crate["eager"] <= vit["eager"], rows
+
+
+def test_bench_hooks_tiny():
+    """``bench_hooks.py --tiny``: each row's forward here against the commit before the hook points (extracted with
+    git archive, run in its own processes, interleaved), with a finite ratio and the hooked time beside it; then the
+    unhooked machinery's share of each forward."""
+    lines = run("bench_hooks.py")
+    labels = ["CRATE-T 32/4 b1", "CRATE-T 32/4 b32", "CRATE-GPT mini 64 tok", "GPT mini 64 tok"]
+    rows = [w for w in lines if len(w) > 5 and w[0] in ("CRATE-T", "CRATE-GPT", "GPT") and w[-3].endswith("x")]
+    assert [" ".join(w[:-5]) for w in rows] == labels
+    for w in rows:
+        assert float(w[-5]) > 0 and float(w[-4]) > 0 and float(w[-2]) > 0  # baseline, ours, hooked ms
+        ratio(w[-3])
+    shares = [w for w in lines if len(w) > 4 and w[0] in ("CRATE-T", "CRATE-GPT", "GPT") and w[-1].endswith("%")]
+    assert [" ".join(w[:-4]) for w in shares] == labels
+    assert all(0 <= float(w[-1][:-1]) < 100 and int(w[-3]) == 2 for w in shares)  # --tiny: depth 2

@@ -146,6 +146,7 @@ LAYERS = [  # lowest first; a module may import its own layer and the ones befor
         "models.spec",
         "models.tokenizer",
         "models.hooks",  # hook_names / run_with_cache / intervene: the base model's mixin
+        "models.interop",  # the GPT baseline in TransformerLens (transformers' GPT-2)
         "loading",
         "loading.official",  # the authors' key maps and formats: what a family declares it reads
         "loading.runfiles",

@@ -26,14 +26,37 @@ extra files); see :mod:`crate_transformer.models.base`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping
+import functools
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
-from .config_utils import POSITIVE, Range, coerce_fields, field_about, field_place
+from .config_utils import (
+    ON,
+    POSITIVE,
+    Range,
+    applies_where,
+    applies_words,
+    coerce_fields,
+    default_of,
+    field_about,
+    field_place,
+)
 from .errors import OptionError, short_repr
 
-__all__ = ["Config", "check_option", "KINDS", "IMAGE_CLASSIFIER", "MASKED_AUTOENCODER", "LANGUAGE_MODEL"]
+__all__ = [
+    "Config",
+    "check_option",
+    "check_applicable",
+    "inapplicable",
+    "reads",
+    "watch",
+    "watched",
+    "KINDS",
+    "IMAGE_CLASSIFIER",
+]
+__all__ += ["MASKED_AUTOENCODER", "LANGUAGE_MODEL"]
 
 # what a model is (``Config.kind``): the question a training task, the analysis or a loader asks of it
 IMAGE_CLASSIFIER = "image classifier"  # images → class logits; the classification (and dino) task trains it
@@ -68,7 +91,7 @@ def check_option(cls: type, name: str, value: Any) -> None:
 
 def _field_default(cls: type, name: str, fallback: Any = None) -> Any:
     """Field ``name``'s default (a fresh one for a default factory), else ``fallback``."""
-    value = _default({f.name: f for f in dataclasses.fields(cls)}[name])
+    value = default_of({f.name: f for f in dataclasses.fields(cls)}[name])
     return fallback if value is dataclasses.MISSING else value
 
 
@@ -133,22 +156,11 @@ class Config:
         self.check_applicable()
 
     def check_applicable(self) -> None:
-        """A field declared ``option(..., applies={"other": values})`` is read only while field ``other`` holds one
-        of ``values``; set away from its default while ``other`` holds another, it is refused in one line rather
-        than accepted and ignored (``--momentum 0.5`` with ``--optimizer adamw``).  Every option class goes
-        through here, whether its values came from flags, a config file or Python."""
-        for f in dataclasses.fields(self):
-            applies = f.metadata.get("applies")
-            if not applies or getattr(self, f.name) == _default(f):
-                continue
-            for other, allowed in applies.items():
-                now = getattr(self, other)
-                if now not in allowed:
-                    raise OptionError(
-                        f"{field_place(type(self), f.name)} applies only with {other} {' / '.join(allowed)}, not "
-                        f"{now!r}: drop it, or pass {field_place(type(self), other, allowed[0])}",
-                        **field_about(type(self), f.name, other),
-                    )
+        """Every option given away from its default where its ``applies`` condition does not hold is refused in one
+        line rather than accepted and ignored (``--momentum 0.5`` with ``--optimizer adamw``): the conditions on this
+        class's own fields; those naming fields outside it are the enclosing config's (``TrainConfig``)."""
+        names = {f.name: type(self) for f in dataclasses.fields(self)}
+        check_applicable({n: getattr(self, n) for n in names}, names)
 
     @classmethod
     def check_field(cls, name: str, value: Any) -> None:
@@ -208,8 +220,136 @@ class Config:
         return dataclasses.replace(self, **changes)
 
 
-def _default(f: dataclasses.Field) -> Any:
-    """A field's default value (a fresh one for a default factory)."""
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return f.default
+@functools.lru_cache(maxsize=256)
+def _fields(cls: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def inapplicable(values: Mapping[str, Any], owners: Mapping[str, type], seen: Mapping[str, Any] = {}) -> list[str]:
+    """The fields of ``owners`` (name → the options class declaring it) set away from their default in ``values``
+    (name → value) where their ``applies`` condition does not hold (on ``values`` updated with ``seen``: a value as
+    the conditions see it, e.g. ``augment`` ``auto`` resolved)."""
+    seen, out = {**values, **seen}, []
+    for name, cls in owners.items():
+        f = _fields(cls)[name]
+        applies = f.metadata.get("applies")
+        if applies is None or isinstance(applies, str) or values[name] == default_of(f):
+            continue
+        if applies_where(applies, seen) is False:
+            out.append(name)
+    return out
+
+
+def applied(cls: type, values: Mapping[str, Any], given: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
+    """``values`` (field of dataclass ``cls`` → value) less those that cannot apply there and are not in ``given``: a
+    saved run's option that the options given now leave unread goes back to its default, which changes nothing."""
+    out, owners = dict(values), {f.name: cls for f in dataclasses.fields(cls)}
+    while True:
+        full = {n: out.get(n, default_of(f)) for n, f in _fields(cls).items()}
+        dropped = [n for n in inapplicable(full, owners) if n in out and n not in given]
+        if not dropped:
+            return out
+        out = {k: v for k, v in out.items() if k not in dropped}
+
+
+def check_applicable(values: Mapping[str, Any], owners: Mapping[str, type], seen: Mapping[str, Any] = {}) -> None:
+    """The one enforcement of ``option(..., applies=...)``: the first of :func:`inapplicable` is a one-line
+    :class:`~.errors.OptionError` naming the option, the condition and the fix: ``crop_scale applies only when
+    augment is crop-flip or randaugment; augment is translate: drop crop_scale or pass augment='crop-flip'``."""
+
+    def place(name: str, *value: Any) -> str:
+        return field_place(owners[name], name, *value)
+
+    def now(k: str) -> str:
+        shown = _plain(values[k])
+        return f"{shown} ({seen[k]!r} here)" if k in seen and seen[k] != values[k] else shown
+
+    for name in inapplicable(values, owners, seen)[:1]:
+        applies = _fields(owners[name])[name].metadata["applies"]
+        alternatives = [applies] if isinstance(applies, Mapping) else list(applies)
+        keys = list(dict.fromkeys(k for alt in alternatives for k in alt))
+        state = ", ".join(f"{place(k)} is {now(k)}" for k in keys)
+        unmet = {k: v for k, v in alternatives[0].items() if applies_where({k: v}, {**values, **seen}) is False}
+        to_set = [place(k) for k, v in unmet.items() if v == ON]
+        to_pass = " ".join(place(k, v[0]) for k, v in unmet.items() if v != ON)
+        message = f"{place(name)} applies only when {applies_words(applies, place)}; {state}: drop {place(name)}"
+        about = field_about(owners[name], name)
+        if about:
+            about["option"] = tuple(field_about(owners[k], k).get("option", (k,))[0] for k in [name, *keys])
+        if to_pass:
+            raise OptionError(f"{message} or pass {to_pass}", **about)
+        raise OptionError(f"{message} or set {' and '.join(to_set)}", **about)
+
+
+def _plain(value: Any) -> str:
+    return value if isinstance(value, str) and value else short_repr(value)
+
+
+# ----------------------------------------------------------------------------- observed reads (models._registry.build)
+_WATCHED: dict[int, set[str]] = {}  # id of a watched object → the names read from it
+_PATCHED: dict[type, Any] = {}  # class → the __getattribute__ it had of its own (None: inherited)
+_RECORDING: list[Any] = []  # a reads() block is open (holding dataclasses.replace, restored after it)
+
+
+def _recording(self: Any, name: str) -> Any:
+    seen = _WATCHED.get(id(self))
+    if seen is not None and name in _fields(type(self)):
+        seen.add(name)
+    return object.__getattribute__(self, name)
+
+
+def _replace(obj: Any, /, **changes: Any) -> Any:
+    """``dataclasses.replace`` while a build is recorded: the copy of a watched object is watched into the same
+    set, and copying it reads nothing."""
+    seen = _WATCHED.pop(id(obj), None)
+    try:
+        copy = _RECORDING[0](obj, **changes)
+    finally:
+        if seen is not None:
+            _WATCHED[id(obj)] = seen
+    if seen is not None:
+        watch(copy, seen)
+    return copy
+
+
+def watch(obj: Any, seen: set[str]) -> None:
+    """Record into ``seen`` the dataclass fields read from ``obj`` until the open :func:`reads` block ends (a copy
+    made to hand the layers their settings, ``LayerConfig.layer_config``, is watched into the same set)."""
+    if not _RECORDING:
+        return
+    cls = type(obj)
+    if cls not in _PATCHED:
+        _PATCHED[cls] = cls.__dict__.get("__getattribute__")
+        cls.__getattribute__ = _recording
+    _WATCHED[id(obj)] = seen
+
+
+def watched(obj: Any) -> set[str] | None:
+    """The set :func:`watch` records ``obj``'s reads into, or None."""
+    return _WATCHED.get(id(obj)) if _WATCHED else None
+
+
+@contextlib.contextmanager
+def reads(obj: Any) -> Iterator[set[str] | None]:
+    """The names of the dataclass fields of ``obj`` read inside the block (a model's build: which options it uses),
+    recorded by the class's attribute lookup while the block runs and restored after it; None inside another
+    block (a build within a build is the outer one's)."""
+    if _RECORDING:
+        yield None
+        return
+    seen: set[str] = set()
+    _RECORDING.append(dataclasses.replace)
+    dataclasses.replace = _replace  # a copy (the layers' settings, with a block's own) reads for its original
+    try:
+        watch(obj, seen)
+        yield seen
+    finally:
+        dataclasses.replace = _RECORDING[0]
+        _RECORDING.clear()
+        _WATCHED.clear()
+        for cls, own in _PATCHED.items():
+            if own is None:
+                del cls.__getattribute__
+            else:
+                cls.__getattribute__ = own
+        _PATCHED.clear()

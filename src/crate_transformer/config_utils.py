@@ -31,7 +31,7 @@ import functools
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import OptionError, short_repr
@@ -42,6 +42,7 @@ __all__ = [
     "field_place",
     "field_about",
     "option_name",
+    "default_of",
     "Range",
     "POSITIVE",
     "NON_NEGATIVE",
@@ -49,6 +50,11 @@ __all__ = [
     "override",
     "declared",
     "fields_applicability",
+    "ALWAYS",
+    "OBSERVED",
+    "ON",
+    "applies_where",
+    "applies_words",
     "load_yaml",
 ]
 
@@ -65,7 +71,7 @@ def option(
     *,
     choices: tuple | None = None,
     range: Range | None = None,
-    applies: Mapping[str, tuple] | None = None,
+    applies: str | Mapping[str, Any] | tuple[Mapping[str, Any], ...] | None = None,
     metavar: str | None = None,
     shown: str | None = None,
     name: str | None = None,
@@ -78,12 +84,14 @@ def option(
     config files, the Python keywords and ``config.json`` alike.
 
     ``help`` says what it does; ``choices`` the values it may take; ``range`` (a :class:`Range`) the numbers;
-    ``applies`` where it applies (``{"optimizer": ("sgd", "lars")}``: read only while that field holds one of those;
-    absent: always, see :func:`fields_applicability`); ``metavar`` and ``shown`` (the default in words) are for
-    ``--help``; ``name`` its name in flat config files and on the command line, when it differs from the field's;
-    ``path`` a file or folder (an empty string is refused); ``fixed`` a task option the checkpoint depends on
-    (frozen on resume).  ``cli``: free-form entries for the command line (e.g. which commands show it); the
-    library does not read them.  A family's other default for an inherited option is :func:`override`.
+    ``applies`` where it applies: :data:`ALWAYS`, or a condition (``{"optimizer": ("sgd", "lars")}``: read only
+    while that field holds one of those; several fields: all must hold; a tuple of such mappings: any of them),
+    absent where its class states it once (:func:`fields_applicability`); ``metavar`` and ``shown`` (the default
+    in words) are for ``--help``; ``name`` its name in flat config files and on the command line, when it
+    differs from the field's; ``path`` a file or folder (an empty string is refused); ``fixed`` a task option the
+    checkpoint depends on (frozen on resume).  ``cli``: free-form entries for the command line (e.g. which
+    commands show it); the library does not read them.  A family's other default for an inherited option is
+    :func:`override`.
     """
     given = {"choices": choices, "range": range, "applies": applies, "metavar": metavar, "shown": shown}
     given.update(name=name, path=path, fixed=fixed)
@@ -109,10 +117,45 @@ def declared(f: dataclasses.Field) -> bool:
     return "help" in f.metadata
 
 
+ALWAYS = "always"  # an option read whenever its class is used (an applicability statement)
+OBSERVED = "observed"  # a model config's field: refused when the model built never reads it (models._registry.build)
+ON = "on"  # a condition's value: the field is set (non-zero, non-empty, not None)
+
+
 def fields_applicability(cls: type) -> dict[str, Any]:
-    """Where each option of dataclass ``cls`` applies: ``"always"``, or its ``applies`` mapping (field → the values
-    under which it is read)."""
-    return {f.name: f.metadata.get("applies") or "always" for f in dataclasses.fields(cls)}
+    """Where each option of dataclass ``cls`` applies: its own ``applies`` declaration, else the statement its class
+    makes once for all of them (``APPLIES``: :data:`ALWAYS` where every field of it is always read, :data:`OBSERVED`
+    for a model config), else ``None``: undeclared, which the walking test refuses."""
+    return {f.name: f.metadata.get("applies", getattr(cls, "APPLIES", None)) for f in dataclasses.fields(cls)}
+
+
+def applies_where(applies: Any, values: Mapping[str, Any]) -> bool | None:
+    """Whether an option declared ``applies`` is read where its fields hold ``values`` (field → value): True or
+    False, or None where ``values`` lack a field that would decide it (an enclosing config decides)."""
+    if applies is None or isinstance(applies, str):
+        return True
+    undecided = False
+    for alternative in [applies] if isinstance(applies, Mapping) else applies:
+        if not set(alternative) <= set(values):
+            undecided = True
+        elif all(bool(values[k]) if v == ON else values[k] in v for k, v in alternative.items()):
+            return True
+    return None if undecided else False
+
+
+def applies_words(applies: Any, name: Callable[[str], str] = str) -> str:
+    """A condition in words, fields named by ``name``: ``augment is crop-flip / randaugment, or task is mae``."""
+    alternatives = [applies] if isinstance(applies, Mapping) else applies
+
+    def one(k: str, v: Any) -> str:
+        return f"{name(k)} is set" if v == ON else f"{name(k)} is {' / '.join(map(str, v))}"
+
+    return ", or ".join(" and ".join(one(k, v) for k, v in alt.items()) for alt in alternatives)
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    """A field's default value (a fresh one for a default factory; ``dataclasses.MISSING`` for none)."""
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 def option_name(f: dataclasses.Field) -> str:

@@ -1,7 +1,8 @@
 """Issue classes 1-3 of bad options, each made impossible by one mechanism and walked over every option:
 
-1. an option that cannot apply (``--momentum`` with ``--optimizer adamw``) is refused, from Python, a flag and a file
-   (``Config.check_applicable``, from each field's ``applies`` declaration);
+1. an option that cannot apply (``--momentum`` with ``--optimizer adamw``, ``--crop-scale`` with ``--augment
+   translate``, ``label_smoothing`` in a language model's run) is refused, from Python, a flag and a file
+   (``config.check_applicable``, from each field's ``applies`` declaration; every field states one);
 2. a config value of the wrong kind is a one-line error naming its key (``train.config.nest_options``, which every
    flag, file and keyword goes through, types every value);
 3. a ``--config`` key that the command has no option for is refused, not recorded and left unread
@@ -12,16 +13,32 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from pathlib import Path
 
 import pytest
 import yaml
-from clitools import one_line_error
+from clitools import crate, one_line_error
 
 from crate_transformer.cli import build_parser, command_parser
 from crate_transformer.cli.options import COMMAND_OPTIONS
-from crate_transformer.config_utils import field_types, option_name
-from crate_transformer.train.config import GROUPS, TrainConfig, nest_options
+from crate_transformer.config_utils import (
+    ALWAYS,
+    OBSERVED,
+    ON,
+    applies_where,
+    field_types,
+    fields_applicability,
+    option_name,
+)
+from crate_transformer.errors import OptionError
+from crate_transformer.train.config import (
+    GROUPS,
+    OWNERS,
+    AugmentationOptions,
+    TrainConfig,
+    _where,
+    nest_options,
+    read_run_config,
+)
 
 TRAINING = ("train", "finetune", "pretrain", "train-lm", "finetune-text")
 TOP = [f for f in dataclasses.fields(TrainConfig) if f.name not in GROUPS]
@@ -161,39 +178,190 @@ def test_every_file_key_the_command_does_not_read_is_refused(command, tmp_path, 
 
 
 # --------------------------------------------------------------------------- class 1: options that cannot apply
-APPLIES = [(g, f) for g, f in _fields() if f.metadata.get("applies")]
+CONFIGS = [TrainConfig, *GROUPS.values()]
 
 
-def test_conditional_options_declare_where_they_apply():
-    assert {f.name for _, f in APPLIES} >= {"momentum", "betas"}
+def f_cls(group: str | None) -> type:
+    return TrainConfig if group is None else GROUPS[group]
 
 
-@pytest.mark.parametrize(("group", "f"), APPLIES, ids=lambda x: getattr(x, "name", x))
+CONDITIONAL = [(g, f) for g, f in _fields() if not isinstance(fields_applicability(f_cls(g))[f.name], str)]
+
+
+def test_every_config_class_states_where_each_field_applies():
+    """Every field of every config (the training groups, the tasks' options, the model configs, the data record,
+    the layer) has an applicability statement: ALWAYS / OBSERVED, or a condition on fields it can see."""
+    from crate_transformer.layers.config import LayerConfig
+    from crate_transformer.models.dino import DINOHeadConfig
+    from crate_transformer.models.registry import config_classes
+    from crate_transformer.models.spec import DataSpec
+    from crate_transformer.train.task import TASKS, make_task
+
+    options = [make_task(name).Options for name in TASKS]
+    classes = [
+        *CONFIGS,
+        *[o for o in options if o is not None],
+        DataSpec,
+        LayerConfig,
+        DINOHeadConfig,
+        *config_classes(),
+    ]
+    assert len(classes) >= 18
+    undeclared = [f"{c.__name__}.{n}" for c in classes for n, a in fields_applicability(c).items() if a is None]
+    assert not undeclared, undeclared
+    for cls in classes:
+        visible = set(OWNERS) if cls in CONFIGS else {f.name for f in dataclasses.fields(cls)}
+        for name, applies in fields_applicability(cls).items():
+            if isinstance(applies, str):
+                assert applies in (ALWAYS, OBSERVED), (cls, name, applies)
+                continue
+            for alternative in [applies] if isinstance(applies, dict) else applies:
+                assert alternative and set(alternative) <= visible, (cls, name, alternative)
+                assert all(v == ON or (isinstance(v, tuple) and v) for v in alternative.values()), (name, alternative)
+    assert len(CONDITIONAL) >= 20, [f.name for _, f in CONDITIONAL]
+
+
+def _outside(key: str, applies: object) -> object:
+    """A value of field ``key`` under which no alternative of ``applies`` naming it holds."""
+    from crate_transformer.train.task import TASKS
+
+    alternatives = [applies] if isinstance(applies, dict) else list(applies)
+    allowed = [v for alt in alternatives for k, v in alt.items() if k == key]
+    if ON in allowed:
+        return None if key == "init_from" else 0.0
+    f = next(g for g in dataclasses.fields(OWNERS[key]) if g.name == key)
+    candidates = f.metadata.get("choices") or tuple(TASKS)
+    return next(c for c in candidates if c != "auto" and all(c not in a for a in allowed))
+
+
+def _context(alternatives: list[dict]) -> dict:
+    """Values that make every alternative false, each by one of its fields (the task's last: the command stays)."""
+    context: dict = {}
+    for alt in alternatives:
+        values, _, seen = _where(_layout(context))
+        if applies_where(alt, {**values, **seen}) is False:
+            continue
+        key = next((k for k in alt if k != "task"), "task")
+        context[key] = _outside(key, alternatives)
+    return context
+
+
+def _inside(key: str, allowed: object) -> object:
+    return {"init_from": "ckpt.pt", "mixup": 0.8, "cutmix": 1.0}[key] if allowed == ON else allowed[0]
+
+
+def _given(f: dataclasses.Field, group: str | None) -> object:
+    """A value of ``f`` away from its default, within its range."""
+    value = _other_value(f, field_types(f_cls(group))[f.name])
+    if f.name == "betas":
+        return [0.5, 0.5]
+    if f.name == "text_columns":
+        return ["text"]
+    return value
+
+
+def _layout(values: dict) -> dict:
+    """Flat field names → the nested layout of a config file (a group's options under the group)."""
+    out: dict = {}
+    for name, value in values.items():
+        group = next((g for g, c in GROUPS.items() if c is OWNERS[name]), None)
+        if group is None:
+            out[name] = value
+        else:
+            out.setdefault(group, {})[name] = value
+    return out
+
+
+def _argv(values: dict) -> list[str]:
+    argv = []
+    for name, value in values.items():
+        flag = "--" + option_name(next(g for g in dataclasses.fields(OWNERS[name]) if g.name == name)).replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else flag.replace("--", "--no-", 1))
+        elif value is not None:
+            argv += [flag, *([str(v) for v in value] if isinstance(value, list) else [str(value)])]
+    return argv
+
+
+COMMANDS = {"classification": ["train"], "lm": ["train-lm"], "text-classification": ["finetune-text"]}
+
+
+@pytest.mark.parametrize(("group", "f"), CONDITIONAL, ids=lambda x: getattr(x, "name", x))
 def test_an_option_given_where_it_cannot_apply_is_refused_everywhere(group, f, tmp_path, capsys):
-    cls = GROUPS[group]
-    value = _other_value(f, field_types(cls)[f.name])
-    for other, allowed in f.metadata["applies"].items():
-        controller = next(g for g in dataclasses.fields(cls) if g.name == other)
-        elsewhere = next(c for c in controller.metadata["choices"] if c not in allowed)
-        with pytest.raises(ValueError, match=f"applies only with {other}"):  # Python
-            TrainConfig(**{f.name: value, other: elsewhere}).validate()
-        for allowed_value in allowed:  # where it applies it is taken
-            TrainConfig(**{f.name: value, other: allowed_value}).validate()
-        flag_value = [str(v) for v in value] if isinstance(value, list) else [str(value)]
-        flag, other_flag = "--" + option_name(f).replace("_", "-"), "--" + other.replace("_", "-")
-        given = (flag, *flag_value, other_flag, elsewhere, "--max-steps", 1, "--out", tmp_path / "a")
-        one_line_error(capsys, "train", *given, match=f"{flag} applies only with")
-        file = tmp_path / "c.yaml"
-        file.write_text(yaml.safe_dump({group: {f.name: value, other: elsewhere}}))
-        given = ("--config", file, "--max-steps", 1, "--out", tmp_path / "b")
-        one_line_error(capsys, "train", *given, match="applies only with")
-        assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    """For each declared condition: a context where it does not hold refuses the option from Python, a --config
+    file and the flags, in one line naming it (the same command where the context is the command's own; another
+    task's command refuses the key as one it has no option for); where it holds, the option is taken."""
+    applies = fields_applicability(f_cls(group))[f.name]
+    alternatives = [applies] if isinstance(applies, dict) else list(applies)
+    context = _context(alternatives)
+    value = _given(f, group)
+    name = option_name(f)
+    with pytest.raises(OptionError, match=f"^{name} applies only when .*: drop {name} or "):
+        TrainConfig(**{f.name: value, **context})
+    holds = {k: _inside(k, v) for k, v in alternatives[0].items()}
+    taken = TrainConfig(**{**{k: v for k, v in context.items() if k not in holds}, **holds, f.name: value})
+    assert _where(taken.to_dict())[0][f.name] == value  # where it applies it is taken
+    command = COMMANDS.get(context.get("task", "classification"), ["pretrain", context.get("task", "mae")])
+    own = {k: v for k, v in context.items() if k != "task"}
+    file = tmp_path / "c.yaml"
+    file.write_text(yaml.safe_dump(_layout({f.name: value, **own})))
+    run = ("--max-steps", 1, "--out", tmp_path / "a")
+    flag = "--" + name.replace("_", "-")
+    # the command's own options: refused by the condition; another's: by the command (it has no such option)
+    mine = command == ["train"] and f.name in _command_options("train")
+    for argv in (("--config", file), _argv({f.name: value, **own})):
+        err = _refusal(capsys, *command, *argv, *run)
+        assert flag in err or (argv[0] == "--config" and f"sets {name}:" in err), err
+        assert ("applies only when" if mine else _REFUSALS) in err if mine else any(r in err for r in _REFUSALS), err
+    assert not (tmp_path / "a").exists()
 
 
-def test_the_default_of_a_conditional_option_never_refuses():
-    TrainConfig(optimizer="adamw").validate()
+_REFUSALS = ("applies only when", "does not read", "unrecognized arguments")
+
+
+def _refusal(capsys: pytest.CaptureFixture, *argv: object) -> str:
+    """``crate ARGV``'s refusal: exit status 2 and its one error line (argparse's own prints its usage first)."""
+    capsys.readouterr()
+    try:
+        rc = crate(*argv)
+    except SystemExit as e:  # argparse: an option the command does not have
+        rc = e.code
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and lines and (len(lines) == 1 or lines[0].startswith("usage:")), (argv, lines)
+    return lines[-1]
+
+
+@pytest.mark.parametrize(
+    ("options", "refused"),
+    [
+        (dict(augment="translate", crop_scale=0.5, randaugment_n=5), "crop_scale applies only when .*augment is"),
+        (dict(mixup_prob=0.5, mixup_switch_prob=0.2), "mixup_prob applies only when mixup is set, or cutmix is set"),
+        (dict(val_fraction=0.2, eval_split="test"), "val_fraction applies only when eval_split is val"),
+        (dict(task="lm", label_smoothing=0.3, mixup=0.8), "applies only when task is classification; task is lm"),
+        (dict(crop_scale=0.5), r"augment is auto \('translate' here\)"),  # auto on the digits: translations
+        (dict(momentum=0.5), "momentum applies only when optimizer is sgd / lars; optimizer is adamw"),
+    ],
+)
+def test_the_issues_examples_are_refused(options, refused):
+    with pytest.raises(OptionError, match=refused):
+        TrainConfig(**options)
+
+
+def test_the_default_of_a_conditional_option_never_refuses_and_saved_runs_still_load(tmp_path):
+    for task in ("classification", "lm", "mae", "dino", "text-classification"):
+        TrainConfig(task=task).validate()
     TrainConfig(optimizer="sgd").validate()
-    assert Path  # the module's imports are used
+    TrainConfig(data="cifar10", crop_scale=0.5, randaugment_n=5, augment="randaugment").validate()
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = {"task": "lm", "mixup": 0.8, "mixup_prob": 0.5, "crop_scale": 0.5, "label_smoothing": 0.3}
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))  # a flat file of an earlier release: read, not refused
+    cfg = read_run_config(run)
+    assert (cfg.task, cfg.augmentation, cfg.optim.label_smoothing) == ("lm", AugmentationOptions(), 0.05)
+    base = TrainConfig(mixup=0.8, mixup_prob=0.5)  # a layer below: what cannot apply goes back to its default
+    assert TrainConfig.from_dict({"task": "lm"}, base).augmentation == AugmentationOptions()
+    with pytest.raises(OptionError, match="mixup_prob applies only when"):
+        TrainConfig.from_dict({"task": "lm", "mixup_prob": 0.5}, base)  # given now: refused
 
 
 PATHS = [(g, f) for g, f in _fields() if f.metadata.get("path")]

@@ -165,7 +165,8 @@ def test_lm_resume_refuses_another_tokenizer_or_vocabulary(tmp_path: Path, capsy
     for extra, msg in [
         (["--tokenizer", other], f"keeps the tokenizer of its checkpoint ('byte'), not '{other}'; drop --tokenizer"),
         (["--tokenizer", "bpe"], "keeps the tokenizer of its checkpoint ('byte'), not 'bpe'"),
-        (["--vocab-size", 512], "keeps the vocab_size of its checkpoint (4096), not 512; drop --vocab-size"),
+        # a byte-level run's vocab_size is read by no tokenizer: refused as an option that cannot apply
+        (["--vocab-size", 512], "--vocab-size applies only when --tokenizer is bpe / wordpiece; --tokenizer is byte"),
     ]:
         _refused_on_resume(capsys, ["train-lm"], run, extra, msg)
 
@@ -291,8 +292,8 @@ def test_reports_go_inside_what_they_describe(tmp_path: Path) -> None:
          "crate_mae_mnist is a masked autoencoder, and crate pretrain dino trains an image classifier"),
         (["train-lm", "--model", "crate_mnist"], "crate_mnist is an image classifier, and crate train-lm trains a "
          "language model"),
-        (["train-lm", "--vocab-size", "512"], "--vocab-size applies to a tokenizer trained on the data (bpe, "
-         "wordpiece), not byte; drop it, or add --tokenizer bpe"),
+        (["train-lm", "--vocab-size", "512"], "--vocab-size applies only when --tokenizer is bpe / wordpiece; "
+         "--tokenizer is byte: drop --vocab-size or pass --tokenizer bpe"),
     ],
 )  # fmt: skip
 def test_the_wrong_kind_of_model_is_refused_before_a_run_folder_exists(

@@ -193,7 +193,7 @@ def test_bad_options_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureF
 def test_yaml_values_are_coerced_by_field_type(tmp_path: Path) -> None:
     from crate_transformer.train import load_config
 
-    (tmp_path / "c.yaml").write_text("lr: 1e-3\nbatch_size: '64'\nhflip: 'no'\nimage_size: null\n")
+    (tmp_path / "c.yaml").write_text("lr: 1e-3\nbatch_size: '64'\naugment: crop-flip\nhflip: 'no'\nimage_size: null\n")
     cfg = load_config(tmp_path / "c.yaml")
     assert cfg.optim.lr == 0.001 and isinstance(cfg.optim.lr, float)  # YAML 1.1 reads 1e-3 as a string
     assert cfg.optim.batch_size == 64 and cfg.augmentation.hflip is False and cfg.data.image_size is None

@@ -6,8 +6,10 @@ The blocks (:mod:`.attention`, :mod:`.sparse`) read what they need from a :class
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
-from ..config_utils import Range, option
+from ..config import watch, watched
+from ..config_utils import OBSERVED, Range, option
 
 LAYER_FORMS = ("official", "jmlr")
 # the first block: CRATE's MSSA | standard attention (Table 17) | ToST's token statistics attention (Wu et al. 2025)
@@ -27,7 +29,10 @@ class LayerConfig:
     inherit these fields, their ranges and their choices, and the layer and its blocks read them from the config
     given whole.  A family that wants another default redeclares the field with
     :func:`~crate_transformer.config_utils.override` (CRATE-MAE's λ = 0.5); a family whose layers are fixed (the
-    ViT and GPT baselines) says so in :meth:`layer_config`."""
+    ViT and GPT baselines) says so in :meth:`layer_config`.  Where each field applies is observed: a model build
+    records the fields it reads, and refuses one given that it never read (``models._registry.build``)."""
+
+    APPLIES: ClassVar[str] = OBSERVED  # inherited by the model configs: each field is checked against the build
 
     dropout: float = option(0.0, "dropout of the attention and MLP outputs", range=Range(0, 1, hi_open=True))
     eta: float = option(0.1, "ISTA step size η (eq. (44))", range=Range(0, lo_open=True))
@@ -87,7 +92,11 @@ class LayerConfig:
     def layer_config(self) -> LayerConfig:
         """The settings of this model's layers as a plain :class:`LayerConfig` (these fields; a family with fixed
         blocks overrides this: the ViT and GPT baselines are ``attention="mhsa", mlp="mlp"``)."""
-        return LayerConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LayerConfig)})
+        seen = watched(self)  # a build recording what it reads (models._registry.build): the copy reads for it
+        c = LayerConfig(**{f.name: object.__getattribute__(self, f.name) for f in dataclasses.fields(LayerConfig)})
+        if seen is not None:
+            watch(c, seen)
+        return c
 
     def check_layer(self) -> None:
         """The combinations a CRATE layer cannot build (one-line ``ValueError``)."""

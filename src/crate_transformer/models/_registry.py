@@ -25,7 +25,9 @@ import fnmatch
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
-from ..config import Config
+from ..config import Config, reads
+from ..config_utils import OBSERVED, default_of, field_about, field_place, fields_applicability
+from ..errors import OptionError
 from ..loading.official import OfficialFormat
 
 if TYPE_CHECKING:  # annotations only: the tables hold classes, they never need the base module's code
@@ -43,6 +45,7 @@ __all__ = [
     "registered_fields",
     "model_config",
     "model_kind",
+    "model_fields",
     "build",
     "PretrainedSource",
     "register_pretrained",
@@ -127,14 +130,38 @@ def registered_fields(name: str) -> dict:
 
 def model_config(name: str, **overrides: object) -> Config:
     """The config (the class its ``arch`` registered) of a registered model with ``overrides`` applied
-    (values are coerced and validated, e.g. ``lambd="5e-2"`` → 0.05)."""
+    (values are coerced and validated, e.g. ``lambd="5e-2"`` → 0.05).  The fields overridden away from their
+    default are remembered on the config, for :func:`build` to refuse those the model it builds never reads."""
     registered = registered_fields(name)
     cls = config_class(registered.get("arch"))
     valid = {f.name for f in fields(cls)}
     bad = sorted(set(overrides) - valid)
     if bad:
-        raise ValueError(f"unknown override(s) {bad} for {name!r}; valid fields: {sorted(valid)}")
-    return cls(**{**registered, **overrides})
+        close = difflib.get_close_matches(bad[0], valid, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        known = ", ".join(sorted(model_fields(name)))
+        raise OptionError(f"unknown override(s) {bad} for {name!r}{hint}; {name} reads: {known}", option=tuple(bad))
+    config = cls(**{**registered, **overrides})
+    defaults = {f.name: default_of(f) for f in fields(cls)}
+    given = tuple(k for k in overrides if getattr(config, k) != defaults[k])
+    if given:
+        object.__setattr__(config, "_given", (name, given))  # not a field: to_dict and config.json never see it
+    return config
+
+
+def model_fields(name: str) -> list[str]:
+    """The config fields the registered model ``name`` reads: those its build reads (observed on a build on the
+    meta device) and those its class declares read elsewhere."""
+    import torch
+
+    config = model_config(name)
+    try:
+        with torch.device("meta"), reads(config) as seen:
+            arch_info(getattr(config, "arch", None)).build(config)
+    except Exception:  # a family whose build needs real tensors: every field
+        seen = {f.name for f in fields(config)}
+    where = fields_applicability(type(config))
+    return sorted(k for k in where if k in (seen or ()) or where[k] != OBSERVED)
 
 
 def model_kind(name: str) -> str:
@@ -144,8 +171,27 @@ def model_kind(name: str) -> str:
 
 
 def build(config: Config) -> Model:
-    """The model a config describes (by its ``arch``)."""
-    return arch_info(getattr(config, "arch", None)).build(config)
+    """The model a config describes (by its ``arch``).  A field :func:`model_config` was given away from its
+    default that the build never reads (``eta`` with ``mlp="mlp"``: no ISTA step is built) is refused in one line:
+    the build records the fields it reads (:func:`~crate_transformer.config.reads`), so no family keeps a table."""
+    arch = arch_info(getattr(config, "arch", None))
+    name, given = config.__dict__.get("_given", ("", ()))
+    if not given:
+        return arch.build(config)
+    with reads(config) as seen:
+        model = arch.build(config)
+    where = fields_applicability(type(config))
+    unread = [k for k in given if seen is not None and k not in seen and where[k] == OBSERVED]
+    if unread:
+        blocks = " + ".join(b for b in getattr(config, "layer_blocks", ()) if b)
+        built = f"{name} (layers {blocks!r})" if blocks else name
+        place = field_place(type(config), unread[0])
+        raise OptionError(
+            f"{place} applies only where the model built reads it, and {built} never reads it: drop {place} (or "
+            f"change the field that leaves it unread)",
+            **field_about(type(config), unread[0]),
+        )
+    return model
 
 
 # --------------------------------------------------------------------------- released weights

@@ -117,7 +117,12 @@ class ModelConfig(ImageEncoderGeometry, LayerConfig, Config):
     depth: int = option(12, "layers L")
     heads: int = option(6, "attention heads K")
     dim_head: int | None = option(None, "width p of a head (None: dim // heads, what every paper config uses)")
-    pool: str = option("cls", "cls | mean (every token: official) | avg (patch tokens), see base.POOLS", choices=POOLS)
+    pool: str = option(
+        "cls",
+        "cls | mean (every token: official) | avg (patch tokens), see base.POOLS",
+        choices=POOLS,
+        applies="always",
+    )
     emb_dropout: float = option(0.0, "dropout of the embedded tokens", range=Range(0, 1, hi_open=True))
     drop_path: float = option(
         0.0,
@@ -132,7 +137,9 @@ class ModelConfig(ImageEncoderGeometry, LayerConfig, Config):
         "LayerNorms around the patch projection (official classifier, Alg. 6); False: a plain linear projection, "
         "the conv PatchEmbed of CRATE-MAE (a model fine-tuned from a CRATE-MAE encoder)",
     )
-    data: DataSpec | None = option(None, "what the model was trained on (normalisation, classes, source), or None")
+    data: DataSpec | None = option(
+        None, "what the model was trained on (normalisation, classes, source), or None", applies="always"
+    )
 
     OMIT_AT_DEFAULT = ("drop_path", "gelu", "proj_bias")  # added later: configs without them stay byte-identical
     KEY_ORDER = ("arch", "image_size", "patch_size", "in_chans", "num_classes", "dim", "depth", "heads", "dim_head",

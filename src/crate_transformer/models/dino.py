@@ -70,6 +70,8 @@ class DINOHeadConfig(Config):
     the backbone feature it reads.  The training options (temperatures, momenta, multi-crop augmentation, presets)
     are the ``dino`` task's, :class:`crate_transformer.train.dino.DINOOptions`, which extends this class."""
 
+    APPLIES = "always"  # every field without an objective's ``applies`` is read by the head's build or the task
+
     objective: str = option(
         "dino",
         "the self-distillation objective: dino (prototypes, centring, cross-entropy) | simdino (coding rate; its "

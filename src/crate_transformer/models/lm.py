@@ -114,7 +114,9 @@ class LMConfig(LayerConfig, Config):
         "crate_bert: ε of the embedding's and the LM head's LayerNorm (the CRATE layers' keep 1e-5)",
         range=Range(0, lo_open=True),
     )
-    tokenizer: str = option("", "the tokenizer kind the model was trained with (its tokenizer.json is saved beside)")
+    tokenizer: str = option(
+        "", "the tokenizer kind the model was trained with (its tokenizer.json is saved beside)", applies="always"
+    )
 
     OMIT_AT_DEFAULT = ("tied_output", "tied_beta", "eps", "attention")  # added later: the files stay byte-identical
     KEY_ORDER = ("arch", "causal", "vocab_size", "block_size", "dim", "depth", "heads", "dim_head", "pos_embed",

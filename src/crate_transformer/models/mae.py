@@ -83,15 +83,21 @@ class MAEConfig(ImageEncoderGeometry, LayerConfig, Config):
     depth: int = option(12, "layers L of the encoder and of the decoder (symmetric, Table 9)")
     heads: int = option(12, "attention heads K of the encoder and of the decoder")
     dim_head: int | None = override(ModelConfig, "dim_head", None)
-    mask_ratio: float = option(0.75, "share of patches masked (Fig. 11); |Ω| = N − int(N (1 − r))", range=MASK_RATIO)
-    norm_pix_loss: bool = option(False, "the loss on per-patch normalised pixels (official default: raw pixels)")
+    mask_ratio: float = option(
+        0.75, "share of patches masked (Fig. 11); |Ω| = N − int(N (1 − r))", range=MASK_RATIO, applies="always"
+    )
+    norm_pix_loss: bool = option(
+        False, "the loss on per-patch normalised pixels (official default: raw pixels)", applies="always"
+    )
     # the encoder layers' settings are LayerConfig's (eta, layer_form, ...); λ = 0.5 as the official crate_encoder.py
     lambd: float = override(LayerConfig, "lambd", 0.5)
     decoder_form: str = option(
         "official", "decoder layer: official (x_ − MSSA(LN(x_))) | jmlr (Alg. 5)", choices=LAYER_FORMS
     )
     visible_only: bool = option(
-        False, "the encoder sees only the visible tokens, positions re-added before the decoder (He et al.)"
+        False,
+        "the encoder sees only the visible tokens, positions re-added before the decoder (He et al.)",
+        applies="always",
     )
     norm_eps: float = option(1e-6, "ε of the final encoder / decoder LayerNorms", range=Range(0, lo_open=True))
     drop_path: float = option(

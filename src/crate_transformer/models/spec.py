@@ -61,6 +61,7 @@ class DataSpec(Config):
     ``label_column`` a Hugging Face dataset's columns when they were named (``--image-column``), else empty.
     """
 
+    APPLIES = "always"  # a record: every field is read where the model is fed or described
     GIVEN_IN: ClassVar[str | None] = None  # a record of the data, not options: messages say DataSpec.mean
 
     source: str = option("", "what open_source takes to get the data back: a built-in name, a path or a dataset id")

@@ -88,8 +88,10 @@ class ToSTConfig(ImageEncoderGeometry, Config):
     yes).  ``patch_size`` is a power of two (one stride-2 convolution per halving).
     """
 
+    APPLIES = "observed"  # where each field applies: the build records what it reads (models._registry.build)
+
     arch: str = option(TOST_ARCH, "the family: tost", choices=(TOST_ARCH,))
-    image_size: int = override(ModelConfig, "image_size", 224)
+    image_size: int = override(ModelConfig, "image_size", 224, applies="always")  # the input pipeline reads it
     patch_size: int = option(16, "side of a patch in pixels: a power of two >= 2 (one stride-2 conv per halving)")
     in_chans: int = override(ModelConfig, "in_chans", 3)
     num_classes: int = override(ModelConfig, "num_classes", 1000)
@@ -109,7 +111,7 @@ class ToSTConfig(ImageEncoderGeometry, Config):
     drop_path: float = option(
         0.0, "stochastic depth of every TSSA block (the authors use one rate for all)", range=Range(0, 1, hi_open=True)
     )
-    use_pos: bool = option(True, "add the Fourier position encoding to the patch tokens")
+    use_pos: bool = option(True, "add the Fourier position encoding to the patch tokens", applies="always")
     tokens_norm: bool = option(True, "class-attention blocks normalise every token before their MLP (the authors')")
     data: DataSpec | None = override(ModelConfig, "data", None)
 

@@ -22,9 +22,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..config import Config, check_option
-from ..config_utils import NON_NEGATIVE, POSITIVE, Range, coerce_fields, load_yaml, option, option_name
-from ..data import AUGMENTATIONS, DATA_MODES
+from ..config import Config, check_applicable, check_option, inapplicable
+from ..config_utils import (
+    ALWAYS,
+    NON_NEGATIVE,
+    ON,
+    POSITIVE,
+    Range,
+    applies_where,
+    coerce_fields,
+    default_of,
+    load_yaml,
+    option,
+    option_name,
+)
+from ..data import AUGMENTATIONS, DATA_MODES, default_augmentation
 from ..errors import OptionError, short_repr
 from .optim import OPTIMIZERS
 from .recipes import RECIPES, recipe_options
@@ -53,6 +65,11 @@ __all__ = [
 
 AMP_MODES = ("auto", "none", "bf16", "fp16")
 VERSION = 2  # config.yaml layout: 1 = one flat mapping of options, 2 = the option groups below
+# where an option applies (option(applies=...)): the tasks that read it
+IMAGES = {"task": ("classification", "mae", "dino")}  # the image tasks' data (train.images)
+CLASSIFY = {"task": ("classification",)}  # the classification task's recipe pieces
+TEXT = ("lm", "text-classification")
+GROUP = {"applies": ALWAYS}  # a TrainConfig field holding a group of options
 
 
 @dataclass
@@ -67,46 +84,56 @@ class DataOptions(Config):
         "(wikitext:wikitext-103-raw-v1); text classification: a CSV/TSV file | a dataset id (glue:sst2)",
         name="data",
         basic=True,
+        applies=ALWAYS,
     )
     data_mode: str = option(
         "auto",
         "image folders: memory (decode all once) | stream (decode per batch in DataLoader workers) | "
         "auto (stream above 20,000 images); shards and HF datasets always stream",
         choices=DATA_MODES,
+        applies=IMAGES,
     )
     workers: int = option(
         -1, "DataLoader worker processes for streamed data (-1 = auto: this machine's CPUs per process, minus one)",
-        range=Range(-1, integer=True, note="-1 = auto"),
+        range=Range(-1, integer=True, note="-1 = auto"), applies=IMAGES,
     )  # fmt: skip
     image_size: int | None = option(
-        None, "train at this image size; batches are resized", shown="the model's", range=POSITIVE, basic=True
-    )
+        None, "train at this image size; batches are resized", shown="the model's", range=POSITIVE, basic=True,
+        applies=IMAGES,
+    )  # fmt: skip
     val_fraction: float = option(
         0.0,
         "hold out this fraction of the training pool as a 'val' split (stratified; language models: the corpus' tail)",
         range=Range(0, 1, hi_open=True),
         basic=True,
+        applies=({"eval_split": ("val",)}, {"task": TEXT}),  # an image task's held-out images are evaluated as val
     )
     eval_split: str = option(
-        "test", "split evaluated after every `eval_every` epochs: test | val", choices=("test", "val")
+        "test", "split evaluated after every `eval_every` epochs: test | val", choices=("test", "val"), applies=ALWAYS
     )
     train_subset: int = option(
-        0, "train on a seeded random subset of this many images (0 = all; in-memory data)", range=NON_NEGATIVE
-    )
+        0, "train on a seeded random subset of this many images (0 = all; in-memory data)", range=NON_NEGATIVE,
+        applies=IMAGES,
+    )  # fmt: skip
     on_bad_image: str = option(
-        "skip", "unreadable image files: skip (with a warning count) | error", choices=("skip", "error")
-    )
+        "skip", "unreadable image files: skip (with a warning count) | error", choices=("skip", "error"),
+        applies=IMAGES,
+    )  # fmt: skip
     # a dataset's columns, where the automatic choice does not find them
-    image_column: str = option("", "a Hugging Face image dataset's image column", shown="its Image feature")
-    label_column: str = option(
-        "", "the label column of an image dataset or of a text table", shown="ClassLabel / label / score"
+    image_column: str = option(
+        "", "a Hugging Face image dataset's image column", shown="its Image feature", applies=IMAGES
     )
+    label_column: str = option(
+        "", "the label column of an image dataset or of a text table", shown="ClassLabel / label / score",
+        applies={"task": (*IMAGES["task"], "text-classification")},
+    )  # fmt: skip
     text_columns: list = option(
         [],
         "the text column(s) of a dataset: a language-model corpus (several are joined, one document per row) or a "
         "text-classification table (one text or a pair)",
         shown="text / GLUE names / the first string column",
         metavar="COLUMN",
+        applies={"task": TEXT},
     )
 
     def validate(self) -> None:
@@ -124,24 +151,44 @@ class AugmentationOptions(Config):
         + " | ".join(AUGMENTATIONS),
         choices=("auto", *AUGMENTATIONS),
         basic=True,
+        applies=CLASSIFY,  # the mae task's is its own option (augmentation)
     )
     translate: float = option(
         0.07, "max shift of `augment` translate, as a fraction of the side (0.07: 2 px at 28 px)",
-        range=Range(0, 0.5, hi_open=True),
+        range=Range(0, 0.5, hi_open=True), applies=({**CLASSIFY, "augment": ("translate",)}, {"task": ("mae",)}),
     )  # fmt: skip
     crop_scale: float = option(
-        0.08, "minimum area fraction of RandomResizedCrop (crop-flip, randaugment)", range=Range(0, 1, lo_open=True)
+        0.08, "minimum area fraction of RandomResizedCrop (crop-flip, randaugment)", range=Range(0, 1, lo_open=True),
+        applies=({**CLASSIFY, "augment": ("crop-flip", "randaugment")}, {"task": ("mae",)}),
+    )  # fmt: skip
+    hflip: bool = option(
+        True, "random horizontal flips in crop-flip / randaugment",
+        applies=({**CLASSIFY, "augment": ("crop-flip", "randaugment")}, {"task": ("mae",)}),
+    )  # fmt: skip
+    randaugment_n: int = option(
+        2, "RandAugment: number of ops per image", range=NON_NEGATIVE, applies={**CLASSIFY, "augment": ("randaugment",)}
     )
-    hflip: bool = option(True, "random horizontal flips in crop-flip / randaugment")
-    randaugment_n: int = option(2, "RandAugment: number of ops per image", range=NON_NEGATIVE)
-    randaugment_m: int = option(14, "RandAugment: magnitude (0-30)", range=Range(0, 30, integer=True))
-    mixup: float = option(0.0, "mixup Beta(a, a) concentration (0 = off; DeiT: 0.8)", range=Range(0))
-    cutmix: float = option(0.0, "cutmix Beta(a, a) concentration (0 = off; DeiT: 1.0)", range=Range(0))
-    mixup_prob: float = option(1.0, "probability that a batch is mixed (mixup or cutmix)", range=Range(0, 1))
+    randaugment_m: int = option(
+        14, "RandAugment: magnitude (0-30)", range=Range(0, 30, integer=True),
+        applies={**CLASSIFY, "augment": ("randaugment",)},
+    )  # fmt: skip
+    mixup: float = option(0.0, "mixup Beta(a, a) concentration (0 = off; DeiT: 0.8)", range=Range(0), applies=CLASSIFY)
+    cutmix: float = option(
+        0.0, "cutmix Beta(a, a) concentration (0 = off; DeiT: 1.0)", range=Range(0), applies=CLASSIFY
+    )
+    mixup_prob: float = option(
+        1.0,
+        "probability that a batch is mixed (mixup or cutmix)",
+        range=Range(0, 1),
+        applies=({"mixup": ON}, {"cutmix": ON}),
+    )
     mixup_switch_prob: float = option(
-        0.5, "probability of cutmix rather than mixup when both are on", range=Range(0, 1)
+        0.5, "probability of cutmix rather than mixup when both are on", range=Range(0, 1),
+        applies={"mixup": ON, "cutmix": ON},
+    )  # fmt: skip
+    random_erasing: float = option(
+        0.0, "random erasing probability per image (DeiT, MAE: 0.25)", range=Range(0, 1), applies=CLASSIFY
     )
-    random_erasing: float = option(0.0, "random erasing probability per image (DeiT, MAE: 0.25)", range=Range(0, 1))
 
 
 @dataclass
@@ -156,6 +203,7 @@ class OptimOptions(Config):
         "lamb (You et al. 2019)",
         choices=OPTIMIZERS,
         basic=True,
+        applies=ALWAYS,
     )
     momentum: float = option(
         0.9,
@@ -163,10 +211,14 @@ class OptimOptions(Config):
         range=Range(0, 1, hi_open=True),
         applies={"optimizer": ("sgd", "lars")},
     )
-    lr: float = option(4e-3, "peak learning rate", range=Range(0, lo_open=True), basic=True)
-    min_lr: float = option(1e-5, "learning rate at the end of the cosine decay", range=Range(0))
+    lr: float = option(4e-3, "peak learning rate", range=Range(0, lo_open=True), basic=True, applies=ALWAYS)
+    min_lr: float = option(1e-5, "learning rate at the end of the cosine decay", range=Range(0), applies=ALWAYS)
     weight_decay: float = option(
-        0.01, "decoupled weight decay (matrices only; norms, biases, embeddings excluded)", range=Range(0), basic=True
+        0.01,
+        "decoupled weight decay (matrices only; norms, biases, embeddings excluded)",
+        range=Range(0),
+        basic=True,
+        applies=ALWAYS,
     )
     betas: list[float] = option(
         [],
@@ -176,44 +228,64 @@ class OptimOptions(Config):
         applies={"optimizer": ("adamw", "lion", "lamb")},
     )
     batch_size: int = option(
-        64, "global batch size per optimizer step (split over processes and `accum_steps`)", range=POSITIVE, basic=True
+        64,
+        "global batch size per optimizer step (split over processes and `accum_steps`)",
+        range=POSITIVE,
+        basic=True,
+        applies=ALWAYS,
     )
     accum_steps: int = option(
-        1, "gradient accumulation: each process runs its share of a batch in this many chunks", range=POSITIVE
+        1,
+        "gradient accumulation: each process runs its share of a batch in this many chunks",
+        range=POSITIVE,
+        applies=ALWAYS,
     )
-    epochs: int = option(40, "training epochs", range=POSITIVE, basic=True)
+    epochs: int = option(40, "training epochs", range=POSITIVE, basic=True, applies=ALWAYS)
     warmup_epochs: float = option(
-        2.0, "linear warm-up length in epochs (fractions allowed)", range=Range(0), basic=True
+        2.0,
+        "linear warm-up length in epochs (fractions allowed)",
+        range=Range(0),
+        basic=True,
+        applies=ALWAYS,
     )
     warmup_fraction: float = option(
         0.0,
         "linear warm-up as a share of the run's optimizer steps (0.05: the first twentieth; 0 = `warmup_epochs`); "
         "setting one of the two warm-ups sets the other to 0",
         range=Range(0, 1, hi_open=True),
+        applies=ALWAYS,
     )
-    label_smoothing: float = option(0.05, "label smoothing of the cross-entropy", range=Range(0, 1, hi_open=True))
-    grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)", range=Range(0))
+    label_smoothing: float = option(
+        0.05, "label smoothing of the cross-entropy", range=Range(0, 1, hi_open=True), applies=CLASSIFY
+    )
+    grad_clip: float = option(
+        1.0, "clip the global gradient norm to this value (0 = off)", range=Range(0), applies=ALWAYS
+    )
     max_steps: int = option(
         0,
         "stop after this many optimizer steps (0 = all epochs; the schedule is unchanged)",
         range=NON_NEGATIVE,
         basic=True,
+        applies=ALWAYS,
     )
     layer_decay: float = option(
         1.0,
         "layer-wise lr decay (MAE / BEiT): layer i of L trains at lr x decay^(L+1-i) (1 = off)",
         range=Range(0, 1, lo_open=True),
+        applies=ALWAYS,
     )
     drop_path: float = option(
         0.0,
         "stochastic depth of the last layer, rising linearly from 0 over depth (timm / DeiT; 0 = off)",
         range=Range(0, 1, hi_open=True),
+        applies=CLASSIFY,
     )
     ema: float = option(
         0.0,
         "keep an EMA of the weights with this decay, evaluated beside the model and saved as model_ema/ (0 = off; "
         "DeiT: 0.99996)",
         range=Range(0, 1, hi_open=True),
+        applies=CLASSIFY,
     )
 
     def validate(self) -> None:
@@ -231,6 +303,8 @@ class OptimOptions(Config):
 @dataclass
 class SystemOptions(Config):
     """Where and how the run executes: device, precision, threads, seed (``cfg.system``)."""
+
+    APPLIES: ClassVar[str] = ALWAYS  # every field is read by every run (config_utils.fields_applicability)
 
     device: str = option("auto", "auto | cpu | cuda | cuda:N | mps (under torchrun: cuda:LOCAL_RANK)", basic=True)
     amp: str = option(
@@ -265,6 +339,8 @@ class SystemOptions(Config):
 @dataclass
 class LoggingOptions(Config):
     """The run directory, checkpoints, evaluation and what is logged (``cfg.logging``)."""
+
+    APPLIES: ClassVar[str] = ALWAYS  # every field is read by every run (config_utils.fields_applicability)
 
     out: str | None = option(None, "run directory", shown="runs/<model>-<data>-<date-time>", path=True, basic=True)
     checkpoint_every: int = option(
@@ -317,12 +393,18 @@ class TrainConfig:
     GIVEN_IN: ClassVar[str] = ""  # each field is an option of its own (config_utils.field_place)
 
     # task (set by the command: train / finetune → classification, pretrain NAME → NAME)
-    task: str = option("classification", "training objective")
-    task_args: dict = option({}, "the task's own options (the fields of its Options)")
+    task: str = option("classification", "training objective", applies=ALWAYS)
+    task_args: dict = option({}, "the task's own options (the fields of its Options)", applies=ALWAYS)
     # model
-    model: str | None = option("crate_mnist_p4", "registered model name (ct.list_models() lists them)", basic=True)
+    model: str | None = option(
+        "crate_mnist_p4", "registered model name (ct.list_models() lists them)", basic=True, applies=ALWAYS
+    )
     model_args: dict = option(
-        {}, "model overrides as KEY=VALUE, e.g. dim=64 depth=4 patch_size=4", metavar="KEY=VALUE", basic=True
+        {},
+        "model overrides as KEY=VALUE, e.g. dim=64 depth=4 patch_size=4",
+        metavar="KEY=VALUE",
+        basic=True,
+        applies=ALWAYS,
     )
     # a named published recipe: its values go under the options given with it (defaults < recipe < file < flags)
     recipe: str | None = option(
@@ -331,16 +413,23 @@ class TrainConfig:
         "defaults < recipe < a config file < the options given",
         choices=tuple(RECIPES),
         basic=True,
+        applies=ALWAYS,
     )
     # fine-tuning (set by `crate finetune`)
-    init_from: str | None = option(None, "checkpoint to fine-tune from", path=True, metavar="CHECKPOINT", basic=True)
-    keep_head: bool = option(False, "keep the pretrained head when the class count matches")
-    # the option groups
-    data: DataOptions = field(default_factory=DataOptions)
-    augmentation: AugmentationOptions = field(default_factory=AugmentationOptions)
-    optim: OptimOptions = field(default_factory=OptimOptions)
-    system: SystemOptions = field(default_factory=SystemOptions)
-    logging: LoggingOptions = field(default_factory=LoggingOptions)
+    init_from: str | None = option(
+        None, "checkpoint to fine-tune from", path=True, metavar="CHECKPOINT", basic=True, applies=ALWAYS
+    )
+    keep_head: bool = option(
+        False,
+        "keep the pretrained head when the class count matches",
+        applies={"init_from": ON, "task": ("classification", "dino")},
+    )
+    # the option groups (each field of them states where it applies)
+    data: DataOptions = field(default_factory=DataOptions, metadata=GROUP)
+    augmentation: AugmentationOptions = field(default_factory=AugmentationOptions, metadata=GROUP)
+    optim: OptimOptions = field(default_factory=OptimOptions, metadata=GROUP)
+    system: SystemOptions = field(default_factory=SystemOptions, metadata=GROUP)
+    logging: LoggingOptions = field(default_factory=LoggingOptions, metadata=GROUP)
 
     def __init__(self, **options: Any) -> None:
         nested = nest_options(options)
@@ -354,6 +443,7 @@ class TrainConfig:
         for f in dataclasses.fields(self):  # the top-level values, coerced by nest_options, checked once built
             if f.name not in GROUPS:
                 check_option(type(self), f.name, getattr(self, f.name))
+        check_applicable(*_where(self.to_dict()))  # the conditions across groups (on the task, ...)
 
     def validate(self) -> None:
         """Raise a one-line ValueError for any inconsistent setting."""
@@ -361,24 +451,89 @@ class TrainConfig:
             getattr(self, name).check_fields()
             getattr(self, name).validate()
 
-    def to_dict(self) -> dict:
-        """The nested mapping saved as ``config.yaml`` (with ``config_version``); :meth:`from_dict` reads it."""
-        return {"config_version": VERSION, **dataclasses.asdict(self)}
+    def to_dict(self, effective: bool = False) -> dict:
+        """The nested mapping saved as ``config.yaml`` (with ``config_version``); :meth:`from_dict` reads it.
+        ``effective``: only the options that take effect in this run, less those whose ``applies`` condition does
+        not hold (each at its default, since one given cannot be built: ``hflip`` where ``augment`` is translate), so
+        ``config.yaml`` records what was used; reading it back gives the same config."""
+        d = {"config_version": VERSION, **dataclasses.asdict(self)}
+        if effective:
+            values, owners, seen = _where(d)
+            for name, f in FIELDS.items():
+                applies = f.metadata.get("applies")
+                if not isinstance(applies, str) and applies_where(applies, {**values, **seen}) is False:
+                    (d if GROUP_OF[name] is None else d[GROUP_OF[name]]).pop(name)
+        return d
 
     def flat(self) -> dict:
         """Every option by its flat name (``{"lr": ..., "data": ..., ...}``), as flags and version-1 files name them."""
         return flat_options(self.to_dict())
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], base: TrainConfig | None = None) -> TrainConfig:
+    def from_dict(cls, d: Mapping[str, Any], base: TrainConfig | None = None, *, saved: bool = False) -> TrainConfig:
         """``base`` (or the defaults) updated with ``d``: nested groups, flat option names (keys may use dashes or
-        underscores) or both; a ``config_version`` newer than this release reads is refused."""
+        underscores) or both; a ``config_version`` newer than this release reads is refused.  An option of ``d``
+        that cannot apply is refused; one of the layers below (``base``, the recipe), or of a ``saved`` run's
+        ``d`` (which recorded every option, read or not), goes back to its default, which changes nothing."""
         nested = nest_options(d)
+        recipe = {}
         if nested.get("recipe"):  # the recipe's values go under the options given with it
             finetune = (nested.get("init_from") or (base.init_from if base is not None else None)) is not None
-            nested = _update(nest_options(recipe_options(nested["recipe"], finetune)), nested)
+            recipe = recipe_options(nested["recipe"], finetune)
         under = {k: v for k, v in base.to_dict().items() if k != "config_version"} if base is not None else {}
-        return cls(**_update(under, nested))
+        return cls(**_applied(cls.merge(under, recipe, nested), {} if saved else nested))
+
+    @staticmethod
+    def merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
+        """Layers of options, lowest first (defaults < recipe < file < flags; each in any layout, typed by
+        :func:`nest_options`) → one nested mapping, each layer's options winning over those below, group by group."""
+        out: dict[str, Any] = {}
+        for layer in layers:
+            for key, value in nest_options(layer).items():
+                out[key] = {**out.get(key, {}), **value} if key in GROUPS else value
+        return out
+
+
+# each field's name → the class declaring it (TrainConfig or a group): where the conditions find the fields they name
+OWNERS: dict[str, type] = {
+    **{f.name: TrainConfig for f in dataclasses.fields(TrainConfig) if f.name not in GROUPS},
+    **{f.name: cls for cls in GROUPS.values() for f in dataclasses.fields(cls)},
+}
+FIELDS = {f.name: f for cls in set(OWNERS.values()) for f in dataclasses.fields(cls) if f.name in OWNERS}
+GROUP_OF = {n: next((g for g, c in GROUPS.items() if c is cls), None) for n, cls in OWNERS.items()}
+
+
+def _where(nested: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, type], dict[str, Any]]:
+    """What the ``applies`` conditions read (:func:`~crate_transformer.config.check_applicable`'s arguments): every
+    field's value (its default where ``nested`` has none) by field name, their classes, and ``augment`` as ``auto``
+    resolves it (JMLR App. C.1: translations for the built-in digits)."""
+    values = {n: default_of(f) for n, f in FIELDS.items()}
+    for key, value in nested.items():
+        values.update(value if key in GROUPS else {key: value} if key in OWNERS else {})
+    seen = {}
+    if values["augment"] == "auto":
+        seen["augment"] = default_augmentation(str(values["source"]), finetune=values["init_from"] is not None)
+    return values, OWNERS, seen
+
+
+def _applied(nested: dict[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """``nested`` less the options that cannot apply there and are not in ``given`` (they came from a layer below,
+    or a saved run recorded them): each back to its default, until every one left applies or was given."""
+    while True:
+        dropped = [n for n in inapplicable(*_where(nested)) if not _names(given, n) and _names(nested, n)]
+        if not dropped:
+            return nested
+        for name in dropped:
+            group = GROUP_OF[name]
+            if group is None:
+                nested.pop(name, None)
+            else:
+                nested[group] = {k: v for k, v in nested.get(group, {}).items() if k != name}
+
+
+def _names(nested: Mapping[str, Any], name: str) -> bool:
+    """Whether field ``name`` is set in ``nested``."""
+    return name in nested or any(isinstance(v, Mapping) and name in v for k, v in nested.items() if k in GROUPS)
 
 
 def upgrade_v1(d: Mapping[str, Any]) -> dict[str, Any]:
@@ -473,14 +628,6 @@ def _moved_task_options(out: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _update(under: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    """Nested options ``under`` updated with ``over``, group by group (an option ``over`` names wins)."""
-    out = dict(under)
-    for key, value in over.items():
-        out[key] = {**out.get(key, {}), **value} if key in GROUPS else value
-    return out
-
-
 def flat_options(d: Mapping[str, Any]) -> dict[str, Any]:
     """Options in any accepted layout → one flat mapping by option name (``{"lr": ..., "data": "mnist"}``)."""
     out = {}
@@ -538,7 +685,7 @@ def read_run_config(path: str | os.PathLike) -> TrainConfig:
     whichever layout it was written in (runs of earlier releases hold flat options)."""
     path = Path(path)
     options = read_options_file(path / "config.yaml" if path.is_dir() else path)
-    return TrainConfig.from_dict({k: v for k, v in options.items() if k not in RUN_EXTRAS})
+    return TrainConfig.from_dict({k: v for k, v in options.items() if k not in RUN_EXTRAS}, saved=True)
 
 
 def given_once(model_args: Mapping[str, Any], field: str, value: object, setter: str) -> None:

@@ -325,7 +325,6 @@ class DINOTask(Task):
         grad_clip=3.0,
         measure_every=0,
         eval_every=5,
-        label_smoothing=0.0,
     )
 
     # ------------------------------------------------------------------ setup

@@ -50,35 +50,46 @@ class LMOptions(Config):
         "clm: next token (CRATE-GPT, eq. (89)) | mlm: masked tokens (CRATE-BERT, eq. (85))",
         choices=OBJECTIVES,
         basic=True,
+        applies="always",
     )
     tokenizer: str = task_option(
         "byte",
         "byte (no training) | bpe | wordpiece (trained on `data`) | a tokenizer.json file",
         fixed=True,
         basic=True,
+        applies="always",
     )
     vocab_size: int = task_option(
-        4096, "vocabulary size of a bpe / wordpiece tokenizer", range=Range(1, integer=True), fixed=True, basic=True
+        4096,
+        "vocabulary size of a bpe / wordpiece tokenizer",
+        range=Range(1, integer=True),
+        fixed=True,
+        basic=True,
+        applies={"tokenizer": ("bpe", "wordpiece")},
     )
     mask_prob: float = task_option(
         0.15,
         "mlm: fraction of tokens predicted (of them 0.8 become [MASK], 0.1 random, 0.1 stay)",
         range=Range(0, 1, lo_open=True, hi_open=True),
+        applies={"objective": ("mlm",)},
     )
     eval_blocks: int = task_option(
         0,
         "evaluate on at most this many held-out blocks (0 = all)",
         range=Range(0, integer=True, note="0 = every held-out block"),
+        applies="always",
     )
     sample_tokens: int = task_option(
         200,
         "clm: tokens of the sample written to sample.txt at the end (0 = none)",
         range=Range(0, integer=True, note="0 = no sample"),
+        applies={"objective": ("clm",)},
     )
     token_prior: bool = task_option(
         True,
         "a new model starts by predicting the training tokens' frequencies (its head set to their log "
         "frequencies), so training does not first sit on the unigram plateau; off: the plain initialisation",
+        applies="always",
     )
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..config import applied
 from ..data.prefetch import prefetch
 from ..errors import OptionError
 from . import sharding
@@ -128,7 +129,7 @@ def _configure(
     given_task_args = set(overrides.get("task_args") or {})
     if resume is not None:
         state = load_training_state(resume)
-        cfg = saved = TrainConfig.from_dict(upgrade_v1(state["train_config"]))  # an earlier release's: flat
+        cfg = saved = TrainConfig.from_dict(upgrade_v1(state["train_config"]), saved=True)  # flat: an earlier release
         _check_architecture(state, overrides, resume)
     for key in ("task_args", "model_args"):  # a resumed run keeps the options not given again
         if cfg is not None and key in overrides:
@@ -145,6 +146,8 @@ def _configure(
             f"drop task: {cfg.task} from the options"
         )
     task = task or make_task(cfg.task)
+    if saved is not None and task.Options is not None:  # a saved option the ones given now leave unread: its default
+        cfg.task_args = applied(task.Options, cfg.task_args, given_task_args)
     task.parse_options(cfg)  # the task's options are checked before anything is written
     if saved is not None:
         _check_fixed_options(task, saved, cfg, state, given_task_args, resume)

@@ -58,29 +58,43 @@ class MAEOptions(Config):
         range=Range(0, 1, lo_open=True, hi_open=True),
         fixed="mask_ratio",
         basic=True,
+        applies="always",
     )
     augmentation: str = task_option(
         "auto",
         "augmentation of the pre-training images: auto (none for grey-scale images such as digits, crop-flip for "
         "colour ones, as in MAE; the header says which) | none | translate | crop-flip",
         choices=("auto", "none", "translate", "crop-flip"),
+        applies="always",
     )
     probe: bool = task_option(
-        True, "at the end, linear-probe the encoder and a random-init encoder (probe.json)", basic=True
+        True,
+        "at the end, linear-probe the encoder and a random-init encoder (probe.json)",
+        basic=True,
+        applies="always",
     )
     probe_pool: str = task_option(
-        "avg", "probe features: avg of the patch tokens (eq. (72)) | cls | mean of all tokens", choices=POOLS
+        "avg",
+        "probe features: avg of the patch tokens (eq. (72)) | cls | mean of all tokens",
+        choices=POOLS,
+        applies={"probe": "on"},
     )
     probe_c: float = task_option(
-        1.0, "inverse L2 strength C of the logistic-regression probe", range=Range(0, lo_open=True)
+        1.0,
+        "inverse L2 strength C of the logistic-regression probe",
+        range=Range(0, lo_open=True),
+        applies={"probe": "on"},
     )
     figure_images: int = task_option(
         8,
         "held-out images in reconstruction.png (a readable figure holds at most 64)",
         range=Range(0, 64, integer=True),
+        applies="always",
     )
     recognition: bool = task_option(
-        True, "at the end, classify the held-out reconstructions with a raw-pixel k-NN (recognition.json)"
+        True,
+        "at the end, classify the held-out reconstructions with a raw-pixel k-NN (recognition.json)",
+        applies="always",
     )
 
 

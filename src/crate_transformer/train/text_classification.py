@@ -32,6 +32,7 @@ __all__ = ["TextClassificationTask", "TextOptions", "text_metrics"]
 
 @dataclass
 class TextOptions(Config):
+    APPLIES = "always"  # every field is read by every text-classification run
     eval_data: str = task_option(
         "", "a second table evaluated instead of a `val_fraction` split (GLUE dev.tsv)", basic=True
     )
