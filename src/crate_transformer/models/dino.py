@@ -341,8 +341,9 @@ def global_coding_rate(Z: Tensor, eps: float) -> tuple[Tensor, Tensor]:
         G = dist_nn.all_reduce(G)
         torch.distributed.all_reduce(n)
     if n < 2:
-        raise ValueError(f"SimDINO's coding rate needs at least 2 images in the global batch, got {int(n)}; "
-                         "raise batch_size")  # fmt: skip
+        raise ValueError(
+            f"SimDINO's coding rate needs at least 2 images in the global batch, got {int(n)}; raise batch_size"
+        )
     return covariance_coding_rate(G, n, eps), n
 
 

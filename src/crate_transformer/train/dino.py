@@ -111,13 +111,17 @@ class DINOOptions(DINOHeadConfig):
         applies=SIMDINO_ONLY,
     )
     coeff: float = option(
-        1.0, "weight of SimDINO's compression (view alignment) term against the coding rate", range=Range(0),
+        1.0,
+        "weight of SimDINO's compression (view alignment) term against the coding rate",
+        range=Range(0),
         applies=SIMDINO_ONLY,
-    )  # fmt: skip
+    )
     expa_type: int = option(
-        1, "SimDINO's coding rate of: 1 the mean of student and teacher features, 0 the student's", choices=(0, 1),
+        1,
+        "SimDINO's coding rate of: 1 the mean of student and teacher features, 0 the student's",
+        choices=(0, 1),
         applies=SIMDINO_ONLY,
-    )  # fmt: skip
+    )
     patch_coding_rate: float = option(
         0.0,
         "weight of a coding-rate term on the student's global-view patch tokens (0 = off; SimDINO#46)",
