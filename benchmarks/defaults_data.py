@@ -6,15 +6,15 @@
   for training and from the right quarter for the test split (``train/`` and ``test/`` folders), so no test patch
   overlaps a training one.
 
-    python benchmarks/defaults_data.py OUT    # writes OUT/digits and OUT/photos
+    python benchmarks/defaults_data.py --out OUT    # writes OUT/digits and OUT/photos
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
+from _common import Arguments
 from PIL import Image
 
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")  # skimage.data; with scikit-learn's china and flower
@@ -64,8 +64,8 @@ def write_photos(out: Path, seed: int = 0) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path, help="folder to write digits/ and photos/ into")
+    parser = Arguments(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("defaults_data"), help="folder for digits/ and photos/")
     out = parser.parse_args().out
     print(f"{out / 'digits'}: {write_digits(out / 'digits')} images")
     print(f"{out / 'photos'}: {write_photos(out / 'photos')} images")

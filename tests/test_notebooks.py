@@ -37,8 +37,13 @@ EXPECTED_OUTPUT = {
     ],
 }
 # cells that must draw: notebook 1 plots the rates and ISTA's convergence, notebook 2 compression against
-# initialisation, across training, the attention and the subspaces
-FIGURES = {"01_coding_rates.ipynb": 2, "02_tiny_crate.ipynb": 4, "03_released_checkpoint.ipynb": 2}
+# initialisation, across training, the attention and the subspaces; notebook 5 the effects, the patching, the steering
+FIGURES = {
+    "01_coding_rates.ipynb": 2,
+    "02_tiny_crate.ipynb": 4,
+    "03_released_checkpoint.ipynb": 2,
+    "05_reaching_inside.ipynb": 3,
+}
 
 
 def test_there_are_tutorial_notebooks() -> None:

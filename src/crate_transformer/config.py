@@ -275,7 +275,9 @@ def check_applicable(values: Mapping[str, Any], owners: Mapping[str, type], seen
         message = f"{place(name)} applies only when {applies_words(applies, place)}; {state}: drop {place(name)}"
         about = field_about(owners[name], name)
         if about:
-            about["option"] = tuple(field_about(owners[k], k).get("option", (k,))[0] for k in [name, *keys])
+            # the task is a command's choice, not a flag of it: the CLI leaves the word "task" as it is
+            named = [name, *(k for k in keys if k != "task")]
+            about["option"] = tuple(field_about(owners[k], k).get("option", (k,))[0] for k in named)
         if to_pass:
             raise OptionError(f"{message} or pass {to_pass}", **about)
         raise OptionError(f"{message} or set {' and '.join(to_set)}", **about)

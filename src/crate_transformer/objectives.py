@@ -34,6 +34,8 @@ from torch import Tensor
 __all__ = [
     "coding_rate",
     "coding_rate_grad",
+    "covariance_coding_rate",
+    "effective_rank",
     "membership_coding_rate",
     "subspace_coding_rate",
     "subspace_coding_rate_grad",
@@ -154,6 +156,49 @@ def coding_rate_grad(Z: Tensor, eps: float = 0.1, *, dtype: torch.dtype | None =
     A = torch.eye(d, dtype=Z.dtype, device=Z.device) + a * (Z.transpose(-1, -2) @ Z)
     # Z A⁻¹ = (A⁻¹ Zᵀ)ᵀ since A is symmetric.
     return a * torch.linalg.solve(A, Z.transpose(-1, -2)).transpose(-1, -2)
+
+
+def covariance_coding_rate(G: Tensor, n: Tensor | float, eps: float) -> Tensor:
+    """Coding rate eq. (8) from a token set's d×d Gram ``G = ZᵀZ`` and its size ``n``: ``½ logdet(I + d/(nε²) G)``,
+    in float64 whatever ``G``'s dtype and the autocast (returned in float64).
+
+    The form in which a coding rate is summed over processes: each holds the Gram of its own tokens, their sum is
+    the Gram of all of them (SimDINO's expansion term, :class:`~crate_transformer.models.dino.SimDINOLoss`).
+    The log-determinant is a Cholesky factorisation without jitter: ``I + cG`` of a finite Gram is positive definite
+    with eigenvalues >= 1, so it succeeds in float64 for any c > 0; a non-finite ``G`` or a failed factorisation
+    raises a one-line ``FloatingPointError`` naming ε, n and d (never a NaN loss).
+    """
+    _check_eps(eps)
+    if G.dim() < 2 or G.shape[-1] != G.shape[-2]:
+        raise ValueError(f"G must be a (..., d, d) Gram matrix, got shape {tuple(G.shape)}")
+    d = G.shape[-1]
+    with full_precision(G):
+        G = G.to(torch.float64)
+        n = torch.as_tensor(n, dtype=torch.float64, device=G.device)
+        A = torch.eye(d, dtype=torch.float64, device=G.device) + (d / (n * eps**2))[..., None, None] * G
+        L, info = torch.linalg.cholesky_ex(A)
+        if not bool(torch.isfinite(G).all()) or bool((info != 0).any()):
+            what = (
+                "has non-finite entries (the features are inf or NaN)"
+                if not torch.isfinite(G).all()
+                else ("is not positive definite in float64")
+            )
+            raise FloatingPointError(
+                f"the coding-rate matrix I + d/(n eps^2) Z^T Z {what} (eps={eps:g}, batch n={float(n.max()):g}, "
+                f"d={d}): lower the learning rate or raise eps"
+            )
+        return torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)  # ½ logdet(A) = Σ log L_ii
+
+
+@_without_autocast
+def effective_rank(Z: Tensor) -> Tensor:
+    """Effective rank (Roy & Vetterli 2007) of a set of features, rows of ``Z`` ``(..., n, d)``: ``exp H(σ / Σσ)``,
+    the exponential of the entropy of the normalised singular values, between 1 (all features on one line: a
+    collapse) and ``min(n, d)``.  Computed in float64 on the rows as given (not centred)."""
+    _check_tokens(Z)
+    s = torch.linalg.svdvals(Z.to(torch.float64))
+    p = s / s.sum(-1, keepdim=True).clamp_min(1e-300)
+    return torch.exp(-(p * p.clamp_min(1e-300).log()).sum(-1))
 
 
 @_without_autocast

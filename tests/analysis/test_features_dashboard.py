@@ -4,6 +4,8 @@ recomputed by a plain forward pass; every request that leaves the file is refuse
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -68,5 +70,43 @@ def test_choosing_a_layer_and_an_atom_shows_its_top_patches(browser, setup):  # 
     page.select_option("#sort-select", "frequency")
     first = int(page.get_attribute("#atom-list button.atom >> nth=0", "data-atom"))
     assert freq[first] == pytest.approx(freq.max())
+    assert blocked == [] and errors == []
+    page.close()
+
+
+def test_effects_scatter_and_stats(browser, setup, tmp_path):  # noqa: F811
+    """With the effects (crate features --effects) the page shows a purity-vs-flip scatter of the layer's scored
+    units, the chosen atom's effect with its interval, and orders the atoms by effect."""
+    from crate_transformer.analysis import effects as E
+
+    _, report, _ = setup
+    torch.manual_seed(0)
+    model = ct.create_model("crate_tiny", **TINY).eval()
+    test = load_dataset("digits", "test")
+    images, labels = test.images[:40].float() / 255, test.labels[:40]
+    found = E.image_effects(model, images[:12], labels[:12], normalization=(test.mean, test.std), n_boot=200)
+    data = E.attach_effects(json.loads(json.dumps(report)), found, 12, n_boot=200)
+    _, assets = F.image_features(model, images, labels, normalization=(test.mean, test.std), k=4)
+    path = tmp_path / "features.html"
+    path.write_text(F.render_dashboard({**data, **assets, "description": "with effects"}))
+    page, blocked, errors = open_page(browser, path, ready=READY)
+    page.select_option("#layer-select", "2")
+    units = data["layers"][1]["units"]
+    scored = [u["unit"] for u in units if u["class_purity"] is not None]
+    dots = page.locator("#effect-scatter .dot")
+    assert dots.count() == len(scored) > 0
+    u = scored[-1]
+    page.dispatch_event(f"#effect-scatter .dot[data-atom='{u}']", "click")  # dots of equal values overlap
+    assert page.get_attribute("body", "data-atom") == str(u)
+    assert "selected" in page.get_attribute(f"#effect-scatter .dot[data-atom='{u}']", "class")
+    shown = page.inner_text("[data-stat='effect_flip']").split(":", 1)[1]
+    assert float(shown.split("[")[0]) == pytest.approx(units[u]["effect_flip"], abs=1e-4)
+    lo, hi = (float(v) for v in shown.split("[")[1].rstrip("]").split(","))
+    assert lo == pytest.approx(units[u]["effect_flip_lo"], abs=1e-4) and hi >= lo
+    header = page.inner_text("#summary-table")
+    assert "flip (ablated)" in header and "ρ(class purity, flip)" in header
+    page.select_option("#sort-select", "effect")
+    first = int(page.get_attribute("#atom-list button.atom >> nth=0", "data-atom"))
+    assert units[first]["effect_flip"] == pytest.approx(max(v["effect_flip"] for v in units))
     assert blocked == [] and errors == []
     page.close()

@@ -381,11 +381,15 @@ def text_features(
 
 
 def summary_table(report: dict) -> str:
-    """The per-layer table of a :func:`image_features` / :func:`text_features` report as aligned text."""
+    """The per-layer table of a :func:`image_features` / :func:`text_features` report as aligned text; with the
+    effects (:func:`~crate_transformer.analysis.effects.attach_effects`) the layer's mean prediction flip and Δloss
+    when one unit is ablated, and Spearman's ρ of purity and flip over the scored units."""
     kinds = report["label_kinds"]
+    effects = "effects" in report  # crate features --effects: the mean effect and its rank agreement with purity
     head = ["layer", "units", "width", "dead", "always-on", "mean freq"]
     for kind in kinds:
         head += [f"{kind} purity", "chance", "scored"]
+    head += ["flip", "Δloss", *[f"{kind} purity~flip" for kind in kinds]] if effects else []
     rows = [head]
     for layer in report["layers"]:
         s = layer["summary"]
@@ -394,6 +398,13 @@ def summary_table(report: dict) -> str:
         for kind in kinds:
             p, c = s[f"{kind}_purity"], s[f"{kind}_chance"]
             row += ["-" if p is None else f"{p:.3f}", "-" if c is None else f"{c:.3f}", str(s[f"{kind}_scored"])]
+        if effects:
+            rho = [s.get(f"{kind}_purity_vs_flip") for kind in kinds]
+            row += [
+                f"{s['effect_flip']:.4f}",
+                f"{s['effect_loss']:+.4f}",
+                *["-" if r is None else f"{r:+.2f}" for r in rho],
+            ]
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows)

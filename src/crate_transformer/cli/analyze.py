@@ -435,7 +435,7 @@ def run_analyze(args: argparse.Namespace) -> int:
 
     apply_threads(args)
     device = resolve_device(args.device)
-    model = load_model(args.checkpoint, args.model, **parse_model_args(args.model_args)).to(device).eval()
+    model = load_model(args.checkpoint, args.model, **parse_model_args(args.model_args, args.model)).to(device).eval()
     if model.kind == LANGUAGE_MODEL:
         refuse_given(args, IMAGE_ONLY, f"to a language model ({args.checkpoint}); pass a text corpus as --data")
         return _analyze_language_model(model, args)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Sequence
+import difflib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,9 @@ from .messages import flag
 __all__ = ["parse_model_args", "given_options", "apply_threads", "refuse_given", "resolve_options"]
 
 
-def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
-    """``["dim=64", "eta=5e-2"]`` → ``{"dim": 64, "eta": 0.05}``, keys checked against the registered families'
-    config classes (the model's own config class rejects the other's keys when the model is built).
+def parse_model_args(items: Sequence[str], model: str | None = None) -> dict[str, Any]:
+    """``["dim=64", "eta=5e-2"]`` → ``{"dim": 64, "eta": 0.05}``, keys checked against the fields the registered
+    ``model`` reads (any family's where the model is not known yet: its own config class rejects the others').
 
     Values are read as YAML scalars (``true``, ``null``, numbers); the config class then coerces them by field
     type, so ``5e-2`` (a string to YAML 1.1) is a float and ``eta=abc`` is a one-line error.
@@ -40,12 +41,28 @@ def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
             raise ValueError(f"--model-args sets {name} twice ({out[name]!r} and {parsed!r}); keep one")
         out[name] = parsed
     fields = _model_fields()  # any family's; the model's own config class rejects the ones it does not have
+    _check_model_reads(out, model)
     bad = sorted(set(out) - set(fields))
-    if bad:
-        raise ValueError(f"unknown model argument(s) {bad}; valid: {sorted(fields)}")
+    if bad:  # the model is not known yet (it is the command's default or the checkpoint's): any family's fields
+        near = difflib.get_close_matches(bad[0], fields, n=1)
+        hint = f"did you mean {near[0]}? " if near else f"valid: {', '.join(sorted(fields))}; "
+        raise ValueError(f"unknown model argument(s) {bad}; {hint}pass --model NAME to list that model's fields")
     for key, value in out.items():  # ranges and finiteness now, not when the model is built inside a run
         fields[key].check_field(key, value)
     return out
+
+
+def _check_model_reads(given: Mapping[str, Any], model: str | None) -> None:
+    """An argument the registered ``model`` does not read: one line with the nearest of the fields it reads."""
+    from ..models._registry import list_models, model_fields
+
+    if not model or model not in list_models():
+        return
+    reads = model_fields(model)
+    for name in sorted(set(given) - set(reads)):
+        near = difflib.get_close_matches(name, reads, n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise ValueError(f"{model} has no model argument {name!r}{hint}; it reads: {', '.join(reads)}")
 
 
 def _model_fields() -> dict[str, type]:
@@ -99,7 +116,8 @@ def given_options(args: argparse.Namespace) -> dict[str, Any]:
         _refuse_unread(options, args._options, args.config)
     flags = {k: v for k, v in vars(args).items() if k in names}
     if "model_args" in flags:
-        flags["model_args"] = {**(options.get("model_args") or {}), **parse_model_args(flags["model_args"])}
+        model = flags.get("model") or options.get("model") or getattr(args, "model", None)
+        flags["model_args"] = {**(options.get("model_args") or {}), **parse_model_args(flags["model_args"], model)}
     for name, value in flags.items():
         group, key = FLAT.get(name, (None, None))
         if isinstance(options.get(group), dict):  # the file nests this option's group: the flag goes inside

@@ -40,6 +40,15 @@ class FeaturesOptions(Config):
     num_blocks: int = option(64, "language models: held-out token blocks measured", range=POSITIVE, basic=True)
     context: int = option(12, "language models: tokens shown either side", range=NON_NEGATIVE)
     batch_size: int = option(64, "batch size of the measurement", range=POSITIVE)
+    effects: bool = option(
+        False,
+        "also the causal effect of every unit: the change of the loss and of the predictions when it is ablated "
+        "(zeroed), with bootstrap intervals over the examples, beside its purity",
+        basic=True,
+    )
+    effects_samples: int = option(
+        256, "--effects: the measured images or blocks it ablates on (the first ones)", range=POSITIVE
+    )
     out: str | None = option(
         None, OUT_HELP, shown="features inside the model's folder, or features-2, -3, ... when that one is in use",
         basic=True, group=REPORT
@@ -119,6 +128,19 @@ def _text_inputs(model: object, args: argparse.Namespace, run: Path) -> tuple:
     return held_out.get(torch.arange(n)), desc
 
 
+def _effects(model: object, args: argparse.Namespace, report: dict, data: tuple, layers: list[int] | None) -> dict:
+    """``report`` with every unit's causal effect (:mod:`..analysis.effects`) on the first ``--effects-samples``
+    of the measured images (``data = (x, y, norm)``) or blocks (``data = (blocks,)``)."""
+    from ..analysis import effects as E
+
+    n, kw = args.effects_samples, dict(layers=layers, seed=args.seed, batch_size=args.batch_size)
+    if len(data) == 1:
+        found = E.text_effects(model, data[0][:n], **kw)
+    else:
+        found = E.image_effects(model, data[0][:n], data[1][:n], normalization=data[2], **kw)
+    return E.attach_effects(report, found, min(n, len(data[0])), n_boot=1000)
+
+
 def run_features(args: argparse.Namespace) -> int:
     from ..analysis import features as F
     from ..config import LANGUAGE_MODEL
@@ -145,6 +167,8 @@ def run_features(args: argparse.Namespace) -> int:
     else:
         x, y, classes, norm, desc = _image_inputs(model, args)
         report, assets = F.image_features(model, x, y, classes=classes, normalization=norm, **common)
+    if args.effects:
+        report = _effects(model, args, report, (blocks,) if language else (x, y, norm), layers)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     report["source"] = {"run": args.run, "data": desc, "date": when}
     write_json(out / "features.json", report)

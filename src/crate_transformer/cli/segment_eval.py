@@ -107,7 +107,7 @@ def run_segment_eval(args: argparse.Namespace) -> int:
     make_folder(args.out, "segment-eval results")  # the target first: nothing is computed for an unwritable one
     gt = _ground_truth(args)  # the annotations are checked before the model is loaded
     apply_threads(args)
-    model = load_model(args.checkpoint, args.model, **parse_model_args(args.model_args))
+    model = load_model(args.checkpoint, args.model, **parse_model_args(args.model_args, args.model))
     model = model.to(resolve_device(args.device)).eval()
     layer = layer_number(model, args.layer, "--layer")
     report = evaluate_segmentation(

@@ -198,7 +198,7 @@ def _eval_model(args: argparse.Namespace) -> object:
     """The checkpoint's image model, refused with a one-line error when ``crate eval`` cannot score it."""
     from ..loading.pipeline import load_model
 
-    model = load_model(args.checkpoint, name=args.model, **parse_model_args(args.model_args))
+    model = load_model(args.checkpoint, name=args.model, **parse_model_args(args.model_args, args.model))
     if model.kind == LANGUAGE_MODEL:
         raise ValueError(f"{args.checkpoint} is a language model; see its held-out perplexity in metrics.jsonl")
     if model.kind == MASKED_AUTOENCODER and not (args.knn or args.linear_probe):

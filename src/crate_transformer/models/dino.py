@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from ..config import Config
 from ..config_utils import POSITIVE, option
+from ..objectives import at_least_float32, covariance_coding_rate, effective_rank, full_precision
 from .base import POOLS, pool_tokens
 
 __all__ = [
@@ -46,11 +47,21 @@ __all__ = [
     "DINOHead",
     "DINOModel",
     "DINOLoss",
+    "SimDINOLoss",
+    "global_coding_rate",
+    "feature_health",
+    "COLLAPSE_RANK",
+    "collapse_words",
     "ema_update",
     "cosine_schedule",
     "teacher_temperature",
     "cancel_gradients_last_layer",
 ]
+
+
+OBJECTIVES = ("dino", "simdino")  # DINO's cross-entropy on prototypes; SimDINO's coding rate (Wu et al. 2025)
+DINO_ONLY: dict[str, tuple[str, ...]] = {"objective": ("dino",)}  # options read by DINO's objective only
+SIMDINO_ONLY: dict[str, tuple[str, ...]] = {"objective": ("simdino",)}  # options read by SimDINO's only
 
 
 @dataclass
@@ -59,16 +70,29 @@ class DINOHeadConfig(Config):
     the backbone feature it reads.  The training options (temperatures, momenta, multi-crop augmentation, presets)
     are the ``dino`` task's, :class:`crate_transformer.train.dino.DINOOptions`, which extends this class."""
 
-    APPLIES = "always"  # every field (and DINOOptions') is read by the head's build or the dino task
+    APPLIES = "always"  # every field without an objective's ``applies`` is read by the head's build or the task
 
+    objective: str = option(
+        "dino",
+        "the self-distillation objective: dino (prototypes, centring, cross-entropy) | simdino (coding rate; its "
+        "head has no prototype layer)",
+        choices=OBJECTIVES,
+        fixed=True,
+    )
     out_dim: int = option(
-        1024, "prototypes K: outputs of the weight-normalised last layer (DINO: 65536)", range=POSITIVE, fixed=True
+        1024,
+        "prototypes K: outputs of the weight-normalised last layer (DINO: 65536)",
+        range=POSITIVE,
+        fixed=True,
+        applies=DINO_ONLY,
     )
     hidden_dim: int = option(256, "hidden width of the head's 3-layer MLP (DINO: 2048)", range=POSITIVE, fixed=True)
     bottleneck_dim: int = option(64, "bottleneck before l2-normalisation (DINO: 256)", range=POSITIVE, fixed=True)
     head_layers: int = option(3, "MLP layers of the head (DINO: 3)", range=POSITIVE, fixed=True)
     use_bn_in_head: bool = option(True, "BatchNorm in the head's MLP (DINO: off for ViTs; digits: on)", fixed=True)
-    norm_last_layer: bool = option(True, "fix the weight norm of the last layer to 1 (DINO: on)", fixed=True)
+    norm_last_layer: bool = option(
+        True, "fix the weight norm of the last layer to 1 (DINO: on)", fixed=True, applies=DINO_ONLY
+    )
     pool: str = option(
         "avg",
         "backbone feature for the head and k-NN: cls token | avg of the patch tokens | mean of all tokens",
@@ -111,7 +135,7 @@ def cancel_gradients_last_layer(head: DINOHead, epoch: int, freeze_last_layer: i
     """DINO's ``cancel_gradients_last_layer``: during epochs ``< freeze_last_layer`` the head's last layer
     gets no gradient (``p.grad = None``), so the optimizer skips it — no AdamW moments, step count or weight
     decay for it until the first step of epoch ``freeze_last_layer``, exactly as in DINO."""
-    if epoch >= freeze_last_layer:
+    if epoch >= freeze_last_layer or head.last_layer is None:  # SimDINO's head has no last layer
         return
     for p in head.last_layer.parameters():
         p.grad = None
@@ -142,7 +166,7 @@ class DINOHead(nn.Module):
     def __init__(
         self,
         in_dim: int,
-        out_dim: int,
+        out_dim: int | None,
         *,
         hidden_dim: int = 2048,
         bottleneck_dim: int = 256,
@@ -164,6 +188,9 @@ class DINOHead(nn.Module):
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
                 nn.init.zeros_(m.bias)
+        self.last_layer: nn.Module | None = None
+        if out_dim is None:  # SimDINO's head: its prototype layer is commented out (vision_transformer.py)
+            return
         last = nn.Linear(bottleneck_dim, out_dim, bias=False)
         self.last_layer = nn.utils.parametrizations.weight_norm(last)
         g = self.last_layer.parametrizations.weight.original0
@@ -173,19 +200,23 @@ class DINOHead(nn.Module):
 
     @classmethod
     def from_config(cls, in_dim: int, config: DINOHeadConfig) -> DINOHead:
-        """The head :class:`DINOHeadConfig` describes, on ``in_dim``-dimensional backbone features."""
+        """The head :class:`DINOHeadConfig` describes, on ``in_dim``-dimensional backbone features (no prototype
+        layer for ``objective="simdino"``: its features are the ℓ2-normalised bottleneck)."""
+        out_dim = config.out_dim if config.objective == "dino" else None
         return cls(
-            in_dim, config.out_dim, hidden_dim=config.hidden_dim, bottleneck_dim=config.bottleneck_dim,
+            in_dim, out_dim, hidden_dim=config.hidden_dim, bottleneck_dim=config.bottleneck_dim,
             nlayers=config.head_layers, use_bn=config.use_bn_in_head, norm_last_layer=config.norm_last_layer,
         )  # fmt: skip
 
     def last_layer_parameters(self) -> list[nn.Parameter]:
         """The trainable parameters of the last layer (frozen during the first ``freeze_last_layer`` epochs)."""
+        if self.last_layer is None:
+            return []
         return [p for p in self.last_layer.parameters() if p.requires_grad]
 
     def forward(self, x: Tensor) -> Tensor:
         x = F.normalize(self.mlp(x), dim=-1, p=2)
-        return self.last_layer(x)
+        return x if self.last_layer is None else self.last_layer(x)
 
 
 class DINOModel(nn.Module):
@@ -216,18 +247,26 @@ class DINOModel(nn.Module):
         training, unlike the backbone's own rule for supervised training (``Model.no_weight_decay``)."""
         return {n for n, p in self.named_parameters() if n.endswith(".bias") or p.ndim < 2}
 
-    def forward(self, views: Tensor | Sequence[Tensor]) -> Tensor:
-        """Head outputs of every view, concatenated in the order given: ``(len(views) · b, out_dim)``."""
+    def forward(self, views: Tensor | Sequence[Tensor], *, patch_views: int = 0) -> Any:
+        """Head outputs of every view, concatenated in the order given: ``(len(views) · b, out_dim)``; with
+        ``patch_views=k`` also the backbone's patch tokens ``(k · b, N, d)`` of the first ``k`` views (of one
+        resolution; the global views, for SimDINO's patch-token coding rate), as ``(out, patches)``."""
         if isinstance(views, Tensor):
             views = [views]
-        out, i = [], 0
+        out, patches, i = [], None, 0
         while i < len(views):  # consecutive views of one resolution go through the backbone together
             j = i
             while j < len(views) and views[j].shape[-2:] == views[i].shape[-2:]:
                 j += 1
-            out.append(self.features(torch.cat(list(views[i:j]))))
+            tokens = self.backbone.forward_features(torch.cat(list(views[i:j])))
+            if i == 0 and patch_views:
+                if patch_views > j:
+                    raise ValueError(f"patch_views={patch_views} but only {j} leading views share a resolution")
+                patches = tokens[: patch_views * len(views[0]), 1:]
+            out.append(pool_tokens(tokens, self.pool))
             i = j
-        return self.head(torch.cat(out))
+        head = self.head(torch.cat(out))
+        return (head, patches) if patch_views else head
 
 
 # --------------------------------------------------------------------------- loss
@@ -273,3 +312,112 @@ class DINOLoss(nn.Module):
             torch.distributed.all_reduce(batch_center)
             torch.distributed.all_reduce(count)
         self.center.mul_(self.center_momentum).add_(batch_center / count, alpha=1.0 - self.center_momentum)
+
+
+# --------------------------------------------------------------------------- SimDINO's loss
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def global_coding_rate(Z: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """``(R, n)``: the coding rate ``R = ½ logdet(I + d/(nε²) ZᵀZ)`` (JMLR eq. (8)) of the rows of ``Z`` ``(b, d)``
+    of every process together, and ``n``, their number, in float64.
+
+    Each process adds its d×d Gram ``ZᵀZ`` and its ``b``; the sums are all-reduced (the Gram through
+    ``torch.distributed.nn``, whose backward all-reduces the gradient), so ``R`` is the rate of the whole global
+    batch on every process, and DDP's average of the processes' gradients is the gradient of that rate: 1 process
+    with 2b rows and 2 with b each give the same loss and gradients (SimDINO's ``--reduce_cov 1``, made the only
+    way; with ``--reduce_cov 0`` the authors' rate is of the per-process batch, RobinWu218/SimDINO#48).
+    """
+    if Z.dim() != 2:
+        raise ValueError(f"Z must be (batch, dim) features, got shape {tuple(Z.shape)}")
+    with full_precision(Z):  # the Gram in float64 under a bf16 / fp16 autocast too
+        Z = Z.to(torch.float64)
+        G = Z.transpose(0, 1) @ Z
+    n = torch.full((), Z.shape[0], dtype=torch.float64, device=Z.device)
+    if _distributed():
+        import torch.distributed.nn.functional as dist_nn
+
+        G = dist_nn.all_reduce(G)
+        torch.distributed.all_reduce(n)
+    if n < 2:
+        raise ValueError(
+            f"SimDINO's coding rate needs at least 2 images in the global batch, got {int(n)}; raise batch_size"
+        )
+    return covariance_coding_rate(G, n, eps), n
+
+
+class SimDINOLoss(nn.Module):
+    """SimDINO's objective (Wu et al. 2025, "Simplifying DINO via Coding Rate Regularization";
+    RobinWu218/SimDINO ``main_dino.py``, ``MCRLoss``), on the ℓ2-normalised head features of every view:
+
+    ``loss = − coeff · compression − expansion``, where ``compression`` is the mean cosine similarity between the
+    teacher's feature of each global view and the student's of every other view (all pairs of distinct views), and
+    ``expansion = γ · mean_v R(Z_v)`` over the global views, ``Z_v = (student_v + teacher_v)/2`` (the authors'
+    ``expa_type 1``; ``smooth=False``: the student's alone, ``expa_type 0``), ``R`` the coding rate of the whole
+    global batch (:func:`global_coding_rate`) with ε² the authors' ``--eps``, and ``γ = (d + n)/(d n)`` their
+    balancing factor.  ``forward`` returns ``(loss, {"compression": ..., "expansion": ...})``, the terms detached.
+    """
+
+    def __init__(self, *, eps: float, coeff: float = 1.0, smooth: bool = True) -> None:
+        super().__init__()
+        if not eps > 0:
+            raise ValueError(
+                f"SimDINO needs a positive eps (the precision ε of the coding rate), got {eps}; e.g. 0.7071"
+            )
+        self.eps, self.coeff, self.smooth = float(eps), float(coeff), smooth
+
+    def compression(self, student: Sequence[Tensor], teacher: Sequence[Tensor]) -> Tensor:
+        """Mean over pairs of distinct views (teacher's global view i, student's view v != i) of the batch mean of
+        their cosine similarity (the authors' ``calc_compression``)."""
+        total, pairs = student[0].new_zeros(()), 0
+        for i, t in enumerate(teacher):
+            for v, s in enumerate(student):
+                if v != i:
+                    total, pairs = total + F.cosine_similarity(t, s, dim=-1).mean(), pairs + 1
+        return total / max(pairs, 1)
+
+    def expansion(self, views: Sequence[Tensor]) -> Tensor:
+        """``γ · mean_v R(Z_v)`` with ``R`` over the global batch and ``γ = (d + n)/(d n)`` (``calc_expansion``)."""
+        rates = [global_coding_rate(z, self.eps) for z in views]
+        d, n = views[0].shape[-1], rates[0][1]
+        return torch.stack([r for r, _ in rates]).mean() * ((d + n) / (d * n))
+
+    def forward(
+        self, student_out: Tensor, teacher_out: Tensor, *, n_global: int = 2
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        b = teacher_out.shape[0] // n_global
+        student = at_least_float32(student_out).chunk(student_out.shape[0] // b)  # float64 stays float64
+        teacher = at_least_float32(teacher_out).detach().chunk(n_global)
+        comp = self.compression(student, teacher)
+        views = [(s + t) / 2 for s, t in zip(student, teacher)] if self.smooth else list(student[:n_global])
+        expa = self.expansion(views)
+        loss = -self.coeff * comp - expa.to(comp.dtype)
+        return loss, {"compression": comp.detach(), "expansion": expa.detach().to(comp.dtype)}
+
+
+# --------------------------------------------------------------------------- telling a healthy run from a collapse
+COLLAPSE_RANK = 0.1  # collapsing: effective rank below this fraction of min(n, d) (1 / min(n, d): a single direction)
+
+
+@torch.no_grad()
+def feature_health(features: Tensor, eps: float) -> dict[str, Tensor]:
+    """Collapse monitors of a batch of backbone features ``(n, d)``, ℓ2-normalised: the mean per-dimension std
+    (→ 0 at a collapse), the effective rank (:func:`~crate_transformer.objectives.effective_rank`; collapsing below
+    :data:`COLLAPSE_RANK` · min(n, d)) and the coding rate ``R`` of eq. (8) at ``eps`` (down to ½ log(1 + d/ε²), its
+    least for unit features, at a collapse to one point).
+    Of the process's own batch: monitors, not the loss."""
+    z = F.normalize(features.float(), dim=-1)
+    n, d = z.shape
+    with full_precision(z):  # no host sync (a monitor of every step): the Cholesky's status is not read
+        G = z @ z.T if n <= d else z.T @ z
+        L = torch.linalg.cholesky_ex(torch.eye(len(G), device=z.device) + d / (n * eps**2) * G)[0]
+        rate = torch.log(torch.diagonal(L)).sum()  # ½ logdet, eq. (8)
+    return {"feature_std": z.std(dim=0).mean(), "effective_rank": effective_rank(z).float(), "coding_rate": rate}
+
+
+def collapse_words(rank: float, n: int, d: int) -> str:
+    """``"effective rank 12.3 of 32 (collapse below 3.2)"``, with ``COLLAPSING`` appended below the threshold."""
+    top = min(n, d)
+    limit = COLLAPSE_RANK * top
+    return f"effective rank {rank:.1f} of {top} (collapse below {limit:.1f})" + (" COLLAPSING" if rank < limit else "")

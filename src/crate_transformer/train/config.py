@@ -66,7 +66,7 @@ __all__ = [
 AMP_MODES = ("auto", "none", "bf16", "fp16")
 VERSION = 2  # config.yaml layout: 1 = one flat mapping of options, 2 = the option groups below
 # where an option applies (option(applies=...)): the tasks that read it
-IMAGES = {"task": ("classification", "mae", "dino")}  # the image tasks' data (train.images)
+IMAGES = {"task": ("classification", "mae", "dino", "simdino")}  # the image tasks' data (train.images)
 CLASSIFY = {"task": ("classification",)}  # the classification task's recipe pieces
 TEXT = ("lm", "text-classification")
 GROUP = {"applies": ALWAYS}  # a TrainConfig field holding a group of options
@@ -422,7 +422,7 @@ class TrainConfig:
     keep_head: bool = option(
         False,
         "keep the pretrained head when the class count matches",
-        applies={"init_from": ON, "task": ("classification", "dino")},
+        applies={"init_from": ON, "task": ("classification", "dino", "simdino")},
     )
     # the option groups (each field of them states where it applies)
     data: DataOptions = field(default_factory=DataOptions, metadata=GROUP)

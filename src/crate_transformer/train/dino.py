@@ -29,18 +29,24 @@ import torch
 from torch import Tensor, nn
 
 from ..config import IMAGE_CLASSIFIER
-from ..config_utils import NON_NEGATIVE, Range, option
+from ..config_utils import NON_NEGATIVE, Range, fields_applicability, option
 from ..data import augment as A
 from ..errors import Step
 from ..models.classifier import ImageClassifier
 from ..models.dino import (
+    DINO_ONLY,
+    SIMDINO_ONLY,
     DINOHead,
     DINOHeadConfig,
     DINOLoss,
     DINOModel,
+    SimDINOLoss,
     cancel_gradients_last_layer,
+    collapse_words,
     cosine_schedule,
     ema_update,
+    feature_health,
+    global_coding_rate,
     teacher_temperature,
 )
 from .config import TrainConfig, given_once
@@ -52,6 +58,7 @@ from .task import RunSummary, StepContext, Task, TaskResult
 
 __all__ = ["DINOTask", "DINOOptions", "PRESETS", "MultiCropAugmentation", "EXPORT_KEY", "plot_dino_curves"]
 
+OBJECTIVE_NAMES = {"dino": "DINO", "simdino": "SimDINO"}
 EXPORT_KEY = "export_model"  # task-state key: the weights of the model that ``model_config`` describes
 
 
@@ -60,6 +67,7 @@ POS, UNIT = Range(0, lo_open=True), Range(0, 1)  # temperatures; momenta and pro
 AREA = Range(0, 1, lo_open=True, note="each of the two area fractions LO HI")  # crop areas
 EPOCHS = Range(0, integer=True, note="whole epochs")
 PRESET_NAMES = ("digits", "paper")  # PRESETS below
+SIMDINO_EPS = 0.7071067811865476  # sqrt(0.5): SimDINO's --eps 0.5 is eps^2 of the coding rate (ours is eps, eq. (8))
 
 
 @dataclass
@@ -79,21 +87,56 @@ class DINOOptions(DINOHeadConfig):
         basic=True,
     )
     # temperatures and centre
-    student_temp: float = option(0.1, "student temperature tau_s", range=POS)
-    teacher_temp: float = option(0.04, "teacher temperature tau_t after the warm-up", range=POS, basic=True)
-    warmup_teacher_temp: float = option(0.04, "teacher temperature at the start of the warm-up", range=POS)
+    student_temp: float = option(0.1, "student temperature tau_s", range=POS, applies=DINO_ONLY)
+    teacher_temp: float = option(
+        0.04, "teacher temperature tau_t after the warm-up", range=POS, basic=True, applies=DINO_ONLY
+    )
+    warmup_teacher_temp: float = option(
+        0.04, "teacher temperature at the start of the warm-up", range=POS, applies=DINO_ONLY
+    )
     warmup_teacher_temp_epochs: int = option(
         0,
         "epochs of linear teacher-temperature warm-up (per epoch, reaching `teacher_temp` in the last one)",
         range=EPOCHS,  # whole epochs, as DINO
+        applies=DINO_ONLY,
     )
-    center_momentum: float = option(0.9, "EMA momentum of the teacher centre", range=UNIT)
+    center_momentum: float = option(0.9, "EMA momentum of the teacher centre", range=UNIT, applies=DINO_ONLY)
+    # SimDINO's coding rate (Wu et al. 2025; the authors' --eps is eps**2, their default 0.5 is eps 0.7071)
+    eps: float = option(
+        SIMDINO_EPS,
+        "precision eps of SimDINO's coding rate R = 1/2 logdet(I + d/(n eps^2) Z^T Z) (the authors' eps is eps^2: "
+        "their 0.5 is 0.7071)",
+        range=POS,
+        basic=True,
+        applies=SIMDINO_ONLY,
+    )
+    coeff: float = option(
+        1.0,
+        "weight of SimDINO's compression (view alignment) term against the coding rate",
+        range=Range(0),
+        applies=SIMDINO_ONLY,
+    )
+    expa_type: int = option(
+        1,
+        "SimDINO's coding rate of: 1 the mean of student and teacher features, 0 the student's",
+        choices=(0, 1),
+        applies=SIMDINO_ONLY,
+    )
+    patch_coding_rate: float = option(
+        0.0,
+        "weight of a coding-rate term on the student's global-view patch tokens (0 = off; SimDINO#46)",
+        range=Range(0),
+        applies=SIMDINO_ONLY,
+    )
     # teacher EMA and the student's first epoch
     momentum_teacher: float = option(
         0.99, "teacher EMA momentum at the start; cosine schedule to 1 (DINO: 0.996)", range=UNIT
     )
     freeze_last_layer: int = option(
-        1, "epochs during which the head's last layer gets no gradient (nor AdamW step)", range=EPOCHS
+        1,
+        "epochs during which the head's last layer gets no gradient (nor AdamW step)",
+        range=EPOCHS,
+        applies=DINO_ONLY,
     )
     weight_decay_end: float | None = option(
         0.4,
@@ -142,12 +185,14 @@ class DINOOptions(DINOHeadConfig):
 
     @classmethod
     def from_preset(cls, name: str = "digits", **overrides: Any) -> DINOOptions:
-        """The preset ``name`` with ``overrides`` (fields of this class) applied."""
+        """The preset ``name`` with ``overrides`` (fields of this class) applied; for ``objective="simdino"``
+        the preset's SimDINO form (:func:`preset`)."""
         known = {f.name for f in dataclasses.fields(cls)}
         bad = sorted(set(overrides) - known)
         if bad:
             raise ValueError(f"unknown DINO option(s) {bad}; valid options: {sorted(known)}")
-        return cls(**{**PRESETS.get(name, {}), **overrides, "preset": name})  # an unknown preset: the choices' error
+        objective = overrides.get("objective", cls.__dataclass_fields__["objective"].default)
+        return cls(**{**preset(name, objective), **overrides, "preset": name})  # an unknown preset: the choices' error
 
 
 # DINO main_dino.py defaults (ViT-S/16 column of its README except the teacher-temperature warm-up, which
@@ -203,6 +248,19 @@ DIGITS: dict[str, Any] = {
     ),
 }
 PRESETS: dict[str, dict[str, Any]] = {"digits": DIGITS, "paper": PAPER}
+# SimDINO's changes to a preset (RobinWu218/SimDINO main_dino.py keeps DINO's other defaults): no BatchNorm in the
+# head (their default; batch statistics per process would also make the loss depend on the number of processes).
+SIMDINO: dict[str, Any] = dict(use_bn_in_head=False, eps=SIMDINO_EPS, coeff=1.0, expa_type=1)
+
+
+def preset(name: str, objective: str = "dino") -> dict[str, Any]:
+    """The options of preset ``name`` for ``objective``: DINO's as in :data:`PRESETS`; SimDINO's without the options
+    that apply to DINO only (prototypes, temperatures, centre, frozen last layer) and with :data:`SIMDINO`."""
+    values = dict(PRESETS.get(name, {}))
+    if objective == "dino":
+        return values
+    dino_only = {n for n, where in fields_applicability(DINOOptions).items() if where == DINO_ONLY}
+    return {**{k: v for k, v in values.items() if k not in dino_only}, **SIMDINO}
 
 
 # --------------------------------------------------------------------------- multi-crop
@@ -277,7 +335,7 @@ class DINOTask(Task):
     def parse_options(self, cfg: TrainConfig) -> DINOOptions:
         """``cfg.task_args`` (the options given) on top of their ``preset`` (``digits`` by default)."""
         args = self.check_options(cfg.task_args)
-        return DINOOptions.from_preset(str(args.pop("preset", "digits")), **args)
+        return self.Options.from_preset(str(args.pop("preset", "digits")), **args)
 
     def setup(self, state: dict | None) -> None:
         cfg, rt = self.cfg, self.rt
@@ -299,15 +357,34 @@ class DINOTask(Task):
         self.student = DINOModel(backbone, self._head(backbone.config.dim), pool=opts.pool)
         self.teacher = copy.deepcopy(self.student).requires_grad_(False)  # θ_t = θ_s at the start (DINO)
         self.model = self.student
-        self.criterion = DINOLoss(
-            opts.out_dim, student_temp=opts.student_temp, center_momentum=opts.center_momentum
-        ).to(rt.device)
+        self.criterion = self._criterion()
         self.steps_per_epoch = self.train_data.steps_per_epoch(cfg.optim.batch_size)
         self.total_steps = self.steps_per_epoch * cfg.optim.epochs
         self.step = 0
         self.multicrop = MultiCropAugmentation(
             opts, self.image_size, backbone.config.in_chans, multiple=backbone.config.patch_size
         ).to(rt.device)
+
+    def _criterion(self) -> nn.Module:
+        """DINO's cross-entropy with its centre, or SimDINO's coding-rate loss (whose batch is checked here: its
+        covariance is of the whole global batch, which chunks of gradient accumulation would split)."""
+        opts, cfg, rt = self.options, self.cfg, self.rt
+        if opts.objective == "dino":
+            return DINOLoss(opts.out_dim, student_temp=opts.student_temp, center_momentum=opts.center_momentum).to(
+                rt.device
+            )
+        if cfg.optim.accum_steps != 1:
+            raise ValueError(
+                f"SimDINO's coding rate is of the whole batch, which accum_steps={cfg.optim.accum_steps} would split "
+                "into chunks; use accum_steps=1 (a smaller batch_size, or more processes)"
+            )
+        per_process = cfg.optim.batch_size // max(rt.world, 1)
+        if per_process < 2:
+            raise ValueError(
+                f"SimDINO needs at least 2 images per process for its covariance, got batch_size "
+                f"{cfg.optim.batch_size} over {rt.world} process(es); raise batch_size to >= {2 * rt.world}"
+            )
+        return SimDINOLoss(eps=opts.eps, coeff=opts.coeff, smooth=opts.expa_type == 1)
 
     def _head(self, dim: int) -> nn.Module:
         """The student's DINO head on ``dim``-dimensional features (synchronised batch norm across GPUs)."""
@@ -351,16 +428,35 @@ class DINOTask(Task):
         with torch.no_grad():
             t_feat = self.teacher.features(torch.cat(views[:2]))
             t_out = self.teacher.head(t_feat)
-        s_out = model(views)
-        temp = self.teacher_temp(self.step)
-        loss = self.criterion(s_out, t_out, temp, n_global=2)
+        if self.options.objective == "simdino":
+            loss, stats = self._simdino_loss(model, views, t_out)
+        else:
+            s_out = model(views)
+            temp = self.teacher_temp(self.step)
+            loss = self.criterion(s_out, t_out, temp, n_global=2)
+            with torch.no_grad():
+                p = torch.softmax((t_out.float() - self.criterion.center) / temp, dim=-1)
+                stats = {"teacher_entropy": -(p * p.clamp_min(1e-12).log()).sum(-1).mean()}
         with torch.no_grad():
             n = torch.full((), len(views[0]), dtype=torch.float32, device=loss.device)
-            p = torch.softmax((t_out.float() - self.criterion.center) / temp, dim=-1)
-            entropy = -(p * p.clamp_min(1e-12).log()).sum(-1).mean()
-            std = nn.functional.normalize(t_feat.float(), dim=-1).std(dim=0).mean()  # collapse → 0
-            stats = {"loss": loss.detach() * n, "teacher_entropy": entropy * n, "feature_std": std * n, "n": n}
-        return loss, stats
+            stats.update(feature_health(t_feat, self.options.eps))
+            stats = {"loss": loss.detach(), **stats}
+            stats = {k: v.float() * n for k, v in stats.items()}
+        return loss, {**stats, "n": n}
+
+    def _simdino_loss(self, model: nn.Module, views: list[Tensor], t_out: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """SimDINO's loss (:class:`~crate_transformer.models.dino.SimDINOLoss`) and, with ``patch_coding_rate``
+        w > 0, minus w times the coding rate of the student's patch tokens of the two global views (each view's
+        tokens of the whole global batch, ℓ2-normalised, the views' rates averaged; RobinWu218/SimDINO#46)."""
+        w = self.options.patch_coding_rate
+        s_out, patches = model(views, patch_views=2) if w > 0 else (model(views), None)
+        loss, terms = self.criterion(s_out, t_out, n_global=2)
+        if patches is not None:
+            z = nn.functional.normalize(patches.float(), dim=-1).chunk(2)
+            rate = torch.stack([global_coding_rate(v.reshape(-1, v.shape[-1]), self.options.eps)[0] for v in z])
+            terms["patch_coding_rate"] = rate.mean().detach().float()
+            loss = loss - w * rate.mean().to(loss.dtype)
+        return loss, terms
 
     def _after_step(self, ctx: StepContext) -> list[dict] | None:
         """The EMA teacher update after optimizer step ``ctx.step`` (JMLR eq. (79), DINO's momentum schedule)."""
@@ -371,7 +467,9 @@ class DINOTask(Task):
         self.step = ctx.step
         if ctx.step % self.cfg.logging.log_every == 0 or ctx.step == self.total_steps:
             s = ctx.step - 1  # the values step s used
-            sched = dict(momentum=m, teacher_temp=self.teacher_temp(s), weight_decay=self.weight_decay(s))
+            sched = dict(momentum=m, weight_decay=self.weight_decay(s))
+            if self.options.objective == "dino":
+                sched["teacher_temp"] = self.teacher_temp(s)
             return [dict(split="schedule", step=ctx.step, epoch=ctx.epoch, **sched)]
         return None
 
@@ -380,18 +478,21 @@ class DINOTask(Task):
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
-        return {
+        state = {
             EXPORT_KEY: self.teacher.backbone.state_dict(),  # what load_model(last.pt) returns
             "teacher_head": self.teacher.head.state_dict(),
-            "center": self.criterion.center.detach().cpu(),
             "step": self.step,
             "options": self.options.to_dict(),
         }
+        if self.options.objective == "dino":  # SimDINO's loss has no state
+            state["center"] = self.criterion.center.detach().cpu()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.teacher.backbone.load_state_dict(state[EXPORT_KEY])
         self.teacher.head.load_state_dict(state["teacher_head"])
-        self.criterion.center.copy_(state["center"])
+        if self.options.objective == "dino":
+            self.criterion.center.copy_(state["center"])
         self.step = int(state["step"])
 
     # ------------------------------------------------------------------ evaluation
@@ -439,12 +540,17 @@ class DINOTask(Task):
             "views": views,
             "dino": o.to_dict(),
         }
+        what = f"{o.out_dim} prototypes" if o.objective == "dino" else f"coding rate eps {o.eps:.4g}"
         return RunSummary(
-            model=f"DINO preset {o.preset}: {backbone.num_params():,} params, {backbone.config.arch}",
-            data=f"+ head {head:,} ({o.out_dim} prototypes), pool {o.pool}, views {views}; {self.train_data.name}: "
+            model=f"{OBJECTIVE_NAMES[o.objective]} preset {o.preset}: {backbone.num_params():,} params, "
+            f"{backbone.config.arch}",
+            data=f"+ head {head:,} ({what}), pool {o.pool}, views {views}; {self.train_data.name}: "
             f"{len(self.train_data)} train images (labels unused), {len(self.eval_data)} {self.cfg.data.eval_split}",
             facts=facts,
-            notes=[recipe_note(self.cfg, len(self.train_data), "the dino task's defaults"), self._views_note(views)],
+            notes=[
+                recipe_note(self.cfg, len(self.train_data), f"the {self.name} task's defaults"),
+                self._views_note(views),
+            ],
         )
 
     def _views_note(self, views: str) -> str:
@@ -465,13 +571,16 @@ class DINOTask(Task):
         if self.rt.main:
             teacher.save_pretrained(run_dir / "model")
         ex, ey = self._features(teacher, "test")
-        std = float(nn.functional.normalize(ex.float(), dim=-1).std(dim=0).mean())
+        health = {k: float(v) for k, v in feature_health(ex, self.options.eps).items()}
+        std, rank = health["feature_std"], health["effective_rank"]
         said = f"teacher features ({pool_words(self.options.pool)}) on the {len(ey)} test images:"
+        shape = (rank, len(ex), ex.shape[-1])
+        monitors = f"feature std {std:.3f}, {collapse_words(*shape)}, coding rate {health['coding_rate']:.2f}"
         if not self.labelled:
             return TaskResult(
-                record={"feature_std": std},
-                message=f"{said} feature std {std:.3f} (k-NN and linear probe skipped: a single class)",
-                numbers={"feature_std": std, "params": teacher.num_params()},
+                record=health,
+                message=f"{said} {monitors} (k-NN and linear probe skipped: a single class)",
+                numbers={**health, "params": teacher.num_params()},
             )
         tx, ty = self._features(teacher, "train")
         n_cls = len(self.train_data.classes)
@@ -479,7 +588,7 @@ class DINOTask(Task):
         knn = knn_sweep(tx, ty, ex, ey, ks=ks, temperature=0.07, num_classes=n_cls) if ks else {}
         probe = fit_probe(tx, ty, ex, ey)  # the probe of crate eval --linear-probe
         record = {f"knn_{k}": float(v) for k, v in knn.items()}
-        record.update(probe=float(probe.acc), feature_std=std)
+        record.update(probe=float(probe.acc), **health)
         if 20 in knn:
             record["knn"] = float(knn[20])
         shown = ", ".join(f"k={k} {100 * v:.2f}%" for k, v in knn.items())
@@ -488,31 +597,32 @@ class DINOTask(Task):
         knn_accs = {int(k): float(v) for k, v in knn.items()}
         return TaskResult(
             record=record,
-            message=f"{said} k-NN {shown}; linear probe {100 * probe.acc:.2f}%; feature std {std:.3f}",
-            numbers={"knn": knn_accs, "probe": float(probe.acc), "feature_std": std, "params": teacher.num_params()},
+            message=f"{said} k-NN {shown}; linear probe {100 * probe.acc:.2f}%; {monitors}",
+            numbers={"knn": knn_accs, "probe": float(probe.acc), **health, "params": teacher.num_params()},
             next=(Step("evaluate", str(run_dir), (("knn", True), ("linear_probe", True))),),
         )
 
     def figures(self, run_dir: Path, metrics_path: Path) -> None:
-        plot_dino_curves(metrics_path, run_dir / "curves.png")
+        plot_dino_curves(metrics_path, run_dir / "curves.png", objective=self.options.objective)
 
 
-def plot_dino_curves(metrics_path: str | os.PathLike, out_png: str | os.PathLike) -> Path:
-    """Four panels against the step: DINO loss; teacher feature std and entropy (collapse monitors);
-    k-NN accuracy of the teacher's features; learning rate, teacher momentum, weight decay and temperature."""
+def plot_dino_curves(metrics_path: str | os.PathLike, out_png: str | os.PathLike, *, objective: str = "dino") -> Path:
+    """Four panels against the step: the loss (SimDINO: with its compression and expansion terms); the collapse
+    monitors (teacher feature std and effective rank; DINO: the teacher entropy too); k-NN accuracy of the
+    teacher's features; learning rate, teacher momentum, weight decay (and DINO's temperature)."""
     records = read_metrics(metrics_path)
     train_r = [r for r in records if r.get("split") == "train"]
     sched = [r for r in records if r.get("split") == "schedule"]
     evals = [r for r in records if r.get("split") in ("val", "test") and "knn" in r]
     fig, (ax_loss, ax_std, ax_knn, ax_s) = subplots(1, 4, figsize=(17, 3.6))
     steps = [r["step"] for r in train_r]
-    ax_loss.plot(steps, [r["loss"] for r in train_r], lw=1)
-    ax_loss.set(title="DINO loss (train)", xlabel="step")
-    ax_std.plot(steps, [r.get("feature_std", np.nan) for r in train_r], lw=1, label="feature std")
-    ax_std.set(title="teacher feature std (collapse → 0)", xlabel="step")
-    ax_e = ax_std.twinx()
-    ax_e.plot(steps, [r.get("teacher_entropy", np.nan) for r in train_r], lw=1, color="tab:orange")
-    ax_e.set_ylabel("teacher entropy (nats)", color="tab:orange")
+    ax_loss.plot(steps, [r["loss"] for r in train_r], lw=1, label="loss")
+    for term in ("compression", "expansion") if objective == "simdino" else ():
+        ax_loss.plot(steps, [r.get(term, np.nan) for r in train_r], lw=1, label=term)
+    if objective == "simdino":
+        ax_loss.legend()
+    ax_loss.set(title=f"{OBJECTIVE_NAMES.get(objective, objective)} loss (train)", xlabel="step")
+    _plot_monitors(ax_std, steps, train_r, objective)
     for split in sorted({r["split"] for r in evals}):
         rs = [r for r in evals if r["split"] == split]
         ax_knn.plot([r["step"] for r in rs], [100 * r["knn"] for r in rs], "o-", ms=3, label=f"{split} (k=20)")
@@ -524,12 +634,25 @@ def plot_dino_curves(metrics_path: str | os.PathLike, out_png: str | os.PathLike
     wd = [r.get("weight_decay", np.nan) for r in sched]
     if sched and np.nanmax(wd, initial=0.0) > 0:
         ax_s.plot([r["step"] for r in sched], np.array(wd) / np.nanmax(wd), ls="--", label="weight decay / max")
-    ax_t = ax_s.twinx()
-    ax_t.plot([r["step"] for r in sched], [r["teacher_temp"] for r in sched], color="tab:red", lw=1)
-    ax_t.set_ylabel("teacher temperature", color="tab:red")
+    if objective == "dino":
+        ax_t = ax_s.twinx()
+        ax_t.plot([r["step"] for r in sched], [r["teacher_temp"] for r in sched], color="tab:red", lw=1)
+        ax_t.set_ylabel("teacher temperature", color="tab:red")
     ax_s.legend(loc="lower left")
     ax_s.set(title="schedules", xlabel="step")
     for ax in (ax_loss, ax_std, ax_knn, ax_s):
         ax.grid(alpha=0.3)
     fig.tight_layout()
     return save_figure(fig, out_png)
+
+
+def _plot_monitors(ax: Any, steps: list, train_r: list[dict], objective: str) -> None:
+    """The collapse panel: teacher feature std (left axis) and effective rank (right; DINO: the entropy too)."""
+    ax.plot(steps, [r.get("feature_std", np.nan) for r in train_r], lw=1, label="feature std")
+    ax.set(title="teacher features (collapse: std → 0, rank → 1)", xlabel="step")
+    ax_r = ax.twinx()
+    ax_r.plot(steps, [r.get("effective_rank", np.nan) for r in train_r], lw=1, color="tab:green")
+    ax_r.set_ylabel("effective rank (green)", color="tab:green")
+    if objective == "dino":
+        ax_r.plot(steps, [r.get("teacher_entropy", np.nan) for r in train_r], lw=1, color="tab:orange")
+        ax_r.set_ylabel("effective rank (green), teacher entropy (orange, nats)")

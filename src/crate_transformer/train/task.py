@@ -45,6 +45,7 @@ TASKS: dict[str, str] = {
     "lm": "crate_transformer.train.lm:LMTask",
     "text-classification": "crate_transformer.train.text_classification:TextClassificationTask",
     "dino": "crate_transformer.train.dino:DINOTask",
+    "simdino": "crate_transformer.train.simdino:SimDINOTask",
     "mae": "crate_transformer.train.mae:MAETask",
 }
 
