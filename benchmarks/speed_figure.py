@@ -9,9 +9,10 @@ size (the official and ViT numbers are CRATE's images/s divided by the page's me
 
 from __future__ import annotations
 
-import argparse
 import re
 from pathlib import Path
+
+from _common import Arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "speed.md"
@@ -88,7 +89,7 @@ def draw(m: dict, out: Path) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Arguments(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="parse and print the numbers, draw nothing")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()

@@ -234,11 +234,12 @@ def _outside(key: str, applies: object) -> object:
     return next(c for c in candidates if c != "auto" and all(c not in a for a in allowed))
 
 
-def _context(alternatives: list[dict]) -> dict:
-    """Values that make every alternative false, each by one of its fields (the task's last: the command stays)."""
+def _context(alternatives: list[dict], given: dict) -> dict:
+    """Values that make every alternative false with the option ``given`` set (``augment='auto'`` picks a kind
+    that reads an augmentation setting given), each by one of its fields (the task's last: the command stays)."""
     context: dict = {}
     for alt in alternatives:
-        values, _, seen = _where(_layout(context))
+        values, _, seen = _where(_layout({**given, **context}))
         if applies_where(alt, {**values, **seen}) is False:
             continue
         key = next((k for k in alt if k != "task"), "task")
@@ -293,8 +294,8 @@ def test_an_option_given_where_it_cannot_apply_is_refused_everywhere(group, f, t
     task's command refuses the key as one it has no option for); where it holds, the option is taken."""
     applies = fields_applicability(f_cls(group))[f.name]
     alternatives = [applies] if isinstance(applies, dict) else list(applies)
-    context = _context(alternatives)
     value = _given(f, group)
+    context = _context(alternatives, {f.name: value})
     name = option_name(f)
     with pytest.raises(OptionError, match=f"^{name} applies only when .*: drop {name} or "):
         TrainConfig(**{f.name: value, **context})
@@ -338,7 +339,8 @@ def _refusal(capsys: pytest.CaptureFixture, *argv: object) -> str:
         (dict(mixup_prob=0.5, mixup_switch_prob=0.2), "mixup_prob applies only when mixup is set, or cutmix is set"),
         (dict(val_fraction=0.2, eval_split="test"), "val_fraction applies only when eval_split is val"),
         (dict(task="lm", label_smoothing=0.3, mixup=0.8), "applies only when task is classification; task is lm"),
-        (dict(crop_scale=0.5), r"augment is auto \('translate' here\)"),  # auto on the digits: translations
+        # auto picks the kind that reads the most settings given (a tie: the first, translations): crop_scale unread
+        (dict(crop_scale=0.5, translate=0.2), r"augment is auto \('translate' here\)"),
         (dict(momentum=0.5), "momentum applies only when optimizer is sgd / lars; optimizer is adamw"),
     ],
 )
@@ -382,3 +384,12 @@ def test_every_path_option_refuses_an_empty_path(group, f, tmp_path, capsys):
             nest_options({group: {f.name: blank}} if group else {f.name: blank})
     if f.name == "out":
         one_line_error(capsys, "train", "--out", "", "--max-steps", 1, match="--out is an empty path")
+
+
+def test_auto_takes_a_setting_only_some_augmentations_read() -> None:
+    """``augment='auto'`` with a crop scale given picks a crop (the run's choice, train.recipes): taken, not refused,
+    and the effective config records the crop-flip settings it reads."""
+    cfg = TrainConfig(crop_scale=0.5)
+    assert cfg.augmentation.crop_scale == 0.5 and _where(cfg.to_dict())[2]["augment"] == "crop-flip"
+    with pytest.raises(OptionError, match="crop_scale applies only when"):
+        TrainConfig(crop_scale=0.5, augment="translate")

@@ -39,7 +39,7 @@ from ..config_utils import (
 from ..data import AUGMENTATIONS, DATA_MODES, default_augmentation
 from ..errors import OptionError, short_repr
 from .optim import OPTIMIZERS
-from .recipes import RECIPES, recipe_options
+from .recipes import READ_BY, RECIPES, recipe_options
 from .sharding import STRATEGIES
 from .trackers import LOGGERS
 
@@ -94,13 +94,19 @@ class DataOptions(Config):
         applies=IMAGES,
     )
     workers: int = option(
-        -1, "DataLoader worker processes for streamed data (-1 = auto: this machine's CPUs per process, minus one)",
-        range=Range(-1, integer=True, note="-1 = auto"), applies=IMAGES,
-    )  # fmt: skip
-    image_size: int | None = option(
-        None, "train at this image size; batches are resized", shown="the model's", range=POSITIVE, basic=True,
+        -1,
+        "DataLoader worker processes for streamed data (-1 = auto: this machine's CPUs per process, minus one)",
+        range=Range(-1, integer=True, note="-1 = auto"),
         applies=IMAGES,
-    )  # fmt: skip
+    )
+    image_size: int | None = option(
+        None,
+        "train at this image size; batches are resized",
+        shown="the model's",
+        range=POSITIVE,
+        basic=True,
+        applies=IMAGES,
+    )
     val_fraction: float = option(
         0.0,
         "hold out this fraction of the training pool as a 'val' split (stratified; language models: the corpus' tail)",
@@ -112,21 +118,27 @@ class DataOptions(Config):
         "test", "split evaluated after every `eval_every` epochs: test | val", choices=("test", "val"), applies=ALWAYS
     )
     train_subset: int = option(
-        0, "train on a seeded random subset of this many images (0 = all; in-memory data)", range=NON_NEGATIVE,
+        0,
+        "train on a seeded random subset of this many images (0 = all; in-memory data)",
+        range=NON_NEGATIVE,
         applies=IMAGES,
-    )  # fmt: skip
+    )
     on_bad_image: str = option(
-        "skip", "unreadable image files: skip (with a warning count) | error", choices=("skip", "error"),
+        "skip",
+        "unreadable image files: skip (with a warning count) | error",
+        choices=("skip", "error"),
         applies=IMAGES,
-    )  # fmt: skip
+    )
     # a dataset's columns, where the automatic choice does not find them
     image_column: str = option(
         "", "a Hugging Face image dataset's image column", shown="its Image feature", applies=IMAGES
     )
     label_column: str = option(
-        "", "the label column of an image dataset or of a text table", shown="ClassLabel / label / score",
+        "",
+        "the label column of an image dataset or of a text table",
+        shown="ClassLabel / label / score",
         applies={"task": (*IMAGES["task"], "text-classification")},
-    )  # fmt: skip
+    )
     text_columns: list = option(
         [],
         "the text column(s) of a dataset: a language-model corpus (several are joined, one document per row) or a "
@@ -154,13 +166,17 @@ class AugmentationOptions(Config):
         applies=CLASSIFY,  # the mae task's is its own option (augmentation)
     )
     translate: float = option(
-        0.07, "max shift of `augment` translate, as a fraction of the side (0.07: 2 px at 28 px)",
-        range=Range(0, 0.5, hi_open=True), applies=({**CLASSIFY, "augment": ("translate",)}, {"task": ("mae",)}),
-    )  # fmt: skip
+        0.07,
+        "max shift of `augment` translate, as a fraction of the side (0.07: 2 px at 28 px)",
+        range=Range(0, 0.5, hi_open=True),
+        applies=({**CLASSIFY, "augment": ("translate",)}, {"task": ("mae",)}),
+    )
     crop_scale: float = option(
-        0.08, "minimum area fraction of RandomResizedCrop (crop-flip, randaugment)", range=Range(0, 1, lo_open=True),
+        0.08,
+        "minimum area fraction of RandomResizedCrop (crop-flip, randaugment)",
+        range=Range(0, 1, lo_open=True),
         applies=({**CLASSIFY, "augment": ("crop-flip", "randaugment")}, {"task": ("mae",)}),
-    )  # fmt: skip
+    )
     hflip: bool = option(
         True, "random horizontal flips in crop-flip / randaugment",
         applies=({**CLASSIFY, "augment": ("crop-flip", "randaugment")}, {"task": ("mae",)}),
@@ -511,8 +527,12 @@ def _where(nested: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, type], 
     for key, value in nested.items():
         values.update(value if key in GROUPS else {key: value} if key in OWNERS else {})
     seen = {}
-    if values["augment"] == "auto":
-        seen["augment"] = default_augmentation(str(values["source"]), finetune=values["init_from"] is not None)
+    if values["augment"] == "auto":  # a setting only some augmentations read picks one that reads it (recipes)
+        changed = tuple(n for n in READ_BY if values[n] != default_of(FIELDS[n]))
+        read = {kind: sum(kind in READ_BY[n] for n in changed) for kind in ("translate", "crop-flip", "randaugment")}
+        best = max(read, key=read.get)
+        finetune = values["init_from"] is not None
+        seen["augment"] = best if read[best] else default_augmentation(str(values["source"]), finetune=finetune)
     return values, OWNERS, seen
 
 

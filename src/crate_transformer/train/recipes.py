@@ -192,7 +192,8 @@ def finetune_recipe(num_images: int | None) -> Choice:
 
 
 # the augmentations each setting is read by (a setting the user changed picks among them: translate, crop_scale, ...)
-_READ_BY = {
+# the augmentation settings each kind reads (augment='auto' given one picks a kind that reads it)
+READ_BY = {
     "translate": ("translate",),
     "crop_scale": ("crop-flip", "randaugment"),
     "hflip": ("crop-flip", "randaugment"),
@@ -207,7 +208,7 @@ def changed_settings(augmentation: Any) -> tuple[str, ...]:
     import dataclasses
 
     fields = dataclasses.fields(augmentation)
-    return tuple(f.name for f in fields if f.name in _READ_BY and getattr(augmentation, f.name) != f.default)
+    return tuple(f.name for f in fields if f.name in READ_BY and getattr(augmentation, f.name) != f.default)
 
 
 def choose_augmentation(
@@ -220,7 +221,7 @@ def choose_augmentation(
     given away from their defaults; the choice is one that reads them (``crop_scale`` given: a crop)."""
     n = f"{num_images:,} {'grey-scale' if channels == 1 else f'{channels}-channel'} training images"
     read = {
-        kind: [n for n in changed if kind in _READ_BY.get(n, ())] for kind in ("translate", "crop-flip", "randaugment")
+        kind: [n for n in changed if kind in READ_BY.get(n, ())] for kind in ("translate", "crop-flip", "randaugment")
     }
     best = max(read, key=lambda kind: len(read[kind]))  # the simplest of those that read the most of them
     if read[best]:
