@@ -20,6 +20,7 @@ from hfcache import put_in_datasets_cache  # noqa: E402
 
 from crate_transformer.data import open_source  # noqa: E402
 from crate_transformer.data.text import iter_documents, load_tokens  # noqa: E402
+from crate_transformer.errors import OptionError  # noqa: E402
 from crate_transformer.models.tokenizer import Tokenizer  # noqa: E402
 from crate_transformer.train.config import TrainConfig, read_run_config  # noqa: E402
 
@@ -123,4 +124,7 @@ def test_text_classification_columns_moved_to_the_data_group_and_old_configs_sti
     cfg = TrainConfig.from_dict(old)
     assert cfg.data.text_columns == ["q", "a"] and cfg.data.label_column == "y"
     assert cfg.task_args == {"eval_data": ""}
-    assert TrainConfig.from_dict({"text_columns": "q", "label_column": "y"}).data.text_columns == ["q"]
+    text = {"task": "text-classification", "text_columns": "q", "label_column": "y"}
+    assert TrainConfig.from_dict(text).data.text_columns == ["q"]  # one column as a list
+    with pytest.raises(OptionError, match="text_columns applies only when task is lm / text-classification"):
+        TrainConfig.from_dict({"text_columns": "q", "label_column": "y"})  # an image task reads no text column
