@@ -65,7 +65,8 @@ def main() -> None:
     teacher = load_model(run)
     spec = teacher.config.data
     train_ds, test_ds = load_dataset(spec.source, "train"), load_dataset(spec.source, "test")
-    torch.manual_seed(state["train_config"]["seed"])  # the engine seeds before building: the teacher's init
+    saved = state["train_config"]  # nested (system.seed) since the v2 layout; flat (seed) before it
+    torch.manual_seed(saved["system"]["seed"] if "system" in saved else saved["seed"])  # the engine seeds first
     random = build_model(teacher.config)
     n_cls = len(spec.classes)
     rows = {}
