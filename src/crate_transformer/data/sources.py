@@ -33,6 +33,17 @@ DATA_MODES = ("auto", "memory", "stream")
 STREAM_ABOVE = 20_000  # images; an image folder larger than this streams under mode="auto"
 
 
+def _check_open_args(
+    split: str, mode: str, val_fraction: float, on_bad_image: str, image_size: int | None, num_workers: int
+) -> None:
+    """:func:`open_source`'s arguments that do not depend on the source, each a one-line error."""
+    if mode not in DATA_MODES:
+        raise OptionError(f"unknown data mode {mode!r}; choose one of {DATA_MODES} (data_mode)", option="data_mode")
+    check_load_args(split, val_fraction, on_bad_image, image_size)
+    if not NUM_WORKERS.ok(num_workers):
+        raise OptionError(f"num_workers{NUM_WORKERS.requirement(num_workers)} (workers)", option="workers")
+
+
 def open_source(
     name_or_path: str | os.PathLike,
     split: str = "train",
@@ -57,11 +68,7 @@ def open_source(
     ``image_column`` / ``label_column``: a Hugging Face dataset's columns, where they are not found automatically.
     Bad input is a one-line ValueError naming the problem and the fix.
     """
-    if mode not in DATA_MODES:
-        raise OptionError(f"unknown data mode {mode!r}; choose one of {DATA_MODES} (data_mode)", option="data_mode")
-    check_load_args(split, val_fraction, on_bad_image, image_size)
-    if not NUM_WORKERS.ok(num_workers):
-        raise OptionError(f"num_workers{NUM_WORKERS.requirement(num_workers)} (workers)", option="workers")
+    _check_open_args(split, mode, val_fraction, on_bad_image, image_size, num_workers)
     if os.fspath(name_or_path).lower() == DIGIT_SCENES:
         from .digit_scenes import load_digit_scenes
 
