@@ -332,3 +332,25 @@ def test_torchrun_two_processes_on_shards(shards: Path, tmp_path: Path, torchrun
     assert train_steps == list(range(1, 7))  # 48 samples / global batch 8, both ranks in step
     final = [r for r in records if r.get("final")]
     assert len(final) == 1 and 0.0 <= final[0]["acc"] <= 1.0
+
+
+@pytest.mark.parametrize(
+    "kind, what",
+    [
+        ("folder", "a streamed image folder"),
+        ("shards", "a split of WebDataset shards"),
+        ("hf", "a Hugging Face dataset"),
+    ],
+)
+def test_a_streamed_source_without_image_size_is_refused_before_reading(tmp_path: Path, kind: str, what: str) -> None:
+    from crate_transformer.data import HFImageDataset, WebDatasetShards
+    from crate_transformer.errors import OptionError
+
+    opened = {"folder": StreamingImageFolder.open, "shards": WebDatasetShards, "hf": HFImageDataset}[kind]
+    with pytest.raises(OptionError) as e:
+        opened(tmp_path / "absent", "train", image_size=None)  # nothing there: the check comes before any read
+    assert str(e.value) == f"{what} needs image_size: its images are resized on read" and e.value.options == (
+        "image_size",
+    )
+    with pytest.raises(ValueError, match="unknown split 'dev'"):  # then the arguments every loader shares
+        opened(tmp_path / "absent", "dev", image_size=8)

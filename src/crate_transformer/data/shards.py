@@ -68,13 +68,20 @@ from .base import ORIGIN, ImageSource, Position, class_count, epoch_permutation,
 from .memory import (
     SPLITS,
     channel_stats,
-    check_load_args,
     decode_image,
     holdout_every_fifth,
     split_members,
     to_chw,
 )
-from .streaming import STATS_SAMPLE, checked, collate_readable, decode_or_message, read_policy, resolve_workers
+from .streaming import (
+    STATS_SAMPLE,
+    check_stream_args,
+    checked,
+    collate_readable,
+    decode_or_message,
+    read_policy,
+    resolve_workers,
+)
 
 __all__ = ["WebDatasetShards", "INDEX_FILE", "IMAGE_KEYS", "LABEL_KEYS"]
 
@@ -386,11 +393,7 @@ class WebDatasetShards(ImageSource):
         shuffle_buffer: int = 1000,
         stats: tuple[Sequence[float], Sequence[float]] | None = None,
     ) -> None:
-        if image_size is None:
-            raise OptionError(
-                "WebDataset shards need image_size: their images are resized on read", option="image_size"
-            )
-        check_load_args(split, val_fraction, on_bad_image, image_size)
+        check_stream_args("a split of WebDataset shards", split, val_fraction, on_bad_image, image_size)
         pool_shards, test_shards, folder = _find_shards(os.fspath(source))
         index = _index(pool_shards + test_shards)
         _report_damage(index, on_bad_image)  # every shard of the source, whichever split is opened

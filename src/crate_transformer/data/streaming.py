@@ -62,6 +62,7 @@ __all__ = [
     "collate_readable",
     "read_policy",
     "checked",
+    "check_stream_args",
 ]
 
 # the data-loading workers: -1 picks them per machine, 0 decodes in the main process
@@ -129,6 +130,14 @@ def checked(batches: Iterator) -> Iterator[tuple[Tensor, Tensor]]:
             raise OptionError(labels)
         if len(labels):
             yield images, labels
+
+
+def check_stream_args(what: str, split: str, val_fraction: float, on_bad_image: str, image_size: int | None) -> None:
+    """A streamed source's constructor arguments: ``image_size`` is required (its images are decoded and resized
+    per batch, never all at once), then :func:`.memory.check_load_args`; ``what`` names the source."""
+    if image_size is None:
+        raise OptionError(f"{what} needs image_size: its images are resized on read", option="image_size")
+    check_load_args(split, val_fraction, on_bad_image, image_size)
 
 
 def decode_or_message(data: object, what: str, on_bad_image: str) -> tuple[object | None, str]:
@@ -310,11 +319,7 @@ class StreamingImageFolder(MapStreamSource):
 
         ``listing``: a :func:`.memory.list_image_folder` result already made for ``root`` (saves a second scan).
         """
-        if image_size is None:
-            raise OptionError(
-                "a streamed image folder needs image_size: its images are resized on read", option="image_size"
-            )
-        check_load_args(split, val_fraction, on_bad_image, image_size)
+        check_stream_args("a streamed image folder", split, val_fraction, on_bad_image, image_size)
         listing = listing or list_image_folder(Path(root).expanduser().resolve())
         if split == "test":
             files = listing.test
