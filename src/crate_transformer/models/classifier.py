@@ -44,6 +44,10 @@ __all__ = [
 ]
 
 ARCHS = ("crate", "vit")
+# where the encoder's last LayerNorm sits: on the pooled vector, as the head's first map (the CRATE classifier's
+# mlp_head[0], timm's fc_norm) | on every token, as forward_features' last map (DINO's and timm's ViT ``norm``)
+FINAL_NORMS = ("pooled", "tokens")
+_VIT_ONLY = {"arch": ("vit",)}  # the options of DINO's ViT layout (facebookresearch/dino vision_transformer.py)
 NUM_CLASSES = Range(0, integer=True, note="0: no classifier, the model returns its pooled features")
 
 
@@ -137,15 +141,35 @@ class ModelConfig(ImageEncoderGeometry, LayerConfig, Config):
         "LayerNorms around the patch projection (official classifier, Alg. 6); False: a plain linear projection, "
         "the conv PatchEmbed of CRATE-MAE (a model fine-tuned from a CRATE-MAE encoder)",
     )
+    final_norm: str = option(
+        "pooled",
+        "the last LayerNorm: pooled (on the pooled vector, the head's first map: CRATE's mlp_head[0], timm's "
+        "fc_norm) | tokens (on every token, the end of forward_features: DINO's norm)",
+        choices=FINAL_NORMS,
+        applies=_VIT_ONLY,
+    )
+    norm_eps: float | None = option(
+        None,
+        "eps of the layers' and the last LayerNorms (None: PyTorch's 1e-5; DINO's ViT: 1e-6)",
+        range=Range(0, lo_open=True),
+        applies=_VIT_ONLY,
+    )
+    interpolate_offset: float = option(
+        0.0,
+        "resizing the position grid to h x w patches: 0 resizes to that size; DINO's 0.1 resizes by the scale "
+        "factor (h + 0.1) / grid, which places the samples slightly differently (facebookresearch/dino#8)",
+        range=Range(0, 1, hi_open=True),
+        applies=_VIT_ONLY,
+    )
     data: DataSpec | None = option(
         None, "what the model was trained on (normalisation, classes, source), or None", applies="always"
     )
 
-    OMIT_AT_DEFAULT = ("drop_path", "gelu", "proj_bias")  # added later: configs without them stay byte-identical
+    OMIT_AT_DEFAULT = ("drop_path", "gelu", "proj_bias", "final_norm", "norm_eps", "interpolate_offset")  # added later: configs without them stay byte-identical
     KEY_ORDER = ("arch", "image_size", "patch_size", "in_chans", "num_classes", "dim", "depth", "heads", "dim_head",
                  "pool", "dropout", "emb_dropout", "drop_path", "eta", "lambd", "ista_mode", "layer_form",
                  "scale_scores", "tied_output", "tied_beta", "eps", "patch_norm", "attention", "mlp", "odl_ratio",
-                 "mlp_ratio", "data")  # fmt: skip
+                 "mlp_ratio", "final_norm", "norm_eps", "interpolate_offset", "data")  # fmt: skip
     kind = IMAGE_CLASSIFIER
     MODEL_TYPE = (
         "crate_transformer_image"  # config.json's model_type: transformers' AutoConfig (loading.transformers_hf)
@@ -232,6 +256,11 @@ def unpatchify(x: Tensor, p: int, h: int, w: int) -> Tensor:
     b, n, pd = x.shape
     c = pd // (p * p)
     return x.reshape(b, h, w, p, p, c).permute(0, 5, 1, 3, 2, 4).reshape(b, c, h * p, w * p)
+
+
+def final_layer_norm(c: ModelConfig) -> nn.LayerNorm:
+    """The encoder's last LayerNorm (``norm_eps``, default PyTorch's 1e-5), wherever ``final_norm`` places it."""
+    return nn.LayerNorm(c.dim, eps=1e-5 if c.norm_eps is None else c.norm_eps)
 
 
 def classifier_layer(dim: int, num_classes: int) -> nn.Module:
@@ -375,10 +404,15 @@ class ImageInput:
         return patchify(x, self.config.patch_size)
 
 
-def bicubic_matrix(n_in: int, n_out: int, device: torch.device | str = "cpu") -> Tensor:
+def bicubic_matrix(n_in: int, n_out: int, device: torch.device | str = "cpu", offset: float = 0.0) -> Tensor:
     """The ``(n_out, n_in)`` matrix of 1-D bicubic resizing as ``F.interpolate(mode="bicubic",
-    align_corners=False)`` does it along one axis (its columns: the resized unit vectors)."""
+    align_corners=False)`` does it along one axis (its columns: the resized unit vectors).  ``offset`` > 0 resizes
+    by the scale factor ``(n_out + offset) / n_in`` instead of to the size, as DINO's ``interpolate_pos_encoding``
+    does (``offset=0.1``): the output still has ``n_out`` samples, placed by that scale."""
     eye = torch.eye(n_in, device=device).reshape(n_in, 1, n_in, 1)
+    if offset:
+        scaled = F.interpolate(eye, scale_factor=((n_out + offset) / n_in, 1.0), mode="bicubic", align_corners=False)
+        return scaled[:, 0, :, 0].T
     return F.interpolate(eye, size=(n_out, 1), mode="bicubic", align_corners=False)[:, 0, :, 0].T
 
 
@@ -411,7 +445,25 @@ class ImageClassifier(ImageInput, Model):
         self.cls_token = nn.Parameter(torch.randn(1, 1, c.dim) * init_std)
         self.pos_embed = nn.Parameter(torch.randn(1, c.grid**2 + 1, c.dim) * init_std)
         self.emb_drop = nn.Dropout(c.emb_dropout)
-        self.head = nn.Sequential(nn.LayerNorm(c.dim), classifier_layer(c.dim, c.num_classes))
+        # the last LayerNorm (final_norm): on every token (DINO's ``norm``), or the head's first map
+        self.norm = final_layer_norm(c) if c.final_norm == "tokens" else None
+        self.head = nn.Sequential(self.head_norm(c), classifier_layer(c.dim, c.num_classes))
+
+    @staticmethod
+    def head_norm(c: ModelConfig) -> nn.Module:
+        """The head's first map: the last LayerNorm when it normalises the pooled vector, else none (the tokens
+        were normalised by ``norm``)."""
+        return final_layer_norm(c) if c.final_norm == "pooled" else nn.Identity()
+
+    def finish_features(self, z: Tensor) -> Tensor:
+        """The last layer's tokens → ``forward_features``' output: normalised by ``norm`` where the last LayerNorm
+        is on the tokens (``final_norm="tokens"``), else as they are (the head normalises after pooling)."""
+        return z if self.norm is None else self.norm(z)
+
+    def norm_tokens(self, z: Tensor) -> Tensor:
+        """Intermediates with ``norm=True``: the tokens' own final LayerNorm where the model has one (DINO's
+        ``get_intermediate_layers`` applies ``norm`` to each), else none."""
+        return z if self.norm is None else self.norm(z)
 
     def build_encoder(self, c: ModelConfig) -> tuple[nn.Module, nn.ModuleList, float]:
         """The patch embedding (by ``c.arch``), the layers (:meth:`ModelConfig.layer_config`: CRATE's, or the ViT
@@ -419,7 +471,8 @@ class ImageClassifier(ImageInput, Model):
         layers overrides it (CRATE-α, ``alpha.py``)."""
         patch_embed, init_std = _PATCH_EMBEDS[c.arch](c)
         rates = drop_path_rates(c.drop_path, c.depth)
-        return patch_embed, nn.ModuleList(EncoderLayer.from_config(c, drop_path=r) for r in rates), init_std
+        layers = nn.ModuleList(EncoderLayer.from_config(c, drop_path=r, norm_eps=c.norm_eps) for r in rates)
+        return patch_embed, layers, init_std
 
     def interpolate_pos_embed(self, h: int, w: int) -> Tensor:
         """Position embedding for an ``h × w`` patch grid (bicubic interpolation of the learned grid).
@@ -433,7 +486,7 @@ class ImageClassifier(ImageInput, Model):
         if (h, w) == (g, g):
             return self.pos_embed
         cls_pos, grid_pos = self.pos_embed[:, :1], self.pos_embed[:, 1:].reshape(g, g, -1).float()
-        rows, cols = (bicubic_matrix(g, n, grid_pos.device) for n in (h, w))
+        rows, cols = (bicubic_matrix(g, n, grid_pos.device, self.config.interpolate_offset) for n in (h, w))
         grid_pos = torch.einsum("ia,abd,jb->ijd", rows, grid_pos, cols).to(cls_pos.dtype)
         return torch.cat([cls_pos, grid_pos.reshape(1, h * w, -1)], dim=1)
 
@@ -503,7 +556,8 @@ class ImageClassifier(ImageInput, Model):
         return int(self.config.num_classes)
 
     def reset_classifier(self, num_classes: int, pool: str | None = None, global_pool: str | None = None) -> None:
-        """A freshly initialised head (LayerNorm + Linear) for ``num_classes`` classes — 0: no Linear, the model
+        """A freshly initialised head (LayerNorm + Linear; the Linear alone with ``final_norm="tokens"``, whose
+        LayerNorm is the backbone's and is kept) for ``num_classes`` classes — 0: no Linear, the model
         returns the normalised pooled features (timm's headless ``reset_classifier(0)``); ``pool`` (or timm's
         ``global_pool``: ``"token"``, ``"avg"``) changes the pooling."""
         if pool == "" or global_pool == "":
@@ -513,8 +567,8 @@ class ImageClassifier(ImageInput, Model):
             )
         pool = pool_name(pool or global_pool or self.config.pool)
         self.config = dataclasses.replace(self.config, num_classes=num_classes, pool=pool)
-        ref = self.head[0].weight
-        self.head = nn.Sequential(nn.LayerNorm(self.config.dim), classifier_layer(self.config.dim, num_classes)).to(
+        ref = self.cls_token
+        self.head = nn.Sequential(self.head_norm(self.config), classifier_layer(self.config.dim, num_classes)).to(
             ref.device, ref.dtype
         )
 
