@@ -169,15 +169,23 @@ def index_count(state: Mapping[str, object], pattern: str, step: int = 1) -> int
     return found[-1] + 1 if found else 0
 
 
+# the training containers whose entry is the model's state dict: the official main.py's, the MAE codebase's, and
+# DINO / SimDINO main_dino.py's {'student', 'teacher', ...}, of which the teacher is the model evaluated and released
+CONTAINERS = ("state_dict", "model", "teacher")
+
+
 def unwrap(obj: object) -> dict[str, Tensor]:
+    """The state dict of a checkpoint: a bare one, or the entry of a training container (:data:`CONTAINERS`), with
+    DistributedDataParallel's ``module.`` prefix removed."""
     if isinstance(obj, Mapping):
-        for container in ("state_dict", "model"):
+        for container in CONTAINERS:
             if container in obj and isinstance(obj[container], Mapping):
                 obj = obj[container]
                 break
     if not isinstance(obj, Mapping) or not all(isinstance(v, Tensor) for v in obj.values()):
         raise ValueError(
-            "not an official CRATE checkpoint: expected a state dict, {'state_dict': ...} or {'model': ...} of tensors"
+            "not an official CRATE checkpoint: expected a state dict, {'state_dict': ...}, {'model': ...} or "
+            "{'teacher': ...} (DINO's and SimDINO's checkpoint.pth) of tensors"
         )
     return {k.removeprefix("module."): v for k, v in obj.items()}
 

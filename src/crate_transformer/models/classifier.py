@@ -22,6 +22,7 @@ from ..config import IMAGE_CLASSIFIER, Config
 from ..config_utils import Range, option
 from ..layers import DIM_HEAD, EncoderLayer, LayerConfig, drop_path_rates
 from ..layers.inference import traced_images
+from ..loading.dino_vit import dino_vit_detect, dino_vit_fields, dino_vit_to_native
 from ..loading.official import HEADS_NOT_STORED, OfficialFormat, official_to_native
 from ..objectives import autocast_on
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
@@ -41,6 +42,7 @@ __all__ = [
     "patchify",
     "unpatchify",
     "CLASSIFIER_FORMAT",
+    "DINO_VIT_FORMAT",
 ]
 
 ARCHS = ("crate", "vit")
@@ -404,12 +406,14 @@ class ImageInput:
         return patchify(x, self.config.patch_size)
 
 
-def bicubic_matrix(n_in: int, n_out: int, device: torch.device | str = "cpu", offset: float = 0.0) -> Tensor:
+def bicubic_matrix(
+    n_in: int, n_out: int, device: torch.device | str = "cpu", offset: float = 0.0, dtype: torch.dtype | None = None
+) -> Tensor:
     """The ``(n_out, n_in)`` matrix of 1-D bicubic resizing as ``F.interpolate(mode="bicubic",
     align_corners=False)`` does it along one axis (its columns: the resized unit vectors).  ``offset`` > 0 resizes
     by the scale factor ``(n_out + offset) / n_in`` instead of to the size, as DINO's ``interpolate_pos_encoding``
     does (``offset=0.1``): the output still has ``n_out`` samples, placed by that scale."""
-    eye = torch.eye(n_in, device=device).reshape(n_in, 1, n_in, 1)
+    eye = torch.eye(n_in, device=device, dtype=dtype).reshape(n_in, 1, n_in, 1)
     if offset:
         scaled = F.interpolate(eye, scale_factor=((n_out + offset) / n_in, 1.0), mode="bicubic", align_corners=False)
         return scaled[:, 0, :, 0].T
@@ -480,13 +484,16 @@ class ImageClassifier(ImageInput, Model):
         Bicubic resizing is separable, so it is two matrix products with the 1-D interpolation matrices
         (:func:`bicubic_matrix`): the values of ``F.interpolate(mode="bicubic")``, with a backward that is a
         matrix product too — deterministic on a GPU, where bicubic upsampling's own backward is not
-        (``--deterministic`` with DINO's smaller crops, or fine-tuning at another resolution).
+        (``--deterministic`` with DINO's smaller crops, or fine-tuning at another resolution).  Computed in float32,
+        or float64 for a float64 table; ``interpolate_offset`` (DINO's 0.1) resizes by DINO's scale factor.
         """
         g = self.config.grid
         if (h, w) == (g, g):
             return self.pos_embed
-        cls_pos, grid_pos = self.pos_embed[:, :1], self.pos_embed[:, 1:].reshape(g, g, -1).float()
-        rows, cols = (bicubic_matrix(g, n, grid_pos.device, self.config.interpolate_offset) for n in (h, w))
+        work = torch.promote_types(self.pos_embed.dtype, torch.float32)  # float32 at least, float64 stays float64
+        cls_pos, grid_pos = self.pos_embed[:, :1], self.pos_embed[:, 1:].reshape(g, g, -1).to(work)
+        offset = self.config.interpolate_offset
+        rows, cols = (bicubic_matrix(g, n, grid_pos.device, offset, work) for n in (h, w))
         grid_pos = torch.einsum("ia,abd,jb->ijd", rows, grid_pos, cols).to(cls_pos.dtype)
         return torch.cat([cls_pos, grid_pos.reshape(1, h * w, -1)], dim=1)
 
@@ -646,9 +653,22 @@ CLASSIFIER_FORMAT = OfficialFormat(
 )
 
 
+# DINO's ViT (facebookresearch/dino vision_transformer.py; SimDINO's is the same layout): loading/dino_vit.py
+DINO_VIT_FORMAT = OfficialFormat(
+    name="DINO ViT",
+    origin="facebookresearch/dino vision_transformer.py (also RobinWu218/SimDINO simdino/vision_transformer.py)",
+    to_native=dino_vit_to_native,
+    detect=dino_vit_detect,
+    example="dino_vitb16",
+    fields=dino_vit_fields,
+    overridable=("interpolate_offset",),
+    unstored=HEADS_NOT_STORED,
+)
+
+
 # --------------------------------------------------------------------------- registry entries
 register_arch("crate", CRATE, official=CLASSIFIER_FORMAT)
-register_arch("vit", ViT)
+register_arch("vit", ViT, official=DINO_VIT_FORMAT)
 
 # JMLR Table 8: image 224, patch 16, p = d/K.  Parameter counts: 6.09M / 13.12M / 22.80M / 77.64M.
 register_model("crate_tiny", arch="crate", dim=384, depth=12, heads=6)
@@ -666,6 +686,20 @@ register_model("vit_tiny", arch="vit", dim=192, depth=12, heads=3)
 register_model("vit_small", arch="vit", dim=384, depth=12, heads=6)
 register_model("vit_base", arch="vit", dim=768, depth=12, heads=12)
 register_model("vit_large", arch="vit", dim=1024, depth=24, heads=16)
+# DINO's ViT backbones (facebookresearch/dino hubconf.py: vit_small / vit_base with patch 16 or 8, num_classes=0) and
+# SimDINO's (RobinWu218/SimDINO README: ViT-B/16, ViT-L/16, and its DINO ViT-B/16 baseline), in DINO's layout: the
+# class token after the last LayerNorm (eps 1e-6) is the output, the position grid resized as DINO resizes it.
+_DINO = dict(arch="vit", num_classes=0, final_norm="tokens", norm_eps=1e-6, interpolate_offset=0.1)
+for _name, _dim, _depth, _heads, _patch in (
+    ("dino_vits16", 384, 12, 6, 16),
+    ("dino_vits8", 384, 12, 6, 8),
+    ("dino_vitb16", 768, 12, 12, 16),
+    ("dino_vitb8", 768, 12, 12, 8),
+    ("simdino_vitb16", 768, 12, 12, 16),
+    ("simdino_vitl16", 1024, 24, 16, 16),
+    ("simdino_dino_vitb16", 768, 12, 12, 16),
+):
+    register_model(_name, **_DINO, dim=_dim, depth=_depth, heads=_heads, patch_size=_patch)
 # Small models for the built-in 28x28 digits (the classification task's default) and its ViT counterpart, paired as
 # CRATE-T/ViT-T are (Table 8): ViT at half the width and half the heads (same head size 32), 4x MLP, and about
 # the same parameter count (309k vs 305k).
