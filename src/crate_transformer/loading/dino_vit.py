@@ -48,7 +48,10 @@ DINO_VIT_KEY_MAP = [
 _WRAPPERS = ("_orig_mod.", "module.")
 _BACKBONE = "backbone."  # MultiCropWrapper(backbone, head)
 # DINOv2's ViT (SimDINOv2's simdinov2/models/vision_transformer.py): what this layout never has
-_DINOV2 = {"register tokens (register_tokens)": r"register_tokens$", "LayerScale (blocks.N.ls1 / ls2)": r"blocks\.\d+\.ls[12]\."}
+_DINOV2 = {
+    "register tokens (register_tokens)": r"register_tokens$",
+    "LayerScale (blocks.N.ls1 / ls2)": r"blocks\.\d+\.ls[12]\.",
+}
 _CHUNKED = re.compile(r"^blocks\.\d+\.(\d+)\.")  # DINOv2's block_chunks: blocks.C.N.* for block N
 
 

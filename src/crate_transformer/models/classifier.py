@@ -25,7 +25,7 @@ from ..layers.inference import traced_images
 from ..loading.dino_vit import dino_vit_detect, dino_vit_fields, dino_vit_to_native
 from ..loading.official import HEADS_NOT_STORED, OfficialFormat, official_to_native
 from ..objectives import autocast_on
-from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
+from ._registry import PretrainedSource, model_config, register_arch, register_model, register_pretrained
 from .base import POOLS, Model, Trace, pool_name, pool_tokens, take_indices
 from .spec import DEFAULT_NORMALIZATION, IMAGENET_MEAN, IMAGENET_STD, DataSpec, fit_normalization
 
@@ -167,7 +167,14 @@ class ModelConfig(ImageEncoderGeometry, LayerConfig, Config):
         None, "what the model was trained on (normalisation, classes, source), or None", applies="always"
     )
 
-    OMIT_AT_DEFAULT = ("drop_path", "gelu", "proj_bias", "final_norm", "norm_eps", "interpolate_offset")  # added later: configs without them stay byte-identical
+    OMIT_AT_DEFAULT = (
+        "drop_path",
+        "gelu",
+        "proj_bias",
+        "final_norm",
+        "norm_eps",
+        "interpolate_offset",
+    )  # added later: configs without them stay byte-identical
     KEY_ORDER = ("arch", "image_size", "patch_size", "in_chans", "num_classes", "dim", "depth", "heads", "dim_head",
                  "pool", "dropout", "emb_dropout", "drop_path", "eta", "lambd", "ista_mode", "layer_form",
                  "scale_scores", "tied_output", "tied_beta", "eps", "patch_norm", "attention", "mlp", "odl_ratio",
@@ -797,5 +804,91 @@ for _name, _title, _file, _size, _classes in (
             size=_size,
             sources=_EMERGENCE_SOURCES,
             status="fetched by the Colab notebook; not on the Hugging Face Hub",
+        )
+    )
+
+# DINO's released ViT backbones: the direct links of facebookresearch/dino hubconf.py (commit 7c446df), which torch.hub
+# also fetches; the README names each beside its full checkpoint (student and teacher with their heads, which loads
+# too: the teacher is read).  No size or checksum is published; sizes are what the tensors imply (float32), and the
+# parameter counts are the README's (21M, 85M).  Evaluation transform: eval_knn.py's (resize 256 bicubic, crop 224).
+DINO_FILES = "https://dl.fbaipublicfiles.com/dino"
+for _name, _title, _stem, _size in (
+    ("dino_vits16", "DINO ViT-S/16", "dino_deitsmall16", "about 87 MB in float32 (21.67M values"),
+    ("dino_vits8", "DINO ViT-S/8", "dino_deitsmall8", "about 87 MB in float32 (21.67M values"),
+    ("dino_vitb16", "DINO ViT-B/16", "dino_vitbase16", "about 343 MB in float32 (85.80M values"),
+    ("dino_vitb8", "DINO ViT-B/8", "dino_vitbase8", "about 343 MB in float32 (85.81M values"),
+):
+    register_pretrained(
+        PretrainedSource(
+            name=_name,
+            title=f"{_title}, ImageNet-1K self-supervised (the backbone: the class token's features)",
+            loader=DINO_VIT_FORMAT.name,
+            filename=f"{_stem}_pretrain.pth",
+            url=f"{DINO_FILES}/{_stem}_pretrain/{_stem}_pretrain.pth",
+            direct=True,
+            input=f"image 224 (resize 256 bicubic, centre crop 224; any multiple of {model_config(_name).patch_size})",
+            mean=IMAGENET_MEAN,
+            std=IMAGENET_STD,
+            crop_pct=224 / 256,
+            interpolation="bicubic",  # eval_knn.py / eval_linear.py: Resize(256, interpolation=3), PIL's bicubic
+            classes="none: the class token's features (num_classes=0)",
+            licence="Apache 2.0 (the repository's)",
+            reference="github.com/facebookresearch/dino hubconf.py, README.md, eval_knn.py (commit 7c446df)",
+            size=f"{_size}: what the tensors imply; no size is published)",
+            sources=(
+                f"{DINO_FILES}/{_stem}_pretrain/{_stem}_pretrain_full_checkpoint.pth (the full checkpoint: student and "
+                "teacher with their heads; loads too, its teacher read)",
+                f"torch.hub.load('facebookresearch/dino:main', '{_name}') fetches the same link",
+            ),
+            status="a direct link of the authors' hubconf.py; no checksum is published",
+        )
+    )
+
+# SimDINO's checkpoints (RobinWu218/SimDINO README, commit 8149fc4): Google Drive "view" links, nothing else.
+SIMDINO_README = "github.com/RobinWu218/SimDINO README.md 'Pretrained models' (commit 8149fc4)"
+_SIMDINO_UNSTATED = (
+    "a Google Drive view link only: no direct URL, file name, size or checksum is published, nor what the file holds "
+    "(main_dino.py's checkpoint.pth, {'student', 'teacher', ...}, and a bare backbone both load)"
+)
+for _name, _title, _drive, _status in (
+    (
+        "simdino_vitb16",
+        "SimDINO ViT-B/16, ImageNet-1K 100 epochs (k-NN 74.9%, linear 77.3% per the README)",
+        "1nqcX0IgKQ8H3ZFJKaEx_O5wTVqdorLyQ",
+        _SIMDINO_UNSTATED,
+    ),
+    (
+        "simdino_vitl16",
+        "SimDINO ViT-L/16, ImageNet-1K 100 epochs (k-NN 75.6%, linear 77.4% per the README)",
+        "1jy27VYHHSxllMqWr5DiKk80y9ZBrKkPV",
+        _SIMDINO_UNSTATED + "; simdino/vision_transformer.py has no vit_large (main_dino.py's --arch stops at "
+        "vit_base), so the code that saved it is not in the repository; it loads if it is in DINO's layout or in "
+        "DINOv2's without register tokens and LayerScale (simdinov2/configs/eval/vitl16_v1.yaml's)",
+    ),
+    (
+        "simdino_dino_vitb16",
+        "DINO ViT-B/16 trained by the SimDINO authors (their baseline; k-NN 72.9%, linear 76.3% per the README)",
+        "1o-FtJ0TDNPAZiREa_qjGENksYL_3Ohc8",
+        _SIMDINO_UNSTATED,
+    ),
+):
+    register_pretrained(
+        PretrainedSource(
+            name=_name,
+            title=_title,
+            loader=DINO_VIT_FORMAT.name,
+            filename="",  # a Drive share page: the user saves the file under any name
+            url=f"https://drive.google.com/file/d/{_drive}/view?usp=drive_link",
+            input="image 224 (resize 256 bicubic, centre crop 224; any multiple of 16)",
+            mean=IMAGENET_MEAN,
+            std=IMAGENET_STD,
+            crop_pct=224 / 256,
+            interpolation="bicubic",
+            classes="none: the class token's features (num_classes=0)",
+            licence="MIT (the repository's; its simdino/ code is DINO's, Apache 2.0)",
+            reference=f"{SIMDINO_README}; simdino/main_dino.py, simdino/eval_knn.py",
+            size="not stated",
+            sources=(f"{SIMDINO_README}: the 'ckpt' link",),
+            status=_status,
         )
     )
