@@ -668,7 +668,7 @@ DINO_VIT_FORMAT = OfficialFormat(
     detect=dino_vit_detect,
     example="dino_vitb16",
     fields=dino_vit_fields,
-    overridable=("interpolate_offset",),
+    overridable=("interpolate_offset", "num_classes"),  # a backbone (0 classes) given a fresh head
     unstored=HEADS_NOT_STORED,
 )
 
