@@ -4,10 +4,10 @@ Source: https://github.com/facebookresearch/dino, commit 7c446df5b9f45747937fb0d
 ``vision_transformer.py``: ``drop_path``, ``DropPath``, ``Mlp``, ``Attention``, ``Block``, ``PatchEmbed``,
 ``VisionTransformer``, the ``vit_tiny`` / ``vit_small`` / ``vit_base`` factories and ``DINOHead``, verbatim (Apache
 2.0, Copyright (c) Facebook, Inc. and its affiliates).  Changed: ``trunc_normal_`` is PyTorch's
-(``torch.nn.init.trunc_normal_``) instead of the copy in DINO's ``utils.py`` (initialisation only: the tests overwrite
-every weight); the layout is ruff's.  ``MultiCropWrapper`` is DINO's ``utils.py`` at the same commit, verbatim: ``main_dino.py`` wraps the
-backbone and the head in it, so a training checkpoint's keys are ``backbone.*`` and ``head.*`` (``module.``-prefixed
-where DistributedDataParallel wraps it: always the student).
+(``torch.nn.init.trunc_normal_``) instead of the copy in DINO's ``utils.py`` (initialisation only: the tests
+overwrite every weight); the layout is ruff's.  ``MultiCropWrapper`` is DINO's ``utils.py`` at the same commit,
+verbatim: ``main_dino.py`` wraps the backbone and the head in it, so a training checkpoint's keys are ``backbone.*``
+and ``head.*`` (``module.``-prefixed where DistributedDataParallel wraps it: always the student).
 
 SimDINO (https://github.com/RobinWu218/SimDINO, commit 8149fc4ed8ee3fd97b7bde900447414e6669e71b,
 ``simdino/vision_transformer.py``) is this file with two changes that leave the backbone's keys and computation as they
