@@ -20,8 +20,7 @@ from torch import nn
 import crate_transformer as ct
 from crate_transformer.io import CheckpointError, load_pickle
 from crate_transformer.loading import pretrained
-from crate_transformer.loading.dino_vit import dino_vit_to_native
-from crate_transformer.loading.official import unwrap
+from crate_transformer.loading.official import dino_vit_to_native, unwrap
 from crate_transformer.models.classifier import ViT
 
 SMALL = dict(img_size=[32], embed_dim=48, depth=2, num_heads=4, mlp_ratio=4, qkv_bias=True)

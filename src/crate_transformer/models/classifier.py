@@ -22,8 +22,14 @@ from ..config import IMAGE_CLASSIFIER, Config
 from ..config_utils import Range, option
 from ..layers import DIM_HEAD, EncoderLayer, LayerConfig, drop_path_rates
 from ..layers.inference import traced_images
-from ..loading.dino_vit import dino_vit_detect, dino_vit_fields, dino_vit_to_native
-from ..loading.official import HEADS_NOT_STORED, OfficialFormat, official_to_native
+from ..loading.official import (
+    HEADS_NOT_STORED,
+    OfficialFormat,
+    dino_vit_detect,
+    dino_vit_fields,
+    dino_vit_to_native,
+    official_to_native,
+)
 from ..objectives import autocast_on
 from ._registry import PretrainedSource, model_config, register_arch, register_model, register_pretrained
 from .base import POOLS, Model, Trace, pool_name, pool_tokens, take_indices
@@ -660,10 +666,10 @@ CLASSIFIER_FORMAT = OfficialFormat(
 )
 
 
-# DINO's ViT (facebookresearch/dino vision_transformer.py; SimDINO's is the same layout): loading/dino_vit.py
+# DINO's ViT (facebookresearch/dino vision_transformer.py; SimDINO's is the same layout): loading/official.py
 DINO_VIT_FORMAT = OfficialFormat(
     name="DINO ViT",
-    origin="facebookresearch/dino vision_transformer.py (also RobinWu218/SimDINO simdino/vision_transformer.py)",
+    origin="facebookresearch/dino vision_transformer.py, also SimDINO's simdino/vision_transformer.py",
     to_native=dino_vit_to_native,
     detect=dino_vit_detect,
     example="dino_vitb16",
