@@ -867,7 +867,7 @@ for _name, _title, _drive, _status in (
         "simdino_vitl16",
         "SimDINO ViT-L/16, ImageNet-1K 100 epochs (k-NN 75.6%, linear 77.4% per the README)",
         "1jy27VYHHSxllMqWr5DiKk80y9ZBrKkPV",
-        _SIMDINO_UNSTATED + "; simdino/vision_transformer.py has no vit_large (main_dino.py's --arch stops at "
+        _SIMDINO_UNSTATED + "; simdino/vision_transformer.py has no vit_large (main_dino.py's arch choices stop at "
         "vit_base), so the code that saved it is not in the repository; it loads if it is in DINO's layout or in "
         "DINOv2's without register tokens and LayerScale (simdinov2/configs/eval/vitl16_v1.yaml's)",
     ),
