@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import subprocess
+import sys
 from functools import partial
 from pathlib import Path
 
@@ -266,3 +269,23 @@ def test_a_direct_link_downloads_into_torchs_hub_cache_and_a_bad_checksum_is_one
     with pytest.raises(CheckpointError, match=r"^dino_vits16: downloading file://.*nowhere\.pth failed \(") as e:
         pretrained.download("dino_vits16")
     assert "\n" not in str(e.value) and "pretrained_file='PATH'" in str(e.value)
+
+
+def test_the_cli_check_reports_the_dino_and_simdino_entries_honestly_offline(tmp_path):
+    """``crate models --pretrained 'd*' --check`` offline in a fresh process: nothing is asked of the network, the
+    empty torch hub cache and each link are named as not answering, and what is known (no checksum; for SimDINO no
+    size or file name) is said with the pretrained_file= fix."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TORCH_HOME": str(tmp_path / "torch")}
+    out = subprocess.run(
+        [sys.executable, "-m", "crate_transformer.cli", "models", "--pretrained", "*dino_vit[bs]16", "--check"],
+        env=env, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    lines = out.splitlines()
+    assert [line.split()[0] for line in lines[1:4]] == ["dino_vitb16", "dino_vits16", "simdino_dino_vitb16"]
+    dino = next(line for line in lines if line.startswith("dino_vits16: no answer from"))
+    assert "torch's hub cache: not cached (download)" in dino
+    assert f"{pretrained.ZOO['dino_vits16'].url}: not tried: offline (HF_HUB_OFFLINE=1)" in dino
+    fix = next(line for line in lines if line.startswith("dino_vits16: none of its sources answered"))
+    assert "no checksum is published" in fix and "create_model('dino_vits16', pretrained=True, pretrained_file=" in fix
+    simdino = next(line for line in lines if line.startswith("simdino_dino_vitb16: none of its sources answered"))
+    assert "no direct URL, file name, size or checksum is published" in simdino and "(size not stated)" in simdino
