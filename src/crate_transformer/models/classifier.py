@@ -434,7 +434,8 @@ def bicubic_matrix(
 
 
 class ImageClassifier(ImageInput, Model):
-    """Patch embedding → class token + position embedding → L layers → pool → LayerNorm + Linear.
+    """Patch embedding → class token + position embedding → L layers → pool → LayerNorm + Linear (with
+    ``final_norm="tokens"``: LayerNorm on every token → pool → Linear, DINO's order).
 
     ``forward(x)`` takes float images ``(b, c, h, w)`` (any size divisible by the patch size; the
     position embedding is interpolated) and returns logits.  The :class:`~crate_transformer.models.base.Model`
@@ -615,6 +616,9 @@ class CRATE(ImageClassifier):
 
 class ViT(ImageClassifier):
     """The ViT baseline (separate Q, K, V; GELU MLP): ``ViT(ModelConfig(dim=192, heads=3, ...))``.
+
+    With ``final_norm="tokens"``, ``norm_eps=1e-6`` and ``interpolate_offset=0.1`` it is DINO's ViT (the
+    ``dino_vit*`` / ``simdino_vit*`` names), whose checkpoints :data:`DINO_VIT_FORMAT` reads.
 
     Always builds a ViT: a config with another ``arch`` (e.g. the default ``"crate"``) is copied with
     ``arch="vit"``, so ``ViT(ModelConfig())`` is a ViT and ``model.config.arch == "vit"``.
