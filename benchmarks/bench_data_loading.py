@@ -8,6 +8,7 @@ The folder is generated: ``--images`` JPEGs of photo-like sizes (256×256 to 500
 
     python benchmarks/bench_data_loading.py                       # 256 JPEGs, batch 32, 6 timed steps
     python benchmarks/bench_data_loading.py --steps 3 --workers 0 2
+    python benchmarks/bench_data_loading.py --tiny                # seconds: 12 JPEGs at 32 px (a test runs it)
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class Step:
         torch.manual_seed(0)
         self.model = create_model("crate_tiny", num_classes=source.num_classes, image_size=size)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
-        self.augment = build_augmentation("crop-flip", size, input_size=size)
+        self.augment = build_augmentation("crop-flip", size)
         self.mean, self.std, self.size = source.mean, source.std, size
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
@@ -97,7 +98,10 @@ def main() -> None:
         help="torch threads of the training process (0: all cores)",
     )
     p.add_argument("--folder", default=None, help="reuse this JPEG folder instead of generating one")
+    p.add_argument("--tiny", action="store_true", help="12 JPEGs, batch 4, 2 steps at 32 px, workers 0 and 1")
     args = p.parse_args()
+    if args.tiny:
+        args.images, args.batch_size, args.steps, args.image_size, args.workers = 12, 4, 2, 32, [0, 1]
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.images < args.batch_size * (args.steps + 1):
