@@ -9,7 +9,7 @@ Not a test.
 
     python benchmarks/bench_threads.py                # about 2 minutes
     python benchmarks/bench_threads.py --rounds 1     # quicker, noisier
-    python benchmarks/bench_threads.py --tiny         # d = 32, one layer, batch 8, 0.05 s a row (a slow test runs it: spinning OpenMP threads on a loaded machine take a second a step)
+    python benchmarks/bench_threads.py --tiny         # d = 32, one layer, batch 8, 0.05 s a row (a slow test runs it)
 """
 
 from __future__ import annotations
