@@ -23,8 +23,8 @@ from crate_transformer import cli
 
 WIDTH = ["dim=64", "depth=2", "heads=4"]
 TINY_WIDTH = ["dim=16", "depth=1", "heads=2"]  # --tiny: with TINY_BUDGET, the same runs in seconds
-TINY_BUDGET = {"train": ["--epochs", "1", "--max-steps", "2", "--eval-every", "0"],
-               "train-lm": ["--epochs", "1", "--max-steps", "2", "--eval-every", "0", "--sample-tokens", "0"]}  # fmt: skip
+TINY_STEPS = ["--epochs", "1", "--max-steps", "2", "--eval-every", "0"]
+TINY_BUDGET = {"train": TINY_STEPS, "train-lm": [*TINY_STEPS, "--sample-tokens", "0"]}
 TASKS = {
     "images": {
         "command": "train",

@@ -110,7 +110,9 @@ def main() -> None:
     p.add_argument("--heads", type=int, range=POSITIVE, default=3)
     p.add_argument("--steps", type=int, range=POSITIVE, default=15)
     p.add_argument("--warmup", type=int, range=NON_NEGATIVE, default=3)
-    p.add_argument("--tiny", action="store_true", help="d = 32, two layers (drop path has one to drop), 16 px, batch 4, 2 steps (seconds)")
+    p.add_argument(
+        "--tiny", action="store_true", help="d = 32, two layers (drop path has one to drop), 16 px, batch 4, 2 steps"
+    )
     args = p.parse_args()
     if args.tiny:
         args.dim, args.depth, args.heads, args.image_size, args.batch, args.steps, args.warmup = 32, 2, 2, 16, 4, 2, 1
