@@ -28,6 +28,7 @@ from ..models.classifier import ImageClassifier
 from ._common import Normalization, finish_partial, layer_index, mark_partial
 from .decoder import is_autoencoder
 from .measure import METRICS
+from .verdicts import UNTRAINED
 from .report_html import HTML_SECTIONS, render_html
 
 # every `X as X` import: a name that moved to .report_sections, importable from here as before
@@ -48,7 +49,7 @@ from .report_sections import (
     _subspace_section,
     _token_heatmap_section,
     default_section,
-    initial_model,
+    reference_networks,
 )
 from .report_sections import layer_verdicts as layer_verdicts
 from .report_sections import rate_notes as rate_notes
@@ -125,8 +126,9 @@ def _context(
     initial: str | None,
     reference: Reference,
 ) -> _Context:
-    """The sections' shared context, after the checks: the folder made (and marked partial), the untrained
-    reference built with the reference's seed, a fine-tuned run's starting checkpoint attached."""
+    """The sections' shared context, after the checks: the folder made (and marked partial), the networks every
+    claim is also measured on (the untrained one built with the reference's seed, a fine-tuned run's starting
+    checkpoint when it loaded) and what is known of that starting checkpoint otherwise."""
     if not splits:
         raise ValueError("no images to analyse: pass at least one split of images")
     if initial not in ("fresh", None):
@@ -137,11 +139,9 @@ def _context(
     out = make_folder(out, "report folder")  # the target first
     mark_partial(out)
     ctx = _Context(model, out, splits, *protocol, section or default_section(model))
-    if initial is not None:
-        ctx.initial = initial_model(model, reference.seed)
-        ctx.initial_words = reference.seed_words or f"seed {reference.seed}"
-    ctx.start_records = [dict(r) for r in reference.start] if reference.start else None
-    ctx.start_model = reference.start_model
+    ctx.references, ctx.start = reference_networks(model, initial, reference), reference
+    ctx.initial = next((r.model for r in ctx.references if r.kind == UNTRAINED), None)
+    ctx.initial_words = reference.seed_words or f"seed {reference.seed}"
     make_folder(ctx.fig_dir, "figure folder")
     return ctx
 
