@@ -28,7 +28,6 @@ from ..models.classifier import ImageClassifier
 from ._common import Normalization, finish_partial, layer_index, mark_partial
 from .decoder import is_autoencoder
 from .measure import METRICS
-from .verdicts import UNTRAINED
 from .report_html import HTML_SECTIONS, render_html
 
 # every `X as X` import: a name that moved to .report_sections, importable from here as before
@@ -51,9 +50,11 @@ from .report_sections import (
     default_section,
     reference_networks,
 )
+from .report_sections import initial_model as initial_model
 from .report_sections import layer_verdicts as layer_verdicts
 from .report_sections import rate_notes as rate_notes
 from .report_sections import variational_figure as variational_figure
+from .verdicts import UNTRAINED
 
 __all__ = ["analyze", "Part", "HTML_SECTIONS", "Reference"]
 

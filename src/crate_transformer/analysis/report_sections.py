@@ -208,9 +208,7 @@ def _on_references(ctx: _Context, measure_one: Callable[[torch.nn.Module], T]) -
     return {ref.kind: (ref, measure_one(ref.model)) for ref in ctx.references}
 
 
-def _initial_measurements(
-    ctx: _Context, progress: bool
-) -> tuple[dict[str, dict[str, Baseline]], dict[str, object]]:
+def _initial_measurements(ctx: _Context, progress: bool) -> tuple[dict[str, dict[str, Baseline]], dict[str, object]]:
     """Per kind of reference and split, the reference's :class:`~.verdicts.Baseline` on the same images (the
     untrained network; the starting checkpoint, or when its file is gone its step-0 records for every split), and
     what the figures draw for them."""
@@ -275,8 +273,8 @@ def _layerwise_section(ctx: _Context, progress: bool) -> Part:
     )
     start = next(iter(baselines.get(START, {}).values()), None)
     if start is not None:
-        label = START_CURVE if START_CURVE in curves else f"<split> {START_NAME}"
-        against += f" Dashed and labelled '{label}': {start.source}, reported beside the verdicts."
+        labels = [START_CURVE] if START_CURVE in curves else [f"{k} {START_NAME}" for k in tables]
+        against += f" Dashed and labelled {', '.join(map(repr, labels))}: {start.source}, reported beside the verdicts."
     figures = _layerwise_captions(tables, ctx.eps, against)
     figures += variational_figure(tables, curves, fig_dir, against)
     json = {"measure": {k: t.to_dict(per_sample=True) for k, t in tables.items()}}
