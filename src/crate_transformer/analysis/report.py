@@ -92,10 +92,12 @@ def analyze(
     "DINO backbone" for a DINO run).  ``report["verdicts"]`` says whether the paper's claims held, each against
     an untrained network of the same architecture, whatever the checkpoint's origin (``initial="fresh"``; None:
     no reference), built with ``reference.seed`` (a :class:`~.report_sections.Reference`, which also carries a
-    fine-tuned run's starting checkpoint, stated beside).  ``ground_truth`` (:func:`~.segment_data.read_coco`):
-    MaskCut's masks scored by :func:`~.segment_eval.evaluate_segmentation` into ``report["segmentation_scores"]``;
-    ``truth``: instance labels ``(N, H, W)`` of the last split's images (:func:`~.segment_data.truth_labels`),
-    outlined in the explorer.  Until ``report.html`` is written the folder holds :data:`~._common.PARTIAL_MARKER`.
+    fine-tuned run's starting checkpoint: measured like the model on the same images for every claim when its
+    model is given, else its step-0 records for the layer claims, stated beside).  ``ground_truth``
+    (:func:`~.segment_data.read_coco`): MaskCut's masks scored by :func:`~.segment_eval.evaluate_segmentation` into
+    ``report["segmentation_scores"]``; ``truth``: instance labels ``(N, H, W)`` of the last split's images
+    (:func:`~.segment_data.truth_labels`), outlined in the explorer.  Until ``report.html`` is written the folder
+    holds :data:`~._common.PARTIAL_MARKER`.
     """
     attn_li, seg_li = layer_index(model, attn_layer), layer_index(model, seg_layer)
     t0 = time.perf_counter()

@@ -474,7 +474,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     args.out = report_dir(args.out, default, args.overwrite, "analyze", ANALYZE_FILES)  # after every check
     ref = run_reference(args.checkpoint)
     start_model, missing = starting_model(ref, model)
-    start = (start_model, ref.start_checkpoint, missing)
+    reference = Reference(ref.seed, ref.seed_words, ref.start, start_model, ref.start_checkpoint, missing, ref.start_by)
     report = analyze(
         model,
         args.out,
@@ -490,7 +490,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         progress=args.progress,
         source=source,
         section="DINO backbone" if _run_task(args.checkpoint) == "dino" else None,
-        reference=Reference(ref.seed, ref.seed_words, ref.start, *start, ref.start_by),
+        reference=reference,
         ground_truth=ground_truth,
         truth=truth,
     )
