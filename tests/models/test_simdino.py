@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from clitools import crate, one_line_error
 from official import simdino as official
 
+from crate_transformer.models import dino
 from crate_transformer.models.dino import (
     COLLAPSE_RANK,
     DINOHead,
@@ -105,6 +106,43 @@ def test_two_processes_give_the_loss_and_gradients_of_one(tmp_path: Path) -> Non
             torch.testing.assert_close(g2, g1, rtol=1e-10, atol=1e-10)
     per_gpu, _ = two["official_reduce_cov_0"]
     assert abs(float(per_gpu - one_loss)) > 1e-3  # the authors' default: a rate per process, another loss
+
+
+def test_the_gram_scaled_by_the_world_size_gives_ddp_the_gradient_of_the_global_rate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """2 processes simulated in one, float64: each process's features ``X_p A`` of a shared weight ``A``, the
+    all-reduce adding the other's Gram and count.  Each process's rate is the rate of the concatenated batch
+    (½ logdet, eq. (8)); its gradient is what the authors' ``torch.distributed.nn`` all-reduce gives (its
+    backward sums the W equal ``∂R/∂G``: W times the gradient of ``R(G_p + G_other)``); and DDP's average of the
+    processes' gradients is the gradient of the global rate, by autograd on the concatenated batch."""
+    world, b, D, d, eps = 2, 6, 7, 5, 0.7
+    g = torch.Generator().manual_seed(5)
+    X = torch.randn(world * b, D, generator=g, dtype=torch.float64)
+    A = torch.randn(D, d, generator=g, dtype=torch.float64).requires_grad_()
+    Z = X @ A
+    ref_rate = 0.5 * torch.logdet(torch.eye(d, dtype=torch.float64) + d / (world * b * eps**2) * Z.T @ Z)
+    ref_grad = torch.autograd.grad(ref_rate, A)[0]
+    grams = [z.T @ z for z in Z.detach().chunk(world)]  # each process's own Gram
+    monkeypatch.setattr(dino, "_distributed", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: world)
+    grads = []
+    for p, x in enumerate(X.chunk(world)):
+        other = sum(gq for q, gq in enumerate(grams) if q != p)
+
+        def all_reduce(t: torch.Tensor, *_, other: torch.Tensor = other) -> None:  # the sum over the processes
+            t += other if t.dim() == 2 else b * (world - 1)
+
+        monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+        rate, n = global_coding_rate(x @ A, eps)
+        assert n == world * b
+        torch.testing.assert_close(rate, ref_rate.detach(), **F64)
+        grads.append(torch.autograd.grad(rate, A)[0])
+        zp = x @ A
+        autograd_all_reduce = world * torch.autograd.grad(covariance_coding_rate(zp.T @ zp + other, n, eps), A)[0]
+        torch.testing.assert_close(grads[-1], autograd_all_reduce, **F64)
+    torch.testing.assert_close(sum(grads) / world, ref_grad, **F64)
+    assert (grads[0] - grads[1]).abs().max() > 1e-3  # the processes' own gradients differ: the average matters
 
 
 # --------------------------------------------------------------------------- a log-det that does not fail
