@@ -5,6 +5,7 @@ Everything here is independent of what is trained; the loop (:mod:`.loop`) and t
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import signal
@@ -159,6 +160,11 @@ class Runtime:
 
     def close(self) -> None:
         if self.distributed and torch.distributed.is_initialized():
+            # a DDP module no longer in use sits in a reference cycle: freed by the collector after this, its C++
+            # Reducer would be the gloo group's last owner and destroy it holding the GIL, deadlocking against a
+            # gloo worker that waits for the GIL to release the last collective's tensor (issue 52); freed now,
+            # the group dies in destroy_process_group, whose Python group object releases the GIL first
+            gc.collect()
             torch.distributed.destroy_process_group()
 
 
