@@ -323,14 +323,14 @@ def global_coding_rate(Z: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """``(R, n)``: the coding rate ``R = ½ logdet(I + d/(nε²) G)`` (JMLR eq. (8)) of the rows of ``Z`` ``(b, d)``
     of every process together, ``G = Σ_p Z_pᵀZ_p`` their Gram, and ``n``, their number, in float64.
 
-    Each of the W processes adds its Gram ``G_p`` and its ``b``; the sums are all-reduced as plain values (no
-    collective in the backward), so ``R`` is the rate of the whole global batch on every process.  The gradient
-    flows through the process's own Gram, scaled by W: ``G = G_all.detach() + W (G_p − G_p.detach())`` has the
-    value ``G_all`` and ``∂R/∂G_p = W ∂R/∂G``.  DDP and FSDP average the gradients over the processes, so the
-    step's gradient is ``(1/W) Σ_p W (∂R/∂G)(∂G_p/∂θ) = (∂R/∂G)(∂G/∂θ)``, that of the global rate: 1 process with
-    2b rows and 2 with b each give the same loss and gradients (SimDINO's ``--reduce_cov 1``, whose
-    ``torch.distributed.nn`` all-reduce sums the W equal ``∂R/∂G`` in its backward to the same ``W ∂R/∂G``, made
-    the only way; with ``--reduce_cov 0`` the authors' rate is of the per-process batch, RobinWu218/SimDINO#48).
+    Each of the W processes adds its Gram ``G_p`` and its ``b``; the sums are all-reduced as plain values (one
+    all-reduce of the Gram, none in the backward), so ``R`` is the rate of the whole global batch on every
+    process.  The gradient flows through the process's own Gram, scaled by W: ``G = G_all.detach() + W (G_p −
+    G_p.detach())`` has the value ``G_all`` and ``∂R/∂G_p = W ∂R/∂G``.  DDP and FSDP average the gradients over the
+    processes, so the step's gradient is ``(1/W) Σ_p W (∂R/∂G)(∂G_p/∂θ) = (∂R/∂G)(∂G/∂θ)``, that of the global
+    rate: 1 process with 2b rows and 2 with b each give the same loss and gradients (SimDINO's ``--reduce_cov 1``,
+    whose ``torch.distributed.nn`` all-reduce sums the W equal ``∂R/∂G`` in its backward to the same ``W ∂R/∂G``,
+    made the only way; with ``--reduce_cov 0`` the authors' rate is of the per-process batch, RobinWu218/SimDINO#48).
     """
     if Z.dim() != 2:
         raise ValueError(f"Z must be (batch, dim) features, got shape {tuple(Z.shape)}")
