@@ -60,11 +60,12 @@ def main(out: str) -> None:
     results = run(dist.get_rank(), dist.get_world_size())
     if dist.get_rank() == 0:
         torch.save(results, out)
-    # the package's teardown: the DDP module (a reference cycle) freed before the group is destroyed.  Freed after
-    # destroy_process_group, its C++ Reducer was the group's last owner and ran ~ProcessGroupGloo holding the GIL,
-    # joining a gloo worker that waited for the GIL to release the last all_reduce's tensor: the launch hung
-    # (issue 52; py-spy: ~Reducer -> ~ProcessGroupGloo -> thread::join; the worker in ~AsyncAllreduceWork ->
-    # decref_pyobject -> gil_scoped_acquire)
+    # DDP died when run() returned, before the group is destroyed (and the package's teardown, Runtime.close, also
+    # collects one left in a reference cycle).  Held by main() until it returned, after destroy_process_group, its
+    # C++ Reducer was the group's last owner and ran ~ProcessGroupGloo holding the GIL, joining a gloo worker that
+    # waited for the GIL to release the last all_reduce's tensor: the launch hung (issue 52; py-spy: one process in
+    # ~Reducer -> ~ProcessGroupGloo -> thread::join, its worker in ~AsyncAllreduceWork -> decref_pyobject ->
+    # gil_scoped_acquire)
     Runtime(rank=dist.get_rank(), world=dist.get_world_size()).close()
 
 

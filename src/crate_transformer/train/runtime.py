@@ -160,10 +160,11 @@ class Runtime:
 
     def close(self) -> None:
         if self.distributed and torch.distributed.is_initialized():
-            # a DDP module no longer in use sits in a reference cycle: freed by the collector after this, its C++
-            # Reducer would be the gloo group's last owner and destroy it holding the GIL, deadlocking against a
-            # gloo worker that waits for the GIL to release the last collective's tensor (issue 52); freed now,
-            # the group dies in destroy_process_group, whose Python group object releases the GIL first
+            # a DDP module dropped but left in a reference cycle (the first one a process builds can be, through a
+            # closure) is freed now: freed after destroy_process_group, its C++ Reducer would be the gloo group's
+            # last owner and destroy it holding the GIL, deadlocking against a gloo worker that waits for the GIL to
+            # release the last collective's tensor (issue 52); freed first, the group dies in
+            # destroy_process_group, whose Python group object releases the GIL before destroying it
             gc.collect()
             torch.distributed.destroy_process_group()
 
