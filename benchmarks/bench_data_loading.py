@@ -114,10 +114,10 @@ def main() -> None:
         ref_batches = None
         for workers in args.workers:
             src = StreamingImageFolder.open(root, "train", image_size=args.image_size, num_workers=workers)
-            src_batches = src.batches(args.batch_size, seed=0, epoch=0)
+            src_batches = src.batches(args.batch_size)
             e2e = timed(src_batches, Step(src, args.image_size), args.steps)
             if ref_batches is None:  # the same batches, decoded once, for the model-only rate
-                ref_batches = list(itertools.islice(src.batches(args.batch_size, seed=0, epoch=0), args.steps + 1))
+                ref_batches = list(itertools.islice(src.batches(args.batch_size), args.steps + 1))
             model = timed(ref_batches, Step(src, args.image_size), args.steps)
             rows.append((workers, e2e, model))
             print(f"  workers={workers}: e2e {e2e:.1f} img/s, model only {model:.1f} img/s", flush=True)

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from ..data.base import Position
 from ..errors import OptionError
 from .threads import resolve_threads
 
@@ -91,6 +92,11 @@ class Runtime:
     @property
     def main(self) -> bool:
         return self.rank == 0
+
+    def position(self, seed: int = 0, epoch: int = 0, start: int = 0) -> Position:
+        """This process's share of epoch ``epoch`` of the ``seed`` order from global batch ``start`` (what a data
+        source's ``batches(at=...)`` reads); the defaults are an evaluation pass, which is read in order."""
+        return Position(seed=seed, epoch=epoch, start=start, rank=self.rank, world=self.world)
 
     def autocast(self) -> Any:
         if self.amp_dtype is None:
