@@ -5,6 +5,7 @@ Everything here is independent of what is trained; the loop (:mod:`.loop`) and t
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import signal
@@ -165,6 +166,12 @@ class Runtime:
 
     def close(self) -> None:
         if self.distributed and torch.distributed.is_initialized():
+            # a DDP module dropped but left in a reference cycle (the first one a process builds can be, through a
+            # closure) is freed now: freed after destroy_process_group, its C++ Reducer would be the gloo group's
+            # last owner and destroy it holding the GIL, deadlocking against a gloo worker that waits for the GIL to
+            # release the last collective's tensor (issue 52); freed first, the group dies in
+            # destroy_process_group, whose Python group object releases the GIL before destroying it
+            gc.collect()
             torch.distributed.destroy_process_group()
 
 
