@@ -21,8 +21,9 @@ CRATE segments better when its mean over seeds exceeds the ViT's by more than th
 of the difference of the seed means (``2·√(s_c²/n + s_v²/n)``, at least :data:`MIN_EFFECT`: scores that all round
 to zero decide nothing), and training raised its score above its untrained network's by more than the same noise;
 otherwise the claim fails here (or the ViT wins, when the difference is as large the other way).  The seeds may run
-as separate processes into one ``--out`` (``--seeds 1``): each writes ``rows-seed{N}.json``, and every process ends
-by reporting over all the seeds found there (``--report`` only reports).
+as separate processes into one ``--out`` (``--seeds 1``, and one seed's two models too: ``--models ViT``): each
+writes ``rows-seed{N}.json`` (``rows-seed{N}-ViT.json``), and every process ends by reporting over all the rows
+found there (``--report`` only reports).
 
     python benchmarks/bench_digit_scenes_segmentation.py --out runs/digit-scenes-seg   # 3 seeds, 30 epochs, 1000 scenes
     python benchmarks/bench_digit_scenes_segmentation.py --tiny                        # seconds: a smoke run
@@ -147,9 +148,9 @@ def table(rows: list[dict]) -> str:
 
 
 def collect(out: Path) -> list[dict]:
-    """The rows of every seed written into ``out`` (by this process or others), in seed order."""
-    files = sorted(out.glob("rows-seed*.json"), key=lambda f: int(f.stem.removeprefix("rows-seed")))
-    return [row for f in files for row in json.loads(f.read_text())]
+    """The rows of every seed written into ``out`` (by this process or others), in seed order, CRATE first."""
+    rows = [row for f in out.glob("rows-seed*.json") for row in json.loads(f.read_text())]
+    return sorted(rows, key=lambda r: (r["seed"], list(MODELS).index(r["model"]), r["trained"]))
 
 
 def report(rows: list[dict], out: Path) -> None:
@@ -167,6 +168,7 @@ def main() -> None:
     p = Arguments(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], range=NON_NEGATIVE)
     p.add_argument("--epochs", type=int, default=30, range=POSITIVE, help="the same budget for both models")
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS), help="train only these")
     p.add_argument("--max-steps", type=int, default=0, range=NON_NEGATIVE, help="stop after N steps (0 = all)")
     p.add_argument("--threads", type=int, default=1, range=POSITIVE)
     p.add_argument("--images", type=int, default=0, range=NON_NEGATIVE, help="score N test scenes (0 = 1,000)")
@@ -187,7 +189,8 @@ def main() -> None:
 
 
 def _train_and_score(args: argparse.Namespace, out: Path) -> None:
-    """Each seed of ``args``: both models, trained and untrained, into ``out/rows-seed{N}.json``."""
+    """Each seed of ``args``: the models, trained and untrained, into ``out/rows-seed{N}.json`` (both models) or
+    ``rows-seed{N}-{model}.json`` (one)."""
     torch.set_num_threads(args.threads)
     folder = scenes_folder("test")
     gt = read_coco(folder / "instances.json", folder / "images")
@@ -197,10 +200,11 @@ def _train_and_score(args: argparse.Namespace, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for seed in args.seeds:
         rows: list[dict] = []
-        for kind in MODELS:
+        for kind in (k for k in MODELS if k in args.models):
             rows += _run(kind, seed, args, gt, norm, out)
             print(json.dumps(rows[-2]), json.dumps(rows[-1]), sep="\n", flush=True)
-        (out / f"rows-seed{seed}.json").write_text(json.dumps(rows, indent=1))
+        tag = "" if set(args.models) == set(MODELS) else "-" + "-".join(args.models)
+        (out / f"rows-seed{seed}{tag}.json").write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -223,3 +223,48 @@ def test_bench_hooks_tiny():
     shares = [w for w in lines if len(w) > 4 and w[0] in ("CRATE-T", "CRATE-GPT", "GPT") and w[-1].endswith("%")]
     assert [" ".join(w[:-4]) for w in shares] == labels
     assert all(0 <= float(w[-1][:-1]) < 100 and int(w[-3]) == 2 for w in shares)  # --tiny: depth 2
+
+
+def test_bench_digit_scenes_segmentation_tiny():
+    """``bench_digit_scenes_segmentation.py --tiny``: both models trained two steps and scored on 8 scenes, the
+    table's four rows (each model untrained and trained) and a verdict per metric."""
+    lines = run("bench_digit_scenes_segmentation.py")
+    rows = [(w[1], w[3]) for w in lines if len(w) > 4 and w[0] == "|" and w[1] in ("CRATE", "ViT")]
+    assert rows == [("CRATE", "untrained"), ("CRATE", "trained"), ("ViT", "untrained"), ("ViT", "trained")]
+    verdicts = [w[1] for w in lines if w and w[0] == "verdict"]
+    assert verdicts == ["(maskcut_AP50):", "(maskcut_boxAP50):", "(maskcut_corloc):", "(maskcut_jaccard):"]
+    assert any(w[:2] == ["seeds", "[0];"] for w in lines)
+
+
+def _digit_rows(seed: int, crate: float, vit: float, untrained: float) -> list[dict]:
+    metrics = dict.fromkeys(("maskcut_boxAP50", "maskcut_corloc", "maskcut_jaccard", "attention_AP50"), 0.0)
+    row = dict(seed=seed, test_acc=0.5, score_cpu_s=1.0, train_cpu_s=2.0, **metrics)
+    return [
+        {**row, "model": "CRATE", "trained": False, "maskcut_AP50": untrained},
+        {**row, "model": "CRATE", "trained": True, "maskcut_AP50": crate},
+        {**row, "model": "ViT", "trained": False, "maskcut_AP50": 0.0},
+        {**row, "model": "ViT", "trained": True, "maskcut_AP50": vit},
+    ]
+
+
+def test_digit_scenes_rows_merge_across_processes_and_the_verdict_rule(tmp_path: Path, monkeypatch) -> None:
+    """Seeds written by separate processes are collected in seed order (10 after 2); the verdict's noise is
+    2·√((s_c² + s_v²)/n), here computed by hand: sd 0.02 for both over 3 seeds gives 0.0327."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    bench = _load("bench_digit_scenes_segmentation")
+    for seed, (c, v, u) in zip((10, 2, 1), [(0.30, 0.10, 0.00), (0.32, 0.12, 0.01), (0.34, 0.14, 0.02)]):
+        (tmp_path / f"rows-seed{seed}.json").write_text(json.dumps(_digit_rows(seed, c, v, u)))
+    rows = bench.collect(tmp_path)
+    assert [r["seed"] for r in rows[::4]] == [1, 2, 10]
+    noise = 2 * math.sqrt((0.02**2 + 0.02**2) / 3)
+    said = bench.verdict(rows)
+    assert said.startswith("holds") and f"noise {noise:.3f}" in said and "CRATE 0.320 ± 0.020" in said
+    for r in (r for r in rows if r["trained"]):  # the other way round (0.44 - x): the ViT ahead by the same margin
+        r["maskcut_AP50"] = 0.44 - r["maskcut_AP50"]
+    assert bench.verdict(rows).startswith("fails: the ViT's")
+    split = tmp_path / "split"  # one seed's two models from two processes (--models ViT, --models CRATE)
+    split.mkdir()
+    both = _digit_rows(4, 0.3, 0.1, 0.0)
+    (split / "rows-seed4-ViT.json").write_text(json.dumps(both[2:]))
+    (split / "rows-seed4-CRATE.json").write_text(json.dumps(both[:2]))
+    assert bench.collect(split) == both
