@@ -14,7 +14,8 @@ The recipe (the defaults; why, in docs/results.md): AdamW lr 4e-3, batch 64, 30 
 embedding, the ViT's too) and keeps its MSSA + ISTA layers: the official classifier's LayerNorm over each patch's
 pixels (Alg. 6) scales every patch to unit variance, so the clutter, dimmer than the digits but textured, is
 amplified to the digits' strength (a patch's brightest value tells digit from clutter with AUC 1.00 before that
-LayerNorm, 0.44 after), and that CRATE stayed near chance under this budget.
+LayerNorm, 0.44 after), and that CRATE learned far more slowly (one seed, 24 epochs: 22.5% test accuracy
+against 47.3%; chance is 12%).
 
 Verdict rule, on MaskCut mask AP50 (the metric of the paper's table) and as well on box AP50, CorLoc and Jaccard:
 CRATE segments better when its mean over seeds exceeds the ViT's by more than the noise, twice the standard error
