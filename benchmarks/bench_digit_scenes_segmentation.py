@@ -122,10 +122,12 @@ def verdict(rows: list[dict], metric: str = "maskcut_AP50") -> str:
     def pick(kind: str, trained: bool) -> list[float]:
         return [r[metric] for r in rows if r["model"] == kind and r["trained"] == trained]
 
-    (c, sc), (v, sv) = _mean_sd(pick("CRATE", True)), _mean_sd(pick("ViT", True))
-    (c0, sc0), n = _mean_sd(pick("CRATE", False)), len(pick("CRATE", True))
-    noise = max(2 * math.sqrt((sc**2 + sv**2) / n), MIN_EFFECT)
-    gain_noise = max(2 * math.sqrt((sc**2 + sc0**2) / n), MIN_EFFECT)
+    crate, vit, crate0 = pick("CRATE", True), pick("ViT", True), pick("CRATE", False)
+    (c, sc), (v, sv), (c0, sc0) = _mean_sd(crate), _mean_sd(vit), _mean_sd(crate0)
+    # each mean's own count: a report read while another process still trains one model has fewer of its seeds
+    noise = max(2 * math.sqrt(sc**2 / len(crate) + sv**2 / len(vit)), MIN_EFFECT)
+    gain_noise = max(2 * math.sqrt(sc**2 / len(crate) + sc0**2 / len(crate0)), MIN_EFFECT)
+    n = f"{len(crate)} seeds" if len(crate) == len(vit) else f"seeds: CRATE {len(crate)}, ViT {len(vit)}"
     if c - v > noise and c - c0 > gain_noise:
         word = "holds: CRATE's attention segments better than the ViT's"
     elif v - c > noise:
@@ -133,7 +135,7 @@ def verdict(rows: list[dict], metric: str = "maskcut_AP50") -> str:
     else:
         word = "fails: no difference beyond the noise (or CRATE no better than untrained)"
     return (f"{word} ({metric}: CRATE {c:.3f} ± {sc:.3f}, ViT {v:.3f} ± {sv:.3f}, noise {noise:.3f}; "
-            f"untrained CRATE {c0:.3f}, gain noise {gain_noise:.3f}; {n} seeds)")  # fmt: skip
+            f"untrained CRATE {c0:.3f}, gain noise {gain_noise:.3f}; {n})")  # fmt: skip
 
 
 def table(rows: list[dict]) -> str:

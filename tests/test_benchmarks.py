@@ -262,6 +262,10 @@ def test_digit_scenes_rows_merge_across_processes_and_the_verdict_rule(tmp_path:
     for r in (r for r in rows if r["trained"]):  # the other way round (0.44 - x): the ViT ahead by the same margin
         r["maskcut_AP50"] = 0.44 - r["maskcut_AP50"]
     assert bench.verdict(rows).startswith("fails: the ViT's")
+    partial = [r for r in rows if not (r["model"] == "ViT" and r["seed"] == 10)]  # one ViT seed still training
+    sv = math.sqrt(2) * 0.01  # the sd (ddof 1) of the ViT's 0.32 and 0.30, now over 2 seeds
+    noise = 2 * math.sqrt(0.02**2 / 3 + sv**2 / 2)
+    assert f"noise {noise:.3f}" in bench.verdict(partial) and "seeds: CRATE 3, ViT 2" in bench.verdict(partial)
     split = tmp_path / "split"  # one seed's two models from two processes (--models ViT, --models CRATE)
     split.mkdir()
     both = _digit_rows(4, 0.3, 0.1, 0.0)
