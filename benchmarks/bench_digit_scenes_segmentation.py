@@ -72,6 +72,42 @@ def _subset(gt: GroundTruth, n: int) -> GroundTruth:
     return GroundTruth(d, {i: gt.files[i] for i in keep}, gt.source)
 
 
+def _patch_stats(x: np.ndarray, cover: np.ndarray, patch: int) -> tuple[np.ndarray, np.ndarray]:
+    """One scene's ``patch × patch`` tiles ``(n, 3·p²)`` and the share of each that is digit pixels."""
+    side = x.shape[0] // patch
+    tiles = x[: side * patch, : side * patch].reshape(side, patch, side, patch, 3).swapaxes(1, 2)
+    share = cover[: side * patch, : side * patch].reshape(side, patch, side, patch).mean((1, 3))
+    return tiles.reshape(side * side, -1), share.ravel()
+
+
+def patch_diagnostic(gt: GroundTruth, n: int = 300, patch: int = 8) -> dict[str, float]:
+    """Why the official patch LayerNorm hides the digits (``--diagnose``), on the first ``n`` scenes of ``gt``.
+
+    Patches with at least 5% digit pixels against those with none (slivers between are left out): the AUC with
+    which a patch's brightest value tells them apart (scikit-learn's ``roc_auc_score``), on the raw pixels and
+    after the LayerNorm over each patch's ``3·p²`` values (Alg. 6, without its affine part); the mean pixel std
+    of each kind, which that LayerNorm scales to 1; and how much of its box a digit's mask fills (a mask made
+    of whole patches cannot reach IoU 0.5 with a stroke that fills less than half of its box), over every
+    digit of ``gt``."""
+    from PIL import Image
+    from sklearn.metrics import roc_auc_score
+
+    tiles, shares = [], []
+    for i in gt.image_ids[:n]:
+        x = np.asarray(Image.open(gt.files[i]).convert("RGB"), dtype=np.float64) / 255
+        t, share = _patch_stats(x, gt.masks(i).any(0), patch)
+        keep = (share == 0) | (share >= 0.05)
+        tiles.append(t[keep]), shares.append(share[keep])
+    t, digit = np.concatenate(tiles), np.concatenate(shares) >= 0.05
+    z = (t - t.mean(1, keepdims=True)) / np.sqrt(t.var(1, keepdims=True) + 1e-5)  # nn.LayerNorm's eps
+    fill = np.array([a["area"] / (a["bbox"][2] * a["bbox"][3]) for a in gt.dataset["annotations"]])  # every digit
+    auc_raw, auc_ln = roc_auc_score(digit, t.max(1)), roc_auc_score(digit, z.max(1))
+    return {"patches": len(digit), "digit_share": float(digit.mean()), "auc_raw": float(auc_raw),
+            "auc_layernorm": float(auc_ln), "std_digit": float(t[digit].std(1).mean()),
+            "std_clutter": float(t[~digit].std(1).mean()), "digits": len(fill), "fill_median": float(np.median(fill)),
+            "fill_half": float(np.mean(fill >= 0.5))}  # fmt: skip
+
+
 def _scores(model: torch.nn.Module, gt: GroundTruth, norm: tuple) -> dict[str, float]:
     out = {}
     for method in ("maskcut", "attention"):
@@ -178,10 +214,15 @@ def main() -> None:
     p.add_argument("--out", default=None, help="run directories and results (default: a temp dir)")
     p.add_argument("--report", action="store_true", help="train nothing: report the seeds already in --out")
     p.add_argument("--tiny", action="store_true", help="smoke run: 1 seed, 2 steps, 8 test scenes")
+    p.add_argument("--diagnose", action="store_true", help="train nothing: what the patch LayerNorm does to the scenes")
     p.rule(lambda a: a.out or not a.report, "--report reads the rows of an earlier run: pass its --out DIR")
     args = p.parse_args()
     if args.tiny:
         args.seeds, args.max_steps, args.images, args.epochs = [0], 2, 8, 1
+    if args.diagnose:
+        folder = scenes_folder("test")
+        print(json.dumps(patch_diagnostic(read_coco(folder / "instances.json", folder / "images"))))
+        return
     out = Path(args.out or tempfile.mkdtemp(prefix="bench_dss_"))
     if not args.report:
         _train_and_score(args, out)

@@ -272,3 +272,44 @@ def test_digit_scenes_rows_merge_across_processes_and_the_verdict_rule(tmp_path:
     (split / "rows-seed4-ViT.json").write_text(json.dumps(both[2:]))
     (split / "rows-seed4-CRATE.json").write_text(json.dumps(both[:2]))
     assert bench.collect(split) == both
+
+
+def test_digit_scenes_patch_diagnostic_against_a_loop(tmp_path: Path, monkeypatch) -> None:
+    """``--diagnose``'s AUCs, stds and mask fill against a patch-by-patch loop: torch's LayerNorm, a pairwise AUC
+    (ties count a half) and the decoded masks' pixel counts."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from crate_transformer.analysis import read_coco
+    from crate_transformer.data.digit_scenes import write_digit_scenes
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    bench = _load("bench_digit_scenes_segmentation")
+    gt = read_coco(write_digit_scenes(tmp_path, n=3, size=64, seed=5), tmp_path / "images")
+    got = bench.patch_diagnostic(gt, n=3, patch=8)
+    raw, normed, digit, fill = [], [], [], []
+    for i in gt.image_ids:
+        x = np.asarray(Image.open(gt.files[i]).convert("RGB"), dtype=np.float64) / 255
+        masks = gt.masks(i)
+        for m in masks:  # the box from the mask itself
+            ys, xs = np.nonzero(m)
+            fill.append(m.sum() / ((ys.max() - ys.min() + 1) * (xs.max() - xs.min() + 1)))
+        for r in range(0, 64, 8):
+            for c in range(0, 64, 8):
+                share = masks.any(0)[r : r + 8, c : c + 8].mean()
+                if 0 < share < 0.05:
+                    continue
+                tile = torch.from_numpy(x[r : r + 8, c : c + 8].reshape(-1))
+                raw.append(tile.max().item()), digit.append(share >= 0.05)
+                normed.append(torch.nn.functional.layer_norm(tile, (tile.numel(),), eps=1e-5).max().item())
+
+    def auc(score: list[float]) -> float:
+        pos = [s for s, d in zip(score, digit) if d]
+        neg = [s for s, d in zip(score, digit) if not d]
+        return sum((p > q) + 0.5 * (p == q) for p in pos for q in neg) / (len(pos) * len(neg))
+
+    assert got["patches"] == len(digit) and 0 < sum(digit) < len(digit)
+    assert math.isclose(got["auc_raw"], auc(raw), abs_tol=1e-9)
+    assert math.isclose(got["auc_layernorm"], auc(normed), abs_tol=1e-6)
+    assert math.isclose(got["fill_median"], float(np.median(fill)), abs_tol=1e-12)
