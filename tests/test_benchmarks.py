@@ -97,6 +97,16 @@ def test_tssa_backward_tiny():
     assert 0 < saving_mib < plain_mib and mem_ratio < 0.5
 
 
+def test_bench_data_loading_tiny():
+    """Streamed JPEG decoding against the same batches in memory: a row per worker count, rates measured."""
+    lines = run("bench_data_loading.py")
+    rows = [w for w in lines if len(w) == 9 and w[0] == "|" and w[1].isdigit()]
+    assert [w[1] for w in rows] == ["0", "1"]
+    for w in rows:
+        e2e, model, share = float(w[3]), float(w[5]), float(w[7])
+        assert e2e > 0 and model > 0 and abs(share - e2e / model) < 0.01 + 0.05 * share  # both rounded for print
+
+
 def test_bench_datapath_tiny():
     """The real loop, the model alone and the loader alone, each row timed over the steps it promises."""
     lines = run("bench_datapath.py")
