@@ -19,12 +19,13 @@ against 47.3%; chance is 12%).
 
 Verdict rule, on MaskCut mask AP50 (the metric of the paper's table) and as well on box AP50, CorLoc and Jaccard:
 CRATE segments better when its mean over seeds exceeds the ViT's by more than the noise, twice the standard error
-of the difference of the seed means (``2·√(s_c²/n + s_v²/n)``, at least :data:`MIN_EFFECT`: scores that all round
+of the difference of the seed means (``2·√(s_c²/n_c + s_v²/n_v)``, at least :data:`MIN_EFFECT`: scores that all round
 to zero decide nothing), and training raised its score above its untrained network's by more than the same noise;
 otherwise the claim fails here (or the ViT wins, when the difference is as large the other way).  The seeds may run
 as separate processes into one ``--out`` (``--seeds 1``, and one seed's two models too: ``--models ViT``): each
 writes ``rows-seed{N}.json`` (``rows-seed{N}-ViT.json``), and every process ends by reporting over all the rows
-found there (``--report`` only reports).
+found there (``--report`` only reports).  ``--diagnose`` trains nothing and prints the numbers behind the patch
+embedding's choice (:func:`patch_diagnostic`).
 
     python benchmarks/bench_digit_scenes_segmentation.py --out runs/digit-scenes-seg   # 3 seeds, 30 epochs, 1000 scenes
     python benchmarks/bench_digit_scenes_segmentation.py --tiny                        # seconds: a smoke run
