@@ -416,3 +416,93 @@ def test_speed_figure_tiny(tmp_path: Path) -> None:
     assert any(" img/s, official " in line for line in lines)
     figure = Path(lines[-1])
     assert figure.parent.parent == tmp_path and figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_digit_scenes_segmentation_tiny():
+    """``bench_digit_scenes_segmentation.py --tiny``: both models trained two steps and scored on 8 scenes, the
+    table's four rows (each model untrained and trained) and a verdict per metric."""
+    lines = run("bench_digit_scenes_segmentation.py")
+    rows = [(w[1], w[3]) for w in lines if len(w) > 4 and w[0] == "|" and w[1] in ("CRATE", "ViT")]
+    assert rows == [("CRATE", "untrained"), ("CRATE", "trained"), ("ViT", "untrained"), ("ViT", "trained")]
+    verdicts = [w[1] for w in lines if w and w[0] == "verdict"]
+    assert verdicts == ["(maskcut_AP50):", "(maskcut_boxAP50):", "(maskcut_corloc):", "(maskcut_jaccard):"]
+    assert any(w[:2] == ["seeds", "[0];"] for w in lines)
+
+
+def _digit_rows(seed: int, crate: float, vit: float, untrained: float) -> list[dict]:
+    metrics = dict.fromkeys(("maskcut_boxAP50", "maskcut_corloc", "maskcut_jaccard", "attention_AP50"), 0.0)
+    row = dict(seed=seed, test_acc=0.5, score_cpu_s=1.0, train_cpu_s=2.0, **metrics)
+    return [
+        {**row, "model": "CRATE", "trained": False, "maskcut_AP50": untrained},
+        {**row, "model": "CRATE", "trained": True, "maskcut_AP50": crate},
+        {**row, "model": "ViT", "trained": False, "maskcut_AP50": 0.0},
+        {**row, "model": "ViT", "trained": True, "maskcut_AP50": vit},
+    ]
+
+
+def test_digit_scenes_rows_merge_across_processes_and_the_verdict_rule(tmp_path: Path, monkeypatch) -> None:
+    """Seeds written by separate processes are collected in seed order (10 after 2); the verdict's noise is
+    2·√((s_c² + s_v²)/n), here computed by hand: sd 0.02 for both over 3 seeds gives 0.0327."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    bench = _load("bench_digit_scenes_segmentation")
+    for seed, (c, v, u) in zip((10, 2, 1), [(0.30, 0.10, 0.00), (0.32, 0.12, 0.01), (0.34, 0.14, 0.02)]):
+        (tmp_path / f"rows-seed{seed}.json").write_text(json.dumps(_digit_rows(seed, c, v, u)))
+    rows = bench.collect(tmp_path)
+    assert [r["seed"] for r in rows[::4]] == [1, 2, 10]
+    noise = 2 * math.sqrt((0.02**2 + 0.02**2) / 3)
+    said = bench.verdict(rows)
+    assert said.startswith("holds") and f"noise {noise:.3f}" in said and "CRATE 0.320 ± 0.020" in said
+    for r in (r for r in rows if r["trained"]):  # the other way round (0.44 - x): the ViT ahead by the same margin
+        r["maskcut_AP50"] = 0.44 - r["maskcut_AP50"]
+    assert bench.verdict(rows).startswith("fails: the ViT's")
+    partial = [r for r in rows if not (r["model"] == "ViT" and r["seed"] == 10)]  # one ViT seed still training
+    sv = math.sqrt(2) * 0.01  # the sd (ddof 1) of the ViT's 0.32 and 0.30, now over 2 seeds
+    noise = 2 * math.sqrt(0.02**2 / 3 + sv**2 / 2)
+    assert f"noise {noise:.3f}" in bench.verdict(partial) and "seeds: CRATE 3, ViT 2" in bench.verdict(partial)
+    split = tmp_path / "split"  # one seed's two models from two processes (--models ViT, --models CRATE)
+    split.mkdir()
+    both = _digit_rows(4, 0.3, 0.1, 0.0)
+    (split / "rows-seed4-ViT.json").write_text(json.dumps(both[2:]))
+    (split / "rows-seed4-CRATE.json").write_text(json.dumps(both[:2]))
+    assert bench.collect(split) == both
+
+
+def test_digit_scenes_patch_diagnostic_against_a_loop(tmp_path: Path, monkeypatch) -> None:
+    """``--diagnose``'s AUCs, stds and mask fill against a patch-by-patch loop: torch's LayerNorm, a pairwise AUC
+    (ties count a half) and the decoded masks' pixel counts."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from crate_transformer.analysis import read_coco
+    from crate_transformer.data.digit_scenes import write_digit_scenes
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    bench = _load("bench_digit_scenes_segmentation")
+    gt = read_coco(write_digit_scenes(tmp_path, n=3, size=64, seed=5), tmp_path / "images")
+    got = bench.patch_diagnostic(gt, n=3, patch=8)
+    raw, normed, digit, fill = [], [], [], []
+    for i in gt.image_ids:
+        x = np.asarray(Image.open(gt.files[i]).convert("RGB"), dtype=np.float64) / 255
+        masks = gt.masks(i)
+        for m in masks:  # the box from the mask itself
+            ys, xs = np.nonzero(m)
+            fill.append(m.sum() / ((ys.max() - ys.min() + 1) * (xs.max() - xs.min() + 1)))
+        for r in range(0, 64, 8):
+            for c in range(0, 64, 8):
+                share = masks.any(0)[r : r + 8, c : c + 8].mean()
+                if 0 < share < 0.05:
+                    continue
+                tile = torch.from_numpy(x[r : r + 8, c : c + 8].reshape(-1))
+                raw.append(tile.max().item()), digit.append(share >= 0.05)
+                normed.append(torch.nn.functional.layer_norm(tile, (tile.numel(),), eps=1e-5).max().item())
+
+    def auc(score: list[float]) -> float:
+        pos = [s for s, d in zip(score, digit) if d]
+        neg = [s for s, d in zip(score, digit) if not d]
+        return sum((p > q) + 0.5 * (p == q) for p in pos for q in neg) / (len(pos) * len(neg))
+
+    assert got["patches"] == len(digit) and 0 < sum(digit) < len(digit)
+    assert math.isclose(got["auc_raw"], auc(raw), abs_tol=1e-9)
+    assert math.isclose(got["auc_layernorm"], auc(normed), abs_tol=1e-6)
+    assert math.isclose(got["fill_median"], float(np.median(fill)), abs_tol=1e-12)
