@@ -1,27 +1,13 @@
-"""One base for every option class: the model configs (classifier, CRATE-MAE, language model, CRATE-α, ...; HF's
-``PretrainedConfig`` idea as a dataclass mixin), the training option groups, the tasks' options and the data
-description saved with a model.
+"""One base for every option class (:class:`Config`): the model configs (HF's ``PretrainedConfig`` idea as a
+dataclass mixin), the training option groups, the tasks' options and the data description saved with a model.
 
-An option class is a ``@dataclass`` that subclasses :class:`Config` and writes only what is its own — its
-fields, each declared once with :func:`~crate_transformer.config_utils.option` (default, type, help, range or
-choices, where it applies), and a :meth:`Config.validate` method for checks across fields.  The base
-does the rest, once for every class:
-
-* **coercion** — YAML, ``KEY=VALUE`` command-line pairs and JSON values become the declared types
-  (``"5e-2"`` → 0.05, ``"64"`` → 64; :func:`~crate_transformer.config_utils.coerce_fields`);
-* **checks**, one rule for every option class — a field's declared choices and range
-  (:class:`~crate_transformer.config_utils.Range`), every float finite (``eta=nan`` fails here, not after
-  training): each a one-line ``ValueError`` naming the field, the value and a valid example
-  (:meth:`Config.check_fields`);
-* **serialisation** — :meth:`to_dict` / :meth:`from_dict` with the unknown-key check and a format
-  version (``config_version``), so a ``config.json`` from a newer release is refused with the fix.
-
-A model config also says what its model is and what can be measured in it — the capability contract the
-tasks, the analysis, the loaders and the CLI ask instead of checking a class or an ``arch`` name:
-:attr:`Config.kind` (one of :data:`KINDS`), :attr:`~Config.white_box`, :attr:`~Config.sparse_output` (JMLR
-Figs. 14-15), :attr:`~Config.layer_blocks` and :attr:`~Config.pipeline_tag`, each described where it is
-defined.  The model adds what only the built model knows (``Model.code_sites``: where its sparse codes are, its
-extra files); see :mod:`crate_transformer.models.base`.
+A subclass is a ``@dataclass`` of :func:`~crate_transformer.config_utils.option` fields and a :meth:`Config.validate`
+for checks across fields; the base coerces values to the declared types, checks every field (:func:`check_option`:
+choices, :class:`~crate_transformer.config_utils.Range`, every float finite; :func:`check_applicable`: where it
+applies) and reads and writes ``config.json`` (:meth:`~Config.to_dict` / :meth:`~Config.from_dict`, versioned).
+A model config also states the capability contract the tasks, the analysis and the loaders ask instead of checking a
+class: :attr:`Config.kind` (one of :data:`KINDS`), :attr:`~Config.white_box`, :attr:`~Config.sparse_output` (JMLR
+Figs. 14-15), :attr:`~Config.layer_blocks`, :attr:`~Config.pipeline_tag`; see :mod:`crate_transformer.models.base`.
 """
 
 from __future__ import annotations
@@ -73,7 +59,7 @@ def check_option(cls: type, name: str, value: Any) -> None:
     :class:`~crate_transformer.config_utils.Range` its declaration (``option(..., choices=, range=)``) gives, the
     field's metadata and nothing else; a float without a range is finite.  A one-line ``ValueError`` with an
     example."""
-    meta = {f.name: f for f in dataclasses.fields(cls)}[name].metadata
+    meta = _fields(cls)[name].metadata
     choices, rule = meta.get("choices"), meta.get("range")
     for x in value if isinstance(value, (list, tuple)) else [value]:
         if x is None:
@@ -84,20 +70,24 @@ def check_option(cls: type, name: str, value: Any) -> None:
             continue
         r = rule or (Range() if isinstance(x, float) else None)  # every float is at least finite
         if r is not None and not r.ok(x):
-            default = _field_default(cls, name, x)
-            example = f"; e.g. {field_place(cls, name, default)}" if default not in (None, [], ()) else ""
-            raise OptionError(f"{field_place(cls, name)}{r.requirement(x)}{example}", **field_about(cls, name))
+            raise _out_of_range(cls, name, r, x)
+
+
+def _out_of_range(cls: type, name: str, rule: Range, value: Any) -> OptionError:
+    """The one-line error of ``value`` outside ``rule`` (``Range.requirement``), the default as its example."""
+    default = _field_default(cls, name, value)
+    example = f"; e.g. {field_place(cls, name, default)}" if default not in (None, [], ()) else ""
+    return OptionError(f"{field_place(cls, name)}{rule.requirement(value)}{example}", **field_about(cls, name))
 
 
 def _field_default(cls: type, name: str, fallback: Any = None) -> Any:
     """Field ``name``'s default (a fresh one for a default factory), else ``fallback``."""
-    value = default_of({f.name: f for f in dataclasses.fields(cls)}[name])
+    value = default_of(_fields(cls)[name])
     return fallback if value is dataclasses.MISSING else value
 
 
 class Config:
-    """Base of every option class — the model configs, the training groups, the tasks' options, the data
-    description; see the module docstring.  Subclasses are ``@dataclass``es."""
+    """Base of every option class (the module docstring); subclasses are ``@dataclass``es."""
 
     VERSION: ClassVar[int] = 1  # config.json format; bumped when a stored field changes meaning
     # fields added after their format was in use, left out of to_dict() while at their default: the files of
@@ -149,16 +139,14 @@ class Config:
 
     # ---------------------------------------------------------------- checks: the one rule for every option class
     def check_fields(self) -> None:
-        """Every field obeys its declared choices and range (lists element-wise); every other float is finite.
-        One-line ``ValueError``."""
+        """Every field obeys its declaration (:func:`check_option`) and applies where it is set."""
         for f in dataclasses.fields(self):
             check_option(type(self), f.name, getattr(self, f.name))
         self.check_applicable()
 
     def check_applicable(self) -> None:
-        """Every option given away from its default where its ``applies`` condition does not hold is refused in one
-        line rather than accepted and ignored (``--momentum 0.5`` with ``--optimizer adamw``): the conditions on this
-        class's own fields; those naming fields outside it are the enclosing config's (``TrainConfig``)."""
+        """:func:`check_applicable` on this class's own fields (conditions on fields outside it are the enclosing
+        config's, ``TrainConfig``'s): ``--momentum 0.5`` with ``--optimizer adamw`` is refused, not ignored."""
         names = {f.name: type(self) for f in dataclasses.fields(self)}
         check_applicable({n: getattr(self, n) for n in names}, names)
 
@@ -171,11 +159,8 @@ class Config:
     def check_positive(self, *names: str) -> None:
         """Each named integer field is > 0 (:data:`~crate_transformer.config_utils.POSITIVE`)."""
         for name in names:
-            v = getattr(self, name)
-            if not POSITIVE.ok(v):
-                example = field_place(type(self), name, _field_default(type(self), name, v))
-                message = f"{field_place(type(self), name)}{POSITIVE.requirement(v)}; e.g. {example}"
-                raise OptionError(message, **field_about(type(self), name))
+            if not POSITIVE.ok(v := getattr(self, name)):
+                raise _out_of_range(type(self), name, POSITIVE, v)
 
     # ---------------------------------------------------------------- serialisation
     def to_dict(self) -> dict:
@@ -301,8 +286,7 @@ def _recording(self: Any, name: str) -> Any:
 
 
 def _replace(obj: Any, /, **changes: Any) -> Any:
-    """``dataclasses.replace`` while a build is recorded: the copy of a watched object is watched into the same
-    set, and copying it reads nothing."""
+    """``dataclasses.replace`` while a build is recorded: a copy of a watched object reads into the same set."""
     seen = _WATCHED.pop(id(obj), None)
     try:
         copy = _RECORDING[0](obj, **changes)

@@ -105,8 +105,8 @@ def apply_threads(args: argparse.Namespace) -> int:
 
 
 def given_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The training options the user set: ``--config FILE`` first (nested or flat), then the flags by option name
-    (``model_args`` merged, not replaced)."""
+    """The training options the user set, nested: ``--config FILE`` (any layout), then the flags over it
+    (``model_args`` merged, not replaced; :meth:`~crate_transformer.train.TrainConfig.merge` places each flag)."""
     from ..train.config import FLAT, GROUPS, TrainConfig
 
     # the top-level options and the groups' options, as their flags name them (a task's --augmentation is its own)
@@ -118,13 +118,7 @@ def given_options(args: argparse.Namespace) -> dict[str, Any]:
     if "model_args" in flags:
         model = flags.get("model") or options.get("model") or getattr(args, "model", None)
         flags["model_args"] = {**(options.get("model_args") or {}), **parse_model_args(flags["model_args"], model)}
-    for name, value in flags.items():
-        group, key = FLAT.get(name, (None, None))
-        if isinstance(options.get(group), dict):  # the file nests this option's group: the flag goes inside
-            options[group] = {**options[group], key: value}
-        else:
-            options[name] = value
-    return options
+    return TrainConfig.merge(options, flags)
 
 
 def _file_options(path: str) -> dict[str, Any]:
