@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
 from .config_utils import (
@@ -210,15 +210,20 @@ def _fields(cls: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
 
 
-def inapplicable(values: Mapping[str, Any], owners: Mapping[str, type], seen: Mapping[str, Any] = {}) -> list[str]:
-    """The fields of ``owners`` (name → the options class declaring it) set away from their default in ``values``
-    (name → value) where their ``applies`` condition does not hold (on ``values`` updated with ``seen``: a value as
-    the conditions see it, e.g. ``augment`` ``auto`` resolved)."""
+Given = Collection[str] | None  # the options the user gave, by name; None: those away from their default
+
+
+def inapplicable(values: Mapping, owners: Mapping[str, type], seen: Mapping = {}, given: Given = None) -> list[str]:
+    """The fields of ``owners`` (name → the options class declaring it) that were ``given`` (by name, at any value;
+    None: set away from their default in ``values``, name → value) where their ``applies`` condition does not hold (on
+    ``values`` updated with ``seen``: a value as the conditions see it, e.g. ``augment`` ``auto`` resolved)."""
     seen, out = {**values, **seen}, []
     for name, cls in owners.items():
         f = _fields(cls)[name]
         applies = f.metadata.get("applies")
-        if applies is None or isinstance(applies, str) or values[name] == default_of(f):
+        if applies is None or isinstance(applies, str):
+            continue
+        if name not in given if given is not None else values[name] == default_of(f):
             continue
         if applies_where(applies, seen) is False:
             out.append(name)
@@ -237,7 +242,7 @@ def applied(cls: type, values: Mapping[str, Any], given: set[str] | frozenset[st
         out = {k: v for k, v in out.items() if k not in dropped}
 
 
-def check_applicable(values: Mapping[str, Any], owners: Mapping[str, type], seen: Mapping[str, Any] = {}) -> None:
+def check_applicable(values: Mapping, owners: Mapping[str, type], seen: Mapping = {}, given: Given = None) -> None:
     """The one enforcement of ``option(..., applies=...)``: the first of :func:`inapplicable` is a one-line
     :class:`~.errors.OptionError` naming the option, the condition and the fix: ``crop_scale applies only when
     augment is crop-flip or randaugment; augment is translate: drop crop_scale or pass augment='crop-flip'``."""
@@ -249,7 +254,7 @@ def check_applicable(values: Mapping[str, Any], owners: Mapping[str, type], seen
         shown = _plain(values[k])
         return f"{shown} ({seen[k]!r} here)" if k in seen and seen[k] != values[k] else shown
 
-    for name in inapplicable(values, owners, seen)[:1]:
+    for name in inapplicable(values, owners, seen, given)[:1]:
         applies = _fields(owners[name])[name].metadata["applies"]
         alternatives = [applies] if isinstance(applies, Mapping) else list(applies)
         keys = list(dict.fromkeys(k for alt in alternatives for k in alt))

@@ -320,6 +320,38 @@ def test_an_option_given_where_it_cannot_apply_is_refused_everywhere(group, f, t
 _REFUSALS = ("applies only when", "does not read", "unrecognized arguments")
 
 
+@pytest.mark.parametrize(("group", "f"), CONDITIONAL, ids=lambda x: getattr(x, "name", x))
+def test_an_option_given_at_its_default_where_it_cannot_apply_is_refused(group, f, tmp_path, capsys):
+    """Issue 48: "given" is what the user wrote, not a value away from the default.  For each declared condition,
+    the option given at its default value in a context where the condition fails is refused from Python (keywords,
+    ``from_dict``), a --config file and the flags; a record of every option (``to_dict``, ``flat()``: it holds the
+    option at its default, read or not) still reads back."""
+    applies = fields_applicability(f_cls(group))[f.name]
+    alternatives = [applies] if isinstance(applies, dict) else list(applies)
+    value = _default(f)
+    context = _context(alternatives, {f.name: value})
+    name = option_name(f)
+    refused = f"^{name} applies only when .*: drop {name} or "
+    with pytest.raises(OptionError, match=refused):
+        TrainConfig(**{f.name: value, **context})
+    with pytest.raises(OptionError, match=refused):
+        TrainConfig.from_dict(_layout({f.name: value, **context}))
+    record = TrainConfig(**context)
+    assert _where(record.to_dict())[0][f.name] == value  # the record holds it, at its default
+    assert TrainConfig.from_dict(record.to_dict()) == record == TrainConfig.from_dict(record.flat())
+    command = COMMANDS.get(context.get("task", "classification"), ["pretrain", context.get("task", "mae")])
+    own = {k: v for k, v in context.items() if k != "task"}
+    file = tmp_path / "c.yaml"
+    file.write_text(yaml.safe_dump(_layout({f.name: value, **own})))
+    run = ("--max-steps", 1, "--out", tmp_path / "a")
+    mine = command == ["train"] and f.name in _command_options("train")
+    writable = value not in (None, [])  # a flag cannot spell an empty list or None
+    for argv in (("--config", file), *([_argv({f.name: value, **own})] if writable else [])):
+        err = _refusal(capsys, *command, *argv, *run)
+        assert ("applies only when" in err) if mine else any(r in err for r in _REFUSALS), (argv, err)
+    assert not (tmp_path / "a").exists()
+
+
 def _refusal(capsys: pytest.CaptureFixture, *argv: object) -> str:
     """``crate ARGV``'s refusal: exit status 2 and its one error line (argparse's own prints its usage first)."""
     capsys.readouterr()

@@ -439,7 +439,7 @@ class TrainConfig:
             else:  # coerced by nest_options, checked here
                 setattr(self, f.name, nested.get(f.name, default_of(f)))
                 check_option(type(self), f.name, getattr(self, f.name))
-        check_applicable(*_where(self.to_dict()))  # the conditions across groups (on the task, ...)
+        check_applicable(*_where(self.to_dict()), given=_given(options, nested))  # also across groups (the task, ...)
 
     def validate(self) -> None:
         """Raise a one-line ValueError for any inconsistent setting."""
@@ -457,16 +457,17 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], base: TrainConfig | None = None, *, saved: bool = False) -> TrainConfig:
-        """``base`` (or the defaults) updated with ``d`` (any layout, :func:`nest_options`).  An option of ``d``
-        that cannot apply is refused; one of the layers below (``base``, the recipe), or of a ``saved`` run's
-        ``d`` (which recorded every option, read or not), goes back to its default, which changes nothing."""
+        """``base`` (or the defaults) updated with ``d`` (any layout, :func:`nest_options`).  An option ``d`` gives
+        (:func:`_given`) that cannot apply is refused; one of the layers below (``base``, the recipe), or of a
+        ``saved`` run's ``d`` (which recorded every option, read or not), goes back to its default, which changes
+        nothing."""
         nested = nest_options(d)
         recipe = {}
         if nested.get("recipe"):  # the recipe's values go under the options given with it
             finetune = (nested.get("init_from") or (base.init_from if base is not None else None)) is not None
             recipe = recipe_options(nested["recipe"], finetune)
         under = {k: v for k, v in base.to_dict().items() if k != "config_version"} if base is not None else {}
-        return cls(**_applied(cls.merge(under, recipe, nested), {} if saved else nested))
+        return cls(**_applied(cls.merge(under, recipe, nested), set() if saved else _given(d, nested)))
 
     @staticmethod
     def merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
@@ -502,24 +503,35 @@ def _where(nested: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, type], 
     return values, OWNERS, {"augment": kind or default_augmentation(str(values["source"]), finetune=finetune)}
 
 
-def _applied(nested: dict[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
-    """``nested`` less the options that cannot apply there and are not in ``given`` (they came from a layer below,
-    or a saved run recorded them): each back to its default, until every one left applies or was given."""
-    while True:
-        dropped = [n for n in inapplicable(*_where(nested)) if not _names(given, n) and _names(nested, n)]
-        if not dropped:
-            return nested
+def _given(d: Mapping[str, Any], nested: Mapping[str, Any]) -> set[str]:
+    """The options ``d`` gives, by field name (issue 48): every key it names (``nested``: ``d`` as :func:`nest_options`
+    placed it) at any value, so ``momentum=0.9`` under adamw is refused as ``momentum=0.5`` is; but in a record of
+    every option, read or not (:meth:`TrainConfig.to_dict`, ``flat()``, ``--print-config``, a run's config.yaml: it
+    names them all or carries ``config_version``) and in a group given as its dataclass, those away from their
+    default."""
+    names = _set(nested)
+    whole = {n for k, v in d.items() if dataclasses.is_dataclass(v) for n in _set(nested.get(k, {}))}
+    by_value = names if "config_version" in d or names >= set(OWNERS) else whole
+    values = _where(nested)[0]
+    return {n for n in names if n not in by_value or values[n] != default_of(FIELDS[n])}
+
+
+def _set(nested: Mapping[str, Any]) -> set[str]:
+    """The fields set in ``nested`` (the top-level keys and each group's)."""
+    return {n for k, v in nested.items() for n in (v if k in GROUPS and isinstance(v, Mapping) else [k]) if n in OWNERS}
+
+
+def _applied(nested: dict[str, Any], given: set[str]) -> dict[str, Any]:
+    """``nested`` less the options that cannot apply there and are not ``given`` (they came from a layer below, or
+    a saved run recorded them): each back to its default, until every one left applies or was given."""
+    while dropped := inapplicable(*_where(nested), given=_set(nested) - given):
         for name in dropped:
             group = GROUP_OF[name]
             if group is None:
                 nested.pop(name, None)
             else:
                 nested[group] = {k: v for k, v in nested.get(group, {}).items() if k != name}
-
-
-def _names(nested: Mapping[str, Any], name: str) -> bool:
-    """Whether field ``name`` is set in ``nested``."""
-    return name in nested or any(isinstance(v, Mapping) and name in v for k, v in nested.items() if k in GROUPS)
+    return nested
 
 
 def upgrade_v1(d: Mapping[str, Any]) -> dict[str, Any]:
