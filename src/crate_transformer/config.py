@@ -57,10 +57,13 @@ def check_option(cls: type, name: str, value: Any) -> None:
     """The one check of an option's value, for :class:`Config` and any dataclass of options (``TrainConfig``):
     each value (lists element-wise; ``None`` = unset) is one of the choices and within the
     :class:`~crate_transformer.config_utils.Range` its declaration (``option(..., choices=, range=)``) gives, the
-    field's metadata and nothing else; a float without a range is finite.  A one-line ``ValueError`` with an
-    example."""
+    field's metadata and nothing else; a float without a range is finite; a ``path`` is not empty (``--out ""``
+    would otherwise be an auto-named folder, silently).  A one-line ``ValueError`` with an example."""
     meta = _fields(cls)[name].metadata
     choices, rule = meta.get("choices"), meta.get("range")
+    if meta.get("path") and isinstance(value, str) and not value.strip():
+        where = field_place(cls, name)
+        raise OptionError(f"{where} is an empty path; give a folder or file, or leave it out", **field_about(cls, name))
     for x in value if isinstance(value, (list, tuple)) else [value]:
         if x is None:
             continue
@@ -233,13 +236,10 @@ def inapplicable(values: Mapping, owners: Mapping[str, type], seen: Mapping = {}
 def applied(cls: type, values: Mapping[str, Any], given: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
     """``values`` (field of dataclass ``cls`` → value) less those that cannot apply there and are not in ``given``: a
     saved run's option that the options given now leave unread goes back to its default, which changes nothing."""
-    out, owners = dict(values), {f.name: cls for f in dataclasses.fields(cls)}
-    while True:
-        full = {n: out.get(n, default_of(f)) for n, f in _fields(cls).items()}
-        dropped = [n for n in inapplicable(full, owners) if n in out and n not in given]
-        if not dropped:
-            return out
+    out, defaults = dict(values), {n: default_of(f) for n, f in _fields(cls).items()}
+    while dropped := inapplicable({**defaults, **out}, dict.fromkeys(defaults, cls), given=set(out) - set(given)):
         out = {k: v for k, v in out.items() if k not in dropped}
+    return out
 
 
 def check_applicable(values: Mapping, owners: Mapping[str, type], seen: Mapping = {}, given: Given = None) -> None:

@@ -147,10 +147,10 @@ def field_place(cls: type, name: str, *value: Any) -> str:
     ``cls.GIVEN_IN`` says its fields are: ``""`` options of their own and an option's name, entries of that
     option, both as their Python argument (``epochs``, ``dim=384``; :func:`field_about` tells the CLI which);
     absent or None, no option (``DataSpec.mean``)."""
-    if getattr(cls, "GIVEN_IN", None) is None:
-        return f"{name}={value[0]!r}" if value else f"{cls.__name__}.{name}"
-    field = next((f for f in dataclasses.fields(cls) if f.name == name), None)
-    name = option_name(field) if field is not None else name
+    if getattr(cls, "GIVEN_IN", None) is not None:
+        name = next((option_name(f) for f in dataclasses.fields(cls) if f.name == name), name)
+    elif not value:
+        return f"{cls.__name__}.{name}"
     return f"{name}={value[0]!r}" if value else name
 
 
@@ -174,13 +174,10 @@ def field_types(cls: type) -> dict[str, Any]:
 
 
 def coerce_fields(cls: type, mapping: Mapping[str, Any], *, allow_unknown: bool = False) -> dict[str, Any]:
-    """A copy of ``mapping`` with every value coerced to the type of ``cls``'s field of that name.
-
-    Unknown keys raise a ``ValueError`` listing the valid ones (or are passed through unchanged with
-    ``allow_unknown=True``).  A value that cannot be coerced raises a one-line :class:`~.errors.OptionError`
-    naming the field as :func:`field_place` does, such as ``epochs must be an integer, got 'x' (str); e.g.
-    epochs=40`` (``--epochs`` on the command line).
-    """
+    """A copy of ``mapping`` with every value coerced to the type of ``cls``'s field of that name (the module
+    docstring); an unknown key is a ``ValueError`` listing the valid ones (passed through with ``allow_unknown``), a
+    value that cannot be coerced a one-line :class:`~.errors.OptionError` naming the field (:func:`field_place`):
+    ``epochs must be an integer, got 'x' (str); e.g. epochs=40``."""
     types_ = field_types(cls)
     unknown = sorted(set(mapping) - set(types_))
     if unknown and not allow_unknown:
@@ -303,21 +300,13 @@ def _to_sequence(value: Any, tp: Any, kind: type) -> list | tuple:
     if not isinstance(value, (list, tuple)):
         raise _CoerceError("a list")
     args = typing.get_args(tp)
-    if kind is tuple and args and args[-1] is not Ellipsis and len(args) != len(value):
+    fixed = kind is tuple and args and args[-1] is not Ellipsis  # tuple[X, Y]: one type per place
+    if fixed and len(args) != len(value):
         raise _CoerceError(f"a tuple of {len(args)} values")
-    try:
-        return _items(value, args, kind)
+    try:  # list[X], tuple[X, ...]: X for each; a bare list: any
+        items = [_coerce(v, t) for v, t in zip(value, args if fixed else [args[0] if args else Any] * len(value))]
     except _CoerceError as e:
         raise _CoerceError(f"a list whose items are each {e.args[0]}") from None
-
-
-def _items(value: list | tuple, args: tuple, kind: type) -> list | tuple:
-    if kind is tuple and args and args[-1] is not Ellipsis:  # tuple[X, Y]: one type per place
-        items = [_coerce(v, a) for v, a in zip(value, args)]
-    elif args:  # list[X], tuple[X, ...]
-        items = [_coerce(v, args[0]) for v in value]
-    else:
-        items = list(value)
     return tuple(items) if kind is tuple else items
 
 
@@ -325,11 +314,9 @@ def _items(value: list | tuple, args: tuple, kind: type) -> list | tuple:
 @dataclasses.dataclass(frozen=True)
 class Range:
     """The values a numeric option may take: finite, and within ``lo``/``hi`` (``None``: unbounded; a bound is
-    excluded when ``lo_open``/``hi_open``).  The one rule behind every numeric option: a dataclass field carries
-    it as ``option(..., range=...)`` (:class:`~crate_transformer.config.Config` checks it when the dataclass is
-    built, and the generated ``--help`` shows it; every command-line option is such a field), and an API function
-    calls :meth:`check` itself, so the CLI and the API refuse the same values with the same words.
-    """
+    excluded when ``lo_open``/``hi_open``).  The one rule behind every numeric option: a field carries it as
+    ``option(..., range=...)`` (checked when its config is built, shown by ``--help``) and an API function calls
+    :meth:`check` itself, so the CLI and the API refuse the same values with the same words."""
 
     lo: float | None = None
     hi: float | None = None

@@ -36,6 +36,7 @@ from crate_transformer.train.config import (
     AugmentationOptions,
     TrainConfig,
     _where,
+    load_config,
     nest_options,
     read_run_config,
 )
@@ -410,10 +411,12 @@ def test_every_path_option_refuses_an_empty_path(group, f, tmp_path, capsys):
     for blank in ("", "  "):
         with pytest.raises(ValueError, match="empty path"):
             TrainConfig(**{f.name: blank})
+        with pytest.raises(ValueError, match="empty path"):
+            TrainConfig.from_dict({group: {f.name: blank}} if group else {f.name: blank})
         file = tmp_path / "c.yaml"
         file.write_text(yaml.safe_dump({f.name: blank}))
         with pytest.raises(ValueError, match="empty path"):
-            nest_options({group: {f.name: blank}} if group else {f.name: blank})
+            load_config(file)
     if f.name == "out":
         one_line_error(capsys, "train", "--out", "", "--max-steps", 1, match="--out is an empty path")
 

@@ -107,10 +107,9 @@ def apply_threads(args: argparse.Namespace) -> int:
 def given_options(args: argparse.Namespace) -> dict[str, Any]:
     """The training options the user set, nested: ``--config FILE`` (any layout), then the flags over it
     (``model_args`` merged, not replaced; :meth:`~crate_transformer.train.TrainConfig.merge` places each flag)."""
-    from ..train.config import FLAT, GROUPS, TrainConfig
+    from ..train.config import TrainConfig
 
-    # the top-level options and the groups' options, as their flags name them (a task's --augmentation is its own)
-    names = ({option_name(f) for f in dataclasses.fields(TrainConfig)} - set(GROUPS)) | set(FLAT)
+    names = set(TrainConfig().flat())  # every training option as its flag names it (a task's --augmentation is its own)
     options = _file_options(args.config) if getattr(args, "config", None) else {}  # typed first
     if options and hasattr(args, "_options"):  # every option of this command's parser, given or not (cli.main)
         _refuse_unread(options, args._options, args.config)

@@ -105,15 +105,11 @@ def _help_text(meta: Mapping[str, Any], default: Any, own_default: bool) -> str:
     notes = [f"default: {shown}"] if shown not in ({}, "", None, []) else []
     if "range" in meta:
         notes.append(meta["range"].words().strip() or "finite")
-    return help_flags(meta["help"]) + (f" ({'; '.join(notes)})" if notes else "")
-
-
-def help_flags(text: str) -> str:
-    """A library help text with its options named as flags: the library writes ```lr``` (backticked option
-    names), the command line shows ``--lr``."""
-    for call, command in LISTING_CALLS.items():
+    text = meta["help"]
+    for call, command in LISTING_CALLS.items():  # ct.list_models() → `crate models`
         text = text.replace(call, f"`{command}`")
-    return re.sub(r"`([a-z][a-z0-9_]*)`", lambda m: flag(m.group(1)), text)
+    text = re.sub(r"`([a-z][a-z0-9_]*)`", lambda m: flag(m.group(1)), text)  # the library's `lr` is --lr here
+    return text + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def like(cls: type, name: str, **meta: Any) -> Any:

@@ -584,24 +584,14 @@ def nest_options(d: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         valid = sorted({*top, *FLAT, *GROUPS})
         raise ValueError(f"unknown training option(s) {sorted(unknown)}; valid options: {valid}")
-    typed = _no_empty_path(TrainConfig, coerce_fields(TrainConfig, {k: v for k, v in out.items() if k not in GROUPS}))
+    typed = coerce_fields(TrainConfig, {k: v for k, v in out.items() if k not in GROUPS})
     for key, value in out.items():
         if key in GROUPS:
-            typed[key] = _no_empty_path(GROUPS[key], coerce_fields(GROUPS[key], value))
+            typed[key] = coerce_fields(GROUPS[key], value)
     optim = typed.get("optim", {})
     if len(warmups := {"warmup_epochs", "warmup_fraction"} & set(optim)) == 1:  # one given replaces the one below
         typed["optim"] = {**optim, ({"warmup_epochs", "warmup_fraction"} - warmups).pop(): 0.0}
     return typed
-
-
-def _no_empty_path(cls: type, values: dict[str, Any]) -> dict[str, Any]:
-    """``values``, refusing an empty string for a field declared ``path=True`` (``--out ""`` would otherwise mean
-    an auto-named folder, silently)."""
-    for f in dataclasses.fields(cls):
-        if f.metadata.get("path") and isinstance(values.get(f.name), str) and not values[f.name].strip():
-            name = option_name(f)
-            raise OptionError(f"{name} is an empty path; give a folder or file, or leave it out", option=name)
-    return values
 
 
 def flat_options(d: Mapping[str, Any]) -> dict[str, Any]:
@@ -668,14 +658,12 @@ def given_once(model_args: Mapping[str, Any], field: str, value: object, setter:
     """Refuse ``model_args[field]`` when a training option or the data (``setter``, which sets ``value``: a
     ``name=value`` or words) gives the model field another value: one of the two would win silently.  An equal
     value passes."""
-    if field not in model_args or value is None or _same(model_args[field], value):
+    if field not in model_args or value is None:
         return
-    given = short_repr({field: model_args[field]})
-    raise OptionError(f"{field} is given twice: {setter} and model_args={given}; keep one")
-
-
-def _same(given: object, value: object) -> bool:
     try:
-        return float(given) == float(value)  # "0.1" from the command line is 0.1
+        same = float(model_args[field]) == float(value)  # "0.1" from the command line is 0.1
     except (TypeError, ValueError):
-        return str(given) == str(value)
+        same = str(model_args[field]) == str(value)
+    if not same:
+        given = short_repr({field: model_args[field]})
+        raise OptionError(f"{field} is given twice: {setter} and model_args={given}; keep one")
