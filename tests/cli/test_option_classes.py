@@ -34,6 +34,7 @@ from crate_transformer.train.config import (
     GROUPS,
     OWNERS,
     AugmentationOptions,
+    OptimOptions,
     TrainConfig,
     _where,
     load_config,
@@ -319,6 +320,16 @@ def test_an_option_given_where_it_cannot_apply_is_refused_everywhere(group, f, t
 
 
 _REFUSALS = ("applies only when", "does not read", "unrecognized arguments")
+
+
+def test_a_group_given_whole_is_judged_by_value() -> None:
+    """A group given as its dataclass holds every field of it, read or not: only those away from their default
+    count as given (momentum 0.9 under adamw passes; 0.5 is refused by the group's own check)."""
+    assert TrainConfig(optim=OptimOptions(lr=0.1)).optim == OptimOptions(lr=0.1)
+    with pytest.raises(OptionError, match="momentum applies only when optimizer is sgd / lars"):
+        TrainConfig(optim=OptimOptions(momentum=0.5))
+    with pytest.raises(OptionError, match="momentum applies only when optimizer is sgd / lars"):
+        TrainConfig(optim=OptimOptions(), momentum=0.9)  # named on its own: given
 
 
 @pytest.mark.parametrize(("group", "f"), CONDITIONAL, ids=lambda x: getattr(x, "name", x))

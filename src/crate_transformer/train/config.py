@@ -48,9 +48,7 @@ __all__ = [
     "LoggingOptions",
     "GROUPS",
     "FINETUNE_DEFAULTS",
-    "OPTIMIZERS",
     "AMP_MODES",
-    "DATA_MODES",
     "load_config",
     "read_run_config",
     "nest_options",
@@ -510,7 +508,8 @@ def _given(d: Mapping[str, Any], nested: Mapping[str, Any]) -> set[str]:
     names them all or carries ``config_version``) and in a group given as its dataclass, those away from their
     default."""
     names = _set(nested)
-    whole = {n for k, v in d.items() if dataclasses.is_dataclass(v) for n in _set(nested.get(k, {}))}
+    flat = {FLAT[k][1] for k in (str(k).replace("-", "_") for k in d) if k in FLAT}  # named on their own: given
+    whole = {n for k, v in d.items() if dataclasses.is_dataclass(v) for n in _set(nested.get(k, {}))} - flat
     by_value = names if "config_version" in d or names >= set(OWNERS) else whole
     values = _where(nested)[0]
     return {n for n in names if n not in by_value or values[n] != default_of(FIELDS[n])}
