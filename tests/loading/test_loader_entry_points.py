@@ -128,8 +128,8 @@ def test_a_file_under_another_formats_name_names_a_model_of_its_format(tmp_path)
     fix = r"it is a CRATE-α checkpoint: pass a matching name, e.g. crate_alpha_base16$"
     with pytest.raises(CheckpointError, match=fix):
         ct.from_official(alpha, "crate_alpha_mnist")
-    with pytest.raises(CheckpointError, match=r"no authors' format\).*e.g. crate_alpha_base16$"):
-        ct.from_official(alpha, "vit_tiny")  # an architecture without an authors' format
+    with pytest.raises(CheckpointError, match=r"is not a DINO ViT checkpoint .*e.g. crate_alpha_base16$"):
+        ct.from_official(alpha, "vit_tiny")  # the ViT's authors' format is DINO's
 
 
 # --------------------------------------------------------------------------- old import paths

@@ -393,6 +393,9 @@ def test_every_zoo_entry_is_consistent():
             assert s.page == f"https://huggingface.co/{s.repo_id}/resolve/main/{s.filename}"  # the file, not a viewer
         elif name in EMERGENCE:  # fetched by the official README's emergence Colab, not a Drive file page
             assert s.url == EMERGENCE_COLAB and s.page == s.url and s.sources and s.size and s.status
+        elif s.direct:  # DINO's links (hubconf.py): the file itself, named as the link names it
+            assert s.url.startswith("https://dl.fbaipublicfiles.com/dino/") and s.url.endswith("/" + s.filename)
+            assert s.page == s.url and s.source == "dl.fbaipublicfiles.com" and s.size and s.status
         else:
             assert s.url.startswith("https://drive.google.com/file/d/") and s.page == s.url
     assert pretrained.ZOO["crate_small"].url.split("/")[5] == "1hYgDJl4EKHYfKprwhEjmWmWHuxnK6_h8"
@@ -404,7 +407,7 @@ def test_cli_lists_the_zoo_with_its_cache_status(hub_cache, tmp_path):
     """``crate models --pretrained`` in a fresh process, told where the cache is only by HF_HUB_CACHE."""
     _, f = official_tiny_file(tmp_path / "b16.pth")
     put_in_hub_cache(hub_cache, "UCSC-VLAA/CRATE-alpha", {"torch/crate_alpha_B16.pth": f})
-    env = {**os.environ, "HF_HUB_CACHE": str(hub_cache), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_CACHE": str(hub_cache), "HF_HUB_OFFLINE": "1", "TORCH_HOME": str(tmp_path / "torch")}
     out = subprocess.run(
         [sys.executable, "-m", "crate_transformer.cli", "models", "--pretrained"],
         env=env, capture_output=True, text=True, check=True,
@@ -422,6 +425,13 @@ def test_cli_lists_the_zoo_with_its_cache_status(hub_cache, tmp_path):
         "crate_base_demo": "manual",  # the emergence checkpoints: fetched by hand (the Colab, CRATE #30)
         "crate_small_21k": "manual",
         "crate_base_21k": "manual",
+        "dino_vits16": "download",  # DINO's direct links (torch's hub cache, here empty)
+        "dino_vits8": "download",
+        "dino_vitb16": "download",
+        "dino_vitb8": "download",
+        "simdino_vitb16": "manual",  # SimDINO's Drive view links
+        "simdino_vitl16": "manual",
+        "simdino_dino_vitb16": "manual",
     }
     assert "torch/crate_alpha_B16.pth" in out and "ImageNet mean/std" in out
     assert f"download {pretrained.ZOO['crate_small'].url} and load it with create_model('crate_small'" in out

@@ -1,8 +1,8 @@
 """The model zoo: the authors' released weights of the registered models (the hub layer, above the registry).
 
 * :data:`ZOO` — where the authors publish the weights of each registered model that has a release: the Hub
-  repository and file (or the Google Drive page), the input and its normalisation, the classes, the licence
-  and the ``from_official`` format that reads the file.  Each family registers its own releases
+  repository and file (or a direct download link, or the Google Drive page), the input and its normalisation, the
+  classes, the licence and the ``from_official`` format that reads the file.  Each family registers its own releases
   (:func:`~crate_transformer.models._registry.register_pretrained` in its module); entries name registry models and
   loader formats by string.
 * :func:`load_pretrained` — what ``create_model(name, pretrained=True, pretrained_file=None)`` calls:
@@ -21,6 +21,7 @@ does not need it).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -54,6 +55,8 @@ __all__ = [
     "list_pretrained",
     "pretrained_source",
     "download",
+    "download_direct",
+    "direct_path",
     "cached_file",
     "cache_status",
     "SourceAnswer",
@@ -81,7 +84,8 @@ def _manual_fix(src: PretrainedSource) -> str:
 
 
 def download(name: str, cache_dir: str | Path | None = None, force_download: bool = False) -> Path:
-    """The local path of ``name``'s released file, downloaded into the Hugging Face cache if needed (again with
+    """The local path of ``name``'s released file, downloaded into the Hugging Face cache if needed (a ``direct``
+    link's into torch's hub cache: :func:`download_direct`) (again with
     ``force_download``), its content checked against the hash the cache names it by and the published checksum
     (:func:`~crate_transformer.loading.hub.verify_cached`) — the same for the files read beside it (``also``).
 
@@ -90,6 +94,8 @@ def download(name: str, cache_dir: str | Path | None = None, force_download: boo
     line naming it and how to fetch it again.
     """
     src = pretrained_source(name)
+    if src.direct:
+        return download_direct(src, cache_dir, force_download)
     if not src.on_hub:
         why = "the weights are on Google Drive, which is not downloaded automatically"
         raise CheckpointError(f"{name}: {why}; {_manual_fix(src)}")
@@ -108,6 +114,51 @@ def download(name: str, cache_dir: str | Path | None = None, force_download: boo
     return Path(found[src.filename])
 
 
+def direct_path(src: PretrainedSource, cache_dir: str | Path | None = None) -> Path:
+    """Where a ``direct`` release's file is kept: ``cache_dir``, else torch's hub cache (``torch.hub.get_dir()``,
+    moved by ``TORCH_HOME``) ``checkpoints/``, under the link's file name — where ``torch.hub.load_state_dict_from_url``
+    keeps it, so a file the authors' ``torch.hub.load`` fetched is found there."""
+    root = Path(cache_dir) if cache_dir is not None else Path(torch.hub.get_dir()) / "checkpoints"
+    return root / src.filename
+
+
+def download_direct(src: PretrainedSource, cache_dir: str | Path | None = None, force_download: bool = False) -> Path:
+    """A ``direct`` release's file (:func:`direct_path`), downloaded from its link if it is not there (again with
+    ``force_download``; torch.hub's ``download_url_to_file``, which writes a temporary file and renames it when the
+    download is complete), its SHA-256 checked where one is published.  ``HF_HUB_OFFLINE=1`` (the package's one
+    offline switch) and not there, or a failed download, is one :class:`CheckpointError` line naming the link and the
+    ``pretrained_file=`` fix."""
+    path = direct_path(src, cache_dir)
+    if not path.is_file() or force_download:
+        if _offline_setting():
+            raise CheckpointError(
+                f"{src.name}: {src.filename} is not in torch's hub cache ({path.parent}) and downloads are off "
+                f"(HF_HUB_OFFLINE=1); unset HF_HUB_OFFLINE, or {_manual_fix(src)}"
+            )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            torch.hub.download_url_to_file(src.url, str(path), progress=False)
+        except Exception as e:  # noqa: BLE001 - urllib's and http.client's errors, translated in one place
+            reason = (str(getattr(e, "reason", e)).splitlines() or [type(e).__name__])[0][:120]
+            raise CheckpointError(f"{src.name}: downloading {src.url} failed ({reason}); {_manual_fix(src)}") from None
+    return _check_direct(src, path)
+
+
+def _check_direct(src: PretrainedSource, path: Path) -> Path:
+    if src.sha256:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        got = digest.hexdigest()
+        if got != src.sha256.lower():
+            raise CheckpointError(
+                f"{src.name}: {path} is corrupt: it has sha256 {got[:12]}…, the published one is {src.sha256[:12]}…; "
+                f"{_refetch(src)}"
+            )
+    return path
+
+
 def _refetch(src: PretrainedSource) -> str:
     return (
         "delete it and load again to download it anew, or call "
@@ -116,18 +167,26 @@ def _refetch(src: PretrainedSource) -> str:
 
 
 def cached_file(name: str, cache_dir: str | Path | None = None) -> Path | None:
-    """``name``'s released file if it is in the Hugging Face cache and intact (with the files read beside it),
-    else ``None`` (no network)."""
+    """``name``'s released file if it is in the Hugging Face cache (a direct link's: torch's hub cache) and intact
+    (with the files read beside it), else ``None`` (no network)."""
     status, detail = cache_status(name, cache_dir)
     return Path(detail) if status == "cached" else None
 
 
 def cache_status(name: str, cache_dir: str | Path | None = None) -> tuple[str, str]:
     """Where ``name``'s release stands here, without the network, and a detail: ``("cached", path)`` (in the
-    Hugging Face cache, its content checked as :func:`download` checks it), ``("corrupt", the one-line error
-    naming the file and how to fetch it again)``, ``("download", "")`` (fetched on first use) or
-    ``("manual", "")`` (a Google Drive page)."""
+    Hugging Face cache or, for a direct link, torch's hub cache, its content checked as :func:`download` checks it),
+    ``("corrupt", the one-line error naming the file and how to fetch it again)``, ``("download", "")`` (fetched on
+    first use) or ``("manual", "")`` (a Google Drive page)."""
     src = pretrained_source(name)
+    if src.direct:
+        path = direct_path(src, cache_dir)
+        if not path.is_file():
+            return "download", ""
+        try:
+            return "cached", str(_check_direct(src, path))
+        except CheckpointError as e:
+            return "corrupt", str(e)
     if not src.on_hub:
         return "manual", ""
     from huggingface_hub import try_to_load_from_cache
@@ -218,14 +277,16 @@ def _ask(address: str, timeout: float) -> SourceAnswer:
 
 def probe_sources(name: str, timeout: float = PROBE_TIMEOUT, offline: bool | None = None) -> list[SourceAnswer]:
     """Ask each of ``name``'s addresses (:func:`source_addresses`) whether it answers, first the Hugging Face cache
-    for a Hub release (intact there: it answers without the network).  ``offline`` (default: ``HF_HUB_OFFLINE=1``)
-    tries local ``file://`` addresses only; the rest are reported as not tried."""
+    for a Hub release, torch's hub cache for a direct link (intact there: it answers without the network).
+    ``offline`` (default: ``HF_HUB_OFFLINE=1``) tries local ``file://`` addresses only; the rest are reported as not
+    tried."""
     src = pretrained_source(name)
     offline = _offline_setting() if offline is None else offline
     answers = []
-    if src.on_hub:
+    if src.on_hub or src.direct:
         status, detail = cache_status(name)
-        answers.append(SourceAnswer("the Hugging Face cache", status == "cached", detail or f"not cached ({status})"))
+        cache = "torch's hub cache" if src.direct else "the Hugging Face cache"
+        answers.append(SourceAnswer(cache, status == "cached", detail or f"not cached ({status})"))
     for address in source_addresses(src):
         if offline and not address.startswith("file://"):
             answers.append(SourceAnswer(address, False, "not tried: offline (HF_HUB_OFFLINE=1)"))

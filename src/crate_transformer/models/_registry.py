@@ -199,8 +199,10 @@ def build(config: Config) -> Model:
 class PretrainedSource:
     """Where one registered model's released weights live and how to feed the model.
 
-    ``repo_id`` set: the file is on the Hugging Face Hub (downloaded automatically); else ``url`` is a page
-    (Google Drive) the user downloads from by hand and passes as ``pretrained_file=``.
+    ``repo_id`` set: the file is on the Hugging Face Hub (downloaded automatically); ``direct``: ``url`` is the file
+    itself (a plain download link, as torch.hub's ``load_state_dict_from_url`` takes; downloaded automatically into
+    torch's hub cache); else ``url`` is a page (Google Drive) the user downloads from by hand and passes as
+    ``pretrained_file=``.
     """
 
     name: str  # the registry name create_model builds
@@ -227,6 +229,7 @@ class PretrainedSource:
     size: str = ""  # the file's size where known, or what its tensors imply (saying which)
     sources: tuple[str, ...] = ()  # every other known place the file was offered (pages, issues, mirrors)
     status: str = ""  # what is known about the source's availability, e.g. a link reported dead (with the report)
+    direct: bool = False  # url is the file itself, not a page (DINO's dl.fbaipublicfiles.com links)
 
     @property
     def on_hub(self) -> bool:
@@ -236,7 +239,7 @@ class PretrainedSource:
     def page(self) -> str:
         """The address a person opens to download the file: on the Hub its download link (``resolve/``, which a
         browser and ``curl -L`` both follow; a ``blob/`` address is the Hub's HTML viewer of the file), else the
-        Google Drive page."""
+        ``url``: the file itself (``direct``) or the page it is shared on (Google Drive)."""
         if self.on_hub:
             return f"https://huggingface.co/{self.repo_id}/resolve/{self.revision or 'main'}/{self.filename}"
         return self.url
@@ -249,6 +252,8 @@ class PretrainedSource:
 
     @property
     def source(self) -> str:
+        if self.direct:
+            return self.url.split("/")[2]  # the host of the link
         return f"hf-hub:{self.repo_id}" if self.on_hub else "Google Drive"
 
 

@@ -22,9 +22,16 @@ from ..config import IMAGE_CLASSIFIER, Config
 from ..config_utils import Range, option
 from ..layers import DIM_HEAD, EncoderLayer, LayerConfig, drop_path_rates
 from ..layers.inference import traced_images
-from ..loading.official import HEADS_NOT_STORED, OfficialFormat, official_to_native
+from ..loading.official import (
+    HEADS_NOT_STORED,
+    OfficialFormat,
+    dino_vit_detect,
+    dino_vit_fields,
+    dino_vit_to_native,
+    official_to_native,
+)
 from ..objectives import autocast_on
-from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
+from ._registry import PretrainedSource, model_config, register_arch, register_model, register_pretrained
 from .base import POOLS, Model, Trace, pool_name, pool_tokens, take_indices
 from .spec import DEFAULT_NORMALIZATION, IMAGENET_MEAN, IMAGENET_STD, DataSpec, fit_normalization
 
@@ -41,9 +48,14 @@ __all__ = [
     "patchify",
     "unpatchify",
     "CLASSIFIER_FORMAT",
+    "DINO_VIT_FORMAT",
 ]
 
 ARCHS = ("crate", "vit")
+# where the encoder's last LayerNorm sits: on the pooled vector, as the head's first map (the CRATE classifier's
+# mlp_head[0], timm's fc_norm) | on every token, as forward_features' last map (DINO's and timm's ViT ``norm``)
+FINAL_NORMS = ("pooled", "tokens")
+_VIT_ONLY = {"arch": ("vit",)}  # the options of DINO's ViT layout (facebookresearch/dino vision_transformer.py)
 NUM_CLASSES = Range(0, integer=True, note="0: no classifier, the model returns its pooled features")
 
 
@@ -137,15 +149,42 @@ class ModelConfig(ImageEncoderGeometry, LayerConfig, Config):
         "LayerNorms around the patch projection (official classifier, Alg. 6); False: a plain linear projection, "
         "the conv PatchEmbed of CRATE-MAE (a model fine-tuned from a CRATE-MAE encoder)",
     )
+    final_norm: str = option(
+        "pooled",
+        "the last LayerNorm: pooled (on the pooled vector, the head's first map: CRATE's mlp_head[0], timm's "
+        "fc_norm) | tokens (on every token, the end of forward_features: DINO's norm)",
+        choices=FINAL_NORMS,
+        applies=_VIT_ONLY,
+    )
+    norm_eps: float | None = option(
+        None,
+        "eps of the layers' and the last LayerNorms (None: PyTorch's 1e-5; DINO's ViT: 1e-6)",
+        range=Range(0, lo_open=True),
+        applies=_VIT_ONLY,
+    )
+    interpolate_offset: float = option(
+        0.0,
+        "resizing the position grid to h x w patches: 0 resizes to that size; DINO's 0.1 resizes by the scale "
+        "factor (h + 0.1) / grid, which places the samples slightly differently (facebookresearch/dino#8)",
+        range=Range(0, 1, hi_open=True),
+        applies=_VIT_ONLY,
+    )
     data: DataSpec | None = option(
         None, "what the model was trained on (normalisation, classes, source), or None", applies="always"
     )
 
-    OMIT_AT_DEFAULT = ("drop_path", "gelu", "proj_bias")  # added later: configs without them stay byte-identical
+    OMIT_AT_DEFAULT = (
+        "drop_path",
+        "gelu",
+        "proj_bias",
+        "final_norm",
+        "norm_eps",
+        "interpolate_offset",
+    )  # added later: configs without them stay byte-identical
     KEY_ORDER = ("arch", "image_size", "patch_size", "in_chans", "num_classes", "dim", "depth", "heads", "dim_head",
                  "pool", "dropout", "emb_dropout", "drop_path", "eta", "lambd", "ista_mode", "layer_form",
                  "scale_scores", "tied_output", "tied_beta", "eps", "patch_norm", "attention", "mlp", "odl_ratio",
-                 "mlp_ratio", "data")  # fmt: skip
+                 "mlp_ratio", "final_norm", "norm_eps", "interpolate_offset", "data")  # fmt: skip
     kind = IMAGE_CLASSIFIER
     MODEL_TYPE = (
         "crate_transformer_image"  # config.json's model_type: transformers' AutoConfig (loading.transformers_hf)
@@ -232,6 +271,11 @@ def unpatchify(x: Tensor, p: int, h: int, w: int) -> Tensor:
     b, n, pd = x.shape
     c = pd // (p * p)
     return x.reshape(b, h, w, p, p, c).permute(0, 5, 1, 3, 2, 4).reshape(b, c, h * p, w * p)
+
+
+def final_layer_norm(c: ModelConfig) -> nn.LayerNorm:
+    """The encoder's last LayerNorm (``norm_eps``, default PyTorch's 1e-5), wherever ``final_norm`` places it."""
+    return nn.LayerNorm(c.dim, eps=1e-5 if c.norm_eps is None else c.norm_eps)
 
 
 def classifier_layer(dim: int, num_classes: int) -> nn.Module:
@@ -375,15 +419,23 @@ class ImageInput:
         return patchify(x, self.config.patch_size)
 
 
-def bicubic_matrix(n_in: int, n_out: int, device: torch.device | str = "cpu") -> Tensor:
+def bicubic_matrix(
+    n_in: int, n_out: int, device: torch.device | str = "cpu", offset: float = 0.0, dtype: torch.dtype | None = None
+) -> Tensor:
     """The ``(n_out, n_in)`` matrix of 1-D bicubic resizing as ``F.interpolate(mode="bicubic",
-    align_corners=False)`` does it along one axis (its columns: the resized unit vectors)."""
-    eye = torch.eye(n_in, device=device).reshape(n_in, 1, n_in, 1)
+    align_corners=False)`` does it along one axis (its columns: the resized unit vectors).  ``offset`` > 0 resizes
+    by the scale factor ``(n_out + offset) / n_in`` instead of to the size, as DINO's ``interpolate_pos_encoding``
+    does (``offset=0.1``): the output still has ``n_out`` samples, placed by that scale."""
+    eye = torch.eye(n_in, device=device, dtype=dtype).reshape(n_in, 1, n_in, 1)
+    if offset:
+        scaled = F.interpolate(eye, scale_factor=((n_out + offset) / n_in, 1.0), mode="bicubic", align_corners=False)
+        return scaled[:, 0, :, 0].T
     return F.interpolate(eye, size=(n_out, 1), mode="bicubic", align_corners=False)[:, 0, :, 0].T
 
 
 class ImageClassifier(ImageInput, Model):
-    """Patch embedding → class token + position embedding → L layers → pool → LayerNorm + Linear.
+    """Patch embedding → class token + position embedding → L layers → pool → LayerNorm + Linear (with
+    ``final_norm="tokens"``: LayerNorm on every token → pool → Linear, DINO's order).
 
     ``forward(x)`` takes float images ``(b, c, h, w)`` (any size divisible by the patch size; the
     position embedding is interpolated) and returns logits.  The :class:`~crate_transformer.models.base.Model`
@@ -411,7 +463,25 @@ class ImageClassifier(ImageInput, Model):
         self.cls_token = nn.Parameter(torch.randn(1, 1, c.dim) * init_std)
         self.pos_embed = nn.Parameter(torch.randn(1, c.grid**2 + 1, c.dim) * init_std)
         self.emb_drop = nn.Dropout(c.emb_dropout)
-        self.head = nn.Sequential(nn.LayerNorm(c.dim), classifier_layer(c.dim, c.num_classes))
+        # the last LayerNorm (final_norm): on every token (DINO's ``norm``), or the head's first map
+        self.norm = final_layer_norm(c) if c.final_norm == "tokens" else None
+        self.head = nn.Sequential(self.head_norm(c), classifier_layer(c.dim, c.num_classes))
+
+    @staticmethod
+    def head_norm(c: ModelConfig) -> nn.Module:
+        """The head's first map: the last LayerNorm when it normalises the pooled vector, else none (the tokens
+        were normalised by ``norm``)."""
+        return final_layer_norm(c) if c.final_norm == "pooled" else nn.Identity()
+
+    def finish_features(self, z: Tensor) -> Tensor:
+        """The last layer's tokens → ``forward_features``' output: normalised by ``norm`` where the last LayerNorm
+        is on the tokens (``final_norm="tokens"``), else as they are (the head normalises after pooling)."""
+        return z if self.norm is None else self.norm(z)
+
+    def norm_tokens(self, z: Tensor) -> Tensor:
+        """Intermediates with ``norm=True``: the tokens' own final LayerNorm where the model has one (DINO's
+        ``get_intermediate_layers`` applies ``norm`` to each), else none."""
+        return z if self.norm is None else self.norm(z)
 
     def build_encoder(self, c: ModelConfig) -> tuple[nn.Module, nn.ModuleList, float]:
         """The patch embedding (by ``c.arch``), the layers (:meth:`ModelConfig.layer_config`: CRATE's, or the ViT
@@ -419,7 +489,8 @@ class ImageClassifier(ImageInput, Model):
         layers overrides it (CRATE-α, ``alpha.py``)."""
         patch_embed, init_std = _PATCH_EMBEDS[c.arch](c)
         rates = drop_path_rates(c.drop_path, c.depth)
-        return patch_embed, nn.ModuleList(EncoderLayer.from_config(c, drop_path=r) for r in rates), init_std
+        layers = nn.ModuleList(EncoderLayer.from_config(c, drop_path=r, norm_eps=c.norm_eps) for r in rates)
+        return patch_embed, layers, init_std
 
     def interpolate_pos_embed(self, h: int, w: int) -> Tensor:
         """Position embedding for an ``h × w`` patch grid (bicubic interpolation of the learned grid).
@@ -427,13 +498,16 @@ class ImageClassifier(ImageInput, Model):
         Bicubic resizing is separable, so it is two matrix products with the 1-D interpolation matrices
         (:func:`bicubic_matrix`): the values of ``F.interpolate(mode="bicubic")``, with a backward that is a
         matrix product too — deterministic on a GPU, where bicubic upsampling's own backward is not
-        (``--deterministic`` with DINO's smaller crops, or fine-tuning at another resolution).
+        (``--deterministic`` with DINO's smaller crops, or fine-tuning at another resolution).  Computed in float32,
+        or float64 for a float64 table; ``interpolate_offset`` (DINO's 0.1) resizes by DINO's scale factor.
         """
         g = self.config.grid
         if (h, w) == (g, g):
             return self.pos_embed
-        cls_pos, grid_pos = self.pos_embed[:, :1], self.pos_embed[:, 1:].reshape(g, g, -1).float()
-        rows, cols = (bicubic_matrix(g, n, grid_pos.device) for n in (h, w))
+        work = torch.promote_types(self.pos_embed.dtype, torch.float32)  # float32 at least, float64 stays float64
+        cls_pos, grid_pos = self.pos_embed[:, :1], self.pos_embed[:, 1:].reshape(g, g, -1).to(work)
+        offset = self.config.interpolate_offset
+        rows, cols = (bicubic_matrix(g, n, grid_pos.device, offset, work) for n in (h, w))
         grid_pos = torch.einsum("ia,abd,jb->ijd", rows, grid_pos, cols).to(cls_pos.dtype)
         return torch.cat([cls_pos, grid_pos.reshape(1, h * w, -1)], dim=1)
 
@@ -503,7 +577,8 @@ class ImageClassifier(ImageInput, Model):
         return int(self.config.num_classes)
 
     def reset_classifier(self, num_classes: int, pool: str | None = None, global_pool: str | None = None) -> None:
-        """A freshly initialised head (LayerNorm + Linear) for ``num_classes`` classes — 0: no Linear, the model
+        """A freshly initialised head (LayerNorm + Linear; the Linear alone with ``final_norm="tokens"``, whose
+        LayerNorm is the backbone's and is kept) for ``num_classes`` classes — 0: no Linear, the model
         returns the normalised pooled features (timm's headless ``reset_classifier(0)``); ``pool`` (or timm's
         ``global_pool``: ``"token"``, ``"avg"``) changes the pooling."""
         if pool == "" or global_pool == "":
@@ -513,8 +588,8 @@ class ImageClassifier(ImageInput, Model):
             )
         pool = pool_name(pool or global_pool or self.config.pool)
         self.config = dataclasses.replace(self.config, num_classes=num_classes, pool=pool)
-        ref = self.head[0].weight
-        self.head = nn.Sequential(nn.LayerNorm(self.config.dim), classifier_layer(self.config.dim, num_classes)).to(
+        ref = self.cls_token
+        self.head = nn.Sequential(self.head_norm(self.config), classifier_layer(self.config.dim, num_classes)).to(
             ref.device, ref.dtype
         )
 
@@ -541,6 +616,9 @@ class CRATE(ImageClassifier):
 
 class ViT(ImageClassifier):
     """The ViT baseline (separate Q, K, V; GELU MLP): ``ViT(ModelConfig(dim=192, heads=3, ...))``.
+
+    With ``final_norm="tokens"``, ``norm_eps=1e-6`` and ``interpolate_offset=0.1`` it is DINO's ViT (the
+    ``dino_vit*`` / ``simdino_vit*`` names), whose checkpoints :data:`DINO_VIT_FORMAT` reads.
 
     Always builds a ViT: a config with another ``arch`` (e.g. the default ``"crate"``) is copied with
     ``arch="vit"``, so ``ViT(ModelConfig())`` is a ViT and ``model.config.arch == "vit"``.
@@ -592,9 +670,22 @@ CLASSIFIER_FORMAT = OfficialFormat(
 )
 
 
+# DINO's ViT (facebookresearch/dino vision_transformer.py; SimDINO's is the same layout): loading/official.py
+DINO_VIT_FORMAT = OfficialFormat(
+    name="DINO ViT",
+    origin="facebookresearch/dino vision_transformer.py, also SimDINO's simdino/vision_transformer.py",
+    to_native=dino_vit_to_native,
+    detect=dino_vit_detect,
+    example="dino_vitb16",
+    fields=dino_vit_fields,
+    overridable=("interpolate_offset", "num_classes"),  # a backbone (0 classes) given a fresh head
+    unstored=HEADS_NOT_STORED,
+)
+
+
 # --------------------------------------------------------------------------- registry entries
 register_arch("crate", CRATE, official=CLASSIFIER_FORMAT)
-register_arch("vit", ViT)
+register_arch("vit", ViT, official=DINO_VIT_FORMAT)
 
 # JMLR Table 8: image 224, patch 16, p = d/K.  Parameter counts: 6.09M / 13.12M / 22.80M / 77.64M.
 register_model("crate_tiny", arch="crate", dim=384, depth=12, heads=6)
@@ -612,6 +703,20 @@ register_model("vit_tiny", arch="vit", dim=192, depth=12, heads=3)
 register_model("vit_small", arch="vit", dim=384, depth=12, heads=6)
 register_model("vit_base", arch="vit", dim=768, depth=12, heads=12)
 register_model("vit_large", arch="vit", dim=1024, depth=24, heads=16)
+# DINO's ViT backbones (facebookresearch/dino hubconf.py: vit_small / vit_base with patch 16 or 8, num_classes=0) and
+# SimDINO's (RobinWu218/SimDINO README: ViT-B/16, ViT-L/16, and its DINO ViT-B/16 baseline), in DINO's layout: the
+# class token after the last LayerNorm (eps 1e-6) is the output, the position grid resized as DINO resizes it.
+_DINO = dict(arch="vit", num_classes=0, final_norm="tokens", norm_eps=1e-6, interpolate_offset=0.1)
+for _name, _dim, _depth, _heads, _patch in (
+    ("dino_vits16", 384, 12, 6, 16),
+    ("dino_vits8", 384, 12, 6, 8),
+    ("dino_vitb16", 768, 12, 12, 16),
+    ("dino_vitb8", 768, 12, 12, 8),
+    ("simdino_vitb16", 768, 12, 12, 16),
+    ("simdino_vitl16", 1024, 24, 16, 16),
+    ("simdino_dino_vitb16", 768, 12, 12, 16),
+):
+    register_model(_name, **_DINO, dim=_dim, depth=_depth, heads=_heads, patch_size=_patch)
 # Small models for the built-in 28x28 digits (the classification task's default) and its ViT counterpart, paired as
 # CRATE-T/ViT-T are (Table 8): ViT at half the width and half the heads (same head size 32), 4x MLP, and about
 # the same parameter count (309k vs 305k).
@@ -709,5 +814,91 @@ for _name, _title, _file, _size, _classes in (
             size=_size,
             sources=_EMERGENCE_SOURCES,
             status="fetched by the Colab notebook; not on the Hugging Face Hub",
+        )
+    )
+
+# DINO's released ViT backbones: the direct links of facebookresearch/dino hubconf.py (commit 7c446df), which torch.hub
+# also fetches; the README names each beside its full checkpoint (student and teacher with their heads, which loads
+# too: the teacher is read).  No size or checksum is published; sizes are what the tensors imply (float32), and the
+# parameter counts are the README's (21M, 85M).  Evaluation transform: eval_knn.py's (resize 256 bicubic, crop 224).
+DINO_FILES = "https://dl.fbaipublicfiles.com/dino"
+for _name, _title, _stem, _size in (
+    ("dino_vits16", "DINO ViT-S/16", "dino_deitsmall16", "about 87 MB in float32 (21.67M values"),
+    ("dino_vits8", "DINO ViT-S/8", "dino_deitsmall8", "about 87 MB in float32 (21.67M values"),
+    ("dino_vitb16", "DINO ViT-B/16", "dino_vitbase16", "about 343 MB in float32 (85.80M values"),
+    ("dino_vitb8", "DINO ViT-B/8", "dino_vitbase8", "about 343 MB in float32 (85.81M values"),
+):
+    register_pretrained(
+        PretrainedSource(
+            name=_name,
+            title=f"{_title}, ImageNet-1K self-supervised (the backbone: the class token's features)",
+            loader=DINO_VIT_FORMAT.name,
+            filename=f"{_stem}_pretrain.pth",
+            url=f"{DINO_FILES}/{_stem}_pretrain/{_stem}_pretrain.pth",
+            direct=True,
+            input=f"image 224 (resize 256 bicubic, centre crop 224; any multiple of {model_config(_name).patch_size})",
+            mean=IMAGENET_MEAN,
+            std=IMAGENET_STD,
+            crop_pct=224 / 256,
+            interpolation="bicubic",  # eval_knn.py / eval_linear.py: Resize(256, interpolation=3), PIL's bicubic
+            classes="none: the class token's features (num_classes=0)",
+            licence="Apache 2.0 (the repository's)",
+            reference="github.com/facebookresearch/dino hubconf.py, README.md, eval_knn.py (commit 7c446df)",
+            size=f"{_size}: what the tensors imply; no size is published)",
+            sources=(
+                f"{DINO_FILES}/{_stem}_pretrain/{_stem}_pretrain_full_checkpoint.pth (the full checkpoint: student and "
+                "teacher with their heads; loads too, its teacher read)",
+                f"torch.hub.load('facebookresearch/dino:main', '{_name}') fetches the same link",
+            ),
+            status="a direct link of the authors' hubconf.py; no checksum is published",
+        )
+    )
+
+# SimDINO's checkpoints (RobinWu218/SimDINO README, commit 8149fc4): Google Drive "view" links, nothing else.
+SIMDINO_README = "github.com/RobinWu218/SimDINO README.md 'Pretrained models' (commit 8149fc4)"
+_SIMDINO_UNSTATED = (
+    "a Google Drive view link only: no direct URL, file name, size or checksum is published, nor what the file holds "
+    "(main_dino.py's checkpoint.pth, {'student', 'teacher', ...}, and a bare backbone both load)"
+)
+for _name, _title, _drive, _status in (
+    (
+        "simdino_vitb16",
+        "SimDINO ViT-B/16, ImageNet-1K 100 epochs (k-NN 74.9%, linear 77.3% per the README)",
+        "1nqcX0IgKQ8H3ZFJKaEx_O5wTVqdorLyQ",
+        _SIMDINO_UNSTATED,
+    ),
+    (
+        "simdino_vitl16",
+        "SimDINO ViT-L/16, ImageNet-1K 100 epochs (k-NN 75.6%, linear 77.4% per the README)",
+        "1jy27VYHHSxllMqWr5DiKk80y9ZBrKkPV",
+        _SIMDINO_UNSTATED + "; simdino/vision_transformer.py has no vit_large (main_dino.py's arch choices stop at "
+        "vit_base), so the code that saved it is not in the repository; it loads if it is in DINO's layout or in "
+        "DINOv2's without register tokens and LayerScale (simdinov2/configs/eval/vitl16_v1.yaml's)",
+    ),
+    (
+        "simdino_dino_vitb16",
+        "DINO ViT-B/16 trained by the SimDINO authors (their baseline; k-NN 72.9%, linear 76.3% per the README)",
+        "1o-FtJ0TDNPAZiREa_qjGENksYL_3Ohc8",
+        _SIMDINO_UNSTATED,
+    ),
+):
+    register_pretrained(
+        PretrainedSource(
+            name=_name,
+            title=_title,
+            loader=DINO_VIT_FORMAT.name,
+            filename="",  # a Drive share page: the user saves the file under any name
+            url=f"https://drive.google.com/file/d/{_drive}/view?usp=drive_link",
+            input="image 224 (resize 256 bicubic, centre crop 224; any multiple of 16)",
+            mean=IMAGENET_MEAN,
+            std=IMAGENET_STD,
+            crop_pct=224 / 256,
+            interpolation="bicubic",
+            classes="none: the class token's features (num_classes=0)",
+            licence="MIT (the repository's; its simdino/ code is DINO's, Apache 2.0)",
+            reference=f"{SIMDINO_README}; simdino/main_dino.py, simdino/eval_knn.py",
+            size="not stated",
+            sources=(f"{SIMDINO_README}: the 'ckpt' link",),
+            status=_status,
         )
     )
