@@ -35,6 +35,7 @@ __all__ = [
     "Config",
     "check_option",
     "check_applicable",
+    "pop_version",
     "inapplicable",
     "reads",
     "watch",
@@ -186,17 +187,8 @@ class Config:
     def from_dict(cls: type[C], d: Mapping[str, Any]) -> C:
         """Read :meth:`to_dict` output (``config.json``); unknown keys and newer format versions are refused."""
         d = dict(cls.upgrade(dict(d)))
-        version = d.pop("config_version", 1)
-        if not isinstance(version, int) or version > cls.VERSION:
-            raise ValueError(
-                f"config_version {version!r} is newer than this crate_transformer reads ({cls.VERSION}); "
-                "upgrade crate_transformer (pip install -U crate-transformer)"
-            )
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown {cls.__name__} keys {unknown}; valid keys: {sorted(known)}")
-        return cls(**d)
+        pop_version(d, cls.VERSION)
+        return cls(**coerce_fields(cls, d))  # an unknown key: one line naming the valid ones
 
     @classmethod
     def upgrade(cls, d: dict) -> dict:
@@ -206,6 +198,17 @@ class Config:
     def replace(self: C, **changes: Any) -> C:
         """A validated copy with ``changes`` applied (``dataclasses.replace``)."""
         return dataclasses.replace(self, **changes)
+
+
+def pop_version(d: dict, newest: int) -> int:
+    """``d``'s ``config_version`` (1 where it has none), taken out of it; a newer one than ``newest`` is refused."""
+    version = d.pop("config_version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or version > newest:
+        raise ValueError(
+            f"config_version {version!r} is newer than this crate_transformer reads ({newest}); "
+            "upgrade crate_transformer (pip install -U crate-transformer)"
+        )
+    return version
 
 
 @functools.lru_cache(maxsize=256)

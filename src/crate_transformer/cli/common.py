@@ -76,24 +76,23 @@ def _model_fields() -> dict[str, type]:
 def resolve_options(args: argparse.Namespace) -> None:
     """A command with an options class (:func:`add_command_options`): the class built from the flags given —
     coerced and checked there, a bad value its one-line error naming the flag — and every option set on ``args``
-    (the given value, else the declared default).  ``args._defaults`` keeps the defaults (``refuse_given``)."""
+    (the given value, else the declared default).  ``args._given`` keeps the names of those given (``refuse_given``)."""
     cls = getattr(args, "_declared", None)
     if cls is None:
         return
     fields = {option_name(f): f for f in dataclasses.fields(cls)}
-    values, defaults = cls(**{f.name: getattr(args, name) for name, f in fields.items() if hasattr(args, name)}), cls()
+    args._given = {name for name in fields if hasattr(args, name)}  # a flag not given is absent (argparse.SUPPRESS)
+    values = cls(**{fields[name].name: getattr(args, name) for name in args._given})
     for name, f in fields.items():
         setattr(args, name, getattr(values, f.name))
-    args._defaults = {name: getattr(defaults, f.name) for name, f in fields.items()}
 
 
 def refuse_given(args: argparse.Namespace, names: Sequence[str], why: str) -> None:
-    """A one-line error for the first option of ``names`` given with a non-default value: it cannot apply
-    (``why``, e.g. "for a language model"), so it is refused rather than silently ignored.  The defaults are the
-    command's declared ones (``args._defaults``, set by :func:`resolve_options`)."""
-    defaults = getattr(args, "_defaults", {})
+    """A one-line error for the first option of ``names`` given (at any value, issue 48: ``args._given``, set by
+    :func:`resolve_options`): it cannot apply (``why``, e.g. "for a language model"), so it is refused rather than
+    silently ignored."""
     for name in names:
-        if name in defaults and getattr(args, name) != defaults[name]:
+        if name in getattr(args, "_given", ()):
             raise ValueError(f"{flag(name)} does not apply {why}; drop it")
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..config import Config, check_applicable, check_option, inapplicable
+from ..config import Config, check_applicable, check_option, inapplicable, pop_version
 from ..config_utils import (
     ALWAYS,
     NON_NEGATIVE,
@@ -540,12 +540,7 @@ def upgrade_v1(d: Mapping[str, Any]) -> dict[str, Any]:
     text-classification columns of older configs (task options then) move to ``data``; a newer ``config_version`` is
     a one-line error; keys that are no option stay at the top for :func:`nest_options` to refuse."""
     d = {str(k).replace("-", "_"): v for k, v in d.items()}
-    version = d.pop("config_version", 1)
-    if not isinstance(version, int) or isinstance(version, bool) or version > VERSION:
-        raise ValueError(
-            f"config_version {version!r} is newer than this crate_transformer reads ({VERSION}); "
-            "upgrade crate_transformer (pip install -U crate-transformer)"
-        )
+    pop_version(d, VERSION)
     out: dict[str, Any] = {}
     for key, value in d.items():
         if key in GROUPS and (isinstance(value, (Mapping, GROUPS[key])) or value is None):
