@@ -155,6 +155,14 @@ class Config:
         check_applicable({n: getattr(self, n) for n in names}, names)
 
     @classmethod
+    def from_given(cls: type[C], **values: Any) -> C:
+        """``cls(**values)``, ``values`` being what the user wrote: one that cannot apply is refused at any value,
+        its default too (issue 48), where the build alone refuses those away from their default."""
+        self, owners = cls(**values), dict.fromkeys(_fields(cls), cls)
+        check_applicable({n: getattr(self, n) for n in owners}, owners, given=set(values))
+        return self
+
+    @classmethod
     def check_field(cls, name: str, value: Any) -> None:
         """One value of field ``name`` alone (``--model-args eta=inf`` before any model or run folder exists),
         coerced to the field's type, then checked as :meth:`check_fields` checks it."""

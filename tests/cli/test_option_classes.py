@@ -322,6 +322,41 @@ def test_an_option_given_where_it_cannot_apply_is_refused_everywhere(group, f, t
 _REFUSALS = ("applies only when", "does not read", "unrecognized arguments")
 
 
+def _task_conditions() -> list[tuple[str, dataclasses.Field]]:
+    """(task, field) for every task option whose condition names only fields of its own options class."""
+    from crate_transformer.train.task import TASKS, make_task
+
+    out = []
+    for name in TASKS:
+        cls = make_task(name).Options
+        own = {f.name for f in dataclasses.fields(cls)} if cls is not None else set()
+        for f in dataclasses.fields(cls) if cls is not None else ():
+            applies = fields_applicability(cls)[f.name]
+            alternatives = [] if isinstance(applies, str) else [applies] if isinstance(applies, dict) else applies
+            if alternatives and all(set(alt) <= own for alt in alternatives):
+                out.append((name, f))
+    return out
+
+
+@pytest.mark.parametrize(("task", "f"), _task_conditions(), ids=lambda x: getattr(x, "name", x))
+def test_a_task_option_given_at_its_default_where_it_cannot_apply_is_refused(task, f):
+    """Issue 48 for the tasks' options: given at its default value where its condition fails, it is refused as
+    any other value is (``Task.check_options``, which every flag, file and keyword of ``task_args`` goes through)."""
+    from crate_transformer.train.task import make_task
+
+    t = make_task(task)
+    applies = fields_applicability(t.Options)[f.name]
+    context: dict = {}
+    for alt in [applies] if isinstance(applies, dict) else applies:
+        key, allowed = next(iter(alt.items()))
+        field = next(g for g in dataclasses.fields(t.Options) if g.name == key)
+        candidates = field.metadata.get("choices") or (_default(field),)  # tokenizer: no choices, "byte" by default
+        context[key] = False if allowed == ON else next(c for c in candidates if c not in allowed)
+    assert t.check_options(context) == context  # the context alone is valid
+    with pytest.raises(OptionError, match=f"^{f.name} applies only when"):
+        t.check_options({**context, f.name: _default(f)})
+
+
 def test_a_group_given_whole_is_judged_by_value() -> None:
     """A group given as its dataclass holds every field of it, read or not: only those away from their default
     count as given (momentum 0.9 under adamw passes; 0.5 is refused by the group's own check)."""

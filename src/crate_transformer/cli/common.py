@@ -82,7 +82,7 @@ def resolve_options(args: argparse.Namespace) -> None:
         return
     fields = {option_name(f): f for f in dataclasses.fields(cls)}
     args._given = {name for name in fields if hasattr(args, name)}  # a flag not given is absent (argparse.SUPPRESS)
-    values = cls(**{fields[name].name: getattr(args, name) for name in args._given})
+    values = cls.from_given(**{fields[name].name: getattr(args, name) for name in args._given})
     for name, f in fields.items():
         setattr(args, name, getattr(values, f.name))
 

@@ -170,7 +170,7 @@ class Task:
         if unknown:
             raise ValueError(f"unknown {cls.name} option(s) {unknown}; valid: {sorted(known)}")
         args = coerce_fields(cls.Options, args)
-        cls.Options(**args)  # a Config: its choices, ranges and own checks now, before a run folder is made
+        cls.Options.from_given(**args)  # a Config: its choices, ranges and own checks now, before a run folder is made
         return args
 
     def check_model(self, cfg: TrainConfig) -> None:
