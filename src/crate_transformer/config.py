@@ -52,6 +52,7 @@ LANGUAGE_MODEL = "language model"  # token ids → token logits; the lm task tra
 KINDS = (IMAGE_CLASSIFIER, MASKED_AUTOENCODER, LANGUAGE_MODEL)
 
 C = TypeVar("C", bound="Config")
+Given = Collection[str] | None  # the options the user gave, by name; None: those away from their default
 
 
 def check_option(cls: type, name: str, value: Any) -> None:
@@ -148,18 +149,18 @@ class Config:
             check_option(type(self), f.name, getattr(self, f.name))
         self.check_applicable()
 
-    def check_applicable(self) -> None:
+    def check_applicable(self, given: Given = None) -> None:
         """:func:`check_applicable` on this class's own fields (conditions on fields outside it are the enclosing
         config's, ``TrainConfig``'s): ``--momentum 0.5`` with ``--optimizer adamw`` is refused, not ignored."""
-        names = {f.name: type(self) for f in dataclasses.fields(self)}
-        check_applicable({n: getattr(self, n) for n in names}, names)
+        owners = dict.fromkeys(_fields(type(self)), type(self))
+        check_applicable({n: getattr(self, n) for n in owners}, owners, given=given)
 
     @classmethod
     def from_given(cls: type[C], **values: Any) -> C:
         """``cls(**values)``, ``values`` being what the user wrote: one that cannot apply is refused at any value,
         its default too (issue 48), where the build alone refuses those away from their default."""
-        self, owners = cls(**values), dict.fromkeys(_fields(cls), cls)
-        check_applicable({n: getattr(self, n) for n in owners}, owners, given=set(values))
+        self = cls(**values)
+        self.check_applicable(given=set(values))
         return self
 
     @classmethod
@@ -222,9 +223,6 @@ def pop_version(d: dict, newest: int) -> int:
 @functools.lru_cache(maxsize=256)
 def _fields(cls: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
-
-
-Given = Collection[str] | None  # the options the user gave, by name; None: those away from their default
 
 
 def inapplicable(values: Mapping, owners: Mapping[str, type], seen: Mapping = {}, given: Given = None) -> list[str]:
