@@ -35,6 +35,7 @@ __all__ = [
     "Config",
     "check_option",
     "check_applicable",
+    "from_given",
     "pop_version",
     "inapplicable",
     "reads",
@@ -52,6 +53,7 @@ LANGUAGE_MODEL = "language model"  # token ids → token logits; the lm task tra
 KINDS = (IMAGE_CLASSIFIER, MASKED_AUTOENCODER, LANGUAGE_MODEL)
 
 C = TypeVar("C", bound="Config")
+T = TypeVar("T")
 Given = Collection[str] | None  # the options the user gave, by name; None: those away from their default
 
 
@@ -149,19 +151,11 @@ class Config:
             check_option(type(self), f.name, getattr(self, f.name))
         self.check_applicable()
 
-    def check_applicable(self, given: Given = None) -> None:
+    def check_applicable(self) -> None:
         """:func:`check_applicable` on this class's own fields (conditions on fields outside it are the enclosing
         config's, ``TrainConfig``'s): ``--momentum 0.5`` with ``--optimizer adamw`` is refused, not ignored."""
         owners = dict.fromkeys(_fields(type(self)), type(self))
-        check_applicable({n: getattr(self, n) for n in owners}, owners, given=given)
-
-    @classmethod
-    def from_given(cls: type[C], **values: Any) -> C:
-        """``cls(**values)``, ``values`` being what the user wrote: one that cannot apply is refused at any value,
-        its default too (issue 48), where the build alone refuses those away from their default."""
-        self = cls(**values)
-        self.check_applicable(given=set(values))
-        return self
+        check_applicable({n: getattr(self, n) for n in owners}, owners)
 
     @classmethod
     def check_field(cls, name: str, value: Any) -> None:
@@ -207,6 +201,14 @@ class Config:
     def replace(self: C, **changes: Any) -> C:
         """A validated copy with ``changes`` applied (``dataclasses.replace``)."""
         return dataclasses.replace(self, **changes)
+
+
+def from_given(cls: type[T], **values: Any) -> T:
+    """``cls(**values)`` (any dataclass of options), ``values`` being what the user wrote: one that cannot apply is
+    refused at any value, its default too (issue 48), where building ``cls`` refuses those away from their default."""
+    built, owners = cls(**values), dict.fromkeys(_fields(cls), cls)
+    check_applicable({n: getattr(built, n) for n in owners}, owners, given=set(values))
+    return built
 
 
 def pop_version(d: dict, newest: int) -> int:

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..config import from_given
 from ..config_utils import coerce_fields, load_yaml, option_name, short_repr
 from ..errors import OptionError
 from .messages import flag
@@ -82,7 +83,7 @@ def resolve_options(args: argparse.Namespace) -> None:
         return
     fields = {option_name(f): f for f in dataclasses.fields(cls)}
     args._given = {name for name in fields if hasattr(args, name)}  # a flag not given is absent (argparse.SUPPRESS)
-    values = cls.from_given(**{fields[name].name: getattr(args, name) for name in args._given})
+    values = from_given(cls, **{fields[name].name: getattr(args, name) for name in args._given})
     for name, f in fields.items():
         setattr(args, name, getattr(values, f.name))
 
