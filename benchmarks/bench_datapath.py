@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from _common import NON_NEGATIVE, POSITIVE, Arguments
 
+from crate_transformer.data import Position
 from crate_transformer.models.registry import create_model
 from crate_transformer.train import TrainConfig, train
 from crate_transformer.train.images import ImageData
@@ -144,13 +145,13 @@ class Baselines:
         self.cfg, o = cfg, cfg.optim
         groups = param_groups(self.model, o.weight_decay, o.layer_decay)
         self.opt = build_optimizer(o.optimizer, groups, o.lr, o.betas, o.momentum)
-        images, self.y = next(iter(self.data.train.batches(o.batch_size, seed=1)))
+        images, self.y = next(iter(self.data.train.batches(o.batch_size, at=Position(seed=1))))
         self.x = self.data.inputs(images, self.augment)
         self.batches = self._batches()
 
     def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for epoch in itertools.count():
-            yield from self.data.train.batches(self.cfg.optim.batch_size, seed=2, epoch=epoch)
+            yield from self.data.train.batches(self.cfg.optim.batch_size, at=Position(seed=2, epoch=epoch))
 
     def model_step(self) -> float:
         """Seconds of one step on the pre-made batch: forward, loss, backward, clipping, the optimizer."""

@@ -12,6 +12,7 @@ Prints the table docs/dino.md quotes and writes ``dino_knn.png`` (k-NN accuracy 
 
     python benchmarks/bench_dino.py --threads 1                    # pre-train (default run), then measure
     python benchmarks/bench_dino.py --run runs/dino-mnist --figure docs/figures/dino_knn.png
+    python benchmarks/bench_dino.py --tiny        # d = 32, one layer, 2 steps of batch 16 (seconds; a test runs it)
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def main() -> None:
     p.add_argument("--run", default=None, help="an existing DINO run directory (default: pre-train one now)")
     p.add_argument("--threads", type=int, range=NON_NEGATIVE, default=0, help="torch threads (0 = default)")
     p.add_argument("--out", default=None, help="run directory for the pre-training (default: a temp dir)")
+    p.add_argument("--tiny", action="store_true", help="pre-train d = 32, one layer, 2 steps of batch 16 (seconds)")
     p.add_argument("--figure", default=None, help="where to write dino_knn.png (default: in the run directory)")
     args = p.parse_args()
     if args.threads:
@@ -56,6 +58,9 @@ def main() -> None:
         run = Path(args.out or tempfile.mkdtemp(prefix="bench_dino_")) / "run"
         cfg = TrainConfig(**{**DINOTask.defaults, "task": "dino", "threads": args.threads, "progress": False})
         cfg = TrainConfig.from_dict({"out": str(run)}, cfg)
+        if args.tiny:  # the same pre-training and measurements; a 32-d head (out_dim) keeps the step cheap
+            tiny = {"max_steps": 2, "batch_size": 16, "eval_every": 0, "model_args": dict(dim=32, depth=1, heads=2)}
+            cfg = TrainConfig.from_dict({**tiny, "task_args": dict(out_dim=32, hidden_dim=32, bottleneck_dim=16)}, cfg)
         t0 = time.perf_counter()
         train(cfg)
         wall = time.perf_counter() - t0

@@ -21,12 +21,14 @@ test.
 
     python benchmarks/bench_effects.py --out runs/effects
     python benchmarks/bench_effects.py --task text --out runs/effects
+    python benchmarks/bench_effects.py --tiny     # 2 training steps, seeds 0 1, k = 4, 5 draws, a temp dir (seconds)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -60,9 +62,10 @@ TEXT_BUDGET = [
     "0",
 ]
 TEXT_BLOCKS = 64  # held-out blocks measured
+TINY_STEPS = ["--max-steps", "2"]  # --tiny: the same models and measurements after two training steps
 
 
-def _train(task: str, arch: str, extra: dict, seed: int, out: Path) -> Path:
+def _train(task: str, arch: str, extra: dict, seed: int, out: Path, tiny: bool = False) -> Path:
     """One ``crate train`` run on the digits or ``crate train-lm`` run on Python's documentation (reused when its
     folder holds a model)."""
     run = out / f"{arch}-s{seed}"
@@ -74,6 +77,7 @@ def _train(task: str, arch: str, extra: dict, seed: int, out: Path) -> Path:
             margs = [f"{k}={v}" for k, v in {**TEXT_SHAPE, **extra}.items()]
             args = ["train-lm", "--model", arch, *TEXT_BUDGET]
         args += ["--model-args", *margs, "--seed", str(seed), "--threads", "1", "--no-progress", "--out", str(run)]
+        args += TINY_STEPS if tiny else []  # the last --max-steps given wins
         assert cli.main(args) == 0
     return run
 
@@ -148,14 +152,14 @@ def _measure_text(model, blocks: torch.Tensor, seed: int, k: int, draws: int) ->
     return {"accuracy": acc, "layers": [_layer(model, p, x, y, i, k, draws, rng) for i, p in enumerate(purity)]}
 
 
-def _run_task(task: str, seeds: list[int], k: int, draws: int, out: Path) -> dict:
+def _run_task(task: str, seeds: list[int], k: int, draws: int, out: Path, tiny: bool = False) -> dict:
     """``{"model, trained|untrained": [per-seed measurements]}`` of the task's two models."""
     results = {}
     for label, (arch, extra) in (MODELS if task == "images" else TEXT_MODELS).items():
         for state in ("trained", "untrained"):
             runs = []
             for seed in seeds:
-                run = _train(task, arch, extra, seed, out)
+                run = _train(task, arch, extra, seed, out, tiny)
                 model = load_model(str(run))
                 if task == "images":
                     norm = resolve_normalization(model, load_dataset("digits", "test"))  # the trained one's, for both
@@ -192,11 +196,14 @@ def main() -> None:
     p.add_argument("--k", type=int, range=POSITIVE, default=8, help="units ablated together in (a), at most 32")
     p.add_argument("--draws", type=int, range=POSITIVE, default=50, help="random sets of k units in (a)")
     p.add_argument("--out", default="runs/effects", help="run directories (reused when present) and effects-TASK.json")
+    p.add_argument("--tiny", action="store_true", help="2 training steps, seeds 0 1, k = 4, 5 draws, in a temp dir")
     p.rule(lambda a: a.k <= SHAPE["dim"], f"--k: at most the {SHAPE['dim']} units of a layer; e.g. --k 8")
     args = p.parse_args()
+    if args.tiny:  # never reuses (or leaves) full-size runs
+        args.seeds, args.k, args.draws, args.out = [0, 1], 4, 5, tempfile.mkdtemp(prefix="bench_effects_")
     torch.set_num_threads(1)
     out = Path(args.out)
-    results = _run_task(args.task, args.seeds, args.k, args.draws, out)
+    results = _run_task(args.task, args.seeds, args.k, args.draws, out, args.tiny)
     (out / f"effects-{args.task}.json").write_text(json.dumps(results, indent=1))
     head = "| model | layer | test acc % |" if args.task == "images" else "| model | layer | next-token acc % |"
     head += " purity | flip (one unit) | flip (k purest) | flip (k random) "

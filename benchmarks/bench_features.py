@@ -6,12 +6,14 @@ on each and prints one Markdown table of mean ± std over the seeds.  Not a test
 
     python benchmarks/bench_features.py --task images --out runs/features   # crate_mnist vs vit_mnist on MNIST
     python benchmarks/bench_features.py --task text --out runs/features     # crate_gpt_mini vs gpt_mini
+    python benchmarks/bench_features.py --tiny      # d = 16, one layer, 2 steps, seeds 0 1, in a temp dir (seconds)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,9 @@ from _common import NON_NEGATIVE, Arguments
 from crate_transformer import cli
 
 WIDTH = ["dim=64", "depth=2", "heads=4"]
+TINY_WIDTH = ["dim=16", "depth=1", "heads=2"]  # --tiny: with TINY_BUDGET, the same runs in seconds
+TINY_STEPS = ["--epochs", "1", "--max-steps", "2", "--eval-every", "0"]
+TINY_BUDGET = {"train": TINY_STEPS, "train-lm": [*TINY_STEPS, "--sample-tokens", "0"]}
 TASKS = {
     "images": {
         "command": "train",
@@ -36,15 +41,17 @@ TASKS = {
 }
 
 
-def _run(task: dict, name: str, extra: list[str], seed: int, out: Path) -> dict:
+def _run(task: dict, name: str, extra: list[str], seed: int, out: Path, tiny: bool = False) -> dict:
     """Train one seed unless its run directory is there, then ``crate features`` on it; its report."""
     run = out / f"{name}-s{seed}"
     if not (run / "model" / "config.json").is_file():
-        args = [task["command"], "--model", name, "--model-args", *WIDTH, *extra, *task["budget"]]
+        width, budget = (TINY_WIDTH, TINY_BUDGET[task["command"]]) if tiny else (WIDTH, task["budget"])
+        args = [task["command"], "--model", name, "--model-args", *width, *extra, *budget]
         assert cli.main([*args, "--seed", str(seed), "--threads", "1", "--no-progress", "--out", str(run)]) == 0
-    if not (run / "features.json").is_file():
+    report = run / "features" / "features.json"  # where ``crate features RUN`` writes it
+    if not report.is_file():
         assert cli.main(["features", str(run), "--threads", "1"]) == 0
-    return json.loads((run / "features.json").read_text())
+    return json.loads(report.read_text())
 
 
 def _table(reports: dict[str, list[dict]], columns: list[str]) -> str:
@@ -64,10 +71,13 @@ def main() -> None:
     p.add_argument("--task", choices=sorted(TASKS), default="images")
     p.add_argument("--seeds", type=int, range=NON_NEGATIVE, nargs="+", default=[0, 1, 2])
     p.add_argument("--out", default="runs/features", help="run directories (reused when present)")
+    p.add_argument("--tiny", action="store_true", help="d = 16, one layer, 2 steps, seeds 0 1, in a new temp dir")
     args = p.parse_args()
+    if args.tiny:  # never reuses (or leaves) full-size runs
+        args.seeds, args.out = [0, 1], tempfile.mkdtemp(prefix="bench_features_")
     task = TASKS[args.task]
     reports = {
-        label: [_run(task, name, extra, s, Path(args.out)) for s in args.seeds]
+        label: [_run(task, name, extra, s, Path(args.out), args.tiny) for s in args.seeds]
         for label, (name, extra) in task["models"].items()
     }
     print(f"mean ± std (sample std) over seeds {args.seeds}; k = {next(iter(reports.values()))[0]['k']}")

@@ -16,6 +16,7 @@ two moments), all of it on every DDP process and 1/N of it on each of N FSDP pro
 
     python benchmarks/bench_fsdp.py           # crate_large, crate_mae_large measured; gpt2_large by formula
     python benchmarks/bench_fsdp.py --models crate_base --formula crate_large
+    python benchmarks/bench_fsdp.py --tiny    # the digits models crate_mnist, crate_mae_mnist measured (a slow test)
 """
 
 from __future__ import annotations
@@ -106,10 +107,13 @@ def main() -> None:
     p = Arguments(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="*", default=["crate_large", "crate_mae_large"], help="measured")
     p.add_argument("--formula", nargs="*", default=["gpt2_large"], help="computed from the parameter count")
+    p.add_argument("--tiny", action="store_true", help="measure the small digits models (crate_mnist, crate_mae_mnist)")
     p.add_argument("--worker", nargs=2, metavar=("MODEL", "STRATEGY"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(*args.worker)
+    if args.tiny:  # the same launches, sharding and table: a language model by formula
+        args.models = ["crate_mnist", "crate_mae_mnist"]
     rows = [measure(m, s) for m in args.models for s in ("ddp", "fsdp")]
     rows += [formula(m, s) for m in args.formula for s in ("ddp", "fsdp")]
     gb = 1e9

@@ -5,6 +5,7 @@ matrices, three-matmul ISTA), measured in the same run on the same weights and t
     python benchmarks/bench_mae.py            # MAE-S at 224/16 (batch 8) and the default digits model (batch 32)
     python benchmarks/bench_mae.py --quick    # fewer repeats, for a smoke check
     python benchmarks/bench_mae.py --threads 2
+    python benchmarks/bench_mae.py --tiny     # both rows at d = 32, one layer, batch 4 (seconds; a test runs it)
 
 Before timing, the two are checked to give the same loss and predictions (to 1e-5).  One pretraining
 step = forward (masking, encoder, decoder, masked-patch loss) + backward + AdamW step.  Rows report
@@ -30,6 +31,11 @@ from official.crate_ae import EncoderISTA, OfficialCRATEMAE
 CONFIGS = {
     "MAE-S 224/16": ("crate_mae_small", {}, 8),
     "digits default (crate_mae_mnist)": ("crate_mae_mnist", {}, 32),  # the batch of `crate pretrain mae`
+}
+SMALL = dict(dim=32, depth=1, heads=2)
+TINY = {  # --tiny: the same two models and code paths, shrunk (MAE-S at 32 px / 8 px patches)
+    "MAE-S 32/8 (--tiny, d=32 L=1)": ("crate_mae_small", dict(image_size=32, patch_size=8, **SMALL), 4),
+    "digits (--tiny, d=32 L=1)": ("crate_mae_mnist", SMALL, 4),
 }
 
 
@@ -85,12 +91,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, range=POSITIVE, default=1)
     ap.add_argument("--rounds", type=int, range=POSITIVE, default=3)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--tiny", action="store_true", help="d = 32, one layer, batch 4, one short round (seconds)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rounds, seconds = (2, 0.3) if args.quick else (args.rounds, 2.0)
+    rounds, seconds = (1, 0.02) if args.tiny else (rounds, seconds)
     print(f"torch {torch.__version__}, {args.threads} thread(s), best of {rounds} rounds of >= {seconds} s of steps\n")
     rows = []
-    for label, (name, overrides, batch) in CONFIGS.items():
+    for label, (name, overrides, batch) in (TINY if args.tiny else CONFIGS).items():
         torch.manual_seed(0)
         ours, official = pair(name, overrides)
         c = ours.config

@@ -13,6 +13,7 @@ measured (what the step costs, whatever else the machine runs).  Each row change
 Prints a Markdown table (docs/recipes.md quotes it).  Not a test.
 
     python benchmarks/bench_recipes.py --threads 1
+    python benchmarks/bench_recipes.py --tiny          # d = 32, two layers, batch 4, 2 steps (seconds; a test runs it)
     python benchmarks/bench_recipes.py --device cuda --batch 256 --image-size 224 --patch-size 16
 """
 
@@ -109,7 +110,12 @@ def main() -> None:
     p.add_argument("--heads", type=int, range=POSITIVE, default=3)
     p.add_argument("--steps", type=int, range=POSITIVE, default=15)
     p.add_argument("--warmup", type=int, range=NON_NEGATIVE, default=3)
+    p.add_argument(
+        "--tiny", action="store_true", help="d = 32, two layers (drop path has one to drop), 16 px, batch 4, 2 steps"
+    )
     args = p.parse_args()
+    if args.tiny:
+        args.dim, args.depth, args.heads, args.image_size, args.batch, args.steps, args.warmup = 32, 2, 2, 16, 4, 2, 1
     if args.threads:
         torch.set_num_threads(args.threads)
     seconds = _time_rounds(args, {name: _variant(args, name) for name in ROWS})

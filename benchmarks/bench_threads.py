@@ -9,6 +9,7 @@ Not a test.
 
     python benchmarks/bench_threads.py                # about 2 minutes
     python benchmarks/bench_threads.py --rounds 1     # quicker, noisier
+    python benchmarks/bench_threads.py --tiny         # d = 32, one layer, batch 8, 0.05 s a row (a slow test runs it)
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ SETTINGS = [
 ]
 
 
-def worker(threads: str, seconds: float) -> None:
+def worker(threads: str, seconds: float, tiny: bool = False) -> None:
     """One measurement: steps/s of the default training step, after two warm-up steps."""
     import torch
 
@@ -41,27 +42,29 @@ def worker(threads: str, seconds: float) -> None:
 
     n = set_threads(0 if threads == "auto" else int(threads))
     torch.manual_seed(0)
-    model = create_model("crate_mnist")
+    model = create_model("crate_mnist", **(dict(dim=32, depth=1, heads=2) if tiny else {}))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x, y = torch.randn(128, 1, 28, 28), torch.randint(0, 10, (128,))
+    batch = 8 if tiny else 128
+    x, y = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
 
     def step() -> None:
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
 
-    step(), step()
+    for _ in range(1 if tiny else 2):  # warm-up
+        step()
     steps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds or steps < 3:
+    while time.perf_counter() - start < seconds or steps < (1 if tiny else 3):
         step()
         steps += 1
     print(json.dumps({"threads": n, "steps_per_s": steps / (time.perf_counter() - start)}))
 
 
-def measure(threads: str, env: dict, seconds: float) -> dict:
+def measure(threads: str, env: dict, seconds: float, tiny: bool = False) -> dict:
     clean = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY")}
     out = subprocess.run(
-        [sys.executable, __file__, "--worker", threads, "--seconds", str(seconds)],
+        [sys.executable, __file__, "--worker", threads, "--seconds", str(seconds), *(["--tiny"] if tiny else [])],
         env={**clean, **env},
         capture_output=True,
         text=True,
@@ -76,10 +79,13 @@ def main() -> None:
         "--seconds", type=float, range=Range(0, lo_open=True), default=4.0, help="timed seconds per measurement"
     )
     p.add_argument("--rounds", type=int, range=POSITIVE, default=2, help="interleaved rounds; the best round is shown")
+    p.add_argument("--tiny", action="store_true", help="d = 32, one layer, batch 8, one round of 0.05 s (seconds)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.tiny:
+        args.seconds, args.rounds = 0.05, 1
     if args.worker:
-        return worker(args.worker, args.seconds)
+        return worker(args.worker, args.seconds, args.tiny)
     print(f"load average at start: {' '.join(f'{v:.2f}' for v in os.getloadavg())}, {os.cpu_count()} CPUs")
     rows = []
     for machine in ("idle", "busy"):
@@ -88,7 +94,7 @@ def main() -> None:
             time.sleep(1.0 if busy else 0.0)  # the spinner is running before auto looks
             for _ in range(args.rounds):  # interleaved, so a change in the other agents' load hits every setting
                 for name, threads, env in SETTINGS:
-                    rows.append({"machine": machine, "setting": name, **measure(threads, env, args.seconds)})
+                    rows.append({"machine": machine, "setting": name, **measure(threads, env, args.seconds, args.tiny)})
         finally:
             if busy is not None:
                 busy.kill()

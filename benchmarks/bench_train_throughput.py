@@ -10,6 +10,7 @@ two baselines on the same model and batch size:
 
     python benchmarks/bench_train_throughput.py            # default job + CRATE-T (224 px, synthetic CIFAR)
     python benchmarks/bench_train_throughput.py --quick    # fewer steps
+    python benchmarks/bench_train_throughput.py --tiny     # one-layer models, 3 steps (seconds; a test runs it)
 """
 
 from __future__ import annotations
@@ -81,9 +82,7 @@ def _compute_only(cfg: TrainConfig, steps: int) -> float:
 def _data_only(cfg: TrainConfig, kind: str, steps: int) -> float:
     ds = load_dataset(cfg.data.source, "train")
     size = create_model(cfg.model, **cfg.model_args).config.image_size
-    aug = build_augmentation(
-        kind, size, translate=round(cfg.augmentation.translate * ds.image_size), input_size=ds.image_size
-    )
+    aug = build_augmentation(kind, size, translate=round(cfg.augmentation.translate * ds.image_size))
     g = torch.Generator().manual_seed(0)
     t = time.perf_counter()
     for _ in range(steps):
@@ -94,9 +93,22 @@ def _data_only(cfg: TrainConfig, kind: str, steps: int) -> float:
     return steps * cfg.optim.batch_size / (time.perf_counter() - t)
 
 
+def _tiny(configs: list[tuple]) -> list[tuple]:
+    """``--tiny``: the same two loops, data and augmentations, with one-layer d=32 models (crate_tiny at 32 px),
+    batch 8, 3 timed steps."""
+    small = dict(dim=32, depth=1, heads=2)
+    sizes = ({}, dict(image_size=32, patch_size=8))
+    return [
+        (name.replace("224px", "32px"), TrainConfig.from_dict({"batch_size": 8, "model_args": {**small, **size}}, cfg),
+         kind, 3)
+        for (name, cfg, kind, _), size in zip(configs, sizes)
+    ]  # fmt: skip
+
+
 def main() -> None:
     p = Arguments(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer steps")
+    p.add_argument("--tiny", action="store_true", help="one-layer d=32 models, 3 steps, batch 8 (seconds)")
     p.add_argument("--threads", type=int, range=NON_NEGATIVE, default=0, help="torch threads (0 = default)")
     args = p.parse_args()
     if args.threads:
@@ -111,6 +123,8 @@ def main() -> None:
          TrainConfig(model="crate_tiny", data=str(cifar), batch_size=32, augment="crop-flip"),
          "crop-flip", 3 if q else 6),
     ]  # fmt: skip
+    if args.tiny:
+        configs = _tiny(configs)
     rows = []
     for name, cfg, kind, steps in configs:
         cfg = TrainConfig.from_dict(

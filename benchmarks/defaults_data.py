@@ -7,10 +7,12 @@
   overlaps a training one.
 
     python benchmarks/defaults_data.py --out OUT    # writes OUT/digits and OUT/photos
+    python benchmarks/defaults_data.py --tiny       # 100 digits, 10 patches a photograph, a temp dir (a test runs it)
 """
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -22,16 +24,17 @@ PATCHES = (320, 80)  # per class: training patches, test patches
 SIDE = 32
 
 
-def write_digits(out: Path) -> int:
-    """scikit-learn's digits (values 0-16) as 8-bit grey PNGs, ``out/<digit>/<i>.png``; returns the count."""
+def write_digits(out: Path, limit: int | None = None) -> int:
+    """scikit-learn's digits (values 0-16) as 8-bit grey PNGs, ``out/<digit>/<i>.png`` (the first ``limit``, or
+    all); returns the count."""
     from sklearn.datasets import load_digits
 
     d = load_digits()
-    for i, (image, label) in enumerate(zip(d.images, d.target)):
+    for i, (image, label) in enumerate(zip(d.images[:limit], d.target[:limit])):
         folder = out / str(label)
         folder.mkdir(parents=True, exist_ok=True)
         Image.fromarray((image * 255 / 16).round().astype(np.uint8), mode="L").save(folder / f"{i:04d}.png")
-    return len(d.target)
+    return len(d.target[:limit])
 
 
 def _photos() -> dict[str, np.ndarray]:
@@ -43,15 +46,16 @@ def _photos() -> dict[str, np.ndarray]:
     return {**photos, "china": china, "flower": flower}
 
 
-def write_photos(out: Path, seed: int = 0) -> int:
+def write_photos(out: Path, seed: int = 0, patches: tuple[int, int] = PATCHES) -> int:
     """Random square crops (a sixth to a third of the shorter side) resized to 32x32, training crops from the left
-    three quarters of each photograph, test crops from the right quarter; returns the count."""
+    three quarters of each photograph, test crops from the right quarter (``patches``: how many of each, per
+    class); returns the count."""
     rng = np.random.default_rng(seed)
     total = 0
     for name, photo in _photos().items():
         h, w = photo.shape[:2]
         cut = int(0.75 * w)
-        for split, n, (lo, hi) in (("train", PATCHES[0], (0, cut)), ("test", PATCHES[1], (cut, w))):
+        for split, n, (lo, hi) in (("train", patches[0], (0, cut)), ("test", patches[1], (cut, w))):
             folder = out / split / name
             folder.mkdir(parents=True, exist_ok=True)
             for i in range(n):
@@ -66,9 +70,12 @@ def write_photos(out: Path, seed: int = 0) -> int:
 def main() -> None:
     parser = Arguments(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("defaults_data"), help="folder for digits/ and photos/")
-    out = parser.parse_args().out
-    print(f"{out / 'digits'}: {write_digits(out / 'digits')} images")
-    print(f"{out / 'photos'}: {write_photos(out / 'photos')} images")
+    parser.add_argument("--tiny", action="store_true", help="100 digits, 8 + 2 patches a photograph, a new temp dir")
+    args = parser.parse_args()
+    out = Path(tempfile.mkdtemp(prefix="defaults_data_")) if args.tiny else args.out
+    limit, patches = (100, (8, 2)) if args.tiny else (None, PATCHES)
+    print(f"{out / 'digits'}: {write_digits(out / 'digits', limit)} images")
+    print(f"{out / 'photos'}: {write_photos(out / 'photos', patches=patches)} images")
 
 
 if __name__ == "__main__":

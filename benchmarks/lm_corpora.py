@@ -13,6 +13,7 @@ The same machine gives the same bytes (the script prints each corpus's SHA-256 a
 another selection of the same kinds of text.  ``python-docs`` (Python's reference documentation) is built in.
 
     python benchmarks/lm_corpora.py --out corpora --chars 500000
+    python benchmarks/lm_corpora.py --tiny    # 20,000 characters each, in a temp dir (seconds; a test runs it)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import hashlib
 import random
 import re
 import sysconfig
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,7 +143,10 @@ def main() -> None:
     )
     p.add_argument("--seed", type=int, range=NON_NEGATIVE, default=0, help="the file order")
     p.add_argument("--corpora", nargs="+", choices=CORPORA, default=list(CORPORA))
+    p.add_argument("--tiny", action="store_true", help="20,000 characters per corpus, in a new temp dir")
     args = p.parse_args()
+    if args.tiny:
+        args.chars, args.out = 20_000, Path(tempfile.mkdtemp(prefix="lm_corpora_"))
     for name in args.corpora:
         build(name, args.out, args.chars, args.seed)
 

@@ -5,11 +5,13 @@ size (the official and ViT numbers are CRATE's images/s divided by the page's me
 
     python benchmarks/speed_figure.py                 # writes docs/images/speed.png
     python benchmarks/speed_figure.py --check         # parses the tables and prints the numbers, draws nothing
+    python benchmarks/speed_figure.py --tiny          # draws it into a temp dir, not docs/ (a test runs it)
 """
 
 from __future__ import annotations
 
 import re
+import tempfile
 from pathlib import Path
 
 from _common import Arguments
@@ -92,7 +94,10 @@ def main() -> None:
     parser = Arguments(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="parse and print the numbers, draw nothing")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--tiny", action="store_true", help="draw into a new temp dir (docs/images is left alone)")
     args = parser.parse_args()
+    if args.tiny:
+        args.out = Path(tempfile.mkdtemp(prefix="speed_figure_")) / "speed.png"
     m = measurements(PAGE.read_text())
     for model, points in m["inference"].items():
         print(model, "inference", " ".join(f"b{b}:{s:.2f}x" for b, s in points))

@@ -97,6 +97,16 @@ def test_tssa_backward_tiny():
     assert 0 < saving_mib < plain_mib and mem_ratio < 0.5
 
 
+def test_bench_data_loading_tiny():
+    """Streamed JPEG decoding against the same batches in memory: a row per worker count, rates measured."""
+    lines = run("bench_data_loading.py")
+    rows = [w for w in lines if len(w) == 9 and w[0] == "|" and w[1].isdigit()]
+    assert [w[1] for w in rows] == ["0", "1"]
+    for w in rows:
+        e2e, model, share = float(w[3]), float(w[5]), float(w[7])
+        assert e2e > 0 and model > 0 and abs(share - e2e / model) < 0.01 + 0.05 * share  # both rounded for print
+
+
 def test_bench_datapath_tiny():
     """The real loop, the model alone and the loader alone, each row timed over the steps it promises."""
     lines = run("bench_datapath.py")
@@ -223,3 +233,186 @@ def test_bench_hooks_tiny():
     shares = [w for w in lines if len(w) > 4 and w[0] in ("CRATE-T", "CRATE-GPT", "GPT") and w[-1].endswith("%")]
     assert [" ".join(w[:-4]) for w in shares] == labels
     assert all(0 <= float(w[-1][:-1]) < 100 and int(w[-3]) == 2 for w in shares)  # --tiny: depth 2
+
+
+# --------------------------------------------------------------------------- the other scripts, each at --tiny
+def run_tiny(script: str, tmp: Path, *args: str) -> str:
+    """The script's stdout at ``--tiny`` (and ``args``), its temporary folders made under ``tmp`` (``TMPDIR``)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp)}
+    command = [sys.executable, str(ROOT / "benchmarks" / script), "--tiny", *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def positive(cell: str) -> float:
+    """A printed number (``1,094``, ``0.95``, ``1.44x``) that is finite and positive."""
+    value = float(cell.replace(",", "").removesuffix("x"))
+    assert math.isfinite(value) and value > 0, cell
+    return value
+
+
+def markdown_rows(out: str, first: tuple[str, ...]) -> list[list[str]]:
+    """The cells of the Markdown table rows whose first cell is one of ``first``."""
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in out.splitlines() if line[:1] == "|"]
+    return [c for c in cells if c[0] in first]
+
+
+def test_bench_crate_vs_vit_tiny(tmp_path: Path) -> None:
+    """Both models trained and tested; the ratio row's parameter ratio is the two rows' parameters divided."""
+    lines = [w for w in (line.split() for line in run_tiny("bench_crate_vs_vit.py", tmp_path).splitlines()) if w]
+    rows = {w[0]: w for w in lines if w[0] in ("crate_mnist", "vit_mnist") and len(w) == 5}
+    assert set(rows) == {"crate_mnist", "vit_mnist"}
+    for w in rows.values():
+        assert 0 <= float(w[1]) <= 100 and positive(w[2]) and positive(w[3])  # test acc %, params, img/s
+    (ratio_row,) = [w for w in lines if w[:2] == ["ratio", "CRATE/ViT"]]
+    acc, params, ips, wall = map(float, ratio_row[2:])
+    assert math.isfinite(acc) and acc >= 0 and ips > 0 and wall > 0
+    assert params == pytest.approx(positive(rows["crate_mnist"][2]) / positive(rows["vit_mnist"][2]), abs=0.006)
+
+
+def test_bench_dino_tiny(tmp_path: Path) -> None:
+    """A DINO pre-training, then k-NN at every k and a linear probe for the teacher, a random init and the pixels;
+    the figure written."""
+    out = run_tiny("bench_dino.py", tmp_path)
+    rows = {line[:14].strip(): line[14:].split() for line in out.splitlines()}
+    for name in ("DINO teacher", "random init", "raw pixels"):
+        cells = rows[name]
+        assert len(cells) == 6 and all(0 <= float(c.rstrip("%")) <= 100 for c in cells[:5]), cells  # k=10..200, probe
+        assert positive(cells[5])  # feature std
+    (figure,) = [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("figure: ")]
+    assert Path(figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_effects_tiny(tmp_path: Path) -> None:
+    """Every model, trained and untrained, a row per layer with the seeds' mean ± std; the JSON holds each seed."""
+    out = run_tiny("bench_effects.py", tmp_path)
+    labels = [f"{m}, {s}" for m in ("CRATE (ISTA atoms)", "ViT (MLP units)") for s in ("trained", "untrained")]
+    rows = markdown_rows(out, tuple(labels))
+    assert [(c[0], c[1]) for c in rows] == [(label, layer) for label in labels for layer in ("1", "2")]
+    for c in rows:
+        assert len(c) == 11 and 0 <= float(c[2]) <= 100 and c[8] in ("0/2", "1/2", "2/2")
+        assert all(0 <= float(c[i].split(" ± ")[0]) <= 1 for i in (3, 4, 5, 6, 7))  # purity and flip rates
+    (saved,) = tmp_path.glob("bench_effects_*/effects-images.json")
+    results = json.loads(saved.read_text())
+    assert list(results) == labels and all(len(runs) == 2 for runs in results.values())  # seeds 0 and 1
+
+
+@pytest.mark.parametrize("task", ["images", "text"])
+def test_bench_features_tiny(tmp_path: Path, task: str) -> None:
+    """Two seeds of each model trained, ``crate features`` run on each and its report read back: a row per model
+    and layer, every column a mean ± std of fractions."""
+    out = run_tiny("bench_features.py", tmp_path, "--task", task)
+    labels = {"images": ("CRATE (ISTA code)", "ViT (MLP units)"), "text": ("CRATE-GPT (ISTA code)", "GPT (MLP units)")}
+    rows = markdown_rows(out, labels[task])
+    assert [(c[0], c[1], c[2]) for c in rows] == [(label, "1", "16") for label in labels[task]]  # --tiny: d=16, L=1
+    columns = 5 if task == "images" else 6
+    for c in rows:
+        means = [float(cell.split(" ± ")[0]) for cell in c[3:]]
+        assert len(means) == columns and all(0 <= m <= 1 for m in means), c
+    assert "over seeds [0, 1]" in out
+
+
+@pytest.mark.slow
+def test_bench_fsdp_tiny(tmp_path: Path) -> None:
+    """Two torchrun jobs a model (DDP, FSDP): FSDP's per-process tensors fewer than DDP's; the formula rows hold 16
+    bytes a parameter on a DDP process, half of it on each FSDP one."""
+    out = run_tiny("bench_fsdp.py", tmp_path)
+    rows = markdown_rows(out, ("crate_mnist", "crate_mae_mnist", "gpt2_large"))
+    models = ("crate_mnist", "crate_mae_mnist", "gpt2_large")
+    assert [(c[0], c[2]) for c in rows] == [(m, s) for m in models for s in ("ddp", "fsdp")]
+    total = {(c[0], c[2]): float(c[6]) for c in rows}
+    for c in rows:
+        weights, grads, state = map(float, c[3:6])
+        assert abs(weights + grads + state - total[c[0], c[2]]) <= 0.0015  # rounded to 1e-3 GB for print
+        assert positive(c[7]) if c[0] != "gpt2_large" else c[7] == "(formula)"  # peak RSS, GB
+    for m in ("crate_mnist", "crate_mae_mnist"):
+        assert 0 < total[m, "fsdp"] < total[m, "ddp"]
+    n = float(rows[-1][1].removesuffix("M")) * 1e6
+    assert total["gpt2_large", "ddp"] == pytest.approx(16 * n / 1e9, abs=0.002)
+    assert total["gpt2_large", "fsdp"] == pytest.approx(8 * n / 1e9, abs=0.002)
+
+
+def test_bench_mae_tiny(tmp_path: Path) -> None:
+    """Both rows: ours and the official formulation agree before timing, and both ratios are measured."""
+    lines = [line.split() for line in run_tiny("bench_mae.py", tmp_path).splitlines()]
+    rows = [w for w in lines if len(w) > 7 and w[-1].endswith("x") and w[-3].endswith("x")]
+    assert [w[0] for w in rows] == ["MAE-S", "digits"]
+    for w in rows:
+        assert w[-7] == "4" and float(w[-6]) < 1e-5  # batch, max |diff| against the official code
+        positive(w[-5]), positive(w[-4]), positive(w[-3]), positive(w[-2]), positive(w[-1])
+
+
+def test_bench_recipes_tiny(tmp_path: Path) -> None:
+    """A row per recipe piece, each timed against the plain step (itself 1.00)."""
+    rows = markdown_rows(run_tiny("bench_recipes.py", tmp_path), tuple(_load("bench_recipes").ROWS))
+    assert [c[0] for c in rows] == _load("bench_recipes").ROWS
+    assert all(positive(c[1]) and positive(c[2]) for c in rows) and rows[0][2] == "1.00"
+
+
+@pytest.mark.slow
+def test_bench_threads_tiny(tmp_path: Path) -> None:
+    """Every setting on the idle and the busy machine, each a fresh process; the reference row is 1.00 of itself."""
+    rows = markdown_rows(run_tiny("bench_threads.py", tmp_path), ("idle", "busy"))
+    settings = [s[0] for s in _load("bench_threads").SETTINGS]
+    assert [(c[0], c[1]) for c in rows] == [(m, s) for m in ("idle", "busy") for s in settings]
+    for c in rows:
+        assert int(c[2]) >= 1 and positive(c[3]) and positive(c[4]) and float(c[5]) >= 0
+        assert c[1] == "auto" or int(c[2]) == int(c[1][0])  # the threads asked for are the threads used
+    assert rows[2][4] == "1.00"
+
+
+def test_bench_train_throughput_tiny(tmp_path: Path) -> None:
+    """The real loop, the model alone and the data alone for both configurations; e2e/compute is their quotient."""
+    lines = [line.split() for line in run_tiny("bench_train_throughput.py", tmp_path).splitlines()]
+    rows = [w for w in lines if len(w) >= 8 and w[0] in ("default", "CRATE-T") and w[-6] == "8"]
+    assert [w[0] for w in rows] == ["default", "CRATE-T"]
+    for w in rows:
+        e2e, compute, data, share = (positive(v) for v in w[-5:-1])
+        assert positive(w[-7].removesuffix("M")) and float(w[-1]) >= 0  # params, wall s
+        assert share == pytest.approx(e2e / compute, abs=0.006 + 0.01 * share)  # both rounded for print
+        assert data > 0
+
+
+def test_defaults_data_tiny(tmp_path: Path) -> None:
+    """The two folders written as promised: 100 grey digits in class folders; 32x32 colour patches of six
+    photographs, 8 training and 2 test patches each."""
+    from PIL import Image
+
+    out = run_tiny("defaults_data.py", tmp_path)
+    counts = {Path(w[0].rstrip(":")).name: int(w[1]) for w in (line.split() for line in out.splitlines())}
+    assert counts == {"digits": 100, "photos": 60}
+    (root,) = tmp_path.glob("defaults_data_*")
+    digits = sorted((root / "digits").glob("*/*.png"))
+    assert len(digits) == 100 and {p.parent.name for p in digits} == {str(d) for d in range(10)}
+    assert Image.open(digits[0]).mode == "L" and Image.open(digits[0]).size == (8, 8)
+    for split, n in (("train", 8), ("test", 2)):
+        classes = sorted((root / "photos" / split).iterdir())
+        assert len(classes) == 6 and all(len(list(c.glob("*.png"))) == n for c in classes)
+        assert Image.open(next(classes[0].glob("*.png"))).size == (32, 32)
+
+
+def test_lm_corpora_tiny(tmp_path: Path) -> None:
+    """Both corpora written within the character budget, the printed SHA-256 that of the file's text."""
+    import hashlib
+
+    lines = run_tiny("lm_corpora.py", tmp_path).splitlines()
+    assert [line.split(":")[0] for line in lines] == ["stdlib", "english"]
+    for line in lines:
+        path, digest = Path(line.rsplit(", ", 1)[1]), re.search(r"sha256 ([0-9a-f]{16})", line).group(1)
+        text = path.read_text(encoding="utf-8")
+        assert 0 < len(text) <= 20_000 and f"{len(text):,} characters" in line
+        assert hashlib.sha256(text.encode()).hexdigest()[:16] == digest
+
+
+def test_speed_figure_tiny(tmp_path: Path) -> None:
+    """docs/speed.md's tables parsed (three CPU inference sweeps, the training steps, the GPU rows), each speed-up
+    positive, and the figure drawn outside docs/."""
+    lines = run_tiny("speed_figure.py", tmp_path).splitlines()
+    inference = [line.split() for line in lines if " inference " in line]
+    assert [w[0] for w in inference] == ["CRATE-T", "CRATE-S", "CRATE-B"]
+    assert all(positive(cell.split(":")[1]) for w in inference for cell in w[2:])
+    assert any(line.startswith("training step ") for line in lines)
+    assert any(" img/s, official " in line for line in lines)
+    figure = Path(lines[-1])
+    assert figure.parent.parent == tmp_path and figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

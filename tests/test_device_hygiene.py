@@ -117,7 +117,7 @@ def _meta_loop(out: Path, **options: Any) -> Any:
 def _steady_steps(engine: Any, steps: int = 3) -> list:
     """The events of ``steps`` iterations after a first (warm-up: the optimizer's state is made there)."""
     cfg = engine.cfg
-    batches = engine.task.train_data.batches(cfg.optim.batch_size, shuffle=True, seed=0, epoch=0, start=0)
+    batches = engine.task.train_data.batches(cfg.optim.batch_size, shuffle=True)  # epoch 0 from its start
     engine.iteration(next(batches))
     events = []
     for _ in range(steps):

@@ -6,6 +6,7 @@ quick start runs verbatim."""
 from __future__ import annotations
 
 import argparse
+import linecache
 import os
 import re
 import shlex
@@ -250,20 +251,55 @@ def test_the_backbone_page_runs_block_by_block(
     assert said == shown
 
 
+def run_and_check_output_blocks(page: Path, capsys: pytest.CaptureFixture, blocks: int) -> dict:
+    """Run ``page``'s Python blocks in order as one program (our own docs' code); each must print exactly the
+    output block (```text) directly after it, and nothing where none follows.  Returns the program's namespace.
+    Each block's source is registered in ``linecache`` (as a file's would be): nnsight reads a ``with`` body
+    back from it."""
+    text = page.read_text()
+    matches = list(FENCE.finditer(text))
+    namespace: dict = {}
+    ran = 0
+    for before, after in zip(matches, [*matches[1:], None]):
+        if before.group(1) != "python":
+            continue
+        ran += 1
+        name = f"{page.relative_to(ROOT)}, Python block {ran}"
+        code = before.group(2)
+        linecache.cache[name] = (len(code), None, code.splitlines(True), name)
+        capsys.readouterr()
+        exec(compile(code, name, "exec"), namespace)
+        follows = after is not None and after.group(1) == "text" and not text[before.end() : after.start()].strip()
+        shown = after.group(2).splitlines() if follows else []
+        printed = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("[torch.onnx]")]
+        assert printed == shown, name
+    assert ran == blocks
+    return namespace
+
+
 def test_the_hf_page_runs_block_by_block_and_prints_its_output_blocks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     """docs/hf.md's Python blocks, in order as one program (the real transformers), print what the text blocks
     after them show."""
-    blocks = code_blocks(ROOT / "docs" / "hf.md")
-    code = [text for lang, text in blocks if lang == "python"]
-    shown = [line for lang, text in blocks if lang == "text" for line in text.splitlines()]
-    assert len(code) == 3 and shown
     monkeypatch.chdir(tmp_path)
-    namespace: dict = {}
-    for i, block in enumerate(code, 1):
-        exec(compile(block, f"docs/hf.md, Python block {i}", "exec"), namespace)  # our own docs' code
-    assert capsys.readouterr().out.splitlines() == shown
+    run_and_check_output_blocks(ROOT / "docs" / "hf.md", capsys, 3)
+    assert printed_outputs(ROOT / "docs" / "hf.md")
+
+
+def test_the_hooks_page_runs_block_by_block_and_prints_its_output_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """docs/hooks.md's Python blocks, in order as one program (the real nnsight and TransformerLens): caching,
+    ablation, patching, steering a decoded token, nnsight's patch equal to the package's, the TransformerLens
+    bridge's logits; each prints what the output block after it shows."""
+    # no .save() mounted on every object (nnsight's default, process-wide: it shadows onnx_program.save)
+    os.environ.setdefault("NNSIGHT_CONFIG", str(ROOT / "tests" / "nnsight.yaml"))
+    pytest.importorskip("nnsight", reason="the interp extra installs nnsight and transformer-lens")
+    pytest.importorskip("transformer_lens", reason="the interp extra installs nnsight and transformer-lens")
+    monkeypatch.chdir(tmp_path)
+    run_and_check_output_blocks(ROOT / "docs" / "hooks.md", capsys, 4)
+    assert "True" in printed_outputs(ROOT / "docs" / "hooks.md")
 
 
 def test_no_file_cites_documents_outside_the_repository() -> None:
@@ -305,42 +341,18 @@ def test_the_export_page_runs_block_by_block(
     and ONNX, onnxruntime agreeing with PyTorch at another batch size and length, as their comments say."""
     pytest.importorskip("onnxruntime", reason="the dev extra installs onnx, onnxscript and onnxruntime")
     pytest.importorskip("onnxscript", reason="the dev extra installs onnx, onnxscript and onnxruntime")
-    blocks = [text for lang, text in code_blocks(ROOT / "docs" / "export.md") if lang == "python"]
-    assert len(blocks) == 2
     monkeypatch.chdir(tmp_path)
-    namespace: dict = {}
-    for i, block in enumerate(blocks, 1):
-        exec(compile(block, f"docs/export.md, Python block {i}", "exec"), namespace)  # our own docs' code
-    said = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("[torch.onnx]")]
-    assert said == ["True", "True", "(3, 13, 262) True"]
-    commented = [c.split("#")[1].strip() for b in blocks for c in b.splitlines() if "print(" in c and "#" in c]
-    assert commented == said
+    run_and_check_output_blocks(ROOT / "docs" / "export.md", capsys, 2)
+    assert printed_outputs(ROOT / "docs" / "export.md") == ["True", "True", "(3, 13, 262) True"]
     assert {p.name for p in tmp_path.iterdir()} == {"crate_mnist.onnx", "crate_gpt_mini.onnx"}
 
 
 def test_the_reading_page_runs_and_checks_the_layer_against_the_equations(capsys: pytest.CaptureFixture) -> None:
     """docs/reading-the-layer.md's Python blocks, in order as one program: the layer, MSSA and ISTA equal the paper's
-    equations (their assertions), and every commented print says what the comment says."""
-    blocks = [text for lang, text in code_blocks(ROOT / "docs" / "reading-the-layer.md") if lang == "python"]
-    assert len(blocks) == 7
-    namespace: dict = {}
-    for i, block in enumerate(blocks, 1):
-        exec(compile(block, f"docs/reading-the-layer.md, Python block {i}", "exec"), namespace)  # our own docs' code
-    said = capsys.readouterr().out.splitlines()
-    # what the page says a block prints: its output block, else the comments of its short prints, in page order
-    page = (ROOT / "docs" / "reading-the-layer.md").read_text()
-    matches = list(FENCE.finditer(page))
-    shown = []
-    for before, after in zip(matches, [*matches[1:], None]):
-        if before.group(1) != "python":
-            continue
-        if after is not None and after.group(1) == "text" and not page[before.end() : after.start()].strip():
-            shown += after.group(2).splitlines()
-        else:
-            shown += [c.split("#")[1].strip() for c in before.group(2).splitlines() if "print(" in c and "#" in c]
-    assert "CRATE 2 EncoderLayer" in shown and "MSSA ISTA False" in shown and len(shown) == 5
-    assert [line for line in said if "exactly zero" not in line] == shown
-    assert 0 < float(next(line for line in said if "exactly zero" in line).split("%")[0]) < 100
+    equations (their assertions), and every block prints what the output block after it shows."""
+    run_and_check_output_blocks(ROOT / "docs" / "reading-the-layer.md", capsys, 7)
+    shown = printed_outputs(ROOT / "docs" / "reading-the-layer.md")
+    assert "CRATE 2 EncoderLayer" in shown and "MSSA ISTA False" in shown and len(shown) == 6
 
 
 def test_the_readme_test_command_says_when_the_browser_tests_are_skipped() -> None:

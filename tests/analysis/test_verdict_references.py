@@ -1,12 +1,16 @@
 """`crate analyze` on runs of every kind names its reference: an untrained network of the same architecture built
 with the run's seed (or a stated seed), measured on the same images; a fine-tuned run also says how each claim moved
-from its starting checkpoint, labelled so, never "At initialisation".  Tiny real runs made by the commands
-themselves: a scratch run, a fine-tuning run from it, an MAE-pretrained run and an official (authors' layout) file.
+from its starting checkpoint, labelled so, never "At initialisation" — measured on the same images when the
+checkpoint still loads, from the run's step-0 records when it is gone, and a one-line note when neither exists.
+Tiny real runs made by the commands themselves: a scratch run, fine-tuning runs from it (with and without step-0
+records, from a checkpoint deleted afterwards), an MAE-pretrained run, its continued pre-training and an official
+(authors' layout) file.
 """
 
 import html
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -18,9 +22,13 @@ from official.crate import OfficialCRATE
 
 from crate_transformer import analysis
 from crate_transformer.analysis._common import PARTIAL_MARKER
+from crate_transformer.analysis.decoder import decoder_inversion
 from crate_transformer.analysis.report_sections import initial_model
 from crate_transformer.cli import main as cli_main
+from crate_transformer.data import load_dataset
 from crate_transformer.loading.pipeline import load_model
+from crate_transformer.train import TrainConfig
+from crate_transformer.train import train as run_training
 
 RUN = ["--max-steps", "2", "--epochs", "1", "--train-subset", "128", "--threads", "1", "--no-progress"]
 ANALYZE = ["--num-images", "8", "--num-vis", "1", "--no-progress"]
@@ -36,8 +44,18 @@ def runs(tmp_path_factory):
     assert cli_main([*train, "--out", str(root / "scratch")]) == 0
     finetune = ["finetune", "--from", str(root / "scratch"), "--data", "digits", "--image-size", "8", *RUN]
     assert cli_main([*finetune, "--out", str(root / "ft")]) == 0
+    assert cli_main([*finetune, "--measure-every", "0", "--out", str(root / "ft0")]) == 0  # no step-0 records
+    for name, extra in (("gone", []), ("gone0", ["--measure-every", "0"])):  # from a checkpoint deleted after
+        shutil.copytree(root / "scratch", root / f"{name}-start")
+        start = ["finetune", "--from", str(root / f"{name}-start"), *finetune[3:]]
+        assert cli_main([*start, *extra, "--out", str(root / name)]) == 0
+        shutil.rmtree(root / f"{name}-start")
     mae = ["pretrain", "mae", "--data", "digits", *RUN, "--model-args", *tiny.SSL_ARCH, "--no-probe"]
     assert cli_main([*mae, "--no-recognition", "--out", str(root / "mae")]) == 0
+    # continued pre-training of that CRATE-MAE (init_from; the Python API, which crate pretrain mae has no flag for)
+    more = dict(task="mae", init_from=str(root / "mae"), data="digits", max_steps=2, epochs=1, train_subset=128)
+    more.update(threads=1, progress=False, out=str(root / "mae2"), task_args={"probe": False, "recognition": False})
+    run_training(TrainConfig(**more))
     off = OfficialCRATE(image_size=8, patch_size=2, num_classes=10, dim=32, depth=2, heads=4, channels=1).eval()
     torch.save({"epoch": 1, "state_dict": {"module." + k: v for k, v in off.state_dict().items()}}, root / "w.pth")
     return root
@@ -57,6 +75,13 @@ def untrained_rc(checkpoint, seed: int, images: torch.Tensor, normalization) -> 
     return [float(v) for v in table.mean("rc_in")]
 
 
+def digits_subset() -> torch.Tensor:
+    """The 8 test digits `crate analyze --num-images 8` measures: a subset of the test split drawn with seed 0."""
+    ds = load_dataset("digits", "test")
+    idx = torch.as_tensor(sorted(torch.randperm(len(ds), generator=torch.Generator().manual_seed(0))[:8].tolist()))
+    return ds.images[idx].float() / 255
+
+
 def check_layer_verdicts(report: dict, printed: str, page: str, seed_words: str) -> None:
     """Every layer verdict names the untrained network with ``seed_words``, says its direction in words and is one
     printed line with its figures; the rules are one click away on the page."""
@@ -64,7 +89,7 @@ def check_layer_verdicts(report: dict, printed: str, page: str, seed_words: str)
     assert layer, report["verdicts"]
     reference = f"an untrained network of the same architecture ({seed_words}) on the same images"
     for v in layer:
-        assert v["reference"] == reference
+        assert v["reference"] == reference or v["reference"].startswith(f"{reference}; beside it the starting ")
         assert f"Reference, {reference}: " in v["explanation"]
         assert "untrained " in v["summary"] and "the joint noise" in v["summary"]
         assert re.search(r"training (increased|reduced) the drop by [0-9]", v["summary"])
@@ -87,40 +112,106 @@ def test_a_scratch_run_compares_with_an_untrained_network_of_its_own_seed(runs, 
     comp = next(v for v in report["verdicts"] if v["section"] == "classifier (test)" and v["name"] == "compression")
     curve = [r["rc_in"] for r in report["initialisation"]["test untrained"]]
     assert comp["measured"]["initialisation"]["per_layer_mean"] == pytest.approx(curve)
-    from crate_transformer.data import load_dataset
-
-    ds = load_dataset("digits", "test")
-    idx = torch.as_tensor(sorted(torch.randperm(len(ds), generator=torch.Generator().manual_seed(0))[:8].tolist()))
-    imgs = ds.images[idx].float() / 255
+    imgs = digits_subset()
     here = untrained_rc(runs / "scratch", 3, imgs, report["normalization"])
     assert curve == pytest.approx(here, rel=1e-5)
     assert untrained_rc(runs / "scratch", 0, imgs, report["normalization"]) != pytest.approx(here, rel=1e-5)
 
 
-def test_a_finetuned_run_compares_with_untrained_and_states_the_move_from_its_starting_checkpoint(
-    runs, tmp_path, capsys
-):
+def start_clauses(report: dict) -> list[dict]:
+    """The layer verdicts (compression, sparsity) of a report."""
+    return [v for v in report["verdicts"] if v["name"] in ("compression", "sparsity")]
+
+
+def test_a_finetuned_run_measures_its_starting_checkpoint_on_the_same_images(runs, tmp_path, capsys):
     report, printed, page = analyze(capsys, runs / "ft", tmp_path / "an")
     check_layer_verdicts(report, printed, page, "seed 0, the run's seed")
-    step0 = [r for r in analysis.load_measure_records(runs / "ft" / "metrics.jsonl") if r.get("step") == 0]
-    assert report["starting_checkpoint"]["layers"][0]["rc_in"] == step0[0]["rc_in"]
-    for v in (v for v in report["verdicts"] if v["name"] in ("compression", "sparsity")):
+    start = report["starting_checkpoint"]
+    assert start["measured_on"] == "the same images" and start["path"] == str(runs / "scratch")
+    # the starting checkpoint (the scratch run), loaded and measured here on the report's own test images
+    scratch = load_model(str(runs / "scratch"), as_classifier=True)
+    table = analysis.measure(scratch, digits_subset(), normalize=report["normalization"], progress=False)
+    for v in start_clauses(report):
         metric = "rc_in" if v["name"] == "compression" else "nonzero"
-        start = v["measured"]["starting_checkpoint"]
-        assert start["per_layer_mean"] == pytest.approx([r[metric] for r in step0])
-        assert "From the starting checkpoint (step 0 of this fine-tuning run" in v["explanation"]
+        want = f"the starting checkpoint ({runs / 'scratch'}), measured on the same 8 images"
+        assert v["measured"]["starting_checkpoint"]["source"] == want and v["reference"].endswith(f"beside it {want}")
+        assert f"From {want}: " in v["explanation"] and "step-0 records" not in v["explanation"]
         assert re.search(r"starting checkpoint .*: fine-tuning (increased|reduced) the drop by [0-9]", v["summary"])
-        # the untrained network decides; the start is a second, labelled comparison
-        assert v["measured"]["initialisation"]["source"].startswith("an untrained network")
-    assert "step 0 of this fine-tuning run" in report["figures"]["layerwise.png"]["caption"]
+        assert v["measured"]["initialisation"]["source"].startswith("an untrained network")  # it decides
+        if v["section"] == "classifier (test)":
+            got = v["measured"]["starting_checkpoint"]
+            assert got["per_layer_mean"] == pytest.approx([float(x) for x in table.mean(metric)], rel=1e-5)
+            values = table.values[metric].astype("float64")
+            assert got["drop"] == pytest.approx(float((values[:, 0] - values[:, -1]).mean()), rel=1e-5, abs=1e-9)
+    assert start["measure"]["test"][0]["rc_in"] == pytest.approx(float(table.mean("rc_in")[0]), rel=1e-5)
+    caption = report["figures"]["layerwise.png"]["caption"]
+    assert "Dashed and labelled 'train starting checkpoint', 'test starting checkpoint': the starting" in caption
     # the incoherence claim: the starting checkpoint's coherence (the scratch run's model, read here) beside
     coh = next(v for v in report["verdicts"] if v["name"] == "incoherence")
-    start_rows = analysis.incoherence(load_model(str(runs / "scratch")))
-    want = [r["mean_cross_coherence"] for r in start_rows]
+    want = [r["mean_cross_coherence"] for r in analysis.incoherence(scratch)]
     assert coh["measured"]["starting_checkpoint"]["per_layer"] == pytest.approx(want, rel=1e-9)
     assert re.search(
         r"starting checkpoint [0-9., ]+ \(fine-tuning (raised|lowered) the mean coherence by", coh["summary"]
     )
+    assert not any(n.startswith("starting checkpoint") for n in report["notes"])
+
+
+def test_a_finetune_without_step0_records_still_states_the_move_from_its_starting_checkpoint(runs, tmp_path, capsys):
+    assert not [r for r in analysis.load_measure_records(runs / "ft0" / "metrics.jsonl") if r.get("step") == 0]
+    report, printed, _ = analyze(capsys, runs / "ft0", tmp_path / "an")
+    for v in start_clauses(report) + [v for v in report["verdicts"] if v["name"] == "incoherence"]:
+        assert "starting_checkpoint" in v["measured"] and "starting checkpoint " in v["summary"]
+        assert v["summary"] in printed
+    assert report["starting_checkpoint"]["measured_on"] == "the same images"
+
+
+def test_a_deleted_starting_checkpoint_falls_back_to_the_step0_records_and_says_so(runs, tmp_path, capsys):
+    report, printed, _ = analyze(capsys, runs / "gone", tmp_path / "an")
+    path = runs / "gone-start"
+    step0 = [r for r in analysis.load_measure_records(runs / "gone" / "metrics.jsonl") if r.get("step") == 0]
+    assert report["starting_checkpoint"]["measured_on"] == "the run's step-0 records"
+    for v in start_clauses(report):
+        metric = "rc_in" if v["name"] == "compression" else "nonzero"
+        got = v["measured"]["starting_checkpoint"]
+        assert got["per_layer_mean"] == pytest.approx([r[metric] for r in step0])
+        assert got["source"].startswith(f"the starting checkpoint ({path}), from the run's step-0 records (")
+        assert "measured on the same" not in got["source"]
+    coh = next(v for v in report["verdicts"] if v["name"] == "incoherence")
+    assert "starting_checkpoint" not in coh["measured"]  # nothing to compare the subspaces with
+    note = next(n for n in report["notes"] if n.startswith("starting checkpoint"))
+    assert note.startswith(f"starting checkpoint: {path} (config.yaml's init_from) does not load: ")
+    assert "checkpoint file not found" in note and f"note: {note}\n" in printed
+
+
+def test_no_starting_checkpoint_and_no_step0_records_is_said_in_one_line(runs, tmp_path, capsys):
+    report, printed, _ = analyze(capsys, runs / "gone0", tmp_path / "an")
+    assert "starting_checkpoint" not in report
+    assert not any("starting_checkpoint" in v["measured"] or "starting checkpoint" in v["summary"]
+                   for v in report["verdicts"])  # fmt: skip
+    notes = [n for n in report["notes"] if "starting checkpoint" in n]
+    assert len(notes) == 1 and f"note: {notes[0]}\n" in printed and "\n" not in notes[0]
+    assert notes[0].startswith(f"starting checkpoint unavailable: {runs / 'gone0-start'} (config.yaml's init_from)")
+    assert "no step-0 records (--measure-every 0)" in notes[0]
+
+
+def test_a_continued_mae_states_the_decoders_move_from_its_starting_checkpoint(runs, tmp_path, capsys):
+    report, printed, _ = analyze(capsys, runs / "mae2", tmp_path / "an")
+    dec = next(v for v in report["verdicts"] if v["name"] == "decoder as inverse")
+    start = dec["measured"]["starting_checkpoint"]
+    assert start["source"] == f"the starting checkpoint ({runs / 'mae'}), measured on the same 8 test images"
+    assert re.search(r"starting checkpoint [-+0-9., e]+: continued pre-training (raised|lowered) the mean CKA gain "
+                     r"by [0-9.e-]+, (beyond|within) the joint noise", dec["summary"])  # fmt: skip
+    assert dec["summary"] in printed and "initialisation" in dec["measured"]  # the untrained network beside too
+    # the starting CRATE-MAE's CKA gains, measured here on the same (normalised) test images
+    mean, std = (torch.tensor(s).view(1, -1, 1, 1) for s in report["normalization"])
+    rows = decoder_inversion(load_model(str(runs / "mae")), (digits_subset() - mean) / std, per_image=True)
+    gains = [sum(o - i for o, i in zip(r["cka_out_per_image"], r["cka_in_per_image"])) / 8 for r in rows]
+    assert start["margin_per_layer"] == pytest.approx(gains, rel=1e-5, abs=1e-7)
+    assert start["change"] == pytest.approx(
+        sum(dec["measured"]["margin_per_layer"]) / len(gains) - sum(gains) / len(gains), rel=1e-4, abs=1e-7
+    )
+    for v in start_clauses(report):
+        assert "continued pre-training" in v["summary"] and "measured on the same 8 images" in v["reference"]
 
 
 def test_an_mae_run_and_an_official_file_compare_with_an_untrained_network(runs, tmp_path, capsys):

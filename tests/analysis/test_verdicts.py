@@ -438,23 +438,27 @@ def test_crate_analyze_writes_and_prints_the_verdict_table(tmp_path, capsys):
     sections = ["classifier (train)"] * 2 + ["classifier (test)"] * 2 + ["classifier"]
     assert [v["section"] for v in verdicts] == sections
     assert all(v["verdict"] in (HOLDS, FAILS, NOT_APPLICABLE) for v in verdicts)
-    # every layer verdict is decided against the untrained network (the run's seed) and states the move from the
-    # run's own step 0 (its starting checkpoint) beside it; the figures draw both
+    # every layer verdict is decided against the untrained network (the run's seed) and, the starting checkpoint
+    # ('base') being gone, states the move from the run's own step-0 records beside it; the figures draw both
     for v in verdicts[:4]:
         metric = "rc_in" if "R^c" in v["claim"] else "nonzero"
         assert v["measured"]["starting_checkpoint"]["per_layer_mean"] == pytest.approx([r[metric] for r in step0])
-        assert "From the starting checkpoint (step 0 of this fine-tuning run" in v["explanation"]
-        assert (
-            v["reference"]
-            == "an untrained network of the same architecture (seed 2, the run's seed) on the same images"
+        assert "From the starting checkpoint (base), from the run's step-0 records (32 of" in v["explanation"]
+        assert v["reference"] == (
+            "an untrained network of the same architecture (seed 2, the run's seed) on the same images; beside it "
+            "the starting checkpoint (base), from the run's step-0 records (32 of its training images, not the "
+            "images measured here)"
         )
         split = v["section"].split("(")[1].rstrip(")")
         untrained = [r[metric] for r in report["initialisation"][f"{split} untrained"]]
         assert v["measured"]["initialisation"]["per_layer_mean"] == pytest.approx(untrained)
         assert "At initialisation" not in v["explanation"]
     assert report["starting_checkpoint"]["layers"][0]["rc_in"] == step0[0]["rc_in"]
+    assert report["starting_checkpoint"]["measured_on"] == "the run's step-0 records"
     caption = report["figures"]["layerwise.png"]["caption"]
-    assert "step 0 of this fine-tuning run, measured on 32 training images" in caption
+    assert "from the run's step-0 records (32 of its training images" in caption
+    assert any(n.startswith("starting checkpoint: base (config.yaml's init_from) does not load: ") for n in
+               report["notes"])  # fmt: skip
     assert "an untrained network of the same architecture (seed 2, the run's seed)" in caption
     assert "subspaces U_k of different heads are incoherent" in verdicts[4]["claim"]
     assert len(verdicts[4]["measured"]["initialisation"]) == 2

@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 
 from crate_transformer import cli
-from crate_transformer.data import StreamingImageFolder, global_batches, load_dataset, open_source
+from crate_transformer.data import Position, StreamingImageFolder, global_batches, load_dataset, open_source
 from crate_transformer.train import TrainConfig, train
 
 CLASSES, PER_CLASS, SIZE = 3, 20, 16
@@ -70,8 +70,9 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _all(source: object, batch_size: int, **kw: object) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return list(source.batches(batch_size, **kw))
+def _all(source: object, batch_size: int, shuffle: bool = True, **at: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every batch of one pass; ``at`` are the :class:`Position` fields."""
+    return list(source.batches(batch_size, shuffle=shuffle, at=Position(**at)))
 
 
 def _digest(images: torch.Tensor) -> list[str]:
@@ -118,7 +119,7 @@ def test_ddp_rank_slices_partition_the_global_batch_and_resume_is_exact(folder: 
     read = stream.read
     stream.read = lambda i: decoded.append(i) or read(i)
     _all(stream, 12, seed=2, epoch=1, start=2)
-    remaining = global_batches(len(stream), 12, shuffle=True, seed=2, epoch=1, start=2)
+    remaining = global_batches(len(stream), 12, shuffle=True, at=Position(seed=2, epoch=1, start=2))
     assert decoded == torch.cat(list(remaining)).tolist()
 
 
@@ -331,3 +332,25 @@ def test_torchrun_two_processes_on_shards(shards: Path, tmp_path: Path, torchrun
     assert train_steps == list(range(1, 7))  # 48 samples / global batch 8, both ranks in step
     final = [r for r in records if r.get("final")]
     assert len(final) == 1 and 0.0 <= final[0]["acc"] <= 1.0
+
+
+@pytest.mark.parametrize(
+    "kind, what",
+    [
+        ("folder", "a streamed image folder"),
+        ("shards", "a split of WebDataset shards"),
+        ("hf", "a Hugging Face dataset"),
+    ],
+)
+def test_a_streamed_source_without_image_size_is_refused_before_reading(tmp_path: Path, kind: str, what: str) -> None:
+    from crate_transformer.data import HFImageDataset, WebDatasetShards
+    from crate_transformer.errors import OptionError
+
+    opened = {"folder": StreamingImageFolder.open, "shards": WebDatasetShards, "hf": HFImageDataset}[kind]
+    with pytest.raises(OptionError) as e:
+        opened(tmp_path / "absent", "train", image_size=None)  # nothing there: the check comes before any read
+    assert str(e.value) == f"{what} needs image_size: its images are resized on read" and e.value.options == (
+        "image_size",
+    )
+    with pytest.raises(ValueError, match="unknown split 'dev'"):  # then the arguments every loader shares
+        opened(tmp_path / "absent", "dev", image_size=8)

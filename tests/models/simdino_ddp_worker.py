@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for offi
 from official.simdino import MCRLoss  # noqa: E402
 
 from crate_transformer.models.dino import DINOHead, SimDINOLoss  # noqa: E402
+from crate_transformer.train.runtime import Runtime  # noqa: E402
 
 VIEWS, BATCH, DIM, EPS = 4, 16, 12, 0.7  # 2 global + 2 local views of a global batch of 16
 
@@ -35,9 +36,8 @@ def loss_and_grads(loss_fn, student, teacher, x: torch.Tensor) -> tuple[torch.Te
     return loss.detach(), [p.grad.detach().clone() for p in student.parameters()]
 
 
-def main(out: str) -> None:
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+def run(rank: int, world: int) -> dict[str, tuple[torch.Tensor, list[torch.Tensor]]]:
+    """The loss (averaged over the processes) and the DDP-averaged gradients of each loss, on this process's share."""
     student, teacher, x = problem()
     ddp = torch.nn.parallel.DistributedDataParallel(student)
     share = x[:, rank * BATCH // world : (rank + 1) * BATCH // world]
@@ -52,9 +52,21 @@ def main(out: str) -> None:
         loss, grads = loss_and_grads(fn, ddp, teacher, share)
         dist.all_reduce(loss)  # the run's loss: the processes' mean (each holds the mean over its own images)
         results[name] = (loss / world, grads)
-    if rank == 0:
+    return results
+
+
+def main(out: str) -> None:
+    dist.init_process_group("gloo")
+    results = run(dist.get_rank(), dist.get_world_size())
+    if dist.get_rank() == 0:
         torch.save(results, out)
-    dist.destroy_process_group()
+    # DDP died when run() returned, before the group is destroyed (and the package's teardown, Runtime.close, also
+    # collects one left in a reference cycle).  Held by main() until it returned, after destroy_process_group, its
+    # C++ Reducer was the group's last owner and ran ~ProcessGroupGloo holding the GIL, joining a gloo worker that
+    # waited for the GIL to release the last all_reduce's tensor: the launch hung (issue 52; py-spy: one process in
+    # ~Reducer -> ~ProcessGroupGloo -> thread::join, its worker in ~AsyncAllreduceWork -> decref_pyobject ->
+    # gil_scoped_acquire)
+    Runtime(rank=dist.get_rank(), world=dist.get_world_size()).close()
 
 
 if __name__ == "__main__":

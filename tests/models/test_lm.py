@@ -13,6 +13,7 @@ import torch
 from clitools import crate, one_line_error
 
 import crate_transformer as ct
+from crate_transformer.data import Position
 from crate_transformer.data.text import TokenBlocks, load_tokens
 from crate_transformer.layers import attend, frozen_weights
 from crate_transformer.loading.pipeline import load_model
@@ -250,8 +251,9 @@ def test_token_file_is_memory_mapped_and_blocks_follow_the_source_contract(tmp_p
     blocks = TokenBlocks(tokens, 8, 0, len(tokens), "corpus", "train")
     assert len(blocks) == (len(tokens) - 1) // 8  # evaluation: every window of the unshifted grid
     assert blocks.steps_per_epoch(4) == ((len(tokens) - 8) // 8) // 4  # training: the windows that fit any shift
-    one = torch.cat(list(blocks.batches(4, shuffle=True, seed=1, epoch=2)))
-    two = [torch.cat(list(blocks.batches(4, shuffle=True, seed=1, epoch=2, rank=r, world=2))) for r in (0, 1)]
+    one = torch.cat(list(blocks.batches(4, shuffle=True, at=Position(seed=1, epoch=2))))
+    halves = [Position(seed=1, epoch=2, rank=r, world=2) for r in (0, 1)]
+    two = [torch.cat(list(blocks.batches(4, shuffle=True, at=at))) for at in halves]
     assert one.shape[1] == 9 and len(one) == 4 * blocks.steps_per_epoch(4)
     assert sorted(map(tuple, one.tolist())) == sorted(map(tuple, torch.cat(two).tolist()))  # ranks split each batch
     first = blocks.get(torch.tensor([1]))[0].tolist()
@@ -262,7 +264,7 @@ def test_token_file_is_memory_mapped_and_blocks_follow_the_source_contract(tmp_p
 
     offsets = []
     for epoch in range(6):
-        rows = torch.cat(list(blocks.batches(4, shuffle=True, seed=1, epoch=epoch))).tolist()
+        rows = torch.cat(list(blocks.batches(4, shuffle=True, at=Position(seed=1, epoch=epoch)))).tolist()
         o = blocks.offset(1, epoch)
         order = epoch_permutation(blocks.train_windows, 1, epoch)[: 4 * blocks.steps_per_epoch(4)].tolist()
         assert rows == [expected[o + 8 * i : o + 8 * i + 9] for i in order]

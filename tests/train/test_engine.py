@@ -270,11 +270,11 @@ class _Regression(Task):
             def steps_per_epoch(self, b):
                 return 256 // b
 
-            def batches(self, b, *, shuffle, seed, epoch, start, rank, world):
+            def batches(self, b, *, shuffle, at):
                 from crate_transformer.data import global_batches, rank_slice
 
-                for idx in global_batches(256, b, shuffle=shuffle, seed=seed, epoch=epoch, start=start):
-                    i = rank_slice(idx, rank, world)
+                for idx in global_batches(256, b, shuffle=shuffle, at=at):
+                    i = rank_slice(idx, at.rank, at.world)
                     yield x[i], y[i]
 
         self.train_data = Data()

@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from crate_transformer.data import Position
 from crate_transformer.train import RunSummary, Task, TaskResult, TrainConfig, register_task, train
 from crate_transformer.train.task import TASKS
 
@@ -35,8 +36,8 @@ class _Rows:
     def steps_per_epoch(self, batch_size: int) -> int:
         return N // batch_size
 
-    def batches(self, batch_size: int, *, shuffle: bool, seed: int, epoch: int, start: int, rank: int, world: int):
-        for _ in range(start, N // batch_size):
+    def batches(self, batch_size: int, *, shuffle: bool, at: Position):
+        for _ in range(at.start, N // batch_size):
             yield X, Y
 
 

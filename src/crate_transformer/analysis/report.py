@@ -48,11 +48,13 @@ from .report_sections import (
     _subspace_section,
     _token_heatmap_section,
     default_section,
-    initial_model,
+    reference_networks,
 )
+from .report_sections import initial_model as initial_model
 from .report_sections import layer_verdicts as layer_verdicts
 from .report_sections import rate_notes as rate_notes
 from .report_sections import variational_figure as variational_figure
+from .verdicts import UNTRAINED
 
 __all__ = ["analyze", "Part", "HTML_SECTIONS", "Reference"]
 
@@ -90,10 +92,12 @@ def analyze(
     "DINO backbone" for a DINO run).  ``report["verdicts"]`` says whether the paper's claims held, each against
     an untrained network of the same architecture, whatever the checkpoint's origin (``initial="fresh"``; None:
     no reference), built with ``reference.seed`` (a :class:`~.report_sections.Reference`, which also carries a
-    fine-tuned run's starting checkpoint, stated beside).  ``ground_truth`` (:func:`~.segment_data.read_coco`):
-    MaskCut's masks scored by :func:`~.segment_eval.evaluate_segmentation` into ``report["segmentation_scores"]``;
-    ``truth``: instance labels ``(N, H, W)`` of the last split's images (:func:`~.segment_data.truth_labels`),
-    outlined in the explorer.  Until ``report.html`` is written the folder holds :data:`~._common.PARTIAL_MARKER`.
+    fine-tuned run's starting checkpoint: measured like the model on the same images for every claim when its
+    model is given, else its step-0 records for the layer claims, stated beside).  ``ground_truth``
+    (:func:`~.segment_data.read_coco`): MaskCut's masks scored by :func:`~.segment_eval.evaluate_segmentation` into
+    ``report["segmentation_scores"]``; ``truth``: instance labels ``(N, H, W)`` of the last split's images
+    (:func:`~.segment_data.truth_labels`), outlined in the explorer.  Until ``report.html`` is written the folder
+    holds :data:`~._common.PARTIAL_MARKER`.
     """
     attn_li, seg_li = layer_index(model, attn_layer), layer_index(model, seg_layer)
     t0 = time.perf_counter()
@@ -125,8 +129,9 @@ def _context(
     initial: str | None,
     reference: Reference,
 ) -> _Context:
-    """The sections' shared context, after the checks: the folder made (and marked partial), the untrained
-    reference built with the reference's seed, a fine-tuned run's starting checkpoint attached."""
+    """The sections' shared context, after the checks: the folder made (and marked partial), the networks every
+    claim is also measured on (the untrained one built with the reference's seed, a fine-tuned run's starting
+    checkpoint when it loaded) and what is known of that starting checkpoint otherwise."""
     if not splits:
         raise ValueError("no images to analyse: pass at least one split of images")
     if initial not in ("fresh", None):
@@ -137,11 +142,9 @@ def _context(
     out = make_folder(out, "report folder")  # the target first
     mark_partial(out)
     ctx = _Context(model, out, splits, *protocol, section or default_section(model))
-    if initial is not None:
-        ctx.initial = initial_model(model, reference.seed)
-        ctx.initial_words = reference.seed_words or f"seed {reference.seed}"
-    ctx.start_records = [dict(r) for r in reference.start] if reference.start else None
-    ctx.start_model = reference.start_model
+    ctx.references, ctx.start = reference_networks(model, initial, reference), reference
+    ctx.initial = next((r.model for r in ctx.references if r.kind == UNTRAINED), None)
+    ctx.initial_words = reference.seed_words or f"seed {reference.seed}"
     make_folder(ctx.fig_dir, "figure folder")
     return ctx
 

@@ -7,9 +7,11 @@ verdicts and notes.  :mod:`.report` calls them in order and writes the files; :m
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -42,8 +44,11 @@ from .plots import (
 from .segmentation import maskcut, patch_features, pca_rgb
 from .subspaces import incoherence, subspace_gram
 from .verdicts import (
+    START,
+    UNTRAINED,
     Baseline,
     Verdict,
+    baseline_from_cka,
     baseline_from_records,
     baseline_from_table,
     decoder_verdict,
@@ -53,6 +58,7 @@ from .verdicts import (
 )
 
 Figure3 = tuple[str, str, str]  # (file, title, caption)
+T = TypeVar("T")
 
 
 @dataclass
@@ -71,13 +77,38 @@ class Part:
 class Reference:
     """What the verdicts compare with besides the rule's noise: the seed of the untrained network of the same
     architecture (``seed_words``: whose seed it is, e.g. "seed 3, the run's seed"), and a fine-tuned run's starting
-    checkpoint — its step-0 measurement records (``start``, as :func:`~.measure.load_measure_records` reads them)
-    and, when its file still loads, the model (``start_model``) — stated beside the verdicts."""
+    checkpoint (``start_path``: config.yaml's ``init_from``), stated beside the verdicts: the model when its file
+    still loads (``start_model``, measured on the same samples as the model), else the run's step-0 measurement
+    records (``start``, as :func:`~.measure.load_measure_records` reads them); ``start_missing`` says why the
+    file did not load, ``start_by`` what turned it into the model ("fine-tuning", "continued pre-training")."""
 
     seed: int = 0
     seed_words: str | None = None
     start: Sequence[Mapping] | None = None
     start_model: torch.nn.Module | None = None
+    start_path: str | None = None
+    start_missing: str | None = None
+    start_by: str = "fine-tuning"
+
+
+@dataclass(frozen=True)
+class RefNet:
+    """A network every claim is measured on exactly as the model (same samples, same function, same noise): the
+    untrained network of the same architecture (``kind`` :data:`~.verdicts.UNTRAINED`, the verdicts' reference) or
+    a fine-tuned run's starting checkpoint (:data:`~.verdicts.START`, reported beside).  ``name``: it in words;
+    ``curve``: the label of its curves after the split's name; ``by``: what turned it into the model."""
+
+    kind: str
+    model: torch.nn.Module
+    name: str
+    curve: str
+    by: str = "training"
+
+    def on(self, n: int, samples: str = "images") -> str:
+        """How a verdict names it, with what it was measured on."""
+        if self.kind == UNTRAINED:
+            return f"{self.name} on the same {samples}"
+        return f"{self.name}, measured on the same {n} {samples}"
 
 
 @dataclass
@@ -93,8 +124,8 @@ class _Context:
     section: str
     initial: ImageClassifier | None = None  # an untrained network of the same architecture: the reference
     initial_words: str = "seed 0"  # how it was built (its seed), as the verdicts name it
-    start_records: Sequence[Mapping] | None = None  # a fine-tuned run's own measurement at step 0 (its start)
-    start_model: torch.nn.Module | None = None  # a fine-tuned run's starting checkpoint, when it still loads
+    references: list[RefNet] = field(default_factory=list)  # what every claim is also measured on
+    start: Reference = field(default_factory=Reference)  # a fine-tuned run's starting checkpoint, as given
     truth: Tensor | None = None  # ground-truth labels (N, H, W) of the last split's images, for the explorer
     vis_truth: Tensor | None = None  # those of the shown images
     tables: dict[str, LayerTable] = field(default_factory=dict)
@@ -122,15 +153,15 @@ def layer_verdicts(
     tables: Mapping[str, LayerTable],
     section: str,
     baselines: Mapping[str, Baseline] | None = None,
-    start: Baseline | None = None,
+    start: Mapping[str, Baseline] | None = None,
 ) -> list[Verdict]:
     """Compression and sparsity verdicts (JMLR Figs. 14-15) for every measured split, each against that split's
     :class:`~.verdicts.Baseline` (an untrained network of the same architecture) when given, and with the move
-    from ``start`` (a fine-tuned run's starting checkpoint) stated beside."""
-    multi, baselines = len(tables) > 1, baselines or {}
+    from that split's ``start`` (a fine-tuned run's starting checkpoint) stated beside."""
+    multi, baselines, start = len(tables) > 1, baselines or {}, start or {}
     out = []
     for name, t in tables.items():
-        out += layer_claims(t, f"{section} ({name})" if multi else section, baselines.get(name), start)
+        out += layer_claims(t, f"{section} ({name})" if multi else section, baselines.get(name), start.get(name))
     return out
 
 
@@ -146,7 +177,8 @@ def initial_model(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
 
 
 INITIAL = "untrained"  # the curves of the untrained network: "test untrained"
-START_CURVE = "starting checkpoint (step 0 of the run)"
+START_NAME = "starting checkpoint"  # those of a fine-tuned run's starting checkpoint: "test starting checkpoint"
+START_CURVE = "starting checkpoint (the run's step-0 records)"  # its curve when only its records are left
 
 
 def untrained_words(seed_words: str, samples: str = "images") -> str:
@@ -155,23 +187,60 @@ def untrained_words(seed_words: str, samples: str = "images") -> str:
     return f"an untrained network of the same architecture ({seed_words}) on the same {samples}"
 
 
-def _initial_measurements(
-    ctx: _Context, progress: bool
-) -> tuple[dict[str, Baseline], Baseline | None, dict[str, object]]:
-    """Per split: the reference of the verdicts (an untrained network of the same architecture on the same images),
-    a fine-tuned run's starting checkpoint (its step-0 records) when known, and what the figures draw for both."""
-    baselines, curves, start = {}, {}, None
-    if ctx.initial is not None:
-        for name, imgs in ctx.splits.items():
-            t = _measure_split(ctx, ctx.initial, imgs, f"{name} {INITIAL}", progress)
-            baselines[name] = baseline_from_table(t, untrained_words(ctx.initial_words))
-            curves[f"{name} {INITIAL}"] = t
-    if ctx.start_records:
-        n = ctx.start_records[0].get("n_samples", "?")
-        words = f"the starting checkpoint (step 0 of this fine-tuning run, measured on {n} training images)"
-        start = baseline_from_records(ctx.start_records, words, start=True)
-        curves[START_CURVE] = list(ctx.start_records)
-    return baselines, start, curves
+def reference_networks(model: torch.nn.Module, initial: str | None, reference: Reference) -> list[RefNet]:
+    """The networks every claim is also measured on: an untrained network of the same architecture built with
+    ``reference.seed`` (unless ``initial`` is None), then a fine-tuned run's starting checkpoint when it loaded."""
+    out = []
+    if initial is not None:
+        seed_words = reference.seed_words or f"seed {reference.seed}"
+        name = f"an untrained network of the same architecture ({seed_words})"
+        out.append(RefNet(UNTRAINED, initial_model(model, reference.seed), name, INITIAL))
+    if reference.start_model is not None:
+        name = f"the starting checkpoint ({reference.start_path or 'init_from'})"
+        start = reference.start_model.to(model_device(model)).eval()
+        out.append(RefNet(START, start, name, START_NAME, reference.start_by))
+    return out
+
+
+def _on_references(ctx: _Context, measure_one: Callable[[torch.nn.Module], T]) -> dict[str, tuple[RefNet, T]]:
+    """``{kind: (reference, measure_one(its model))}`` for every reference network: the one path by which each
+    claim measures the untrained network and the starting checkpoint as it measures the model."""
+    return {ref.kind: (ref, measure_one(ref.model)) for ref in ctx.references}
+
+
+def _initial_measurements(ctx: _Context, progress: bool) -> tuple[dict[str, dict[str, Baseline]], dict[str, object]]:
+    """Per kind of reference and split, the reference's :class:`~.verdicts.Baseline` on the same images (the
+    untrained network; the starting checkpoint, or when its file is gone its step-0 records for every split), and
+    what the figures draw for them."""
+    baselines: dict[str, dict[str, Baseline]] = {}
+    curves: dict[str, object] = {}
+    for name, imgs in ctx.splits.items():
+        one = partial(_measure_split, ctx, imgs=imgs, desc=f"{name} (references)", progress=progress)
+        for kind, (ref, t) in _on_references(ctx, one).items():
+            words = ref.on(t.num_samples)
+            baselines.setdefault(kind, {})[name] = baseline_from_table(t, words, start=kind == START, by=ref.by)
+            curves[f"{name} {ref.curve}"] = t
+    records = ctx.start.start
+    if START not in baselines and records:
+        words = f"the starting checkpoint ({ctx.start.start_path}), from the run's step-0 records"
+        words += f" ({records[0].get('n_samples', '?')} of its training images, not the images measured here)"
+        b = baseline_from_records(records, words, start=True, by=ctx.start.start_by)
+        baselines[START] = dict.fromkeys(ctx.splits, b)
+        curves[START_CURVE] = list(records)
+    return baselines, curves
+
+
+def start_note(reference: Reference) -> list[str]:
+    """One line when a fine-tuned run's starting checkpoint did not load: why (the path in ``init_from``), and
+    whether the run's step-0 records stand in for the layer claims."""
+    if reference.start_model is not None or not reference.start_path:
+        return []
+    why = f"{reference.start_path} (config.yaml's init_from) does not load: {reference.start_missing or 'unknown'}"
+    if reference.start:
+        return [f"starting checkpoint: {why}; compression and sparsity state their move from the run's step-0 "
+                "records (other images); incoherence and a decoder are not compared with it"]  # fmt: skip
+    return [f"starting checkpoint unavailable: {why}, and the run logged no step-0 records (--measure-every 0), "
+            "so no claim states its move from it"]  # fmt: skip
 
 
 def _measure_split(ctx: _Context, model: torch.nn.Module, imgs: Tensor, desc: str, progress: bool) -> LayerTable:
@@ -194,24 +263,40 @@ def _layerwise_section(ctx: _Context, progress: bool) -> Part:
     for name, imgs in ctx.splits.items():
         ctx.tables[name] = _measure_split(ctx, ctx.model, imgs, name, progress)
     tables, fig_dir = ctx.tables, ctx.fig_dir
-    baselines, start, curves = _initial_measurements(ctx, progress)
+    baselines, curves = _initial_measurements(ctx, progress)
     _plot_layerwise_figures(tables, fig_dir, curves)
     against = (
         f" Dashed: the reference of the verdicts, an untrained network of the same architecture "
         f"({ctx.initial_words}) on the same images."
-        if baselines
+        if UNTRAINED in baselines
         else ""
     )
+    start = next(iter(baselines.get(START, {}).values()), None)
     if start is not None:
-        against += f" Dashed and labelled '{START_CURVE}': {start.source}, reported beside the verdicts."
+        labels = [START_CURVE] if START_CURVE in curves else [f"{k} {START_NAME}" for k in tables]
+        against += f" Dashed and labelled {', '.join(map(repr, labels))}: {start.source}, reported beside the verdicts."
     figures = _layerwise_captions(tables, ctx.eps, against)
     figures += variational_figure(tables, curves, fig_dir, against)
-    untrained = {k: v.to_records() for k, v in curves.items() if isinstance(v, LayerTable)}
-    json = {"measure": {k: t.to_dict(per_sample=True) for k, t in tables.items()}, "initialisation": untrained}
+    json = {"measure": {k: t.to_dict(per_sample=True) for k, t in tables.items()}}
+    json["initialisation"] = {f"{k} {INITIAL}": b for k, b in _curve_records(curves, INITIAL, tables).items()}
     if start is not None:
-        json["starting_checkpoint"] = {"source": start.source, "layers": list(ctx.start_records)}
-    verdicts = layer_verdicts(tables, ctx.section, baselines, start)
-    return Part(figures, json, verdicts, rate_notes(ctx.model, tables))
+        json["starting_checkpoint"] = _start_json(ctx, curves, baselines[START])
+    verdicts = layer_verdicts(tables, ctx.section, baselines.get(UNTRAINED), baselines.get(START))
+    return Part(figures, json, verdicts, rate_notes(ctx.model, tables) + start_note(ctx.start))
+
+
+def _curve_records(curves: Mapping[str, object], label: str, tables: Mapping[str, LayerTable]) -> dict[str, list]:
+    """``{split: per-layer records}`` of the measured curves of one reference network (``label``: its curves')."""
+    return {k: curves[f"{k} {label}"].to_records() for k in tables if f"{k} {label}" in curves}
+
+
+def _start_json(ctx: _Context, curves: Mapping[str, object], start: Mapping[str, Baseline]) -> dict:
+    """``report.json["starting_checkpoint"]``: where it comes from, how it was measured and its per-layer numbers
+    (per split when measured here; the step-0 records otherwise)."""
+    out = {"path": ctx.start.start_path, "source": {k: b.source for k, b in start.items()}}
+    if START_CURVE in curves:
+        return {**out, "measured_on": "the run's step-0 records", "layers": list(curves[START_CURVE])}
+    return {**out, "measured_on": "the same images", "measure": _curve_records(curves, START_NAME, ctx.tables)}
 
 
 # the report's layer-wise figures: file, metrics, title (None: plot_layerwise's own)
@@ -424,13 +509,13 @@ def _subspace_section(ctx: _Context, directions: int | None) -> Part:
         "subspaces: off-diagonal blocks near 0. report.json gives the block coherence ||Q_i^T Q_j||_F/sqrt(p) per "
         "head pair against the random-subspace baseline sqrt(p/d).",
     )
-    rows = incoherence(model)
-    initial = incoherence(ctx.initial) if ctx.initial is not None else None
-    start = None
-    if ctx.start_model is not None:
-        start = ("the starting checkpoint (the one this run was fine-tuned from)", incoherence(ctx.start_model))
+    rows, refs = incoherence(model), _on_references(ctx, incoherence)
+    initial = refs[UNTRAINED][1] if UNTRAINED in refs else None
+    start, by = None, ctx.start.start_by
+    if START in refs:
+        start = (refs[START][0].name, refs[START][1])
     words = f"the untrained network ({ctx.initial_words})"
-    verdict = incoherence_verdict(rows, ctx.section, initial, initial_words=words, start=start)
+    verdict = incoherence_verdict(rows, ctx.section, initial, initial_words=words, start=start, start_by=by)
     return Part([fig], {"subspaces": rows, "subspaces_initialisation": initial}, [verdict])
 
 
@@ -465,9 +550,13 @@ def _decoder_section(ctx: _Context) -> Part:
     bs = ctx.batch_size
     xs = imgs if isinstance(imgs, Tensor) else dataset_images01(imgs, range(min(len(imgs), bs)))
     xs = normalize_images(match_channels(xs[:bs].float(), ctx.model.config.in_chans), ctx.normalization)
-    rows = decoder_inversion(ctx.model, xs.to(model_device(ctx.model)), per_image=True)
-    cka_out = np.array([r.pop("cka_out_per_image") for r in rows]).T  # (images, layers)
-    cka_in = np.array([r.pop("cka_in_per_image") for r in rows]).T
+    xs = xs.to(model_device(ctx.model))
+    rows = decoder_inversion(ctx.model, xs, per_image=True)
+    cka_out, cka_in = _per_image_cka(rows)
+    beside = []  # the untrained network and the starting checkpoint on the same images, by the same function
+    for kind, (ref, ref_rows) in _on_references(ctx, partial(decoder_inversion, images=xs, per_image=True)).items():
+        words = ref.on(xs.shape[0], f"{name} images")
+        beside.append(baseline_from_cka(*_per_image_cka(ref_rows), words, start=kind == START, by=ref.by))
     plot_decoder_inversion(rows, ctx.fig_dir / "decoder_inversion.png")
     fig = (
         "decoder_inversion.png",
@@ -482,7 +571,13 @@ def _decoder_section(ctx: _Context) -> Part:
         f"{xs.shape[0]} unmasked {name} images.",
     )
     inv = {"images": f"{xs.shape[0]} {name} images (unmasked)", "layers": rows}
-    return Part([fig], {"decoder_inversion": inv}, [decoder_verdict(cka_out, cka_in)])
+    return Part([fig], {"decoder_inversion": inv}, [decoder_verdict(cka_out, cka_in, beside=beside)])
+
+
+def _per_image_cka(rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """(images, layers) arrays of the per-image CKA of the decoder layers' outputs and inputs, taken out of the
+    rows of :func:`~.decoder.decoder_inversion` (``per_image=True``), which keep their per-layer means."""
+    return tuple(np.array([r.pop(f"cka_{k}_per_image") for r in rows]).T for k in ("out", "in"))
 
 
 def _segmentation_scores_section(ctx: _Context, data: object, seg_li: int, n_masks: int, tau: float | None) -> Part:

@@ -7,7 +7,8 @@ architecture** does (a :class:`Baseline`: built from the checkpoint's config wit
 the same samples, whatever the checkpoint's origin — trained from scratch, fine-tuned, pre-trained by MAE or
 DINO, loaded from the authors' files): a random network can already "compress" or "sparsify" with depth, and
 only the change beyond that is what training (the paper's objective) did.  A fine-tuned run also says how each
-claim moved from its **starting checkpoint** (the run's own measurement at step 0), labelled as such; that
+claim moved from its **starting checkpoint** (measured on the same samples when its file still loads, else the
+run's own step-0 records), labelled as such; that
 comparison is reported, not part of the rule.  A single run gives no seeds to
 compare, so the noise is the spread of the mean over **bootstrap resamples of the evaluated samples** (images
 or token blocks): the paired per-sample differences are resampled with replacement ``n_boot`` times (seeded,
@@ -63,6 +64,7 @@ __all__ = [
     "random_coherence",
     "Baseline",
     "baseline_from_table",
+    "baseline_from_cka",
     "baseline_from_records",
     "rate_reduction_note",
     "format_verdicts",
@@ -166,24 +168,55 @@ START_LABEL = "the starting checkpoint"
 BASELINE_METRICS = ("rc_in", "rvar_in", "nonzero")  # what the verdicts compare with the reference
 
 
-def baseline_from_table(table: LayerTable, source: str, metrics: Sequence[str] = BASELINE_METRICS) -> Baseline:
-    """From per-sample measurements (an untrained network on the report's own samples): the drop and its noise
-    exactly as for the measured model (:func:`paired_drop`)."""
+def baseline_from_table(
+    table: LayerTable,
+    source: str,
+    metrics: Sequence[str] = BASELINE_METRICS,
+    *,
+    start: bool = False,
+    by: str = "fine-tuning",
+) -> Baseline:
+    """From per-sample measurements (an untrained network, or a fine-tuned run's starting checkpoint, on the
+    report's own samples): the drop and its noise exactly as for the measured model (:func:`paired_drop`).
+    ``start``: the table is a starting checkpoint's (:data:`START`, reported beside the verdict), and ``by`` what
+    turned it into the measured model ("fine-tuning", "continued pre-training")."""
     present = [m for m in metrics if m in table.values]
-    return Baseline(
-        source,
-        {m: [float(v) for v in table.mean(m)] for m in present},
-        {m: paired_drop(table.values[m][:, 0], table.values[m][:, -1]) for m in present},
-    )
+    per_layer = {m: [float(v) for v in table.mean(m)] for m in present}
+    drop = {m: paired_drop(table.values[m][:, 0], table.values[m][:, -1]) for m in present}
+    if start:
+        return Baseline(source, per_layer, drop, START_LABEL, by, START)
+    return Baseline(source, per_layer, drop)
+
+
+def baseline_from_cka(
+    cka_out: np.ndarray, cka_in: np.ndarray, source: str, *, start: bool = False, by: str = "fine-tuning"
+) -> Baseline:
+    """The decoder claim's measurement on a reference network (per-image CKA of each decoder layer's output and
+    input with the encoder's ``Z^l``, (N, L) as :func:`decoder_verdict` takes them): per layer the mean CKA gain
+    over the do-nothing baseline (``per_layer["cka_gain"]``) and, as its ``drop``, the gain averaged over the
+    layers with its noise.  ``start``: as in :func:`baseline_from_table`."""
+    out, inp = np.asarray(cka_out, dtype=np.float64), np.asarray(cka_in, dtype=np.float64)
+    gains = [paired_drop(out[:, j], inp[:, j]) for j in range(out.shape[1])]
+    mean = paired_drop(out.mean(1), inp.mean(1)) if out.shape[0] >= MIN_SAMPLES else (float("nan"),) * 2
+    per_layer, drop = {"cka_gain": [m for m, _ in gains]}, {"cka_gain": mean}
+    if start:
+        return Baseline(source, per_layer, drop, START_LABEL, by, START)
+    return Baseline(source, per_layer, drop)
 
 
 def baseline_from_records(
-    records: Sequence[dict], source: str, metrics: Sequence[str] = BASELINE_METRICS, *, start: bool = False
+    records: Sequence[dict],
+    source: str,
+    metrics: Sequence[str] = BASELINE_METRICS,
+    *,
+    start: bool = False,
+    by: str = "fine-tuning",
 ) -> Baseline:
     """From one logged measurement (per-layer mean, std and sample count, e.g. a run's step-0 records in
     ``metrics.jsonl``): the per-sample pairs are gone, so the noise of the drop is that of two independent means,
     ``2·√((s₁² + s_L²)/n)`` (an upper bound when the layers are positively correlated, as they are).
-    ``start``: the records are a fine-tuned run's starting checkpoint (:data:`START`), reported beside the verdict."""
+    ``start``: the records are a fine-tuned run's starting checkpoint (:data:`START`), reported beside the verdict
+    (``by``: as in :func:`baseline_from_table`)."""
     recs = sorted(records, key=lambda r: r["layer"])
     present = [m for m in metrics if recs and m in recs[0]]
     n = max(int(recs[0].get("n_samples", 1)), 1) if recs else 1
@@ -194,7 +227,7 @@ def baseline_from_records(
         drop[m] = (float(first[m]) - float(last[m]), noise)
     per_layer = {m: [float(r[m]) for r in recs] for m in present}
     if start:
-        return Baseline(source, per_layer, drop, START_LABEL, "fine-tuning", START)
+        return Baseline(source, per_layer, drop, START_LABEL, by, START)
     return Baseline(source, per_layer, drop)
 
 
@@ -291,7 +324,7 @@ def _drop_verdict(
     reason = _too_small(values)
     per_layer = [round(math.fsum(values[:, j]) / len(values), 6) for j in range(values.shape[1])]
     measured: dict = {"per_layer_mean": per_layer, "samples": int(values.shape[0])}
-    ref_words = base.source if base is not None else "none"
+    ref_words = "; beside it ".join(r.source for r in (base, start) if r is not None) or "none"
     if reason:
         return Verdict(section, claim, NOT_APPLICABLE, rule, reason + ".", measured, _name(claim), reason, ref_words)
     drop, noise = paired_drop(values[:, 0], values[:, -1])
@@ -333,7 +366,7 @@ def _rule(what: str, with_base: bool) -> str:
         rule += (
             " and exceeds the same drop of an untrained network of the same architecture (built from the "
             "checkpoint's config with the stated seed, measured on the same samples) by more than the joint noise "
-            "sqrt(noise^2 + noise_ref^2); a fine-tuned run's starting checkpoint (its step 0) is reported beside it, "
+            "sqrt(noise^2 + noise_ref^2); a fine-tuned run's starting checkpoint is reported beside it, "
             "not decided by"
         )
     return rule + "; fails otherwise. Layers where it rises beyond the noise of that step are named"
@@ -413,12 +446,14 @@ def incoherence_verdict(
     draws: int = RANDOM_DRAWS,
     initial_words: str = "the untrained network",
     start: tuple[str, Sequence[dict]] | None = None,
+    start_by: str = "fine-tuning",
 ) -> Verdict:
     """Incoherence (Fig. 17): at every layer the mean cross-head block coherence (rows of
     :func:`~crate_transformer.analysis.subspaces.incoherence`) is below that of random subspaces of the same
     sizes by more than twice its spread over ``draws`` seeded draws (the reference).  ``initial``: the same rows for
     an untrained network of the same architecture (``initial_words`` names it), stated beside it; ``start``: (words,
-    rows) of a fine-tuned run's starting checkpoint, stated beside too."""
+    rows) of a fine-tuned run's starting checkpoint, stated beside too, with how ``start_by`` (what turned it into
+    the measured model: "fine-tuning") moved the mean coherence."""
     rule = (
         "holds if at every layer the mean block coherence ||Q_i^T Q_j||_F/sqrt(p) between different heads is below "
         f"the mean for random subspaces of the same sizes by more than 2 x its std over {draws} seeded draws; "
@@ -431,6 +466,8 @@ def incoherence_verdict(
     if initial:
         measured["initialisation"] = [r["mean_cross_coherence"] for r in initial]
         reference += f"; beside it {initial_words}"
+    if start:
+        reference += f"; beside it {start[0]}"
     named = {"name": "incoherence", "reference": reference}
     if K < 2:
         why = "one head: no pair of subspaces."
@@ -452,7 +489,7 @@ def incoherence_verdict(
         begin = ", ".join(f"{r['mean_cross_coherence']:.3f}" for r in rows0)
         measured["starting_checkpoint"] = {"source": words, "per_layer": [r["mean_cross_coherence"] for r in rows0]}
         moved = np.mean([r["mean_cross_coherence"] for r in rows]) - np.mean([r["mean_cross_coherence"] for r in rows0])
-        how = f"fine-tuning {'raised' if moved > 0 else 'lowered'} the mean coherence by {abs(moved):.3g}"
+        how = f"{start_by} {'raised' if moved > 0 else 'lowered'} the mean coherence by {abs(moved):.3g}"
         why += f"; {words} {begin} ({how})"
         summary += f", starting checkpoint {begin} ({how})"
     if not coherent:
@@ -464,13 +501,17 @@ def incoherence_verdict(
     return Verdict(section, INCOHERENCE_CLAIM, FAILS, rule, why + tail + ".", measured, summary=summary + tail, **named)
 
 
-def decoder_verdict(sim_out: np.ndarray, sim_in: np.ndarray, section: str = "CRATE-MAE decoder") -> Verdict:
-    """Decoder as inverse (§3.5): at **every** layer, CKA(decoder layer L-ℓ's output, ``Z^ℓ``) exceeds CKA(that
-    layer's input, ``Z^ℓ``) — the do-nothing baseline — by more than its noise.
+def decoder_verdict(
+    sim_out: np.ndarray, sim_in: np.ndarray, section: str = "CRATE-MAE decoder", beside: Sequence[Baseline] = ()
+) -> Verdict:
+    """Decoder as inverse (§3.5, eqs. (62)-(64)): at **every** layer, CKA(decoder layer L-ℓ's output, ``Z^ℓ``)
+    exceeds CKA(that layer's input, ``Z^ℓ``) — the do-nothing baseline — by more than its noise.
 
     Inputs: per-image similarities (N, L), column ℓ for encoder layer ℓ (:func:`~.decoder.decoder_inversion` with
     ``per_image=True``).  Linear CKA is used because nothing ties the decoder's coordinates to the encoder's
-    (Remark 7): it does not change when either basis is rotated or rescaled."""
+    (Remark 7): it does not change when either basis is rotated or rescaled.  ``beside``: the same measurement
+    on reference networks (:func:`baseline_from_cka`: the untrained network, a run's starting checkpoint), each
+    stated with how the mean CKA gain moved from it; the rule does not use them."""
     rule = (
         "at every layer l, the mean over images of CKA(output of decoder layer L-l, Z^l) - CKA(input of decoder layer "
         "L-l, Z^l) (linear CKA over the image's tokens: unchanged by rotating or rescaling either basis; the layer's "
@@ -482,7 +523,9 @@ def decoder_verdict(sim_out: np.ndarray, sim_in: np.ndarray, section: str = "CRA
         "cka_in_per_layer": [round(float(v), 6) for v in inp.mean(0)],
         "samples": int(out.shape[0]),
     }
-    named = {"name": "decoder as inverse", "reference": "the do-nothing baseline (each decoder layer's own input)"}
+    reference = "; beside it ".join(["the do-nothing baseline (each decoder layer's own input)"] + [
+        b.source for b in beside])  # fmt: skip
+    named = {"name": "decoder as inverse", "reference": reference}
     if out.shape[0] < MIN_SAMPLES:
         why = f"{out.shape[0]} image(s): at least {MIN_SAMPLES} are needed to estimate the noise."
         return Verdict(section, DECODER_CLAIM, NOT_APPLICABLE, rule, why, measured, summary=why, **named)
@@ -492,14 +535,37 @@ def decoder_verdict(sim_out: np.ndarray, sim_in: np.ndarray, section: str = "CRA
     margins = ", ".join(f"{m:+.3g} (noise {n:.2g})" for m, n in per_layer)
     summary = f"CKA gain over the do-nothing baseline per encoder layer {margins}"
     if len(closer) == len(per_layer):
-        why = f"every decoder layer moves its input toward the encoder's Z^l; CKA gain per encoder layer: {margins}."
-        return Verdict(section, DECODER_CLAIM, HOLDS, rule, why, measured, summary=summary, **named)
-    where = f"only at encoder layer(s) {', '.join(map(str, closer))}" if closer else "at no layer"
-    why = (
-        f"the decoder layers bring their input closer to the encoder's Z^l beyond the noise {where}; CKA gain per "
-        f"encoder layer: {margins}."
-    )
-    return Verdict(section, DECODER_CLAIM, FAILS, rule, why, measured, summary=f"{summary}: closer {where}", **named)
+        why = f"every decoder layer moves its input toward the encoder's Z^l; CKA gain per encoder layer: {margins}"
+    else:
+        where = f"only at encoder layer(s) {', '.join(map(str, closer))}" if closer else "at no layer"
+        why = (
+            f"the decoder layers bring their input closer to the encoder's Z^l beyond the noise {where}; CKA gain "
+            f"per encoder layer: {margins}"
+        )
+        summary += f": closer {where}"
+    gain = paired_drop(out.mean(1), inp.mean(1))  # the gain averaged over the layers, per image
+    for base in beside:
+        sentence, clause, entry = _decoder_beside(base, gain)
+        why, summary = f"{why}. {sentence}", f"{summary}; {clause}"
+        measured["initialisation" if base.kind == UNTRAINED else "starting_checkpoint"] = entry
+    verdict = HOLDS if len(closer) == len(per_layer) else FAILS
+    return Verdict(section, DECODER_CLAIM, verdict, rule, why + ".", measured, summary=summary, **named)
+
+
+def _decoder_beside(base: Baseline, gain: tuple[float, float]) -> tuple[str, str, dict]:
+    """The sentence, summary clause and ``measured`` entry of one reference of the decoder claim: its CKA gain
+    per layer and how the measured mean gain moved from it, in words (never a signed number)."""
+    layers, ref = base.per_layer["cka_gain"], base.drop["cka_gain"]
+    delta, joint = gain[0] - ref[0], math.hypot(gain[1], ref[1])
+    verb = "raised" if delta > 0 else "lowered"
+    moved = f"{base.by} {verb} the mean CKA gain by {abs(delta):.3g}, "
+    moved += f"{'beyond' if abs(delta) > joint else 'within'} the joint noise {joint:.2g}"
+    values = ", ".join(f"{m:+.3g}" for m in layers)
+    lead = "Beside it," if base.kind == UNTRAINED else "From"
+    sentence = f"{lead} {base.source}: CKA gain per encoder layer {values}; {moved}"
+    short = "untrained" if base.kind == UNTRAINED else "starting checkpoint"
+    entry = {"source": base.source, "margin_per_layer": layers, "mean_gain": ref[0], "noise": ref[1], "change": delta}
+    return sentence, f"{short} {values}: {moved}", entry
 
 
 def rate_reduction_note(

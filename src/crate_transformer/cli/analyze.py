@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..analysis.segmentation import TAU
@@ -239,19 +239,23 @@ def _run_task(checkpoint: str) -> str | None:
 @dataclass(frozen=True)
 class RunReference:
     """What the verdicts compare with: the seed of the untrained network (and whose seed it is, in words), and a
-    fine-tuned run's starting checkpoint (its step-0 measurement records), None for any other checkpoint."""
+    fine-tuned run's starting checkpoint: config.yaml's ``init_from`` (``start_checkpoint``), the model and
+    task-arguments that load it as fine-tuning did (``start_load``), and its step-0 measurement records (``start``,
+    the fallback when its file is gone); None for any other checkpoint."""
 
     seed: int
     seed_words: str
     start: list[dict] | None
     start_checkpoint: str | None = None
+    start_load: dict = field(default_factory=dict)
+    start_by: str = "fine-tuning"
 
 
 def run_reference(checkpoint: str) -> RunReference:
     """The reference of ``crate analyze``'s verdicts for ``checkpoint``: an untrained network of the same
     architecture with the run's seed (config.yaml's ``system.seed``; seed 0, stated so, for a checkpoint outside a
     run), and, when the run was initialised from a checkpoint (``init_from``: fine-tuning, continued pre-training),
-    that starting checkpoint's step-0 records from ``metrics.jsonl``."""
+    that starting checkpoint and its step-0 records from ``metrics.jsonl``."""
     from ..analysis import load_measure_records
 
     run, cfg = _run_config(checkpoint)
@@ -263,23 +267,37 @@ def run_reference(checkpoint: str) -> RunReference:
     log = run / "metrics.jsonl"
     if init_from and log.is_file():
         start = [r for r in load_measure_records(log) if r.get("step") == 0] or None
-    return RunReference(seed if isinstance(seed, int) else 0, words, start, init_from or None)
+    load = {"name": cfg.get("model"), "model_args": dict(cfg.get("model_args") or {})}
+    by = "continued pre-training" if cfg.get("task") == "mae" else "fine-tuning"
+    return RunReference(seed if isinstance(seed, int) else 0, words, start, init_from or None, load, by)
 
 
-def starting_model(ref: RunReference, model: object) -> object | None:
-    """A fine-tuned run's starting checkpoint (config.yaml's ``init_from``) loaded as a model with the same layer
-    shapes as ``model``, for the incoherence verdict; None when it is gone, unreadable or of another architecture
-    (the report then states the layer claims' move from the run's step-0 records only)."""
+def starting_model(ref: RunReference, model: object) -> tuple[object | None, str | None]:
+    """A fine-tuned run's starting checkpoint (config.yaml's ``init_from``) loaded as the run's training loaded it
+    (a classifier: as one, its position grid re-gridded to the model's image size; a CRATE-MAE: as itself), on the
+    model's device, to be measured exactly as the model; (None, why) when it is gone, unreadable or of another
+    architecture (the report then falls back to the run's step-0 records, and says so)."""
+    from ..config import MASKED_AUTOENCODER
     from ..loading.pipeline import load_model
 
-    if not ref.start_checkpoint or not Path(ref.start_checkpoint).exists():
-        return None
+    if not ref.start_checkpoint:
+        return None, None
+    name, args = ref.start_load.get("name"), ref.start_load.get("model_args", {})
     try:
-        start = load_model(ref.start_checkpoint, as_classifier=True).eval()
-    except (ValueError, OSError, KeyError, TypeError):
-        return None
-    same = len(start.layers) == len(model.layers) and start.config.dim == model.config.dim
-    return start.to(next(model.parameters()).device) if same else None
+        if model.kind == MASKED_AUTOENCODER:
+            start = load_model(ref.start_checkpoint)
+        else:
+            start = load_model(ref.start_checkpoint, name=name, as_classifier=True, **args)
+            if start.config.image_size != model.config.image_size:
+                start.resize_pos_embed(model.config.image_size)  # as fine-tuning did
+    except (ValueError, OSError, KeyError, TypeError, RuntimeError) as e:
+        return None, str(e)
+    shape = (len(start.layers), start.config.dim, start.config.patch_size)
+    want = (len(model.layers), model.config.dim, model.config.patch_size)
+    if shape != want:
+        words = "{} layers of width {} on {} px patches"
+        return None, f"it has {words.format(*shape)}, the analysed model {words.format(*want)}"
+    return start.eval().to(next(model.parameters()).device), None
 
 
 def print_layerwise(first: list[dict], where: str = "") -> None:
@@ -455,6 +473,8 @@ def run_analyze(args: argparse.Namespace) -> int:
     replace_partial(args.out, default)
     args.out = report_dir(args.out, default, args.overwrite, "analyze", ANALYZE_FILES)  # after every check
     ref = run_reference(args.checkpoint)
+    start_model, missing = starting_model(ref, model)
+    reference = Reference(ref.seed, ref.seed_words, ref.start, start_model, ref.start_checkpoint, missing, ref.start_by)
     report = analyze(
         model,
         args.out,
@@ -470,7 +490,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         progress=args.progress,
         source=source,
         section="DINO backbone" if _run_task(args.checkpoint) == "dino" else None,
-        reference=Reference(ref.seed, ref.seed_words, ref.start, starting_model(ref, model)),
+        reference=reference,
         ground_truth=ground_truth,
         truth=truth,
     )

@@ -3,12 +3,12 @@ description saved with a model.
 
 ::
 
-    from crate_transformer.data import load_dataset, build_augmentation, normalize
-    train = load_dataset("mnist", "train")             # 4,000 digits, in memory
-    for images, labels in train.batches(128, epoch=0):  # uint8 (b, C, H, W), int64 (b,)
+    from crate_transformer.data import Position, load_dataset, build_augmentation, normalize
+    train = load_dataset("mnist", "train")                           # 4,000 digits, in memory
+    for images, labels in train.batches(128, at=Position(epoch=0)):  # uint8 (b, C, H, W), int64 (b,)
         x = normalize(aug(images.float() / 255), train.mean, train.std)
 
-* :mod:`.base` — :class:`ImageSource` (the engine's contract) and the epoch order.
+* :mod:`.base` — :class:`ImageSource` (the engine's contract), :class:`Position` and the epoch order.
 * :mod:`.memory` — the built-in digits, CIFAR folders and image folders held in memory.
 * :mod:`.streaming` — image folders decoded per batch in DataLoader workers (data that does not fit).
 * :mod:`.shards` — WebDataset ``.tar`` shards; :mod:`.hf` — Hugging Face datasets saved to disk.
@@ -18,7 +18,7 @@ description saved with a model.
 """
 
 from ..models.spec import DataSpec, fit_normalization, resolve_normalization
-from .base import ImageSource, epoch_permutation, global_batches, rank_slice
+from .base import ImageSource, Position, epoch_permutation, global_batches, rank_slice
 from .memory import (
     IMAGE_EXTENSIONS,
     SPLITS,
@@ -49,6 +49,7 @@ __all__ = [
     "AUGMENTATIONS",
     "IMAGE_EXTENSIONS",
     "ImageSource",
+    "Position",
     "ImageDataset",
     "DataSpec",
     "epoch_permutation",

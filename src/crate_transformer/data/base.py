@@ -13,13 +13,16 @@ batch, so one global batch is the same set of samples whatever the number of pro
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 __all__ = [
     "MAX_CLASSES",
+    "ORIGIN",
     "ImageSource",
+    "Position",
     "class_count",
     "epoch_generator",
     "epoch_permutation",
@@ -69,46 +72,63 @@ def rank_slice(batch: Tensor, rank: int, world: int) -> Tensor:
     return torch.tensor_split(batch, world)[rank] if world > 1 else batch
 
 
+@dataclass(frozen=True)
+class Position:
+    """Where one process is in the data: which epoch order, which batch of it, and which share of each batch.
+
+    * ``seed``, ``epoch`` — the epoch's order is a function of these two only (:func:`epoch_permutation`), so
+      global batch ``i`` of epoch ``e`` holds the same samples on every process, for any ``world`` and after a
+      resume.
+    * ``start`` — global batches already consumed this epoch: iteration begins at global batch ``start`` (the
+      resume position; a checkpoint's ``TrainState.batch``).
+    * ``rank``, ``world`` — this process is ``rank`` of ``world`` and takes its contiguous share of each global
+      batch (:func:`rank_slice`); ``world=1`` is a single process.
+    """
+
+    seed: int = 0
+    epoch: int = 0
+    start: int = 0
+    rank: int = 0
+    world: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("epoch", "start", "rank"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"Position({name}={getattr(self, name)}) is negative; pass {name} >= 0")
+        if self.world < 1:
+            raise ValueError(f"Position(world={self.world}) has no process; pass world >= 1")
+        if self.rank >= self.world:
+            raise ValueError(f"Position(rank={self.rank}) is not one of {self.world} processes; pass rank < world")
+
+
+ORIGIN = Position()  # seed 0, epoch 0, from its first batch, a single process: every batches()'s default
+
+
 def global_batches(
-    num_samples: int,
-    batch_size: int,
-    *,
-    shuffle: bool,
-    seed: int = 0,
-    epoch: int = 0,
-    start: int = 0,
-    drop_last: bool = True,
+    num_samples: int, batch_size: int, *, shuffle: bool, at: Position = ORIGIN, drop_last: bool = True
 ) -> Iterator[Tensor]:
-    """Index tensors of the global batches of one epoch, from global batch ``start`` on.
+    """Index tensors of the global batches of epoch ``at.epoch``, from global batch ``at.start`` on
+    (``at.rank`` / ``at.world`` are not read: a global batch is the same for every world).
 
     Training (``shuffle=True, drop_last=True``) visits ``num_samples // batch_size`` full batches in the
     order of :func:`epoch_permutation`; evaluation (``shuffle=False, drop_last=False``) visits every
     sample once, in order.
     """
-    order = epoch_permutation(num_samples, seed, epoch) if shuffle else torch.arange(num_samples)
+    order = epoch_permutation(num_samples, at.seed, at.epoch) if shuffle else torch.arange(num_samples)
     n_batches = num_samples // batch_size if drop_last else -(-num_samples // batch_size)
-    for b in range(start, n_batches):
+    for b in range(at.start, n_batches):
         yield order[b * batch_size : (b + 1) * batch_size]
 
 
 def local_batches(
-    num_samples: int,
-    batch_size: int,
-    *,
-    shuffle: bool,
-    seed: int = 0,
-    epoch: int = 0,
-    start: int = 0,
-    rank: int = 0,
-    world: int = 1,
-    drop_last: bool | None = None,
+    num_samples: int, batch_size: int, *, shuffle: bool, at: Position = ORIGIN, drop_last: bool | None = None
 ) -> Iterator[Tensor]:
-    """This process's indices of each global batch (:func:`global_batches`, then :func:`rank_slice`);
-    ``drop_last`` defaults to ``shuffle``, and a process with an empty share of a batch skips it."""
+    """This process's indices of each global batch (:func:`global_batches`, then :func:`rank_slice` by
+    ``at.rank`` of ``at.world``); ``drop_last`` defaults to ``shuffle``, and a process with an empty share of a
+    batch skips it."""
     drop_last = shuffle if drop_last is None else drop_last
-    for idx in global_batches(num_samples, batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start=start,
-                              drop_last=drop_last):  # fmt: skip
-        mine = rank_slice(idx, rank, world)
+    for idx in global_batches(num_samples, batch_size, shuffle=shuffle, at=at, drop_last=drop_last):
+        mine = rank_slice(idx, at.rank, at.world)
         if len(mine):
             yield mine
 
@@ -144,21 +164,13 @@ class ImageSource:
         return len(self) // batch_size
 
     def batches(
-        self,
-        batch_size: int,
-        *,
-        shuffle: bool = True,
-        seed: int = 0,
-        epoch: int = 0,
-        start: int = 0,
-        rank: int = 0,
-        world: int = 1,
-        drop_last: bool | None = None,
+        self, batch_size: int, *, shuffle: bool = True, at: Position = ORIGIN, drop_last: bool | None = None
     ) -> Iterator[tuple[Tensor, Tensor]]:
         """Yield this process's ``(uint8 images (b, C, H, W), int64 labels (b,))`` of each global batch.
 
-        ``batch_size`` is the global batch; global batch ``i`` of epoch ``e`` holds the same samples
-        for every ``world`` (see :func:`global_batches`); iteration begins at global batch ``start``.
+        ``batch_size`` is the global batch; ``at`` (:class:`Position`) is the epoch, the global batch iteration
+        begins at and this process's share: global batch ``i`` of epoch ``e`` holds the same samples for every
+        ``world`` (see :func:`global_batches`).
         ``drop_last`` defaults to ``shuffle`` (training drops the partial batch, evaluation keeps it).
         A process whose share of the last partial batch is empty gets no batch for it.
         """
@@ -168,7 +180,7 @@ class ImageSource:
         """The first ``k`` samples (all if fewer) in order, or of the seeded epoch-0 order with ``shuffle``:
         ``(uint8 images, labels)``.  Works for every source, including those without random access."""
         images, labels, n = [], [], 0
-        for x, y in self.batches(max(1, min(k, len(self))), shuffle=shuffle, seed=seed, drop_last=False):
+        for x, y in self.batches(max(1, min(k, len(self))), shuffle=shuffle, at=Position(seed=seed), drop_last=False):
             images.append(x[: k - n])
             labels.append(y[: k - n])
             n += len(labels[-1])

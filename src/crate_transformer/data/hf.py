@@ -31,8 +31,8 @@ import torch
 from ..errors import OptionError, short_repr
 from .base import class_count
 from .hub import require_datasets
-from .memory import HF_MARKERS, check_load_args, holdout_every_fifth, split_members
-from .streaming import MapStreamSource
+from .memory import HF_MARKERS, holdout_every_fifth, split_members
+from .streaming import MapStreamSource, check_stream_args
 
 __all__ = ["HFImageDataset", "IMAGE_COLUMNS", "LABEL_COLUMNS"]
 
@@ -178,11 +178,7 @@ class HFImageDataset(MapStreamSource):
         image_column: str = "",
         label_column: str = "",
     ) -> None:
-        if image_size is None:
-            raise OptionError(
-                "a Hugging Face dataset needs image_size: its images are resized on read", option="image_size"
-            )
-        check_load_args(split, val_fraction, on_bad_image, image_size)
+        check_stream_args("a Hugging Face dataset", split, val_fraction, on_bad_image, image_size)
         datasets = require_datasets()
         root, loaded = _open(path)
         pool_ds, test_ds = _splits(loaded, root)

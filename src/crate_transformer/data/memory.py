@@ -46,7 +46,7 @@ from torch import Tensor
 from ..config_utils import POSITIVE, Range
 from ..errors import OptionError, OptionWarning
 from ..models.spec import CROP_PCT
-from .base import ImageSource, local_batches
+from .base import ORIGIN, ImageSource, Position, local_batches
 from .cifar import cifar_arrays
 from .hub import DATA_FILE_SUFFIXES, is_dataset_name
 from .pixels import picture
@@ -124,20 +124,10 @@ class ImageDataset(ImageSource, torch.utils.data.Dataset):
         return self.images.shape[2]
 
     def batches(
-        self,
-        batch_size: int,
-        *,
-        shuffle: bool = True,
-        seed: int = 0,
-        epoch: int = 0,
-        start: int = 0,
-        rank: int = 0,
-        world: int = 1,
-        drop_last: bool | None = None,
+        self, batch_size: int, *, shuffle: bool = True, at: Position = ORIGIN, drop_last: bool | None = None
     ) -> Iterator[tuple[Tensor, Tensor]]:
         """Index the in-memory tensors per batch (see :meth:`ImageSource.batches`)."""
-        for mine in local_batches(len(self), batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start=start,
-                                  rank=rank, world=world, drop_last=drop_last):  # fmt: skip
+        for mine in local_batches(len(self), batch_size, shuffle=shuffle, at=at, drop_last=drop_last):
             yield self.images[mine], self.labels[mine]
 
     def __repr__(self) -> str:

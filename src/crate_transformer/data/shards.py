@@ -3,7 +3,7 @@
 ::
 
     train = WebDatasetShards("/data/in1k-shards", "train", image_size=224, num_workers=4)
-    for images, labels in train.batches(256, seed=0, epoch=3, rank=1, world=8):
+    for images, labels in train.batches(256, at=Position(seed=0, epoch=3, rank=1, world=8)):
         ...
 
 Layout: a folder of shards (``root/*.tar``), or ``root/train/*.tar`` + ``root/test/*.tar`` (or
@@ -64,17 +64,24 @@ from torch import Tensor
 
 from ..errors import OptionError, OptionWarning
 from ..io import DamagedFileError, read_side_file
-from .base import ImageSource, class_count, epoch_permutation, rank_slice
+from .base import ORIGIN, ImageSource, Position, class_count, epoch_permutation, rank_slice
 from .memory import (
     SPLITS,
     channel_stats,
-    check_load_args,
     decode_image,
     holdout_every_fifth,
     split_members,
     to_chw,
 )
-from .streaming import STATS_SAMPLE, checked, collate_readable, decode_or_message, read_policy, resolve_workers
+from .streaming import (
+    STATS_SAMPLE,
+    check_stream_args,
+    checked,
+    collate_readable,
+    decode_or_message,
+    read_policy,
+    resolve_workers,
+)
 
 __all__ = ["WebDatasetShards", "INDEX_FILE", "IMAGE_KEYS", "LABEL_KEYS"]
 
@@ -386,11 +393,7 @@ class WebDatasetShards(ImageSource):
         shuffle_buffer: int = 1000,
         stats: tuple[Sequence[float], Sequence[float]] | None = None,
     ) -> None:
-        if image_size is None:
-            raise OptionError(
-                "WebDataset shards need image_size: their images are resized on read", option="image_size"
-            )
-        check_load_args(split, val_fraction, on_bad_image, image_size)
+        check_stream_args("a split of WebDataset shards", split, val_fraction, on_bad_image, image_size)
         pool_shards, test_shards, folder = _find_shards(os.fspath(source))
         index = _index(pool_shards + test_shards)
         _report_damage(index, on_bad_image)  # every shard of the source, whichever split is opened
@@ -463,34 +466,24 @@ class WebDatasetShards(ImageSource):
         return self._channels
 
     def batches(
-        self,
-        batch_size: int,
-        *,
-        shuffle: bool = True,
-        seed: int = 0,
-        epoch: int = 0,
-        start: int = 0,
-        rank: int = 0,
-        world: int = 1,
-        drop_last: bool | None = None,
+        self, batch_size: int, *, shuffle: bool = True, at: Position = ORIGIN, drop_last: bool | None = None
     ) -> Iterator[tuple[Tensor, Tensor]]:
         """Stream this process's local batches (see the module docstring for the order)."""
-        order = epoch_permutation(len(self.shards), seed, epoch).tolist() if shuffle else range(len(self.shards))
-        mine = [self.shards[j] for j in order][rank::world]
+        n = len(self.shards)
+        order = epoch_permutation(n, at.seed, at.epoch).tolist() if shuffle else range(n)
+        mine = [self.shards[j] for j in order][at.rank :: at.world]
         training = shuffle if drop_last is None else drop_last
         if not mine and not training:
             return  # evaluation: the other processes hold every shard, and the counts are summed over processes
         if not mine:
             raise ValueError(
-                f"{len(self.shards)} shard(s) of the {self.split} split cannot be split over {world} processes; "
-                f"write at least {world} shards"
+                f"{n} shard(s) of the {self.split} split cannot be split over {at.world} processes; "
+                f"write at least {at.world} shards"
             )
-        local = len(rank_slice(torch.arange(batch_size), rank, world))
+        local = len(rank_slice(torch.arange(batch_size), at.rank, at.world))
         streams = max(1, min(resolve_workers(self.num_workers), len(mine)))
         total = self.steps_per_epoch(batch_size) if training else None
-        plan = _ShardStreams(
-            self, mine, streams, local, total, start, shuffle, (seed, epoch, rank), self.shuffle_buffer
-        )
+        plan = _ShardStreams(self, mine, streams, local, total, at, shuffle, self.shuffle_buffer)
         workers = streams if resolve_workers(self.num_workers) > 0 else 0
         loader = torch.utils.data.DataLoader(
             plan,
@@ -529,13 +522,12 @@ class _ShardStreams(torch.utils.data.IterableDataset):
         streams: int,
         local: int,
         total: int | None,
-        start: int,
+        at: Position,
         shuffle: bool,
-        key: tuple[int, int, int],
         buffer: int,
     ) -> None:
         self.source, self.shards, self.streams, self.local = source, shards, streams, local
-        self.total, self.start, self.shuffle, self.key, self.buffer = total, start, shuffle, key, buffer
+        self.total, self.at, self.shuffle, self.buffer = total, at, shuffle, buffer
 
     def _pass(self, shards: list[str]) -> Iterator[tuple[dict, str]]:
         """One pass over the split's samples in ``shards``, in turn."""
@@ -570,7 +562,7 @@ class _ShardStreams(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         if info is None:  # no workers: the main process interleaves the streams itself
             its = [self._stream(s) for s in range(self.streams)]
-            b = self.start
+            b = self.at.start
             while its:
                 s = b % self.streams
                 batch = next(its[s], None) if its[s] is not None else None
@@ -582,12 +574,12 @@ class _ShardStreams(torch.utils.data.IterableDataset):
                     yield batch
                 b += 1
             return
-        yield from self._stream((self.start + info.id) % self.streams)
+        yield from self._stream((self.at.start + info.id) % self.streams)
 
     def _stream(self, s: int) -> Iterator[tuple[Tensor, Tensor]]:
-        seed, epoch, rank = self.key
-        raw = self._raw(self.shards[s :: self.streams], random.Random(f"{seed}-{epoch}-{rank}-{s}"))
-        skip = max(0, -(-(self.start - s) // self.streams))  # this stream's batches before start
+        at = self.at
+        raw = self._raw(self.shards[s :: self.streams], random.Random(f"{at.seed}-{at.epoch}-{at.rank}-{s}"))
+        skip = max(0, -(-(self.at.start - s) // self.streams))  # this stream's batches before start
         for _ in range(skip * self.local):  # read, not decoded
             if next(raw, None) is None:
                 return

@@ -3,7 +3,7 @@
 ::
 
     train = StreamingImageFolder.open("/data/imagenet", "train", image_size=224, num_workers=4)
-    for images, labels in train.batches(256, seed=0, epoch=3, start=100, rank=1, world=8):
+    for images, labels in train.batches(256, at=Position(seed=0, epoch=3, start=100, rank=1, world=8)):
         ...  # uint8 (32, 3, 224, 224): rank 1's share of global batches 100, 101, … of epoch 3
 
 A streamed folder is listed exactly as the in-memory loader lists it (:func:`.memory.list_image_folder`:
@@ -43,7 +43,7 @@ from torch import Tensor
 
 from ..config_utils import Range
 from ..errors import OptionError, OptionWarning
-from .base import ImageSource, local_batches
+from .base import ORIGIN, ImageSource, Position, local_batches
 from .memory import (
     FolderListing,
     channel_stats,
@@ -62,6 +62,7 @@ __all__ = [
     "collate_readable",
     "read_policy",
     "checked",
+    "check_stream_args",
 ]
 
 # the data-loading workers: -1 picks them per machine, 0 decodes in the main process
@@ -131,6 +132,14 @@ def checked(batches: Iterator) -> Iterator[tuple[Tensor, Tensor]]:
             yield images, labels
 
 
+def check_stream_args(what: str, split: str, val_fraction: float, on_bad_image: str, image_size: int | None) -> None:
+    """A streamed source's constructor arguments: ``image_size`` is required (its images are decoded and resized
+    per batch, never all at once), then :func:`.memory.check_load_args`; ``what`` names the source."""
+    if image_size is None:
+        raise OptionError(f"{what} needs image_size: its images are resized on read", option="image_size")
+    check_load_args(split, val_fraction, on_bad_image, image_size)
+
+
 def decode_or_message(data: object, what: str, on_bad_image: str) -> tuple[object | None, str]:
     """:func:`.memory.decode_image` that returns ``(None, one-line message)`` instead of raising under "error"."""
     try:
@@ -140,17 +149,20 @@ def decode_or_message(data: object, what: str, on_bad_image: str) -> tuple[objec
 
 
 class _BatchPlan:
-    """A DataLoader ``batch_sampler`` whose epoch / start / rank are set before each ``iter(loader)``.
+    """A DataLoader ``batch_sampler`` whose batch size, position and ``drop_last`` are set before each
+    ``iter(loader)``.
 
     It runs in the main process, so one persistent set of workers serves every epoch.
     """
 
     def __init__(self, num_samples: int) -> None:
-        self.num_samples, self.kw = num_samples, {}
-        self.rank, self.world = 0, 1
+        self.num_samples, self.batch_size, self.shuffle = num_samples, 1, True
+        self.at, self.drop_last = ORIGIN, None
 
     def __iter__(self) -> Iterator[list[int]]:
-        for mine in local_batches(self.num_samples, **self.kw, rank=self.rank, world=self.world):
+        for mine in local_batches(
+            self.num_samples, self.batch_size, shuffle=self.shuffle, at=self.at, drop_last=self.drop_last
+        ):
             yield mine.tolist()
 
 
@@ -244,21 +256,11 @@ class MapStreamSource(ImageSource):
         return self._loaders[shuffle]
 
     def batches(
-        self,
-        batch_size: int,
-        *,
-        shuffle: bool = True,
-        seed: int = 0,
-        epoch: int = 0,
-        start: int = 0,
-        rank: int = 0,
-        world: int = 1,
-        drop_last: bool | None = None,
+        self, batch_size: int, *, shuffle: bool = True, at: Position = ORIGIN, drop_last: bool | None = None
     ) -> Iterator[tuple[Tensor, Tensor]]:
         """Decode this process's share of each global batch in workers (see :meth:`ImageSource.batches`)."""
         loader, plan = self._loader(shuffle)
-        plan.kw = dict(batch_size=batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start=start, drop_last=drop_last)
-        plan.rank, plan.world = rank, world
+        plan.batch_size, plan.shuffle, plan.at, plan.drop_last = batch_size, shuffle, at, drop_last
         yield from checked(loader)
 
     def __getstate__(self) -> dict:
@@ -317,11 +319,7 @@ class StreamingImageFolder(MapStreamSource):
 
         ``listing``: a :func:`.memory.list_image_folder` result already made for ``root`` (saves a second scan).
         """
-        if image_size is None:
-            raise OptionError(
-                "a streamed image folder needs image_size: its images are resized on read", option="image_size"
-            )
-        check_load_args(split, val_fraction, on_bad_image, image_size)
+        check_stream_args("a streamed image folder", split, val_fraction, on_bad_image, image_size)
         listing = listing or list_image_folder(Path(root).expanduser().resolve())
         if split == "test":
             files = listing.test

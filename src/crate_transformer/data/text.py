@@ -36,7 +36,7 @@ from torch import Tensor
 
 from ..errors import OptionError
 from ..io import DamagedFileError, WriteError, atomic_write, read_side_file
-from .base import epoch_generator, local_batches
+from .base import ORIGIN, Position, epoch_generator, local_batches
 from .hub import DATA_FILE_SUFFIXES, is_dataset_name, load_hub_dataset, local_read_errors
 
 __all__ = [
@@ -342,21 +342,11 @@ class TokenBlocks:
         return torch.from_numpy(np.stack(rows))
 
     def batches(
-        self,
-        batch_size: int,
-        *,
-        shuffle: bool = True,
-        seed: int = 0,
-        epoch: int = 0,
-        start: int = 0,
-        rank: int = 0,
-        world: int = 1,
-        drop_last: bool | None = None,
+        self, batch_size: int, *, shuffle: bool = True, at: Position = ORIGIN, drop_last: bool | None = None
     ) -> Iterator[Tensor]:
         """This process's windows of each global batch (see :func:`~crate_transformer.data.base.local_batches`)."""
-        n, offset = (self.train_windows, self.offset(seed, epoch)) if shuffle else (len(self), 0)
-        for mine in local_batches(n, batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start=start, rank=rank,
-                                  world=world, drop_last=drop_last):  # fmt: skip
+        n, offset = (self.train_windows, self.offset(at.seed, at.epoch)) if shuffle else (len(self), 0)
+        for mine in local_batches(n, batch_size, shuffle=shuffle, at=at, drop_last=drop_last):
             yield self.get(mine, offset)
 
 
@@ -605,17 +595,7 @@ class LabelledTexts:
         return ids, lengths, self.targets[indices]
 
     def batches(
-        self,
-        batch_size: int,
-        *,
-        shuffle: bool = True,
-        seed: int = 0,
-        epoch: int = 0,
-        start: int = 0,
-        rank: int = 0,
-        world: int = 1,
-        drop_last: bool | None = None,
+        self, batch_size: int, *, shuffle: bool = True, at: Position = ORIGIN, drop_last: bool | None = None
     ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
-        for mine in local_batches(len(self), batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start=start,
-                                  rank=rank, world=world, drop_last=drop_last):  # fmt: skip
+        for mine in local_batches(len(self), batch_size, shuffle=shuffle, at=at, drop_last=drop_last):
             yield self.get(mine)

@@ -320,14 +320,17 @@ def _distributed() -> bool:
 
 
 def global_coding_rate(Z: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """``(R, n)``: the coding rate ``R = ½ logdet(I + d/(nε²) ZᵀZ)`` (JMLR eq. (8)) of the rows of ``Z`` ``(b, d)``
-    of every process together, and ``n``, their number, in float64.
+    """``(R, n)``: the coding rate ``R = ½ logdet(I + d/(nε²) G)`` (JMLR eq. (8)) of the rows of ``Z`` ``(b, d)``
+    of every process together, ``G = Σ_p Z_pᵀZ_p`` their Gram, and ``n``, their number, in float64.
 
-    Each process adds its d×d Gram ``ZᵀZ`` and its ``b``; the sums are all-reduced (the Gram through
-    ``torch.distributed.nn``, whose backward all-reduces the gradient), so ``R`` is the rate of the whole global
-    batch on every process, and DDP's average of the processes' gradients is the gradient of that rate: 1 process
-    with 2b rows and 2 with b each give the same loss and gradients (SimDINO's ``--reduce_cov 1``, made the only
-    way; with ``--reduce_cov 0`` the authors' rate is of the per-process batch, RobinWu218/SimDINO#48).
+    Each of the W processes adds its Gram ``G_p`` and its ``b``; the sums are all-reduced as plain values (one
+    all-reduce of the Gram, none in the backward), so ``R`` is the rate of the whole global batch on every
+    process.  The gradient flows through the process's own Gram, scaled by W: ``G = G_all.detach() + W (G_p −
+    G_p.detach())`` has the value ``G_all`` and ``∂R/∂G_p = W ∂R/∂G``.  DDP and FSDP average the gradients over the
+    processes, so the step's gradient is ``(1/W) Σ_p W (∂R/∂G)(∂G_p/∂θ) = (∂R/∂G)(∂G/∂θ)``, that of the global
+    rate: 1 process with 2b rows and 2 with b each give the same loss and gradients (SimDINO's ``--reduce_cov 1``,
+    whose ``torch.distributed.nn`` all-reduce sums the W equal ``∂R/∂G`` in its backward to the same ``W ∂R/∂G``,
+    made the only way; with ``--reduce_cov 0`` the authors' rate is of the per-process batch, RobinWu218/SimDINO#48).
     """
     if Z.dim() != 2:
         raise ValueError(f"Z must be (batch, dim) features, got shape {tuple(Z.shape)}")
@@ -336,10 +339,10 @@ def global_coding_rate(Z: Tensor, eps: float) -> tuple[Tensor, Tensor]:
         G = Z.transpose(0, 1) @ Z
     n = torch.full((), Z.shape[0], dtype=torch.float64, device=Z.device)
     if _distributed():
-        import torch.distributed.nn.functional as dist_nn
-
-        G = dist_nn.all_reduce(G)
+        G_all = G.detach().clone()  # a copy: the in-place all-reduce must leave the local Gram, G's gradient path
+        torch.distributed.all_reduce(G_all)
         torch.distributed.all_reduce(n)
+        G = G_all + torch.distributed.get_world_size() * (G - G.detach())
     if n < 2:
         raise ValueError(
             f"SimDINO's coding rate needs at least 2 images in the global batch, got {int(n)}; raise batch_size"

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data import ImageSource, default_augmentation, to_device
+from ..data import ImageSource, Position, default_augmentation, to_device
 from ..errors import OptionWarning, Step
 from ..layers import set_drop_path
 from .config import given_once
@@ -163,7 +163,7 @@ class ClassificationTask(Task):
         if ctx.step != self._chance_step():
             return None
         n = min(CHANCE_IMAGES, len(self.train_data))
-        draw = self.train_data.batches(n, seed=self.cfg.system.seed, drop_last=False)  # a random draw
+        draw = self.train_data.batches(n, at=Position(seed=self.cfg.system.seed), drop_last=False)  # a random draw
         images, labels = next(draw)
         draw.close()  # a streamed source's workers stop here
         was = ctx.model.training

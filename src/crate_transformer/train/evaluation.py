@@ -132,7 +132,7 @@ def _evaluate(
     k = min(5, n_cls)
     confusion = torch.zeros(n_cls, n_cls, dtype=torch.float64, device=rt.device)
     sums = torch.zeros(2, dtype=torch.float64, device=rt.device)  # loss sum, top-k hits
-    for images, labels in dataset.batches(batch_size, shuffle=False, rank=rt.rank, world=rt.world):
+    for images, labels in dataset.batches(batch_size, shuffle=False, at=rt.position()):
         x = prepare_batch(images, device=rt.device, image_size=image_size, channels=channels, mean=mean, std=std)
         y = to_device(labels, rt.device)
         with rt.autocast():

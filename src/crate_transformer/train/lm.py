@@ -295,7 +295,7 @@ class LMTask(Task):
         g = torch.Generator(device=rt.device).manual_seed(1234)  # the same masks at every evaluation (mlm)
         total = torch.zeros(3, dtype=torch.float64, device=rt.device)
         with evaluating(model):
-            for blocks in data.batches(self.cfg.logging.eval_batch_size, shuffle=False, rank=rt.rank, world=rt.world):
+            for blocks in data.batches(self.cfg.logging.eval_batch_size, shuffle=False, at=rt.position()):
                 with rt.autocast():
                     _, s = self.loss(model, self._split(blocks, g))
                 total += torch.stack([s["loss"], s["acc"], s["n"]]).double()

@@ -231,9 +231,9 @@ class _Loop:
     def epoch(self) -> bool:
         """The rest of the current epoch, up to the last step; True when interrupted."""
         cfg, ts, rt = self.cfg, self.ts, self.rt
-        where = dict(seed=cfg.system.seed, epoch=ts.epoch, start=ts.batch, rank=rt.rank, world=rt.world)
+        where = rt.position(seed=cfg.system.seed, epoch=ts.epoch, start=ts.batch)
         self.watch.step_started()
-        batches = self.task.train_data.batches(cfg.optim.batch_size, shuffle=True, **where)
+        batches = self.task.train_data.batches(cfg.optim.batch_size, shuffle=True, at=where)
         for batch in prefetch(batches, rt.device):  # the next batch's copy runs behind this step (data/prefetch.py)
             interrupted = self.iteration(batch)
             if interrupted or ts.step >= self.last:

@@ -120,7 +120,7 @@ def masked_eval(
     noise = torch.rand(len(dataset), n_patches, generator=torch.Generator().manual_seed(seed))
     sums = torch.zeros(3, dtype=torch.float64, device=rt.device)  # masked loss, visible loss, images
     with evaluating(model):
-        for b, (images, _) in enumerate(dataset.batches(batch_size, shuffle=False, rank=rt.rank, world=rt.world)):
+        for b, (images, _) in enumerate(dataset.batches(batch_size, shuffle=False, at=rt.position())):
             idx = rank_slice(torch.arange(b * batch_size, min((b + 1) * batch_size, len(dataset))), rt.rank, rt.world)
             x = prepare_batch(images, device=rt.device, image_size=image_size, channels=c.in_chans, mean=mean, std=std)
             with rt.autocast():

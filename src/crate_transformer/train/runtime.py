@@ -5,6 +5,7 @@ Everything here is independent of what is trained; the loop (:mod:`.loop`) and t
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import signal
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from ..data.base import Position
 from ..errors import OptionError
 from .threads import resolve_threads
 
@@ -91,6 +93,11 @@ class Runtime:
     def main(self) -> bool:
         return self.rank == 0
 
+    def position(self, seed: int = 0, epoch: int = 0, start: int = 0) -> Position:
+        """This process's share of epoch ``epoch`` of the ``seed`` order from global batch ``start`` (what a data
+        source's ``batches(at=...)`` reads); the defaults are an evaluation pass, which is read in order."""
+        return Position(seed=seed, epoch=epoch, start=start, rank=self.rank, world=self.world)
+
     def autocast(self) -> Any:
         if self.amp_dtype is None:
             return nullcontext()
@@ -159,6 +166,12 @@ class Runtime:
 
     def close(self) -> None:
         if self.distributed and torch.distributed.is_initialized():
+            # a DDP module dropped but left in a reference cycle (the first one a process builds can be, through a
+            # closure) is freed now: freed after destroy_process_group, its C++ Reducer would be the gloo group's
+            # last owner and destroy it holding the GIL, deadlocking against a gloo worker that waits for the GIL to
+            # release the last collective's tensor (issue 52); freed first, the group dies in
+            # destroy_process_group, whose Python group object releases the GIL before destroying it
+            gc.collect()
             torch.distributed.destroy_process_group()
 
 

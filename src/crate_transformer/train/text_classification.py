@@ -200,9 +200,7 @@ class TextClassificationTask(Task):
         model, rt = self.model, self.rt
         preds, targets, loss_sum = [], [], 0.0
         with evaluating(model):
-            for batch in self.eval_data.batches(
-                self.cfg.logging.eval_batch_size, shuffle=False, rank=rt.rank, world=rt.world
-            ):
+            for batch in self.eval_data.batches(self.cfg.logging.eval_batch_size, shuffle=False, at=rt.position()):
                 ids, lengths, y = self.prepare(batch)
                 out = model.classify(ids, lengths).float()
                 _, s = self._objective(out, y)
