@@ -1,27 +1,13 @@
-"""One base for every option class: the model configs (classifier, CRATE-MAE, language model, CRATE-α, ...; HF's
-``PretrainedConfig`` idea as a dataclass mixin), the training option groups, the tasks' options and the data
-description saved with a model.
+"""One base for every option class (:class:`Config`): the model configs (HF's ``PretrainedConfig`` idea as a
+dataclass mixin), the training option groups, the tasks' options and the data description saved with a model.
 
-An option class is a ``@dataclass`` that subclasses :class:`Config` and writes only what is its own — its
-fields, each declared once with :func:`~crate_transformer.config_utils.option` (default, type, help, range or
-choices, where it applies), and a :meth:`Config.validate` method for checks across fields.  The base
-does the rest, once for every class:
-
-* **coercion** — YAML, ``KEY=VALUE`` command-line pairs and JSON values become the declared types
-  (``"5e-2"`` → 0.05, ``"64"`` → 64; :func:`~crate_transformer.config_utils.coerce_fields`);
-* **checks**, one rule for every option class — a field's declared choices and range
-  (:class:`~crate_transformer.config_utils.Range`), every float finite (``eta=nan`` fails here, not after
-  training): each a one-line ``ValueError`` naming the field, the value and a valid example
-  (:meth:`Config.check_fields`);
-* **serialisation** — :meth:`to_dict` / :meth:`from_dict` with the unknown-key check and a format
-  version (``config_version``), so a ``config.json`` from a newer release is refused with the fix.
-
-A model config also says what its model is and what can be measured in it — the capability contract the
-tasks, the analysis, the loaders and the CLI ask instead of checking a class or an ``arch`` name:
-:attr:`Config.kind` (one of :data:`KINDS`), :attr:`~Config.white_box`, :attr:`~Config.sparse_output` (JMLR
-Figs. 14-15), :attr:`~Config.layer_blocks` and :attr:`~Config.pipeline_tag`, each described where it is
-defined.  The model adds what only the built model knows (``Model.code_sites``: where its sparse codes are, its
-extra files); see :mod:`crate_transformer.models.base`.
+A subclass is a ``@dataclass`` of :func:`~crate_transformer.config_utils.option` fields and a :meth:`Config.validate`
+for checks across fields; the base coerces values to the declared types, checks every field (:func:`check_option`:
+choices, :class:`~crate_transformer.config_utils.Range`, every float finite; :func:`check_applicable`: where it
+applies) and reads and writes ``config.json`` (:meth:`~Config.to_dict` / :meth:`~Config.from_dict`, versioned).
+A model config also states the capability contract the tasks, the analysis and the loaders ask instead of checking a
+class: :attr:`Config.kind` (one of :data:`KINDS`), :attr:`~Config.white_box`, :attr:`~Config.sparse_output` (JMLR
+Figs. 14-15), :attr:`~Config.layer_blocks`, :attr:`~Config.pipeline_tag`; see :mod:`crate_transformer.models.base`.
 """
 
 from __future__ import annotations
@@ -29,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
 from .config_utils import (
@@ -49,6 +35,8 @@ __all__ = [
     "Config",
     "check_option",
     "check_applicable",
+    "from_given",
+    "pop_version",
     "inapplicable",
     "reads",
     "watch",
@@ -65,16 +53,21 @@ LANGUAGE_MODEL = "language model"  # token ids → token logits; the lm task tra
 KINDS = (IMAGE_CLASSIFIER, MASKED_AUTOENCODER, LANGUAGE_MODEL)
 
 C = TypeVar("C", bound="Config")
+T = TypeVar("T")
+Given = Collection[str] | None  # the options the user gave, by name; None: those away from their default
 
 
 def check_option(cls: type, name: str, value: Any) -> None:
     """The one check of an option's value, for :class:`Config` and any dataclass of options (``TrainConfig``):
     each value (lists element-wise; ``None`` = unset) is one of the choices and within the
     :class:`~crate_transformer.config_utils.Range` its declaration (``option(..., choices=, range=)``) gives, the
-    field's metadata and nothing else; a float without a range is finite.  A one-line ``ValueError`` with an
-    example."""
-    meta = {f.name: f for f in dataclasses.fields(cls)}[name].metadata
+    field's metadata and nothing else; a float without a range is finite; a ``path`` is not empty (``--out ""``
+    would otherwise be an auto-named folder, silently).  A one-line ``ValueError`` with an example."""
+    meta = _fields(cls)[name].metadata
     choices, rule = meta.get("choices"), meta.get("range")
+    if meta.get("path") and isinstance(value, str) and not value.strip():
+        where = field_place(cls, name)
+        raise OptionError(f"{where} is an empty path; give a folder or file, or leave it out", **field_about(cls, name))
     for x in value if isinstance(value, (list, tuple)) else [value]:
         if x is None:
             continue
@@ -84,20 +77,24 @@ def check_option(cls: type, name: str, value: Any) -> None:
             continue
         r = rule or (Range() if isinstance(x, float) else None)  # every float is at least finite
         if r is not None and not r.ok(x):
-            default = _field_default(cls, name, x)
-            example = f"; e.g. {field_place(cls, name, default)}" if default not in (None, [], ()) else ""
-            raise OptionError(f"{field_place(cls, name)}{r.requirement(x)}{example}", **field_about(cls, name))
+            raise _out_of_range(cls, name, r, x)
+
+
+def _out_of_range(cls: type, name: str, rule: Range, value: Any) -> OptionError:
+    """The one-line error of ``value`` outside ``rule`` (``Range.requirement``), the default as its example."""
+    default = _field_default(cls, name, value)
+    example = f"; e.g. {field_place(cls, name, default)}" if default not in (None, [], ()) else ""
+    return OptionError(f"{field_place(cls, name)}{rule.requirement(value)}{example}", **field_about(cls, name))
 
 
 def _field_default(cls: type, name: str, fallback: Any = None) -> Any:
     """Field ``name``'s default (a fresh one for a default factory), else ``fallback``."""
-    value = default_of({f.name: f for f in dataclasses.fields(cls)}[name])
+    value = default_of(_fields(cls)[name])
     return fallback if value is dataclasses.MISSING else value
 
 
 class Config:
-    """Base of every option class — the model configs, the training groups, the tasks' options, the data
-    description; see the module docstring.  Subclasses are ``@dataclass``es."""
+    """Base of every option class (the module docstring); subclasses are ``@dataclass``es."""
 
     VERSION: ClassVar[int] = 1  # config.json format; bumped when a stored field changes meaning
     # fields added after their format was in use, left out of to_dict() while at their default: the files of
@@ -149,18 +146,16 @@ class Config:
 
     # ---------------------------------------------------------------- checks: the one rule for every option class
     def check_fields(self) -> None:
-        """Every field obeys its declared choices and range (lists element-wise); every other float is finite.
-        One-line ``ValueError``."""
+        """Every field obeys its declaration (:func:`check_option`) and applies where it is set."""
         for f in dataclasses.fields(self):
             check_option(type(self), f.name, getattr(self, f.name))
         self.check_applicable()
 
     def check_applicable(self) -> None:
-        """Every option given away from its default where its ``applies`` condition does not hold is refused in one
-        line rather than accepted and ignored (``--momentum 0.5`` with ``--optimizer adamw``): the conditions on this
-        class's own fields; those naming fields outside it are the enclosing config's (``TrainConfig``)."""
-        names = {f.name: type(self) for f in dataclasses.fields(self)}
-        check_applicable({n: getattr(self, n) for n in names}, names)
+        """:func:`check_applicable` on this class's own fields (conditions on fields outside it are the enclosing
+        config's, ``TrainConfig``'s): ``--momentum 0.5`` with ``--optimizer adamw`` is refused, not ignored."""
+        owners = dict.fromkeys(_fields(type(self)), type(self))
+        check_applicable({n: getattr(self, n) for n in owners}, owners)
 
     @classmethod
     def check_field(cls, name: str, value: Any) -> None:
@@ -171,11 +166,8 @@ class Config:
     def check_positive(self, *names: str) -> None:
         """Each named integer field is > 0 (:data:`~crate_transformer.config_utils.POSITIVE`)."""
         for name in names:
-            v = getattr(self, name)
-            if not POSITIVE.ok(v):
-                example = field_place(type(self), name, _field_default(type(self), name, v))
-                message = f"{field_place(type(self), name)}{POSITIVE.requirement(v)}; e.g. {example}"
-                raise OptionError(message, **field_about(type(self), name))
+            if not POSITIVE.ok(v := getattr(self, name)):
+                raise _out_of_range(type(self), name, POSITIVE, v)
 
     # ---------------------------------------------------------------- serialisation
     def to_dict(self) -> dict:
@@ -198,17 +190,8 @@ class Config:
     def from_dict(cls: type[C], d: Mapping[str, Any]) -> C:
         """Read :meth:`to_dict` output (``config.json``); unknown keys and newer format versions are refused."""
         d = dict(cls.upgrade(dict(d)))
-        version = d.pop("config_version", 1)
-        if not isinstance(version, int) or version > cls.VERSION:
-            raise ValueError(
-                f"config_version {version!r} is newer than this crate_transformer reads ({cls.VERSION}); "
-                "upgrade crate_transformer (pip install -U crate-transformer)"
-            )
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown {cls.__name__} keys {unknown}; valid keys: {sorted(known)}")
-        return cls(**d)
+        pop_version(d, cls.VERSION)
+        return cls(**coerce_fields(cls, d))  # an unknown key: one line naming the valid ones
 
     @classmethod
     def upgrade(cls, d: dict) -> dict:
@@ -220,20 +203,41 @@ class Config:
         return dataclasses.replace(self, **changes)
 
 
+def from_given(cls: type[T], **values: Any) -> T:
+    """``cls(**values)`` (any dataclass of options), ``values`` being what the user wrote: one that cannot apply is
+    refused at any value, its default too (issue 48), where building ``cls`` refuses those away from their default."""
+    built, owners = cls(**values), dict.fromkeys(_fields(cls), cls)
+    check_applicable({n: getattr(built, n) for n in owners}, owners, given=set(values))
+    return built
+
+
+def pop_version(d: dict, newest: int) -> int:
+    """``d``'s ``config_version`` (1 where it has none), taken out of it; a newer one than ``newest`` is refused."""
+    version = d.pop("config_version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or version > newest:
+        raise ValueError(
+            f"config_version {version!r} is newer than this crate_transformer reads ({newest}); "
+            "upgrade crate_transformer (pip install -U crate-transformer)"
+        )
+    return version
+
+
 @functools.lru_cache(maxsize=256)
 def _fields(cls: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
 
 
-def inapplicable(values: Mapping[str, Any], owners: Mapping[str, type], seen: Mapping[str, Any] = {}) -> list[str]:
-    """The fields of ``owners`` (name → the options class declaring it) set away from their default in ``values``
-    (name → value) where their ``applies`` condition does not hold (on ``values`` updated with ``seen``: a value as
-    the conditions see it, e.g. ``augment`` ``auto`` resolved)."""
+def inapplicable(values: Mapping, owners: Mapping[str, type], seen: Mapping = {}, given: Given = None) -> list[str]:
+    """The fields of ``owners`` (name → the options class declaring it) that were ``given`` (by name, at any value;
+    None: set away from their default in ``values``, name → value) where their ``applies`` condition does not hold (on
+    ``values`` updated with ``seen``: a value as the conditions see it, e.g. ``augment`` ``auto`` resolved)."""
     seen, out = {**values, **seen}, []
     for name, cls in owners.items():
         f = _fields(cls)[name]
         applies = f.metadata.get("applies")
-        if applies is None or isinstance(applies, str) or values[name] == default_of(f):
+        if applies is None or isinstance(applies, str):
+            continue
+        if name not in given if given is not None else values[name] == default_of(f):
             continue
         if applies_where(applies, seen) is False:
             out.append(name)
@@ -243,16 +247,13 @@ def inapplicable(values: Mapping[str, Any], owners: Mapping[str, type], seen: Ma
 def applied(cls: type, values: Mapping[str, Any], given: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
     """``values`` (field of dataclass ``cls`` → value) less those that cannot apply there and are not in ``given``: a
     saved run's option that the options given now leave unread goes back to its default, which changes nothing."""
-    out, owners = dict(values), {f.name: cls for f in dataclasses.fields(cls)}
-    while True:
-        full = {n: out.get(n, default_of(f)) for n, f in _fields(cls).items()}
-        dropped = [n for n in inapplicable(full, owners) if n in out and n not in given]
-        if not dropped:
-            return out
+    out, defaults = dict(values), {n: default_of(f) for n, f in _fields(cls).items()}
+    while dropped := inapplicable({**defaults, **out}, dict.fromkeys(defaults, cls), given=set(out) - set(given)):
         out = {k: v for k, v in out.items() if k not in dropped}
+    return out
 
 
-def check_applicable(values: Mapping[str, Any], owners: Mapping[str, type], seen: Mapping[str, Any] = {}) -> None:
+def check_applicable(values: Mapping, owners: Mapping[str, type], seen: Mapping = {}, given: Given = None) -> None:
     """The one enforcement of ``option(..., applies=...)``: the first of :func:`inapplicable` is a one-line
     :class:`~.errors.OptionError` naming the option, the condition and the fix: ``crop_scale applies only when
     augment is crop-flip or randaugment; augment is translate: drop crop_scale or pass augment='crop-flip'``."""
@@ -264,7 +265,7 @@ def check_applicable(values: Mapping[str, Any], owners: Mapping[str, type], seen
         shown = _plain(values[k])
         return f"{shown} ({seen[k]!r} here)" if k in seen and seen[k] != values[k] else shown
 
-    for name in inapplicable(values, owners, seen)[:1]:
+    for name in inapplicable(values, owners, seen, given)[:1]:
         applies = _fields(owners[name])[name].metadata["applies"]
         alternatives = [applies] if isinstance(applies, Mapping) else list(applies)
         keys = list(dict.fromkeys(k for alt in alternatives for k in alt))
@@ -301,8 +302,7 @@ def _recording(self: Any, name: str) -> Any:
 
 
 def _replace(obj: Any, /, **changes: Any) -> Any:
-    """``dataclasses.replace`` while a build is recorded: the copy of a watched object is watched into the same
-    set, and copying it reads nothing."""
+    """``dataclasses.replace`` while a build is recorded: a copy of a watched object reads into the same set."""
     seen = _WATCHED.pop(id(obj), None)
     try:
         copy = _RECORDING[0](obj, **changes)

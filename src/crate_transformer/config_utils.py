@@ -1,27 +1,12 @@
-"""Coerce loosely typed values (YAML, ``KEY=VALUE`` command-line pairs, JSON) to a dataclass's field types.
+"""The one declaration of an option (:func:`option`), its numeric :class:`Range`, where it applies, and the
+coercion of loosely typed values (YAML, ``KEY=VALUE`` pairs, JSON) to a dataclass's field types.
 
-YAML 1.1 reads ``5e-2`` and ``1e-3`` as strings, and ``--model-args dim=64`` may arrive as ``"64"``;
-:func:`coerce_fields` turns such values into what the dataclass declares, or raises one ``ValueError``
-naming the field, the value and a valid example.  It works for any dataclass (``ModelConfig``,
-``TrainConfig``, ...) and imports nothing from the rest of the package but :mod:`.errors`::
-
-    coerce_fields(ModelConfig, {"lambd": "5e-2", "dim": "64", "dim_head": "none"})
-    # -> {"lambd": 0.05, "dim": 64, "dim_head": None}
-
-Rules, by declared type (annotations may be strings, as under ``from __future__ import annotations``):
-
-* ``int`` — ints, integral floats (``64.0``) and numeric strings with an integral value (``"64"``,
-  ``"1e3"``); not bools, not ``2.5``, not ``"abc"``.
-* ``float`` — ints, floats and numeric strings (``"5e-2"``, ``"nan"`` — finiteness is the
-  dataclass's own check); not bools.
-* ``bool`` — bools, ``0``/``1`` and the strings ``true/false/yes/no/on/off/1/0`` (any case).
-* ``str`` — strings; ints and floats are converted with ``str``; bools are refused.
-* ``X | None`` — ``None``, or the strings ``none``/``null`` when ``X`` is not ``str``, else ``X``'s rule.
-* ``list[X]`` / ``tuple[X, ...]`` — lists and tuples (element-wise), a YAML/JSON list string
-  (``"[1, 2]"``) or a comma-separated string (``"0.5,0.5"``).
-* ``dict[K, V]`` — mappings (values coerced by ``V``).
-* a dataclass type — an instance, or a mapping read with its ``from_dict`` (else ``Cls(**mapping)``).
-* anything else (``Any``, unions of several types, ...) — passed through unchanged.
+YAML 1.1 reads ``5e-2`` as a string and ``--model-args dim=64`` arrives as ``"64"``: :func:`coerce_fields` turns such
+values into the declared types or raises one ``ValueError`` naming the field, the value and a valid example. By
+type: ``int`` (also ``64.0``, ``"1e3"``; not bools or ``2.5``), ``float`` (numbers and numeric text; finiteness is
+checked by the config), ``bool`` (``0``/``1``, ``true/false/yes/no/on/off``), ``str`` (numbers converted), ``X | None``
+(``"none"``/``"null"`` unless ``X`` is ``str``), ``list``/``tuple`` (element-wise; ``"[1, 2]"`` or ``"0.5,0.5"``),
+``dict`` (values coerced), a dataclass (an instance, or a mapping read by its ``from_dict``); anything else passes.
 """
 
 from __future__ import annotations
@@ -48,7 +33,6 @@ __all__ = [
     "NON_NEGATIVE",
     "option",
     "override",
-    "declared",
     "fields_applicability",
     "ALWAYS",
     "OBSERVED",
@@ -112,11 +96,6 @@ def override(cls: type, name: str, default: Any, **changes: Any) -> Any:
     return option(default, **{**meta, **changes})
 
 
-def declared(f: dataclasses.Field) -> bool:
-    """Whether field ``f`` was declared through :func:`option` (it carries its ``help``)."""
-    return "help" in f.metadata
-
-
 ALWAYS = "always"  # an option read whenever its class is used (an applicability statement)
 OBSERVED = "observed"  # a model config's field: refused when the model built never reads it (models._registry.build)
 ON = "on"  # a condition's value: the field is set (non-zero, non-empty, not None)
@@ -168,10 +147,10 @@ def field_place(cls: type, name: str, *value: Any) -> str:
     ``cls.GIVEN_IN`` says its fields are: ``""`` options of their own and an option's name, entries of that
     option, both as their Python argument (``epochs``, ``dim=384``; :func:`field_about` tells the CLI which);
     absent or None, no option (``DataSpec.mean``)."""
-    if getattr(cls, "GIVEN_IN", None) is None:
-        return f"{name}={value[0]!r}" if value else f"{cls.__name__}.{name}"
-    field = next((f for f in dataclasses.fields(cls) if f.name == name), None)
-    name = option_name(field) if field is not None else name
+    if getattr(cls, "GIVEN_IN", None) is not None:
+        name = next((option_name(f) for f in dataclasses.fields(cls) if f.name == name), name)
+    elif not value:
+        return f"{cls.__name__}.{name}"
     return f"{name}={value[0]!r}" if value else name
 
 
@@ -195,13 +174,10 @@ def field_types(cls: type) -> dict[str, Any]:
 
 
 def coerce_fields(cls: type, mapping: Mapping[str, Any], *, allow_unknown: bool = False) -> dict[str, Any]:
-    """A copy of ``mapping`` with every value coerced to the type of ``cls``'s field of that name.
-
-    Unknown keys raise a ``ValueError`` listing the valid ones (or are passed through unchanged with
-    ``allow_unknown=True``).  A value that cannot be coerced raises a one-line :class:`~.errors.OptionError`
-    naming the field as :func:`field_place` does, such as ``epochs must be an integer, got 'x' (str); e.g.
-    epochs=40`` (``--epochs`` on the command line).
-    """
+    """A copy of ``mapping`` with every value coerced to the type of ``cls``'s field of that name (the module
+    docstring); an unknown key is a ``ValueError`` listing the valid ones (passed through with ``allow_unknown``), a
+    value that cannot be coerced a one-line :class:`~.errors.OptionError` naming the field (:func:`field_place`):
+    ``epochs must be an integer, got 'x' (str); e.g. epochs=40``."""
     types_ = field_types(cls)
     unknown = sorted(set(mapping) - set(types_))
     if unknown and not allow_unknown:
@@ -217,16 +193,14 @@ def coerce_fields(cls: type, mapping: Mapping[str, Any], *, allow_unknown: bool 
         except _CoerceError as e:
             shown = defaults[key] not in (None, dataclasses.MISSING)
             example = f"; e.g. {field_place(cls, key, defaults[key])}" if shown else ""
-            got = f"must be {e.expected}, got {short_repr(value)} ({type(value).__name__})"
+            got = f"must be {e.args[0]}, got {short_repr(value)} ({type(value).__name__})"
             raise OptionError(f"{field_place(cls, key)} {got}{example}", **field_about(cls, key)) from None
     return out
 
 
 # --------------------------------------------------------------------------- internals
 class _CoerceError(Exception):
-    def __init__(self, expected: str) -> None:
-        super().__init__(expected)
-        self.expected = expected
+    """What a value must be (``"an integer"``), for the message :func:`coerce_fields` writes."""
 
 
 def _coerce(value: Any, tp: Any) -> Any:
@@ -246,7 +220,7 @@ def _coerce(value: Any, tp: Any) -> Any:
                 try:
                     return _coerce(value, inner)
                 except _CoerceError as e:
-                    raise _CoerceError(f"{e.expected} or None") from None
+                    raise _CoerceError(f"{e.args[0]} or None") from None
         return value  # a union of several types: not ours to decide
     if tp is bool:
         return _to_bool(value)
@@ -266,9 +240,7 @@ def _coerce(value: Any, tp: Any) -> Any:
         if not isinstance(value, Mapping):
             raise _CoerceError("a mapping (dict)")
         args = typing.get_args(tp)
-        if len(args) == 2:
-            return {k: _coerce(v, args[1]) for k, v in value.items()}
-        return dict(value)
+        return {k: _coerce(v, args[1]) for k, v in value.items()} if len(args) == 2 else dict(value)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
@@ -289,11 +261,7 @@ def _number(value: Any, what: str) -> float | int:
     if isinstance(value, str):
         text = value.strip().replace("_", "")
         try:
-            return int(text)
-        except ValueError:
-            pass
-        try:
-            return float(text)
+            return int(text) if text.lstrip("+-").isdigit() else float(text)
         except ValueError:
             raise _CoerceError(what) from None
     raise _CoerceError(what)
@@ -311,12 +279,9 @@ def _to_bool(value: Any) -> bool:
         return value
     if isinstance(value, int) and value in (0, 1):
         return bool(value)
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text in _TRUE:
-            return True
-        if text in _FALSE:
-            return False
+    text = value.strip().lower() if isinstance(value, str) else None
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
     raise _CoerceError("a boolean (true/false)")
 
 
@@ -335,23 +300,13 @@ def _to_sequence(value: Any, tp: Any, kind: type) -> list | tuple:
     if not isinstance(value, (list, tuple)):
         raise _CoerceError("a list")
     args = typing.get_args(tp)
-    if kind is tuple and args and args[-1] is not Ellipsis and len(args) != len(value):
+    fixed = kind is tuple and args and args[-1] is not Ellipsis  # tuple[X, Y]: one type per place
+    if fixed and len(args) != len(value):
         raise _CoerceError(f"a tuple of {len(args)} values")
-    try:
-        return _items(value, args, kind)
+    try:  # list[X], tuple[X, ...]: X for each; a bare list: any
+        items = [_coerce(v, t) for v, t in zip(value, args if fixed else [args[0] if args else Any] * len(value))]
     except _CoerceError as e:
-        raise _CoerceError(f"a list whose items are each {e.expected}") from None
-
-
-def _items(value: list | tuple, args: tuple, kind: type) -> list | tuple:
-    if kind is tuple and len(args) == 2 and args[1] is Ellipsis:
-        items = [_coerce(v, args[0]) for v in value]
-    elif kind is tuple and args:
-        items = [_coerce(v, a) for v, a in zip(value, args)]
-    elif args:
-        items = [_coerce(v, args[0]) for v in value]
-    else:
-        items = list(value)
+        raise _CoerceError(f"a list whose items are each {e.args[0]}") from None
     return tuple(items) if kind is tuple else items
 
 
@@ -359,11 +314,9 @@ def _items(value: list | tuple, args: tuple, kind: type) -> list | tuple:
 @dataclasses.dataclass(frozen=True)
 class Range:
     """The values a numeric option may take: finite, and within ``lo``/``hi`` (``None``: unbounded; a bound is
-    excluded when ``lo_open``/``hi_open``).  The one rule behind every numeric option: a dataclass field carries
-    it as ``option(..., range=...)`` (:class:`~crate_transformer.config.Config` checks it when the dataclass is
-    built, and the generated ``--help`` shows it; every command-line option is such a field), and an API function
-    calls :meth:`check` itself, so the CLI and the API refuse the same values with the same words.
-    """
+    excluded when ``lo_open``/``hi_open``).  The one rule behind every numeric option: a field carries it as
+    ``option(..., range=...)`` (checked when its config is built, shown by ``--help``) and an API function calls
+    :meth:`check` itself, so the CLI and the API refuse the same values with the same words."""
 
     lo: float | None = None
     hi: float | None = None

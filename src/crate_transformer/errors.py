@@ -1,13 +1,10 @@
 """Messages that name tasks, options and listings: plain text, written where they are raised.
 
-The library names things as the Python API takes them, never as the commands or flags of the ``crate`` CLI:
-an option as its Python argument (``lr``; ``lr=0.01`` when a message suggests a value), a model config's field
-as that config's argument (``dim``, ``dim=384``) and the same field given to a training run as the run's
-argument (``model_args={'dim': 384}``), a task as ``task='lm'`` (``task='classification' with init_from`` for
-fine-tuning), a listing as ``ct.list_models()`` / ``ct.list_pretrained()``.  An error or warning says which
-options it is about (``option=``, and ``within="model_args"`` when they are a model config's fields); the CLI
-rewrites those names, and every ``name=value`` of an option of the command at hand, as its flags where it
-catches the error (:mod:`crate_transformer.cli.messages`), so ``str(e)`` is the sentence found in the source.
+The library names an option as the Python API takes it (``lr``, ``lr=0.01``; a model config's field ``dim=384``, as a
+run's argument ``model_args={'dim': 384}``; a task ``task='lm'``; a listing ``ct.list_models()``).  An error or
+warning says which options it is about (``option=``; ``within="model_args"`` for a model config's fields) and the CLI
+rewrites those names as its flags where it catches it (:mod:`crate_transformer.cli.messages`): ``str(e)`` is the
+sentence found in the source.
 """
 
 from __future__ import annotations
@@ -24,8 +21,8 @@ SHORT = 60  # characters of a value that a one-line message shows
 @dataclass(frozen=True)
 class Step:
     """What to do next with a finished run: an ``action`` (``"analyze"``, ``"evaluate"``, ``"fine-tune"``,
-    ``"generate"``) on ``run`` with ``options`` (``(name, value)`` pairs).  A task's result lists them; ``str``
-    is the Python API's line (``evaluate runs/x (knn=True)``), the CLI writes the command that does it."""
+    ``"generate"``) on ``run`` with ``options`` (``(name, value)`` pairs); ``str`` is the Python API's line
+    (``evaluate runs/x (knn=True)``), the CLI writes the command that does it."""
 
     action: str
     run: str
@@ -60,9 +57,8 @@ class OptionWarning(_About, UserWarning):
 
 
 def short_repr(value: object, limit: int = SHORT) -> str:
-    """``repr(value)`` cut to about ``limit`` characters (ending ``…``): a message names the value the user gave
-    without printing a megabyte of it.  Containers are written item by item until ``limit`` is reached, never
-    built whole (a 1 KB YAML file of aliases expands to 10**8 strings)."""
+    """``repr(value)`` cut to about ``limit`` characters (ending ``…``), containers written item by item until then,
+    never whole (a 1 KB YAML file of aliases expands to 10**8 strings)."""
     parts: list[str] = []
     if _write(value, parts, limit) or sum(map(len, parts)) > limit:
         return "".join(parts)[: limit - 1] + "…"

@@ -34,8 +34,10 @@ from crate_transformer.train.config import (
     GROUPS,
     OWNERS,
     AugmentationOptions,
+    OptimOptions,
     TrainConfig,
     _where,
+    load_config,
     nest_options,
     read_run_config,
 )
@@ -320,6 +322,83 @@ def test_an_option_given_where_it_cannot_apply_is_refused_everywhere(group, f, t
 _REFUSALS = ("applies only when", "does not read", "unrecognized arguments")
 
 
+def _task_conditions() -> list[tuple[str, dataclasses.Field]]:
+    """(task, field) for every task option whose condition names only fields of its own options class."""
+    from crate_transformer.train.task import TASKS, make_task
+
+    out = []
+    for name in TASKS:
+        cls = make_task(name).Options
+        own = {f.name for f in dataclasses.fields(cls)} if cls is not None else set()
+        for f in dataclasses.fields(cls) if cls is not None else ():
+            applies = fields_applicability(cls)[f.name]
+            alternatives = [] if isinstance(applies, str) else [applies] if isinstance(applies, dict) else applies
+            if alternatives and all(set(alt) <= own for alt in alternatives):
+                out.append((name, f))
+    return out
+
+
+@pytest.mark.parametrize(("task", "f"), _task_conditions(), ids=lambda x: getattr(x, "name", x))
+def test_a_task_option_given_at_its_default_where_it_cannot_apply_is_refused(task, f):
+    """Issue 48 for the tasks' options: given at its default value where its condition fails, it is refused as
+    any other value is (``Task.check_options``, which every flag, file and keyword of ``task_args`` goes through)."""
+    from crate_transformer.train.task import make_task
+
+    t = make_task(task)
+    applies = fields_applicability(t.Options)[f.name]
+    context: dict = {}
+    for alt in [applies] if isinstance(applies, dict) else applies:
+        key, allowed = next(iter(alt.items()))
+        field = next(g for g in dataclasses.fields(t.Options) if g.name == key)
+        candidates = field.metadata.get("choices") or (_default(field),)  # tokenizer: no choices, "byte" by default
+        context[key] = False if allowed == ON else next(c for c in candidates if c not in allowed)
+    assert t.check_options(context) == context  # the context alone is valid
+    with pytest.raises(OptionError, match=f"^{f.name} applies only when"):
+        t.check_options({**context, f.name: _default(f)})
+
+
+def test_a_group_given_whole_is_judged_by_value() -> None:
+    """A group given as its dataclass holds every field of it, read or not: only those away from their default
+    count as given (momentum 0.9 under adamw passes; 0.5 is refused by the group's own check)."""
+    assert TrainConfig(optim=OptimOptions(lr=0.1)).optim == OptimOptions(lr=0.1)
+    with pytest.raises(OptionError, match="momentum applies only when optimizer is sgd / lars"):
+        TrainConfig(optim=OptimOptions(momentum=0.5))
+    with pytest.raises(OptionError, match="momentum applies only when optimizer is sgd / lars"):
+        TrainConfig(optim=OptimOptions(), momentum=0.9)  # named on its own: given
+
+
+@pytest.mark.parametrize(("group", "f"), CONDITIONAL, ids=lambda x: getattr(x, "name", x))
+def test_an_option_given_at_its_default_where_it_cannot_apply_is_refused(group, f, tmp_path, capsys):
+    """Issue 48: "given" is what the user wrote, not a value away from the default.  For each declared condition,
+    the option given at its default value in a context where the condition fails is refused from Python (keywords,
+    ``from_dict``), a --config file and the flags; a record of every option (``to_dict``, ``flat()``: it holds the
+    option at its default, read or not) still reads back."""
+    applies = fields_applicability(f_cls(group))[f.name]
+    alternatives = [applies] if isinstance(applies, dict) else list(applies)
+    value = _default(f)
+    context = _context(alternatives, {f.name: value})
+    name = option_name(f)
+    refused = f"^{name} applies only when .*: drop {name} or "
+    with pytest.raises(OptionError, match=refused):
+        TrainConfig(**{f.name: value, **context})
+    with pytest.raises(OptionError, match=refused):
+        TrainConfig.from_dict(_layout({f.name: value, **context}))
+    record = TrainConfig(**context)
+    assert _where(record.to_dict())[0][f.name] == value  # the record holds it, at its default
+    assert TrainConfig.from_dict(record.to_dict()) == record == TrainConfig.from_dict(record.flat())
+    command = COMMANDS.get(context.get("task", "classification"), ["pretrain", context.get("task", "mae")])
+    own = {k: v for k, v in context.items() if k != "task"}
+    file = tmp_path / "c.yaml"
+    file.write_text(yaml.safe_dump(_layout({f.name: value, **own})))
+    run = ("--max-steps", 1, "--out", tmp_path / "a")
+    mine = command == ["train"] and f.name in _command_options("train")
+    writable = value not in (None, [])  # a flag cannot spell an empty list or None
+    for argv in (("--config", file), *([_argv({f.name: value, **own})] if writable else [])):
+        err = _refusal(capsys, *command, *argv, *run)
+        assert ("applies only when" in err) if mine else any(r in err for r in _REFUSALS), (argv, err)
+    assert not (tmp_path / "a").exists()
+
+
 def _refusal(capsys: pytest.CaptureFixture, *argv: object) -> str:
     """``crate ARGV``'s refusal: exit status 2 and its one error line (argparse's own prints its usage first)."""
     capsys.readouterr()
@@ -378,10 +457,12 @@ def test_every_path_option_refuses_an_empty_path(group, f, tmp_path, capsys):
     for blank in ("", "  "):
         with pytest.raises(ValueError, match="empty path"):
             TrainConfig(**{f.name: blank})
+        with pytest.raises(ValueError, match="empty path"):
+            TrainConfig.from_dict({group: {f.name: blank}} if group else {f.name: blank})
         file = tmp_path / "c.yaml"
         file.write_text(yaml.safe_dump({f.name: blank}))
         with pytest.raises(ValueError, match="empty path"):
-            nest_options({group: {f.name: blank}} if group else {f.name: blank})
+            load_config(file)
     if f.name == "out":
         one_line_error(capsys, "train", "--out", "", "--max-steps", 1, match="--out is an empty path")
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from crate_transformer.config import Config, check_option
-from crate_transformer.config_utils import Range, declared, fields_applicability, option, override
+from crate_transformer.config_utils import Range, fields_applicability, option, override
 from crate_transformer.layers import LayerConfig
 from crate_transformer.models import _registry
 from crate_transformer.models.dino import DINOHeadConfig
@@ -36,6 +36,11 @@ def _option_classes() -> list[type]:
 
 
 CLASSES = _option_classes()
+
+
+def declared(f: dataclasses.Field) -> bool:
+    """Whether field ``f`` was declared through ``option()``: it carries its help."""
+    return "help" in f.metadata
 
 
 def test_the_walk_covers_every_kind_of_option_class() -> None:

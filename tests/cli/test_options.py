@@ -195,6 +195,8 @@ def test_analyze_refuses_options_of_the_other_kind_of_model(
     d = image.save_pretrained(tmp_path / "img")
     err = one_line_error(capsys, "analyze", d, "--num-blocks", 8, "--data", "digits", "--out", tmp_path / "a")
     assert "--num-blocks does not apply to an image model" in err
+    err = one_line_error(capsys, "analyze", d, "--num-blocks", 64, "--data", "digits", "--out", tmp_path / "a")
+    assert "--num-blocks does not apply to an image model" in err  # at its default too: given is what is written
     assert not (tmp_path / "a").exists()
 
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..config import from_given
 from ..config_utils import coerce_fields, load_yaml, option_name, short_repr
 from ..errors import OptionError
 from .messages import flag
@@ -76,24 +77,23 @@ def _model_fields() -> dict[str, type]:
 def resolve_options(args: argparse.Namespace) -> None:
     """A command with an options class (:func:`add_command_options`): the class built from the flags given —
     coerced and checked there, a bad value its one-line error naming the flag — and every option set on ``args``
-    (the given value, else the declared default).  ``args._defaults`` keeps the defaults (``refuse_given``)."""
+    (the given value, else the declared default).  ``args._given`` keeps the names of those given (``refuse_given``)."""
     cls = getattr(args, "_declared", None)
     if cls is None:
         return
     fields = {option_name(f): f for f in dataclasses.fields(cls)}
-    values, defaults = cls(**{f.name: getattr(args, name) for name, f in fields.items() if hasattr(args, name)}), cls()
+    args._given = {name for name in fields if hasattr(args, name)}  # a flag not given is absent (argparse.SUPPRESS)
+    values = from_given(cls, **{fields[name].name: getattr(args, name) for name in args._given})
     for name, f in fields.items():
         setattr(args, name, getattr(values, f.name))
-    args._defaults = {name: getattr(defaults, f.name) for name, f in fields.items()}
 
 
 def refuse_given(args: argparse.Namespace, names: Sequence[str], why: str) -> None:
-    """A one-line error for the first option of ``names`` given with a non-default value: it cannot apply
-    (``why``, e.g. "for a language model"), so it is refused rather than silently ignored.  The defaults are the
-    command's declared ones (``args._defaults``, set by :func:`resolve_options`)."""
-    defaults = getattr(args, "_defaults", {})
+    """A one-line error for the first option of ``names`` given (at any value, issue 48: ``args._given``, set by
+    :func:`resolve_options`): it cannot apply (``why``, e.g. "for a language model"), so it is refused rather than
+    silently ignored."""
     for name in names:
-        if name in defaults and getattr(args, name) != defaults[name]:
+        if name in getattr(args, "_given", ()):
             raise ValueError(f"{flag(name)} does not apply {why}; drop it")
 
 
@@ -105,12 +105,11 @@ def apply_threads(args: argparse.Namespace) -> int:
 
 
 def given_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The training options the user set: ``--config FILE`` first (nested or flat), then the flags by option name
-    (``model_args`` merged, not replaced)."""
-    from ..train.config import FLAT, GROUPS, TrainConfig
+    """The training options the user set, nested: ``--config FILE`` (any layout), then the flags over it
+    (``model_args`` merged, not replaced; :meth:`~crate_transformer.train.TrainConfig.merge` places each flag)."""
+    from ..train.config import TrainConfig
 
-    # the top-level options and the groups' options, as their flags name them (a task's --augmentation is its own)
-    names = ({option_name(f) for f in dataclasses.fields(TrainConfig)} - set(GROUPS)) | set(FLAT)
+    names = set(TrainConfig().flat())  # every training option as its flag names it (a task's --augmentation is its own)
     options = _file_options(args.config) if getattr(args, "config", None) else {}  # typed first
     if options and hasattr(args, "_options"):  # every option of this command's parser, given or not (cli.main)
         _refuse_unread(options, args._options, args.config)
@@ -118,13 +117,7 @@ def given_options(args: argparse.Namespace) -> dict[str, Any]:
     if "model_args" in flags:
         model = flags.get("model") or options.get("model") or getattr(args, "model", None)
         flags["model_args"] = {**(options.get("model_args") or {}), **parse_model_args(flags["model_args"], model)}
-    for name, value in flags.items():
-        group, key = FLAT.get(name, (None, None))
-        if isinstance(options.get(group), dict):  # the file nests this option's group: the flag goes inside
-            options[group] = {**options[group], key: value}
-        else:
-            options[name] = value
-    return options
+    return TrainConfig.merge(options, flags)
 
 
 def _file_options(path: str) -> dict[str, Any]:

@@ -1,22 +1,12 @@
-"""Every option of the ``crate`` commands is generated here from its one declaration.
+"""Every option of the ``crate`` commands, generated from its one declaration (a
+:func:`~crate_transformer.config_utils.option` field: help, choices, metavar, range, default).
 
-An option is a dataclass field declared with :func:`~crate_transformer.config_utils.option`: its help, choices,
-metavar, range and default, read alike by the flags, ``--config`` files, Python keywords and saved
-configurations.  What differs between commands is data:
-
-* :data:`COMMAND_OPTIONS`: which of the training options (:class:`~crate_transformer.train.TrainConfig` and its
-  groups) each training command shows; a task's own defaults (``Task.defaults``, ``FINETUNE_DEFAULTS``) are the
-  defaults its ``--help`` states;
-* every other command (``crate eval``, ``analyze``, ``generate``, ``features``, ``ablate``, ``theory``,
-  ``models``) declares its own options class beside its code (``cli.train.EvalOptions``, ...; a training option it
-  shares is redeclared with :func:`like`), handed to :func:`add_command_options`;
-* two field metadata keys the command line reads: ``basic=True`` marks an option people use first — the
-  command's ``--help`` shows those, ``--help-all`` every option; ``group`` names a report option's help section.
-
-One parse mode: argparse only splits the command line — a flag's value stays the text typed (a switch a bool, a
-list a list of texts) and a flag not given is absent — and the options class coerces and checks what was given
-exactly as it does a config file or Python keywords, so a bad value (``--epochs x``) is that class's one-line
-error, naming the flag.
+What differs between commands is data: :data:`COMMAND_OPTIONS` says which training options each training command
+shows (a task's own defaults are those its ``--help`` states); every other command declares its own options class
+beside its code (a shared training option redeclared with :func:`like`); ``basic=True`` marks an option ``--help``
+shows (``--help-all`` shows every one) and ``group`` names a report option's help section.  One parse mode: argparse
+only splits the command line (a value stays the text typed; a flag not given is absent) and the options class
+coerces and checks it as it does a config file or Python keywords, so ``--epochs x`` is that class's one-line error.
 """
 
 from __future__ import annotations
@@ -28,7 +18,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ..config_utils import option_name, override
+from ..config_utils import default_of, option_name, override
 from .messages import LISTING_CALLS, flag
 
 __all__ = [
@@ -78,15 +68,14 @@ SECTION_TITLES = {"optim": "optimisation", "logging": "run directory and logging
 
 def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type,
                 names: tuple[str, ...] | None = None, defaults: Mapping[str, Any] | None = None) -> None:  # fmt: skip
-    """One ``--flag`` per field of dataclass ``cls`` (``names``: the option names to show; omitted: every field
-    with a help text), named by the field's option name with dashes; ``defaults`` replace the field defaults in
-    the help (a command's own recipe).  The flag keeps what was typed and is absent when not given (the module
-    docstring); one without ``basic=True`` is shown by ``--help-all`` only."""
+    """One ``--flag`` per field of dataclass ``cls`` (``names``: the option names to show; omitted: every declared
+    field); ``defaults`` replace the field defaults in the help (a command's own recipe).  One without
+    ``basic=True`` is shown by ``--help-all`` only."""
     defaults = dict(defaults or {})
     fields = {option_name(f): f for f in dataclasses.fields(cls) if "help" in f.metadata}
     for name in names if names is not None else fields:
         f, meta = fields[name], fields[name].metadata
-        default = defaults.get(name, f.default if f.default is not dataclasses.MISSING else f.default_factory())
+        default = defaults.get(name, default_of(f))
         help_text = _help_text(meta, default, name in defaults)
         kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
         if "choices" in meta and not isinstance(default, list):  # a list's items: the config checks each
@@ -116,24 +105,18 @@ def _help_text(meta: Mapping[str, Any], default: Any, own_default: bool) -> str:
     notes = [f"default: {shown}"] if shown not in ({}, "", None, []) else []
     if "range" in meta:
         notes.append(meta["range"].words().strip() or "finite")
-    return help_flags(meta["help"]) + (f" ({'; '.join(notes)})" if notes else "")
-
-
-def help_flags(text: str) -> str:
-    """A library help text with its options named as flags: the library writes ```lr``` (backticked option
-    names), the command line shows ``--lr``."""
-    for call, command in LISTING_CALLS.items():
+    text = meta["help"]
+    for call, command in LISTING_CALLS.items():  # ct.list_models() → `crate models`
         text = text.replace(call, f"`{command}`")
-    return re.sub(r"`([a-z][a-z0-9_]*)`", lambda m: flag(m.group(1)), text)
+    text = re.sub(r"`([a-z][a-z0-9_]*)`", lambda m: flag(m.group(1)), text)  # the library's `lr` is --lr here
+    return text + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def like(cls: type, name: str, **meta: Any) -> Any:
-    """Field ``name`` of options class ``cls`` declared again for a command's own options class
-    (:func:`~crate_transformer.config_utils.override` with the field's own default): the same type rules (choices,
-    range) and help, ``meta`` replacing entries (its own ``help``); shown by ``--help`` only where ``meta`` says
-    ``basic=True`` — which options a command's people use first is the command's to say."""
-    f = next(f for f in dataclasses.fields(cls) if f.name == name)
-    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    """Field ``name`` of options class ``cls`` declared again, with its own default, for a command's options class
+    (:func:`~crate_transformer.config_utils.override`), ``meta`` replacing entries; in ``--help`` only where ``meta``
+    says ``basic=True``: which options a command's people use first is the command's to say."""
+    default = default_of(next(f for f in dataclasses.fields(cls) if f.name == name))
     return override(cls, name, default, **{"basic": False, **meta})
 
 

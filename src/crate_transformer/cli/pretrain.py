@@ -45,14 +45,13 @@ def configure_pretrain(parser: argparse.ArgumentParser) -> None:
 def add_task_arguments(parser: argparse.ArgumentParser, name: str, command: str) -> None:
     """``--resume``, the engine's flags for ``command`` (with the task's defaults) and the task's options."""
     from ..train import TrainConfig
-    from ..train.config import FLAT, GROUPS
 
     cls = _task_class(name)
     add_resume_option(parser, f"{name} run")
     add_training_options(parser, command, cls.defaults)
     if cls.Options is not None:
         names = {f.name for f in dataclasses.fields(cls.Options)}
-        clash = names & (set(FLAT) | {f.name for f in dataclasses.fields(TrainConfig)} - set(GROUPS))
+        clash = names & set(TrainConfig().flat())  # every training option by its flag's name
         assert not clash, f"{name} options shadow training options {sorted(clash)}"
         add_options(parser.add_argument_group(f"{name} options"), cls.Options)
 

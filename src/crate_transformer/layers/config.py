@@ -24,13 +24,11 @@ DIM_HEAD = Range(0, lo_open=True, integer=True, note="or None = dim // heads")
 
 @dataclasses.dataclass
 class LayerConfig:
-    """The hyperparameters of a CRATE layer (:class:`~crate_transformer.layers.EncoderLayer`), declared once: the
-    model configs whose layers are CRATE layers (the classifier's ``ModelConfig``, ``MAEConfig``, ``LMConfig``)
-    inherit these fields, their ranges and their choices, and the layer and its blocks read them from the config
-    given whole.  A family that wants another default redeclares the field with
-    :func:`~crate_transformer.config_utils.override` (CRATE-MAE's λ = 0.5); a family whose layers are fixed (the
-    ViT and GPT baselines) says so in :meth:`layer_config`.  Where each field applies is observed: a model build
-    records the fields it reads, and refuses one given that it never read (``models._registry.build``)."""
+    """The hyperparameters of a CRATE layer (:class:`~crate_transformer.layers.EncoderLayer`), declared once and
+    inherited by the model configs whose layers are CRATE layers (``ModelConfig``, ``MAEConfig``, ``LMConfig``);
+    another default is :func:`~crate_transformer.config_utils.override` (CRATE-MAE's λ = 0.5), fixed layers (the ViT
+    and GPT baselines) a :meth:`layer_config` of their own.  Where each field applies is observed: a model build
+    refuses one given that it never read (``models._registry.build``)."""
 
     APPLIES: ClassVar[str] = OBSERVED  # inherited by the model configs: each field is checked against the build
 

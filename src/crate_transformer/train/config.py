@@ -1,12 +1,9 @@
 """The training configuration: defaults < ``--recipe`` < ``--config`` YAML/JSON file < command-line flags.
 
-:class:`TrainConfig` holds the task, the model and the checkpoint to start from, and five groups of options
-(:data:`GROUPS`): ``data``, ``augmentation``, ``optim``, ``system`` and ``logging``.  Each option is declared
-once, a field made by :func:`~crate_transformer.config_utils.option`; the flags, the config files, the keywords and
-``config.yaml`` all read that declaration.  One layout: ``config.yaml``, ``--config`` files and checkpoints are
-nested (``config_version`` 2); a file in the flat layout of version 1 (earlier runs' ``config.yaml`` and checkpoints,
-flat ``--config`` files) is converted where it is read, by :func:`upgrade_v1`.  Keywords and flags name options
-flat (``TrainConfig(lr=0.01)``, ``--lr``): :data:`FLAT`, derived from the declarations, places each name.
+:class:`TrainConfig` holds the task, the model, the checkpoint to start from and five groups of options
+(:data:`GROUPS`), each option one :func:`~crate_transformer.config_utils.option` field.  One layout, nested
+(``config_version`` 2); the flat layout of version 1 (earlier runs, flat ``--config`` files) and the flat names of
+keywords and flags (``TrainConfig(lr=0.01)``, ``--lr``) are placed in their groups by one function, :func:`upgrade_v1`.
 
 The paper's ImageNet recipe and its fine-tuning (JMLR App. C.1, Table 1) are ``recipe="crate-paper"``
 (:data:`~.recipes.RECIPES`, which states their values); the defaults of a new classification run are instead tuned
@@ -22,14 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..config import Config, check_applicable, check_option, inapplicable
+from ..config import Config, check_applicable, check_option, inapplicable, pop_version
 from ..config_utils import (
     ALWAYS,
     NON_NEGATIVE,
     ON,
     POSITIVE,
     Range,
-    applies_where,
     coerce_fields,
     default_of,
     load_yaml,
@@ -39,7 +35,7 @@ from ..config_utils import (
 from ..data import AUGMENTATIONS, DATA_MODES, default_augmentation
 from ..errors import OptionError, short_repr
 from .optim import OPTIMIZERS
-from .recipes import READ_BY, RECIPES, recipe_options
+from .recipes import READ_BY, RECIPES, reading_augmentation, recipe_options
 from .sharding import STRATEGIES
 from .trackers import LOGGERS
 
@@ -52,9 +48,7 @@ __all__ = [
     "LoggingOptions",
     "GROUPS",
     "FINETUNE_DEFAULTS",
-    "OPTIMIZERS",
     "AMP_MODES",
-    "DATA_MODES",
     "load_config",
     "read_run_config",
     "nest_options",
@@ -69,12 +63,14 @@ VERSION = 2  # config.yaml layout: 1 = one flat mapping of options, 2 = the opti
 IMAGES = {"task": ("classification", "mae", "dino", "simdino")}  # the image tasks' data (train.images)
 CLASSIFY = {"task": ("classification",)}  # the classification task's recipe pieces
 TEXT = ("lm", "text-classification")
-GROUP = {"applies": ALWAYS}  # a TrainConfig field holding a group of options
+COLUMNS = ("text_columns", "label_column")  # task options of older configs, data options now
 
 
 @dataclass
 class DataOptions(Config):
     """What is trained on and how it is read (``cfg.data``)."""
+
+    APPLIES: ClassVar[str] = ALWAYS  # a field without an applies= of its own is read by every run
 
     source: str = option(
         "mnist",
@@ -84,7 +80,6 @@ class DataOptions(Config):
         "(wikitext:wikitext-103-raw-v1); text classification: a CSV/TSV file | a dataset id (glue:sst2)",
         name="data",
         basic=True,
-        applies=ALWAYS,
     )
     data_mode: str = option(
         "auto",
@@ -115,7 +110,7 @@ class DataOptions(Config):
         applies=({"eval_split": ("val",)}, {"task": TEXT}),  # an image task's held-out images are evaluated as val
     )
     eval_split: str = option(
-        "test", "split evaluated after every `eval_every` epochs: test | val", choices=("test", "val"), applies=ALWAYS
+        "test", "split evaluated after every `eval_every` epochs: test | val", choices=("test", "val")
     )
     train_subset: int = option(
         0,
@@ -213,13 +208,14 @@ class OptimOptions(Config):
     and the regularisers of the loss and the weights: label smoothing, layer-wise lr decay, stochastic depth, an
     EMA of the weights (``cfg.optim``)."""
 
+    APPLIES: ClassVar[str] = ALWAYS  # a field without an applies= of its own is read by every run
+
     optimizer: str = option(
         "adamw",
         "optimizer: adamw | lion (the paper pre-trains with Lion) | sgd (with `momentum`) | lars (MoCo v3 / MAE) | "
         "lamb (You et al. 2019)",
         choices=OPTIMIZERS,
         basic=True,
-        applies=ALWAYS,
     )
     momentum: float = option(
         0.9,
@@ -227,14 +223,13 @@ class OptimOptions(Config):
         range=Range(0, 1, hi_open=True),
         applies={"optimizer": ("sgd", "lars")},
     )
-    lr: float = option(4e-3, "peak learning rate", range=Range(0, lo_open=True), basic=True, applies=ALWAYS)
-    min_lr: float = option(1e-5, "learning rate at the end of the cosine decay", range=Range(0), applies=ALWAYS)
+    lr: float = option(4e-3, "peak learning rate", range=Range(0, lo_open=True), basic=True)
+    min_lr: float = option(1e-5, "learning rate at the end of the cosine decay", range=Range(0))
     weight_decay: float = option(
         0.01,
         "decoupled weight decay (matrices only; norms, biases, embeddings excluded)",
         range=Range(0),
         basic=True,
-        applies=ALWAYS,
     )
     betas: list[float] = option(
         [],
@@ -248,47 +243,39 @@ class OptimOptions(Config):
         "global batch size per optimizer step (split over processes and `accum_steps`)",
         range=POSITIVE,
         basic=True,
-        applies=ALWAYS,
     )
     accum_steps: int = option(
         1,
         "gradient accumulation: each process runs its share of a batch in this many chunks",
         range=POSITIVE,
-        applies=ALWAYS,
     )
-    epochs: int = option(40, "training epochs", range=POSITIVE, basic=True, applies=ALWAYS)
+    epochs: int = option(40, "training epochs", range=POSITIVE, basic=True)
     warmup_epochs: float = option(
         2.0,
         "linear warm-up length in epochs (fractions allowed)",
         range=Range(0),
         basic=True,
-        applies=ALWAYS,
     )
     warmup_fraction: float = option(
         0.0,
         "linear warm-up as a share of the run's optimizer steps (0.05: the first twentieth; 0 = `warmup_epochs`); "
         "setting one of the two warm-ups sets the other to 0",
         range=Range(0, 1, hi_open=True),
-        applies=ALWAYS,
     )
     label_smoothing: float = option(
         0.05, "label smoothing of the cross-entropy", range=Range(0, 1, hi_open=True), applies=CLASSIFY
     )
-    grad_clip: float = option(
-        1.0, "clip the global gradient norm to this value (0 = off)", range=Range(0), applies=ALWAYS
-    )
+    grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)", range=Range(0))
     max_steps: int = option(
         0,
         "stop after this many optimizer steps (0 = all epochs; the schedule is unchanged)",
         range=NON_NEGATIVE,
         basic=True,
-        applies=ALWAYS,
     )
     layer_decay: float = option(
         1.0,
         "layer-wise lr decay (MAE / BEiT): layer i of L trains at lr x decay^(L+1-i) (1 = off)",
         range=Range(0, 1, lo_open=True),
-        applies=ALWAYS,
     )
     drop_path: float = option(
         0.0,
@@ -407,20 +394,18 @@ class TrainConfig:
     option by its flat name (``TrainConfig(lr=0.01, data="digits")``), as flags name them (:data:`FLAT`)."""
 
     GIVEN_IN: ClassVar[str] = ""  # each field is an option of its own (config_utils.field_place)
+    APPLIES: ClassVar[str] = ALWAYS  # a field without an applies= of its own is read by every run
 
     # task (set by the command: train / finetune → classification, pretrain NAME → NAME)
-    task: str = option("classification", "training objective", applies=ALWAYS)
-    task_args: dict = option({}, "the task's own options (the fields of its Options)", applies=ALWAYS)
+    task: str = option("classification", "training objective")
+    task_args: dict = option({}, "the task's own options (the fields of its Options)")
     # model
-    model: str | None = option(
-        "crate_mnist_p4", "registered model name (ct.list_models() lists them)", basic=True, applies=ALWAYS
-    )
+    model: str | None = option("crate_mnist_p4", "registered model name (ct.list_models() lists them)", basic=True)
     model_args: dict = option(
         {},
         "model overrides as KEY=VALUE, e.g. dim=64 depth=4 patch_size=4",
         metavar="KEY=VALUE",
         basic=True,
-        applies=ALWAYS,
     )
     # a named published recipe: its values go under the options given with it (defaults < recipe < file < flags)
     recipe: str | None = option(
@@ -429,37 +414,30 @@ class TrainConfig:
         "defaults < recipe < a config file < the options given",
         choices=tuple(RECIPES),
         basic=True,
-        applies=ALWAYS,
     )
     # fine-tuning (set by `crate finetune`)
-    init_from: str | None = option(
-        None, "checkpoint to fine-tune from", path=True, metavar="CHECKPOINT", basic=True, applies=ALWAYS
-    )
+    init_from: str | None = option(None, "checkpoint to fine-tune from", path=True, metavar="CHECKPOINT", basic=True)
     keep_head: bool = option(
         False,
         "keep the pretrained head when the class count matches",
         applies={"init_from": ON, "task": ("classification", "dino", "simdino")},
     )
     # the option groups (each field of them states where it applies)
-    data: DataOptions = field(default_factory=DataOptions, metadata=GROUP)
-    augmentation: AugmentationOptions = field(default_factory=AugmentationOptions, metadata=GROUP)
-    optim: OptimOptions = field(default_factory=OptimOptions, metadata=GROUP)
-    system: SystemOptions = field(default_factory=SystemOptions, metadata=GROUP)
-    logging: LoggingOptions = field(default_factory=LoggingOptions, metadata=GROUP)
+    data: DataOptions = field(default_factory=DataOptions)
+    augmentation: AugmentationOptions = field(default_factory=AugmentationOptions)
+    optim: OptimOptions = field(default_factory=OptimOptions)
+    system: SystemOptions = field(default_factory=SystemOptions)
+    logging: LoggingOptions = field(default_factory=LoggingOptions)
 
     def __init__(self, **options: Any) -> None:
         nested = nest_options(options)
         for f in dataclasses.fields(self):
-            if f.name in nested:
-                setattr(self, f.name, nested[f.name])
-            elif f.name not in GROUPS:
-                setattr(self, f.name, f.default if f.default_factory is dataclasses.MISSING else f.default_factory())
-        for name, cls in GROUPS.items():
-            setattr(self, name, cls(**nested.get(name, {})))  # a copy: configs share no group
-        for f in dataclasses.fields(self):  # the top-level values, coerced by nest_options, checked once built
-            if f.name not in GROUPS:
+            if f.name in GROUPS:
+                setattr(self, f.name, GROUPS[f.name](**nested.get(f.name, {})))  # a copy: configs share no group
+            else:  # coerced by nest_options, checked here
+                setattr(self, f.name, nested.get(f.name, default_of(f)))
                 check_option(type(self), f.name, getattr(self, f.name))
-        check_applicable(*_where(self.to_dict()))  # the conditions across groups (on the task, ...)
+        check_applicable(*_where(self.to_dict()), given=_given(options, nested))  # also across groups (the task, ...)
 
     def validate(self) -> None:
         """Raise a one-line ValueError for any inconsistent setting."""
@@ -467,19 +445,9 @@ class TrainConfig:
             getattr(self, name).check_fields()
             getattr(self, name).validate()
 
-    def to_dict(self, effective: bool = False) -> dict:
-        """The nested mapping saved as ``config.yaml`` (with ``config_version``); :meth:`from_dict` reads it.
-        ``effective``: only the options that take effect in this run, less those whose ``applies`` condition does
-        not hold (each at its default, since one given cannot be built: ``hflip`` where ``augment`` is translate), so
-        ``config.yaml`` records what was used; reading it back gives the same config."""
-        d = {"config_version": VERSION, **dataclasses.asdict(self)}
-        if effective:
-            values, owners, seen = _where(d)
-            for name, f in FIELDS.items():
-                applies = f.metadata.get("applies")
-                if not isinstance(applies, str) and applies_where(applies, {**values, **seen}) is False:
-                    (d if GROUP_OF[name] is None else d[GROUP_OF[name]]).pop(name)
-        return d
+    def to_dict(self) -> dict:
+        """The nested mapping saved as ``config.yaml`` (with ``config_version``); :meth:`from_dict` reads it."""
+        return {"config_version": VERSION, **dataclasses.asdict(self)}
 
     def flat(self) -> dict:
         """Every option by its flat name (``{"lr": ..., "data": ..., ...}``), as flags and version-1 files name them."""
@@ -487,22 +455,22 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], base: TrainConfig | None = None, *, saved: bool = False) -> TrainConfig:
-        """``base`` (or the defaults) updated with ``d``: nested groups, flat option names (keys may use dashes or
-        underscores) or both; a ``config_version`` newer than this release reads is refused.  An option of ``d``
-        that cannot apply is refused; one of the layers below (``base``, the recipe), or of a ``saved`` run's
-        ``d`` (which recorded every option, read or not), goes back to its default, which changes nothing."""
+        """``base`` (or the defaults) updated with ``d`` (any layout, :func:`nest_options`).  An option ``d`` gives
+        (:func:`_given`) that cannot apply is refused; one of the layers below (``base``, the recipe), or of a
+        ``saved`` run's ``d`` (which recorded every option, read or not), goes back to its default, which changes
+        nothing."""
         nested = nest_options(d)
         recipe = {}
         if nested.get("recipe"):  # the recipe's values go under the options given with it
             finetune = (nested.get("init_from") or (base.init_from if base is not None else None)) is not None
             recipe = recipe_options(nested["recipe"], finetune)
         under = {k: v for k, v in base.to_dict().items() if k != "config_version"} if base is not None else {}
-        return cls(**_applied(cls.merge(under, recipe, nested), {} if saved else nested))
+        return cls(**_applied(cls.merge(under, recipe, nested), set() if saved else _given(d, nested)))
 
     @staticmethod
     def merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
-        """Layers of options, lowest first (defaults < recipe < file < flags; each in any layout, typed by
-        :func:`nest_options`) → one nested mapping, each layer's options winning over those below, group by group."""
+        """Layers of options, lowest first (defaults < recipe < file < flags; any layout) → one nested mapping,
+        each layer's options winning over those below, group by group."""
         out: dict[str, Any] = {}
         for layer in layers:
             for key, value in nest_options(layer).items():
@@ -521,57 +489,58 @@ GROUP_OF = {n: next((g for g, c in GROUPS.items() if c is cls), None) for n, cls
 
 def _where(nested: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, type], dict[str, Any]]:
     """What the ``applies`` conditions read (:func:`~crate_transformer.config.check_applicable`'s arguments): every
-    field's value (its default where ``nested`` has none) by field name, their classes, and ``augment`` as ``auto``
-    resolves it (JMLR App. C.1: translations for the built-in digits)."""
+    field's value (its default where ``nested`` has none), their classes, and ``augment`` as ``auto`` resolves it
+    (the run's own choice, :func:`~.recipes.reading_augmentation`, else translations for the built-in digits)."""
     values = {n: default_of(f) for n, f in FIELDS.items()}
     for key, value in nested.items():
         values.update(value if key in GROUPS else {key: value} if key in OWNERS else {})
-    seen = {}
-    if values["augment"] == "auto":  # a setting only some augmentations read picks one that reads it (recipes)
-        changed = tuple(n for n in READ_BY if values[n] != default_of(FIELDS[n]))
-        read = {kind: sum(kind in READ_BY[n] for n in changed) for kind in ("translate", "crop-flip", "randaugment")}
-        best = max(read, key=read.get)
-        finetune = values["init_from"] is not None
-        seen["augment"] = best if read[best] else default_augmentation(str(values["source"]), finetune=finetune)
-    return values, OWNERS, seen
+    if values["augment"] != "auto":
+        return values, OWNERS, {}
+    kind, _ = reading_augmentation(tuple(n for n in READ_BY if values[n] != default_of(FIELDS[n])))
+    finetune = values["init_from"] is not None
+    return values, OWNERS, {"augment": kind or default_augmentation(str(values["source"]), finetune=finetune)}
 
 
-def _applied(nested: dict[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
-    """``nested`` less the options that cannot apply there and are not in ``given`` (they came from a layer below,
-    or a saved run recorded them): each back to its default, until every one left applies or was given."""
-    while True:
-        dropped = [n for n in inapplicable(*_where(nested)) if not _names(given, n) and _names(nested, n)]
-        if not dropped:
-            return nested
+def _given(d: Mapping[str, Any], nested: Mapping[str, Any]) -> set[str]:
+    """The options ``d`` gives, by field name (issue 48): every key it names (``nested``: ``d`` as :func:`nest_options`
+    placed it) at any value, so ``momentum=0.9`` under adamw is refused as ``momentum=0.5`` is; but in a record of
+    every option, read or not (:meth:`TrainConfig.to_dict`, ``flat()``, ``--print-config``, a run's config.yaml: it
+    names them all or carries ``config_version``) and in a group given as its dataclass, those away from their
+    default."""
+    names = _set(nested)
+    flat = {FLAT[k][1] for k in (str(k).replace("-", "_") for k in d) if k in FLAT}  # named on their own: given
+    whole = {n for k, v in d.items() if dataclasses.is_dataclass(v) for n in _set(nested.get(k, {}))} - flat
+    by_value = names if "config_version" in d or names >= set(OWNERS) else whole
+    values = _where(nested)[0]
+    return {n for n in names if n not in by_value or values[n] != default_of(FIELDS[n])}
+
+
+def _set(nested: Mapping[str, Any]) -> set[str]:
+    """The fields set in ``nested`` (the top-level keys and each group's)."""
+    return {n for k, v in nested.items() for n in (v if k in GROUPS and isinstance(v, Mapping) else [k]) if n in OWNERS}
+
+
+def _applied(nested: dict[str, Any], given: set[str]) -> dict[str, Any]:
+    """``nested`` less the options that cannot apply there and are not ``given`` (they came from a layer below, or
+    a saved run recorded them): each back to its default, until every one left applies or was given."""
+    while dropped := inapplicable(*_where(nested), given=_set(nested) - given):
         for name in dropped:
             group = GROUP_OF[name]
             if group is None:
                 nested.pop(name, None)
             else:
                 nested[group] = {k: v for k, v in nested.get(group, {}).items() if k != name}
-
-
-def _names(nested: Mapping[str, Any], name: str) -> bool:
-    """Whether field ``name`` is set in ``nested``."""
-    return name in nested or any(isinstance(v, Mapping) and name in v for k, v in nested.items() if k in GROUPS)
+    return nested
 
 
 def upgrade_v1(d: Mapping[str, Any]) -> dict[str, Any]:
-    """Options in the flat layout of version 1 (every option at the top by its flat name, ``lr``, ``data: mnist``:
-    earlier runs' ``config.yaml`` and checkpoints, flat ``--config`` files) → the nested layout of version 2, the one
-    every reader downstream sees; the one conversion, called where a file's options are read (:func:`read_options_file`,
-    a checkpoint's ``train_config``) and by :func:`nest_options` for keywords and flags, which name options flat.
-
-    Keys already nested pass (a file may mix both: the later key wins); dashes read as underscores; the
+    """Options in the flat layout of version 1 (``lr``, ``data: mnist`` at the top: earlier runs' ``config.yaml``
+    and checkpoints, flat ``--config`` files, keywords and flags) → the nested layout of version 2: the one placing of
+    a flat name in its group (:data:`FLAT`).  Nested keys pass (the later key wins); dashes read as underscores; the
     text-classification columns of older configs (task options then) move to ``data``; a newer ``config_version`` is
-    a one-line error.  Keys that are no option are left at the top for :func:`nest_options` to refuse."""
+    a one-line error; keys that are no option stay at the top for :func:`nest_options` to refuse."""
     d = {str(k).replace("-", "_"): v for k, v in d.items()}
-    version = d.pop("config_version", 1)
-    if not isinstance(version, int) or isinstance(version, bool) or version > VERSION:
-        raise ValueError(
-            f"config_version {version!r} is newer than this crate_transformer reads ({VERSION}); "
-            "upgrade crate_transformer (pip install -U crate-transformer)"
-        )
+    pop_version(d, VERSION)
     out: dict[str, Any] = {}
     for key, value in d.items():
         if key in GROUPS and (isinstance(value, (Mapping, GROUPS[key])) or value is None):
@@ -588,18 +557,18 @@ def upgrade_v1(d: Mapping[str, Any]) -> dict[str, Any]:
             )
         else:
             out[key] = value
-    return _moved_task_options(out)
+    task_args = out.get("task_args")
+    if isinstance(task_args, Mapping) and (moved := {k: task_args[k] for k in COLUMNS if k in task_args}):
+        out["task_args"] = {k: v for k, v in task_args.items() if k not in moved}
+        out["data"] = {**out.get("data", {}), **moved}
+    return out
 
 
 def nest_options(d: Mapping[str, Any]) -> dict[str, Any]:
-    """Options by flat name or nested (keywords, flags, a file's mapping) → the top-level fields and one mapping
-    per group (:func:`upgrade_v1` places the flat names), every value coerced to its declared type: the one check
-    every flag, config file and keyword goes through before any value is used (``model_args: "dim=32"`` in a file
-    is a one-line error naming the key, not a TypeError where it is first merged).
-
-    Unknown keys and a newer ``config_version`` are one-line errors; extra keys of a run's config.yaml
-    (``model_config``, ``derived``) are not options and must be removed first (:func:`read_run_config` does).
-    """
+    """Options in any layout (keywords, flags, a file's mapping; :func:`upgrade_v1`) → the top-level fields and one
+    mapping per group, every value coerced to its declared type: the one check every flag, config file and keyword
+    goes through before any value is used.  Unknown keys are one-line errors (a run's config.yaml extras,
+    ``model_config`` and ``derived``, are removed first by :func:`read_run_config`)."""
     out = upgrade_v1(d)
     top = {f.name for f in dataclasses.fields(TrainConfig)} - set(GROUPS)
     unknown = [k for k in out if k not in top and k not in GROUPS]
@@ -609,43 +578,14 @@ def nest_options(d: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         valid = sorted({*top, *FLAT, *GROUPS})
         raise ValueError(f"unknown training option(s) {sorted(unknown)}; valid options: {valid}")
-    typed = _no_empty_path(TrainConfig, coerce_fields(TrainConfig, {k: v for k, v in out.items() if k not in GROUPS}))
+    typed = coerce_fields(TrainConfig, {k: v for k, v in out.items() if k not in GROUPS})
     for key, value in out.items():
         if key in GROUPS:
-            typed[key] = _no_empty_path(GROUPS[key], coerce_fields(GROUPS[key], value))
-    return _one_warmup(typed)
-
-
-def _no_empty_path(cls: type, values: dict[str, Any]) -> dict[str, Any]:
-    """``values``, refusing an empty string for a field declared ``path=True`` (``--out ""`` would otherwise mean
-    an auto-named folder, silently)."""
-    for f in dataclasses.fields(cls):
-        if f.metadata.get("path") and isinstance(values.get(f.name), str) and not values[f.name].strip():
-            name = option_name(f)
-            raise OptionError(f"{name} is an empty path; give a folder or file, or leave it out", option=name)
-    return values
-
-
-def _one_warmup(out: dict[str, Any]) -> dict[str, Any]:
-    """``out`` with the other warm-up 0 where it sets one of ``warmup_epochs`` / ``warmup_fraction`` and not the
-    other, so a warm-up given replaces the one of the defaults (or of the task, or of a recipe) below it."""
-    optim = out.get("optim")
-    if isinstance(optim, Mapping):
-        given = {"warmup_epochs", "warmup_fraction"} & set(optim)
-        if len(given) == 1:
-            out["optim"] = {**optim, ({"warmup_epochs", "warmup_fraction"} - given).pop(): 0.0}
-    return out
-
-
-def _moved_task_options(out: dict[str, Any]) -> dict[str, Any]:
-    """``out`` with the text-classification columns of older configs (task options then) in the data group."""
-    task_args = out.get("task_args")
-    if not isinstance(task_args, Mapping) or not {"text_columns", "label_column"} & set(task_args):
-        return out
-    moved = {k: v for k, v in task_args.items() if k in ("text_columns", "label_column")}
-    out["task_args"] = {k: v for k, v in task_args.items() if k not in moved}
-    out["data"] = {**out.get("data", {}), **moved}
-    return out
+            typed[key] = coerce_fields(GROUPS[key], value)
+    optim = typed.get("optim", {})
+    if len(warmups := {"warmup_epochs", "warmup_fraction"} & set(optim)) == 1:  # one given replaces the one below
+        typed["optim"] = {**optim, ({"warmup_epochs", "warmup_fraction"} - warmups).pop(): 0.0}
+    return typed
 
 
 def flat_options(d: Mapping[str, Any]) -> dict[str, Any]:
@@ -712,14 +652,12 @@ def given_once(model_args: Mapping[str, Any], field: str, value: object, setter:
     """Refuse ``model_args[field]`` when a training option or the data (``setter``, which sets ``value``: a
     ``name=value`` or words) gives the model field another value: one of the two would win silently.  An equal
     value passes."""
-    if field not in model_args or value is None or _same(model_args[field], value):
+    if field not in model_args or value is None:
         return
-    given = short_repr({field: model_args[field]})
-    raise OptionError(f"{field} is given twice: {setter} and model_args={given}; keep one")
-
-
-def _same(given: object, value: object) -> bool:
     try:
-        return float(given) == float(value)  # "0.1" from the command line is 0.1
+        same = float(model_args[field]) == float(value)  # "0.1" from the command line is 0.1
     except (TypeError, ValueError):
-        return str(given) == str(value)
+        same = str(model_args[field]) == str(value)
+    if not same:
+        given = short_repr({field: model_args[field]})
+        raise OptionError(f"{field} is given twice: {setter} and model_args={given}; keep one")

@@ -27,7 +27,7 @@ from ..config import applied
 from ..data.prefetch import prefetch
 from ..errors import OptionError
 from . import sharding
-from .config import TrainConfig, nest_options, upgrade_v1
+from .config import TrainConfig, nest_options
 from .optim import build_optimizer, param_groups
 from .rundir import CHECKPOINT, CONFIG_FILE, RunDir, load_training_state
 from .runtime import Interrupt, ProcessSettings, Runtime, StopVote, rng_state, seed_everything, set_rng_state
@@ -129,7 +129,7 @@ def _configure(
     given_task_args = set(overrides.get("task_args") or {})
     if resume is not None:
         state = load_training_state(resume)
-        cfg = saved = TrainConfig.from_dict(upgrade_v1(state["train_config"]), saved=True)  # flat: an earlier release
+        cfg = saved = TrainConfig.from_dict(state["train_config"], saved=True)  # any layout: from_dict reads it
         _check_architecture(state, overrides, resume)
     for key in ("task_args", "model_args"):  # a resumed run keeps the options not given again
         if cfg is not None and key in overrides:

@@ -29,6 +29,7 @@ __all__ = [
     "choose_augmentation",
     "choose_mae_augmentation",
     "changed_settings",
+    "reading_augmentation",
     "recipe_note",
     "chance_level",
     "near_chance",
@@ -202,6 +203,17 @@ READ_BY = {
 }
 
 
+def reading_augmentation(changed: tuple[str, ...]) -> tuple[str, list[str]]:
+    """The augmentation that reads the most of the settings ``changed`` (given away from their defaults; the
+    simplest of equals), with those it reads; ``("", [])`` where none is one that only some augmentations read.
+    ``augment='auto'`` picks it, in the run (:func:`choose_augmentation`) and in the options' checks alike."""
+    read = {
+        kind: [n for n in changed if kind in READ_BY.get(n, ())] for kind in ("translate", "crop-flip", "randaugment")
+    }
+    best = max(read, key=lambda kind: len(read[kind]))
+    return (best, read[best]) if read[best] else ("", [])
+
+
 def changed_settings(augmentation: Any) -> tuple[str, ...]:
     """The settings of an ``AugmentationOptions`` that only some augmentations read, given away from their
     defaults (what :func:`choose_augmentation` must respect)."""
@@ -220,12 +232,9 @@ def choose_augmentation(
     or more (the transfer protocol; not under ``recipe='small-data'``).  ``changed``: the augmentation settings
     given away from their defaults; the choice is one that reads them (``crop_scale`` given: a crop)."""
     n = f"{num_images:,} {'grey-scale' if channels == 1 else f'{channels}-channel'} training images"
-    read = {
-        kind: [n for n in changed if kind in READ_BY.get(n, ())] for kind in ("translate", "crop-flip", "randaugment")
-    }
-    best = max(read, key=lambda kind: len(read[kind]))  # the simplest of those that read the most of them
-    if read[best]:
-        return Choice(best, f"the augmentation that reads the {', '.join(read[best])} given")
+    kind, read = reading_augmentation(changed)
+    if kind:
+        return Choice(kind, f"the augmentation that reads the {', '.join(read)} given")
     if channels == 1:
         return Choice(
             "translate",

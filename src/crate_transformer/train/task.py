@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..config import IMAGE_CLASSIFIER, LANGUAGE_MODEL, MASKED_AUTOENCODER
+from ..config import IMAGE_CLASSIFIER, LANGUAGE_MODEL, MASKED_AUTOENCODER, from_given
 from ..config_utils import option
 from ..errors import TaskError
 from .config import TrainConfig
@@ -170,7 +170,7 @@ class Task:
         if unknown:
             raise ValueError(f"unknown {cls.name} option(s) {unknown}; valid: {sorted(known)}")
         args = coerce_fields(cls.Options, args)
-        cls.Options(**args)  # a Config: its choices, ranges and own checks now, before a run folder is made
+        from_given(cls.Options, **args)  # its choices, ranges and own checks now, before a run folder is made
         return args
 
     def check_model(self, cfg: TrainConfig) -> None:
