@@ -191,7 +191,7 @@ def test_no_starting_checkpoint_and_no_step0_records_is_said_in_one_line(runs, t
     notes = [n for n in report["notes"] if "starting checkpoint" in n]
     assert len(notes) == 1 and f"note: {notes[0]}\n" in printed and "\n" not in notes[0]
     assert notes[0].startswith(f"starting checkpoint unavailable: {runs / 'gone0-start'} (config.yaml's init_from)")
-    assert "no step-0 records (--measure-every 0)" in notes[0]
+    assert "no step-0 records (measure_every 0)" in notes[0]
 
 
 def test_a_continued_mae_states_the_decoders_move_from_its_starting_checkpoint(runs, tmp_path, capsys):

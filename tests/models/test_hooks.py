@@ -321,35 +321,3 @@ def test_bad_input_is_one_line_naming_the_fix() -> None:
     with pytest.raises(ValueError, match="layers.0.attn.pattern can be read .run_with_cache., not replaced: TSSA"):
         with tost.intervene({"layers.0.attn.pattern": ablate(0)}):
             pass
-
-
-# ----------------------------------------------------------------------------------------------- the page
-def test_the_hooks_page_runs_block_by_block_and_prints_what_it_says(capsys: pytest.CaptureFixture) -> None:
-    """docs/hooks.md's Python blocks, in order as one program (each registered with linecache: nnsight reads a
-    trace's source back), print what their comments say."""
-    import linecache
-    import os
-    from pathlib import Path
-
-    from test_docs import code_blocks
-
-    # nnsight without its process-wide .save() on every object (tests/models/test_interop.py says why)
-    os.environ.setdefault("NNSIGHT_CONFIG", str(Path(__file__).resolve().parents[1] / "nnsight.yaml"))
-    pytest.importorskip("nnsight", reason="the optional 'interp' extra installs nnsight and transformer-lens")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    page = Path(__file__).resolve().parents[2] / "docs" / "hooks.md"
-    blocks = [text for lang, text in code_blocks(page) if lang == "python"]
-    namespace: dict = {}
-    for i, block in enumerate(blocks, 1):
-        name = f"docs/hooks.md, Python block {i}"
-        linecache.cache[name] = (len(block), None, block.splitlines(True), name)
-        exec(compile(block, name, "exec"), namespace)  # our own docs' code
-    said = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("[transformers]")]
-    commented = [
-        line.split("# ", 1)[1].strip()
-        for block in blocks
-        for line in block.splitlines()
-        if "print(" in line and "# " in line
-    ]
-    assert said[1:] == commented, said
-    assert said[0].startswith("['embed', 'layers.0.z_in', 'layers.0.attn.qkv'")

@@ -239,7 +239,7 @@ def start_note(reference: Reference) -> list[str]:
     if reference.start:
         return [f"starting checkpoint: {why}; compression and sparsity state their move from the run's step-0 "
                 "records (other images); incoherence and a decoder are not compared with it"]  # fmt: skip
-    return [f"starting checkpoint unavailable: {why}, and the run logged no step-0 records (--measure-every 0), "
+    return [f"starting checkpoint unavailable: {why}, and the run logged no step-0 records (measure_every 0), "
             "so no claim states its move from it"]  # fmt: skip
 
 
