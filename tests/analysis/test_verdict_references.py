@@ -264,3 +264,25 @@ def test_a_folder_that_is_not_a_partial_report_is_still_refused(runs, tmp_path, 
     (out / "notes.txt").write_text("mine")
     assert cli_main(["analyze", str(runs / "scratch"), *ANALYZE, "--out", str(out)]) == 2
     assert "is not empty" in capsys.readouterr().err and (out / "notes.txt").read_text() == "mine"
+
+
+def test_a_relative_starting_checkpoint_is_recorded_so_analyze_finds_it_from_anywhere(runs, monkeypatch):
+    """``--from scratch`` typed in the runs' folder: config.yaml records the resolved path, so ``crate analyze``
+    run from another folder still loads the starting checkpoint (a relative one would count as gone)."""
+    import yaml
+
+    monkeypatch.chdir(runs)
+    finetune = ["finetune", "--from", "scratch", "--data", "digits", "--image-size", "8", *RUN]
+    assert cli_main([*finetune, "--measure-every", "0", "--out", "rel"]) == 0
+    recorded = yaml.safe_load((runs / "rel" / "config.yaml").read_text())["init_from"]
+    assert recorded == str((runs / "scratch").resolve())
+    monkeypatch.chdir(runs.parent)
+    assert analysis_reference_loads(runs / "rel")
+
+
+def analysis_reference_loads(run) -> bool:
+    """Whether ``crate analyze``'s reference of ``run`` holds a starting checkpoint that loads."""
+    from crate_transformer.cli.analyze import run_reference, starting_model
+
+    ref = run_reference(str(run))
+    return starting_model(ref, load_model(str(run), as_classifier=True)) is not None

@@ -153,6 +153,8 @@ def _configure(
         _check_fixed_options(task, saved, cfg, state, given_task_args, resume)
     else:
         task.check_model(cfg)  # the right kind of model for the command, before a run folder is made
+        if cfg.init_from and Path(cfg.init_from).exists():  # config.yaml names the start from any folder (analyze)
+            cfg.init_from = str(Path(cfg.init_from).resolve())
     return cfg, task, state
 
 
