@@ -134,3 +134,35 @@ def test_a_saved_config_with_unread_fields_still_builds():
     config = model_config("crate_mnist", **FAMILIES["crate_mnist"])
     stored = dataclasses.replace(config, mlp="mlp", eta=0.5)  # as config.json holds it: no override remembered
     assert build(type(config).from_dict(stored.to_dict())).config.eta == 0.5
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_a_field_written_at_its_default_where_the_build_never_reads_it_is_refused(name):
+    """Written is given, whatever the value: ``create_model(name, eta=0.1)`` (the default) for a model that never
+    reads eta is refused as eta=0.5 is, while a field the model reads is taken at its default too."""
+    base = FAMILIES[name]
+    cls = type(model_config(name, **base))
+    where, read = fields_applicability(cls), set(model_fields(name))
+    plain = model_config(name, **base)
+    refused = taken = 0
+    for f in dataclasses.fields(cls):
+        if f.name in base or where[f.name] != OBSERVED:
+            continue
+        value = getattr(plain, f.name)  # the value the model has anyway: given, it changes nothing
+        if f.name in read:
+            ct.create_model(name, **base, **{f.name: value})
+            taken += 1
+            continue
+        with pytest.raises(OptionError, match=f"^{f.name} {REFUSED}"):
+            ct.create_model(name, **base, **{f.name: value})
+        refused += 1
+    assert taken, name
+
+
+def test_crate_train_refuses_a_model_arg_written_at_its_default_where_it_cannot_apply(tmp_path, capsys):
+    from crate_transformer.cli import main
+
+    argv = ["train", "--model", "crate_mnist", "--model-args", "mlp=mlp", "eta=0.1", "--max-steps", "1"]
+    assert main([*argv, "--no-progress", "--out", str(tmp_path / "run")]) != 0
+    err = capsys.readouterr().err
+    assert "eta applies only where the model built reads it" in err and not (tmp_path / "run").exists()

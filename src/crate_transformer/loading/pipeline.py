@@ -278,7 +278,7 @@ def _file_config(
     if conflicts:
         raise CheckpointError(f"{source} disagrees with the given overrides: {', '.join(conflicts)}; drop them")
     try:
-        config = model_config(name, **{**found, **overrides})
+        config = model_config(name, written=overrides, **{**found, **overrides})
         if fmt.check is not None:
             fmt.check(config)
     except ValueError as e:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+from collections.abc import Collection
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
@@ -128,10 +129,12 @@ def registered_fields(name: str) -> dict:
     return dict(_MODELS[name])
 
 
-def model_config(name: str, **overrides: object) -> Config:
+def model_config(name: str, *, written: Collection[str] = (), **overrides: object) -> Config:
     """The config (the class its ``arch`` registered) of a registered model with ``overrides`` applied
-    (values are coerced and validated, e.g. ``lambd="5e-2"`` → 0.05).  The fields overridden away from their
-    default are remembered on the config, for :func:`build` to refuse those the model it builds never reads."""
+    (values are coerced and validated, e.g. ``lambd="5e-2"`` → 0.05).  The fields the user wrote (``written``:
+    keywords, ``--model-args``), at any value, and the other overrides away from their default (a saved
+    config.json's full record) are remembered on the config, for :func:`build` to refuse those the model it builds
+    never reads."""
     registered = registered_fields(name)
     cls = config_class(registered.get("arch"))
     valid = {f.name for f in fields(cls)}
@@ -143,7 +146,7 @@ def model_config(name: str, **overrides: object) -> Config:
         raise OptionError(f"unknown override(s) {bad} for {name!r}{hint}; {name} reads: {known}", option=tuple(bad))
     config = cls(**{**registered, **overrides})
     defaults = {f.name: default_of(f) for f in fields(cls)}
-    given = tuple(k for k in overrides if getattr(config, k) != defaults[k])
+    given = tuple(k for k in overrides if k in written or getattr(config, k) != defaults[k])
     if given:
         object.__setattr__(config, "_given", (name, given))  # not a field: to_dict and config.json never see it
     return config
@@ -174,12 +177,11 @@ def build(config: Config) -> Model:
     """The model a config describes (by its ``arch``).  A field :func:`model_config` was given away from its
     default that the build never reads (``eta`` with ``mlp="mlp"``: no ISTA step is built) is refused in one line:
     the build records the fields it reads (:func:`~crate_transformer.config.reads`), so no family keeps a table."""
-    arch = arch_info(getattr(config, "arch", None))
     name, given = config.__dict__.get("_given", ("", ()))
     if not given:
-        return arch.build(config)
-    with reads(config) as seen:
-        model = arch.build(config)
+        return arch_info(getattr(config, "arch", None)).build(config)
+    with reads(config) as seen:  # arch is read too: it picks the family
+        model = arch_info(getattr(config, "arch", None)).build(config)
     where = fields_applicability(type(config))
     unread = [k for k in given if seen is not None and k not in seen and where[k] == OBSERVED]
     if unread:

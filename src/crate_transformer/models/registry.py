@@ -89,7 +89,7 @@ def create_model(
     if pretrained or pretrained_file is not None:
         model = load_pretrained(name, pretrained_file=pretrained_file, **overrides)
     else:
-        model = build(model_config(name, **overrides))
+        model = build(model_config(name, written=overrides, **overrides))
     return model if features is None else FeatureListNet(model, features)
 
 

@@ -135,7 +135,7 @@ def image_classifier(
         given_once(cfg.model_args, "num_classes", len(classes), f"the data's {len(classes)} classes")
         overrides = {"in_chans": data.train.channels, **cfg.model_args}
         overrides.update(num_classes=len(classes), image_size=image_size)
-        model = build(model_config(cfg.model, **overrides))
+        model = build(model_config(cfg.model, written=cfg.model_args, **overrides))
         if model.kind != IMAGE_CLASSIFIER:
             raise OptionError(
                 f"{cfg.model} is not an image classifier; ct.list_models() lists the models and their kinds"

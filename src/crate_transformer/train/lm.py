@@ -246,10 +246,11 @@ class LMTask(Task):
             self.tokenizer = build_tokenizer(o.tokenizer, source, o.vocab_size, cfg.data.text_columns)
             size = _embedding_size(cfg.model_args.get("vocab_size"), self.tokenizer)
             overrides = {**cfg.model_args, "vocab_size": size, "tokenizer": self.tokenizer.kind}
-            config = model_config(cfg.model, **overrides)
+            config = model_config(cfg.model, written=cfg.model_args, **overrides)
             if config.positions_skip_padding and "pad_token_id" not in cfg.model_args:
                 # the released CRATE-BERT's positions skip padding, which they recognise by its id
-                config = model_config(cfg.model, **overrides, pad_token_id=self.tokenizer.pad_id)
+                overrides["pad_token_id"] = self.tokenizer.pad_id
+                config = model_config(cfg.model, written=cfg.model_args, **overrides)
             return config
 
     # ---------------------------------------------------------------- batches and loss

@@ -243,7 +243,7 @@ class MAETask(Task):
         else:
             if cfg.model is None:
                 raise OptionError("no model given; pass model='crate_mae_mnist' (ct.list_models() lists them)")
-            config = model_config(cfg.model, **cfg.model_args)
+            config = model_config(cfg.model, written=cfg.model_args, **cfg.model_args)
             if cfg.data.image_size:
                 given_once(cfg.model_args, "image_size", cfg.data.image_size, f"image_size={cfg.data.image_size!r}")
             image_size = cfg.data.image_size or config.image_size
