@@ -286,3 +286,49 @@ def analysis_reference_loads(run) -> bool:
 
     ref = run_reference(str(run))
     return starting_model(ref, load_model(str(run), as_classifier=True)) is not None
+
+
+def test_a_finetuned_language_model_states_each_claims_move_from_its_starting_checkpoint(tmp_path, capsys):
+    """`crate finetune-text` from a saved language model, then `crate analyze RUN --data TEXT`: both layer claims
+    state the move from the starting checkpoint, whose numbers are that model measured here on the same blocks;
+    with the start deleted, one note says so."""
+    import pydoc_data.topics
+
+    from crate_transformer.analysis.language import measure_text
+    from crate_transformer.models.lm import LMConfig, build_lm
+    from crate_transformer.models.tokenizer import Tokenizer
+
+    lm = build_lm(LMConfig(dim=16, depth=2, heads=2, block_size=32))
+    lm.tokenizer = Tokenizer.byte_level()
+    lm.save_pretrained(tmp_path / "lm")
+    rows = "".join(f"row {i} was {'good' if i % 2 else 'bad'},{i % 2}\n" for i in range(40))
+    (tmp_path / "t.csv").write_text("sentence,label\n" + rows)
+    (tmp_path / "corpus.txt").write_text(pydoc_data.topics.topics["if"] * 20)
+    tune = ["finetune-text", "--from", str(tmp_path / "lm"), "--data", str(tmp_path / "t.csv"), "--eval-every", "0"]
+    assert cli_main([*tune, *RUN[:2], "--batch-size", "8", *RUN[6:], "--out", str(tmp_path / "ft")]) == 0
+    text = ["--data", str(tmp_path / "corpus.txt"), "--num-blocks", "16", "--no-progress"]
+    capsys.readouterr()
+    assert cli_main(["analyze", str(tmp_path / "ft"), *text, "--out", str(tmp_path / "an")]) == 0
+    report, printed = json.loads((tmp_path / "an" / "report.json").read_text()), capsys.readouterr().out
+    start = report["starting_checkpoint"]
+    assert start["source"] == f"the starting checkpoint ({tmp_path / 'lm'}), measured on the same 16 held-out blocks"
+    assert f"beside it {start['source']}" in printed
+    # the same 16 held-out blocks, chosen as crate analyze chooses them, and the starting model measured on them here
+    from crate_transformer.cli.analyze import held_out_corpus
+    from crate_transformer.data.text import TokenBlocks, load_tokens, split_tokens
+
+    start_model = load_model(str(tmp_path / "lm"))
+    data, val_fraction, columns = held_out_corpus(tmp_path / "ft", str(tmp_path / "corpus.txt"))
+    tokens = load_tokens(data, start_model.tokenizer, columns)
+    held = TokenBlocks(tokens, 32, split_tokens(len(tokens), val_fraction, 32), len(tokens), str(data), "held-out")
+    table = measure_text(start_model, held.get(torch.arange(16))[:, :-1], eps=report["measure"]["held-out text"][
+        "meta"]["eps"])  # fmt: skip
+    for v in start_clauses(report):
+        assert "starting checkpoint" in v["summary"] and "fine-tuning" in v["summary"], v["summary"]
+        metric = "rc_in" if v["name"] == "compression" else "nonzero"
+        assert [r[metric] for r in start["measure"]] == pytest.approx([float(x) for x in table.mean(metric)], rel=1e-5)
+    shutil.rmtree(tmp_path / "lm")
+    assert cli_main(["analyze", str(tmp_path / "ft"), *text, "--out", str(tmp_path / "an2")]) == 0
+    notes = json.loads((tmp_path / "an2" / "report.json").read_text())["notes"]
+    gone = [n for n in notes if n.startswith(f"starting checkpoint unavailable: {tmp_path / 'lm'} (config.yaml's")]
+    assert len(gone) == 1 and "no claim states its move from it" in gone[0]

@@ -150,6 +150,7 @@ def analyze_text(
     explorer_texts: int = 4,
     seed: int = 0,
     seed_words: str | None = None,
+    start: tuple[torch.nn.Module | None, str | None, str | None] = (None, None, None),
 ) -> dict:
     """Measure ``blocks`` (held-out token ids), plot layer-wise compression / sparsity and the attention of the
     first ``attn_tokens`` tokens of the first block; decide the compression and sparsity claims
@@ -157,8 +158,10 @@ def analyze_text(
     ``attention_layer{ℓ}.png`` to ``out_dir`` and returns the report; ``report.html`` holds the explorer of the
     first ``explorer_texts`` blocks (hover a token to see its attention, :mod:`.explorer`).  The verdicts' reference:
     an untrained network of the same architecture built with ``seed`` (``seed_words`` says whose) on the same blocks;
-    the folder holds :data:`~._common.PARTIAL_MARKER` until ``report.html`` is written."""
-    from .report_sections import INITIAL, rate_notes, variational_figure
+    ``start`` = (model, path, why it did not load) of a fine-tuned run's starting checkpoint (config.yaml's
+    ``init_from``): measured on the same blocks and reported beside each verdict, or a note saying why not; the
+    folder holds :data:`~._common.PARTIAL_MARKER` until ``report.html`` is written."""
+    from .report_sections import INITIAL, START_NAME, rate_notes
     from .verdicts import layer_claims
 
     t0, LM = time.time(), LM_SECTION
@@ -166,13 +169,9 @@ def analyze_text(
     mark_partial(out)
     table = measure_text(model, blocks, eps=eps, batch_size=batch_size)
     initial, base = _initial_text(model, blocks, (eps, batch_size), seed, seed_words or f"seed {seed}")
-    plot_layerwise(
-        {"held-out text": table}, out / "layerwise.png", metrics=("rc_in", "nonzero", "rate_reduction"),
-        references={f"held-out text {INITIAL}": initial},
-    )  # fmt: skip
-    extra = variational_figure({"held-out text": table}, {f"held-out text {INITIAL}": initial}, out)
-    ids = blocks[0, :attn_tokens]
-    attn = _attention_figures(model, ids, attn_layers, out)
+    begun, begin, notes = _start_text(start, blocks, (eps, batch_size))
+    curves = {f"held-out text {INITIAL}": initial, **({f"held-out text {START_NAME}": begun} if begun else {})}
+    extra, attn, ids = _text_figures(model, table, curves, blocks[0, :attn_tokens], attn_layers, out)
     c = model.config
     shown = blocks[:explorer_texts, :attn_tokens]
     explorer = text_payload(model, shown, [_token_strings(model, b) for b in shown])
@@ -183,17 +182,34 @@ def analyze_text(
         "measure": {"held-out text": table.to_dict()},
         "figures": ["layerwise.png", *(f for f, _, _ in extra), *(f for f, _ in attn)],
         "initialisation": {f"held-out text {INITIAL}": initial.to_records()},
-        "verdicts": [v.to_dict() for v in layer_claims(table, LM, base)],
-        "notes": rate_notes(model, {"held-out text": table}),
+        "verdicts": [v.to_dict() for v in layer_claims(table, LM, base, begin)],
+        "notes": notes + rate_notes(model, {"held-out text": table}),
         "captions": {**_lm_figures(table, attn, len(ids)), **{f: {"title": t, "caption": c} for f, t, c in extra}},
         "model_config": c.to_dict(),
         "wall_time_s": round(time.time() - t0, 1),
     }
+    if begin is not None:
+        report["starting_checkpoint"] = {"path": start[1], "source": begin.source, "measure": begun.to_records()}
     report = json.loads(json.dumps(report, default=float))
     write_json(out / "report.json", report)
     (out / "report.html").write_text(lm_html(report, explorer))
     finish_partial(out)
     return report
+
+
+def _text_figures(
+    model: torch.nn.Module, table: LayerTable, curves: dict, ids: Tensor, attn_layers: Sequence[int], out: Path
+) -> tuple[list, list[tuple[str, int]], Tensor]:
+    """The report's figures: the layer-wise curves with the reference ``curves`` beside, ToST's variational
+    figure where measured, and the attention of the tokens ``ids`` in each of ``attn_layers``."""
+    from .report_sections import variational_figure
+
+    plot_layerwise(
+        {"held-out text": table}, out / "layerwise.png", metrics=("rc_in", "nonzero", "rate_reduction"),
+        references=curves,
+    )  # fmt: skip
+    extra = variational_figure({"held-out text": table}, curves, out)
+    return extra, _attention_figures(model, ids, attn_layers, out), ids
 
 
 def _attention_figures(model: torch.nn.Module, ids: Tensor, layers: Sequence[int], out: Path) -> list[tuple[str, int]]:
@@ -207,6 +223,23 @@ def _attention_figures(model: torch.nn.Module, ids: Tensor, layers: Sequence[int
         plot_token_attention(token_attention(model, ids, layer), tokens, path, title=f"layer {ell} attention")
         attn.append((path.name, ell))
     return attn
+
+
+def _start_text(
+    start: tuple[torch.nn.Module | None, str | None, str | None], blocks: Tensor, protocol: tuple[float, int]
+) -> tuple[LayerTable | None, object | None, list[str]]:
+    """A fine-tuned run's starting checkpoint (``start`` as :func:`analyze_text` takes it) measured on the same
+    blocks as the model (its table and the verdicts' :class:`~.verdicts.Baseline` of it), or a note saying why
+    there is none."""
+    from .verdicts import baseline_from_table
+
+    model, path, why = start
+    if model is None:
+        missing = f"starting checkpoint unavailable: {path} (config.yaml's init_from) does not load: {why or 'unknown'}"
+        return None, None, [f"{missing}; no claim states its move from it"] if path else []
+    table = measure_text(model, blocks, eps=protocol[0], batch_size=protocol[1])
+    words = f"the starting checkpoint ({path}), measured on the same {blocks.shape[0]} held-out blocks"
+    return table, baseline_from_table(table, words, start=True), []
 
 
 def _initial_text(

@@ -145,6 +145,7 @@ def _analyze_language_model(model: object, args: argparse.Namespace) -> int:
     replace_partial(args.out, default)
     args.out = report_dir(args.out, default, args.overwrite, "analyze", ANALYZE_FILES)
     ref = run_reference(args.checkpoint)
+    start, missing = starting_model(ref, model)
     source = {
         "data": f"{data}: the held-out last {val_fraction:.0%} of the tokens, {n} blocks of {block}",
         "checkpoint": str(args.checkpoint),
@@ -160,6 +161,7 @@ def _analyze_language_model(model: object, args: argparse.Namespace) -> int:
         source=source,
         seed=ref.seed,
         seed_words=ref.seed_words,
+        start=(start, ref.start_checkpoint, missing),
     )
     print_layerwise(report["measure"]["held-out text"]["layers"], f" on {n} held-out blocks")
     print_verdicts(report)
@@ -277,14 +279,14 @@ def starting_model(ref: RunReference, model: object) -> tuple[object | None, str
     (a classifier: as one, its position grid re-gridded to the model's image size; a CRATE-MAE: as itself), on the
     model's device, to be measured exactly as the model; (None, why) when it is gone, unreadable or of another
     architecture (the report then falls back to the run's step-0 records, and says so)."""
-    from ..config import MASKED_AUTOENCODER
+    from ..config import LANGUAGE_MODEL, MASKED_AUTOENCODER
     from ..loading.pipeline import load_model
 
     if not ref.start_checkpoint:
         return None, None
     name, args = ref.start_load.get("name"), ref.start_load.get("model_args", {})
     try:
-        if model.kind == MASKED_AUTOENCODER:
+        if model.kind in (MASKED_AUTOENCODER, LANGUAGE_MODEL):  # continued as itself; a text head is not measured
             start = load_model(ref.start_checkpoint)
         else:
             start = load_model(ref.start_checkpoint, name=name, as_classifier=True, **args)
@@ -292,10 +294,10 @@ def starting_model(ref: RunReference, model: object) -> tuple[object | None, str
                 start.resize_pos_embed(model.config.image_size)  # as fine-tuning did
     except (ValueError, OSError, KeyError, TypeError, RuntimeError) as e:
         return None, str(e)
-    shape = (len(start.layers), start.config.dim, start.config.patch_size)
-    want = (len(model.layers), model.config.dim, model.config.patch_size)
+    shape = (len(start.layers), start.config.dim, getattr(start.config, "patch_size", None))
+    want = (len(model.layers), model.config.dim, getattr(model.config, "patch_size", None))
     if shape != want:
-        words = "{} layers of width {} on {} px patches"
+        words = "{} layers of width {} on {} px patches" if want[2] else "{} layers of width {}"
         return None, f"it has {words.format(*shape)}, the analysed model {words.format(*want)}"
     return start.eval().to(next(model.parameters()).device), None
 
