@@ -12,7 +12,10 @@ eval mode inside ``evaluating`` and ``torch.inference_mode``.  A row's figure is
 ratio is this checkout's over the baseline's (1.00x: no cost), with the 1-minute load average beside it.  Benchmarks
 are not tests: absolute numbers depend on the machine and its load; the ratio is measured side by side.
 
-The ``hooked`` column times the same rows here with a hook attached (``run_with_cache`` of one value per layer), for
+A second block times the same models in one process with their hook points in place and stripped out (swapped
+for identities), interleaved round by round on one thread's CPU time: the cost of the hook points alone, without
+the other commits between the baseline and this checkout and without the noise of two processes.  The ``hooked``
+column times the same rows here with a hook attached (``run_with_cache`` of one value per layer), for
 scale.  A last block bounds the cost from below the noise of a loaded machine: the machinery a forward runs with
 nothing hooked — per layer one unhooked ``HookPoint`` call (``z_half``), the hook key's read (``_hook_state.guard``)
 and the attention's ``hooked(pattern)`` test — timed alone over many calls, times the number of layers, against the
@@ -126,6 +129,57 @@ def machinery(rows: list, repeats: int) -> None:
         print(f"{label:24s} {fwd * 1e3:9.3f} {depth:6d} {depth * cost * 1e3:9.4f} {depth * cost / fwd:7.2%}")
 
 
+def stripped(rows: list, rounds: int, repeats: int) -> None:
+    """The same models in this process with and without their hook points, interleaved (the module docstring's
+    second block): each round times every row once with the ``HookPoint`` modules in place and once with them
+    swapped for ``nn.Identity``, ``_hook_state.guard`` a no-op and the pattern never hooked, on one thread's CPU
+    time (``time.thread_time``: what another job on the machine takes is not counted)."""
+    import time
+
+    import torch
+
+    import crate_transformer as ct
+    from crate_transformer.layers import _hook_state, attention, block, evaluating
+    from crate_transformer.layers.hooks import HookPoint
+
+    guard, is_hooked = _hook_state.guard, attention.hooked
+    points = {}  # (model, parent, name) -> the HookPoint taken out
+
+    def strip(model: torch.nn.Module, on: bool) -> None:
+        for parent in list(model.modules()):
+            for name, child in list(parent.named_children()):
+                if on and isinstance(child, HookPoint):
+                    points[id(model), id(parent), name] = child
+                    setattr(parent, name, torch.nn.Identity())
+                elif not on and (id(model), id(parent), name) in points:
+                    setattr(parent, name, points.pop((id(model), id(parent), name)))
+        block._hook_state.guard = (lambda: None) if on else guard
+        attention.hooked = (lambda point: False) if on else is_hooked
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    print(f"\nIn this process, 1 thread, CPU ms per call (median of {rounds} interleaved rounds of {repeats})")
+    print(f"{'row':24s} {'stripped':>9s} {'ours':>9s} {'ratio':>7s} {'load':>5s}")
+    torch.manual_seed(0)
+    for label, name, over, (kind, b, n) in rows:
+        model = ct.create_model(name, **over).eval()
+        inp = torch.randn(b, 3, n, n) if kind == "image" else torch.randint(0, model.config.vocab_size, (b, n))
+        times: dict[bool, list[float]] = {False: [], True: []}
+        with evaluating(model), torch.inference_mode():
+            for r in range(rounds):
+                for on in (True, False) if r % 2 == 0 else (False, True):
+                    strip(model, on)
+                    model(inp)
+                    t = time.thread_time()
+                    for _ in range(repeats):
+                        model(inp)
+                    times[on].append((time.thread_time() - t) / repeats)
+        strip(model, False)
+        s, o = (statistics.median(times[k]) * 1e3 for k in (True, False))
+        print(f"{label:24s} {s:9.3f} {o:9.3f} {o / s:6.3f}x {os.getloadavg()[0]:5.1f}")
+    torch.set_num_threads(threads)
+
+
 def main() -> None:
     p = Arguments(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--baseline", default=None, help="the commit to compare against (default: before the hooks)")
@@ -151,6 +205,7 @@ def main() -> None:
         b = statistics.median(run[label] for run in runs["base"]) * 1e3
         o = statistics.median(run[label] for run in runs["ours"]) * 1e3
         print(f"{label:24s} {b:9.3f} {o:9.3f} {o / b:6.3f}x {hooked[label] * 1e3:9.3f} {load:>5s}")
+    stripped(rows, 4 * rounds, repeats)
     machinery(rows, repeats)
 
 

@@ -230,6 +230,11 @@ def test_bench_hooks_tiny():
     for w in rows:
         assert float(w[-5]) > 0 and float(w[-4]) > 0 and float(w[-2]) > 0  # baseline, ours, hooked ms
         ratio(w[-3])
+    inside = [w for w in lines if len(w) > 4 and w[0] in ("CRATE-T", "CRATE-GPT", "GPT") and w[-2].endswith("x")]
+    assert [" ".join(w[:-4]) for w in inside] == labels  # the same models with their hook points stripped out
+    for w in inside:
+        assert float(w[-4]) > 0 and float(w[-3]) > 0 and ratio(w[-2]) == pytest.approx(float(w[-3]) / float(w[-4]),
+                                                                                       abs=0.01)  # fmt: skip
     shares = [w for w in lines if len(w) > 4 and w[0] in ("CRATE-T", "CRATE-GPT", "GPT") and w[-1].endswith("%")]
     assert [" ".join(w[:-4]) for w in shares] == labels
     assert all(0 <= float(w[-1][:-1]) < 100 and int(w[-3]) == 2 for w in shares)  # --tiny: depth 2
