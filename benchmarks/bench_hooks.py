@@ -205,7 +205,7 @@ def main() -> None:
         b = statistics.median(run[label] for run in runs["base"]) * 1e3
         o = statistics.median(run[label] for run in runs["ours"]) * 1e3
         print(f"{label:24s} {b:9.3f} {o:9.3f} {o / b:6.3f}x {hooked[label] * 1e3:9.3f} {load:>5s}")
-    stripped(rows, 4 * rounds, repeats)
+    stripped(rows, rounds, repeats)
     machinery(rows, repeats)
 
 
