@@ -22,6 +22,7 @@ two moments), all of it on every DDP process and 1/N of it on each of N FSDP pro
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -80,6 +81,9 @@ def worker(name: str, strategy: str) -> None:
     dist.all_reduce(rss, op=dist.ReduceOp.MAX)
     if dist.get_rank() == 0:
         print(json.dumps({"model": name, "strategy": strategy, "n_params": n_params, **sizes, "rss": rss.item()}))
+    # DDP's Reducer freed after the group is destroyed aborts or hangs gloo's teardown (Runtime.close says why)
+    del wrapped, model, opt, params, state
+    gc.collect()
     dist.destroy_process_group()
 
 
