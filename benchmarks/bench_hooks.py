@@ -98,13 +98,22 @@ def side(src: Path, rows: list, repeats: int, mode: str = "plain") -> dict[str, 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _built(name: str, over: dict, kind: str, b: int, n: int) -> tuple:
+    """A row's model (eval mode) and its input: images (b, 3, n, n) or token ids (b, n), as the timing child makes."""
+    import torch
+
+    import crate_transformer as ct
+
+    model = ct.create_model(name, **over).eval()
+    return model, torch.randn(b, 3, n, n) if kind == "image" else torch.randint(0, model.config.vocab_size, (b, n))
+
+
 def machinery(rows: list, repeats: int) -> None:
     """The per-forward cost of the unhooked machinery (the module docstring's last block), here."""
     import time
 
     import torch
 
-    import crate_transformer as ct
     from crate_transformer.layers import _hook_state, evaluating
     from crate_transformer.layers.hooks import HookPoint, hooked
 
@@ -121,8 +130,7 @@ def machinery(rows: list, repeats: int) -> None:
     print(f"{'row':24s} {'forward':>9s} {'layers':>6s} {'machinery':>9s} {'share':>7s}")
     torch.manual_seed(0)
     for label, name, over, (kind, b, n) in rows:
-        model = ct.create_model(name, **over).eval()
-        inp = torch.randn(b, 3, n, n) if kind == "image" else torch.randint(0, model.config.vocab_size, (b, n))
+        model, inp = _built(name, over, kind, b, n)
         with evaluating(model), torch.inference_mode():
             fwd = statistics.median(per_call(lambda m=model, i=inp: m(i), 1) for _ in range(repeats))
         depth = model.config.depth
@@ -138,7 +146,6 @@ def stripped(rows: list, rounds: int, repeats: int) -> None:
 
     import torch
 
-    import crate_transformer as ct
     from crate_transformer.layers import _hook_state, attention, block, evaluating
     from crate_transformer.layers.hooks import HookPoint
 
@@ -162,8 +169,7 @@ def stripped(rows: list, rounds: int, repeats: int) -> None:
     print(f"{'row':24s} {'stripped':>9s} {'ours':>9s} {'ratio':>7s} {'load':>5s}")
     torch.manual_seed(0)
     for label, name, over, (kind, b, n) in rows:
-        model = ct.create_model(name, **over).eval()
-        inp = torch.randn(b, 3, n, n) if kind == "image" else torch.randint(0, model.config.vocab_size, (b, n))
+        model, inp = _built(name, over, kind, b, n)
         times: dict[bool, list[float]] = {False: [], True: []}
         with evaluating(model), torch.inference_mode():
             for r in range(rounds):
