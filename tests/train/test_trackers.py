@@ -12,7 +12,7 @@ from clitools import crate, one_line_error
 from test_engine import small_cfg
 
 from crate_transformer.train import train
-from crate_transformer.train.trackers import flat_params, scalars
+from crate_transformer.train.trackers import failure, flat_params, scalars
 
 pytest.importorskip("wandb", reason="the optional 'trackers' extra is not installed")
 pytest.importorskip("mlflow", reason="the optional 'trackers' extra is not installed")
@@ -185,3 +185,19 @@ def test_a_tracker_that_cannot_start_is_one_line_and_one_that_fails_mid_run_is_w
         train(small_cfg(tmp_path / "c", max_steps=3, log_every=1, logger=["csv"]))
     assert sum("csv logger failed" in str(w.message) for w in seen) == 1
     assert [r["step"] for r in _records(tmp_path / "c") if r["split"] == "train"] == [1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        "API request to endpoint /api/2.0/mlflow/runs/create failed with error code 500 != 200. Response body: ''",
+        "API request to http://h/api failed: Max retries exceeded (too many 500 error responses)",
+        "failed with status code: 503",
+        "the proxy said HTTP 502 Bad Gateway",
+    ],
+)
+def test_a_tracker_failure_names_the_http_status_however_the_backend_words_it(said: str) -> None:
+    status = next(s for s in ("500", "503", "502") if s in said)
+    line = failure(RuntimeError(said))
+    assert line.startswith(f"RuntimeError: the server answered HTTP {status}; "), line
+    assert "\n" not in line and len(line) < 260

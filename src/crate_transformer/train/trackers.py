@@ -72,7 +72,7 @@ def failure(e: BaseException) -> str:
     """A tracker's exception in one short line: its type, the HTTP status a server answered (where the message
     names one) and the first line of its message, cut."""
     first = (str(e).strip().splitlines() or [""])[0]
-    status = re.search(r"\b([45]\d\d) error responses|status code:? ([45]\d\d)|\bHTTP ([45]\d\d)\b", first)
+    status = re.search(r"\b([45]\d\d) error responses|(?:status|error) code:? ([45]\d\d)|\bHTTP ([45]\d\d)\b", first)
     said = f"the server answered HTTP {next(g for g in status.groups() if g)}; " if status else ""
     first = first if len(first) <= 160 else first[:159] + "…"
     return f"{type(e).__name__}: {said}{first}" if first else type(e).__name__
