@@ -180,7 +180,11 @@ def _run_task(task: str, seeds: list[int], k: int, draws: int, out: Path, tiny: 
 def _row(label: str, runs: list[dict], layer: int) -> str:
     def ms(key: str, digits: int = 3) -> str:
         v = np.array([r["layers"][layer][key] for r in runs], dtype=float)
-        return f"{np.nanmean(v):.{digits}f} ± {np.nanstd(v, ddof=1) if len(v) > 1 else 0:.{digits}f}"
+        v, seeds = v[np.isfinite(v)], len(v)
+        if not len(v):  # a Spearman ρ against a constant column (no unit flips any prediction) is undefined
+            return "undefined"
+        cell = f"{v.mean():.{digits}f} ± {v.std(ddof=1) if len(v) > 1 else 0:.{digits}f}"
+        return cell if len(v) == seeds else f"{cell} ({len(v)} of {seeds} seeds)"
 
     acc = np.array([r["accuracy"] for r in runs])
     above = sum(r["layers"][layer]["purest_above_q95"] for r in runs)
@@ -213,6 +217,7 @@ def main() -> None:
     for label, runs in results.items():
         for layer in range(len(runs[0]["layers"])):
             print(_row(label, runs, layer))
+    print("undefined: ρ has no value where every unit gives the same flip (or Δloss), e.g. none flips a prediction")
 
 
 if __name__ == "__main__":

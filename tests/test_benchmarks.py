@@ -303,6 +303,22 @@ def test_bench_effects_tiny(tmp_path: Path) -> None:
     assert list(results) == labels and all(len(runs) == 2 for runs in results.values())  # seeds 0 and 1
 
 
+def test_bench_effects_says_undefined_where_a_correlation_has_no_value() -> None:
+    """A ρ against a constant column (a briefly trained text model flips nothing) is NaN for that seed: the row says
+    so ("undefined", or the seeds it averages over), never "nan"."""
+    bench = _load("bench_effects")
+    keys = ("purity", "flip", "purest_flip", "random_flip", "random_q95", "rho_flip", "rho_loss")
+
+    def run(rho_flip: float) -> dict:
+        layer = {k: 0.25 for k in keys} | {"rho_flip": rho_flip, "purest_above_q95": False}
+        return {"accuracy": 0.5, "layers": [layer]}
+
+    none = bench._row("m", [run(math.nan), run(math.nan)], 0).split(" | ")
+    some = bench._row("m", [run(math.nan), run(0.5), run(0.7)], 0).split(" | ")
+    assert none[9] == "undefined" and some[9] == "0.60 ± 0.14 (2 of 3 seeds)", (none, some)
+    assert none[10] == some[10] == "0.25 ± 0.00 |" and "nan" not in " ".join(none + some)
+
+
 @pytest.mark.parametrize("task", ["images", "text"])
 def test_bench_features_tiny(tmp_path: Path, task: str) -> None:
     """Two seeds of each model trained, ``crate features`` run on each and its report read back: a row per model
