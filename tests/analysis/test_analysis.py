@@ -334,6 +334,25 @@ def test_training_hook_records_metrics_log_and_history_plot(tmp_path, trained, b
     assert len(fig.axes[0].lines) == 2 and "Fig. 14" in fig._suptitle.get_text()
 
 
+def test_each_reference_curve_takes_its_splits_colour_and_its_kinds_dash() -> None:
+    """A fine-tuned run's figure: per split an untrained network and the starting checkpoint, dashed in that split's
+    colour and told apart by their dash; step-0 records that belong to no split are grey."""
+    rows = [{"layer": i, "rc_in": 1.0 + i, "nonzero": 0.5} for i in (1, 2)]
+    refs = {f"{s} {k}": rows for k in ("untrained", "starting checkpoint") for s in ("train", "test")}
+    fig = analysis.plot_layerwise({"train": rows, "test": rows}, references=refs)
+    lines = {ln.get_label(): ln for ln in fig.axes[0].lines}
+    for split in ("train", "test"):
+        colour = lines[split].get_color()
+        assert lines[f"{split} untrained"].get_color() == lines[f"{split} starting checkpoint"].get_color() == colour
+    assert lines["train"].get_color() != lines["test"].get_color()
+    dashes = {k: lines[f"train {k}"].get_linestyle() for k in ("untrained", "starting checkpoint")}
+    assert dashes["untrained"] != dashes["starting checkpoint"] and "-" not in dashes.values(), dashes
+    grey = analysis.plot_layerwise({"test": rows}, references={"starting checkpoint (step-0 records)": rows})
+    assert grey.axes[0].lines[1].get_color() == "0.45"
+    single = analysis.plot_layerwise({"": rows}, references={"untrained": rows})
+    assert single.axes[0].lines[1].get_color() == single.axes[0].lines[0].get_color()
+
+
 # --------------------------------------------------------------------------- report + CLI
 FIGS = [
     "layerwise.png",

@@ -134,9 +134,10 @@ def plot_layerwise(
             ax.plot(x, mu, "o-", color=colors(i % 10), label=name or None, ms=4)
             if band and np.any(sd > 0):
                 ax.fill_between(x, mu - sd, mu + sd, color=colors(i % 10), alpha=0.2, lw=0)
-        for i, (name, t) in enumerate(references.items()):
+        for name, t in references.items():
             x, mu, _ = _series(t, m)
-            ax.plot(x, mu, "s--", color=colors(i % 10), label=name, ms=3, alpha=0.7, lw=1.2)
+            fmt, color = _reference_style(name, list(tables), references)
+            ax.plot(x, mu, fmt, color=color, label=name, ms=3, alpha=0.7, lw=1.2)
         ax.set_xlabel(r"layer index $\ell$")
         ax.set_ylabel(_label(m))
         ax.set_xticks(x)
@@ -145,6 +146,27 @@ def plot_layerwise(
             ax.legend(fontsize=8)
     fig.suptitle(title or "Layer-wise compression and sparsity (cf. JMLR Fig. 14)")
     return save_figure(fig, path)
+
+
+REFERENCE_STYLES = ("s--", "^:", "v-.", "D--")  # one per kind of reference ("untrained", "starting checkpoint")
+
+
+def _reference_style(name: str, tables: list[str], references: Mapping[str, object]) -> tuple[str, object]:
+    """A reference's line: the colour of the table it goes with (the longest table name it starts with; grey
+    when none, e.g. records of the run's step 0), a marker and dash per kind of reference (its name after the
+    table's), so an untrained network's and a starting checkpoint's curves of one split differ only in dash."""
+
+    def split(ref: str) -> tuple[int | None, str]:
+        owners = [i for i, t in enumerate(tables) if t and ref.startswith(t)]
+        i = max(owners, key=lambda j: len(tables[j]), default=None)
+        return i, ref[len(tables[i]) :].strip() if i is not None else ref
+
+    kinds = list(dict.fromkeys(split(r)[1] for r in references))
+    i, kind = split(name)
+    if i is None and len(tables) == 1 and not tables[0]:  # a single unnamed table: every reference is its
+        i = 0
+    color = colormaps["tab10"](i % 10) if i is not None else "0.45"
+    return REFERENCE_STYLES[kinds.index(kind) % len(REFERENCE_STYLES)], color
 
 
 def _group_history(records: Iterable[Mapping] | Mapping, step_key: str) -> dict[object, list[Mapping]]:
