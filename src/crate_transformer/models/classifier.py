@@ -169,6 +169,26 @@ class ModelConfig(ImageEncoderGeometry, LayerConfig, Config):
         range=Range(0, 1, hi_open=True),
         applies=_VIT_ONLY,
     )
+    interpolate_antialias: bool = option(
+        False,
+        "resizing the position grid: antialiased bicubic (DINOv2's interpolate_antialias; it smooths the table "
+        "where the grid shrinks, and equals plain bicubic where it grows)",
+        applies=_VIT_ONLY,
+    )
+    registers: int = option(
+        0,
+        "register tokens (DINOv2's num_register_tokens, Darcet et al. 2024): learned tokens after the class token, "
+        "without a position; the tokens are then [class, registers, patches]",
+        range=Range(0, integer=True),
+        applies=_VIT_ONLY,
+    )
+    layer_scale_init: float | None = option(
+        None,
+        "LayerScale (CaiT; DINOv2's layerscale): learned per-channel scales of both residual branches, "
+        "initialised to this value (None: none, no parameters)",
+        range=Range(0, lo_open=True),
+        applies=_VIT_ONLY,
+    )
     data: DataSpec | None = option(
         None, "what the model was trained on (normalisation, classes, source), or None", applies="always"
     )
@@ -180,11 +200,15 @@ class ModelConfig(ImageEncoderGeometry, LayerConfig, Config):
         "final_norm",
         "norm_eps",
         "interpolate_offset",
+        "interpolate_antialias",
+        "registers",
+        "layer_scale_init",
     )  # added later: configs without them stay byte-identical
     KEY_ORDER = ("arch", "image_size", "patch_size", "in_chans", "num_classes", "dim", "depth", "heads", "dim_head",
                  "pool", "dropout", "emb_dropout", "drop_path", "eta", "lambd", "ista_mode", "layer_form",
                  "scale_scores", "tied_output", "tied_beta", "eps", "patch_norm", "attention", "mlp", "odl_ratio",
-                 "mlp_ratio", "final_norm", "norm_eps", "interpolate_offset", "data")  # fmt: skip
+                 "mlp_ratio", "final_norm", "norm_eps", "interpolate_offset", "interpolate_antialias", "registers",
+                 "layer_scale_init", "data")  # fmt: skip
     kind = IMAGE_CLASSIFIER
     MODEL_TYPE = (
         "crate_transformer_image"  # config.json's model_type: transformers' AutoConfig (loading.transformers_hf)
@@ -420,17 +444,27 @@ class ImageInput:
 
 
 def bicubic_matrix(
-    n_in: int, n_out: int, device: torch.device | str = "cpu", offset: float = 0.0, dtype: torch.dtype | None = None
+    n_in: int,
+    n_out: int,
+    device: torch.device | str = "cpu",
+    offset: float = 0.0,
+    dtype: torch.dtype | None = None,
+    antialias: bool = False,
 ) -> Tensor:
     """The ``(n_out, n_in)`` matrix of 1-D bicubic resizing as ``F.interpolate(mode="bicubic",
     align_corners=False)`` does it along one axis (its columns: the resized unit vectors).  ``offset`` > 0 resizes
     by the scale factor ``(n_out + offset) / n_in`` instead of to the size, as DINO's ``interpolate_pos_encoding``
-    does (``offset=0.1``): the output still has ``n_out`` samples, placed by that scale."""
-    eye = torch.eye(n_in, device=device, dtype=dtype).reshape(n_in, 1, n_in, 1)
+    does (``offset=0.1``): the output still has ``n_out`` samples, placed by that scale.  ``antialias``: the
+    antialiased kernel (``F.interpolate(..., antialias=True)``, DINOv2's ``interpolate_antialias``), widened by the
+    scale where the axis shrinks, so each output averages the inputs it covers; the same matrix where it grows."""
+    # antialiased, the kept axis is 2 wide: PyTorch's antialiased kernel mis-resizes an axis of length 1 (1 -> 1 is
+    # not the identity there), while each of 2 columns is resized as the 1-D kernel does
+    wide = 2 if antialias else 1
+    eye = torch.eye(n_in, device=device, dtype=dtype).reshape(n_in, 1, n_in, 1).expand(n_in, 1, n_in, wide)
+    how = dict(mode="bicubic", align_corners=False, antialias=antialias)
     if offset:
-        scaled = F.interpolate(eye, scale_factor=((n_out + offset) / n_in, 1.0), mode="bicubic", align_corners=False)
-        return scaled[:, 0, :, 0].T
-    return F.interpolate(eye, size=(n_out, 1), mode="bicubic", align_corners=False)[:, 0, :, 0].T
+        return F.interpolate(eye, scale_factor=((n_out + offset) / n_in, 1.0), **how)[:, 0, :, 0].T
+    return F.interpolate(eye, size=(n_out, wide), **how)[:, 0, :, 0].T
 
 
 class ImageClassifier(ImageInput, Model):
@@ -443,14 +477,19 @@ class ImageClassifier(ImageInput, Model):
     pooling, so its LayerNorm is part of the head), ``forward_head`` pools and maps them to logits,
     ``forward_trace`` returns every layer's tokens in one pass.
 
+    The tokens are ``[class, patches]``, or with ``registers=R`` (the ViT only) ``[class, R registers, patches]``
+    as DINOv2 orders them: of ``forward_features(x)`` (after the last norm with ``final_norm="tokens"``),
+    ``[:, 0]`` is DINOv2's ``x_norm_clstoken``, ``[:, 1:1 + R]`` its ``x_norm_regtokens`` and ``[:, 1 + R:]`` its
+    ``x_norm_patchtokens``; :attr:`num_prefix_tokens` is ``1 + R``, and the ``avg`` pooling and
+    ``forward_intermediates`` read the patches after it.
+
     The architecture is the class's: :class:`CRATE` and :class:`ViT` build their own and record it
     in ``config.arch`` whatever the given config says; ``ImageClassifier(config)`` itself (like
     :func:`build_model`) builds ``config.arch``.
     """
 
     config_class = ModelConfig
-    no_decay_names = ("pos_embed", "cls_token")
-    num_prefix_tokens = 1  # the class token
+    no_decay_names = ("pos_embed", "cls_token", "register_tokens")
 
     def __init__(self, config: ModelConfig | None = None) -> None:
         if config is None:
@@ -462,10 +501,17 @@ class ImageClassifier(ImageInput, Model):
         self.patch_embed, self.layers, init_std = self.build_encoder(c)
         self.cls_token = nn.Parameter(torch.randn(1, 1, c.dim) * init_std)
         self.pos_embed = nn.Parameter(torch.randn(1, c.grid**2 + 1, c.dim) * init_std)
+        # DINOv2's register tokens, drawn after the table so that a model without them draws what it always drew
+        self.register_tokens = nn.Parameter(torch.randn(1, c.registers, c.dim) * init_std) if c.registers else None
         self.emb_drop = nn.Dropout(c.emb_dropout)
         # the last LayerNorm (final_norm): on every token (DINO's ``norm``), or the head's first map
         self.norm = final_layer_norm(c) if c.final_norm == "tokens" else None
         self.head = nn.Sequential(self.head_norm(c), classifier_layer(c.dim, c.num_classes))
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """The tokens before the patches: the class token and the ``registers`` (timm's ``num_prefix_tokens``)."""
+        return 1 + self.config.registers
 
     @staticmethod
     def head_norm(c: ModelConfig) -> nn.Module:
@@ -489,7 +535,10 @@ class ImageClassifier(ImageInput, Model):
         layers overrides it (CRATE-α, ``alpha.py``)."""
         patch_embed, init_std = _PATCH_EMBEDS[c.arch](c)
         rates = drop_path_rates(c.drop_path, c.depth)
-        layers = nn.ModuleList(EncoderLayer.from_config(c, drop_path=r, norm_eps=c.norm_eps) for r in rates)
+        scale = c.layer_scale_init  # LayerScale (the ViT's option): γ1, γ2 of each layer
+        layers = nn.ModuleList(
+            EncoderLayer.from_config(c, drop_path=r, norm_eps=c.norm_eps, layer_scale=scale) for r in rates
+        )
         return patch_embed, layers, init_std
 
     def interpolate_pos_embed(self, h: int, w: int) -> Tensor:
@@ -499,20 +548,22 @@ class ImageClassifier(ImageInput, Model):
         (:func:`bicubic_matrix`): the values of ``F.interpolate(mode="bicubic")``, with a backward that is a
         matrix product too — deterministic on a GPU, where bicubic upsampling's own backward is not
         (``--deterministic`` with DINO's smaller crops, or fine-tuning at another resolution).  Computed in float32,
-        or float64 for a float64 table; ``interpolate_offset`` (DINO's 0.1) resizes by DINO's scale factor.
+        or float64 for a float64 table; ``interpolate_offset`` (DINO's 0.1) resizes by DINO's scale factor,
+        ``interpolate_antialias`` (DINOv2's) with the antialiased kernel.
         """
         g = self.config.grid
         if (h, w) == (g, g):
             return self.pos_embed
         work = torch.promote_types(self.pos_embed.dtype, torch.float32)  # float32 at least, float64 stays float64
         cls_pos, grid_pos = self.pos_embed[:, :1], self.pos_embed[:, 1:].reshape(g, g, -1).to(work)
-        offset = self.config.interpolate_offset
-        rows, cols = (bicubic_matrix(g, n, grid_pos.device, offset, work) for n in (h, w))
+        offset, antialias = self.config.interpolate_offset, self.config.interpolate_antialias
+        rows, cols = (bicubic_matrix(g, n, grid_pos.device, offset, work, antialias) for n in (h, w))
         grid_pos = torch.einsum("ia,abd,jb->ijd", rows, grid_pos, cols).to(cls_pos.dtype)
         return torch.cat([cls_pos, grid_pos.reshape(1, h * w, -1)], dim=1)
 
     def embed(self, x: Tensor) -> Tensor:
-        """``f_pre`` of eq. (65): ``[z_cls, W_pre X] + E_pos`` → ``(b, N+1, d)``.
+        """``f_pre`` of eq. (65): ``[z_cls, W_pre X] + E_pos`` → ``(b, N+1, d)``; with ``registers=R`` the register
+        tokens after the class token, unpositioned (DINOv2's ``prepare_tokens_with_masks``) → ``(b, 1+R+N, d)``.
 
         Input of another floating dtype (float64, float16, bfloat16) is cast to the parameters' dtype;
         under autocast it is left to autocast.  Only metadata is checked here (no NaN check: that
@@ -522,7 +573,11 @@ class ImageClassifier(ImageInput, Model):
         p = self.config.patch_size
         tokens = self.patch_embed(self.patchify(x))
         tokens = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), tokens], dim=1)
-        return self.emb_drop(tokens + self.interpolate_pos_embed(x.shape[-2] // p, x.shape[-1] // p))
+        tokens = tokens + self.interpolate_pos_embed(x.shape[-2] // p, x.shape[-1] // p)
+        if self.register_tokens is not None:
+            registers = self.register_tokens.expand(x.shape[0], -1, -1)
+            tokens = torch.cat([tokens[:, :1], registers, tokens[:, 1:]], dim=1)
+        return self.emb_drop(tokens)
 
     # ---------------------------------------------------------------- forward
     def forward_features(self, x: Tensor) -> Tensor:
@@ -532,7 +587,7 @@ class ImageClassifier(ImageInput, Model):
         return Trace.of(self.layers, self.embed(x), return_attention)
 
     def pool(self, z: Tensor) -> Tensor:
-        return pool_tokens(z, self.config.pool)
+        return pool_tokens(z, self.config.pool, self.num_prefix_tokens)
 
     def forward_head(self, z: Tensor, pre_logits: bool = False) -> Tensor:
         """Pool, then the head: LayerNorm (``pre_logits`` stops here) and the Linear to classes."""
