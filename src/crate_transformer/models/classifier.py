@@ -171,8 +171,8 @@ class ModelConfig(ImageEncoderGeometry, LayerConfig, Config):
     )
     interpolate_antialias: bool = option(
         False,
-        "resizing the position grid: antialiased bicubic (DINOv2's interpolate_antialias; it smooths the table "
-        "where the grid shrinks, and equals plain bicubic where it grows)",
+        "resizing the position grid with PyTorch's antialiased bicubic (DINOv2's interpolate_antialias): PIL's "
+        "cubic kernel (a = -0.5; plain bicubic's is -0.75), widened by the scale where the grid shrinks",
         applies=_VIT_ONLY,
     )
     registers: int = option(
@@ -455,8 +455,9 @@ def bicubic_matrix(
     align_corners=False)`` does it along one axis (its columns: the resized unit vectors).  ``offset`` > 0 resizes
     by the scale factor ``(n_out + offset) / n_in`` instead of to the size, as DINO's ``interpolate_pos_encoding``
     does (``offset=0.1``): the output still has ``n_out`` samples, placed by that scale.  ``antialias``: the
-    antialiased kernel (``F.interpolate(..., antialias=True)``, DINOv2's ``interpolate_antialias``), widened by the
-    scale where the axis shrinks, so each output averages the inputs it covers; the same matrix where it grows."""
+    antialiased kernel (``F.interpolate(..., antialias=True)``, DINOv2's ``interpolate_antialias``): PIL's cubic
+    (a = −0.5, where plain bicubic's is −0.75), widened by the scale where the axis shrinks, so that each output
+    averages the inputs it covers."""
     # antialiased, the kept axis is 2 wide: PyTorch's antialiased kernel mis-resizes an axis of length 1 (1 -> 1 is
     # not the identity there), while each of 2 columns is resized as the 1-D kernel does
     wide = 2 if antialias else 1
@@ -673,7 +674,9 @@ class ViT(ImageClassifier):
     """The ViT baseline (separate Q, K, V; GELU MLP): ``ViT(ModelConfig(dim=192, heads=3, ...))``.
 
     With ``final_norm="tokens"``, ``norm_eps=1e-6`` and ``interpolate_offset=0.1`` it is DINO's ViT (the
-    ``dino_vit*`` / ``simdino_vit*`` names), whose checkpoints :data:`DINO_VIT_FORMAT` reads.
+    ``dino_vit*`` / ``simdino_vit*`` names); with ``registers=4``, ``layer_scale_init`` and
+    ``interpolate_antialias=True``, ``interpolate_offset=0.0`` besides, DINOv2's (``simdinov2_vit*``,
+    ``dinov2_vit*_reg``).  :data:`DINO_VIT_FORMAT` reads the checkpoints of both.
 
     Always builds a ViT: a config with another ``arch`` (e.g. the default ``"crate"``) is copied with
     ``arch="vit"``, so ``ViT(ModelConfig())`` is a ViT and ``model.config.arch == "vit"``.
@@ -725,15 +728,17 @@ CLASSIFIER_FORMAT = OfficialFormat(
 )
 
 
-# DINO's ViT (facebookresearch/dino vision_transformer.py; SimDINO's is the same layout): loading/official.py
+# DINO's ViT (facebookresearch/dino vision_transformer.py; SimDINO's is the same layout) and DINOv2's (SimDINOv2's
+# simdinov2/models/vision_transformer.py: registers, LayerScale, chunked blocks): loading/official.py
 DINO_VIT_FORMAT = OfficialFormat(
     name="DINO ViT",
-    origin="facebookresearch/dino vision_transformer.py, also SimDINO's simdino/vision_transformer.py",
+    origin="facebookresearch/dino vision_transformer.py, SimDINO's simdino/ and simdinov2/models/vision_transformer.py",
     to_native=dino_vit_to_native,
     detect=dino_vit_detect,
     example="dino_vitb16",
     fields=dino_vit_fields,
-    overridable=("interpolate_offset", "num_classes"),  # a backbone (0 classes) given a fresh head
+    # the resize the layout implies, which a user may know better; a backbone (0 classes) given a fresh head
+    overridable=("interpolate_offset", "interpolate_antialias", "num_classes"),
     unstored=HEADS_NOT_STORED,
 )
 

@@ -14,7 +14,7 @@ from ._registry import PretrainedSource, model_config, register_model, register_
 from .classifier import CLASSIFIER_FORMAT, DINO_VIT_FORMAT
 from .spec import IMAGENET_MEAN, IMAGENET_STD
 
-__all__ = ["EMERGENCE_COLAB", "DINO_FILES", "SIMDINO_README"]
+__all__ = ["EMERGENCE_COLAB", "DINO_FILES", "SIMDINO_README", "DINOV2_FILES"]
 
 # JMLR Table 8: image 224, patch 16, p = d/K.  Parameter counts: 6.09M / 13.12M / 22.80M / 77.64M.
 register_model("crate_tiny", arch="crate", dim=384, depth=12, heads=6)
@@ -46,6 +46,28 @@ for _name, _dim, _depth, _heads, _patch in (
     ("simdino_dino_vitb16", 768, 12, 12, 16),
 ):
     register_model(_name, **_DINO, dim=_dim, depth=_depth, heads=_heads, patch_size=_patch)
+# DINOv2's layout (SimDINO's simdinov2/models/vision_transformer.py): SimDINOv2's checkpoints and the SimDINO authors'
+# DINOv2 baselines (README, ViT-B/16 and ViT-L/16 at 224), trained by simdino_config.yaml over ssl_default_config.yaml:
+# 4 register tokens, LayerScale (SimDINOv2's 0.1, the default's 1e-5), the antialiased resize to the size.
+_DINOV2 = dict(_DINO, registers=4, interpolate_antialias=True, interpolate_offset=0.0)
+for _name, _dim, _depth, _heads, _scale in (
+    ("simdinov2_vitb16", 768, 12, 12, 0.1),
+    ("simdinov2_vitl16", 1024, 24, 16, 0.1),
+    ("simdino_dinov2_vitb16", 768, 12, 12, 1e-5),
+    ("simdino_dinov2_vitl16", 1024, 24, 16, 1e-5),
+):
+    register_model(_name, **_DINOV2, dim=_dim, depth=_depth, heads=_heads, patch_size=16, layer_scale_init=_scale)
+# DINOv2's released backbones, which SimDINO's hubconf.py re-exports (simdinov2/hub/backbones.py: img_size 518,
+# patch 14, init_values 1.0; the *_reg ones with 4 registers and the antialiased resize, the others DINO's resize).
+# ViT-g/14 is not registered: its SwiGLU MLP (ffn_layer="swiglufused") is not the ViT's.
+for _name, _dim, _depth, _heads in (
+    ("dinov2_vits14", 384, 12, 6),
+    ("dinov2_vitb14", 768, 12, 12),
+    ("dinov2_vitl14", 1024, 24, 16),
+):
+    _meta = dict(_DINO, dim=_dim, depth=_depth, heads=_heads, image_size=518, patch_size=14, layer_scale_init=1.0)
+    register_model(_name, **_meta)
+    register_model(f"{_name}_reg", **{**_meta, **_DINOV2, "layer_scale_init": 1.0})
 # Small models for the built-in 28x28 digits (the classification task's default) and its ViT counterpart, paired as
 # CRATE-T/ViT-T are (Table 8): ViT at half the width and half the heads (same head size 32), 4x MLP, and about
 # the same parameter count (309k vs 305k).
@@ -201,8 +223,9 @@ for _name, _title, _drive, _status in (
         "SimDINO ViT-L/16, ImageNet-1K 100 epochs (k-NN 75.6%, linear 77.4% per the README)",
         "1jy27VYHHSxllMqWr5DiKk80y9ZBrKkPV",
         _SIMDINO_UNSTATED + "; simdino/vision_transformer.py has no vit_large (main_dino.py's arch choices stop at "
-        "vit_base), so the code that saved it is not in the repository; it loads if it is in DINO's layout or in "
-        "DINOv2's without register tokens and LayerScale (simdinov2/configs/eval/vitl16_v1.yaml's)",
+        "vit_base), so the code that saved it is not in the repository; it loads in DINO's layout and in DINOv2's "
+        "(simdinov2/configs/eval/vitl16_v1.yaml's: no registers nor LayerScale; with LayerScale, pass "
+        "layer_scale_init=)",
     ),
     (
         "simdino_dino_vitb16",
@@ -229,5 +252,93 @@ for _name, _title, _drive, _status in (
             size="not stated",
             sources=(f"{SIMDINO_README}: the 'ckpt' link",),
             status=_status,
+        )
+    )
+
+# SimDINOv2's checkpoints and the SimDINO authors' DINOv2 baselines (the same README): Drive view links, nothing else.
+# What the file holds is not stated either; simdinov2/train/train.py's do_test writes eval/N/teacher_checkpoint.pth,
+# {'teacher': ...} of the teacher's backbone and heads, which the README's evaluation commands read.
+_SIMDINOV2_UNSTATED = (
+    "a Google Drive view link only: no direct URL, file name, size or checksum is published, nor what the file holds "
+    "(simdinov2's teacher_checkpoint.pth, {'teacher': {'backbone.*', 'dino_head.*'}}, and a bare backbone both load)"
+)
+for _name, _title, _drive in (
+    (
+        "simdinov2_vitb16",
+        "SimDINOv2 ViT-B/16, ImageNet-1K 100 epochs (k-NN 78.1%, linear 79.7% per the README)",
+        "1g_f3aEFdfiKCn8IH11Y4FwtEDu1pPbQv",
+    ),
+    (
+        "simdinov2_vitl16",
+        "SimDINOv2 ViT-L/16, ImageNet-1K 100 epochs (k-NN 81.1%, linear 82.4% per the README)",
+        "1IotEWszh1chGtzwl8X_ul6j3ACT7Tn6i",
+    ),
+    (
+        "simdino_dinov2_vitb16",
+        "DINOv2 ViT-B/16 trained by the SimDINO authors (their baseline; k-NN 76.0%, linear 77.2% per the README)",
+        "1QZpUkC_yX2V9rWqHW3qLTFfvD6BUqyN_",
+    ),
+    (
+        "simdino_dinov2_vitl16",
+        "DINOv2 ViT-L/16 trained by the SimDINO authors (their baseline; k-NN 80.8%, linear 82.0% per the README)",
+        "1p-cUWNShnZEFBJ_mnw77HnvCFIV0FthN",
+    ),
+):
+    register_pretrained(
+        PretrainedSource(
+            name=_name,
+            title=_title,
+            loader=DINO_VIT_FORMAT.name,
+            filename="",  # a Drive share page: the user saves the file under any name
+            url=f"https://drive.google.com/file/d/{_drive}/view?usp=drive_link",
+            input="image 224 (resize 256 bicubic, centre crop 224; any multiple of 16)",
+            mean=IMAGENET_MEAN,
+            std=IMAGENET_STD,
+            crop_pct=224 / 256,
+            interpolation="bicubic",  # simdinov2/data/transforms.py make_classification_eval_transform
+            classes="none: the class token's features (num_classes=0)",
+            licence="MIT (the repository's; its simdinov2/ code is DINOv2's, Apache 2.0)",
+            reference=f"{SIMDINO_README}; simdinov2/configs/simdino_config.yaml, ssl_default_config.yaml, "
+            "simdinov2/train/train.py, simdinov2/data/transforms.py",
+            size="not stated",
+            sources=(f"{SIMDINO_README}: the 'ckpt' link",),
+            status=_SIMDINOV2_UNSTATED,
+        )
+    )
+
+# DINOv2's released backbones: the direct links simdinov2/hub/backbones.py builds (_DINOV2_BASE_URL of
+# simdinov2/hub/utils.py), which torch.hub.load fetches.  No size or checksum is published; the sizes are what the
+# tensors imply in float32 (mask_token included, which the loader drops).  Evaluation transform: DINOv2's
+# make_classification_eval_transform (resize 256 bicubic, crop 224); the position table is 37 x 37 (518 px).
+DINOV2_FILES = "https://dl.fbaipublicfiles.com/dinov2"
+for _name, _title, _size in (
+    ("dinov2_vits14", "DINOv2 ViT-S/14", "about 88 MB in float32 (22.06M values"),
+    ("dinov2_vitb14", "DINOv2 ViT-B/14", "about 346 MB in float32 (86.58M values"),
+    ("dinov2_vitl14", "DINOv2 ViT-L/14", "about 1.22 GB in float32 (304.37M values"),
+    ("dinov2_vits14_reg", "DINOv2 ViT-S/14 with 4 registers", "about 88 MB in float32 (22.06M values"),
+    ("dinov2_vitb14_reg", "DINOv2 ViT-B/14 with 4 registers", "about 346 MB in float32 (86.58M values"),
+    ("dinov2_vitl14_reg", "DINOv2 ViT-L/14 with 4 registers", "about 1.22 GB in float32 (304.37M values"),
+):
+    _stem, _file = _name.removesuffix("_reg"), _name.replace("_reg", "_reg4")
+    register_pretrained(
+        PretrainedSource(
+            name=_name,
+            title=f"{_title}, LVD-142M self-supervised (the backbone: the class token's features)",
+            loader=DINO_VIT_FORMAT.name,
+            filename=f"{_file}_pretrain.pth",
+            url=f"{DINOV2_FILES}/{_stem}/{_file}_pretrain.pth",
+            direct=True,
+            input="image 224 (resize 256 bicubic, centre crop 224; any multiple of 14; the table is for 518)",
+            mean=IMAGENET_MEAN,
+            std=IMAGENET_STD,
+            crop_pct=224 / 256,
+            interpolation="bicubic",
+            classes="none: the class token's features (num_classes=0)",
+            licence="Apache 2.0 (DINOv2's code and weights; simdinov2/LICENSE)",
+            reference="github.com/RobinWu218/SimDINO hubconf.py, simdinov2/hub/backbones.py, simdinov2/hub/utils.py "
+            "(commit 8149fc4)",
+            size=f"{_size}: what the tensors imply; no size is published)",
+            sources=(f"torch.hub.load('facebookresearch/dinov2', '{_name}') fetches the same link",),
+            status="a direct link of DINOv2's hub code; no checksum is published",
         )
     )
