@@ -156,7 +156,7 @@ LAYERS = [  # lowest first; a module may import its own layer and the ones befor
     {"loading.hub", "loading.folder"},
     {"models.base"},
     {"models._registry"},
-    FAMILY_MODULES | {"models.dino"},  # the families, and DINO's heads around a backbone
+    FAMILY_MODULES | {"models.dino", "models.classifier_zoo"},  # the families, DINO's heads, the classifiers' zoo
     {"loading.pipeline"},
     {"loading.pretrained"},
     {"models.registry"},

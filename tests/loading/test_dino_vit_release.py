@@ -177,9 +177,9 @@ def test_bad_files_are_one_line_naming_the_file(tmp_path):
     assert "is not a DINO ViT checkpoint" in msg and "e.g. crate_small" in msg
     msg = refused(tmp_path / "full.pth", "crate_small", heads=4)
     assert "is not a CRATE classifier checkpoint" in msg and "it is a DINO ViT checkpoint" in msg
-    v2 = dict(_theirs(8).state_dict(), register_tokens=torch.zeros(1, 4, 48))
+    v2 = dict(_theirs(8).state_dict(), **{"blocks.0.ls1.gamma": torch.ones(48), "blocks.0.ls2.gamma": torch.ones(48)})
     torch.save({"teacher": {f"backbone.{k}": v for k, v in v2.items()}}, tmp_path / "v2.pth")
-    assert "DINOv2-layout ViT (it has register tokens (register_tokens))" in refused(tmp_path / "v2.pth", heads=4)
+    assert "has LayerScale (blocks.N.ls1.gamma / ls2.gamma)" in refused(tmp_path / "v2.pth", heads=4)
     unbiased = _theirs(8, qkv_bias=False)
     torch.save(unbiased.state_dict(), tmp_path / "nobias.pth")
     assert "no qkv bias" in refused(tmp_path / "nobias.pth", heads=4)

@@ -393,8 +393,8 @@ def test_every_zoo_entry_is_consistent():
             assert s.page == f"https://huggingface.co/{s.repo_id}/resolve/main/{s.filename}"  # the file, not a viewer
         elif name in EMERGENCE:  # fetched by the official README's emergence Colab, not a Drive file page
             assert s.url == EMERGENCE_COLAB and s.page == s.url and s.sources and s.size and s.status
-        elif s.direct:  # DINO's links (hubconf.py): the file itself, named as the link names it
-            assert s.url.startswith("https://dl.fbaipublicfiles.com/dino/") and s.url.endswith("/" + s.filename)
+        elif s.direct:  # DINO's and DINOv2's links (their hub code): the file itself, named as the link names it
+            assert re.match(r"https://dl\.fbaipublicfiles\.com/dino(v2)?/", s.url) and s.url.endswith("/" + s.filename)
             assert s.page == s.url and s.source == "dl.fbaipublicfiles.com" and s.size and s.status
         else:
             assert s.url.startswith("https://drive.google.com/file/d/") and s.page == s.url
@@ -432,6 +432,16 @@ def test_cli_lists_the_zoo_with_its_cache_status(hub_cache, tmp_path):
         "simdino_vitb16": "manual",  # SimDINO's Drive view links
         "simdino_vitl16": "manual",
         "simdino_dino_vitb16": "manual",
+        "simdinov2_vitb16": "manual",  # SimDINOv2's and its DINOv2 baselines: Drive view links too
+        "simdinov2_vitl16": "manual",
+        "simdino_dinov2_vitb16": "manual",
+        "simdino_dinov2_vitl16": "manual",
+        "dinov2_vits14": "download",  # DINOv2's direct links (torch's hub cache)
+        "dinov2_vitb14": "download",
+        "dinov2_vitl14": "download",
+        "dinov2_vits14_reg": "download",
+        "dinov2_vitb14_reg": "download",
+        "dinov2_vitl14_reg": "download",
     }
     assert "torch/crate_alpha_B16.pth" in out and "ImageNet mean/std" in out
     assert f"download {pretrained.ZOO['crate_small'].url} and load it with create_model('crate_small'" in out

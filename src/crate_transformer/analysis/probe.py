@@ -149,7 +149,7 @@ def extract_features(
                 mean=mean,
                 std=std,
             )
-            feats.append(pool_tokens(model.forward_features(x), pool).float().cpu())
+            feats.append(pool_tokens(model.forward_features(x), pool, model.num_prefix_tokens).float().cpu())
             labels.append(y.cpu())
     if not feats:
         raise ValueError(f"{getattr(source, 'name', 'the data')} has no images to extract features from")

@@ -6,8 +6,8 @@ with the right model name), and the checks of the config it can fill.  Each mode
 format in its own module and registers it with its architecture (``register_arch(..., official=FORMAT)``).
 The key maps of the official repository (Ma-Lab-Berkeley/CRATE ``model/crate.py`` and ``model/crate_ae``)
 live here, with the shared pieces (:func:`rename` by a key map, :func:`unwrap` of the training containers,
-:func:`conv_to_linear` for patch embeddings), and DINO's ViT layout (:data:`DINO_VIT_KEY_MAP`, the end of this
-module), which the ViT baseline reads.
+:func:`conv_to_linear` for patch embeddings), and DINO's and DINOv2's ViT layout (:data:`DINO_VIT_KEY_MAP`, the end
+of this module), which the ViT baseline reads.
 """
 
 from __future__ import annotations
@@ -175,8 +175,9 @@ def index_count(state: Mapping[str, object], pattern: str, step: int = 1) -> int
     return found[-1] + 1 if found else 0
 
 
-# the training containers whose entry is the model's state dict: the official main.py's, the MAE codebase's, and
-# DINO / SimDINO main_dino.py's {'student', 'teacher', ...}, of which the teacher is the model evaluated and released
+# the training containers whose entry is the model's state dict: the official main.py's, the MAE codebase's (and
+# DINOv2's fvcore checkpoints), and DINO / SimDINO main_dino.py's {'student', 'teacher', ...}, of which the teacher is
+# the model evaluated and released (SimDINOv2's teacher_checkpoint.pth holds {'teacher': ...} alone)
 CONTAINERS = ("state_dict", "model", "teacher")
 
 
@@ -235,48 +236,63 @@ def mae_native_to_official(state: Mapping[str, Tensor], in_chans: int) -> dict[s
 
 
 # --------------------------------------------------------------------------- DINO's ViT
-# DINO's ViT checkpoints → the package's ViT (:class:`~crate_transformer.models.classifier.ViT`).
+# DINO's and DINOv2's ViT checkpoints → the package's ViT (:class:`~crate_transformer.models.classifier.ViT`).
 #
-# The layout is ``VisionTransformer`` of facebookresearch/dino ``vision_transformer.py`` (commit 7c446df), which
+# DINO's layout is ``VisionTransformer`` of facebookresearch/dino ``vision_transformer.py`` (commit 7c446df), which
 # RobinWu218/SimDINO's ``simdino/vision_transformer.py`` keeps (commit 8149fc4): ``cls_token``, ``pos_embed``,
 # ``patch_embed.proj`` (a stride-p convolution), ``blocks.N.{norm1, attn.qkv, attn.proj, norm2, mlp.fc1, mlp.fc2}``,
-# ``norm`` (every LayerNorm eps 1e-6).  The files come as
+# ``norm`` (every LayerNorm eps 1e-6).  DINOv2's (``DinoVisionTransformer`` of SimDINO's
+# ``simdinov2/models/vision_transformer.py``, facebookresearch/dinov2's with SimDINO's changes) adds
+# ``register_tokens`` (``num_register_tokens``), LayerScale ``blocks.N.ls1.gamma`` / ``ls2.gamma``, the blocks
+# chunked as ``blocks.C.N.`` (``block_chunks``, for FSDP) and ``mask_token`` (iBOT's masked-patch embedding, read
+# in training only).  The files come as
 #
-# * the released backbones (``dino_deitsmall16_pretrain.pth``, ...): that state dict alone;
-# * a training checkpoint of ``main_dino.py`` (DINO's ``*_full_checkpoint.pth``, SimDINO's ``checkpoint.pth``):
-#   ``{'student', 'teacher', 'optimizer', 'epoch', 'args', ...}``, whose teacher is read (as DINO's ``eval_knn.py``
-#   and ``eval_linear.py`` read it, ``--checkpoint_key teacher``; :func:`unwrap`), its keys
-#   ``backbone.*`` and ``head.*`` (``MultiCropWrapper``), prefixed ``module.`` (DistributedDataParallel) and
-#   ``_orig_mod.`` (``torch.compile``, SimDINO's default).  The projection head (``head.*``) is dropped.
+# * the released backbones (DINO's ``dino_deitsmall16_pretrain.pth``, DINOv2's ``dinov2_vitb14_pretrain.pth``):
+#   that state dict alone;
+# * a training checkpoint of DINO's ``main_dino.py`` (DINO's ``*_full_checkpoint.pth``, SimDINO's
+#   ``checkpoint.pth``): ``{'student', 'teacher', 'optimizer', 'epoch', 'args', ...}``, whose teacher is read (as
+#   DINO's ``eval_knn.py`` reads it, ``--checkpoint_key teacher``; :func:`unwrap`), its keys ``backbone.*`` and
+#   ``head.*`` (``MultiCropWrapper``), prefixed ``module.`` (DistributedDataParallel) and ``_orig_mod.``
+#   (``torch.compile``, SimDINO's default);
+# * SimDINOv2's ``eval/N/teacher_checkpoint.pth`` (``simdinov2/train/train.py``'s ``do_test``): ``{'teacher':
+#   ...}`` of the teacher's ``ModuleDict``, keys ``backbone.*``, ``dino_head.*`` (and ``ibot_head.*``), which its
+#   ``eval/setup.py`` reads with the keys ``("model", "teacher")``; and DINOv2's ``{'model': ...}`` of the whole
+#   ``SSLMetaArch`` (fvcore's checkpointer), keys ``student.backbone.*`` and ``teacher.backbone.*``, of which the
+#   teacher's are read.  The heads are dropped.
 #
-# What DINO's code fixes and the tensors do not store (:func:`dino_vit_fields`): the last LayerNorm on every token
-# (``final_norm="tokens"``: the class token after ``norm`` is DINO's output), eps 1e-6, and the position grid resized
-# by the scale factor ``(h + 0.1) / grid`` (``interpolate_offset=0.1``).  The head count is not stored (``qkv`` is one
-# ``(3d × d)`` matrix): it comes from the model name.
+# What the code fixes and the tensors do not store (:func:`dino_vit_fields`): the last LayerNorm on every token
+# (``final_norm="tokens"``: the class token after ``norm`` is the output), eps 1e-6, and how the position grid is
+# resized: DINO's scale factor ``(h + 0.1) / grid`` (``interpolate_offset=0.1``), or, for a file with register
+# tokens, DINOv2's antialiased resize to the size (``interpolate_antialias=True``, ``interpolate_offset=0.0``: the
+# ``*_reg`` backbones of ``simdinov2/hub/backbones.py``, ``ssl_default_config.yaml`` under SimDINOv2's
+# ``simdino_config.yaml``).  The head count is not stored (``qkv`` is one ``(3d × d)`` matrix), nor LayerScale's
+# initial value (``layer_scale_init``; only the learned γ are): both come from the model name.
 
 # (official key prefix, native key prefix); "{i}" a block index
 DINO_VIT_KEY_MAP = [
     ("cls_token", "cls_token"),
     ("pos_embed", "pos_embed"),
+    ("register_tokens", "register_tokens"),  # DINOv2's, (1, R, d)
     ("patch_embed.proj.", "patch_embed.0."),  # conv (d, c, p, p) → Linear (d, p·p·c): conv_to_linear below
     ("blocks.{i}.norm1.", "layers.{i}.norm1."),
     ("blocks.{i}.attn.qkv.", "layers.{i}.attn.qkv."),
     ("blocks.{i}.attn.proj.", "layers.{i}.attn.proj."),
+    ("blocks.{i}.ls1.gamma", "layers.{i}.gamma1"),  # DINOv2's LayerScale
     ("blocks.{i}.norm2.", "layers.{i}.norm2."),
     ("blocks.{i}.mlp.fc1.", "layers.{i}.mlp.0."),
     ("blocks.{i}.mlp.fc2.", "layers.{i}.mlp.3."),
+    ("blocks.{i}.ls2.gamma", "layers.{i}.gamma2"),
     ("norm.", "norm."),
     ("head.", "head.1."),  # a classifier Linear (VisionTransformer(num_classes > 0)); the released backbones have none
 ]
 # the prefixes the training code adds in front of the backbone's keys: torch.compile's and DistributedDataParallel's
 _WRAPPERS = ("_orig_mod.", "module.")
-_BACKBONE = "backbone."  # MultiCropWrapper(backbone, head)
-# DINOv2's ViT (SimDINOv2's simdinov2/models/vision_transformer.py): what this layout never has
-_DINOV2 = {
-    "register tokens (register_tokens)": r"register_tokens$",
-    "LayerScale (blocks.N.ls1 / ls2)": r"blocks\.\d+\.ls[12]\.",
-}
+_BACKBONE = "backbone."  # DINO's MultiCropWrapper(backbone, head), SimDINOv2's ModuleDict(backbone=, dino_head=, ...)
+_TEACHER = "teacher."  # DINOv2's SSLMetaArch: ModuleDict student and teacher
 _CHUNKED = re.compile(r"^blocks\.\d+\.(\d+)\.")  # DINOv2's block_chunks: blocks.C.N.* for block N
+_LAYER_SCALE = re.compile(r"^blocks\.\d+\.ls[12]\.gamma$")
+# what DINOv2's code may build that the package's ViT does not (ffn_layer="swiglufused": ViT-g/14's MLP)
+_NOT_BUILT = {r"^blocks\.\d+\.mlp\.w12\.": "a SwiGLU MLP (blocks.N.mlp.w12 / w3: DINOv2's ffn_layer='swiglufused')"}
 
 
 def _strip(key: str) -> str:
@@ -286,16 +302,19 @@ def _strip(key: str) -> str:
 
 
 def backbone_state(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """The ViT's own tensors of a state dict: the wrappers' prefixes stripped, and of a ``MultiCropWrapper``'s
-    (``backbone.*`` keys) the projection head dropped.  DINOv2's chunked block keys (``blocks.C.N.``, its
-    ``block_chunks``) are numbered by block, as its ``revert_block_chunk_weight`` does, and its ``mask_token``
-    (iBOT's embedding of masked patches, read only in training) is dropped."""
+    """The ViT's own tensors of a state dict: the wrappers' prefixes stripped; of a teacher and student side by side
+    (``teacher.backbone.*``, DINOv2's ``SSLMetaArch``) the teacher's; of a backbone beside its heads
+    (``backbone.*``: DINO's ``MultiCropWrapper``, SimDINOv2's teacher) the backbone's.  DINOv2's chunked block keys
+    (``blocks.C.N.``, its ``block_chunks``) are numbered by block, as its ``revert_block_chunk_weight`` does, and its
+    ``mask_token`` (iBOT's embedding of masked patches, read only in training) is dropped."""
     stripped = {_strip(k): v for k, v in state.items()}
+    if any(k.startswith(_TEACHER + _BACKBONE) for k in stripped):
+        stripped = {k.removeprefix(_TEACHER): v for k, v in stripped.items() if k.startswith(_TEACHER)}
     wrapped = any(k.startswith(_BACKBONE) for k in stripped)
     out = {}
     for key, value in stripped.items():
         if wrapped and not key.startswith(_BACKBONE):
-            continue  # the MultiCropWrapper's head: DINO's projection and prototypes, SimDINO's projection
+            continue  # the heads: DINO's projection and prototypes, SimDINO's projection, DINOv2's dino/ibot heads
         key = _CHUNKED.sub(r"blocks.\1.", key.removeprefix(_BACKBONE))
         if key != "mask_token":
             out[key] = value
@@ -308,22 +327,44 @@ def dino_vit_detect(state: Mapping[str, Tensor]) -> bool:
     return "cls_token" in keys and "patch_embed.proj.weight" in keys and "blocks.0.attn.qkv.weight" in keys
 
 
-def dino_vit_fields(raw: object) -> dict[str, Any]:
-    """The ViT config values a DINO file fixes (``OfficialFormat.fields``): the sizes from the tensors, and what
-    DINO's code fixes (see the module docstring).  A DINOv2-layout file (register tokens, LayerScale) or an
-    attention without the qkv bias is refused in one line."""
-    state = backbone_state(unwrap(raw))
-    v2 = [what for what, pattern in _DINOV2.items() if any(re.match(pattern, k) for k in state)]
-    if v2:
-        raise ValueError(
-            f"it is a DINOv2-layout ViT (it has {' and '.join(v2)}), which the package's ViT does not build; only "
-            "DINO's layout (facebookresearch/dino vision_transformer.py) loads"
-        )
+def _refuse_unbuilt(state: Mapping[str, Tensor]) -> None:
+    """One line for what the package's ViT does not build: DINOv2's SwiGLU MLP, an attention without qkv bias."""
+    for pattern, what in _NOT_BUILT.items():
+        if any(re.match(pattern, k) for k in state):
+            raise ValueError(
+                f"it has {what}, which the package's ViT does not build (its MLP is fc1, GELU, fc2); only the "
+                "vit_small / vit_base / vit_large factories' MLP (ffn_layer='mlp') loads"
+            )
     if "blocks.0.attn.qkv.bias" not in state:
         raise ValueError(
             "its attention has no qkv bias (VisionTransformer(qkv_bias=False)), and the ViT's qkv has one; only "
             "the vit_tiny / vit_small / vit_base factories' layout (qkv_bias=True) loads"
         )
+
+
+def _layout(state: Mapping[str, Tensor], dim: int) -> dict[str, Any]:
+    """What DINO's or DINOv2's code fixes for this file: the register count (read off ``register_tokens``), the
+    position resize that goes with it, and no LayerScale where the file has none (its initial value, where it has
+    one, is the model name's: the file stores only the learned γ)."""
+    reg = state.get("register_tokens")
+    if reg is not None and (reg.dim() != 3 or reg.shape[0] != 1 or reg.shape[-1] != dim):
+        raise ValueError(f"its register_tokens {tuple(reg.shape)} are not (1, R, {dim}) for its width {dim}")
+    registers = 0 if reg is None else reg.shape[1]
+    found: dict[str, Any] = {"final_norm": "tokens", "norm_eps": 1e-6, "registers": registers}
+    # DINOv2 with registers resizes to the size, antialiased (its *_reg backbones, SimDINOv2's config); DINO by the
+    # scale factor (h + 0.1) / grid, as DINOv2's backbones without registers do
+    found.update(interpolate_antialias=bool(registers), interpolate_offset=0.0 if registers else 0.1)
+    if not any(_LAYER_SCALE.match(k) for k in state):
+        found["layer_scale_init"] = None
+    return found
+
+
+def dino_vit_fields(raw: object) -> dict[str, Any]:
+    """The ViT config values a DINO / DINOv2 file fixes (``OfficialFormat.fields``): the sizes from the tensors,
+    and what the authors' code fixes (:func:`_layout`, the module docstring).  What the ViT does not build (a
+    SwiGLU MLP, an attention without the qkv bias) is refused in one line."""
+    state = backbone_state(unwrap(raw))
+    _refuse_unbuilt(state)
     conv, dim = state["patch_embed.proj.weight"], state["cls_token"].shape[-1]
     patch, grid = conv.shape[-1], (state["pos_embed"].shape[1] - 1) ** 0.5
     if conv.dim() != 4 or conv.shape[-2] != patch or not grid.is_integer():
@@ -340,13 +381,21 @@ def dino_vit_fields(raw: object) -> dict[str, Any]:
         "mlp_ratio": state["blocks.0.mlp.fc1.weight"].shape[0] / dim,
         "num_classes": state["head.weight"].shape[0] if "head.weight" in state else 0,
     }
-    return {**found, "final_norm": "tokens", "norm_eps": 1e-6, "interpolate_offset": 0.1}
+    return {**found, **_layout(state, dim)}
 
 
 def dino_vit_to_native(state: Mapping[str, Tensor], config: Any = None) -> dict[str, Tensor]:
-    """A DINO ViT state dict (after :func:`unwrap`) → the ViT's keys and shapes (:data:`DINO_VIT_KEY_MAP`;
-    the patch convolution becomes the Linear on (p1, p2, c)-ordered patches)."""
-    out = rename(backbone_state(state), DINO_VIT_KEY_MAP, forward=True)
+    """A DINO / DINOv2 ViT state dict (after :func:`unwrap`) → the ViT's keys and shapes (:data:`DINO_VIT_KEY_MAP`;
+    the patch convolution becomes the Linear on (p1, p2, c)-ordered patches).  A file with LayerScale read into a
+    config without it (``layer_scale_init=None``: a DINO name) is one line naming the fix."""
+    state = backbone_state(state)
+    if config is not None and config.layer_scale_init is None and any(_LAYER_SCALE.match(k) for k in state):
+        raise ValueError(
+            "it has LayerScale (blocks.N.ls1.gamma / ls2.gamma), and the config has none; pass layer_scale_init= "
+            "(its initial value: SimDINOv2's 0.1, DINOv2's 1e-5; the learned scales load whatever it is) or load it "
+            "as a DINOv2 name such as simdinov2_vitb16"
+        )
+    out = rename(state, DINO_VIT_KEY_MAP, forward=True)
     w = out.get("patch_embed.0.weight")
     if w is not None and w.dim() == 4:
         out["patch_embed.0.weight"] = conv_to_linear(w)

@@ -200,7 +200,10 @@ def convert(source: Source, name: str, overrides: Mapping[str, object]) -> Sourc
     _require_unstored(fmt, config, name, {**found, **overrides}, where)
     target = arch_info(config.arch).model_class
     check_build(target, config, config, {k: getattr(config, k) for k in overrides if hasattr(config, k)}, where)
-    native = fmt.to_native(state, config)
+    try:
+        native = fmt.to_native(state, config)
+    except ValueError as e:  # what the file holds that the config cannot take (DINOv2's LayerScale without one)
+        raise CheckpointError(f"{where} as {name!r}: {e}") from None
     missing = sorted({p for p in fmt.optional if not any(k.startswith(p) for k in native)})
     if missing:
         warnings.warn(

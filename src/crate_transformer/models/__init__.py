@@ -3,7 +3,8 @@
 * :mod:`~crate_transformer.models.base` — :class:`~crate_transformer.models.base.Model`, the contract every family
   keeps (``forward_features``, ``forward_trace``, pooling, ``save_pretrained`` / ``from_pretrained``);
 * the families, each registering itself at the bottom of its module: :mod:`~crate_transformer.models.classifier`
-  (CRATE and ViT image classifiers), :mod:`~crate_transformer.models.mae` (CRATE-MAE),
+  (CRATE and ViT image classifiers; their named models and released weights in
+  :mod:`~crate_transformer.models.classifier_zoo`), :mod:`~crate_transformer.models.mae` (CRATE-MAE),
   :mod:`~crate_transformer.models.lm` (CRATE-GPT, GPT; with :mod:`~crate_transformer.models.generation` and
   :mod:`~crate_transformer.models.token_prior`), :mod:`~crate_transformer.models.bert` (CRATE-BERT),
   :mod:`~crate_transformer.models.alpha` (CRATE-α), :mod:`~crate_transformer.models.tost` (ToST), and

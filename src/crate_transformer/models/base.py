@@ -140,14 +140,15 @@ def take_indices(depth: int, indices: int | Sequence[int] | None) -> list[int]:
     return out
 
 
-def pool_tokens(z: Tensor, pool: str) -> Tensor:
-    """``(b, 1 + N, d)`` tokens → ``(b, d)`` by one of :data:`POOLS`."""
+def pool_tokens(z: Tensor, pool: str, prefix: int = 1) -> Tensor:
+    """``(b, prefix + N, d)`` tokens → ``(b, d)`` by one of :data:`POOLS`; ``prefix``: the tokens before the patches
+    (the class token, and a ViT's register tokens), which ``avg`` leaves out."""
     if pool == "cls":
         return z[:, 0]
     if pool == "mean":
         return z.mean(dim=1)
     if pool == "avg":
-        return z[:, 1:].mean(dim=1)
+        return z[:, prefix:].mean(dim=1)
     raise ValueError(f"unknown pooling {pool!r}; choose one of {POOLS}")
 
 

@@ -31,7 +31,7 @@ from ..loading.official import (
     official_to_native,
 )
 from ..objectives import autocast_on
-from ._registry import PretrainedSource, model_config, register_arch, register_model, register_pretrained
+from ._registry import register_arch
 from .base import POOLS, Model, Trace, pool_name, pool_tokens, take_indices
 from .spec import DEFAULT_NORMALIZATION, IMAGENET_MEAN, IMAGENET_STD, DataSpec, fit_normalization
 
@@ -169,6 +169,26 @@ class ModelConfig(ImageEncoderGeometry, LayerConfig, Config):
         range=Range(0, 1, hi_open=True),
         applies=_VIT_ONLY,
     )
+    interpolate_antialias: bool = option(
+        False,
+        "resizing the position grid with PyTorch's antialiased bicubic (DINOv2's interpolate_antialias): PIL's "
+        "cubic kernel (a = -0.5; plain bicubic's is -0.75), widened by the scale where the grid shrinks",
+        applies=_VIT_ONLY,
+    )
+    registers: int = option(
+        0,
+        "register tokens (DINOv2's num_register_tokens, Darcet et al. 2024): learned tokens after the class token, "
+        "without a position; the tokens are then [class, registers, patches]",
+        range=Range(0, integer=True),
+        applies=_VIT_ONLY,
+    )
+    layer_scale_init: float | None = option(
+        None,
+        "LayerScale (CaiT; DINOv2's layerscale): learned per-channel scales of both residual branches, "
+        "initialised to this value (None: none, no parameters)",
+        range=Range(0, lo_open=True),
+        applies=_VIT_ONLY,
+    )
     data: DataSpec | None = option(
         None, "what the model was trained on (normalisation, classes, source), or None", applies="always"
     )
@@ -180,11 +200,15 @@ class ModelConfig(ImageEncoderGeometry, LayerConfig, Config):
         "final_norm",
         "norm_eps",
         "interpolate_offset",
+        "interpolate_antialias",
+        "registers",
+        "layer_scale_init",
     )  # added later: configs without them stay byte-identical
     KEY_ORDER = ("arch", "image_size", "patch_size", "in_chans", "num_classes", "dim", "depth", "heads", "dim_head",
                  "pool", "dropout", "emb_dropout", "drop_path", "eta", "lambd", "ista_mode", "layer_form",
                  "scale_scores", "tied_output", "tied_beta", "eps", "patch_norm", "attention", "mlp", "odl_ratio",
-                 "mlp_ratio", "final_norm", "norm_eps", "interpolate_offset", "data")  # fmt: skip
+                 "mlp_ratio", "final_norm", "norm_eps", "interpolate_offset", "interpolate_antialias", "registers",
+                 "layer_scale_init", "data")  # fmt: skip
     kind = IMAGE_CLASSIFIER
     MODEL_TYPE = (
         "crate_transformer_image"  # config.json's model_type: transformers' AutoConfig (loading.transformers_hf)
@@ -420,17 +444,28 @@ class ImageInput:
 
 
 def bicubic_matrix(
-    n_in: int, n_out: int, device: torch.device | str = "cpu", offset: float = 0.0, dtype: torch.dtype | None = None
+    n_in: int,
+    n_out: int,
+    device: torch.device | str = "cpu",
+    offset: float = 0.0,
+    dtype: torch.dtype | None = None,
+    antialias: bool = False,
 ) -> Tensor:
     """The ``(n_out, n_in)`` matrix of 1-D bicubic resizing as ``F.interpolate(mode="bicubic",
     align_corners=False)`` does it along one axis (its columns: the resized unit vectors).  ``offset`` > 0 resizes
     by the scale factor ``(n_out + offset) / n_in`` instead of to the size, as DINO's ``interpolate_pos_encoding``
-    does (``offset=0.1``): the output still has ``n_out`` samples, placed by that scale."""
-    eye = torch.eye(n_in, device=device, dtype=dtype).reshape(n_in, 1, n_in, 1)
+    does (``offset=0.1``): the output still has ``n_out`` samples, placed by that scale.  ``antialias``: the
+    antialiased kernel (``F.interpolate(..., antialias=True)``, DINOv2's ``interpolate_antialias``): PIL's cubic
+    (a = −0.5, where plain bicubic's is −0.75), widened by the scale where the axis shrinks, so that each output
+    averages the inputs it covers."""
+    # antialiased, the kept axis is 2 wide: PyTorch's antialiased kernel mis-resizes an axis of length 1 (1 -> 1 is
+    # not the identity there), while each of 2 columns is resized as the 1-D kernel does
+    wide = 2 if antialias else 1
+    eye = torch.eye(n_in, device=device, dtype=dtype).reshape(n_in, 1, n_in, 1).expand(n_in, 1, n_in, wide)
+    how = dict(mode="bicubic", align_corners=False, antialias=antialias)
     if offset:
-        scaled = F.interpolate(eye, scale_factor=((n_out + offset) / n_in, 1.0), mode="bicubic", align_corners=False)
-        return scaled[:, 0, :, 0].T
-    return F.interpolate(eye, size=(n_out, 1), mode="bicubic", align_corners=False)[:, 0, :, 0].T
+        return F.interpolate(eye, scale_factor=((n_out + offset) / n_in, 1.0), **how)[:, 0, :, 0].T
+    return F.interpolate(eye, size=(n_out, wide), **how)[:, 0, :, 0].T
 
 
 class ImageClassifier(ImageInput, Model):
@@ -443,14 +478,19 @@ class ImageClassifier(ImageInput, Model):
     pooling, so its LayerNorm is part of the head), ``forward_head`` pools and maps them to logits,
     ``forward_trace`` returns every layer's tokens in one pass.
 
+    The tokens are ``[class, patches]``, or with ``registers=R`` (the ViT only) ``[class, R registers, patches]``
+    as DINOv2 orders them: of ``forward_features(x)`` (after the last norm with ``final_norm="tokens"``),
+    ``[:, 0]`` is DINOv2's ``x_norm_clstoken``, ``[:, 1:1 + R]`` its ``x_norm_regtokens`` and ``[:, 1 + R:]`` its
+    ``x_norm_patchtokens``; :attr:`num_prefix_tokens` is ``1 + R``, and the ``avg`` pooling and
+    ``forward_intermediates`` read the patches after it.
+
     The architecture is the class's: :class:`CRATE` and :class:`ViT` build their own and record it
     in ``config.arch`` whatever the given config says; ``ImageClassifier(config)`` itself (like
     :func:`build_model`) builds ``config.arch``.
     """
 
     config_class = ModelConfig
-    no_decay_names = ("pos_embed", "cls_token")
-    num_prefix_tokens = 1  # the class token
+    no_decay_names = ("pos_embed", "cls_token", "register_tokens")
 
     def __init__(self, config: ModelConfig | None = None) -> None:
         if config is None:
@@ -462,10 +502,17 @@ class ImageClassifier(ImageInput, Model):
         self.patch_embed, self.layers, init_std = self.build_encoder(c)
         self.cls_token = nn.Parameter(torch.randn(1, 1, c.dim) * init_std)
         self.pos_embed = nn.Parameter(torch.randn(1, c.grid**2 + 1, c.dim) * init_std)
+        # DINOv2's register tokens, drawn after the table so that a model without them draws what it always drew
+        self.register_tokens = nn.Parameter(torch.randn(1, c.registers, c.dim) * init_std) if c.registers else None
         self.emb_drop = nn.Dropout(c.emb_dropout)
         # the last LayerNorm (final_norm): on every token (DINO's ``norm``), or the head's first map
         self.norm = final_layer_norm(c) if c.final_norm == "tokens" else None
         self.head = nn.Sequential(self.head_norm(c), classifier_layer(c.dim, c.num_classes))
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """The tokens before the patches: the class token and the ``registers`` (timm's ``num_prefix_tokens``)."""
+        return 1 + self.config.registers
 
     @staticmethod
     def head_norm(c: ModelConfig) -> nn.Module:
@@ -489,7 +536,10 @@ class ImageClassifier(ImageInput, Model):
         layers overrides it (CRATE-α, ``alpha.py``)."""
         patch_embed, init_std = _PATCH_EMBEDS[c.arch](c)
         rates = drop_path_rates(c.drop_path, c.depth)
-        layers = nn.ModuleList(EncoderLayer.from_config(c, drop_path=r, norm_eps=c.norm_eps) for r in rates)
+        scale = c.layer_scale_init  # LayerScale (the ViT's option): γ1, γ2 of each layer
+        layers = nn.ModuleList(
+            EncoderLayer.from_config(c, drop_path=r, norm_eps=c.norm_eps, layer_scale=scale) for r in rates
+        )
         return patch_embed, layers, init_std
 
     def interpolate_pos_embed(self, h: int, w: int) -> Tensor:
@@ -499,20 +549,22 @@ class ImageClassifier(ImageInput, Model):
         (:func:`bicubic_matrix`): the values of ``F.interpolate(mode="bicubic")``, with a backward that is a
         matrix product too — deterministic on a GPU, where bicubic upsampling's own backward is not
         (``--deterministic`` with DINO's smaller crops, or fine-tuning at another resolution).  Computed in float32,
-        or float64 for a float64 table; ``interpolate_offset`` (DINO's 0.1) resizes by DINO's scale factor.
+        or float64 for a float64 table; ``interpolate_offset`` (DINO's 0.1) resizes by DINO's scale factor,
+        ``interpolate_antialias`` (DINOv2's) with the antialiased kernel.
         """
         g = self.config.grid
         if (h, w) == (g, g):
             return self.pos_embed
         work = torch.promote_types(self.pos_embed.dtype, torch.float32)  # float32 at least, float64 stays float64
         cls_pos, grid_pos = self.pos_embed[:, :1], self.pos_embed[:, 1:].reshape(g, g, -1).to(work)
-        offset = self.config.interpolate_offset
-        rows, cols = (bicubic_matrix(g, n, grid_pos.device, offset, work) for n in (h, w))
+        offset, antialias = self.config.interpolate_offset, self.config.interpolate_antialias
+        rows, cols = (bicubic_matrix(g, n, grid_pos.device, offset, work, antialias) for n in (h, w))
         grid_pos = torch.einsum("ia,abd,jb->ijd", rows, grid_pos, cols).to(cls_pos.dtype)
         return torch.cat([cls_pos, grid_pos.reshape(1, h * w, -1)], dim=1)
 
     def embed(self, x: Tensor) -> Tensor:
-        """``f_pre`` of eq. (65): ``[z_cls, W_pre X] + E_pos`` → ``(b, N+1, d)``.
+        """``f_pre`` of eq. (65): ``[z_cls, W_pre X] + E_pos`` → ``(b, N+1, d)``; with ``registers=R`` the register
+        tokens after the class token, unpositioned (DINOv2's ``prepare_tokens_with_masks``) → ``(b, 1+R+N, d)``.
 
         Input of another floating dtype (float64, float16, bfloat16) is cast to the parameters' dtype;
         under autocast it is left to autocast.  Only metadata is checked here (no NaN check: that
@@ -522,7 +574,11 @@ class ImageClassifier(ImageInput, Model):
         p = self.config.patch_size
         tokens = self.patch_embed(self.patchify(x))
         tokens = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), tokens], dim=1)
-        return self.emb_drop(tokens + self.interpolate_pos_embed(x.shape[-2] // p, x.shape[-1] // p))
+        tokens = tokens + self.interpolate_pos_embed(x.shape[-2] // p, x.shape[-1] // p)
+        if self.register_tokens is not None:
+            registers = self.register_tokens.expand(x.shape[0], -1, -1)
+            tokens = torch.cat([tokens[:, :1], registers, tokens[:, 1:]], dim=1)
+        return self.emb_drop(tokens)
 
     # ---------------------------------------------------------------- forward
     def forward_features(self, x: Tensor) -> Tensor:
@@ -532,7 +588,7 @@ class ImageClassifier(ImageInput, Model):
         return Trace.of(self.layers, self.embed(x), return_attention)
 
     def pool(self, z: Tensor) -> Tensor:
-        return pool_tokens(z, self.config.pool)
+        return pool_tokens(z, self.config.pool, self.num_prefix_tokens)
 
     def forward_head(self, z: Tensor, pre_logits: bool = False) -> Tensor:
         """Pool, then the head: LayerNorm (``pre_logits`` stops here) and the Linear to classes."""
@@ -618,7 +674,9 @@ class ViT(ImageClassifier):
     """The ViT baseline (separate Q, K, V; GELU MLP): ``ViT(ModelConfig(dim=192, heads=3, ...))``.
 
     With ``final_norm="tokens"``, ``norm_eps=1e-6`` and ``interpolate_offset=0.1`` it is DINO's ViT (the
-    ``dino_vit*`` / ``simdino_vit*`` names), whose checkpoints :data:`DINO_VIT_FORMAT` reads.
+    ``dino_vit*`` / ``simdino_vit*`` names); with ``registers=4``, ``layer_scale_init`` and
+    ``interpolate_antialias=True``, ``interpolate_offset=0.0`` besides, DINOv2's (``simdinov2_vit*``,
+    ``dinov2_vit*_reg``).  :data:`DINO_VIT_FORMAT` reads the checkpoints of both.
 
     Always builds a ViT: a config with another ``arch`` (e.g. the default ``"crate"``) is copied with
     ``arch="vit"``, so ``ViT(ModelConfig())`` is a ViT and ``model.config.arch == "vit"``.
@@ -670,15 +728,17 @@ CLASSIFIER_FORMAT = OfficialFormat(
 )
 
 
-# DINO's ViT (facebookresearch/dino vision_transformer.py; SimDINO's is the same layout): loading/official.py
+# DINO's ViT (facebookresearch/dino vision_transformer.py; SimDINO's is the same layout) and DINOv2's (SimDINOv2's
+# simdinov2/models/vision_transformer.py: registers, LayerScale, chunked blocks): loading/official.py
 DINO_VIT_FORMAT = OfficialFormat(
     name="DINO ViT",
-    origin="facebookresearch/dino vision_transformer.py, also SimDINO's simdino/vision_transformer.py",
+    origin="facebookresearch/dino vision_transformer.py, SimDINO's simdino/ and simdinov2/models/vision_transformer.py",
     to_native=dino_vit_to_native,
     detect=dino_vit_detect,
     example="dino_vitb16",
     fields=dino_vit_fields,
-    overridable=("interpolate_offset", "num_classes"),  # a backbone (0 classes) given a fresh head
+    # the resize the layout implies, which a user may know better; a backbone (0 classes) given a fresh head
+    overridable=("interpolate_offset", "interpolate_antialias", "num_classes"),
     unstored=HEADS_NOT_STORED,
 )
 
@@ -686,219 +746,4 @@ DINO_VIT_FORMAT = OfficialFormat(
 # --------------------------------------------------------------------------- registry entries
 register_arch("crate", CRATE, official=CLASSIFIER_FORMAT)
 register_arch("vit", ViT, official=DINO_VIT_FORMAT)
-
-# JMLR Table 8: image 224, patch 16, p = d/K.  Parameter counts: 6.09M / 13.12M / 22.80M / 77.64M.
-register_model("crate_tiny", arch="crate", dim=384, depth=12, heads=6)
-register_model("crate_small", arch="crate", dim=576, depth=12, heads=12)
-register_model("crate_base", arch="crate", dim=768, depth=12, heads=12)
-register_model("crate_large", arch="crate", dim=1024, depth=24, heads=16)
-# The emergence paper's models (Yu et al., CPAL 2024; CRATE_base_demo, CRATE_small_21k, CRATE_base_21k in crate.py of
-# LeslieTrue/crate-emergence-notebooks, commit d62ec79): 8x8 patches, ImageNet-21K.  crate_base_demo is the demo's
-# crate-demo.pth: 6 heads of 128, and its forward returns mlp_head's 768 values (LN + Linear(768, 768)).
-register_model("crate_base_demo", arch="crate", patch_size=8, dim=768, depth=12, heads=6, num_classes=768)
-register_model("crate_small_21k", arch="crate", patch_size=8, dim=384, depth=12, heads=6, num_classes=21842)
-register_model("crate_base_21k", arch="crate", patch_size=8, dim=768, depth=12, heads=12, num_classes=21842)
-# ViT baselines (paper Table 1/8: 5.72M, 22.05M, 86.5M, 304M with a 1000-class head).
-register_model("vit_tiny", arch="vit", dim=192, depth=12, heads=3)
-register_model("vit_small", arch="vit", dim=384, depth=12, heads=6)
-register_model("vit_base", arch="vit", dim=768, depth=12, heads=12)
-register_model("vit_large", arch="vit", dim=1024, depth=24, heads=16)
-# DINO's ViT backbones (facebookresearch/dino hubconf.py: vit_small / vit_base with patch 16 or 8, num_classes=0) and
-# SimDINO's (RobinWu218/SimDINO README: ViT-B/16, ViT-L/16, and its DINO ViT-B/16 baseline), in DINO's layout: the
-# class token after the last LayerNorm (eps 1e-6) is the output, the position grid resized as DINO resizes it.
-_DINO = dict(arch="vit", num_classes=0, final_norm="tokens", norm_eps=1e-6, interpolate_offset=0.1)
-for _name, _dim, _depth, _heads, _patch in (
-    ("dino_vits16", 384, 12, 6, 16),
-    ("dino_vits8", 384, 12, 6, 8),
-    ("dino_vitb16", 768, 12, 12, 16),
-    ("dino_vitb8", 768, 12, 12, 8),
-    ("simdino_vitb16", 768, 12, 12, 16),
-    ("simdino_vitl16", 1024, 24, 16, 16),
-    ("simdino_dino_vitb16", 768, 12, 12, 16),
-):
-    register_model(_name, **_DINO, dim=_dim, depth=_depth, heads=_heads, patch_size=_patch)
-# Small models for the built-in 28x28 digits (the classification task's default) and its ViT counterpart, paired as
-# CRATE-T/ViT-T are (Table 8): ViT at half the width and half the heads (same head size 32), 4x MLP, and about
-# the same parameter count (309k vs 305k).
-register_model(
-    "crate_mnist", arch="crate", image_size=28, patch_size=7, in_chans=1, num_classes=10, dim=128, depth=6, heads=4
-)
-# The classification task's default model: the digits resized to 24 px on a 6x6 grid of 4x4 patches (d = 128,
-# 3 layers, 4 heads of 32; 158,250 parameters).  Patches of 4 px make the attention maps and MaskCut masks of the
-# analysis follow the strokes, where crate_mnist's 4x4 grid of 7 px patches gives 16 blocks; the 24 px resize drops
-# MNIST's empty border, so 36 patches cost what crate_mnist's 16 patches and 6 layers do (docs/results.md).
-register_model(
-    "crate_mnist_p4", arch="crate", image_size=24, patch_size=4, in_chans=1, num_classes=10, dim=128, depth=3, heads=4
-)
-register_model(
-    "vit_mnist",
-    arch="vit",
-    image_size=28,
-    patch_size=7,
-    in_chans=1,
-    num_classes=10,
-    dim=64,
-    depth=6,
-    heads=2,
-    mlp_ratio=4.0,
-)
-# The CRATE variants of the ablations at the same size as crate_mnist: JMLR Table 17's hybrids and
-# CRATE-α's sparse-coding block (Yang et al. 2024).  The ablation "17" trains them side by side.
-_MNIST = dict(arch="crate", image_size=28, patch_size=7, in_chans=1, num_classes=10, dim=128, depth=6, heads=4)
-register_model("crate_mlp_mnist", **_MNIST, mlp="mlp")  # MSSA + GELU MLP
-register_model("crate_mhsa_mnist", **_MNIST, attention="mhsa")  # standard attention + ISTA
-register_model("crate_alpha_mnist", **_MNIST, mlp="odl")  # MSSA + overcomplete ISTA (4d atoms) + residual
-
-register_pretrained(
-    PretrainedSource(
-        name="crate_small",
-        title="CRATE-S/16, ImageNet-1K supervised",
-        loader=CLASSIFIER_FORMAT.name,
-        filename="",  # a Drive share page: the user saves the file under any name
-        url="https://drive.google.com/file/d/1hYgDJl4EKHYfKprwhEjmWmWHuxnK6_h8/view?usp=share_link",
-        input="image 224 (resize 256, centre crop 224)",
-        mean=IMAGENET_MEAN,
-        std=IMAGENET_STD,
-        crop_pct=224 / 256,
-        interpolation="bilinear",  # torchvision's Resize default, which main.py's validation transform uses
-        classes="ImageNet-1K (1000)",
-        licence="MIT (the repository's)",
-        reference="github.com/Ma-Lab-Berkeley/CRATE README.md, main.py (commit 674408f)",
-        status="reported dead since 2025-04 (github.com/Ma-Lab-Berkeley/CRATE/issues/30, open)",
-    )
-)
-
-# The emergence paper's checkpoints: the official README's Colab demo (crate-emergence.ipynb) fetches them; its
-# code is LeslieTrue/crate-emergence-notebooks (no weights in the repository).  Sizes are what the tensors imply.
-EMERGENCE_COLAB = "https://colab.research.google.com/drive/1rYn_NlepyW7Fu5LDliyBDmFZylHco7ss?usp=sharing"
-_EMERGENCE_SOURCES = (
-    "github.com/Ma-Lab-Berkeley/CRATE README, 'Demo: Emergent segmentation in CRATE' (the Colab above)",
-    "github.com/Ma-Lab-Berkeley/CRATE/issues/30 (a user re-hosts the Colab's files; the address is in the thread)",
-)
-for _name, _title, _file, _size, _classes in (
-    (
-        "crate_base_demo",
-        "CRATE-B/8 (6 heads), ImageNet-21K supervised: the emergence demo's",
-        "crate-demo.pth",
-        "about 158 MB: 39.4M float32 values (22.6M model + the unused 768 x 21842 head)",
-        "768 features (mlp_head)",
-    ),
-    (
-        "crate_small_21k",
-        "CRATE-S/8 (d 384, 6 heads), ImageNet-21K supervised",
-        "",
-        "about 56 MB: 14.1M float32 values",
-        "ImageNet-21K (21842)",
-    ),
-    (
-        "crate_base_21k",
-        "CRATE-B/8 (12 heads), ImageNet-21K supervised",
-        "",
-        "about 155 MB: 38.8M float32 values",
-        "ImageNet-21K (21842)",
-    ),
-):
-    register_pretrained(
-        PretrainedSource(
-            name=_name,
-            title=_title,
-            loader=CLASSIFIER_FORMAT.name,
-            filename=_file,
-            url=EMERGENCE_COLAB,
-            input="image 224 (any multiple of 8: the position embedding is interpolated)",
-            mean=IMAGENET_MEAN,
-            std=IMAGENET_STD,
-            classes=_classes,
-            licence="not stated (the demo code's repository has no licence file)",
-            reference="crate.py of LeslieTrue/crate-emergence-notebooks (commit d62ec79); Ma-Lab-Berkeley/CRATE README",
-            size=_size,
-            sources=_EMERGENCE_SOURCES,
-            status="fetched by the Colab notebook; not on the Hugging Face Hub",
-        )
-    )
-
-# DINO's released ViT backbones: the direct links of facebookresearch/dino hubconf.py (commit 7c446df), which torch.hub
-# also fetches; the README names each beside its full checkpoint (student and teacher with their heads, which loads
-# too: the teacher is read).  No size or checksum is published; sizes are what the tensors imply (float32), and the
-# parameter counts are the README's (21M, 85M).  Evaluation transform: eval_knn.py's (resize 256 bicubic, crop 224).
-DINO_FILES = "https://dl.fbaipublicfiles.com/dino"
-for _name, _title, _stem, _size in (
-    ("dino_vits16", "DINO ViT-S/16", "dino_deitsmall16", "about 87 MB in float32 (21.67M values"),
-    ("dino_vits8", "DINO ViT-S/8", "dino_deitsmall8", "about 87 MB in float32 (21.67M values"),
-    ("dino_vitb16", "DINO ViT-B/16", "dino_vitbase16", "about 343 MB in float32 (85.80M values"),
-    ("dino_vitb8", "DINO ViT-B/8", "dino_vitbase8", "about 343 MB in float32 (85.81M values"),
-):
-    register_pretrained(
-        PretrainedSource(
-            name=_name,
-            title=f"{_title}, ImageNet-1K self-supervised (the backbone: the class token's features)",
-            loader=DINO_VIT_FORMAT.name,
-            filename=f"{_stem}_pretrain.pth",
-            url=f"{DINO_FILES}/{_stem}_pretrain/{_stem}_pretrain.pth",
-            direct=True,
-            input=f"image 224 (resize 256 bicubic, centre crop 224; any multiple of {model_config(_name).patch_size})",
-            mean=IMAGENET_MEAN,
-            std=IMAGENET_STD,
-            crop_pct=224 / 256,
-            interpolation="bicubic",  # eval_knn.py / eval_linear.py: Resize(256, interpolation=3), PIL's bicubic
-            classes="none: the class token's features (num_classes=0)",
-            licence="Apache 2.0 (the repository's)",
-            reference="github.com/facebookresearch/dino hubconf.py, README.md, eval_knn.py (commit 7c446df)",
-            size=f"{_size}: what the tensors imply; no size is published)",
-            sources=(
-                f"{DINO_FILES}/{_stem}_pretrain/{_stem}_pretrain_full_checkpoint.pth (the full checkpoint: student and "
-                "teacher with their heads; loads too, its teacher read)",
-                f"torch.hub.load('facebookresearch/dino:main', '{_name}') fetches the same link",
-            ),
-            status="a direct link of the authors' hubconf.py; no checksum is published",
-        )
-    )
-
-# SimDINO's checkpoints (RobinWu218/SimDINO README, commit 8149fc4): Google Drive "view" links, nothing else.
-SIMDINO_README = "github.com/RobinWu218/SimDINO README.md 'Pretrained models' (commit 8149fc4)"
-_SIMDINO_UNSTATED = (
-    "a Google Drive view link only: no direct URL, file name, size or checksum is published, nor what the file holds "
-    "(main_dino.py's checkpoint.pth, {'student', 'teacher', ...}, and a bare backbone both load)"
-)
-for _name, _title, _drive, _status in (
-    (
-        "simdino_vitb16",
-        "SimDINO ViT-B/16, ImageNet-1K 100 epochs (k-NN 74.9%, linear 77.3% per the README)",
-        "1nqcX0IgKQ8H3ZFJKaEx_O5wTVqdorLyQ",
-        _SIMDINO_UNSTATED,
-    ),
-    (
-        "simdino_vitl16",
-        "SimDINO ViT-L/16, ImageNet-1K 100 epochs (k-NN 75.6%, linear 77.4% per the README)",
-        "1jy27VYHHSxllMqWr5DiKk80y9ZBrKkPV",
-        _SIMDINO_UNSTATED + "; simdino/vision_transformer.py has no vit_large (main_dino.py's arch choices stop at "
-        "vit_base), so the code that saved it is not in the repository; it loads if it is in DINO's layout or in "
-        "DINOv2's without register tokens and LayerScale (simdinov2/configs/eval/vitl16_v1.yaml's)",
-    ),
-    (
-        "simdino_dino_vitb16",
-        "DINO ViT-B/16 trained by the SimDINO authors (their baseline; k-NN 72.9%, linear 76.3% per the README)",
-        "1o-FtJ0TDNPAZiREa_qjGENksYL_3Ohc8",
-        _SIMDINO_UNSTATED,
-    ),
-):
-    register_pretrained(
-        PretrainedSource(
-            name=_name,
-            title=_title,
-            loader=DINO_VIT_FORMAT.name,
-            filename="",  # a Drive share page: the user saves the file under any name
-            url=f"https://drive.google.com/file/d/{_drive}/view?usp=drive_link",
-            input="image 224 (resize 256 bicubic, centre crop 224; any multiple of 16)",
-            mean=IMAGENET_MEAN,
-            std=IMAGENET_STD,
-            crop_pct=224 / 256,
-            interpolation="bicubic",
-            classes="none: the class token's features (num_classes=0)",
-            licence="MIT (the repository's; its simdino/ code is DINO's, Apache 2.0)",
-            reference=f"{SIMDINO_README}; simdino/main_dino.py, simdino/eval_knn.py",
-            size="not stated",
-            sources=(f"{SIMDINO_README}: the 'ckpt' link",),
-            status=_status,
-        )
-    )
+# the classifiers' named models and released weights: classifier_zoo.py (models.registry imports it)

@@ -239,7 +239,7 @@ class DINOModel(nn.Module):
     def features(self, x: Tensor) -> Tensor:
         """The backbone feature of each image: class token (JMLR eq. (80)) or a mean of tokens
         (:func:`~crate_transformer.models.base.pool_tokens`, the feature ``crate eval --knn --pool`` reads)."""
-        return pool_tokens(self.backbone.forward_features(x), self.pool)
+        return pool_tokens(self.backbone.forward_features(x), self.pool, self.backbone.num_prefix_tokens)
 
     def no_weight_decay(self) -> set[str]:
         """DINO's rule (``utils.get_params_groups``): weight decay skips the biases and vectors only, so the
@@ -262,8 +262,8 @@ class DINOModel(nn.Module):
             if i == 0 and patch_views:
                 if patch_views > j:
                     raise ValueError(f"patch_views={patch_views} but only {j} leading views share a resolution")
-                patches = tokens[: patch_views * len(views[0]), 1:]
-            out.append(pool_tokens(tokens, self.pool))
+                patches = tokens[: patch_views * len(views[0]), self.backbone.num_prefix_tokens :]
+            out.append(pool_tokens(tokens, self.pool, self.backbone.num_prefix_tokens))
             i = j
         head = self.head(torch.cat(out))
         return (head, patches) if patch_views else head

@@ -3,9 +3,10 @@
 The tables it reads are :mod:`crate_transformer.models._registry` (re-exported here under their familiar names:
 ``register_arch``, ``register_model``, ``model_config``, ...), filled by the family modules this module
 imports: each family registers its architectures, its named models and its released weights at the bottom
-of its own module (``model.py``: CRATE and ViT classifiers; ``mae.py``: CRATE-MAE; ``lm.py``: CRATE-GPT,
-CRATE-BERT in the eqs. (83)-(84) form and GPT-2; ``bert.py``: the released CRATE-BERT; ``alpha.py``:
-CRATE-α; ``tost.py``: ToST).  A new family is one module plus its registry lines (``docs/adding_a_model.md``).
+of its own module (``classifier.py``: CRATE and ViT classifiers, whose named models and released weights fill
+``classifier_zoo.py``; ``mae.py``: CRATE-MAE; ``lm.py``: CRATE-GPT, CRATE-BERT in the eqs. (83)-(84) form and
+GPT-2; ``bert.py``: the released CRATE-BERT; ``alpha.py``: CRATE-α; ``tost.py``: ToST).  A new family is one
+module plus its registry lines (``docs/adding_a_model.md``).
 
 CRATE sizes are JMLR Table 8 (p.96); ViT sizes are the standard ViT-T/S/B/L (timm layout, the paper's
 baselines); CRATE-MAE sizes are the official ``mae_crate_*`` factories (Table 9, p.96); CRATE-BERT /
@@ -23,7 +24,7 @@ from torch import Tensor, nn
 
 from ..errors import OptionError
 from ..loading.pretrained import load_pretrained
-from . import alpha, bert, classifier, lm, mae, tost  # noqa: F401  (each registers its family into the tables)
+from . import alpha, bert, classifier, classifier_zoo, lm, mae, tost  # noqa: F401  (each fills the tables)
 from ._registry import (
     Arch,
     arch_info,
