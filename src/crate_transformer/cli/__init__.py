@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         return getattr(args, "_flags", None) or command_flags(chosen)
 
     try:
-        from .common import resolve_options
+        from .options import resolve_options
 
         resolve_options(args)  # a command's options coerced and checked, before it does anything
         with option_warnings(args.command, flags):  # the library's warnings name the command's flags

@@ -10,8 +10,7 @@ from ..config import Config
 from ..config_utils import NON_NEGATIVE, POSITIVE, option
 from ..models.lm import TEMPERATURE, TOP_P
 from ..train.config import SystemOptions
-from .common import apply_threads
-from .options import SAMPLING, SYSTEM, add_command_options, like
+from .options import SAMPLING, SYSTEM, add_command_options, apply_threads, like
 from .pretrain import add_task_arguments, run_task
 
 

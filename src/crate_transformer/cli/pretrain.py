@@ -13,8 +13,7 @@ import dataclasses
 import importlib
 
 from . import task_command
-from .common import given_options
-from .options import add_options, add_resume_option, add_training_options, print_config
+from .options import add_options, add_resume_option, add_training_options, given_options, print_config
 
 
 def _task_class(name: str) -> type:

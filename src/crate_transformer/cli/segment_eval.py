@@ -18,8 +18,7 @@ from ..config import Config
 from ..config_utils import POSITIVE, Range, option
 from ..io import make_folder
 from ..train.config import SystemOptions
-from .common import apply_threads, parse_model_args
-from .options import SYSTEM, add_command_options, like
+from .options import SYSTEM, add_command_options, apply_threads, like, parse_model_args
 from .reports import layer_number
 from .train import EvalOptions
 

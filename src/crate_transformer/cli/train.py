@@ -14,7 +14,6 @@ from ..config_utils import POSITIVE, option
 from ..models.base import POOLS
 from ..train.config import DataOptions, SystemOptions
 from . import task_command
-from .common import apply_threads, given_options, parse_model_args
 from .messages import step_command
 from .options import (
     DATA,
@@ -23,7 +22,10 @@ from .options import (
     add_command_options,
     add_resume_option,
     add_training_options,
+    apply_threads,
+    given_options,
     like,
+    parse_model_args,
     print_config,
 )
 from .reports import report_dir, report_home
