@@ -35,6 +35,7 @@ __all__ = [
     "TASKS",
     "register_task",
     "make_task",
+    "task_class",
     "task_option",
     "TaskError",
 ]
@@ -56,12 +57,17 @@ def register_task(name: str, target: str) -> None:
     TASKS[name] = target
 
 
-def make_task(name: str) -> Task:
-    """A fresh instance of the task registered as ``name``."""
+def task_class(name: str) -> type[Task]:
+    """The Task class registered as ``name`` (its module imported)."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; registered tasks: {sorted(TASKS)}")
     module, _, cls = TASKS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)()
+    return getattr(importlib.import_module(module), cls)
+
+
+def make_task(name: str) -> Task:
+    """A fresh instance of the task registered as ``name``."""
+    return task_class(name)()
 
 
 def _a(kind: str) -> str:
