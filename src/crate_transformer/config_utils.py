@@ -21,26 +21,9 @@ from typing import Any
 
 from .errors import OptionError, short_repr
 
-__all__ = [
-    "coerce_fields",
-    "field_types",
-    "field_place",
-    "field_about",
-    "option_name",
-    "default_of",
-    "Range",
-    "POSITIVE",
-    "NON_NEGATIVE",
-    "option",
-    "override",
-    "fields_applicability",
-    "ALWAYS",
-    "OBSERVED",
-    "ON",
-    "applies_where",
-    "applies_words",
-    "load_yaml",
-]
+__all__ = ["coerce_fields", "field_types", "field_place", "field_about", "option_name", "default_of", "Range"]
+__all__ += ["POSITIVE", "NON_NEGATIVE", "option", "override", "fields_applicability", "ALWAYS", "OBSERVED", "ON"]
+__all__ += ["applies_where", "applies_words", "load_yaml"]
 
 YAML_VALUES = 100_000  # values an options document may expand to (with its aliases repeated); far above any config
 

@@ -7,7 +7,8 @@ keywords and flags (``TrainConfig(lr=0.01)``, ``--lr``) are placed in their grou
 
 The paper's ImageNet recipe and its fine-tuning (JMLR App. C.1, Table 1) are ``recipe="crate-paper"``
 (:data:`~.recipes.RECIPES`, which states their values); the defaults of a new classification run are instead tuned
-for the built-in MNIST digits on 2 CPU cores, and those of fine-tuning (``init_from``) :data:`FINETUNE_DEFAULTS`.
+for the built-in MNIST digits on 2 CPU cores, and those of fine-tuning (``init_from``)
+:data:`~.recipes.FINETUNE_DEFAULTS`.
 """
 
 from __future__ import annotations
@@ -39,23 +40,8 @@ from .recipes import READ_BY, RECIPES, reading_augmentation, recipe_options
 from .sharding import STRATEGIES
 from .trackers import LOGGERS
 
-__all__ = [
-    "TrainConfig",
-    "DataOptions",
-    "AugmentationOptions",
-    "OptimOptions",
-    "SystemOptions",
-    "LoggingOptions",
-    "GROUPS",
-    "FINETUNE_DEFAULTS",
-    "AMP_MODES",
-    "load_config",
-    "read_run_config",
-    "nest_options",
-    "upgrade_v1",
-    "flat_options",
-    "given_once",
-]
+__all__ = ["TrainConfig", "DataOptions", "AugmentationOptions", "OptimOptions", "SystemOptions", "LoggingOptions"]
+__all__ += ["GROUPS", "AMP_MODES", "load_config", "read_run_config", "nest_options", "upgrade_v1", "flat_options"]
 
 AMP_MODES = ("auto", "none", "bf16", "fp16")
 VERSION = 2  # config.yaml layout: 1 = one flat mapping of options, 2 = the option groups below
@@ -600,20 +586,6 @@ def flat_options(d: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-# Fine-tuning recipe (JMLR App. C.1, transfer protocol of Table 1): new head, AdamW lr 5e-5, wd 0.01,
-# crop + flip + RandAugment(2, 14), plain cross-entropy.
-FINETUNE_DEFAULTS: dict[str, Any] = {
-    "optimizer": "adamw",
-    "lr": 5e-5,
-    "min_lr": 1e-6,
-    "weight_decay": 0.01,
-    "label_smoothing": 0.0,
-    "epochs": 10,
-    "warmup_epochs": 1.0,
-    "batch_size": 64,
-}
-
-
 def read_options_file(path: str | os.PathLike) -> dict:
     """The options in a YAML or JSON file, in the nested layout whichever the file holds (:func:`upgrade_v1`;
     values still as written: TrainConfig coerces them)."""
@@ -646,18 +618,3 @@ def read_run_config(path: str | os.PathLike) -> TrainConfig:
     path = Path(path)
     options = read_options_file(path / "config.yaml" if path.is_dir() else path)
     return TrainConfig.from_dict({k: v for k, v in options.items() if k not in RUN_EXTRAS}, saved=True)
-
-
-def given_once(model_args: Mapping[str, Any], field: str, value: object, setter: str) -> None:
-    """Refuse ``model_args[field]`` when a training option or the data (``setter``, which sets ``value``: a
-    ``name=value`` or words) gives the model field another value: one of the two would win silently.  An equal
-    value passes."""
-    if field not in model_args or value is None:
-        return
-    try:
-        same = float(model_args[field]) == float(value)  # "0.1" from the command line is 0.1
-    except (TypeError, ValueError):
-        same = str(model_args[field]) == str(value)
-    if not same:
-        given = short_repr({field: model_args[field]})
-        raise OptionError(f"{field} is given twice: {setter} and model_args={given}; keep one")
