@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .options import add_resume_option, add_training_options, finished, given_options, print_config
+from .options import add_training_options, finished, given_options, print_config
 
 # what --help shows for the defaults `crate finetune` chooses by the data's size (run_finetune)
 FINETUNE_CHOSEN = {
@@ -25,9 +25,8 @@ def configure_finetune(parser: argparse.ArgumentParser) -> None:
         "--from takes a save_pretrained dir or hf-hub:ORG/NAME, a crate train run dir, a training-state .pt, or an "
         "official .pth (then also --model NAME and --model-args for its architecture)."
     )
-    add_resume_option(parser, "fine-tuning run")
     shown = {"data": "(required)", "model": "(from checkpoint)", **FINETUNE_CHOSEN}
-    add_training_options(parser, "finetune", {**FINETUNE_DEFAULTS, **shown})
+    add_training_options(parser, "finetune", "fine-tuning run", {**FINETUNE_DEFAULTS, **shown})
 
 
 def run_finetune(args: argparse.Namespace) -> int:

@@ -121,13 +121,19 @@ def like(cls: type, name: str, **meta: Any) -> Any:
     return override(cls, name, default, **{"basic": False, **meta})
 
 
-def add_training_options(
-    parser: argparse.ArgumentParser, command: str, defaults: Mapping[str, Any] | None = None
-) -> None:
-    """``--config FILE``, ``--print-config`` and the :class:`TrainConfig` options :data:`COMMAND_OPTIONS` lists for
-    ``command``, one help section per group (``defaults``: the command's own recipe, shown in ``--help``)."""
+def add_training_options(parser: argparse.ArgumentParser, command: str, run: str, defaults: Mapping[str, Any]) -> None:
+    """``--resume RUN_DIR`` (``run``: the run it continues, e.g. "mae run"), ``--config FILE``, ``--print-config``
+    and the :class:`TrainConfig` options :data:`COMMAND_OPTIONS` lists for ``command``, one help section per group
+    (``defaults``: the command's own recipe, shown in ``--help``)."""
     from ..train.config import GROUPS, TrainConfig
 
+    parser.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        default=argparse.SUPPRESS,
+        help=f"continue an interrupted {run} from RUN_DIR/checkpoints/last.pt (its configuration is reused; flags "
+        "override it)",
+    )
     parser.add_argument(
         "--config", metavar="FILE", default=argparse.SUPPRESS, help="YAML or JSON file of options (flags override)"
     )
@@ -156,17 +162,6 @@ def add_command_options(parser: argparse.ArgumentParser, cls: type) -> None:
         add_options(parser.add_argument_group(title) if title else parser, cls, tuple(names))
     parser.set_defaults(_declared=cls)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter  # the help texts state their defaults
-
-
-def add_resume_option(parser: argparse.ArgumentParser, what: str = "run") -> None:
-    """``--resume RUN_DIR`` of a training command (``what``: the run it continues, e.g. "interrupted mae run")."""
-    parser.add_argument(
-        "--resume",
-        metavar="RUN_DIR",
-        default=argparse.SUPPRESS,
-        help=f"continue an interrupted {what} from RUN_DIR/checkpoints/last.pt (its configuration is reused; flags "
-        "override it)",
-    )
 
 
 def print_config(args: argparse.Namespace, base: Any, options: Mapping[str, Any]) -> bool:
@@ -210,8 +205,7 @@ def configure_training(parser: argparse.ArgumentParser, command: str, descriptio
             configure_training(sub.add_parser(name, help=doc), command, doc, name)
         return
     cls = task_class(task)
-    add_resume_option(parser, f"{task} run")
-    add_training_options(parser, command, cls.defaults)
+    add_training_options(parser, command, f"{task} run", cls.defaults)
     if cls.Options is not None:
         clash = {f.name for f in dataclasses.fields(cls.Options)} & set(TrainConfig().flat())  # flags by name
         assert not clash, f"{task} options shadow training options {sorted(clash)}"
