@@ -1,6 +1,6 @@
 """Every option of the ``crate`` commands, generated from its one declaration (a
-:func:`~crate_transformer.config_utils.option` field: help, choices, metavar, range, default), and the values the
-user gave: ``--config`` file, flags, ``--model-args``.
+:func:`~crate_transformer.config_utils.option` field: help, choices, metavar, range, default), the values the user
+gave (``--config`` file, flags, ``--model-args``) and the commands that train a task, built and run from their data.
 
 What differs between commands is data: :data:`COMMAND_OPTIONS` says which training options each training command
 shows (a task's own defaults are those its ``--help`` states); every other command declares its own options class
