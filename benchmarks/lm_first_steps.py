@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_lm_plateau as plateau  # noqa: E402
 
-from crate_transformer.cli.common import parse_model_args  # noqa: E402
+from crate_transformer.cli.options import parse_model_args  # noqa: E402
 from crate_transformer.data.text import TokenBlocks  # noqa: E402
 from crate_transformer.layers import trace_layer  # noqa: E402
 from crate_transformer.train import TrainConfig, train  # noqa: E402

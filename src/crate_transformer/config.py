@@ -31,20 +31,8 @@ from .config_utils import (
 )
 from .errors import OptionError, short_repr
 
-__all__ = [
-    "Config",
-    "check_option",
-    "check_applicable",
-    "from_given",
-    "pop_version",
-    "inapplicable",
-    "reads",
-    "watch",
-    "watched",
-    "KINDS",
-    "IMAGE_CLASSIFIER",
-]
-__all__ += ["MASKED_AUTOENCODER", "LANGUAGE_MODEL"]
+__all__ = ["Config", "check_option", "check_applicable", "from_given", "pop_version", "inapplicable", "reads"]
+__all__ += ["watch", "watched", "KINDS", "IMAGE_CLASSIFIER", "MASKED_AUTOENCODER", "LANGUAGE_MODEL"]
 
 # what a model is (``Config.kind``): the question a training task, the analysis or a loader asks of it
 IMAGE_CLASSIFIER = "image classifier"  # images → class logits; the classification (and dino) task trains it

@@ -21,26 +21,9 @@ from typing import Any
 
 from .errors import OptionError, short_repr
 
-__all__ = [
-    "coerce_fields",
-    "field_types",
-    "field_place",
-    "field_about",
-    "option_name",
-    "default_of",
-    "Range",
-    "POSITIVE",
-    "NON_NEGATIVE",
-    "option",
-    "override",
-    "fields_applicability",
-    "ALWAYS",
-    "OBSERVED",
-    "ON",
-    "applies_where",
-    "applies_words",
-    "load_yaml",
-]
+__all__ = ["coerce_fields", "field_types", "field_place", "field_about", "option_name", "default_of", "Range"]
+__all__ += ["POSITIVE", "NON_NEGATIVE", "option", "override", "fields_applicability", "ALWAYS", "OBSERVED", "ON"]
+__all__ += ["applies_where", "applies_words", "load_yaml"]
 
 YAML_VALUES = 100_000  # values an options document may expand to (with its aliases repeated); far above any config
 
@@ -49,37 +32,22 @@ _FALSE = {"false", "no", "off", "0"}
 _NONE = {"none", "null", "~"}
 
 
-def option(
-    default: Any,
-    help: str,
-    *,
-    choices: tuple | None = None,
-    range: Range | None = None,
-    applies: str | Mapping[str, Any] | tuple[Mapping[str, Any], ...] | None = None,
-    metavar: str | None = None,
-    shown: str | None = None,
-    name: str | None = None,
-    path: bool = False,
-    fixed: bool | str = False,
-    **cli: Any,
-) -> Any:
+def option(default: Any, help: str, **meta: Any) -> Any:
     """The one declaration of an option: a dataclass field with its default, its type (the annotation) and what
     describes it to users, read by the checks (:func:`~crate_transformer.config.check_option`), the flags, the
     config files, the Python keywords and ``config.json`` alike.
 
-    ``help`` says what it does; ``choices`` the values it may take; ``range`` (a :class:`Range`) the numbers;
-    ``applies`` where it applies: :data:`ALWAYS`, or a condition (``{"optimizer": ("sgd", "lars")}``: read only
-    while that field holds one of those; several fields: all must hold; a tuple of such mappings: any of them),
-    absent where its class states it once (:func:`fields_applicability`); ``metavar`` and ``shown`` (the default
-    in words) are for ``--help``; ``name`` its name in flat config files and on the command line, when it
-    differs from the field's; ``path`` a file or folder (an empty string is refused); ``fixed`` a task option the
-    checkpoint depends on (frozen on resume).  ``cli``: free-form entries for the command line (e.g. which
-    commands show it); the library does not read them.  A family's other default for an inherited option is
-    :func:`override`.
+    ``help`` says what it does; the keywords ``meta`` (those left ``None`` or ``False`` are not recorded):
+    ``choices``, the values it may take; ``range`` (a :class:`Range`) the numbers; ``applies`` where it applies:
+    :data:`ALWAYS`, or a condition (``{"optimizer": ("sgd", "lars")}``: read only while that field holds one of
+    those; several fields: all must hold; a tuple of such mappings: any of them), absent where its class states it
+    once (:func:`fields_applicability`); ``metavar`` and ``shown`` (the default in words) are for ``--help``;
+    ``name`` its name in flat config files and on the command line, when it differs from the field's; ``path`` a
+    file or folder (an empty string is refused); ``fixed`` a task option the checkpoint depends on (frozen on
+    resume).  Any other keyword is a free-form entry for the command line (e.g. which commands show it); the
+    library does not read them.  A family's other default for an inherited option is :func:`override`.
     """
-    given = {"choices": choices, "range": range, "applies": applies, "metavar": metavar, "shown": shown}
-    given.update(name=name, path=path, fixed=fixed)
-    meta = {"help": help, **{k: v for k, v in given.items() if v is not None and v is not False}, **cli}
+    meta = {"help": help, **{k: v for k, v in meta.items() if v is not None and v is not False}}
     if isinstance(default, (dict, list)):  # every instance gets its own copy
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -206,22 +174,19 @@ class _CoerceError(Exception):
 def _coerce(value: Any, tp: Any) -> Any:
     if tp is Any or tp is object:
         return value
-    origin = typing.get_origin(tp)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        non_none = [a for a in args if a is not type(None)]
-        if len(non_none) == len(args) - 1:  # Optional[X] / X | None
-            if value is None:
-                return None
-            if len(non_none) == 1:
-                inner = non_none[0]
-                if isinstance(value, str) and value.strip().lower() in _NONE and inner is not str:
-                    return None
-                try:
-                    return _coerce(value, inner)
-                except _CoerceError as e:
-                    raise _CoerceError(f"{e.args[0]} or None") from None
-        return value  # a union of several types: not ours to decide
+        inner = [a for a in args if a is not type(None)]
+        if value is None and len(inner) < len(args):  # Optional[X] / X | None
+            return None
+        if len(inner) != 1 or len(args) != 2:
+            return value  # a union of several types: not ours to decide
+        if isinstance(value, str) and value.strip().lower() in _NONE and inner[0] is not str:
+            return None
+        try:
+            return _coerce(value, inner[0])
+        except _CoerceError as e:
+            raise _CoerceError(f"{e.args[0]} or None") from None
     if tp is bool:
         return _to_bool(value)
     if tp is int:
@@ -239,7 +204,6 @@ def _coerce(value: Any, tp: Any) -> Any:
     if tp is dict or origin is dict:
         if not isinstance(value, Mapping):
             raise _CoerceError("a mapping (dict)")
-        args = typing.get_args(tp)
         return {k: _coerce(v, args[1]) for k, v in value.items()} if len(args) == 2 else dict(value)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(value, tp):

@@ -52,7 +52,7 @@ def test_console_script_entry_point(capsys):
 def test_model_args_accept_every_config_family_and_the_model_rejects_foreign_ones() -> None:
     import pytest
 
-    from crate_transformer.cli.common import parse_model_args
+    from crate_transformer.cli.options import parse_model_args
     from crate_transformer.models.registry import model_config
 
     args = parse_model_args(["visible_only=true", "mask_ratio=0.6", "dim=32"])  # MAEConfig fields
@@ -129,7 +129,7 @@ def test_every_help_text_states_a_default_once_and_never_none(capsys, monkeypatc
     import re
 
     from crate_transformer import cli
-    from crate_transformer.cli.pretrain import pretraining_tasks
+    from crate_transformer.cli.options import pretraining_tasks
 
     monkeypatch.setenv("COLUMNS", "300")
     commands = [[c] for c in cli.COMMANDS if c != "pretrain"] + [["pretrain", t] for t in pretraining_tasks()]
@@ -188,7 +188,7 @@ def test_every_help_fits_a_screen_and_help_all_shows_every_flag(capsys, monkeypa
     import argparse
 
     from crate_transformer import cli
-    from crate_transformer.cli.pretrain import pretraining_tasks
+    from crate_transformer.cli.options import pretraining_tasks
 
     monkeypatch.setenv("COLUMNS", "80")
     commands = [[c] for c in cli.COMMANDS] + [["pretrain", t] for t in pretraining_tasks()]
@@ -218,7 +218,7 @@ def test_the_off_switches_of_earlier_releases_still_parse(capsys, tmp_path) -> N
     from clitools import one_line_error
 
     from crate_transformer import cli
-    from crate_transformer.cli.common import resolve_options
+    from crate_transformer.cli.options import resolve_options
 
     cases = [
         (["generate", "x", "--no-cache"], "cache"),

@@ -16,8 +16,7 @@ import pytest
 import crate_transformer
 from crate_transformer import cli
 from crate_transformer.cli.messages import Flags, cli_message, step_command
-from crate_transformer.cli.pretrain import pretraining_tasks
-from crate_transformer.cli.train import finished
+from crate_transformer.cli.options import finished, pretraining_tasks
 from crate_transformer.errors import TaskError
 from crate_transformer.train import TrainConfig, train
 

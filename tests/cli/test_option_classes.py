@@ -6,7 +6,7 @@
 2. a config value of the wrong kind is a one-line error naming its key (``train.config.nest_options``, which every
    flag, file and keyword goes through, types every value);
 3. a ``--config`` key that the command has no option for is refused, not recorded and left unread
-   (``cli.common.given_options``)."""
+   (``cli.options.given_options``)."""
 
 from __future__ import annotations
 

@@ -117,7 +117,7 @@ def test_help_shows_the_range(capsys: pytest.CaptureFixture) -> None:
 # --------------------------------------------------------------------------- options that cannot apply are refused
 def test_model_args_given_twice_are_merged(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from crate_transformer.cli import build_parser
-    from crate_transformer.cli.common import given_options
+    from crate_transformer.cli.options import given_options
 
     argv = ["train", "--model-args", "dim=16", "heads=2", "--model-args", "depth=1"]
     args = build_parser("train").parse_args(argv)

@@ -252,7 +252,7 @@ def test_bad_variant_from_the_cli_is_one_line(capsys, tmp_path):
 )
 def test_model_args_reach_each_variant_through_crate_train_options(args, expected):
     from crate_transformer.cli import build_parser
-    from crate_transformer.cli.common import given_options
+    from crate_transformer.cli.options import given_options
     from crate_transformer.models.registry import model_config
     from crate_transformer.train import TrainConfig
 

@@ -132,7 +132,7 @@ def test_the_command_table_names_real_options_and_the_library_no_commands() -> N
 
 @pytest.mark.parametrize("command", ["eval", "analyze", "generate", "features"])
 def test_report_commands_take_the_system_options(command: str, capsys: pytest.CaptureFixture) -> None:
-    from crate_transformer.cli.common import resolve_options
+    from crate_transformer.cli.options import resolve_options
 
     args = cli.build_parser(command).parse_args([command, "x", "--threads", "2", "--seed", "7", "--device", "cpu"])
     assert (args.seed, args.threads, args.device) == ("7", "2", "cpu")  # one parse mode: the text as given

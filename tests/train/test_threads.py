@@ -114,7 +114,7 @@ def test_training_loop_prints_the_warning(tmp_path: Path, monkeypatch: pytest.Mo
 
 @pytest.mark.parametrize("command", ["eval", "analyze", "generate"])
 def test_eval_analyze_generate_take_threads(command: str, tmp_path: Path, capsys) -> None:
-    from crate_transformer.cli.common import resolve_options
+    from crate_transformer.cli.options import resolve_options
 
     args = cli.build_parser(command).parse_args([command, str(tmp_path), "--threads", "1"])
     assert args.threads == "1"  # as typed; the command's options class types it
@@ -135,7 +135,7 @@ def test_eval_analyze_generate_take_threads(command: str, tmp_path: Path, capsys
 
 
 def test_apply_threads_sets_torch() -> None:
-    from crate_transformer.cli.common import apply_threads
+    from crate_transformer.cli.options import apply_threads
 
     before = torch.get_num_threads()
     try:

@@ -124,7 +124,7 @@ def test_help_lists_every_option_with_its_default(capsys: pytest.CaptureFixture)
 
 
 def test_default_job_is_crate_mnist_p4_under_1m_params_on_a_grid_of_4_pixel_patches() -> None:
-    from crate_transformer.cli.common import given_options
+    from crate_transformer.cli.options import given_options
 
     args = cli.build_parser("train").parse_args(["train"])
     assert given_options(args) == {}  # no flag given: nothing overrides the defaults

@@ -1,8 +1,9 @@
 """The ``crate`` command.
 
-One module per subcommand (``cli/<name>.py`` with ``configure_<name>(parser)`` and ``run_<name>(args)``);
-library modules hold no argparse code.  Expected failures (bad input, missing or corrupt files) are a
-one-line message and exit code 2; set ``CRATE_DEBUG=1`` for the full traceback.
+One module per subcommand (``cli/<name>.py`` with ``configure_<name>(parser)`` and ``run_<name>(args)``), but for
+the commands that train a task, which are data (:data:`TRAINING`); library modules hold no argparse code.
+Expected failures (bad input, missing or corrupt files) are a one-line message and exit code 2; set
+``CRATE_DEBUG=1`` for the full traceback.
 """
 
 from __future__ import annotations
@@ -19,22 +20,38 @@ from typing import Any
 
 from .._version import __version__
 from .messages import TASK_COMMANDS, Flags, cli_message, command_flags, task_command, unrecognized  # noqa: F401
+from .options import configure_training, resolve_options, run_training
 
-# name -> (module, help); the module provides configure_<name>(parser) and run_<name>(args) -> int | None
-COMMANDS: dict[str, tuple[str, str]] = {
+# name -> (module, help); the module provides configure_<name>(parser) and run_<name>(args) -> int | None, but for a
+# command that trains a task (module None), which is data: its row of TRAINING
+COMMANDS: dict[str, tuple[str | None, str]] = {
     "models": ("models", "list the registered models with their parameter counts"),
-    "train": ("train", "train a model (default: CRATE on the built-in MNIST digits)"),
-    "finetune": ("train", "fine-tune a pretrained or official checkpoint on new data"),
-    "pretrain": ("pretrain", "self-supervised pre-training: crate pretrain {mae,dino} (masked autoencoding, DINO)"),
-    "eval": ("train", "evaluate a checkpoint: top-1/top-5, per-class accuracy, confusion matrix"),
-    "train-lm": ("lm", "train a language model: CRATE-GPT (--objective clm) or CRATE-BERT (mlm) on text"),
-    "finetune-text": ("lm", "fine-tune a language model on a labelled CSV/TSV (GLUE-style: accuracy, F1, Spearman)"),
+    "train": (None, "train a model (default: CRATE on the built-in MNIST digits)"),
+    "finetune": ("finetune", "fine-tune a pretrained or official checkpoint on new data"),
+    "pretrain": (None, "self-supervised pre-training: crate pretrain {mae,dino} (masked autoencoding, DINO)"),
+    "eval": ("evaluate", "evaluate a checkpoint: top-1/top-5, per-class accuracy, confusion matrix"),
+    "train-lm": (None, "train a language model: CRATE-GPT (--objective clm) or CRATE-BERT (mlm) on text"),
+    "finetune-text": (None, "fine-tune a language model on a labelled CSV/TSV (GLUE-style: accuracy, F1, Spearman)"),
     "generate": ("lm", "generate text from a causal language model (temperature, top-k, top-p, KV cache)"),
     "analyze": ("analyze", "white-box report: compression, sparsity, attention maps, segmentation"),
     "features": ("features", "sparse codes as features: per-unit statistics, top inputs, purity; features.html"),
     "ablate": ("ablate", "the paper's ablation tables (11, 12, 13, 15, 17) at laptop scale, several seeds each"),
     "theory": ("theory", "reproduce the paper's mathematical claims on synthetic data"),
     "segment-eval": ("segment_eval", "score MaskCut / attention masks on COCO or VOC ground truth: AP, AR, CorLoc"),
+}
+# a training command -> its description; .options.configure_training builds its flags from the declarations of
+# the task it trains (messages.TASK_COMMANDS; `crate pretrain`: one sub-command per pre-training task)
+TRAINING: dict[str, str] = {
+    "train": "Train a classifier. With no arguments: CRATE (crate_mnist_p4) on the 4,000 built-in MNIST training "
+    "digits, evaluated on the fixed 1,000 held-out digits. Works unchanged under torchrun --nproc_per_node=N.",
+    "pretrain": "Self-supervised pre-training on the training engine: crate pretrain TASK --help",
+    "train-lm": "Train a language model on the training engine (JMLR §4.1.4). With no arguments: CRATE-GPT "
+    "(crate_gpt_mini, 249k parameters, byte-level tokens, context 128) on Python's documentation (built in), a tenth "
+    "held out; --objective mlm trains CRATE-BERT (crate_bert_mini). Reports held-out loss and perplexity.",
+    "finetune-text": "Fine-tune a language model on a CSV/TSV of texts (or text pairs) and labels (or scores), "
+    "GLUE-style (JMLR Table 5): a fresh head on the pooled tokens; reports accuracy, F1 (two classes) or Spearman "
+    "(scores).\n\n--from takes a crate train-lm run dir, a save_pretrained language-model dir (with its "
+    "tokenizer.json) or hf-hub:ORG/NAME.",
 }
 
 
@@ -120,12 +137,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        if name == command:
+        if name == command and module_name is None:
+            configure_training(p, name, TRAINING[name])
+            p.set_defaults(_run=run_training)
+        elif name == command:
             module = importlib.import_module(f"{__name__}.{module_name}")
-            func = name.replace("-", "_")  # crate train-lm → configure_train_lm / run_train_lm
+            func = name.replace("-", "_")  # crate segment-eval → configure_segment_eval / run_segment_eval
             getattr(module, f"configure_{func}")(p)
-            add_help_all(p)  # --help shows the options used first, --help-all every one
             p.set_defaults(_run=getattr(module, f"run_{func}"))
+        if name == command:
+            add_help_all(p)  # --help shows the options used first, --help-all every one
     return parser
 
 
@@ -167,8 +188,6 @@ def main(argv: list[str] | None = None) -> int:
         return getattr(args, "_flags", None) or command_flags(chosen)
 
     try:
-        from .common import resolve_options
-
         resolve_options(args)  # a command's options coerced and checked, before it does anything
         with option_warnings(args.command, flags):  # the library's warnings name the command's flags
             return int(args._run(args) or 0)

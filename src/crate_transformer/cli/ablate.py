@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from ..config import Config
 from ..config_utils import NON_NEGATIVE, POSITIVE, option
 from ..train.ablate import RECIPE
-from .common import parse_model_args
 from .messages import Flags, command_flags, flag
-from .options import add_command_options
+from .options import add_command_options, parse_model_args
 
 FLAGS = ("epochs", "data", "model", "threads")  # the training options ablate takes as flags; the rest: --train-args
 

@@ -10,10 +10,9 @@ from ..analysis.segmentation import TAU
 from ..config import Config
 from ..config_utils import POSITIVE, Range, option
 from ..train.config import DataOptions, SystemOptions
-from .common import apply_threads, parse_model_args, refuse_given
-from .options import MEASURED, REPORT, SYSTEM, add_command_options, like
+from .evaluate import OUT_HELP, OVERWRITE_HELP, EvalOptions
+from .options import MEASURED, REPORT, SYSTEM, add_command_options, apply_threads, like, parse_model_args, refuse_given
 from .reports import held_out_corpus, layer_number, report_dir, report_home
-from .train import OUT_HELP, OVERWRITE_HELP, EvalOptions
 
 # options of one kind of model only: given for the other kind they are refused, not ignored
 IMAGE_ONLY = (

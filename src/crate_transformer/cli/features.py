@@ -15,10 +15,9 @@ from pathlib import Path
 from ..config import Config
 from ..config_utils import NON_NEGATIVE, POSITIVE, option
 from ..train.config import SystemOptions
-from .common import apply_threads, refuse_given
-from .options import REPORT, SYSTEM, add_command_options, like
+from .evaluate import OUT_HELP, OVERWRITE_HELP
+from .options import REPORT, SYSTEM, add_command_options, apply_threads, like, refuse_given
 from .reports import dataset_columns, held_out_corpus, layer_number, report_dir, report_home
-from .train import OUT_HELP, OVERWRITE_HELP
 
 OWNED = ("features.json", "features.html")  # what --overwrite replaces in a named --out
 

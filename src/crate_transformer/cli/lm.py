@@ -1,4 +1,4 @@
-"""``crate train-lm`` (language modelling on the training engine) and ``crate generate``."""
+"""``crate generate``: text from a causal language model (temperature, top-k, top-p, KV cache)."""
 
 from __future__ import annotations
 
@@ -10,38 +10,7 @@ from ..config import Config
 from ..config_utils import NON_NEGATIVE, POSITIVE, option
 from ..models.lm import TEMPERATURE, TOP_P
 from ..train.config import SystemOptions
-from .common import apply_threads
-from .options import SAMPLING, SYSTEM, add_command_options, like
-from .pretrain import add_task_arguments, run_task
-
-
-def configure_train_lm(parser: argparse.ArgumentParser) -> None:
-    parser.description = (
-        "Train a language model on the training engine (JMLR §4.1.4). With no arguments: CRATE-GPT (crate_gpt_mini, "
-        "249k parameters, byte-level tokens, context 128) on Python's documentation (built in), a tenth held out; "
-        "--objective mlm trains CRATE-BERT (crate_bert_mini). Reports held-out loss and perplexity."
-    )
-    add_task_arguments(parser, "lm", "train-lm")
-
-
-def run_train_lm(args: argparse.Namespace) -> int:
-    """``crate train-lm``: 0 on completion, 130 when interrupted (checkpoint saved)."""
-    return run_task(args, "lm")
-
-
-def configure_finetune_text(parser: argparse.ArgumentParser) -> None:
-    parser.description = (
-        "Fine-tune a language model on a CSV/TSV of texts (or text pairs) and labels (or scores), GLUE-style "
-        "(JMLR Table 5): a fresh head on the pooled tokens; reports accuracy, F1 (two classes) or Spearman (scores)."
-        "\n\n--from takes a crate train-lm run dir, a save_pretrained language-model dir (with its tokenizer.json) or "
-        "hf-hub:ORG/NAME."
-    )
-    add_task_arguments(parser, "text-classification", "finetune-text")
-
-
-def run_finetune_text(args: argparse.Namespace) -> int:
-    """``crate finetune-text``: 0 on completion, 130 when interrupted (checkpoint saved)."""
-    return run_task(args, "text-classification")
+from .options import SAMPLING, SYSTEM, add_command_options, apply_threads, like
 
 
 @dataclass

@@ -18,9 +18,10 @@
 from ..data import epoch_permutation
 from ..loading.pipeline import load_model
 from .classification import ClassificationTask
-from .config import FINETUNE_DEFAULTS, TrainConfig, load_config
+from .config import TrainConfig, load_config
 from .evaluation import EvalResult, evaluate, plot_confusion_matrix, plot_curves, prepare_batch
 from .loop import TrainState, WarmupCosine, train
+from .recipes import FINETUNE_DEFAULTS
 from .rundir import RunDir, load_training_state, read_metrics
 from .runtime import Runtime, resolve_device
 from .task import Hook, RunSummary, StepContext, Task, TaskResult, register_task

@@ -13,13 +13,12 @@ from torch import Tensor, nn
 from ..data import ImageSource, Position, default_augmentation, to_device
 from ..errors import OptionWarning, Step
 from ..layers import set_drop_path
-from .config import given_once
 from .evaluation import evaluate
 from .images import ImageData, image_classifier, load_splits
 from .mix import MixupCutmix, random_erasing, soft_target_cross_entropy
 from .optim import ModelEma
 from .recipes import Choice, chance_level, changed_settings, choose_augmentation, near_chance, recipe_note
-from .task import RunSummary, StepContext, Task, TaskResult
+from .task import RunSummary, StepContext, Task, TaskResult, given_once
 
 CHANCE_IMAGES = 512  # training images the first epoch after the warm-up is checked on (against chance)
 

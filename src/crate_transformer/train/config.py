@@ -7,7 +7,8 @@ keywords and flags (``TrainConfig(lr=0.01)``, ``--lr``) are placed in their grou
 
 The paper's ImageNet recipe and its fine-tuning (JMLR App. C.1, Table 1) are ``recipe="crate-paper"``
 (:data:`~.recipes.RECIPES`, which states their values); the defaults of a new classification run are instead tuned
-for the built-in MNIST digits on 2 CPU cores, and those of fine-tuning (``init_from``) :data:`FINETUNE_DEFAULTS`.
+for the built-in MNIST digits on 2 CPU cores, and those of fine-tuning (``init_from``)
+:data:`~.recipes.FINETUNE_DEFAULTS`.
 """
 
 from __future__ import annotations
@@ -39,23 +40,8 @@ from .recipes import READ_BY, RECIPES, reading_augmentation, recipe_options
 from .sharding import STRATEGIES
 from .trackers import LOGGERS
 
-__all__ = [
-    "TrainConfig",
-    "DataOptions",
-    "AugmentationOptions",
-    "OptimOptions",
-    "SystemOptions",
-    "LoggingOptions",
-    "GROUPS",
-    "FINETUNE_DEFAULTS",
-    "AMP_MODES",
-    "load_config",
-    "read_run_config",
-    "nest_options",
-    "upgrade_v1",
-    "flat_options",
-    "given_once",
-]
+__all__ = ["TrainConfig", "DataOptions", "AugmentationOptions", "OptimOptions", "SystemOptions", "LoggingOptions"]
+__all__ += ["GROUPS", "AMP_MODES", "load_config", "read_run_config", "nest_options", "upgrade_v1", "flat_options"]
 
 AMP_MODES = ("auto", "none", "bf16", "fp16")
 VERSION = 2  # config.yaml layout: 1 = one flat mapping of options, 2 = the option groups below
@@ -63,6 +49,9 @@ VERSION = 2  # config.yaml layout: 1 = one flat mapping of options, 2 = the opti
 IMAGES = {"task": ("classification", "mae", "dino", "simdino")}  # the image tasks' data (train.images)
 CLASSIFY = {"task": ("classification",)}  # the classification task's recipe pieces
 TEXT = ("lm", "text-classification")
+CROPS = ({**CLASSIFY, "augment": ("crop-flip", "randaugment")}, {"task": ("mae",)})  # RandomResizedCrop, flips
+RANDAUGMENT = {**CLASSIFY, "augment": ("randaugment",)}
+FRACTION = Range(0, 1, hi_open=True)  # a share or a probability below 1: [0, 1)
 COLUMNS = ("text_columns", "label_column")  # task options of older configs, data options now
 
 
@@ -95,39 +84,24 @@ class DataOptions(Config):
         applies=IMAGES,
     )
     image_size: int | None = option(
-        None,
-        "train at this image size; batches are resized",
-        shown="the model's",
-        range=POSITIVE,
-        basic=True,
-        applies=IMAGES,
+        None, "resize batches to this image size", shown="the model's", range=POSITIVE, basic=True, applies=IMAGES
     )
     val_fraction: float = option(
         0.0,
         "hold out this fraction of the training pool as a 'val' split (stratified; language models: the corpus' tail)",
-        range=Range(0, 1, hi_open=True),
+        range=FRACTION,
         basic=True,
         applies=({"eval_split": ("val",)}, {"task": TEXT}),  # an image task's held-out images are evaluated as val
     )
-    eval_split: str = option(
-        "test", "split evaluated after every `eval_every` epochs: test | val", choices=("test", "val")
-    )
+    eval_split: str = option("test", "split evaluated every `eval_every` epochs: test | val", choices=("test", "val"))
     train_subset: int = option(
-        0,
-        "train on a seeded random subset of this many images (0 = all; in-memory data)",
-        range=NON_NEGATIVE,
-        applies=IMAGES,
+        0, "train on a seeded subset of this many images (0 = all; in-memory data)", range=NON_NEGATIVE, applies=IMAGES
     )
     on_bad_image: str = option(
-        "skip",
-        "unreadable image files: skip (with a warning count) | error",
-        choices=("skip", "error"),
-        applies=IMAGES,
+        "skip", "unreadable image files: skip (with a warning count) | error", choices=("skip", "error"), applies=IMAGES
     )
     # a dataset's columns, where the automatic choice does not find them
-    image_column: str = option(
-        "", "a Hugging Face image dataset's image column", shown="its Image feature", applies=IMAGES
-    )
+    image_column: str = option("", "a Hugging Face dataset's image column", shown="its Image feature", applies=IMAGES)
     label_column: str = option(
         "",
         "the label column of an image dataset or of a text table",
@@ -167,36 +141,19 @@ class AugmentationOptions(Config):
         applies=({**CLASSIFY, "augment": ("translate",)}, {"task": ("mae",)}),
     )
     crop_scale: float = option(
-        0.08,
-        "minimum area fraction of RandomResizedCrop (crop-flip, randaugment)",
-        range=Range(0, 1, lo_open=True),
-        applies=({**CLASSIFY, "augment": ("crop-flip", "randaugment")}, {"task": ("mae",)}),
+        0.08, "minimum area fraction of RandomResizedCrop", range=Range(0, 1, lo_open=True), applies=CROPS
     )
-    hflip: bool = option(
-        True, "random horizontal flips in crop-flip / randaugment",
-        applies=({**CLASSIFY, "augment": ("crop-flip", "randaugment")}, {"task": ("mae",)}),
-    )  # fmt: skip
-    randaugment_n: int = option(
-        2, "RandAugment: number of ops per image", range=NON_NEGATIVE, applies={**CLASSIFY, "augment": ("randaugment",)}
-    )
-    randaugment_m: int = option(
-        14, "RandAugment: magnitude (0-30)", range=Range(0, 30, integer=True),
-        applies={**CLASSIFY, "augment": ("randaugment",)},
-    )  # fmt: skip
-    mixup: float = option(0.0, "mixup Beta(a, a) concentration (0 = off; DeiT: 0.8)", range=Range(0), applies=CLASSIFY)
-    cutmix: float = option(
-        0.0, "cutmix Beta(a, a) concentration (0 = off; DeiT: 1.0)", range=Range(0), applies=CLASSIFY
-    )
+    hflip: bool = option(True, "random horizontal flips in crop-flip / randaugment", applies=CROPS)
+    randaugment_n: int = option(2, "RandAugment: ops per image", range=NON_NEGATIVE, applies=RANDAUGMENT)
+    randaugment_m: int = option(14, "RandAugment: magnitude", range=Range(0, 30, integer=True), applies=RANDAUGMENT)
+    mixup: float = option(0.0, "mixup Beta(a, a) concentration (0 = off; DeiT 0.8)", range=Range(0), applies=CLASSIFY)
+    cutmix: float = option(0.0, "cutmix Beta(a, a) concentration (0 = off; DeiT 1.0)", range=Range(0), applies=CLASSIFY)
     mixup_prob: float = option(
-        1.0,
-        "probability that a batch is mixed (mixup or cutmix)",
-        range=Range(0, 1),
-        applies=({"mixup": ON}, {"cutmix": ON}),
+        1.0, "probability to mix a batch (mixup or cutmix)", range=Range(0, 1), applies=({"mixup": ON}, {"cutmix": ON})
     )
     mixup_switch_prob: float = option(
-        0.5, "probability of cutmix rather than mixup when both are on", range=Range(0, 1),
-        applies={"mixup": ON, "cutmix": ON},
-    )  # fmt: skip
+        0.5, "probability of cutmix over mixup when both are on", range=Range(0, 1), applies={"mixup": ON, "cutmix": ON}
+    )
     random_erasing: float = option(
         0.0, "random erasing probability per image (DeiT, MAE: 0.25)", range=Range(0, 1), applies=CLASSIFY
     )
@@ -217,60 +174,37 @@ class OptimOptions(Config):
         choices=OPTIMIZERS,
         basic=True,
     )
-    momentum: float = option(
-        0.9,
-        "momentum of `optimizer` sgd / lars",
-        range=Range(0, 1, hi_open=True),
-        applies={"optimizer": ("sgd", "lars")},
-    )
+    momentum: float = option(0.9, "sgd / lars momentum", range=FRACTION, applies={"optimizer": ("sgd", "lars")})
     lr: float = option(4e-3, "peak learning rate", range=Range(0, lo_open=True), basic=True)
     min_lr: float = option(1e-5, "learning rate at the end of the cosine decay", range=Range(0))
     weight_decay: float = option(
-        0.01,
-        "decoupled weight decay (matrices only; norms, biases, embeddings excluded)",
-        range=Range(0),
-        basic=True,
+        0.01, "decoupled weight decay (matrices only; norms, biases, embeddings excluded)", range=Range(0), basic=True
     )
     betas: list[float] = option(
         [],
         "optimizer betas",
         shown="0.9 0.999 for AdamW, 0.9 0.99 for Lion",
-        range=Range(0, 1, hi_open=True),
+        range=FRACTION,
         applies={"optimizer": ("adamw", "lion", "lamb")},
     )
     batch_size: int = option(
-        64,
-        "global batch size per optimizer step (split over processes and `accum_steps`)",
-        range=POSITIVE,
-        basic=True,
+        64, "global batch size per optimizer step (split over processes and `accum_steps`)", range=POSITIVE, basic=True
     )
     accum_steps: int = option(
-        1,
-        "gradient accumulation: each process runs its share of a batch in this many chunks",
-        range=POSITIVE,
+        1, "gradient accumulation: each process runs its share of a batch in this many chunks", range=POSITIVE
     )
     epochs: int = option(40, "training epochs", range=POSITIVE, basic=True)
-    warmup_epochs: float = option(
-        2.0,
-        "linear warm-up length in epochs (fractions allowed)",
-        range=Range(0),
-        basic=True,
-    )
+    warmup_epochs: float = option(2.0, "linear warm-up in epochs (fractions allowed)", range=Range(0), basic=True)
     warmup_fraction: float = option(
         0.0,
         "linear warm-up as a share of the run's optimizer steps (0.05: the first twentieth; 0 = `warmup_epochs`); "
         "setting one of the two warm-ups sets the other to 0",
-        range=Range(0, 1, hi_open=True),
+        range=FRACTION,
     )
-    label_smoothing: float = option(
-        0.05, "label smoothing of the cross-entropy", range=Range(0, 1, hi_open=True), applies=CLASSIFY
-    )
+    label_smoothing: float = option(0.05, "label smoothing of the cross-entropy", range=FRACTION, applies=CLASSIFY)
     grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)", range=Range(0))
     max_steps: int = option(
-        0,
-        "stop after this many optimizer steps (0 = all epochs; the schedule is unchanged)",
-        range=NON_NEGATIVE,
-        basic=True,
+        0, "stop after this many optimizer steps (0 = all epochs; the schedule stays)", range=NON_NEGATIVE, basic=True
     )
     layer_decay: float = option(
         1.0,
@@ -278,16 +212,13 @@ class OptimOptions(Config):
         range=Range(0, 1, lo_open=True),
     )
     drop_path: float = option(
-        0.0,
-        "stochastic depth of the last layer, rising linearly from 0 over depth (timm / DeiT; 0 = off)",
-        range=Range(0, 1, hi_open=True),
-        applies=CLASSIFY,
+        0.0, "stochastic depth of the last layer, linear from 0 (timm, DeiT; 0 = off)", range=FRACTION, applies=CLASSIFY
     )
     ema: float = option(
         0.0,
         "keep an EMA of the weights with this decay, evaluated beside the model and saved as model_ema/ (0 = off; "
         "DeiT: 0.99996)",
-        range=Range(0, 1, hi_open=True),
+        range=FRACTION,
         applies=CLASSIFY,
     )
 
@@ -310,12 +241,7 @@ class SystemOptions(Config):
     APPLIES: ClassVar[str] = ALWAYS  # every field is read by every run (config_utils.fields_applicability)
 
     device: str = option("auto", "auto | cpu | cuda | cuda:N | mps (under torchrun: cuda:LOCAL_RANK)", basic=True)
-    amp: str = option(
-        "auto",
-        "mixed precision: auto (bf16 or fp16 on GPU, none on CPU) | none | bf16 | fp16",
-        choices=AMP_MODES,
-        basic=True,
-    )
+    amp: str = option("auto", "mixed precision: auto = bf16 or fp16 on GPU, none on CPU", choices=AMP_MODES, basic=True)
     strategy: str = option(
         "ddp",
         "under torchrun: ddp (a full replica per process) | fsdp (parameters, gradients and optimizer state "
@@ -402,10 +328,7 @@ class TrainConfig:
     # model
     model: str | None = option("crate_mnist_p4", "registered model name (ct.list_models() lists them)", basic=True)
     model_args: dict = option(
-        {},
-        "model overrides as KEY=VALUE, e.g. dim=64 depth=4 patch_size=4",
-        metavar="KEY=VALUE",
-        basic=True,
+        {}, "model overrides as KEY=VALUE, e.g. dim=64 depth=4 patch_size=4", metavar="KEY=VALUE", basic=True
     )
     # a named published recipe: its values go under the options given with it (defaults < recipe < file < flags)
     recipe: str | None = option(
@@ -600,20 +523,6 @@ def flat_options(d: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-# Fine-tuning recipe (JMLR App. C.1, transfer protocol of Table 1): new head, AdamW lr 5e-5, wd 0.01,
-# crop + flip + RandAugment(2, 14), plain cross-entropy.
-FINETUNE_DEFAULTS: dict[str, Any] = {
-    "optimizer": "adamw",
-    "lr": 5e-5,
-    "min_lr": 1e-6,
-    "weight_decay": 0.01,
-    "label_smoothing": 0.0,
-    "epochs": 10,
-    "warmup_epochs": 1.0,
-    "batch_size": 64,
-}
-
-
 def read_options_file(path: str | os.PathLike) -> dict:
     """The options in a YAML or JSON file, in the nested layout whichever the file holds (:func:`upgrade_v1`;
     values still as written: TrainConfig coerces them)."""
@@ -646,18 +555,3 @@ def read_run_config(path: str | os.PathLike) -> TrainConfig:
     path = Path(path)
     options = read_options_file(path / "config.yaml" if path.is_dir() else path)
     return TrainConfig.from_dict({k: v for k, v in options.items() if k not in RUN_EXTRAS}, saved=True)
-
-
-def given_once(model_args: Mapping[str, Any], field: str, value: object, setter: str) -> None:
-    """Refuse ``model_args[field]`` when a training option or the data (``setter``, which sets ``value``: a
-    ``name=value`` or words) gives the model field another value: one of the two would win silently.  An equal
-    value passes."""
-    if field not in model_args or value is None:
-        return
-    try:
-        same = float(model_args[field]) == float(value)  # "0.1" from the command line is 0.1
-    except (TypeError, ValueError):
-        same = str(model_args[field]) == str(value)
-    if not same:
-        given = short_repr({field: model_args[field]})
-        raise OptionError(f"{field} is given twice: {setter} and model_args={given}; keep one")

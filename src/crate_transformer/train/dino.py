@@ -49,12 +49,12 @@ from ..models.dino import (
     global_coding_rate,
     teacher_temperature,
 )
-from .config import TrainConfig, given_once
+from .config import TrainConfig
 from .evaluation import save_figure, subplots
 from .images import ImageData, image_classifier
 from .recipes import recipe_note
 from .rundir import read_metrics
-from .task import RunSummary, StepContext, Task, TaskResult
+from .task import RunSummary, StepContext, Task, TaskResult, given_once
 
 __all__ = ["DINOTask", "DINOOptions", "PRESETS", "MultiCropAugmentation", "EXPORT_KEY", "plot_dino_curves"]
 

@@ -28,8 +28,9 @@ from ..errors import OptionError, TaskError
 from ..loading.pipeline import config_from_dict, load_model
 from ..models.classifier import ImageClassifier
 from ..models.registry import build, model_config
-from .config import TrainConfig, given_once
+from .config import TrainConfig
 from .evaluation import prepare_batch
+from .task import given_once
 
 __all__ = ["ImageData", "image_classifier", "load_splits"]
 

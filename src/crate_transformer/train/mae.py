@@ -38,12 +38,11 @@ from ..loading.pipeline import config_from_dict, load_model
 from ..models.base import POOLS, Model
 from ..models.mae import CRATEMAE
 from ..models.registry import build, model_config
-from .config import given_once
 from .evaluation import prepare_batch, require_evaluated
 from .images import ImageData
 from .recipes import Choice, choose_mae_augmentation, recipe_note
 from .runtime import Runtime
-from .task import RunSummary, Task, TaskError, TaskResult, task_option
+from .task import RunSummary, Task, TaskError, TaskResult, given_once, task_option
 
 __all__ = ["MAETask", "MAEOptions", "masked_eval"]
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "FINETUNE_DEFAULTS",
     "Recipe",
     "RECIPES",
     "SMALL_DATA",
@@ -54,6 +55,20 @@ class Recipe:
 
 _TIMM_RANDAUG = {"augment": "randaugment", "randaugment_n": 2, "randaugment_m": 27}  # rand-m9 (0-10) = 27/30
 _MIX = {"mixup": 0.8, "cutmix": 1.0, "mixup_prob": 1.0, "mixup_switch_prob": 0.5}
+
+# Fine-tuning recipe (JMLR App. C.1, transfer protocol of Table 1): new head, AdamW lr 5e-5, wd 0.01,
+# crop + flip + RandAugment(2, 14), plain cross-entropy.
+FINETUNE_DEFAULTS: dict[str, Any] = {
+    "optimizer": "adamw",
+    "lr": 5e-5,
+    "min_lr": 1e-6,
+    "weight_decay": 0.01,
+    "label_smoothing": 0.0,
+    "epochs": 10,
+    "warmup_epochs": 1.0,
+    "batch_size": 64,
+}
+
 
 RECIPES: dict[str, Recipe] = {
     "crate-paper": Recipe(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from ..config import IMAGE_CLASSIFIER, LANGUAGE_MODEL, MASKED_AUTOENCODER, from_given
 from ..config_utils import option
-from ..errors import TaskError
+from ..errors import OptionError, TaskError, short_repr
 from .config import TrainConfig
 from .evaluation import plot_curves
 from .runtime import Runtime
@@ -35,7 +35,9 @@ __all__ = [
     "TASKS",
     "register_task",
     "make_task",
+    "task_class",
     "task_option",
+    "given_once",
     "TaskError",
 ]
 
@@ -56,12 +58,17 @@ def register_task(name: str, target: str) -> None:
     TASKS[name] = target
 
 
-def make_task(name: str) -> Task:
-    """A fresh instance of the task registered as ``name``."""
+def task_class(name: str) -> type[Task]:
+    """The Task class registered as ``name`` (its module imported)."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; registered tasks: {sorted(TASKS)}")
     module, _, cls = TASKS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)()
+    return getattr(importlib.import_module(module), cls)
+
+
+def make_task(name: str) -> Task:
+    """A fresh instance of the task registered as ``name``."""
+    return task_class(name)()
 
 
 def _a(kind: str) -> str:
@@ -277,3 +284,18 @@ class Task:
 
     def figures(self, run_dir: Path, metrics_path: Path) -> None:
         plot_curves(metrics_path, run_dir / "curves.png", metric=self.metric)
+
+
+def given_once(model_args: Mapping[str, Any], field: str, value: object, setter: str) -> None:
+    """Refuse ``model_args[field]`` when a training option or the data (``setter``, which sets ``value``: a
+    ``name=value`` or words) gives the model field another value: one of the two would win silently.  An equal
+    value passes."""
+    if field not in model_args or value is None:
+        return
+    try:
+        same = float(model_args[field]) == float(value)  # "0.1" from the command line is 0.1
+    except (TypeError, ValueError):
+        same = str(model_args[field]) == str(value)
+    if not same:
+        given = short_repr({field: model_args[field]})
+        raise OptionError(f"{field} is given twice: {setter} and model_args={given}; keep one")

@@ -1,11 +1,10 @@
-"""``crate train``, ``crate finetune`` and ``crate eval``."""
+"""``crate eval``: top-1/top-5, per-class accuracy and the confusion matrix of a checkpoint, or its frozen features'
+k-NN and linear-probe accuracy."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,125 +12,10 @@ from ..config import LANGUAGE_MODEL, MASKED_AUTOENCODER, Config
 from ..config_utils import POSITIVE, option
 from ..models.base import POOLS
 from ..train.config import DataOptions, SystemOptions
-from . import task_command
-from .common import apply_threads, given_options, parse_model_args
-from .messages import step_command
-from .options import (
-    DATA,
-    REPORT,
-    SYSTEM,
-    add_command_options,
-    add_resume_option,
-    add_training_options,
-    like,
-    print_config,
-)
+from .options import DATA, REPORT, SYSTEM, add_command_options, apply_threads, like, parse_model_args
 from .reports import report_dir, report_home
 
 EVAL_FILES = ("eval.json", "confusion.png", "knn.png")  # what crate eval writes (--overwrite removes them)
-
-
-def configure_train(parser: argparse.ArgumentParser) -> None:
-    parser.description = (
-        "Train a classifier. With no arguments: CRATE (crate_mnist_p4) on the 4,000 built-in MNIST training digits, "
-        "evaluated on the fixed 1,000 held-out digits. Works unchanged under torchrun --nproc_per_node=N."
-    )
-    add_resume_option(parser)
-    add_training_options(parser, "train")
-
-
-def finished(result: dict) -> int:
-    """Print the commands worth running after a finished run (``next: ...``, once: by the process of rank 0, as
-    torchrun numbers them) and return the exit code: 0 on completion, 130 when interrupted (checkpoint saved)."""
-    if result["interrupted"]:
-        if os.environ.get("RANK", "0") == "0":  # after the engine's "checkpoint saved to ..." line, on stderr
-            command = task_command(result["task"], bool(result["init_from"]))
-            print(f"continue with: crate {command} --resume {result['run_dir']}", file=sys.stderr, flush=True)
-        return 130
-    steps = result.get("next")
-    if steps and os.environ.get("RANK", "0") == "0":
-        steps = [steps] if isinstance(steps, str) else steps  # a task may give one line of its own
-        print("next: " + "    |    ".join(str(s) if isinstance(s, str) else step_command(s) for s in steps), flush=True)
-    return 0
-
-
-def run_train(args: argparse.Namespace) -> int:
-    """``crate train``: 0 on completion, 130 when interrupted (checkpoint saved)."""
-    from ..train import TrainConfig, train
-
-    resume = getattr(args, "resume", None)
-    options = given_options(args)
-    if print_config(args, TrainConfig(), options):
-        return 0
-    result = train(None if resume else TrainConfig(), resume=resume, overrides=options, expect_task="classification")
-    return finished(result)
-
-
-# what --help shows for the defaults `crate finetune` chooses by the data's size (run_finetune)
-FINETUNE_CHOSEN = {
-    "recipe": "small-data below 20,000 training images, else none (the transfer protocol)",
-    "lr": "0.001 below 20,000 training images (small-data), else 5e-05",
-    "augment": "auto: translate for grey-scale images, crop-flip for colour ones, + randaugment from 20,000",
-}
-
-
-def configure_finetune(parser: argparse.ArgumentParser) -> None:
-    from ..train import FINETUNE_DEFAULTS
-
-    parser.description = (
-        "Fine-tune all weights from a checkpoint on new data: a fresh head for the new classes, position embeddings "
-        "interpolated to the new image size. The recipe follows the data's size, said in the run's header: below "
-        "20,000 training images --recipe small-data (AdamW lr 1e-3, no RandAugment), else the paper's transfer "
-        "protocol (JMLR Table 1: AdamW lr 5e-5, wd 0.01, RandAugment(2, 14) on colour images).\n\n"
-        "--from takes a save_pretrained dir or hf-hub:ORG/NAME, a crate train run dir, a training-state .pt, or an "
-        "official .pth (then also --model NAME and --model-args for its architecture)."
-    )
-    add_resume_option(parser, "fine-tuning run")
-    shown = {"data": "(required)", "model": "(from checkpoint)", **FINETUNE_CHOSEN}
-    add_training_options(parser, "finetune", {**FINETUNE_DEFAULTS, **shown})
-
-
-def run_finetune(args: argparse.Namespace) -> int:
-    from ..train import FINETUNE_DEFAULTS, TrainConfig, train
-    from ..train.config import flat_options
-
-    resume = getattr(args, "resume", None)
-    options = given_options(args)
-    given = flat_options(options)
-    # the checkpoint defines the architecture; --model only names an official checkpoint's
-    base = TrainConfig.from_dict({**FINETUNE_DEFAULTS, "init_from": getattr(args, "init_from", None), "model": None})
-    if given.get("data") and not given.get("recipe") and not resume:
-        from ..train.recipes import finetune_recipe
-
-        chosen = finetune_recipe(count_training_images(given["data"])).value  # the run's header says why
-        base = TrainConfig.from_dict({"recipe": chosen}, base) if chosen else base
-    if print_config(args, base, options):
-        return 0
-    if resume:
-        result = train(resume=resume, overrides=options, expect_task="classification")
-    else:
-        if not getattr(args, "init_from", None):
-            raise ValueError("crate finetune needs --from CHECKPOINT (a model dir, run dir or official .pth)")
-        if not given.get("data"):
-            raise ValueError("crate finetune needs --data (a dataset name or folder)")
-        result = train(base, overrides=options, expect_task="classification")
-    return finished(result)
-
-
-def count_training_images(data: str) -> int | None:
-    """The images of ``data``'s training pool, counted without decoding them (None for a streamed dataset whose
-    size shows only once it is read, or data that does not open: the run then says why)."""
-    from ..data import open_source
-    from ..data.memory import list_image_folder, resolve_source
-
-    try:
-        kind, source = resolve_source(data)
-        if kind == "folder":
-            return len(list_image_folder(source).train)
-        # built-in and CIFAR tensors: read once, kept for the run (the loader's cache)
-        return len(open_source(data, "train")) if kind in ("mnist", "digits", "cifar10", "cifar100") else None
-    except (ValueError, OSError):
-        return None
 
 
 FROZEN = "frozen-feature evaluation (any encoder: classifier, MAE, DINO); replaces the classifier's top-1"
