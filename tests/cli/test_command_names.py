@@ -179,3 +179,9 @@ def test_the_translation_renders_values_as_flags_take_them() -> None:
         "--out 'my runs/x' is a file; output, outer, out_dir, without"
     )
     assert cli_message("bad value out=[1, 2", flags) == "bad value out=[1, 2"  # no literal: left alone
+
+
+def test_the_command_list_names_every_pre_training_task() -> None:
+    """``crate --help``'s pretrain line lists the tasks ``crate pretrain`` runs, no more, no fewer."""
+    listed = re.search(r"\{([a-z,]+)\}", cli.COMMANDS["pretrain"][1])
+    assert listed and sorted(listed.group(1).split(",")) == sorted(pretraining_tasks()), cli.COMMANDS["pretrain"]

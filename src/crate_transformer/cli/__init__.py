@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
     "models": ("models", "list the registered models with their parameter counts"),
     "train": (None, "train a model (default: CRATE on the built-in MNIST digits)"),
     "finetune": ("finetune", "fine-tune a pretrained or official checkpoint on new data"),
-    "pretrain": (None, "self-supervised pre-training: crate pretrain {mae,dino} (masked autoencoding, DINO)"),
+    "pretrain": (None, "self-supervised pre-training: crate pretrain {mae,dino,simdino}"),
     "eval": ("evaluate", "evaluate a checkpoint: top-1/top-5, per-class accuracy, confusion matrix"),
     "train-lm": (None, "train a language model: CRATE-GPT (--objective clm) or CRATE-BERT (mlm) on text"),
     "finetune-text": (None, "fine-tune a language model on a labelled CSV/TSV (GLUE-style: accuracy, F1, Spearman)"),
