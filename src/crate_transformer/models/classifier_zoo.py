@@ -211,6 +211,34 @@ _SIMDINO_UNSTATED = (
     "a Google Drive view link only: no direct URL, file name, size or checksum is published, nor what the file holds "
     "(main_dino.py's checkpoint.pth, {'student', 'teacher', ...}, and a bare backbone both load)"
 )
+
+
+def _simdino_drive_source(
+    name: str, title: str, drive: str, *, licence: str, reference: str, status: str
+) -> PretrainedSource:
+    """A checkpoint of SimDINO's README: a Google Drive view link (``drive``, its file id) and nothing else, read in
+    the DINO ViT format at 224 px with ImageNet's normalisation (both repositories' evaluation transforms: resize 256
+    bicubic, crop 224; simdinov2/data/transforms.py make_classification_eval_transform)."""
+    return PretrainedSource(
+        name=name,
+        title=title,
+        loader=DINO_VIT_FORMAT.name,
+        filename="",  # a Drive share page: the user saves the file under any name
+        url=f"https://drive.google.com/file/d/{drive}/view?usp=drive_link",
+        input="image 224 (resize 256 bicubic, centre crop 224; any multiple of 16)",
+        mean=IMAGENET_MEAN,
+        std=IMAGENET_STD,
+        crop_pct=224 / 256,
+        interpolation="bicubic",
+        classes="none: the class token's features (num_classes=0)",
+        licence=licence,
+        reference=reference,
+        size="not stated",
+        sources=(f"{SIMDINO_README}: the 'ckpt' link",),
+        status=status,
+    )
+
+
 for _name, _title, _drive, _status in (
     (
         "simdino_vitb16",
@@ -235,22 +263,12 @@ for _name, _title, _drive, _status in (
     ),
 ):
     register_pretrained(
-        PretrainedSource(
-            name=_name,
-            title=_title,
-            loader=DINO_VIT_FORMAT.name,
-            filename="",  # a Drive share page: the user saves the file under any name
-            url=f"https://drive.google.com/file/d/{_drive}/view?usp=drive_link",
-            input="image 224 (resize 256 bicubic, centre crop 224; any multiple of 16)",
-            mean=IMAGENET_MEAN,
-            std=IMAGENET_STD,
-            crop_pct=224 / 256,
-            interpolation="bicubic",
-            classes="none: the class token's features (num_classes=0)",
+        _simdino_drive_source(
+            _name,
+            _title,
+            _drive,
             licence="MIT (the repository's; its simdino/ code is DINO's, Apache 2.0)",
             reference=f"{SIMDINO_README}; simdino/main_dino.py, simdino/eval_knn.py",
-            size="not stated",
-            sources=(f"{SIMDINO_README}: the 'ckpt' link",),
             status=_status,
         )
     )
@@ -285,23 +303,13 @@ for _name, _title, _drive in (
     ),
 ):
     register_pretrained(
-        PretrainedSource(
-            name=_name,
-            title=_title,
-            loader=DINO_VIT_FORMAT.name,
-            filename="",  # a Drive share page: the user saves the file under any name
-            url=f"https://drive.google.com/file/d/{_drive}/view?usp=drive_link",
-            input="image 224 (resize 256 bicubic, centre crop 224; any multiple of 16)",
-            mean=IMAGENET_MEAN,
-            std=IMAGENET_STD,
-            crop_pct=224 / 256,
-            interpolation="bicubic",  # simdinov2/data/transforms.py make_classification_eval_transform
-            classes="none: the class token's features (num_classes=0)",
+        _simdino_drive_source(
+            _name,
+            _title,
+            _drive,
             licence="MIT (the repository's; its simdinov2/ code is DINOv2's, Apache 2.0)",
             reference=f"{SIMDINO_README}; simdinov2/configs/simdino_config.yaml, ssl_default_config.yaml, "
             "simdinov2/train/train.py, simdinov2/data/transforms.py",
-            size="not stated",
-            sources=(f"{SIMDINO_README}: the 'ckpt' link",),
             status=_SIMDINOV2_UNSTATED,
         )
     )
