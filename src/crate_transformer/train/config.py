@@ -93,7 +93,9 @@ class DataOptions(Config):
         basic=True,
         applies=({"eval_split": ("val",)}, {"task": TEXT}),  # an image task's held-out images are evaluated as val
     )
-    eval_split: str = option("test", "split evaluated every `eval_every` epochs: test | val", choices=("test", "val"))
+    eval_split: str = option(
+        "test", "split evaluated every `eval_every` epochs: test | val", choices=("test", "val"), applies=IMAGES
+    )
     train_subset: int = option(
         0, "train on a seeded subset of this many images (0 = all; in-memory data)", range=NON_NEGATIVE, applies=IMAGES
     )
@@ -283,6 +285,7 @@ class LoggingOptions(Config):
         "every N steps (and before the first), record each layer's compression R^c and sparsity on a fixed "
         "batch (JMLR Fig. 15) in metrics.jsonl and plot them as measure.png (0 = off)",
         range=NON_NEGATIVE,
+        applies=CLASSIFY,
     )
     logger: list = option(
         [],
@@ -323,8 +326,8 @@ class TrainConfig:
     APPLIES: ClassVar[str] = ALWAYS  # a field without an applies= of its own is read by every run
 
     # task (set by the command: train / finetune → classification, pretrain NAME → NAME)
-    task: str = option("classification", "training objective")
-    task_args: dict = option({}, "the task's own options (the fields of its Options)")
+    task: str = option("classification", "training objective", by_command=True)
+    task_args: dict = option({}, "the task's own options (the fields of its Options)", by_command=True)
     # model
     model: str | None = option("crate_mnist_p4", "registered model name (ct.list_models() lists them)", basic=True)
     model_args: dict = option(
@@ -337,6 +340,7 @@ class TrainConfig:
         "defaults < recipe < a config file < the options given",
         choices=tuple(RECIPES),
         basic=True,
+        applies=CLASSIFY,  # classification recipes, for training and fine-tuning
     )
     # fine-tuning (set by `crate finetune`)
     init_from: str | None = option(None, "checkpoint to fine-tune from", path=True, metavar="CHECKPOINT", basic=True)
