@@ -212,6 +212,7 @@ class OptimOptions(Config):
         1.0,
         "layer-wise lr decay (MAE / BEiT): layer i of L trains at lr x decay^(L+1-i) (1 = off)",
         range=Range(0, 1, lo_open=True),
+        applies={"task": ("classification", "mae", *TEXT)},  # DINO's weight-decay schedule sets group 0 (train.dino)
     )
     drop_path: float = option(
         0.0, "stochastic depth of the last layer, linear from 0 (timm, DeiT; 0 = off)", range=FRACTION, applies=CLASSIFY
