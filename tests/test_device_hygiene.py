@@ -103,8 +103,10 @@ def _meta_loop(out: Path, **options: Any) -> Any:
     from crate_transformer.train import TrainConfig, loop
     from crate_transformer.train.runtime import Interrupt, Runtime
 
-    base = dict(threads=1, progress=False, epochs=1, measure_every=0, eval_every=0, amp="none", out=str(out),
-                log_every=1000, max_steps=1000)  # fmt: skip
+    base = dict(threads=1, progress=False, epochs=1, eval_every=0, amp="none", out=str(out), log_every=1000,
+                max_steps=1000)  # fmt: skip
+    if options.get("task", "classification") == "classification":
+        base["measure_every"] = 0  # the classification task's layer-wise measurements (other tasks have none)
     cfg, task, _ = loop._configure(TrainConfig(**{**base, **options}), None, None, None, None)
     rt = Runtime(device=torch.device("meta"))
     run = loop.RunDir.create(out)

@@ -44,8 +44,9 @@ def option(default: Any, help: str, **meta: Any) -> Any:
     once (:func:`fields_applicability`); ``metavar`` and ``shown`` (the default in words) are for ``--help``;
     ``name`` its name in flat config files and on the command line, when it differs from the field's; ``path`` a
     file or folder (an empty string is refused); ``fixed`` a task option the checkpoint depends on (frozen on
-    resume).  Any other keyword is a free-form entry for the command line (e.g. which commands show it); the
-    library does not read them.  A family's other default for an inherited option is :func:`override`.
+    resume).  Any other keyword is a free-form entry for the command line (``basic``: shown by ``--help``;
+    ``by_command``: set by the command, no flag); the library does not read them.  A family's other default for an
+    inherited option is :func:`override`.
     """
     meta = {"help": help, **{k: v for k, v in meta.items() if v is not None and v is not False}}
     if isinstance(default, (dict, list)):  # every instance gets its own copy

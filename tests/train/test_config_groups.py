@@ -1,5 +1,5 @@
 """The training options in groups: nested and flat layouts, ``--print-config``, runs written by earlier releases,
-and the command line's single table of which command shows which option."""
+and which training options each command has (those whose conditions can hold for its task)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import yaml
 from clitools import crate, one_line_error
 
 from crate_transformer import cli
-from crate_transformer.cli.options import COMMAND_OPTIONS
+from crate_transformer.cli.options import FINETUNING, training_options
+from crate_transformer.config_utils import option_name
+from crate_transformer.errors import OptionError
 from crate_transformer.io import save_state
 from crate_transformer.train import TrainConfig
 from crate_transformer.train.config import FLAT, GROUPS, flat_options, nest_options, read_run_config
@@ -114,20 +116,69 @@ def test_a_run_of_an_earlier_release_still_resumes_evaluates_and_prints(
     assert (tmp_path / "ev" / "eval.json").is_file()
 
 
-def test_the_command_table_names_real_options_and_the_library_no_commands() -> None:
-    top = {f.name for f in dataclasses.fields(TrainConfig)} - set(GROUPS)
-    for command, sections in COMMAND_OPTIONS.items():
-        for section, names in sections.items():
-            valid = top if section == "top" else {n for n, (g, _) in FLAT.items() if g == section}
-            assert names == "*" or set(names) <= valid, (command, section)
-    from crate_transformer.train.dino import DINOOptions
-    from crate_transformer.train.lm import LMOptions
-    from crate_transformer.train.mae import MAEOptions
-    from crate_transformer.train.text_classification import TextOptions
+TRAINING_COMMANDS = [("train", "classification"), ("finetune", "classification"), ("pretrain", "mae"),
+                     ("pretrain", "dino"), ("pretrain", "simdino"), ("train-lm", "lm"),
+                     ("finetune-text", "text-classification")]  # fmt: skip
 
-    for cls in (TrainConfig, *GROUPS.values(), DINOOptions, MAEOptions, LMOptions, TextOptions):
-        for f in dataclasses.fields(cls):
-            assert "commands" not in f.metadata, (cls.__name__, f.name)
+
+COMPANIONS = {"eval_split": {"val_fraction": 0.1}}  # what a class's own check across its fields asks beside it
+
+
+@pytest.mark.parametrize(("command", "task"), TRAINING_COMMANDS)
+def test_a_training_command_has_every_option_its_task_reads_and_no_other(command: str, task: str) -> None:
+    """No table says which training options a command has: those whose ``applies`` can hold for its task.  Walked
+    both ways: each option it leaves out, given alone, is refused by the library too (nothing the task reads is
+    out of the command's reach), and each it has is accepted by the library for that task, with what its condition
+    needs (the first alternative's values)."""
+    shown = {n for names in training_options(command, task).values() for n in names}
+    start = {"task": task, "init_from": "CHECKPOINT" if command in FINETUNING else None}
+    checked, fields = 0, {f.name: f for cls in (TrainConfig, *GROUPS.values()) for f in dataclasses.fields(cls)}
+    for f in fields.values():
+        if f.name in GROUPS or f.metadata.get("by_command") or f.name == "init_from":
+            continue  # the checkpoint is the command's choice: train and finetune share a task
+        name, value = option_name(f), _another_value(f)
+        if name not in shown:
+            with pytest.raises(OptionError, match=rf"^{f.name} applies only when "):
+                TrainConfig(**{**start, **COMPANIONS.get(name, {}), name: value})
+        else:
+            applies = f.metadata.get("applies")
+            need = {} if applies is None or isinstance(applies, str) else dict(_first_holding(applies, task, shown))
+            need = {k: (_another_value(fields[k]) if v == "on" else v[0]) for k, v in need.items() if k != "task"}
+            TrainConfig(**{**start, **need, **COMPANIONS.get(name, {}), name: value})
+        checked += 1
+    assert checked >= 60 and len(shown) > 30
+
+
+def _first_holding(applies, task, shown):
+    """The first alternative of ``applies`` that a run of ``task`` can meet with the options ``shown``."""
+    alternatives = [applies] if isinstance(applies, dict) else list(applies)
+    return next(a for a in alternatives if all(task in v if k == "task" else k in shown for k, v in a.items())).items()
+
+
+def _another_value(f: dataclasses.Field):
+    """A value of field ``f`` other than its default that its declaration accepts."""
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    choices = f.metadata.get("choices")
+    if choices:
+        other = next(c for c in choices if c != default and c != "auto")
+        return [other] if isinstance(default, list) else other
+    if isinstance(default, bool):
+        return not default
+    if f.name == "betas":
+        return [0.8, 0.9]
+    if f.name == "text_columns":
+        return ["text"]
+    if isinstance(default, dict):
+        return {"dim": 32}
+    if default is None and f.metadata.get("range"):  # image_size: int | None
+        return 16
+    if isinstance(default, str) or default is None:
+        return "somewhere"
+    rule = f.metadata.get("range")
+    for v in (default + 1, 1) if isinstance(default, int) else (default / 2, default * 2, 0.5):
+        if v != default and (rule is None or rule.ok(v)):
+            return v
+    raise AssertionError(f.name)
 
 
 @pytest.mark.parametrize("command", ["eval", "analyze", "generate", "features"])

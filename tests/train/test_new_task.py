@@ -99,7 +99,7 @@ def test_a_task_defined_in_a_file_trains_with_the_engine(tmp_path: Path, registe
     torch.manual_seed(0)
     w0 = nn.Linear(D, 1)  # the engine seeds with cfg.system.seed before setup: the same initial weights
     cfg = TrainConfig(task="least-squares", epochs=40, batch_size=N, lr=0.05, min_lr=0.05, warmup_epochs=0,
-                      weight_decay=0.0, grad_clip=0, eval_every=0, measure_every=0, progress=False, threads=1,
+                      weight_decay=0.0, grad_clip=0, eval_every=0, progress=False, threads=1,
                       out=str(tmp_path / "ls"))  # fmt: skip
     result = train(cfg)
     said = capsys.readouterr()

@@ -26,7 +26,7 @@ def configure_finetune(parser: argparse.ArgumentParser) -> None:
         "official .pth (then also --model NAME and --model-args for its architecture)."
     )
     shown = {"data": "(required)", "model": "(from checkpoint)", **FINETUNE_CHOSEN}
-    add_training_options(parser, "finetune", "fine-tuning run", {**FINETUNE_DEFAULTS, **shown})
+    add_training_options(parser, "finetune", "classification", "fine-tuning run", {**FINETUNE_DEFAULTS, **shown})
 
 
 def run_finetune(args: argparse.Namespace) -> int:

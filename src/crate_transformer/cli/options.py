@@ -2,12 +2,13 @@
 :func:`~crate_transformer.config_utils.option` field: help, choices, metavar, range, default), the values the user
 gave (``--config`` file, flags, ``--model-args``) and the commands that train a task, built and run from their data.
 
-What differs between commands is data: :data:`COMMAND_OPTIONS` says which training options each training command
-shows (a task's own defaults are those its ``--help`` states); every other command declares its own options class
-beside its code (a shared training option redeclared with :func:`like`); ``basic=True`` marks an option ``--help``
-shows (``--help-all`` shows every one) and ``group`` names a report option's help section.  One parse mode: argparse
-only splits the command line (a value stays the text typed; a flag not given is absent) and the options class
-coerces and checks it as it does a config file or Python keywords, so ``--epochs x`` is that class's one-line error.
+What differs between commands is data: a training command has the training options whose ``applies`` can hold for
+its task (:func:`training_options`; a task's own defaults are those its ``--help`` states); every other command
+declares its own options class beside its code (a shared training option redeclared with :func:`like`);
+``basic=True`` marks an option ``--help`` shows (``--help-all`` shows every one) and ``group`` names a report option's
+help section.  One parse mode: argparse only splits the command line (a value stays the text typed; a flag not given
+is absent) and the options class coerces and checks it as it does a config file or Python keywords, so ``--epochs x``
+is that class's one-line error.
 """
 
 from __future__ import annotations
@@ -27,39 +28,8 @@ from ..config_utils import coerce_fields, default_of, load_yaml, option_name, ov
 from ..errors import OptionError, short_repr
 from .messages import LISTING_CALLS, TASK_COMMANDS, flag, step_command, task_command
 
-ALL = "*"  # every option of the group, including any added later
-_MODEL = ("model", "model_args")
-_IMAGE_DATA = ("data", "data_mode", "workers", "image_size", "val_fraction", "train_subset", "on_bad_image",
-               "image_column", "label_column")  # fmt: skip
-_OPTIM = ("optimizer", "momentum", "lr", "min_lr", "weight_decay", "betas", "batch_size", "accum_steps", "epochs",
-          "warmup_epochs", "warmup_fraction", "grad_clip", "max_steps")  # fmt: skip
-_LOGGING = ("out", "checkpoint_every", "log_every", "eval_every", "eval_batch_size", "logger", "tensorboard",
-            "progress")  # fmt: skip
-# image pre-training (MAE, DINO) has no labels: no augmentation policy, label smoothing, eval split or R^c hook
-_UNSUPERVISED = {"top": _MODEL, "data": _IMAGE_DATA, "optim": _OPTIM, "system": ALL, "logging": _LOGGING}
-_SUPERVISED = {
-    "top": (*_MODEL, "recipe"),
-    "data": (*_IMAGE_DATA, "eval_split"),
-    "augmentation": ALL,
-    "optim": ALL,
-    "system": ALL,
-    "logging": ALL,
-}
-_LM = {**_UNSUPERVISED, "data": ("data", "val_fraction", "text_columns")}
-
-# training command → {section: option names (or ALL)}; a section is "top" (the task, model and checkpoint
-# fields) or a TrainConfig group
-COMMAND_OPTIONS: dict[str, dict[str, Any]] = {
-    "train": _SUPERVISED,
-    "finetune": {**_SUPERVISED, "top": ("init_from", *_MODEL, "recipe", "keep_head")},
-    "pretrain": _UNSUPERVISED,
-    "train-lm": _LM,
-    "finetune-text": {
-        **_UNSUPERVISED,
-        "top": ("init_from", *_MODEL),
-        "data": ("data", "val_fraction", "text_columns", "label_column"),
-    },
-}
+# the training commands that start from a checkpoint (--from); the others train from scratch
+FINETUNING = ("finetune", "finetune-text")
 # the help sections of the report commands' own options (their fields' ``group``), named by what they do
 DATA, MEASURED, SAMPLING = "data", "what is measured", "sampling"
 REPORT, SYSTEM = "report folder", "system"
@@ -121,10 +91,40 @@ def like(cls: type, name: str, **meta: Any) -> Any:
     return override(cls, name, default, **{"basic": False, **meta})
 
 
-def add_training_options(parser: argparse.ArgumentParser, command: str, run: str, defaults: Mapping[str, Any]) -> None:
+def training_options(command: str, task: str) -> dict[str, tuple[str, ...]]:
+    """The :class:`TrainConfig` options of ``command``, which trains ``task``, by section (``"top"``: the model and
+    checkpoint fields; then each group): every option whose ``applies`` can hold in a run of ``task``, from a
+    checkpoint where ``command`` is one of :data:`FINETUNING`; a field its condition names holds its default unless
+    the command has it too. What differs between commands is the declarations' ``applies``: no table says it."""
+    from ..config_utils import applies_where
+    from ..train.config import FIELDS, GROUP_OF, OWNERS
+
+    fixed = {"task": task, "init_from": "CHECKPOINT" if command in FINETUNING else None}
+    names = {n for n, f in FIELDS.items() if not f.metadata.get("by_command") and (n != "init_from" or fixed[n])}
+
+    def can_hold(applies: Any) -> bool:  # an alternative whose every field is the command's to set or holds
+        alternatives = [] if applies is None or isinstance(applies, str) else applies
+        return not alternatives or any(
+            all(k in names or applies_where({k: v}, {k: fixed.get(k, default_of(FIELDS[k]))}) for k, v in alt.items())
+            for alt in ([alternatives] if isinstance(alternatives, Mapping) else alternatives)
+        )
+
+    while dropped := {n for n in names if not can_hold(FIELDS[n].metadata.get("applies"))}:
+        names -= dropped  # an option whose condition needs one of them is dropped next
+    sections: dict[str, tuple[str, ...]] = {}
+    for n in OWNERS:  # in declaration order
+        if n in names:
+            section = GROUP_OF[n] or "top"
+            sections[section] = (*sections.get(section, ()), option_name(FIELDS[n]))
+    return sections
+
+
+def add_training_options(
+    parser: argparse.ArgumentParser, command: str, task: str, run: str, defaults: Mapping[str, Any]
+) -> None:
     """``--resume RUN_DIR`` (``run``: the run it continues, e.g. "mae run"), ``--config FILE``, ``--print-config``
-    and the :class:`TrainConfig` options :data:`COMMAND_OPTIONS` lists for ``command``, one help section per group
-    (``defaults``: the command's own recipe, shown in ``--help``)."""
+    and the :class:`TrainConfig` options of ``command`` training ``task`` (:func:`training_options`), one help
+    section per group (``defaults``: the command's own recipe, shown in ``--help``)."""
     from ..train.config import GROUPS, TrainConfig
 
     parser.add_argument(
@@ -142,12 +142,12 @@ def add_training_options(parser: argparse.ArgumentParser, command: str, run: str
         action="store_true",
         help="print the resolved configuration (defaults < --config < flags) as YAML and exit without training",
     )
-    for section, names in COMMAND_OPTIONS[command].items():
+    for section, names in training_options(command, task).items():
         cls = TrainConfig if section == "top" else GROUPS[section]
         target = (
             parser if section == "top" else parser.add_argument_group(f"{SECTION_TITLES.get(section, section)} options")
         )
-        add_options(target, cls, None if names == ALL else tuple(names), defaults)  # None: every declared option
+        add_options(target, cls, names, defaults)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter  # the help texts state their defaults
 
 
@@ -191,8 +191,8 @@ def pretraining_tasks() -> list[str]:
 
 def configure_training(parser: argparse.ArgumentParser, command: str, description: str, task: str = "") -> None:
     """``command``, which trains ``task`` (:data:`~.messages.TASK_COMMANDS`'s), as data: ``--resume``, the training
-    options :data:`COMMAND_OPTIONS` lists for it with the task's own defaults, and the task's options; ``crate
-    pretrain`` has one such sub-command per pre-training task."""
+    options that apply to its task (:func:`training_options`) with the task's own defaults, and the task's options;
+    ``crate pretrain`` has one such sub-command per pre-training task."""
     from ..train import TrainConfig
     from ..train.task import task_class
 
@@ -205,7 +205,7 @@ def configure_training(parser: argparse.ArgumentParser, command: str, descriptio
             configure_training(sub.add_parser(name, help=doc), command, doc, name)
         return
     cls = task_class(task)
-    add_training_options(parser, command, f"{task} run", cls.defaults)
+    add_training_options(parser, command, task, f"{task} run", cls.defaults)
     if cls.Options is not None:
         clash = {f.name for f in dataclasses.fields(cls.Options)} & set(TrainConfig().flat())  # flags by name
         assert not clash, f"{task} options shadow training options {sorted(clash)}"

@@ -93,7 +93,9 @@ class DataOptions(Config):
         basic=True,
         applies=({"eval_split": ("val",)}, {"task": TEXT}),  # an image task's held-out images are evaluated as val
     )
-    eval_split: str = option("test", "split evaluated every `eval_every` epochs: test | val", choices=("test", "val"))
+    eval_split: str = option(
+        "test", "split evaluated every `eval_every` epochs: test | val", choices=("test", "val"), applies=IMAGES
+    )
     train_subset: int = option(
         0, "train on a seeded subset of this many images (0 = all; in-memory data)", range=NON_NEGATIVE, applies=IMAGES
     )
@@ -210,6 +212,7 @@ class OptimOptions(Config):
         1.0,
         "layer-wise lr decay (MAE / BEiT): layer i of L trains at lr x decay^(L+1-i) (1 = off)",
         range=Range(0, 1, lo_open=True),
+        applies={"task": ("classification", "mae", *TEXT)},  # DINO's weight-decay schedule sets group 0 (train.dino)
     )
     drop_path: float = option(
         0.0, "stochastic depth of the last layer, linear from 0 (timm, DeiT; 0 = off)", range=FRACTION, applies=CLASSIFY
@@ -283,6 +286,7 @@ class LoggingOptions(Config):
         "every N steps (and before the first), record each layer's compression R^c and sparsity on a fixed "
         "batch (JMLR Fig. 15) in metrics.jsonl and plot them as measure.png (0 = off)",
         range=NON_NEGATIVE,
+        applies=CLASSIFY,
     )
     logger: list = option(
         [],
@@ -323,8 +327,8 @@ class TrainConfig:
     APPLIES: ClassVar[str] = ALWAYS  # a field without an applies= of its own is read by every run
 
     # task (set by the command: train / finetune → classification, pretrain NAME → NAME)
-    task: str = option("classification", "training objective")
-    task_args: dict = option({}, "the task's own options (the fields of its Options)")
+    task: str = option("classification", "training objective", by_command=True)
+    task_args: dict = option({}, "the task's own options (the fields of its Options)", by_command=True)
     # model
     model: str | None = option("crate_mnist_p4", "registered model name (ct.list_models() lists them)", basic=True)
     model_args: dict = option(
@@ -337,6 +341,7 @@ class TrainConfig:
         "defaults < recipe < a config file < the options given",
         choices=tuple(RECIPES),
         basic=True,
+        applies=CLASSIFY,  # classification recipes, for training and fine-tuning
     )
     # fine-tuning (set by `crate finetune`)
     init_from: str | None = option(None, "checkpoint to fine-tune from", path=True, metavar="CHECKPOINT", basic=True)

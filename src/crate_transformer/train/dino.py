@@ -327,7 +327,6 @@ class DINOTask(Task):
         warmup_epochs=3.0,
         batch_size=128,
         grad_clip=3.0,
-        measure_every=0,
         eval_every=5,
     )
 
