@@ -40,6 +40,7 @@ def save_torch(obj: Any, path: str | Path) -> Path:
     return atomic_write(path, write)
 
 
+# --------------------------------------------------------------------------- reading pickles
 _UNSAFE_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 # Classes a known checkpoint format needs beyond torch's safe list, allowed only while load_pickle reads:
 # the MAE codebase's misc.save_model (used by CRATE-MAE) writes {'model', 'optimizer', 'epoch', 'scaler',
