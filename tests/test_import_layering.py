@@ -120,12 +120,24 @@ def test_no_module_of_the_package_is_on_an_import_cycle():
 
 # the family modules: where the registered architectures' classes live (a new family is one more, with no edit here)
 FAMILY_MODULES = {a.model_class.__module__.removeprefix(PKG + ".") for a in _registry._ARCHS.values()}
+# the file helpers' package, lowest first: each module imports only the ones before it (the package re-exports them)
+IO_MODULES = [
+    "io.errors",
+    "io.paths",
+    "io.writes",
+    "io.digests",
+    "io.pickles",
+    "io.tensors",
+    "io.sidecars",
+    "io.model_folder",
+]
 LAYERS = [  # lowest first; a module may import its own layer and the ones before it
     {
         "_version",
         "errors",
         "config_utils",
         "config",
+        *IO_MODULES,
         "io",
         "objectives",
         "layers",
@@ -177,11 +189,13 @@ def _folder(module: str) -> str:
 
 
 def test_the_root_holds_the_core_and_folders_say_what_they_hold():
-    """At most eight modules at the package root (the core: configs, errors, files, objectives, progress), every
-    registered family in ``models/``, and the lab's packages each a folder."""
+    """At most eight modules at the package root (the core: configs, errors, objectives, progress) and the file
+    helpers' package ``io/`` beside them, every registered family in ``models/``, and the lab's packages each a
+    folder."""
     root = sorted(p.stem for p in SRC.glob("*.py"))
     assert len(root) <= 8, root
-    assert set(root) == {"__init__", "_version", "config", "config_utils", "errors", "io", "objectives", "progress"}
+    assert set(root) == {"__init__", "_version", "config", "config_utils", "errors", "objectives", "progress"}
+    assert (SRC / "io" / "__init__.py").is_file() and _folder(f"{PKG}.io.paths") == ""  # io/ is of the core
     assert FAMILY_MODULES and all(m.startswith("models.") for m in FAMILY_MODULES), FAMILY_MODULES
     assert all((SRC / d / "__init__.py").is_file() for d in LIBRARY + LAB)
 
@@ -201,6 +215,18 @@ def test_the_folders_import_only_downward():
         if t != PKG and _folder(t) not in allowed[_folder(m)]
     ]
     assert not wrong, wrong
+
+
+def test_the_file_helpers_import_only_downward():
+    """Each module of ``io/`` imports only the ``io`` modules before it in :data:`IO_MODULES` (and the core's root
+    modules), never the package itself, whose ``__init__`` re-exports them; every module of ``io/`` is listed."""
+    graph = import_graph()
+    on_disk = {f"io.{p.stem}" for p in (SRC / "io").glob("*.py") if p.stem != "__init__"}
+    assert on_disk == set(IO_MODULES), on_disk ^ set(IO_MODULES)
+    for i, m in enumerate(IO_MODULES):
+        inside = {t.removeprefix(PKG + ".") for t in graph[f"{PKG}.{m}"] if t.startswith(f"{PKG}.io")}
+        assert inside <= set(IO_MODULES[:i]), (m, sorted(inside - set(IO_MODULES[:i])))
+    assert {t.removeprefix(PKG + ".") for t in graph[f"{PKG}.io"]} == set(IO_MODULES)
 
 
 def test_the_model_stack_imports_only_downward():

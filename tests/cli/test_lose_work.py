@@ -261,7 +261,7 @@ def test_a_disk_that_fills_inside_torchs_zip_writer_is_one_line_and_keeps_the_ol
 ) -> None:
     """The real full disk: torch's zip writer catches the OSError of a write and raises a RuntimeError from its
     ``__exit__`` while handling it ("unexpected pos"), which is not an OSError (RLIMIT_FSIZE fails earlier)."""
-    from crate_transformer import io as cio
+    from crate_transformer.io import pickles as cio
 
     data = image_folder(tmp_path / "data")
     run = tmp_path / "run"
@@ -274,7 +274,7 @@ def test_a_disk_that_fills_inside_torchs_zip_writer_is_one_line_and_keeps_the_ol
         if "last.pt" in str(path) and "w" in mode
         else real_open(path, mode, *a, **kw)
     )
-    monkeypatch.setattr(cio, "open", full, raising=False)  # the module's open: save_torch's file object
+    monkeypatch.setattr(cio, "open", full, raising=False)  # save_torch's module's open: its file object
     err = one_line_error(capsys, "train", "--resume", run, "--epochs", 2, after_output=True)
     assert f"no space left on device while writing {last}; free space or write to another folder" in err, err
     assert last.read_bytes() == before and load_training_state(run)["step"] == 1

@@ -432,7 +432,7 @@ def test_atomic_write_disk_full_and_permission_errors_are_one_line(tmp_path, err
 
 
 def test_save_pretrained_on_a_full_disk_or_read_only_folder(tmp_path, monkeypatch):
-    import crate_transformer.io as cio
+    from crate_transformer.io import model_folder, writes
 
     def no_space(data):
         def write(tmp):
@@ -440,7 +440,7 @@ def test_save_pretrained_on_a_full_disk_or_read_only_folder(tmp_path, monkeypatc
 
         return write
 
-    monkeypatch.setattr(cio, "_write_bytes", no_space)
+    monkeypatch.setattr(model_folder, "_write_bytes", no_space)  # the writer save_pretrained calls
     m = ct.create_model("crate_tiny", **TINY)
     with pytest.raises(ValueError, match=r"no space left on device while writing .*config.json; free space"):
         m.save_pretrained(tmp_path / "m")  # config.json is written first, the weights (with its checksum) last
@@ -450,7 +450,7 @@ def test_save_pretrained_on_a_full_disk_or_read_only_folder(tmp_path, monkeypatc
     def read_only(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(cio, "_new_temp_file", read_only)  # the temporary file cannot be created
+    monkeypatch.setattr(writes, "_new_temp_file", read_only)  # the temporary file cannot be created
     with pytest.raises(ValueError, match=r"cannot write config.json to folder .*ro \(permission denied\)"):
         m.save_pretrained(tmp_path / "ro")
 
@@ -459,7 +459,10 @@ def test_save_torch_and_the_file_primitives_home(tmp_path):
     import crate_transformer.io as cio
 
     assert load_pickle is cio.load_pickle and ct.CheckpointError is cio.CheckpointError  # one home: io
-    assert cio.atomic_write.__module__ == cio.load_pickle.__module__ == "crate_transformer.io"
+    assert (cio.atomic_write.__module__, cio.load_pickle.__module__) == (
+        "crate_transformer.io.writes",
+        "crate_transformer.io.pickles",
+    )  # the io package's modules, re-exported by it
     payload = {"model": {"w": torch.randn(3)}, "step": 4}
     cio.save_torch(payload, tmp_path / "last.pt")
     back = load_pickle(tmp_path / "last.pt")
