@@ -1,9 +1,9 @@
 """File helpers: atomic writes with one-line errors, safe unpickling, safetensors with a checksum, a
 deterministic hash of nested tensor payloads, and the ``save_pretrained`` method of the models.
 
-This package imports nothing from the model, the registry or the checkpoint loaders (``base.py``
-imports it for ``save_pretrained``, ``checkpoint.py`` for the readers), so there is no cycle; its modules import
-only downward, in the order listed, and every public name is re-exported here (``from crate_transformer.io import
+This package imports nothing from the model, the registry or the checkpoint loaders (``base.py`` imports it for
+``save_pretrained``, :mod:`crate_transformer.loading` for the readers), so there is no cycle; its modules import only
+downward, in the order listed, and every public name is re-exported here (``from crate_transformer.io import
 atomic_write``):
 
 * :mod:`~crate_transformer.io.errors` — the one-line errors: :class:`CheckpointError`, :class:`DamagedFileError`,
