@@ -527,3 +527,21 @@ def test_digit_scenes_patch_diagnostic_against_a_loop(tmp_path: Path, monkeypatc
     assert math.isclose(got["auc_raw"], auc(raw), abs_tol=1e-9)
     assert math.isclose(got["auc_layernorm"], auc(normed), abs_tol=1e-6)
     assert math.isclose(got["fill_median"], float(np.median(fill)), abs_tol=1e-12)
+
+
+def test_corridor_tiny():
+    """benchmarks/corridor.py counts what ``wc -l`` and a listing count, and finds no route but ``option(...)``."""
+    text = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "corridor.py"), "--tiny"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout
+    package = ROOT / "src" / "crate_transformer"
+    names = ("config.py", "config_utils.py", "train/config.py", "cli/options.py", "cli/__init__.py", "errors.py")
+    lines = sum(len((package / n).read_text().splitlines()) for n in (*names, "layers/config.py"))
+    words = len((package / "cli" / "messages.py").read_text().splitlines())
+    assert f"total, the issue's list (this tree): {lines}; with cli/messages.py: {lines + words}" in text, text
+    assert f"modules at the package root: {len(list(package.glob('*.py')))}\n" in text
+    routes = re.findall(r"^  (.+?)\s+(\d+)$", text, re.M)
+    assert len(routes) == 5 and all(int(n) == 0 for name, n in routes if not name.startswith("add_argument")), routes
