@@ -153,6 +153,7 @@ LAYERS = [  # lowest first; a module may import its own layer and the ones befor
         "layers.block",
         "layers.static_cache",  # compiled decoding's cache (the attention layers write into it)
         "models",
+        "models.contract",  # the config half of the capability contract: FamilyConfig, KINDS
         "models.generation",  # generation and sampling (a language model's generate calls it)
         "models.token_prior",  # a language model's mixin
         "models.spec",
@@ -242,5 +243,7 @@ def test_the_model_stack_imports_only_downward():
     ]
     assert not wrong, wrong
     # the tables and the families know no loader, zoo download or factory
-    tables = {f"{PKG}.{m}" for m in ("config", "config_utils", "errors", "loading.official", "models.base")}
+    tables = {
+        f"{PKG}.{m}" for m in ("config", "config_utils", "errors", "loading.official", "models.base", "models.contract")
+    }
     assert not graph[f"{PKG}.models._registry"] - tables

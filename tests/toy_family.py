@@ -16,19 +16,19 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from crate_transformer.config import IMAGE_CLASSIFIER, Config
 from crate_transformer.config_utils import Range, option
 from crate_transformer.layers import EncoderLayer
 from crate_transformer.models._registry import register_arch, register_model
 from crate_transformer.models.base import Model, Trace
 from crate_transformer.models.classifier import ImageEncoderGeometry, ImageInput
+from crate_transformer.models.contract import IMAGE_CLASSIFIER, FamilyConfig
 from crate_transformer.models.spec import DataSpec
 
 ARCH = "toy_crate"
 
 
 @dataclass
-class ToyConfig(ImageEncoderGeometry, Config):
+class ToyConfig(ImageEncoderGeometry, FamilyConfig):
     arch: str = option(ARCH, "the family: toy")
     image_size: int = option(8, "image side in pixels")
     patch_size: int = option(2, "patch side in pixels")

@@ -5,9 +5,9 @@ A subclass is a ``@dataclass`` of :func:`~crate_transformer.config_utils.option`
 for checks across fields; the base coerces values to the declared types, checks every field (:func:`check_option`:
 choices, :class:`~crate_transformer.config_utils.Range`, every float finite; :func:`check_applicable`: where it
 applies) and reads and writes ``config.json`` (:meth:`~Config.to_dict` / :meth:`~Config.from_dict`, versioned).
-A model config also states the capability contract the tasks, the analysis and the loaders ask instead of checking a
-class: :attr:`Config.kind` (one of :data:`KINDS`), :attr:`~Config.white_box`, :attr:`~Config.sparse_output` (JMLR
-Figs. 14-15), :attr:`~Config.layer_blocks`, :attr:`~Config.pipeline_tag`; see :mod:`crate_transformer.models.base`.
+A model family's config extends it through :class:`~crate_transformer.models.contract.FamilyConfig`, which adds the
+capability contract (``kind``, ``white_box``, ``sparse_output``, ``layer_blocks``, ``pipeline_tag``,
+``BLOCK_COUNTS``); an option class of a training, a task or a command has none of it.
 """
 
 from __future__ import annotations
@@ -32,13 +32,7 @@ from .config_utils import (
 from .errors import OptionError, short_repr
 
 __all__ = ["Config", "check_option", "check_applicable", "from_given", "pop_version", "inapplicable", "reads"]
-__all__ += ["watch", "watched", "KINDS", "IMAGE_CLASSIFIER", "MASKED_AUTOENCODER", "LANGUAGE_MODEL"]
-
-# what a model is (``Config.kind``): the question a training task, the analysis or a loader asks of it
-IMAGE_CLASSIFIER = "image classifier"  # images → class logits; the classification (and dino) task trains it
-MASKED_AUTOENCODER = "masked autoencoder"  # images → reconstructed patches; the mae task trains it
-LANGUAGE_MODEL = "language model"  # token ids → token logits; the lm task trains it
-KINDS = (IMAGE_CLASSIFIER, MASKED_AUTOENCODER, LANGUAGE_MODEL)
+__all__ += ["watch", "watched"]
 
 C = TypeVar("C", bound="Config")
 T = TypeVar("T")
@@ -91,36 +85,9 @@ class Config:
     # the order of the keys in to_dict() (config.json) where it is not the fields' (a config whose fields moved into
     # a shared base keeps its files byte-identical); keys not named here follow in field order
     KEY_ORDER: ClassVar[tuple[str, ...]] = ()
-    # what a model of this config is (one of KINDS; "" for option classes that describe no model)
-    kind: ClassVar[str] = ""
     # how messages name the fields (config_utils.field_place): "" options of their own (--epochs); a model
     # config's are entries of "model_args" (--model-args dim=384); None for a record no option gives
     GIVEN_IN: ClassVar[str | None] = ""
-    # a model config's counts of numbered blocks → the blocks' key prefix in its weights ({"depth": "layers"}): a
-    # count read from a file is bounded by the keys of the weights beside it (loading.weights.check_sizes)
-    BLOCK_COUNTS: ClassVar[Mapping[str, str]] = {}
-
-    # ---------------------------------------------------------------- the capability contract (module docstring)
-    @property
-    def pipeline_tag(self) -> str:
-        """The Hugging Face Hub pipeline tag of a model of this config (its model card's task)."""
-        return ""
-
-    @property
-    def white_box(self) -> bool:
-        """Whether the layers are CRATE layers (MSSA, then a sparsification step) the analysis measures."""
-        return False
-
-    @property
-    def sparse_output(self) -> bool:
-        """Whether every layer ends with CRATE's ISTA step (outputs with exact zeros, JMLR Figs. 14-15)."""
-        return False
-
-    @property
-    def layer_blocks(self) -> tuple[str, str]:
-        """The layer's two blocks: attention (``"mssa"``, ``"mhsa"``) and the second block (``"ista"``, ``"mlp"``,
-        ``"odl"``, ``"ista_overcomplete"``); ``("", "")`` for a config that describes no layers."""
-        return ("", "")
 
     def __post_init__(self) -> None:
         current = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -17,7 +17,7 @@ import pytest
 
 import crate_transformer
 from crate_transformer import cli
-from crate_transformer.config import KINDS
+from crate_transformer.models.contract import KINDS
 
 SRC = Path(crate_transformer.__file__).parent
 # the library's own words that its messages interpolate: what a Range says of itself (Range.requirement: "must be

@@ -20,8 +20,8 @@ from transformers import (
 )
 
 import crate_transformer as ct
-from crate_transformer.config import LANGUAGE_MODEL
 from crate_transformer.loading import transformers_hf as th
+from crate_transformer.models.contract import LANGUAGE_MODEL
 
 LM = dict(depth=2, dim=32, heads=2)
 

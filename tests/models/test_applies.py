@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import crate_transformer as ct
-from crate_transformer.config import LANGUAGE_MODEL
 from crate_transformer.config_utils import OBSERVED, default_of, field_types, fields_applicability
 from crate_transformer.errors import OptionError
 from crate_transformer.models._registry import arch_info, build, model_config, model_fields
+from crate_transformer.models.contract import LANGUAGE_MODEL
 
 IMG = dict(image_size=16, patch_size=4, in_chans=1, dim=32, depth=2, heads=4)
 LM = dict(dim=32, depth=2, heads=4, block_size=8, vocab_size=50)

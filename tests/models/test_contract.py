@@ -1,4 +1,5 @@
-"""The one model contract (base.Model) and the one config base (config.Config), across every family."""
+"""The one model contract (base.Model, with its config half models.contract.FamilyConfig) and the one config base
+(config.Config), across every family."""
 
 import json
 import math
@@ -10,6 +11,7 @@ import crate_transformer as ct
 from crate_transformer.config import Config
 from crate_transformer.models.base import POOLS, Model, pool_tokens
 from crate_transformer.models.classifier import ModelConfig
+from crate_transformer.models.contract import KINDS, FamilyConfig
 from crate_transformer.models.dino import DINOHead, DINOModel
 from crate_transformer.models.lm import LMConfig
 from crate_transformer.models.mae import MAEConfig
@@ -46,7 +48,7 @@ def _input(model):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_family_follows_the_contract(family, tmp_path):
     model = FAMILIES[family]().eval()
-    assert isinstance(model, Model) and isinstance(model.config, Config)
+    assert isinstance(model, Model) and isinstance(model.config, FamilyConfig) and model.kind in KINDS
     x = _input(model)
     z = model.forward_features(x)
     assert z.dim() == 3 and z.shape[0] == 2 and z.shape[-1] == model.config.dim
@@ -59,6 +61,39 @@ def test_every_family_follows_the_contract(family, tmp_path):
     again = type(model).from_pretrained(tmp_path / "m").eval()
     assert again.config == model.config
     torch.testing.assert_close(again.forward_features(x), z, rtol=0, atol=0)
+
+
+CONTRACT = ("kind", "BLOCK_COUNTS", "pipeline_tag", "white_box", "sparse_output", "layer_blocks")
+
+
+def test_the_capability_contract_is_the_model_families_alone() -> None:
+    """Every registered family's config is a ``FamilyConfig`` of one of the ``KINDS``, with a Hub task and its
+    numbered blocks; the option classes of a training, a task or a command, the DINO head's settings and the
+    ``DataSpec`` are ``Config``s without the contract, and ``config.py`` keeps none of its names."""
+    import dataclasses
+
+    import crate_transformer.config as config_module
+    from crate_transformer.models import _registry
+    from crate_transformer.models.dino import DINOHeadConfig
+    from crate_transformer.models.spec import DataSpec
+    from crate_transformer.train.config import GROUPS
+    from crate_transformer.train.task import TASKS, make_task
+
+    families = _registry.config_classes()
+    assert {ModelConfig, MAEConfig, LMConfig} <= set(families)
+    for cls in families:
+        assert issubclass(cls, FamilyConfig) and cls.kind in KINDS and "depth" in cls.BLOCK_COUNTS, cls
+        config = cls()
+        assert config.pipeline_tag and isinstance(config.white_box, bool) and len(config.layer_blocks) == 2, cls
+    options = [type(make_task(name)).Options for name in TASKS]
+    for cls in (*GROUPS.values(), *[o for o in options if o is not None], DINOHeadConfig, DataSpec):
+        assert issubclass(cls, Config) and not issubclass(cls, FamilyConfig), cls
+        own = {f.name for f in dataclasses.fields(cls)}  # DataSpec's field kind: the data's source type
+        assert not [name for name in CONTRACT if hasattr(cls, name) and name not in own], cls
+    assert not [
+        n for n in ("KINDS", "IMAGE_CLASSIFIER", "MASKED_AUTOENCODER", "LANGUAGE_MODEL") if hasattr(config_module, n)
+    ]
+    assert not [name for name in CONTRACT if hasattr(Config, name)]
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import MASKED_AUTOENCODER
 from ..layers.inference import evaluating
+from ..models.contract import MASKED_AUTOENCODER
 from ._common import eval_trace
 
 __all__ = ["decoder_inversion", "is_autoencoder", "reconstruction_recognition"]

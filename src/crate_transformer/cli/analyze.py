@@ -278,8 +278,8 @@ def starting_model(ref: RunReference, model: object) -> tuple[object | None, str
     (a classifier: as one, its position grid re-gridded to the model's image size; a CRATE-MAE: as itself), on the
     model's device, to be measured exactly as the model; (None, why) when it is gone, unreadable or of another
     architecture (the report then falls back to the run's step-0 records, and says so)."""
-    from ..config import LANGUAGE_MODEL, MASKED_AUTOENCODER
     from ..loading.pipeline import load_model
+    from ..models.contract import LANGUAGE_MODEL, MASKED_AUTOENCODER
 
     if not ref.start_checkpoint:
         return None, None
@@ -448,8 +448,8 @@ def _annotations(args: argparse.Namespace, source: dict, size: int) -> tuple[obj
 def run_analyze(args: argparse.Namespace) -> int:
     from ..analysis import analyze
     from ..analysis.report import Reference
-    from ..config import LANGUAGE_MODEL
     from ..loading.pipeline import load_model
+    from ..models.contract import LANGUAGE_MODEL
     from ..train.runtime import resolve_device
 
     apply_threads(args)

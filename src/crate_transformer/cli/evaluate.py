@@ -8,9 +8,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import LANGUAGE_MODEL, MASKED_AUTOENCODER, Config
+from ..config import Config
 from ..config_utils import POSITIVE, option
 from ..models.base import POOLS
+from ..models.contract import LANGUAGE_MODEL, MASKED_AUTOENCODER
 from ..train.config import DataOptions, SystemOptions
 from .options import DATA, REPORT, SYSTEM, add_command_options, apply_threads, like, parse_model_args
 from .reports import report_dir, report_home

@@ -142,9 +142,9 @@ def _effects(model: object, args: argparse.Namespace, report: dict, data: tuple,
 
 def run_features(args: argparse.Namespace) -> int:
     from ..analysis import features as F
-    from ..config import LANGUAGE_MODEL
     from ..io import atomic_write, write_json
     from ..loading.pipeline import load_model
+    from ..models.contract import LANGUAGE_MODEL
     from ..train.runtime import resolve_device
 
     run = Path(args.run)  # hf-hub:ORG/NAME is no folder: report_home names one

@@ -121,8 +121,8 @@ def _print_samples(samples: _Samples, first: int) -> None:
 
 def _generation_model(args: argparse.Namespace) -> tuple:
     """The language model (on its device), its tokenizer and the device, or a one-line error."""
-    from ..config import LANGUAGE_MODEL
     from ..loading.pipeline import load_model
+    from ..models.contract import LANGUAGE_MODEL
     from ..train import resolve_device
 
     apply_threads(args)

@@ -40,7 +40,7 @@ def run_models(args: argparse.Namespace) -> int:
         return _run_zoo(args.pattern, args.check)
     import torch
 
-    from ..config import LANGUAGE_MODEL
+    from ..models.contract import LANGUAGE_MODEL
     from ..models.registry import build, list_models, model_config
 
     names = list_models(args.pattern)

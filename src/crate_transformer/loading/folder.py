@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..config import Config
 from ..io import CONFIG_NAME, FILE_DIGESTS, WEIGHTS_NAME, CheckpointError, load_safetensors, model_dir, read_config_dict
+from ..models.contract import FamilyConfig
 from .hub import is_hub_spec, resolve_hub, verify_cached
 from .values import check_build
 from .weights import check_sizes, keep_dtypes, load_backbone, load_weights
@@ -61,8 +61,8 @@ class Source:
     kind: str
     where: str
     state: Mapping[str, Tensor]
-    config: Config | None = None
-    target: Callable[[Config], nn.Module] | None = None
+    config: FamilyConfig | None = None
+    target: Callable[[FamilyConfig], nn.Module] | None = None
     extras: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def attach(self, model: nn.Module) -> None:

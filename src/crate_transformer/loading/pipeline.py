@@ -27,7 +27,6 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..config import Config
 from ..config_utils import coerce_fields
 from ..io import (
     CONFIG_NAME,
@@ -50,6 +49,7 @@ from ..models._registry import (
     registered_fields,
 )
 from ..models.base import Model, timm_overrides
+from ..models.contract import FamilyConfig
 from .folder import Mode, Source, build, checked, read_folder
 from .hub import resolve_hub
 from .official import OfficialFormat, unwrap
@@ -83,12 +83,12 @@ _OFFICIAL_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # what a folder 
 _OWN_FIX = "load it with load_model(path), or from_pretrained(path) for a save_pretrained folder"
 
 
-def config_from_dict(data: Mapping) -> Config:
+def config_from_dict(data: Mapping) -> FamilyConfig:
     """A stored config (``config.json``, a training state's ``model_config``) as the dataclass its ``arch`` names."""
     return config_class(data.get("arch")).from_dict(dict(data))
 
 
-def read_config(directory: str | Path) -> Config:
+def read_config(directory: str | Path) -> FamilyConfig:
     """The config of a ``save_pretrained`` folder, as the class its ``arch`` registered (older ``"extra"``
     layouts are converted)."""
     directory = model_dir(directory)
@@ -223,7 +223,9 @@ def _sidecar(folder: Path) -> dict | None:
     return read_model_json(folder, CONFIG_NAME)[1]
 
 
-def _require_unstored(fmt: OfficialFormat, config: Config, name: str, given: Mapping[str, object], source: str) -> None:
+def _require_unstored(
+    fmt: OfficialFormat, config: FamilyConfig, name: str, given: Mapping[str, object], source: str
+) -> None:
     """Refuse a value the file does not store (``fmt.unstored``: the head count) taken from ``name`` for a file of
     another width than ``name``'s: it would be a guess, and a wrong one loads without a shape error."""
     registered = model_config(name)
@@ -268,7 +270,7 @@ def _file_values(
 
 def _file_config(
     fmt: OfficialFormat, raw: object, sidecar: dict | None, name: str, overrides: Mapping[str, object], source: str
-) -> tuple[Config, dict[str, object]]:
+) -> tuple[FamilyConfig, dict[str, object]]:
     """``name``'s config with the values the file stores (:func:`_file_values`) in place, then ``overrides``,
     which must agree with the file except for ``fmt.overridable`` keys; and the values the file stores."""
     found = _file_values(fmt, raw, sidecar, name, overrides, source)
@@ -289,7 +291,7 @@ def _file_config(
     return config, found
 
 
-def _format_hint(state: Mapping[str, Tensor], name: str, config: Config) -> str:
+def _format_hint(state: Mapping[str, Tensor], name: str, config: FamilyConfig) -> str:
     """Name the registered format(s) whose detector recognises ``state``, or the loader of this package's own
     state dict of ``name`` (or say that none reads it)."""
     others = [a.official for a in official_formats() if a.official.detect(state)]
@@ -309,7 +311,7 @@ def _key_patterns(keys: Collection[str]) -> set[str]:
     return {re.sub(r"\.\d+\.", ".#.", k) for k in keys}
 
 
-def is_native_state(state: Mapping[str, Tensor], config: Config) -> bool:
+def is_native_state(state: Mapping[str, Tensor], config: FamilyConfig) -> bool:
     """Whether ``state`` holds this package's own keys (``model.state_dict()``) of the model ``config`` builds,
     layer numbers aside: the model is built on the ``meta`` device (no memory) to read its keys."""
     with torch.device("meta"):
@@ -454,7 +456,7 @@ def _examples(raw: object) -> tuple[str, ...]:
 
 
 def check_stored_config(
-    config: Config, path: object, name: str | None, overrides: Mapping[str, object], free: Collection[str] = ()
+    config: FamilyConfig, path: object, name: str | None, overrides: Mapping[str, object], free: Collection[str] = ()
 ) -> None:
     """Refuse a model name / overrides that disagree with a checkpoint's stored config (equal values pass); the
     fields named in ``free`` are not compared (overrides that change the loaded model)."""

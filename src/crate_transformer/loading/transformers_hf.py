@@ -48,9 +48,9 @@ except ImportError:  # pragma: no cover - the optional extra
         "the transformers integration needs the transformers package; pip install 'crate-transformer[hf]'"
     ) from None
 
-from ..config import IMAGE_CLASSIFIER, LANGUAGE_MODEL, Config
 from ..models._registry import build, config_class
 from ..models.base import Model
+from ..models.contract import IMAGE_CLASSIFIER, LANGUAGE_MODEL, FamilyConfig
 from ..models.tokenizer import SPECIAL_TOKENS, TOKENIZER_NAME, Tokenizer
 from .pipeline import from_pretrained as crate_from_pretrained
 
@@ -77,7 +77,7 @@ class _CrateConfig(PretrainedConfig):
     default_arch: ClassVar[str]
     kind: ClassVar[str]
 
-    def __init__(self, crate_config: Config | Mapping | None = None, **kwargs: Any) -> None:
+    def __init__(self, crate_config: FamilyConfig | Mapping | None = None, **kwargs: Any) -> None:
         """``crate_config``: the package's config (or its dict); else ``kwargs`` hold ``config.json``'s keys."""
         if isinstance(crate_config, Mapping):
             kwargs = {**crate_config, **kwargs}
@@ -99,7 +99,7 @@ class _CrateConfig(PretrainedConfig):
         self.crate_config = crate_config  # after transformers' __init__, which resets the attributes
 
     @staticmethod
-    def standard_names(c: Config) -> dict[str, Any]:
+    def standard_names(c: FamilyConfig) -> dict[str, Any]:
         return {}
 
     def to_dict(self) -> dict[str, Any]:
@@ -117,12 +117,12 @@ class CrateLMConfig(_CrateConfig):
     default_arch = "crate_lm"
     kind = LANGUAGE_MODEL
 
-    def __init__(self, crate_config: Config | Mapping | None = None, **kwargs: Any) -> None:
+    def __init__(self, crate_config: FamilyConfig | Mapping | None = None, **kwargs: Any) -> None:
         # its own __init__: transformers makes each config subclass a dataclass, generating one otherwise
         super().__init__(crate_config, **kwargs)
 
     @staticmethod
-    def standard_names(c: Config) -> dict[str, Any]:
+    def standard_names(c: FamilyConfig) -> dict[str, Any]:
         return {
             "vocab_size": c.vocab_size,
             "hidden_size": c.dim,
@@ -140,12 +140,12 @@ class CrateImageConfig(_CrateConfig):
     default_arch = "crate"
     kind = IMAGE_CLASSIFIER
 
-    def __init__(self, crate_config: Config | Mapping | None = None, **kwargs: Any) -> None:
+    def __init__(self, crate_config: FamilyConfig | Mapping | None = None, **kwargs: Any) -> None:
         # its own __init__: transformers makes each config subclass a dataclass, generating one otherwise
         super().__init__(crate_config, **kwargs)
 
     @staticmethod
-    def standard_names(c: Config) -> dict[str, Any]:
+    def standard_names(c: FamilyConfig) -> dict[str, Any]:
         n = max(int(c.num_classes), 1)
         return {"hidden_size": c.dim, "num_hidden_layers": c.depth, "image_size": c.image_size,
                 "num_channels": c.in_chans, "id2label": {i: f"LABEL_{i}" for i in range(n)}}  # fmt: skip

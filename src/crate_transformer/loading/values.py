@@ -27,6 +27,7 @@ from ..config import Config
 from ..config_utils import field_types
 from ..errors import short_repr
 from ..io import CheckpointError
+from ..models.contract import FamilyConfig
 
 __all__ = ["SIZE_LIMITS", "MAX_COUNT", "size_limit", "file_fields", "check_build"]
 
@@ -97,11 +98,15 @@ def _memory() -> int | None:
 
 
 def check_build(
-    target: Callable[[Config], nn.Module], config: Config, stored: Config, given: Mapping[str, object], source: str
+    target: Callable[[FamilyConfig], nn.Module],
+    config: FamilyConfig,
+    stored: FamilyConfig,
+    given: Mapping[str, object],
+    source: str,
 ) -> None:
     """Refuse, before anything is allocated, a model ``target(config)`` whose sizes come from the caller (``given``:
     the overrides of the ``stored`` config, by field): an integer above :func:`size_limit`, a count of numbered
-    blocks other than the file's (``Config.BLOCK_COUNTS``: the weights number them), or weights larger than this
+    blocks other than the file's (``FamilyConfig.BLOCK_COUNTS``: the weights number them), or weights larger than this
     machine's memory (the model built on the meta device, which allocates nothing).  No integer overrides: nothing
     to check (a file's own sizes are bounded by its weights)."""
     ints = {k: v for k, v in given.items() if isinstance(v, int) and not isinstance(v, bool)}

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..config import Config
 from ..io import WEIGHTS_NAME, CheckpointError
+from ..models.contract import FamilyConfig
 from .official import index_count
 
 __all__ = ["load_weights", "check_values", "load_backbone", "check_sizes", "keep_dtypes"]
@@ -100,7 +100,9 @@ def _non_finite(t: Tensor) -> int:
     return 0 if bool(torch.isfinite(lo) & torch.isfinite(hi)) else int((~torch.isfinite(t)).sum())
 
 
-def check_sizes(target: Callable[[Config], nn.Module], config: Config, state: Mapping[str, Tensor], path: Path) -> None:
+def check_sizes(
+    target: Callable[[FamilyConfig], nn.Module], config: FamilyConfig, state: Mapping[str, Tensor], path: Path
+) -> None:
     """The sizes ``path`` (a ``config.json``) gives, bounded by the weights beside it before anything is allocated
     (an edited file of a folder saved before its checksum was stored is read as it is): each count of numbered
     blocks (``config.BLOCK_COUNTS``, ``depth`` → ``layers.N``) is the number of blocks their keys number
@@ -134,7 +136,7 @@ def check_sizes(target: Callable[[Config], nn.Module], config: Config, state: Ma
         )
 
 
-def _named(config: Config, widest: int, shape: Sequence[int] = (), there: Sequence[int] = ()) -> str:
+def _named(config: FamilyConfig, widest: int, shape: Sequence[int] = (), there: Sequence[int] = ()) -> str:
     """``dim=1,000,000 does``: the integer fields whose values are the offending sizes of ``shape`` (not of the
     weights' ``there``), else those larger than every size of the weights (``widest``); ``its sizes do``."""
     ints = {

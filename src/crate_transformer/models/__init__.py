@@ -1,7 +1,9 @@
 """The model families and their contract: what a reader of the white box opens beside ``layers/``.
 
 * :mod:`~crate_transformer.models.base` — :class:`~crate_transformer.models.base.Model`, the contract every family
-  keeps (``forward_features``, ``forward_trace``, pooling, ``save_pretrained`` / ``from_pretrained``);
+  keeps (``forward_features``, ``forward_trace``, pooling, ``save_pretrained`` / ``from_pretrained``), and
+  :mod:`~crate_transformer.models.contract`, its config half (``FamilyConfig``, the base of every family's config:
+  ``kind``, ``white_box``, ``sparse_output``, ``layer_blocks``, ``pipeline_tag``, ``BLOCK_COUNTS``);
 * the families, each registering itself at the bottom of its module: :mod:`~crate_transformer.models.classifier`
   (CRATE and ViT image classifiers; their named models and released weights in
   :mod:`~crate_transformer.models.classifier_zoo`), :mod:`~crate_transformer.models.mae` (CRATE-MAE),

@@ -26,10 +26,11 @@ from collections.abc import Collection
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
-from ..config import Config, reads
+from ..config import reads
 from ..config_utils import OBSERVED, default_of, field_about, field_place, fields_applicability
 from ..errors import OptionError
 from ..loading.official import OfficialFormat
+from .contract import FamilyConfig
 
 if TYPE_CHECKING:  # annotations only: the tables hold classes, they never need the base module's code
     from .base import Model
@@ -67,10 +68,10 @@ class Arch:
     official: OfficialFormat | None = None
 
     @property
-    def config_class(self) -> type[Config]:
+    def config_class(self) -> type[FamilyConfig]:
         return self.model_class.config_class
 
-    def build(self, config: Config) -> Model:
+    def build(self, config: FamilyConfig) -> Model:
         return self.model_class(config)
 
 
@@ -99,12 +100,12 @@ def official_formats() -> list[Arch]:
     return [a for a in _ARCHS.values() if a.official is not None]
 
 
-def config_class(arch: object) -> type[Config]:
+def config_class(arch: object) -> type[FamilyConfig]:
     """The config class of an architecture name (``None``: a stored config from before ``arch`` existed)."""
     return arch_info(arch).config_class
 
 
-def config_classes() -> list[type[Config]]:
+def config_classes() -> list[type[FamilyConfig]]:
     """The config class of every registered architecture, each once, in registration order."""
     return list(dict.fromkeys(a.config_class for a in _ARCHS.values()))
 
@@ -129,7 +130,7 @@ def registered_fields(name: str) -> dict:
     return dict(_MODELS[name])
 
 
-def model_config(name: str, *, written: Collection[str] = (), **overrides: object) -> Config:
+def model_config(name: str, *, written: Collection[str] = (), **overrides: object) -> FamilyConfig:
     """The config (the class its ``arch`` registered) of a registered model with ``overrides`` applied
     (values are coerced and validated, e.g. ``lambd="5e-2"`` → 0.05).  The fields the user wrote (``written``:
     keywords, ``--model-args``), at any value, and the other overrides away from their default (a saved
@@ -168,12 +169,12 @@ def model_fields(name: str) -> list[str]:
 
 
 def model_kind(name: str) -> str:
-    """What the registered model ``name`` is (its config class's ``kind``: ``"image-classifier"``,
-    ``"language-model"``, ...), without building it."""
+    """What the registered model ``name`` is (its config class's ``kind``: ``"image classifier"``,
+    ``"language model"``, ...), without building it."""
     return config_class(registered_fields(name).get("arch")).kind
 
 
-def build(config: Config) -> Model:
+def build(config: FamilyConfig) -> Model:
     """The model a config describes (by its ``arch``).  A field :func:`model_config` was given away from its
     default that the build never reads (``eta`` with ``mlp="mlp"``: no ISTA step is built) is refused in one line:
     the build records the fields it reads (:func:`~crate_transformer.config.reads`), so no family keeps a table."""

@@ -1,7 +1,7 @@
 """The contract every model of the package follows: timm's model API plus HF's save/load, written once.
 
-A model family is a :class:`Model` subclass with a :class:`~crate_transformer.config.Config`; it gets
-from the base:
+A model family is a :class:`Model` subclass with a config that extends
+:class:`~crate_transformer.models.contract.FamilyConfig`; it gets from the base:
 
 * ``save_pretrained(dir)`` / ``Family.from_pretrained(path)`` — safetensors + ``config.json``;
   ``push_to_hub(repo_id)`` — those files and a model card on the Hugging Face Hub;
@@ -16,8 +16,9 @@ stored ``arch``) parses the config with its ``config_class`` and builds itself.
 
 **The capability contract.**  Consumers (the tasks, the analysis, the features, the CLI, the loaders) ask a
 model what it is and what it supports — never its class, never its ``arch`` name.  Its config says what the
-model is (``kind``, ``white_box``, ``sparse_output``, ``layer_blocks``, ``pipeline_tag``: see
-:mod:`crate_transformer.config`); the model says what only the built model knows, each with a default here:
+model is (``kind``, one of :data:`~crate_transformer.models.contract.KINDS`, ``white_box``, ``sparse_output``,
+``layer_blocks``, ``pipeline_tag``, ``BLOCK_COUNTS``: :class:`~crate_transformer.models.contract.FamilyConfig`, the
+base of every family's config); the model says what only the built model knows, each with a default here:
 
 * ``kind`` — ``self.config.kind``; ``num_prefix_tokens`` — tokens before the content (a class token) in
   ``forward_features``; ``trace_prefix_tokens`` — the same in the layers' own sequences (``forward_trace``);
@@ -57,11 +58,11 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..config import Config
 from ..io import CheckpointError, save_pretrained
 from ..layers import trace_layer
 from ..loading.folder import load_folder
 from ..loading.hub import push_to_hub
+from .contract import FamilyConfig
 from .hooks import Hooked
 
 __all__ = [
@@ -182,7 +183,7 @@ class Model(Hooked, nn.Module):
     """Base of every model family; see the module docstring for the contract, and :mod:`.hooks` for
     ``hook_names`` / ``run_with_cache`` / ``intervene``."""
 
-    config_class: ClassVar[type[Config]]
+    config_class: ClassVar[type[FamilyConfig]]
     # the config ``arch`` this class builds; None for a family's common base, whose subclasses each build one
     arch: ClassVar[str | None] = None
     # top-level parameters that are never decayed besides the vectors (norm weights, biases): position
@@ -191,7 +192,7 @@ class Model(Hooked, nn.Module):
     # tokens before the content tokens (timm's name): a class token, 0 for a language model
     num_prefix_tokens: ClassVar[int] = 0
 
-    def __init__(self, config: Config | None) -> None:
+    def __init__(self, config: FamilyConfig | None) -> None:
         super().__init__()
         if config is None:
             config = self.config_class()
@@ -262,7 +263,7 @@ class Model(Hooked, nn.Module):
     # ---------------------------------------------------------------- capabilities (what consumers ask)
     @property
     def kind(self) -> str:
-        """What this model is (``self.config.kind``, one of :data:`~crate_transformer.config.KINDS`)."""
+        """What this model is (``self.config.kind``, one of :data:`~crate_transformer.models.contract.KINDS`)."""
         return self.config.kind
 
     @property

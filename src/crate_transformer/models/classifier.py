@@ -18,7 +18,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import IMAGE_CLASSIFIER, Config
 from ..config_utils import Range, option
 from ..layers import DIM_HEAD, EncoderLayer, LayerConfig, drop_path_rates
 from ..layers.inference import traced_images
@@ -33,6 +32,7 @@ from ..loading.official import (
 from ..objectives import autocast_on
 from ._registry import register_arch
 from .base import POOLS, Model, Trace, pool_name, pool_tokens, take_indices
+from .contract import IMAGE_CLASSIFIER, FamilyConfig
 from .spec import DEFAULT_NORMALIZATION, IMAGENET_MEAN, IMAGENET_STD, DataSpec, fit_normalization
 
 __all__ = [
@@ -110,7 +110,7 @@ class ImageEncoderGeometry:
 
 
 @dataclass
-class ModelConfig(ImageEncoderGeometry, LayerConfig, Config):
+class ModelConfig(ImageEncoderGeometry, LayerConfig, FamilyConfig):
     """Every hyperparameter of an image classifier; round-trips through ``config.json``.
 
     Values are coerced to the declared types (``"5e-2"`` → 0.05 for a float field, ``"64"`` → 64 for

@@ -34,7 +34,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import LANGUAGE_MODEL, Config
 from ..config_utils import Range, option
 from ..errors import TaskError
 from ..io import FILE_DIGESTS, TOKENIZER_NAME, CheckpointError, read_model_json
@@ -43,6 +42,7 @@ from ..layers.static_cache import StaticLayerCache
 from ..loading.official import HEADS_NOT_STORED, OfficialFormat, index_count, rename, unwrap
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .base import Model, Trace
+from .contract import LANGUAGE_MODEL, FamilyConfig
 from .generation import TEMPERATURE, TOP_P, cache_nbytes, cached_length, generate, mask_tokens, sample_next
 from .token_prior import TokenPrior
 from .tokenizer import Tokenizer
@@ -77,7 +77,7 @@ POS_EMBEDS = ("learned", "sinusoidal")
 
 
 @dataclass
-class LMConfig(LayerConfig, Config):
+class LMConfig(LayerConfig, FamilyConfig):
     """Every hyperparameter of a language model; round-trips through ``config.json`` (``arch`` names the class).
 
     ``causal=True`` is a GPT (next-token, eq. (89)), ``False`` a BERT (masked tokens, eq. (85)).  Values are

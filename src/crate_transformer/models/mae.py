@@ -35,7 +35,6 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ..config import MASKED_AUTOENCODER, Config
 from ..config_utils import Range, option, override
 from ..layers import LAYER_FORMS, DecoderLayer, EncoderLayer, LayerConfig, drop_path_rates
 from ..loading.official import HEADS_NOT_STORED, OfficialFormat, mae_official_to_native
@@ -50,6 +49,7 @@ from .classifier import (
     patchify,
     unpatchify,
 )
+from .contract import MASKED_AUTOENCODER, FamilyConfig
 from .spec import IMAGENET_MEAN, IMAGENET_STD, DataSpec
 
 __all__ = [
@@ -68,7 +68,7 @@ MASK_RATIO = Range(0, 1, lo_open=True, hi_open=True)  # the share of patches mas
 
 
 @dataclass
-class MAEConfig(ImageEncoderGeometry, LayerConfig, Config):
+class MAEConfig(ImageEncoderGeometry, LayerConfig, FamilyConfig):
     """Every hyperparameter of a CRATE-MAE; round-trips through ``config.json`` (``arch == "crate_mae"``).
 
     Values are coerced to the declared types (:func:`~crate_transformer.config_utils.coerce_fields`)

@@ -44,13 +44,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import IMAGE_CLASSIFIER, Config
 from ..config_utils import Range, option, override
 from ..layers import DIM_HEAD, MLP, TSSA, EncoderLayer, LayerConfig
 from ..loading.official import OfficialFormat, index_count, rename, unwrap
 from ._registry import register_arch, register_model
 from .base import Model, Trace
 from .classifier import NUM_CLASSES, ImageEncoderGeometry, ImageInput, ModelConfig, classifier_layer
+from .contract import IMAGE_CLASSIFIER, FamilyConfig
 from .lm import GPT2_KEY_MAP, LanguageModel, LMConfig, lm_checkpoint_fields, lm_state
 from .spec import DataSpec
 
@@ -78,7 +78,7 @@ TOST_LM_ARCH = "tost_lm"
 
 # --------------------------------------------------------------------------- configs
 @dataclass
-class ToSTConfig(ImageEncoderGeometry, Config):
+class ToSTConfig(ImageEncoderGeometry, FamilyConfig):
     """A ToST image classifier (``tost_vision/tost.py``); defaults: ToST-S12/16 (``tost_cab_small_12_p16``).
 
     ``layer_scale`` is the initial value of the blocks' per-channel scales (the authors' ``eta``: 1 for the

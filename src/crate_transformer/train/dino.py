@@ -28,11 +28,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..config import IMAGE_CLASSIFIER
 from ..config_utils import NON_NEGATIVE, Range, fields_applicability, option
 from ..data import augment as A
 from ..errors import Step
 from ..models.classifier import ImageClassifier
+from ..models.contract import IMAGE_CLASSIFIER
 from ..models.dino import (
     DINO_ONLY,
     SIMDINO_ONLY,

@@ -14,7 +14,6 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from ..config import IMAGE_CLASSIFIER, LANGUAGE_MODEL
 from ..data import (
     DataSpec,
     ImageDataset,
@@ -27,6 +26,7 @@ from ..data import (
 from ..errors import OptionError, TaskError
 from ..loading.pipeline import config_from_dict, load_model
 from ..models.classifier import ImageClassifier
+from ..models.contract import IMAGE_CLASSIFIER, LANGUAGE_MODEL
 from ..models.registry import build, model_config
 from .config import TrainConfig
 from .evaluation import prepare_batch

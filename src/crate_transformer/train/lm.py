@@ -18,13 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import LANGUAGE_MODEL, Config
+from ..config import Config
 from ..config_utils import Range, coerce_fields
 from ..data import to_device
 from ..data.text import TokenBlocks, corpus_files, iter_documents, load_tokens, split_tokens
 from ..errors import OptionError, OptionWarning, Step, short_repr
 from ..layers.inference import evaluating
 from ..loading.pipeline import config_from_dict
+from ..models.contract import LANGUAGE_MODEL
 from ..models.lm import LanguageModel, LMConfig, mask_tokens
 from ..models.registry import build, model_config
 from ..models.tokenizer import TOKENIZER_KINDS, Tokenizer

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..config import MASKED_AUTOENCODER, Config
+from ..config import Config
 from ..config_utils import Range
 from ..data import BUILTIN_DATASETS, ImageSource
 from ..data.base import rank_slice
@@ -36,6 +36,7 @@ from ..io import atomic_write
 from ..layers.inference import evaluating
 from ..loading.pipeline import config_from_dict, load_model
 from ..models.base import POOLS, Model
+from ..models.contract import MASKED_AUTOENCODER, FamilyConfig
 from ..models.mae import CRATEMAE
 from ..models.registry import build, model_config
 from .evaluation import prepare_batch, require_evaluated
@@ -227,7 +228,7 @@ class MAETask(Task):
             return {}
         return {"task_args": {**self.cfg.task_args, "augmentation": self.augment_kind}}
 
-    def _config(self, state: dict | None) -> tuple[Config, int, Model | None]:
+    def _config(self, state: dict | None) -> tuple[FamilyConfig, int, Model | None]:
         """The CRATE-MAE's configuration and the run's image size: the checkpoint's (resuming), those of the
         CRATE-MAE continued (``--init-from``, also returned) or ``--model``'s."""
         cfg, init = self.cfg, None

@@ -19,9 +19,10 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..config import IMAGE_CLASSIFIER, LANGUAGE_MODEL, MASKED_AUTOENCODER, from_given
+from ..config import from_given
 from ..config_utils import option
 from ..errors import OptionError, TaskError, short_repr
+from ..models.contract import IMAGE_CLASSIFIER, LANGUAGE_MODEL, MASKED_AUTOENCODER
 from .config import TrainConfig
 from .evaluation import plot_curves
 from .runtime import Runtime
@@ -75,7 +76,7 @@ def _a(kind: str) -> str:
     return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
 
 
-# what trains each kind of model (``Config.kind``), and a registered model of that kind for the messages
+# what trains each kind of model (``FamilyConfig.kind``), and a registered model of that kind for the messages
 KIND_TASKS = {IMAGE_CLASSIFIER: "classification", MASKED_AUTOENCODER: "mae", LANGUAGE_MODEL: "lm"}
 KIND_EXAMPLES = {
     IMAGE_CLASSIFIER: "crate_mnist_p4",
@@ -147,7 +148,7 @@ class Task:
     metric = "acc"  # the per-sample statistic shown in the progress bar and curves, besides the loss
     defaults: ClassVar[dict[str, Any]] = {}  # TrainConfig values of this task that differ from the TrainConfig defaults
     Options: ClassVar[type | None] = None  # the task's own options (a Config dataclass of task_option fields)
-    model_kind: ClassVar[str | None] = None  # the kind of model it trains (a Config.kind), None: any
+    model_kind: ClassVar[str | None] = None  # the kind of model it trains (a FamilyConfig.kind), None: any
     shardable: ClassVar[bool] = True  # --strategy fsdp may shard its model (False: the task needs full weights)
     # the model's method that :meth:`loss` runs by calling the module it is given: the engine routes that call
     # through DDP (which averages the gradients of its own forward only), FSDP and torch.compile

@@ -16,12 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import LANGUAGE_MODEL, Config
+from ..config import Config
 from ..data import to_device
 from ..data.text import LabelledTexts, eval_split_of, read_labelled
 from ..errors import OptionError
 from ..layers.inference import evaluating
 from ..loading.pipeline import config_from_dict, load_model
+from ..models.contract import LANGUAGE_MODEL
 from ..models.registry import build
 from ..models.tokenizer import Tokenizer
 from .evaluation import require_evaluated
