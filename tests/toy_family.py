@@ -48,7 +48,6 @@ class ToyConfig(ImageEncoderGeometry, FamilyConfig):
     white_box = True
     sparse_output = True
     layer_blocks = ("mssa", "ista")
-    GIVEN_IN = "model_args"
     BLOCK_COUNTS = {"depth": "layers"}
 
     def validate(self) -> None:

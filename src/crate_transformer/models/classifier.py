@@ -213,7 +213,6 @@ class ModelConfig(ImageEncoderGeometry, LayerConfig, FamilyConfig):
     MODEL_TYPE = (
         "crate_transformer_image"  # config.json's model_type: transformers' AutoConfig (loading.transformers_hf)
     )
-    GIVEN_IN = "model_args"  # a training takes these fields as model_args entries
     BLOCK_COUNTS = {"depth": "layers"}  # the numbered blocks of the weights these fields count
     pipeline_tag = "image-classification"
 

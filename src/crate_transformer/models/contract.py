@@ -33,6 +33,8 @@ class FamilyConfig(Config):
 
     # what a model of this config is (one of KINDS; "" for a common base that describes no model)
     kind: ClassVar[str] = ""
+    # a training takes a family's fields as entries of model_args: messages name them so (``--model-args dim``)
+    GIVEN_IN: ClassVar[str | None] = "model_args"
     # the config's counts of numbered blocks → the blocks' key prefix in its weights ({"depth": "layers"}): a count
     # read from a file is bounded by the keys of the weights beside it (loading.weights.check_sizes)
     BLOCK_COUNTS: ClassVar[Mapping[str, str]] = {}

@@ -125,7 +125,6 @@ class LMConfig(LayerConfig, FamilyConfig):
                  "gelu", "tokenizer")  # fmt: skip
     kind = LANGUAGE_MODEL
     MODEL_TYPE = "crate_transformer_lm"  # config.json's model_type: transformers' AutoConfig (loading.transformers_hf)
-    GIVEN_IN = "model_args"  # a training takes these fields as model_args entries
     BLOCK_COUNTS = {"depth": "layers"}  # the numbered blocks of the weights these fields count
 
     @property

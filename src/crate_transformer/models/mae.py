@@ -114,7 +114,6 @@ class MAEConfig(ImageEncoderGeometry, LayerConfig, FamilyConfig):
                  "norm_pix_loss", "eta", "lambd", "layer_form", "decoder_form", "visible_only", "norm_eps",
                  "drop_path", "data")  # fmt: skip
     kind = MASKED_AUTOENCODER
-    GIVEN_IN = "model_args"  # a training takes these fields as model_args entries
     BLOCK_COUNTS = {"depth": "layers"}  # the numbered blocks of the weights these fields count
     pipeline_tag = "image-feature-extraction"
     white_box = True  # CRATE encoder layers

@@ -119,7 +119,6 @@ class ToSTConfig(ImageEncoderGeometry, FamilyConfig):
     MODEL_TYPE = (
         "crate_transformer_image"  # config.json's model_type: transformers' AutoConfig (loading.transformers_hf)
     )
-    GIVEN_IN = "model_args"  # a training takes these fields as model_args entries
     BLOCK_COUNTS = {"depth": "layers", "cls_layers": "cls_layers"}  # the numbered blocks these fields count
     pipeline_tag = "image-classification"
     white_box = True  # TSSA descends the variational compression term; the analysis measures it
