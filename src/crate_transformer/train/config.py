@@ -138,7 +138,7 @@ class AugmentationOptions(Config):
     )
     translate: float = option(
         0.07,
-        "max shift of `augment` translate, as a fraction of the side (0.07: 2 px at 28 px)",
+        "max shift of the translate augmentation, as a fraction of the side (0.07: 2 px at 28 px)",
         range=Range(0, 0.5, hi_open=True),
         applies=({**CLASSIFY, "augment": ("translate",)}, {"task": ("mae",)}),
     )
