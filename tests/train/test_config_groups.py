@@ -130,7 +130,9 @@ def test_a_training_command_has_every_option_its_task_reads_and_no_other(command
     both ways: each option it leaves out, given alone, is refused by the library too (nothing the task reads is
     out of the command's reach), and each it has is accepted by the library for that task, with what its condition
     needs (the first alternative's values)."""
-    shown = {n for names in training_options(command, task).values() for n in names}
+    sections = training_options(command, task)
+    shown = {n for names in sections.values() for n in names}
+    assert (sections["top"][0] == "init_from") == (command in FINETUNING), sections["top"]  # --from first
     start = {"task": task, "init_from": "CHECKPOINT" if command in FINETUNING else None}
     checked, fields = 0, {f.name: f for cls in (TrainConfig, *GROUPS.values()) for f in dataclasses.fields(cls)}
     for f in fields.values():

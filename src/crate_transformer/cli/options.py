@@ -116,6 +116,8 @@ def training_options(command: str, task: str) -> dict[str, tuple[str, ...]]:
         if n in names:
             section = GROUP_OF[n] or "top"
             sections[section] = (*sections.get(section, ()), option_name(FIELDS[n]))
+    if fixed["init_from"]:  # a fine-tuning command's subject, --from, comes first
+        sections["top"] = ("init_from", *(n for n in sections["top"] if n != "init_from"))
     return sections
 
 
