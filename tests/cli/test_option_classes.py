@@ -17,6 +17,7 @@ import typing
 import pytest
 import yaml
 from clitools import crate, one_line_error
+from optionvalues import default, given, other_value
 
 from crate_transformer.cli import build_parser, command_parser
 from crate_transformer.config_utils import (
@@ -50,10 +51,6 @@ def _fields() -> list[tuple[str | None, dataclasses.Field]]:
     return [(None, f) for f in TOP] + [(g, f) for g, cls in GROUPS.items() for f in dataclasses.fields(cls)]
 
 
-def _default(f: dataclasses.Field) -> object:
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-
-
 def _wrong_kind(tp: object) -> object:
     """A value no rule can read as ``tp``."""
     inner = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -70,27 +67,6 @@ def _wrong_kind(tp: object) -> object:
     if origin is dict:
         return "key=value"
     raise AssertionError(f"no wrong value for {tp}")
-
-
-def _other_value(f: dataclasses.Field, tp: object) -> object:
-    """A value of ``f``'s kind other than its default."""
-    choices = f.metadata.get("choices")
-    if choices:
-        return next(c for c in choices if c != _default(f))
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        tp = next(a for a in typing.get_args(tp) if a is not type(None))
-    origin, d = typing.get_origin(tp) or tp, _default(f)
-    if origin is bool:
-        return not d
-    if origin is int:
-        return (d or 0) + 1
-    if origin is float:
-        return (d or 0.0) / 2 + 0.25 if (d or 0.0) / 2 + 0.25 != d else 0.1
-    if origin in (list, tuple):
-        return [0.5, 0.5]
-    if origin is dict:
-        return {"x": 1}
-    return "elsewhere"
 
 
 # --------------------------------------------------------------------------- class 2: the kind of every value
@@ -169,7 +145,7 @@ def test_every_file_key_the_command_does_not_read_is_refused(command, tmp_path, 
     argv = [command, "mae"] if command == "pretrain" else [command]
     for key in unread:
         group, f = flat[key]
-        value = _other_value(f, field_types(GROUPS[group])[f.name])
+        value = other_value(f, field_types(GROUPS[group])[f.name])
         file = tmp_path / f"{key}.yaml"
         file.write_text(yaml.safe_dump({key: value}))
         err = one_line_error(capsys, *argv, "--config", file, "--max-steps", 1, "--out", tmp_path / "never")
@@ -251,16 +227,6 @@ def _inside(key: str, allowed: object) -> object:
     return {"init_from": "ckpt.pt", "mixup": 0.8, "cutmix": 1.0}[key] if allowed == ON else allowed[0]
 
 
-def _given(f: dataclasses.Field, group: str | None) -> object:
-    """A value of ``f`` away from its default, within its range."""
-    value = _other_value(f, field_types(f_cls(group))[f.name])
-    if f.name == "betas":
-        return [0.5, 0.5]
-    if f.name == "text_columns":
-        return ["text"]
-    return value
-
-
 def _layout(values: dict) -> dict:
     """Flat field names → the nested layout of a config file (a group's options under the group)."""
     out: dict = {}
@@ -294,7 +260,7 @@ def test_an_option_given_where_it_cannot_apply_is_refused_everywhere(group, f, t
     task's command refuses the key as one it has no option for); where it holds, the option is taken."""
     applies = fields_applicability(f_cls(group))[f.name]
     alternatives = [applies] if isinstance(applies, dict) else list(applies)
-    value = _given(f, group)
+    value = given(f, f_cls(group))
     companion = {"val_fraction": 0.1} if f.name == "eval_split" else {}  # eval_split='val' needs a val split
     context = {**companion, **_context(alternatives, {f.name: value, **companion})}
     name = option_name(f)
@@ -349,11 +315,11 @@ def test_a_task_option_given_at_its_default_where_it_cannot_apply_is_refused(tas
     for alt in [applies] if isinstance(applies, dict) else applies:
         key, allowed = next(iter(alt.items()))
         field = next(g for g in dataclasses.fields(t.Options) if g.name == key)
-        candidates = field.metadata.get("choices") or (_default(field),)  # tokenizer: no choices, "byte" by default
+        candidates = field.metadata.get("choices") or (default(field),)  # tokenizer: no choices, "byte" by default
         context[key] = False if allowed == ON else next(c for c in candidates if c not in allowed)
     assert t.check_options(context) == context  # the context alone is valid
     with pytest.raises(OptionError, match=f"^{f.name} applies only when"):
-        t.check_options({**context, f.name: _default(f)})
+        t.check_options({**context, f.name: default(f)})
 
 
 def test_a_group_given_whole_is_judged_by_value() -> None:
@@ -374,7 +340,7 @@ def test_an_option_given_at_its_default_where_it_cannot_apply_is_refused(group, 
     option at its default, read or not) still reads back."""
     applies = fields_applicability(f_cls(group))[f.name]
     alternatives = [applies] if isinstance(applies, dict) else list(applies)
-    value = _default(f)
+    value = default(f)
     context = _context(alternatives, {f.name: value})
     name = option_name(f)
     refused = f"^{name} applies only when .*: drop {name} or "

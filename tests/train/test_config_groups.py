@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from clitools import crate, one_line_error
+from optionvalues import given
 
 from crate_transformer import cli
 from crate_transformer.cli.options import FINETUNING, training_options
@@ -16,7 +17,7 @@ from crate_transformer.config_utils import option_name
 from crate_transformer.errors import OptionError
 from crate_transformer.io import save_state
 from crate_transformer.train import TrainConfig
-from crate_transformer.train.config import FLAT, GROUPS, flat_options, nest_options, read_run_config
+from crate_transformer.train.config import FLAT, GROUPS, OWNERS, flat_options, nest_options, read_run_config
 from crate_transformer.train.rundir import load_training_state
 
 TINY = ["--data", "digits", "--image-size", "8", "--threads", "1", "--no-progress", "--eval-every", "0",
@@ -121,7 +122,10 @@ TRAINING_COMMANDS = [("train", "classification"), ("finetune", "classification")
                      ("finetune-text", "text-classification")]  # fmt: skip
 
 
-COMPANIONS = {"eval_split": {"val_fraction": 0.1}}  # what a class's own check across its fields asks beside it
+COMPANIONS = {
+    "eval_split": {"val_fraction": 0.1},
+    "min_lr": {"lr": 1.0},
+}  # what a class's own check across its fields asks beside it
 
 
 @pytest.mark.parametrize(("command", "task"), TRAINING_COMMANDS)
@@ -138,14 +142,14 @@ def test_a_training_command_has_every_option_its_task_reads_and_no_other(command
     for f in fields.values():
         if f.name in GROUPS or f.metadata.get("by_command") or f.name == "init_from":
             continue  # the checkpoint is the command's choice: train and finetune share a task
-        name, value = option_name(f), _another_value(f)
+        name, value = option_name(f), given(f, OWNERS[f.name])
         if name not in shown:
             with pytest.raises(OptionError, match=rf"^{f.name} applies only when "):
                 TrainConfig(**{**start, **COMPANIONS.get(name, {}), name: value})
         else:
             applies = f.metadata.get("applies")
             need = {} if applies is None or isinstance(applies, str) else dict(_first_holding(applies, task, shown))
-            need = {k: (_another_value(fields[k]) if v == "on" else v[0]) for k, v in need.items() if k != "task"}
+            need = {k: (given(fields[k], OWNERS[k]) if v == "on" else v[0]) for k, v in need.items() if k != "task"}
             TrainConfig(**{**start, **need, **COMPANIONS.get(name, {}), name: value})
         checked += 1
     assert checked >= 60 and len(shown) > 30
@@ -155,32 +159,6 @@ def _first_holding(applies, task, shown):
     """The first alternative of ``applies`` that a run of ``task`` can meet with the options ``shown``."""
     alternatives = [applies] if isinstance(applies, dict) else list(applies)
     return next(a for a in alternatives if all(task in v if k == "task" else k in shown for k, v in a.items())).items()
-
-
-def _another_value(f: dataclasses.Field):
-    """A value of field ``f`` other than its default that its declaration accepts."""
-    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-    choices = f.metadata.get("choices")
-    if choices:
-        other = next(c for c in choices if c != default and c != "auto")
-        return [other] if isinstance(default, list) else other
-    if isinstance(default, bool):
-        return not default
-    if f.name == "betas":
-        return [0.8, 0.9]
-    if f.name == "text_columns":
-        return ["text"]
-    if isinstance(default, dict):
-        return {"dim": 32}
-    if default is None and f.metadata.get("range"):  # image_size: int | None
-        return 16
-    if isinstance(default, str) or default is None:
-        return "somewhere"
-    rule = f.metadata.get("range")
-    for v in (default + 1, 1) if isinstance(default, int) else (default / 2, default * 2, 0.5):
-        if v != default and (rule is None or rule.ok(v)):
-            return v
-    raise AssertionError(f.name)
 
 
 @pytest.mark.parametrize("command", ["eval", "analyze", "generate", "features"])

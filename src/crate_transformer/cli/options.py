@@ -103,10 +103,11 @@ def training_options(command: str, task: str) -> dict[str, tuple[str, ...]]:
     names = {n for n, f in FIELDS.items() if not f.metadata.get("by_command") and (n != "init_from" or fixed[n])}
 
     def can_hold(applies: Any) -> bool:  # an alternative whose every field is the command's to set or holds
-        alternatives = [] if applies is None or isinstance(applies, str) else applies
-        return not alternatives or any(
+        if applies is None or isinstance(applies, str):
+            return True
+        return any(
             all(k in names or applies_where({k: v}, {k: fixed.get(k, default_of(FIELDS[k]))}) for k, v in alt.items())
-            for alt in ([alternatives] if isinstance(alternatives, Mapping) else alternatives)
+            for alt in ([applies] if isinstance(applies, Mapping) else applies)
         )
 
     while dropped := {n for n in names if not can_hold(FIELDS[n].metadata.get("applies"))}:
