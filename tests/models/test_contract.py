@@ -170,17 +170,17 @@ def test_no_weight_decay_is_the_models_answer_and_dino_prefixes_its_backbones():
 
 def test_the_engine_asks_the_model_which_parameters_to_decay():
     from crate_transformer.train.config import TrainConfig
-    from crate_transformer.train.loop import _Optimization
+    from crate_transformer.train.optim import Optimization
     from crate_transformer.train.runtime import Runtime
 
     clf = FAMILIES["crate"]()
-    opt = _Optimization(clf, TrainConfig(weight_decay=0.1), 10, 10, Runtime())
+    opt = Optimization(clf, TrainConfig(weight_decay=0.1).optim, 10, 10, Runtime())
     no_decay = {id(p) for p in opt.optimizer.param_groups[1]["params"]}
     assert opt.optimizer.param_groups[1]["weight_decay"] == 0.0
     assert id(clf.pos_embed) in no_decay and id(clf.cls_token) in no_decay
     assert id(clf.layers[0].ista.weight) not in no_decay
     dino = DINOModel(FAMILIES["crate"](), DINOHead(32, 16, hidden_dim=8, bottleneck_dim=4), pool="avg")
-    decayed = _Optimization(dino, TrainConfig(weight_decay=0.1), 10, 10, Runtime()).optimizer.param_groups[0]
+    decayed = Optimization(dino, TrainConfig(weight_decay=0.1).optim, 10, 10, Runtime()).optimizer.param_groups[0]
     assert {id(dino.backbone.pos_embed), id(dino.backbone.cls_token)} <= {id(p) for p in decayed["params"]}  # DINO
 
 

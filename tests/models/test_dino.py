@@ -104,7 +104,7 @@ def test_frozen_last_layer_and_weight_decay_schedule_match_dinos_loop() -> None:
     During epoch 0 the last layer has no gradient, so AdamW creates no state for it (step count 0, no weight
     decay); from epoch 1 its step count runs from 1 — as in DINO.  A zeroed gradient would count those steps."""
     from crate_transformer.train import TrainConfig
-    from crate_transformer.train.loop import _Optimization
+    from crate_transformer.train.optim import Optimization
     from crate_transformer.train.runtime import Runtime
 
     spe, epochs = 3, 3
@@ -113,7 +113,7 @@ def test_frozen_last_layer_and_weight_decay_schedule_match_dinos_loop() -> None:
     head = DINOHead(16, 32, hidden_dim=24, bottleneck_dim=8)
     ref_head = copy.deepcopy(head)
     cfg = TrainConfig(lr=lr, min_lr=min_lr, weight_decay=wd, warmup_epochs=0, grad_clip=0, epochs=epochs)
-    opt = _Optimization(head, cfg, spe, total, Runtime())
+    opt = Optimization(head, cfg.optim, spe, total, Runtime())
     task = _dino_settings_task(head, cfg, spe, freeze_last_layer=1, weight_decay_end=wd_end)
     ref_opt = torch.optim.AdamW(official.get_params_groups(ref_head))
     lr_s = official.cosine_scheduler(lr, min_lr, epochs, spe)

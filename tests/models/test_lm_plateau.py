@@ -28,7 +28,7 @@ from crate_transformer.models.lm import crate_lm_to_native
 from crate_transformer.models.tokenizer import Tokenizer
 from crate_transformer.train import TrainConfig
 from crate_transformer.train.lm import PLATEAU_BLOCKS, PLATEAU_MARGIN, PLATEAU_SHARE, plateau_warning
-from crate_transformer.train.loop import warmup_steps
+from crate_transformer.train.optim import warmup_steps
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {**tiny.LM, "dim": 32, "depth": 2}
@@ -288,9 +288,9 @@ def test_one_warm_up_replaces_the_other() -> None:
     assert TrainConfig.from_dict(kept.to_dict()).optim == kept.optim  # a saved config reads back as it was
     with pytest.raises(ValueError, match="two warm-ups: warmup_epochs=1.0 and warmup_fraction=0.1; set one"):
         TrainConfig(warmup_epochs=1, warmup_fraction=0.1)
-    assert warmup_steps(TrainConfig(warmup_fraction=0.05), 100, 400) == 20
-    assert warmup_steps(TrainConfig(warmup_fraction=0.001), 100, 400) == 1  # at least one step
-    assert warmup_steps(TrainConfig(warmup_epochs=0.5), 100, 400) == 50
+    assert warmup_steps(TrainConfig(warmup_fraction=0.05).optim, 100, 400) == 20
+    assert warmup_steps(TrainConfig(warmup_fraction=0.001).optim, 100, 400) == 1  # at least one step
+    assert warmup_steps(TrainConfig(warmup_epochs=0.5).optim, 100, 400) == 50
 
 
 def test_the_learning_rate_peaks_after_the_warm_up_share(tmp_path: Path) -> None:

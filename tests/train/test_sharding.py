@@ -190,7 +190,8 @@ def _two_shards(rank: int, port: int, out: dict) -> None:
 
     import torch.distributed as dist
 
-    from crate_transformer.train import loop, sharding
+    from crate_transformer.train import sharding
+    from crate_transformer.train.optim import Optimization
     from crate_transformer.train.runtime import Runtime
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -208,7 +209,7 @@ def _two_shards(rank: int, port: int, out: dict) -> None:
     model = sharding.shard(_Net())
     cfg = TrainConfig(lr=0.1, grad_clip=0, warmup_epochs=0, epochs=1)
     rt = Runtime(rank, 2, rank, torch.device("cpu"), amp_dtype=torch.float16)
-    opt = loop._Optimization(model, cfg, 10, 10, rt)
+    opt = Optimization(model, cfg.optim, 10, 10, rt)
     before = [p.full_tensor().clone() for p in model.parameters()]
     opt.zero_grad()
     opt.backward(model(x).sum())

@@ -20,7 +20,8 @@ from ..loading.pipeline import load_model
 from .classification import ClassificationTask
 from .config import TrainConfig, load_config
 from .evaluation import EvalResult, evaluate, plot_confusion_matrix, plot_curves, prepare_batch
-from .loop import TrainState, WarmupCosine, train
+from .loop import TrainState, train
+from .optim import WarmupCosine
 from .recipes import FINETUNE_DEFAULTS
 from .rundir import RunDir, load_training_state, read_metrics
 from .runtime import Runtime, resolve_device

@@ -35,7 +35,6 @@ from ..config_utils import (
 )
 from ..data import AUGMENTATIONS, DATA_MODES, default_augmentation
 from ..errors import OptionError, short_repr
-from .optim import OPTIMIZERS
 from .recipes import READ_BY, RECIPES, reading_augmentation, recipe_options
 from .sharding import STRATEGIES
 from .trackers import LOGGERS
@@ -44,6 +43,7 @@ __all__ = ["TrainConfig", "DataOptions", "AugmentationOptions", "OptimOptions", 
 __all__ += ["GROUPS", "AMP_MODES", "load_config", "read_run_config", "nest_options", "upgrade_v1", "flat_options"]
 
 AMP_MODES = ("auto", "none", "bf16", "fp16")
+OPTIMIZERS = ("adamw", "lion", "sgd", "lars", "lamb")  # train.optim.build_optimizer builds each
 VERSION = 2  # config.yaml layout: 1 = one flat mapping of options, 2 = the option groups below
 # where an option applies (option(applies=...)): the tasks that read it
 IMAGES = {"task": ("classification", "mae", "dino", "simdino")}  # the image tasks' data (train.images)

@@ -28,31 +28,13 @@ from ..data.prefetch import prefetch
 from ..errors import OptionError
 from . import sharding
 from .config import TrainConfig, nest_options
-from .optim import build_optimizer, param_groups
+from .optim import Optimization, warmup_steps
 from .rundir import CHECKPOINT, CONFIG_FILE, RunDir, load_training_state
 from .runtime import Interrupt, ProcessSettings, Runtime, StopVote, rng_state, seed_everything, set_rng_state
 from .task import Hook, StepContext, Task, TaskError, make_task
 from .threads import SlowdownWatch
 
-__all__ = ["train", "TrainState", "WarmupCosine"]
-
-
-class WarmupCosine:
-    """LR multiplier per iteration: linear warm-up from ~0 to 1, then cosine decay to ``min_ratio``.
-
-    Stepped every iteration (paper: 5-epoch linear warm-up then cosine decay, JMLR App. C.1).  A
-    class rather than a lambda so ``LambdaLR.state_dict()`` stores it.
-    """
-
-    def __init__(self, warmup_steps: int, total_steps: int, min_ratio: float) -> None:
-        self.warmup_steps, self.total_steps, self.min_ratio = int(warmup_steps), int(total_steps), float(min_ratio)
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return (step + 1) / self.warmup_steps
-        span = max(1, self.total_steps - self.warmup_steps)
-        t = min(1.0, (step - self.warmup_steps) / span)
-        return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * t))
+__all__ = ["train", "TrainState"]
 
 
 @dataclass
@@ -193,7 +175,7 @@ class _Loop:
             self.replica = sharding.Replica(self.raw)
             methods = () if task.entry == "forward" else (task.entry,)
             sharding.shard(self.raw, methods=methods, amp_dtype=rt.amp_dtype)
-        self.opt = _Optimization(self.raw, cfg, self.steps_per_epoch, self.total, rt)
+        self.opt = Optimization(self.raw, cfg.optim, self.steps_per_epoch, self.total, rt)
         self.ts = _restore(state, task, self.opt, cfg, self.n_train) if state is not None else TrainState()
         seed_everything(cfg.system.seed + rt.rank)  # per-process augmentation / dropout streams
         if state is not None and len(state["rng"]) == rt.world:
@@ -445,69 +427,7 @@ def _steps_per_epoch(cfg: TrainConfig, task: Task, rt: Runtime) -> int:
     return steps
 
 
-def warmup_steps(cfg: TrainConfig, steps_per_epoch: int, total: int) -> int:
-    """The linear warm-up's length in optimizer steps: ``warmup_fraction`` of the run's ``total`` steps, else
-    ``warmup_epochs`` epochs."""
-    if cfg.optim.warmup_fraction > 0:
-        return max(1, round(cfg.optim.warmup_fraction * total))
-    return round(cfg.optim.warmup_epochs * steps_per_epoch)
-
-
-class _Optimization:
-    """Optimizer (:func:`~crate_transformer.train.optim.build_optimizer`: AdamW, Lion, SGD, LARS or LAMB),
-    per-iteration warm-up + cosine schedule, fp16 grad scaler and clipping.
-
-    Weight decay is decoupled and skips what the model's ``no_weight_decay()`` names (norms, biases, class and
-    mask tokens, position tables; a model without the method: every vector):
-    param group 0 holds the decayed parameters, group 1 the others (``Task.before_optimizer_step`` relies on that
-    order, as DINO's ``get_params_groups``, whose first group is the regularized one).  ``--layer-decay`` below 1
-    splits them further by layer (:func:`~crate_transformer.train.optim.param_groups`, MAE's LLRD).
-    """
-
-    def __init__(self, model: nn.Module, cfg: TrainConfig, steps_per_epoch: int, total: int, rt: Runtime) -> None:
-        groups = param_groups(model, cfg.optim.weight_decay, cfg.optim.layer_decay)
-        self.optimizer = build_optimizer(cfg.optim.optimizer, groups, cfg.optim.lr, cfg.optim.betas, cfg.optim.momentum)
-        self.schedule = WarmupCosine(warmup_steps(cfg, steps_per_epoch, total), total, cfg.optim.min_lr / cfg.optim.lr)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
-        self.scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.amp_dtype == torch.float16)
-        self.params, self.clip = [p for g in groups for p in g["params"]], cfg.optim.grad_clip
-
-    @property
-    def lr(self) -> float:
-        """The scheduled learning rate (of the last layer's groups under layer-wise decay)."""
-        group = self.optimizer.param_groups[0]
-        return group["lr"] / group.get("lr_scale", 1.0)
-
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def backward(self, loss: torch.Tensor) -> None:
-        self.scaler.scale(loss).backward()
-
-    def step(self) -> None:
-        if self.clip > 0:
-            self.scaler.unscale_(self.optimizer)
-            nn.utils.clip_grad_norm_(self.params, self.clip)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.scheduler.step()
-
-    def state_dict(self) -> dict:
-        return {
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scheduler.lr_lambdas[0] = self.schedule  # follows --epochs changes made on resume
-        if state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-
-
-def _restore(state: dict, task: Task, opt: _Optimization, cfg: TrainConfig, n: int) -> TrainState:
+def _restore(state: dict, task: Task, opt: Optimization, cfg: TrainConfig, n: int) -> TrainState:
     """Load weights, optimizer, schedule, scaler and task state; check the data still matches."""
     data = state["data"]
     if data["num_samples"] != n or data["global_batch"] != cfg.optim.batch_size:
@@ -570,7 +490,7 @@ def _start_run(
         "local_batch": cfg.optim.batch_size // rt.world,
         "accum_steps": cfg.optim.accum_steps,
     }
-    derived.update(steps_per_epoch=steps, total_steps=total, warmup_steps=warmup_steps(cfg, steps, total))
+    derived.update(steps_per_epoch=steps, total_steps=total, warmup_steps=warmup_steps(cfg.optim, steps, total))
     derived.update(**about.facts, summary=line, **({"chosen": about.notes} if about.notes else {}))
     run.write_yaml(CONFIG_FILE, {**cfg.to_dict(), "model_config": model_cfg, "derived": derived})
     run.start_log(ts.step if resumed else None, cfg.logging.tensorboard, cfg.logging.logger, cfg.flat())

@@ -1,4 +1,7 @@
-"""Optimizers, parameter groups and weight EMA for the training recipes users bring.
+"""Optimizers, parameter groups, the learning-rate schedule and weight EMA for the training recipes users bring.
+
+* :class:`Optimization` — what a run steps: the optimizer built from the ``optim`` options (``--lr`` is read here),
+  the per-iteration :class:`WarmupCosine` schedule, the fp16 grad scaler and gradient clipping.
 
 * :func:`param_groups` — decoupled weight decay on the matrices only (the model's ``no_weight_decay()``),
   optionally with layer-wise learning-rate decay (LLRD: ELECTRA / BEiT / MAE's ``param_groups_lrd``): layer
@@ -26,10 +29,11 @@ from ..config_utils import Range
 from ..errors import OptionError
 from ..models.base import BLOCKS, STEM
 from ..models.dino import ema_update
+from .config import OPTIMIZERS, OptimOptions
+from .runtime import Runtime
 
-__all__ = ["OPTIMIZERS", "param_groups", "layer_id", "build_optimizer", "LARS", "LAMB", "ModelEma"]
-
-OPTIMIZERS = ("adamw", "lion", "sgd", "lars", "lamb")
+__all__ = ["OPTIMIZERS", "param_groups", "layer_id", "build_optimizer", "LARS", "LAMB", "ModelEma", "WarmupCosine"]
+__all__ += ["Optimization", "warmup_steps"]
 
 
 def layer_id(name: str, num_layers: int) -> int:
@@ -195,6 +199,86 @@ class LAMB(torch.optim.Optimizer):
 
 # the largest share of the initial weights a weight EMA may keep at the end of a run without a warning
 EMA_KEPT_AT_MOST = 0.1
+
+
+class WarmupCosine:
+    """LR multiplier per iteration: linear warm-up from ~0 to 1, then cosine decay to ``min_ratio``.
+
+    Stepped every iteration (paper: 5-epoch linear warm-up then cosine decay, JMLR App. C.1).  A
+    class rather than a lambda so ``LambdaLR.state_dict()`` stores it.
+    """
+
+    def __init__(self, warmup_steps: int, total_steps: int, min_ratio: float) -> None:
+        self.warmup_steps, self.total_steps, self.min_ratio = int(warmup_steps), int(total_steps), float(min_ratio)
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        span = max(1, self.total_steps - self.warmup_steps)
+        t = min(1.0, (step - self.warmup_steps) / span)
+        return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+
+def warmup_steps(optim: OptimOptions, steps_per_epoch: int, total: int) -> int:
+    """The linear warm-up's length in optimizer steps: ``warmup_fraction`` of the run's ``total`` steps, else
+    ``warmup_epochs`` epochs."""
+    if optim.warmup_fraction > 0:
+        return max(1, round(optim.warmup_fraction * total))
+    return round(optim.warmup_epochs * steps_per_epoch)
+
+
+class Optimization:
+    """Optimizer (:func:`~crate_transformer.train.optim.build_optimizer`: AdamW, Lion, SGD, LARS or LAMB),
+    per-iteration warm-up + cosine schedule, fp16 grad scaler and clipping.
+
+    Weight decay is decoupled and skips what the model's ``no_weight_decay()`` names (norms, biases, class and
+    mask tokens, position tables; a model without the method: every vector):
+    param group 0 holds the decayed parameters, group 1 the others (``Task.before_optimizer_step`` relies on that
+    order, as DINO's ``get_params_groups``, whose first group is the regularized one).  ``--layer-decay`` below 1
+    splits them further by layer (:func:`~crate_transformer.train.optim.param_groups`, MAE's LLRD).
+    """
+
+    def __init__(self, model: nn.Module, optim: OptimOptions, steps_per_epoch: int, total: int, rt: Runtime) -> None:
+        groups = param_groups(model, optim.weight_decay, optim.layer_decay)
+        self.optimizer = build_optimizer(optim.optimizer, groups, optim.lr, optim.betas, optim.momentum)
+        self.schedule = WarmupCosine(warmup_steps(optim, steps_per_epoch, total), total, optim.min_lr / optim.lr)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
+        self.scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.amp_dtype == torch.float16)
+        self.params, self.clip = [p for g in groups for p in g["params"]], optim.grad_clip
+
+    @property
+    def lr(self) -> float:
+        """The scheduled learning rate (of the last layer's groups under layer-wise decay)."""
+        group = self.optimizer.param_groups[0]
+        return group["lr"] / group.get("lr_scale", 1.0)
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.scaler.scale(loss).backward()
+
+    def step(self) -> None:
+        if self.clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(self.params, self.clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+
+    def state_dict(self) -> dict:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scheduler.lr_lambdas[0] = self.schedule  # follows --epochs changes made on resume
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
 
 
 def _floor(x: float, digits: int = 4) -> str:
