@@ -137,6 +137,7 @@ LAYERS = [  # lowest first; a module may import its own layer and the ones befor
         "errors",
         "config_utils",
         "config",
+        "_reads",  # which fields a model build reads (applies=OBSERVED)
         *IO_MODULES,
         "io",
         "objectives",
@@ -190,12 +191,12 @@ def _folder(module: str) -> str:
 
 
 def test_the_root_holds_the_core_and_folders_say_what_they_hold():
-    """At most eight modules at the package root (the core: configs, errors, objectives, progress) and the file
+    """At most eight modules at the package root (the core: configs, errors, objectives, progress, the read recorder) and the file
     helpers' package ``io/`` beside them, every registered family in ``models/``, and the lab's packages each a
     folder."""
     root = sorted(p.stem for p in SRC.glob("*.py"))
     assert len(root) <= 8, root
-    assert set(root) == {"__init__", "_version", "config", "config_utils", "errors", "objectives", "progress"}
+    assert set(root) == {"__init__", "_version", "_reads", "config", "config_utils", "errors", "objectives", "progress"}
     assert (SRC / "io" / "__init__.py").is_file() and _folder(f"{PKG}.io.paths") == ""  # io/ is of the core
     assert FAMILY_MODULES and all(m.startswith("models.") for m in FAMILY_MODULES), FAMILY_MODULES
     assert all((SRC / d / "__init__.py").is_file() for d in LIBRARY + LAB)
@@ -244,6 +245,7 @@ def test_the_model_stack_imports_only_downward():
     assert not wrong, wrong
     # the tables and the families know no loader, zoo download or factory
     tables = {
-        f"{PKG}.{m}" for m in ("config", "config_utils", "errors", "loading.official", "models.base", "models.contract")
+        f"{PKG}.{m}"
+        for m in ("config", "_reads", "config_utils", "errors", "loading.official", "models.base", "models.contract")
     }
     assert not graph[f"{PKG}.models._registry"] - tables

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from ..config import watch, watched
+from .._reads import watch, watched
 from ..config_utils import OBSERVED, Range, option
 
 LAYER_FORMS = ("official", "jmlr")

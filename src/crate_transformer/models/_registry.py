@@ -26,7 +26,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
-from ..config import reads
+from .._reads import reads
 from ..config_utils import OBSERVED, default_of, field_about, field_place, fields_applicability
 from ..errors import OptionError
 from ..loading.official import OfficialFormat
@@ -177,7 +177,7 @@ def model_kind(name: str) -> str:
 def build(config: FamilyConfig) -> Model:
     """The model a config describes (by its ``arch``).  A field :func:`model_config` was given away from its
     default that the build never reads (``eta`` with ``mlp="mlp"``: no ISTA step is built) is refused in one line:
-    the build records the fields it reads (:func:`~crate_transformer.config.reads`), so no family keeps a table."""
+    the build records the fields it reads (:func:`~crate_transformer._reads.reads`), so no family keeps a table."""
     name, given = config.__dict__.get("_given", ("", ()))
     if not given:
         return arch_info(getattr(config, "arch", None)).build(config)
