@@ -191,9 +191,9 @@ def _folder(module: str) -> str:
 
 
 def test_the_root_holds_the_core_and_folders_say_what_they_hold():
-    """At most eight modules at the package root (the core: configs, errors, objectives, progress, the read recorder) and the file
-    helpers' package ``io/`` beside them, every registered family in ``models/``, and the lab's packages each a
-    folder."""
+    """At most eight modules at the package root (the core: configs, errors, objectives, progress, the read
+    recorder) and the file helpers' package ``io/`` beside them, every registered family in ``models/``, and the
+    lab's packages each a folder."""
     root = sorted(p.stem for p in SRC.glob("*.py"))
     assert len(root) <= 8, root
     assert set(root) == {"__init__", "_version", "_reads", "config", "config_utils", "errors", "objectives", "progress"}

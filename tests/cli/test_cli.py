@@ -129,7 +129,7 @@ def test_every_help_text_states_a_default_once_and_never_none(capsys, monkeypatc
     import re
 
     from crate_transformer import cli
-    from crate_transformer.cli.options import pretraining_tasks
+    from crate_transformer.cli.training import pretraining_tasks
 
     monkeypatch.setenv("COLUMNS", "300")
     commands = [[c] for c in cli.COMMANDS if c != "pretrain"] + [["pretrain", t] for t in pretraining_tasks()]
@@ -188,7 +188,7 @@ def test_every_help_fits_a_screen_and_help_all_shows_every_flag(capsys, monkeypa
     import argparse
 
     from crate_transformer import cli
-    from crate_transformer.cli.options import pretraining_tasks
+    from crate_transformer.cli.training import pretraining_tasks
 
     monkeypatch.setenv("COLUMNS", "80")
     commands = [[c] for c in cli.COMMANDS] + [["pretrain", t] for t in pretraining_tasks()]

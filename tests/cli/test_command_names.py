@@ -16,7 +16,7 @@ import pytest
 import crate_transformer
 from crate_transformer import cli
 from crate_transformer.cli.messages import Flags, cli_message, step_command
-from crate_transformer.cli.options import finished, pretraining_tasks
+from crate_transformer.cli.training import finished, pretraining_tasks
 from crate_transformer.errors import TaskError
 from crate_transformer.train import TrainConfig, train
 

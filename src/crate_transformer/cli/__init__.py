@@ -1,7 +1,7 @@
 """The ``crate`` command.
 
 One module per subcommand (``cli/<name>.py`` with ``configure_<name>(parser)`` and ``run_<name>(args)``), but for
-the commands that train a task, which are data (:data:`TRAINING`); library modules hold no argparse code.
+the commands that train a task, which are data (:data:`~.training.TRAINING`); library modules hold no argparse code.
 Expected failures (bad input, missing or corrupt files) are a one-line message and exit code 2; set
 ``CRATE_DEBUG=1`` for the full traceback.
 """
@@ -20,7 +20,8 @@ from typing import Any
 
 from .._version import __version__
 from .messages import TASK_COMMANDS, Flags, cli_message, command_flags, task_command, unrecognized  # noqa: F401
-from .options import configure_training, resolve_options, run_training
+from .options import resolve_options
+from .training import TRAINING, configure_training, run_training
 
 # name -> (module, help); the module provides configure_<name>(parser) and run_<name>(args) -> int | None, but for a
 # command that trains a task (module None), which is data: its row of TRAINING
@@ -38,20 +39,6 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
     "ablate": ("ablate", "the paper's ablation tables (11, 12, 13, 15, 17) at laptop scale, several seeds each"),
     "theory": ("theory", "reproduce the paper's mathematical claims on synthetic data"),
     "segment-eval": ("segment_eval", "score MaskCut / attention masks on COCO or VOC ground truth: AP, AR, CorLoc"),
-}
-# a training command -> its description; .options.configure_training builds its flags from the declarations of
-# the task it trains (messages.TASK_COMMANDS; `crate pretrain`: one sub-command per pre-training task)
-TRAINING: dict[str, str] = {
-    "train": "Train a classifier. With no arguments: CRATE (crate_mnist_p4) on the 4,000 built-in MNIST training "
-    "digits, evaluated on the fixed 1,000 held-out digits. Works unchanged under torchrun --nproc_per_node=N.",
-    "pretrain": "Self-supervised pre-training on the training engine: crate pretrain TASK --help",
-    "train-lm": "Train a language model on the training engine (JMLR §4.1.4). With no arguments: CRATE-GPT "
-    "(crate_gpt_mini, 249k parameters, byte-level tokens, context 128) on Python's documentation (built in), a tenth "
-    "held out; --objective mlm trains CRATE-BERT (crate_bert_mini). Reports held-out loss and perplexity.",
-    "finetune-text": "Fine-tune a language model on a CSV/TSV of texts (or text pairs) and labels (or scores), "
-    "GLUE-style (JMLR Table 5): a fresh head on the pooled tokens; reports accuracy, F1 (two classes) or Spearman "
-    "(scores).\n\n--from takes a crate train-lm run dir, a save_pretrained language-model dir (with its "
-    "tokenizer.json) or hf-hub:ORG/NAME.",
 }
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from .options import add_training_options, finished, given_options, print_config
+from .options import add_training_options, given_options
+from .training import finished, print_config
 
 # what --help shows for the defaults `crate finetune` chooses by the data's size (run_finetune)
 FINETUNE_CHOSEN = {
