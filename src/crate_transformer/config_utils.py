@@ -23,9 +23,7 @@ from .errors import OptionError, short_repr
 
 __all__ = ["coerce_fields", "field_types", "field_place", "field_about", "option_name", "default_of", "Range"]
 __all__ += ["POSITIVE", "NON_NEGATIVE", "option", "override", "fields_applicability", "ALWAYS", "OBSERVED", "ON"]
-__all__ += ["applies_where", "applies_words", "load_yaml"]
-
-YAML_VALUES = 100_000  # values an options document may expand to (with its aliases repeated); far above any config
+__all__ += ["applies_where", "applies_words"]
 
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
@@ -256,6 +254,8 @@ def _to_sequence(value: Any, tp: Any, kind: type) -> list | tuple:
         if text.startswith("["):
             import yaml
 
+            from .io.sidecars import load_yaml
+
             try:
                 value = load_yaml(text)
             except (yaml.YAMLError, ValueError):
@@ -335,27 +335,3 @@ class Range:
 
 POSITIVE = Range(0, lo_open=True, integer=True)  # counts and sizes: 1, 2, ...
 NON_NEGATIVE = Range(0, integer=True)  # counts where 0 means none or off
-
-
-def load_yaml(text: str, where: str = "the YAML") -> Any:
-    """``yaml.safe_load(text)`` (``yaml.YAMLError`` for malformed text), refused in one line when its aliases
-    expand it to more than :data:`YAML_VALUES` values or make it refer to itself: a 1 KB file of nested
-    aliases is 10**8 strings to anything that walks or prints it."""
-    import yaml
-
-    data = yaml.safe_load(text)
-    stack, seen = [data], 0
-    while stack:
-        value = stack.pop()
-        seen += 1
-        if seen > YAML_VALUES:
-            raise ValueError(
-                f"{where} expands to more than {YAML_VALUES:,} values (its aliases, *name, repeat what an anchor "
-                "&name holds, or refer to themselves); write the values out"
-            )
-        if isinstance(value, dict):
-            stack.extend(value.keys())
-            stack.extend(value.values())
-        elif isinstance(value, (list, tuple)):
-            stack.extend(value)
-    return data

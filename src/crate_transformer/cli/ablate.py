@@ -55,7 +55,7 @@ def configure_ablate(parser: argparse.ArgumentParser) -> None:
 def _train_args(items: list[str]) -> dict:
     import yaml
 
-    from ..config_utils import load_yaml
+    from ..io import load_yaml
 
     out = {}
     for item in items:

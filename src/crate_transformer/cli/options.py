@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from ..config import from_given
-from ..config_utils import coerce_fields, default_of, load_yaml, option_name, override
+from ..config_utils import coerce_fields, default_of, option_name, override
 from ..errors import OptionError, short_repr
+from ..io import load_yaml
 from .messages import LISTING_CALLS, flag
 
 # the training commands that start from a checkpoint (--from); the others train from scratch

@@ -19,7 +19,8 @@ atomic_write``):
 * :mod:`~crate_transformer.io.tensors` — safetensors with a checksum: :func:`save_safetensors`,
   :func:`load_safetensors`, :func:`read_safetensors_metadata`.
 * :mod:`~crate_transformer.io.sidecars` — :func:`read_side_file`, the one reader of the small files beside the
-  weights (``config.yaml``, ``metrics.jsonl``, ``trackers.json``, indexes, caches).
+  weights (``config.yaml``, ``metrics.jsonl``, ``trackers.json``, indexes, caches), and :func:`load_yaml`, the one
+  YAML parser (its aliases' expansion bounded).
 * :mod:`~crate_transformer.io.model_folder` — the ``save_pretrained`` folder: its file names (:data:`CONFIG_NAME`,
   :data:`WEIGHTS_NAME`, :data:`TOKENIZER_NAME`, :data:`MODEL_FILES`), :func:`save_pretrained` (what
   ``model.save_pretrained(dir)`` calls), :func:`read_model_json`, :func:`model_dir` and :func:`read_config_dict`.
@@ -47,7 +48,8 @@ from .pickles import SAFE_CLASSES as SAFE_CLASSES
 from .pickles import STATE_DIGEST as STATE_DIGEST
 from .pickles import load_pickle, load_state, save_state, save_torch
 from .sidecars import SIDE_FORMS as SIDE_FORMS
-from .sidecars import read_side_file
+from .sidecars import YAML_VALUES as YAML_VALUES
+from .sidecars import load_yaml, read_side_file
 from .tensors import load_safetensors, read_safetensors_metadata, save_safetensors
 from .writes import atomic_write, make_folder, write_json
 
@@ -63,6 +65,7 @@ __all__ = [
     "check_kind",
     "make_folder",
     "read_side_file",
+    "load_yaml",
     "atomic_write",
     "write_json",
     "save_torch",

@@ -4,6 +4,8 @@
   weights (``config.yaml``, ``metrics.jsonl``, ``trackers.json``, indexes, caches): a file that is unreadable,
   empty, not UTF-8, malformed or of the wrong kind is a one-line :class:`~crate_transformer.io.errors.DamagedFileError`
   naming it, what is wrong and how to recover.
+* :func:`load_yaml` — the one parser of YAML text (these files, ``--config`` files, ``--model-args`` values):
+  ``yaml.safe_load`` with the aliases' expansion bounded.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from typing import Any
 from .errors import DamagedFileError
 from .paths import _read_regular, path_kind
 
-__all__ = ["SIDE_FORMS", "read_side_file"]
+__all__ = ["SIDE_FORMS", "read_side_file", "load_yaml", "YAML_VALUES"]
+
+YAML_VALUES = 100_000  # values a YAML document may expand to (with its aliases repeated); far above any config
 
 
 _JSON_KINDS = {list: "list", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
@@ -105,8 +109,6 @@ def _parse_jsonl(text: str, path: Path) -> list:
 def _parse_yaml(text: str, path: Path) -> Any:
     import yaml
 
-    from ..config_utils import load_yaml
-
     try:
         return load_yaml(text, str(path))
     except yaml.YAMLError as e:
@@ -116,3 +118,27 @@ def _parse_yaml(text: str, path: Path) -> Any:
 
 
 _PARSERS: dict[str, Callable[[str, Path], Any]] = {"json": _parse_json, "jsonl": _parse_jsonl, "yaml": _parse_yaml}
+
+
+def load_yaml(text: str, where: str = "the YAML") -> Any:
+    """``yaml.safe_load(text)`` (``yaml.YAMLError`` for malformed text), refused in one line when its aliases
+    expand it to more than :data:`YAML_VALUES` values or make it refer to itself: a 1 KB file of nested
+    aliases is 10**8 strings to anything that walks or prints it."""
+    import yaml
+
+    data = yaml.safe_load(text)
+    stack, seen = [data], 0
+    while stack:
+        value = stack.pop()
+        seen += 1
+        if seen > YAML_VALUES:
+            raise ValueError(
+                f"{where} expands to more than {YAML_VALUES:,} values (its aliases, *name, repeat what an anchor "
+                "&name holds, or refer to themselves); write the values out"
+            )
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+    return data

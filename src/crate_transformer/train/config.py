@@ -29,12 +29,12 @@ from ..config_utils import (
     Range,
     coerce_fields,
     default_of,
-    load_yaml,
     option,
     option_name,
 )
 from ..data import AUGMENTATIONS, DATA_MODES, default_augmentation
 from ..errors import OptionError, short_repr
+from ..io import load_yaml
 from .recipes import READ_BY, RECIPES, reading_augmentation, recipe_options
 from .sharding import STRATEGIES
 from .trackers import LOGGERS
