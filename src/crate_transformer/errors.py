@@ -9,8 +9,8 @@ sentence found in the source.
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass, field
-from itertools import islice  # a container's first items, never listed whole
 from typing import Any
 
 __all__ = ["Step", "OptionError", "TaskError", "OptionWarning", "short_repr"]
@@ -57,34 +57,15 @@ class OptionWarning(_About, UserWarning):
 
 
 def short_repr(value: object, limit: int = SHORT) -> str:
-    """``repr(value)`` cut to about ``limit`` characters (ending ``…``), containers written item by item until then,
-    never whole (a 1 KB YAML file of aliases expands to 10**8 strings)."""
-    parts: list[str] = []
-    if _write(value, parts, limit) or sum(map(len, parts)) > limit:
-        return "".join(parts)[: limit - 1] + "…"
-    return "".join(parts)
+    """``repr(value)`` cut to ``limit`` characters (ending ``…``), by :mod:`reprlib`, which writes containers and
+    strings only as far as a message shows them (never whole: a 1 KB YAML file of aliases expands to 10**8 strings)."""
+    text = _REPR.repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _write(value: object, parts: list[str], limit: int, depth: int = 0) -> bool:
-    """Append ``repr(value)`` to ``parts`` piece by piece; True once more than ``limit`` characters are written."""
-    if depth > limit:  # nested deeper than the message shows: each level wrote an opener already
-        return True
-    if not isinstance(value, (dict, list, tuple)):
-        parts.append(repr(value if not isinstance(value, (str, bytes)) or len(value) <= limit else value[:limit]))
-        return sum(map(len, parts)) > limit
-    opener, closer = "{}" if isinstance(value, dict) else "()" if isinstance(value, tuple) else "[]"
-    items = list(islice(value.items() if isinstance(value, dict) else value, limit))
-    parts.append(opener)
-    for n, item in enumerate(items):
-        parts.append(", " if n else "")
-        if isinstance(value, dict):  # a (key, value) item
-            if _write(item[0], parts, limit, depth + 1):
-                return True
-            parts.append(": ")
-            item = item[1]
-        if _write(item, parts, limit, depth + 1):
-            return True
-    if len(items) < len(value):
-        return True
-    parts.append("," + closer if isinstance(value, tuple) and len(value) == 1 else closer)
-    return sum(map(len, parts)) > limit
+# reprlib's limits, above what a message keeps and with a bounded product (at most 16**3 items written in all): a
+# level's first items, three levels deep, a string's first characters
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 4 * SHORT, 4 * SHORT
+for _kind in ("maxtuple", "maxlist", "maxarray", "maxdict", "maxset", "maxfrozenset", "maxdeque"):
+    setattr(_REPR, _kind, 16)
