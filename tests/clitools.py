@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from crate_transformer import cli
+from crate_transformer.cli.messages import Flags, command_flags
 
 
 def crate(*argv: object) -> int:
@@ -53,3 +54,12 @@ def one_line_error(
     if match is not None:
         assert re.search(match, err), (match, err)
     return err
+
+
+def flags_of(*names: str) -> Flags:
+    """The table of flags of the command ``names`` (``flags_of("pretrain", "mae")``), as ``cli.main`` translates
+    that command's messages with it (``command_flags`` of its parser)."""
+    parser = cli.build_parser(names[0])
+    for name in names:
+        parser = cli._subcommands(parser)[name]
+    return command_flags(parser)

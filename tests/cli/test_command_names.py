@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+from clitools import flags_of
 
 import crate_transformer
 from crate_transformer import cli
@@ -83,14 +84,14 @@ def test_a_task_error_names_tasks_in_python_and_commands_in_the_cli(tmp_path: Pa
         "crate_gpt_mini is a language model, and task='mae' trains a masked autoencoder (e.g. "
         "model='crate_mae_mnist'); train crate_gpt_mini with task='lm' model='crate_gpt_mini'"
     )
-    flags = cli.flags_of("pretrain", "mae")
+    flags = flags_of("pretrain", "mae")
     assert cli.error_message(info.value, flags=flags) == (
         "crate_gpt_mini is a language model, and crate pretrain mae trains a masked autoencoder (e.g. --model "
         "crate_mae_mnist); train crate_gpt_mini with crate train-lm --model crate_gpt_mini"
     )
     assert not (tmp_path / "r").exists()
     error = TaskError("R is a classification run, not mae; use: task='classification' with init_from resume='R'")
-    flags = cli.flags_of("train")
+    flags = flags_of("train")
     assert cli.error_message(error, flags=flags) == "R is a classification run, not mae; use: crate finetune --resume R"
     assert cli.error_message(ValueError("plain")) == "plain"
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from clitools import flags_of
 
 import crate_transformer
 from crate_transformer import cli
@@ -154,7 +155,7 @@ def test_the_line_shown_is_the_cli_translation_of_the_raised_sentence(
         if not isinstance(e, OptionError) or argv[0] == "ablate":  # ablate's own table: tested by EXPECTED_FLAGS
             assert line == str(e) or argv[0] == "ablate", argv  # the CLI's own messages are shown as raised
             continue
-        flags = cli.flags_of(*(argv[:2] if argv[0] == "pretrain" else argv[:1]))
+        flags = flags_of(*(argv[:2] if argv[0] == "pretrain" else argv[:1]))
         assert line == cli_message(str(e), flags, e.options, e.within), argv
         plain = re.sub(r"--(model|train)-args \S+", "", line)  # a KEY=VALUE entry is the flag's own words
         left = [m[1] for m in re.finditer(r"(?<![\w-])(\w+)=", plain) if m[1] in flags.actions]

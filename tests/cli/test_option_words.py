@@ -231,7 +231,8 @@ def test_ablate_names_a_training_option_as_its_train_args_entry(tmp_path: Path, 
     assert "--train-args epochs must be an integer, got 'x' (str); e.g. --train-args epochs=40" in err, err
     err = one_line_error(capsys, "ablate", "13", "--model-args", "depth=0", *out)
     assert "--model-args depth must be a positive integer, got 0" in err, err
-    from crate_transformer.cli import flags_of
+    from clitools import flags_of
+
     from crate_transformer.cli.ablate import _flags
     from crate_transformer.cli.messages import cli_message
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from clitools import flags_of
 
 from crate_transformer import cli
 from crate_transformer.train import TrainConfig, train
@@ -94,7 +95,7 @@ def test_slowdown_watch_warns_once_naming_threads_1() -> None:
     warnings = [str(w) for w in lines if w]
     assert len(warnings) == 1 and str(lines[5]) == warnings[0]
     assert "threads=1" in warnings[0] and "6x" in warnings[0] and "\n" not in warnings[0]
-    shown = cli.cli_message(str(lines[5]), cli.flags_of("train"))
+    shown = cli.cli_message(str(lines[5]), flags_of("train"))
     assert "rerun or resume with --threads 1" in shown  # the training loop prints it while a command runs: the flag
     assert watch.add(0.0, 0) is None  # an empty window is ignored
 

@@ -9,17 +9,23 @@ Expected failures (bad input, missing or corrupt files) are a one-line message a
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import importlib
 import os
 import sys
-import warnings
-from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._version import __version__
-from .messages import TASK_COMMANDS, Flags, cli_message, command_flags, task_command, unrecognized  # noqa: F401
+from .messages import (  # noqa: F401  # noqa: F401
+    TASK_COMMANDS,
+    Flags,
+    cli_message,
+    command_flags,
+    error_message,
+    option_warnings,
+    task_command,
+    unrecognized,
+)
 from .options import resolve_options
 from .training import TRAINING, configure_training, run_training
 
@@ -40,54 +46,6 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
     "theory": ("theory", "reproduce the paper's mathematical claims on synthetic data"),
     "segment-eval": ("segment_eval", "score MaskCut / attention masks on COCO or VOC ground truth: AP, AR, CorLoc"),
 }
-
-
-def error_message(e: BaseException, args: argparse.Namespace | None = None, takes_model: bool = False,
-                  flags: Flags | None = None) -> str:  # fmt: skip
-    """``e`` as the CLI says it: a library error's Python names as the flags of the command at hand (``flags``,
-    :func:`~.messages.cli_message`); a file that needs a model name says how the command (``args``;
-    ``takes_model``: it has ``--model``) takes one."""
-    from ..errors import OptionError
-    from ..loading.pipeline import ArchitectureNeeded  # the loaders, imported on this error path only
-
-    if args is not None and isinstance(e, ArchitectureNeeded):
-        said = f"{e.path} looks like {e.what}, which does not store its architecture"
-        if takes_model:
-            return f"{said}; pass {' or '.join(f'--model {n}' for n in e.examples)}"
-        return (
-            f"{said}, and crate {args.command} takes no --model; load it in Python with ct.from_official(PATH, "
-            f"{e.examples[0]!r}), attach the tokenizer it was trained with where it is a language model "
-            "(model.tokenizer = ct.Tokenizer.from_file(...)), save it with model.save_pretrained(DIR) and pass DIR"
-        )
-    if not isinstance(e, OptionError):
-        return str(e)
-    return cli_message(str(e), flags or Flags(), e.options, e.within)
-
-
-@contextlib.contextmanager
-def option_warnings(command: str, flags: Callable[[], Flags] = Flags) -> Iterator[None]:
-    """Inside the block, an :class:`~crate_transformer.errors.OptionWarning` Python shows is one line
-    (``crate train-lm: warning: ...``, its Python names as the command's flags, ``flags()``) written above any
-    progress bar; other warnings as Python shows them. Only the formatting changes, so a caller recording warnings
-    (``warnings.catch_warnings(record=True)``, ``pytest.warns``) still gets every warning."""
-    from ..errors import OptionWarning
-
-    python_way = warnings.formatwarning
-
-    def one_line(message: Warning | str, category: type, filename: str, lineno: int, *rest: Any) -> str:
-        if not isinstance(message, OptionWarning):
-            return python_way(message, category, filename, lineno, *rest)
-        from tqdm import tqdm
-
-        text = cli_message(str(message), flags(), message.options, message.within)
-        tqdm.write(f"crate {command}: warning: {text}", file=sys.stderr)  # above the bar, not through it
-        return ""  # written already: Python adds nothing
-
-    warnings.formatwarning = one_line
-    try:
-        yield
-    finally:
-        warnings.formatwarning = python_way
 
 
 class _HelpAll(argparse.Action):
@@ -147,15 +105,6 @@ def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
     name = getattr(args, sub.dest, None) if sub is not None else None
     return command_parser(sub.choices[name], args) if name in _subcommands(parser) else parser
-
-
-def flags_of(*names: str) -> Flags:
-    """The table of flags of the command ``names`` (``flags_of("pretrain", "mae")``), as ``main`` translates
-    that command's messages with it."""
-    parser = build_parser(names[0])
-    for name in names:
-        parser = _subcommands(parser)[name]
-    return command_flags(parser)
 
 
 def main(argv: list[str] | None = None) -> int:

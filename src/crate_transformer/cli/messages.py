@@ -20,13 +20,17 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import re
 import shlex
-from collections.abc import Mapping
+import sys
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Flags", "command_flags", "cli_message", "step_command", "flag", "task_command", "unrecognized"]
+__all__ += ["error_message", "option_warnings"]
 
 # the commands that train each task (with `crate finetune` for classification from a checkpoint); any other
 # registered task is pre-trained by `crate pretrain TASK`.  The library names tasks only: the CLI words them here.
@@ -207,3 +211,51 @@ def unrecognized(words: list[str], parser: argparse.ArgumentParser) -> str:
         near = difflib.get_close_matches(name, names, n=1, cutoff=0.7) if group[0].startswith("-") else []
         said.append(" ".join(group) + (f" (did you mean {known[near[0]]}?)" if near else ""))
     return "unrecognized arguments: " + ", ".join(said)
+
+
+def error_message(e: BaseException, args: argparse.Namespace | None = None, takes_model: bool = False,
+                  flags: Flags | None = None) -> str:  # fmt: skip
+    """``e`` as the CLI says it: a library error's Python names as the flags of the command at hand (``flags``,
+    :func:`~.messages.cli_message`); a file that needs a model name says how the command (``args``;
+    ``takes_model``: it has ``--model``) takes one."""
+    from ..errors import OptionError
+    from ..loading.pipeline import ArchitectureNeeded  # the loaders, imported on this error path only
+
+    if args is not None and isinstance(e, ArchitectureNeeded):
+        said = f"{e.path} looks like {e.what}, which does not store its architecture"
+        if takes_model:
+            return f"{said}; pass {' or '.join(f'--model {n}' for n in e.examples)}"
+        return (
+            f"{said}, and crate {args.command} takes no --model; load it in Python with ct.from_official(PATH, "
+            f"{e.examples[0]!r}), attach the tokenizer it was trained with where it is a language model "
+            "(model.tokenizer = ct.Tokenizer.from_file(...)), save it with model.save_pretrained(DIR) and pass DIR"
+        )
+    if not isinstance(e, OptionError):
+        return str(e)
+    return cli_message(str(e), flags or Flags(), e.options, e.within)
+
+
+@contextlib.contextmanager
+def option_warnings(command: str, flags: Callable[[], Flags] = Flags) -> Iterator[None]:
+    """Inside the block, an :class:`~crate_transformer.errors.OptionWarning` Python shows is one line
+    (``crate train-lm: warning: ...``, its Python names as the command's flags, ``flags()``) written above any
+    progress bar; other warnings as Python shows them. Only the formatting changes, so a caller recording warnings
+    (``warnings.catch_warnings(record=True)``, ``pytest.warns``) still gets every warning."""
+    from ..errors import OptionWarning
+
+    python_way = warnings.formatwarning
+
+    def one_line(message: Warning | str, category: type, filename: str, lineno: int, *rest: Any) -> str:
+        if not isinstance(message, OptionWarning):
+            return python_way(message, category, filename, lineno, *rest)
+        from tqdm import tqdm
+
+        text = cli_message(str(message), flags(), message.options, message.within)
+        tqdm.write(f"crate {command}: warning: {text}", file=sys.stderr)  # above the bar, not through it
+        return ""  # written already: Python adds nothing
+
+    warnings.formatwarning = one_line
+    try:
+        yield
+    finally:
+        warnings.formatwarning = python_way
