@@ -22,7 +22,8 @@ from crate_transformer.data import open_source  # noqa: E402
 from crate_transformer.data.text import iter_documents, load_tokens  # noqa: E402
 from crate_transformer.errors import OptionError  # noqa: E402
 from crate_transformer.models.tokenizer import Tokenizer  # noqa: E402
-from crate_transformer.train.config import TrainConfig, read_run_config  # noqa: E402
+from crate_transformer.train.config import TrainConfig  # noqa: E402
+from crate_transformer.train.rundir import read_run_config  # noqa: E402
 
 TINY = ["--threads", 1, "--no-progress", "--eval-every", 0]
 MODEL = ["--model-args", "dim=16", "depth=1", "heads=2"]

@@ -17,8 +17,8 @@ from crate_transformer.config_utils import option_name
 from crate_transformer.errors import OptionError
 from crate_transformer.io import save_state
 from crate_transformer.train import TrainConfig
-from crate_transformer.train.config import FLAT, GROUPS, OWNERS, flat_options, nest_options, read_run_config
-from crate_transformer.train.rundir import load_training_state
+from crate_transformer.train.config import FLAT, GROUPS, OWNERS, flat_options, nest_options
+from crate_transformer.train.rundir import load_training_state, read_run_config
 
 TINY = ["--data", "digits", "--image-size", "8", "--threads", "1", "--no-progress", "--eval-every", "0",
         "--measure-every", "0", "--model-args", "dim=16", "depth=1", "heads=2", "patch_size=4"]  # fmt: skip

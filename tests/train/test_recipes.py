@@ -23,10 +23,10 @@ from crate_transformer.models.alpha import AlphaConfig, CRATEAlpha
 from crate_transformer.models.classifier import ModelConfig, build_model
 from crate_transformer.models.mae import CRATEMAE, MAEConfig
 from crate_transformer.train import TrainConfig, load_training_state
-from crate_transformer.train.config import read_run_config
 from crate_transformer.train.mix import MixupCutmix, random_erasing, smooth_one_hot, soft_target_cross_entropy
 from crate_transformer.train.optim import LAMB, LARS, ModelEma, build_optimizer, param_groups
 from crate_transformer.train.recipes import RECIPES, recipe_options
+from crate_transformer.train.rundir import read_run_config
 
 TINY = dict(image_size=16, patch_size=4, in_chans=3, num_classes=5, dim=32, depth=2, heads=2)
 

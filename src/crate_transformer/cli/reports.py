@@ -104,7 +104,7 @@ def held_out_corpus(run: Path, data: str | None) -> tuple[str, float, list[str]]
     ``data`` if given, else the one a ``crate train-lm`` run directory ``run`` trained on (its config.yaml, of any
     release), else python-docs; the held-out tail is the run's ``--val-fraction``, or 0.1; the columns are the
     run's ``--text-columns`` when the corpus is its own."""
-    from ..train.config import read_run_config
+    from ..train.rundir import read_run_config
 
     val_fraction, columns = 0.1, []
     if (Path(run) / "config.yaml").is_file():

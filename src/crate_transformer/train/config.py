@@ -40,7 +40,7 @@ from .sharding import STRATEGIES
 from .trackers import LOGGERS
 
 __all__ = ["TrainConfig", "DataOptions", "AugmentationOptions", "OptimOptions", "SystemOptions", "LoggingOptions"]
-__all__ += ["GROUPS", "AMP_MODES", "load_config", "read_run_config", "nest_options", "upgrade_v1", "flat_options"]
+__all__ += ["GROUPS", "AMP_MODES", "load_config", "nest_options", "upgrade_v1", "flat_options", "read_options_file"]
 
 AMP_MODES = ("auto", "none", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "lion", "sgd", "lars", "lamb")  # train.optim.build_optimizer builds each
@@ -496,7 +496,7 @@ def nest_options(d: Mapping[str, Any]) -> dict[str, Any]:
     """Options in any layout (keywords, flags, a file's mapping; :func:`upgrade_v1`) → the top-level fields and one
     mapping per group, every value coerced to its declared type: the one check every flag, config file and keyword
     goes through before any value is used.  Unknown keys are one-line errors (a run's config.yaml extras,
-    ``model_config`` and ``derived``, are removed first by :func:`read_run_config`)."""
+    ``model_config`` and ``derived``, are removed first by :func:`~.rundir.read_run_config`)."""
     out = upgrade_v1(d)
     top = {f.name for f in dataclasses.fields(TrainConfig)} - set(GROUPS)
     unknown = [k for k in out if k not in top and k not in GROUPS]
@@ -549,14 +549,3 @@ def load_config(path: str | os.PathLike, base: TrainConfig | None = None) -> Tra
     """Read a YAML or JSON file of :class:`TrainConfig` options (nested or flat) on top of ``base`` (or the
     defaults)."""
     return TrainConfig.from_dict(read_options_file(path), base)
-
-
-RUN_EXTRAS = ("model_config", "derived")  # what a run's config.yaml records beside the options
-
-
-def read_run_config(path: str | os.PathLike) -> TrainConfig:
-    """The :class:`TrainConfig` of a run directory's ``config.yaml`` (``path``: the file or the run directory),
-    whichever layout it was written in (runs of earlier releases hold flat options)."""
-    path = Path(path)
-    options = read_options_file(path / "config.yaml" if path.is_dir() else path)
-    return TrainConfig.from_dict({k: v for k, v in options.items() if k not in RUN_EXTRAS}, saved=True)

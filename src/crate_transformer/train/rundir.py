@@ -41,6 +41,7 @@ from ..loading.runfiles import (
     state_model,
     state_tokenizer,
 )
+from .config import TrainConfig, read_options_file
 from .trackers import Tracker, failure, open_trackers, read_metrics
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "MODEL_DIR",
     "METRICS_FILE",
     "CONFIG_FILE",
+    "read_run_config",
     "CONFIG_FIX",
 ]
 
@@ -376,3 +378,14 @@ class RunDir:
         if not self.writer:
             return self.path / CHECKPOINT
         return save_state(payload, self.path / CHECKPOINT)
+
+
+RUN_EXTRAS = ("model_config", "derived")  # what a run's config.yaml records beside the options
+
+
+def read_run_config(path: str | os.PathLike) -> TrainConfig:
+    """The :class:`TrainConfig` of a run directory's ``config.yaml`` (``path``: the file or the run directory),
+    whichever layout it was written in (runs of earlier releases hold flat options)."""
+    path = Path(path)
+    options = read_options_file(path / CONFIG_FILE if path.is_dir() else path)
+    return TrainConfig.from_dict({k: v for k, v in options.items() if k not in RUN_EXTRAS}, saved=True)
