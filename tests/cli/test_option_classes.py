@@ -39,8 +39,8 @@ from crate_transformer.train.config import (
     _where,
     load_config,
     nest_options,
-    read_run_config,
 )
+from crate_transformer.train.rundir import read_run_config
 
 TRAINING = ("train", "finetune", "pretrain", "train-lm", "finetune-text")
 TOP = [f for f in dataclasses.fields(TrainConfig) if f.name not in GROUPS]
