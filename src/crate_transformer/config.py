@@ -30,7 +30,7 @@ from .config_utils import (
 )
 from .errors import OptionError, short_repr
 
-__all__ = ["Config", "check_option", "check_applicable", "from_given", "pop_version", "inapplicable"]
+__all__ = ["Config", "check_option", "check_value", "check_applicable", "from_given", "pop_version", "inapplicable"]
 
 C = TypeVar("C", bound="Config")
 T = TypeVar("T")
@@ -58,6 +58,12 @@ def check_option(cls: type, name: str, value: Any) -> None:
         r = rule or (Range() if isinstance(x, float) else None)  # every float is at least finite
         if r is not None and not r.ok(x):
             raise _out_of_range(cls, name, r, x)
+
+
+def check_value(cls: type, name: str, value: Any) -> None:
+    """One value of field ``name`` of dataclass ``cls`` alone (``--model-args eta=inf``, a ``--config`` file's key,
+    before any model or run exists), coerced to the field's type, then checked by :func:`check_option`."""
+    check_option(cls, name, coerce_fields(cls, {name: value})[name])
 
 
 def _out_of_range(cls: type, name: str, rule: Range, value: Any) -> OptionError:
@@ -109,12 +115,6 @@ class Config:
         config's, ``TrainConfig``'s): ``--momentum 0.5`` with ``--optimizer adamw`` is refused, not ignored."""
         owners = dict.fromkeys(_fields(type(self)), type(self))
         check_applicable({n: getattr(self, n) for n in owners}, owners)
-
-    @classmethod
-    def check_field(cls, name: str, value: Any) -> None:
-        """One value of field ``name`` alone (``--model-args eta=inf`` before any model or run folder exists),
-        coerced to the field's type, then checked as :meth:`check_fields` checks it."""
-        check_option(cls, name, coerce_fields(cls, {name: value})[name])
 
     def check_positive(self, *names: str) -> None:
         """Each named integer field is > 0 (:data:`~crate_transformer.config_utils.POSITIVE`)."""

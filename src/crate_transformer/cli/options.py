@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import from_given
-from ..config_utils import coerce_fields, default_of, option_name, override
+from ..config import check_value, from_given
+from ..config_utils import default_of, option_name, override
 from ..errors import OptionError, short_repr
 from ..io import load_yaml
 from .messages import LISTING_CALLS, flag
@@ -197,7 +197,7 @@ def parse_model_args(items: Sequence[str], model: str | None = None) -> dict[str
         hint = f"did you mean {near[0]}? " if near else f"valid: {', '.join(sorted(fields))}; "
         raise ValueError(f"unknown model argument(s) {bad}; {hint}pass --model NAME to list that model's fields")
     for key, value in out.items():  # ranges and finiteness now, not when the model is built inside a run
-        fields[key].check_field(key, value)
+        check_value(fields[key], key, value)
     return out
 
 
@@ -272,7 +272,6 @@ def _file_options(path: str) -> dict[str, Any]:
     """A ``--config`` file's options, nested and typed; each value is first checked alone against its declaration
     (type, choices, range; a model argument by its family's config class), so a bad one is named as the file's key
     where it is fixed (``config.yaml: optim.lr must be ..., got 'fast' (str); e.g. 0.004``), not as its flag."""
-    from ..config import check_option
     from ..train.config import GROUPS, TrainConfig, nest_options, read_options_file
 
     options = read_options_file(path)  # the nested layout (a flat file's keys placed in their groups), as written
@@ -287,7 +286,7 @@ def _file_options(path: str) -> dict[str, Any]:
             field = next((f for f in dataclasses.fields(cls) if f.name == name), None)
             try:
                 if field is not None:  # an unknown key: nest_options names it with the valid ones
-                    check_option(cls, name, coerce_fields(cls, {name: v})[name])
+                    check_value(cls, name, v)
             except ValueError as e:
                 raise ValueError(_keyed(str(e), option_name(field), where, path)) from None
     return nest_options(options)
