@@ -168,7 +168,7 @@ LAYERS = [  # lowest first; a module may import its own layer and the ones befor
         "loading.weights",
     },
     {"loading.hub", "loading.folder"},
-    {"models.base"},
+    {"models.base", "models.image_input"},  # the model contract; what every image encoder shares
     {"models._registry"},
     FAMILY_MODULES | {"models.dino", "models.classifier_zoo"},  # the families, DINO's heads, the classifiers' zoo
     {"loading.pipeline"},

@@ -20,8 +20,8 @@ from crate_transformer.config_utils import Range, option
 from crate_transformer.layers import EncoderLayer
 from crate_transformer.models._registry import register_arch, register_model
 from crate_transformer.models.base import Model, Trace
-from crate_transformer.models.classifier import ImageEncoderGeometry, ImageInput
 from crate_transformer.models.contract import IMAGE_CLASSIFIER, FamilyConfig
+from crate_transformer.models.image_input import ImageEncoderGeometry, ImageInput
 from crate_transformer.models.spec import DataSpec
 
 ARCH = "toy_crate"

@@ -21,7 +21,8 @@ import crate_transformer as ct
 from crate_transformer.io import CheckpointError
 from crate_transformer.loading import pretrained
 from crate_transformer.models.base import pool_tokens
-from crate_transformer.models.classifier import ViT, bicubic_matrix
+from crate_transformer.models.classifier import ViT
+from crate_transformer.models.image_input import bicubic_matrix
 
 # SimDINOv2's layout (simdino_config.yaml over ssl_default_config.yaml) at a tiny width: 4 registers, LayerScale 0.1,
 # the antialiased resize to the size, the blocks chunked (block_chunks: blocks.C.N keys), the nested block its training

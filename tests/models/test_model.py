@@ -237,7 +237,8 @@ def test_model_modules_import_only_torch_and_the_core():
     assert {f"models.{m}" for m in ("classifier", "mae", "lm", "alpha", "bert", "tost")} <= model_modules
     below = {"config", "config_utils", "errors", "io", "objectives", "_version", "layers"}
     below |= {
-        f"models.{m}" for m in ("base", "contract", "spec", "tokenizer", "_registry", "generation", "token_prior")
+        f"models.{m}"
+        for m in ("base", "contract", "spec", "tokenizer", "_registry", "generation", "token_prior", "image_input")
     }
     below |= {"loading.official", "loading.hub"}
     for name in model_modules:

@@ -256,7 +256,7 @@ class Model(Hooked, nn.Module):
 
     def data_cfg(self) -> dict[str, Any]:
         """The preprocessing this model expects (image models:
-        :meth:`~crate_transformer.models.classifier.ImageInput.data_cfg`);
+        :meth:`~crate_transformer.models.image_input.ImageInput.data_cfg`);
         none for a model of tokens."""
         return {}
 

@@ -5,7 +5,7 @@ diffusion, eqs. (62)-(64), p.34; :class:`~crate_transformer.layers.DecoderLayer`
 ``L, d, K``.  The computation matches the official ``model/crate_ae/crate_ae.py`` (Ma-Lab-Berkeley/CRATE):
 
 1. patches → linear projection (the official ``PatchEmbed`` conv, here a Linear on the patches in
-   the (p1, p2, c) order of :func:`~crate_transformer.models.classifier.patchify`);
+   the (p1, p2, c) order of :func:`~crate_transformer.models.image_input.patchify`);
 2. per-sample random masking (``mask_ratio`` = 0.75 by default: argsort of uniform noise, the
    first ``int(N·(1 − r))`` positions kept) — masked patch tokens are **replaced by a learned mask
    token before the encoder**, so the encoder sees all ``N + 1`` tokens (official; unlike He et al.);
@@ -40,16 +40,9 @@ from ..layers import LAYER_FORMS, DecoderLayer, EncoderLayer, LayerConfig, drop_
 from ..loading.official import HEADS_NOT_STORED, OfficialFormat, mae_official_to_native
 from ._registry import PretrainedSource, register_arch, register_model, register_pretrained
 from .base import Model, Trace
-from .classifier import (
-    ImageClassifier,
-    ImageEncoderGeometry,
-    ImageInput,
-    ModelConfig,
-    build_model,
-    patchify,
-    unpatchify,
-)
+from .classifier import ImageClassifier, ModelConfig, build_model
 from .contract import MASKED_AUTOENCODER, FamilyConfig
+from .image_input import ImageEncoderGeometry, ImageInput, patchify, unpatchify
 from .spec import IMAGENET_MEAN, IMAGENET_STD, DataSpec
 
 __all__ = [

@@ -231,7 +231,7 @@ def _check_given(args: Mapping[str, Any], channels: int) -> None:
 
 def resolve_data_config(model: Any, **args: Any) -> dict[str, Any]:
     """timm's ``resolve_data_config(model=model)``: how to turn images into this model's inputs, from its
-    ``pretrained_cfg`` (:meth:`~crate_transformer.models.classifier.ImageInput.data_cfg`) with ``args`` (timm's names:
+    ``pretrained_cfg`` (:meth:`~crate_transformer.models.image_input.ImageInput.data_cfg`) with ``args`` (timm's names:
     ``input_size``, ``img_size``, ``interpolation``, ``mean``, ``std``, ``crop_pct``, ``crop_mode``) overriding.
     Returns ``{"input_size": (C, H, W), "interpolation", "mean", "std", "crop_pct", "crop_mode"}``;
     :func:`crate_transformer.data.image_transform` turns it into a transform (aspect-preserving resize, centre

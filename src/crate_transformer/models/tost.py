@@ -49,8 +49,9 @@ from ..layers import DIM_HEAD, MLP, TSSA, EncoderLayer, LayerConfig
 from ..loading.official import OfficialFormat, index_count, rename, unwrap
 from ._registry import register_arch, register_model
 from .base import Model, Trace
-from .classifier import NUM_CLASSES, ImageEncoderGeometry, ImageInput, ModelConfig, classifier_layer
+from .classifier import NUM_CLASSES, ModelConfig, classifier_layer
 from .contract import IMAGE_CLASSIFIER, FamilyConfig
+from .image_input import ImageEncoderGeometry, ImageInput
 from .lm import GPT2_KEY_MAP, LanguageModel, LMConfig, lm_checkpoint_fields, lm_state
 from .spec import DataSpec
 
